@@ -1,0 +1,85 @@
+// DeepSpeed-compatible JSON config, parsed into a typed struct.
+// Accepted unchanged as people write it for HF Trainer, Accelerate, Axolotl
+// or LLaMA-Factory: "auto" takes the engine default, 1e9 is an integer, the
+// stage3_-prefixed and plain spellings of a key are the same key, and the
+// trainer's keys (optimizer, scheduler, batch sizes, monitors) are accepted
+// and listed in unused_keys. Invalid values throw zs::Error(InvalidConfig)
+// with the JSON path, the value and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zs {
+
+struct OffloadConfig {
+  std::string device = "none";  // "none" | "cpu" | "nvme"
+  std::string nvme_path;        // required when device == "nvme"
+  bool pin_memory = false;
+  int64_t buffer_count = 5;
+  int64_t buffer_size = 100000000;
+  int64_t max_in_cpu = 1000000000;
+  double ratio = 1.0;           // offload_optimizer only
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t thread_count = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+struct Config {
+  // zero_optimization
+  int stage = 3;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = true;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t sub_group_size = 1000000000;
+  int64_t prefetch_bucket_size = 50000000;
+  int64_t param_persistence_threshold = 100000;
+  int64_t model_persistence_threshold = INT64_MAX;
+  int64_t max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 1000000000;
+  bool gather_16bit_weights_on_model_save = false;
+  bool round_robin_gradients = false;
+  int64_t mics_shard_size = -1;  // -1: off
+  bool mics_hierarchical_params_gather = false;
+  int64_t zero_hpz_partition_size = 1;  // 1: off
+  bool zero_quantized_weights = false;
+  bool zero_quantized_gradients = false;
+  OffloadConfig offload_param;
+  OffloadConfig offload_optimizer;
+  AioConfig aio;
+  // precision
+  bool bf16 = false;
+  bool fp16 = false;
+  double loss_scale = 0.0;  // 0: dynamic
+  int64_t initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  double gradient_clipping = 0.0;  // 0: off
+  // Trainer-owned keys seen in the input (JSON paths, e.g. "optimizer",
+  // "train_micro_batch_size_per_gpu"), in input order.
+  std::vector<std::string> unused_keys;
+};
+
+// Parse a DeepSpeed JSON text. world_size > 0 also checks the topology
+// against it (mics_shard_size and zero_hpz_partition_size must divide it).
+Config parse_config(const std::string& json_text, int world_size);
+
+// Read a file and parse it; a missing or unreadable file is InvalidConfig
+// naming the path.
+Config parse_config_file(const std::string& path, int world_size);
+
+// The effective config as DeepSpeed JSON (canonical key names, defaults
+// filled in), which parse_config accepts again.
+std::string config_to_json(const Config& config);
+
+}  // namespace zs

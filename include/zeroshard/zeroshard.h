@@ -1,0 +1,363 @@
+/*
+ * zeroshard — a ZeRO-3 engine behind a stable C ABI.
+ *
+ * Conventions (all functions):
+ *  - Every function returns zs_status; ZS_OK is 0. On any other status,
+ *    zs_last_error() returns this thread's message, which names what was
+ *    wrong and with which value.
+ *  - Output parameters come first. zs_xxx_create/_register/fetch give the
+ *    caller ownership of a handle; zs_xxx_destroy takes it back and accepts
+ *    NULL. A stale, destroyed or foreign handle gives ZS_ERR_INVALID_HANDLE,
+ *    never a crash; handle values are never reused within a process.
+ *  - Options structs start with their `size`; fill them with the matching
+ *    ZS_XXX_OPTIONS_INIT macro, then set the fields you need.
+ *  - Asynchronous work returns a handle with _wait (blocking, with a
+ *    timeout) and _test (non-blocking). Errors of background work surface on
+ *    the next call that depends on it and through zs_context_async_error.
+ *
+ * Thread-safety: every function may be called from any thread. Calls on the
+ * same context are serialised by the engine, so a context, its groups and
+ * params may be shared between threads. Collective calls (group creation,
+ * param registration, fetch, collectives) must be issued in the same order
+ * on every member rank; issuing them from several threads at once makes that
+ * order unpredictable and is the caller's error. zs_last_error is
+ * thread-local.
+ */
+#ifndef ZEROSHARD_ZEROSHARD_H
+#define ZEROSHARD_ZEROSHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ZS_BUILDING_LIBRARY)
+#define ZS_API __attribute__((visibility("default")))
+#else
+#define ZS_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Version                                                             */
+/* ------------------------------------------------------------------ */
+
+#define ZS_VERSION_MAJOR 0
+#define ZS_VERSION_MINOR 1
+#define ZS_VERSION_PATCH 0
+/* One number, major * 10000 + minor * 100 + patch. */
+#define ZS_VERSION \
+  (ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH)
+
+/* The version of the library loaded at run time (compare with ZS_VERSION).
+ * Returns a static string "MAJOR.MINOR.PATCH"; any output pointer may be
+ * NULL. Never fails. */
+ZS_API const char* zs_version(int* major, int* minor, int* patch);
+
+/* ------------------------------------------------------------------ */
+/* Status and errors                                                   */
+/* ------------------------------------------------------------------ */
+
+typedef enum zs_status {
+  ZS_OK = 0,
+  ZS_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad value, bad shape */
+  ZS_ERR_INVALID_HANDLE = 2,   /* destroyed, never created, or wrong type */
+  ZS_ERR_INVALID_STATE = 3,    /* e.g. reading a param that is not gathered */
+  ZS_ERR_INVALID_CONFIG = 4,   /* a config value; message names its path */
+  ZS_ERR_OUT_OF_MEMORY = 5,
+  ZS_ERR_TIMEOUT = 6,   /* a wait, rendezvous or collective timed out */
+  ZS_ERR_COMM = 7,      /* a collective failed (peer gone, socket error) */
+  ZS_ERR_BOOTSTRAP = 8, /* rank/world/store could not be established */
+  ZS_ERR_NOT_SUPPORTED = 9,
+  ZS_ERR_BUFFER_SIZE = 10, /* a caller's buffer has the wrong byte size */
+  ZS_ERR_INTERNAL = 11
+} zs_status;
+
+/* Name of a status ("ZS_ERR_TIMEOUT"); "ZS_UNKNOWN_STATUS" otherwise.
+ * Static storage; never fails. */
+ZS_API const char* zs_status_string(zs_status status);
+
+/* The message of the last failed call on this thread ("" if none). The
+ * pointer stays valid until the next zeroshard call on this thread. */
+ZS_API const char* zs_last_error(void);
+
+/* ------------------------------------------------------------------ */
+/* Types                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef enum zs_dtype {
+  ZS_FLOAT32 = 0,
+  ZS_BFLOAT16 = 1,
+  ZS_FLOAT16 = 2,
+  ZS_UINT8 = 3 /* raw bytes: collectives only, not a param dtype */
+} zs_dtype;
+
+typedef enum zs_reduce_op {
+  ZS_SUM = 0,
+  ZS_AVG = 1,
+  ZS_MAX = 2,
+  ZS_MIN = 3
+} zs_reduce_op;
+
+/* Lifecycle of a partitioned parameter's full (gathered) data. */
+typedef enum zs_param_status {
+  ZS_PARAM_NOT_AVAILABLE = 0, /* only this rank's shard is held */
+  ZS_PARAM_INFLIGHT = 1,      /* a fetch is gathering it */
+  ZS_PARAM_AVAILABLE = 2      /* full data readable until released */
+} zs_param_status;
+
+/* How a registered parameter gets its initial values. */
+typedef enum zs_init {
+  ZS_INIT_ZEROS = 0,
+  ZS_INIT_FROM_RANK = 1, /* `data` is read on group rank `src_rank` only */
+  ZS_INIT_FROM_ALL = 2,  /* every rank passes identical `data`; no traffic */
+  ZS_INIT_NORMAL = 3,    /* N(a, b^2) from `seed`, no traffic */
+  ZS_INIT_UNIFORM = 4    /* U[a, b) from `seed`, no traffic */
+} zs_init;
+
+/* Which of the context's own groups (from the config's topology). */
+typedef enum zs_group_kind {
+  ZS_GROUP_WORLD = 0,
+  ZS_GROUP_PARTITION = 1,    /* where params are sharded: world or MiCS shard */
+  ZS_GROUP_MICS_SHARD = 2,   /* consecutive ranks of mics_shard_size */
+  ZS_GROUP_MICS_REPLICA = 3, /* same position in every shard group */
+  ZS_GROUP_HPZ = 4           /* intra-node secondary shard group */
+} zs_group_kind;
+
+typedef struct zs_context_s* zs_context;
+typedef struct zs_group_s* zs_group;
+typedef struct zs_param_s* zs_param;
+typedef struct zs_gather_s* zs_gather;
+typedef struct zs_work_s* zs_work;
+
+/* DLPack's tensor (dlpack/dlpack.h); declared here so this header needs
+ * nothing else. */
+struct DLManagedTensor;
+
+#define ZS_MAX_DIMS 8
+/* Infinite wait for *_wait(timeout_ms). */
+#define ZS_WAIT_FOREVER (-1)
+
+/* ------------------------------------------------------------------ */
+/* Context: one per process and data-parallel world                    */
+/* ------------------------------------------------------------------ */
+
+typedef struct zs_context_options {
+  size_t size;          /* sizeof(zs_context_options) */
+  int rank;             /* -1: from the environment */
+  int world_size;       /* -1: from the environment */
+  int local_rank;       /* -1: from the environment, else rank */
+  int local_world_size; /* -1: from the environment, else world_size */
+  /* TCP store served by rank 0. NULL / -1: MASTER_ADDR / MASTER_PORT, else
+   * 127.0.0.1:29500. */
+  const char* store_host;
+  int store_port;
+  /* If set, rendezvous through files in this shared directory instead. */
+  const char* file_store_path;
+  /* DeepSpeed JSON: as text, or as a path. At most one; NULL for defaults. */
+  const char* config_json;
+  const char* config_path;
+  /* Rendezvous and collective timeout; 0: ZS_TIMEOUT_MS or 300000. */
+  int timeout_ms;
+  /* Address this rank's collective transport binds to. NULL: ZS_SOCKET_HOST,
+   * else 127.0.0.1 when the store is on loopback, else this host's name. */
+  const char* transport_host;
+} zs_context_options;
+
+#define ZS_CONTEXT_OPTIONS_INIT \
+  { sizeof(zs_context_options), -1, -1, -1, -1, NULL, -1, NULL, NULL, NULL, 0, NULL }
+
+/* Bring up a context: read rank and world (options, then torchrun's RANK /
+ * WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*,
+ * Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID), parse the config,
+ * rendezvous, connect the world group and build the config's topology
+ * groups. Collective over the world. A world of one opens no socket.
+ * Errors: INVALID_ARGUMENT, INVALID_CONFIG, BOOTSTRAP, TIMEOUT. */
+ZS_API zs_status zs_context_create(zs_context* out, const zs_context_options* options);
+
+/* Destroy a context and everything registered in it. Handles of its groups,
+ * params, gathers and works become invalid. Not collective, but peers still
+ * running collectives with this rank will see ZS_ERR_COMM. NULL is OK. */
+ZS_API zs_status zs_context_destroy(zs_context ctx);
+
+ZS_API zs_status zs_context_rank(zs_context ctx, int* rank);
+ZS_API zs_status zs_context_world_size(zs_context ctx, int* world_size);
+ZS_API zs_status zs_context_local_rank(zs_context ctx, int* local_rank);
+ZS_API zs_status zs_context_local_world_size(zs_context ctx, int* local_world_size);
+
+/* The first error raised by background work in this context, or ZS_OK. The
+ * message is in zs_last_error(). A context with an async error refuses new
+ * collectives with the same status. */
+ZS_API zs_status zs_context_async_error(zs_context ctx);
+
+/* The effective config as JSON (defaults filled in, "auto" resolved), and a
+ * JSON array of the keys the engine accepted but does not use (trainer keys
+ * such as "optimizer"). Pointers owned by the context, valid until it is
+ * destroyed. */
+ZS_API zs_status zs_context_config_json(zs_context ctx, const char** json);
+ZS_API zs_status zs_context_unused_config_keys(zs_context ctx, const char** json_array);
+
+/* Check a DeepSpeed config without a context: ZS_OK, or INVALID_CONFIG with
+ * the JSON path, the value and what was expected. world_size <= 0 skips the
+ * topology checks. */
+ZS_API zs_status zs_config_check(const char* config_json, int world_size);
+
+/* Memory held by this rank, in bytes. */
+typedef struct zs_memory_stats {
+  size_t size;                /* sizeof(zs_memory_stats) */
+  uint64_t shard_bytes;       /* padded shards of every registered param */
+  uint64_t gathered_bytes;    /* full params gathered right now */
+  uint64_t peak_gathered_bytes;
+  uint64_t unsharded_bytes;   /* what the params would take unsharded */
+  uint64_t num_params;
+} zs_memory_stats;
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0 }
+
+ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
+
+/* ------------------------------------------------------------------ */
+/* Groups                                                              */
+/* ------------------------------------------------------------------ */
+
+/* A new handle to one of the context's groups. Caller owns the handle (the
+ * group itself lives as long as the context). Every rank gets a handle; on a
+ * rank outside the group (impossible for these kinds) zs_group_rank is -1. */
+ZS_API zs_status zs_context_group(zs_group* out, zs_context ctx, zs_group_kind kind);
+
+/* A sub-group of world ranks. Collective over the world: every rank calls
+ * with the same list in the same order of calls; ranks not in the list get a
+ * handle whose zs_group_rank is -1 and that refuses collectives. */
+ZS_API zs_status zs_group_create(zs_group* out, zs_context ctx, const int* ranks, int num_ranks);
+ZS_API zs_status zs_group_destroy(zs_group group);
+
+/* This rank's position in the group (-1 if not a member), its size, and
+ * the world rank of group member i. */
+ZS_API zs_status zs_group_rank(zs_group group, int* rank);
+ZS_API zs_status zs_group_size(zs_group group, int* size);
+ZS_API zs_status zs_group_world_rank(zs_group group, int group_rank, int* world_rank);
+
+/* ------------------------------------------------------------------ */
+/* Collectives (asynchronous, run in issue order on the group's thread) */
+/* ------------------------------------------------------------------ */
+
+/* recv holds count * group_size elements: member i's send at i * count. */
+ZS_API zs_status zs_allgather(zs_work* out, zs_group group, const void* send,
+                              void* recv, size_t count, zs_dtype dtype);
+/* send holds recv_count * group_size elements; member i receives the
+ * reduction of block i. bf16/fp16 are summed in fp32. */
+ZS_API zs_status zs_reduce_scatter(zs_work* out, zs_group group, const void* send,
+                                   void* recv, size_t recv_count, zs_dtype dtype,
+                                   zs_reduce_op op);
+/* send may equal recv (in place). */
+ZS_API zs_status zs_allreduce(zs_work* out, zs_group group, const void* send, void* recv,
+                              size_t count, zs_dtype dtype, zs_reduce_op op);
+/* root is a group rank; buf is read on root, written elsewhere. */
+ZS_API zs_status zs_broadcast(zs_work* out, zs_group group, void* buf, size_t count,
+                              zs_dtype dtype, int root);
+ZS_API zs_status zs_barrier(zs_work* out, zs_group group);
+
+/* Wait up to timeout_ms (ZS_WAIT_FOREVER, or >= 0) for the work. ZS_OK when
+ * done; ZS_ERR_TIMEOUT if still running (wait again or destroy); the work's
+ * own error if it failed. Buffers must stay valid until the work is done. */
+ZS_API zs_status zs_work_wait(zs_work work, int timeout_ms);
+/* *done = 1 when finished (then returns the work's status), else 0. */
+ZS_API zs_status zs_work_test(zs_work work, int* done);
+/* Destroying an unfinished work waits for it first (the buffers are in
+ * use). NULL is OK. */
+ZS_API zs_status zs_work_destroy(zs_work work);
+
+/* ------------------------------------------------------------------ */
+/* Partitioned parameters                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct zs_param_options {
+  size_t size;        /* sizeof(zs_param_options) */
+  const char* name;   /* copied; need not be unique */
+  zs_dtype dtype;     /* ZS_FLOAT32, ZS_BFLOAT16 or ZS_FLOAT16 */
+  int ndim;           /* 0..ZS_MAX_DIMS; 0 is a scalar */
+  const int64_t* shape; /* ndim entries >= 0 (zero-size params are fine) */
+  zs_init init;
+  const void* data;   /* full values for FROM_RANK (on src_rank) / FROM_ALL */
+  size_t data_bytes;  /* must equal numel * dtype size where data is read */
+  int src_rank;       /* group rank that holds data, for FROM_RANK */
+  uint64_t seed;      /* NORMAL / UNIFORM */
+  double a, b;        /* NORMAL: mean, std; UNIFORM: low, high */
+  zs_group group;     /* partition over this group; NULL: ZS_GROUP_PARTITION */
+} zs_param_options;
+
+#define ZS_PARAM_OPTIONS_INIT \
+  { sizeof(zs_param_options), NULL, ZS_FLOAT32, 0, NULL, ZS_INIT_ZEROS, NULL, 0, 0, 0, 0.0, 1.0, NULL }
+
+/* Register a parameter: this rank keeps only its padded shard of
+ * ceil(numel / G) elements (G = group size; the last ranks hold the zero
+ * padding) and frees the rest before returning. Collective over the group
+ * for ZS_INIT_FROM_RANK (a scatter); local otherwise, but every member must
+ * register the same params in the same order. */
+ZS_API zs_status zs_param_register(zs_param* out, zs_context ctx, const zs_param_options* options);
+/* Unregister; a gathered param is released first. NULL is OK. */
+ZS_API zs_status zs_param_destroy(zs_param param);
+
+typedef struct zs_param_info {
+  size_t size;            /* sizeof(zs_param_info) */
+  const char* name;       /* owned by the param */
+  zs_dtype dtype;
+  int ndim;
+  int64_t shape[ZS_MAX_DIMS];
+  uint64_t numel;
+  uint64_t shard_numel;   /* padded shard: ceil(numel / G) */
+  uint64_t padded_numel;  /* shard_numel * G */
+  uint64_t shard_offset;  /* first element of this rank's shard */
+  uint64_t shard_valid;   /* elements of the shard that are not padding */
+  zs_param_status status;
+} zs_param_info;
+#define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE }
+
+ZS_API zs_status zs_param_get_info(zs_param param, zs_param_info* info);
+ZS_API zs_status zs_param_get_status(zs_param param, zs_param_status* status);
+
+/* This rank's shard: shard_numel elements (padding included), always
+ * readable and writable; writes change the param from the next fetch on. */
+ZS_API zs_status zs_param_shard_data(zs_param param, void** data, uint64_t* shard_numel);
+
+/* Gather many params as one coalesced, asynchronous all-gather. All params
+ * must belong to this context and one partition group, and be
+ * NOT_AVAILABLE (a param listed twice is an error). Collective over that
+ * group: members fetch the same params in the same order. Params move to
+ * INFLIGHT, then AVAILABLE when the gather completes. */
+ZS_API zs_status zs_fetch(zs_gather* out, zs_context ctx, const zs_param* params, size_t num_params);
+/* As zs_work_wait / zs_work_test. */
+ZS_API zs_status zs_gather_wait(zs_gather gather, int timeout_ms);
+ZS_API zs_status zs_gather_test(zs_gather gather, int* done);
+/* Waits for an unfinished gather, then drops the handle; the params stay
+ * AVAILABLE until released. NULL is OK. */
+ZS_API zs_status zs_gather_destroy(zs_gather gather);
+
+/* The full data of an AVAILABLE param (numel elements, row-major, writable:
+ * see zs_param_update for making writes stick). INVALID_STATE otherwise. */
+ZS_API zs_status zs_param_data(zs_param param, void** data);
+/* Copy the full data into dst, which must be exactly numel * dtype size
+ * bytes (BUFFER_SIZE otherwise). */
+ZS_API zs_status zs_param_copy_to(zs_param param, void* dst, size_t dst_bytes);
+/* A DLPack tensor over the full data of an AVAILABLE param (CPU, no copy).
+ * The tensor keeps the memory alive after release until its deleter runs;
+ * the caller owns it and must call its deleter. */
+ZS_API zs_status zs_param_to_dlpack(zs_param param, struct DLManagedTensor** out);
+
+/* Free the full data of AVAILABLE params; they become NOT_AVAILABLE. A param
+ * that is not AVAILABLE is an INVALID_STATE error and nothing is released.
+ * Local (no traffic). */
+ZS_API zs_status zs_release(zs_context ctx, const zs_param* params, size_t num_params);
+
+/* GatheredParameters: after the caller modified the full data of AVAILABLE
+ * params on group rank modifier_rank, broadcast it to every member and write
+ * each member's shard from it, so the change survives release. Collective
+ * over the params' group; blocks until done. */
+ZS_API zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t num_params,
+                                 int modifier_rank);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZEROSHARD_ZEROSHARD_H */
