@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "impl/common/error.h"
+
 namespace zs {
 
 class Store {
@@ -39,10 +41,16 @@ class Store {
 };
 
 // TCP store. The rank with is_server serves on host:port (port 0 picks a
-// free port; see TcpStore::port()) and is also a client of itself; others
-// connect, retrying until the timeout. Errors: Code::Bootstrap (cannot bind,
+// free port, reported through *bound_port) and is also a client of itself;
+// others connect, retrying until the timeout. Errors: Code::Bootstrap (cannot bind,
 // cannot connect in time, bad reply), Code::Timeout, Code::InvalidArgument
 // (key or value too long).
+//
+// Lifetime: the server lives inside rank 0's store object and stops when that
+// object is destroyed, so rank 0 must outlive every other rank's use of the
+// store (the engine ends with a barrier through the store before destroying
+// it). Calls on one store object are serialised by a mutex, so a blocking get
+// holds back other threads' calls on that object until it returns.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       std::chrono::milliseconds timeout,
                                       int* bound_port = nullptr);
@@ -52,6 +60,49 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
 std::unique_ptr<Store> make_file_store(const std::string& dir, std::chrono::milliseconds timeout);
 
 // Keys under a prefix ("prefix/key"), for sub-groups sharing one store.
+// The base's timeout governs every call; timeout() of the prefix store only
+// reports the base's timeout at creation.
 std::unique_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string& prefix);
+
+// Shared by the store implementations; not part of the store interface.
+namespace store_detail {
+
+// Key as shown in messages: printable bytes as they are, others as \xHH,
+// cut after 128 bytes (keys may be binary and up to 4 KiB).
+inline std::string quote_key(const std::string& key) {
+  static const char kHex[] = "0123456789abcdef";
+  const size_t shown = key.size() < 128 ? key.size() : 128;
+  std::string out = "'";
+  for (size_t i = 0; i < shown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  out += "'";
+  if (shown < key.size()) out += "... (" + std::to_string(key.size()) + " bytes)";
+  return out;
+}
+
+inline void check_key(const char* op, const std::string& key) {
+  if (key.size() > Store::kMaxKeyBytes) {
+    // The quoted key is cut and ends with its size.
+    fail(Code::InvalidArgument, op, ": key ", quote_key(key), " is over the limit of ",
+         Store::kMaxKeyBytes, " bytes");
+  }
+}
+
+inline void check_value(const std::string& key, size_t size) {
+  if (size > Store::kMaxValueBytes) {
+    fail(Code::InvalidArgument, "set: value of key ", quote_key(key), " is ", size,
+         " bytes, more than the limit of ", Store::kMaxValueBytes);
+  }
+}
+
+}  // namespace store_detail
 
 }  // namespace zs

@@ -65,8 +65,15 @@ struct Config {
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1.0;
   double gradient_clipping = 0.0;  // 0: off
-  // Trainer-owned keys seen in the input (JSON paths, e.g. "optimizer",
-  // "train_micro_batch_size_per_gpu"), in input order.
+  // top-level engine options
+  bool zero_allow_untested_optimizer = false;
+  bool zero_force_ds_cpu_optimizer = true;
+  std::string communication_data_type;  // "": the gradient dtype; "fp32" | "fp16" | "bf16"
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // Keys seen in the input that the engine does not act on (JSON paths, e.g.
+  // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such
+  // as "zero_optimization.load_from_fp32_weights"), in input order.
   std::vector<std::string> unused_keys;
 };
 

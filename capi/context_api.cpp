@@ -1,0 +1,109 @@
+// Context lifetime, identity, config and memory queries.
+#include "capi/handles.h"
+
+using namespace zs;
+using namespace zs::capi;
+
+namespace {
+
+std::string str_or_empty(const char* s) { return s ? s : ""; }
+
+template <typename Fn>
+zs_status query_int(zs_context h, int* out, const char* arg, Fn get) {
+  return guarded([&] {
+    checked_out(out, arg);
+    *out = get(context_of(h, "ctx")->ranks());
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ZS_API zs_status zs_context_create(zs_context* out, const zs_context_options* options) {
+  return guarded([&] {
+    checked_out(out, "out");
+    *out = nullptr;
+    const auto& o = checked_options(options, "options");
+    ContextOptions opts;
+    opts.rank = o.rank;
+    opts.world_size = o.world_size;
+    opts.local_rank = o.local_rank;
+    opts.local_world_size = o.local_world_size;
+    opts.store_host = str_or_empty(o.store_host);
+    opts.store_port = o.store_port;
+    opts.file_store_path = str_or_empty(o.file_store_path);
+    opts.config_json = str_or_empty(o.config_json);
+    opts.config_path = str_or_empty(o.config_path);
+    opts.timeout_ms = o.timeout_ms;
+    opts.transport_host = str_or_empty(o.transport_host);
+    auto ctx = Context::create(opts);
+    const uint64_t id = ctx->id();
+    *out = to_handle<zs_context>(add_handle(Kind::Context, id, std::move(ctx)));
+  });
+}
+
+ZS_API zs_status zs_context_destroy(zs_context h) {
+  if (h == nullptr) return ZS_OK;
+  return guarded([&] {
+    uint64_t id = 0;
+    auto obj = take_handle(Kind::Context, reinterpret_cast<uintptr_t>(h), &id);
+    if (!obj) context_of(h, "ctx");  // throws the right message
+    drop_context_handles(id);
+  });
+}
+
+ZS_API zs_status zs_context_rank(zs_context h, int* rank) {
+  return query_int(h, rank, "rank", [](const RankInfo& r) { return r.rank; });
+}
+ZS_API zs_status zs_context_world_size(zs_context h, int* world_size) {
+  return query_int(h, world_size, "world_size", [](const RankInfo& r) { return r.world_size; });
+}
+ZS_API zs_status zs_context_local_rank(zs_context h, int* local_rank) {
+  return query_int(h, local_rank, "local_rank", [](const RankInfo& r) { return r.local_rank; });
+}
+ZS_API zs_status zs_context_local_world_size(zs_context h, int* local_world_size) {
+  return query_int(h, local_world_size, "local_world_size",
+                   [](const RankInfo& r) { return r.local_world_size; });
+}
+
+ZS_API zs_status zs_context_async_error(zs_context h) {
+  Code code = Code::Ok;
+  std::string message;
+  const zs_status s = guarded([&] { context_of(h, "ctx")->async_error(&code, &message); });
+  if (s != ZS_OK) return s;
+  return code == Code::Ok ? ZS_OK : set_error(static_cast<zs_status>(code), message);
+}
+
+ZS_API zs_status zs_context_config_json(zs_context h, const char** json) {
+  return guarded([&] {
+    checked_out(json, "json");
+    *json = context_of(h, "ctx")->config_json().c_str();
+  });
+}
+
+ZS_API zs_status zs_context_unused_config_keys(zs_context h, const char** json_array) {
+  return guarded([&] {
+    checked_out(json_array, "json_array");
+    *json_array = context_of(h, "ctx")->unused_keys_json().c_str();
+  });
+}
+
+ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
+  return guarded([&] {
+    checked_out(stats, "stats");
+    if (stats->size < sizeof(zs_memory_stats))
+      fail(Code::InvalidArgument, "stats->size is ", stats->size, ", expected at least ",
+           sizeof(zs_memory_stats), " (initialise it with ZS_MEMORY_STATS_INIT)");
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const MemoryStats& m = ctx->memory();
+    stats->shard_bytes = m.shard_bytes;
+    stats->gathered_bytes = m.gathered_bytes;
+    stats->peak_gathered_bytes = m.peak_gathered_bytes;
+    stats->unsharded_bytes = m.unsharded_bytes;
+    stats->num_params = m.num_params;
+  });
+}
+
+}  // extern "C"

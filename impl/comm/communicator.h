@@ -1,0 +1,44 @@
+// Collectives over one group of ranks. Calls are synchronous and made from
+// the group's worker thread only (see group.h), in the same order on every
+// member; a failure throws zs::Error (Comm, Timeout).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "impl/common/dtype.h"
+
+namespace zs {
+
+// One param of a coalesced all-gather: this rank's `bytes` at send go to
+// recv + rank * bytes on every member (recv holds bytes * size).
+struct GatherSegment {
+  const void* send;
+  void* recv;
+  size_t bytes;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // recv holds bytes_per_rank * size(); member i's send lands at i * bytes.
+  virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // Many all-gathers as one operation (the param fetch path).
+  virtual void allgather_coalesced(const std::vector<GatherSegment>& segments) = 0;
+  // send holds count * size() elements; this rank receives block rank().
+  // 16-bit floats are reduced in fp32.
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                              ReduceOp op) = 0;
+  virtual void allreduce(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // On root, inputs[i] (bytes_per_rank each) goes to member i's recv.
+  virtual void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
+                       int root) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace zs

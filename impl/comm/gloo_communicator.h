@@ -1,0 +1,28 @@
+// Collectives over Gloo's TCP transport: the CPU backend PyTorch uses.
+// A group's members connect a full mesh through the rendezvous store; all
+// groups of a process share one transport device.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "impl/comm/communicator.h"
+#include "impl/comm/store.h"
+
+namespace gloo::transport {
+class Device;
+}
+
+namespace zs {
+
+// The process's transport device, bound to host (an address or a name).
+std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& host);
+
+// Connect rank/size through store (keys should be prefixed per group).
+// Throws Code::Timeout or Code::Comm naming the group.
+std::unique_ptr<Communicator> make_gloo_communicator(
+    const std::string& group_name, int rank, int size, Store& store,
+    const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout);
+
+}  // namespace zs

@@ -1,0 +1,72 @@
+// A group of ranks and the thread that runs its collectives. Operations
+// are queued and run strictly in submission order, which is what makes
+// collectives issued in the same order on every member match up. After a
+// failure the group is broken: its communicator may be mid-message, so
+// later operations fail at once with the original error instead of hanging.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "impl/comm/communicator.h"
+#include "impl/comm/work.h"
+
+namespace zs {
+
+class Group {
+ public:
+  using ErrorSink = std::function<void(Code, const std::string&)>;
+
+  // world_ranks lists the members; my_rank is this rank's index in it, or
+  // -1 for a non-member (then comm is null and collectives are refused).
+  Group(std::string name, std::vector<int> world_ranks, int my_rank,
+        std::unique_ptr<Communicator> comm, ErrorSink on_error);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(world_ranks_.size()); }
+  bool member() const { return rank_ >= 0; }
+  int world_rank(int group_rank) const;
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  // Queue fn to run on the group's thread; the returned work completes when
+  // fn returns or throws.
+  std::shared_ptr<Work> submit(const std::string& what, std::function<void(Communicator&)> fn);
+  // submit + wait forever (the communicator's own timeout bounds it).
+  void run(const std::string& what, std::function<void(Communicator&)> fn);
+
+  // Fail everything queued and stop the thread; later submits fail.
+  void shutdown(const std::string& why);
+
+ private:
+  struct Task {
+    std::shared_ptr<Work> work;
+    std::function<void(Communicator&)> fn;
+  };
+  void loop();
+
+  const std::string name_;
+  const std::vector<int> world_ranks_;
+  const int rank_;
+  std::unique_ptr<Communicator> comm_;
+  ErrorSink on_error_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  Code broken_code_ = Code::Ok;
+  std::string broken_message_;
+  std::thread thread_;
+};
+
+}  // namespace zs

@@ -1,0 +1,22 @@
+// Element-wise reduction helpers shared by the communicators: 16-bit floats
+// are widened to fp32 so that sums do not lose precision hop by hop.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "impl/common/dtype.h"
+
+namespace zs {
+
+// dst[i] = op(dst[i], src[i]) over fp32.
+void reduce_f32(float* dst, const float* src, size_t n, ReduceOp op);
+// Same over raw bytes (ZS_UINT8).
+void reduce_u8(uint8_t* dst, const uint8_t* src, size_t n, ReduceOp op);
+// Widen count elements of dtype to fp32, and narrow back.
+void widen_to_f32(const void* src, DType dtype, float* dst, size_t count);
+void narrow_from_f32(const float* src, DType dtype, void* dst, size_t count);
+// x[i] /= divisor, for ReduceOp::Avg.
+void scale_f32(float* x, size_t n, float divisor);
+
+}  // namespace zs

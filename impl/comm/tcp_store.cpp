@@ -1,0 +1,850 @@
+// TCP rendezvous store. Rank 0 runs a single-threaded poll() server beside
+// its own client; every rank (rank 0 included) talks to it over one TCP
+// connection with a length-prefixed binary protocol:
+//
+//   request: u32 body_length, body = u8 command, then
+//     SET   u32 key_length, key, u64 value_length, value
+//     GET   u32 key_length, key          (answered once the key exists)
+//     WAIT  u32 count, count x (u32 key_length, key)   (answered once all exist)
+//     ADD   u32 key_length, key, i64 delta           (reply: i64 new value)
+//     CHECK u32 key_length, key                      (reply: u8 0 or 1)
+//   reply: u8 status (0 ok, 1 error), u64 payload_length, payload
+//
+// All integers are little-endian. The server never trusts a length: a frame
+// that is too long or does not parse exactly drops that client and nothing
+// else. Deadlines live on the client: a parked GET/WAIT on the server costs
+// nothing, and a client that gives up closes its connection so the late reply
+// dies with it. Counters (ADD) are stored as decimal text, like torch's
+// TCPStore, so get() of a counter reads "42".
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "impl/comm/store.h"
+#include "impl/common/error.h"
+
+namespace zs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using store_detail::quote_key;
+
+enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5 };
+enum class Status : uint8_t { Ok = 0, Error = 1 };
+
+constexpr size_t kMaxWaitKeys = 1024;
+// Largest request body: SET with the largest key and value.
+constexpr size_t kMaxRequestBytes = 1 + 4 + Store::kMaxKeyBytes + 8 + Store::kMaxValueBytes;
+static_assert(1 + 4 + kMaxWaitKeys * (4 + Store::kMaxKeyBytes) <= kMaxRequestBytes,
+              "a full WAIT must fit in a request");
+static_assert(kMaxRequestBytes <= UINT32_MAX, "request length is a u32");
+constexpr size_t kReplyHeaderBytes = 9;
+// Replies carry a value, an i64, a flag or a short error message.
+constexpr size_t kMaxReplyPayload = Store::kMaxValueBytes;
+// The server stops reading requests of a client whose replies pile up unread.
+constexpr size_t kMaxPendingOutput = 1 << 20;
+constexpr size_t kReadChunk = 256 << 10;
+
+void put_u32(std::string& b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& b, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t load_le(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+void put_key(std::string& b, const std::string& key) {
+  put_u32(b, static_cast<uint32_t>(key.size()));
+  b += key;
+}
+
+// Bounds-checked reader over one request body.
+class Reader {
+ public:
+  Reader(const char* p, size_t n) : p_(p), end_(p + n) {}
+  bool u8(uint8_t* v) {
+    if (end_ - p_ < 1) return false;
+    *v = static_cast<uint8_t>(*p_++);
+    return true;
+  }
+  bool u32(uint32_t* v) {
+    if (end_ - p_ < 4) return false;
+    *v = static_cast<uint32_t>(load_le(p_, 4));
+    p_ += 4;
+    return true;
+  }
+  bool u64(uint64_t* v) {
+    if (end_ - p_ < 8) return false;
+    *v = load_le(p_, 8);
+    p_ += 8;
+    return true;
+  }
+  bool bytes(uint64_t n, std::string* out) {
+    if (static_cast<uint64_t>(end_ - p_) < n) return false;
+    out->assign(p_, static_cast<size_t>(n));
+    p_ += n;
+    return true;
+  }
+  bool key(std::string* out) {
+    uint32_t n = 0;
+    return u32(&n) && n <= Store::kMaxKeyBytes && bytes(n, out);
+  }
+  bool done() const { return p_ == end_; }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+std::string endpoint(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// Parses a stored counter; false if it is not a whole decimal int64.
+bool parse_int64(const std::string& s, int64_t* out) {
+  // strtoll alone would also take leading blanks and '+'.
+  if (s.empty() || s.size() > 20 || (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0])))) {
+    return false;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size()) return false;
+  *out = v;
+  return true;
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int64_t elapsed_ms(Clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+}
+
+// Milliseconds left until deadline for poll(), rounded up so we never spin.
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  const auto ms = std::chrono::ceil<milliseconds>(left).count();
+  return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+}
+
+struct AddrInfo {
+  addrinfo* list = nullptr;
+  ~AddrInfo() {
+    if (list) freeaddrinfo(list);
+  }
+};
+
+// ---------------------------------------------------------------- server --
+
+class Server {
+ public:
+  Server(const std::string& host, int port);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  int port() const { return port_; }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string in;  // received bytes; unparsed ones start at in_pos
+    size_t in_pos = 0;
+    std::string out;  // reply bytes not yet sent start at out_pos
+    size_t out_pos = 0;
+    bool dead = false;
+    // A parked request: GET of get_key, or WAIT for the keys in missing.
+    bool parked = false;
+    bool parked_get = false;
+    std::string get_key;
+    std::unordered_set<std::string> missing;
+  };
+
+  void loop();
+  void accept_all();
+  void read_from(Conn& c);
+  void process(Conn& c);
+  bool handle(Conn& c, const char* body, size_t n);
+  void reply(Conn& c, Status status, const char* data, size_t n);
+  void flush(Conn& c);
+  void wake(const std::string& key);
+  void drop(int fd);
+
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  int port_ = 0;
+  std::unordered_map<int, Conn> conns_;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<int>> waiters_;  // key -> parked fds
+  std::deque<int> ready_;  // unparked clients whose buffered requests wait to be handled
+  std::vector<char> read_buf_;
+  std::thread thread_;
+};
+
+Server::Server(const std::string& host, int port) {
+  const std::string where = endpoint(host.empty() ? "*" : host, port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  AddrInfo ai;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &ai.list);
+  if (rc != 0) {
+    fail(Code::Bootstrap, "cannot resolve store host '", host, "' to serve on ", where, ": ",
+         rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc));
+  }
+  int err = 0;
+  for (addrinfo* a = ai.list; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+      listen_fd_ = fd;
+      break;
+    }
+    err = errno;
+    close(fd);
+  }
+  if (listen_fd_ < 0) {
+    fail(Code::Bootstrap, "cannot bind store server to ", where, ": ", std::strerror(err));
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (pipe2(stop_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(listen_fd_);
+    fail(Code::Bootstrap, "store server on ", where, ": cannot create a pipe: ", std::strerror(e));
+  }
+  read_buf_.resize(kReadChunk);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Server::~Server() {
+  const char byte = 1;
+  // The pipe is empty and non-blocking, so this write cannot block or fail.
+  [[maybe_unused]] ssize_t n = write(stop_pipe_[1], &byte, 1);
+  thread_.join();
+  close(listen_fd_);
+  close(stop_pipe_[0]);
+  close(stop_pipe_[1]);
+}
+
+void Server::loop() {
+  std::vector<pollfd> fds;
+  std::vector<int> dead;
+  for (;;) {
+    fds.clear();
+    fds.push_back({stop_pipe_[0], POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (const auto& entry : conns_) {
+      const Conn& c = entry.second;
+      const short events = c.out_pos < c.out.size() ? POLLIN | POLLOUT : POLLIN;
+      fds.push_back({entry.first, events, 0});
+    }
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      break;  // not expected with valid fds; closing below fails clients fast
+    }
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents & POLLIN) accept_all();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = conns_.find(fds[i].fd);
+      if (it == conns_.end() || it->second.dead) continue;
+      Conn& c = it->second;
+      if (fds[i].revents & POLLOUT) {
+        flush(c);
+        if (c.in_pos < c.in.size()) ready_.push_back(c.fd);  // resume held-back requests
+      }
+      if (!c.dead && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) read_from(c);
+    }
+    while (!ready_.empty()) {
+      auto it = conns_.find(ready_.front());
+      ready_.pop_front();
+      if (it != conns_.end() && !it->second.dead) process(it->second);
+    }
+    dead.clear();
+    for (const auto& entry : conns_) {
+      if (entry.second.dead) dead.push_back(entry.first);
+    }
+    for (int fd : dead) drop(fd);
+  }
+  for (const auto& entry : conns_) close(entry.first);
+  conns_.clear();
+}
+
+void Server::accept_all() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // EAGAIN: drained; EMFILE and friends: retried on the next wakeup
+    }
+    set_nodelay(fd);
+    conns_[fd].fd = fd;
+  }
+}
+
+void Server::read_from(Conn& c) {
+  const ssize_t n = recv(c.fd, read_buf_.data(), read_buf_.size(), 0);
+  if (n == 0) {
+    c.dead = true;
+    return;
+  }
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c.dead = true;
+    return;
+  }
+  try {
+    c.in.append(read_buf_.data(), static_cast<size_t>(n));
+    process(c);
+  } catch (const std::bad_alloc&) {
+    c.dead = true;  // one oversized client must not take the server down
+  }
+  // Unparsed input is below one frame unless the client pipelines requests
+  // behind a parked one; bound that too.
+  if (c.in.size() - c.in_pos > 4 + kMaxRequestBytes) c.dead = true;
+}
+
+void Server::process(Conn& c) {
+  while (!c.dead && !c.parked && c.out.size() - c.out_pos < kMaxPendingOutput) {
+    const size_t avail = c.in.size() - c.in_pos;
+    if (avail < 4) break;
+    const size_t len = static_cast<size_t>(load_le(c.in.data() + c.in_pos, 4));
+    if (len == 0 || len > kMaxRequestBytes) {
+      c.dead = true;
+      break;
+    }
+    if (avail < 4 + len) break;
+    const char* body = c.in.data() + c.in_pos + 4;
+    c.in_pos += 4 + len;
+    if (!handle(c, body, len)) c.dead = true;
+  }
+  if (c.in_pos == c.in.size()) {
+    c.in.clear();
+    c.in_pos = 0;
+  } else if (c.in_pos > c.in.size() / 2) {
+    c.in.erase(0, c.in_pos);
+    c.in_pos = 0;
+  }
+}
+
+// Handles one request; false if it is malformed.
+bool Server::handle(Conn& c, const char* body, size_t n) {
+  Reader r(body, n);
+  uint8_t cmd = 0;
+  if (!r.u8(&cmd)) return false;
+  switch (static_cast<Cmd>(cmd)) {
+    case Cmd::Set: {
+      std::string key, value;
+      uint64_t len = 0;
+      if (!r.key(&key) || !r.u64(&len) || len > Store::kMaxValueBytes || !r.bytes(len, &value) ||
+          !r.done()) {
+        return false;
+      }
+      data_.insert_or_assign(key, std::move(value));
+      reply(c, Status::Ok, nullptr, 0);
+      wake(key);
+      return true;
+    }
+    case Cmd::Get: {
+      std::string key;
+      if (!r.key(&key) || !r.done()) return false;
+      const auto it = data_.find(key);
+      if (it != data_.end()) {
+        reply(c, Status::Ok, it->second.data(), it->second.size());
+      } else {
+        waiters_[key].push_back(c.fd);
+        c.parked = true;
+        c.parked_get = true;
+        c.get_key = std::move(key);
+      }
+      return true;
+    }
+    case Cmd::Wait: {
+      uint32_t count = 0;
+      if (!r.u32(&count) || count > kMaxWaitKeys) return false;
+      std::unordered_set<std::string> missing;
+      for (uint32_t i = 0; i < count; ++i) {
+        std::string key;
+        if (!r.key(&key)) return false;
+        if (data_.count(key) == 0) missing.insert(std::move(key));
+      }
+      if (!r.done()) return false;
+      if (missing.empty()) {
+        reply(c, Status::Ok, nullptr, 0);
+      } else {
+        for (const std::string& key : missing) waiters_[key].push_back(c.fd);
+        c.parked = true;
+        c.parked_get = false;
+        c.missing = std::move(missing);
+      }
+      return true;
+    }
+    case Cmd::Add: {
+      std::string key;
+      uint64_t raw = 0;
+      if (!r.key(&key) || !r.u64(&raw) || !r.done()) return false;
+      const int64_t delta = static_cast<int64_t>(raw);
+      int64_t value = 0;
+      const auto it = data_.find(key);
+      if (it != data_.end() && !parse_int64(it->second, &value)) {
+        const std::string msg = "it holds " + std::to_string(it->second.size()) +
+                                " bytes that are not a decimal integer";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      if (__builtin_add_overflow(value, delta, &value)) {
+        const std::string msg = it->second + " plus " + std::to_string(delta) + " overflows int64";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      data_.insert_or_assign(key, std::to_string(value));
+      std::string out;
+      put_u64(out, static_cast<uint64_t>(value));
+      reply(c, Status::Ok, out.data(), out.size());
+      wake(key);
+      return true;
+    }
+    case Cmd::Check: {
+      std::string key;
+      if (!r.key(&key) || !r.done()) return false;
+      const char found = data_.count(key) ? 1 : 0;
+      reply(c, Status::Ok, &found, 1);
+      return true;
+    }
+  }
+  return false;  // unknown command
+}
+
+void Server::reply(Conn& c, Status status, const char* data, size_t n) {
+  c.out.push_back(static_cast<char>(status));
+  put_u64(c.out, n);
+  c.out.append(data, n);
+  flush(c);
+}
+
+void Server::flush(Conn& c) {
+  while (c.out_pos < c.out.size()) {
+    const ssize_t n = send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
+      return;
+    }
+    c.out_pos += static_cast<size_t>(n);
+  }
+  c.out.clear();
+  c.out_pos = 0;
+}
+
+// Answers the requests parked on key, which has just been written.
+void Server::wake(const std::string& key) {
+  const auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  const std::vector<int> fds = std::move(it->second);
+  waiters_.erase(it);
+  const std::string& value = data_.at(key);
+  for (int fd : fds) {
+    const auto ci = conns_.find(fd);
+    if (ci == conns_.end() || ci->second.dead || !ci->second.parked) continue;
+    Conn& w = ci->second;
+    if (w.parked_get) {
+      if (w.get_key != key) continue;
+      w.parked = false;
+      w.get_key.clear();
+      reply(w, Status::Ok, value.data(), value.size());
+    } else {
+      if (w.missing.erase(key) == 0 || !w.missing.empty()) continue;
+      w.parked = false;
+      reply(w, Status::Ok, nullptr, 0);
+    }
+    ready_.push_back(fd);  // it may have pipelined more requests
+  }
+}
+
+void Server::drop(int fd) {
+  const auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (c.parked) {
+    std::vector<std::string> keys(c.missing.begin(), c.missing.end());
+    if (c.parked_get) keys.push_back(c.get_key);
+    for (const std::string& key : keys) {
+      const auto w = waiters_.find(key);
+      if (w == waiters_.end()) continue;
+      w->second.erase(std::remove(w->second.begin(), w->second.end(), fd), w->second.end());
+      if (w->second.empty()) waiters_.erase(w);
+    }
+  }
+  close(fd);
+  conns_.erase(it);
+}
+
+// ----------------------------------------------------------------- store --
+
+class TcpStore final : public Store {
+ public:
+  TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout);
+  ~TcpStore() override;
+  int port() const { return port_; }
+
+  void set(const std::string& key, const std::vector<char>& value) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+
+ private:
+  enum class Io { Ok, Timeout, Closed };
+
+  void connect_locked(Clock::time_point deadline);
+  void disconnect_locked();
+  Io send_all(const std::string& data, Clock::time_point deadline);
+  Io recv_exact(char* out, size_t n, Clock::time_point deadline);
+  // One request/reply round trip. Returns false on timeout (the connection is
+  // then closed); throws Bootstrap if the server went away.
+  bool exchange(const std::string& body, Clock::time_point deadline, const std::string& what,
+                std::string* payload);
+  std::string missing_keys(const std::vector<std::string>& keys);
+  [[noreturn]] void fail_timeout(const std::string& what, Clock::time_point start);
+
+  std::unique_ptr<Server> server_;  // declared first: destroyed after the client is closed
+  std::string host_;  // where the client connects
+  int port_;
+  std::string where_;
+  std::mutex mu_;
+  int fd_ = -1;
+  int io_errno_ = 0;
+};
+
+TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout)
+    : host_(host.empty() ? "localhost" : host), port_(port) {
+  timeout_ = timeout;
+  if (is_server) {
+    server_ = std::make_unique<Server>(host, port_);  // "" binds every interface
+    port_ = server_->port();
+  }
+  where_ = endpoint(host_, port_);
+  std::lock_guard<std::mutex> lock(mu_);
+  connect_locked(Clock::now() + timeout_);
+}
+
+TcpStore::~TcpStore() { disconnect_locked(); }
+
+void TcpStore::disconnect_locked() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+// Connects with retries (backoff 10 ms doubling to 1 s): the server rank may
+// start later than the others.
+void TcpStore::connect_locked(Clock::time_point deadline) {
+  const auto start = Clock::now();
+  auto backoff = milliseconds(10);
+  std::string last_error = "timeout too short to try";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    AddrInfo ai;
+    const std::string service = std::to_string(port_);
+    const int rc = getaddrinfo(host_.c_str(), service.c_str(), &hints, &ai.list);
+    if (rc != 0) {
+      last_error = std::string("cannot resolve host: ") +
+                   (rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc));
+    }
+    for (addrinfo* a = rc == 0 ? ai.list : nullptr; a != nullptr; a = a->ai_next) {
+      const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        last_error = std::strerror(errno);
+        continue;
+      }
+      int err = 0;
+      if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+          pollfd p{fd, POLLOUT, 0};
+          const int ready = poll(&p, 1, remaining_ms(deadline));
+          socklen_t len = sizeof err;
+          if (ready <= 0) {
+            err = ready == 0 ? ETIMEDOUT : errno;
+          } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+            err = errno;
+          }
+        }
+      }
+      if (err == 0) {
+        set_nodelay(fd);
+        fd_ = fd;
+        return;
+      }
+      last_error = std::strerror(err);
+      close(fd);
+    }
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, left));
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+  fail(Code::Bootstrap, "cannot connect to store at ", where_, " after ", elapsed_ms(start),
+       " ms: ", last_error);
+}
+
+TcpStore::Io TcpStore::send_all(const std::string& data, Clock::time_point deadline) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io_errno_ = errno;
+      return Io::Closed;
+    }
+    pollfd p{fd_, POLLOUT, 0};
+    const int ready = poll(&p, 1, remaining_ms(deadline));
+    if (ready == 0) return Io::Timeout;
+    if (ready < 0 && errno != EINTR) {
+      io_errno_ = errno;
+      return Io::Closed;
+    }
+  }
+  return Io::Ok;
+}
+
+TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadline) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = recv(fd_, out + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      io_errno_ = 0;
+      return Io::Closed;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io_errno_ = errno;
+      return Io::Closed;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, remaining_ms(deadline));
+    if (ready == 0) return Io::Timeout;
+    if (ready < 0 && errno != EINTR) {
+      io_errno_ = errno;
+      return Io::Closed;
+    }
+  }
+  return Io::Ok;
+}
+
+bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
+                        const std::string& what, std::string* payload) {
+  if (fd_ < 0) connect_locked(deadline);
+  std::string frame;
+  frame.reserve(4 + body.size());
+  put_u32(frame, static_cast<uint32_t>(body.size()));
+  frame += body;
+  char header[kReplyHeaderBytes];
+  Io io = send_all(frame, deadline);
+  if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
+  uint64_t len = 0;
+  if (io == Io::Ok) {
+    len = load_le(header + 1, 8);
+    if (len > kMaxReplyPayload) {
+      disconnect_locked();
+      fail(Code::Bootstrap, what, ": store at ", where_, " sent a reply of ", len,
+           " bytes, more than the limit of ", kMaxReplyPayload);
+    }
+    payload->resize(static_cast<size_t>(len));
+    io = recv_exact(payload->data(), payload->size(), deadline);
+  }
+  if (io != Io::Ok) {
+    // A late reply must never be read as the answer to the next request.
+    disconnect_locked();
+    if (io == Io::Timeout) return false;
+    fail(Code::Bootstrap, what, ": connection to store at ", where_, " lost (",
+         io_errno_ != 0 ? std::strerror(io_errno_) : "closed by the server",
+         "); the store server (rank 0) may have exited");
+  }
+  if (static_cast<Status>(header[0]) != Status::Ok) {
+    fail(Code::InvalidArgument, what, ": store at ", where_, " refused: ", *payload);
+  }
+  return true;
+}
+
+void TcpStore::fail_timeout(const std::string& what, Clock::time_point start) {
+  fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ",
+       timeout_.count(), " ms) on store at ", where_);
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& value) {
+  store_detail::check_key("set", key);
+  store_detail::check_value(key, value.size());
+  std::string body;
+  body.reserve(1 + 4 + key.size() + 8 + value.size());
+  body.push_back(static_cast<char>(Cmd::Set));
+  put_key(body, key);
+  put_u64(body, value.size());
+  body.append(value.data(), value.size());
+  const std::string what = "set of key " + quote_key(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  std::string reply;
+  if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  store_detail::check_key("get", key);
+  std::string body(1, static_cast<char>(Cmd::Get));
+  put_key(body, key);
+  const std::string what = "get of key " + quote_key(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  std::string reply;
+  if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
+  return std::vector<char>(reply.begin(), reply.end());
+}
+
+// Of keys, those not set now, as a message fragment. Best effort: it runs
+// after a timeout, on a fresh connection with a short deadline of its own.
+std::string TcpStore::missing_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kShown = 10;
+  std::vector<const std::string*> missing;
+  bool known = true;
+  try {
+    const auto deadline = Clock::now() + std::min(timeout_, milliseconds(1000));
+    for (size_t i = 0; i < keys.size() && known; ++i) {
+      std::string body(1, static_cast<char>(Cmd::Check));
+      put_key(body, keys[i]);
+      std::string reply;
+      known = exchange(body, deadline, "check", &reply) && reply.size() == 1;
+      if (known && reply[0] == 0) missing.push_back(&keys[i]);
+    }
+  } catch (const Error&) {
+    known = false;
+  }
+  if (!known) {
+    missing.clear();
+    for (const std::string& key : keys) missing.push_back(&key);
+  }
+  std::string out;
+  for (size_t i = 0; i < missing.size() && i < kShown; ++i) {
+    out += (i ? ", " : "") + quote_key(*missing[i]);
+  }
+  if (missing.size() > kShown) out += " and " + std::to_string(missing.size() - kShown) + " more";
+  return out;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) store_detail::check_key("wait", key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  const auto deadline = start + timeout_;
+  // Longer lists go in several requests under the one deadline.
+  for (size_t first = 0; first < keys.size(); first += kMaxWaitKeys) {
+    const size_t count = std::min(kMaxWaitKeys, keys.size() - first);
+    std::string body(1, static_cast<char>(Cmd::Wait));
+    put_u32(body, static_cast<uint32_t>(count));
+    for (size_t i = first; i < first + count; ++i) put_key(body, keys[i]);
+    std::string reply;
+    const std::string what = "wait for " + std::to_string(keys.size()) + " key(s)";
+    if (!exchange(body, deadline, what, &reply)) {
+      const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
+      fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ",
+           timeout_.count(), " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
+    }
+  }
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  store_detail::check_key("add", key);
+  std::string body(1, static_cast<char>(Cmd::Add));
+  put_key(body, key);
+  put_u64(body, static_cast<uint64_t>(delta));
+  const std::string what = "add to key " + quote_key(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  std::string reply;
+  if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
+  if (reply.size() != 8) {
+    fail(Code::Bootstrap, what, ": store at ", where_, " sent a ", reply.size(),
+         "-byte reply, expected 8");
+  }
+  return static_cast<int64_t>(load_le(reply.data(), 8));
+}
+
+bool TcpStore::check(const std::string& key) {
+  store_detail::check_key("check", key);
+  std::string body(1, static_cast<char>(Cmd::Check));
+  put_key(body, key);
+  const std::string what = "check of key " + quote_key(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  std::string reply;
+  if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
+  if (reply.size() != 1) {
+    fail(Code::Bootstrap, what, ": store at ", where_, " sent a ", reply.size(),
+         "-byte reply, expected 1");
+  }
+  return reply[0] != 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
+                                      std::chrono::milliseconds timeout, int* bound_port) {
+  if (port < (is_server ? 0 : 1) || port > 65535) {
+    fail(Code::InvalidArgument, "tcp store port = ", port, ": expected ",
+         is_server ? "0 (any free port)" : "1", "..65535");
+  }
+  if (!is_server && host.empty()) {
+    fail(Code::InvalidArgument, "tcp store host is empty: clients need the server's address");
+  }
+  if (timeout.count() <= 0) {
+    fail(Code::InvalidArgument, "tcp store timeout = ", timeout.count(), " ms: expected > 0");
+  }
+  auto store = std::make_unique<TcpStore>(host, port, is_server, timeout);
+  if (bound_port != nullptr) *bound_port = store->port();
+  return store;
+}
+
+}  // namespace zs

@@ -1,0 +1,206 @@
+#include "impl/core/context.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "impl/comm/gloo_communicator.h"
+#include "impl/comm/local_communicator.h"
+
+namespace zs {
+namespace {
+
+std::atomic<uint64_t> g_next_context_id{1};
+
+std::chrono::milliseconds resolve_timeout(int timeout_ms) {
+  if (timeout_ms < 0) fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0");
+  if (timeout_ms > 0) return std::chrono::milliseconds(timeout_ms);
+  return std::chrono::milliseconds(env_int("ZS_TIMEOUT_MS", 300000));
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+std::shared_ptr<Context> Context::create(const ContextOptions& options) {
+  std::shared_ptr<Context> ctx(new Context());
+  ctx->id_ = g_next_context_id.fetch_add(1);
+  ctx->ranks_ = resolve_ranks(options.rank, options.world_size, options.local_rank,
+                              options.local_world_size);
+  if (!options.config_json.empty() && !options.config_path.empty())
+    fail(Code::InvalidArgument,
+         "config_json and config_path are both set: pass the config one way only");
+  // The config is checked against the world size before any socket opens,
+  // so an impossible topology is refused up front on every rank.
+  const int world = ctx->ranks_.world_size;
+  if (!options.config_path.empty()) {
+    ctx->config_ = parse_config_file(options.config_path, world);
+  } else if (!options.config_json.empty()) {
+    ctx->config_ = parse_config(options.config_json, world);
+  } else {
+    ctx->config_ = parse_config("{}", world);
+  }
+  ctx->config_json_ = config_to_json(ctx->config_);
+  ctx->unused_keys_json_ = nlohmann::json(ctx->config_.unused_keys).dump();
+  ctx->timeout_ = resolve_timeout(options.timeout_ms);
+  ctx->connect(options);
+  ctx->build_topology();
+  return ctx;
+}
+
+void Context::connect(const ContextOptions& options) {
+  if (ranks_.world_size == 1) {
+    world_ = make_group("world", next_group_id_++, {0});
+    return;
+  }
+  if (!options.file_store_path.empty()) {
+    store_ = make_file_store(options.file_store_path, timeout_);
+  } else {
+    const StoreAddress addr = resolve_store_address(
+        options.store_host.empty() ? nullptr : options.store_host.c_str(), options.store_port);
+    store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_);
+    tcp_store_ = true;
+  }
+  const std::string store_host = options.store_host.empty()
+                                     ? resolve_store_address(nullptr, options.store_port).host
+                                     : options.store_host;
+  device_ = make_gloo_device(resolve_transport_host(
+      options.transport_host.empty() ? nullptr : options.transport_host.c_str(), store_host));
+  std::vector<int> all(static_cast<size_t>(ranks_.world_size));
+  for (int i = 0; i < ranks_.world_size; ++i) all[static_cast<size_t>(i)] = i;
+  world_ = make_group("world", next_group_id_++, all);
+}
+
+std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
+                                           const std::vector<int>& ranks) {
+  const auto it = std::find(ranks.begin(), ranks.end(), ranks_.rank);
+  const int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  std::unique_ptr<Communicator> comm;
+  if (my >= 0 && ranks.size() == 1) {
+    comm = make_local_communicator();
+  } else if (my >= 0) {
+    auto prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));
+    comm = make_gloo_communicator(name, my, static_cast<int>(ranks.size()), *prefixed, device_,
+                                  timeout_);
+  }
+  auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
+                                       [this](Code c, const std::string& m) {
+                                         record_async_error(c, m);
+                                       });
+  all_groups_.push_back(group);
+  return group;
+}
+
+std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
+  if (ranks.empty()) fail(Code::InvalidArgument, "a group needs at least one rank");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= ranks_.world_size)
+      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
+           " is out of range for world size ", ranks_.world_size);
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
+           " appears twice");
+  }
+  check_async_error();
+  const int id = next_group_id_++;
+  return make_group("group" + std::to_string(id) + rank_list(ranks), id, ranks);
+}
+
+std::shared_ptr<Group> Context::create_partition_family(
+    const std::string& kind, const std::vector<std::vector<int>>& families) {
+  std::shared_ptr<Group> mine;
+  for (size_t k = 0; k < families.size(); ++k) {
+    const int id = next_group_id_++;  // consumed on every rank, so ids agree
+    const auto& ranks = families[k];
+    if (std::find(ranks.begin(), ranks.end(), ranks_.rank) == ranks.end()) continue;
+    mine = make_group(kind + std::to_string(k) + rank_list(ranks), id, ranks);
+  }
+  return mine;
+}
+
+void Context::build_topology() {
+  const int world = ranks_.world_size;
+  partition_ = world_;
+  const auto mics = static_cast<int>(config_.mics_shard_size);
+  if (mics > 0) {
+    std::vector<std::vector<int>> shards(static_cast<size_t>(world / mics));
+    std::vector<std::vector<int>> replicas(static_cast<size_t>(mics));
+    for (int r = 0; r < world; ++r) {
+      shards[static_cast<size_t>(r / mics)].push_back(r);
+      replicas[static_cast<size_t>(r % mics)].push_back(r);
+    }
+    mics_shard_ = create_partition_family("mics_shard", shards);
+    mics_replica_ = create_partition_family("mics_replica", replicas);
+    partition_ = mics_shard_;
+  }
+  const auto hpz = static_cast<int>(config_.zero_hpz_partition_size);
+  if (hpz > 1) {
+    std::vector<std::vector<int>> nodes(static_cast<size_t>(world / hpz));
+    for (int r = 0; r < world; ++r) nodes[static_cast<size_t>(r / hpz)].push_back(r);
+    hpz_ = create_partition_family("hpz", nodes);
+  }
+}
+
+void Context::record_async_error(Code code, const std::string& message) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (async_code_ != Code::Ok) return;
+  async_code_ = code;
+  async_message_ = message;
+}
+
+bool Context::async_error(Code* code, std::string* message) const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (async_code_ == Code::Ok) return false;
+  *code = async_code_;
+  *message = async_message_;
+  return true;
+}
+
+void Context::check_async_error() const {
+  Code code;
+  std::string message;
+  if (async_error(&code, &message))
+    throw Error(code, "the context failed earlier and refuses new work: " + message);
+}
+
+void Context::add_gathered(uint64_t bytes) {
+  memory_.gathered_bytes += bytes;
+  memory_.peak_gathered_bytes = std::max(memory_.peak_gathered_bytes, memory_.gathered_bytes);
+}
+
+void Context::sub_gathered(uint64_t bytes) { memory_.gathered_bytes -= bytes; }
+
+// Rank 0 serves the store: it stays up until every rank has said goodbye
+// (or the timeout passes), so no peer loses the store while still using it.
+void Context::finalize_store() {
+  if (!store_ || !tcp_store_) return;
+  try {
+    store_->add("zs/finalize", 1);
+    if (ranks_.rank != 0) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (store_->add("zs/finalize", 0) < ranks_.world_size &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } catch (const Error&) {
+    // The server is gone or a peer died: nothing left to wait for.
+  }
+}
+
+Context::~Context() {
+  for (auto& weak : all_groups_)
+    if (auto g = weak.lock()) g->shutdown("the context was destroyed");
+  finalize_store();
+}
+
+}  // namespace zs

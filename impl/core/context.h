@@ -1,0 +1,117 @@
+// The engine's per-process state for one data-parallel world: who we are,
+// the config, the rendezvous store, the groups, and the memory counters.
+// Everything mutable here is guarded by mutex(); group threads never take
+// it, so holding it while waiting on a collective cannot deadlock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "impl/comm/bootstrap.h"
+#include "impl/comm/group.h"
+#include "impl/comm/store.h"
+#include "impl/config/config.h"
+
+namespace gloo::transport {
+class Device;
+}
+
+namespace zs {
+
+struct ContextOptions {
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int local_world_size = -1;
+  std::string store_host;  // empty: MASTER_ADDR / 127.0.0.1
+  int store_port = -1;
+  std::string file_store_path;  // non-empty: file rendezvous
+  std::string config_json;      // empty: none
+  std::string config_path;      // empty: none
+  int timeout_ms = 0;           // 0: ZS_TIMEOUT_MS or 300000
+  std::string transport_host;   // empty: see resolve_transport_host
+};
+
+struct MemoryStats {
+  uint64_t shard_bytes = 0;
+  uint64_t gathered_bytes = 0;
+  uint64_t peak_gathered_bytes = 0;
+  uint64_t unsharded_bytes = 0;
+  uint64_t num_params = 0;
+};
+
+class Context {
+ public:
+  // Collective over the world; throws Bootstrap, InvalidConfig, Timeout.
+  static std::shared_ptr<Context> create(const ContextOptions& options);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  uint64_t id() const { return id_; }
+  const RankInfo& ranks() const { return ranks_; }
+  const Config& config() const { return config_; }
+  const std::string& config_json() const { return config_json_; }
+  const std::string& unused_keys_json() const { return unused_keys_json_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::mutex& mutex() { return mu_; }
+
+  const std::shared_ptr<Group>& world() const { return world_; }
+  const std::shared_ptr<Group>& partition_group() const { return partition_; }
+  const std::shared_ptr<Group>& mics_shard_group() const { return mics_shard_; }
+  const std::shared_ptr<Group>& mics_replica_group() const { return mics_replica_; }
+  const std::shared_ptr<Group>& hpz_group() const { return hpz_; }
+
+  // A sub-group of world ranks; collective over the world (every rank
+  // calls with the same list, in the same order of calls).
+  std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
+
+  // Background failures: the first one is kept and refused from then on.
+  void record_async_error(Code code, const std::string& message);
+  // Throws the recorded async error, if any.
+  void check_async_error() const;
+  bool async_error(Code* code, std::string* message) const;
+
+  // Memory accounting (caller holds mutex()).
+  MemoryStats& memory() { return memory_; }
+  void add_gathered(uint64_t bytes);
+  void sub_gathered(uint64_t bytes);
+
+ private:
+  Context() = default;
+  void connect(const ContextOptions& options);
+  void build_topology();
+  // The member group of a partition of the world into rank lists.
+  std::shared_ptr<Group> create_partition_family(const std::string& kind,
+                                                 const std::vector<std::vector<int>>& families);
+  std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
+  void finalize_store();
+
+  uint64_t id_ = 0;
+  RankInfo ranks_;
+  Config config_;
+  std::string config_json_;
+  std::string unused_keys_json_;
+  std::chrono::milliseconds timeout_{300000};
+  bool tcp_store_ = false;
+
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  int next_group_id_ = 0;
+  std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
+  std::vector<std::weak_ptr<Group>> all_groups_;
+
+  mutable std::mutex error_mu_;
+  Code async_code_ = Code::Ok;
+  std::string async_message_;
+
+  std::mutex mu_;
+  MemoryStats memory_;
+};
+
+}  // namespace zs

@@ -1,0 +1,36 @@
+// Fetching and releasing full parameters. A fetch allocates each param's
+// full buffer, marks it INFLIGHT and queues one coalesced all-gather on the
+// params' group; the param becomes AVAILABLE once the gather is observed
+// complete (settle), and release frees the buffer again.
+// All functions expect the caller to hold ctx.mutex().
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "impl/core/context.h"
+#include "impl/partition/param.h"
+
+namespace zs {
+
+using ParamList = std::vector<std::shared_ptr<Param>>;
+
+// Validates everything before changing anything: on error no param moved.
+std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params);
+
+// If an in-flight gather finished: AVAILABLE on success, back to
+// NOT_AVAILABLE (buffer freed) on failure.
+void settle(Context& ctx, Param& param);
+
+// Free the full data of AVAILABLE params; all-or-nothing.
+void release_params(Context& ctx, const ParamList& params);
+void release_one(Context& ctx, Param& param);
+
+// GatheredParameters' exit: broadcast the full data from group rank
+// modifier_rank and rewrite every member's shard from it. Blocking.
+void update_params(Context& ctx, const ParamList& params, int modifier_rank);
+
+// The full data of an AVAILABLE param, or InvalidState naming its status.
+const HostBufferPtr& available_data(Context& ctx, Param& param, const char* what);
+
+}  // namespace zs

@@ -1,0 +1,46 @@
+#include "impl/partition/param.h"
+
+#include <limits>
+#include <sstream>
+
+namespace zs {
+
+const char* param_status_name(ParamStatus s) {
+  switch (s) {
+    case ParamStatus::NotAvailable: return "NOT_AVAILABLE";
+    case ParamStatus::Inflight: return "INFLIGHT";
+    case ParamStatus::Available: return "AVAILABLE";
+  }
+  return "UNKNOWN";
+}
+
+uint64_t checked_numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) fail(Code::InvalidArgument, "shape[", i, "] = ", shape[i], ": expected >= 0");
+    const auto d = static_cast<uint64_t>(shape[i]);
+    if (d != 0 && n > (std::numeric_limits<uint64_t>::max() >> 4) / d)
+      fail(Code::InvalidArgument, "shape[", i, "] = ", shape[i], ": element count overflows");
+    n *= d;
+  }
+  return n;
+}
+
+Param::Param(uint64_t ctx_id, std::string param_name, DType param_dtype,
+             std::vector<int64_t> param_shape, std::shared_ptr<Group> param_group)
+    : context_id(ctx_id),
+      name(std::move(param_name)),
+      dtype(param_dtype),
+      shape(std::move(param_shape)),
+      group(std::move(param_group)),
+      layout(ShardLayout::make(checked_numel(shape), group->size(), group->rank())) {}
+
+std::string Param::describe() const {
+  std::ostringstream os;
+  os << "param '" << name << "' (" << dtype_name(dtype) << " [";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "])";
+  return os.str();
+}
+
+}  // namespace zs

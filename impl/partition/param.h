@@ -1,0 +1,53 @@
+// A partitioned parameter: this rank's padded shard, always held, and the
+// full data while gathered. Its mutable state is guarded by the owning
+// context's mutex; the group thread only touches the buffers, which the
+// in-flight gather keeps alive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "impl/comm/group.h"
+#include "impl/common/dtype.h"
+#include "impl/common/host_buffer.h"
+#include "impl/partition/layout.h"
+
+namespace zs {
+
+enum class ParamStatus : int { NotAvailable = 0, Inflight = 1, Available = 2 };
+
+const char* param_status_name(ParamStatus s);
+
+class Param {
+ public:
+  Param(uint64_t context_id, std::string name, DType dtype, std::vector<int64_t> shape,
+        std::shared_ptr<Group> group);
+
+  const uint64_t context_id;  // the context that owns it
+  const std::string name;
+  const DType dtype;
+  const std::vector<int64_t> shape;
+  const std::shared_ptr<Group> group;
+  const ShardLayout layout;
+
+  size_t elem_bytes() const { return dtype_size(dtype); }
+  uint64_t shard_bytes() const { return layout.shard_numel * elem_bytes(); }
+  uint64_t full_bytes() const { return layout.numel * elem_bytes(); }
+  uint64_t padded_bytes() const { return layout.padded_numel * elem_bytes(); }
+  // "param 'w' (float32 [3, 5])", for messages.
+  std::string describe() const;
+
+  HostBufferPtr shard;  // shard_numel elements, padding zeroed
+  HostBufferPtr full;   // padded_numel elements while Inflight/Available
+  std::shared_ptr<Work> inflight;
+  ParamStatus status = ParamStatus::NotAvailable;
+  bool full_aliases_shard = false;  // a group of one gathers without a copy
+};
+
+// Element count of a shape; throws InvalidArgument for negative or
+// overflowing dims, naming the dim.
+uint64_t checked_numel(const std::vector<int64_t>& shape);
+
+}  // namespace zs

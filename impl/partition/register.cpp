@@ -1,0 +1,111 @@
+#include "impl/partition/register.h"
+
+#include <cstring>
+
+#include "impl/fetch/gather.h"
+#include "impl/partition/seeded_init.h"
+
+namespace zs {
+namespace {
+
+void check_data(const Param& p, const ParamSpec& spec) {
+  if (p.full_bytes() > 0 && spec.data == nullptr)
+    fail(Code::InvalidArgument, p.describe(), ": init needs data, got NULL");
+  if (spec.data_bytes != p.full_bytes())
+    fail(Code::BufferSize, p.describe(), ": data_bytes is ", spec.data_bytes, ", expected ",
+         p.full_bytes(), " (", p.layout.numel, " elements of ", p.elem_bytes(), " bytes)");
+}
+
+// Root's inputs for the scatter: rank i's shard points into data where it
+// is whole; shards that run past the end are copied into padded buffers.
+void scatter_from_root(Param& p, const ParamSpec& spec) {
+  const int g = p.group->size();
+  const size_t shard_bytes = p.shard_bytes();
+  std::vector<const void*> inputs;
+  std::vector<std::unique_ptr<HostBuffer>> tails;
+  if (p.group->rank() == spec.src_rank) {
+    for (int i = 0; i < g; ++i) {
+      const uint64_t offset = static_cast<uint64_t>(i) * p.layout.shard_numel;
+      const uint64_t valid = ShardLayout::valid_in(p.layout.numel, offset, p.layout.shard_numel);
+      const auto* src = static_cast<const uint8_t*>(spec.data) + offset * p.elem_bytes();
+      if (valid == p.layout.shard_numel) {
+        inputs.push_back(src);
+        continue;
+      }
+      tails.push_back(std::make_unique<HostBuffer>(shard_bytes, true));
+      if (valid > 0) std::memcpy(tails.back()->data(), src, valid * p.elem_bytes());
+      inputs.push_back(tails.back()->data());
+    }
+  }
+  void* out = p.shard->data();
+  const int root = spec.src_rank;
+  p.group->run("registering " + p.describe(), [&](Communicator& comm) {
+    comm.scatter(inputs, out, shard_bytes, root);
+  });
+}
+
+}  // namespace
+
+std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
+  ctx.check_async_error();
+  auto group = spec.group ? spec.group : ctx.partition_group();
+  if (!group->member())
+    fail(Code::InvalidArgument, "param '", spec.name, "': this rank is not a member of group '",
+         group->name(), "'");
+  auto p = std::make_shared<Param>(ctx.id(), spec.name, spec.dtype, spec.shape, group);
+  p->shard = std::make_shared<HostBuffer>(p->shard_bytes(), true);
+  const size_t elem = p->elem_bytes();
+  switch (spec.init) {
+    case InitKind::Zeros: break;
+    case InitKind::FromAll:
+      check_data(*p, spec);
+      if (p->layout.shard_valid > 0)
+        std::memcpy(p->shard->data(),
+                    static_cast<const uint8_t*>(spec.data) + p->layout.shard_offset * elem,
+                    p->layout.shard_valid * elem);
+      break;
+    case InitKind::FromRank:
+      if (spec.src_rank < 0 || spec.src_rank >= group->size())
+        fail(Code::InvalidArgument, p->describe(), ": src_rank ", spec.src_rank,
+             " is out of range for group '", group->name(), "' of size ", group->size());
+      if (group->rank() == spec.src_rank) check_data(*p, spec);
+      scatter_from_root(*p, spec);
+      break;
+    case InitKind::Normal:
+    case InitKind::Uniform:
+      if (!(spec.b >= 0.0) && spec.init == InitKind::Normal)
+        fail(Code::InvalidArgument, p->describe(), ": normal init std b = ", spec.b,
+             ": expected >= 0");
+      fill_seeded(p->shard->data(), p->dtype, p->layout.shard_offset, p->layout.shard_valid,
+                  spec.init == InitKind::Normal ? SeededDist::Normal : SeededDist::Uniform,
+                  spec.seed, spec.a, spec.b);
+      break;
+    default:
+      fail(Code::InvalidArgument, "param '", spec.name, "': init ", static_cast<int>(spec.init),
+           ": expected ZS_INIT_ZEROS (0) .. ZS_INIT_UNIFORM (4)");
+  }
+  auto& mem = ctx.memory();
+  mem.shard_bytes += p->shard_bytes();
+  mem.unsharded_bytes += p->full_bytes();
+  mem.num_params += 1;
+  return p;
+}
+
+void unregister_param(Context& ctx, Param& p) {
+  settle(ctx, p);
+  if (p.status == ParamStatus::Inflight) {
+    try {
+      p.inflight->wait(-1);
+    } catch (const Error&) {
+      // The gather's failure is already the context's async error.
+    }
+    settle(ctx, p);
+  }
+  if (p.status == ParamStatus::Available) release_one(ctx, p);
+  auto& mem = ctx.memory();
+  mem.shard_bytes -= p.shard_bytes();
+  mem.unsharded_bytes -= p.full_bytes();
+  mem.num_params -= 1;
+}
+
+}  // namespace zs

@@ -1,0 +1,604 @@
+// Rendezvous store tests: the shared semantics run against the TCP, file and
+// prefix stores; then each store's own failure modes, including real
+// multi-process rendezvous. Tests that fork do so first thing, while the test
+// process has no threads (every earlier store, and its server thread, is gone).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "impl/comm/store.h"
+#include "impl/common/error.h"
+
+namespace zs {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::vector<char> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<char>& v) { return {v.begin(), v.end()}; }
+
+int64_t ms_since(Clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+}
+
+// Runs fn, which must throw zs::Error with code; returns the message.
+template <typename Fn>
+std::string error_of(Code code, Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected zs::Error with code " << static_cast<int>(code);
+  return "";
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "zs_store_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) std::abort();
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// A port that was free a moment ago and has no listener now.
+int unused_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::abort();
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Forks n children that run body(index) and _exit() with its result (0 = ok);
+// an exception or a hang (alarm) is a failure too. Call before any thread exists.
+std::vector<pid_t> fork_children(int n, const std::function<int(int)>& body) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid < 0) std::abort();
+    if (pid == 0) {
+      alarm(20);
+      int rc = 1;
+      try {
+        rc = body(i);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", i, e.what());
+        rc = 2;
+      }
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+void expect_children_succeed(const std::vector<pid_t>& pids) {
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[i], &status, 0), pids[i]);
+    ASSERT_TRUE(WIFEXITED(status)) << "child " << i << " died with signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "child " << i;
+  }
+}
+
+// Hands an int from the parent to each child (the parent learns the server's
+// port only after forking).
+struct IntPipe {
+  int fds[2];
+  IntPipe() {
+    if (pipe(fds) != 0) std::abort();
+  }
+  ~IntPipe() {
+    close(fds[0]);
+    close(fds[1]);
+  }
+  void send(int v, int copies = 1) const {
+    for (int i = 0; i < copies; ++i) {
+      if (write(fds[1], &v, sizeof v) != sizeof v) std::abort();
+    }
+  }
+  int receive() const {
+    int v = -1;
+    if (read(fds[0], &v, sizeof v) != sizeof v) std::abort();
+    return v;
+  }
+};
+
+// ------------------------------------------------- semantics, every store --
+
+class StoreSemantics : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string& kind = GetParam();
+    int port = 0;
+    if (kind == "tcp") {
+      store_ = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+      peer_ = make_tcp_store("127.0.0.1", port, false, 1000ms);
+    } else if (kind == "file") {
+      store_ = make_file_store(dir_.path + "/a/b", 1000ms);
+      peer_ = make_file_store(dir_.path + "/a/b", 1000ms);
+    } else {
+      base_ = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+      store_ = make_prefix_store(base_, "group");
+      peer_ = make_prefix_store(make_tcp_store("127.0.0.1", port, false, 1000ms), "group");
+    }
+  }
+  // A key as error messages quote it.
+  std::string quoted(const std::string& key) const {
+    return "'" + std::string(base_ ? "group/" : "") + key + "'";
+  }
+  // A prefix store runs under its base's timeout.
+  void set_timeout(milliseconds t) { (base_ ? base_ : store_)->set_timeout(t); }
+
+  TempDir dir_;
+  std::shared_ptr<Store> base_;
+  std::shared_ptr<Store> store_;
+  // Another client of the same data: calls on one TCP store object are
+  // serialised, so a thread that sets while another blocks needs its own.
+  std::shared_ptr<Store> peer_;
+};
+
+TEST_P(StoreSemantics, SetGetCheckOverwrite) {
+  EXPECT_EQ(store_->timeout(), 1000ms);
+  EXPECT_FALSE(store_->check("k"));
+  store_->set("k", bytes("one"));
+  EXPECT_TRUE(store_->check("k"));
+  EXPECT_EQ(text(store_->get("k")), "one");
+  peer_->set("k", bytes("two"));
+  EXPECT_EQ(text(store_->get("k")), "two");
+  store_->set("empty", {});
+  EXPECT_TRUE(store_->check("empty"));
+  EXPECT_TRUE(store_->get("empty").empty());
+}
+
+TEST_P(StoreSemantics, AddCountsFromZeroAndReadsAsText) {
+  EXPECT_EQ(store_->add("c", 1), 1);
+  EXPECT_EQ(store_->add("c", 5), 6);
+  EXPECT_EQ(store_->add("c", -10), -4);
+  EXPECT_EQ(text(store_->get("c")), "-4");
+  EXPECT_EQ(store_->add("c", 0), -4);
+  store_->set("word", bytes("abc"));
+  const std::string msg = error_of(Code::InvalidArgument, [&] { store_->add("word", 1); });
+  EXPECT_NE(msg.find(quoted("word")), std::string::npos) << msg;
+  store_->set("big", bytes(std::to_string(INT64_MAX)));
+  error_of(Code::InvalidArgument, [&] { store_->add("big", 1); });
+}
+
+TEST_P(StoreSemantics, WaitReturnsOnceAllKeysExist) {
+  store_->wait({});
+  store_->set("a", bytes("1"));
+  store_->wait({"a", "a"});
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    peer_->set("b", bytes("2"));
+  });
+  const auto start = Clock::now();
+  store_->wait({"a", "b"});
+  EXPECT_GE(ms_since(start), 30);
+  setter.join();
+}
+
+TEST_P(StoreSemantics, GetBlocksUntilAnotherThreadSets) {
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    peer_->add("late", 7);
+  });
+  EXPECT_EQ(text(store_->get("late")), "7");
+  setter.join();
+}
+
+TEST_P(StoreSemantics, GetOfMissingKeyTimesOutNamingIt) {
+  set_timeout(300ms);
+  const auto start = Clock::now();
+  const std::string msg = error_of(Code::Timeout, [&] { store_->get("no-such-key"); });
+  const auto elapsed = ms_since(start);
+  EXPECT_GE(elapsed, 295);
+  EXPECT_LT(elapsed, 1500);
+  EXPECT_NE(msg.find(quoted("no-such-key")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("300 ms"), std::string::npos) << msg;
+  // The store is still usable afterwards.
+  store_->set("after", bytes("ok"));
+  EXPECT_EQ(text(store_->get("after")), "ok");
+}
+
+TEST_P(StoreSemantics, WaitTimeoutNamesOnlyMissingKeys) {
+  set_timeout(200ms);
+  store_->set("present", bytes("x"));
+  const std::string msg = error_of(Code::Timeout, [&] { store_->wait({"present", "absent"}); });
+  EXPECT_NE(msg.find(quoted("absent")), std::string::npos) << msg;
+  EXPECT_EQ(msg.find(quoted("present")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("200 ms"), std::string::npos) << msg;
+}
+
+TEST_P(StoreSemantics, BinaryKeysAndValuesRoundTrip) {
+  std::vector<char> all(512);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(i);
+  const std::string key("a\0b/../c%2F", 11);
+  store_->set(key, all);
+  store_->set(std::string("a\0b", 3), bytes("other"));
+  EXPECT_EQ(store_->get(key), all);
+  EXPECT_EQ(text(store_->get(std::string("a\0b", 3))), "other");
+  EXPECT_FALSE(store_->check("a"));
+}
+
+TEST_P(StoreSemantics, OneMiBValueRoundTrips) {
+  std::vector<char> value(1 << 20);
+  uint32_t x = 12345;
+  for (char& c : value) c = static_cast<char>((x = x * 1103515245u + 12345u) >> 24);
+  store_->set("big", value);
+  EXPECT_EQ(store_->get("big"), value);
+}
+
+TEST_P(StoreSemantics, SizeLimits) {
+  const size_t prefix = base_ ? 6 : 0;  // "group/"
+  const std::string longest(Store::kMaxKeyBytes - prefix, 'k');
+  store_->set(longest, bytes("fits"));
+  EXPECT_EQ(text(store_->get(longest)), "fits");
+
+  const std::string too_long(Store::kMaxKeyBytes + 1 - prefix, 'k');
+  std::string msg = error_of(Code::InvalidArgument, [&] { store_->set(too_long, bytes("v")); });
+  EXPECT_NE(msg.find("(4097 bytes) is over the limit of 4096 bytes"), std::string::npos) << msg;
+  error_of(Code::InvalidArgument, [&] { store_->get(too_long); });
+  error_of(Code::InvalidArgument, [&] { store_->wait({"ok", too_long}); });
+  error_of(Code::InvalidArgument, [&] { store_->add(too_long, 1); });
+  error_of(Code::InvalidArgument, [&] { store_->check(too_long); });
+
+  const std::vector<char> huge(Store::kMaxValueBytes + 1);
+  msg = error_of(Code::InvalidArgument, [&] { store_->set("v", huge); });
+  EXPECT_NE(msg.find(std::to_string(huge.size())), std::string::npos) << msg;
+  EXPECT_NE(msg.find(quoted("v")), std::string::npos) << msg;
+  EXPECT_FALSE(store_->check("v"));
+}
+
+TEST_P(StoreSemantics, ConcurrentAddsFromThreadsAreAtomic) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) store_->add("n", 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store_->add("n", 0), 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreSemantics, ::testing::Values("tcp", "file", "prefix"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// ----------------------------------------------------------------- TCP ----
+
+TEST(TcpStore, PortZeroReportsBoundPortAndClientsShareState) {
+  int port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+  ASSERT_GT(port, 0);
+  int client_port = 0;
+  auto client = make_tcp_store("127.0.0.1", port, false, 1000ms, &client_port);
+  EXPECT_EQ(client_port, port);
+  server->set("from-server", bytes("s"));
+  client->set("from-client", bytes("c"));
+  EXPECT_EQ(text(client->get("from-server")), "s");
+  EXPECT_EQ(text(server->get("from-client")), "c");
+  EXPECT_EQ(client->add("n", 2), 2);
+  EXPECT_EQ(server->add("n", 3), 5);
+}
+
+TEST(TcpStore, ResolvesLocalhostByName) {
+  int port = 0;
+  auto server = make_tcp_store("localhost", 0, true, 1000ms, &port);
+  auto client = make_tcp_store("localhost", port, false, 1000ms);
+  client->set("k", bytes("v"));
+  EXPECT_EQ(text(server->get("k")), "v");
+}
+
+TEST(TcpStore, Ipv6Loopback) {
+  int port = 0;
+  std::unique_ptr<Store> server;
+  try {
+    server = make_tcp_store("::1", 0, true, 1000ms, &port);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  auto client = make_tcp_store("::1", port, false, 1000ms);
+  client->set("k", bytes("v6"));
+  EXPECT_EQ(text(server->get("k")), "v6");
+}
+
+TEST(TcpStore, ServerOnEveryInterface) {
+  int port = 0;
+  auto server = make_tcp_store("", 0, true, 1000ms, &port);
+  auto client = make_tcp_store("127.0.0.1", port, false, 1000ms);
+  client->set("k", bytes("any"));
+  EXPECT_EQ(text(server->get("k")), "any");
+}
+
+TEST(TcpStore, ConnectToClosedPortFailsWithinTimeout) {
+  const int port = unused_port();
+  const auto start = Clock::now();
+  const std::string msg =
+      error_of(Code::Bootstrap, [&] { make_tcp_store("127.0.0.1", port, false, 300ms); });
+  const auto elapsed = ms_since(start);
+  EXPECT_GE(elapsed, 290);
+  EXPECT_LT(elapsed, 2000);
+  EXPECT_NE(msg.find("cannot connect to store at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("refused"), std::string::npos) << msg;
+}
+
+TEST(TcpStore, BadArgumentsAndBusyPort) {
+  error_of(Code::InvalidArgument, [] { make_tcp_store("127.0.0.1", -1, true, 100ms); });
+  error_of(Code::InvalidArgument, [] { make_tcp_store("127.0.0.1", 65536, true, 100ms); });
+  error_of(Code::InvalidArgument, [] { make_tcp_store("127.0.0.1", 0, false, 100ms); });
+  error_of(Code::InvalidArgument, [] { make_tcp_store("", 1234, false, 100ms); });
+  error_of(Code::InvalidArgument, [] { make_tcp_store("127.0.0.1", 0, true, 0ms); });
+  int port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+  const std::string msg =
+      error_of(Code::Bootstrap, [&] { make_tcp_store("127.0.0.1", port, true, 100ms); });
+  EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+}
+
+TEST(TcpStore, LateReplyAfterTimeoutIsNotMistakenForTheNextAnswer) {
+  int port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+  auto client = make_tcp_store("127.0.0.1", port, false, 150ms);
+  error_of(Code::Timeout, [&] { client->get("late"); });
+  server->set("late", bytes("LATE"));
+  server->set("other", bytes("OTHER"));
+  EXPECT_EQ(text(client->get("other")), "OTHER");
+  EXPECT_EQ(text(client->get("late")), "LATE");
+}
+
+TEST(TcpStore, WaitOnMoreThan1024Keys) {
+  auto store = make_tcp_store("127.0.0.1", 0, true, 1000ms);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1500; ++i) keys.push_back("k" + std::to_string(i));
+  for (const auto& k : keys) {
+    if (k != "k1400") store->set(k, bytes("x"));
+  }
+  store->set_timeout(200ms);
+  const std::string msg = error_of(Code::Timeout, [&] { store->wait(keys); });
+  EXPECT_NE(msg.find("'k1400'"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("'k1399'"), std::string::npos) << msg;
+  store->set("k1400", bytes("x"));
+  store->wait(keys);
+}
+
+// Opens a raw connection, sends bytes, and reports whether the server hung up.
+bool server_drops(int port, const std::string& data) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  bool dropped = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      send(fd, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size())) {
+    char buf[64];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
+    dropped = n == 0 || errno == ECONNRESET;
+  }
+  close(fd);
+  return dropped;
+}
+
+std::string le32(uint32_t v) {
+  std::string s;
+  for (int i = 0; i < 4; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+std::string frame(const std::string& body) { return le32(static_cast<uint32_t>(body.size())) + body; }
+
+TEST(TcpStore, MalformedFramesDropOnlyThatClient) {
+  int port = 0;
+  auto store = make_tcp_store("127.0.0.1", 0, true, 1000ms, &port);
+  auto other = make_tcp_store("127.0.0.1", port, false, 1000ms);
+  // A client parked in a half-sent frame must not hold up the others.
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(send(idle, "\x10\x00", 2, MSG_NOSIGNAL), 2);
+
+  const std::string set_k = std::string(1, '\x01') + le32(1) + "k";
+  const std::vector<std::pair<const char*, std::string>> bad = {
+      {"length beyond the limit", le32(0xffffffffu)},
+      {"zero length", le32(0)},
+      {"unknown command", frame("\x63")},
+      {"key longer than the body", frame(std::string(1, '\x02') + le32(100) + "k")},
+      {"key over the limit", frame(std::string(1, '\x02') + le32(5000) + std::string(5000, 'k'))},
+      {"trailing bytes", frame(std::string(1, '\x02') + le32(1) + "kXX")},
+      {"value longer than the body", frame(set_k + le32(50) + le32(0) + "v")},
+      {"too many wait keys", frame(std::string(1, '\x03') + le32(1025))},
+      {"short add", frame(std::string(1, '\x04') + le32(1) + "k" + "\x01")},
+  };
+  for (const auto& [what, data] : bad) {
+    EXPECT_TRUE(server_drops(port, data)) << what;
+    store->set("alive", bytes(what));
+    EXPECT_EQ(text(other->get("alive")), what);
+  }
+  EXPECT_FALSE(other->check("k"));
+  close(idle);
+}
+
+// Must fork before this process starts a server thread.
+TEST(TcpStore, DeadServerMidCallIsBootstrapErrorNotHang) {
+  IntPipe port_pipe;
+  const auto children = fork_children(1, [&](int) {
+    int port = 0;
+    auto server = make_tcp_store("127.0.0.1", 0, true, 2000ms, &port);
+    port_pipe.send(port);
+    std::this_thread::sleep_for(400ms);
+    _exit(0);  // dies with the server thread running and a client parked on it
+    return 0;
+  });
+  const int port = port_pipe.receive();
+  auto client = make_tcp_store("127.0.0.1", port, false, 2000ms);
+  const auto start = Clock::now();
+  const std::string msg = error_of(Code::Bootstrap, [&] { client->get("never"); });
+  EXPECT_LT(ms_since(start), 1500);
+  EXPECT_NE(msg.find("'never'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+  expect_children_succeed(children);
+  // Later calls find nobody to reconnect to, within the timeout.
+  client->set_timeout(200ms);
+  error_of(Code::Bootstrap, [&] { client->set("k", bytes("v")); });
+}
+
+// Must fork before this process starts a server thread.
+TEST(TcpStore, FourProcessesRendezvous) {
+  constexpr int kWorld = 4;
+  IntPipe port_pipe;
+  const auto children = fork_children(kWorld, [&](int rank) {
+    const int port = port_pipe.receive();
+    auto store = make_tcp_store("127.0.0.1", port, false, 2000ms);
+    const int64_t arrived = store->add("arrived", 1);
+    if (arrived < 1 || arrived > kWorld) return 10;
+    store->set("addr/" + std::to_string(rank), bytes("rank" + std::to_string(rank)));
+    std::vector<std::string> keys;
+    for (int r = 0; r < kWorld; ++r) keys.push_back("addr/" + std::to_string(r));
+    store->wait(keys);
+    for (int r = 0; r < kWorld; ++r) {
+      if (text(store->get(keys[r])) != "rank" + std::to_string(r)) return 11;
+    }
+    if (text(store->get("arrived")) != std::to_string(kWorld)) return 12;
+    return 0;
+  });
+  int port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, 2000ms, &port);
+  port_pipe.send(port, kWorld);
+  expect_children_succeed(children);
+  EXPECT_EQ(server->add("arrived", 0), kWorld);
+}
+
+// ---------------------------------------------------------------- file ----
+
+TEST(FileStore, UnusableDirectoryIsBootstrapErrorNamingIt) {
+  TempDir dir;
+  const std::string file = dir.path + "/plain-file";
+  std::ofstream(file) << "x";
+  const std::string msg =
+      error_of(Code::Bootstrap, [&] { make_file_store(file + "/store", 100ms); });
+  EXPECT_NE(msg.find(file + "/store"), std::string::npos) << msg;
+  error_of(Code::Bootstrap, [&] { make_file_store(file, 100ms); });
+  error_of(Code::InvalidArgument, [&] { make_file_store("", 100ms); });
+}
+
+TEST(FileStore, KeysStayInsideTheDirectory) {
+  TempDir dir;
+  auto store = make_file_store(dir.path + "/s", 500ms);
+  store->set("../escape", bytes("x"));
+  store->set("/abs", bytes("y"));
+  store->set("", bytes("empty key"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/escape"));
+  EXPECT_EQ(text(store->get("../escape")), "x");
+  EXPECT_EQ(text(store->get("")), "empty key");
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path)) {
+    EXPECT_EQ(entry.path().filename(), "s");
+  }
+}
+
+TEST(FileStore, LongKeysDifferingAtTheEndAreDistinct) {
+  TempDir dir;
+  auto store = make_file_store(dir.path, 500ms);
+  std::string a(Store::kMaxKeyBytes, '/');
+  std::string b = a;
+  b.back() = 'b';
+  store->set(a, bytes("A"));
+  store->set(b, bytes("B"));
+  EXPECT_EQ(text(store->get(a)), "A");
+  EXPECT_EQ(text(store->get(b)), "B");
+  const std::string c(300, 'c');  // just over the escaped-name limit
+  EXPECT_EQ(store->add(c, 3), 3);
+  EXPECT_EQ(store->add(c, 3), 6);
+  store->wait({a, b, c});
+}
+
+// Forks first; flock must serialise add() across processes.
+TEST(FileStore, FourProcessesAddAndRendezvous) {
+  constexpr int kWorld = 4;
+  constexpr int kAdds = 25;
+  TempDir dir;
+  const auto children = fork_children(kWorld, [&](int rank) {
+    auto store = make_file_store(dir.path + "/rdzv", 2000ms);
+    for (int i = 0; i < kAdds; ++i) store->add("counter", 1);
+    store->set("rank/" + std::to_string(rank), bytes(std::to_string(rank)));
+    std::vector<std::string> keys;
+    for (int r = 0; r < kWorld; ++r) keys.push_back("rank/" + std::to_string(r));
+    store->wait(keys);
+    for (int r = 0; r < kWorld; ++r) {
+      if (text(store->get(keys[r])) != std::to_string(r)) return 10;
+    }
+    return 0;
+  });
+  expect_children_succeed(children);
+  auto store = make_file_store(dir.path + "/rdzv", 500ms);
+  EXPECT_EQ(text(store->get("counter")), std::to_string(kWorld * kAdds));
+}
+
+// -------------------------------------------------------------- prefix ----
+
+TEST(PrefixStore, PrefixesIsolateGroupsOnOneBase) {
+  std::shared_ptr<Store> base = make_tcp_store("127.0.0.1", 0, true, 500ms);
+  auto a = make_prefix_store(base, "a");
+  auto b = make_prefix_store(base, "b");
+  a->set("k", bytes("in a"));
+  b->set("k", bytes("in b"));
+  EXPECT_EQ(text(a->get("k")), "in a");
+  EXPECT_EQ(text(b->get("k")), "in b");
+  EXPECT_EQ(text(base->get("a/k")), "in a");
+  EXPECT_FALSE(b->check("only-a"));
+  a->set("only-a", {});
+  EXPECT_FALSE(b->check("only-a"));
+  EXPECT_EQ(a->add("n", 2), 2);
+  EXPECT_EQ(b->add("n", 5), 5);
+  a->wait({"k", "n", "only-a"});
+  EXPECT_EQ(a->timeout(), 500ms);
+  base->set_timeout(100ms);
+  const std::string msg = error_of(Code::Timeout, [&] { b->get("missing"); });
+  EXPECT_NE(msg.find("'b/missing'"), std::string::npos) << msg;
+}
+
+TEST(PrefixStore, RejectsNullBaseAndEmptyPrefix) {
+  error_of(Code::InvalidArgument, [] { make_prefix_store(nullptr, "g"); });
+  std::shared_ptr<Store> base = make_tcp_store("127.0.0.1", 0, true, 500ms);
+  error_of(Code::InvalidArgument, [&] { make_prefix_store(base, ""); });
+}
+
+}  // namespace
+}  // namespace zs

@@ -1,0 +1,101 @@
+#include "tests/support/multirank.h"
+
+#include "tests/support/bench_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace zs::test {
+
+int free_port() { return zs::bench::free_port(); }
+zs_context_options rank_options(const RankEnv& env, const char* config_json, int timeout_ms) {
+  zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+  o.rank = env.rank;
+  o.world_size = env.world;
+  o.local_rank = env.rank;
+  o.local_world_size = env.world;
+  o.store_host = "127.0.0.1";
+  o.store_port = env.port;
+  o.config_json = config_json;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+zs_context make_context(const RankEnv& env, const char* config_json, int timeout_ms) {
+  zs_context_options o = rank_options(env, config_json, timeout_ms);
+  zs_context ctx = nullptr;
+  const zs_status s = zs_context_create(&ctx, &o);
+  if (s != ZS_OK) {
+    ADD_FAILURE() << "rank " << env.rank << ": zs_context_create -> " << zs_status_string(s)
+                  << ": " << zs_last_error();
+  }
+  return ctx;
+}
+
+void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s) {
+  const int port = free_port();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(RankEnv{r, world, port});
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d threw: %s\n", r, e.what());
+        code = 2;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  std::vector<int> status(pids.size(), -1);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = st;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) kill(pids[i], SIGKILL);
+      ADD_FAILURE() << "ranks still running after " << timeout_s << " s: killed (a hang)";
+      timeout_s = 1 << 20;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const int st = status[i];
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+    if (WIFEXITED(st)) {
+      ADD_FAILURE() << "rank " << i << " of " << world << " exited with " << WEXITSTATUS(st);
+    } else {
+      ADD_FAILURE() << "rank " << i << " of " << world << " died by signal " << WTERMSIG(st);
+    }
+  }
+}
+
+}  // namespace zs::test

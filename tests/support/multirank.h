@@ -1,0 +1,49 @@
+// Multi-rank tests on real processes: fork one child per rank, each builds
+// its own context over loopback TCP, and the parent checks every exit code.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "zeroshard/zeroshard.h"
+
+namespace zs::test {
+
+struct RankEnv {
+  int rank;
+  int world;
+  int port;  // a free loopback port for the TCP store
+};
+
+// Runs body in `world` child processes and waits (at most timeout_s, then
+// kills them). A rank fails when body throws or a gtest assertion fails in
+// it; every failing rank is reported as a test failure.
+void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s = 90);
+
+// A free TCP port on 127.0.0.1.
+int free_port();
+
+// Context options for a rank of run_ranks (explicit rank/world, loopback
+// store, short timeout).
+zs_context_options rank_options(const RankEnv& env, const char* config_json = nullptr,
+                                int timeout_ms = 30000);
+
+// Creates the context or fails the rank with the engine's message.
+zs_context make_context(const RankEnv& env, const char* config_json = nullptr,
+                        int timeout_ms = 30000);
+
+}  // namespace zs::test
+
+// ASSERT that a zeroshard call returned ZS_OK, printing zs_last_error().
+#define ZS_ASSERT_OK(call)                                                           \
+  do {                                                                               \
+    zs_status zs_assert_status_ = (call);                                            \
+    ASSERT_EQ(zs_assert_status_, ZS_OK)                                              \
+        << #call << " -> " << zs_status_string(zs_assert_status_) << ": " << zs_last_error(); \
+  } while (0)
+#define ZS_EXPECT_OK(call)                                                           \
+  do {                                                                               \
+    zs_status zs_expect_status_ = (call);                                            \
+    EXPECT_EQ(zs_expect_status_, ZS_OK)                                              \
+        << #call << " -> " << zs_status_string(zs_expect_status_) << ": " << zs_last_error(); \
+  } while (0)

@@ -1,0 +1,468 @@
+// Tests for the zsrun launcher (tools/zsrun.cpp). They run the real binary,
+// found through the compile definition ZS_ZSRUN_PATH, on small `sh -c`
+// programs and check its environment, output relaying, exit statuses and
+// signal handling.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef ZS_ZSRUN_PATH
+#error "compile with -DZS_ZSRUN_PATH='\"/path/to/zsrun\"'"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  int status = -1;  // exit code, or 128+signal if zsrun itself died by one
+  std::string out, err;
+  double seconds = 0;
+};
+
+// A running zsrun with its stdout and stderr captured.
+class Zsrun {
+ public:
+  // env: NAME=VALUE to set, or NAME alone to unset, in zsrun's environment.
+  explicit Zsrun(const std::vector<std::string>& args,
+                 const std::vector<std::string>& env = {}) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) abort();
+    start_ = Clock::now();
+    pid_ = fork();
+    if (pid_ < 0) abort();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      close(out[0]);
+      close(out[1]);
+      close(err[0]);
+      close(err[1]);
+      for (const std::string& kv : env) {
+        auto eq = kv.find('=');
+        if (eq == std::string::npos) unsetenv(kv.c_str());
+        else setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+      }
+      std::vector<char*> argv{const_cast<char*>(ZS_ZSRUN_PATH)};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(ZS_ZSRUN_PATH, argv.data());
+      _exit(99);
+    }
+    close(out[1]);
+    close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Collects all output and the exit status; kills zsrun after limit_s so a
+  // broken launcher fails the test instead of hanging it.
+  Result wait(double limit_s = 60) {
+    Result r;
+    auto deadline = start_ + std::chrono::duration<double>(limit_s);
+    bool killed = false;
+    while (out_fd_ >= 0 || err_fd_ >= 0) {
+      std::vector<pollfd> fds;
+      if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+      if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
+      int n = poll(fds.data(), fds.size(), 100);
+      if (n < 0 && errno != EINTR) break;
+      for (const pollfd& p : fds) {
+        if (p.revents == 0) continue;
+        char buf[65536];
+        ssize_t got = read(p.fd, buf, sizeof buf);
+        std::string& dst = p.fd == out_fd_ ? r.out : r.err;
+        if (got > 0) {
+          dst.append(buf, static_cast<size_t>(got));
+        } else if (got == 0 || errno != EINTR) {
+          close(p.fd);
+          (p.fd == out_fd_ ? out_fd_ : err_fd_) = -1;
+        }
+      }
+      if (!killed && Clock::now() > deadline) {
+        ADD_FAILURE() << "zsrun still running after " << limit_s << " s; killing it";
+        kill(pid_, SIGKILL);
+        killed = true;
+      }
+    }
+    int st = 0;
+    while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return r;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  Clock::time_point start_;
+};
+
+Result run(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+           double limit_s = 60) {
+  return Zsrun(args, env).wait(limit_s);
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+// Splits "[rank K] rest" into K and rest; false if the line is not prefixed.
+bool split_prefix(const std::string& line, int* rank, std::string* rest) {
+  if (line.rfind("[rank ", 0) != 0) return false;
+  size_t close = line.find("] ");
+  if (close == std::string::npos || close == 6) return false;
+  std::string num = line.substr(6, close - 6);
+  if (num.find_first_not_of("0123456789") != std::string::npos) return false;
+  *rank = std::stoi(num);
+  *rest = line.substr(close + 2);
+  return true;
+}
+
+// A fresh directory for marker files, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/zsrun_test.XXXXXX";
+    if (!mkdtemp(tmpl)) abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::string cmd = "rm -rf '" + path_ + "'";
+    int rc = system(cmd.c_str());
+    (void)rc;
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool wait_for_files(const std::vector<std::string>& paths, double limit_s) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(limit_s);
+  while (Clock::now() < deadline) {
+    bool all = true;
+    for (const auto& p : paths) all = all && exists(p);
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// True when no process is left in process group `pgid`.
+bool group_gone(pid_t pgid) { return kill(-pgid, 0) < 0 && errno == ESRCH; }
+
+TEST(Zsrun, SetsTorchrunEnvironmentPerRank) {
+  Result r = run({"-n", "4", "--", "sh", "-c",
+                  "echo \"R=$RANK W=$WORLD_SIZE L=$LOCAL_RANK LW=$LOCAL_WORLD_SIZE "
+                  "G=$GROUP_RANK RR=$ROLE_RANK RW=$ROLE_WORLD_SIZE A=$MASTER_ADDR "
+                  "P=$MASTER_PORT ID=$TORCHELASTIC_RUN_ID OMP=$OMP_NUM_THREADS "
+                  "ZL=$ZS_LAUNCHER\""},
+                 {"OMP_NUM_THREADS", "RANK=77", "MASTER_PORT=1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::map<int, std::map<std::string, std::string>> seen;
+  for (const std::string& line : lines(r.out)) {
+    int rank = -1;
+    std::string rest;
+    ASSERT_TRUE(split_prefix(line, &rank, &rest)) << line;
+    std::istringstream words(rest);
+    for (std::string w; words >> w;) {
+      auto eq = w.find('=');
+      ASSERT_NE(eq, std::string::npos) << line;
+      seen[rank][w.substr(0, eq)] = w.substr(eq + 1);
+    }
+  }
+  ASSERT_EQ(seen.size(), 4u) << r.out;
+  std::set<std::string> ports, ids;
+  for (int k = 0; k < 4; ++k) {
+    auto& v = seen[k];
+    SCOPED_TRACE("rank " + std::to_string(k));
+    EXPECT_EQ(v["R"], std::to_string(k));  // the inherited RANK=77 is replaced
+    EXPECT_EQ(v["L"], std::to_string(k));
+    EXPECT_EQ(v["RR"], std::to_string(k));
+    EXPECT_EQ(v["W"], "4");
+    EXPECT_EQ(v["LW"], "4");
+    EXPECT_EQ(v["RW"], "4");
+    EXPECT_EQ(v["G"], "0");
+    EXPECT_EQ(v["A"], "127.0.0.1");
+    EXPECT_EQ(v["OMP"], "1");
+    EXPECT_EQ(v["ZL"], "zsrun");
+    EXPECT_FALSE(v["ID"].empty());
+    int port = std::atoi(v["P"].c_str());
+    EXPECT_GT(port, 1);  // picked, not the inherited MASTER_PORT=1
+    EXPECT_LE(port, 65535);
+    ports.insert(v["P"]);
+    ids.insert(v["ID"]);
+  }
+  EXPECT_EQ(ports.size(), 1u) << "all ranks must share MASTER_PORT";
+  EXPECT_EQ(ids.size(), 1u) << "all ranks must share TORCHELASTIC_RUN_ID";
+}
+
+TEST(Zsrun, MasterOptionsAndExistingOmpNumThreads) {
+  Result r = run({"-n", "2", "--master-addr", "10.1.2.3", "--master-port=29511", "--", "sh",
+                  "-c", "echo \"$MASTER_ADDR:$MASTER_PORT:$OMP_NUM_THREADS\""},
+                 {"OMP_NUM_THREADS=7"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::multiset<std::string> got;
+  for (const auto& l : lines(r.out)) got.insert(l);
+  EXPECT_EQ(got, (std::multiset<std::string>{"[rank 0] 10.1.2.3:29511:7",
+                                             "[rank 1] 10.1.2.3:29511:7"}));
+}
+
+TEST(Zsrun, OutputIsPrefixedAndNeverInterleaved) {
+  // Each rank writes 200 long lines to stdout and 200 to stderr, all at once.
+  const int kRanks = 4, kLines = 200;
+  std::string payload(300, 'x');
+  std::string script =
+      "i=0; while [ $i -lt " + std::to_string(kLines) + " ]; do "
+      "echo \"out rank=$RANK i=$i " + payload + "\"; "
+      "echo \"err rank=$RANK i=$i " + payload + "\" >&2; "
+      "i=$((i+1)); done";
+  Result r = run({"-n", std::to_string(kRanks), "--", "sh", "-c", script});
+  ASSERT_EQ(r.status, 0) << r.err.substr(0, 2000);
+  for (const char* stream : {"out", "err"}) {
+    SCOPED_TRACE(stream);
+    const std::string& text = std::string(stream) == "out" ? r.out : r.err;
+    ASSERT_FALSE(text.empty());
+    ASSERT_EQ(text.back(), '\n');
+    std::vector<int> next(kRanks, 0);
+    for (const std::string& line : lines(text)) {
+      int rank = -1;
+      std::string rest;
+      ASSERT_TRUE(split_prefix(line, &rank, &rest)) << line;
+      ASSERT_GE(rank, 0);
+      ASSERT_LT(rank, kRanks);
+      // Lines of one rank arrive complete and in order.
+      std::string want = std::string(stream) + " rank=" + std::to_string(rank) +
+                         " i=" + std::to_string(next[rank]) + " " + payload;
+      ASSERT_EQ(rest, want);
+      ++next[rank];
+    }
+    for (int k = 0; k < kRanks; ++k) EXPECT_EQ(next[k], kLines) << "rank " << k;
+  }
+}
+
+TEST(Zsrun, PartialLastLineIsFlushedWithPrefix) {
+  Result r = run({"-n", "1", "--", "sh", "-c", "printf 'a\\nno newline'; printf 'e' >&2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] a\n[rank 0] no newline\n");
+  EXPECT_EQ(r.err, "[rank 0] e\n");
+}
+
+TEST(Zsrun, NoPrefixPassesOutputThrough) {
+  Result r = run({"--no-prefix", "-n", "2", "--", "sh", "-c",
+                  "printf 'raw%s' $RANK; printf 'E%s\\n' $RANK >&2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.out == "raw0raw1" || r.out == "raw1raw0") << r.out;
+  EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("E0\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("E1\n"), std::string::npos) << r.err;
+}
+
+TEST(Zsrun, AllRanksSucceedExitsZero) {
+  Result r = run({"-n", "3", "--", "true"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Zsrun, CommandWithoutDoubleDash) {
+  Result r = run({"-n", "1", "echo", "hello"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] hello\n");
+}
+
+TEST(Zsrun, FailingRankStopsTheJobQuickly) {
+  TempDir dir;
+  // Every rank records its pid (= its process group); rank 1 fails after
+  // the others are up, the others would sleep for 30 s.
+  std::string script = "echo $$ > " + dir.path() + "/pid.$RANK; "
+                       "if [ \"$RANK\" = 1 ]; then sleep 0.3; echo boom >&2; exit 3; fi; "
+                       "sleep 30; echo survived";
+  Result r = run({"-n", "3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_NE(r.err.find("[rank 1] boom\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zsrun: rank 1 exited with status 3"), std::string::npos) << r.err;
+  // The rank's own output comes before zsrun's verdict on it.
+  EXPECT_LT(r.err.find("boom"), r.err.find("exited with status"));
+  EXPECT_EQ(r.out.find("survived"), std::string::npos) << r.out;
+  for (int k = 0; k < 3; ++k) {
+    pid_t pid = std::atoi(slurp(dir.file("pid." + std::to_string(k))).c_str());
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(group_gone(pid)) << "rank " << k << " left processes behind";
+  }
+}
+
+TEST(Zsrun, ExitStatusIsThatOfTheFirstFailingRank) {
+  Result r = run({"-n", "3", "--", "sh", "-c",
+                  "if [ \"$RANK\" = 2 ]; then exit 5; fi; "
+                  "if [ \"$RANK\" = 0 ]; then sleep 30; exit 9; fi"});
+  EXPECT_EQ(r.status, 5) << r.err;
+  EXPECT_NE(r.err.find("zsrun: rank 2 exited with status 5"), std::string::npos) << r.err;
+  // Rank 0 dies from our SIGTERM; that is not reported as a failure.
+  EXPECT_EQ(r.err.find("rank 0"), std::string::npos) << r.err;
+}
+
+TEST(Zsrun, SignalDeathMapsTo128PlusSignal) {
+  Result r = run({"-n", "2", "--", "sh", "-c",
+                  "if [ \"$RANK\" = 0 ]; then kill -KILL $$; fi; sleep 30"});
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_NE(r.err.find("zsrun: rank 0 killed by signal SIGKILL"), std::string::npos) << r.err;
+}
+
+TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {{"--", "true"}, "-n"},
+      {{}, "-n"},
+      {{"-n", "0", "--", "true"}, "'0'"},
+      {{"-n", "-3", "--", "true"}, "'-3'"},
+      {{"-n", "abc", "--", "true"}, "'abc'"},
+      {{"-n", "2x", "--", "true"}, "'2x'"},
+      {{"-n"}, "-n"},
+      {{"-n", "2"}, "no command"},
+      {{"-n", "2", "--"}, "no command"},
+      {{"-n", "2", "--bogus", "--", "true"}, "'--bogus'"},
+      {{"-n", "2", "--master-port", "70000", "--", "true"}, "'70000'"},
+      {{"-n", "2", "--master-port", "http", "--", "true"}, "'http'"},
+      {{"-n", "2", "--timeout-s", "-1", "--", "true"}, "'-1'"},
+      {{"-n", "2", "--timeout-s", "soon", "--", "true"}, "'soon'"},
+  };
+  for (const Case& c : cases) {
+    std::string joined;
+    for (const auto& a : c.args) joined += " " + a;
+    SCOPED_TRACE("zsrun" + joined);
+    Result r = run(c.args);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("Usage:"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(Zsrun, BadKillGraceEnvironmentIsAUsageError) {
+  Result r = run({"-n", "1", "--", "true"}, {"ZSRUN_KILL_GRACE_S=later"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("'later'"), std::string::npos) << r.err;
+}
+
+TEST(Zsrun, HelpGoesToStdoutAndExitsZero) {
+  Result r = run({"--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("Usage:"), std::string::npos);
+}
+
+TEST(Zsrun, MissingCommandExits127) {
+  for (const char* cmd : {"zsrun-test-no-such-command", "/nonexistent/dir/cmd"}) {
+    SCOPED_TRACE(cmd);
+    Result r = run({"-n", "2", "--", cmd, "arg"});
+    EXPECT_EQ(r.status, 127) << r.err;
+    EXPECT_NE(r.err.find("zsrun: cannot execute '" + std::string(cmd) + "': "),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("exited with status 127"), std::string::npos) << r.err;
+  }
+}
+
+// zsrun forwards the signals it receives to every rank; ranks that trap
+// them exit cleanly and zsrun still reports the interruption as 128+sig.
+TEST(Zsrun, ForwardsSignalsToRanks) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const char* name = sig == SIGTERM ? "TERM" : sig == SIGINT ? "INT" : "HUP";
+    SCOPED_TRACE(name);
+    TempDir dir;
+    std::string script = std::string("trap 'echo got > ") + dir.path() + "/got.$RANK; exit 0' " +
+                         name + "; touch " + dir.path() +
+                         "/ready.$RANK; while :; do sleep 0.05; done";
+    Zsrun z({"-n", "3", "--", "sh", "-c", script});
+    ASSERT_TRUE(wait_for_files({dir.file("ready.0"), dir.file("ready.1"), dir.file("ready.2")},
+                               20))
+        << "ranks did not start";
+    ASSERT_EQ(kill(z.pid(), sig), 0);
+    Result r = z.wait();
+    EXPECT_EQ(r.status, 128 + sig) << r.err;
+    EXPECT_LT(r.seconds, 15.0);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_TRUE(exists(dir.file("got." + std::to_string(k)))) << "rank " << k;
+  }
+}
+
+TEST(Zsrun, TimeoutTerminatesRanksAndExits124) {
+  Result r = run({"--timeout-s", "0.5", "-n", "2", "--", "sleep", "30"});
+  EXPECT_EQ(r.status, 124) << r.err;
+  EXPECT_GE(r.seconds, 0.4);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
+}
+
+TEST(Zsrun, RanksIgnoringSigtermAreKilledAfterTheGrace) {
+  TempDir dir;
+  std::string script = "trap '' TERM; echo $$ > " + dir.path() + "/pid.$RANK; sleep 30";
+  Result r = run({"--timeout-s", "0.3", "-n", "2", "--", "sh", "-c", script},
+                 {"ZSRUN_KILL_GRACE_S=0.5"});
+  EXPECT_EQ(r.status, 124) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r.err;
+  for (int k = 0; k < 2; ++k) {
+    pid_t pid = std::atoi(slurp(dir.file("pid." + std::to_string(k))).c_str());
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(group_gone(pid)) << "rank " << k;
+  }
+}
+
+TEST(Zsrun, BackgroundProcessesOfFinishedRanksAreCleanedUp) {
+  TempDir dir;
+  std::string script = "sleep 30 & echo $! > " + dir.path() + "/bg.$RANK; echo done";
+  Result r = run({"-n", "2", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_LT(r.seconds, 10.0);
+  for (int k = 0; k < 2; ++k) {
+    pid_t pid = std::atoi(slurp(dir.file("bg." + std::to_string(k))).c_str());
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(kill(pid, 0) < 0 && errno == ESRCH) << "background job of rank " << k;
+  }
+}
+
+}  // namespace

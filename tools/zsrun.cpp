@@ -1,0 +1,797 @@
+// zsrun — launch N local ranks of a command with a torchrun-compatible
+// environment, prefix their output per rank, forward signals, and tear the
+// whole job down when one rank fails.
+//
+//   zsrun -n N [--master-addr A] [--master-port P] [--timeout-s T]
+//         [--no-prefix] -- CMD ARGS...
+//
+// Standalone on purpose: POSIX only, no dependency on the engine library, so
+// it can launch any program (a C trainer, python, a test binary).
+//
+// Process model
+//   * Each rank is fork+execvp'd into its own process group (setpgid(0,0)).
+//     A terminal's Ctrl-C is delivered to the foreground group only, i.e. to
+//     zsrun, which forwards it once; without this every rank would get the
+//     signal twice (once from the tty, once from zsrun).
+//   * Signals are sent to the rank's whole process group, not only its pid:
+//     a rank is often a shell or a python wrapper whose children hold the
+//     output pipes open, and they must go down with it.
+//   * Signals reach the poll() loop through a self-pipe; SIGCHLD goes the
+//     same way, so the loop wakes up when a rank exits.
+//   * Every rank is reaped. After the last rank is reaped, processes still
+//     left in the ranks' groups (background jobs, daemons) are terminated
+//     too, so zsrun leaves no orphans behind. On Linux zsrun is also a child
+//     subreaper, so those orphans are reparented to, and reaped by, zsrun
+//     rather than an init that may never reap them (containers).
+//
+// Exit status: that of the first rank that failed (128+signal for a signal
+// death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
+// every rank still exited 0, 2 on bad usage, 1 on an internal error.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 1;
+constexpr int kExitTimeout = 124;
+constexpr double kDefaultKillGraceS = 5.0;
+// After the last rank is reaped, how long leftover processes in the ranks'
+// groups get to finish writing before they are terminated.
+constexpr double kLeftoverDrainS = 1.0;
+// After SIGKILL, how long to wait for pipes to reach EOF before giving up on
+// them (a descendant that escaped into another session still holds them).
+constexpr double kAfterKillS = 1.0;
+// A line longer than this is split so memory stays bounded; each piece is
+// still emitted as a complete, prefixed line.
+constexpr size_t kMaxLine = 1 << 20;
+
+const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// ---------------------------------------------------------------------------
+// Small I/O helpers. Everything zsrun prints goes through write(2) so its own
+// messages and the ranks' relayed lines never mix with stdio buffering.
+
+bool g_broken[3] = {false, false, false};  // fd 1/2 hit EPIPE: drop output
+
+void write_all(int fd, const char* data, size_t size) {
+  if (fd < 0 || fd > 2 || g_broken[fd]) return;
+  while (size > 0) {
+    ssize_t n = write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // Our stdout may be a non-blocking file description shared with the
+      // caller; wait until it drains rather than dropping lines.
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 1000);
+    } else {
+      // EPIPE (reader went away, e.g. `zsrun ... | head`) or another error:
+      // keep running the job, discard further output to this stream.
+      g_broken[fd] = true;
+      return;
+    }
+  }
+}
+
+void write_all(int fd, const std::string& s) { write_all(fd, s.data(), s.size()); }
+
+__attribute__((format(printf, 1, 2))) void errorf(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  std::string line = "zsrun: ";
+  line.append(buf, std::min(static_cast<size_t>(n), sizeof buf - 1));
+  line += '\n';
+  write_all(STDERR_FILENO, line);
+}
+
+bool set_flags(int fd, bool cloexec, bool nonblock) {
+  if (cloexec && fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC) < 0) return false;
+  if (nonblock && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) return false;
+  return true;
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGCHLD: return "SIGCHLD";
+    case SIGCONT: return "SIGCONT";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
+    case SIGURG: return "SIGURG";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGVTALRM: return "SIGVTALRM";
+    case SIGPROF: return "SIGPROF";
+    case SIGSYS: return "SIGSYS";
+    default: return nullptr;
+  }
+}
+
+std::string describe_signal(int sig) {
+  const char* name = signal_name(sig);
+  return name ? std::string(name) : "signal " + std::to_string(sig);
+}
+
+// ---------------------------------------------------------------------------
+// Command line.
+
+struct Options {
+  long nranks = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: pick a free one
+  double timeout_s = 0;  // 0: none
+  bool prefix = true;
+  std::vector<char*> command;  // argv of the ranks, null-terminated
+};
+
+const char kUsage[] =
+    "Usage: zsrun -n N [options] -- CMD [ARGS...]\n"
+    "\n"
+    "Runs N local ranks of CMD with a torchrun-compatible environment\n"
+    "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...).\n"
+    "\n"
+    "Options:\n"
+    "  -n, --nproc-per-node N   number of ranks (>= 1), required\n"
+    "  --master-addr A          MASTER_ADDR for the ranks (default 127.0.0.1)\n"
+    "  --master-port P          MASTER_PORT (default: a free TCP port)\n"
+    "  --timeout-s T            terminate the job after T seconds, exit 124\n"
+    "  --no-prefix              pass output through without '[rank K] '\n"
+    "  -h, --help               show this help\n"
+    "\n"
+    "Environment: ZSRUN_KILL_GRACE_S (default 5) is how long ranks get\n"
+    "between SIGTERM and SIGKILL when the job is torn down.\n";
+
+[[noreturn]] void usage_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void usage_error(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  errorf("%s", buf);
+  write_all(STDERR_FILENO, std::string("\n") + kUsage);
+  exit(kExitUsage);
+}
+
+bool parse_long(const char* s, long* out) {
+  if (*s == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parse_seconds(const char* s, double* out) {
+  if (*s == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options opt;
+  bool have_n = false;
+  int i = 1;
+  // Returns the value of an option given as "--opt V", "--opt=V" or "-nV".
+  auto value = [&](const std::string& arg, const std::string& name) -> const char* {
+    if (arg.size() > name.size()) return argv[i] + name.size() + (arg[name.size()] == '=' ? 1 : 0);
+    if (i + 1 >= argc) usage_error("option %s needs a value", name.c_str());
+    return argv[++i];
+  };
+  auto is = [](const std::string& arg, const std::string& name) {
+    return arg == name || arg.rfind(name + "=", 0) == 0;
+  };
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      write_all(STDOUT_FILENO, kUsage);
+      exit(0);
+    }
+    if (arg == "-n" || (arg.rfind("-n", 0) == 0 && arg.rfind("--", 0) != 0) ||
+        is(arg, "--nproc-per-node")) {
+      const char* v = value(arg, arg.rfind("--", 0) == 0 ? "--nproc-per-node" : "-n");
+      if (!parse_long(v, &opt.nranks) || opt.nranks < 1)
+        usage_error("-n expects a positive integer, got '%s'", v);
+      have_n = true;
+    } else if (is(arg, "--master-addr")) {
+      const char* v = value(arg, "--master-addr");
+      if (*v == '\0') usage_error("--master-addr expects an address, got ''");
+      opt.master_addr = v;
+    } else if (is(arg, "--master-port")) {
+      const char* v = value(arg, "--master-port");
+      long port = 0;
+      if (!parse_long(v, &port) || port < 1 || port > 65535)
+        usage_error("--master-port expects a port in 1..65535, got '%s'", v);
+      opt.master_port = static_cast<int>(port);
+    } else if (is(arg, "--timeout-s")) {
+      const char* v = value(arg, "--timeout-s");
+      if (!parse_seconds(v, &opt.timeout_s) || opt.timeout_s <= 0)
+        usage_error("--timeout-s expects a positive number of seconds, got '%s'", v);
+    } else if (arg == "--no-prefix") {
+      opt.prefix = false;
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      usage_error("unknown option '%s'", arg.c_str());
+    } else {
+      // Like mpirun, the first non-option word starts the command even
+      // without "--".
+      break;
+    }
+  }
+  if (!have_n) usage_error("missing required option -n N");
+  if (i >= argc) usage_error("no command given after '--'");
+  for (; i < argc; ++i) opt.command.push_back(argv[i]);
+  opt.command.push_back(nullptr);
+  return opt;
+}
+
+// Kernel-assigned free port: bind port 0, read it back, close. Another
+// process could grab it before rank 0 binds it; torchrun takes the same risk.
+int pick_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+// ---------------------------------------------------------------------------
+// Signals: the handler only writes the signal number into a pipe that the
+// poll loop reads, so all real work happens outside signal context.
+
+int g_sigpipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t r = write(g_sigpipe[1], &b, 1);  // full pipe: a wakeup is pending anyway
+  (void)r;
+  errno = saved;
+}
+
+// ---------------------------------------------------------------------------
+// Ranks and their output.
+
+struct Stream {
+  int fd = -1;    // read end of the rank's pipe, -1 when closed
+  int dest = -1;  // STDOUT_FILENO or STDERR_FILENO
+  std::string pending;  // bytes after the last newline
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  bool reaped = false;
+  bool group_gone = false;  // its process group has no members left
+  std::string prefix;
+  Stream out, err;
+};
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class Launcher {
+ public:
+  explicit Launcher(Options opt) : opt_(std::move(opt)) {}
+
+  int run();
+
+ private:
+  bool spawn_all();
+  bool spawn(Rank& r, const std::vector<std::string>& env);
+  std::vector<std::string> base_environment();
+  void reap();
+  void on_exit(Rank& r, int status);
+  void pump(Stream& s, const std::string& prefix, int max_reads);
+  void emit(Stream& s, const std::string& prefix, const char* data, size_t n, bool eof);
+  void close_stream(Stream& s, const std::string& prefix);
+  void signal_groups(int sig);
+  void start_termination();
+  bool all_reaped() const;
+  bool leftovers();
+
+  Options opt_;
+  std::vector<Rank> ranks_;
+  int master_port_ = 0;
+  double kill_grace_s_ = kDefaultKillGraceS;
+  sigset_t orig_mask_{};
+
+  Clock::time_point start_;
+  int first_failure_code_ = -1;  // exit code of the first failed rank
+  bool timed_out_ = false;
+  int received_signal_ = 0;  // first signal forwarded to the ranks
+  bool terminating_ = false;
+  Clock::time_point term_started_;
+  bool killed_ = false;
+  Clock::time_point killed_at_;
+  bool all_reaped_seen_ = false;
+  Clock::time_point all_reaped_at_;
+};
+
+std::vector<std::string> Launcher::base_environment() {
+  // Variables we set are removed from the inherited environment first so a
+  // zsrun started inside another launcher does not pass stale values on.
+  static const char* const kOwned[] = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZS_LAUNCHER"};
+  std::vector<std::string> env;
+  bool have_omp = false;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    std::string key = kv.substr(0, kv.find('='));
+    bool owned = false;
+    for (const char* k : kOwned) owned = owned || key == k;
+    if (key == "OMP_NUM_THREADS") have_omp = true;
+    if (!owned) env.push_back(kv);
+  }
+  auto n = std::to_string(opt_.nranks);
+  // A single node, one role, no restarts: the static torchrun layout.
+  env.push_back("WORLD_SIZE=" + n);
+  env.push_back("LOCAL_WORLD_SIZE=" + n);
+  env.push_back("ROLE_WORLD_SIZE=" + n);
+  env.push_back("GROUP_RANK=0");
+  env.push_back("GROUP_WORLD_SIZE=1");
+  env.push_back("ROLE_NAME=default");
+  env.push_back("MASTER_ADDR=" + opt_.master_addr);
+  env.push_back("MASTER_PORT=" + std::to_string(master_port_));
+  env.push_back("TORCHELASTIC_RUN_ID=zsrun-" + std::to_string(getpid()));
+  env.push_back("TORCHELASTIC_RESTART_COUNT=0");
+  env.push_back("TORCHELASTIC_MAX_RESTARTS=0");
+  env.push_back("ZS_LAUNCHER=zsrun");
+  // N ranks each spawning one OpenMP thread per core would oversubscribe the
+  // machine N-fold; torchrun makes the same default.
+  if (!have_omp) env.push_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
+bool Launcher::spawn_all() {
+  std::vector<std::string> base = base_environment();
+  ranks_.resize(static_cast<size_t>(opt_.nranks));
+  for (size_t k = 0; k < ranks_.size(); ++k) {
+    Rank& r = ranks_[k];
+    r.index = static_cast<int>(k);
+    r.prefix = "[rank " + std::to_string(k) + "] ";
+    r.out.dest = STDOUT_FILENO;
+    r.err.dest = STDERR_FILENO;
+    std::vector<std::string> env = base;
+    for (const char* key : {"RANK", "LOCAL_RANK", "ROLE_RANK"})
+      env.push_back(std::string(key) + "=" + std::to_string(k));
+    if (!spawn(r, env)) return false;
+  }
+  return true;
+}
+
+bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
+  std::vector<char*> envp;
+  for (const std::string& kv : env) envp.push_back(const_cast<char*>(kv.c_str()));
+  envp.push_back(nullptr);
+
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (opt_.prefix) {
+    // Read ends are non-blocking (drained in loops) and, like the write
+    // ends, close-on-exec: a rank must not inherit another rank's pipe, or
+    // that pipe would never reach EOF while it lives.
+    if (pipe(out) < 0 || pipe(err) < 0 || !set_flags(out[0], true, true) ||
+        !set_flags(out[1], true, false) || !set_flags(err[0], true, true) ||
+        !set_flags(err[1], true, false)) {
+      errorf("cannot create pipes for rank %d: %s", r.index, strerror(errno));
+      for (int fd : {out[0], out[1], err[0], err[1]})
+        if (fd >= 0) close(fd);
+      return false;
+    }
+  }
+  // A rank reading a terminal from its own (background) process group would
+  // be stopped by SIGTTIN forever; give it /dev/null instead. Non-tty stdin
+  // (a file, a pipe) is passed through.
+  bool null_stdin = isatty(STDIN_FILENO);
+
+  // Signals stay blocked across fork so the child cannot run our handler
+  // (which writes into zsrun's self-pipe) before it resets the dispositions.
+  pid_t pid = fork();
+  if (pid < 0) {
+    errorf("cannot fork rank %d: %s", r.index, strerror(errno));
+    for (int fd : {out[0], out[1], err[0], err[1]})
+      if (fd >= 0) close(fd);
+    return false;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    // exec keeps ignored dispositions (we ignore SIGPIPE), so reset them.
+    for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+    if (opt_.prefix) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+    }
+    if (null_stdin) {
+      int fd = open("/dev/null", O_RDONLY);
+      if (fd >= 0 && fd != STDIN_FILENO) {
+        dup2(fd, STDIN_FILENO);
+        close(fd);
+      }
+    }
+    environ = envp.data();
+    execvp(opt_.command[0], opt_.command.data());
+    // Reported on the rank's own stderr, so it shows up prefixed with it.
+    int e = errno;
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "zsrun: cannot execute '%s': %s\n", opt_.command[0],
+                     strerror(e));
+    if (n > 0) {
+      ssize_t w = write(STDERR_FILENO, msg, std::min(static_cast<size_t>(n), sizeof msg - 1));
+      (void)w;
+    }
+    // Shell convention: 127 for "not found", 126 for found but not runnable.
+    _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
+  }
+  // Also set the group from the parent, so it exists before we might signal
+  // it, whichever of parent and child runs first.
+  setpgid(pid, pid);
+  r.pid = pid;
+  if (opt_.prefix) {
+    close(out[1]);
+    close(err[1]);
+    r.out.fd = out[0];
+    r.err.fd = err[0];
+  }
+  return true;
+}
+
+// Appends data to the stream and writes every complete line, prefixed, in a
+// single write: lines from different ranks never interleave mid-line because
+// zsrun is the only writer and only ever writes whole lines.
+void Launcher::emit(Stream& s, const std::string& prefix, const char* data, size_t n,
+                    bool eof) {
+  s.pending.append(data, n);
+  std::string text;
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    text += prefix;
+    text.append(s.pending, start, nl + 1 - start);
+  }
+  s.pending.erase(0, start);
+  if ((eof && !s.pending.empty()) || s.pending.size() >= kMaxLine) {
+    text += prefix;
+    text += s.pending;
+    text += '\n';
+    s.pending.clear();
+  }
+  write_all(s.dest, text);
+}
+
+void Launcher::close_stream(Stream& s, const std::string& prefix) {
+  if (s.fd < 0) return;
+  emit(s, prefix, nullptr, 0, true);
+  close(s.fd);
+  s.fd = -1;
+}
+
+// Reads what is available (up to max_reads chunks); closes the stream at EOF.
+void Launcher::pump(Stream& s, const std::string& prefix, int max_reads) {
+  char buf[65536];
+  for (int i = 0; i < max_reads && s.fd >= 0; ++i) {
+    ssize_t n = read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      emit(s, prefix, buf, static_cast<size_t>(n), false);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      close_stream(s, prefix);  // EOF or a read error
+    }
+  }
+}
+
+void Launcher::reap() {
+  int status = 0;
+  pid_t pid;
+  // waitpid(-1) also reaps the ranks' orphaned descendants that the
+  // subreaper setting hands to us; they match no rank and are dropped.
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    for (Rank& r : ranks_)
+      if (r.pid == pid && !r.reaped) on_exit(r, status);
+  }
+}
+
+void Launcher::on_exit(Rank& r, int status) {
+  r.reaped = true;
+  // Everything the rank wrote is in its pipes by now: relay it before our
+  // verdict so a traceback precedes "rank K exited ...".
+  pump(r.out, r.prefix, 64);
+  pump(r.err, r.prefix, 64);
+  int code = 0;
+  std::string how;
+  if (WIFEXITED(status)) {
+    code = WEXITSTATUS(status);
+    how = "exited with status " + std::to_string(code);
+  } else if (WIFSIGNALED(status)) {
+    code = 128 + WTERMSIG(status);
+    how = "killed by signal " + describe_signal(WTERMSIG(status));
+  }
+  // Deaths after we started tearing the job down are our doing, not news.
+  if (code == 0 || terminating_) return;
+  errorf("rank %d %s", r.index, how.c_str());
+  if (first_failure_code_ < 0) first_failure_code_ = code;
+  start_termination();
+}
+
+// Signals the process group of every rank whose group may still have
+// members; skipping empty groups avoids hitting a recycled process id.
+void Launcher::signal_groups(int sig) {
+  for (Rank& r : ranks_) {
+    if (r.pid <= 0 || r.group_gone) continue;
+    if (kill(-r.pid, sig) < 0 && errno == ESRCH) {
+      if (r.reaped) r.group_gone = true;
+      else kill(r.pid, sig);  // its setpgid has not happened yet
+    }
+  }
+}
+
+void Launcher::start_termination() {
+  if (terminating_) return;
+  terminating_ = true;
+  term_started_ = Clock::now();
+  signal_groups(SIGTERM);
+}
+
+bool Launcher::all_reaped() const {
+  for (const Rank& r : ranks_)
+    if (!r.reaped) return false;
+  return true;
+}
+
+// True while processes other than the (reaped) ranks themselves linger in the
+// ranks' groups or hold their pipes open.
+bool Launcher::leftovers() {
+  bool any = false;
+  for (Rank& r : ranks_) {
+    if (r.out.fd >= 0 || r.err.fd >= 0) any = true;
+    if (!r.group_gone && r.pid > 0) {
+      if (kill(-r.pid, 0) < 0 && errno == ESRCH) r.group_gone = true;
+      else any = true;
+    }
+  }
+  return any;
+}
+
+int Launcher::run() {
+  start_ = Clock::now();
+  if (const char* g = getenv("ZSRUN_KILL_GRACE_S")) {
+    if (!parse_seconds(g, &kill_grace_s_) || kill_grace_s_ < 0)
+      usage_error("ZSRUN_KILL_GRACE_S expects a number of seconds >= 0, got '%s'", g);
+  }
+  master_port_ = opt_.master_port;
+  if (master_port_ == 0 && (master_port_ = pick_free_port()) < 0) {
+    errorf("cannot find a free TCP port on 127.0.0.1: %s", strerror(errno));
+    return kExitInternal;
+  }
+
+  if (pipe(g_sigpipe) < 0 || !set_flags(g_sigpipe[0], true, true) ||
+      !set_flags(g_sigpipe[1], true, true)) {
+    errorf("cannot create the signal pipe: %s", strerror(errno));
+    return kExitInternal;
+  }
+  // Handlers go in before any fork so no SIGCHLD or Ctrl-C can be lost;
+  // signals are blocked while spawning (see spawn()) and unblocked after.
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigset_t block;
+  sigemptyset(&block);
+  for (int sig : kForwardedSignals) {
+    sigaction(sig, &sa, nullptr);
+    sigaddset(&block, sig);
+  }
+  sa.sa_flags |= SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, nullptr);
+  sigaddset(&block, SIGCHLD);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout is an EPIPE, not our death
+
+#ifdef PR_SET_CHILD_SUBREAPER
+  // Best effort: without it orphans go to init, which is only slower.
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+#endif
+
+  sigprocmask(SIG_BLOCK, &block, &orig_mask_);
+  bool spawned = spawn_all();
+  sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+  int internal_error = 0;
+  if (!spawned) {
+    // Take down the ranks that did start; the loop below reaps them.
+    internal_error = kExitInternal;
+    for (Rank& r : ranks_)
+      if (r.pid < 0) r.reaped = r.group_gone = true;
+    start_termination();
+  }
+
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;
+  for (;;) {
+    reap();
+    auto now = Clock::now();
+    if (opt_.timeout_s > 0 && !terminating_ && seconds_since(start_) >= opt_.timeout_s) {
+      errorf("timed out after %g s; terminating %ld ranks", opt_.timeout_s, opt_.nranks);
+      timed_out_ = true;
+      start_termination();
+    }
+    if (terminating_ && !killed_ && seconds_since(term_started_) >= kill_grace_s_) {
+      for (const Rank& r : ranks_)
+        if (!r.reaped)
+          errorf("rank %d still running %g s after SIGTERM; sending SIGKILL", r.index,
+                 kill_grace_s_);
+      signal_groups(SIGKILL);
+      killed_ = true;
+      killed_at_ = now;
+    }
+    if (all_reaped()) {
+      if (!all_reaped_seen_) {
+        all_reaped_seen_ = true;
+        all_reaped_at_ = now;
+      }
+      if (!leftovers()) break;
+      // Background processes of finished ranks: let them flush, then end them.
+      if (!terminating_ && seconds_since(all_reaped_at_) >= kLeftoverDrainS) {
+        errorf("all ranks exited; terminating processes they left behind");
+        start_termination();
+      }
+      if (killed_ && seconds_since(killed_at_) >= kAfterKillS) {
+        for (Rank& r : ranks_) {
+          close_stream(r.out, r.prefix);
+          close_stream(r.err, r.prefix);
+        }
+        break;
+      }
+    }
+
+    // Sleep until output, a signal, or the next deadline.
+    double wait_s = -1;
+    auto consider = [&](double remaining) {
+      remaining = std::max(remaining, 0.0);
+      if (wait_s < 0 || remaining < wait_s) wait_s = remaining;
+    };
+    if (opt_.timeout_s > 0 && !terminating_) consider(opt_.timeout_s - seconds_since(start_));
+    if (terminating_ && !killed_) consider(kill_grace_s_ - seconds_since(term_started_));
+    if (killed_) consider(kAfterKillS - seconds_since(killed_at_));
+    // Nothing announces that a process group became empty: poll for it.
+    if (all_reaped_seen_) consider(0.05);
+
+    fds.clear();
+    streams.clear();
+    fds.push_back({g_sigpipe[0], POLLIN, 0});
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+      }
+    }
+    int timeout_ms = wait_s < 0 ? -1 : static_cast<int>(std::ceil(wait_s * 1000));
+    int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      errorf("poll: %s", strerror(errno));
+      internal_error = kExitInternal;
+      start_termination();
+      continue;
+    }
+
+    if (fds[0].revents & POLLIN) {
+      unsigned char sigs[64];
+      ssize_t got;
+      while ((got = read(g_sigpipe[0], sigs, sizeof sigs)) > 0) {
+        for (ssize_t k = 0; k < got; ++k) {
+          int sig = sigs[k];
+          if (sig == SIGCHLD) continue;  // reaped at the top of the loop
+          if (received_signal_ == 0) received_signal_ = sig;
+          signal_groups(sig);
+        }
+      }
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      Stream* s = streams[k - 1];
+      // Find the owning rank for the prefix (streams are members of ranks).
+      for (Rank& r : ranks_)
+        if (s == &r.out || s == &r.err) pump(*s, r.prefix, 1);
+    }
+  }
+
+  reap();
+  close(g_sigpipe[0]);
+  close(g_sigpipe[1]);
+  if (internal_error) return internal_error;
+  if (first_failure_code_ >= 0) return first_failure_code_;
+  if (timed_out_) return kExitTimeout;
+  if (received_signal_) return 128 + received_signal_;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // If zsrun was started with fd 0, 1 or 2 closed, a pipe() could land on
+  // them and be clobbered by the dup2s in the child; occupy them first.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int nfd = open("/dev/null", O_RDWR);
+      if (nfd >= 0 && nfd != fd) close(nfd);  // unreachable unless racing
+    }
+  }
+  Options opt = parse_args(argc, argv);
+  Launcher launcher(std::move(opt));
+  return launcher.run();
+}
