@@ -420,7 +420,9 @@ std::string le32(uint32_t v) {
   for (int i = 0; i < 4; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
   return s;
 }
-std::string frame(const std::string& body) { return le32(static_cast<uint32_t>(body.size())) + body; }
+std::string frame(const std::string& body) {
+  return le32(static_cast<uint32_t>(body.size())) + body;
+}
 
 TEST(TcpStore, MalformedFramesDropOnlyThatClient) {
   int port = 0;

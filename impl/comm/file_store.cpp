@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "impl/comm/store.h"
 #include "impl/common/error.h"
@@ -49,9 +50,8 @@ struct Fd {
 
 bool parse_int64(const std::string& s, int64_t* out) {
   // strtoll alone would also take leading blanks and '+'.
-  if (s.empty() || s.size() > 20 || (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0])))) {
-    return false;
-  }
+  if (s.empty() || s.size() > 20) return false;
+  if (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -111,7 +111,8 @@ FileStore::FileStore(std::string dir, milliseconds timeout) : dir_(std::move(dir
     fail(Code::Bootstrap, "file store directory '", dir_, "' is not a directory");
   }
   if (access(dir_.c_str(), R_OK | W_OK | X_OK) != 0) {
-    fail(Code::Bootstrap, "file store directory '", dir_, "' is not usable: ", std::strerror(errno));
+    fail(Code::Bootstrap, "file store directory '", dir_, "' is not usable: ",
+         std::strerror(errno));
   }
 }
 

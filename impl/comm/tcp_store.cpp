@@ -124,9 +124,8 @@ std::string endpoint(const std::string& host, int port) {
 // Parses a stored counter; false if it is not a whole decimal int64.
 bool parse_int64(const std::string& s, int64_t* out) {
   // strtoll alone would also take leading blanks and '+'.
-  if (s.empty() || s.size() > 20 || (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0])))) {
-    return false;
-  }
+  if (s.empty() || s.size() > 20) return false;
+  if (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -213,7 +212,8 @@ Server::Server(const std::string& host, int port) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   AddrInfo ai;
   const std::string service = std::to_string(port);
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &ai.list);
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &ai.list);
   if (rc != 0) {
     fail(Code::Bootstrap, "cannot resolve store host '", host, "' to serve on ", where, ": ",
          rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc));
@@ -788,9 +788,10 @@ void TcpStore::wait(const std::vector<std::string>& keys) {
     std::string reply;
     const std::string what = "wait for " + std::to_string(keys.size()) + " key(s)";
     if (!exchange(body, deadline, what, &reply)) {
+      const int64_t elapsed = elapsed_ms(start);
       const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
-      fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ",
-           timeout_.count(), " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
+      fail(Code::Timeout, what, ": timed out after ", elapsed, " ms (timeout ", timeout_.count(),
+           " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
     }
   }
 }
