@@ -103,6 +103,7 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
     stats->peak_gathered_bytes = m.peak_gathered_bytes;
     stats->unsharded_bytes = m.unsharded_bytes;
     stats->num_params = m.num_params;
+    stats->host_cache_bytes = host_cache_bytes();
   });
 }
 

@@ -58,7 +58,7 @@ void Group::loop() {
       task.fn(*comm_);
     } catch (const Error& e) {
       code = e.code();
-      message = e.what();
+      message = task.work->what() + ": " + e.what();
     } catch (const std::bad_alloc&) {
       code = Code::OutOfMemory;
       message = task.work->what() + ": out of memory";

@@ -1,5 +1,11 @@
 // A 64-byte aligned host allocation with its size; the unit in which shards
 // and gathered params are held, so that freeing one returns its memory.
+//
+// Large buffers come from a process-wide cache: a training step fetches
+// and releases the same sizes over and over, and handing a freed block
+// back out avoids the page faults a fresh mapping costs on first touch
+// (which, for a gather, is as slow as the network). The cache holds at
+// most ZS_HOST_CACHE_MB (default 1024) of idle blocks.
 #pragma once
 
 #include <cstdlib>
@@ -10,16 +16,26 @@
 
 namespace zs {
 
+// Idle bytes held by the cache right now.
+uint64_t host_cache_bytes();
+// Frees every idle block.
+void host_cache_trim();
+
+namespace detail {
+void* host_alloc(size_t bytes);
+void host_free(void* p, size_t bytes);
+}  // namespace detail
+
 class HostBuffer {
  public:
   explicit HostBuffer(size_t bytes, bool zero = false) : bytes_(bytes) {
     if (bytes == 0) return;
-    const size_t rounded = (bytes + 63) & ~size_t{63};
-    data_ = std::aligned_alloc(64, rounded);
-    if (!data_) fail(Code::OutOfMemory, "cannot allocate ", bytes, " bytes of host memory");
+    data_ = detail::host_alloc(bytes);
     if (zero) std::memset(data_, 0, bytes);
   }
-  ~HostBuffer() { std::free(data_); }
+  ~HostBuffer() {
+    if (data_) detail::host_free(data_, bytes_);
+  }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
 

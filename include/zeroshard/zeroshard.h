@@ -211,8 +211,11 @@ typedef struct zs_memory_stats {
   uint64_t peak_gathered_bytes;
   uint64_t unsharded_bytes;   /* what the params would take unsharded */
   uint64_t num_params;
+  /* Idle host blocks kept for reuse by later fetches (process-wide, capped
+   * by ZS_HOST_CACHE_MB, default 1024). */
+  uint64_t host_cache_bytes;
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0 }
 
 ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 

@@ -1,0 +1,123 @@
+// Clear errors instead of hangs: a rank that never joins a collective, a
+// rank that dies, a rank that never starts. Every case ends in bounded time
+// with a status and a message, and the context refuses new work after.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using zs::test::run_ranks;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+zs_param small_param(zs_context ctx) {
+  const int64_t shape[1] = {1000};
+  zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+  o.name = "w";
+  o.ndim = 1;
+  o.shape = shape;
+  zs_param p = nullptr;
+  EXPECT_EQ(zs_param_register(&p, ctx, &o), ZS_OK) << zs_last_error();
+  return p;
+}
+
+TEST(Failure, CollectiveWithAMissingPeerTimesOut) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 1500);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = small_param(ctx);
+    if (env.rank == 1) {  // never fetches; stays alive past rank 0's timeout
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      _exit(0);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    zs_gather g = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    const zs_status s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+    EXPECT_EQ(s, ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 5.0);
+    const std::string msg = zs_last_error();
+    EXPECT_NE(msg.find("fetch"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1500 ms"), std::string::npos) << msg;
+    // The failed gather leaves the param as it was, and the context refuses
+    // new collective work with the same status.
+    zs_param_status st;
+    ZS_ASSERT_OK(zs_param_get_status(p, &st));
+    EXPECT_EQ(st, ZS_PARAM_NOT_AVAILABLE);
+    EXPECT_EQ(zs_context_async_error(ctx), ZS_ERR_TIMEOUT);
+    zs_gather g2 = nullptr;
+    EXPECT_EQ(zs_fetch(&g2, ctx, &p, 1), ZS_ERR_TIMEOUT);
+    EXPECT_NE(std::string(zs_last_error()).find("refuses new work"), std::string::npos);
+    zs_gather_destroy(g);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // skip the goodbye wait for rank 1
+  });
+}
+
+TEST(Failure, DeadPeerIsACommErrorNotAHang) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 20000);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = small_param(ctx);
+    if (env.rank == 2) _exit(0);  // dies without a word
+    const auto t0 = std::chrono::steady_clock::now();
+    zs_gather g = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    const zs_status s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+    EXPECT_TRUE(s == ZS_ERR_COMM || s == ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 25.0);
+    EXPECT_NE(std::string(zs_last_error()).find("group 'world'"), std::string::npos) << zs_last_error();
+    zs_gather_destroy(g);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
+TEST(Failure, RankThatNeverStartsFailsBootstrap) {
+  run_ranks(2, [](const RankEnv& env) {
+    if (env.rank == 1) return;  // never shows up
+    zs_context_options o = zs::test::rank_options(env, nullptr, 1000);
+    zs_context ctx = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const zs_status s = zs_context_create(&ctx, &o);
+    EXPECT_EQ(s, ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 8.0);
+    EXPECT_NE(std::string(zs_last_error()).find("world"), std::string::npos) << zs_last_error();
+    EXPECT_EQ(ctx, nullptr);
+  });
+}
+
+TEST(Failure, ShortWaitTimesOutThenCompletes) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 20000);
+    ASSERT_NE(ctx, nullptr);
+    zs_group world = nullptr;
+    ZS_ASSERT_OK(zs_context_group(&world, ctx, ZS_GROUP_WORLD));
+    if (env.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    float x = 1.0f;
+    zs_work w = nullptr;
+    ZS_ASSERT_OK(zs_allreduce(&w, world, &x, &x, 1, ZS_FLOAT32, ZS_SUM));
+    if (env.rank == 0) {
+      EXPECT_EQ(zs_work_wait(w, 50), ZS_ERR_TIMEOUT);
+      EXPECT_NE(std::string(zs_last_error()).find("still running after 50 ms"), std::string::npos);
+      int done = 1;
+      ZS_ASSERT_OK(zs_work_test(w, &done));
+      EXPECT_EQ(done, 0);
+    }
+    ZS_ASSERT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+    EXPECT_EQ(x, 2.0f);
+    zs_work_destroy(w);
+    zs_group_destroy(world);
+    zs_context_destroy(ctx);
+  });
+}
+
+}  // namespace
