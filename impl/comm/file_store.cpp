@@ -48,17 +48,6 @@ struct Fd {
   Fd& operator=(const Fd&) = delete;
 };
 
-bool parse_int64(const std::string& s, int64_t* out) {
-  // strtoll alone would also take leading blanks and '+'.
-  if (s.empty() || s.size() > 20) return false;
-  if (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  *out = v;
-  return true;
-}
 
 // Polls ready() with sleeps growing 1 ms -> 10 ms; false once the deadline passes.
 template <typename Ready>
@@ -268,7 +257,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   }
   std::string current;
   int64_t value = 0;
-  if (read(key, &current) && !parse_int64(current, &value)) {
+  if (read(key, &current) && !store_detail::parse_int64(current, &value)) {
     fail(Code::InvalidArgument, "add to key ", quote_key(key), " in file store '", dir_,
          "': it holds ", current.size(), " bytes that are not a decimal integer");
   }

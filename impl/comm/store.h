@@ -103,6 +103,9 @@ inline void check_value(const std::string& key, size_t size) {
   }
 }
 
+// Parses a stored counter; false if it is not a whole decimal int64.
+bool parse_int64(const std::string& s, int64_t* out);
+
 }  // namespace store_detail
 
 }  // namespace zs

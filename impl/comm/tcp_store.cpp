@@ -121,18 +121,6 @@ std::string endpoint(const std::string& host, int port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-// Parses a stored counter; false if it is not a whole decimal int64.
-bool parse_int64(const std::string& s, int64_t* out) {
-  // strtoll alone would also take leading blanks and '+'.
-  if (s.empty() || s.size() > 20) return false;
-  if (s[0] != '-' && !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end != s.c_str() + s.size()) return false;
-  *out = v;
-  return true;
-}
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -420,7 +408,7 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       const int64_t delta = static_cast<int64_t>(raw);
       int64_t value = 0;
       const auto it = data_.find(key);
-      if (it != data_.end() && !parse_int64(it->second, &value)) {
+      if (it != data_.end() && !store_detail::parse_int64(it->second, &value)) {
         const std::string msg = "it holds " + std::to_string(it->second.size()) +
                                 " bytes that are not a decimal integer";
         reply(c, Status::Error, msg.data(), msg.size());
