@@ -104,6 +104,8 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
     stats->unsharded_bytes = m.unsharded_bytes;
     stats->num_params = m.num_params;
     stats->host_cache_bytes = host_cache_bytes();
+    stats->grad_bytes = m.grad_bytes;
+    stats->optimizer_bytes = m.optimizer_bytes;
   });
 }
 

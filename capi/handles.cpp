@@ -39,6 +39,7 @@ const char* kind_name(Kind k) {
     case Kind::Param: return "param";
     case Kind::Gather: return "gather";
     case Kind::Work: return "work";
+    case Kind::Optimizer: return "optimizer";
   }
   return "unknown";
 }
@@ -126,6 +127,9 @@ Resolved<GatherState> gather_of(zs_gather h, const char* arg) {
   return resolve<GatherState>(Kind::Gather, h, arg);
 }
 Resolved<Work> work_of(zs_work h, const char* arg) { return resolve<Work>(Kind::Work, h, arg); }
+Resolved<Optimizer> optimizer_of(zs_optimizer h, const char* arg) {
+  return resolve<Optimizer>(Kind::Optimizer, h, arg);
+}
 
 ParamList params_of(const std::shared_ptr<Context>& ctx, const zs_param* handles, size_t n,
                     const char* arg) {

@@ -13,12 +13,13 @@
 #include "impl/comm/work.h"
 #include "impl/core/context.h"
 #include "impl/fetch/gather.h"
+#include "impl/optim/optimizer.h"
 #include "impl/partition/param.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zs::capi {
 
-enum class Kind : uint8_t { Context = 1, Group = 2, Param = 3, Gather = 4, Work = 5 };
+enum class Kind : uint8_t { Context = 1, Group = 2, Param = 3, Gather = 4, Work = 5, Optimizer = 6 };
 
 struct GatherState {
   std::shared_ptr<Work> work;
@@ -44,6 +45,7 @@ Resolved<Group> group_of(zs_group h, const char* arg);
 Resolved<Param> param_of(zs_param h, const char* arg);
 Resolved<GatherState> gather_of(zs_gather h, const char* arg);
 Resolved<Work> work_of(zs_work h, const char* arg);
+Resolved<Optimizer> optimizer_of(zs_optimizer h, const char* arg);
 // Many params at once, all from ctx (one table lock).
 ParamList params_of(const std::shared_ptr<Context>& ctx, const zs_param* handles, size_t n,
                     const char* arg);

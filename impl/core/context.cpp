@@ -9,6 +9,7 @@
 
 #include "impl/comm/gloo_communicator.h"
 #include "impl/comm/local_communicator.h"
+#include "impl/grad/reducer.h"
 
 namespace zs {
 namespace {
@@ -174,6 +175,11 @@ void Context::check_async_error() const {
     throw Error(code, "the context failed earlier and refuses new work: " + message);
 }
 
+GradReducer& Context::grads() {
+  if (!grads_) grads_ = std::make_unique<GradReducer>(*this);
+  return *grads_;
+}
+
 void Context::add_gathered(uint64_t bytes) {
   memory_.gathered_bytes += bytes;
   memory_.peak_gathered_bytes = std::max(memory_.peak_gathered_bytes, memory_.gathered_bytes);
@@ -198,6 +204,7 @@ void Context::finalize_store() {
 }
 
 Context::~Context() {
+  grads_.reset();
   for (auto& weak : all_groups_)
     if (auto g = weak.lock()) g->shutdown("the context was destroyed");
   finalize_store();

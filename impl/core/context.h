@@ -43,7 +43,11 @@ struct MemoryStats {
   uint64_t peak_gathered_bytes = 0;
   uint64_t unsharded_bytes = 0;
   uint64_t num_params = 0;
+  uint64_t grad_bytes = 0;
+  uint64_t optimizer_bytes = 0;
 };
+
+class GradReducer;
 
 class Context {
  public:
@@ -76,6 +80,9 @@ class Context {
   // Throws the recorded async error, if any.
   void check_async_error() const;
   bool async_error(Code* code, std::string* message) const;
+
+  // The gradient reducer (caller holds mutex()).
+  GradReducer& grads();
 
   // Memory accounting (caller holds mutex()).
   MemoryStats& memory() { return memory_; }
@@ -112,6 +119,7 @@ class Context {
 
   std::mutex mu_;
   MemoryStats memory_;
+  std::unique_ptr<GradReducer> grads_;
 };
 
 }  // namespace zs

@@ -41,6 +41,7 @@ class Param {
 
   HostBufferPtr shard;  // shard_numel elements, padding zeroed
   HostBufferPtr full;   // padded_numel elements while Inflight/Available
+  HostBufferPtr grad;   // fp32 gradient shard, from the first push on
   std::shared_ptr<Work> inflight;
   ParamStatus status = ParamStatus::NotAvailable;
   bool full_aliases_shard = false;  // a group of one gathers without a copy

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "impl/fetch/gather.h"
+#include "impl/grad/reducer.h"
 #include "impl/partition/seeded_init.h"
 
 namespace zs {
@@ -103,6 +104,11 @@ void unregister_param(Context& ctx, Param& p) {
   }
   if (p.status == ParamStatus::Available) release_one(ctx, p);
   auto& mem = ctx.memory();
+  if (p.grad) {
+    ctx.grads().forget(p);
+    mem.grad_bytes -= p.grad->bytes();
+    p.grad.reset();
+  }
   mem.shard_bytes -= p.shard_bytes();
   mem.unsharded_bytes -= p.full_bytes();
   mem.num_params -= 1;

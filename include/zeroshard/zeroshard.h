@@ -130,6 +130,7 @@ typedef struct zs_group_s* zs_group;
 typedef struct zs_param_s* zs_param;
 typedef struct zs_gather_s* zs_gather;
 typedef struct zs_work_s* zs_work;
+typedef struct zs_optimizer_s* zs_optimizer;
 
 /* DLPack's tensor (dlpack/dlpack.h); declared here so this header needs
  * nothing else. */
@@ -214,8 +215,10 @@ typedef struct zs_memory_stats {
   /* Idle host blocks kept for reuse by later fetches (process-wide, capped
    * by ZS_HOST_CACHE_MB, default 1024). */
   uint64_t host_cache_bytes;
+  uint64_t grad_bytes;        /* fp32 gradient shards */
+  uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0 }
 
 ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
@@ -358,6 +361,93 @@ ZS_API zs_status zs_release(zs_context ctx, const zs_param* params, size_t num_p
  * over the params' group; blocks until done. */
 ZS_API zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t num_params,
                                  int modifier_rank);
+
+/* ------------------------------------------------------------------ */
+/* Training: gradients                                                 */
+/* ------------------------------------------------------------------ */
+
+/* Hand the engine a param's full gradient (numel elements of dtype, as
+ * produced by backward; with fp16 it carries the loss scale). The engine
+ * copies it into a bucket, divided by the accumulation steps, so the caller
+ * may reuse the buffer on return. A full bucket (reduce_bucket_size
+ * elements) is reduce-scattered and averaged over the param's group in the
+ * background (overlap_comm) and summed into this rank's fp32 gradient
+ * shard. Collective over the group: members push the same params in the
+ * same order. BUFFER_SIZE if grad_bytes is not numel * dtype size. */
+ZS_API zs_status zs_grad_push(zs_param param, const void* grad, zs_dtype dtype,
+                              size_t grad_bytes);
+
+/* Flush partial buckets and wait for every reduce-scatter; with MiCS also
+ * all-reduce the shards across the replica groups. The accumulation
+ * boundary; zs_optimizer_step calls it itself. Collective. */
+ZS_API zs_status zs_grad_sync(zs_context ctx);
+
+/* Micro-steps per optimizer step (default 1): pushed gradients are divided
+ * by it, so the step sees their mean. */
+ZS_API zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
+
+/* This rank's fp32 gradient shard of a param (shard_numel elements; NULL
+ * before its first push). Valid after zs_grad_sync. */
+ZS_API zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel);
+
+/* ------------------------------------------------------------------ */
+/* Training: sharded optimizer                                         */
+/* ------------------------------------------------------------------ */
+
+typedef enum zs_optimizer_kind {
+  ZS_OPTIM_ADAMW = 0, /* decoupled weight decay */
+  ZS_OPTIM_ADAM = 1,  /* weight decay as L2 added to the gradient */
+  ZS_OPTIM_SGD = 2    /* momentum, dampening, Nesterov */
+} zs_optimizer_kind;
+
+typedef struct zs_optim_hparams {
+  size_t size; /* sizeof(zs_optim_hparams) */
+  double lr;
+  double beta1, beta2, eps; /* Adam(W) */
+  double weight_decay;
+  double momentum, dampening; /* SGD */
+  int nesterov;               /* SGD */
+  int bias_correction;        /* Adam(W), default 1 */
+} zs_optim_hparams;
+
+#define ZS_OPTIM_HPARAMS_INIT \
+  { sizeof(zs_optim_hparams), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0, 1 }
+
+/* An optimizer over params of ctx; its state is sized to this rank's
+ * shards. Mixed precision follows the config: with bf16 or fp16 params the
+ * engine keeps fp32 master shards; with fp16 it runs the loss scaler
+ * (fp16.loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+ * min_loss_scale); gradient_clipping clips the global norm. */
+ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context ctx, zs_optimizer_kind kind);
+ZS_API zs_status zs_optimizer_destroy(zs_optimizer opt);
+
+/* A parameter group with its own hyper-parameters (e.g. no weight decay on
+ * norms and biases). A param belongs to one group at most. *group_index
+ * (may be NULL) receives the group's index. Local. */
+ZS_API zs_status zs_optimizer_add_group(zs_optimizer opt, const zs_param* params, size_t num_params,
+                                        const zs_optim_hparams* hparams, int* group_index);
+/* Change a group's hyper-parameters (group -1: every group), e.g. the
+ * learning rate each step. */
+ZS_API zs_status zs_optimizer_set_hparams(zs_optimizer opt, int group, const zs_optim_hparams* hparams);
+ZS_API zs_status zs_optimizer_set_lr(zs_optimizer opt, int group, double lr);
+
+typedef struct zs_step_result {
+  size_t size;       /* sizeof(zs_step_result) */
+  int skipped;       /* 1: gradients overflowed (fp16), nothing was updated */
+  double grad_norm;  /* global L2 norm of the averaged, unscaled gradient */
+  double loss_scale; /* the scale to multiply the next loss by (1 unless fp16) */
+  int64_t step;      /* optimizer steps taken so far (skipped ones excluded) */
+} zs_step_result;
+#define ZS_STEP_RESULT_INIT { sizeof(zs_step_result), 0, 0.0, 1.0, 0 }
+
+/* One optimizer step, collective over the world: zs_grad_sync, global norm,
+ * overflow check (a step with inf/NaN gradients is skipped on every rank),
+ * clipping, the update of every group's master shards, the rewrite of the
+ * working-dtype shards, and zeroed gradient shards. result may be NULL. */
+ZS_API zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
+
+/* The current loss scale (1.0 unless fp16 is enabled). */
+ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
 
 #ifdef __cplusplus
 } /* extern "C" */

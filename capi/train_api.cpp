@@ -1,0 +1,132 @@
+// Training: gradient hand-over and the sharded optimizer.
+#include "capi/handles.h"
+#include "impl/grad/reducer.h"
+
+using namespace zs;
+using namespace zs::capi;
+
+namespace {
+
+Hparams to_hparams(const zs_optim_hparams* h) {
+  const auto& o = checked_options(h, "hparams");
+  Hparams hp;
+  hp.lr = o.lr;
+  hp.beta1 = o.beta1;
+  hp.beta2 = o.beta2;
+  hp.eps = o.eps;
+  hp.weight_decay = o.weight_decay;
+  hp.momentum = o.momentum;
+  hp.dampening = o.dampening;
+  hp.nesterov = o.nesterov != 0;
+  hp.bias_correction = o.bias_correction != 0;
+  return hp;
+}
+
+template <typename Fn>
+zs_status with_optimizer(zs_optimizer h, Fn&& fn) {
+  return guarded([&] {
+    auto r = optimizer_of(h, "opt");
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    fn(*r.ctx, *r.obj);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ZS_API zs_status zs_grad_push(zs_param h, const void* grad, zs_dtype dtype, size_t grad_bytes) {
+  return guarded([&] {
+    auto r = param_of(h, "param");
+    const DType t = checked_dtype(dtype, true);
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    r.ctx->grads().push(r.obj, grad, t, grad_bytes);
+  });
+}
+
+ZS_API zs_status zs_grad_sync(zs_context h) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    ctx->grads().sync();
+  });
+}
+
+ZS_API zs_status zs_grad_set_accumulation_steps(zs_context h, int steps) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    ctx->grads().set_accumulation_steps(steps);
+  });
+}
+
+ZS_API zs_status zs_grad_shard_data(zs_param h, float** data, uint64_t* shard_numel) {
+  return guarded([&] {
+    checked_out(data, "data");
+    auto r = param_of(h, "param");
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    *data = r.obj->grad ? static_cast<float*>(r.obj->grad->data()) : nullptr;
+    if (shard_numel) *shard_numel = r.obj->layout.shard_numel;
+  });
+}
+
+ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context h, zs_optimizer_kind kind) {
+  return guarded([&] {
+    checked_out(out, "out");
+    *out = nullptr;
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    auto opt = std::make_shared<Optimizer>(*ctx, static_cast<OptimKind>(kind));
+    *out = to_handle<zs_optimizer>(add_handle(Kind::Optimizer, ctx->id(), std::move(opt)));
+  });
+}
+
+ZS_API zs_status zs_optimizer_destroy(zs_optimizer h) {
+  if (h == nullptr) return ZS_OK;
+  return guarded([&] {
+    auto r = optimizer_of(h, "opt");
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    take_handle(Kind::Optimizer, reinterpret_cast<uintptr_t>(h), nullptr);
+    r.obj.reset();  // frees its state under the context's lock
+  });
+}
+
+ZS_API zs_status zs_optimizer_add_group(zs_optimizer h, const zs_param* params, size_t n,
+                                        const zs_optim_hparams* hparams, int* group_index) {
+  return guarded([&] {
+    auto r = optimizer_of(h, "opt");
+    const Hparams hp = to_hparams(hparams);
+    auto list = params_of(r.ctx, params, n, "params");
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    const int g = r.obj->add_group(list, hp);
+    if (group_index) *group_index = g;
+  });
+}
+
+ZS_API zs_status zs_optimizer_set_hparams(zs_optimizer h, int group, const zs_optim_hparams* hparams) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { o.set_hparams(group, to_hparams(hparams)); });
+}
+
+ZS_API zs_status zs_optimizer_set_lr(zs_optimizer h, int group, double lr) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { o.set_lr(group, lr); });
+}
+
+ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) {
+    if (result && result->size < sizeof(zs_step_result))
+      fail(Code::InvalidArgument, "result->size is ", result->size, ", expected at least ",
+           sizeof(zs_step_result), " (initialise it with ZS_STEP_RESULT_INIT)");
+    const StepResult r = o.step();
+    if (!result) return;
+    result->skipped = r.skipped ? 1 : 0;
+    result->grad_norm = r.grad_norm;
+    result->loss_scale = r.loss_scale;
+    result->step = r.step;
+  });
+}
+
+ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer h, double* scale) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { *checked_out(scale, "scale") = o.loss_scale(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,247 @@
+/*
+ * Train a two-layer MLP on a synthetic regression task, entirely through
+ * the C API: params registered sharded, gathered for compute and released,
+ * gradients handed to the engine, and the sharded optimizer stepping.
+ *
+ *   build/bin/zsrun -n 4 -- build/bin/train_mlp [--steps 50] [--dtype fp32|bf16|fp16]
+ *       [--optimizer adamw|adam|sgd] [--lr 0.01] [--batch 24] [--mics N] [--hpz N]
+ *       [--clip C] [--accum K] [--bucket ELEMS]
+ *
+ * Rank 0 prints "step N loss L" per step; the last line is one JSON object
+ * with the final loss and every rank's memory for params, grads and
+ * optimizer state.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zeroshard/zeroshard.h>
+
+#include "mlp_model.h"
+
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    zs_status s_ = (call);                                                                  \
+    if (s_ != ZS_OK) {                                                                      \
+      fprintf(stderr, "%s failed: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+typedef struct {
+  int steps, batch, mics, hpz, accum;
+  long bucket;
+  double lr, clip;
+  const char* dtype;
+  const char* optimizer;
+} args_t;
+
+static void usage(const char* why) {
+  fprintf(stderr, "train_mlp: %s\nusage: train_mlp [--steps N] [--dtype fp32|bf16|fp16] "
+                  "[--optimizer adamw|adam|sgd] [--lr LR] [--batch B] [--mics N] [--hpz N] "
+                  "[--clip C] [--accum K] [--bucket ELEMS]\n", why);
+  exit(2);
+}
+
+static args_t parse_args(int argc, char** argv) {
+  args_t a = {50, 24, 0, 0, 1, 0, 0.01, 0.0, "fp32", "adamw"};
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) usage("an option lacks its value");
+    const char* k = argv[i];
+    const char* v = argv[i + 1];
+    if (!strcmp(k, "--steps")) a.steps = atoi(v);
+    else if (!strcmp(k, "--batch")) a.batch = atoi(v);
+    else if (!strcmp(k, "--mics")) a.mics = atoi(v);
+    else if (!strcmp(k, "--hpz")) a.hpz = atoi(v);
+    else if (!strcmp(k, "--accum")) a.accum = atoi(v);
+    else if (!strcmp(k, "--bucket")) a.bucket = atol(v);
+    else if (!strcmp(k, "--lr")) a.lr = atof(v);
+    else if (!strcmp(k, "--clip")) a.clip = atof(v);
+    else if (!strcmp(k, "--dtype")) a.dtype = v;
+    else if (!strcmp(k, "--optimizer")) a.optimizer = v;
+    else usage(k);
+  }
+  if (a.steps < 1 || a.batch < 1 || a.accum < 1) usage("steps, batch and accum must be >= 1");
+  if (strcmp(a.dtype, "fp32") && strcmp(a.dtype, "bf16") && strcmp(a.dtype, "fp16"))
+    usage("--dtype must be fp32, bf16 or fp16");
+  return a;
+}
+
+/* fp32 <-> the 16-bit formats, round to nearest even (finite values). */
+static float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float fp16_to_float(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const float v = e == 0 ? ldexpf((float)m, -24) : (e == 31 ? INFINITY : ldexpf((float)(m | 0x400), e - 25));
+  return (h & 0x8000) ? -v : v;
+}
+static uint16_t float_to_fp16(float f) {
+  const uint16_t sign = signbit(f) ? 0x8000 : 0;
+  float a = fabsf(f);
+  if (!(a < 65520.0f)) return sign | 0x7c00; /* inf (or NaN as inf: overflow either way) */
+  if (a < 6.103515625e-05f) return sign | (uint16_t)lrintf(a * 16777216.0f); /* subnormal */
+  int e;
+  const float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+  uint32_t mant = (uint32_t)lrintf(ldexpf(m, 11)); /* 11 bits incl. implicit one */
+  if (mant == 2048) mant = 1024, ++e;
+  return sign | (uint16_t)(((e + 14) << 10) | (mant & 0x3ff));
+}
+
+static void to_float(const void* src, zs_dtype t, float* dst, uint64_t n) {
+  const uint16_t* h = (const uint16_t*)src;
+  if (t == ZS_FLOAT32) memcpy(dst, src, n * 4);
+  else for (uint64_t i = 0; i < n; ++i) dst[i] = t == ZS_BFLOAT16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+}
+static void from_float(const float* src, zs_dtype t, void* dst, uint64_t n) {
+  uint16_t* h = (uint16_t*)dst;
+  if (t == ZS_FLOAT32) memcpy(dst, src, n * 4);
+  else for (uint64_t i = 0; i < n; ++i) h[i] = t == ZS_BFLOAT16 ? float_to_bf16(src[i]) : float_to_fp16(src[i]);
+}
+
+int main(int argc, char** argv) {
+  const args_t a = parse_args(argc, argv);
+  const zs_dtype dtype = !strcmp(a.dtype, "bf16") ? ZS_BFLOAT16 : (!strcmp(a.dtype, "fp16") ? ZS_FLOAT16 : ZS_FLOAT32);
+  const size_t esize = dtype == ZS_FLOAT32 ? 4 : 2;
+
+  char config[1024];
+  snprintf(config, sizeof config,
+           "{\"zero_optimization\": {\"stage\": 3, \"mics_shard_size\": %d, \"zero_hpz_partition_size\": %d,"
+           " \"reduce_bucket_size\": %ld},"
+           " \"bf16\": {\"enabled\": %s}, \"fp16\": {\"enabled\": %s, \"initial_scale_power\": 12},"
+           " \"gradient_clipping\": %g, \"train_micro_batch_size_per_gpu\": \"auto\"}",
+           a.mics > 0 ? a.mics : -1, a.hpz > 0 ? a.hpz : 1, a.bucket > 0 ? a.bucket : 500000000L,
+           dtype == ZS_BFLOAT16 ? "true" : "false", dtype == ZS_FLOAT16 ? "true" : "false", a.clip);
+  zs_context ctx;
+  zs_context_options opts = ZS_CONTEXT_OPTIONS_INIT;
+  opts.config_json = config;
+  CHECK(zs_context_create(&ctx, &opts));
+  int rank, world;
+  CHECK(zs_context_rank(ctx, &rank));
+  CHECK(zs_context_world_size(ctx, &world));
+  if (a.batch % world != 0) {
+    if (rank == 0) fprintf(stderr, "train_mlp: --batch %d must be a multiple of the world size %d\n", a.batch, world);
+    return 2;
+  }
+  CHECK(zs_grad_set_accumulation_steps(ctx, a.accum));
+
+  /* Seeded init: the same model on any number of ranks. */
+  zs_param params[MLP_NPARAMS];
+  for (int p = 0; p < MLP_NPARAMS; ++p) {
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = mlp_names[p];
+    po.dtype = dtype;
+    po.ndim = mlp_ndims[p];
+    po.shape = mlp_shapes[p];
+    po.init = ZS_INIT_NORMAL;
+    po.seed = 100 + (uint64_t)p;
+    po.a = 0.0;
+    po.b = mlp_ndims[p] == 2 ? 1.0 / sqrt((double)mlp_shapes[p][1]) : 0.1;
+    CHECK(zs_param_register(&params[p], ctx, &po));
+  }
+
+  /* No weight decay on biases: a second param group. */
+  zs_optimizer opt;
+  const zs_optimizer_kind kind = !strcmp(a.optimizer, "sgd") ? ZS_OPTIM_SGD : (!strcmp(a.optimizer, "adam") ? ZS_OPTIM_ADAM : ZS_OPTIM_ADAMW);
+  CHECK(zs_optimizer_create(&opt, ctx, kind));
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = a.lr;
+  hp.momentum = kind == ZS_OPTIM_SGD ? 0.9 : 0.0;
+  zs_param weights[2] = {params[MLP_W1], params[MLP_W2]}, biases[2] = {params[MLP_B1], params[MLP_B2]};
+  CHECK(zs_optimizer_add_group(opt, weights, 2, &hp, NULL));
+  hp.weight_decay = 0.0;
+  CHECK(zs_optimizer_add_group(opt, biases, 2, &hp, NULL));
+
+  zs_group wg;
+  CHECK(zs_context_group(&wg, ctx, ZS_GROUP_WORLD));
+  float* full[MLP_NPARAMS];
+  float* grads[MLP_NPARAMS];
+  void* grad16[MLP_NPARAMS];
+  for (int p = 0; p < MLP_NPARAMS; ++p) {
+    full[p] = malloc(mlp_numel(p) * 4);
+    grads[p] = malloc(mlp_numel(p) * 4);
+    grad16[p] = malloc(mlp_numel(p) * esize);
+  }
+  const int local = a.batch / world;
+  float loss = 0.0f;
+  int skipped = 0;
+  for (int step = 0; step < a.steps; ++step) {
+    float step_loss = 0.0f;
+    for (int micro = 0; micro < a.accum; ++micro) {
+      const int data_step = step * a.accum + micro;
+      double loss_scale = 1.0;
+      CHECK(zs_optimizer_loss_scale(opt, &loss_scale));
+      /* Gather layer 1 and prefetch layer 2, compute, release. */
+      zs_gather g1, g2;
+      CHECK(zs_fetch(&g1, ctx, &params[MLP_W1], 2));
+      CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
+      CHECK(zs_gather_wait(g1, ZS_WAIT_FOREVER));
+      CHECK(zs_gather_wait(g2, ZS_WAIT_FOREVER));
+      for (int p = 0; p < MLP_NPARAMS; ++p) {
+        void* d;
+        CHECK(zs_param_data(params[p], &d));
+        to_float(d, dtype, full[p], mlp_numel(p));
+      }
+      CHECK(zs_release(ctx, params, MLP_NPARAMS));
+      CHECK(zs_gather_destroy(g1));
+      CHECK(zs_gather_destroy(g2));
+      const float l = mlp_forward_backward((const float* const*)full, data_step, rank * local, local,
+                                           (float)loss_scale, grads);
+      /* Backward order: the last layer's gradients come first. */
+      for (int p = MLP_NPARAMS - 1; p >= 0; --p) {
+        from_float(grads[p], dtype, grad16[p], mlp_numel(p));
+        CHECK(zs_grad_push(params[p], grad16[p], dtype, mlp_numel(p) * esize));
+      }
+      step_loss += l / (float)a.accum;
+    }
+    zs_step_result r = ZS_STEP_RESULT_INIT;
+    CHECK(zs_optimizer_step(opt, &r));
+    skipped += r.skipped;
+    zs_work w;
+    CHECK(zs_allreduce(&w, wg, &step_loss, &step_loss, 1, ZS_FLOAT32, ZS_AVG));
+    CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
+    CHECK(zs_work_destroy(w));
+    loss = step_loss;
+    if (rank == 0)
+      printf("step %d loss %.9g grad_norm %.6g loss_scale %g%s\n", step, loss, r.grad_norm, r.loss_scale,
+             r.skipped ? " (skipped: overflow)" : "");
+  }
+
+  /* Every rank's memory, gathered on rank 0 for one JSON line. */
+  zs_memory_stats m = ZS_MEMORY_STATS_INIT;
+  CHECK(zs_context_memory(ctx, &m));
+  uint64_t mine[4] = {m.shard_bytes, m.grad_bytes, m.optimizer_bytes, m.unsharded_bytes};
+  uint64_t* all = malloc(sizeof mine * (size_t)world);
+  zs_work w;
+  CHECK(zs_allgather(&w, wg, mine, all, sizeof mine, ZS_UINT8));
+  CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
+  CHECK(zs_work_destroy(w));
+  if (rank == 0) {
+    printf("{\"example\":\"train_mlp\",\"ranks\":%d,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"steps\":%d,"
+           "\"skipped_steps\":%d,\"final_loss\":%.9g,\"unsharded_param_bytes\":%llu,\"per_rank\":[",
+           world, a.dtype, a.optimizer, a.steps, skipped, loss, (unsigned long long)all[3]);
+    for (int r = 0; r < world; ++r)
+      printf("%s{\"rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,\"optimizer_bytes\":%llu}", r ? "," : "", r,
+             (unsigned long long)all[4 * r], (unsigned long long)all[4 * r + 1], (unsigned long long)all[4 * r + 2]);
+    printf("]}\n");
+  }
+  for (int p = 0; p < MLP_NPARAMS; ++p) {
+    free(full[p]);
+    free(grads[p]);
+    free(grad16[p]);
+  }
+  free(all);
+  CHECK(zs_group_destroy(wg));
+  CHECK(zs_optimizer_destroy(opt));
+  CHECK(zs_context_destroy(ctx));
+  return 0;
+}

@@ -1,0 +1,158 @@
+#include "impl/grad/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "impl/comm/reduce.h"
+#include "impl/core/context.h"
+
+namespace zs {
+
+void GradReducer::set_accumulation_steps(int steps) {
+  if (steps < 1) fail(Code::InvalidArgument, "accumulation steps ", steps, ": expected >= 1");
+  grad_divisor_ = static_cast<float>(steps);
+}
+
+GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& group,
+                                              uint64_t shard_numel) {
+  Bucket& b = open_[group.get()];
+  if (b.data && b.used + shard_numel > b.capacity) flush(b);
+  if (!b.data) {
+    const auto g = static_cast<uint64_t>(group->size());
+    const auto per_block = static_cast<uint64_t>(ctx_.config().reduce_bucket_size) / g;
+    b.group = group;
+    b.capacity = std::max<uint64_t>({per_block, shard_numel, 1});
+    b.data = std::make_unique<HostBuffer>(b.capacity * g * sizeof(float));
+  }
+  return b;
+}
+
+void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                       size_t bytes) {
+  ctx_.check_async_error();
+  Param& p = *param;
+  if (dtype == DType::U8)
+    fail(Code::InvalidArgument, "gradient of ", p.describe(), ": dtype uint8 is not a float type");
+  if (bytes != p.layout.numel * dtype_size(dtype))
+    fail(Code::BufferSize, "gradient of ", p.describe(), ": grad_bytes is ", bytes, ", expected ",
+         p.layout.numel * dtype_size(dtype), " (", p.layout.numel, " elements of ",
+         dtype_name(dtype), ")");
+  if (grad == nullptr && bytes > 0) fail(Code::InvalidArgument, "grad is NULL");
+  if (!p.grad) {
+    p.grad = std::make_shared<HostBuffer>(p.layout.shard_numel * sizeof(float), true);
+    ctx_.memory().grad_bytes += p.grad->bytes();
+  }
+  if (touched_set_.insert(&p).second) touched_.push_back(param);
+  if (p.layout.numel == 0) return;
+
+  Bucket& b = open_bucket(p.group, p.layout.shard_numel);
+  const uint64_t offset = b.used;
+  const size_t elem = dtype_size(dtype);
+  auto* blocks = static_cast<float*>(b.data->data());
+  for (int r = 0; r < p.group->size(); ++r) {
+    const uint64_t first = static_cast<uint64_t>(r) * p.layout.shard_numel;
+    const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, p.layout.shard_numel);
+    float* dst = blocks + static_cast<uint64_t>(r) * b.capacity + offset;
+    widen_to_f32(static_cast<const uint8_t*>(grad) + first * elem, dtype, dst, valid);
+    if (grad_divisor_ != 1.0f) scale_f32(dst, valid, grad_divisor_);
+    std::fill(dst + valid, dst + p.layout.shard_numel, 0.0f);  // padding
+  }
+  b.params.push_back(param);
+  b.offsets.push_back(offset);
+  b.used += p.layout.shard_numel;
+}
+
+void GradReducer::flush(Bucket& b) {
+  if (!b.data || b.used == 0) return;
+  // Blocks were laid out capacity apart; the collective wants them used
+  // apart, so close the gaps.
+  auto* blocks = static_cast<float*>(b.data->data());
+  const int g = b.group->size();
+  if (b.used < b.capacity)
+    for (int r = 1; r < g; ++r)
+      std::memmove(blocks + static_cast<uint64_t>(r) * b.used,
+                   blocks + static_cast<uint64_t>(r) * b.capacity, b.used * sizeof(float));
+  auto data = std::shared_ptr<HostBuffer>(std::move(b.data));
+  auto params = std::move(b.params);
+  auto offsets = std::move(b.offsets);
+  const uint64_t used = b.used;
+  const auto group = std::move(b.group);
+  b = Bucket{};
+  // The task holds the gradient shards themselves, so a param unregistered
+  // meanwhile cannot pull them away from under it.
+  std::vector<HostBufferPtr> shards;
+  std::vector<uint64_t> sizes;
+  for (const auto& p : params) {
+    shards.push_back(p->grad);
+    sizes.push_back(p->layout.shard_numel);
+  }
+  auto w = group->submit(
+      "gradient reduce-scatter of " + std::to_string(params.size()) + " params",
+      [data, shards, sizes, offsets, used](Communicator& comm) {
+        HostBuffer mine(used * sizeof(float));
+        comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+        const auto* src = static_cast<const float*>(mine.data());
+        for (size_t i = 0; i < shards.size(); ++i)
+          reduce_f32(static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i],
+                     ReduceOp::Sum);
+      });
+  if (ctx_.config().overlap_comm) {
+    pending_.push_back(std::move(w));
+  } else {
+    w->wait(-1);
+  }
+}
+
+void GradReducer::sync() {
+  for (auto& [group, bucket] : open_) flush(bucket);
+  open_.clear();
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& w : pending) w->wait(-1);
+  replica_average();
+}
+
+// MiCS: shard groups reduced within themselves; replicas hold the same
+// shard positions, so one all-reduce across each replica group completes
+// the average over the world.
+void GradReducer::replica_average() {
+  const auto& replica = ctx_.mics_replica_group();
+  if (!replica || replica->size() == 1) return;
+  std::vector<std::shared_ptr<Param>> params;
+  uint64_t total = 0;
+  for (const auto& p : touched_) {
+    if (p->group != ctx_.mics_shard_group()) continue;
+    params.push_back(p);
+    total += p->layout.shard_numel;
+  }
+  if (total == 0) return;
+  replica->run("MiCS replica gradient all-reduce", [&](Communicator& comm) {
+    HostBuffer flat(total * sizeof(float));
+    auto* f = static_cast<float*>(flat.data());
+    uint64_t off = 0;
+    for (const auto& p : params) {
+      std::memcpy(f + off, p->grad->data(), p->layout.shard_numel * sizeof(float));
+      off += p->layout.shard_numel;
+    }
+    comm.allreduce(f, f, total, DType::F32, ReduceOp::Avg);
+    off = 0;
+    for (const auto& p : params) {
+      std::memcpy(p->grad->data(), f + off, p->layout.shard_numel * sizeof(float));
+      off += p->layout.shard_numel;
+    }
+  });
+}
+
+void GradReducer::forget(const Param& param) {
+  if (touched_set_.erase(&param) == 0) return;
+  touched_.erase(std::remove_if(touched_.begin(), touched_.end(),
+                                [&](const auto& p) { return p.get() == &param; }),
+                 touched_.end());
+}
+
+void GradReducer::zero() {
+  for (const auto& p : touched_)
+    if (p->grad) std::memset(p->grad->data(), 0, p->grad->bytes());
+}
+
+}  // namespace zs

@@ -1,0 +1,56 @@
+// Gradient reduction: full gradients handed over by the trainer are packed
+// into buckets laid out rank-major (block r holds every bucketed param's
+// shard r), so one reduce-scatter per bucket leaves each rank exactly its
+// shards, averaged over the group; the group thread then sums them into the
+// fp32 gradient shards. Buckets go out as they fill, overlapping the
+// trainer's backward. All calls expect the caller to hold ctx.mutex().
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "impl/comm/work.h"
+#include "impl/common/host_buffer.h"
+#include "impl/partition/param.h"
+
+namespace zs {
+
+class Context;
+
+class GradReducer {
+ public:
+  explicit GradReducer(Context& ctx) : ctx_(ctx) {}
+
+  void push(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
+  // Flush, wait, and (MiCS) average across the replica groups.
+  void sync();
+  void set_accumulation_steps(int steps);
+  // Zero every gradient shard (after an optimizer step).
+  void zero();
+  // Drop a param that is being unregistered (sync first).
+  void forget(const Param& param);
+
+ private:
+  struct Bucket {
+    std::shared_ptr<Group> group;
+    std::vector<std::shared_ptr<Param>> params;
+    std::vector<uint64_t> offsets;  // of each param's shard within a block
+    uint64_t used = 0;              // elements per block so far
+    uint64_t capacity = 0;          // elements per block
+    std::unique_ptr<HostBuffer> data;  // group size * capacity floats
+  };
+  Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
+  void flush(Bucket& bucket);
+  void replica_average();
+
+  Context& ctx_;
+  float grad_divisor_ = 1.0f;
+  std::map<const Group*, Bucket> open_;
+  std::vector<std::shared_ptr<Work>> pending_;
+  std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
+  std::set<const Param*> touched_set_;
+};
+
+}  // namespace zs

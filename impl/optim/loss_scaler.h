@@ -1,0 +1,37 @@
+// fp16 loss scaling with the reference's knobs. Dynamic (loss_scale 0): an
+// overflowing step halves the scale once `hysteresis` overflows have been
+// absorbed (never below min_loss_scale); loss_scale_window clean steps in a
+// row double it. Static (loss_scale > 0): the scale never changes.
+#pragma once
+
+#include <cstdint>
+
+namespace zs {
+
+struct LossScalerConfig {
+  double static_scale = 0.0;  // > 0: static
+  int64_t initial_scale_power = 16;
+  int64_t window = 1000;
+  int64_t hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_scale = 1.0;
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScalerConfig& c);
+  double scale() const { return scale_; }
+  bool dynamic() const { return dynamic_; }
+  // Record the outcome of one step.
+  void update(bool overflow);
+
+ private:
+  LossScalerConfig cfg_;
+  bool dynamic_;
+  double scale_;
+  int64_t hysteresis_left_;
+  int64_t iter_ = 0;
+  int64_t last_overflow_iter_ = -1;
+};
+
+}  // namespace zs

@@ -1,0 +1,212 @@
+#include "impl/optim/optimizer.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "impl/grad/reducer.h"
+#include "kernels/optim.h"
+
+namespace zs {
+namespace {
+
+LossScalerConfig scaler_config(const Config& c) {
+  LossScalerConfig s;
+  if (!c.fp16) {
+    s.static_scale = 1.0;  // no scaling outside fp16
+    return s;
+  }
+  s.static_scale = c.loss_scale;
+  s.initial_scale_power = c.initial_scale_power;
+  s.window = c.loss_scale_window;
+  s.hysteresis = c.hysteresis;
+  s.consecutive_hysteresis = c.consecutive_hysteresis;
+  s.min_scale = c.min_loss_scale;
+  return s;
+}
+
+kernels::WorkDtype work_dtype(DType t) {
+  return t == DType::BF16 ? kernels::WorkDtype::BF16
+                          : (t == DType::F16 ? kernels::WorkDtype::F16 : kernels::WorkDtype::F32);
+}
+
+}  // namespace
+
+Optimizer::Optimizer(Context& ctx, OptimKind kind)
+    : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind), scaler_(scaler_config(ctx.config())) {
+  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 2)
+    fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
+         ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1) or ZS_OPTIM_SGD (2)");
+}
+
+Optimizer::~Optimizer() {
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots) ctx_.memory().optimizer_bytes -= state_bytes(s);
+}
+
+uint64_t Optimizer::state_bytes(const Slot& s) const {
+  uint64_t b = 0;
+  if (s.master && s.master != s.param->shard) b += s.master->bytes();
+  if (s.state1) b += s.state1->bytes();
+  if (s.state2) b += s.state2->bytes();
+  return b;
+}
+
+void Optimizer::check_hparams(const Hparams& hp) const {
+  auto bad = [](const char* name, double v, const char* want) {
+    fail(Code::InvalidArgument, "optimizer hyper-parameter ", name, " = ", v, ": expected ", want);
+  };
+  if (!(hp.lr >= 0.0)) bad("lr", hp.lr, ">= 0");
+  if (!(hp.weight_decay >= 0.0)) bad("weight_decay", hp.weight_decay, ">= 0");
+  if (kind_ == OptimKind::Sgd) {
+    if (!(hp.momentum >= 0.0)) bad("momentum", hp.momentum, ">= 0");
+    if (hp.nesterov && (hp.momentum <= 0.0 || hp.dampening != 0.0))
+      bad("nesterov with momentum", hp.momentum, "momentum > 0 and dampening 0 (as torch)");
+  } else {
+    if (!(hp.beta1 >= 0.0 && hp.beta1 < 1.0)) bad("beta1", hp.beta1, "in [0, 1)");
+    if (!(hp.beta2 >= 0.0 && hp.beta2 < 1.0)) bad("beta2", hp.beta2, "in [0, 1)");
+    if (!(hp.eps >= 0.0)) bad("eps", hp.eps, ">= 0");
+  }
+}
+
+int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, const Hparams& hp) {
+  check_hparams(hp);
+  std::set<const Param*> mine;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param* p = params[i].get();
+    if (!mine.insert(p).second)
+      fail(Code::InvalidArgument, "optimizer group: params[", i, "] ", p->describe(), " is listed twice");
+    for (size_t g = 0; g < groups_.size(); ++g)
+      for (const auto& s : groups_[g].slots)
+        if (s.param.get() == p)
+          fail(Code::InvalidArgument, "optimizer group: params[", i, "] ", p->describe(),
+               " is already in group ", g);
+  }
+  Group group;
+  group.hp = hp;
+  for (const auto& p : params) {
+    Slot s;
+    s.param = p;
+    const uint64_t n = p->layout.shard_numel;
+    if (p->dtype == DType::F32) {
+      s.master = p->shard;
+    } else {
+      s.master = std::make_shared<HostBuffer>(n * sizeof(float));
+      kernels::cast_to_f32(p->shard->data(), work_dtype(p->dtype),
+                           static_cast<float*>(s.master->data()), n);
+    }
+    const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
+    if (needs_momentum) s.state1 = std::make_shared<HostBuffer>(n * sizeof(float), true);
+    if (kind_ != OptimKind::Sgd) s.state2 = std::make_shared<HostBuffer>(n * sizeof(float), true);
+    ctx_.memory().optimizer_bytes += state_bytes(s);
+    group.slots.push_back(std::move(s));
+  }
+  groups_.push_back(std::move(group));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+std::vector<int> Optimizer::group_indices(int group) const {
+  if (group < -1 || group >= static_cast<int>(groups_.size()))
+    fail(Code::InvalidArgument, "optimizer group ", group, " does not exist (", groups_.size(),
+         " groups; -1 means all)");
+  if (group >= 0) return {group};
+  std::vector<int> all(groups_.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  return all;
+}
+
+void Optimizer::set_hparams(int group, const Hparams& hp) {
+  check_hparams(hp);
+  for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp = hp;
+}
+
+void Optimizer::set_lr(int group, double lr) {
+  if (!(lr >= 0.0)) fail(Code::InvalidArgument, "learning rate ", lr, ": expected >= 0");
+  for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp.lr = lr;
+}
+
+void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
+  Param& p = *s.param;
+  const uint64_t n = p.layout.shard_numel;
+  if (n == 0 || !p.grad) return;  // no gradient this step: the param stays
+  auto* master = static_cast<float*>(s.master->data());
+  const auto* grad = static_cast<const float*>(p.grad->data());
+  void* working = p.dtype == DType::F32 ? nullptr : p.shard->data();
+  const auto& hp = g.hp;
+  if (kind_ == OptimKind::Sgd) {
+    kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
+                        static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
+                        hp.nesterov, step_ == 0};
+    kernels::sgd_step(master, s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n,
+                      h, grad_scale, working, work_dtype(p.dtype));
+    return;
+  }
+  kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
+                       static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
+                       static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                       hp.bias_correction, step_ + 1};
+  kernels::adam_step(master, static_cast<float*>(s.state1->data()),
+                     static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working,
+                     work_dtype(p.dtype));
+}
+
+StepResult Optimizer::step() {
+  ctx_.check_async_error();
+  ctx_.grads().sync();
+
+  // Sum of squares per partition group (each group's shards cover its
+  // params once), and whether any rank saw inf/NaN.
+  std::vector<const zs::Group*> order;
+  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, double>> sumsq;
+  float nonfinite = 0.0f;
+  for (const auto& g : groups_) {
+    for (const auto& s : g.slots) {
+      const Param& p = *s.param;
+      if (!p.grad) continue;
+      const auto* grad = static_cast<const float*>(p.grad->data());
+      auto it = sumsq.find(p.group.get());
+      if (it == sumsq.end()) {
+        order.push_back(p.group.get());
+        it = sumsq.emplace(p.group.get(), std::make_pair(p.group, 0.0)).first;
+      }
+      it->second.second += kernels::sum_squares(grad, p.layout.shard_numel);
+      if (!kernels::all_finite(grad, p.layout.shard_numel)) nonfinite = 1.0f;
+    }
+  }
+  double total = 0.0;
+  for (const auto* key : order) {
+    auto& [group, local] = sumsq.at(key);
+    float v = static_cast<float>(local);
+    group->run("gradient norm", [&](Communicator& c) { c.allreduce(&v, &v, 1, DType::F32, ReduceOp::Sum); });
+    total += v;
+  }
+  ctx_.world()->run("overflow check", [&](Communicator& c) {
+    c.allreduce(&nonfinite, &nonfinite, 1, DType::F32, ReduceOp::Max);
+  });
+
+  StepResult r;
+  const double scale = scaler_.scale();
+  r.grad_norm = std::sqrt(total) / scale;
+  if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+  } else {
+    double grad_scale = 1.0 / scale;
+    const double clip = ctx_.config().gradient_clipping;
+    if (clip > 0.0) {
+      const double coef = clip / (r.grad_norm + 1e-6);
+      if (coef < 1.0) grad_scale *= coef;
+    }
+    for (auto& g : groups_)
+      for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
+    ++step_;
+  }
+  scaler_.update(r.skipped);
+  ctx_.grads().zero();
+  r.loss_scale = scaler_.scale();
+  r.step = step_;
+  return r;
+}
+
+}  // namespace zs

@@ -1,0 +1,66 @@
+// The sharded optimizer: state sized to this rank's shards, fp32 masters
+// for 16-bit params, parameter groups with their own hyper-parameters, and
+// the step that turns synced gradient shards into updated param shards.
+// All calls expect the caller to hold the context's mutex.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "impl/core/context.h"
+#include "impl/optim/loss_scaler.h"
+#include "impl/partition/param.h"
+
+namespace zs {
+
+enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2 };
+
+struct Hparams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false, bias_correction = true;
+};
+
+struct StepResult {
+  bool skipped = false;
+  double grad_norm = 0.0;
+  double loss_scale = 1.0;
+  int64_t step = 0;
+};
+
+class Optimizer {
+ public:
+  Optimizer(Context& ctx, OptimKind kind);
+  ~Optimizer();
+  int add_group(const std::vector<std::shared_ptr<Param>>& params, const Hparams& hp);
+  // group -1: all groups.
+  void set_hparams(int group, const Hparams& hp);
+  void set_lr(int group, double lr);
+  StepResult step();
+  double loss_scale() const { return scaler_.scale(); }
+  uint64_t context_id() const { return ctx_id_; }
+
+ private:
+  struct Slot {
+    std::shared_ptr<Param> param;
+    HostBufferPtr master;  // fp32 shard: the param's own for fp32 params
+    HostBufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
+  };
+  struct Group {
+    Hparams hp;
+    std::vector<Slot> slots;
+  };
+  void check_hparams(const Hparams& hp) const;
+  std::vector<int> group_indices(int group) const;
+  void update(const Group& g, Slot& s, float grad_scale);
+  uint64_t state_bytes(const Slot& s) const;
+
+  Context& ctx_;
+  const uint64_t ctx_id_;
+  const OptimKind kind_;
+  std::vector<Group> groups_;
+  LossScaler scaler_;
+  int64_t step_ = 0;
+};
+
+}  // namespace zs

@@ -1,0 +1,149 @@
+// A whole training step through the engine: train_mlp on 1..4 ranks (and
+// with MiCS / hpZ) against an unsharded single-process reference computed
+// here with the same model math and torch's AdamW formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "examples/c/mlp_model.h"
+#include "impl/common/dtype.h"
+#include "impl/partition/seeded_init.h"
+
+namespace {
+
+struct ExampleRun {
+  int rc = -1;
+  std::string out;
+  std::vector<double> losses;
+  std::string json;
+};
+
+ExampleRun run_example(int ranks, const std::string& args) {
+  ExampleRun r;
+  const std::string cmd = std::string(ZS_ZSRUN_PATH) + " -n " + std::to_string(ranks) +
+                          " --no-prefix -- " ZS_BIN_DIR "/train_mlp " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) r.out.append(buf, n);
+  r.rc = pclose(f);
+  const std::regex step_re(R"(^step (\d+) loss (\S+))");
+  size_t start = 0;
+  while (start < r.out.size()) {
+    size_t end = r.out.find('\n', start);
+    if (end == std::string::npos) end = r.out.size();
+    const std::string line = r.out.substr(start, end - start);
+    std::smatch m;
+    if (std::regex_search(line, m, step_re)) r.losses.push_back(std::stod(m[2]));
+    if (!line.empty() && line[0] == '{') r.json = line;
+    start = end + 1;
+  }
+  return r;
+}
+
+// The same 50 steps in one process: full batch, fp32, AdamW as torch.
+std::vector<double> reference_losses(int steps, int batch, double lr) {
+  std::vector<std::vector<float>> p(MLP_NPARAMS), m(MLP_NPARAMS), v(MLP_NPARAMS), g(MLP_NPARAMS);
+  for (int i = 0; i < MLP_NPARAMS; ++i) {
+    const uint64_t n = mlp_numel(i);
+    p[i].resize(n);
+    m[i].assign(n, 0.0f);
+    v[i].assign(n, 0.0f);
+    g[i].resize(n);
+    const double std = mlp_ndims[i] == 2 ? 1.0 / std::sqrt(static_cast<double>(mlp_shapes[i][1])) : 0.1;
+    zs::fill_seeded(p[i].data(), zs::DType::F32, 0, n, zs::SeededDist::Normal, 100 + static_cast<uint64_t>(i), 0.0, std);
+  }
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    const float* params[MLP_NPARAMS] = {p[0].data(), p[1].data(), p[2].data(), p[3].data()};
+    float* grads[MLP_NPARAMS] = {g[0].data(), g[1].data(), g[2].data(), g[3].data()};
+    losses.push_back(mlp_forward_backward(params, step, 0, batch, 1.0f, grads));
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step + 1));
+    const float bc2 = 1.0f - std::pow(b2, static_cast<float>(step + 1));
+    for (int i = 0; i < MLP_NPARAMS; ++i) {
+      const float wd = mlp_ndims[i] == 2 ? 0.01f : 0.0f;  // no decay on biases
+      for (size_t k = 0; k < p[i].size(); ++k) {
+        p[i][k] *= 1.0f - static_cast<float>(lr) * wd;
+        m[i][k] = b1 * m[i][k] + (1.0f - b1) * g[i][k];
+        v[i][k] = b2 * v[i][k] + (1.0f - b2) * g[i][k] * g[i][k];
+        const float denom = std::sqrt(v[i][k]) / std::sqrt(bc2) + eps;
+        p[i][k] -= static_cast<float>(lr) / bc1 * m[i][k] / denom;
+      }
+    }
+  }
+  return losses;
+}
+
+void expect_matches_reference(const ExampleRun& r, double rel_tol) {
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto ref = reference_losses(50, 24, 0.01);
+  ASSERT_EQ(r.losses.size(), ref.size()) << r.out;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(r.losses[i], ref[i], rel_tol * std::fabs(ref[i])) << "step " << i << "\n" << r.out;
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the model did not learn";
+}
+
+class TrainWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainWorld, Fp32LossCurveEqualsUnshardedReference) {
+  expect_matches_reference(run_example(GetParam(), "--steps 50"), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TrainWorld, ::testing::Values(1, 2, 3, 4));
+
+TEST(Train, SmallBucketsGiveTheSameCurve) {
+  // Every param in its own bucket (and some split across several pushes).
+  expect_matches_reference(run_example(3, "--steps 50 --bucket 40"), 1e-5);
+}
+
+TEST(Train, MicsGivesTheSameCurve) {
+  expect_matches_reference(run_example(4, "--steps 50 --mics 2"), 1e-5);
+}
+
+TEST(Train, HpzGivesTheSameCurve) {
+  expect_matches_reference(run_example(4, "--steps 50 --hpz 2"), 1e-5);
+}
+
+TEST(Train, AccumulationOverMicroStepsConverges) {
+  const ExampleRun r = run_example(2, "--steps 50 --accum 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.losses.size(), 50u);
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << r.out;
+}
+
+TEST(Train, Bf16AndFp16ConvergeWithinTwoPercentOfFp32) {
+  const ExampleRun f32 = run_example(2, "--steps 50");
+  ASSERT_EQ(f32.rc, 0) << f32.out;
+  for (const char* dt : {"bf16", "fp16"}) {
+    const ExampleRun r = run_example(2, std::string("--steps 50 --dtype ") + dt);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    ASSERT_EQ(r.losses.size(), 50u) << r.out;
+    EXPECT_NEAR(r.losses.back(), f32.losses.back(), 0.02 * f32.losses.back()) << dt << "\n" << r.out;
+  }
+}
+
+TEST(Train, LastLineIsJsonWithPerRankMemory) {
+  const ExampleRun r = run_example(4, "--steps 3");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_FALSE(r.json.empty()) << r.out;
+  EXPECT_NE(r.json.find("\"final_loss\""), std::string::npos);
+  for (int k = 0; k < 4; ++k) EXPECT_NE(r.json.find("{\"rank\":" + std::to_string(k)), std::string::npos) << r.json;
+  // Memory per rank: params + grads + Adam state is 1/N of the unsharded
+  // total, up to the padding of each param.
+  const std::regex re(R"(\"param_bytes\":(\d+),\"grad_bytes\":(\d+),\"optimizer_bytes\":(\d+))");
+  uint64_t unsharded = 0;
+  for (int i = 0; i < MLP_NPARAMS; ++i) unsharded += mlp_numel(i) * 4;
+  for (auto it = std::sregex_iterator(r.json.begin(), r.json.end(), re); it != std::sregex_iterator(); ++it) {
+    const uint64_t params = std::stoull((*it)[1]), grads = std::stoull((*it)[2]), opt = std::stoull((*it)[3]);
+    const uint64_t padding = MLP_NPARAMS * 4 * 4;  // < one element per rank per param, x4 copies
+    EXPECT_LE(params + grads + opt, 4 * unsharded / 4 + padding) << r.json;
+    EXPECT_EQ(grads, params);
+    EXPECT_EQ(opt, 2 * params);
+  }
+}
+
+}  // namespace
