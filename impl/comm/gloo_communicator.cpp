@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "impl/comm/reduce.h"
+#include "impl/common/no_sigpipe.h"
 #include "impl/common/host_buffer.h"
 
 namespace zs {
@@ -335,6 +336,7 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hos
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;
+    SigpipeBlockedScope no_sigpipe;  // the device's loop thread writes too
     return gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     fail(Code::Bootstrap, "cannot create the TCP transport on host '", host, "': ", e.what(),

@@ -1,5 +1,7 @@
 #include "impl/comm/group.h"
 
+#include "impl/common/no_sigpipe.h"
+
 namespace zs {
 
 Group::Group(std::string name, std::vector<int> world_ranks, int my_rank,
@@ -9,7 +11,10 @@ Group::Group(std::string name, std::vector<int> world_ranks, int my_rank,
       rank_(my_rank),
       comm_(std::move(comm)),
       on_error_(std::move(on_error)) {
-  if (member()) thread_ = std::thread([this] { loop(); });
+  if (member()) {
+    SigpipeBlockedScope no_sigpipe;
+    thread_ = std::thread([this] { loop(); });
+  }
 }
 
 Group::~Group() { shutdown("the group was destroyed"); }

@@ -9,6 +9,7 @@
 
 #include "impl/comm/gloo_communicator.h"
 #include "impl/comm/local_communicator.h"
+#include "impl/fetch/coordinator.h"
 #include "impl/grad/reducer.h"
 
 namespace zs {
@@ -180,6 +181,11 @@ GradReducer& Context::grads() {
   return *grads_;
 }
 
+Coordinator& Context::coordinator() {
+  if (!coordinator_) coordinator_ = std::make_unique<Coordinator>(*this);
+  return *coordinator_;
+}
+
 void Context::add_gathered(uint64_t bytes) {
   memory_.gathered_bytes += bytes;
   memory_.peak_gathered_bytes = std::max(memory_.peak_gathered_bytes, memory_.gathered_bytes);
@@ -204,6 +210,7 @@ void Context::finalize_store() {
 }
 
 Context::~Context() {
+  coordinator_.reset();
   grads_.reset();
   for (auto& weak : all_groups_)
     if (auto g = weak.lock()) g->shutdown("the context was destroyed");

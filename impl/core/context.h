@@ -48,6 +48,7 @@ struct MemoryStats {
 };
 
 class GradReducer;
+class Coordinator;
 
 class Context {
  public:
@@ -83,6 +84,9 @@ class Context {
 
   // The gradient reducer (caller holds mutex()).
   GradReducer& grads();
+  // The fetch coordinator (caller holds mutex()); null until first used.
+  Coordinator& coordinator();
+  Coordinator* coordinator_if_any() { return coordinator_.get(); }
 
   // Memory accounting (caller holds mutex()).
   MemoryStats& memory() { return memory_; }
@@ -120,6 +124,7 @@ class Context {
   std::mutex mu_;
   MemoryStats memory_;
   std::unique_ptr<GradReducer> grads_;
+  std::unique_ptr<Coordinator> coordinator_;
 };
 
 }  // namespace zs

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "impl/fetch/coordinator.h"
 #include "impl/grad/reducer.h"
 #include "kernels/optim.h"
 
@@ -198,6 +199,8 @@ StepResult Optimizer::step() {
       const double coef = clip / (r.grad_norm + 1e-6);
       if (coef < 1.0) grad_scale *= coef;
     }
+    // Gathered copies the coordinator kept are stale from here on.
+    if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
     ++step_;

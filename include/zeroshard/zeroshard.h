@@ -449,6 +449,53 @@ ZS_API zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
 /* The current loss scale (1.0 unless fp16 is enabled). */
 ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
 
+/* ------------------------------------------------------------------ */
+/* Coordinated fetch: trace, prefetch, persistence, leaf groups        */
+/* ------------------------------------------------------------------ */
+
+/* Mark a training step. The first step records the order of coordinated
+ * fetches; later steps gather ahead along that trace (config:
+ * stage3_prefetch_bucket_size, stage3_max_live_parameters,
+ * stage3_param_persistence_threshold, stage3_max_reuse_distance). A step
+ * whose order differs on any rank invalidates the trace on every rank and
+ * is recorded instead. zs_step_end is collective over the world. */
+ZS_API zs_status zs_step_begin(zs_context ctx);
+ZS_API zs_status zs_step_end(zs_context ctx);
+
+/* A module's params before it runs: blocks until all are AVAILABLE
+ * (gathering whatever was not prefetched). A param in a leaf group brings
+ * its whole group. Collective like zs_fetch when something must be
+ * gathered; ranks must call it in the same order. */
+ZS_API zs_status zs_coord_fetch(zs_context ctx, const zs_param* params, size_t num_params);
+/* After the module: releases what the coordinator gathered, except params
+ * under the persistence threshold (kept until the next optimizer step) and
+ * params the trace needs again within the reuse distance. Local. */
+ZS_API zs_status zs_coord_release(zs_context ctx, const zs_param* params, size_t num_params);
+/* Make params one unit, fetched and released together (the reference's
+ * leaf modules: e.g. every expert of an MoE layer, so that ranks routing
+ * to different experts issue the same collectives). Local, but every rank
+ * must declare the same leaf groups. */
+ZS_API zs_status zs_leaf_group(zs_context ctx, const zs_param* params, size_t num_params);
+
+typedef struct zs_coord_stats {
+  size_t size; /* sizeof(zs_coord_stats) */
+  uint64_t steps;
+  uint64_t fetch_calls;
+  uint64_t demand_fetches; /* gathers issued only when asked (not prefetched) */
+  uint64_t prefetches;     /* gathers issued ahead along the trace */
+  uint64_t blocked_waits;  /* prefetched gathers still running when needed */
+  uint64_t reuse_hits;     /* fetches that needed no gather at all */
+  uint64_t kept_for_reuse; /* releases skipped for the reuse distance */
+  uint64_t persistent_params;
+  uint64_t live_elements;  /* gathered by the coordinator now */
+  uint64_t peak_live_elements;
+  uint64_t trace_invalidations;
+  uint64_t trace_length;   /* units in the recorded trace */
+} zs_coord_stats;
+#define ZS_COORD_STATS_INIT { sizeof(zs_coord_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+ZS_API zs_status zs_coord_get_stats(zs_context ctx, zs_coord_stats* stats);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

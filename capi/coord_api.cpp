@@ -1,0 +1,76 @@
+// The fetch coordinator: step markers, coordinated fetch/release, leaves.
+#include "capi/handles.h"
+#include "impl/fetch/coordinator.h"
+
+using namespace zs;
+using namespace zs::capi;
+
+namespace {
+
+template <typename Fn>
+zs_status with_coordinator(zs_context h, Fn&& fn) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    fn(*ctx, ctx->coordinator());
+  });
+}
+
+template <typename Fn>
+zs_status with_params(zs_context h, const zs_param* params, size_t n, Fn&& fn) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    auto list = params_of(ctx, params, n, "params");
+    if (list.empty()) fail(Code::InvalidArgument, "params: the list is empty");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    fn(ctx->coordinator(), list);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ZS_API zs_status zs_step_begin(zs_context h) {
+  return with_coordinator(h, [](Context&, Coordinator& c) { c.step_begin(); });
+}
+
+ZS_API zs_status zs_step_end(zs_context h) {
+  return with_coordinator(h, [](Context&, Coordinator& c) { c.step_end(); });
+}
+
+ZS_API zs_status zs_coord_fetch(zs_context h, const zs_param* params, size_t n) {
+  return with_params(h, params, n, [](Coordinator& c, const ParamList& l) { c.fetch(l); });
+}
+
+ZS_API zs_status zs_coord_release(zs_context h, const zs_param* params, size_t n) {
+  return with_params(h, params, n, [](Coordinator& c, const ParamList& l) { c.release(l); });
+}
+
+ZS_API zs_status zs_leaf_group(zs_context h, const zs_param* params, size_t n) {
+  return with_params(h, params, n, [](Coordinator& c, const ParamList& l) { c.add_leaf(l); });
+}
+
+ZS_API zs_status zs_coord_get_stats(zs_context h, zs_coord_stats* out) {
+  return with_coordinator(h, [&](Context&, Coordinator& c) {
+    checked_out(out, "stats");
+    if (out->size < sizeof(zs_coord_stats))
+      fail(Code::InvalidArgument, "stats->size is ", out->size, ", expected at least ",
+           sizeof(zs_coord_stats), " (initialise it with ZS_COORD_STATS_INIT)");
+    const CoordStats s = c.stats();
+    out->steps = s.steps;
+    out->fetch_calls = s.fetch_calls;
+    out->demand_fetches = s.demand_fetches;
+    out->prefetches = s.prefetches;
+    out->blocked_waits = s.blocked_waits;
+    out->reuse_hits = s.reuse_hits;
+    out->kept_for_reuse = s.kept_for_reuse;
+    out->persistent_params = s.persistent_params;
+    out->live_elements = s.live_elements;
+    out->peak_live_elements = s.peak_live_elements;
+    out->trace_invalidations = s.trace_invalidations;
+    out->trace_length = s.trace_length;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,29 @@
+// Threads that write to sockets must not kill the process with SIGPIPE
+// when a peer dies: the write should fail with EPIPE and become a
+// ZS_ERR_COMM. Gloo writes without MSG_NOSIGNAL, so every thread the engine
+// starts (group workers, Gloo's device loop) is created with SIGPIPE
+// blocked; new threads inherit the creating thread's mask. The process's
+// own signal handling stays untouched.
+#pragma once
+
+#include <signal.h>
+
+namespace zs {
+
+class SigpipeBlockedScope {
+ public:
+  SigpipeBlockedScope() {
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, &saved_);
+  }
+  ~SigpipeBlockedScope() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  SigpipeBlockedScope(const SigpipeBlockedScope&) = delete;
+  SigpipeBlockedScope& operator=(const SigpipeBlockedScope&) = delete;
+
+ private:
+  sigset_t saved_;
+};
+
+}  // namespace zs

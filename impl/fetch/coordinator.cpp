@@ -1,0 +1,280 @@
+#include "impl/fetch/coordinator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "impl/core/context.h"
+
+namespace zs {
+namespace {
+
+uint64_t unit_elements(const ParamList& unit) {
+  uint64_t n = 0;
+  for (const auto& p : unit) n += p->layout.numel;
+  return n;
+}
+
+bool same_unit(const ParamList& a, const ParamList& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+// FNV-1a over the param identities of a step, for the cross-rank check.
+uint64_t hash_order(const std::vector<ParamList>& order) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& unit : order) {
+    mix(unit.size());
+    for (const auto& p : unit) mix(std::hash<std::string>()(p->name) ^ p->layout.numel);
+  }
+  return h;
+}
+
+}  // namespace
+
+Coordinator::~Coordinator() = default;
+
+bool Coordinator::persistent(const Param& p) const {
+  return static_cast<int64_t>(p.layout.numel) <= ctx_.config().param_persistence_threshold;
+}
+
+ParamList Coordinator::expand(const ParamList& params) const {
+  ParamList out;
+  std::set<const Param*> seen;
+  for (const auto& p : params) {
+    auto leaf = leaf_of_.find(p.get());
+    const ParamList one{p};
+    const ParamList& members = leaf == leaf_of_.end() ? one : leaves_[leaf->second];
+    for (const auto& q : members)
+      if (seen.insert(q.get()).second) out.push_back(q);
+  }
+  return out;
+}
+
+void Coordinator::add_leaf(const ParamList& params) {
+  if (params.empty()) fail(Code::InvalidArgument, "a leaf group needs at least one param");
+  for (size_t i = 0; i < params.size(); ++i)
+    if (leaf_of_.count(params[i].get()))
+      fail(Code::InvalidArgument, "leaf group: params[", i, "] ", params[i]->describe(),
+           " is already in leaf group ", leaf_of_.at(params[i].get()));
+  leaves_.push_back(params);
+  for (const auto& p : params) leaf_of_[p.get()] = leaves_.size() - 1;
+  invalidate();  // units change shape
+}
+
+void Coordinator::step_begin() {
+  if (in_step_) fail(Code::InvalidState, "step_begin: the previous step has not ended");
+  in_step_ = true;
+  current_.clear();
+  pos_ = 0;
+  prefetched_upto_ = 0;
+  following_ = trace_valid_;
+  if (following_) prefetch_ahead();
+}
+
+size_t Coordinator::next_use(const Param& p) const {
+  for (size_t k = pos_; k < trace_.size(); ++k)
+    for (const auto& q : trace_[k])
+      if (q.get() == &p) return k;
+  return trace_.size();
+}
+
+// The window ahead of the trainer covers up to prefetch_bucket_size
+// elements of the trace (the next unit always); what in it is not gathered
+// yet goes out now, as long as max_live_parameters allows.
+void Coordinator::prefetch_ahead() {
+  const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
+  const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
+  for (size_t k = pos_; k < trace_.size(); ++k) {
+    if (k > pos_ && trace_prefix_[k + 1] - trace_prefix_[pos_] > bucket) break;
+    if (k < prefetched_upto_) continue;
+    ParamList missing;
+    uint64_t elems = 0;
+    for (const auto& p : trace_[k]) {
+      settle(ctx_, *p);
+      if (p->status == ParamStatus::NotAvailable) {
+        missing.push_back(p);
+        elems += p->layout.numel;
+      }
+    }
+    if (!missing.empty()) {
+      if (k > pos_ && stats_.live_elements + elems > max_live) break;
+      fetch_params(ctx_, missing);
+      ++stats_.prefetches;
+      adopt(missing);
+    }
+    prefetched_upto_ = k + 1;
+  }
+}
+
+// Params the coordinator just gathered: persistent ones are kept for the
+// step, the others count as live until released.
+void Coordinator::adopt(const ParamList& gathered) {
+  for (const auto& p : gathered) {
+    fresh_.insert(p.get());
+    if (persistent(*p)) {
+      kept_[p.get()] = p;
+    } else {
+      live_[p.get()] = p;
+      stats_.live_elements += p->layout.numel;
+    }
+  }
+  stats_.peak_live_elements = std::max(stats_.peak_live_elements, stats_.live_elements);
+}
+
+void Coordinator::fetch(const ParamList& params) {
+  ctx_.check_async_error();
+  const ParamList unit = expand(params);
+  ++stats_.fetch_calls;
+  if (in_step_) {
+    current_.push_back(unit);
+    if (following_) {
+      if (pos_ < trace_.size() && same_unit(trace_[pos_], unit)) {
+        ++pos_;
+      } else {
+        following_ = false;  // the order changed: stop prefetching this step
+      }
+    }
+  }
+  ParamList missing;
+  bool waited = false, gathered = false;
+  for (const auto& p : unit) {
+    settle(ctx_, *p);
+    if (p->status == ParamStatus::NotAvailable) missing.push_back(p);
+  }
+  if (!missing.empty()) {
+    fetch_params(ctx_, missing);
+    ++stats_.demand_fetches;
+    gathered = true;
+    adopt(missing);
+  }
+  for (const auto& p : unit) {
+    // A unit none of whose params was gathered for it is a reuse hit.
+    if (fresh_.erase(p.get())) gathered = true;
+    if (p->status != ParamStatus::Inflight) continue;
+    if (!p->inflight->done()) waited = true;
+    p->inflight->wait(-1);
+    settle(ctx_, *p);
+  }
+  if (waited && missing.empty()) ++stats_.blocked_waits;
+  if (!gathered) ++stats_.reuse_hits;
+  if (in_step_ && following_) prefetch_ahead();
+}
+
+void Coordinator::release_one_param(Param& p) {
+  auto it = live_.find(&p);
+  if (it == live_.end()) return;
+  if (p.status == ParamStatus::Inflight) {
+    try {
+      p.inflight->wait(-1);
+    } catch (const Error&) {
+      // Recorded as the context's async error; settle frees the buffer.
+    }
+    settle(ctx_, p);
+  }
+  if (p.status == ParamStatus::Available) release_one(ctx_, p);
+  stats_.live_elements -= p.layout.numel;
+  fresh_.erase(&p);
+  live_.erase(it);
+}
+
+void Coordinator::release(const ParamList& params) {
+  for (const auto& p : expand(params)) {
+    if (kept_.count(p.get())) continue;  // persistent for the step
+    if (!live_.count(p.get())) {
+      settle(ctx_, *p);
+      if (p->status != ParamStatus::Available)
+        fail(Code::InvalidState, "release: ", p->describe(), " is ", param_status_name(p->status),
+             ", it was not fetched through the coordinator");
+      continue;  // gathered by the trainer itself: not ours to free
+    }
+    if (in_step_ && following_) {
+      const size_t next = next_use(*p);
+      // Units up to prefetched_upto_ count on their params being gathered.
+      if (next < prefetched_upto_) continue;
+      if (next < trace_.size() && trace_prefix_[next] - trace_prefix_[pos_] <
+                                      static_cast<uint64_t>(ctx_.config().max_reuse_distance)) {
+        ++stats_.kept_for_reuse;
+        continue;
+      }
+    }
+    release_one_param(*p);
+  }
+}
+
+void Coordinator::invalidate() {
+  if (trace_valid_) ++stats_.trace_invalidations;
+  trace_valid_ = false;
+  following_ = false;
+  trace_.clear();
+  trace_prefix_.clear();
+  stats_.trace_length = 0;
+}
+
+void Coordinator::drop_all() {
+  std::vector<Param*> live;
+  for (const auto& [raw, p] : live_) live.push_back(raw);
+  for (Param* p : live) release_one_param(*p);
+  for (auto& [raw, p] : kept_) {
+    settle(ctx_, *p);
+    if (p->status == ParamStatus::Inflight) {
+      try {
+        p->inflight->wait(-1);
+      } catch (const Error&) {
+      }
+      settle(ctx_, *p);
+    }
+    if (p->status == ParamStatus::Available) release_one(ctx_, *p);
+    fresh_.erase(raw);
+  }
+  kept_.clear();
+}
+
+void Coordinator::step_end() {
+  if (!in_step_) fail(Code::InvalidState, "step_end: no step has begun");
+  in_step_ = false;
+  ++stats_.steps;
+  // Prefetched units the step never used, and params kept for a reuse that
+  // never came, go back now.
+  std::vector<Param*> live;
+  for (const auto& [raw, p] : live_) live.push_back(raw);
+  for (Param* p : live) release_one_param(*p);
+
+  // Every rank must agree on the order; compare hashes through the world.
+  const uint64_t h = hash_order(current_);
+  uint8_t lo[8], hi[8];
+  std::memcpy(lo, &h, 8);
+  std::memcpy(hi, &h, 8);
+  ctx_.world()->run("trace check", [&](Communicator& c) {
+    c.allreduce(lo, lo, 8, DType::U8, ReduceOp::Min);
+    c.allreduce(hi, hi, 8, DType::U8, ReduceOp::Max);
+  });
+  const bool agreed = std::memcmp(lo, hi, 8) == 0;
+  const bool matched = trace_valid_ && following_ && pos_ == trace_.size();
+  if (matched && agreed) return;
+  invalidate();
+  if (!agreed) return;  // ranks differ: record again next step, everywhere
+  trace_ = current_;
+  trace_prefix_.assign(trace_.size() + 1, 0);
+  for (size_t k = 0; k < trace_.size(); ++k)
+    trace_prefix_[k + 1] = trace_prefix_[k] + unit_elements(trace_[k]);
+  trace_valid_ = !trace_.empty();
+  stats_.trace_length = trace_.size();
+}
+
+void Coordinator::on_params_updated() { drop_all(); }
+
+CoordStats Coordinator::stats() const {
+  CoordStats s = stats_;
+  s.persistent_params = kept_.size();
+  return s;
+}
+
+}  // namespace zs

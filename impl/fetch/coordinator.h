@@ -1,0 +1,81 @@
+// The fetch coordinator: the first step records the order in which the
+// trainer fetches params (one unit per fetch call, leaf groups expanded);
+// later steps follow that trace and gather ahead of the trainer, up to
+// prefetch_bucket_size elements in flight and max_live_parameters gathered.
+// Params of at most param_persistence_threshold elements stay gathered for
+// the step; a param used again within max_reuse_distance elements of the
+// trace is not released in between. A step whose order differs from the
+// trace on any rank invalidates it on every rank, and the next step records
+// again. All calls expect the caller to hold ctx.mutex().
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "impl/fetch/gather.h"
+
+namespace zs {
+
+struct CoordStats {
+  uint64_t steps = 0;
+  uint64_t fetch_calls = 0;
+  uint64_t demand_fetches = 0;  // gathers issued when the trainer asked
+  uint64_t prefetches = 0;      // gathers issued ahead, from the trace
+  uint64_t blocked_waits = 0;   // fetch calls that found a gather still running
+  uint64_t reuse_hits = 0;      // fetch calls satisfied without any gather
+  uint64_t kept_for_reuse = 0;  // releases skipped for max_reuse_distance
+  uint64_t persistent_params = 0;
+  uint64_t live_elements = 0;
+  uint64_t peak_live_elements = 0;
+  uint64_t trace_invalidations = 0;
+  uint64_t trace_length = 0;
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(Context& ctx) : ctx_(ctx) {}
+  ~Coordinator();
+
+  void step_begin();
+  void step_end();
+  // Blocks until every param of the unit (leaf groups expanded) is gathered.
+  void fetch(const ParamList& params);
+  void release(const ParamList& params);
+  // The params become one unit: fetched and released together (the
+  // reference's leaf modules, e.g. all experts of an MoE layer).
+  void add_leaf(const ParamList& params);
+  // After an optimizer step every gathered copy is stale: drop them all.
+  void on_params_updated();
+  CoordStats stats() const;
+
+ private:
+  ParamList expand(const ParamList& params) const;
+  bool persistent(const Param& p) const;
+  void prefetch_ahead();
+  void adopt(const ParamList& gathered);
+  void invalidate();
+  void release_one_param(Param& p);
+  void drop_all();
+  // Index of the next trace unit (from pos_) that uses p, or trace size.
+  size_t next_use(const Param& p) const;
+
+  Context& ctx_;
+  bool in_step_ = false;
+  bool trace_valid_ = false;
+  std::vector<ParamList> trace_;      // the recorded order
+  std::vector<uint64_t> trace_prefix_;  // elements before each unit
+  std::vector<ParamList> current_;    // this step's order so far
+  bool following_ = false;  // this step matches the trace so far
+  size_t pos_ = 0;          // next trace unit expected
+  size_t prefetched_upto_ = 0;
+  std::map<Param*, std::shared_ptr<Param>> live_;  // gathered by us, not persistent
+  std::map<Param*, std::shared_ptr<Param>> kept_;  // persistent for this step
+  std::set<const Param*> fresh_;  // gathered by us, not yet fetched
+  std::map<const Param*, size_t> leaf_of_;
+  std::vector<ParamList> leaves_;
+  CoordStats stats_;
+};
+
+}  // namespace zs

@@ -1,0 +1,97 @@
+// CPU numeric kernels of the sharded optimizer: AdamW / Adam / SGD updates on
+// fp32 master shards, and the reductions and casts of the gradient path.
+//
+// Every kernel is vectorised (AVX-512F, AVX2+FMA+F16C, scalar fallback; the
+// path is chosen once at first use, ZS_SIMD=scalar|avx2|avx512 forces one)
+// and multi-threaded over the pool of kernels/parallel.h (inputs under 64K
+// elements run on the calling thread). All paths compute in fp32 with the
+// same operation order as the scalar reference (no FMA contraction), so a
+// vector path's results equal the scalar reference's, and results never
+// depend on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/parallel.h"
+
+namespace zs::kernels {
+
+// The working (model) copy's dtype.
+enum class WorkDtype { F32 = 0, BF16 = 1, F16 = 2 };
+
+size_t work_dtype_size(WorkDtype t);
+
+struct AdamHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+  bool adamw;            // decoupled weight decay (AdamW) vs L2 added to the grad (Adam)
+  bool bias_correction;  // off: step_size = lr, denom = sqrt(v) + eps (DeepSpeed's option)
+  int64_t step;          // 1-based, after increment
+};
+
+struct SgdHyper {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first_step;  // momentum buffer = grad on the first step, as torch
+};
+
+// One update over n elements of an fp32 master shard. Each grad element is
+// multiplied by grad_scale first (unscaling / clipping / averaging folded
+// in). If working != nullptr the updated master is also written there in
+// working_dtype (round to nearest even). torch.optim.AdamW / Adam / SGD
+// semantics in the order of torch's single-tensor implementation, per
+// element, in fp32 (scalars derived in double, then rounded to fp32):
+//   g = grad * grad_scale
+//   Adam:  AdamW: p = p * (1 - lr*wd)      Adam (L2): g = g + wd * p
+//          m = lerp(m, g, 1 - beta1)  (torch's lerp: m + w*(g - m) for w < 0.5,
+//                                      else g - (g - m)*(1 - w))
+//          v = v * beta2 + ((1 - beta2) * g) * g
+//          denom = sqrt(v) / sqrt(1 - beta2^step) + eps
+//          p = p + (-(lr / (1 - beta1^step)) * m) / denom
+//   SGD:   g = g + wd * p (wd != 0)
+//          momentum != 0: buf = first_step ? g : buf * momentum + (1 - dampening) * g
+//                         g = nesterov ? g + momentum * buf : buf
+//          p = p + (-lr) * g
+// NaN/inf are not checked (all_finite runs before the step). momentum_buf
+// may be null when momentum == 0; a null required pointer with n > 0
+// throws std::invalid_argument.
+void adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, size_t n,
+               const AdamHyper& h, float grad_scale, void* working, WorkDtype working_dtype);
+void sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, const SgdHyper& h,
+              float grad_scale, void* working, WorkDtype working_dtype);
+
+// Reference scalar versions: one thread, plain loops, the same results.
+void adam_step_scalar(float* master, float* exp_avg, float* exp_avg_sq, const float* grad,
+                      size_t n, const AdamHyper& h, float grad_scale, void* working,
+                      WorkDtype working_dtype);
+void sgd_step_scalar(float* master, float* momentum_buf, const float* grad, size_t n,
+                     const SgdHyper& h, float grad_scale, void* working, WorkDtype working_dtype);
+
+// Reductions and casts of the gradient path.
+// Sum of x[i]^2 in double (squares are exact in double). The result does
+// not depend on the thread count (fixed blocks summed in order); it may
+// differ between SIMD paths in the last bits (summation order).
+double sum_squares(const float* x, size_t n);
+bool all_finite(const float* x, size_t n);  // false if any inf/NaN
+void scale_inplace(float* x, size_t n, float s);
+// fp32 -> working dtype (round to nearest even, NaN stays NaN); F32 copies.
+void cast_from_f32(const float* src, void* dst, WorkDtype t, size_t n);
+void cast_to_f32(const void* src, WorkDtype t, float* dst, size_t n);
+// dst += widen(src), for gradient accumulation.
+void add_to_f32(const void* src, WorkDtype t, float* dst, size_t n);
+
+// SIMD dispatch.
+enum class SimdPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// The path in use: "avx512", "avx2" or "scalar".
+const char* simd_path();
+SimdPath simd_path_id();
+const char* simd_path_name(SimdPath p);
+// Compiled in and supported by this CPU (and OS).
+bool simd_path_available(SimdPath p);
+// "scalar" | "avx2" | "avx512" (the ZS_SIMD values); false if unknown.
+bool parse_simd_path(const char* s, SimdPath* out);
+// Forces a path for tests and benchmarks; false (and no change) when the
+// path is not available here. Not for use while kernels run on other threads.
+bool set_simd_path_for_testing(SimdPath p);
+
+}  // namespace zs::kernels

@@ -1,0 +1,262 @@
+// The fetch coordinator on real ranks: the trace makes later steps gather
+// ahead, persistence / max-live / reuse distance show in its counters, a
+// changed order re-records without a hang, and leaf groups keep ranks that
+// route to different experts in step.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using zs::test::run_ranks;
+
+namespace {
+
+constexpr int kLayers = 8;
+constexpr int64_t kRows = 64, kCols = 65;  // weight 4160 elements, bias 64
+
+struct Model {
+  std::vector<zs_param> weights, biases;
+  zs_param layer(int l, int k) const { return k == 0 ? weights[l] : biases[l]; }
+};
+
+float expected(int l, int k, uint64_t i) { return static_cast<float>(l * 1000 + k * 100) + static_cast<float>(i % 97); }
+
+Model build(zs_context ctx) {
+  Model m;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int k = 0; k < 2; ++k) {
+      const int64_t shape[2] = {kRows, kCols};
+      const uint64_t n = k == 0 ? kRows * kCols : kRows;
+      std::vector<float> data(n);
+      for (uint64_t i = 0; i < n; ++i) data[i] = expected(l, k, i);
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      const std::string name = "layer" + std::to_string(l) + (k == 0 ? ".w" : ".b");
+      o.name = name.c_str();
+      o.ndim = k == 0 ? 2 : 1;
+      o.shape = shape;
+      o.init = ZS_INIT_FROM_ALL;
+      o.data = data.data();
+      o.data_bytes = n * 4;
+      zs_param p = nullptr;
+      EXPECT_EQ(zs_param_register(&p, ctx, &o), ZS_OK) << zs_last_error();
+      (k == 0 ? m.weights : m.biases).push_back(p);
+    }
+  }
+  return m;
+}
+
+void use_layer(zs_context ctx, const Model& m, int l) {
+  zs_param unit[2] = {m.weights[l], m.biases[l]};
+  ZS_ASSERT_OK(zs_coord_fetch(ctx, unit, 2));
+  for (int k = 0; k < 2; ++k) {
+    void* d = nullptr;
+    ZS_ASSERT_OK(zs_param_data(unit[k], &d));
+    const uint64_t n = k == 0 ? kRows * kCols : kRows;
+    for (uint64_t i = 0; i < n; i += 13) ASSERT_EQ(static_cast<float*>(d)[i], expected(l, k, i));
+  }
+  ZS_ASSERT_OK(zs_coord_release(ctx, unit, 2));
+}
+
+// Forward through the layers, backward in reverse.
+void train_step(zs_context ctx, const Model& m) {
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+  for (int l = kLayers - 1; l >= 0; --l) use_layer(ctx, m, l);
+  ZS_ASSERT_OK(zs_step_end(ctx));
+}
+
+zs_coord_stats stats(zs_context ctx) {
+  zs_coord_stats s = ZS_COORD_STATS_INIT;
+  EXPECT_EQ(zs_coord_get_stats(ctx, &s), ZS_OK) << zs_last_error();
+  return s;
+}
+
+std::string config(int64_t prefetch, int64_t max_live, int64_t persistence, int64_t reuse) {
+  return "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": " + std::to_string(prefetch) +
+         ", \"stage3_max_live_parameters\": " + std::to_string(max_live) +
+         ", \"stage3_param_persistence_threshold\": " + std::to_string(persistence) +
+         ", \"stage3_max_reuse_distance\": " + std::to_string(reuse) + "}}";
+}
+
+TEST(Coordinator, AfterTheFirstStepEverythingIsPrefetched) {
+  run_ranks(3, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 0, 0);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);
+    const zs_coord_stats first = stats(ctx);
+    EXPECT_EQ(first.trace_length, 2u * kLayers);
+    EXPECT_EQ(first.demand_fetches, 2u * kLayers);
+    EXPECT_EQ(first.prefetches, 0u);
+    for (int s = 0; s < 3; ++s) train_step(ctx, m);
+    const zs_coord_stats later = stats(ctx);
+    EXPECT_EQ(later.demand_fetches, first.demand_fetches) << "a later step had to gather on demand";
+    EXPECT_GT(later.prefetches, first.prefetches);
+    // Units whose params were still gathered from the step before need no
+    // gather at all (the turning point between forward and backward).
+    EXPECT_EQ(later.prefetches + later.reuse_hits - first.reuse_hits, 3u * 2u * kLayers);
+    EXPECT_EQ(later.trace_invalidations, 0u);
+    EXPECT_EQ(later.live_elements, 0u) << "the step end leaves nothing gathered";
+    zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_memory(ctx, &mem));
+    EXPECT_EQ(mem.gathered_bytes, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
+TEST(Coordinator, SmallParamsPersistForTheStep) {
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 100, 0);  // biases (64) persist
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);
+    train_step(ctx, m);
+    const zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.persistent_params, static_cast<uint64_t>(kLayers));
+    for (int l = 0; l < kLayers; ++l) {
+      zs_param_status st;
+      ZS_ASSERT_OK(zs_param_get_status(m.biases[l], &st));
+      EXPECT_EQ(st, ZS_PARAM_AVAILABLE) << "bias " << l;
+      ZS_ASSERT_OK(zs_param_get_status(m.weights[l], &st));
+      EXPECT_EQ(st, ZS_PARAM_NOT_AVAILABLE) << "weight " << l;
+    }
+    // An optimizer step makes the gathered copies stale: they go.
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
+    EXPECT_EQ(stats(ctx).persistent_params, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
+TEST(Coordinator, MaxLiveParametersBoundsWhatIsGathered) {
+  run_ranks(2, [](const RankEnv& env) {
+    const int64_t max_live = 9000;  // about two layers
+    const std::string cfg = config(1000000, max_live, 0, 0);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    for (int s = 0; s < 3; ++s) train_step(ctx, m);
+    const zs_coord_stats st = stats(ctx);
+    EXPECT_LE(st.peak_live_elements, static_cast<uint64_t>(max_live) + kRows * kCols + kRows);
+    EXPECT_GT(st.prefetches, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
+// Tied weights: layer 0 is used again two units later. Within the reuse
+// distance it stays gathered in between; with distance 0 it is released.
+TEST(Coordinator, ReuseDistanceKeepsATiedLayer) {
+  for (int64_t reuse : {0, 5000}) {
+    run_ranks(2, [reuse](const RankEnv& env) {
+      const std::string cfg = config(1, 1000000000, 0, reuse);  // prefetch one unit ahead
+      zs_context ctx = zs::test::make_context(env, cfg.c_str());
+      ASSERT_NE(ctx, nullptr);
+      const Model m = build(ctx);
+      for (int s = 0; s < 3; ++s) {
+        ZS_ASSERT_OK(zs_step_begin(ctx));
+        use_layer(ctx, m, 0);
+        use_layer(ctx, m, 1);
+        use_layer(ctx, m, 0);
+        ZS_ASSERT_OK(zs_step_end(ctx));
+      }
+      const zs_coord_stats st = stats(ctx);
+      if (reuse == 0) {
+        EXPECT_EQ(st.kept_for_reuse, 0u);
+      } else {
+        EXPECT_EQ(st.kept_for_reuse, 4u) << "weight and bias, in each step that follows the trace";
+        EXPECT_GE(st.reuse_hits, 2u);
+      }
+      EXPECT_EQ(st.live_elements, 0u);
+      zs_context_destroy(ctx);
+    });
+  }
+}
+
+TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
+  run_ranks(3, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 0, 0);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str(), 20000);
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);
+    train_step(ctx, m);
+    // Same on every rank, but a different order: odd layers only.
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    for (int l = 1; l < kLayers; l += 2) use_layer(ctx, m, l);
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.trace_invalidations, 1u);
+    EXPECT_EQ(s.trace_length, static_cast<uint64_t>(kLayers / 2));
+    const uint64_t demand = s.demand_fetches;
+    // The new order is followed from the next step on.
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    for (int l = 1; l < kLayers; l += 2) use_layer(ctx, m, l);
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    s = stats(ctx);
+    EXPECT_EQ(s.demand_fetches, demand);
+    EXPECT_EQ(s.trace_invalidations, 1u);
+    zs_context_destroy(ctx);
+  });
+}
+
+TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 100000, 0);  // everything persists
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    // One collective gather of everything, in the same order everywhere...
+    std::vector<zs_param> all(m.weights);
+    all.insert(all.end(), m.biases.begin(), m.biases.end());
+    ZS_ASSERT_OK(zs_coord_fetch(ctx, all.data(), all.size()));
+    // ...then rank-specific orders, which need no traffic.
+    for (int i = 0; i < kLayers; ++i) {
+      const int l = env.rank == 0 ? i : kLayers - 1 - i;
+      use_layer(ctx, m, l);
+    }
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    const zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.trace_length, 0u) << "ranks disagreed: no trace may be kept";
+    zs_context_destroy(ctx);
+  });
+}
+
+// MoE: each rank routes to a different expert, and on ranks 2+ one expert
+// is unused; with the experts in one leaf group every rank gathers them
+// all at once, so the collectives match and nothing hangs.
+TEST(Coordinator, LeafGroupKeepsMoeRanksInStep) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, config(20000, 1000000000, 0, 0).c_str(), 20000);
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    std::vector<zs_param> experts(m.weights.begin(), m.weights.begin() + 4);
+    ZS_ASSERT_OK(zs_leaf_group(ctx, experts.data(), experts.size()));
+    for (int s = 0; s < 3; ++s) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      const int routed = (env.rank + s) % 4;
+      ZS_ASSERT_OK(zs_coord_fetch(ctx, &experts[static_cast<size_t>(routed)], 1));
+      for (int e = 0; e < 4; ++e) {  // the whole leaf came
+        zs_param_status st;
+        ZS_ASSERT_OK(zs_param_get_status(experts[static_cast<size_t>(e)], &st));
+        EXPECT_EQ(st, ZS_PARAM_AVAILABLE);
+      }
+      void* d = nullptr;
+      ZS_ASSERT_OK(zs_param_data(experts[static_cast<size_t>(routed)], &d));
+      EXPECT_EQ(static_cast<float*>(d)[5], expected(routed, 0, 5));
+      ZS_ASSERT_OK(zs_coord_release(ctx, &experts[static_cast<size_t>(routed)], 1));
+      ZS_ASSERT_OK(zs_step_end(ctx));
+    }
+    const zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.live_elements, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
+}  // namespace
