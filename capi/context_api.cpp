@@ -106,6 +106,22 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
     stats->host_cache_bytes = host_cache_bytes();
     stats->grad_bytes = m.grad_bytes;
     stats->optimizer_bytes = m.optimizer_bytes;
+    stats->hpz_secondary_bytes = m.secondary_bytes;
+  });
+}
+
+ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats) {
+  return guarded([&] {
+    checked_out(stats, "stats");
+    if (stats->size < sizeof(zs_fetch_stats))
+      fail(Code::InvalidArgument, "stats->size is ", stats->size, ", expected at least ",
+           sizeof(zs_fetch_stats), " (initialise it with ZS_FETCH_STATS_INIT)");
+    auto ctx = context_of(h, "ctx");
+    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const FetchCounters& c = ctx->counters();
+    stats->gathers = c.gathers;
+    stats->hpz_gathers = c.hpz_gathers;
+    stats->hierarchical_gathers = c.hierarchical_gathers;
   });
 }
 

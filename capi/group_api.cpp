@@ -44,14 +44,19 @@ ZS_API zs_status zs_context_group(zs_group* out, zs_context h, zs_group_kind kin
       case ZS_GROUP_MICS_SHARD: g = ctx->mics_shard_group(); break;
       case ZS_GROUP_MICS_REPLICA: g = ctx->mics_replica_group(); break;
       case ZS_GROUP_HPZ: g = ctx->hpz_group(); break;
+      case ZS_GROUP_MICS_INTER: g = ctx->mics_inter_group(); break;
+      case ZS_GROUP_MICS_INTRA: g = ctx->mics_intra_group(); break;
       default:
         fail(Code::InvalidArgument, "group kind ", static_cast<int>(kind),
-             ": expected ZS_GROUP_WORLD (0) .. ZS_GROUP_HPZ (4)");
+             ": expected ZS_GROUP_WORLD (0) .. ZS_GROUP_MICS_INTRA (6)");
     }
     if (!g)
       fail(Code::InvalidState, "group kind ", static_cast<int>(kind),
            " is not configured: set zero_optimization.",
-           kind == ZS_GROUP_HPZ ? "zero_hpz_partition_size > 1" : "mics_shard_size > 0",
+           kind == ZS_GROUP_HPZ ? "zero_hpz_partition_size > 1"
+           : kind >= ZS_GROUP_MICS_INTER
+               ? "mics_hierarchical_params_gather with mics_shard_size above the local world size"
+               : "mics_shard_size > 0",
            " in the config");
     *out = new_group_handle(ctx, std::move(g));
   });

@@ -17,6 +17,16 @@ namespace {
 
 std::atomic<uint64_t> g_next_context_id{1};
 
+// Topology rules that need the local world size, checked (like the config's
+// own) before any socket opens.
+void check_hierarchy(const Config& c, const RankInfo& r) {
+  if (!c.mics_hierarchical_params_gather || c.mics_shard_size <= r.local_world_size) return;
+  if (c.mics_shard_size % r.local_world_size != 0 || r.world_size % r.local_world_size != 0)
+    fail(Code::InvalidConfig, "zero_optimization.mics_hierarchical_params_gather: mics_shard_size ",
+         c.mics_shard_size, " must be a multiple of the local world size ", r.local_world_size,
+         " (whole nodes per shard group)");
+}
+
 std::chrono::milliseconds resolve_timeout(int timeout_ms) {
   if (timeout_ms < 0) fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0");
   if (timeout_ms > 0) return std::chrono::milliseconds(timeout_ms);
@@ -51,6 +61,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   } else {
     ctx->config_ = parse_config("{}", world);
   }
+  check_hierarchy(ctx->config_, ctx->ranks_);
   ctx->config_json_ = config_to_json(ctx->config_);
   ctx->unused_keys_json_ = nlohmann::json(ctx->config_.unused_keys).dump();
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
@@ -145,6 +156,7 @@ void Context::build_topology() {
     mics_shard_ = create_partition_family("mics_shard", shards);
     mics_replica_ = create_partition_family("mics_replica", replicas);
     partition_ = mics_shard_;
+    build_mics_hierarchy();
   }
   const auto hpz = static_cast<int>(config_.zero_hpz_partition_size);
   if (hpz > 1) {
@@ -152,6 +164,45 @@ void Context::build_topology() {
     for (int r = 0; r < world; ++r) nodes[static_cast<size_t>(r / hpz)].push_back(r);
     hpz_ = create_partition_family("hpz", nodes);
   }
+}
+
+// Two hops for a shard group that spans nodes: first among the ranks at
+// the same local position on each node, then within the node. Needs whole
+// nodes in every shard group; a shard group inside one node gathers flat.
+void Context::build_mics_hierarchy() {
+  if (!config_.mics_hierarchical_params_gather) return;
+  const int world = ranks_.world_size;
+  const auto shard = static_cast<int>(config_.mics_shard_size);
+  const int local = ranks_.local_world_size;
+  if (shard <= local) return;
+  std::vector<std::vector<int>> inter, intra;
+  for (int base = 0; base < world; base += shard) {
+    for (int l = 0; l < local; ++l) {
+      inter.emplace_back();
+      for (int r = base + l; r < base + shard; r += local) inter.back().push_back(r);
+    }
+    for (int node = base; node < base + shard; node += local) {
+      intra.emplace_back();
+      for (int l = 0; l < local; ++l) intra.back().push_back(node + l);
+    }
+  }
+  mics_inter_ = create_partition_family("mics_inter", inter);
+  mics_intra_ = create_partition_family("mics_intra", intra);
+}
+
+void Context::track_secondary(const std::shared_ptr<Param>& param) {
+  secondaries_.push_back(param);
+  memory_.secondary_bytes += param->secondary->bytes();
+}
+
+void Context::drop_secondaries() {
+  for (auto& weak : secondaries_) {
+    auto p = weak.lock();
+    if (!p || !p->secondary) continue;
+    memory_.secondary_bytes -= p->secondary->bytes();
+    p->secondary.reset();
+  }
+  secondaries_.clear();
 }
 
 void Context::record_async_error(Code code, const std::string& message) {

@@ -16,6 +16,7 @@
 #include "impl/comm/group.h"
 #include "impl/comm/store.h"
 #include "impl/config/config.h"
+#include "impl/partition/param.h"
 
 namespace gloo::transport {
 class Device;
@@ -45,6 +46,14 @@ struct MemoryStats {
   uint64_t num_params = 0;
   uint64_t grad_bytes = 0;
   uint64_t optimizer_bytes = 0;
+  uint64_t secondary_bytes = 0;
+};
+
+// Which way fetches went (for tests and tuning).
+struct FetchCounters {
+  uint64_t gathers = 0;               // coalesced fetches issued
+  uint64_t hpz_gathers = 0;           // served from hpZ secondary shards
+  uint64_t hierarchical_gathers = 0;  // MiCS two-hop gathers
 };
 
 class GradReducer;
@@ -71,6 +80,10 @@ class Context {
   const std::shared_ptr<Group>& mics_shard_group() const { return mics_shard_; }
   const std::shared_ptr<Group>& mics_replica_group() const { return mics_replica_; }
   const std::shared_ptr<Group>& hpz_group() const { return hpz_; }
+  // MiCS hierarchical gather: same local rank across nodes, and one node,
+  // both within this rank's shard group (null unless configured).
+  const std::shared_ptr<Group>& mics_inter_group() const { return mics_inter_; }
+  const std::shared_ptr<Group>& mics_intra_group() const { return mics_intra_; }
 
   // A sub-group of world ranks; collective over the world (every rank
   // calls with the same list, in the same order of calls).
@@ -90,6 +103,11 @@ class Context {
 
   // Memory accounting (caller holds mutex()).
   MemoryStats& memory() { return memory_; }
+  FetchCounters& counters() { return counters_; }
+  // hpZ: remember a param holding a secondary shard; drop them all when
+  // the shards change (optimizer step, GatheredParameters update).
+  void track_secondary(const std::shared_ptr<Param>& param);
+  void drop_secondaries();
   void add_gathered(uint64_t bytes);
   void sub_gathered(uint64_t bytes);
 
@@ -97,6 +115,7 @@ class Context {
   Context() = default;
   void connect(const ContextOptions& options);
   void build_topology();
+  void build_mics_hierarchy();
   // The member group of a partition of the world into rank lists.
   std::shared_ptr<Group> create_partition_family(const std::string& kind,
                                                  const std::vector<std::vector<int>>& families);
@@ -115,6 +134,7 @@ class Context {
   std::shared_ptr<gloo::transport::Device> device_;
   int next_group_id_ = 0;
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
+  std::shared_ptr<Group> mics_inter_, mics_intra_;
   std::vector<std::weak_ptr<Group>> all_groups_;
 
   mutable std::mutex error_mu_;
@@ -123,6 +143,8 @@ class Context {
 
   std::mutex mu_;
   MemoryStats memory_;
+  FetchCounters counters_;
+  std::vector<std::weak_ptr<Param>> secondaries_;
   std::unique_ptr<GradReducer> grads_;
   std::unique_ptr<Coordinator> coordinator_;
 };

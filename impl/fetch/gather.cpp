@@ -1,5 +1,6 @@
 #include "impl/fetch/gather.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -35,13 +36,43 @@ void settle(Context& ctx, Param& p) {
   try {
     p.inflight->rethrow_if_failed();
     p.status = ParamStatus::Available;
+    if (p.pending_secondary) {
+      p.secondary = std::move(p.pending_secondary);
+      ctx.track_secondary(p.shared_from_this());
+    }
   } catch (const Error&) {
-    if (!p.full_aliases_shard) ctx.sub_gathered(p.padded_bytes());
+    if (!p.full_aliases_shard) ctx.sub_gathered(p.full->bytes());
     p.full.reset();
+    p.pending_secondary.reset();
     p.status = ParamStatus::NotAvailable;
   }
   p.inflight.reset();
 }
+
+namespace {
+
+// Elements of the full buffer: the group's padding, or the hpZ group's if
+// that is larger (a gather from secondary shards fills h equal slices).
+uint64_t full_numel(const Context& ctx, const Param& p) {
+  uint64_t n = p.layout.padded_numel;
+  const auto& hpz = ctx.hpz_group();
+  if (hpz && p.group == ctx.partition_group()) {
+    const auto h = static_cast<uint64_t>(hpz->size());
+    n = std::max(n, (p.layout.numel + h - 1) / h * h);
+  }
+  return n;
+}
+
+// Rank-major pieces of a hierarchical gather go back to shard order:
+// hop 2 leaves [local l][node n] shards, the param wants [n * L + l].
+void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local, size_t shard) {
+  for (int l = 0; l < local; ++l)
+    for (int n = 0; n < nodes; ++n)
+      std::memcpy(dst + static_cast<size_t>(n * local + l) * shard,
+                  src + static_cast<size_t>(l * nodes + n) * shard, shard);
+}
+
+}  // namespace
 
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
   ctx.check_async_error();
@@ -53,31 +84,102 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
       fail(Code::InvalidState, "fetch: params[", i, "] ", p.describe(), " is ",
            param_status_name(p.status), ", expected NOT_AVAILABLE (release it first)");
   }
+  const size_t n = params.size();
   // A group of one needs no traffic: the shard is the whole param.
   const bool alias = group->size() == 1;
+  const auto& hpz = ctx.hpz_group();
+  const bool hpz_route = hpz && group == ctx.partition_group();
+  bool from_secondary = hpz_route;
+  for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
+  const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
+
   std::vector<HostBufferPtr> fulls;
-  fulls.reserve(params.size());
-  for (const auto& p : params)
-    fulls.push_back(alias ? p->shard : std::make_shared<HostBuffer>(p->padded_bytes()));
+  fulls.reserve(n);
+  uint64_t bytes = 0;
+  for (const auto& p : params) {
+    fulls.push_back(alias ? p->shard
+                          : std::make_shared<HostBuffer>(full_numel(ctx, *p) * p->elem_bytes()));
+    if (!alias) bytes += fulls.back()->bytes();
+  }
 
   // Segments keep the buffers alive until the group thread is done with
   // them, even if a param is unregistered mid-flight.
   std::vector<GatherSegment> segments;
-  std::vector<HostBufferPtr> keep;
-  segments.reserve(params.size());
-  keep.reserve(2 * params.size());
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Param& p = *params[i];
-    segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
-    keep.push_back(p.shard);
-    keep.push_back(fulls[i]);
-    bytes += p.padded_bytes();
+  std::vector<HostBufferPtr> keep(fulls);
+  std::shared_ptr<Work> work;
+  const std::string what = "fetch of " + std::to_string(n) + " params";
+  ++ctx.counters().gathers;
+  if (from_secondary) {
+    const auto h = static_cast<uint64_t>(hpz->size());
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t slice = (params[i]->layout.numel + h - 1) / h * params[i]->elem_bytes();
+      segments.push_back({params[i]->secondary->data(), fulls[i]->data(), slice});
+      keep.push_back(params[i]->secondary);
+    }
+    ++ctx.counters().hpz_gathers;
+    work = hpz->submit(what + " from hpZ secondary shards",
+                       [segments, keep](Communicator& c) { c.allgather_coalesced(segments); });
+  } else if (hierarchical) {
+    const auto& inter = ctx.mics_inter_group();
+    const auto& intra = ctx.mics_intra_group();
+    const int nodes = inter->size(), local = intra->size();
+    std::vector<GatherSegment> hop1, hop2;
+    std::vector<size_t> shard_bytes;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = params[i]->shard_bytes();
+      auto t1 = std::make_shared<HostBuffer>(b * static_cast<size_t>(nodes));
+      auto t2 = std::make_shared<HostBuffer>(b * static_cast<size_t>(nodes * local));
+      hop1.push_back({params[i]->shard->data(), t1->data(), b});
+      hop2.push_back({t1->data(), t2->data(), b * static_cast<size_t>(nodes)});
+      shard_bytes.push_back(b);
+      keep.push_back(params[i]->shard);
+      keep.push_back(t1);
+      keep.push_back(t2);
+    }
+    ++ctx.counters().hierarchical_gathers;
+    auto first = inter->submit(what + " (MiCS hop 1: across nodes)",
+                               [hop1, keep](Communicator& c) { c.allgather_coalesced(hop1); });
+    std::vector<void*> dst;
+    for (const auto& f : fulls) dst.push_back(f->data());
+    work = intra->submit(what + " (MiCS hop 2: within the node)",
+                         [first, hop2, dst, shard_bytes, nodes, local, keep](Communicator& c) {
+                           first->wait(-1);
+                           c.allgather_coalesced(hop2);
+                           for (size_t i = 0; i < hop2.size(); ++i)
+                             reorder_hierarchical(static_cast<const uint8_t*>(hop2[i].recv),
+                                                  static_cast<uint8_t*>(dst[i]), nodes, local,
+                                                  shard_bytes[i]);
+                         });
+  } else {
+    // Primary gather; with hpZ it also leaves each param's secondary slice.
+    struct Slice {
+      void* dst;
+      const uint8_t* src;
+      size_t bytes;
+    };
+    std::vector<Slice> slices;
+    for (size_t i = 0; i < n; ++i) {
+      Param& p = *params[i];
+      segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
+      keep.push_back(p.shard);
+      if (!hpz_route || alias) continue;
+      const auto h = static_cast<uint64_t>(hpz->size());
+      const uint64_t slice_numel = (p.layout.numel + h - 1) / h;
+      const uint64_t first = static_cast<uint64_t>(hpz->rank()) * slice_numel;
+      p.pending_secondary = std::make_shared<HostBuffer>(slice_numel * p.elem_bytes(), true);
+      keep.push_back(p.pending_secondary);
+      const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, slice_numel);
+      slices.push_back({p.pending_secondary->data(),
+                        static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
+                        valid * p.elem_bytes()});
+    }
+    work = group->submit(what, [segments, keep, slices](Communicator& c) {
+      c.allgather_coalesced(segments);
+      for (const auto& s : slices)
+        if (s.bytes > 0) std::memcpy(s.dst, s.src, s.bytes);
+    });
   }
-  auto work = group->submit("fetch of " + std::to_string(params.size()) + " params",
-                            [segments = std::move(segments), keep = std::move(keep)](
-                                Communicator& comm) { comm.allgather_coalesced(segments); });
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     Param& p = *params[i];
     p.full = std::move(fulls[i]);
     p.full_aliases_shard = alias;
@@ -89,7 +191,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
 }
 
 void release_one(Context& ctx, Param& p) {
-  if (!p.full_aliases_shard) ctx.sub_gathered(p.padded_bytes());
+  if (!p.full_aliases_shard) ctx.sub_gathered(p.full->bytes());
   p.full.reset();
   p.status = ParamStatus::NotAvailable;
 }
@@ -124,6 +226,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     fail(Code::InvalidArgument, "update: modifier_rank ", modifier_rank,
          " is out of range for group '", group->name(), "' of size ", group->size());
   for (const auto& p : params) available_data(ctx, *p, "update");
+  ctx.drop_secondaries();  // the shards are about to change
   group->run("update of " + std::to_string(params.size()) + " params", [&](Communicator& comm) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });

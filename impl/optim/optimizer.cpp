@@ -201,6 +201,7 @@ StepResult Optimizer::step() {
     }
     // Gathered copies the coordinator kept are stale from here on.
     if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
+    ctx_.drop_secondaries();
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
     ++step_;

@@ -20,7 +20,7 @@ enum class ParamStatus : int { NotAvailable = 0, Inflight = 1, Available = 2 };
 
 const char* param_status_name(ParamStatus s);
 
-class Param {
+class Param : public std::enable_shared_from_this<Param> {
  public:
   Param(uint64_t context_id, std::string name, DType dtype, std::vector<int64_t> shape,
         std::shared_ptr<Group> group);
@@ -42,6 +42,10 @@ class Param {
   HostBufferPtr shard;  // shard_numel elements, padding zeroed
   HostBufferPtr full;   // padded_numel elements while Inflight/Available
   HostBufferPtr grad;   // fp32 gradient shard, from the first push on
+  // hpZ: this rank's slice of the full param within the intra-node group,
+  // left by the step's first gather and dropped by the optimizer step.
+  HostBufferPtr secondary;
+  HostBufferPtr pending_secondary;  // filled by an in-flight gather
   std::shared_ptr<Work> inflight;
   ParamStatus status = ParamStatus::NotAvailable;
   bool full_aliases_shard = false;  // a group of one gathers without a copy

@@ -109,6 +109,10 @@ void unregister_param(Context& ctx, Param& p) {
     mem.grad_bytes -= p.grad->bytes();
     p.grad.reset();
   }
+  if (p.secondary) {
+    mem.secondary_bytes -= p.secondary->bytes();
+    p.secondary.reset();
+  }
   mem.shard_bytes -= p.shard_bytes();
   mem.unsharded_bytes -= p.full_bytes();
   mem.num_params -= 1;

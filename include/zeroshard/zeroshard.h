@@ -122,7 +122,9 @@ typedef enum zs_group_kind {
   ZS_GROUP_PARTITION = 1,    /* where params are sharded: world or MiCS shard */
   ZS_GROUP_MICS_SHARD = 2,   /* consecutive ranks of mics_shard_size */
   ZS_GROUP_MICS_REPLICA = 3, /* same position in every shard group */
-  ZS_GROUP_HPZ = 4           /* intra-node secondary shard group */
+  ZS_GROUP_HPZ = 4,          /* intra-node secondary shard group */
+  ZS_GROUP_MICS_INTER = 5,   /* hierarchical gather hop 1: same local rank, across nodes */
+  ZS_GROUP_MICS_INTRA = 6    /* hierarchical gather hop 2: within the node */
 } zs_group_kind;
 
 typedef struct zs_context_s* zs_context;
@@ -217,8 +219,20 @@ typedef struct zs_memory_stats {
   uint64_t host_cache_bytes;
   uint64_t grad_bytes;        /* fp32 gradient shards */
   uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
+  uint64_t hpz_secondary_bytes; /* hpZ secondary shards held now */
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Which way fetches went. */
+typedef struct zs_fetch_stats {
+  size_t size;                   /* sizeof(zs_fetch_stats) */
+  uint64_t gathers;              /* coalesced fetches issued */
+  uint64_t hpz_gathers;          /* served from hpZ secondary shards (intra-node) */
+  uint64_t hierarchical_gathers; /* MiCS two-hop gathers */
+} zs_fetch_stats;
+#define ZS_FETCH_STATS_INIT { sizeof(zs_fetch_stats), 0, 0, 0 }
+
+ZS_API zs_status zs_context_fetch_stats(zs_context ctx, zs_fetch_stats* stats);
 
 ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
