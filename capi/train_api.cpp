@@ -129,4 +129,28 @@ ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer h, double* scale) {
   return with_optimizer(h, [&](Context&, Optimizer& o) { *checked_out(scale, "scale") = o.loss_scale(); });
 }
 
+ZS_API zs_status zs_optimizer_state_data(zs_optimizer h, zs_param param, int slot, float** data,
+                                         uint64_t* shard_numel) {
+  return guarded([&] {
+    checked_out(data, "data");
+    auto r = optimizer_of(h, "opt");
+    auto p = param_of(param, "param");
+    if (p.ctx != r.ctx) fail(Code::InvalidArgument, "param belongs to another context");
+    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    *data = r.obj->state(*p.obj, slot, shard_numel);
+  });
+}
+
+ZS_API zs_status zs_optimizer_get_step(zs_optimizer h, int64_t* step) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { *checked_out(step, "step") = o.steps(); });
+}
+
+ZS_API zs_status zs_optimizer_set_step(zs_optimizer h, int64_t step) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { o.set_steps(step); });
+}
+
+ZS_API zs_status zs_optimizer_sync_params(zs_optimizer h) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { o.sync_params(); });
+}
+
 }  // extern "C"

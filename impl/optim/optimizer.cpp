@@ -152,6 +152,36 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
                      work_dtype(p.dtype));
 }
 
+float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
+  for (auto& g : groups_) {
+    for (auto& s : g.slots) {
+      if (s.param.get() != &p) continue;
+      const HostBufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
+      if (buf == nullptr || !*buf)
+        fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(),
+             ": this optimizer has slots 0 (master)", s.state1 ? ", 1" : "", s.state2 ? ", 2" : "");
+      if (numel) *numel = p.layout.shard_numel;
+      return static_cast<float*>((*buf)->data());
+    }
+  }
+  fail(Code::InvalidArgument, p.describe(), " is in no group of this optimizer");
+}
+
+void Optimizer::set_steps(int64_t s) {
+  if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
+  step_ = s;
+}
+
+void Optimizer::sync_params() {
+  for (auto& g : groups_)
+    for (auto& s : g.slots)
+      if (s.param->dtype != DType::F32)
+        kernels::cast_from_f32(static_cast<const float*>(s.master->data()), s.param->shard->data(),
+                               work_dtype(s.param->dtype), s.param->layout.shard_numel);
+  ctx_.drop_secondaries();
+  if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
+}
+
 StepResult Optimizer::step() {
   ctx_.check_async_error();
   ctx_.grads().sync();

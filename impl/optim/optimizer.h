@@ -38,6 +38,12 @@ class Optimizer {
   void set_lr(int group, double lr);
   StepResult step();
   double loss_scale() const { return scaler_.scale(); }
+  // Checkpoint access to a param's state (slot 0 master, 1, 2).
+  float* state(const Param& p, int slot, uint64_t* numel);
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t s);
+  // Rewrite 16-bit working shards from the masters (after a state load).
+  void sync_params();
   uint64_t context_id() const { return ctx_id_; }
 
  private:

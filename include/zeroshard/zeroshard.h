@@ -463,6 +463,20 @@ ZS_API zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
 /* The current loss scale (1.0 unless fp16 is enabled). */
 ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
 
+/* This rank's shard of a param's optimizer state, for checkpoints: slot 0
+ * is the fp32 master, 1 exp_avg (Adam) or the momentum buffer (SGD), 2
+ * exp_avg_sq (Adam). shard_numel fp32 elements, readable and writable.
+ * INVALID_ARGUMENT for a param the optimizer does not hold or a slot it
+ * does not have. */
+ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, float** data,
+                                         uint64_t* shard_numel);
+/* Optimizer steps taken (bias correction uses it), and restoring it. After
+ * writing master shards, zs_optimizer_sync_params rewrites the working
+ * (16-bit) shards from them. */
+ZS_API zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
+ZS_API zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
+ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
+
 /* ------------------------------------------------------------------ */
 /* Coordinated fetch: trace, prefetch, persistence, leaf groups        */
 /* ------------------------------------------------------------------ */
