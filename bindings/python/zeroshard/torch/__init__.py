@@ -1,0 +1,24 @@
+"""zeroshard for PyTorch: partition an nn.Module's parameters across ranks,
+gather them just in time for forward and backward, and train them with the
+engine's sharded optimizer.
+
+    import zeroshard.torch as zt
+    with zt.Init(config=ds_config):
+        model = MyModel()
+    zt.partition_module(model)
+    optimizer = zt.ZeroShardOptimizer(model.parameters(), lr=1e-3)
+    loss = model(x).loss; loss.backward(); optimizer.step()
+"""
+from ._context import get_context, init_context, shutdown
+from ._params import is_partitioned
+from .gathered import GatheredParameters
+from .hooks import register_external_parameter, set_leaf_modules, unset_leaf_modules
+from .init import Init, partition_module
+from .optim import ZeroShardOptimizer
+from .state import consolidated_state_dict, load_consolidated_state_dict
+
+__all__ = [
+    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "get_context",
+    "init_context", "is_partitioned", "load_consolidated_state_dict", "partition_module",
+    "register_external_parameter", "set_leaf_modules", "shutdown", "unset_leaf_modules",
+]

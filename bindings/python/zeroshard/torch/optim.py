@@ -1,0 +1,139 @@
+"""A torch optimizer backed by the engine's sharded optimizer."""
+import torch
+
+from ._context import get_context
+from ._params import is_partitioned, registered_params
+
+
+class ZeroShardOptimizer(torch.optim.Optimizer):
+    """AdamW, Adam or SGD on the engine's fp32 master shards.
+
+    A torch.optim.Optimizer as far as user code and LR schedulers can tell:
+    param_groups with their hyper-parameters (read again at every step),
+    step(), zero_grad(), state_dict() / load_state_dict(). The state itself
+    is sharded: this rank's slice of masters and moments.
+    """
+
+    def __init__(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                        dampening=dampening, nesterov=nesterov, bias_correction=bias_correction)
+        super().__init__(params, defaults)
+        self.kind = kind
+        self._engine = get_context().optimizer(kind)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not is_partitioned(p):
+                    raise ValueError("ZeroShardOptimizer: every param must be partitioned first "
+                                     "(zeroshard.torch.Init or partition_module)")
+            self._engine.add_group([p.zs.zparam for p in group["params"]], **self._hparams(group))
+        self.last_result = None
+
+    @staticmethod
+    def _hparams(group):
+        return dict(lr=group["lr"], betas=tuple(group["betas"]), eps=group["eps"],
+                    weight_decay=group["weight_decay"], momentum=group["momentum"],
+                    dampening=group["dampening"], nesterov=group["nesterov"],
+                    bias_correction=group["bias_correction"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        engines = _hook_engines()
+        for e in engines:
+            e.before_step()
+        for i, group in enumerate(self.param_groups):
+            self._engine.set_hparams(i, **self._hparams(group))
+        self.last_result = self._engine.step()
+        for e in engines:
+            e.after_step()
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        # Gradients live in the engine's shards, zeroed by every step.
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+    @property
+    def loss_scale(self):
+        return self._engine.loss_scale
+
+    def state_dict(self):
+        groups = []
+        index = {}
+        for group in self.param_groups:
+            g = {k: v for k, v in group.items() if k != "params"}
+            g["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append(g)
+        ctx = get_context()
+        shards = {}
+        slots = (0, 1) if self.kind == "sgd" else (0, 1, 2)
+        for group in self.param_groups:
+            for p in group["params"]:
+                per = {}
+                for slot in slots:
+                    try:
+                        addr, n = self._engine.state_ptr(p.zs.zparam, slot)
+                    except Exception:
+                        continue  # e.g. SGD without momentum has no buffer
+                    per[slot] = _copy_floats(addr, n)
+                shards[index[id(p)]] = per
+        return {"state": {}, "param_groups": groups,
+                "zeroshard": {"kind": self.kind, "rank": ctx.rank, "world_size": ctx.world_size,
+                              "steps": self._engine.steps, "shards": shards}}
+
+    def load_state_dict(self, state_dict):
+        z = state_dict.get("zeroshard")
+        ctx = get_context()
+        if z is None or z["world_size"] != ctx.world_size or z["rank"] != ctx.rank:
+            raise ValueError("ZeroShardOptimizer.load_state_dict: the state is sharded for rank "
+                             f"{None if z is None else z['rank']} of {None if z is None else z['world_size']}, "
+                             f"this is rank {ctx.rank} of {ctx.world_size}")
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"ZeroShardOptimizer.load_state_dict: {len(state_dict['param_groups'])} param "
+                             f"groups in the state, {len(self.param_groups)} here")
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = v
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                for slot, values in z["shards"][index].items():
+                    addr, n = self._engine.state_ptr(p.zs.zparam, int(slot))
+                    if values.numel() != n:
+                        raise ValueError(f"ZeroShardOptimizer.load_state_dict: slot {slot} of param {index} "
+                                         f"has {values.numel()} elements, expected {n}")
+                    _write_floats(addr, values)
+                index += 1
+        self._engine.steps = z["steps"]
+        self._engine.sync_params()
+        for e in _hook_engines():
+            e.after_step()
+
+
+def _copy_floats(addr, n):
+    import ctypes
+    buf = (ctypes.c_float * n).from_address(addr)
+    return torch.frombuffer(buf, dtype=torch.float32, count=n).clone() if n else torch.empty(0)
+
+
+def _write_floats(addr, values):
+    import ctypes
+    values = values.detach().to(torch.float32).contiguous()
+    ctypes.memmove(addr, values.data_ptr(), values.numel() * 4)
+
+
+def _hook_engines():
+    engines = []
+    for p in registered_params():
+        if p.zs is None or p.zs.owner is None:
+            continue
+        if p.zs.owner.engine not in engines:
+            engines.append(p.zs.owner.engine)
+    return engines
+
