@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config libgloo-dev nlohmann-json3-dev libdlpack-dev
-          libgtest-dev googletest)
+          libgtest-dev googletest
+          python3-torch python3-cffi python3-pytest python3-numpy python3-setuptools python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -217,7 +217,7 @@ def test_dead_peer_raises_comm_or_timeout(tmp_path):
         "import zeroshard as zs\n"
         "rank, world, port = map(int, sys.argv[1:4])\n"
         "ctx = zs.Context(rank=rank, world_size=world, store_host='127.0.0.1',\n"
-        "                 store_port=port, timeout_ms=4000)\n"
+        "                 store_port=port, timeout_ms=2000)\n"
         "ctx.group().barrier().wait()\n"
         "if rank == 1:\n"
         "    os._exit(0)\n"

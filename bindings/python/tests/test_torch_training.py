@@ -62,3 +62,22 @@ def test_gathered_parameters_state_dicts_and_errors():
     assert r["load_equal"] is True
     assert r["replay_equal"] is True
     assert r["error"] is not None and "zero_optimization.stage" in r["error"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_without_torch_distributed(dtype):
+    """Launched by zsrun with no process group: the engine bootstraps from
+    the environment; bf16 params train through fp32 masters."""
+    if not ZSRUN.exists():
+        pytest.skip(f"{ZSRUN} is not built")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    proc = subprocess.run([str(ZSRUN), "-n", "2", "--no-prefix", "--", sys.executable,
+                           str(HERE / "nodist_worker.py"), dtype], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
+    assert r["world"] == 2
+    assert r["dtype"] == ("torch.bfloat16" if dtype == "bf16" else "torch.float32")
+    assert r["losses"][-1] < r["losses"][0], r
