@@ -91,10 +91,7 @@ ZS_API zs_status zs_context_unused_config_keys(zs_context h, const char** json_a
 
 ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
   return guarded([&] {
-    checked_out(stats, "stats");
-    if (stats->size < sizeof(zs_memory_stats))
-      fail(Code::InvalidArgument, "stats->size is ", stats->size, ", expected at least ",
-           sizeof(zs_memory_stats), " (initialise it with ZS_MEMORY_STATS_INIT)");
+    checked_sized(stats, "stats");
     auto ctx = context_of(h, "ctx");
     std::lock_guard<std::mutex> lock(ctx->mutex());
     const MemoryStats& m = ctx->memory();
@@ -112,10 +109,7 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
 
 ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats) {
   return guarded([&] {
-    checked_out(stats, "stats");
-    if (stats->size < sizeof(zs_fetch_stats))
-      fail(Code::InvalidArgument, "stats->size is ", stats->size, ", expected at least ",
-           sizeof(zs_fetch_stats), " (initialise it with ZS_FETCH_STATS_INIT)");
+    checked_sized(stats, "stats");
     auto ctx = context_of(h, "ctx");
     std::lock_guard<std::mutex> lock(ctx->mutex());
     const FetchCounters& c = ctx->counters();

@@ -53,10 +53,7 @@ ZS_API zs_status zs_leaf_group(zs_context h, const zs_param* params, size_t n) {
 
 ZS_API zs_status zs_coord_get_stats(zs_context h, zs_coord_stats* out) {
   return with_coordinator(h, [&](Context&, Coordinator& c) {
-    checked_out(out, "stats");
-    if (out->size < sizeof(zs_coord_stats))
-      fail(Code::InvalidArgument, "stats->size is ", out->size, ", expected at least ",
-           sizeof(zs_coord_stats), " (initialise it with ZS_COORD_STATS_INIT)");
+    checked_sized(out, "stats");
     const CoordStats s = c.stats();
     out->steps = s.steps;
     out->fetch_calls = s.fetch_calls;

@@ -76,14 +76,20 @@ T* checked_out(T* out, const char* arg) {
   return out;
 }
 
-// Options structs: `size` must cover the fields this library reads.
+// Structs that cross the ABI start with `size`, which must cover the
+// fields this library reads or writes (callers fill it with _INIT macros).
+template <typename T>
+T& checked_sized(T* p, const char* arg) {
+  if (p == nullptr) fail(Code::InvalidArgument, arg, " is NULL");
+  if (p->size < sizeof(T))
+    fail(Code::InvalidArgument, arg, "->size is ", p->size, ", expected at least ", sizeof(T),
+         " (initialise it with its _INIT macro)");
+  return *p;
+}
+
 template <typename T>
 const T& checked_options(const T* options, const char* arg) {
-  if (options == nullptr) fail(Code::InvalidArgument, arg, " is NULL");
-  if (options->size < sizeof(T))
-    fail(Code::InvalidArgument, arg, "->size is ", options->size, ", expected at least ",
-         sizeof(T), " (initialise it with its _INIT macro)");
-  return *options;
+  return checked_sized(const_cast<T*>(options), arg);
 }
 
 template <typename H>

@@ -87,10 +87,7 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
 
 ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
   return with_param(h, [&](Context& ctx, Param& p) {
-    checked_out(info, "info");
-    if (info->size < sizeof(zs_param_info))
-      fail(Code::InvalidArgument, "info->size is ", info->size, ", expected at least ",
-           sizeof(zs_param_info), " (initialise it with ZS_PARAM_INFO_INIT)");
+    checked_sized(info, "info");
     settle(ctx, p);
     info->name = p.name.c_str();
     info->dtype = static_cast<zs_dtype>(p.dtype);

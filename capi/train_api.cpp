@@ -113,9 +113,7 @@ ZS_API zs_status zs_optimizer_set_lr(zs_optimizer h, int group, double lr) {
 
 ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result) {
   return with_optimizer(h, [&](Context&, Optimizer& o) {
-    if (result && result->size < sizeof(zs_step_result))
-      fail(Code::InvalidArgument, "result->size is ", result->size, ", expected at least ",
-           sizeof(zs_step_result), " (initialise it with ZS_STEP_RESULT_INIT)");
+    if (result) checked_sized(result, "result");
     const StepResult r = o.step();
     if (!result) return;
     result->skipped = r.skipped ? 1 : 0;

@@ -144,6 +144,9 @@ def main():
                           "median_step_s": steady[len(steady) // 2],
                           "unsharded_param_bytes": unsharded, "largest_param_bytes": largest,
                           "per_rank": everyone}), flush=True)
+    # Drop the model before the process group: torch 1.13 can deadlock
+    # destroying a gloo group that a live DDP reducer still references.
+    del model, opt
     if not args.ddp:
         zt.shutdown()
     dist.destroy_process_group()

@@ -180,8 +180,10 @@ typedef struct zs_context_options {
 ZS_API zs_status zs_context_create(zs_context* out, const zs_context_options* options);
 
 /* Destroy a context and everything registered in it. Handles of its groups,
- * params, gathers and works become invalid. Not collective, but peers still
- * running collectives with this rank will see ZS_ERR_COMM. NULL is OK. */
+ * params, gathers, works and optimizers become invalid. Not collective, but
+ * peers still running collectives with this rank will see ZS_ERR_COMM. Rank
+ * 0 serves the rendezvous store, so it waits (at most the context timeout)
+ * until every rank has destroyed its context or died. NULL is OK. */
 ZS_API zs_status zs_context_destroy(zs_context ctx);
 
 ZS_API zs_status zs_context_rank(zs_context ctx, int* rank);
@@ -354,7 +356,8 @@ ZS_API zs_status zs_gather_test(zs_gather gather, int* done);
 ZS_API zs_status zs_gather_destroy(zs_gather gather);
 
 /* The full data of an AVAILABLE param (numel elements, row-major, writable:
- * see zs_param_update for making writes stick). INVALID_STATE otherwise. */
+ * see zs_param_update for making writes stick); NULL for a zero-size param.
+ * INVALID_STATE unless AVAILABLE. */
 ZS_API zs_status zs_param_data(zs_param param, void** data);
 /* Copy the full data into dst, which must be exactly numel * dtype size
  * bytes (BUFFER_SIZE otherwise). */
