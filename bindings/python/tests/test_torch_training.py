@@ -80,4 +80,8 @@ def test_without_torch_distributed(dtype):
     r = json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
     assert r["world"] == 2
     assert r["dtype"] == ("torch.bfloat16" if dtype == "bf16" else "torch.float32")
-    assert r["losses"][-1] < r["losses"][0], r
+    # Loss of step k+1 (before its update) equals the reference's loss after
+    # k+1 updates on the whole batch: the engine averaged both ranks' grads.
+    tol = 1e-4 if dtype == "fp32" else 3e-2
+    for ours, ref in zip(r["losses"][1:], r["reference_after"]):
+        assert abs(ours - ref) <= tol * abs(ref), r
