@@ -59,6 +59,10 @@ ZS_API const char* zs_version(int* major, int* minor, int* patch);
 /* Status and errors                                                   */
 /* ------------------------------------------------------------------ */
 
+/* Every enum spans the whole int range (the _ENUM_MIN_/_ENUM_MAX_ members),
+ * so that any int a caller passes is a value of the type and the library
+ * can reject it with an error rather than meet undefined behaviour. */
+
 typedef enum zs_status {
   ZS_OK = 0,
   ZS_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad value, bad shape */
@@ -71,7 +75,9 @@ typedef enum zs_status {
   ZS_ERR_BOOTSTRAP = 8, /* rank/world/store could not be established */
   ZS_ERR_NOT_SUPPORTED = 9,
   ZS_ERR_BUFFER_SIZE = 10, /* a caller's buffer has the wrong byte size */
-  ZS_ERR_INTERNAL = 11
+  ZS_ERR_INTERNAL = 11,
+  ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_status;
 
 /* Name of a status ("ZS_ERR_TIMEOUT"); "ZS_UNKNOWN_STATUS" otherwise.
@@ -90,21 +96,27 @@ typedef enum zs_dtype {
   ZS_FLOAT32 = 0,
   ZS_BFLOAT16 = 1,
   ZS_FLOAT16 = 2,
-  ZS_UINT8 = 3 /* raw bytes: collectives only, not a param dtype */
+  ZS_UINT8 = 3, /* raw bytes: collectives only, not a param dtype */
+  ZS_DTYPE_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_DTYPE_ENUM_MAX_ = 0x7fffffff
 } zs_dtype;
 
 typedef enum zs_reduce_op {
   ZS_SUM = 0,
   ZS_AVG = 1,
   ZS_MAX = 2,
-  ZS_MIN = 3
+  ZS_MIN = 3,
+  ZS_REDUCE_OP_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_REDUCE_OP_ENUM_MAX_ = 0x7fffffff
 } zs_reduce_op;
 
 /* Lifecycle of a partitioned parameter's full (gathered) data. */
 typedef enum zs_param_status {
   ZS_PARAM_NOT_AVAILABLE = 0, /* only this rank's shard is held */
   ZS_PARAM_INFLIGHT = 1,      /* a fetch is gathering it */
-  ZS_PARAM_AVAILABLE = 2      /* full data readable until released */
+  ZS_PARAM_AVAILABLE = 2,      /* full data readable until released */
+  ZS_PARAM_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_PARAM_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_param_status;
 
 /* How a registered parameter gets its initial values. */
@@ -113,7 +125,9 @@ typedef enum zs_init {
   ZS_INIT_FROM_RANK = 1, /* `data` is read on group rank `src_rank` only */
   ZS_INIT_FROM_ALL = 2,  /* every rank passes identical `data`; no traffic */
   ZS_INIT_NORMAL = 3,    /* N(a, b^2) from `seed`, no traffic */
-  ZS_INIT_UNIFORM = 4    /* U[a, b) from `seed`, no traffic */
+  ZS_INIT_UNIFORM = 4,    /* U[a, b) from `seed`, no traffic */
+  ZS_INIT_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_INIT_ENUM_MAX_ = 0x7fffffff
 } zs_init;
 
 /* Which of the context's own groups (from the config's topology). */
@@ -124,7 +138,9 @@ typedef enum zs_group_kind {
   ZS_GROUP_MICS_REPLICA = 3, /* same position in every shard group */
   ZS_GROUP_HPZ = 4,          /* intra-node secondary shard group */
   ZS_GROUP_MICS_INTER = 5,   /* hierarchical gather hop 1: same local rank, across nodes */
-  ZS_GROUP_MICS_INTRA = 6    /* hierarchical gather hop 2: within the node */
+  ZS_GROUP_MICS_INTRA = 6,    /* hierarchical gather hop 2: within the node */
+  ZS_GROUP_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_GROUP_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_group_kind;
 
 typedef struct zs_context_s* zs_context;
@@ -414,7 +430,9 @@ ZS_API zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shar
 typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAMW = 0, /* decoupled weight decay */
   ZS_OPTIM_ADAM = 1,  /* weight decay as L2 added to the gradient */
-  ZS_OPTIM_SGD = 2    /* momentum, dampening, Nesterov */
+  ZS_OPTIM_SGD = 2,    /* momentum, dampening, Nesterov */
+  ZS_OPTIM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_OPTIM_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_optimizer_kind;
 
 typedef struct zs_optim_hparams {

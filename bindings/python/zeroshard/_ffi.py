@@ -48,7 +48,9 @@ typedef enum zs_status {
   ZS_ERR_BOOTSTRAP = 8,
   ZS_ERR_NOT_SUPPORTED = 9,
   ZS_ERR_BUFFER_SIZE = 10,
-  ZS_ERR_INTERNAL = 11
+  ZS_ERR_INTERNAL = 11,
+  ZS_STATUS_ENUM_MIN_ = -2147483648,
+  ZS_STATUS_ENUM_MAX_ = 2147483647
 } zs_status;
 
 const char* zs_status_string(zs_status status);
@@ -59,20 +61,26 @@ typedef enum zs_dtype {
   ZS_FLOAT32 = 0,
   ZS_BFLOAT16 = 1,
   ZS_FLOAT16 = 2,
-  ZS_UINT8 = 3
+  ZS_UINT8 = 3,
+  ZS_DTYPE_ENUM_MIN_ = -2147483648,
+  ZS_DTYPE_ENUM_MAX_ = 2147483647
 } zs_dtype;
 
 typedef enum zs_reduce_op {
   ZS_SUM = 0,
   ZS_AVG = 1,
   ZS_MAX = 2,
-  ZS_MIN = 3
+  ZS_MIN = 3,
+  ZS_REDUCE_OP_ENUM_MIN_ = -2147483648,
+  ZS_REDUCE_OP_ENUM_MAX_ = 2147483647
 } zs_reduce_op;
 
 typedef enum zs_param_status {
   ZS_PARAM_NOT_AVAILABLE = 0,
   ZS_PARAM_INFLIGHT = 1,
-  ZS_PARAM_AVAILABLE = 2
+  ZS_PARAM_AVAILABLE = 2,
+  ZS_PARAM_STATUS_ENUM_MIN_ = -2147483648,
+  ZS_PARAM_STATUS_ENUM_MAX_ = 2147483647
 } zs_param_status;
 
 typedef enum zs_init {
@@ -80,7 +88,9 @@ typedef enum zs_init {
   ZS_INIT_FROM_RANK = 1,
   ZS_INIT_FROM_ALL = 2,
   ZS_INIT_NORMAL = 3,
-  ZS_INIT_UNIFORM = 4
+  ZS_INIT_UNIFORM = 4,
+  ZS_INIT_ENUM_MIN_ = -2147483648,
+  ZS_INIT_ENUM_MAX_ = 2147483647
 } zs_init;
 
 typedef enum zs_group_kind {
@@ -90,7 +100,9 @@ typedef enum zs_group_kind {
   ZS_GROUP_MICS_REPLICA = 3,
   ZS_GROUP_HPZ = 4,
   ZS_GROUP_MICS_INTER = 5,
-  ZS_GROUP_MICS_INTRA = 6
+  ZS_GROUP_MICS_INTRA = 6,
+  ZS_GROUP_KIND_ENUM_MIN_ = -2147483648,
+  ZS_GROUP_KIND_ENUM_MAX_ = 2147483647
 } zs_group_kind;
 
 typedef struct zs_context_s* zs_context;
@@ -232,7 +244,9 @@ zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel
 typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAMW = 0,
   ZS_OPTIM_ADAM = 1,
-  ZS_OPTIM_SGD = 2
+  ZS_OPTIM_SGD = 2,
+  ZS_OPTIM_KIND_ENUM_MIN_ = -2147483648,
+  ZS_OPTIM_KIND_ENUM_MAX_ = 2147483647
 } zs_optimizer_kind;
 
 typedef struct zs_optim_hparams {
