@@ -108,6 +108,32 @@ static void from_float(const float* src, zs_dtype t, void* dst, uint64_t n) {
   else for (uint64_t i = 0; i < n; ++i) h[i] = t == ZS_BFLOAT16 ? float_to_bf16(src[i]) : float_to_fp16(src[i]);
 }
 
+/* Wait for a layer's gather (weight and bias), copy it out as fp32, and
+ * release it: the engine frees the full params right away. */
+static void gather_layer(zs_context ctx, zs_gather g, const zs_param* layer, zs_dtype dtype, float** out) {
+  CHECK(zs_gather_wait(g, ZS_WAIT_FOREVER));
+  for (int k = 0; k < 2; ++k) {
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    void* d;
+    CHECK(zs_param_get_info(layer[k], &info));
+    CHECK(zs_param_data(layer[k], &d));
+    to_float(d, dtype, out[k], info.numel);
+  }
+  CHECK(zs_release(ctx, layer, 2));
+  CHECK(zs_gather_destroy(g));
+}
+
+/* Hand a layer's two gradients (weight, bias) to the engine, bias last. */
+static void push_grads(const zs_param* layer, float* const* grads, void* const* scratch, zs_dtype dtype) {
+  const size_t esize = dtype == ZS_FLOAT32 ? 4 : 2;
+  for (int k = 1; k >= 0; --k) {
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    CHECK(zs_param_get_info(layer[k], &info));
+    from_float(grads[k], dtype, scratch[k], info.numel);
+    CHECK(zs_grad_push(layer[k], scratch[k], dtype, info.numel * esize));
+  }
+}
+
 int main(int argc, char** argv) {
   const args_t a = parse_args(argc, argv);
   const zs_dtype dtype = !strcmp(a.dtype, "bf16") ? ZS_BFLOAT16 : (!strcmp(a.dtype, "fp16") ? ZS_FLOAT16 : ZS_FLOAT32);
@@ -172,6 +198,7 @@ int main(int argc, char** argv) {
     grad16[p] = malloc(mlp_numel(p) * esize);
   }
   const int local = a.batch / world;
+  mlp_scratch scratch = mlp_scratch_new(local);
   float loss = 0.0f;
   int skipped = 0;
   for (int step = 0; step < a.steps; ++step) {
@@ -180,27 +207,24 @@ int main(int argc, char** argv) {
       const int data_step = step * a.accum + micro;
       double loss_scale = 1.0;
       CHECK(zs_optimizer_loss_scale(opt, &loss_scale));
-      /* Gather layer 1 and prefetch layer 2, compute, release. */
+      /* Forward: fc1 (prefetching fc2), then fc2, each released at once. */
       zs_gather g1, g2;
       CHECK(zs_fetch(&g1, ctx, &params[MLP_W1], 2));
       CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
-      CHECK(zs_gather_wait(g1, ZS_WAIT_FOREVER));
-      CHECK(zs_gather_wait(g2, ZS_WAIT_FOREVER));
-      for (int p = 0; p < MLP_NPARAMS; ++p) {
-        void* d;
-        CHECK(zs_param_data(params[p], &d));
-        to_float(d, dtype, full[p], mlp_numel(p));
-      }
-      CHECK(zs_release(ctx, params, MLP_NPARAMS));
-      CHECK(zs_gather_destroy(g1));
-      CHECK(zs_gather_destroy(g2));
-      const float l = mlp_forward_backward((const float* const*)full, data_step, rank * local, local,
-                                           (float)loss_scale, grads);
-      /* Backward order: the last layer's gradients come first. */
-      for (int p = MLP_NPARAMS - 1; p >= 0; --p) {
-        from_float(grads[p], dtype, grad16[p], mlp_numel(p));
-        CHECK(zs_grad_push(params[p], grad16[p], dtype, mlp_numel(p) * esize));
-      }
+      gather_layer(ctx, g1, &params[MLP_W1], dtype, &full[MLP_W1]);
+      mlp_forward1(full[MLP_W1], full[MLP_B1], data_step, rank * local, local, scratch.xs, scratch.ys, scratch.hs);
+      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2]);
+      const float l = mlp_forward2(full[MLP_W2], full[MLP_B2], scratch.hs, scratch.ys, local, (float)loss_scale,
+                                   scratch.douts);
+      /* Backward: fc2 is gathered again (from the hpZ secondary shard when
+       * configured); fc1's gradients need no params. Gradients go to the
+       * engine as they are made, last layer first. */
+      CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
+      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2]);
+      mlp_backward2(full[MLP_W2], scratch.hs, scratch.douts, local, grads[MLP_W2], grads[MLP_B2], scratch.dhs);
+      push_grads(&params[MLP_W2], &grads[MLP_W2], grad16 + MLP_W2, dtype);
+      mlp_backward1(scratch.xs, scratch.hs, scratch.dhs, local, grads[MLP_W1], grads[MLP_B1]);
+      push_grads(&params[MLP_W1], &grads[MLP_W1], grad16 + MLP_W1, dtype);
       step_loss += l / (float)a.accum;
     }
     zs_step_result r = ZS_STEP_RESULT_INIT;
@@ -219,6 +243,8 @@ int main(int argc, char** argv) {
   /* Every rank's memory, gathered on rank 0 for one JSON line. */
   zs_memory_stats m = ZS_MEMORY_STATS_INIT;
   CHECK(zs_context_memory(ctx, &m));
+  zs_fetch_stats fs = ZS_FETCH_STATS_INIT;
+  CHECK(zs_context_fetch_stats(ctx, &fs));
   uint64_t mine[4] = {m.shard_bytes, m.grad_bytes, m.optimizer_bytes, m.unsharded_bytes};
   uint64_t* all = malloc(sizeof mine * (size_t)world);
   zs_work w;
@@ -227,8 +253,10 @@ int main(int argc, char** argv) {
   CHECK(zs_work_destroy(w));
   if (rank == 0) {
     printf("{\"example\":\"train_mlp\",\"ranks\":%d,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"steps\":%d,"
-           "\"skipped_steps\":%d,\"final_loss\":%.9g,\"unsharded_param_bytes\":%llu,\"per_rank\":[",
-           world, a.dtype, a.optimizer, a.steps, skipped, loss, (unsigned long long)all[3]);
+           "\"skipped_steps\":%d,\"final_loss\":%.9g,\"gathers\":%llu,\"hpz_gathers\":%llu,"
+           "\"unsharded_param_bytes\":%llu,\"per_rank\":[",
+           world, a.dtype, a.optimizer, a.steps, skipped, loss, (unsigned long long)fs.gathers,
+           (unsigned long long)fs.hpz_gathers, (unsigned long long)all[3]);
     for (int r = 0; r < world; ++r)
       printf("%s{\"rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,\"optimizer_bytes\":%llu}", r ? "," : "", r,
              (unsigned long long)all[4 * r], (unsigned long long)all[4 * r + 1], (unsigned long long)all[4 * r + 2]);
@@ -240,6 +268,7 @@ int main(int argc, char** argv) {
     free(grad16[p]);
   }
   free(all);
+  mlp_scratch_free(&scratch);
   CHECK(zs_group_destroy(wg));
   CHECK(zs_optimizer_destroy(opt));
   CHECK(zs_context_destroy(ctx));
