@@ -51,8 +51,11 @@ def test_losses_equal_torch_ddp(ranks):
 def test_moe_with_leaf_modules_trains_without_a_hang():
     r = run_ranks(3, "moe")
     assert len(r["losses"]) == 6
-    assert all(l == l for l in r["losses"])  # finite, no NaN
     assert "moe.experts.3.fc.weight" in r["keys"]
+    # Rank 0's losses equal an unsharded model trained on every rank's
+    # routing: leaf gradients were reduced param for param, unused ones as 0.
+    for ours, ref in zip(r["losses"], r["reference"]):
+        assert abs(ours - ref) <= 1e-4 * abs(ref), r
 
 
 def test_gathered_parameters_state_dicts_and_errors():

@@ -145,21 +145,34 @@ class MoEModel(nn.Module):
 
 def mode_moe(rank, world):
     torch.manual_seed(0)
+    reference = MoEModel()  # unsharded, trained on rank 0 over every rank's routing
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
+    torch.manual_seed(0)
     with zt.Init(config={"zero_optimization": {"stage": 3}}):
         model = MoEModel()
     zt.set_leaf_modules(model, [MoE])
     zt.partition_module(model)
     opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2)
-    losses = []
+    route = lambda r, s: (r + s) % 3  # noqa: E731 -- expert 3 is never used; the others differ by rank
+    data = lambda r, s: torch.randn(8, DIM, generator=torch.Generator().manual_seed(s * 10 + r))  # noqa: E731
+    losses, ref_losses = [], []
     for s in range(6):
-        model.moe.route = (rank + s) % 3  # expert 3 is never used; others differ by rank
-        x = torch.randn(8, DIM, generator=torch.Generator().manual_seed(s * 10 + rank))
-        loss = model(x)
+        model.moe.route = route(rank, s)
+        loss = model(data(rank, s))
         loss.backward()
         opt.step()
-        losses.append(mean_over_ranks(loss.item()))
+        losses.append(loss.item())
+        if rank == 0:  # the same step unsharded: the mean of every rank's loss
+            for r in range(world):
+                reference.moe.route = route(r, s)
+                ref = reference(data(r, s))
+                if r == 0:
+                    ref_losses.append(ref.item())
+                (ref / world).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
     sd = zt.consolidated_state_dict(model)
-    return {"losses": losses, "keys": sorted(sd.keys()) if rank == 0 else None}
+    return {"losses": losses, "reference": ref_losses, "keys": sorted(sd.keys()) if rank == 0 else None}
 
 
 def mode_gathered_and_state(rank, world):
