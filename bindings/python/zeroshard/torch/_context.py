@@ -3,8 +3,11 @@
 One context per process, created on first use: from torch.distributed when
 it is initialised (rank, world size, and a store port agreed through it, so
 the engine's store never collides with torch's own on MASTER_PORT), else
-from the launcher's environment (torchrun, zsrun, Open MPI, Slurm).
+from the launcher's environment (torchrun, zsrun, Open MPI, Slurm). Under
+torchrun without a process group, MASTER_PORT belongs to torchrun's own
+store, so the port is agreed through that store instead.
 """
+import datetime
 import os
 import socket
 
@@ -39,8 +42,27 @@ def init_context(config=None, timeout_ms=0, **kwargs):
             dist.broadcast_object_list(port, src=0)
             kwargs["store_port"] = port[0]
             kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    elif _under_torchrun() and "store_port" not in kwargs and "file_store_path" not in kwargs:
+        kwargs["store_port"] = _port_through_torchrun_store()
+        kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
     return _context
+
+
+def _under_torchrun():
+    # zsrun sets torchrun's variables too, but leaves MASTER_PORT to us.
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID")) and os.environ.get("ZS_LAUNCHER") != "zsrun"
+
+
+def _port_through_torchrun_store():
+    """Rank 0 picks a free port and publishes it in torchrun's store."""
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=datetime.timedelta(seconds=300))
+    key = f"zeroshard/store_port/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if int(os.environ["RANK"]) == 0:
+        store.set(key, str(_free_port()))
+    return int(store.get(key))
 
 
 def get_context(config=None):
