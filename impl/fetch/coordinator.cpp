@@ -171,15 +171,7 @@ void Coordinator::fetch(const ParamList& params) {
 void Coordinator::release_one_param(Param& p) {
   auto it = live_.find(&p);
   if (it == live_.end()) return;
-  if (p.status == ParamStatus::Inflight) {
-    try {
-      p.inflight->wait(-1);
-    } catch (const Error&) {
-      // Recorded as the context's async error; settle frees the buffer.
-    }
-    settle(ctx_, p);
-  }
-  if (p.status == ParamStatus::Available) release_one(ctx_, p);
+  release_when_done(ctx_, p);
   stats_.live_elements -= p.layout.numel;
   fresh_.erase(&p);
   live_.erase(it);
@@ -223,15 +215,7 @@ void Coordinator::drop_all() {
   for (const auto& [raw, p] : live_) live.push_back(raw);
   for (Param* p : live) release_one_param(*p);
   for (auto& [raw, p] : kept_) {
-    settle(ctx_, *p);
-    if (p->status == ParamStatus::Inflight) {
-      try {
-        p->inflight->wait(-1);
-      } catch (const Error&) {
-      }
-      settle(ctx_, *p);
-    }
-    if (p->status == ParamStatus::Available) release_one(ctx_, *p);
+    release_when_done(ctx_, *p);
     fresh_.erase(raw);
   }
   kept_.clear();

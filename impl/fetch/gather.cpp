@@ -196,6 +196,19 @@ void release_one(Context& ctx, Param& p) {
   p.status = ParamStatus::NotAvailable;
 }
 
+void release_when_done(Context& ctx, Param& p) {
+  settle(ctx, p);
+  if (p.status == ParamStatus::Inflight) {
+    try {
+      p.inflight->wait(-1);
+    } catch (const Error&) {
+      // Recorded as the context's async error; settle frees the buffer.
+    }
+    settle(ctx, p);
+  }
+  if (p.status == ParamStatus::Available) release_one(ctx, p);
+}
+
 void release_params(Context& ctx, const ParamList& params) {
   common_group(ctx, params, "release");
   for (size_t i = 0; i < params.size(); ++i) {

@@ -25,6 +25,9 @@ void settle(Context& ctx, Param& param);
 // Free the full data of AVAILABLE params; all-or-nothing.
 void release_params(Context& ctx, const ParamList& params);
 void release_one(Context& ctx, Param& param);
+// Wait out an in-flight gather (a failure is already the context's async
+// error), then release the param if it ended up gathered.
+void release_when_done(Context& ctx, Param& param);
 
 // GatheredParameters' exit: broadcast the full data from group rank
 // modifier_rank and rewrite every member's shard from it. Blocking.

@@ -93,16 +93,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
 }
 
 void unregister_param(Context& ctx, Param& p) {
-  settle(ctx, p);
-  if (p.status == ParamStatus::Inflight) {
-    try {
-      p.inflight->wait(-1);
-    } catch (const Error&) {
-      // The gather's failure is already the context's async error.
-    }
-    settle(ctx, p);
-  }
-  if (p.status == ParamStatus::Available) release_one(ctx, p);
+  release_when_done(ctx, p);
   auto& mem = ctx.memory();
   if (p.grad) {
     ctx.grads().forget(p);
