@@ -37,6 +37,8 @@ ZS_API zs_status zs_context_create(zs_context* out, const zs_context_options* op
     opts.config_path = str_or_empty(o.config_path);
     opts.timeout_ms = o.timeout_ms;
     opts.transport_host = str_or_empty(o.transport_host);
+    opts.device = str_or_empty(o.device);
+    opts.backend = str_or_empty(o.backend);
     auto ctx = Context::create(opts);
     const uint64_t id = ctx->id();
     *out = to_handle<zs_context>(add_handle(Kind::Context, id, std::move(ctx)));
@@ -104,6 +106,35 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
     stats->grad_bytes = m.grad_bytes;
     stats->optimizer_bytes = m.optimizer_bytes;
     stats->hpz_secondary_bytes = m.secondary_bytes;
+    const PoolStats pool = ctx->device()->pool_stats();
+    stats->device_cache_bytes = pool.idle_bytes;
+    stats->device_system_allocs = pool.system_allocs;
+    stats->device_reuses = pool.reuses;
+  });
+}
+
+ZS_API zs_status zs_context_device(zs_context h, zs_device_type* type, int* device_id,
+                                   const char** backend) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    const DeviceRef ref = ctx->device()->ref();
+    if (type) *type = ref.is_cuda() ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU;
+    if (device_id) *device_id = ref.ordinal;
+    if (backend) *backend = ctx->backend() == Backend::Nccl ? "nccl" : "gloo";
+  });
+}
+
+ZS_API zs_status zs_cuda_device_count(int* count, const char** reason) {
+  return guarded([&] {
+    checked_out(count, "count");
+    // The reason outlives the call: it is fixed once the runtime was asked.
+    static const std::string why = [] {
+      std::string w;
+      cuda_device_count(&w);
+      return w;
+    }();
+    *count = cuda_device_count();
+    if (reason) *reason = *count > 0 ? "" : why.c_str();
   });
 }
 

@@ -1,8 +1,6 @@
 // Partitioned params: registration, fetch/release, data access, DLPack.
 #include <dlpack/dlpack.h>
 
-#include <cstring>
-
 #include "capi/handles.h"
 #include "impl/partition/register.h"
 
@@ -23,7 +21,7 @@ zs_status with_param(zs_param h, Fn&& fn) {
 
 // Keeps the gathered buffer alive for as long as the DLPack tensor lives.
 struct DLPackHolder {
-  HostBufferPtr buffer;
+  BufferPtr buffer;
   std::vector<int64_t> shape;
   DLManagedTensor tensor;
 };
@@ -100,6 +98,9 @@ ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
     info->shard_offset = p.layout.shard_offset;
     info->shard_valid = p.layout.shard_valid;
     info->status = static_cast<zs_param_status>(p.status);
+    const DeviceRef where = p.shard->device().ref();
+    info->device_type = where.is_cuda() ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU;
+    info->device_id = where.ordinal;
   });
 }
 
@@ -187,7 +188,7 @@ ZS_API zs_status zs_param_copy_to(zs_param h, void* dst, size_t dst_bytes) {
       fail(Code::BufferSize, "zs_param_copy_to: ", p.describe(), ": dst_bytes is ", dst_bytes,
            ", expected ", p.full_bytes());
     const auto& full = available_data(ctx, p, "zs_param_copy_to");
-    if (dst_bytes > 0) std::memcpy(dst, full->data(), dst_bytes);
+    copy_between(dst, full->data(), dst_bytes);
   });
 }
 
@@ -200,7 +201,8 @@ ZS_API zs_status zs_param_to_dlpack(zs_param h, struct DLManagedTensor** out) {
     holder->shape = p.shape;
     DLTensor& t = holder->tensor.dl_tensor;
     t.data = holder->buffer->data();
-    t.device = DLDevice{kDLCPU, 0};
+    const DeviceRef where = holder->buffer->device().ref();
+    t.device = where.is_cuda() ? DLDevice{kDLCUDA, where.ordinal} : DLDevice{kDLCPU, 0};
     t.ndim = static_cast<int32_t>(p.shape.size());
     t.dtype = dl_dtype(p.dtype);
     t.shape = holder->shape.empty() ? nullptr : holder->shape.data();

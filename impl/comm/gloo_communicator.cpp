@@ -16,7 +16,7 @@
 
 #include "impl/comm/reduce.h"
 #include "impl/common/no_sigpipe.h"
-#include "impl/common/host_buffer.h"
+#include "impl/device/buffer.h"
 
 namespace zs {
 namespace {
@@ -46,7 +46,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   zs::Store& store_;
 };
 
-using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+using UBuf = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -175,11 +175,11 @@ class GlooCommunicator final : public Communicator {
     }
 
     // Packed small segments: one send buffer, one staging area per peer.
-    std::unique_ptr<HostBuffer> pack, staging;
-    Buffer pack_buf, staging_buf;
+    std::unique_ptr<Buffer> pack, staging;
+    UBuf pack_buf, staging_buf;
     if (packed_bytes > 0) {
-      pack = std::make_unique<HostBuffer>(packed_bytes);
-      staging = std::make_unique<HostBuffer>(packed_bytes * static_cast<size_t>(n));
+      pack = std::make_unique<Buffer>(packed_bytes);
+      staging = std::make_unique<Buffer>(packed_bytes * static_cast<size_t>(n));
       size_t off = 0;
       for (const auto* s : small) {
         std::memcpy(static_cast<uint8_t*>(pack->data()) + off, s->send, s->bytes);
@@ -196,7 +196,7 @@ class GlooCommunicator final : public Communicator {
     }
 
     // Large segments: post every receive and send before waiting on any.
-    std::vector<Buffer> send_bufs, recv_bufs;
+    std::vector<UBuf> send_bufs, recv_bufs;
     uint32_t index = 1;
     for (const auto* s : large) {
       send_bufs.push_back(ctx_->createUnboundBuffer(const_cast<void*>(s->send), s->bytes));
@@ -248,8 +248,8 @@ class GlooCommunicator final : public Communicator {
     const int me = rank();
     const size_t elem = dtype == DType::U8 ? 1 : 4;
     const size_t block_bytes = count * elem;
-    HostBuffer acc(block_bytes * static_cast<size_t>(n));
-    HostBuffer incoming(block_bytes);
+    Buffer acc(block_bytes * static_cast<size_t>(n));
+    Buffer incoming(block_bytes);
     if (dtype == DType::U8) {
       std::memcpy(acc.data(), send, block_bytes * static_cast<size_t>(n));
     } else {
@@ -299,10 +299,10 @@ class GlooCommunicator final : public Communicator {
       return;
     }
     // fp32 on the wire for every float dtype: 16-bit sums keep precision.
-    std::unique_ptr<HostBuffer> wide;
+    std::unique_ptr<Buffer> wide;
     float* work = static_cast<float*>(recv);
     if (dtype != DType::F32) {
-      wide = std::make_unique<HostBuffer>(count * 4);
+      wide = std::make_unique<Buffer>(count * 4);
       work = static_cast<float*>(wide->data());
     }
     widen_to_f32(send, dtype, work, count);

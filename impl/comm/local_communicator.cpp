@@ -1,16 +1,11 @@
 #include "impl/comm/local_communicator.h"
 
-#include <cstring>
-
 namespace zs {
 namespace {
 
-void copy_if_distinct(void* dst, const void* src, size_t bytes) {
-  if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
-}
-
 class LocalCommunicator final : public Communicator {
  public:
+  explicit LocalCommunicator(std::shared_ptr<Device> device) : dev_(std::move(device)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
 
@@ -33,12 +28,20 @@ class LocalCommunicator final : public Communicator {
     copy_if_distinct(recv, inputs.at(0), bytes);
   }
   void barrier() override {}
+
+ private:
+  void copy_if_distinct(void* dst, const void* src, size_t bytes) {
+    if (dst == src || bytes == 0) return;
+    dev_->copy(dst, src, bytes);
+    dev_->synchronize();
+  }
+  std::shared_ptr<Device> dev_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_local_communicator() {
-  return std::make_unique<LocalCommunicator>();
+std::unique_ptr<Communicator> make_local_communicator(std::shared_ptr<Device> device) {
+  return std::make_unique<LocalCommunicator>(std::move(device));
 }
 
 }  // namespace zs

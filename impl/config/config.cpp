@@ -469,6 +469,18 @@ void read_communication_data_type(Section& top, Config& c) {
   c.communication_data_type = type;
 }
 
+// zeroshard's own: where the engine keeps its memory ("cpu", "cuda:N").
+void read_device(Section& top, Config& c) {
+  auto e = top.given({"device"});
+  if (!e) return;
+  const std::string text = e->value->is_string() ? e->value->get<std::string>() : "";
+  if (text != "cpu" && text != "cuda" && !(text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+                                           text.find_first_not_of("0123456789", 5) ==
+                                               std::string::npos && text.size() <= 9))
+    fail_value(*e, "\"cpu\", \"cuda\" or \"cuda:N\"");
+  c.device = text;
+}
+
 void parse_top(Section& top, Config& c) {
   if (auto zero = top.child({"zero_optimization"})) {
     parse_zero(*zero, c);
@@ -480,6 +492,7 @@ void parse_top(Section& top, Config& c) {
   top.read({"zero_allow_untested_optimizer"}, c.zero_allow_untested_optimizer);
   top.read({"zero_force_ds_cpu_optimizer"}, c.zero_force_ds_cpu_optimizer);
   read_communication_data_type(top, c);
+  read_device(top, c);
   top.read({"prescale_gradients"}, c.prescale_gradients);
   top.read({"gradient_predivide_factor"}, c.gradient_predivide_factor, 0.0, kInf,
            /*lo_open=*/true);
@@ -714,6 +727,7 @@ std::string config_to_json(const Config& c) {
                                      ? Json(nullptr)
                                      : Json(c.communication_data_type);
   j["prescale_gradients"] = c.prescale_gradients;
+  if (!c.device.empty()) j["device"] = c.device;
   j["gradient_predivide_factor"] = c.gradient_predivide_factor;
   return j.dump(2);
 }

@@ -70,6 +70,7 @@ struct Config {
   bool zero_force_ds_cpu_optimizer = true;
   std::string communication_data_type;  // "": the gradient dtype; "fp32" | "fp16" | "bf16"
   bool prescale_gradients = false;
+  std::string device;  // "": not given; "cpu" | "cuda" | "cuda:N" (zeroshard's own key)
   double gradient_predivide_factor = 1.0;
   // Keys seen in the input that the engine does not act on (JSON paths, e.g.
   // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such

@@ -9,6 +9,11 @@
 
 #include "impl/comm/gloo_communicator.h"
 #include "impl/comm/local_communicator.h"
+#include "impl/comm/nccl_library.h"
+#include "impl/comm/staged_communicator.h"
+#ifdef ZS_WITH_CUDA
+#include "impl/comm/cuda/nccl_communicator.h"
+#endif
 #include "impl/fetch/coordinator.h"
 #include "impl/grad/reducer.h"
 
@@ -65,6 +70,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->config_json_ = config_to_json(ctx->config_);
   ctx->unused_keys_json_ = nlohmann::json(ctx->config_.unused_keys).dump();
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
+  ctx->choose_device(options);
   ctx->connect(options);
   ctx->build_topology();
   return ctx;
@@ -86,11 +92,67 @@ void Context::connect(const ContextOptions& options) {
   const std::string store_host = options.store_host.empty()
                                      ? resolve_store_address(nullptr, options.store_port).host
                                      : options.store_host;
-  device_ = make_gloo_device(resolve_transport_host(
+  transport_ = make_gloo_device(resolve_transport_host(
       options.transport_host.empty() ? nullptr : options.transport_host.c_str(), store_host));
   std::vector<int> all(static_cast<size_t>(ranks_.world_size));
   for (int i = 0; i < ranks_.world_size; ++i) all[static_cast<size_t>(i)] = i;
+  agree_on_backend();
   world_ = make_group("world", next_group_id_++, all);
+}
+
+// options.device, else the config's "device", else ZS_DEVICE, else the GPU
+// of this rank's LOCAL_RANK when there is one, else the host. Backend:
+// options.backend or ZS_BACKEND, else NCCL for a GPU when libnccl loads,
+// else Gloo (staging GPU memory through pinned host memory).
+void Context::choose_device(const ContextOptions& options) {
+  DeviceRef ref;
+  if (!options.device.empty()) {
+    ref = parse_device(options.device, "context option device");
+  } else if (!config_.device.empty()) {
+    ref = parse_device(config_.device, "config key device");
+  } else if (const char* env = std::getenv("ZS_DEVICE"); env && *env) {
+    ref = parse_device(env, "ZS_DEVICE");
+  } else if (const int gpus = cuda_device_count(); gpus > 0) {
+    ref = {DeviceKind::Cuda, std::max(ranks_.local_rank, 0) % gpus};
+  }
+  device_ = open_device(ref);
+  stage_all_ = env_int("ZS_STAGE_ALL", 0) != 0;
+
+  std::string backend = options.backend;
+  const char* backend_what = "context option backend";
+  if (backend.empty()) {
+    const char* env = std::getenv("ZS_BACKEND");
+    backend = env ? env : "";
+    backend_what = "ZS_BACKEND";
+  }
+  if (backend.empty()) {
+    backend_ = ref.is_cuda() && nccl_available(nullptr) ? Backend::Nccl : Backend::Gloo;
+  } else if (backend == "gloo") {
+    backend_ = Backend::Gloo;
+  } else if (backend == "nccl") {
+    if (!ref.is_cuda())
+      fail(Code::InvalidArgument, backend_what, " \"nccl\" needs a CUDA device, but the device is ",
+           ref.str());
+    std::string why;
+    if (!nccl_available(&why)) fail(Code::NotSupported, backend_what, " \"nccl\": ", why);
+    backend_ = Backend::Nccl;
+  } else {
+    fail(Code::InvalidArgument, backend_what, " \"", backend, "\": expected \"gloo\" or \"nccl\"");
+  }
+}
+
+// Every rank must run the same backend, or the first collective would hang:
+// each compares its choice with rank 0's through the store.
+void Context::agree_on_backend() {
+  const char mine = backend_ == Backend::Nccl ? 'n' : 'g';
+  const std::string key = "zs/backend";
+  if (ranks_.rank == 0) store_->set(key, {mine});
+  const auto theirs = store_->get(key);
+  if (theirs.size() != 1 || theirs[0] != mine)
+    fail(Code::Bootstrap, "rank ", ranks_.rank, " would run its collectives over ",
+         mine == 'n' ? "nccl" : "gloo", " but rank 0 over ",
+         !theirs.empty() && theirs[0] == 'n' ? "nccl" : "gloo",
+         ": give every rank the same device kind and backend (ZS_BACKEND)");
 }
 
 std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
@@ -99,11 +161,23 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   const int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
   std::unique_ptr<Communicator> comm;
   if (my >= 0 && ranks.size() == 1) {
-    comm = make_local_communicator();
+    comm = make_local_communicator(device_);
   } else if (my >= 0) {
     auto prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));
-    comm = make_gloo_communicator(name, my, static_cast<int>(ranks.size()), *prefixed, device_,
-                                  timeout_);
+    const int size = static_cast<int>(ranks.size());
+    BackendMemory side = BackendMemory::Host;
+#ifdef ZS_WITH_CUDA
+    if (backend_ == Backend::Nccl) {
+      comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
+                                    device_->stream(), timeout_);
+      side = BackendMemory::Device;
+    }
+#endif
+    if (!comm) comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_);
+    // Buffers on the other side of the backend (GPU memory for Gloo, host
+    // scalars for NCCL) are staged; a CPU context has nothing to stage.
+    if (device_->is_cuda() || stage_all_)
+      comm = make_staged_communicator(std::move(comm), device_, side, stage_all_);
   }
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code c, const std::string& m) {

@@ -16,6 +16,7 @@
 #include "impl/comm/group.h"
 #include "impl/comm/store.h"
 #include "impl/config/config.h"
+#include "impl/device/device.h"
 #include "impl/partition/param.h"
 
 namespace gloo::transport {
@@ -36,7 +37,12 @@ struct ContextOptions {
   std::string config_path;      // empty: none
   int timeout_ms = 0;           // 0: ZS_TIMEOUT_MS or 300000
   std::string transport_host;   // empty: see resolve_transport_host
+  std::string device;           // empty: config "device", ZS_DEVICE, or the GPU of LOCAL_RANK
+  std::string backend;          // empty: ZS_BACKEND, or nccl on a GPU where NCCL loads, else gloo
 };
+
+// Which library runs a context's collectives between ranks.
+enum class Backend { Gloo, Nccl };
 
 struct MemoryStats {
   uint64_t shard_bytes = 0;
@@ -73,6 +79,9 @@ class Context {
   const std::string& config_json() const { return config_json_; }
   const std::string& unused_keys_json() const { return unused_keys_json_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Where this context's shards, gathers, gradients and optimizer state live.
+  const std::shared_ptr<Device>& device() const { return device_; }
+  Backend backend() const { return backend_; }
   std::mutex& mutex() { return mu_; }
 
   const std::shared_ptr<Group>& world() const { return world_; }
@@ -114,6 +123,8 @@ class Context {
  private:
   Context() = default;
   void connect(const ContextOptions& options);
+  void choose_device(const ContextOptions& options);
+  void agree_on_backend();
   void build_topology();
   void build_mics_hierarchy();
   // The member group of a partition of the world into rank lists.
@@ -131,7 +142,10 @@ class Context {
   bool tcp_store_ = false;
 
   std::shared_ptr<Store> store_;
-  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::transport::Device> transport_;
+  std::shared_ptr<Device> device_;
+  Backend backend_ = Backend::Gloo;
+  bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)
   int next_group_id_ = 0;
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
   std::shared_ptr<Group> mics_inter_, mics_intra_;

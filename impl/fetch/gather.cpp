@@ -4,6 +4,8 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "impl/device/ops.h"
+
 namespace zs {
 namespace {
 
@@ -65,11 +67,12 @@ uint64_t full_numel(const Context& ctx, const Param& p) {
 
 // Rank-major pieces of a hierarchical gather go back to shard order:
 // hop 2 leaves [local l][node n] shards, the param wants [n * L + l].
-void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local, size_t shard) {
+void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local, size_t shard,
+                          std::vector<ops::Copy>& copies) {
   for (int l = 0; l < local; ++l)
     for (int n = 0; n < nodes; ++n)
-      std::memcpy(dst + static_cast<size_t>(n * local + l) * shard,
-                  src + static_cast<size_t>(l * nodes + n) * shard, shard);
+      copies.push_back({dst + static_cast<size_t>(n * local + l) * shard,
+                        src + static_cast<size_t>(l * nodes + n) * shard, shard});
 }
 
 }  // namespace
@@ -93,19 +96,20 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
   for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
 
-  std::vector<HostBufferPtr> fulls;
+  const auto& dev = ctx.device();
+  std::vector<BufferPtr> fulls;
   fulls.reserve(n);
   uint64_t bytes = 0;
   for (const auto& p : params) {
     fulls.push_back(alias ? p->shard
-                          : std::make_shared<HostBuffer>(full_numel(ctx, *p) * p->elem_bytes()));
+                          : std::make_shared<Buffer>(dev, full_numel(ctx, *p) * p->elem_bytes()));
     if (!alias) bytes += fulls.back()->bytes();
   }
 
   // Segments keep the buffers alive until the group thread is done with
   // them, even if a param is unregistered mid-flight.
   std::vector<GatherSegment> segments;
-  std::vector<HostBufferPtr> keep(fulls);
+  std::vector<BufferPtr> keep(fulls);
   std::shared_ptr<Work> work;
   const std::string what = "fetch of " + std::to_string(n) + " params";
   ++ctx.counters().gathers;
@@ -127,8 +131,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
     std::vector<size_t> shard_bytes;
     for (size_t i = 0; i < n; ++i) {
       const size_t b = params[i]->shard_bytes();
-      auto t1 = std::make_shared<HostBuffer>(b * static_cast<size_t>(nodes));
-      auto t2 = std::make_shared<HostBuffer>(b * static_cast<size_t>(nodes * local));
+      auto t1 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes));
+      auto t2 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes * local));
       hop1.push_back({params[i]->shard->data(), t1->data(), b});
       hop2.push_back({t1->data(), t2->data(), b * static_cast<size_t>(nodes)});
       shard_bytes.push_back(b);
@@ -142,22 +146,20 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
     std::vector<void*> dst;
     for (const auto& f : fulls) dst.push_back(f->data());
     work = intra->submit(what + " (MiCS hop 2: within the node)",
-                         [first, hop2, dst, shard_bytes, nodes, local, keep](Communicator& c) {
+                         [first, hop2, dst, shard_bytes, nodes, local, keep, dev](Communicator& c) {
                            first->wait(-1);
                            c.allgather_coalesced(hop2);
+                           std::vector<ops::Copy> copies;
                            for (size_t i = 0; i < hop2.size(); ++i)
                              reorder_hierarchical(static_cast<const uint8_t*>(hop2[i].recv),
                                                   static_cast<uint8_t*>(dst[i]), nodes, local,
-                                                  shard_bytes[i]);
+                                                  shard_bytes[i], copies);
+                           ops::copy_many(*dev, copies);
+                           dev->synchronize();
                          });
   } else {
     // Primary gather; with hpZ it also leaves each param's secondary slice.
-    struct Slice {
-      void* dst;
-      const uint8_t* src;
-      size_t bytes;
-    };
-    std::vector<Slice> slices;
+    std::vector<ops::Copy> slices;
     for (size_t i = 0; i < n; ++i) {
       Param& p = *params[i];
       segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
@@ -166,17 +168,17 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
       const auto h = static_cast<uint64_t>(hpz->size());
       const uint64_t slice_numel = (p.layout.numel + h - 1) / h;
       const uint64_t first = static_cast<uint64_t>(hpz->rank()) * slice_numel;
-      p.pending_secondary = std::make_shared<HostBuffer>(slice_numel * p.elem_bytes(), true);
+      p.pending_secondary = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
       keep.push_back(p.pending_secondary);
       const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, slice_numel);
       slices.push_back({p.pending_secondary->data(),
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }
-    work = group->submit(what, [segments, keep, slices](Communicator& c) {
+    work = group->submit(what, [segments, keep, slices, dev](Communicator& c) {
       c.allgather_coalesced(segments);
-      for (const auto& s : slices)
-        if (s.bytes > 0) std::memcpy(s.dst, s.src, s.bytes);
+      ops::copy_many(*dev, slices);
+      dev->synchronize();
     });
   }
   for (size_t i = 0; i < n; ++i) {
@@ -223,7 +225,7 @@ void release_params(Context& ctx, const ParamList& params) {
   for (const auto& p : params) release_one(ctx, *p);
 }
 
-const HostBufferPtr& available_data(Context& ctx, Param& p, const char* what) {
+const BufferPtr& available_data(Context& ctx, Param& p, const char* what) {
   settle(ctx, p);
   if (p.status != ParamStatus::Available)
     fail(Code::InvalidState, what, ": ", p.describe(), " is ", param_status_name(p.status),
@@ -243,13 +245,16 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   group->run("update of " + std::to_string(params.size()) + " params", [&](Communicator& comm) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });
+  std::vector<ops::Copy> copies;
   for (const auto& p : params) {
     if (p->full_aliases_shard || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
-    std::memcpy(p->shard->data(),
-                static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem,
-                p->layout.shard_valid * elem);
+    copies.push_back({p->shard->data(),
+                      static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem,
+                      p->layout.shard_valid * elem});
   }
+  ops::copy_many(*ctx.device(), copies);
+  ctx.device()->synchronize();
 }
 
 }  // namespace zs

@@ -34,6 +34,6 @@ void release_when_done(Context& ctx, Param& param);
 void update_params(Context& ctx, const ParamList& params, int modifier_rank);
 
 // The full data of an AVAILABLE param, or InvalidState naming its status.
-const HostBufferPtr& available_data(Context& ctx, Param& param, const char* what);
+const BufferPtr& available_data(Context& ctx, Param& param, const char* what);
 
 }  // namespace zs

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "impl/comm/reduce.h"
 #include "impl/core/context.h"
+#include "impl/device/ops.h"
 
 namespace zs {
 
@@ -22,7 +22,7 @@ GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& grou
     const auto per_block = static_cast<uint64_t>(ctx_.config().reduce_bucket_size) / g;
     b.group = group;
     b.capacity = std::max<uint64_t>({per_block, shard_numel, 1});
-    b.data = std::make_unique<HostBuffer>(b.capacity * g * sizeof(float));
+    b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * sizeof(float));
   }
   return b;
 }
@@ -38,8 +38,9 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
          p.layout.numel * dtype_size(dtype), " (", p.layout.numel, " elements of ",
          dtype_name(dtype), ")");
   if (grad == nullptr && bytes > 0) fail(Code::InvalidArgument, "grad is NULL");
+  Device& dev = *ctx_.device();
   if (!p.grad) {
-    p.grad = std::make_shared<HostBuffer>(p.layout.shard_numel * sizeof(float), true);
+    p.grad = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
     ctx_.memory().grad_bytes += p.grad->bytes();
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
@@ -48,15 +49,27 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
   const uint64_t offset = b.used;
   const size_t elem = dtype_size(dtype);
+  // A gradient that is not on the engine's device (a host gradient for a
+  // GPU context, or the reverse) comes over in one copy first.
+  std::unique_ptr<Buffer> moved;
+  const DeviceRef where = pointer_location(grad);
+  if (bytes > 0 && (where.is_cuda() || dev.is_cuda()) && where != dev.ref()) {
+    moved = std::make_unique<Buffer>(ctx_.device(), bytes);
+    dev.copy(moved->data(), grad, bytes);
+    grad = moved->data();
+  }
   auto* blocks = static_cast<float*>(b.data->data());
   for (int r = 0; r < p.group->size(); ++r) {
     const uint64_t first = static_cast<uint64_t>(r) * p.layout.shard_numel;
     const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, p.layout.shard_numel);
     float* dst = blocks + static_cast<uint64_t>(r) * b.capacity + offset;
-    widen_to_f32(static_cast<const uint8_t*>(grad) + first * elem, dtype, dst, valid);
-    if (grad_divisor_ != 1.0f) scale_f32(dst, valid, grad_divisor_);
-    std::fill(dst + valid, dst + p.layout.shard_numel, 0.0f);  // padding
+    ops::widen_scaled(dev, static_cast<const uint8_t*>(grad) + first * elem, dtype, dst, valid,
+                      grad_divisor_);
+    if (valid < p.layout.shard_numel)  // padding
+      dev.zero(dst + valid, (p.layout.shard_numel - valid) * sizeof(float));
   }
+  // The caller may reuse its gradient memory once we return.
+  if (dev.is_cuda()) dev.synchronize();
   b.params.push_back(param);
   b.offsets.push_back(offset);
   b.used += p.layout.shard_numel;
@@ -65,14 +78,22 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
 void GradReducer::flush(Bucket& b) {
   if (!b.data || b.used == 0) return;
   // Blocks were laid out capacity apart; the collective wants them used
-  // apart, so close the gaps.
-  auto* blocks = static_cast<float*>(b.data->data());
+  // apart, so close the gaps (into a fresh buffer: the ranges may overlap,
+  // and device copies must not).
+  const auto& devp = ctx_.device();
   const int g = b.group->size();
-  if (b.used < b.capacity)
-    for (int r = 1; r < g; ++r)
-      std::memmove(blocks + static_cast<uint64_t>(r) * b.used,
-                   blocks + static_cast<uint64_t>(r) * b.capacity, b.used * sizeof(float));
-  auto data = std::shared_ptr<HostBuffer>(std::move(b.data));
+  auto data = std::shared_ptr<Buffer>(std::move(b.data));
+  if (b.used < b.capacity && g > 1) {
+    auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * sizeof(float));
+    std::vector<ops::Copy> copies;
+    const auto* from = static_cast<const float*>(data->data());
+    auto* to = static_cast<float*>(packed->data());
+    for (int r = 0; r < g; ++r)
+      copies.push_back({to + static_cast<uint64_t>(r) * b.used,
+                        from + static_cast<uint64_t>(r) * b.capacity, b.used * sizeof(float)});
+    ops::copy_many(*devp, copies);
+    data = std::move(packed);
+  }
   auto params = std::move(b.params);
   auto offsets = std::move(b.offsets);
   const uint64_t used = b.used;
@@ -80,7 +101,7 @@ void GradReducer::flush(Bucket& b) {
   b = Bucket{};
   // The task holds the gradient shards themselves, so a param unregistered
   // meanwhile cannot pull them away from under it.
-  std::vector<HostBufferPtr> shards;
+  std::vector<BufferPtr> shards;
   std::vector<uint64_t> sizes;
   for (const auto& p : params) {
     shards.push_back(p->grad);
@@ -88,13 +109,13 @@ void GradReducer::flush(Bucket& b) {
   }
   auto w = group->submit(
       "gradient reduce-scatter of " + std::to_string(params.size()) + " params",
-      [data, shards, sizes, offsets, used](Communicator& comm) {
-        HostBuffer mine(used * sizeof(float));
+      [data, shards, sizes, offsets, used, devp](Communicator& comm) {
+        Buffer mine(devp, used * sizeof(float));
         comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
         const auto* src = static_cast<const float*>(mine.data());
         for (size_t i = 0; i < shards.size(); ++i)
-          reduce_f32(static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i],
-                     ReduceOp::Sum);
+          ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
+        devp->synchronize();
       });
   if (ctx_.config().overlap_comm) {
     pending_.push_back(std::move(w));
@@ -126,20 +147,22 @@ void GradReducer::replica_average() {
     total += p->layout.shard_numel;
   }
   if (total == 0) return;
+  Device& dev = *ctx_.device();
   replica->run("MiCS replica gradient all-reduce", [&](Communicator& comm) {
-    HostBuffer flat(total * sizeof(float));
+    Buffer flat(ctx_.device(), total * sizeof(float));
     auto* f = static_cast<float*>(flat.data());
+    std::vector<ops::Copy> in, out;
     uint64_t off = 0;
     for (const auto& p : params) {
-      std::memcpy(f + off, p->grad->data(), p->layout.shard_numel * sizeof(float));
+      const size_t b = p->layout.shard_numel * sizeof(float);
+      in.push_back({f + off, p->grad->data(), b});
+      out.push_back({p->grad->data(), f + off, b});
       off += p->layout.shard_numel;
     }
+    ops::copy_many(dev, in);
     comm.allreduce(f, f, total, DType::F32, ReduceOp::Avg);
-    off = 0;
-    for (const auto& p : params) {
-      std::memcpy(p->grad->data(), f + off, p->layout.shard_numel * sizeof(float));
-      off += p->layout.shard_numel;
-    }
+    ops::copy_many(dev, out);
+    dev.synchronize();
   });
 }
 
@@ -151,8 +174,9 @@ void GradReducer::forget(const Param& param) {
 }
 
 void GradReducer::zero() {
+  Device& dev = *ctx_.device();
   for (const auto& p : touched_)
-    if (p->grad) std::memset(p->grad->data(), 0, p->grad->bytes());
+    if (p->grad) dev.zero(p->grad->data(), p->grad->bytes());
 }
 
 }  // namespace zs

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "impl/comm/work.h"
-#include "impl/common/host_buffer.h"
+#include "impl/device/buffer.h"
 #include "impl/partition/param.h"
 
 namespace zs {
@@ -39,7 +39,7 @@ class GradReducer {
     std::vector<uint64_t> offsets;  // of each param's shard within a block
     uint64_t used = 0;              // elements per block so far
     uint64_t capacity = 0;          // elements per block
-    std::unique_ptr<HostBuffer> data;  // group size * capacity floats
+    std::unique_ptr<Buffer> data;  // group size * capacity floats
   };
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   void flush(Bucket& bucket);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "impl/fetch/coordinator.h"
+#include "impl/device/ops.h"
 #include "impl/grad/reducer.h"
 #include "kernels/optim.h"
 
@@ -25,11 +26,6 @@ LossScalerConfig scaler_config(const Config& c) {
   s.consecutive_hysteresis = c.consecutive_hysteresis;
   s.min_scale = c.min_loss_scale;
   return s;
-}
-
-kernels::WorkDtype work_dtype(DType t) {
-  return t == DType::BF16 ? kernels::WorkDtype::BF16
-                          : (t == DType::F16 ? kernels::WorkDtype::F16 : kernels::WorkDtype::F32);
 }
 
 }  // namespace
@@ -93,13 +89,15 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     if (p->dtype == DType::F32) {
       s.master = p->shard;
     } else {
-      s.master = std::make_shared<HostBuffer>(n * sizeof(float));
-      kernels::cast_to_f32(p->shard->data(), work_dtype(p->dtype),
-                           static_cast<float*>(s.master->data()), n);
+      s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float));
+      ops::cast_to_f32(*ctx_.device(), p->shard->data(), p->dtype,
+                       static_cast<float*>(s.master->data()), n);
     }
     const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
-    if (needs_momentum) s.state1 = std::make_shared<HostBuffer>(n * sizeof(float), true);
-    if (kind_ != OptimKind::Sgd) s.state2 = std::make_shared<HostBuffer>(n * sizeof(float), true);
+    if (needs_momentum)
+      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
+    if (kind_ != OptimKind::Sgd)
+      s.state2 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
     ctx_.memory().optimizer_bytes += state_bytes(s);
     group.slots.push_back(std::move(s));
   }
@@ -139,24 +137,24 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
                         static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
                         hp.nesterov, step_ == 0};
-    kernels::sgd_step(master, s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n,
-                      h, grad_scale, working, work_dtype(p.dtype));
+    ops::sgd_step(*ctx_.device(), master,
+                  s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n, h,
+                  grad_scale, working, p.dtype);
     return;
   }
   kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                        static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
                        static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
                        hp.bias_correction, step_ + 1};
-  kernels::adam_step(master, static_cast<float*>(s.state1->data()),
-                     static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working,
-                     work_dtype(p.dtype));
+  ops::adam_step(*ctx_.device(), master, static_cast<float*>(s.state1->data()),
+                 static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working, p.dtype);
 }
 
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
       if (s.param.get() != &p) continue;
-      const HostBufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
+      const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
       if (buf == nullptr || !*buf)
         fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(),
              ": this optimizer has slots 0 (master)", s.state1 ? ", 1" : "", s.state2 ? ", 2" : "");
@@ -176,8 +174,9 @@ void Optimizer::sync_params() {
   for (auto& g : groups_)
     for (auto& s : g.slots)
       if (s.param->dtype != DType::F32)
-        kernels::cast_from_f32(static_cast<const float*>(s.master->data()), s.param->shard->data(),
-                               work_dtype(s.param->dtype), s.param->layout.shard_numel);
+        ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
+                           s.param->dtype, s.param->shard->data(), s.param->layout.shard_numel);
+  ctx_.device()->synchronize();
   ctx_.drop_secondaries();
   if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
 }
@@ -189,21 +188,31 @@ StepResult Optimizer::step() {
   // Sum of squares per partition group (each group's shards cover its
   // params once), and whether any rank saw inf/NaN.
   std::vector<const zs::Group*> order;
-  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, double>> sumsq;
-  float nonfinite = 0.0f;
+  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, std::vector<ops::Range>>>
+      ranges;
   for (const auto& g : groups_) {
     for (const auto& s : g.slots) {
       const Param& p = *s.param;
       if (!p.grad) continue;
-      const auto* grad = static_cast<const float*>(p.grad->data());
-      auto it = sumsq.find(p.group.get());
-      if (it == sumsq.end()) {
+      auto it = ranges.find(p.group.get());
+      if (it == ranges.end()) {
         order.push_back(p.group.get());
-        it = sumsq.emplace(p.group.get(), std::make_pair(p.group, 0.0)).first;
+        it = ranges.emplace(p.group.get(), std::make_pair(p.group, std::vector<ops::Range>()))
+                 .first;
       }
-      it->second.second += kernels::sum_squares(grad, p.layout.shard_numel);
-      if (!kernels::all_finite(grad, p.layout.shard_numel)) nonfinite = 1.0f;
+      it->second.second.push_back(
+          {static_cast<const float*>(p.grad->data()), p.layout.shard_numel});
     }
+  }
+  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, double>> sumsq;
+  float nonfinite = 0.0f;
+  for (const auto* key : order) {
+    auto& [group, list] = ranges.at(key);
+    double sum = 0.0;
+    bool finite = true;
+    ops::sum_squares_and_finite(*ctx_.device(), list, &sum, &finite);
+    sumsq.emplace(key, std::make_pair(group, sum));
+    if (!finite) nonfinite = 1.0f;
   }
   double total = 0.0;
   for (const auto* key : order) {
@@ -234,6 +243,7 @@ StepResult Optimizer::step() {
     ctx_.drop_secondaries();
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
+    ctx_.device()->synchronize();  // the new shards are what the next gather sends
     ++step_;
   }
   scaler_.update(r.skipped);

@@ -49,8 +49,8 @@ class Optimizer {
  private:
   struct Slot {
     std::shared_ptr<Param> param;
-    HostBufferPtr master;  // fp32 shard: the param's own for fp32 params
-    HostBufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
+    BufferPtr master;  // fp32 shard: the param's own for fp32 params
+    BufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
   };
   struct Group {
     Hparams hp;

@@ -11,7 +11,7 @@
 
 #include "impl/comm/group.h"
 #include "impl/common/dtype.h"
-#include "impl/common/host_buffer.h"
+#include "impl/device/buffer.h"
 #include "impl/partition/layout.h"
 
 namespace zs {
@@ -39,13 +39,13 @@ class Param : public std::enable_shared_from_this<Param> {
   // "param 'w' (float32 [3, 5])", for messages.
   std::string describe() const;
 
-  HostBufferPtr shard;  // shard_numel elements, padding zeroed
-  HostBufferPtr full;   // padded_numel elements while Inflight/Available
-  HostBufferPtr grad;   // fp32 gradient shard, from the first push on
+  BufferPtr shard;  // shard_numel elements, padding zeroed
+  BufferPtr full;   // padded_numel elements while Inflight/Available
+  BufferPtr grad;   // fp32 gradient shard, from the first push on
   // hpZ: this rank's slice of the full param within the intra-node group,
   // left by the step's first gather and dropped by the optimizer step.
-  HostBufferPtr secondary;
-  HostBufferPtr pending_secondary;  // filled by an in-flight gather
+  BufferPtr secondary;
+  BufferPtr pending_secondary;  // filled by an in-flight gather
   std::shared_ptr<Work> inflight;
   ParamStatus status = ParamStatus::NotAvailable;
   bool full_aliases_shard = false;  // a group of one gathers without a copy

@@ -23,7 +23,7 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
   const int g = p.group->size();
   const size_t shard_bytes = p.shard_bytes();
   std::vector<const void*> inputs;
-  std::vector<std::unique_ptr<HostBuffer>> tails;
+  std::vector<std::unique_ptr<Buffer>> tails;
   if (p.group->rank() == spec.src_rank) {
     for (int i = 0; i < g; ++i) {
       const uint64_t offset = static_cast<uint64_t>(i) * p.layout.shard_numel;
@@ -33,8 +33,8 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
         inputs.push_back(src);
         continue;
       }
-      tails.push_back(std::make_unique<HostBuffer>(shard_bytes, true));
-      if (valid > 0) std::memcpy(tails.back()->data(), src, valid * p.elem_bytes());
+      tails.push_back(std::make_unique<Buffer>(shard_bytes, true));
+      if (valid > 0) copy_between(tails.back()->data(), src, valid * p.elem_bytes());
       inputs.push_back(tails.back()->data());
     }
   }
@@ -54,16 +54,16 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
     fail(Code::InvalidArgument, "param '", spec.name, "': this rank is not a member of group '",
          group->name(), "'");
   auto p = std::make_shared<Param>(ctx.id(), spec.name, spec.dtype, spec.shape, group);
-  p->shard = std::make_shared<HostBuffer>(p->shard_bytes(), true);
+  p->shard = std::make_shared<Buffer>(ctx.device(), p->shard_bytes(), true);
   const size_t elem = p->elem_bytes();
   switch (spec.init) {
     case InitKind::Zeros: break;
     case InitKind::FromAll:
       check_data(*p, spec);
-      if (p->layout.shard_valid > 0)
-        std::memcpy(p->shard->data(),
-                    static_cast<const uint8_t*>(spec.data) + p->layout.shard_offset * elem,
-                    p->layout.shard_valid * elem);
+      ctx.device()->synchronize();  // the zeroed padding, before a synchronous copy
+      copy_between(p->shard->data(),
+                   static_cast<const uint8_t*>(spec.data) + p->layout.shard_offset * elem,
+                   p->layout.shard_valid * elem);
       break;
     case InitKind::FromRank:
       if (spec.src_rank < 0 || spec.src_rank >= group->size())
@@ -77,14 +77,21 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
       if (!(spec.b >= 0.0) && spec.init == InitKind::Normal)
         fail(Code::InvalidArgument, p->describe(), ": normal init std b = ", spec.b,
              ": expected >= 0");
-      fill_seeded(p->shard->data(), p->dtype, p->layout.shard_offset, p->layout.shard_valid,
+    {
+      // Values are generated on the host (the same on any device and world
+      // size), then moved to the device.
+      Buffer host(p->shard_bytes());
+      fill_seeded(host.data(), p->dtype, p->layout.shard_offset, p->layout.shard_valid,
                   spec.init == InitKind::Normal ? SeededDist::Normal : SeededDist::Uniform,
                   spec.seed, spec.a, spec.b);
+      ctx.device()->copy(p->shard->data(), host.data(), p->layout.shard_valid * elem);
       break;
+    }
     default:
       fail(Code::InvalidArgument, "param '", spec.name, "': init ", static_cast<int>(spec.init),
            ": expected ZS_INIT_ZEROS (0) .. ZS_INIT_UNIFORM (4)");
   }
+  ctx.device()->synchronize();
   auto& mem = ctx.memory();
   mem.shard_bytes += p->shard_bytes();
   mem.unsharded_bytes += p->full_bytes();

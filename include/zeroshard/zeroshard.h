@@ -101,6 +101,14 @@ typedef enum zs_dtype {
   ZS_DTYPE_ENUM_MAX_ = 0x7fffffff
 } zs_dtype;
 
+/* Where memory lives; the values are DLPack's (kDLCPU, kDLCUDA). */
+typedef enum zs_device_type {
+  ZS_DEVICE_CPU = 1,
+  ZS_DEVICE_CUDA = 2,
+  ZS_DEVICE_TYPE_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_DEVICE_TYPE_ENUM_MAX_ = 0x7fffffff
+} zs_device_type;
+
 typedef enum zs_reduce_op {
   ZS_SUM = 0,
   ZS_AVG = 1,
@@ -182,10 +190,19 @@ typedef struct zs_context_options {
   /* Address this rank's collective transport binds to. NULL: ZS_SOCKET_HOST,
    * else 127.0.0.1 when the store is on loopback, else this host's name. */
   const char* transport_host;
+  /* Where shards, gathered params, gradients and optimizer state live:
+   * "cpu", "cuda" or "cuda:N". NULL: the config's "device" key, else
+   * ZS_DEVICE, else cuda:(LOCAL_RANK % GPUs) when a GPU is present, else
+   * "cpu". Pointers the engine returns are then memory of this device. */
+  const char* device;
+  /* Collectives between ranks: "gloo" or "nccl". NULL: ZS_BACKEND, else
+   * "nccl" on a GPU when libnccl.so.2 loads, else "gloo" (GPU memory is
+   * staged through pinned host memory). Every rank must choose the same. */
+  const char* backend;
 } zs_context_options;
 
 #define ZS_CONTEXT_OPTIONS_INIT \
-  { sizeof(zs_context_options), -1, -1, -1, -1, NULL, -1, NULL, NULL, NULL, 0, NULL }
+  { sizeof(zs_context_options), -1, -1, -1, -1, NULL, -1, NULL, NULL, NULL, 0, NULL, NULL, NULL }
 
 /* Bring up a context: read rank and world (options, then torchrun's RANK /
  * WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*,
@@ -238,8 +255,15 @@ typedef struct zs_memory_stats {
   uint64_t grad_bytes;        /* fp32 gradient shards */
   uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
   uint64_t hpz_secondary_bytes; /* hpZ secondary shards held now */
+  /* The context device's caching pool (process-wide per device): idle
+   * bytes kept for reuse, allocations that reached the system allocator
+   * (cudaMalloc on a GPU), and allocations served from idle blocks. In a
+   * steady training step only the last one grows. */
+  uint64_t device_cache_bytes;
+  uint64_t device_system_allocs;
+  uint64_t device_reuses;
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* Which way fetches went. */
 typedef struct zs_fetch_stats {
@@ -251,6 +275,18 @@ typedef struct zs_fetch_stats {
 #define ZS_FETCH_STATS_INIT { sizeof(zs_fetch_stats), 0, 0, 0 }
 
 ZS_API zs_status zs_context_fetch_stats(zs_context ctx, zs_fetch_stats* stats);
+
+/* The context's device (type and ordinal; ordinal 0 on the CPU) and the
+ * backend its collectives run on ("gloo" | "nccl", owned by the library).
+ * Any output may be NULL. */
+ZS_API zs_status zs_context_device(zs_context ctx, zs_device_type* type, int* device_id,
+                                   const char** backend);
+
+/* CUDA devices this process can use: 0 when the library was built without
+ * CUDA, the machine has no driver, or no device is visible; then *reason
+ * (if not NULL) says which, else it is "". Never fails on a machine
+ * without a GPU. */
+ZS_API zs_status zs_cuda_device_count(int* count, const char** reason);
 
 ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
@@ -316,7 +352,7 @@ typedef struct zs_param_options {
   int ndim;           /* 0..ZS_MAX_DIMS; 0 is a scalar */
   const int64_t* shape; /* ndim entries >= 0 (zero-size params are fine) */
   zs_init init;
-  const void* data;   /* full values for FROM_RANK (on src_rank) / FROM_ALL */
+  const void* data;   /* full values for FROM_RANK (on src_rank) / FROM_ALL; host or CUDA memory */
   size_t data_bytes;  /* must equal numel * dtype size where data is read */
   int src_rank;       /* group rank that holds data, for FROM_RANK */
   uint64_t seed;      /* NORMAL / UNIFORM */
@@ -348,14 +384,17 @@ typedef struct zs_param_info {
   uint64_t shard_offset;  /* first element of this rank's shard */
   uint64_t shard_valid;   /* elements of the shard that are not padding */
   zs_param_status status;
+  zs_device_type device_type; /* where shard and full data live */
+  int device_id;
 } zs_param_info;
-#define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE }
+#define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE, ZS_DEVICE_CPU, 0 }
 
 ZS_API zs_status zs_param_get_info(zs_param param, zs_param_info* info);
 ZS_API zs_status zs_param_get_status(zs_param param, zs_param_status* status);
 
 /* This rank's shard: shard_numel elements (padding included), always
- * readable and writable; writes change the param from the next fetch on. */
+ * readable and writable; writes change the param from the next fetch on.
+ * Memory of the context's device (see zs_param_info.device_type). */
 ZS_API zs_status zs_param_shard_data(zs_param param, void** data, uint64_t* shard_numel);
 
 /* Gather many params as one coalesced, asynchronous all-gather. All params
@@ -372,13 +411,14 @@ ZS_API zs_status zs_gather_test(zs_gather gather, int* done);
 ZS_API zs_status zs_gather_destroy(zs_gather gather);
 
 /* The full data of an AVAILABLE param (numel elements, row-major, writable:
- * see zs_param_update for making writes stick); NULL for a zero-size param.
- * INVALID_STATE unless AVAILABLE. */
+ * see zs_param_update for making writes stick), in the context's device
+ * memory; NULL for a zero-size param. INVALID_STATE unless AVAILABLE. */
 ZS_API zs_status zs_param_data(zs_param param, void** data);
 /* Copy the full data into dst, which must be exactly numel * dtype size
- * bytes (BUFFER_SIZE otherwise). */
+ * bytes (BUFFER_SIZE otherwise). dst may be host or CUDA memory. */
 ZS_API zs_status zs_param_copy_to(zs_param param, void* dst, size_t dst_bytes);
-/* A DLPack tensor over the full data of an AVAILABLE param (CPU, no copy).
+/* A DLPack tensor over the full data of an AVAILABLE param, on the
+ * context's device (kDLCPU or kDLCUDA with its ordinal), without a copy.
  * The tensor keeps the memory alive after release until its deleter runs;
  * the caller owns it and must call its deleter. */
 ZS_API zs_status zs_param_to_dlpack(zs_param param, struct DLManagedTensor** out);
@@ -406,7 +446,10 @@ ZS_API zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t 
  * elements) is reduce-scattered and averaged over the param's group in the
  * background (overlap_comm) and summed into this rank's fp32 gradient
  * shard. Collective over the group: members push the same params in the
- * same order. BUFFER_SIZE if grad_bytes is not numel * dtype size. */
+ * same order. BUFFER_SIZE if grad_bytes is not numel * dtype size. grad
+ * may be host or CUDA memory; on a CUDA context the engine's stream runs
+ * after work queued on the legacy default stream (PyTorch's default), so a
+ * gradient produced there needs no synchronisation first. */
 ZS_API zs_status zs_grad_push(zs_param param, const void* grad, zs_dtype dtype,
                               size_t grad_bytes);
 
@@ -419,8 +462,9 @@ ZS_API zs_status zs_grad_sync(zs_context ctx);
  * by it, so the step sees their mean. */
 ZS_API zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
 
-/* This rank's fp32 gradient shard of a param (shard_numel elements; NULL
- * before its first push). Valid after zs_grad_sync. */
+/* This rank's fp32 gradient shard of a param (shard_numel elements, in the
+ * context's device memory; NULL before its first push). Valid after
+ * zs_grad_sync. */
 ZS_API zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel);
 
 /* ------------------------------------------------------------------ */
@@ -486,7 +530,8 @@ ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
 
 /* This rank's shard of a param's optimizer state, for checkpoints: slot 0
  * is the fp32 master, 1 exp_avg (Adam) or the momentum buffer (SGD), 2
- * exp_avg_sq (Adam). shard_numel fp32 elements, readable and writable.
+ * exp_avg_sq (Adam). shard_numel fp32 elements in the context's device
+ * memory, readable and writable.
  * INVALID_ARGUMENT for a param the optimizer does not hold or a slot it
  * does not have. */
 ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, float** data,

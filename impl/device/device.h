@@ -1,0 +1,103 @@
+// Where engine memory lives and how it moves: the host, or one CUDA device.
+// A context picks one device; every shard, gathered param, gradient bucket
+// and optimizer state of that context is allocated on it, through the
+// device's caching pool, and all element-wise work on that memory is
+// dispatched to the device's kernels (impl/device/ops.h).
+//
+// Ordering on a CUDA device: the engine's kernels and copies run in order
+// on one engine stream. Work handed back to the caller (a finished gather,
+// an optimizer step, a copy out) is synchronised first, so a trainer may use
+// the memory on any stream once the engine call or handle says it is done.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "impl/device/pool.h"
+
+namespace zs {
+
+enum class DeviceKind : int { Cpu = 0, Cuda = 1 };
+
+struct DeviceRef {
+  DeviceKind kind = DeviceKind::Cpu;
+  int ordinal = 0;
+
+  bool is_cuda() const { return kind == DeviceKind::Cuda; }
+  bool operator==(const DeviceRef& o) const { return kind == o.kind && ordinal == o.ordinal; }
+  bool operator!=(const DeviceRef& o) const { return !(*this == o); }
+  std::string str() const;  // "cpu" | "cuda:N"
+};
+
+// "cpu", "cuda" (device 0) or "cuda:N"; anything else is InvalidConfig
+// naming the text. `what` names the setting in the message.
+DeviceRef parse_device(const std::string& text, const char* what);
+
+class Device : public std::enable_shared_from_this<Device> {
+ public:
+  virtual ~Device() = default;
+  std::shared_ptr<Device> device_shared() { return shared_from_this(); }
+  virtual DeviceRef ref() const = 0;
+  bool is_cuda() const { return ref().is_cuda(); }
+
+  // Memory on this device from its caching pool (OutOfMemory names the
+  // size and the device). Blocks are aligned to 256 bytes on CUDA, 64 on
+  // the host.
+  void* alloc(size_t bytes) { return pool_->alloc(bytes); }
+  void free(void* p, size_t bytes) { pool_->free(p, bytes); }
+  // Host memory for staging this device's data through a host transport
+  // (pinned on CUDA so copies are DMA; the plain host pool otherwise).
+  void* staging_alloc(size_t bytes) { return staging_->alloc(bytes); }
+  void staging_free(void* p, size_t bytes) { staging_->free(p, bytes); }
+  PoolStats pool_stats() const { return pool_->stats(); }
+  void trim() {
+    pool_->trim();
+    staging_->trim();
+  }
+
+  // Copy bytes between any two places this process can address (host
+  // memory, this device, or another device through unified addressing),
+  // in order on the engine stream.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  // Waits for everything queued on the engine stream; raises its errors.
+  virtual void synchronize() = 0;
+  // Makes this thread's current device this one (CUDA keeps it per thread).
+  virtual void bind_thread() = 0;
+  // The engine stream (a cudaStream_t); null on the host.
+  virtual void* stream() const = 0;
+  // Whether p points into this device's memory (false for host memory).
+  virtual bool owns_pointer(const void* p) const = 0;
+
+ protected:
+  std::shared_ptr<CachingPool> pool_;
+  std::shared_ptr<CachingPool> staging_;
+};
+
+// The process's host device (shared by every CPU context).
+const std::shared_ptr<Device>& host_device();
+
+// CUDA devices this process can use: 0 when the build has no CUDA, there is
+// no driver, or no device. *why (if not null) says which, when 0.
+int cuda_device_count(std::string* why = nullptr);
+// The process's device for one ordinal (one engine stream and pool per
+// ordinal, shared by contexts). NotSupported names the reason when the
+// build, driver or device is missing, or the ordinal is out of range.
+std::shared_ptr<Device> cuda_device(int ordinal);
+// The device a DeviceRef names.
+std::shared_ptr<Device> open_device(const DeviceRef& ref);
+
+}  // namespace zs
+
+namespace zs {
+
+// Where memory a caller handed us lives: a CUDA device for device (or
+// managed) memory, otherwise the host. Always the host without CUDA.
+DeviceRef pointer_location(const void* p);
+// Synchronous copy between any two places (the API boundary: the caller
+// may reuse its memory as soon as we return).
+void copy_between(void* dst, const void* src, size_t bytes);
+
+}  // namespace zs

@@ -1,0 +1,79 @@
+// The host device: plain memory and memcpy. Its pool keeps freed blocks of
+// 64 KiB and more, up to ZS_HOST_CACHE_MB (default 1024) idle: a training
+// step fetches and releases the same sizes over and over, and a fresh
+// mapping's page faults on first touch cost as much as the network.
+#include <cstdlib>
+#include <cstring>
+
+#include "impl/comm/bootstrap.h"
+#include "impl/common/error.h"
+#include "impl/device/buffer.h"
+#include "impl/device/device.h"
+
+namespace zs {
+namespace {
+
+std::shared_ptr<CachingPool> make_host_pool() {
+  CachingPool::Backend b;
+  b.name = "host";
+  b.allocate = [](size_t size) { return std::aligned_alloc(64, size); };
+  b.release = [](void* p) { std::free(p); };
+  b.alignment = 64;
+  const auto limit = static_cast<uint64_t>(env_int("ZS_HOST_CACHE_MB", 1024)) << 20;
+  return std::make_shared<CachingPool>(std::move(b), 64 * 1024, limit);
+}
+
+class HostDevice final : public Device {
+ public:
+  HostDevice() {
+    pool_ = make_host_pool();
+    staging_ = pool_;
+  }
+  DeviceRef ref() const override { return {}; }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes > 0) std::memset(p, 0, bytes);
+  }
+  void synchronize() override {}
+  void bind_thread() override {}
+  void* stream() const override { return nullptr; }
+  bool owns_pointer(const void*) const override { return false; }
+};
+
+}  // namespace
+
+std::string DeviceRef::str() const {
+  return is_cuda() ? "cuda:" + std::to_string(ordinal) : "cpu";
+}
+
+DeviceRef parse_device(const std::string& text, const char* what) {
+  if (text == "cpu") return {};
+  if (text == "cuda") return {DeviceKind::Cuda, 0};
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 9) {
+    int n = 0;
+    for (size_t i = 5; i < text.size(); ++i) {
+      if (text[i] < '0' || text[i] > '9') n = -1;
+      if (n < 0) break;
+      n = n * 10 + (text[i] - '0');
+    }
+    if (n >= 0) return {DeviceKind::Cuda, n};
+  }
+  fail(Code::InvalidConfig, what, ": \"", text, "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
+}
+
+const std::shared_ptr<Device>& host_device() {
+  // Leaked on purpose: buffers may be freed by static destructors.
+  static auto* d = new std::shared_ptr<Device>(std::make_shared<HostDevice>());
+  return *d;
+}
+
+std::shared_ptr<Device> open_device(const DeviceRef& ref) {
+  return ref.is_cuda() ? cuda_device(ref.ordinal) : host_device();
+}
+
+uint64_t host_cache_bytes() { return host_device()->pool_stats().idle_bytes; }
+void host_cache_trim() { host_device()->trim(); }
+
+}  // namespace zs

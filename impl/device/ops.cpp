@@ -1,0 +1,145 @@
+#include "impl/device/ops.h"
+
+#include <cstring>
+
+#include "impl/comm/reduce.h"
+#include "impl/device/buffer.h"
+
+#ifdef ZS_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "impl/device/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+#endif
+
+namespace zs::ops {
+
+kernels::WorkDtype work_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return kernels::WorkDtype::F32;
+    case DType::BF16: return kernels::WorkDtype::BF16;
+    case DType::F16: return kernels::WorkDtype::F16;
+    case DType::U8: break;
+  }
+  fail(Code::InvalidArgument, "dtype ", dtype_name(t), " is not a float type");
+}
+
+#ifdef ZS_WITH_CUDA
+namespace {
+// Launchers return a cudaError_t value; 0 is success.
+void check_launch(int err, const char* kernel, Device& dev) {
+  check_cuda(static_cast<cudaError_t>(err), kernel, " on ", dev.ref().str());
+}
+}  // namespace
+#define ZS_ON_CUDA(dev, kernel, ...)                                            \
+  if ((dev).is_cuda()) {                                                        \
+    (dev).bind_thread();                                                        \
+    check_launch(kernels::cuda::kernel(__VA_ARGS__, (dev).stream()), #kernel, dev); \
+    return;                                                                     \
+  }
+#else
+#define ZS_ON_CUDA(dev, kernel, ...)
+#endif
+
+void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t n, float divisor) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, cast_to_f32_scaled, src, work_dtype(dtype), dst, n, divisor)
+  widen_to_f32(src, dtype, dst, n);
+  if (divisor != 1.0f) scale_f32(dst, n, divisor);
+}
+
+void add_f32(Device& dev, float* dst, const float* src, size_t n) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, add_f32, dst, src, n)
+  reduce_f32(dst, src, n, ReduceOp::Sum);
+}
+
+void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, cast_to_f32, src, work_dtype(dtype), dst, n)
+  kernels::cast_to_f32(src, work_dtype(dtype), dst, n);
+}
+
+void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, cast_from_f32, src, dst, work_dtype(dtype), n)
+  kernels::cast_from_f32(src, dst, work_dtype(dtype), n);
+}
+
+void adam_step(Device& dev, float* master, float* exp_avg, float* exp_avg_sq, const float* grad,
+               size_t n, const kernels::AdamHyper& h, float grad_scale, void* working,
+               DType working_dtype) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, adam_step, master, exp_avg, exp_avg_sq, grad, n, h, grad_scale, working,
+             work_dtype(working_dtype))
+  kernels::adam_step(master, exp_avg, exp_avg_sq, grad, n, h, grad_scale, working,
+                     work_dtype(working_dtype));
+}
+
+void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad, size_t n,
+              const kernels::SgdHyper& h, float grad_scale, void* working, DType working_dtype) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, sgd_step, master, momentum_buf, grad, n, h, grad_scale, working,
+             work_dtype(working_dtype))
+  kernels::sgd_step(master, momentum_buf, grad, n, h, grad_scale, working,
+                    work_dtype(working_dtype));
+}
+
+void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, double* sum,
+                            bool* finite) {
+  *sum = 0.0;
+  *finite = true;
+#ifdef ZS_WITH_CUDA
+  if (dev.is_cuda()) {
+    // One slot per range on the device, summed on the host in range order
+    // (the same order as the CPU path), after one synchronisation.
+    const size_t k = ranges.size();
+    Buffer sums(dev.device_shared(), k * sizeof(double) + k * sizeof(int));
+    auto* dsum = static_cast<double*>(sums.data());
+    auto* dflag = reinterpret_cast<int*>(dsum + k);
+    dev.bind_thread();
+    for (size_t i = 0; i < k; ++i) {
+      check_launch(kernels::cuda::sum_squares(ranges[i].data, ranges[i].n, dsum + i, dev.stream()),
+                   "sum_squares", dev);
+      check_launch(kernels::cuda::all_finite(ranges[i].data, ranges[i].n, dflag + i, dev.stream()),
+                   "all_finite", dev);
+    }
+    std::vector<double> hsum(k);
+    std::vector<int> hflag(k);
+    if (k > 0) {
+      dev.copy(hsum.data(), dsum, k * sizeof(double));
+      dev.copy(hflag.data(), dflag, k * sizeof(int));
+    }
+    dev.synchronize();
+    for (size_t i = 0; i < k; ++i) {
+      *sum += hsum[i];
+      if (!hflag[i]) *finite = false;
+    }
+    return;
+  }
+#endif
+  for (const auto& r : ranges) {
+    *sum += kernels::sum_squares(r.data, r.n);
+    if (!kernels::all_finite(r.data, r.n)) *finite = false;
+  }
+}
+
+void copy_many(Device& dev, const std::vector<Copy>& copies) {
+#ifdef ZS_WITH_CUDA
+  if (dev.is_cuda()) {
+    if (copies.empty()) return;
+    std::vector<kernels::cuda::CopySegment> segs;
+    segs.reserve(copies.size());
+    for (const auto& c : copies)
+      if (c.bytes > 0) segs.push_back({c.dst, c.src, c.bytes});
+    if (segs.empty()) return;
+    dev.bind_thread();
+    check_launch(kernels::cuda::batched_copy(segs.data(), segs.size(), dev.stream()),
+                 "batched_copy", dev);
+    return;
+  }
+#endif
+  for (const auto& c : copies) dev.copy(c.dst, c.src, c.bytes);
+}
+
+}  // namespace zs::ops

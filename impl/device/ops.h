@@ -1,0 +1,46 @@
+// The element-wise work of the training step on whichever device holds
+// the memory: the CPU kernels (kernels/optim.h) on the host, the CUDA
+// kernels (kernels/cuda/kernels.h) on the device's engine stream. Both
+// compute the same formulas (kernels/elementwise.h), so a step gives the
+// same numbers on either. Pointers are memory of `dev`.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "impl/common/dtype.h"
+#include "impl/device/device.h"
+#include "kernels/optim.h"
+
+namespace zs::ops {
+
+kernels::WorkDtype work_dtype(DType t);
+
+// dst[i] = widen(src[i]) / divisor (divisor 1: no division).
+void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t n, float divisor);
+void add_f32(Device& dev, float* dst, const float* src, size_t n);  // dst += src
+void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n);
+void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n);
+// Sum of squares in double, and whether every element is finite, of each
+// range at once (one synchronisation for all of them on a GPU).
+struct Range {
+  const float* data;
+  size_t n;
+};
+void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, double* sum,
+                            bool* finite);
+void adam_step(Device& dev, float* master, float* exp_avg, float* exp_avg_sq, const float* grad,
+               size_t n, const kernels::AdamHyper& h, float grad_scale, void* working,
+               DType working_dtype);
+void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad, size_t n,
+              const kernels::SgdHyper& h, float grad_scale, void* working, DType working_dtype);
+
+// Many copies as one: one kernel on a GPU, memcpy on the host.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+void copy_many(Device& dev, const std::vector<Copy>& copies);
+
+}  // namespace zs::ops
