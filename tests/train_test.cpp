@@ -100,6 +100,14 @@ TEST(Train, SmallBucketsGiveTheSameCurve) {
   expect_matches_reference(run_example(3, "--steps 50 --bucket 40"), 1e-5);
 }
 
+// GPU memory crosses Gloo through staging buffers; ZS_STAGE_ALL runs that
+// path on host memory, so the staging is checked on every machine.
+TEST(Train, StagedCollectivesGiveTheSameCurve) {
+  setenv("ZS_STAGE_ALL", "1", 1);
+  expect_matches_reference(run_example(3, "--steps 50"), 1e-5);
+  expect_matches_reference(run_example(4, "--steps 50 --hpz 2"), 1e-5);
+}
+
 TEST(Train, MicsGivesTheSameCurve) {
   expect_matches_reference(run_example(4, "--steps 50 --mics 2"), 1e-5);
 }

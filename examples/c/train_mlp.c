@@ -5,7 +5,7 @@
  *
  *   build/bin/zsrun -n 4 -- build/bin/train_mlp [--steps 50] [--dtype fp32|bf16|fp16]
  *       [--optimizer adamw|adam|sgd] [--lr 0.01] [--batch 24] [--mics N] [--hpz N]
- *       [--clip C] [--accum K] [--bucket ELEMS]
+ *       [--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N]
  *
  * Rank 0 prints "step N loss L" per step; the last line is one JSON object
  * with the final loss and every rank's memory for params, grads and
@@ -35,17 +35,18 @@ typedef struct {
   double lr, clip;
   const char* dtype;
   const char* optimizer;
+  const char* device;
 } args_t;
 
 static void usage(const char* why) {
   fprintf(stderr, "train_mlp: %s\nusage: train_mlp [--steps N] [--dtype fp32|bf16|fp16] "
                   "[--optimizer adamw|adam|sgd] [--lr LR] [--batch B] [--mics N] [--hpz N] "
-                  "[--clip C] [--accum K] [--bucket ELEMS]\n", why);
+                  "[--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N]\n", why);
   exit(2);
 }
 
 static args_t parse_args(int argc, char** argv) {
-  args_t a = {50, 24, 0, 0, 1, 0, 0.01, 0.0, "fp32", "adamw"};
+  args_t a = {50, 24, 0, 0, 1, 0, 0.01, 0.0, "fp32", "adamw", NULL};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage("an option lacks its value");
     const char* k = argv[i];
@@ -60,6 +61,7 @@ static args_t parse_args(int argc, char** argv) {
     else if (!strcmp(k, "--clip")) a.clip = atof(v);
     else if (!strcmp(k, "--dtype")) a.dtype = v;
     else if (!strcmp(k, "--optimizer")) a.optimizer = v;
+    else if (!strcmp(k, "--device")) a.device = v;
     else usage(k);
   }
   if (a.steps < 1 || a.batch < 1 || a.accum < 1) usage("steps, batch and accum must be >= 1");
@@ -109,15 +111,17 @@ static void from_float(const float* src, zs_dtype t, void* dst, uint64_t n) {
 }
 
 /* Wait for a layer's gather (weight and bias), copy it out as fp32, and
- * release it: the engine frees the full params right away. */
-static void gather_layer(zs_context ctx, zs_gather g, const zs_param* layer, zs_dtype dtype, float** out) {
+ * release it: the engine frees the full params right away. The params may
+ * live on a GPU (--device cuda), so they are copied to the host, where this
+ * example computes; on the CPU, zs_param_data would give them in place. */
+static void gather_layer(zs_context ctx, zs_gather g, const zs_param* layer, zs_dtype dtype, float** out,
+                         void* staging) {
   CHECK(zs_gather_wait(g, ZS_WAIT_FOREVER));
   for (int k = 0; k < 2; ++k) {
     zs_param_info info = ZS_PARAM_INFO_INIT;
-    void* d;
     CHECK(zs_param_get_info(layer[k], &info));
-    CHECK(zs_param_data(layer[k], &d));
-    to_float(d, dtype, out[k], info.numel);
+    CHECK(zs_param_copy_to(layer[k], staging, info.numel * (dtype == ZS_FLOAT32 ? 4 : 2)));
+    to_float(staging, dtype, out[k], info.numel);
   }
   CHECK(zs_release(ctx, layer, 2));
   CHECK(zs_gather_destroy(g));
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
   zs_context ctx;
   zs_context_options opts = ZS_CONTEXT_OPTIONS_INIT;
   opts.config_json = config;
+  opts.device = a.device; /* NULL: the engine's default (a GPU where there is one) */
   CHECK(zs_context_create(&ctx, &opts));
   int rank, world;
   CHECK(zs_context_rank(ctx, &rank));
@@ -189,6 +194,9 @@ int main(int argc, char** argv) {
 
   zs_group wg;
   CHECK(zs_context_group(&wg, ctx, ZS_GROUP_WORLD));
+  uint64_t largest = 0;
+  for (int p = 0; p < MLP_NPARAMS; ++p) largest = mlp_numel(p) > largest ? mlp_numel(p) : largest;
+  void* staging = malloc(largest * 4);
   float* full[MLP_NPARAMS];
   float* grads[MLP_NPARAMS];
   void* grad16[MLP_NPARAMS];
@@ -211,16 +219,16 @@ int main(int argc, char** argv) {
       zs_gather g1, g2;
       CHECK(zs_fetch(&g1, ctx, &params[MLP_W1], 2));
       CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
-      gather_layer(ctx, g1, &params[MLP_W1], dtype, &full[MLP_W1]);
+      gather_layer(ctx, g1, &params[MLP_W1], dtype, &full[MLP_W1], staging);
       mlp_forward1(full[MLP_W1], full[MLP_B1], data_step, rank * local, local, scratch.xs, scratch.ys, scratch.hs);
-      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2]);
+      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2], staging);
       const float l = mlp_forward2(full[MLP_W2], full[MLP_B2], scratch.hs, scratch.ys, local, (float)loss_scale,
                                    scratch.douts);
       /* Backward: fc2 is gathered again (from the hpZ secondary shard when
        * configured); fc1's gradients need no params. Gradients go to the
        * engine as they are made, last layer first. */
       CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
-      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2]);
+      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2], staging);
       mlp_backward2(full[MLP_W2], scratch.hs, scratch.douts, local, grads[MLP_W2], grads[MLP_B2], scratch.dhs);
       push_grads(&params[MLP_W2], &grads[MLP_W2], grad16 + MLP_W2, dtype);
       mlp_backward1(scratch.xs, scratch.hs, scratch.dhs, local, grads[MLP_W1], grads[MLP_B1]);
@@ -268,6 +276,7 @@ int main(int argc, char** argv) {
     free(grad16[p]);
   }
   free(all);
+  free(staging);
   mlp_scratch_free(&scratch);
   CHECK(zs_group_destroy(wg));
   CHECK(zs_optimizer_destroy(opt));

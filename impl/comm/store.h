@@ -59,6 +59,9 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
 // atomically (temp + rename); add() is serialised with flock.
 std::unique_ptr<Store> make_file_store(const std::string& dir, std::chrono::milliseconds timeout);
 
+// A store inside this process (a world of one that still rendezvouses).
+std::unique_ptr<Store> make_memory_store(std::chrono::milliseconds timeout);
+
 // Keys under a prefix ("prefix/key"), for sub-groups sharing one store.
 // The base's timeout governs every call; timeout() of the prefix store only
 // reports the base's timeout at creation.

@@ -78,6 +78,10 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
 
 void Context::connect(const ContextOptions& options) {
   if (ranks_.world_size == 1) {
+    // No sockets, unless NCCL was asked for by name: then even a world of
+    // one runs it (through a store in this process), which is how NCCL is
+    // proved on a machine with one GPU.
+    if (nccl_for_one_) store_ = make_memory_store(timeout_);
     world_ = make_group("world", next_group_id_++, {0});
     return;
   }
@@ -136,6 +140,7 @@ void Context::choose_device(const ContextOptions& options) {
     std::string why;
     if (!nccl_available(&why)) fail(Code::NotSupported, backend_what, " \"nccl\": ", why);
     backend_ = Backend::Nccl;
+    nccl_for_one_ = true;
   } else {
     fail(Code::InvalidArgument, backend_what, " \"", backend, "\": expected \"gloo\" or \"nccl\"");
   }
@@ -160,7 +165,7 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   const auto it = std::find(ranks.begin(), ranks.end(), ranks_.rank);
   const int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
   std::unique_ptr<Communicator> comm;
-  if (my >= 0 && ranks.size() == 1) {
+  if (my >= 0 && ranks.size() == 1 && !nccl_for_one_) {
     comm = make_local_communicator(device_);
   } else if (my >= 0) {
     auto prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));

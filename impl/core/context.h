@@ -145,6 +145,7 @@ class Context {
   std::shared_ptr<gloo::transport::Device> transport_;
   std::shared_ptr<Device> device_;
   Backend backend_ = Backend::Gloo;
+  bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too
   bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)
   int next_group_id_ = 0;
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
