@@ -12,36 +12,14 @@
 #include "examples/c/mlp_model.h"
 #include "impl/common/dtype.h"
 #include "impl/partition/seeded_init.h"
+#include "tests/support/train_mlp_run.h"
 
 namespace {
 
-struct ExampleRun {
-  int rc = -1;
-  std::string out;
-  std::vector<double> losses;
-  std::string json;
-};
+using zs::test::ExampleRun;
 
 ExampleRun run_example(int ranks, const std::string& args) {
-  ExampleRun r;
-  const std::string cmd = std::string(ZS_ZSRUN_PATH) + " -n " + std::to_string(ranks) +
-                          " --no-prefix -- " ZS_BIN_DIR "/train_mlp " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) r.out.append(buf, n);
-  r.rc = pclose(f);
-  const std::regex step_re(R"(^step (\d+) loss (\S+))");
-  size_t start = 0;
-  while (start < r.out.size()) {
-    size_t end = r.out.find('\n', start);
-    if (end == std::string::npos) end = r.out.size();
-    const std::string line = r.out.substr(start, end - start);
-    std::smatch m;
-    if (std::regex_search(line, m, step_re)) r.losses.push_back(std::stod(m[2]));
-    if (!line.empty() && line[0] == '{') r.json = line;
-    start = end + 1;
-  }
-  return r;
+  return zs::test::run_train_mlp(ranks, args);
 }
 
 // The same 50 steps in one process: full batch, fp32, AdamW as torch.

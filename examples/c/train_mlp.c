@@ -209,6 +209,7 @@ int main(int argc, char** argv) {
   mlp_scratch scratch = mlp_scratch_new(local);
   float loss = 0.0f;
   int skipped = 0;
+  uint64_t allocs_after_first = 0;
   for (int step = 0; step < a.steps; ++step) {
     float step_loss = 0.0f;
     for (int micro = 0; micro < a.accum; ++micro) {
@@ -243,6 +244,11 @@ int main(int argc, char** argv) {
     CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
     CHECK(zs_work_destroy(w));
     loss = step_loss;
+    if (step == 0) { /* the device pool is warm now: later steps should reuse its blocks */
+      zs_memory_stats m1 = ZS_MEMORY_STATS_INIT;
+      CHECK(zs_context_memory(ctx, &m1));
+      allocs_after_first = m1.device_system_allocs;
+    }
     if (rank == 0)
       printf("step %d loss %.9g grad_norm %.6g loss_scale %g%s\n", step, loss, r.grad_norm, r.loss_scale,
              r.skipped ? " (skipped: overflow)" : "");
@@ -259,12 +265,19 @@ int main(int argc, char** argv) {
   CHECK(zs_allgather(&w, wg, mine, all, sizeof mine, ZS_UINT8));
   CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
   CHECK(zs_work_destroy(w));
+  zs_device_type dev_type;
+  int dev_id;
+  const char* backend;
+  CHECK(zs_context_device(ctx, &dev_type, &dev_id, &backend));
   if (rank == 0) {
     printf("{\"example\":\"train_mlp\",\"ranks\":%d,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"steps\":%d,"
+           "\"device\":\"%s:%d\",\"backend\":\"%s\",\"device_system_allocs_after_step0\":%llu,"
+           "\"device_system_allocs_at_end\":%llu,"
            "\"skipped_steps\":%d,\"final_loss\":%.9g,\"gathers\":%llu,\"hpz_gathers\":%llu,"
            "\"unsharded_param_bytes\":%llu,\"per_rank\":[",
-           world, a.dtype, a.optimizer, a.steps, skipped, loss, (unsigned long long)fs.gathers,
-           (unsigned long long)fs.hpz_gathers, (unsigned long long)all[3]);
+           world, a.dtype, a.optimizer, a.steps, dev_type == ZS_DEVICE_CUDA ? "cuda" : "cpu", dev_id, backend,
+           (unsigned long long)allocs_after_first, (unsigned long long)m.device_system_allocs, skipped, loss,
+           (unsigned long long)fs.gathers, (unsigned long long)fs.hpz_gathers, (unsigned long long)all[3]);
     for (int r = 0; r < world; ++r)
       printf("%s{\"rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,\"optimizer_bytes\":%llu}", r ? "," : "", r,
              (unsigned long long)all[4 * r], (unsigned long long)all[4 * r + 1], (unsigned long long)all[4 * r + 2]);

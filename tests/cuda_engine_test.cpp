@@ -1,0 +1,237 @@
+// The engine on a GPU: params, gradients and optimizer state in device
+// memory, a training run on CUDA giving the CPU's losses (a world of one,
+// also over NCCL by name; two ranks sharing one GPU over staged Gloo), and
+// a warm caching pool that stops calling cudaMalloc. Every test skips,
+// saying why, where no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <dlpack/dlpack.h>
+
+#include <cmath>
+#include <cstring>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+#include "tests/support/train_mlp_run.h"
+
+#ifdef ZS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+#define REQUIRE_GPU()                                                          \
+  do {                                                                         \
+    int count_ = 0;                                                            \
+    const char* reason_ = "";                                                  \
+    ZS_ASSERT_OK(zs_cuda_device_count(&count_, &reason_));                      \
+    if (count_ == 0) GTEST_SKIP() << "needs a CUDA device: " << reason_;        \
+  } while (0)
+
+zs_context cuda_context(const char* backend = nullptr) {
+  zs_context ctx = nullptr;
+  zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+  o.rank = 0;
+  o.world_size = 1;
+  o.device = "cuda:0";
+  o.backend = backend;
+  EXPECT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
+  return ctx;
+}
+
+bool is_device_pointer(const void* p) {
+#ifdef ZS_WITH_CUDA
+  cudaPointerAttributes a{};
+  return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+zs_param register_from(zs_context ctx, const char* name, zs_dtype dtype, int64_t numel,
+                       const void* data) {
+  zs_param p = nullptr;
+  zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+  po.name = name;
+  po.dtype = dtype;
+  po.ndim = 1;
+  po.shape = &numel;
+  po.init = ZS_INIT_FROM_ALL;
+  po.data = data;
+  po.data_bytes = static_cast<size_t>(numel) * (dtype == ZS_FLOAT32 ? 4 : 2);
+  EXPECT_EQ(zs_param_register(&p, ctx, &po), ZS_OK) << zs_last_error();
+  return p;
+}
+
+std::vector<float> ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + 1.0f);
+  return v;
+}
+
+TEST(CudaEngine, ParamsAndGathersLiveOnTheDevice) {
+  REQUIRE_GPU();
+#ifdef ZS_WITH_CUDA
+  zs_context ctx = cuda_context();
+  const auto values = ramp(100003, 1.0f);
+  zs_param p = register_from(ctx, "w", ZS_FLOAT32, 100003, values.data());
+  zs_param_info info = ZS_PARAM_INFO_INIT;
+  ZS_ASSERT_OK(zs_param_get_info(p, &info));
+  EXPECT_EQ(info.device_type, ZS_DEVICE_CUDA);
+  EXPECT_EQ(info.device_id, 0);
+  void* shard = nullptr;
+  ZS_ASSERT_OK(zs_param_shard_data(p, &shard, nullptr));
+  EXPECT_TRUE(is_device_pointer(shard));
+
+  zs_gather g;
+  ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+  ZS_ASSERT_OK(zs_gather_wait(g, ZS_WAIT_FOREVER));
+  ZS_ASSERT_OK(zs_gather_destroy(g));
+  void* full = nullptr;
+  ZS_ASSERT_OK(zs_param_data(p, &full));
+  EXPECT_TRUE(is_device_pointer(full));
+  std::vector<float> back(values.size());
+  ZS_ASSERT_OK(zs_param_copy_to(p, back.data(), back.size() * 4));
+  EXPECT_EQ(back, values);
+  // copy_to a device buffer works the same.
+  void* dbuf = nullptr;
+  ASSERT_EQ(cudaMalloc(&dbuf, values.size() * 4), cudaSuccess);
+  ZS_ASSERT_OK(zs_param_copy_to(p, dbuf, values.size() * 4));
+  std::vector<float> via(values.size());
+  ASSERT_EQ(cudaMemcpy(via.data(), dbuf, via.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(via, values);
+  cudaFree(dbuf);
+  // DLPack carries the device, without a copy.
+  DLManagedTensor* t = nullptr;
+  ZS_ASSERT_OK(zs_param_to_dlpack(p, &t));
+  EXPECT_EQ(t->dl_tensor.device.device_type, kDLCUDA);
+  EXPECT_EQ(t->dl_tensor.device.device_id, 0);
+  EXPECT_EQ(t->dl_tensor.data, full);
+  t->deleter(t);
+  ZS_ASSERT_OK(zs_release(ctx, &p, 1));
+  zs_context_destroy(ctx);
+#endif
+}
+
+// The same AdamW steps on a CPU context and a CUDA context (gradients
+// pushed from host memory on one, from device memory on the other) leave
+// the same shards: the kernels share their per-element formulas.
+TEST(CudaEngine, OptimizerStepsEqualTheCpu) {
+  REQUIRE_GPU();
+#ifdef ZS_WITH_CUDA
+  for (zs_dtype dtype : {ZS_FLOAT32, ZS_BFLOAT16}) {
+    zs_context ctxs[2];
+    zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+    o.rank = 0;
+    o.world_size = 1;
+    o.device = "cpu";
+    ZS_ASSERT_OK(zs_context_create(&ctxs[0], &o));
+    ctxs[1] = cuda_context();
+    std::vector<std::vector<float>> shards(2);
+    const int64_t n = 4099;
+    for (int d = 0; d < 2; ++d) {
+      zs_param p;
+      zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+      po.name = "w";
+      po.dtype = dtype;
+      po.ndim = 1;
+      po.shape = &n;
+      po.init = ZS_INIT_NORMAL;
+      po.seed = 7;
+      po.b = 0.5;
+      ZS_ASSERT_OK(zs_param_register(&p, ctxs[d], &po));
+      zs_optimizer opt;
+      ZS_ASSERT_OK(zs_optimizer_create(&opt, ctxs[d], ZS_OPTIM_ADAMW));
+      zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+      hp.lr = 1e-2;
+      hp.weight_decay = 0.1;
+      ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+      void* dgrad = nullptr;
+      ASSERT_EQ(cudaMalloc(&dgrad, static_cast<size_t>(n) * 4), cudaSuccess);
+      for (int step = 0; step < 3; ++step) {
+        auto grad = ramp(static_cast<size_t>(n), 0.1f * static_cast<float>(step + 1));
+        const void* src = grad.data();
+        if (d == 1 && dtype == ZS_FLOAT32) {
+          ASSERT_EQ(cudaMemcpy(dgrad, grad.data(), grad.size() * 4, cudaMemcpyHostToDevice),
+                    cudaSuccess);
+          src = dgrad;
+        }
+        if (dtype == ZS_BFLOAT16) {  // bf16 gradients: the upper halves
+          static std::vector<uint16_t> g16;
+          g16.resize(grad.size());
+          for (size_t i = 0; i < grad.size(); ++i) {
+            uint32_t u;
+            std::memcpy(&u, &grad[i], 4);
+            g16[i] = static_cast<uint16_t>(u >> 16);
+          }
+          src = g16.data();
+        }
+        ZS_ASSERT_OK(zs_grad_push(p, src, dtype, static_cast<size_t>(n) * (dtype == ZS_FLOAT32 ? 4 : 2)));
+        zs_step_result r = ZS_STEP_RESULT_INIT;
+        ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+      }
+      cudaFree(dgrad);
+      float* master = nullptr;
+      uint64_t numel = 0;
+      ZS_ASSERT_OK(zs_optimizer_state_data(opt, p, 0, &master, &numel));
+      shards[d].resize(numel);
+      ASSERT_EQ(cudaMemcpy(shards[d].data(), master, numel * 4, cudaMemcpyDefault), cudaSuccess);
+      zs_optimizer_destroy(opt);
+      zs_context_destroy(ctxs[d]);
+    }
+    ASSERT_EQ(shards[0].size(), shards[1].size());
+    double worst = 0;
+    for (size_t i = 0; i < shards[0].size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(shards[0][i]) - shards[1][i]));
+    EXPECT_LE(worst, 1e-6) << "dtype " << dtype;
+  }
+#endif
+}
+
+void expect_same_losses(const zs::test::ExampleRun& cpu, const zs::test::ExampleRun& gpu) {
+  ASSERT_EQ(cpu.rc, 0) << cpu.out;
+  ASSERT_EQ(gpu.rc, 0) << gpu.out;
+  ASSERT_EQ(cpu.losses.size(), gpu.losses.size()) << gpu.out;
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
+}
+
+uint64_t json_u64(const std::string& json, const std::string& key) {
+  std::smatch m;
+  const std::regex re("\"" + key + "\":(\\d+)");
+  if (!std::regex_search(json, m, re)) return UINT64_MAX;
+  return std::stoull(m[1]);
+}
+
+TEST(CudaEngine, TrainMlpOnCudaEqualsCpu) {
+  REQUIRE_GPU();
+  const auto cpu = zs::test::run_train_mlp(1, "--steps 30 --device cpu");
+  const auto gpu = zs::test::run_train_mlp(1, "--steps 30 --device cuda");
+  expect_same_losses(cpu, gpu);
+  EXPECT_NE(gpu.json.find("\"device\":\"cuda:0\""), std::string::npos) << gpu.json;
+  // After the first step the pool holds every block a step needs.
+  EXPECT_EQ(json_u64(gpu.json, "device_system_allocs_after_step0"),
+            json_u64(gpu.json, "device_system_allocs_at_end"))
+      << gpu.json;
+}
+
+TEST(CudaEngine, TrainMlpWorldOfOneOverNccl) {
+  REQUIRE_GPU();
+  const auto cpu = zs::test::run_train_mlp(1, "--steps 30 --device cpu");
+  const auto gpu = zs::test::run_train_mlp(1, "--steps 30 --device cuda", "ZS_BACKEND=nccl");
+  expect_same_losses(cpu, gpu);
+  EXPECT_NE(gpu.json.find("\"backend\":\"nccl\""), std::string::npos) << gpu.json;
+}
+
+TEST(CudaEngine, TwoRanksShareOneGpuOverStagedGloo) {
+  REQUIRE_GPU();
+  const auto cpu = zs::test::run_train_mlp(2, "--steps 30 --device cpu");
+  const auto gpu = zs::test::run_train_mlp(2, "--steps 30 --device cuda:0", "ZS_BACKEND=gloo");
+  expect_same_losses(cpu, gpu);
+  EXPECT_NE(gpu.json.find("\"backend\":\"gloo\""), std::string::npos) << gpu.json;
+}
+
+}  // namespace

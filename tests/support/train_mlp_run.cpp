@@ -1,0 +1,31 @@
+#include "tests/support/train_mlp_run.h"
+
+#include <cstdio>
+#include <regex>
+
+namespace zs::test {
+
+ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env) {
+  ExampleRun r;
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(ZS_ZSRUN_PATH) +
+                          " -n " + std::to_string(ranks) +
+                          " --no-prefix -- " ZS_BIN_DIR "/train_mlp " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) r.out.append(buf, n);
+  r.rc = pclose(f);
+  const std::regex step_re(R"(^step (\d+) loss (\S+))");
+  size_t start = 0;
+  while (start < r.out.size()) {
+    size_t end = r.out.find('\n', start);
+    if (end == std::string::npos) end = r.out.size();
+    const std::string line = r.out.substr(start, end - start);
+    std::smatch m;
+    if (std::regex_search(line, m, step_re)) r.losses.push_back(std::stod(m[2]));
+    if (!line.empty() && line[0] == '{') r.json = line;
+    start = end + 1;
+  }
+  return r;
+}
+
+}  // namespace zs::test

@@ -1,0 +1,20 @@
+// Runs the train_mlp example under zsrun and parses what it prints: the
+// per-step losses and the final JSON line.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zs::test {
+
+struct ExampleRun {
+  int rc = -1;
+  std::string out;
+  std::vector<double> losses;
+  std::string json;
+};
+
+// env: "NAME=value ..." put before the command (empty: none).
+ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env = "");
+
+}  // namespace zs::test
