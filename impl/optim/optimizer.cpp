@@ -101,6 +101,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     ctx_.memory().optimizer_bytes += state_bytes(s);
     group.slots.push_back(std::move(s));
   }
+  ctx_.device()->synchronize();  // the states are readable once we return
   groups_.push_back(std::move(group));
   return static_cast<int>(groups_.size()) - 1;
 }
@@ -243,11 +244,12 @@ StepResult Optimizer::step() {
     ctx_.drop_secondaries();
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
-    ctx_.device()->synchronize();  // the new shards are what the next gather sends
     ++step_;
   }
   scaler_.update(r.skipped);
   ctx_.grads().zero();
+  // New shards and zeroed gradients are in place once the step returns.
+  ctx_.device()->synchronize();
   r.loss_scale = scaler_.scale();
   r.step = step_;
   return r;

@@ -1,15 +1,20 @@
 #include "tests/support/train_mlp_run.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <regex>
 
 namespace zs::test {
 
 ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env) {
   ExampleRun r;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(ZS_ZSRUN_PATH) +
-                          " -n " + std::to_string(ranks) +
-                          " --no-prefix -- " ZS_BIN_DIR "/train_mlp " + args + " 2>&1";
+  // ZS_TEST_BIN_DIR: the build's bin/ when the build was moved (the GPU
+  // machine runs a build made elsewhere).
+  const char* moved = std::getenv("ZS_TEST_BIN_DIR");
+  const std::string bin = moved && *moved ? moved : ZS_BIN_DIR;
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + bin + "/zsrun -n " +
+                          std::to_string(ranks) + " --no-prefix -- " + bin + "/train_mlp " + args +
+                          " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, f)) r.out.append(buf, n);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU proof, in one command, on a machine with an NVIDIA GPU, from a
+# build made elsewhere (scripts/gpu_pack.sh puts it in .gpu-carry/):
+#   1. the GPU tests (CUDA kernels against their CPU twins, the NCCL
+#      communicator, the engine on CUDA);
+#   2. the examples on CUDA against the same run on the CPU: train_mlp in a
+#      world of one over NCCL and two ranks sharing the GPU over staged
+#      Gloo, and the Python GPT example;
+#   3. the GPU benchmarks (kernels against a device-to-device copy, the GPT
+#      step against plain PyTorch); each prints one JSON object last.
+# Logs go to $OUT (or gpu-check-out/) when set. Exits nonzero if any part
+# failed, after running every part.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+carry=$PWD/.gpu-carry
+out=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
+export ZS_TEST_BIN_DIR="$carry/bin" ZEROSHARD_LIBRARY="$carry/lib/libzeroshard.so"
+export PYTHONUNBUFFERED=1
+failed=()
+step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember failures
+  local name=$1
+  shift
+  echo "== $name: $*"
+  if "$@" >"$out/$name.log" 2>&1; then
+    tail -n 3 "$out/$name.log"
+  else
+    echo "FAILED ($name), last lines:"
+    tail -n 30 "$out/$name.log"
+    failed+=("$name")
+  fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+echo "commit $(git rev-parse --short HEAD 2>/dev/null), build of $(cat "$carry/commit" 2>/dev/null)"
+
+# Python binding: cffi comes from the carried sources when the image lacks it.
+python3 -c "import cffi" 2>/dev/null || eval "$(bash scripts/gpu_build_cffi.sh)" ||
+  echo "cffi could not be built: the Python parts will fail"
+export PYTHONPATH="$PWD/bindings/python:${PYTHONPATH:-}"
+
+gpu_tests='CudaKernels*:CudaEngine*:Nccl*:Device*'
+step gpu-tests bash -c "
+  fails=0
+  for t in \$('$carry/bin/zs_tests' --gtest_list_tests --gtest_filter='$gpu_tests' |
+              awk '/^[^ ]/ {suite=\$1} /^  / {print suite \$1}'); do
+    '$carry/bin/zs_tests' --gtest_filter=\"\$t\" --gtest_brief=1 || fails=\$((fails + 1))
+  done
+  echo \"\$fails failing test(s)\"
+  [ \$fails -eq 0 ]"
+
+mlp() { "$carry/bin/zsrun" -n "$1" --no-prefix -- "$carry/bin/train_mlp" --steps 50 "${@:2}"; }
+step mlp-cpu mlp 1 --device cpu
+step mlp-cuda-nccl env ZS_BACKEND=nccl "$carry/bin/zsrun" -n 1 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda
+step mlp-cpu-2 mlp 2 --device cpu
+step mlp-cuda-2-staged env ZS_BACKEND=gloo "$carry/bin/zsrun" -n 2 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda:0
+step mlp-compare python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+def losses(name):
+    return [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", open(f"{out}/{name}.log").read(), re.M)]
+worst = 0.0
+for cpu, gpu in (("mlp-cpu", "mlp-cuda-nccl"), ("mlp-cpu-2", "mlp-cuda-2-staged")):
+    a, b = losses(cpu), losses(gpu)
+    assert a and len(a) == len(b), (cpu, len(a), gpu, len(b))
+    rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    worst = max(worst, rel)
+    print(f"{gpu}: {len(b)} losses, max relative difference to {cpu}: {rel:.3g}")
+assert worst <= 1e-5, worst
+PY
+
+gpt() { python3 examples/python/train_gpt.py --steps 20 "$@"; }
+step gpt-cpu gpt --device cpu
+step gpt-cuda gpt --device cuda
+step gpt-compare python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+def losses(name):
+    return [float(x) for x in re.findall(r"loss[ =:]+([0-9.eE+-]+)", open(f"{out}/{name}.log").read())]
+a, b = losses("gpt-cpu"), losses("gpt-cuda")
+assert a and len(a) == len(b), (len(a), len(b))
+rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"GPT on CUDA: {len(b)} losses, max relative difference to the CPU: {rel:.3g}")
+assert rel <= 1e-4, rel
+PY
+step python-gpu-tests python3 -m pytest -q bindings/python/tests/test_cuda.py
+
+step bench-kernels "$carry/bin/bench_gpu_kernels"
+step bench-gpt-step python3 bench/bench_gpu_step.py
+
+echo "== summary"
+for f in bench-kernels bench-gpt-step; do tail -n 1 "$out/$f.log"; done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed: ${failed[*]}"
+  exit 1
+fi
+echo "every GPU check passed"
