@@ -74,10 +74,10 @@ gpt() { python3 examples/python/train_gpt.py --steps 20 "$@"; }
 step gpt-cpu gpt --device cpu
 step gpt-cuda gpt --device cuda
 step gpt-compare python3 - "$out" <<'PY'
-import re, sys
+import json, sys
 out = sys.argv[1]
-def losses(name):
-    return [float(x) for x in re.findall(r"loss[ =:]+([0-9.eE+-]+)", open(f"{out}/{name}.log").read())]
+def losses(name):  # the example's last line is a JSON object with every step's loss
+    return json.loads(open(f"{out}/{name}.log").read().strip().splitlines()[-1])["losses"]
 a, b = losses("gpt-cpu"), losses("gpt-cuda")
 assert a and len(a) == len(b), (len(a), len(b))
 rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))

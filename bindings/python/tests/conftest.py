@@ -3,6 +3,11 @@
 bindings/python goes on sys.path; ZEROSHARD_LIBRARY defaults to the
 repository's build/lib/libzeroshard.so (found from this file's location) when
 the environment does not name a library.
+
+ZS_DEVICE defaults to "cpu" for the tests (and the workers they launch):
+they read engine memory through host pointers (ctypes, numpy), which a
+context on a GPU would not give them. Tests of the CUDA path
+(test_cuda.py) name their device explicitly.
 """
 import os
 import sys
@@ -14,3 +19,5 @@ if _BINDING not in sys.path:
     sys.path.insert(0, _BINDING)
 if not os.environ.get("ZEROSHARD_LIBRARY"):
     os.environ["ZEROSHARD_LIBRARY"] = os.path.join(_ROOT, "build", "lib", "libzeroshard.so")
+if not os.environ.get("ZS_DEVICE"):
+    os.environ["ZS_DEVICE"] = "cpu"

@@ -66,6 +66,14 @@ typedef enum zs_dtype {
   ZS_DTYPE_ENUM_MAX_ = 2147483647
 } zs_dtype;
 
+/* Where memory lives; DLPack's values (kDLCPU, kDLCUDA). */
+typedef enum zs_device_type {
+  ZS_DEVICE_CPU = 1,
+  ZS_DEVICE_CUDA = 2,
+  ZS_DEVICE_TYPE_ENUM_MIN_ = -2147483648,
+  ZS_DEVICE_TYPE_ENUM_MAX_ = 2147483647
+} zs_device_type;
+
 typedef enum zs_reduce_op {
   ZS_SUM = 0,
   ZS_AVG = 1,
@@ -128,6 +136,8 @@ typedef struct zs_context_options {
   const char* config_path;
   int timeout_ms;
   const char* transport_host;
+  const char* device;
+  const char* backend;
 } zs_context_options;
 
 zs_status zs_context_create(zs_context* out, const zs_context_options* options);
@@ -152,6 +162,9 @@ typedef struct zs_memory_stats {
   uint64_t grad_bytes;
   uint64_t optimizer_bytes;
   uint64_t hpz_secondary_bytes;
+  uint64_t device_cache_bytes;
+  uint64_t device_system_allocs;
+  uint64_t device_reuses;
 } zs_memory_stats;
 
 typedef struct zs_fetch_stats {
@@ -162,6 +175,9 @@ typedef struct zs_fetch_stats {
 } zs_fetch_stats;
 
 zs_status zs_context_fetch_stats(zs_context ctx, zs_fetch_stats* stats);
+zs_status zs_context_device(zs_context ctx, zs_device_type* type, int* device_id,
+                            const char** backend);
+zs_status zs_cuda_device_count(int* count, const char** reason);
 zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
 /* Groups */
@@ -218,6 +234,8 @@ typedef struct zs_param_info {
   uint64_t shard_offset;
   uint64_t shard_valid;
   zs_param_status status;
+  zs_device_type device_type;
+  int device_id;
 } zs_param_info;
 
 zs_status zs_param_get_info(zs_param param, zs_param_info* info);

@@ -9,14 +9,21 @@ on them is a no-op.
 
 Buffers: wherever the engine reads or writes caller memory, pass any
 buffer-protocol object (bytes, bytearray, memoryview, numpy array; writable
-where the engine writes), a CPU torch tensor (contiguous), or a tuple
-``(address, nbytes)`` for raw memory such as ``tensor.data_ptr()``.
+where the engine writes), a CPU or CUDA torch tensor (contiguous), or a tuple
+``(address, nbytes)`` for raw memory such as ``tensor.data_ptr()``. The
+engine tells host from CUDA memory itself.
+
+Devices: a context lives on one device ("cpu" or "cuda:N", see
+``Context(device=...)``); the memory the engine hands out (full params,
+shards, gradient and optimizer shards) is that device's. ``Param.to_dlpack``
+and ``dlpack_from_pointer`` give zero-copy DLPack tensors of it.
 """
 import atexit
 import ctypes
 import json
 import os
 import sys
+import threading
 import weakref
 
 from ._ffi import ffi, lib
@@ -25,12 +32,15 @@ from .errors import check
 
 __all__ = [
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER",
-    "version", "config_check", "dtype_code", "dtype_size",
+    "DEVICE_CPU", "DEVICE_CUDA",
+    "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
+    "parse_device", "dlpack_from_pointer",
     "Context", "Group", "Param", "Gather", "Work", "Optimizer",
 ]
 
 FLOAT32, BFLOAT16, FLOAT16, UINT8 = 0, 1, 2, 3
 WAIT_FOREVER = -1
+DEVICE_CPU, DEVICE_CUDA = 1, 2  # zs_device_type: DLPack's kDLCPU, kDLCUDA
 
 _DTYPE_BY_NAME = {
     "float32": FLOAT32, "fp32": FLOAT32, "float": FLOAT32,
@@ -123,9 +133,10 @@ def _buffer(data, writable, what):
             raise ValueError("%s: nbytes %d is negative" % (what, nbytes))
         return ffi.cast("void*", address), nbytes, None
     if _is_torch_tensor(data):
-        if data.device.type != "cpu":
+        # CPU and CUDA memory alike: the engine tells them apart itself.
+        if data.device.type not in ("cpu", "cuda"):
             raise errors.NotSupportedError(
-                "%s: a %s tensor; this binding passes CPU memory only (use (address, nbytes))"
+                "%s: a %s tensor; the engine takes CPU or CUDA memory (use (address, nbytes))"
                 % (what, data.device.type), errors.NotSupportedError.status_code)
         if not data.is_contiguous():
             raise ValueError("%s: the tensor is not contiguous" % what)
@@ -134,7 +145,7 @@ def _buffer(data, writable, what):
         c = ffi.from_buffer("char[]", data, require_writable=writable)
     except (TypeError, BufferError, ValueError) as e:
         raise TypeError("%s: expected a %sbuffer object (bytes, bytearray, memoryview, numpy "
-                        "array), a CPU torch tensor or (address, nbytes), got %s: %s"
+                        "array), a CPU or CUDA torch tensor or (address, nbytes), got %s: %s"
                         % (what, "writable " if writable else "", type(data).__name__, e)) from e
     return ffi.cast("void*", c), len(c), c
 
@@ -162,6 +173,7 @@ _INIT_DEFAULTS = {
     "zs_context_options": dict(rank=-1, world_size=-1, local_rank=-1, local_world_size=-1,
                                store_port=-1),
     "zs_param_options": dict(b=1.0),
+    "zs_param_info": dict(device_type=DEVICE_CPU),
     "zs_optim_hparams": dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
                              bias_correction=1),
     "zs_step_result": dict(loss_scale=1.0),
@@ -197,6 +209,54 @@ def _config_source(config):
         return None, os.fspath(config)
     raise TypeError("config: expected a dict, JSON text or a path, got %s"
                     % type(config).__name__)
+
+
+def device_string(device_type, device_id):
+    """"cpu" or "cuda:N" for a zs_device_type and ordinal."""
+    device_type = int(device_type)
+    if device_type == DEVICE_CPU:
+        return "cpu"
+    if device_type == DEVICE_CUDA:
+        return "cuda:%d" % int(device_id)
+    return "device_type_%d:%d" % (device_type, int(device_id))
+
+
+def parse_device(device):
+    """(zs_device_type, ordinal) of "cpu", "cuda", "cuda:N", a torch.device,
+    or a (type, ordinal) pair; "cuda" is ordinal 0, as for the engine."""
+    if isinstance(device, tuple) and len(device) == 2:
+        return int(device[0]), int(device[1])
+    text = device.decode("ascii") if isinstance(device, bytes) else str(device)
+    text = text.strip().lower()
+    if text == "cpu":
+        return DEVICE_CPU, 0
+    if text == "cuda":
+        return DEVICE_CUDA, 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return DEVICE_CUDA, int(text[5:])
+    raise errors.InvalidArgumentError(
+        "device %r: expected \"cpu\", \"cuda\" or \"cuda:N\"" % (device,),
+        errors.InvalidArgumentError.status_code)
+
+
+def _device_option(device):
+    """A Context's device argument as the C string the engine parses (which
+    names a bad value itself); torch.device and (type, id) are accepted."""
+    if device is None or isinstance(device, (str, bytes)):
+        return device
+    if isinstance(device, tuple):
+        return device_string(*parse_device(device))
+    return str(device)  # torch.device("cuda", 1) -> "cuda:1"
+
+
+def cuda_device_count():
+    """(count, reason): the CUDA devices this process can use, and when there
+    are none, why (built without CUDA, no driver, no device visible)."""
+    count = ffi.new("int*")
+    reason = ffi.new("const char**")
+    check(lib.zs_cuda_device_count(count, reason))
+    why = ffi.string(reason[0]).decode("utf-8", "replace") if reason[0] != ffi.NULL else ""
+    return int(count[0]), why
 
 
 def version():
@@ -519,7 +579,8 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_CAPSULE_DESTRUCTOR))
 
 
 def _dlpack_capsule(managed_ptr):
-    address = int(ffi.cast("uintptr_t", managed_ptr))
+    address = managed_ptr if isinstance(managed_ptr, int) else int(
+        ffi.cast("uintptr_t", managed_ptr))
     destructor = ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value
     try:
         return _PyCapsule_New(address, _DLTENSOR_NAME, destructor)
@@ -528,6 +589,70 @@ def _dlpack_capsule(managed_ptr):
         if managed.deleter:
             managed.deleter(address)
         raise
+
+
+# DLPack tensors over memory the engine owns and hands out as raw pointers
+# (shards, gradient shards, optimizer state): the DLManagedTensor is built
+# here, and its deleter only drops the Python references that kept the
+# structure (and the owning object) alive. The engine's memory itself lives
+# as long as the engine object that owns it (a Param, an Optimizer).
+_DL_DTYPE = {FLOAT32: (2, 32), BFLOAT16: (4, 16), FLOAT16: (2, 16), UINT8: (1, 8)}  # (code, bits)
+_borrowed = {}  # address of a DLManagedTensor -> (tensor struct, shape array, owner)
+_borrowed_lock = threading.Lock()
+
+
+def _borrowed_deleter(address):
+    # Called by the consumer (torch, from any thread; ctypes takes the GIL)
+    # or by the capsule destructor for a capsule never consumed.
+    try:
+        with _borrowed_lock:
+            entry = _borrowed.pop(address, None)
+        # Dropped outside the lock: the owner's finaliser may run here.
+        del entry
+    except Exception:  # never raise into C
+        pass
+
+
+_BORROWED_DELETER = _DLDeleter(_borrowed_deleter)
+# Tensors may be freed during interpreter shutdown: keep the callback alive.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_BORROWED_DELETER))
+
+
+def dlpack_from_pointer(address, shape, dtype, device="cpu", owner=None):
+    """A "dltensor" PyCapsule over memory at ``address`` (no copy): a
+    row-major tensor of ``shape`` and ``dtype`` on ``device`` ("cpu",
+    "cuda:N", or a (zs_device_type, ordinal) pair). Nothing is freed when
+    the consumer drops the tensor; ``owner`` (e.g. the Param whose shard it
+    is) is kept alive as long as the tensor. The memory must stay valid for
+    that long: engine memory lives until its param, optimizer or context is
+    closed."""
+    if isinstance(shape, int) or hasattr(shape, "__index__"):
+        shape = (int(shape),)
+    shape = [int(d) for d in shape]
+    if len(shape) > 32 or any(d < 0 for d in shape):
+        raise ValueError("dlpack_from_pointer: bad shape %r" % (shape,))
+    code = dtype_code(dtype)
+    if code not in _DL_DTYPE:
+        raise errors.InvalidArgumentError("dlpack_from_pointer: dtype %r" % (dtype,),
+                                          errors.InvalidArgumentError.status_code)
+    device_type, device_id = parse_device(device)
+    managed = _DLManagedTensor()
+    dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+    t = managed.dl_tensor
+    t.data = int(address) or None
+    t.device = _DLDevice(device_type, device_id)
+    t.ndim = len(shape)
+    dl_code, bits = _DL_DTYPE[code]
+    t.dtype = _DLDataType(dl_code, bits, 1)
+    t.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    t.strides = None  # compact, row-major
+    t.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _BORROWED_DELETER
+    key = ctypes.addressof(managed)
+    with _borrowed_lock:
+        _borrowed[key] = (managed, dims, owner)
+    return _dlpack_capsule(key)
 
 
 # ---------------------------------------------------------------------------
@@ -556,6 +681,17 @@ class Param(_Owned):
         self.padded_numel = int(info.padded_numel)
         self.shard_offset = int(info.shard_offset)
         self.shard_valid = int(info.shard_valid)
+        self.device_type = int(info.device_type)  # DEVICE_CPU or DEVICE_CUDA
+        self.device_id = int(info.device_id)
+
+    @property
+    def device(self):
+        """Where shard and full data live: "cpu" or "cuda:N"."""
+        return device_string(self.device_type, self.device_id)
+
+    @property
+    def is_cuda(self):
+        return self.device_type == DEVICE_CUDA
 
     @property
     def ndim(self):
@@ -590,11 +726,21 @@ class Param(_Owned):
         check(lib.zs_param_to_dlpack(self._h, out))
         return _dlpack_capsule(out[0])
 
-    def __dlpack__(self, stream=None):
+    def __dlpack__(self, stream=None, *, max_version=None, dl_device=None, copy=None):
+        # The gathered data is complete on the device when the gather is
+        # waited for, so no stream needs to wait (stream is accepted and
+        # ignored). A legacy unversioned capsule is what the spec allows a
+        # producer to return whatever max_version asks for.
+        if copy:
+            raise BufferError("zeroshard.Param.__dlpack__: copy=True is not supported; "
+                              "the tensor is the engine's memory")
+        if dl_device is not None and tuple(int(v) for v in dl_device) != self.__dlpack_device__():
+            raise BufferError("zeroshard.Param.__dlpack__: the data is on %s, not on DLPack "
+                              "device %r" % (self.device, tuple(dl_device)))
         return self.to_dlpack()
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return (self.device_type, self.device_id)  # kDLCPU (1, 0) or kDLCUDA (2, N)
 
     def copy_to(self, buffer=None):
         """Copy the full data into buffer (exactly nbytes; BufferSizeError
@@ -607,11 +753,19 @@ class Param(_Owned):
         return buffer
 
     def shard_ptr(self):
-        """Address of this rank's shard (shard_numel elements, writable)."""
+        """Address of this rank's shard (shard_numel elements, writable), in
+        the memory of the param's device."""
         data = ffi.new("void**")
         n = ffi.new("uint64_t*")
         check(lib.zs_param_shard_data(self._h, data, n))
         return _address(data[0])
+
+    def shard_dlpack(self):
+        """A DLPack capsule over this rank's shard (shard_numel elements of
+        the param's dtype, on its device, writable, no copy); the tensor
+        keeps this Param object alive but is valid only until it is closed."""
+        return dlpack_from_pointer(self.shard_ptr(), (self.shard_numel,), self.dtype,
+                                   (self.device_type, self.device_id), owner=self)
 
     def push_grad(self, data, dtype):
         """Hand the engine the param's full gradient (numel elements of dtype)."""
@@ -621,11 +775,22 @@ class Param(_Owned):
         del keep
 
     def grad_shard_ptr(self):
-        """Address of this rank's fp32 gradient shard (0 before the first push)."""
+        """Address of this rank's fp32 gradient shard (0 before the first push),
+        in the memory of the param's device."""
         data = ffi.new("float**")
         n = ffi.new("uint64_t*")
         check(lib.zs_grad_shard_data(self._h, data, n))
         return _address(data[0])
+
+    def grad_shard_dlpack(self):
+        """A DLPack capsule over the fp32 gradient shard (shard_numel
+        elements, on the param's device, no copy), or None before the first
+        push. Valid after Context.grad_sync() and while this Param is open."""
+        addr = self.grad_shard_ptr()
+        if not addr and self.shard_numel:
+            return None
+        return dlpack_from_pointer(addr, (self.shard_numel,), FLOAT32,
+                                   (self.device_type, self.device_id), owner=self)
 
     def __repr__(self):
         return "<zeroshard.Param %r %s %s%s>" % (self.name, DTYPE_NAMES.get(self.dtype, self.dtype),
@@ -751,6 +916,14 @@ class Optimizer(_Owned):
         check(lib.zs_optimizer_state_data(self._h, param._h, int(slot), data, n))
         return _address(data[0]), int(n[0])
 
+    def state_dlpack(self, param, slot):
+        """A DLPack capsule over the fp32 state shard of state_ptr (no copy,
+        on the param's device, writable); the tensor keeps this optimizer
+        object alive but is valid only while it (and the param) are open."""
+        addr, n = self.state_ptr(param, slot)
+        return dlpack_from_pointer(addr, (n,), FLOAT32, (param.device_type, param.device_id),
+                                   owner=self)
+
     def sync_params(self):
         """Rewrite the working (16-bit) shards from the fp32 masters."""
         check(lib.zs_optimizer_sync_params(self._h))
@@ -783,13 +956,21 @@ class Context:
 
     Arguments left None come from the environment (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT, ...). ``config`` is a dict, JSON text (a string
-    starting with "{") or a path to a DeepSpeed JSON file."""
+    starting with "{") or a path to a DeepSpeed JSON file.
+
+    ``device``: "cpu", "cuda" or "cuda:N" (or a torch.device) for shards,
+    gathered params, gradients and optimizer state; None: the config's
+    "device" key, else $ZS_DEVICE, else this rank's GPU (LOCAL_RANK modulo
+    the GPUs) when there is one, else "cpu". ``backend``: "gloo" or "nccl";
+    None: $ZS_BACKEND, else NCCL on a GPU when libnccl loads, else Gloo
+    (GPU memory staged through pinned host memory)."""
 
     def __init__(self, rank=None, world_size=None, local_rank=None, local_world_size=None,
                  store_host=None, store_port=None, file_store_path=None, config=None,
-                 timeout_ms=0, transport_host=None):
+                 timeout_ms=0, transport_host=None, device=None, backend=None):
         self._closed = True
         self._h = ffi.NULL
+        self._device = None
         keep = []
         o = _new_struct("zs_context_options")
         o.rank = -1 if rank is None else int(rank)
@@ -804,6 +985,8 @@ class Context:
         o.config_path = _cstr(path, keep)
         o.timeout_ms = int(timeout_ms or 0)
         o.transport_host = _cstr(transport_host, keep)
+        o.device = _cstr(_device_option(device), keep)
+        o.backend = _cstr(backend, keep)
         out = ffi.new("zs_context*")
         check(lib.zs_context_create(out, o))
         self._h = out[0]
@@ -847,7 +1030,8 @@ class Context:
         if self._closed:
             return "<zeroshard.Context closed>"
         try:
-            return "<zeroshard.Context rank %d of %d>" % (self.rank, self.world_size)
+            return "<zeroshard.Context rank %d of %d on %s>" % (self.rank, self.world_size,
+                                                                 self.device)
         except errors.ZeroShardError:
             return "<zeroshard.Context (invalid)>"
 
@@ -872,6 +1056,36 @@ class Context:
     @property
     def local_world_size(self):
         return self._int(lib.zs_context_local_world_size)
+
+    def _device_info(self):
+        if self._device is None:  # fixed for the context's life
+            t = ffi.new("zs_device_type*")
+            i = ffi.new("int*")
+            b = ffi.new("const char**")
+            check(lib.zs_context_device(self._h, t, i, b))
+            self._device = (int(t[0]), int(i[0]), ffi.string(b[0]).decode("ascii"))
+        return self._device
+
+    @property
+    def device(self):
+        """Where the context's memory lives: "cpu" or "cuda:N"."""
+        t, i, _ = self._device_info()
+        return device_string(t, i)
+
+    @property
+    def device_type(self):
+        """DEVICE_CPU (1) or DEVICE_CUDA (2): DLPack's device type codes."""
+        return self._device_info()[0]
+
+    @property
+    def device_id(self):
+        """The device ordinal (0 on the CPU)."""
+        return self._device_info()[1]
+
+    @property
+    def backend(self):
+        """What collectives run on: "gloo" or "nccl"."""
+        return self._device_info()[2]
 
     @property
     def config(self):

@@ -122,7 +122,13 @@ def _make_strategy_class():
 
         def setup_environment(self):
             super().setup_environment()
-            zt.get_context(self.zs_config)
+            # The context goes where Lightning puts this rank's model
+            # (unless the config or ZS_DEVICE names a device).
+            try:
+                root = self.root_device
+            except Exception:
+                root = None
+            zt.get_context(self.zs_config, like=root)
 
         @contextlib.contextmanager
         def model_sharded_context(self):

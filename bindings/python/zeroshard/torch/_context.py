@@ -6,8 +6,16 @@ the engine's store never collides with torch's own on MASTER_PORT), else
 from the launcher's environment (torchrun, zsrun, Open MPI, Slurm). Under
 torchrun without a process group, MASTER_PORT belongs to torchrun's own
 store, so the port is agreed through that store instead.
+
+Device: the context lives where the model does. Unless a device is named
+(the `device` argument, the config's "device" key, or $ZS_DEVICE), the
+context is created on the device of the first params it partitions: "cpu"
+for a model built on the host (even on a machine with a GPU), "cuda:N" for
+one built on GPU N. Params then live on the context's device: their full
+data is a zero-copy view of the engine's memory there.
 """
 import datetime
+import json
 import os
 import socket
 
@@ -17,6 +25,7 @@ import torch.distributed as dist
 import zeroshard
 
 _context = None
+_pending = []  # (config, device) of the Init blocks entered before the context exists
 
 
 def _free_port():
@@ -65,19 +74,110 @@ def _port_through_torchrun_store():
     return int(store.get(key))
 
 
-def get_context(config=None):
-    """The process's context, created with `config` if it does not exist."""
+def get_context(config=None, device=None, like=None):
+    """The process's context, created if it does not exist yet.
+
+    It is created with `config`, on `device` if given, else on the device
+    the config or $ZS_DEVICE names, else on the device of `like` (a
+    torch.device or tensor: where the params to partition live), else where
+    the engine chooses (this rank's GPU when there is one). An existing
+    context (or one just created on the config's or $ZS_DEVICE's device)
+    whose device differs from `device`, or from a CUDA `like`, raises
+    RuntimeError: it cannot hold those params where they are.
+    """
+    if _context is None and config is None and device is None and _pending:
+        config, device = _pending[-1]  # inside an Init block: its config and device
     if _context is None:
-        return init_context(config=config)
+        where = None
+        if device is not None:
+            where = torch_device_string(device)
+        elif like is not None and not device_configured(config):
+            where = torch_device_string(_device_of(like))
+        init_context(config=config, device=where)
+    if device is not None:
+        want = torch_device_string(device)
+        if want != _context.device:
+            raise RuntimeError(f"zeroshard.torch: the context is on {_context.device}, not on {want}; "
+                               "one process has one context, on one device (call shutdown() first to "
+                               "start over on another)")
+    if like is not None:
+        have = _device_of(like)
+        if have.type == "cuda" and torch_device_string(have) != _context.device:
+            raise RuntimeError(f"zeroshard.torch: params on {torch_device_string(have)}, but the zeroshard "
+                               f"context is on {_context.device}: build the model on {_context.device}, or "
+                               "create the context on the model's device (zeroshard.torch.Init(device=...), "
+                               "partition_module(..., device=...), the config's \"device\" key or ZS_DEVICE)")
     return _context
 
 
+def _device_of(like):
+    if isinstance(like, torch.device):
+        return like
+    if torch.is_tensor(like):
+        return like.device
+    return torch.device(like)
+
+
+def torch_device_string(device):
+    """The engine's name ("cpu", "cuda:N") of a torch device or device
+    string. torch's "cuda" without an index is the current CUDA device,
+    as torch itself reads it."""
+    if isinstance(device, torch.device):
+        d = device
+    else:
+        try:
+            d = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            return str(device)  # the engine names what is wrong with it
+    if d.type == "cuda":
+        if d.index is not None:
+            return f"cuda:{d.index}"
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+        return "cuda"  # the engine says why CUDA cannot be used
+    if d.type == "cpu":
+        return "cpu"
+    raise ValueError(f"zeroshard.torch: params on {d}; the engine runs on \"cpu\" or \"cuda\" devices")
+
+
+def default_device():
+    """Where torch creates tensors now (torch.set_default_device, or a
+    `with torch.device(...)` block), as a torch.device."""
+    return torch.empty(0).device
+
+
+def device_configured(config):
+    """True when the config's "device" key or $ZS_DEVICE names the device."""
+    if os.environ.get("ZS_DEVICE"):
+        return True
+    try:
+        if config is None:
+            return False
+        if isinstance(config, (str, bytes, os.PathLike)) and not isinstance(config, bytes):
+            text = os.fspath(config)
+            if not text.lstrip().startswith("{"):
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            config = json.loads(text)
+        elif isinstance(config, bytes):
+            config = json.loads(config.decode("utf-8"))
+        return hasattr(config, "get") and config.get("device") not in (None, "")
+    except (OSError, ValueError, TypeError):
+        return False  # the engine reports a bad config itself
+
+
 def shutdown():
-    """Destroy the process's context and every param registered in it."""
+    """Destroy the process's context and every param registered in it.
+    Partitioned Parameters are forgotten (their .zs is dropped): they hold
+    no values any more, and a new context starts from scratch."""
     global _context
     if _context is not None:
-        _context.close()
-        _context = None
+        try:
+            _context.close()
+        finally:
+            _context = None
+            from ._params import forget_all  # a cycle at import time
+            forget_all()
 
 
 _TORCH_TO_ZS = {torch.float32: zeroshard.FLOAT32, torch.bfloat16: zeroshard.BFLOAT16,

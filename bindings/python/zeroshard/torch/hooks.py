@@ -8,6 +8,11 @@ subtree, fetched and released as one (see set_leaf_modules). Gradients of
 leaf params are summed locally and pushed at the step in registration
 order, zeros for params a rank did not use, so that ranks routing to
 different experts still issue identical collectives.
+
+On a GPU context gradients are handed over as CUDA pointers, without a copy
+to the host: the engine's stream is a blocking stream, so its copy runs
+after the backward kernels queued on torch's (legacy) default stream, and
+torch's later work on that stream runs after the copy.
 """
 import torch
 
@@ -169,7 +174,8 @@ class HookEngine:
         for p in self.leaf_params:
             if not p.requires_grad:
                 continue
-            g = p.zs.stash if p.zs.stash is not None else torch.zeros(p.zs.shape, dtype=p.zs.dtype)
+            g = p.zs.stash if p.zs.stash is not None else torch.zeros(p.zs.shape, dtype=p.zs.dtype,
+                                                                      device=p.zs.device)
             p.zs.zparam.push_grad((g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
             p.zs.stash = None
         for unit in self.units:

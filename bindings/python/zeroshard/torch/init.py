@@ -3,15 +3,18 @@ import functools
 
 import torch
 
-from ._context import get_context
+from . import _context
+from ._context import default_device, get_context
 from ._params import is_partitioned, partition_param
 from .hooks import HookEngine
 
 
-def _partition_own(module, dtype):
+def _partition_own(module, dtype, config=None, device=None):
     for name, p in module.named_parameters(recurse=False):
         if not is_partitioned(p):
-            partition_param(p, name=f"{type(module).__name__}.{name}", dtype=dtype)
+            # The context is created (or checked) against where this param lives.
+            ctx = get_context(config, device=device, like=p.data.device)
+            partition_param(p, name=f"{type(module).__name__}.{name}", dtype=dtype, ctx=ctx)
 
 
 class Init:
@@ -22,26 +25,42 @@ class Init:
 
         with zeroshard.torch.Init(config=ds_config):
             model = MyModel()
+
+    Device: params live on the context's device. Without `device` (and
+    without a "device" config key or $ZS_DEVICE) the context is created on
+    the device the first params are built on: a model built on the host
+    stays on the host, one built on a GPU (`with torch.device("cuda"):`,
+    or `device=` arguments of its layers) stays on that GPU. With
+    `device="cuda"`, params built on the host are registered from host
+    memory and live on the GPU from then on.
     """
 
     def __init__(self, module=None, config=None, config_dict_or_path=None, remote_device=None,
-                 pin_memory=False, dtype=None, enabled=True):
+                 pin_memory=False, dtype=None, enabled=True, device=None):
         if remote_device not in (None, "cpu"):
             raise NotImplementedError(f"zeroshard.torch.Init: remote_device={remote_device!r} is not "
                                       "supported yet (the engine keeps shards in host memory)")
         self.enabled = enabled
         self.dtype = dtype
+        self.device = device
         self.config = config if config is not None else config_dict_or_path
         self._patched = []
         if module is not None and enabled:
-            get_context(self.config)
+            get_context(self.config, device=device, like=_where_built(module))
             for m in module.modules():
-                _partition_own(m, dtype)
+                _partition_own(m, dtype, self.config, device)
 
     def __enter__(self):
         if not self.enabled:
             return self
-        get_context(self.config)
+        # Where the model will live is known now unless torch could build it
+        # on a GPU and nothing names the device: then the context is created
+        # when the first params are partitioned (on their device), or on exit
+        # if none were. Meanwhile get_context() uses this Init's config.
+        if (_context._context is not None or self.device is not None
+                or _context.device_configured(self.config) or not torch.cuda.is_available()):
+            get_context(self.config, device=self.device, like=default_device())
+        _context._pending.append((self.config, self.device))
         for cls in _all_module_classes():
             self._patch(cls)
         self._orig_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
@@ -59,6 +78,7 @@ class Init:
     def __exit__(self, *exc):
         if not self.enabled:
             return False
+        _context._pending.pop()
         if self._orig_init_subclass is None:
             del torch.nn.Module.__init_subclass__
         else:
@@ -66,13 +86,16 @@ class Init:
         for cls, orig in reversed(self._patched):
             cls.__init__ = orig
         self._patched.clear()
+        if exc[0] is None and _context._context is None:
+            # Nothing was partitioned: the context still gets this config.
+            get_context(self.config, device=self.device, like=default_device())
         return False
 
     def _patch(self, cls):
         if "__init__" not in cls.__dict__:
             return
         orig = cls.__dict__["__init__"]
-        dtype = self.dtype
+        dtype, config, device = self.dtype, self.config, self.device
 
         @functools.wraps(orig)
         def wrapped(module, *args, **kwargs):
@@ -83,10 +106,19 @@ class Init:
             finally:
                 module.__dict__["_zs_init_depth"] = depth
             if depth == 0:  # the outermost constructor of this object
-                _partition_own(module, dtype)
+                _partition_own(module, dtype, config, device)
 
         cls.__init__ = wrapped
         self._patched.append((cls, orig))
+
+
+def _where_built(module):
+    """The device of a module's first unpartitioned param; with none, where
+    torch builds tensors now if the context is still to be created."""
+    for p in module.parameters():
+        if not is_partitioned(p):
+            return p.data.device
+    return default_device() if _context._context is None else None
 
 
 def _all_module_classes():
@@ -100,12 +132,16 @@ def _all_module_classes():
     return seen
 
 
-def partition_module(module, dtype=None, config=None):
+def partition_module(module, dtype=None, config=None, device=None):
     """Partition a built module's params (values from rank 0) and install
-    the fetch/release/gradient hooks. Returns the module. Collective."""
-    get_context(config)
+    the fetch/release/gradient hooks. Returns the module. Collective.
+
+    Without `device`, a new context is created on the device of the
+    module's params (see Init); params on a GPU other than the context's
+    raise RuntimeError."""
+    get_context(config, device=device, like=_where_built(module))
     for m in module.modules():
-        _partition_own(m, dtype)
+        _partition_own(m, dtype, config, device)
     if getattr(module, "_zs_hooks", None) is None:
         engine = HookEngine(module)
         engine.install()

@@ -2,7 +2,7 @@
 import torch
 
 from ._context import get_context
-from ._params import is_partitioned, registered_params
+from ._params import is_partitioned, optimizer_state_view, registered_params
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
@@ -11,7 +11,8 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     A torch.optim.Optimizer as far as user code and LR schedulers can tell:
     param_groups with their hyper-parameters (read again at every step),
     step(), zero_grad(), state_dict() / load_state_dict(). The state itself
-    is sharded: this rank's slice of masters and moments.
+    is sharded: this rank's slice of masters and moments, as fp32 tensors
+    on the context's device (CUDA tensors on a GPU context).
     """
 
     def __init__(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
@@ -77,10 +78,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 per = {}
                 for slot in slots:
                     try:
-                        addr, n = self._engine.state_ptr(p.zs.zparam, slot)
+                        view = optimizer_state_view(self._engine, p.zs.zparam, slot)
                     except Exception:
                         continue  # e.g. SGD without momentum has no buffer
-                    per[slot] = _copy_floats(addr, n)
+                    per[slot] = view.clone()
                 shards[index[id(p)]] = per
         return {"state": {}, "param_groups": groups,
                 "zeroshard": {"kind": self.kind, "rank": ctx.rank, "world_size": ctx.world_size,
@@ -104,28 +105,17 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 for slot, values in z["shards"][index].items():
-                    addr, n = self._engine.state_ptr(p.zs.zparam, int(slot))
-                    if values.numel() != n:
+                    view = optimizer_state_view(self._engine, p.zs.zparam, int(slot))
+                    if values.numel() != view.numel():
                         raise ValueError(f"ZeroShardOptimizer.load_state_dict: slot {slot} of param {index} "
-                                         f"has {values.numel()} elements, expected {n}")
-                    _write_floats(addr, values)
+                                         f"has {values.numel()} elements, expected {view.numel()}")
+                    # Any device to the engine's: torch copies across devices.
+                    view.copy_(values.detach().reshape(-1))
                 index += 1
         self._engine.steps = z["steps"]
         self._engine.sync_params()
         for e in _hook_engines():
             e.after_step()
-
-
-def _copy_floats(addr, n):
-    import ctypes
-    buf = (ctypes.c_float * n).from_address(addr)
-    return torch.frombuffer(buf, dtype=torch.float32, count=n).clone() if n else torch.empty(0)
-
-
-def _write_floats(addr, values):
-    import ctypes
-    values = values.detach().to(torch.float32).contiguous()
-    ctypes.memmove(addr, values.data_ptr(), values.numel() * 4)
 
 
 def _hook_engines():
