@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/convert.h"
+#include "kernels/elementwise.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -41,45 +41,10 @@
 #endif
 
 namespace zs::kernels {
-namespace {
 
-// Elements per parallel chunk at least: inputs under 2 * kGrain (64K
-// elements) run on the calling thread.
-constexpr size_t kGrain = 32768;
-// sum_squares adds fixed blocks in order, so its result does not depend on
-// the thread count.
-constexpr size_t kSumBlock = 8192;
-
-// Per-call constants of the Adam update, derived in double as torch does in
-// Python, then rounded to fp32 as torch's kernels do with a Scalar.
-struct AdamC {
-  float gscale;  // grad multiplier
-  float decay;   // AdamW: 1 - lr * wd
-  float wd;      // Adam (L2): wd
-  float w1;      // lerp weight 1 - beta1
-  float omw1;    // 1 - w1 (fp32, as torch's lerp)
-  float b2;      // beta2
-  float omb2;    // 1 - beta2
-  float bc2s;    // sqrt(1 - beta2^step)
-  float eps;
-  float nstep;   // -lr / (1 - beta1^step)
-  bool has_wd;
-  bool adamw;
-  bool lerp_small;  // |w1| < 0.5: torch's lerp formula choice
-};
-
-struct SgdC {
-  float gscale;
-  float wd;
-  float mom;
-  float omd;  // 1 - dampening
-  float nlr;  // -lr
-  bool has_wd;
-  bool has_mom;
-  bool nesterov;
-  bool first;
-};
-
+// The per-call constants (kernels/elementwise.h). Out of line, under this
+// file's fp-contract=off, so the CPU kernels and the CUDA launchers derive
+// the very same fp32 constants.
 AdamC adam_consts(const AdamHyper& h, float grad_scale) {
   if (h.bias_correction && h.step < 1)
     throw std::invalid_argument("adam_step: step " + std::to_string(h.step) +
@@ -121,49 +86,14 @@ SgdC sgd_consts(const SgdHyper& h, float grad_scale) {
   return c;
 }
 
-// ---- scalar elements: the reference, and the vector paths' tails ----------
+namespace {
 
-inline void adam_elem(float& p, float& m, float& v, float graw, const AdamC& c) {
-  float g = graw * c.gscale;
-  if (c.has_wd) {
-    if (c.adamw)
-      p = p * c.decay;
-    else
-      g = g + c.wd * p;
-  }
-  m = c.lerp_small ? m + c.w1 * (g - m) : g - (g - m) * c.omw1;
-  v = v * c.b2 + (c.omb2 * g) * g;
-  const float denom = std::sqrt(v) / c.bc2s + c.eps;
-  p = p + (c.nstep * m) / denom;
-}
-
-inline void sgd_elem(float& p, float* buf, float graw, const SgdC& c) {
-  float g = graw * c.gscale;
-  if (c.has_wd) g = g + c.wd * p;
-  if (c.has_mom) {
-    const float b = c.first ? g : *buf * c.mom + c.omd * g;
-    *buf = b;
-    g = c.nesterov ? g + c.mom * b : b;
-  }
-  p = p + c.nlr * g;
-}
-
-inline void store_work1(void* w, WorkDtype t, size_t i, float x) {
-  switch (t) {
-    case WorkDtype::F32: static_cast<float*>(w)[i] = x; break;
-    case WorkDtype::BF16: static_cast<uint16_t*>(w)[i] = float_to_bf16(x); break;
-    case WorkDtype::F16: static_cast<uint16_t*>(w)[i] = float_to_fp16(x); break;
-  }
-}
-
-inline float load_work1(const void* w, WorkDtype t, size_t i) {
-  switch (t) {
-    case WorkDtype::F32: return static_cast<const float*>(w)[i];
-    case WorkDtype::BF16: return bf16_to_float(static_cast<const uint16_t*>(w)[i]);
-    case WorkDtype::F16: return fp16_to_float(static_cast<const uint16_t*>(w)[i]);
-  }
-  return 0.0f;
-}
+// Elements per parallel chunk at least: inputs under 2 * kGrain (64K
+// elements) run on the calling thread.
+constexpr size_t kGrain = 32768;
+// sum_squares adds fixed blocks in order, so its result does not depend on
+// the thread count.
+constexpr size_t kSumBlock = 8192;
 
 inline void* work_at(void* w, WorkDtype t, size_t i) {
   return w ? static_cast<char*>(w) + i * work_dtype_size(t) : nullptr;
@@ -172,7 +102,9 @@ inline const void* work_at(const void* w, WorkDtype t, size_t i) {
   return static_cast<const char*>(w) + i * work_dtype_size(t);
 }
 
-// ---- scalar ranges ---------------------------------------------------------
+// ---- scalar ranges: the reference, and the vector paths' tails -------------
+// The per-element operations are kernels/elementwise.h's, shared with the
+// CUDA kernels.
 
 namespace scalar_impl {
 
@@ -193,18 +125,18 @@ void sgd(float* p, float* buf, const float* g, size_t n, const SgdC& c, void* w,
 
 double sumsq(const float* x, size_t n) {
   double s = 0.0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (size_t i = 0; i < n; ++i) s = d_add(s, d_square(x[i]));
   return s;
 }
 
 bool finite(const float* x, size_t n) {
   uint32_t mx = 0;
-  for (size_t i = 0; i < n; ++i) mx = std::max(mx, float_bits(x[i]) & 0x7fffffffu);
-  return mx < 0x7f800000u;
+  for (size_t i = 0; i < n; ++i) mx = std::max(mx, abs_bits(x[i]));
+  return is_finite_bits(mx);
 }
 
 void scale(float* x, size_t n, float s) {
-  for (size_t i = 0; i < n; ++i) x[i] = x[i] * s;
+  for (size_t i = 0; i < n; ++i) x[i] = f_mul(x[i], s);
 }
 
 void from_f32(const float* src, void* dst, WorkDtype t, size_t n) {
@@ -216,7 +148,7 @@ void to_f32(const void* src, WorkDtype t, float* dst, size_t n) {
 }
 
 void add_to(const void* src, WorkDtype t, float* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = dst[i] + load_work1(src, t, i);
+  for (size_t i = 0; i < n; ++i) dst[i] = f_add(dst[i], load_work1(src, t, i));
 }
 
 }  // namespace scalar_impl

@@ -45,7 +45,10 @@ void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t 
   if (n == 0) return;
   ZS_ON_CUDA(dev, cast_to_f32_scaled, src, work_dtype(dtype), dst, n, divisor)
   widen_to_f32(src, dtype, dst, n);
-  if (divisor != 1.0f) scale_f32(dst, n, divisor);
+  // A true division, as the CUDA kernel does (a reciprocal multiply can
+  // differ in the last bit).
+  if (divisor != 1.0f)
+    for (size_t i = 0; i < n; ++i) dst[i] = dst[i] / divisor;
 }
 
 void add_f32(Device& dev, float* dst, const float* src, size_t n) {
