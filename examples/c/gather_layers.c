@@ -81,10 +81,18 @@ int main(void) {
       const int p = l * PER_LAYER + k;
       zs_param_info info = ZS_PARAM_INFO_INIT;
       float* data;
+      float* host_copy = NULL;
       CHECK(zs_param_get_info(params[p], &info));
-      CHECK(zs_param_data(params[p], (void**)&data));
+      if (info.device_type == ZS_DEVICE_CPU) { /* read in place */
+        CHECK(zs_param_data(params[p], (void**)&data));
+      } else { /* GPU memory: copy it out to check it here */
+        host_copy = malloc(info.numel * sizeof(float));
+        CHECK(zs_param_copy_to(params[p], host_copy, info.numel * sizeof(float)));
+        data = host_copy;
+      }
       for (uint64_t i = 0; i < info.numel; ++i)
         if (fabsf(data[i] - expected_value(p, i)) != 0.0f) ++bad;
+      free(host_copy);
     }
     CHECK(zs_release(ctx, &params[l * PER_LAYER], PER_LAYER));
     CHECK(zs_gather_destroy(cur));

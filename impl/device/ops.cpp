@@ -38,7 +38,7 @@ void check_launch(int err, const char* kernel, Device& dev) {
     return;                                                                     \
   }
 #else
-#define ZS_ON_CUDA(dev, kernel, ...)
+#define ZS_ON_CUDA(dev, kernel, ...) (void)(dev);
 #endif
 
 void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t n, float divisor) {
@@ -92,6 +92,7 @@ void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, doubl
                             bool* finite) {
   *sum = 0.0;
   *finite = true;
+  (void)dev;
 #ifdef ZS_WITH_CUDA
   if (dev.is_cuda()) {
     // One slot per range on the device, summed on the host in range order
