@@ -70,7 +70,7 @@ for cpu, gpu in (("mlp-cpu", "mlp-cuda-nccl"), ("mlp-cpu-2", "mlp-cuda-2-staged"
 assert worst <= 1e-5, worst
 PY
 
-gpt() { python3 examples/python/train_gpt.py --steps 20 "$@"; }
+gpt() { "$carry/bin/zsrun" -n 1 --no-prefix -- python3 examples/python/train_gpt.py --steps 20 "$@"; }
 step gpt-cpu gpt --device cpu
 step gpt-cuda gpt --device cuda
 step gpt-compare python3 - "$out" <<'PY'

@@ -26,7 +26,7 @@ ln -sf libzeroshard.so.0 "$out/lib/libzeroshard.so"
 # GPU machine has in newer versions.
 ldd build/lib/libzeroshard.so build/bin/zs_tests build/bin/train_mlp |
   awk '/=> \// {print $3}' | sort -u |
-  grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+  grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libzeroshard)\.so' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 # cffi for the Python binding (the GPU image has none and cannot download).
 [ -d "$out/cffi" ] || scripts/gpu_pack_cffi.sh

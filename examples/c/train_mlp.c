@@ -269,13 +269,15 @@ int main(int argc, char** argv) {
   int dev_id;
   const char* backend;
   CHECK(zs_context_device(ctx, &dev_type, &dev_id, &backend));
+  char dev_name[32] = "cpu";
+  if (dev_type == ZS_DEVICE_CUDA) snprintf(dev_name, sizeof dev_name, "cuda:%d", dev_id);
   if (rank == 0) {
     printf("{\"example\":\"train_mlp\",\"ranks\":%d,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"steps\":%d,"
-           "\"device\":\"%s:%d\",\"backend\":\"%s\",\"device_system_allocs_after_step0\":%llu,"
+           "\"device\":\"%s\",\"backend\":\"%s\",\"device_system_allocs_after_step0\":%llu,"
            "\"device_system_allocs_at_end\":%llu,"
            "\"skipped_steps\":%d,\"final_loss\":%.9g,\"gathers\":%llu,\"hpz_gathers\":%llu,"
            "\"unsharded_param_bytes\":%llu,\"per_rank\":[",
-           world, a.dtype, a.optimizer, a.steps, dev_type == ZS_DEVICE_CUDA ? "cuda" : "cpu", dev_id, backend,
+           world, a.dtype, a.optimizer, a.steps, dev_name, backend,
            (unsigned long long)allocs_after_first, (unsigned long long)m.device_system_allocs, skipped, loss,
            (unsigned long long)fs.gathers, (unsigned long long)fs.hpz_gathers, (unsigned long long)all[3]);
     for (int r = 0; r < world; ++r)
