@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect_error.h"
 #include "impl/comm/cuda/nccl_communicator.h"
 #include "impl/comm/nccl_library.h"
 #include "impl/comm/store.h"
@@ -42,17 +43,7 @@ struct TempDir {
   }
 };
 
-template <typename Fn>
-std::string error_of(Code code, Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected zs::Error with code " << static_cast<int>(code);
-  return "";
-}
+using zs::test::error_of;
 
 // Empty when device 0 is usable; otherwise why not.
 std::string device_problem() {

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect_error.h"
 #include "impl/comm/nccl_library.h"
 #include "impl/common/error.h"
 
@@ -70,18 +71,7 @@ struct TempDir {
   }
 };
 
-// Runs fn, which must throw zs::Error with code; returns the message.
-template <typename Fn>
-std::string error_of(Code code, Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected zs::Error with code " << static_cast<int>(code);
-  return "";
-}
+using zs::test::error_of;
 
 void touch(const std::string& file) {
   fs::create_directories(fs::path(file).parent_path());

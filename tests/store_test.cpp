@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect_error.h"
 #include "impl/comm/store.h"
 #include "impl/common/error.h"
 
@@ -38,18 +39,7 @@ int64_t ms_since(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
 }
 
-// Runs fn, which must throw zs::Error with code; returns the message.
-template <typename Fn>
-std::string error_of(Code code, Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected zs::Error with code " << static_cast<int>(code);
-  return "";
-}
+using zs::test::error_of;
 
 struct TempDir {
   std::string path;
