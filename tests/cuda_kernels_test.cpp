@@ -28,6 +28,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
+#include "tests/support/optim_cases.h"
 
 namespace zs::kernels::cuda_test {
 namespace {
@@ -335,35 +336,11 @@ void CudaKernels::compare_sgd(size_t n, Work w, float momentum, float dampening,
   }
 }
 
-struct AdamCase {
-  bool adamw;
-  float wd;
-  bool bias;
-  float beta1;
-};
+using zs::test::AdamCase;
+using zs::test::kAdamCases;
 
-const AdamCase kAdamCases[] = {
-    {true, 0.01f, true, 0.9f},    // AdamW
-    {false, 0.01f, true, 0.9f},   // Adam with L2
-    {true, 0.0f, true, 0.9f},     // no weight decay
-    {true, 0.05f, false, 0.9f},   // AdamW, no bias correction
-    {false, 0.02f, false, 0.9f},  // Adam L2, no bias correction
-    {true, 0.01f, true, 0.3f},    // beta1 < 0.5: torch's other lerp formula
-};
-
-struct SgdCase {
-  float momentum, dampening, wd;
-  bool nesterov;
-};
-
-const SgdCase kSgdCases[] = {
-    {0.0f, 0.0f, 0.0f, false},   // plain
-    {0.0f, 0.0f, 0.01f, false},  // plain + weight decay
-    {0.9f, 0.0f, 0.0f, false},   // momentum
-    {0.9f, 0.0f, 0.01f, true},   // nesterov + weight decay
-    {0.8f, 0.1f, 0.0f, false},   // dampening
-    {0.9f, 0.25f, 0.02f, true},  // everything
-};
+using zs::test::SgdCase;
+using zs::test::kSgdCases;
 
 TEST_F(CudaKernels, AdamBitIdenticalToScalarReferenceOddSizes) {
   for (size_t n : kOddSizes)

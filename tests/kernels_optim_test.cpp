@@ -25,6 +25,7 @@
 #include "kernels/convert.h"
 #include "kernels/optim.h"
 #include "kernels/parallel.h"
+#include "tests/support/optim_cases.h"
 
 namespace zs::kernels {
 namespace {
@@ -141,21 +142,8 @@ void expect_working(const WorkBuf& wb, const std::vector<float>& master,
   EXPECT_EQ(bad_ref, 0u) << what << ": working copy more than 1 ulp from the reference's";
 }
 
-struct AdamCase {
-  bool adamw;
-  float wd;
-  bool bias;
-  float beta1;
-};
-
-const AdamCase kAdamCases[] = {
-    {true, 0.01f, true, 0.9f},    // AdamW
-    {false, 0.01f, true, 0.9f},   // Adam with L2
-    {true, 0.0f, true, 0.9f},     // no weight decay
-    {true, 0.05f, false, 0.9f},   // AdamW, no bias correction
-    {false, 0.02f, false, 0.9f},  // Adam L2, no bias correction
-    {true, 0.01f, true, 0.3f},    // beta1 < 0.5: torch's other lerp formula
-};
+using zs::test::AdamCase;
+using zs::test::kAdamCases;
 
 std::string adam_case_name(const AdamCase& c) {
   return std::string(c.adamw ? "adamw" : "adam-l2") + " wd=" + std::to_string(c.wd) +
@@ -188,19 +176,8 @@ void compare_adam(size_t n, Work w, const AdamCase& ac, int steps, float grad_sc
   }
 }
 
-struct SgdCase {
-  float momentum, dampening, wd;
-  bool nesterov;
-};
-
-const SgdCase kSgdCases[] = {
-    {0.0f, 0.0f, 0.0f, false},   // plain
-    {0.0f, 0.0f, 0.01f, false},  // plain + weight decay
-    {0.9f, 0.0f, 0.0f, false},   // momentum
-    {0.9f, 0.0f, 0.01f, true},   // nesterov + weight decay
-    {0.8f, 0.1f, 0.0f, false},   // dampening
-    {0.9f, 0.25f, 0.02f, true},  // everything
-};
+using zs::test::SgdCase;
+using zs::test::kSgdCases;
 
 std::string sgd_case_name(const SgdCase& c) {
   return "mom=" + std::to_string(c.momentum) + " damp=" + std::to_string(c.dampening) +

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "impl/common/error.h"
+#include "impl/device/device.h"
 
 namespace zs {
 namespace {
@@ -474,10 +475,8 @@ void read_device(Section& top, Config& c) {
   auto e = top.given({"device"});
   if (!e) return;
   const std::string text = e->value->is_string() ? e->value->get<std::string>() : "";
-  if (text != "cpu" && text != "cuda" && !(text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
-                                           text.find_first_not_of("0123456789", 5) ==
-                                               std::string::npos && text.size() <= 9))
-    fail_value(*e, "\"cpu\", \"cuda\" or \"cuda:N\"");
+  DeviceRef ref;
+  if (!try_parse_device(text, &ref)) fail_value(*e, "\"cpu\", \"cuda\" or \"cuda:N\"");
   c.device = text;
 }
 

@@ -31,8 +31,10 @@ struct DeviceRef {
   std::string str() const;  // "cpu" | "cuda:N"
 };
 
-// "cpu", "cuda" (device 0) or "cuda:N"; anything else is InvalidConfig
-// naming the text. `what` names the setting in the message.
+// "cpu", "cuda" (device 0) or "cuda:N"; false for anything else.
+bool try_parse_device(const std::string& text, DeviceRef* out);
+// The same, with anything else an InvalidConfig error naming the text;
+// `what` names the setting in the message.
 DeviceRef parse_device(const std::string& text, const char* what);
 
 class Device : public std::enable_shared_from_this<Device> {

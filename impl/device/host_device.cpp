@@ -48,19 +48,24 @@ std::string DeviceRef::str() const {
   return is_cuda() ? "cuda:" + std::to_string(ordinal) : "cpu";
 }
 
-DeviceRef parse_device(const std::string& text, const char* what) {
-  if (text == "cpu") return {};
-  if (text == "cuda") return {DeviceKind::Cuda, 0};
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 9) {
-    int n = 0;
-    for (size_t i = 5; i < text.size(); ++i) {
-      if (text[i] < '0' || text[i] > '9') n = -1;
-      if (n < 0) break;
-      n = n * 10 + (text[i] - '0');
-    }
-    if (n >= 0) return {DeviceKind::Cuda, n};
+bool try_parse_device(const std::string& text, DeviceRef* out) {
+  if (text == "cpu" || text == "cuda") {
+    *out = text == "cpu" ? DeviceRef{} : DeviceRef{DeviceKind::Cuda, 0};
+    return true;
   }
-  fail(Code::InvalidConfig, what, ": \"", text, "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
+  // "cuda:" and 1 to 4 digits (no device server has more GPUs).
+  if (text.rfind("cuda:", 0) != 0 || text.size() < 6 || text.size() > 9 ||
+      text.find_first_not_of("0123456789", 5) != std::string::npos)
+    return false;
+  *out = {DeviceKind::Cuda, std::stoi(text.substr(5))};
+  return true;
+}
+
+DeviceRef parse_device(const std::string& text, const char* what) {
+  DeviceRef ref;
+  if (!try_parse_device(text, &ref))
+    fail(Code::InvalidConfig, what, ": \"", text, "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
+  return ref;
 }
 
 const std::shared_ptr<Device>& host_device() {

@@ -60,7 +60,8 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
     case InitKind::Zeros: break;
     case InitKind::FromAll:
       check_data(*p, spec);
-      ctx.device()->synchronize();  // the zeroed padding, before a synchronous copy
+      // Ordered after the zeroing: copy_between runs on the same device's
+      // engine stream.
       copy_between(p->shard->data(),
                    static_cast<const uint8_t*>(spec.data) + p->layout.shard_offset * elem,
                    p->layout.shard_valid * elem);
