@@ -73,7 +73,22 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->choose_device(options);
   ctx->connect(options);
   ctx->build_topology();
+  ctx->wait_for_every_rank();
   return ctx;
+}
+
+// Gloo's full-mesh connect finishes on each rank in its own time: a rank can
+// return from create while a peer is still reading its handshake. Waiting
+// here for every rank's "ready" means create returns only once all of them
+// are connected, so a rank that fails later shows up as a failed collective,
+// not as a failed create on some peer.
+void Context::wait_for_every_rank() {
+  if (!store_ || ranks_.world_size == 1) return;
+  store_->set("zs/ready/" + std::to_string(ranks_.rank), {'1'});
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(ranks_.world_size));
+  for (int r = 0; r < ranks_.world_size; ++r) keys.push_back("zs/ready/" + std::to_string(r));
+  store_->wait(keys);
 }
 
 void Context::connect(const ContextOptions& options) {

@@ -126,6 +126,7 @@ class Context {
   void choose_device(const ContextOptions& options);
   void agree_on_backend();
   void build_topology();
+  void wait_for_every_rank();
   void build_mics_hierarchy();
   // The member group of a partition of the world into rank lists.
   std::shared_ptr<Group> create_partition_family(const std::string& kind,
