@@ -118,7 +118,7 @@ TEST(Device, ParsesDeviceNames) {
       zs::parse_device(bad, "the setting");
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const zs::Error& e) {
-      EXPECT_EQ(e.code(), zs::Code::InvalidConfig);
+      EXPECT_EQ(e.code(), zs::Code::InvalidArgument);
       EXPECT_NE(std::string(e.what()).find(std::string("the setting: \"") + bad + "\""),
                 std::string::npos)
           << e.what();
@@ -177,13 +177,13 @@ TEST(Device, CudaContextWithoutAGpuSaysWhy) {
   setenv("ZS_DEVICE", "cuda", 1);
   expect_error(create_single(&ctx, nullptr, nullptr), ZS_ERR_NOT_SUPPORTED, "device cuda:0");
   setenv("ZS_DEVICE", "tpu", 1);
-  expect_error(create_single(&ctx, nullptr, nullptr), ZS_ERR_INVALID_CONFIG, "ZS_DEVICE: \"tpu\"");
+  expect_error(create_single(&ctx, nullptr, nullptr), ZS_ERR_INVALID_ARGUMENT, "ZS_DEVICE: \"tpu\"");
   setenv("ZS_DEVICE", "cpu", 1);
 }
 
 TEST(Device, BadDeviceAndBackendNameTheValue) {
   zs_context ctx = nullptr;
-  expect_error(create_single(&ctx, "gpu", nullptr), ZS_ERR_INVALID_CONFIG,
+  expect_error(create_single(&ctx, "gpu", nullptr), ZS_ERR_INVALID_ARGUMENT,
                "context option device: \"gpu\"");
   expect_error(create_single(&ctx, nullptr, nullptr, R"({"device": 7})"), ZS_ERR_INVALID_CONFIG,
                "device: got 7");

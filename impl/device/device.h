@@ -33,8 +33,9 @@ struct DeviceRef {
 
 // "cpu", "cuda" (device 0) or "cuda:N"; false for anything else.
 bool try_parse_device(const std::string& text, DeviceRef* out);
-// The same, with anything else an InvalidConfig error naming the text;
-// `what` names the setting in the message.
+// The same, with anything else an InvalidArgument error naming the text
+// (as for a bad backend); `what` names the setting in the message. The
+// config's "device" key is checked by the config parser (InvalidConfig).
 DeviceRef parse_device(const std::string& text, const char* what);
 
 class Device : public std::enable_shared_from_this<Device> {

@@ -64,7 +64,7 @@ bool try_parse_device(const std::string& text, DeviceRef* out) {
 DeviceRef parse_device(const std::string& text, const char* what) {
   DeviceRef ref;
   if (!try_parse_device(text, &ref))
-    fail(Code::InvalidConfig, what, ": \"", text, "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
+    fail(Code::InvalidArgument, what, ": \"", text, "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
   return ref;
 }
 
