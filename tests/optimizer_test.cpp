@@ -162,6 +162,44 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ZS_OPTIM_ADAM, ZS_BFLOAT16, false}, Case{ZS_OPTIM_SGD, ZS_FLOAT32, false},
                       Case{ZS_OPTIM_SGD, ZS_FLOAT32, true}, Case{ZS_OPTIM_SGD, ZS_FLOAT16, true}));
 
+// torch.optim.SGD makes its momentum buffer at the first step that uses
+// momentum, from that step's gradient (dampening not applied); so must we
+// when set_hparams switches momentum on after the group was made.
+TEST(Optimizer, SgdMomentumSwitchedOnLaterStartsItsBufferThen) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = make_param(ctx, ZS_FLOAT32, "w");
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    hp.lr = 0.05;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    zs_memory_stats m = ZS_MEMORY_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_memory(ctx, &m));
+    EXPECT_EQ(m.optimizer_bytes, 0u);  // fp32 without momentum: no state
+    Reference ref(ZS_FLOAT32);
+    for (int s = 0; s < 5; ++s) {
+      if (s == 2) {
+        hp.momentum = 0.9;
+        hp.dampening = 0.5;  // must not touch the step that starts the buffer
+        ZS_ASSERT_OK(zs_optimizer_set_hparams(opt, -1, &hp));
+      }
+      push(p, s);
+      ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
+      // The reference starts its buffer at step 3, as torch would.
+      ref.step(ZS_OPTIM_SGD, hp, grad_of(s), s == 2 ? 1 : s + 1, 1.0f, ZS_FLOAT32);
+      ASSERT_EQ(gathered(ctx, p, ZS_FLOAT32), ref.working) << "step " << s;
+    }
+    ZS_ASSERT_OK(zs_context_memory(ctx, &m));
+    EXPECT_EQ(m.optimizer_bytes, (kNumel + 1) / 2 * 4u);
+    zs_optimizer_destroy(opt);
+    ZS_ASSERT_OK(zs_context_memory(ctx, &m));
+    EXPECT_EQ(m.optimizer_bytes, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
 TEST(Optimizer, ParamGroupsKeepTheirOwnHyperParameters) {
   run_ranks(2, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env);

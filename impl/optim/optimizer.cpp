@@ -135,9 +135,17 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   void* working = p.dtype == DType::F32 ? nullptr : p.shard->data();
   const auto& hp = g.hp;
   if (kind_ == OptimKind::Sgd) {
+    bool first = step_ == 0;
+    if (hp.momentum > 0.0 && !s.state1) {
+      // Momentum switched on after the group was made (set_hparams): the
+      // buffer starts now, from this step's gradient, as torch's does.
+      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
+      ctx_.memory().optimizer_bytes += s.state1->bytes();
+      first = true;
+    }
     kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
                         static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
-                        hp.nesterov, step_ == 0};
+                        hp.nesterov, first};
     ops::sgd_step(*ctx_.device(), master,
                   s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n, h,
                   grad_scale, working, p.dtype);
