@@ -57,6 +57,15 @@ inline bool valid_dtype(WorkDtype t) {
 // non-sticky error so that it does not surface at the next call).
 inline int launch_result() { return static_cast<int>(cudaGetLastError()); }
 
+// A runtime call's error as a launcher's result. A failed call also sets the
+// thread's last error; it is cleared here (as launch_result and check_cuda
+// do), else the next launcher's launch_result would report it for a launch
+// that succeeded.
+inline int api_result(cudaError_t e) {
+  if (e != cudaSuccess) cudaGetLastError();
+  return static_cast<int>(e);
+}
+
 constexpr int kInvalid = static_cast<int>(cudaErrorInvalidValue);
 
 // ---- vector loads and stores (V = 1 or 4 elements) -------------------------
@@ -161,7 +170,7 @@ template <class Op>
 int launch_elementwise(const Op& op, size_t n, bool vec4, void* stream) {
   unsigned blocks = 0;
   const cudaError_t e = grid_for(vec4 ? (n + 3) / 4 : n, &blocks);
-  if (e != cudaSuccess) return static_cast<int>(e);
+  if (e != cudaSuccess) return api_result(e);
   if (vec4)
     elementwise_kernel<4, Op><<<blocks, kThreads, 0, as_stream(stream)>>>(op, n);
   else

@@ -112,7 +112,7 @@ int batched_copy(const CopySegment* segments, size_t count, void* stream) {
     if (segments[i].bytes > 0 && (!segments[i].dst || !segments[i].src)) return kInvalid;
   int sms = 0;
   const cudaError_t e = detail::sm_count(&sms);
-  if (e != cudaSuccess) return static_cast<int>(e);
+  if (e != cudaSuccess) return detail::api_result(e);
   const size_t max_blocks = static_cast<size_t>(sms) * detail::kBlocksPerSm;
 
   CopyBatch b{};

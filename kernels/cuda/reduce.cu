@@ -116,7 +116,7 @@ __global__ void set_one(int* out) { *out = 1; }
 int sum_squares(const float* x, size_t n, double* out, void* stream) {
   if (!out) return kInvalid;
   const cudaStream_t s = detail::as_stream(stream);
-  if (n == 0) return static_cast<int>(cudaMemsetAsync(out, 0, sizeof(double), s));  // +0.0
+  if (n == 0) return detail::api_result(cudaMemsetAsync(out, 0, sizeof(double), s));  // +0.0
   if (!x) return kInvalid;
   size_t want = (n + kSumPerBlock - 1) / kSumPerBlock;
   const unsigned blocks = want > kSumMaxBlocks ? kSumMaxBlocks : static_cast<unsigned>(want);
@@ -131,7 +131,7 @@ int sum_squares(const float* x, size_t n, double* out, void* stream) {
     pooled = false;
     e = cudaMalloc(&scratch, blocks * sizeof(double));
   }
-  if (e != cudaSuccess) return static_cast<int>(e);
+  if (e != cudaSuccess) return detail::api_result(e);
   auto* part = static_cast<double*>(scratch);
   int r = launch_pass1(x, n, part, blocks, s);
   if (r == 0) {
@@ -139,7 +139,8 @@ int sum_squares(const float* x, size_t n, double* out, void* stream) {
     r = detail::launch_result();
   }
   e = pooled ? cudaFreeAsync(scratch, s) : cudaFree(scratch);  // cudaFree waits for the kernels
-  return r != 0 ? r : static_cast<int>(e);
+  const int freed = detail::api_result(e);
+  return r != 0 ? r : freed;
 }
 
 int all_finite(const float* x, size_t n, int* out, void* stream) {
@@ -150,7 +151,7 @@ int all_finite(const float* x, size_t n, int* out, void* stream) {
   unsigned blocks = 1;
   if (n > kSumPerBlock) {
     const cudaError_t e = detail::grid_for(vec4 ? (n + 3) / 4 : n, &blocks);
-    if (e != cudaSuccess) return static_cast<int>(e);
+    if (e != cudaSuccess) return detail::api_result(e);
   }
   const bool single = blocks == 1;
   if (!single) {
