@@ -69,8 +69,12 @@ class Staging {
   };
   bool needs(const void* p) const {
     if (stage_all_) return true;
-    const bool on_device = pointer_location(p).is_cuda();
-    return backend_ == BackendMemory::Host ? on_device : !on_device;
+    const DeviceRef where = pointer_location(p);
+    // Gloo reads host memory only; NCCL's kernels reach only this device's
+    // memory (another GPU's would need peer access), so anything else is
+    // staged through the engine stream, which copies across devices.
+    if (backend_ == BackendMemory::Host) return where.is_cuda();
+    return !(where.is_cuda() && where == dev_.ref());
   }
   void* at(const Entry& e) const { return static_cast<char*>(base_) + e.offset; }
 
@@ -155,10 +159,19 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
-  void barrier() override { inner_->barrier(); }
+  void barrier() override {
+    dev_->bind_thread();
+    inner_->barrier();
+  }
 
  private:
-  Staging staging() { return Staging(*dev_, backend_, stage_all_); }
+  // The group's worker thread has no CUDA device of its own: bind it before
+  // the first runtime call (cudaPointerGetAttributes, cudaHostAlloc), which
+  // would otherwise create a context on device 0 for every rank of a node.
+  Staging staging() {
+    dev_->bind_thread();
+    return Staging(*dev_, backend_, stage_all_);
+  }
   size_t n() const { return static_cast<size_t>(inner_->size()); }
 
   std::unique_ptr<Communicator> inner_;

@@ -131,7 +131,10 @@ class NcclCommunicator final : public Communicator {
               "cudaEventCreate");
     init_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), where, "cudaEventCreate");
     init_cuda(cudaMalloc(&scratch_, kScratchBytes), where, "cudaMalloc");
-    init_cuda(cudaMemset(scratch_, 0, kScratchBytes), where, "cudaMemset");
+    // On the communication stream: it is non-blocking, so a plain cudaMemset
+    // (legacy stream, asynchronous for device memory) would not be ordered
+    // before the barriers that read the scratch.
+    init_cuda(cudaMemsetAsync(scratch_, 0, kScratchBytes, stream_), where, "cudaMemsetAsync");
 
     nccl::ncclUniqueId id{};
     try {
@@ -207,7 +210,7 @@ class NcclCommunicator final : public Communicator {
             const GatherSegment& s = *todo[i];
             const ncclResult_t r =
                 lib_.ncclAllGather(s.send, s.recv, s.bytes, nccl::ncclUint8, comm_, stream_);
-            if (r != nccl::ncclSuccess) return r;
+            if (failed(r)) return r;
           }
           return nccl::ncclSuccess;
         });
@@ -266,7 +269,7 @@ class NcclCommunicator final : public Communicator {
           if (peer == root) continue;
           const ncclResult_t r = lib_.ncclSend(inputs[static_cast<size_t>(peer)], bytes,
                                                nccl::ncclUint8, peer, comm_, stream_);
-          if (r != nccl::ncclSuccess) return r;
+          if (failed(r)) return r;
         }
         return nccl::ncclSuccess;
       });
@@ -354,6 +357,13 @@ class NcclCommunicator final : public Communicator {
                                   " ms (a peer may be missing, stuck or out of step)");
   }
 
+  // Inside a group an operation on a non-blocking communicator may report
+  // ncclInProgress; that is no failure, and stopping there would leave the
+  // group short of operations its peers do post (a hang, not an error).
+  static bool failed(ncclResult_t r) {
+    return r != nccl::ncclSuccess && r != nccl::ncclInProgress;
+  }
+
   // Runs body inside ncclGroupStart/End; body returns its first failure. The
   // group is always closed so that this thread's NCCL group state is sane.
   template <typename Body>
@@ -361,7 +371,7 @@ class NcclCommunicator final : public Communicator {
     call(lib_.ncclGroupStart());
     const ncclResult_t first = body();
     const ncclResult_t end = lib_.ncclGroupEnd();
-    if (first != nccl::ncclSuccess && first != nccl::ncclInProgress) call(first);
+    if (failed(first)) call(first);
     call(end);
   }
 

@@ -64,15 +64,22 @@ std::shared_ptr<CachingPool> make_device_pool(int ordinal) {
 std::shared_ptr<CachingPool> make_pinned_pool(int ordinal) {
   CachingPool::Backend b;
   b.name = "pinned host (for cuda:" + std::to_string(ordinal) + ")";
-  b.allocate = [](size_t size) -> void* {
+  // Pinned memory is portable across devices, but the runtime call still
+  // needs a context: select ours first, or a thread that never chose a
+  // device (a group's worker) creates one on device 0.
+  b.allocate = [ordinal](size_t size) -> void* {
     void* p = nullptr;
-    if (cudaHostAlloc(&p, size, cudaHostAllocPortable) != cudaSuccess) {
+    if (cudaSetDevice(ordinal) != cudaSuccess ||
+        cudaHostAlloc(&p, size, cudaHostAllocPortable) != cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }
     return p;
   };
-  b.release = [](void* p) { cudaFreeHost(p); };
+  b.release = [ordinal](void* p) {
+    cudaSetDevice(ordinal);
+    cudaFreeHost(p);
+  };
   b.alignment = 64;
   const auto limit = static_cast<uint64_t>(env_int("ZS_HOST_CACHE_MB", 1024)) << 20;
   return std::make_shared<CachingPool>(std::move(b), 0, limit);
