@@ -67,7 +67,7 @@ nccl::ncclRedOp_t nccl_op(ReduceOp op, DType t, const std::string& where) {
     case ReduceOp::Sum: return nccl::ncclSum;
     case ReduceOp::Avg:
       if (t == DType::U8)
-        fail(Code::InvalidArgument, where, ": ReduceOp Avg is not defined for uint8");
+        fail(Code::NotSupported, where, ": ZS_AVG is not defined for ZS_UINT8");  // as on Gloo
       return nccl::ncclAvg;
     case ReduceOp::Max: return nccl::ncclMax;
     case ReduceOp::Min: return nccl::ncclMin;
