@@ -50,6 +50,16 @@ zs_context from_env() {
   return ctx;
 }
 
+// Joins from the environment alone, checks the identity the launcher's
+// variables give, and proves the context can communicate.
+void join_from_env(int rank, int world, int local_rank, int local_world) {
+  zs_context ctx = from_env();
+  ASSERT_NE(ctx, nullptr);
+  expect_identity(ctx, rank, world, local_rank, local_world);
+  allreduce_ranks(ctx, world);
+  zs_context_destroy(ctx);
+}
+
 TEST(Bootstrap, TorchrunVariables) {
   run_ranks(4, [](const RankEnv& env) {
     set("RANK", std::to_string(env.rank));
@@ -58,11 +68,7 @@ TEST(Bootstrap, TorchrunVariables) {
     set("LOCAL_WORLD_SIZE", "2");
     set("MASTER_ADDR", "127.0.0.1");
     set("MASTER_PORT", std::to_string(env.port));
-    zs_context ctx = from_env();
-    ASSERT_NE(ctx, nullptr);
-    expect_identity(ctx, env.rank, 4, env.rank % 2, 2);
-    allreduce_ranks(ctx, 4);
-    zs_context_destroy(ctx);
+    join_from_env(env.rank, 4, env.rank % 2, 2);
   });
 }
 
@@ -73,11 +79,7 @@ TEST(Bootstrap, OpenMpiVariables) {
     set("OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(env.rank));
     set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
     set("MASTER_PORT", std::to_string(env.port));
-    zs_context ctx = from_env();
-    ASSERT_NE(ctx, nullptr);
-    expect_identity(ctx, env.rank, 3, env.rank, 3);
-    allreduce_ranks(ctx, 3);
-    zs_context_destroy(ctx);
+    join_from_env(env.rank, 3, env.rank, 3);
   });
 }
 
@@ -89,11 +91,7 @@ TEST(Bootstrap, SlurmVariables) {
     set("SLURM_TASKS_PER_NODE", "2(x2)");
     set("MASTER_ADDR", "localhost");
     set("MASTER_PORT", std::to_string(env.port));
-    zs_context ctx = from_env();
-    ASSERT_NE(ctx, nullptr);
-    expect_identity(ctx, env.rank, 4, env.rank % 2, 2);
-    allreduce_ranks(ctx, 4);
-    zs_context_destroy(ctx);
+    join_from_env(env.rank, 4, env.rank % 2, 2);
   });
 }
 
@@ -116,11 +114,7 @@ TEST(Bootstrap, FileStoreRendezvous) {
 TEST(Bootstrap, WorldOfOneNeedsNoEnvironment) {
   run_ranks(1, [](const RankEnv&) {
     for (const char* k : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "MASTER_PORT"}) unsetenv(k);
-    zs_context ctx = from_env();
-    ASSERT_NE(ctx, nullptr);
-    expect_identity(ctx, 0, 1, 0, 1);
-    allreduce_ranks(ctx, 1);
-    zs_context_destroy(ctx);
+    join_from_env(0, 1, 0, 1);
   });
 }
 

@@ -103,6 +103,18 @@ std::vector<float> grad_of(int step) {
   return g;
 }
 
+// SGD with lr 1 and nothing else: a step subtracts exactly the gradient
+// the engine made (averaged, clipped, unscaled), which is what tests read.
+zs_optimizer unit_sgd(zs_context ctx, zs_param p) {
+  zs_optimizer opt = nullptr;
+  EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD), ZS_OK) << zs_last_error();
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 1.0;
+  hp.weight_decay = 0.0;
+  EXPECT_EQ(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr), ZS_OK) << zs_last_error();
+  return opt;
+}
+
 struct Case {
   zs_optimizer_kind kind;
   zs_dtype dtype;
@@ -240,12 +252,8 @@ TEST(Optimizer, ClippingScalesToTheGlobalNorm) {
   run_ranks(2, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, R"({"gradient_clipping": 0.25})");
     zs_param p = make_param(ctx, ZS_FLOAT32, "w");
-    zs_optimizer opt = nullptr;
-    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
-    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-    hp.lr = 1.0;
-    hp.weight_decay = 0.0;
-    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    zs_optimizer opt = unit_sgd(ctx, p);
+    ASSERT_NE(opt, nullptr);
     push(p, 0);
     zs_step_result r = ZS_STEP_RESULT_INIT;
     ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
@@ -271,12 +279,8 @@ TEST(Optimizer, AccumulationAveragesMicroSteps) {
     zs_param p = make_param(ctx, ZS_FLOAT32, "w");
     ZS_ASSERT_OK(zs_grad_set_accumulation_steps(ctx, 2));
     EXPECT_EQ(zs_grad_set_accumulation_steps(ctx, 0), ZS_ERR_INVALID_ARGUMENT);
-    zs_optimizer opt = nullptr;
-    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
-    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-    hp.lr = 1.0;
-    hp.weight_decay = 0.0;
-    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    zs_optimizer opt = unit_sgd(ctx, p);
+    ASSERT_NE(opt, nullptr);
     push(p, 0);
     push(p, 1);
     ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
@@ -302,12 +306,8 @@ TEST(Optimizer, Fp16OverflowSkipsTheStepOnEveryRank) {
     zs_context ctx = zs::test::make_context(
         env, R"({"fp16": {"enabled": true, "initial_scale_power": 4, "hysteresis": 1}})");
     zs_param p = make_param(ctx, ZS_FLOAT16, "w");
-    zs_optimizer opt = nullptr;
-    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
-    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-    hp.lr = 1.0;
-    hp.weight_decay = 0.0;
-    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    zs_optimizer opt = unit_sgd(ctx, p);
+    ASSERT_NE(opt, nullptr);
     double scale = 0.0;
     ZS_ASSERT_OK(zs_optimizer_loss_scale(opt, &scale));
     EXPECT_EQ(scale, 16.0);

@@ -522,6 +522,7 @@ class TcpStore final : public Store {
   void disconnect_locked();
   Io send_all(const std::string& data, Clock::time_point deadline);
   Io recv_exact(char* out, size_t n, Clock::time_point deadline);
+  Io await(short events, Clock::time_point deadline);
   // One request/reply round trip. Returns false on timeout (the connection is
   // then closed); throws Bootstrap if the server went away.
   bool exchange(const std::string& body, Clock::time_point deadline, const std::string& what,
@@ -612,6 +613,25 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
        " ms: ", last_error);
 }
 
+// After send or recv failed: EINTR is retried at once, EAGAIN waits (until
+// the deadline) for the socket to be ready for `events`, anything else
+// closes. Ok means "try the call again".
+TcpStore::Io TcpStore::await(short events, Clock::time_point deadline) {
+  if (errno == EINTR) return Io::Ok;
+  if (errno != EAGAIN && errno != EWOULDBLOCK) {
+    io_errno_ = errno;
+    return Io::Closed;
+  }
+  pollfd p{fd_, events, 0};
+  const int ready = poll(&p, 1, remaining_ms(deadline));
+  if (ready == 0) return Io::Timeout;
+  if (ready < 0 && errno != EINTR) {
+    io_errno_ = errno;
+    return Io::Closed;
+  }
+  return Io::Ok;
+}
+
 TcpStore::Io TcpStore::send_all(const std::string& data, Clock::time_point deadline) {
   size_t sent = 0;
   while (sent < data.size()) {
@@ -620,18 +640,7 @@ TcpStore::Io TcpStore::send_all(const std::string& data, Clock::time_point deadl
       sent += static_cast<size_t>(n);
       continue;
     }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      io_errno_ = errno;
-      return Io::Closed;
-    }
-    pollfd p{fd_, POLLOUT, 0};
-    const int ready = poll(&p, 1, remaining_ms(deadline));
-    if (ready == 0) return Io::Timeout;
-    if (ready < 0 && errno != EINTR) {
-      io_errno_ = errno;
-      return Io::Closed;
-    }
+    if (const Io io = await(POLLOUT, deadline); io != Io::Ok) return io;
   }
   return Io::Ok;
 }
@@ -648,18 +657,7 @@ TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadlin
       io_errno_ = 0;
       return Io::Closed;
     }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      io_errno_ = errno;
-      return Io::Closed;
-    }
-    pollfd p{fd_, POLLIN, 0};
-    const int ready = poll(&p, 1, remaining_ms(deadline));
-    if (ready == 0) return Io::Timeout;
-    if (ready < 0 && errno != EINTR) {
-      io_errno_ = errno;
-      return Io::Closed;
-    }
+    if (const Io io = await(POLLIN, deadline); io != Io::Ok) return io;
   }
   return Io::Ok;
 }
