@@ -34,29 +34,20 @@ namespace zs::kernels::cuda_test {
 namespace {
 
 namespace cu = zs::kernels::cuda;
+using zs::test::kWorks;
+using zs::test::normal;
+using zs::test::wdt;
+using zs::test::Work;
+using zs::test::work_name;
 
 constexpr size_t kNone = static_cast<size_t>(-1);
 const size_t kOddSizes[] = {0, 1, 2, 3, 4, 5, 7, 63, 64, 65, 1000, 4099};
 constexpr size_t kBig = 1000003;
 
-enum class Work { None, F32, BF16, F16 };
-const Work kWorks[] = {Work::None, Work::F32, Work::BF16, Work::F16};
 const WorkDtype kDtypes[] = {WorkDtype::F32, WorkDtype::BF16, WorkDtype::F16};
 
-WorkDtype wdt(Work w) {
-  return w == Work::BF16 ? WorkDtype::BF16 : (w == Work::F16 ? WorkDtype::F16 : WorkDtype::F32);
-}
 size_t wsize(Work w) { return w == Work::None ? 0 : (w == Work::F32 ? 4 : 2); }
 size_t dsize(WorkDtype t) { return t == WorkDtype::F32 ? 4 : 2; }
-const char* work_name(Work w) {
-  switch (w) {
-    case Work::None: return "none";
-    case Work::F32: return "f32";
-    case Work::BF16: return "bf16";
-    case Work::F16: return "f16";
-  }
-  return "?";
-}
 const char* dtype_name(WorkDtype t) {
   return t == WorkDtype::F32 ? "f32" : (t == WorkDtype::BF16 ? "bf16" : "f16");
 }
@@ -87,14 +78,6 @@ void check(cudaError_t e, const char* what) {
 }
 
 // ---- data ------------------------------------------------------------------
-
-std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Every fp32 bit pattern is equally likely: NaNs (signalling and quiet, both
 // signs), infs, subnormals and zeros included.

@@ -30,6 +30,12 @@
 namespace zs::kernels {
 namespace {
 
+using zs::test::kWorks;
+using zs::test::normal;
+using zs::test::wdt;
+using zs::test::Work;
+using zs::test::work_name;
+
 std::vector<SimdPath> available_paths() {
   std::vector<SimdPath> out;
   for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512})
@@ -48,30 +54,6 @@ struct KernelStateGuard {
 
 const size_t kOddSizes[] = {0, 1, 7, 63, 64, 65, 1000};
 constexpr size_t kBig = 1000003;
-
-enum class Work { None, F32, BF16, F16 };
-const Work kWorks[] = {Work::None, Work::F32, Work::BF16, Work::F16};
-
-WorkDtype wdt(Work w) {
-  return w == Work::BF16 ? WorkDtype::BF16 : (w == Work::F16 ? WorkDtype::F16 : WorkDtype::F32);
-}
-const char* work_name(Work w) {
-  switch (w) {
-    case Work::None: return "none";
-    case Work::F32: return "f32";
-    case Work::BF16: return "bf16";
-    case Work::F16: return "f16";
-  }
-  return "?";
-}
-
-std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 double rel_diff(float a, float b) {
   if (a == b) return 0.0;

@@ -1,9 +1,46 @@
-// The hyper-parameter cases every optimizer kernel is checked on, shared by
-// the CPU tests (vector paths against the scalar reference) and the GPU
-// tests (CUDA kernels against the same reference), so both cover the same.
+// The hyper-parameter cases and inputs every optimizer kernel is checked
+// on, shared by the CPU tests (vector paths against the scalar reference)
+// and the GPU tests (CUDA kernels against the same reference), so both
+// cover the same.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/optim.h"
+
 namespace zs::test {
+
+// The working copy a step writes besides its fp32 master: none, or one of
+// the kernels' working dtypes.
+enum class Work { None, F32, BF16, F16 };
+inline constexpr Work kWorks[] = {Work::None, Work::F32, Work::BF16, Work::F16};
+
+inline kernels::WorkDtype wdt(Work w) {
+  using kernels::WorkDtype;
+  return w == Work::BF16 ? WorkDtype::BF16 : (w == Work::F16 ? WorkDtype::F16 : WorkDtype::F32);
+}
+
+inline const char* work_name(Work w) {
+  switch (w) {
+    case Work::None: return "none";
+    case Work::F32: return "f32";
+    case Work::BF16: return "bf16";
+    case Work::F16: return "f16";
+  }
+  return "?";
+}
+
+// n normal samples, the same for a given seed in every test.
+inline std::vector<float> normal(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 struct AdamCase {
   bool adamw;
