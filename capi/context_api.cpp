@@ -127,14 +127,9 @@ ZS_API zs_status zs_context_device(zs_context h, zs_device_type* type, int* devi
 ZS_API zs_status zs_cuda_device_count(int* count, const char** reason) {
   return guarded([&] {
     checked_out(count, "count");
-    // The reason outlives the call: it is fixed once the runtime was asked.
-    static const std::string why = [] {
-      std::string w;
-      cuda_device_count(&w);
-      return w;
-    }();
-    *count = cuda_device_count();
-    if (reason) *reason = *count > 0 ? "" : why.c_str();
+    const char* why = "";
+    *count = cuda_device_count(&why);
+    if (reason) *reason = why;
   });
 }
 

@@ -83,8 +83,10 @@ class Device : public std::enable_shared_from_this<Device> {
 const std::shared_ptr<Device>& host_device();
 
 // CUDA devices this process can use: 0 when the build has no CUDA, there is
-// no driver, or no device. *why (if not null) says which, when 0.
-int cuda_device_count(std::string* why = nullptr);
+// no driver, or no device. *why (if not null) says which, when 0 (else
+// ""); the text lives as long as the process, since the answer is asked
+// of the runtime once.
+int cuda_device_count(const char** why = nullptr);
 // The process's device for one ordinal (one engine stream and pool per
 // ordinal, shared by contexts). NotSupported names the reason when the
 // build, driver or device is missing, or the ordinal is out of range.

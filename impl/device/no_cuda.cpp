@@ -6,7 +6,7 @@
 
 namespace zs {
 
-int cuda_device_count(std::string* why) {
+int cuda_device_count(const char** why) {
   if (why) *why = "this build of zeroshard has no CUDA support (configured without nvcc)";
   return 0;
 }

@@ -129,14 +129,14 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-int cuda_device_count(std::string* why) {
+int cuda_device_count(const char** why) {
   const Availability& a = availability();
-  if (why) *why = a.why;
+  if (why) *why = a.why.c_str();
   return a.count;
 }
 
 std::shared_ptr<Device> cuda_device(int ordinal) {
-  std::string why;
+  const char* why = "";
   const int count = cuda_device_count(&why);
   if (count == 0) fail(Code::NotSupported, "device cuda:", ordinal, ": ", why);
   if (ordinal < 0 || ordinal >= count)
