@@ -1,22 +1,46 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 machine lacks to build and test zeroshard,
-# then configures and builds into build/. Safe to run again.
+# Installs what a fresh Debian 12 machine lacks to build and test zeroshard
+# (Debian packages for everything native, PyPI into .venv/ for Python), then
+# configures and builds into build/. Safe to run again.
+#
+# .venv is a link to a venv kept per version of scripts/requirements.txt
+# under $ZS_VENV_CACHE (default ~/.cache/zeroshard): torch from PyPI brings
+# several GB of CUDA libraries, installed once per machine and reused by
+# every clone (CI runs in a fresh one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config libgloo-dev nlohmann-json3-dev libdlpack-dev
-          libgtest-dev googletest
-          python3-torch python3-cffi python3-pytest python3-numpy python3-setuptools python3-pip)
+          libgtest-dev googletest python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The interpreter that makes the venv: the machine's python3 (3.11). Debian's
+# own python3 needs python3-venv for that; another python3 (pyenv) has it.
+python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+requirements=scripts/requirements.txt
+key=$( (python3 --version; cat "$requirements") | sha256sum | cut -c1-16)
+venv="${ZS_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zeroshard}/venv-$key"
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: making the Python environment $venv from $requirements"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+  touch "$venv/.complete"
+fi
+if [ -e .venv ] && [ ! -L .venv ]; then
+  echo "setup: .venv is a folder, not the link this script makes; leaving it (remove it to use $venv)"
+else
+  ln -sfn "$venv" .venv
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
