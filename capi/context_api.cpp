@@ -91,6 +91,13 @@ ZS_API zs_status zs_context_unused_config_keys(zs_context h, const char** json_a
   });
 }
 
+ZS_API zs_status zs_context_inactive_config_keys(zs_context h, const char** json_array) {
+  return guarded([&] {
+    checked_out(json_array, "json_array");
+    *json_array = context_of(h, "ctx")->inactive_keys_json().c_str();
+  });
+}
+
 ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
   return guarded([&] {
     checked_sized(stats, "stats");

@@ -151,8 +151,10 @@ enum class Kind { Bool, Count, Int, Number, Object, Any };
 // after all reads the remaining keys are exactly the unknown ones.
 class Section {
  public:
-  Section(const Json& object, std::string path, std::set<std::string>& unused)
-      : object_(object), path_(std::move(path)), unused_(unused) {}
+  Section(const Json& object, std::string path, std::string canonical,
+          std::set<std::string>& unused, std::vector<WrittenKey>& written)
+      : object_(object), path_(std::move(path)), canonical_(std::move(canonical)),
+        unused_(unused), written_(written) {}
 
   const std::string& path() const { return path_; }
 
@@ -160,35 +162,20 @@ class Section {
   // absent, "auto", or null for an Optional option. Two spellings with
   // different values are an error naming both.
   std::optional<Entry> given(std::initializer_list<const char*> names) {
-    std::optional<Entry> found;
-    const char* found_name = nullptr;
-    for (const char* name : names) {
-      known_.emplace_back(name);
-      auto it = object_.find(name);
-      if (it == object_.end()) continue;
-      Entry entry{&*it, join_path(path_, name)};
-      if (found && *found->value != *entry.value) {
-        fail(Code::InvalidConfig, found->path, " (", show(*found->value), ") and ",
-             entry.path, " (", show(*entry.value),
-             ") are the same option with different values, expected one value");
-      }
-      if (!found) {
-        found = entry;
-        found_name = name;
-      }
-    }
-    if (!found || is_auto(*found->value)) return std::nullopt;
-    if (found->value->is_null() && is_nullable(found_name)) return std::nullopt;
+    auto found = find(names);
+    if (found) written_.push_back({join_path(canonical_, *names.begin()), found->path,
+                                   found->value->dump()});
     return found;
   }
 
   // The sub-section under `names`, or none when absent, null (if Optional)
   // or "auto".
   std::optional<Section> child(std::initializer_list<const char*> names) {
-    auto e = given(names);
+    auto e = find(names);
     if (!e) return std::nullopt;
     if (!e->value->is_object()) fail_value(*e, "an object");
-    return Section(*e->value, e->path, unused_);
+    return Section(*e->value, e->path, join_path(canonical_, *names.begin()), unused_,
+                   written_);
   }
 
   void read(std::initializer_list<const char*> names, bool& out) {
@@ -264,6 +251,30 @@ class Section {
   }
 
  private:
+  // given() without recording the key as written (sections are not values).
+  std::optional<Entry> find(std::initializer_list<const char*> names) {
+    std::optional<Entry> found;
+    const char* found_name = nullptr;
+    for (const char* name : names) {
+      known_.emplace_back(name);
+      auto it = object_.find(name);
+      if (it == object_.end()) continue;
+      Entry entry{&*it, join_path(path_, name)};
+      if (found && *found->value != *entry.value) {
+        fail(Code::InvalidConfig, found->path, " (", show(*found->value), ") and ",
+             entry.path, " (", show(*entry.value),
+             ") are the same option with different values, expected one value");
+      }
+      if (!found) {
+        found = entry;
+        found_name = name;
+      }
+    }
+    if (!found || is_auto(*found->value)) return std::nullopt;
+    if (found->value->is_null() && is_nullable(found_name)) return std::nullopt;
+    return found;
+  }
+
   bool is_known(const std::string& key) const {
     return std::find(known_.begin(), known_.end(), key) != known_.end();
   }
@@ -285,8 +296,10 @@ class Section {
 
   const Json& object_;
   std::string path_;
+  std::string canonical_;  // path_ with each section's first spelling
   std::vector<std::string> known_;
   std::set<std::string>& unused_;
+  std::vector<WrittenKey>& written_;
 };
 
 // ---- sections
@@ -684,7 +697,7 @@ Config parse_config(const std::string& json_text, int world_size) {
   }
   Config c;
   std::set<std::string> unused;
-  Section top(doc, "", unused);
+  Section top(doc, "", "", unused, c.written);
   parse_top(top, c);
   check_precision(c);
   check_partial_offload(c);

@@ -31,6 +31,24 @@ struct AioConfig {
   bool overlap_events = true;
 };
 
+// A key the input gave a value to (not "auto", not null), as the parser met
+// it: the canonical path (first spelling, e.g. "zero_optimization.
+// prefetch_bucket_size"), the path as written ("zero_optimization.
+// stage3_prefetch_bucket_size") and the value as JSON text.
+struct WrittenKey {
+  std::string canonical;
+  std::string path;
+  std::string value;
+};
+
+// A written key whose value asks for something the engine does not do yet:
+// the path as written, the value as JSON text, and what happens instead.
+struct InactiveKey {
+  std::string path;
+  std::string value;
+  std::string reason;
+};
+
 struct Config {
   // zero_optimization
   int stage = 3;
@@ -76,6 +94,8 @@ struct Config {
   // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such
   // as "zero_optimization.load_from_fp32_weights"), in input order.
   std::vector<std::string> unused_keys;
+  // Every key given a value, in the order the parser read them.
+  std::vector<WrittenKey> written;
 };
 
 // Parse a DeepSpeed JSON text. world_size > 0 also checks the topology
@@ -85,6 +105,14 @@ Config parse_config(const std::string& json_text, int world_size);
 // Read a file and parse it; a missing or unreadable file is InvalidConfig
 // naming the path.
 Config parse_config_file(const std::string& path, int world_size);
+
+// The written keys the engine accepts but does not act on yet, with the
+// value they were given: offload (a device other than "none", and the
+// section's other keys), NVMe aio settings, ZeRO++ quantization, ZeRO-1/2 and
+// DeepSpeed implementation options set away from their defaults, and other
+// options parsed but never read. A key at its default is not listed, so the
+// effective config (config_to_json) lists nothing. In the order parsed.
+std::vector<InactiveKey> inactive_keys(const Config& config);
 
 // The effective config as DeepSpeed JSON (canonical key names, defaults
 // filled in), which parse_config accepts again.

@@ -46,6 +46,15 @@ std::string rank_list(const std::vector<int>& ranks) {
   return os.str();
 }
 
+std::string inactive_json(const std::vector<InactiveKey>& keys) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const InactiveKey& k : keys)
+    out.push_back({{"key", k.path},
+                   {"value", nlohmann::ordered_json::parse(k.value)},
+                   {"reason", k.reason}});
+  return out.dump();
+}
+
 }  // namespace
 
 std::shared_ptr<Context> Context::create(const ContextOptions& options) {
@@ -69,6 +78,8 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   check_hierarchy(ctx->config_, ctx->ranks_);
   ctx->config_json_ = config_to_json(ctx->config_);
   ctx->unused_keys_json_ = nlohmann::json(ctx->config_.unused_keys).dump();
+  ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
+  ctx->inactive_keys_json_ = inactive_json(ctx->inactive_keys_);
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
   ctx->choose_device(options);
   ctx->connect(options);

@@ -78,6 +78,10 @@ class Context {
   const Config& config() const { return config_; }
   const std::string& config_json() const { return config_json_; }
   const std::string& unused_keys_json() const { return unused_keys_json_; }
+  // The written keys the engine accepts but does not act on yet (computed
+  // once at create): [{"key": path, "value": value, "reason": text}, ...].
+  const std::vector<InactiveKey>& inactive_keys() const { return inactive_keys_; }
+  const std::string& inactive_keys_json() const { return inactive_keys_json_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Where this context's shards, gathers, gradients and optimizer state live.
   const std::shared_ptr<Device>& device() const { return device_; }
@@ -139,6 +143,8 @@ class Context {
   Config config_;
   std::string config_json_;
   std::string unused_keys_json_;
+  std::vector<InactiveKey> inactive_keys_;
+  std::string inactive_keys_json_;
   std::chrono::milliseconds timeout_{300000};
   bool tcp_store_ = false;
 

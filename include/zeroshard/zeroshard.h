@@ -236,6 +236,20 @@ ZS_API zs_status zs_context_async_error(zs_context ctx);
 ZS_API zs_status zs_context_config_json(zs_context ctx, const char** json);
 ZS_API zs_status zs_context_unused_config_keys(zs_context ctx, const char** json_array);
 
+/* The config keys the engine accepts but does not act on yet, as a JSON
+ * array of {"key": path as written, "value": value as written, "reason":
+ * what the engine does instead}, in the order parsed; "[]" when none.
+ * Listed: offload_param / offload_optimizer with a device other than "none"
+ * (and every key of that section, and the legacy cpu_offload flags), the aio
+ * section (every key under NVMe offload, else the keys off their default),
+ * ZeRO++ quantization switched on, and the options the engine never reads
+ * set away from the value that agrees with what it does (stage other than
+ * 3, sub_group_size, bf16.enabled, ...). A key at its default is not
+ * listed, so the effective config (zs_context_config_json) lists nothing.
+ * Computed once when the context is created; bindings warn with it once per
+ * context. Pointer owned by the context, valid until it is destroyed. */
+ZS_API zs_status zs_context_inactive_config_keys(zs_context ctx, const char** json_array);
+
 /* Check a DeepSpeed config without a context: ZS_OK, or INVALID_CONFIG with
  * the JSON path, the value and what was expected. world_size <= 0 skips the
  * topology checks. */

@@ -149,6 +149,7 @@ zs_status zs_context_local_world_size(zs_context ctx, int* local_world_size);
 zs_status zs_context_async_error(zs_context ctx);
 zs_status zs_context_config_json(zs_context ctx, const char** json);
 zs_status zs_context_unused_config_keys(zs_context ctx, const char** json_array);
+zs_status zs_context_inactive_config_keys(zs_context ctx, const char** json_array);
 zs_status zs_config_check(const char* config_json, int world_size);
 
 typedef struct zs_memory_stats {

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import threading
+import warnings
 import weakref
 
 from ._ffi import ffi, lib
@@ -276,6 +277,14 @@ def config_check(config, world_size=0):
     if text is None:
         text = "{}"
     check(lib.zs_config_check(text.encode("utf-8"), int(world_size)))
+
+
+def inactive_config_message(keys):
+    """The warning text for the engine's list of keys accepted but not acted
+    on (Context.inactive_config_keys): one line per key."""
+    return "\n".join(
+        "zeroshard: config key %s = %s is accepted but not acted on yet: %s"
+        % (k["key"], json.dumps(k["value"]), k["reason"]) for k in keys)
 
 
 def _finalizing():
@@ -992,6 +1001,19 @@ class Context:
         self._h = out[0]
         self._closed = False
         _live_contexts.add(self)
+        try:
+            self._warn_inactive_config()
+        except BaseException:  # the warning turned into an error by a filter
+            self.close()
+            raise
+
+    def _warn_inactive_config(self):
+        # Once per context, on rank 0 (every rank parses the same config;
+        # each can read the list through inactive_config_keys).
+        keys = self.inactive_config_keys
+        if keys and self.rank == 0:
+            warnings.warn(errors.ZeroShardConfigWarning(inactive_config_message(keys), keys),
+                          stacklevel=3)
 
     # -- lifetime --------------------------------------------------------
     @property
@@ -1099,6 +1121,16 @@ class Context:
         """Keys accepted but not used by the engine (trainer keys)."""
         out = ffi.new("const char**")
         check(lib.zs_context_unused_config_keys(self._h, out))
+        return list(json.loads(ffi.string(out[0]).decode("utf-8")))
+
+    @property
+    def inactive_config_keys(self):
+        """Config keys the engine accepts but does not act on yet, computed
+        once by the engine: a list of {"key": JSON path as written, "value":
+        the value, "reason": what the engine does instead}. Context creation
+        warns about them (ZeroShardConfigWarning, once, on rank 0)."""
+        out = ffi.new("const char**")
+        check(lib.zs_context_inactive_config_keys(self._h, out))
         return list(json.loads(ffi.string(out[0]).decode("utf-8")))
 
     def memory(self):

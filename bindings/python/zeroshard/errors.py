@@ -10,7 +10,7 @@ __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
     "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError",
-    "check", "error_class", "status_name",
+    "check", "error_class", "status_name", "ZeroShardConfigWarning",
 ]
 
 
@@ -88,6 +88,16 @@ class BufferSizeError(ZeroShardError, ValueError):
 
 class InternalError(ZeroShardError):
     status_code = 11
+
+
+class ZeroShardConfigWarning(UserWarning):
+    """A config key the engine accepts but does not act on yet (offload,
+    NVMe aio, ZeRO++ quantization, ...). ``keys`` holds the engine's list:
+    dicts with "key" (the JSON path as written), "value" and "reason"."""
+
+    def __init__(self, message="", keys=()):
+        super().__init__(message)
+        self.keys = list(keys)
 
 
 _CLASSES = {c.status_code: c for c in (

@@ -1,0 +1,168 @@
+// Which written config keys the engine accepts but does not act on yet.
+//
+// The parser accepts every DeepSpeed option so that real configs load
+// unchanged; this file is the one place that says which of them change
+// nothing today. Each rule names a canonical key, the value at which the
+// engine's behaviour and the key agree (usually DeepSpeed's default), and
+// what the engine does instead. Keys the engine reads (buckets, prefetch,
+// persistence, MiCS, hpZ, fp16 loss scaling, clipping, device) have no rule.
+//
+// Deliberately without a rule:
+// - zero_allow_untested_optimizer: the engine runs only its own optimizers,
+//   so either value describes what happens.
+// - zero_force_ds_cpu_optimizer: matters only with optimizer offload, which
+//   is listed itself.
+// - gather_16bit_weights_on_model_save: bindings consolidate a model on
+//   request (zeroshard.torch.consolidated_state_dict) whatever its value.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "impl/config/config.h"
+
+namespace zs {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kDeepSpeedOnly =
+    "a DeepSpeed implementation option the engine has no counterpart for";
+constexpr const char* kParamOffload =
+    "parameter shards stay on the context's device (no parameter offload yet)";
+constexpr const char* kOptimizerOffload =
+    "optimizer state stays on the context's device (no optimizer offload yet)";
+constexpr const char* kAio = "asynchronous I/O serves NVMe offload, which the engine has not yet";
+
+// Keys that change nothing at `agrees` and ask for something the engine
+// does not do at any other value.
+struct Rule {
+  const char* canonical;
+  Json agrees;
+  const char* reason;
+};
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> kRules = {
+      {"zero_optimization.stage", 3,
+       "the engine always partitions parameters, gradients and optimizer state (ZeRO stage 3)"},
+      {"zero_optimization.allgather_bucket_size", 500000000,
+       "parameter gathers are sized by prefetch_bucket_size (a ZeRO-1/2 option)"},
+      {"zero_optimization.contiguous_gradients", true,
+       "gradients always go through contiguous reduce buckets"},
+      {"zero_optimization.reduce_scatter", true,
+       "gradients are always reduce-scattered into each rank's shard"},
+      {"zero_optimization.sub_group_size", 1000000000,
+       "the optimizer steps each rank's shards at once, without sub-groups"},
+      {"zero_optimization.model_persistence_threshold", INT64_MAX,
+       "only param_persistence_threshold keeps parameters gathered"},
+      {"zero_optimization.round_robin_gradients", false,
+       "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
+      {"zero_optimization.zero_quantized_weights", false,
+       "parameters are gathered in their own dtype, without quantization"},
+      {"zero_optimization.zero_quantized_nontrainable_weights", false,
+       "frozen parameters are gathered in their own dtype, without quantization"},
+      {"zero_optimization.zero_quantized_gradients", false,
+       "gradients are reduced in fp32, without quantization"},
+      {"zero_optimization.use_multi_rank_bucket_allreduce", true, kDeepSpeedOnly},
+      {"zero_optimization.allgather_partitions", true, kDeepSpeedOnly},
+      {"zero_optimization.load_from_fp32_weights", true, kDeepSpeedOnly},
+      {"zero_optimization.elastic_checkpoint", false, kDeepSpeedOnly},
+      {"zero_optimization.ignore_unused_parameters", true, kDeepSpeedOnly},
+      {"zero_optimization.legacy_stage1", false, kDeepSpeedOnly},
+      {"zero_optimization.memory_efficient_linear", true, kDeepSpeedOnly},
+      {"zero_optimization.pipeline_loading_checkpoint", false, kDeepSpeedOnly},
+      {"zero_optimization.override_module_apply", true, kDeepSpeedOnly},
+      {"zero_optimization.log_trace_cache_warnings", false, kDeepSpeedOnly},
+      {"zero_optimization.enable_sanity_checks", false, kDeepSpeedOnly},
+      {"zero_optimization.save_muon_momentum_buffer_in_memory", false, kDeepSpeedOnly},
+      {"zero_optimization.use_all_reduce_for_fetch_params", false,
+       "parameters are always gathered with all-gather"},
+      {"zero_optimization.allgather_sequential", false, kDeepSpeedOnly},
+      {"zero_optimization.module_granularity_threshold", 0, kDeepSpeedOnly},
+      {"bf16.enabled", false,
+       "each parameter keeps the dtype it is registered with (register bfloat16 params for bf16)"},
+      {"bf16.immediate_grad_update", false, kDeepSpeedOnly},
+      {"bf16.check_grad_overflow", true, kDeepSpeedOnly},
+      {"bf16.bf16_master_weights_and_grads", false,
+       "16-bit parameters always have fp32 master weights and gradients"},
+      {"bf16.bf16_optimizer_states", false, "optimizer state is always fp32"},
+      {"fp16.auto_cast", false, "the engine does not cast the model's inputs"},
+      {"fp16.fp16_master_weights_and_grads", false,
+       "16-bit parameters always have fp32 master weights and gradients"},
+      {"prescale_gradients", false, "gradients are averaged once, in the reduce-scatter"},
+      {"gradient_predivide_factor", 1.0, "gradients are averaged once, in the reduce-scatter"},
+  };
+  return kRules;
+}
+
+const Rule* rule_for(const std::string& canonical) {
+  for (const Rule& r : rules())
+    if (canonical == r.canonical) return &r;
+  return nullptr;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Whole values of the aio section that change nothing, to tell a section
+// written out at its defaults (as config_to_json does) from a tuned one.
+bool aio_at_default(const std::string& canonical, const Json& v) {
+  if (canonical == "aio.block_size") return v == 1048576;
+  if (canonical == "aio.queue_depth") return v == 8;
+  if (canonical == "aio.intra_op_parallelism") return v == 1;
+  if (canonical == "aio.single_submit") return v == false;
+  if (canonical == "aio.overlap_events") return v == true;
+  if (canonical == "aio.use_gds") return v == false;
+  return false;
+}
+
+// The reason `key` is not acted on, or nullptr when the engine acts on it
+// (or its value changes nothing).
+const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
+  const std::string& k = key.canonical;
+  const bool param_offload = c.offload_param.device != "none";
+  const bool optimizer_offload = c.offload_optimizer.device != "none";
+  const bool nvme = c.offload_param.device == "nvme" || c.offload_optimizer.device == "nvme";
+
+  // Offload sections matter only when they name a device.
+  if (starts_with(k, "zero_optimization.offload_param."))
+    return param_offload ? kParamOffload : nullptr;
+  if (starts_with(k, "zero_optimization.offload_optimizer."))
+    return optimizer_offload ? kOptimizerOffload : nullptr;
+  if (k == "zero_optimization.cpu_offload_param") return v == true ? kParamOffload : nullptr;
+  if (k == "zero_optimization.cpu_offload") return v == true ? kOptimizerOffload : nullptr;
+  if (k == "zero_optimization.cpu_offload_use_pin_memory")
+    return v == true && (param_offload || optimizer_offload) ? kOptimizerOffload : nullptr;
+  // aio: every key under NVMe offload, else the ones moved off their default.
+  if (starts_with(k, "aio.")) return nvme || !aio_at_default(k, v) ? kAio : nullptr;
+  // Objects DeepSpeed leaves unset by default: any content is a request.
+  if (k == "zero_optimization.zeropp_loco_param")
+    return "gradients are reduced in fp32, without ZeRO++ LoCo compression";
+  if (k == "zero_optimization.zenflow") return "the optimizer steps every shard every step";
+  if (k == "zero_optimization.leaf_module")
+    return v.is_object() && !v.empty()
+               ? "leaf modules are named through the binding (zs_leaf_group), not the config"
+               : nullptr;
+  if (k == "zero_optimization.partition_stream_chunk_size") return kDeepSpeedOnly;
+  if (k == "communication_data_type")
+    return c.communication_data_type == "fp32" ? nullptr
+                                               : "gradients are reduced in fp32";
+  if (const Rule* rule = rule_for(k)) return v == rule->agrees ? nullptr : rule->reason;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<InactiveKey> inactive_keys(const Config& config) {
+  std::vector<InactiveKey> out;
+  for (const WrittenKey& key : config.written) {
+    const Json value = Json::parse(key.value);
+    if (const char* reason = reason_for(key, value, config))
+      out.push_back({key.path, key.value, reason});
+  }
+  return out;
+}
+
+}  // namespace zs

@@ -1,0 +1,202 @@
+// Config keys the engine accepts but does not act on yet: which are listed
+// (path as written, value, reason), which are not (defaults, keys the engine
+// reads, the effective config), and the C API that hands the list out.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "impl/config/config.h"
+#include "tests/support/multirank.h"
+
+namespace {
+
+using zs::InactiveKey;
+
+std::vector<InactiveKey> inactive(const std::string& json) {
+  return zs::inactive_keys(zs::parse_config(json, 0));
+}
+
+std::vector<std::string> paths(const std::vector<InactiveKey>& keys) {
+  std::vector<std::string> out;
+  for (const auto& k : keys) out.push_back(k.path);
+  return out;
+}
+
+using Paths = std::vector<std::string>;
+
+TEST(InactiveConfig, DefaultsAndEmptyConfigListNothing) {
+  EXPECT_TRUE(inactive("{}").empty());
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e9,
+      "zero_quantized_weights": false, "zero_quantized_gradients": false,
+      "offload_param": {"device": "none", "pin_memory": true},
+      "offload_optimizer": {"device": "none", "buffer_count": 4}},
+      "aio": {"block_size": 1048576, "queue_depth": 8}})")
+                  .empty());
+}
+
+TEST(InactiveConfig, TheEffectiveConfigListsNothing) {
+  // Bindings may feed the effective config back in: its defaults (aio,
+  // offload sections with device "none") must not turn into warnings.
+  const zs::Config c = zs::parse_config(
+      R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+          "stage3_prefetch_bucket_size": 2000, "mics_shard_size": 2},
+          "fp16": {"enabled": true, "loss_scale": 128}, "gradient_clipping": 1.0})",
+      0);
+  EXPECT_TRUE(zs::inactive_keys(c).empty());
+  EXPECT_TRUE(zs::inactive_keys(zs::parse_config(zs::config_to_json(c), 0)).empty());
+}
+
+TEST(InactiveConfig, KeysTheEngineReadsAreNeverListed) {
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": 7,
+      "overlap_comm": false, "stage3_prefetch_bucket_size": 9,
+      "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 11,
+      "stage3_max_reuse_distance": 0, "mics_shard_size": 1,
+      "mics_hierarchical_params_gather": true},
+      "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8,
+               "loss_scale_window": 10, "hysteresis": 3, "min_loss_scale": 0.5},
+      "gradient_clipping": 0.5, "device": "cpu", "zero_allow_untested_optimizer": true,
+      "optimizer": {"type": "AdamW"}})")
+                  .empty());
+}
+
+TEST(InactiveConfig, OptimizerOffloadNamesEveryKeyOfTheSection) {
+  const auto keys = inactive(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "cpu", "pin_memory": true, "ratio": 0.5, "fast_init": false}}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_optimizer.device",
+                                "zero_optimization.offload_optimizer.pin_memory",
+                                "zero_optimization.offload_optimizer.ratio",
+                                "zero_optimization.offload_optimizer.fast_init"}));
+  ASSERT_FALSE(keys.empty());
+  EXPECT_EQ(keys[0].value, "\"cpu\"");
+  EXPECT_NE(keys[0].reason.find("optimizer state stays on the context's device"),
+            std::string::npos);
+  EXPECT_EQ(keys[1].value, "true");
+}
+
+TEST(InactiveConfig, ZeroInfinityListsOffloadAndEveryAioKey) {
+  const auto keys = inactive(R"({"zero_optimization": {
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 1e8},
+      "offload_optimizer": {"device": "cpu"}},
+      "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 2}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_param.device",
+                                "zero_optimization.offload_param.nvme_path",
+                                "zero_optimization.offload_param.buffer_size",
+                                "zero_optimization.offload_optimizer.device",
+                                "aio.block_size", "aio.queue_depth", "aio.thread_count"}));
+  EXPECT_EQ(keys[0].value, "\"nvme\"");
+  EXPECT_NE(keys[0].reason.find("parameter shards stay"), std::string::npos);
+  EXPECT_EQ(keys[1].value, "\"/nvme\"");
+}
+
+TEST(InactiveConfig, AioWithoutNvmeListsOnlyTunedKeys) {
+  EXPECT_EQ(paths(inactive(R"({"aio": {"block_size": 1048576, "queue_depth": 32,
+                                        "use_gds": false}})")),
+            (Paths{"aio.queue_depth"}));
+}
+
+TEST(InactiveConfig, LegacyCpuOffloadFlags) {
+  EXPECT_EQ(paths(inactive(R"({"zero_optimization": {"cpu_offload": true,
+      "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})")),
+            (Paths{"zero_optimization.cpu_offload_param",
+                   "zero_optimization.cpu_offload", "zero_optimization.cpu_offload_use_pin_memory"}));
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"cpu_offload": false}})").empty());
+}
+
+TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
+  const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
+      "zero_quantized_gradients": true, "zero_quantized_nontrainable_weights": true,
+      "zero_hpz_partition_size": 1}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_weights",
+                                "zero_optimization.zero_quantized_gradients",
+                                "zero_optimization.zero_quantized_nontrainable_weights"}));
+  EXPECT_EQ(keys[0].value, "true");
+}
+
+TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {
+  const auto keys = inactive(R"({"zero_optimization": {"stage": 2, "sub_group_size": 1e8,
+      "allgather_bucket_size": 2e8, "contiguous_gradients": false, "reduce_scatter": false,
+      "stage3_model_persistence_threshold": 100, "round_robin_gradients": true,
+      "stage3_module_granularity_threshold": 5, "load_from_fp32_weights": true,
+      "zenflow": {"topk_ratio": 0.1}},
+      "bfloat16": {"enabled": true, "bf16_master_weights_and_grads": false},
+      "communication_data_type": "BF16", "prescale_gradients": true,
+      "gradient_predivide_factor": 2.0})");
+  EXPECT_EQ(paths(keys),
+            (Paths{"zero_optimization.stage", "zero_optimization.allgather_bucket_size",
+                   "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
+                   "zero_optimization.sub_group_size",
+                   "zero_optimization.stage3_model_persistence_threshold",
+                   "zero_optimization.round_robin_gradients",
+                   "zero_optimization.stage3_module_granularity_threshold",
+                   "zero_optimization.zenflow", "bfloat16.enabled", "communication_data_type",
+                   "prescale_gradients", "gradient_predivide_factor"}));
+  EXPECT_EQ(keys[0].value, "2");
+  EXPECT_NE(keys[0].reason.find("stage 3"), std::string::npos);
+  EXPECT_EQ(keys[10].value, "\"BF16\"");
+  EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32"})").empty());
+}
+
+// ---- the C API
+
+class InactiveConfigApi : public ::testing::Test {
+ protected:
+  zs_context make(const char* config_json) {
+    zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+    o.rank = 0;
+    o.world_size = 1;
+    o.config_json = config_json;
+    zs_context ctx = nullptr;
+    EXPECT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
+    contexts_.push_back(ctx);
+    return ctx;
+  }
+  void TearDown() override {
+    for (zs_context c : contexts_) zs_context_destroy(c);
+  }
+  std::vector<zs_context> contexts_;
+};
+
+TEST_F(InactiveConfigApi, ListsKeyValueAndReasonOnce) {
+  zs_context ctx = make(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "sub_group_size": 1e8}, "optimizer": {"type": "AdamW"}})");
+  const char* text = nullptr;
+  ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &text));
+  const auto got = nlohmann::json::parse(text);
+  ASSERT_EQ(got.size(), 3u) << text;
+  // In the order parsed: zero_optimization's own keys, then its offload sections.
+  EXPECT_EQ(got[0]["key"], "zero_optimization.sub_group_size");
+  EXPECT_EQ(got[0]["value"], 1e8);
+  EXPECT_EQ(got[1]["key"], "zero_optimization.offload_optimizer.device");
+  EXPECT_EQ(got[1]["value"], "cpu");
+  EXPECT_NE(got[1]["reason"].get<std::string>().find("optimizer state"), std::string::npos);
+  EXPECT_EQ(got[2]["key"], "zero_optimization.offload_optimizer.pin_memory");
+  EXPECT_EQ(got[2]["value"], true);
+  // Computed once: the same text at the same address.
+  const char* again = nullptr;
+  ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &again));
+  EXPECT_EQ(text, again);
+  // Trainer keys stay where they were.
+  ZS_ASSERT_OK(zs_context_unused_config_keys(ctx, &text));
+  EXPECT_STREQ(text, R"(["optimizer"])");
+}
+
+TEST_F(InactiveConfigApi, EmptyArrayWithoutConfig) {
+  zs_context ctx = make(nullptr);
+  const char* text = nullptr;
+  ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &text));
+  EXPECT_STREQ(text, "[]");
+}
+
+TEST_F(InactiveConfigApi, Misuse) {
+  zs_context ctx = make(nullptr);
+  EXPECT_EQ(zs_context_inactive_config_keys(ctx, nullptr), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("json_array"), std::string::npos);
+  const char* text = nullptr;
+  EXPECT_EQ(zs_context_inactive_config_keys(nullptr, &text), ZS_ERR_INVALID_HANDLE);
+}
+
+}  // namespace
