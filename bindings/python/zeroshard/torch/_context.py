@@ -3,9 +3,18 @@
 One context per process, created on first use: from torch.distributed when
 it is initialised (rank, world size, and a store port agreed through it, so
 the engine's store never collides with torch's own on MASTER_PORT), else
-from the launcher's environment (torchrun, zsrun, Open MPI, Slurm). Under
-torchrun without a process group, MASTER_PORT belongs to torchrun's own
-store, so the port is agreed through that store instead.
+from the launcher's environment (torchrun, zsrun, Open MPI, Slurm).
+
+Launch order does not matter: torch.distributed may be initialised before
+or after the context, because the engine's store never takes MASTER_PORT:
+- torch.distributed initialised first: a free port, broadcast through it;
+- torchrun: a free port, published in torchrun's own store (which holds
+  MASTER_PORT);
+- zsrun: ZS_STORE_PORT, a second free port zsrun exports (the engine
+  reads it before MASTER_PORT);
+- anything else (Slurm, Open MPI, variables set by hand): ZS_STORE_PORT if
+  set, else MASTER_PORT + 1 (MASTER_PORT - 1 when MASTER_PORT is 65535;
+  29501 without MASTER_PORT), leaving MASTER_PORT to torch.distributed.
 
 Device: the context lives where the model does. Unless a device is named
 (the `device` argument, the config's "device" key, or $ZS_DEVICE), the
@@ -54,6 +63,10 @@ def init_context(config=None, timeout_ms=0, **kwargs):
     elif _under_torchrun() and "store_port" not in kwargs and "file_store_path" not in kwargs:
         kwargs["store_port"] = _port_through_torchrun_store()
         kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    elif "store_port" not in kwargs and "file_store_path" not in kwargs:
+        port = _port_beside_master_port()
+        if port is not None:
+            kwargs["store_port"] = port
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
     return _context
 
@@ -61,6 +74,23 @@ def init_context(config=None, timeout_ms=0, **kwargs):
 def _under_torchrun():
     # zsrun sets torchrun's variables too, but leaves MASTER_PORT to us.
     return bool(os.environ.get("TORCHELASTIC_RUN_ID")) and os.environ.get("ZS_LAUNCHER") != "zsrun"
+
+
+def _port_beside_master_port():
+    """The engine's store port when no launcher gave one: None when
+    ZS_STORE_PORT is set (the engine reads it), else the port next to
+    MASTER_PORT, so that torch.distributed keeps MASTER_PORT (for Slurm and
+    other launchers that set only MASTER_PORT). A malformed MASTER_PORT is
+    left to the engine, which names it."""
+    if os.environ.get("ZS_STORE_PORT") or True:
+        return None
+    try:
+        master = int(os.environ.get("MASTER_PORT") or 29500)
+    except ValueError:
+        return None
+    if not 1 <= master <= 65535:
+        return None
+    return master + 1 if master < 65535 else master - 1
 
 
 def _port_through_torchrun_store():
@@ -177,7 +207,9 @@ def shutdown():
         finally:
             _context = None
             from ._params import forget_all  # a cycle at import time
+            from .hooks import forget_step
             forget_all()
+            forget_step()
 
 
 _TORCH_TO_ZS = {torch.float32: zeroshard.FLOAT32, torch.bfloat16: zeroshard.BFLOAT16,

@@ -5,7 +5,13 @@ user code hold it), but its .data is an empty tensor while only the shard
 exists, and a zero-copy view of the engine's gathered buffer (DLPack) while
 it is gathered. Both are on the context's device (a CUDA tensor on a GPU
 context). Its engine state lives in `param.zs`.
+
+`copy.deepcopy` of a partitioned Parameter (nn.TransformerEncoder clones
+its layer that way, under Init or after) gives an independent partitioned
+Parameter with the same values: gathered, copied, registered anew.
 """
+import copy
+
 import torch
 import torch.utils.dlpack
 
@@ -17,20 +23,31 @@ from ._context import get_context, zs_dtype
 class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
-    __slots__ = ("zparam", "shape", "dtype", "index", "stash", "owner", "device")
+    __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
+                 "attached", "leaf", "engine", "grad_hook")
 
-    def __init__(self, zparam, shape, dtype, index, device=None):
+    def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
+        self.name = name
         self.shape = shape
         self.dtype = dtype
         self.index = index  # registration order: the same on every rank
         self.stash = None   # leaf-module gradient held until the step
-        self.owner = None   # the hooked unit that fetches it
+        self.owner = None   # the hooked unit of the module that holds it
+        self.engine = None  # the HookEngine of the model that holds it
+        self.grad_hook = None  # the HookEngine whose gradient hook it carries
+        self.leaf = False   # in a leaf unit: gradients are stashed until the step
+        self.holds = 0      # hooked units that need it gathered now
+        self.attached = False  # .data is a view of the gathered buffer
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
         """The empty .data of a param that is not gathered."""
         return torch.empty(0, dtype=self.dtype, device=self.device)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("zeroshard.torch: a param's engine state is not copied on its own; "
+                        "copy.deepcopy the Parameter (or its module)")
 
 
 _registered = []  # every partitioned Parameter, in registration order
@@ -56,7 +73,7 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
         data = data.cpu()
     zparam = ctx.register(name, zs_dtype(data.dtype), tuple(data.shape), init="from_rank",
                           data=(data.data_ptr(), data.numel() * data.element_size()), src_rank=src_rank)
-    param.zs = ParamState(zparam, tuple(data.shape), data.dtype, len(_registered))
+    param.zs = ParamState(zparam, name, tuple(data.shape), data.dtype, len(_registered))
     _registered.append(param)
     param.data = param.zs.placeholder()
     return param
@@ -76,16 +93,20 @@ def attach_views(params):
     """Point each AVAILABLE param's .data at its gathered buffer (on the
     context's device, no copy)."""
     for p in params:
-        if p.data.numel() == 0 and p.zs.zparam.status == "AVAILABLE":
-            full = torch.utils.dlpack.from_dlpack(p.zs.zparam.to_dlpack())
-            p.data = full.view(p.zs.shape)
+        z = p.zs
+        if not z.attached and z.zparam.status == "AVAILABLE":
+            full = torch.utils.dlpack.from_dlpack(z.zparam.to_dlpack())
+            p.data = full.view(z.shape)
+            z.attached = True
 
 
 def detach_views(params):
     """Drop views of params the engine no longer holds gathered."""
     for p in params:
-        if p.zs.zparam.status != "AVAILABLE":
-            p.data = p.zs.placeholder()
+        z = p.zs
+        if z.attached and z.zparam.status != "AVAILABLE":
+            p.data = z.placeholder()
+            z.attached = False
 
 
 def zparams(params):
@@ -102,3 +123,108 @@ def optimizer_state_view(engine, zparam, slot):
         return torch.empty(0, dtype=torch.float32, device=device)
     return torch.utils.dlpack.from_dlpack(
         zeroshard.dlpack_from_pointer(addr, (n,), zeroshard.FLOAT32, zparam.device, owner=engine))
+
+
+# -- reads of partitioned params ---------------------------------------------
+constructing = []          # per running constructor under Init (innermost last): the params it read
+on_forward_access = None   # set by hooks: a read while a hooked forward runs
+_TOUCH_CAP_ELEMENTS = 1 << 26  # gathered at once by one constructor before older ones go back
+
+
+class FetchOnAccess(dict):
+    """A module's _parameters once its params are partitioned. Reading a
+    param that is not gathered gathers it: inside a constructor under Init
+    (a parent initialising a child's params, nn.MultiheadAttention zeroing
+    out_proj.bias, HF's post_init, `for p in self.parameters()`), rank 0's
+    values after the constructor are then written back to every shard;
+    inside a hooked forward, see hooks.fetch_on_access."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        p = dict.__getitem__(self, key)
+        z = getattr(p, "zs", None)
+        if z is not None and not z.attached:
+            if constructing:
+                _touch_in_constructor(p)
+            elif on_forward_access is not None:
+                on_forward_access(p)
+        return p
+
+    def items(self):
+        return _touching(dict.items(self), lambda kv: kv[1]) if constructing else dict.items(self)
+
+    def values(self):
+        return _touching(dict.values(self), lambda v: v) if constructing else dict.values(self)
+
+
+def _touching(view, param_of):
+    for item in list(view):
+        p = param_of(item)
+        if getattr(p, "zs", None) is not None and not p.zs.attached:
+            _touch_in_constructor(p)
+        yield item
+
+
+def fetch_on_access(module):
+    """Make reads of `module`'s partitioned params gather them."""
+    if not isinstance(module.__dict__.get("_parameters"), FetchOnAccess):
+        module.__dict__["_parameters"] = FetchOnAccess(module._parameters)
+
+
+def _touch_in_constructor(p):
+    frame = constructing[-1]
+    with get_context().fetch([p.zs.zparam]) as g:
+        g.wait()
+    attach_views([p])
+    frame.append(p)
+    if sum(q.zs.zparam.numel for q in frame) > _TOUCH_CAP_ELEMENTS:
+        write_back(frame[:-1])
+        del frame[:-1]
+
+
+def write_back(params):
+    """Rank 0's values of gathered `params` into every rank's shard, then
+    release them. Collective."""
+    if not params:
+        return
+    ctx = get_context()
+    ctx.update(zparams(params), 0)
+    ctx.release(zparams(params))
+    for p in params:
+        p.zs.attached = True  # the view is stale whatever the status says
+    detach_views(params)
+
+
+# Attributes torch keeps on a tensor for its own hooks: the copy gets its
+# own (the copied model's hooks register them again).
+_NOT_COPIED = ("zs", "_post_accumulate_grad_hooks", "_backward_hooks")
+
+
+def _deepcopy_partitioned(param, memo):
+    """An independent partitioned copy of `param`, with its values.
+    Collective: every rank copies the same params in the same order."""
+    from .gathered import GatheredParameters  # a cycle at import time
+    with GatheredParameters([param]):
+        full = param.data.detach().clone()
+    result = type(param)(full, param.requires_grad)
+    memo[id(param)] = result
+    for k, v in param.__dict__.items():
+        if k not in _NOT_COPIED:
+            setattr(result, k, copy.deepcopy(v, memo))
+    partition_param(result, name=param.zs.name, ctx=get_context())
+    return result
+
+
+_torch_param_deepcopy = torch.nn.Parameter.__deepcopy__
+
+
+def _param_deepcopy(self, memo):
+    if id(self) in memo:
+        return memo[id(self)]
+    if getattr(self, "zs", None) is not None:
+        return _deepcopy_partitioned(self, memo)
+    return _torch_param_deepcopy(self, memo)
+
+
+torch.nn.Parameter.__deepcopy__ = _param_deepcopy

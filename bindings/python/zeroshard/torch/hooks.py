@@ -9,44 +9,169 @@ leaf params are summed locally and pushed at the step in registration
 order, zeros for params a rank did not use, so that ranks routing to
 different experts still issue identical collectives.
 
+Holds: a param stays gathered while any unit holds it (its forward, its
+backward, a forward re-run by activation checkpointing during backward);
+the coordinator is told to release it when the last hold goes.
+
+Fetch on access: a module that reads another module's param without
+calling that module's forward (nn.MultiheadAttention reads
+out_proj.weight) finds it gathered: the read fetches it, warns once, and
+makes it an external param of the running module from then on.
+
+The hooks are plain functions that find their state on the module
+(`_zs_unit`, `_zs_hooks`), so `copy.deepcopy` of a hooked model gives a
+hooked copy with its own units and partitioned params.
+
 On a GPU context gradients are handed over as CUDA pointers, without a copy
 to the host: the engine's stream is a blocking stream, so its copy runs
 after the backward kernels queued on torch's (legacy) default stream, and
 torch's later work on that stream runs after the copy.
 """
+import copy
+import dataclasses
+import warnings
+
 import torch
 
 from ._context import get_context
-from ._params import attach_views, detach_views, is_partitioned, registered_params, zparams
+from . import _params
+from ._params import attach_views, detach_views, fetch_on_access, is_partitioned, registered_params, zparams
 from .gathered import GatheredParameters
+
+_running = []  # units whose forward is running now, innermost last (all models)
+_step = {"open": False}  # the coordinator's step is one per context, whichever model began it
 
 
 class _Unit:
     """The params one hooked module fetches and releases together."""
 
-    def __init__(self, engine, module, params, leaf):
-        self.engine = engine
+    def __init__(self, module, name, params, leaf):
         self.module = module
+        self.name = name
         self.params = params
         self.leaf = leaf
-        self.pending = set()  # params whose gradient has not arrived yet
-        self.grad_accs = []   # AccumulateGrad nodes (kept alive for their hooks)
+        self.engine = None
+        self.pending = set()     # params whose gradient this backward has not produced yet
+        self.bwd_held = False    # holds its params for its backward
+
+    def __deepcopy__(self, memo):
+        # The copied model's HookEngine (copied after every module) adopts it.
+        unit = _Unit(copy.deepcopy(self.module, memo), self.name,
+                     [copy.deepcopy(p, memo) for p in self.params], self.leaf)
+        memo[id(self)] = unit
+        return unit
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity on a module's output; its backward runs before the
-    module's own, which is when the module's params must be back."""
+def forget_step():
+    """The context is gone: no step is open, no forward runs."""
+    _step["open"] = False
+    _running.clear()
 
-    @staticmethod
-    def forward(ctx, unit, engine, output):
-        ctx.unit = unit
-        ctx.engine = engine
-        return output.detach()
 
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.engine.fetch_for_backward(ctx.unit)
-        return None, None, grad
+def _acquire(params):
+    if not params:
+        return
+    get_context().coord_fetch(zparams(params))
+    for p in params:
+        p.zs.holds += 1
+    attach_views(params)
+
+
+def _release(params):
+    done = []
+    for p in params:
+        p.zs.holds -= 1
+        if p.zs.holds <= 0:
+            p.zs.holds = 0
+            done.append(p)
+    if done:
+        get_context().coord_release(zparams(done))
+        detach_views(done)
+
+
+def _output_tensors(output, out, depth=0):
+    """The tensors in a module's output that autograd will differentiate:
+    tensors, tuples, lists, dicts (HF ModelOutput), dataclasses."""
+    if depth > 8:
+        return out
+    if torch.is_tensor(output):
+        if output.requires_grad:
+            out.append(output)
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            _output_tensors(o, out, depth + 1)
+    elif isinstance(output, dict):
+        for o in output.values():
+            _output_tensors(o, out, depth + 1)
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        for f in dataclasses.fields(output):
+            _output_tensors(getattr(output, f.name, None), out, depth + 1)
+    return out
+
+
+# -- the hook functions (module-level: copied models share them) ------------
+def _root_pre_forward(module, inputs):
+    engine = module.__dict__.get("_zs_hooks")
+    if engine is not None:
+        engine.begin_step()
+
+
+def _unit_pre_forward(module, inputs):
+    unit = _live_unit(module)
+    _acquire(unit.params)
+    _running.append(unit)
+
+
+def _unit_post_forward(module, inputs, output):
+    unit = _live_unit(module)
+    if _running and _running[-1] is unit:
+        _running.pop()
+    _release(unit.params)
+    if torch.is_grad_enabled():
+        tensors = _output_tensors(output, [])
+        if tensors:
+            unit.pending = {p for p in unit.params if p.requires_grad}
+            unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
+            for t in tensors:
+                t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+
+
+def _live_unit(module):
+    unit = module.__dict__["_zs_unit"]
+    if unit.engine is None:
+        raise RuntimeError(
+            f"zeroshard.torch: {type(module).__name__} was copied out of a partitioned model without "
+            "the model's root, so nothing installs its hooks: call "
+            "zeroshard.torch.partition_module(copy) on the copy's outermost module")
+    return unit
+
+
+def _param_path(p):
+    """The param's name in its model ("layers.0.self_attn.out_proj.weight")."""
+    owner = p.zs.owner
+    if owner is not None:
+        for key, q in owner.module._parameters.items():
+            if q is p:
+                return f"{owner.name}.{key}" if owner.name != type(owner.module).__name__ else key
+    return p.zs.name
+
+
+_HOOKS = (_root_pre_forward, _unit_pre_forward, _unit_post_forward)
+
+
+def _strip_hooks(module):
+    """Remove our hook functions from a module (a copy may carry them)."""
+    for d in (module._forward_pre_hooks, module._forward_hooks):
+        for k in [k for k, fn in d.items() if fn in _HOOKS]:
+            del d[k]
+
+
+def _forward_access(p):
+    if _running and p.zs.engine is not None:
+        _running[-1].engine.fetch_on_access(_running[-1], p)
+
+
+_params.on_forward_access = _forward_access
 
 
 class HookEngine:
@@ -55,24 +180,22 @@ class HookEngine:
     def __init__(self, model):
         self.model = model
         self.units = []
-        self.handles = []
-        self.in_step = False
         self.leaf_params = []  # in registration order
+        self.waiting = {}      # param -> units held for backward until its gradient arrives
+        self.warned = set()
 
     # -- installing ---------------------------------------------------
     def install(self):
-        ctx = get_context()
+        for m in self.model.modules():
+            _strip_hooks(m)
+            m.__dict__.pop("_zs_unit", None)
         # First, so that the step begins before any unit fetches.
-        self.handles.append(self.model.register_forward_pre_hook(self._root_pre_forward))
-        self._walk(self.model, inside_leaf=False)
-        self.leaf_params.sort(key=lambda p: p.zs.index)
-        for unit in self.units:
-            self._hook_grads(unit)
-        for unit in self.units:
-            if unit.leaf and len(unit.params) > 1:
-                ctx.leaf_group(zparams(unit.params))
+        self.model.register_forward_pre_hook(_root_pre_forward)
+        names = {m: n for n, m in self.model.named_modules()}
+        self._walk(self.model, names, inside_leaf=False)
+        self._adopt_units()
 
-    def _walk(self, module, inside_leaf):
+    def _walk(self, module, names, inside_leaf):
         if inside_leaf:
             return
         leaf = getattr(module, "_zs_leaf", False)
@@ -81,90 +204,119 @@ class HookEngine:
         for p in own:
             if is_partitioned(p) and all(p is not q for q in params):  # tensors: identity
                 params.append(p)
-        if params:
-            unit = _Unit(self, module, params, leaf)
-            for p in params:
-                if p.zs.owner is None or leaf:
-                    p.zs.owner = unit
-                if leaf:
-                    self.leaf_params.append(p)
+        # Every module has a unit, with no params if it owns none: a param
+        # it reads of a module it does not call is then fetched with the
+        # innermost module that read it, and released when that one ends.
+        if True:
+            unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
+            module.__dict__["_zs_unit"] = unit
             self.units.append(unit)
-            self.handles.append(module.register_forward_pre_hook(
-                lambda m, inputs, unit=unit: self._pre_forward(unit)))
-            self.handles.append(module.register_forward_hook(
-                lambda m, inputs, output, unit=unit: self._post_forward(unit, output)))
+            module.register_forward_pre_hook(_unit_pre_forward)
+            module.register_forward_hook(_unit_post_forward)
+        fetch_on_access(module)
         for child in module.children():
-            self._walk(child, inside_leaf=leaf)
+            self._walk(child, names, inside_leaf=leaf)
 
-    def _hook_grads(self, unit):
-        # Autograd records a param's shape in its AccumulateGrad node when
-        # the node is made, so make it while the param is whole. Keeping the
-        # node alive keeps it (and the hook) the param's accumulator.
-        owned = [p for p in unit.params if p.requires_grad and p.zs.owner is unit]
-        if not owned:
-            return
-        with GatheredParameters(owned):
-            for p in owned:
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(lambda *unused, p=p, unit=unit: self._on_grad(unit, p))
-                unit.grad_accs.append(acc)
+    def _adopt_units(self):
+        """Make this engine the one of its units: owners, leaf groups,
+        gradient hooks. Collective (gathers the params it hooks)."""
+        ctx = get_context()
+        self.leaf_params = []
+        for unit in self.units:
+            unit.engine = self
+            for p in unit.params:
+                p.zs.engine = self
+                if p.zs.owner is None or p.zs.owner.engine is not self or unit.leaf:
+                    p.zs.owner = unit
+                if unit.leaf:
+                    p.zs.leaf = True
+                    if all(p is not q for q in self.leaf_params):
+                        self.leaf_params.append(p)
+        self.leaf_params.sort(key=lambda p: p.zs.index)
+        for unit in self.units:
+            if unit.leaf and len(unit.params) > 1:
+                ctx.leaf_group(zparams(unit.params))
+        self._hook_grads([p for unit in self.units for p in unit.params])
+
+    def _hook_grads(self, params):
+        """Hand `params`' gradients to this engine as autograd accumulates
+        them (once per param; frozen params when they are unfrozen)."""
+        for p in params:
+            if p.requires_grad and p.zs.grad_hook is not self:
+                p.zs.grad_hook = self
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def __deepcopy__(self, memo):
+        model = copy.deepcopy(self.model, memo)
+        engine = HookEngine(model)
+        memo[id(self)] = engine
+        engine.units = [copy.deepcopy(u, memo) for u in self.units]
+        engine._adopt_units()
+        return engine
 
     def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        for m in self.model.modules():
+            _strip_hooks(m)
+            m.__dict__.pop("_zs_unit", None)
         self.units.clear()
 
     # -- forward --------------------------------------------------------
-    def _root_pre_forward(self, module, inputs):
-        if not self.in_step:
+    def begin_step(self):
+        if not _step["open"]:
+            _running.clear()  # left by a forward that raised
             get_context().step_begin()
-            self.in_step = True
+            _step["open"] = True
 
-    def _pre_forward(self, unit):
-        get_context().coord_fetch(zparams(unit.params))
-        attach_views(unit.params)
-
-    def _post_forward(self, unit, output):
-        get_context().coord_release(zparams(unit.params))
-        detach_views(unit.params)
-        if torch.is_grad_enabled():
-            unit.pending = {p for p in unit.params if p.requires_grad and p.zs.owner is unit}
-            return self._wrap(unit, output)
-        return None
-
-    def _wrap(self, unit, output):
-        if torch.is_tensor(output):
-            return _PreBackward.apply(unit, self, output) if output.requires_grad else output
-        if isinstance(output, tuple):
-            return tuple(self._wrap(unit, o) for o in output)
-        if isinstance(output, list):
-            return [self._wrap(unit, o) for o in output]
-        if isinstance(output, dict):
-            return {k: self._wrap(unit, v) for k, v in output.items()}
-        return output
+    def fetch_on_access(self, unit, p):
+        """`unit`'s module read `p`, which is not gathered: fetch it now,
+        and with `unit` from now on."""
+        if p.zs.owner is not None and p.zs.owner.leaf and p.zs.owner is not unit:
+            raise RuntimeError(f"zeroshard.torch: {unit.name} reads {p.zs.name}, a param of the leaf "
+                               f"module {p.zs.owner.name}, outside that module's forward")
+        if all(p is not q for q in unit.params):
+            unit.params.append(p)
+            ext = unit.module.__dict__.setdefault("_zs_external", [])
+            if all(p is not q for q in ext):
+                ext.append(p)
+            if p.requires_grad and torch.is_grad_enabled():
+                unit.pending.add(p)
+                if unit.bwd_held:  # a forward re-run during backward (checkpointing)
+                    self.waiting.setdefault(p, []).append(unit)
+            self._hook_grads([p])
+            if (unit.name, p.zs.name) not in self.warned:
+                self.warned.add((unit.name, p.zs.name))
+                warnings.warn(
+                    f"zeroshard.torch: {unit.name} ({type(unit.module).__name__}) reads {_param_path(p)} "
+                    f"without calling its module's forward; it was fetched on access and is fetched with "
+                    f"{unit.name} from now on. Declare it with "
+                    f"zeroshard.torch.register_external_parameter(module, param) to have it prefetched.",
+                    stacklevel=3)
+        _acquire([p])
 
     # -- backward -------------------------------------------------------
     def fetch_for_backward(self, unit):
-        if all(p.zs.zparam.status == "AVAILABLE" and p.data.numel() == p.zs.zparam.numel for p in unit.params):
-            return
-        get_context().coord_fetch(zparams(unit.params))
-        attach_views(unit.params)
+        if not unit.bwd_held:
+            unit.bwd_held = True
+            _acquire(unit.params)
+            if not unit.leaf:  # leaf units hold their params until the step
+                for p in unit.pending:
+                    self.waiting.setdefault(p, []).append(unit)
 
-    def _on_grad(self, unit, p):
+    def _on_grad(self, p):
         grad = p.grad
         p.grad = None
         if grad is None:
             return
         grad = grad.detach().to(p.zs.dtype).contiguous()
-        if unit.leaf:
+        if p.zs.leaf:
             p.zs.stash = grad.clone() if p.zs.stash is None else p.zs.stash.add_(grad)
         else:
             p.zs.zparam.push_grad((grad.data_ptr(), grad.numel() * grad.element_size()), p.zs.zparam.dtype)
-        unit.pending.discard(p)
-        if not unit.pending and not unit.leaf:
-            get_context().coord_release(zparams(unit.params))
-            detach_views(unit.params)
+        for unit in self.waiting.pop(p, ()):
+            unit.pending.discard(p)
+            if unit.bwd_held and not unit.pending:
+                unit.bwd_held = False
+                _release(unit.params)
 
     # -- step -----------------------------------------------------------
     def before_step(self):
@@ -178,15 +330,19 @@ class HookEngine:
                                                                       device=p.zs.device)
             p.zs.zparam.push_grad((g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
             p.zs.stash = None
+        self.waiting.clear()
         for unit in self.units:
+            unit.pending.clear()
+            unit.bwd_held = False
+            for p in unit.params:
+                p.zs.holds = 0
             gathered = [p for p in unit.params if p.zs.zparam.status == "AVAILABLE"]
             if gathered:
                 ctx.coord_release(zparams(gathered))
                 detach_views(gathered)
-            unit.pending.clear()
-        if self.in_step:
+        if _step["open"]:
             ctx.step_end()
-            self.in_step = False
+            _step["open"] = False
 
     def after_step(self):
         """The optimizer changed the shards: drop views of stale copies."""
@@ -219,3 +375,7 @@ def register_external_parameter(module, param):
     ext = module.__dict__.setdefault("_zs_external", [])
     if all(param is not q for q in ext):
         ext.append(param)
+    unit = module.__dict__.get("_zs_unit")
+    if unit is not None and is_partitioned(param) and all(param is not q for q in unit.params):
+        unit.params.append(param)
+        unit.engine._hook_grads([param])

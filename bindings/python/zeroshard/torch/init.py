@@ -1,11 +1,13 @@
 """Partitioning modules: as they are built (Init), or afterwards."""
 import functools
+import types
 
 import torch
 
 from . import _context
 from ._context import default_device, get_context
-from ._params import is_partitioned, partition_param
+from . import _params
+from ._params import fetch_on_access, is_partitioned, partition_param, write_back
 from .hooks import HookEngine
 
 
@@ -15,6 +17,7 @@ def _partition_own(module, dtype, config=None, device=None):
             # The context is created (or checked) against where this param lives.
             ctx = get_context(config, device=device, like=p.data.device)
             partition_param(p, name=f"{type(module).__name__}.{name}", dtype=dtype, ctx=ctx)
+    fetch_on_access(module)
 
 
 class Init:
@@ -101,10 +104,12 @@ class Init:
         def wrapped(module, *args, **kwargs):
             depth = module.__dict__.get("_zs_init_depth", 0)
             module.__dict__["_zs_init_depth"] = depth + 1
+            _params.constructing.append([])  # partitioned params this constructor reads
             try:
                 orig(module, *args, **kwargs)
             finally:
                 module.__dict__["_zs_init_depth"] = depth
+                write_back(_params.constructing.pop())
             if depth == 0:  # the outermost constructor of this object
                 _partition_own(module, dtype, config, device)
 
@@ -146,4 +151,32 @@ def partition_module(module, dtype=None, config=None, device=None):
         engine = HookEngine(module)
         engine.install()
         module._zs_hooks = engine
+    _sync_generate(module)
     return module
+
+
+def _sync_generate(model):
+    """Hugging Face generate() on a partitioned model: ranks that finish
+    early keep running forwards (dummy steps) until every rank has, so their
+    gathers stay paired (HF's synced_gpus, which HF turns on by itself only
+    for DeepSpeed and FSDP). The ranks agree through the engine, so
+    torch.distributed need not be initialised."""
+    if not callable(getattr(type(model), "_has_unfinished_sequences", None)):
+        return
+    model.generate = types.MethodType(_generate_synced, model)
+    model._has_unfinished_sequences = types.MethodType(_unfinished_on_any_rank, model)
+
+
+def _generate_synced(model, *args, **kwargs):
+    if kwargs.get("synced_gpus") is None:
+        kwargs["synced_gpus"] = get_context().world_size > 1
+    return type(model).generate(model, *args, **kwargs)
+
+
+def _unfinished_on_any_rank(model, this_peer_finished, synced_gpus, device=None):
+    if not synced_gpus:
+        return not this_peer_finished
+    flag = torch.tensor([0.0 if this_peer_finished else 1.0], dtype=torch.float32)
+    with get_context().group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
+        work.wait()
+    return flag.item() > 0.0

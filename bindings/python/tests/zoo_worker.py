@@ -1,0 +1,379 @@
+"""One rank of the model-zoo tests, launched by zsrun: models nobody here
+wrote, trained unchanged through zeroshard.torch and through torch DDP.
+
+    zsrun -n N -- python zoo_worker.py MODEL [MODEL ...]
+
+For each model: the same weights (seeded construction), the same batches
+(seeded per step and rank), 10 AdamW steps through DDP (gloo, torch's
+AdamW without foreach) and through zt.Init + partition_module +
+ZeroShardOptimizer. Rank 0 prints one JSON line: per model the mean loss
+over ranks per step for both, and what else the test checks.
+"""
+import copy
+import dataclasses
+import json
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+import zeroshard.torch as zt
+
+STEPS = 10
+LR = 2e-3
+CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 20000,
+                                "stage3_param_persistence_threshold": 0}}
+VOCAB, SEQ, BATCH = 64, 12, 2
+
+
+# -- models ---------------------------------------------------------------
+def hf_gpt2(**extra):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **extra))
+
+
+def hf_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=64))
+
+
+def hf_bert():
+    from transformers import BertConfig, BertForMaskedLM
+    return BertForMaskedLM(BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=32,
+                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def hf_t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+    return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                               num_decoder_layers=2, num_heads=4, dropout_rate=0.0,
+                                               decoder_start_token_id=0, pad_token_id=0))
+
+
+def hf_mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    return MixtralForCausalLM(MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            num_local_experts=4, num_experts_per_tok=2,
+                                            max_position_embeddings=64, router_aux_loss_coef=0.01))
+
+
+def hf_vit():
+    from transformers import ViTConfig, ViTForImageClassification
+    return ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                               num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                               num_labels=5))
+
+
+class TorchTransformer(nn.Module):
+    """nn.Transformer: deep-copied layers, MultiheadAttention reading
+    out_proj's params without calling it."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.tf = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=1,
+                                 dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, x):
+        h = self.emb(x)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.head(self.tf(h, h, tgt_mask=mask, tgt_is_causal=True))
+
+
+class TorchMHA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True, kdim=8, vdim=8)
+        self.kv = nn.Linear(16, 8)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, x):
+        h = self.emb(x)
+        kv = self.kv(h)
+        y, _ = self.attn(h, kv, kv, need_weights=True)
+        return self.head(y)
+
+
+class TorchRNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.lstm = nn.LSTM(16, 24, num_layers=2, batch_first=True)
+        self.gru = nn.GRU(24, 16, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, x):
+        h, _ = self.lstm(self.emb(x))
+        h, _ = self.gru(h)
+        return self.head(h)
+
+
+class LoRALinear(nn.Module):
+    """A frozen base with a trainable low-rank adapter."""
+
+    def __init__(self, n_in, n_out, r=4):
+        super().__init__()
+        self.base = nn.Linear(n_in, n_out)
+        self.base.weight.requires_grad_(False)
+        self.base.bias.requires_grad_(False)
+        self.a = nn.Parameter(torch.randn(r, n_in) * 0.1)
+        self.b = nn.Parameter(torch.zeros(n_out, r))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.a.t() @ self.b.t()
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    note: str = "dataclass"
+
+
+class Frozen(nn.Module):
+    """Frozen embedding and LoRA adapters, a buffer, a dataclass output,
+    activation checkpointing (reentrant and not) re-running forwards in
+    backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16)
+        self.emb.weight.requires_grad_(False)
+        self.l1 = LoRALinear(16, 32)
+        self.l2 = LoRALinear(32, 16)
+        self.ln = nn.LayerNorm(16)
+        self.head = nn.Linear(16, VOCAB)
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def block(self, h):
+        return self.l2(F.gelu(self.l1(h)))
+
+    def forward(self, x):
+        h = self.emb(x) * self.scale
+        h = h + torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=False)
+        h = h + torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=True)
+        h = self.ln(h)
+        return Out(logits=self.head(h), hidden=h)
+
+
+def gpt2_checkpointed():
+    model = hf_gpt2()
+    model.gradient_checkpointing_enable()
+    return model
+
+
+# Two batches per rank, alternating: small enough to learn in 10 steps.
+def lm_batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * (step % 2) + rank)
+    return torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def causal_lm_loss(model, x):
+    return model(input_ids=x, labels=x).loss
+
+
+def t5_loss(model, x):
+    return model(input_ids=x, labels=x.flip(1)).loss
+
+
+def mixtral_loss(model, x):
+    out = model(input_ids=x, labels=x, output_router_logits=True)
+    return out.loss
+
+
+def vit_batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * (step % 2) + rank)
+    return torch.randn(BATCH, 3, 16, 16, generator=g), torch.randint(0, 5, (BATCH,), generator=g)
+
+
+def vit_loss(model, batch):
+    return model(pixel_values=batch[0], labels=batch[1]).loss
+
+
+def logits_loss(model, x):
+    out = model(x)
+    logits = out.logits if isinstance(out, Out) else out
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+
+
+def mixtral_leaves(model):
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    zt.set_leaf_modules(model, [MixtralSparseMoeBlock])
+
+
+# Compared with an unsharded model in one process instead of DDP: DDP's
+# gradients are wrong when a param is used inside a reentrant checkpoint and
+# again outside it (its reducer counts the param ready twice); zeroshard's
+# equal the single-process ones.
+SINGLE_PROCESS_REFERENCE = {"frozen"}
+
+MODELS = {
+    # name: (build, batch, loss, before partitioning)
+    "gpt2": (hf_gpt2, lm_batch, causal_lm_loss, None),
+    "gpt2_checkpointed": (gpt2_checkpointed, lm_batch, causal_lm_loss, None),
+    "llama": (hf_llama, lm_batch, causal_lm_loss, None),
+    "bert": (hf_bert, lm_batch, causal_lm_loss, None),
+    "t5": (hf_t5, lm_batch, t5_loss, None),
+    "mixtral": (hf_mixtral, lm_batch, mixtral_loss, mixtral_leaves),
+    "vit": (hf_vit, vit_batch, vit_loss, None),
+    "transformer": (TorchTransformer, lm_batch, logits_loss, None),
+    "mha": (TorchMHA, lm_batch, logits_loss, None),
+    "rnn": (TorchRNN, lm_batch, logits_loss, None),
+    "frozen": (Frozen, lm_batch, logits_loss, None),
+}
+
+
+def build(fn):
+    torch.manual_seed(0)
+    return fn()
+
+
+def mean_over_ranks(x):
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def train(model, opt, batch, loss_fn, rank):
+    losses = []
+    for s in range(STEPS):
+        loss = loss_fn(model, batch(s, rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(mean_over_ranks(loss.item()))
+    return losses
+
+
+def train_single_process(model, opt, batch, loss_fn, world):
+    """Every rank's batch in one process: the mean loss, as data parallel
+    training over `world` ranks computes it."""
+    losses = []
+    for s in range(STEPS):
+        per_rank = [loss_fn(model, batch(s, r)) for r in range(world)]
+        (sum(per_rank) / world).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(sum(l.item() for l in per_rank) / world)
+    return losses
+
+
+def run_model(name, rank):
+    make, batch, loss_fn, prepare = MODELS[name]
+    if name in SINGLE_PROCESS_REFERENCE:
+        ref = build(make)
+        ddp = None
+    else:
+        ref = ddp = nn.parallel.DistributedDataParallel(build(make))
+    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR, weight_decay=0.01,
+                            foreach=False)
+    if ddp is None:
+        ref_losses = train_single_process(ref, opt, batch, loss_fn, dist.get_world_size())
+    else:
+        ref_losses = train(ddp, opt, batch, loss_fn, rank)
+    trainable = sum(p.numel() for p in ref.parameters() if p.requires_grad)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with zt.Init(config=CONFIG):
+            model = build(make)
+        if prepare is not None:
+            prepare(model)
+        zt.partition_module(model)
+        zopt = zt.ZeroShardOptimizer([p for p in model.parameters() if p.requires_grad], lr=LR,
+                                     weight_decay=0.01)
+        zs_losses = train(model, zopt, batch, loss_fn, rank)
+    notes = sorted({str(w.message) for w in caught if "zeroshard" in str(w.message)})
+    # The frozen params kept their values, and nothing was left gathered.
+    frozen_equal = True
+    sd = zt.consolidated_state_dict(model)
+    if rank == 0:
+        for k, p in (ref if ddp is None else ddp.module).named_parameters():
+            if not p.requires_grad and not torch.equal(sd[k], p.detach()):
+                frozen_equal = False
+    gathered = sum(1 for p in model.parameters() if zt.is_partitioned(p) and p.data.numel() > 0)
+    return {"reference": "single process" if ddp is None else "ddp", "ddp": ref_losses, "zeroshard": zs_losses,
+            "trainable": trainable, "warnings": notes,
+            "frozen_equal": frozen_equal, "left_gathered": gathered}
+
+
+def run_deepcopy(rank):
+    """copy.deepcopy of a partitioned, hooked model: an independent copy
+    with equal values that trains on its own."""
+    with zt.Init(config=CONFIG):
+        model = build(TorchTransformer)
+    zt.partition_module(model)
+    x = lm_batch(0, rank)
+    with torch.no_grad():
+        before = model(x).clone()
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin_out = twin(x)
+    opt = zt.ZeroShardOptimizer(twin.parameters(), lr=1e-2)
+    logits_loss(twin, x).backward()
+    opt.step()
+    with torch.no_grad():
+        after_original = model(x)
+        after_twin = twin(x)
+    shared = any(a is b for a, b in zip(model.parameters(), twin.parameters()))
+    return {"copy_equal": bool(torch.equal(before, twin_out)),
+            "original_unchanged": bool(torch.equal(before, after_original)),
+            "copy_trained": not bool(torch.equal(after_twin, twin_out)),
+            "shares_params": shared}
+
+
+def run_generate(rank):
+    """HF generate() with a KV cache under no_grad; ranks stop at different
+    lengths (max_new_tokens differs) without a hang, and every rank's tokens
+    equal the unsharded model's."""
+    reference = build(hf_gpt2)
+    with zt.Init(config=CONFIG):
+        model = build(hf_gpt2)
+    zt.partition_module(model)
+    model.eval()
+    reference.eval()
+    prompt = lm_batch(rank, 7)[:, :4]
+    new = 3 + 4 * rank
+    kw = dict(max_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)
+    with torch.no_grad():
+        ours = model.generate(prompt, **kw)
+        ref = reference.generate(prompt, **kw)
+    mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1])}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {"ranks": every}
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    result = {}
+    for name in sys.argv[1:]:
+        if name == "deepcopy":
+            result[name] = run_deepcopy(rank)
+        elif name == "generate":
+            result[name] = run_generate(rank)
+        else:
+            result[name] = run_model(name, rank)
+        zt.shutdown()
+        if rank == 0:
+            print(f"zoo: {name} done", file=sys.stderr, flush=True)
+    if rank == 0:
+        print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
