@@ -7,6 +7,7 @@
 #include <string>
 
 #include "impl/comm/bootstrap.h"
+#include "impl/common/error.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -69,6 +70,43 @@ TEST(Bootstrap, TorchrunVariables) {
     set("MASTER_ADDR", "127.0.0.1");
     set("MASTER_PORT", std::to_string(env.port));
     join_from_env(env.rank, 4, env.rank % 2, 2);
+  });
+}
+
+TEST(Bootstrap, StorePortFromOptionsThenZsStorePortThenMasterPort) {
+  unsetenv("ZS_STORE_PORT");
+  unsetenv("MASTER_PORT");
+  unsetenv("MASTER_ADDR");
+  EXPECT_EQ(zs::resolve_store_address(nullptr, -1).port, 29500);
+  EXPECT_EQ(zs::resolve_store_address(nullptr, -1).host, "127.0.0.1");
+  set("MASTER_PORT", "29600");
+  EXPECT_EQ(zs::resolve_store_address(nullptr, -1).port, 29600);
+  set("ZS_STORE_PORT", "29601");  // zsrun's: MASTER_PORT stays torch's
+  EXPECT_EQ(zs::resolve_store_address(nullptr, -1).port, 29601);
+  EXPECT_EQ(zs::resolve_store_address(nullptr, 29602).port, 29602);
+  set("ZS_STORE_PORT", "70000");
+  try {
+    zs::resolve_store_address(nullptr, -1);
+    ADD_FAILURE() << "a store port out of range was accepted";
+  } catch (const zs::Error& e) {
+    EXPECT_EQ(e.code(), zs::Code::Bootstrap);
+    EXPECT_NE(std::string(e.what()).find("70000 (from ZS_STORE_PORT)"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("ZS_STORE_PORT");  // the other tests here read MASTER_PORT
+  unsetenv("MASTER_PORT");
+}
+
+// A context from the environment alone rendezvouses on ZS_STORE_PORT and
+// leaves MASTER_PORT alone, so another server can hold it meanwhile.
+TEST(Bootstrap, ContextRendezvousOnZsStorePort) {
+  run_ranks(2, [](const RankEnv& env) {
+    set("RANK", std::to_string(env.rank));
+    set("WORLD_SIZE", "2");
+    set("MASTER_ADDR", "127.0.0.1");
+    set("MASTER_PORT", "0");  // not a port: the context would fail on it
+    set("ZS_STORE_PORT", std::to_string(env.port));
+    join_from_env(env.rank, 2, env.rank, 2);
   });
 }
 

@@ -246,6 +246,33 @@ TEST(Zsrun, MasterOptionsAndExistingOmpNumThreads) {
                                              "[rank 1] 10.1.2.3:29511:7"}));
 }
 
+// The engine's store gets its own port, so torch.distributed can take
+// MASTER_PORT before or after the engine's context comes up.
+TEST(Zsrun, StorePortIsApartFromMasterPort) {
+  Result r = run({"-n", "3", "--", "sh", "-c", "echo \"$MASTER_PORT $ZS_STORE_PORT\""},
+                 {"ZS_STORE_PORT=1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::set<std::string> seen;
+  for (const auto& l : lines(r.out)) seen.insert(l.substr(l.find("] ") + 2));
+  ASSERT_EQ(seen.size(), 1u) << "all ranks must share both ports: " << r.out;
+  std::istringstream words(*seen.begin());
+  int master = 0, store = 0;
+  words >> master >> store;
+  EXPECT_GT(master, 1);
+  EXPECT_GT(store, 1);  // picked, not the inherited ZS_STORE_PORT=1
+  EXPECT_LE(store, 65535);
+  EXPECT_NE(master, store);
+}
+
+TEST(Zsrun, StorePortOption) {
+  Result r = run({"-n", "2", "--master-port", "29511", "--store-port=29512", "--", "sh", "-c",
+                  "echo \"$MASTER_PORT:$ZS_STORE_PORT\""});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::multiset<std::string> got;
+  for (const auto& l : lines(r.out)) got.insert(l);
+  EXPECT_EQ(got, (std::multiset<std::string>{"[rank 0] 29511:29512", "[rank 1] 29511:29512"}));
+}
+
 TEST(Zsrun, OutputIsPrefixedAndNeverInterleaved) {
   // Each rank writes 200 long lines to stdout and 200 to stderr, all at once.
   const int kRanks = 4, kLines = 200;
@@ -367,6 +394,9 @@ TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
       {{"-n", "2", "--bogus", "--", "true"}, "'--bogus'"},
       {{"-n", "2", "--master-port", "70000", "--", "true"}, "'70000'"},
       {{"-n", "2", "--master-port", "http", "--", "true"}, "'http'"},
+      {{"-n", "2", "--store-port", "0", "--", "true"}, "'0'"},
+      {{"-n", "2", "--master-port=29511", "--store-port=29511", "--", "true"},
+       "both 29511"},
       {{"-n", "2", "--timeout-s", "-1", "--", "true"}, "'-1'"},
       {{"-n", "2", "--timeout-s", "soon", "--", "true"}, "'soon'"},
   };

@@ -170,6 +170,7 @@ struct Options {
   long nranks = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free one
+  int store_port = 0;   // 0: pick a free one, other than master_port
   double timeout_s = 0;  // 0: none
   bool prefix = true;
   std::vector<char*> command;  // argv of the ranks, null-terminated
@@ -179,12 +180,15 @@ const char kUsage[] =
     "Usage: zsrun -n N [options] -- CMD [ARGS...]\n"
     "\n"
     "Runs N local ranks of CMD with a torchrun-compatible environment\n"
-    "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...).\n"
+    "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), plus\n"
+    "ZS_STORE_PORT: the zeroshard engine's rendezvous port, so MASTER_PORT\n"
+    "stays free for torch.distributed whichever starts first.\n"
     "\n"
     "Options:\n"
     "  -n, --nproc-per-node N   number of ranks (>= 1), required\n"
     "  --master-addr A          MASTER_ADDR for the ranks (default 127.0.0.1)\n"
     "  --master-port P          MASTER_PORT (default: a free TCP port)\n"
+    "  --store-port P           ZS_STORE_PORT (default: another free TCP port)\n"
     "  --timeout-s T            terminate the job after T seconds, exit 124\n"
     "  --no-prefix              pass output through without '[rank K] '\n"
     "  -h, --help               show this help\n"
@@ -263,6 +267,12 @@ Options parse_args(int argc, char** argv) {
       if (!parse_long(v, &port) || port < 1 || port > 65535)
         usage_error("--master-port expects a port in 1..65535, got '%s'", v);
       opt.master_port = static_cast<int>(port);
+    } else if (is(arg, "--store-port")) {
+      const char* v = value(arg, "--store-port");
+      long port = 0;
+      if (!parse_long(v, &port) || port < 1 || port > 65535)
+        usage_error("--store-port expects a port in 1..65535, got '%s'", v);
+      opt.store_port = static_cast<int>(port);
     } else if (is(arg, "--timeout-s")) {
       const char* v = value(arg, "--timeout-s");
       if (!parse_seconds(v, &opt.timeout_s) || opt.timeout_s <= 0)
@@ -278,6 +288,9 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (!have_n) usage_error("missing required option -n N");
+  if (opt.master_port != 0 && opt.store_port == opt.master_port)
+    usage_error("--store-port and --master-port are both %d: the engine's store and torch's "
+                "need a port each", opt.master_port);
   if (i >= argc) usage_error("no command given after '--'");
   for (; i < argc; ++i) opt.command.push_back(argv[i]);
   opt.command.push_back(nullptr);
@@ -300,6 +313,18 @@ int pick_free_port() {
     port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+// A free port other than `other` (the kernel may hand the same ephemeral
+// port out twice in a row); -1 when none is found.
+int pick_free_port_other_than(int other) {
+  for (int tries = 0; tries < 16; ++tries) {
+    const int port = pick_free_port();
+    if (port < 0) return -1;
+    if (port != other) return port;
+  }
+  errno = EADDRINUSE;
+  return -1;
 }
 
 // ---------------------------------------------------------------------------
@@ -361,6 +386,7 @@ class Launcher {
   Options opt_;
   std::vector<Rank> ranks_;
   int master_port_ = 0;
+  int store_port_ = 0;
   double kill_grace_s_ = kDefaultKillGraceS;
   sigset_t orig_mask_{};
 
@@ -382,7 +408,7 @@ std::vector<std::string> Launcher::base_environment() {
   static const char* const kOwned[] = {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
       "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+      "MASTER_ADDR", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
       "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZS_LAUNCHER"};
   std::vector<std::string> env;
   bool have_omp = false;
@@ -404,6 +430,7 @@ std::vector<std::string> Launcher::base_environment() {
   env.push_back("ROLE_NAME=default");
   env.push_back("MASTER_ADDR=" + opt_.master_addr);
   env.push_back("MASTER_PORT=" + std::to_string(master_port_));
+  env.push_back("ZS_STORE_PORT=" + std::to_string(store_port_));
   env.push_back("TORCHELASTIC_RUN_ID=zsrun-" + std::to_string(getpid()));
   env.push_back("TORCHELASTIC_RESTART_COUNT=0");
   env.push_back("TORCHELASTIC_MAX_RESTARTS=0");
@@ -633,9 +660,13 @@ int Launcher::run() {
     if (!parse_seconds(g, &kill_grace_s_) || kill_grace_s_ < 0)
       usage_error("ZSRUN_KILL_GRACE_S expects a number of seconds >= 0, got '%s'", g);
   }
+  // Two ports: MASTER_PORT for torch.distributed, ZS_STORE_PORT for the
+  // engine's store; each given one is kept, the others are picked apart.
   master_port_ = opt_.master_port;
-  if (master_port_ == 0 && (master_port_ = pick_free_port()) < 0) {
-    errorf("cannot find a free TCP port on 127.0.0.1: %s", strerror(errno));
+  store_port_ = opt_.store_port;
+  if ((master_port_ == 0 && (master_port_ = pick_free_port_other_than(store_port_)) < 0) ||
+      (store_port_ == 0 && (store_port_ = pick_free_port_other_than(master_port_)) < 0)) {
+    errorf("cannot find two free TCP ports on 127.0.0.1: %s", strerror(errno));
     return kExitInternal;
   }
 

@@ -103,9 +103,20 @@ StoreAddress resolve_store_address(const char* host, int port) {
   } else {
     a.host = "127.0.0.1";
   }
-  a.port = port >= 0 ? port : env_int("MASTER_PORT", 29500);
+  // ZS_STORE_PORT first: a launcher that hands MASTER_PORT to torch's own
+  // store (zsrun, zeroshard.torch under Slurm) gives the engine another one.
+  const char* from = "options.store_port";
+  if (port >= 0) {
+    a.port = port;
+  } else if (has_env("ZS_STORE_PORT")) {
+    a.port = env_int("ZS_STORE_PORT", 0);
+    from = "ZS_STORE_PORT";
+  } else {
+    a.port = env_int("MASTER_PORT", 29500);
+    from = has_env("MASTER_PORT") ? "MASTER_PORT" : "the default";
+  }
   if (a.port < 1 || a.port > 65535)
-    fail(Code::Bootstrap, "store port ", a.port, ": expected 1..65535");
+    fail(Code::Bootstrap, "store port ", a.port, " (from ", from, "): expected 1..65535");
   return a;
 }
 

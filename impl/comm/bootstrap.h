@@ -25,8 +25,8 @@ struct StoreAddress {
   int port = 29500;
 };
 
-// host/port from options, else MASTER_ADDR / MASTER_PORT, else
-// 127.0.0.1:29500.
+// host from options, else MASTER_ADDR, else 127.0.0.1; port from options,
+// else ZS_STORE_PORT, else MASTER_PORT, else 29500.
 StoreAddress resolve_store_address(const char* host, int port);
 
 // Address the collective transport binds to: explicit, ZS_SOCKET_HOST,

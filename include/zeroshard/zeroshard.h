@@ -176,8 +176,9 @@ typedef struct zs_context_options {
   int world_size;       /* -1: from the environment */
   int local_rank;       /* -1: from the environment, else rank */
   int local_world_size; /* -1: from the environment, else world_size */
-  /* TCP store served by rank 0. NULL / -1: MASTER_ADDR / MASTER_PORT, else
-   * 127.0.0.1:29500. */
+  /* TCP store served by rank 0. Host NULL: MASTER_ADDR, else 127.0.0.1.
+   * Port -1: ZS_STORE_PORT, else MASTER_PORT, else 29500 (zsrun sets
+   * ZS_STORE_PORT apart from MASTER_PORT, which stays free for torch). */
   const char* store_host;
   int store_port;
   /* If set, rendezvous through files in this shared directory instead. */

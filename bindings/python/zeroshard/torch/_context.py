@@ -82,7 +82,7 @@ def _port_beside_master_port():
     MASTER_PORT, so that torch.distributed keeps MASTER_PORT (for Slurm and
     other launchers that set only MASTER_PORT). A malformed MASTER_PORT is
     left to the engine, which names it."""
-    if os.environ.get("ZS_STORE_PORT") or True:
+    if os.environ.get("ZS_STORE_PORT"):
         return None
     try:
         master = int(os.environ.get("MASTER_PORT") or 29500)
