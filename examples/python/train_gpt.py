@@ -1,12 +1,17 @@
 """Train a small character-level GPT with zeroshard (or torch DDP, to compare).
 
-    build/bin/zsrun -n 4 -- /usr/bin/python3 examples/python/train_gpt.py [--steps 60] [--ddp]
-    build/bin/zsrun -n 1 -- /usr/bin/python3 examples/python/train_gpt.py --device cuda
+    build/bin/zsrun -n 4 -- .venv/bin/python examples/python/train_gpt.py [--steps 60] [--ddp]
+        [--log-every 10] [--plot build/demo/training.png]
+    build/bin/zsrun -n 1 -- .venv/bin/python examples/python/train_gpt.py --device cuda
 
 Each rank trains on its own slice of every batch. Rank 0 prints loss and
-tokens/s as it goes; the last line is one JSON object with the final loss,
-every step's loss, and each rank's memory (engine shards, process peak RSS)
-next to the unsharded size. Set PYTHONPATH=bindings/python and
+tokens/s as it goes, then each rank's memory: the engine's shards (params,
+gradients, AdamW state) and the process's peak RSS, next to what DDP would
+hold on every rank (params + gradients + AdamW state, unsharded: 16 bytes
+per param). The last line is one JSON object with the final loss, every
+step's loss and time, and each rank's memory. --plot writes a PNG (loss per
+step, each rank's RSS per step, each rank's shards against DDP's) and prints
+its path. Set PYTHONPATH=bindings/python and
 ZEROSHARD_LIBRARY=build/lib/libzeroshard.so when running from a source checkout.
 
 --device cuda trains on this rank's GPU (LOCAL_RANK modulo the GPUs): the
@@ -78,6 +83,71 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+MIB = 2 ** 20
+
+
+def rss_bytes():
+    """This process's resident set size now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def plot(path, report, per_rank):
+    """Loss per step, each rank's RSS per step, and each rank's shards
+    (params, grads, AdamW state) next to DDP's per-rank footprint."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    world = len(per_rank)
+    fig, (ax_loss, ax_rss, ax_mem) = plt.subplots(1, 3, figsize=(16, 4.8))
+    steps = list(range(len(report["losses"])))
+    ax_loss.plot(steps, report["losses"], color="tab:blue")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss (mean over ranks)")
+    ax_loss.set_title(f"loss: {report['losses'][0]:.3f} -> {report['final_loss']:.3f}, "
+                      f"{report['tokens_per_s']:.0f} tokens/s")
+    ax_loss.grid(alpha=0.3)
+
+    for r in per_rank:
+        ax_rss.plot(steps, [b / MIB for b in r["rss_per_step"]], label=f"rank {r['rank']}")
+    before = max(r["rss_before_model_bytes"] for r in per_rank) / MIB
+    ax_rss.axhline(before, color="gray", linestyle="--", linewidth=1,
+                   label=f"before the model ({before:.0f})")
+    ax_rss.set_xlabel("step")
+    ax_rss.set_ylabel("MiB")
+    ax_rss.set_title("RSS per rank after each step")
+    ax_rss.legend(fontsize="small")
+    ax_rss.grid(alpha=0.3)
+
+    unsharded = report["unsharded_param_bytes"]
+    ddp = (unsharded, unsharded, 2 * unsharded)
+    labels = [f"rank {r['rank']}" for r in per_rank] + ["DDP\n(each rank)"]
+    parts = [[r["param_bytes"] for r in per_rank] + [ddp[0]],
+             [r["grad_bytes"] for r in per_rank] + [ddp[1]],
+             [r["optimizer_bytes"] for r in per_rank] + [ddp[2]]]
+    bottom = [0.0] * (world + 1)
+    for name, values, color in zip(("params", "gradients", "AdamW state"), parts,
+                                    ("tab:blue", "tab:orange", "tab:green")):
+        mib = [v / MIB for v in values]
+        ax_mem.bar(labels, mib, bottom=bottom, label=name, color=color)
+        bottom = [b + m for b, m in zip(bottom, mib)]
+    for i, r in enumerate(per_rank):
+        ax_mem.annotate(f"{bottom[i]:.2f}", (i, bottom[i]), ha="center", va="bottom", fontsize="small")
+    ax_mem.annotate(f"{bottom[-1]:.2f}", (world, bottom[-1]), ha="center", va="bottom", fontsize="small")
+    ax_mem.set_ylabel("MiB")
+    ax_mem.set_title(f"{report['engine']}: params + grads + AdamW state per rank")
+    ax_mem.legend(fontsize="small")
+    fig.suptitle(f"{report['engine']} on {world} ranks ({report['device']}): GPT of "
+                 f"{report['num_params'] / 1e6:.2f}M params, peak RSS per rank "
+                 + ", ".join(f"{r['peak_rss_bytes'] / MIB:.0f}" for r in per_rank) + " MiB; "
+                 f"{os.cpu_count()} cores, load average {report['load_average']:.1f} at the start")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
@@ -93,6 +163,8 @@ def main():
     ap.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                     help="the engine's collectives (default: nccl on a GPU when it loads, else gloo)")
     ap.add_argument("--corpus", default=str(Path(__file__).parent / "data" / "corpus.txt"))
+    ap.add_argument("--log-every", type=int, default=10, help="print loss and tokens/s every N steps")
+    ap.add_argument("--plot", default=None, help="write a PNG of loss and per-rank memory here (rank 0)")
     args = ap.parse_args()
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -107,12 +179,14 @@ def main():
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
+    load_average = os.getloadavg()[0]  # shows whether the machine was busy with other work
     text = Path(args.corpus).read_text()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
 
     # Weights are drawn on the host (torch's CPU generator) for either
     # device, so a run on the GPU starts from the CPU run's weights.
+    rss_before_model = rss_bytes()
     torch.manual_seed(0)
     make = lambda: GPT(len(chars), args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
     if args.ddp:
@@ -138,7 +212,7 @@ def main():
     gen = torch.Generator().manual_seed(1234)
     tokens, start, step_times = 0, time.perf_counter(), []
     loss_value = float("nan")
-    losses = []
+    losses, rss_per_step = [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
         # The same global batch for any world size; this rank takes its slice.
@@ -157,10 +231,12 @@ def main():
         dist.all_reduce(t)
         loss_value = t.item() / world
         losses.append(loss_value)
+        rss_per_step.append(rss_bytes())
         tokens += world * args.batch * args.ctx
-        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss {loss_value:.4f}  {tokens / (time.perf_counter() - start):9.0f} tokens/s",
-                  flush=True)
+        if rank == 0 and (step % max(1, args.log_every) == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss {loss_value:.4f}  {tokens / (time.perf_counter() - start):9.0f} tokens/s"
+                  f"  ({step_times[-1] * 1e3:.0f} ms)", flush=True)
+    tokens_per_s = tokens / (time.perf_counter() - start)
 
     if args.ddp:
         engine = {"shard_bytes": unsharded, "grad_bytes": unsharded, "optimizer_bytes": 2 * unsharded}
@@ -171,17 +247,36 @@ def main():
     mine = {"rank": rank,
             "param_bytes": engine["shard_bytes"], "grad_bytes": engine["grad_bytes"],
             "optimizer_bytes": engine["optimizer_bytes"],
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "rss_before_model_bytes": rss_before_model, "rss_per_step": rss_per_step}
+    if not args.ddp:
+        mine["peak_gathered_bytes"] = engine["peak_gathered_bytes"]
+        mine["host_cache_bytes"] = engine["host_cache_bytes"]
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     steady = sorted(step_times[len(step_times) // 4:])
     if rank == 0:
-        print(json.dumps({"example": "train_gpt", "engine": "ddp" if args.ddp else "zeroshard", "ranks": world,
-                          "steps": args.steps, "device": str(device), "backend": backend,
-                          "final_loss": loss_value, "losses": losses,
-                          "median_step_s": steady[len(steady) // 2],
-                          "unsharded_param_bytes": unsharded, "largest_param_bytes": largest,
-                          "per_rank": everyone}), flush=True)
+        name = "ddp" if args.ddp else "zeroshard"
+        ddp_state = 4 * unsharded  # params + grads + exp_avg + exp_avg_sq, fp32, on every rank
+        print(f"memory per rank ({name}, {world} ranks; DDP would hold {ddp_state / MIB:.2f} MiB of params + "
+              f"grads + AdamW state on every rank):", flush=True)
+        for r in everyone:
+            state = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+            print(f"  rank {r['rank']}: params {r['param_bytes'] / MIB:.2f} + grads {r['grad_bytes'] / MIB:.2f} + "
+                  f"AdamW state {r['optimizer_bytes'] / MIB:.2f} = {state / MIB:.2f} MiB "
+                  f"({state / ddp_state:.2f}x DDP's), peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB", flush=True)
+        report = {"example": "train_gpt", "engine": name, "ranks": world,
+                  "steps": args.steps, "device": str(device), "backend": backend,
+                  "final_loss": loss_value, "losses": losses, "step_times_s": step_times,
+                  "median_step_s": steady[len(steady) // 2], "tokens_per_s": tokens_per_s,
+                  "load_average": load_average,
+                  "num_params": unsharded // 4,
+                  "unsharded_param_bytes": unsharded, "largest_param_bytes": largest,
+                  "ddp_state_bytes_per_rank": ddp_state, "per_rank": everyone}
+        if args.plot:
+            plot(args.plot, report, everyone)
+            print(f"plot: {args.plot}", flush=True)
+        print(json.dumps(report), flush=True)
     # Drop the model before the process group: torch 1.13 can deadlock
     # destroying a gloo group that a live DDP reducer still references.
     del model, opt
