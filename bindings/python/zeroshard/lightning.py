@@ -1,80 +1,184 @@
 """zeroshard as a Lightning strategy.
 
-    from zeroshard.lightning import ZeroShardStrategy
-    trainer = Trainer(strategy=ZeroShardStrategy(stage=3), ...)
+    import zeroshard.lightning  # registers "zeroshard" in Lightning's strategy registry
+    trainer = Trainer(strategy="zeroshard", accelerator="cpu", devices=2)
+    trainer = Trainer(strategy=zeroshard.lightning.ZeroShardStrategy(reduce_bucket_size=5e7), ...)
 
-Lightning is imported only when ZeroShardStrategy is first used, so this
-module imports (and the rest of zeroshard works) without it. The knobs are
-those of Lightning's DeepSpeedStrategy where they apply; `config` (a dict or
-a path to DeepSpeed JSON) overrides them.
+The knobs are those of Lightning's DeepSpeedStrategy. Those the engine acts
+on go into its DeepSpeed config (overlap_comm, reduce_bucket_size; the
+Trainer's gradient_clip_val becomes gradient_clipping); every other knob set
+away from its default (offload, NVMe and aio settings, remote_device,
+activation checkpointing, stage other than 3, ...) is an error naming the
+knob and its value, never silently ignored. `config` (a dict or a path to
+DeepSpeed JSON) replaces the knobs, as in DeepSpeedStrategy; keys of it the
+engine does not act on are warned about (zeroshard.ZeroShardConfigWarning).
+
+The model is partitioned as it is built: modules created in the
+LightningModule's `configure_model` hook run under zeroshard.torch.Init, so
+no rank ever holds the whole model; the rest is partitioned at setup. The
+optimizer from `configure_optimizers` (AdamW, Adam or SGD) is replaced by
+its engine-backed twin with the same groups and hyper-parameters.
+
+Importing this module imports Lightning when it is installed (to register
+the strategy); without Lightning it imports all the same, and
+ZeroShardStrategy raises ImportError when used.
 """
 import json
+import logging
 import os
 
-__all__ = ["ZeroShardStrategy"]
+__all__ = ["ZeroShardStrategy", "UnsupportedKnobError", "config_from_knobs", "knob_errors"]
 
 _strategy_class = None
+
+_PARAM_OFFLOAD = "parameter shards stay on the context's device (no parameter offload yet)"
+_OPTIMIZER_OFFLOAD = "optimizer state stays on the context's device (no optimizer offload yet)"
+_NVME = "the engine has no NVMe offload yet"
+_AIO = "asynchronous I/O serves NVMe offload, which the engine has not yet"
+_ACTIVATIONS = "the engine does not checkpoint or partition activations"
+_FP16 = "fp16 loss scaling is not wired to Lightning's precision plugins yet"
+
+# DeepSpeedStrategy's knobs the engine does not act on: the value that
+# changes nothing (DeepSpeedStrategy's default, except stage) and what
+# happens instead.
+_INERT_KNOBS = {
+    "zero_optimization": (True, "zeroshard always shards parameters, gradients and optimizer "
+                                "state; use DDPStrategy for unsharded training"),
+    "stage": (3, "zeroshard always partitions parameters, gradients and optimizer state (ZeRO stage 3)"),
+    "remote_device": (None, _PARAM_OFFLOAD),
+    "offload_optimizer": (False, _OPTIMIZER_OFFLOAD),
+    "offload_parameters": (False, _PARAM_OFFLOAD),
+    "offload_params_device": ("cpu", _PARAM_OFFLOAD),
+    "offload_optimizer_device": ("cpu", _OPTIMIZER_OFFLOAD),
+    "nvme_path": ("/local_nvme", _NVME),
+    "params_buffer_count": (5, _NVME),
+    "params_buffer_size": (100_000_000, _NVME),
+    "max_in_cpu": (1_000_000_000, _NVME),
+    "optimizer_buffer_count": (4, _NVME),
+    "pin_memory": (False, _OPTIMIZER_OFFLOAD),
+    "block_size": (1048576, _AIO),
+    "queue_depth": (8, _AIO),
+    "single_submit": (False, _AIO),
+    "overlap_events": (True, _AIO),
+    "thread_count": (1, _AIO),
+    "sub_group_size": (1_000_000_000_000, "the optimizer steps each rank's shards at once, without sub-groups"),
+    "contiguous_gradients": (True, "gradients always go through contiguous reduce buckets"),
+    "allgather_partitions": (True, "parameters are always gathered with all-gather"),
+    "reduce_scatter": (True, "gradients are always reduce-scattered into each rank's shard"),
+    "allgather_bucket_size": (200_000_000, "parameter gathers are sized by prefetch_bucket_size"),
+    "logging_batch_size_per_gpu": ("auto", "the engine has no throughput logging"),
+    "logging_level": (logging.WARN, "the engine has no DeepSpeed logger"),
+    "partition_activations": (False, _ACTIVATIONS),
+    "cpu_checkpointing": (False, _ACTIVATIONS),
+    "contiguous_memory_optimization": (False, _ACTIVATIONS),
+    "synchronize_checkpoint_boundary": (False, _ACTIVATIONS),
+    "exclude_frozen_parameters": (False, "checkpoints hold every parameter, frozen ones included"),
+    "loss_scale": (0, _FP16),
+    "initial_scale_power": (16, _FP16),
+    "loss_scale_window": (1000, _FP16),
+    "hysteresis": (2, _FP16),
+    "min_loss_scale": (1, _FP16),
+}
+# Knobs that go into the engine's config.
+_CONFIG_KNOBS = {"overlap_comm": True, "reduce_bucket_size": 200_000_000,
+                 "zero_allow_untested_optimizer": True}
+# Precisions the strategy runs: fp32 params, optionally under bf16 autocast.
+_PRECISIONS = ("32-true", "32", "bf16-mixed")
+
+
+class UnsupportedKnobError(NotImplementedError, ValueError):
+    """A DeepSpeedStrategy knob (or Trainer setting) the zeroshard engine
+    does not act on yet, set away from its default."""
+
+
+def knob_errors(knobs):
+    """The knobs among `knobs` that the engine does not act on and that are
+    set away from their default, as "name=value: what happens instead"."""
+    errors = []
+    for name, value in knobs.items():
+        if name not in _INERT_KNOBS:
+            continue
+        default, reason = _INERT_KNOBS[name]
+        if value != default:
+            errors.append(f"{name}={value!r}: {reason}")
+    return errors
+
+
+def _raise_for(knobs):
+    errors = knob_errors(knobs)
+    if errors:
+        raise UnsupportedKnobError(
+            "ZeroShardStrategy: not acted on by the zeroshard engine yet, so refused rather than "
+            "ignored (leave them at their defaults): " + "; ".join(errors))
+
+
+def config_from_knobs(**knobs):
+    """The engine's DeepSpeed config from DeepSpeedStrategy's keyword
+    arguments: the knobs the engine acts on, mapped; any other knob away
+    from its default raises UnsupportedKnobError naming it; an unknown name
+    raises TypeError."""
+    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS))
+    if unknown:
+        raise TypeError(f"ZeroShardStrategy: unknown knob(s) {', '.join(unknown)} (the knobs are those of "
+                        "Lightning's DeepSpeedStrategy)")
+    _raise_for(knobs)
+    values = dict(_CONFIG_KNOBS, **{k: v for k, v in knobs.items() if k in _CONFIG_KNOBS})
+    return {"zero_allow_untested_optimizer": values["zero_allow_untested_optimizer"],
+            "zero_optimization": {"stage": 3, "overlap_comm": values["overlap_comm"],
+                                  "reduce_bucket_size": values["reduce_bucket_size"]}}
+
+
+def _load_config(config):
+    if config is None or isinstance(config, dict):
+        return None if config is None else dict(config)
+    path = os.fspath(config)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ZeroShardStrategy: config {path!r} is not a file")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def trainer_config(config, precision, gradient_clip_val=None, gradient_clip_algorithm=None):
+    """`config` completed with what the Trainer asks for: its gradient
+    clipping (by norm) as gradient_clipping. Precisions and clipping the
+    engine cannot honour raise UnsupportedKnobError."""
+    config = dict(config)
+    precision = str(precision)
+    if precision not in _PRECISIONS:
+        raise UnsupportedKnobError(
+            f"ZeroShardStrategy: Trainer(precision={precision!r}) is not supported yet: the strategy runs "
+            "fp32 params ('32-true') and bf16 autocast ('bf16-mixed'); "
+            + ("Lightning's GradScaler cannot see the engine's gradient shards"
+               if precision.startswith("16-mixed") else
+               "Lightning converts the model's dtype after the engine has partitioned it"))
+    if gradient_clip_val:
+        algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm) or "norm")
+        if algorithm != "norm":
+            raise UnsupportedKnobError(
+                f"ZeroShardStrategy: Trainer(gradient_clip_algorithm={algorithm!r}) is not supported: the "
+                "engine clips gradients by their global norm only ('norm')")
+        have = config.get("gradient_clipping")
+        if have not in (None, "auto", 0, 0.0) and float(have) != float(gradient_clip_val):
+            raise UnsupportedKnobError(
+                f"ZeroShardStrategy: Trainer(gradient_clip_val={gradient_clip_val!r}) and the config's "
+                f"gradient_clipping={have!r} disagree: give one of them")
+        config["gradient_clipping"] = float(gradient_clip_val)
+    return config
 
 
 def _lightning():
     try:
         import lightning.pytorch as pl
-        from lightning.pytorch.strategies import DDPStrategy
-        return pl, DDPStrategy
+        from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+        return pl, DDPStrategy, StrategyRegistry
     except ImportError:
         try:
             import pytorch_lightning as pl
-            from pytorch_lightning.strategies import DDPStrategy
-            return pl, DDPStrategy
+            from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
+            return pl, DDPStrategy, StrategyRegistry
         except ImportError as e:
             raise ImportError("zeroshard.lightning.ZeroShardStrategy needs Lightning "
                               "(`lightning` or `pytorch_lightning`), which is not installed") from e
-
-
-def config_from_knobs(zero_optimization=True, stage=3, offload_optimizer=False, offload_parameters=False,
-                      remote_device=None, offload_params_device="cpu", offload_optimizer_device="cpu",
-                      nvme_path="/local_nvme", params_buffer_count=5, params_buffer_size=100_000_000,
-                      max_in_cpu=1_000_000_000, pin_memory=False, sub_group_size=1_000_000_000_000,
-                      contiguous_gradients=True, overlap_comm=True, allgather_partitions=True,
-                      reduce_scatter=True, allgather_bucket_size=200_000_000, reduce_bucket_size=200_000_000,
-                      zero_allow_untested_optimizer=True, loss_scale=0, initial_scale_power=16,
-                      loss_scale_window=1000, hysteresis=2, min_loss_scale=1, block_size=1048576,
-                      queue_depth=8, single_submit=False, overlap_events=True, thread_count=1,
-                      precision=None, gradient_clipping=None):
-    """The DeepSpeed config Lightning's DeepSpeedStrategy would build from
-    the same keyword arguments."""
-    zero = {"stage": stage, "contiguous_gradients": contiguous_gradients, "overlap_comm": overlap_comm,
-            "allgather_partitions": allgather_partitions, "reduce_scatter": reduce_scatter,
-            "allgather_bucket_size": allgather_bucket_size, "reduce_bucket_size": reduce_bucket_size,
-            "sub_group_size": sub_group_size}
-    if offload_optimizer:
-        zero["offload_optimizer"] = {"device": offload_optimizer_device, "nvme_path": nvme_path,
-                                     "buffer_count": 4, "pin_memory": pin_memory}
-    if offload_parameters or remote_device:
-        zero["offload_param"] = {"device": remote_device or offload_params_device, "nvme_path": nvme_path,
-                                 "buffer_count": params_buffer_count, "buffer_size": params_buffer_size,
-                                 "max_in_cpu": max_in_cpu, "pin_memory": pin_memory}
-    config = {"zero_allow_untested_optimizer": zero_allow_untested_optimizer,
-              "aio": {"block_size": block_size, "queue_depth": queue_depth, "single_submit": single_submit,
-                      "overlap_events": overlap_events, "thread_count": thread_count}}
-    if zero_optimization:
-        config["zero_optimization"] = zero
-    if precision in ("16", "16-mixed", 16):
-        config["fp16"] = {"enabled": True, "loss_scale": loss_scale, "initial_scale_power": initial_scale_power,
-                          "loss_scale_window": loss_scale_window, "hysteresis": hysteresis,
-                          "min_loss_scale": min_loss_scale}
-    elif precision in ("bf16", "bf16-mixed"):
-        config["bf16"] = {"enabled": True}
-    if gradient_clipping:
-        config["gradient_clipping"] = gradient_clipping
-    return config
-
-
-def _load_config(config):
-    if config is None or isinstance(config, dict):
-        return config
-    with open(os.fspath(config)) as f:
-        return json.load(f)
 
 
 def _optimizer_kind(opt):
@@ -95,6 +199,9 @@ def _convert_optimizer(opt):
     kind = _optimizer_kind(opt)
     groups = []
     for g in opt.param_groups:
+        if g.get("amsgrad") or g.get("maximize"):
+            raise UnsupportedKnobError(f"ZeroShardStrategy: {type(opt).__name__}(amsgrad={g.get('amsgrad')}, "
+                                       f"maximize={g.get('maximize')}) has no sharded counterpart yet")
         groups.append({"params": g["params"], "lr": g["lr"], "weight_decay": g.get("weight_decay", 0.0),
                        "betas": g.get("betas", (0.9, 0.999)), "eps": g.get("eps", 1e-8),
                        "momentum": g.get("momentum", 0.0), "dampening": g.get("dampening", 0.0),
@@ -103,25 +210,61 @@ def _convert_optimizer(opt):
 
 
 def _make_strategy_class():
-    pl, DDPStrategy = _lightning()
+    pl, DDPStrategy, _ = _lightning()
     import contextlib
+    import types
 
     from . import torch as zt
 
     class ZeroShardStrategy(DDPStrategy):
+        """Lightning's DDPStrategy with the zeroshard engine in place of the
+        DDP wrapper: ZeRO-3 partitioned parameters, gradients and optimizer
+        state. Takes DeepSpeedStrategy's keyword arguments (see the module
+        docstring for which act)."""
+
         strategy_name = "zeroshard"
 
-        def __init__(self, config=None, load_full_weights=False, **knobs):
-            accelerator = knobs.pop("accelerator", None)
-            parallel_devices = knobs.pop("parallel_devices", None)
-            cluster_environment = knobs.pop("cluster_environment", None)
+        def __init__(self, accelerator=None, config=None, load_full_weights=False, parallel_devices=None,
+                     cluster_environment=None, precision_plugin=None, process_group_backend=None,
+                     timeout=None, **knobs):
+            ddp_kwargs = {}
+            if timeout is not None:
+                ddp_kwargs["timeout"] = timeout
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                             cluster_environment=cluster_environment, process_group_backend="gloo")
-            self.zs_config = _load_config(config) or config_from_knobs(**knobs)
+                             cluster_environment=cluster_environment, precision_plugin=precision_plugin,
+                             process_group_backend=process_group_backend, **ddp_kwargs)
+            loaded = _load_config(config)
+            if loaded is not None:
+                # DeepSpeedStrategy ignores its knobs when given a config; here
+                # that would be silent, so the two do not mix.
+                config_from_knobs(**knobs)  # unknown names and inert knobs still raise
+                given = [f"{k}={v!r}" for k, v in knobs.items() if k in _CONFIG_KNOBS and v != _CONFIG_KNOBS[k]]
+                if given:
+                    raise UnsupportedKnobError(f"ZeroShardStrategy: config= replaces the knobs, so "
+                                               f"{', '.join(given)} would be ignored: put them in the config")
+                self.zs_config = loaded
+            else:
+                self.zs_config = config_from_knobs(**knobs)
             self.load_full_weights = load_full_weights
 
+        @classmethod
+        def register_strategies(cls, strategy_registry):
+            strategy_registry.register("zeroshard", cls, description="zeroshard ZeRO-3 engine", override=True)
+
+        def _trainer(self):
+            module = self.lightning_module
+            return getattr(module, "_trainer", None) if module is not None else None
+
         def setup_environment(self):
-            super().setup_environment()
+            super().setup_environment()  # the process group, whichever launcher started us
+            trainer = self._trainer()
+            if trainer is not None:
+                self.zs_config = trainer_config(self.zs_config, self.precision_plugin.precision,
+                                                trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+            # The engine clips by the config's gradient_clipping; Lightning's
+            # own clipping would see no gradients (they live in the engine).
+            self.precision_plugin.clip_gradients = types.MethodType(lambda plugin, *a, **k: None,
+                                                                    self.precision_plugin)
             # The context goes where Lightning puts this rank's model
             # (unless the config or ZS_DEVICE names a device).
             try:
@@ -132,19 +275,23 @@ def _make_strategy_class():
 
         @contextlib.contextmanager
         def model_sharded_context(self):
+            # configure_model runs here: every module is partitioned as its
+            # constructor returns.
             with zt.Init(config=self.zs_config):
                 yield
 
         def _setup_model(self, model):
-            # No DDP wrapper: the engine averages gradients itself.
+            # No DDP wrapper: the engine averages gradients itself. Params
+            # built outside configure_model are partitioned now.
             zt.partition_module(model, config=self.zs_config)
             return model
 
         def setup_optimizers(self, trainer):
             super().setup_optimizers(trainer)
-            self.optimizers = [_convert_optimizer(o) for o in self.optimizers]
+            converted = {id(o): _convert_optimizer(o) for o in self.optimizers}
             for config in self.lr_scheduler_configs:
-                config.scheduler.optimizer = self.optimizers[0]
+                config.scheduler.optimizer = converted[id(config.scheduler.optimizer)]
+            self.optimizers = [converted[id(o)] for o in self.optimizers]
 
         def lightning_module_state_dict(self):
             return zt.consolidated_state_dict(self.lightning_module)
@@ -167,12 +314,12 @@ def _make_strategy_class():
                 self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
             self.barrier("zeroshard_save_checkpoint")
 
-        def load_checkpoint(self, checkpoint_path):
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
             import torch
-            checkpoint = self.checkpoint_io.load_checkpoint(checkpoint_path)
+            checkpoint = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
             optim = f"{checkpoint_path}.rank{self.global_rank}.optim"
             if not self.load_full_weights and os.path.exists(optim):
-                checkpoint["optimizer_states"] = torch.load(optim)
+                checkpoint["optimizer_states"] = torch.load(optim, weights_only=False)
             return checkpoint
 
         def teardown(self):
@@ -182,6 +329,19 @@ def _make_strategy_class():
     return ZeroShardStrategy
 
 
+def _register():
+    """Put "zeroshard" in Lightning's strategy registry (when Lightning is
+    installed), so Trainer(strategy="zeroshard") finds it."""
+    global _strategy_class
+    try:
+        _, _, registry = _lightning()
+    except ImportError:
+        return
+    if _strategy_class is None:
+        _strategy_class = _make_strategy_class()
+    _strategy_class.register_strategies(registry)
+
+
 def __getattr__(name):
     global _strategy_class
     if name == "ZeroShardStrategy":
@@ -189,3 +349,6 @@ def __getattr__(name):
             _strategy_class = _make_strategy_class()
         return _strategy_class
     raise AttributeError(name)
+
+
+_register()
