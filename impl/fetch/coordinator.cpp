@@ -89,29 +89,42 @@ size_t Coordinator::next_use(const Param& p) const {
 // The window ahead of the trainer covers up to prefetch_bucket_size
 // elements of the trace (the next unit always); what in it is not gathered
 // yet goes out now, as long as max_live_parameters allows.
+// The window is refilled as one coalesced gather once what is in flight
+// ahead of the trainer drops below half a bucket: a model of many small
+// modules pays one collective per half bucket, not one per module.
 void Coordinator::prefetch_ahead() {
   const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
   const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
-  for (size_t k = pos_; k < trace_.size(); ++k) {
+  if (prefetched_upto_ > pos_ && trace_prefix_[prefetched_upto_] - trace_prefix_[pos_] >= bucket / 2) return;
+  ParamList missing;
+  std::set<const Param*> queued;
+  uint64_t elems = 0;
+  size_t upto = prefetched_upto_;
+  for (size_t k = std::max(pos_, prefetched_upto_); k < trace_.size(); ++k) {
     if (k > pos_ && trace_prefix_[k + 1] - trace_prefix_[pos_] > bucket) break;
-    if (k < prefetched_upto_) continue;
-    ParamList missing;
-    uint64_t elems = 0;
+    ParamList unit_missing;
+    uint64_t unit_elems = 0;
     for (const auto& p : trace_[k]) {
       settle(ctx_, *p);
-      if (p->status == ParamStatus::NotAvailable) {
-        missing.push_back(p);
-        elems += p->layout.numel;
+      if (p->status == ParamStatus::NotAvailable && !queued.count(p.get())) {
+        unit_missing.push_back(p);
+        unit_elems += p->layout.numel;
       }
     }
-    if (!missing.empty()) {
-      if (k > pos_ && stats_.live_elements + elems > max_live) break;
-      fetch_params(ctx_, missing);
-      ++stats_.prefetches;
-      adopt(missing);
+    if (k > pos_ && !unit_missing.empty() && stats_.live_elements + elems + unit_elems > max_live) break;
+    for (const auto& p : unit_missing) {
+      queued.insert(p.get());
+      missing.push_back(p);
     }
-    prefetched_upto_ = k + 1;
+    elems += unit_elems;
+    upto = k + 1;
   }
+  if (!missing.empty()) {
+    fetch_params(ctx_, missing);
+    ++stats_.prefetches;
+    adopt(missing);
+  }
+  prefetched_upto_ = std::max(prefetched_upto_, upto);
 }
 
 // Params the coordinator just gathered: persistent ones are kept for the
@@ -253,7 +266,37 @@ void Coordinator::step_end() {
   stats_.trace_length = trace_.size();
 }
 
-void Coordinator::on_params_updated() { drop_all(); }
+void Coordinator::on_params_updated() {
+  // The trace is the same on every rank (step_end compared it), so the
+  // noted params and their order are too.
+  refresh_.clear();
+  if (trace_valid_) {
+    const auto budget = static_cast<uint64_t>(ctx_.config().model_persistence_threshold);
+    uint64_t used = 0;
+    std::set<const Param*> seen;
+    for (const auto& unit : trace_)
+      for (const auto& p : unit) {
+        if (!persistent(*p) || p->unregistered || !seen.insert(p.get()).second) continue;
+        if (used + p->layout.numel > budget) continue;
+        used += p->layout.numel;
+        refresh_.push_back(p);
+      }
+  }
+  drop_all();
+}
+
+void Coordinator::refresh_persistent() {
+  ParamList todo;
+  for (const auto& p : refresh_) {
+    settle(ctx_, *p);
+    if (p->status == ParamStatus::NotAvailable && !p->unregistered) todo.push_back(p);
+  }
+  refresh_.clear();
+  if (todo.empty()) return;
+  fetch_params(ctx_, todo);
+  ++stats_.prefetches;
+  adopt(todo);
+}
 
 CoordStats Coordinator::stats() const {
   CoordStats s = stats_;

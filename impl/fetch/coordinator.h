@@ -3,8 +3,12 @@
 // later steps follow that trace and gather ahead of the trainer, up to
 // prefetch_bucket_size elements in flight and max_live_parameters gathered.
 // Params of at most param_persistence_threshold elements stay gathered for
-// the step; a param used again within max_reuse_distance elements of the
-// trace is not released in between. A step whose order differs from the
+// the step, and across steps: an optimizer step drops every gathered copy
+// and then gathers the trace's persistent params again in one coalesced
+// collective (up to model_persistence_threshold elements), so a model of
+// many small params needs no gather per step. A param used again within
+// max_reuse_distance elements of the trace is not released in between.
+// Prefetching gathers everything the window adds in one collective. A step whose order differs from the
 // trace on any rank invalidates it on every rank, and the next step records
 // again. All calls expect the caller to hold ctx.mutex().
 #pragma once
@@ -46,8 +50,12 @@ class Coordinator {
   // The params become one unit: fetched and released together (the
   // reference's leaf modules, e.g. all experts of an MoE layer).
   void add_leaf(const ParamList& params);
-  // After an optimizer step every gathered copy is stale: drop them all.
+  // Before an optimizer step rewrites the shards every gathered copy is
+  // stale: drop them all, noting the trace's persistent params.
   void on_params_updated();
+  // After the shards were rewritten: gather the noted persistent params
+  // again (one coalesced gather, asynchronous; collective like the step).
+  void refresh_persistent();
   CoordStats stats() const;
 
  private:
@@ -71,7 +79,8 @@ class Coordinator {
   size_t pos_ = 0;          // next trace unit expected
   size_t prefetched_upto_ = 0;
   std::map<Param*, std::shared_ptr<Param>> live_;  // gathered by us, not persistent
-  std::map<Param*, std::shared_ptr<Param>> kept_;  // persistent for this step
+  std::map<Param*, std::shared_ptr<Param>> kept_;  // persistent (until the next optimizer step)
+  ParamList refresh_;  // persistent params to gather again after the optimizer step
   std::set<const Param*> fresh_;  // gathered by us, not yet fetched
   std::map<const Param*, size_t> leaf_of_;
   std::vector<ParamList> leaves_;

@@ -187,7 +187,10 @@ void Optimizer::sync_params() {
                            s.param->dtype, s.param->shard->data(), s.param->layout.shard_numel);
   ctx_.device()->synchronize();
   ctx_.drop_secondaries();
-  if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
+  if (Coordinator* coord = ctx_.coordinator_if_any()) {
+    coord->on_params_updated();
+    coord->refresh_persistent();
+  }
 }
 
 StepResult Optimizer::step() {
@@ -258,6 +261,8 @@ StepResult Optimizer::step() {
   ctx_.grads().zero();
   // New shards and zeroed gradients are in place once the step returns.
   ctx_.device()->synchronize();
+  // Persistent params go out again now, to be gathered by the next forward.
+  if (Coordinator* coord = ctx_.coordinator_if_any()) coord->refresh_persistent();
   r.loss_scale = scaler_.scale();
   r.step = step_;
   return r;

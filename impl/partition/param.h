@@ -49,6 +49,7 @@ class Param : public std::enable_shared_from_this<Param> {
   std::shared_ptr<Work> inflight;
   ParamStatus status = ParamStatus::NotAvailable;
   bool full_aliases_shard = false;  // a group of one gathers without a copy
+  bool unregistered = false;        // destroyed by the trainer; others may still hold it
 };
 
 // Element count of a shape; throws InvalidArgument for negative or

@@ -102,6 +102,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
 
 void unregister_param(Context& ctx, Param& p) {
   release_when_done(ctx, p);
+  p.unregistered = true;
   auto& mem = ctx.memory();
   if (p.grad) {
     ctx.grads().forget(p);
