@@ -43,7 +43,10 @@ def test_losses_equal_torch_ddp(ranks):
     ddp_total = r["unsharded_bytes"] * 4  # params, grads, exp_avg, exp_avg_sq
     ours = mem["shard_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"]
     assert ours <= ddp_total / ranks + 4 * 4 * 64, mem  # padding: < 1 element per param per copy
-    assert mem["gathered_bytes"] == 0, mem
+    # What stays gathered between steps: the params under the persistence
+    # threshold (1e5 elements by default; every param of this tiny model),
+    # gathered again after each optimizer step.
+    assert mem["gathered_bytes"] <= r["persistent_bytes"], mem
     # After the first step the coordinator prefetched along the trace.
     assert r["coord"]["prefetches"] > 0, r["coord"]
 

@@ -107,7 +107,9 @@ def mode_ddp_vs_zeroshard(rank, world):
     zs_losses = train(model, zopt, steps, rank, zsched)
     mem = zt.get_context().memory()
     unsharded = sum(p.numel() * 4 for p in ddp.parameters())
+    persistent = sum(p.numel() * 4 for p in ddp.parameters() if p.numel() <= 100000)
     return {"ddp": ddp_losses, "zeroshard": zs_losses, "memory": mem, "unsharded_bytes": unsharded,
+            "persistent_bytes": persistent,
             "coord": zt.get_context().coord_stats()}
 
 

@@ -25,7 +25,7 @@ from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
-                   Gather, Work, Optimizer)
+                   Gather, Work, Optimizer, ParamArray)
 
 __version__ = "0.1.0"
 
@@ -39,5 +39,5 @@ __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA",
     "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
     "parse_device", "dlpack_from_pointer",
-    "Context", "Group", "Param", "Gather", "Work", "Optimizer",
+    "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray",
 ]

@@ -36,7 +36,7 @@ __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA",
     "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
     "parse_device", "dlpack_from_pointer",
-    "Context", "Group", "Param", "Gather", "Work", "Optimizer",
+    "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray",
 ]
 
 FLOAT32, BFLOAT16, FLOAT16, UINT8 = 0, 1, 2, 3
@@ -151,15 +151,32 @@ def _buffer(data, writable, what):
     return ffi.cast("void*", c), len(c), c
 
 
+_PARAM_ARRAY_T = ffi.typeof("zs_param[]")
+_PARAM_STATUS_T = ffi.typeof("zs_param_status*")
+
+
+class ParamArray:
+    """Params as a prebuilt zs_param[]: for calls made with the same params
+    over and over (a module's params, every step), which then skip building
+    the array. Keeps the Params alive."""
+
+    __slots__ = ("arr", "n", "params")
+
+    def __init__(self, params):
+        self.arr, self.n, self.params = _param_array(params)
+
+
 def _param_array(params):
     """A zs_param[] of the handles of one Param or an iterable of Params."""
+    if isinstance(params, ParamArray):
+        return params.arr, params.n, params.params
     if isinstance(params, Param):
         params = [params]
     params = list(params)
     for p in params:
         if not isinstance(p, Param):
             raise TypeError("expected Param objects, got %s" % type(p).__name__)
-    return ffi.new("zs_param[]", [p._h for p in params]), len(params), params
+    return ffi.new(_PARAM_ARRAY_T, [p._h for p in params]), len(params), params
 
 
 def _struct_dict(cdata, ctype):
@@ -718,7 +735,7 @@ class Param(_Owned):
     @property
     def status(self):
         """"NOT_AVAILABLE", "INFLIGHT" or "AVAILABLE"."""
-        out = ffi.new("zs_param_status*")
+        out = ffi.new(_PARAM_STATUS_T)
         check(lib.zs_param_get_status(self._h, out))
         return _PARAM_STATUS.get(int(out[0]), str(int(out[0])))
 

@@ -24,7 +24,7 @@ class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
-                 "attached", "leaf", "engine", "grad_hook")
+                 "attached", "leaf", "engine", "grad_hook", "persistent")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -39,6 +39,7 @@ class ParamState:
         self.leaf = False   # in a leaf unit: gradients are stashed until the step
         self.holds = 0      # hooked units that need it gathered now
         self.attached = False  # .data is a view of the gathered buffer
+        self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
@@ -89,12 +90,12 @@ def forget_all():
     _registered.clear()
 
 
-def attach_views(params):
+def attach_views(params, available=False):
     """Point each AVAILABLE param's .data at its gathered buffer (on the
-    context's device, no copy)."""
+    context's device, no copy). `available`: the caller knows they are."""
     for p in params:
         z = p.zs
-        if not z.attached and z.zparam.status == "AVAILABLE":
+        if not z.attached and (available or z.zparam.status == "AVAILABLE"):
             full = torch.utils.dlpack.from_dlpack(z.zparam.to_dlpack())
             p.data = full.view(z.shape)
             z.attached = True

@@ -25,10 +25,16 @@ class GatheredParameters:
         if not self.enabled:
             return self
         ctx = get_context()
-        self._fetched = [p for p in self.params if p.zs.zparam.status == "NOT_AVAILABLE"]
+        status = [p.zs.zparam.status for p in self.params]
+        self._fetched = [p for p, s in zip(self.params, status) if s == "NOT_AVAILABLE"]
         if self._fetched:
             with ctx.fetch(zparams(self._fetched)) as g:
                 g.wait()
+        # Persistent params the coordinator is gathering again after an
+        # optimizer step: wait for that gather (they stay the coordinator's).
+        inflight = [p for p, s in zip(self.params, status) if s == "INFLIGHT"]
+        if inflight:
+            ctx.coord_fetch(zparams(inflight))
         attach_views(self.params)
         return self
 

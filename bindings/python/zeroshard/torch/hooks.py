@@ -33,8 +33,10 @@ import warnings
 
 import torch
 
-from ._context import get_context
+import zeroshard
+
 from . import _params
+from ._context import get_context
 from ._params import attach_views, detach_views, fetch_on_access, is_partitioned, registered_params, zparams
 from .gathered import GatheredParameters
 
@@ -53,6 +55,14 @@ class _Unit:
         self.engine = None
         self.pending = set()     # params whose gradient this backward has not produced yet
         self.bwd_held = False    # holds its params for its backward
+        self._handles = None
+
+    def handles(self):
+        """The params' engine handles as one prebuilt array (rebuilt when a
+        param joins the unit)."""
+        if self._handles is None or self._handles.n != len(self.params):
+            self._handles = zeroshard.ParamArray(zparams(self.params))
+        return self._handles
 
     def __deepcopy__(self, memo):
         # The copied model's HookEngine (copied after every module) adopts it.
@@ -68,16 +78,20 @@ def forget_step():
     _running.clear()
 
 
-def _acquire(params):
+def _acquire(params, handles=None):
+    """Gather `params` (through the coordinator, which records the order)
+    and hold them. `handles`: their prebuilt zeroshard.ParamArray."""
     if not params:
         return
-    get_context().coord_fetch(zparams(params))
+    get_context().coord_fetch(handles if handles is not None else zparams(params))
     for p in params:
         p.zs.holds += 1
-    attach_views(params)
+    attach_views(params, available=True)
 
 
-def _release(params):
+def _release(params, handles=None):
+    """Drop one hold of each of `params`; the coordinator frees those no
+    unit holds any more (persistent ones stay gathered until the step)."""
     done = []
     for p in params:
         p.zs.holds -= 1
@@ -85,8 +99,9 @@ def _release(params):
             p.zs.holds = 0
             done.append(p)
     if done:
-        get_context().coord_release(zparams(done))
-        detach_views(done)
+        all_done = handles is not None and len(done) == len(params)
+        get_context().coord_release(handles if all_done else zparams(done))
+        detach_views([p for p in done if not p.zs.persistent])
 
 
 def _output_tensors(output, out, depth=0):
@@ -118,7 +133,8 @@ def _root_pre_forward(module, inputs):
 
 def _unit_pre_forward(module, inputs):
     unit = _live_unit(module)
-    _acquire(unit.params)
+    if unit.params:
+        _acquire(unit.params, unit.handles())
     _running.append(unit)
 
 
@@ -126,7 +142,9 @@ def _unit_post_forward(module, inputs, output):
     unit = _live_unit(module)
     if _running and _running[-1] is unit:
         _running.pop()
-    _release(unit.params)
+    if not unit.params:
+        return
+    _release(unit.params, unit.handles())
     if torch.is_grad_enabled():
         tensors = _output_tensors(output, [])
         if tensors:
@@ -207,12 +225,11 @@ class HookEngine:
         # Every module has a unit, with no params if it owns none: a param
         # it reads of a module it does not call is then fetched with the
         # innermost module that read it, and released when that one ends.
-        if True:
-            unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
-            module.__dict__["_zs_unit"] = unit
-            self.units.append(unit)
-            module.register_forward_pre_hook(_unit_pre_forward)
-            module.register_forward_hook(_unit_post_forward)
+        unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
+        module.__dict__["_zs_unit"] = unit
+        self.units.append(unit)
+        module.register_forward_pre_hook(_unit_pre_forward)
+        module.register_forward_hook(_unit_post_forward)
         fetch_on_access(module)
         for child in module.children():
             self._walk(child, names, inside_leaf=leaf)
@@ -221,11 +238,13 @@ class HookEngine:
         """Make this engine the one of its units: owners, leaf groups,
         gradient hooks. Collective (gathers the params it hooks)."""
         ctx = get_context()
+        threshold = ctx.config["zero_optimization"]["param_persistence_threshold"]
         self.leaf_params = []
         for unit in self.units:
             unit.engine = self
             for p in unit.params:
                 p.zs.engine = self
+                p.zs.persistent = p.zs.zparam.numel <= threshold
                 if p.zs.owner is None or p.zs.owner.engine is not self or unit.leaf:
                     p.zs.owner = unit
                 if unit.leaf:
@@ -297,7 +316,7 @@ class HookEngine:
     def fetch_for_backward(self, unit):
         if not unit.bwd_held:
             unit.bwd_held = True
-            _acquire(unit.params)
+            _acquire(unit.params, unit.handles())
             if not unit.leaf:  # leaf units hold their params until the step
                 for p in unit.pending:
                     self.waiting.setdefault(p, []).append(unit)
@@ -307,16 +326,18 @@ class HookEngine:
         p.grad = None
         if grad is None:
             return
-        grad = grad.detach().to(p.zs.dtype).contiguous()
-        if p.zs.leaf:
-            p.zs.stash = grad.clone() if p.zs.stash is None else p.zs.stash.add_(grad)
+        z = p.zs
+        if grad.dtype != z.dtype or not grad.is_contiguous():
+            grad = grad.detach().to(z.dtype).contiguous()
+        if z.leaf:
+            z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
         else:
-            p.zs.zparam.push_grad((grad.data_ptr(), grad.numel() * grad.element_size()), p.zs.zparam.dtype)
+            z.zparam.push_grad((grad.data_ptr(), grad.numel() * grad.element_size()), z.zparam.dtype)
         for unit in self.waiting.pop(p, ()):
             unit.pending.discard(p)
             if unit.bwd_held and not unit.pending:
                 unit.bwd_held = False
-                _release(unit.params)
+                _release(unit.params, unit.handles())
 
     # -- step -----------------------------------------------------------
     def before_step(self):
@@ -334,19 +355,25 @@ class HookEngine:
         for unit in self.units:
             unit.pending.clear()
             unit.bwd_held = False
-            for p in unit.params:
+            held = [p for p in unit.params if p.zs.holds > 0]
+            for p in held:
                 p.zs.holds = 0
-            gathered = [p for p in unit.params if p.zs.zparam.status == "AVAILABLE"]
-            if gathered:
-                ctx.coord_release(zparams(gathered))
-                detach_views(gathered)
+            if held:
+                ctx.coord_release(zparams(held))
+                detach_views([p for p in held if not p.zs.persistent])
         if _step["open"]:
             ctx.step_end()
             _step["open"] = False
 
     def after_step(self):
-        """The optimizer changed the shards: drop views of stale copies."""
-        detach_views([p for p in registered_params() if p.zs is not None])
+        """The optimizer changed the shards: drop views of stale copies
+        (persistent params are being gathered again: their views go too)."""
+        for p in registered_params():
+            z = p.zs
+            if z is not None and z.attached and z.persistent:
+                p.data = z.placeholder()
+                z.attached = False
+        detach_views([p for p in registered_params() if p.zs is not None and not p.zs.persistent])
 
 
 def set_leaf_modules(model, leaf_classes):
