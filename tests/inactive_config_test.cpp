@@ -54,6 +54,7 @@ TEST(InactiveConfig, KeysTheEngineReadsAreNeverListed) {
       "overlap_comm": false, "stage3_prefetch_bucket_size": 9,
       "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 11,
       "stage3_max_reuse_distance": 0, "mics_shard_size": 1,
+      "stage3_model_persistence_threshold": 1000,
       "mics_hierarchical_params_gather": true},
       "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8,
                "loss_scale_window": 10, "hysteresis": 3, "min_loss_scale": 0.5},
@@ -127,15 +128,13 @@ TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {
   EXPECT_EQ(paths(keys),
             (Paths{"zero_optimization.stage", "zero_optimization.allgather_bucket_size",
                    "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
-                   "zero_optimization.sub_group_size",
-                   "zero_optimization.stage3_model_persistence_threshold",
-                   "zero_optimization.round_robin_gradients",
+                   "zero_optimization.sub_group_size", "zero_optimization.round_robin_gradients",
                    "zero_optimization.stage3_module_granularity_threshold",
                    "zero_optimization.zenflow", "bfloat16.enabled", "communication_data_type",
                    "prescale_gradients", "gradient_predivide_factor"}));
   EXPECT_EQ(keys[0].value, "2");
   EXPECT_NE(keys[0].reason.find("stage 3"), std::string::npos);
-  EXPECT_EQ(keys[10].value, "\"BF16\"");
+  EXPECT_EQ(keys[9].value, "\"BF16\"");
   EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32"})").empty());
 }
 

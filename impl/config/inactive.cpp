@@ -5,7 +5,9 @@
 // nothing today. Each rule names a canonical key, the value at which the
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
-// persistence, MiCS, hpZ, fp16 loss scaling, clipping, device) have no rule.
+// param and model persistence, MiCS, hpZ, fp16 loss scaling, clipping,
+// device) have no rule. When the engine starts to act on a key, delete its
+// rule here and its case in tests/inactive_config_test.cpp.
 //
 // Deliberately without a rule:
 // - zero_allow_untested_optimizer: the engine runs only its own optimizers,
@@ -54,8 +56,6 @@ const std::vector<Rule>& rules() {
        "gradients are always reduce-scattered into each rank's shard"},
       {"zero_optimization.sub_group_size", 1000000000,
        "the optimizer steps each rank's shards at once, without sub-groups"},
-      {"zero_optimization.model_persistence_threshold", INT64_MAX,
-       "only param_persistence_threshold keeps parameters gathered"},
       {"zero_optimization.round_robin_gradients", false,
        "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
       {"zero_optimization.zero_quantized_weights", false,
