@@ -1,6 +1,7 @@
 """Models nobody here wrote (Hugging Face GPT-2, Llama, BERT, T5, Mixtral,
 ViT; torch's nn.Transformer, nn.MultiheadAttention, nn.LSTM/nn.GRU; frozen
-LoRA-style adapters with activation checkpointing), built under zt.Init from
+LoRA-style adapters with activation checkpointing; params of mixed dtypes
+and buffers), built under zt.Init from
 small configs with random weights and trained unchanged on real ranks: the
 losses equal torch DDP's (fp32, 1e-5 relative per step, 10 steps).
 
@@ -23,8 +24,8 @@ REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 MODELS = ["gpt2", "gpt2_checkpointed", "llama", "bert", "t5", "mixtral", "vit", "transformer", "mha", "rnn",
-          "frozen"]
-PATTERNS = ["deepcopy", "generate"]
+          "frozen", "mixed"]
+PATTERNS = ["deepcopy", "generate", "convert"]
 WORLDS = [int(w) for w in os.environ.get("ZS_ZOO_WORLDS", "2 3").split()]
 _runs = {}
 
@@ -82,3 +83,9 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
     ranks = zoo(world)["generate"]["ranks"]
     assert [r["length"] for r in ranks] == [4 + 3 + 4 * k for k in range(world)], ranks
     assert all(r["equal"] for r in ranks), ranks
+
+
+def test_converting_a_partitioned_module_is_a_clear_error():
+    error = zoo(WORLDS[0])["convert"]["error"]
+    assert error is not None and "Linear.weight is partitioned as torch.float32" in error, error
+    assert "torch.float16" in error, error

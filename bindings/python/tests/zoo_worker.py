@@ -168,6 +168,26 @@ class Frozen(nn.Module):
         return Out(logits=self.head(h), hidden=h)
 
 
+class Mixed(nn.Module):
+    """Params of mixed dtypes: a frozen bfloat16 embedding and float16
+    buffer next to float32 layers (frozen, so the optimizers, which keep
+    fp32 masters for 16-bit params here and not in torch, agree)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 16, dtype=torch.bfloat16)
+        self.emb.weight.requires_grad_(False)
+        self.proj = nn.Linear(16, 16, dtype=torch.float16)
+        self.proj.requires_grad_(False)
+        self.register_buffer("shift", torch.full((16,), 0.25, dtype=torch.float16))
+        self.fc = nn.Linear(16, 32)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, x):
+        h = self.proj(self.emb(x).to(torch.float16) + self.shift).float()
+        return self.head(F.gelu(self.fc(h)))
+
+
 def gpt2_checkpointed():
     model = hf_gpt2()
     model.gradient_checkpointing_enable()
@@ -232,6 +252,7 @@ MODELS = {
     "mha": (TorchMHA, lm_batch, logits_loss, None),
     "rnn": (TorchRNN, lm_batch, logits_loss, None),
     "frozen": (Frozen, lm_batch, logits_loss, None),
+    "mixed": (Mixed, lm_batch, logits_loss, None),
 }
 
 
@@ -334,6 +355,19 @@ def run_deepcopy(rank):
             "shares_params": shared}
 
 
+def run_convert(rank):
+    """module.to(dtype) after partitioning is a clear error, never a silent
+    no-op; .to() of the same dtype and device is fine."""
+    with zt.Init(config=CONFIG):
+        model = build(TorchMHA)
+    model.to(torch.float32).to("cpu")
+    try:
+        model.head.half()
+        return {"error": None}
+    except RuntimeError as e:
+        return {"error": str(e)}
+
+
 def run_generate(rank):
     """HF generate() with a KV cache under no_grad; ranks stop at different
     lengths (max_new_tokens differs) without a hang, and every rank's tokens
@@ -365,6 +399,8 @@ def main():
             result[name] = run_deepcopy(rank)
         elif name == "generate":
             result[name] = run_generate(rank)
+        elif name == "convert":
+            result[name] = run_convert(rank)
         else:
             result[name] = run_model(name, rank)
         zt.shutdown()

@@ -229,3 +229,28 @@ def _param_deepcopy(self, memo):
 
 
 torch.nn.Parameter.__deepcopy__ = _param_deepcopy
+
+
+_torch_module_apply = torch.nn.Module._apply
+
+
+def _module_apply(module, fn, *args, **kwargs):
+    """nn.Module._apply (behind .to(), .half(), .cuda(), ...) refuses to
+    convert a partitioned param to another dtype or device, naming it:
+    the engine holds its shards, so converting the empty placeholder
+    would silently leave the engine's dtype in place."""
+    for name, p in module.__dict__.get("_parameters", {}).items():
+        z = getattr(p, "zs", None)
+        if z is None:
+            continue
+        probe = fn(z.placeholder())
+        if probe.dtype != z.dtype or probe.device != z.device:
+            raise RuntimeError(
+                f"zeroshard.torch: {type(module).__name__}.{name} is partitioned as {z.dtype} on {z.device}; "
+                f"converting it to {probe.dtype} on {probe.device} is not supported: build the module in "
+                "that dtype (its dtype= argument, torch.set_default_dtype, zeroshard.torch.Init(dtype=...)) "
+                "or convert it before it is partitioned")
+    return _torch_module_apply(module, fn, *args, **kwargs)
+
+
+torch.nn.Module._apply = _module_apply
