@@ -48,6 +48,23 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _free_port_pair():
+    """A port P with P + 1 free as well (the engine takes MASTER_PORT + 1),
+    below Linux's ephemeral range (32768+), where the many connections the
+    other tests open take their local ports, so P + 1 stays free."""
+    import random
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of ports in 20000-32000")
+
+
 def _check(r):
     assert r["world"] == 2
     assert r["all_reduce"] == 3.0  # 1 + 2, through torch's process group
@@ -76,7 +93,7 @@ def test_slurm_variables(order):
     MASTER_ADDR / MASTER_PORT of the user's: the engine takes MASTER_PORT + 1
     unless torch.distributed came first."""
     env = _env()
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), SLURM_NTASKS="2",
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port_pair()), SLURM_NTASKS="2",
                SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_ID="4242")
     procs = []
     for rank in range(2):
@@ -92,7 +109,7 @@ def test_slurm_variables(order):
             if p.poll() is None:
                 p.kill()
     for p, (out, err) in zip(procs[1:], outs[1:]):
-        assert p.returncode == 0, out + err
+        assert p.returncode == 0, out + err + "\nrank 0:\n" + "".join(outs[0])
     r = _result(procs[0].returncode, *outs[0])
     _check(r)
     assert r["zs_store_port"] is None
