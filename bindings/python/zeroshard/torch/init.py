@@ -40,9 +40,15 @@ class Init:
 
     def __init__(self, module=None, config=None, config_dict_or_path=None, remote_device=None,
                  pin_memory=False, dtype=None, enabled=True, device=None):
-        if remote_device not in (None, "cpu"):
-            raise NotImplementedError(f"zeroshard.torch.Init: remote_device={remote_device!r} is not "
-                                      "supported yet (the engine keeps shards in host memory)")
+        # DeepSpeed's remote_device and pin_memory offload the shards; the
+        # engine keeps them on the context's device, so asking is an error.
+        if remote_device not in (None, "none"):
+            raise NotImplementedError(f"zeroshard.torch.Init: remote_device={remote_device!r} (param offload) "
+                                      "is not acted on yet: shards stay on the context's device; leave it "
+                                      "unset")
+        if pin_memory:
+            raise NotImplementedError("zeroshard.torch.Init: pin_memory=True (pinned offload buffers) is not "
+                                      "acted on yet; leave it unset")
         self.enabled = enabled
         self.dtype = dtype
         self.device = device
