@@ -89,3 +89,11 @@ def test_converting_a_partitioned_module_is_a_clear_error():
     error = zoo(WORLDS[0])["convert"]["error"]
     assert error is not None and "Linear.weight is partitioned as torch.float32" in error, error
     assert "torch.float16" in error, error
+
+
+def test_init_refuses_the_offload_it_does_not_do():
+    import zeroshard.torch as zt
+    with pytest.raises(NotImplementedError, match=r"remote_device='cpu' \(param offload\) is not acted on"):
+        zt.Init(remote_device="cpu")
+    with pytest.raises(NotImplementedError, match="pin_memory=True"):
+        zt.Init(pin_memory=True)
