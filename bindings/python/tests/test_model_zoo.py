@@ -24,7 +24,7 @@ REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 MODELS = ["gpt2", "gpt2_checkpointed", "llama", "bert", "t5", "mixtral", "vit", "transformer", "mha", "rnn",
-          "frozen", "mixed"]
+          "frozen", "mixed", "gpt2_persistent", "frozen_persistent"]
 PATTERNS = ["deepcopy", "generate", "convert"]
 WORLDS = [int(w) for w in os.environ.get("ZS_ZOO_WORLDS", "2 3").split()]
 _runs = {}

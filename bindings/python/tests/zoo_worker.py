@@ -27,6 +27,9 @@ STEPS = 10
 LR = 2e-3
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 20000,
                                 "stage3_param_persistence_threshold": 0}}
+# The same with the default persistence threshold (1e5 elements): every
+# param of these small models stays gathered across steps.
+PERSISTENT = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 20000}}
 VOCAB, SEQ, BATCH = 64, 12, 2
 
 
@@ -237,7 +240,7 @@ def mixtral_leaves(model):
 # gradients are wrong when a param is used inside a reentrant checkpoint and
 # again outside it (its reducer counts the param ready twice); zeroshard's
 # equal the single-process ones.
-SINGLE_PROCESS_REFERENCE = {"frozen"}
+SINGLE_PROCESS_REFERENCE = {"frozen", "frozen_persistent"}
 
 MODELS = {
     # name: (build, batch, loss, before partitioning)
@@ -253,6 +256,8 @@ MODELS = {
     "rnn": (TorchRNN, lm_batch, logits_loss, None),
     "frozen": (Frozen, lm_batch, logits_loss, None),
     "mixed": (Mixed, lm_batch, logits_loss, None),
+    "gpt2_persistent": (hf_gpt2, lm_batch, causal_lm_loss, None),
+    "frozen_persistent": (Frozen, lm_batch, logits_loss, None),
 }
 
 
@@ -308,7 +313,7 @@ def run_model(name, rank):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with zt.Init(config=CONFIG):
+        with zt.Init(config=PERSISTENT if name.endswith("_persistent") else CONFIG):
             model = build(make)
         if prepare is not None:
             prepare(model)
@@ -324,7 +329,9 @@ def run_model(name, rank):
         for k, p in (ref if ddp is None else ddp.module).named_parameters():
             if not p.requires_grad and not torch.equal(sd[k], p.detach()):
                 frozen_equal = False
-    gathered = sum(1 for p in model.parameters() if zt.is_partitioned(p) and p.data.numel() > 0)
+    # Persistent params stay gathered across steps by design; no other does.
+    gathered = sum(1 for p in model.parameters()
+                   if zt.is_partitioned(p) and p.data.numel() > 0 and not p.zs.persistent)
     return {"reference": "single process" if ddp is None else "ddp", "ddp": ref_losses, "zeroshard": zs_losses,
             "trainable": trainable, "warnings": notes,
             "frozen_equal": frozen_equal, "left_gathered": gathered}

@@ -55,6 +55,7 @@ class _Unit:
         self.engine = None
         self.pending = set()     # params whose gradient this backward has not produced yet
         self.bwd_held = False    # holds its params for its backward
+        self.persistent = False  # every param persistent (set with the handles)
         self._handles = None
 
     def handles(self):
@@ -62,6 +63,7 @@ class _Unit:
         param joins the unit)."""
         if self._handles is None or self._handles.n != len(self.params):
             self._handles = zeroshard.ParamArray(zparams(self.params))
+            self.persistent = all(p.zs.persistent for p in self.params)
         return self._handles
 
     def __deepcopy__(self, memo):
@@ -145,13 +147,19 @@ def _unit_post_forward(module, inputs, output):
     if not unit.params:
         return
     _release(unit.params, unit.handles())
-    if torch.is_grad_enabled():
-        tensors = _output_tensors(output, [])
-        if tensors:
-            unit.pending = {p for p in unit.params if p.requires_grad}
-            unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
-            for t in tensors:
-                t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+    if not torch.is_grad_enabled():
+        return
+    if unit.persistent:
+        # Persistent params stay gathered until the optimizer step: backward
+        # needs no fetch for them.
+        unit.engine._hook_grads(unit.params)  # params unfrozen since the last step too
+        return
+    tensors = _output_tensors(output, [])
+    if tensors:
+        unit.pending = {p for p in unit.params if p.requires_grad}
+        unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
+        for t in tensors:
+            t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
 
 
 def _live_unit(module):
