@@ -75,7 +75,8 @@ def test_fetch_on_access_warns_once_naming_module_and_param():
 
 def test_deepcopy_of_a_partitioned_model_is_independent():
     r = zoo(WORLDS[0])["deepcopy"]
-    assert r == {"copy_equal": True, "original_unchanged": True, "copy_trained": True, "shares_params": False}
+    assert r == {"copy_equal": True, "original_unchanged": True, "copy_trained": True, "shares_params": False,
+                 "layer_error": True, "layer_after_partition_module": True}
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -356,7 +356,22 @@ def run_deepcopy(rank):
         after_original = model(x)
         after_twin = twin(x)
     shared = any(a is b for a, b in zip(model.parameters(), twin.parameters()))
+    # A layer copied out of the model has no root to install its hooks:
+    # a clear error until it is partitioned as a model of its own.
+    layer = copy.deepcopy(model.tf.encoder.layers[0])
+    h = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))
+    try:
+        with torch.no_grad():
+            layer(h)
+        layer_error = None
+    except RuntimeError as e:
+        layer_error = str(e)
+    zt.partition_module(layer)
+    with torch.no_grad():
+        layer_ok = tuple(layer(h).shape) == (2, 5, 16)
     return {"copy_equal": bool(torch.equal(before, twin_out)),
+            "layer_error": layer_error is not None and "partition_module(copy)" in layer_error,
+            "layer_after_partition_module": layer_ok,
             "original_unchanged": bool(torch.equal(before, after_original)),
             "copy_trained": not bool(torch.equal(after_twin, twin_out)),
             "shares_params": shared}
