@@ -1,65 +1,461 @@
-"""PyTorch step benchmark: the GPT example (examples/python/train_gpt.py) on
-2 and 4 ranks, through zeroshard and through torch DDP (gloo), in the same
-run. Prints step times and per-rank memory; the last line is one JSON object.
+"""PyTorch step benchmark: the same model trained through zeroshard
+(zeroshard.torch: Init, partition_module, ZeroShardOptimizer), torch DDP
+(gloo) and DeepSpeed ZeRO-3 on the CPU (DS_ACCELERATOR=cpu, gloo), in one
+run, each engine in its own zsrun launch so that peak RSS figures do not mix.
 
-    /usr/bin/python3 bench/bench_torch_step.py [--steps 30] [--ranks 2 4]
+    .venv/bin/python bench/bench_torch_step.py [--models wide fine] [--ranks 2]
+        [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
+        [--zs-config '{"reduce_bucket_size": 2e7}']
 
-Targets: step time <= 1.25 x DDP; params + grads + optimizer state per rank
-<= DDP's / N + the largest layer.
+Models (--models, any of):
+  wide  a stack of --wide-depth nn.Linear(--wide-width, --wide-width) layers
+        with residual GELUs (default 7 x 4096: 117.5M params), so params,
+        grads and AdamW state (16 bytes/param unsharded) dominate memory;
+  fine  200 nn.Linear(8, 8) with residual tanh (400 tiny params): the
+        per-param cost of the engines' bookkeeping;
+  gpt   the GPT example of examples/python/train_gpt.py (its defaults).
+
+Per model and engine: step time (median of the steps after --warmup), peak
+RSS per rank (ru_maxrss) and the RSS before the model was built, params +
+grads + optimizer state bytes per rank, every step's loss (all-reduced mean
+over ranks). Then ratios zeroshard/DDP and zeroshard/DeepSpeed and how
+closely the losses agree. The last line is one JSON object. Nothing is
+asserted on time; targets are printed for the record.
+
+Every engine runs AdamW (lr, betas, eps, weight_decay alike) in fp32 on one
+kernel thread per rank (OMP_NUM_THREADS = ZS_NUM_THREADS = cores / ranks,
+unless set): DDP with torch.optim.AdamW(fused=True) and
+gradient_as_bucket_view=True (its lowest-memory setting); DeepSpeed with its
+DeepSpeedCPUAdam (JIT-built op, what its CPU offload runs) when it builds,
+else torch.optim.AdamW(fused=True) as a client optimizer
+("zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer": false);
+the bench says which. DeepSpeed is skipped, with the reason printed, when it
+cannot start. --zs-config adds zero_optimization keys for zeroshard alone;
+ZS_BENCH_LINEAR=saves_param in the environment routes zeroshard's F.linear
+through a Function that saves the weight param rather than a view of its
+gathered data (see bench_torch_memory.py). The environment reaches every
+engine (e.g. ZS_HOST_CACHE_MB, MALLOC_MMAP_THRESHOLD_).
 """
 import argparse
 import json
+import math
 import os
+import resource
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MIB = 2 ** 20
+ENGINES = ("zeroshard", "ddp", "deepspeed")
 
 
-def run(ranks, engine, steps, extra):
+# ---------------------------------------------------------------------------
+# worker: one engine, one model, one rank (launched by zsrun)
+# ---------------------------------------------------------------------------
+
+def rss_now():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_model(args):
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    if args.model == "wide":
+        class Wide(nn.Module):
+            def __init__(self, width, depth):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+            def forward(self, x, y):
+                for layer in self.layers:
+                    x = x + F.gelu(layer(x))
+                return F.mse_loss(x, y)
+
+        return Wide(args.wide_width, args.wide_depth)
+    if args.model == "fine":
+        class Fine(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(n))
+
+            def forward(self, x, y):
+                for layer in self.layers:
+                    x = x + 0.05 * layer(x).tanh()
+                return F.mse_loss(x, y)
+
+        return Fine(args.fine_layers)
+    gpt = load_gpt_example()
+    return gpt.GPT(gpt_vocab(), 128, 4, 4, 64)
+
+
+def load_gpt_example():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "python" / "train_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gpt_vocab():
+    return len(set((REPO / "examples" / "python" / "data" / "corpus.txt").read_text()))
+
+
+def batches(args, rank, world):
+    """Every step's (x, y) for this rank: one global batch per step, drawn
+    from the same generator for any engine, this rank's slice of it."""
+    import torch
+    gen = torch.Generator().manual_seed(1234)
+    out = []
+    if args.model == "gpt":
+        text = (REPO / "examples" / "python" / "data" / "corpus.txt").read_text()
+        chars = sorted(set(text))
+        data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+        ctx = 64
+        for _ in range(args.steps):
+            starts = torch.randint(0, len(data) - ctx - 1, (world * args.batch,), generator=gen)
+            mine = starts[rank * args.batch:(rank + 1) * args.batch]
+            out.append((torch.stack([data[s:s + ctx] for s in mine]),
+                        torch.stack([data[s + 1:s + ctx + 1] for s in mine])))
+        return out
+    width = args.wide_width if args.model == "wide" else 8
+    for _ in range(args.steps):
+        x = torch.randn(world * args.batch, width, generator=gen)
+        y = torch.randn(world * args.batch, width, generator=gen)
+        out.append((x[rank * args.batch:(rank + 1) * args.batch].contiguous(),
+                    y[rank * args.batch:(rank + 1) * args.batch].contiguous()))
+    return out
+
+
+def storage_bytes(tensors, seen):
+    """Bytes of the storages behind `tensors` not already in `seen`."""
+    total = 0
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        s = t.untyped_storage()
+        if s.data_ptr() in seen:
+            continue
+        seen.add(s.data_ptr())
+        total += s.nbytes()
+    return total
+
+
+def optimizer_state_tensors(opt):
+    import torch
+    return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    hp = dict(lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    notes = {}
+    if args.engine == "deepspeed":
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = batches(args, rank, world)
+    rss_before_model = rss_now()
+
+    torch.manual_seed(0)
+    if args.engine == "ddp":
+        model = build_model(args)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
+        notes["optimizer"] = "torch.optim.AdamW(fused=True)"
+
+        def step(x, y):
+            loss = ddp(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        def state_bytes():
+            seen = set()
+            params = storage_bytes(list(model.parameters()), seen)
+            grads = storage_bytes([p.grad for p in model.parameters()], seen)
+            return params, grads, storage_bytes(optimizer_state_tensors(opt), seen)
+
+        def zero_grad():
+            opt.zero_grad(set_to_none=True)
+    elif args.engine == "zeroshard":
+        import zeroshard.torch as zt
+        if os.environ.get("ZS_BENCH_LINEAR") == "saves_param":
+            # What a binding change would give (see bench_torch_memory.py):
+            # F.linear saves the weight param, not a view of its gathered data.
+            sys.path.insert(0, str(REPO / "bench"))
+            from bench_torch_memory import patch_linear
+            patch_linear()
+            notes["linear"] = "saves_param"
+        config = {"zero_optimization": {"stage": 3, **json.loads(args.zs_config)},
+                  "train_micro_batch_size_per_gpu": args.batch}
+        zt.init_context(config=config, device="cpu")
+        with zt.Init(config=config, device="cpu"):
+            model = build_model(args)
+        zt.partition_module(model)
+        opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
+        notes["optimizer"] = "ZeroShardOptimizer(kind='adamw')"
+
+        def step(x, y):
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        def state_bytes():
+            m = zt.get_context().memory()
+            notes["host_cache_bytes"] = m["host_cache_bytes"]
+            notes["peak_gathered_bytes"] = m["peak_gathered_bytes"]
+            return m["shard_bytes"], m["grad_bytes"], m["optimizer_bytes"]
+
+        def zero_grad():
+            opt.zero_grad()
+    else:
+        import deepspeed
+        config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+                  "zero_optimization": {"stage": 3}, "steps_per_print": 10 ** 9,
+                  "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False}
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = build_model(args)
+        opt = None
+        if args.ds_optimizer in ("auto", "cpuadam"):
+            try:
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+                opt = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **hp)
+                notes["optimizer"] = "DeepSpeedCPUAdam(adamw_mode=True)"
+            except Exception as e:  # the JIT build failed
+                if args.ds_optimizer == "cpuadam":
+                    raise
+                notes["cpuadam_error"] = f"{type(e).__name__}: {e}"[:300]
+        if opt is None:
+            opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
+            notes["optimizer"] = "torch.optim.AdamW(fused=True)"
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+
+        def step(x, y):
+            loss = engine(x, y)
+            engine.backward(loss)
+            engine.step()
+            return loss
+
+        def state_bytes():
+            z = engine.optimizer
+            seen = set()
+            params = storage_bytes([p.ds_tensor for p in model.parameters()], seen)
+            grads = storage_bytes([getattr(z, "grad_partitions_flat_buffer", None)], seen)
+            state = storage_bytes(list(z.fp32_partitioned_groups_flat) + optimizer_state_tensors(z.optimizer),
+                                  seen)
+            return params, grads, state
+
+        def zero_grad():
+            pass  # engine.step() zeroes them
+
+    rss_after_build = rss_now()
+    nparams = sum(math.prod(p.ds_shape) if hasattr(p, "ds_shape") else
+                  (math.prod(p.zs.shape) if getattr(p, "zs", None) is not None else p.numel())
+                  for p in model.parameters())
+    losses, times, state = [], [], None
+    for i, (x, y) in enumerate(data):
+        t0 = time.perf_counter()
+        loss = step(x, y)
+        if state is None:
+            state = state_bytes()  # after the first step: every grad and moment exists
+        zero_grad()
+        times.append(time.perf_counter() - t0)
+        t = torch.tensor([loss.item()], dtype=torch.float64)
+        dist.all_reduce(t)
+        losses.append(t.item() / world)
+        if rank == 0:
+            print(f"  {args.engine:9s} {args.model} step {i:3d}  loss {losses[-1]:.6f}  "
+                  f"{times[-1] * 1e3:8.1f} ms", file=sys.stderr, flush=True)
+    mine = {"rank": rank, "param_bytes": state[0], "grad_bytes": state[1], "optimizer_bytes": state[2],
+            "rss_before_model_bytes": rss_before_model, "rss_after_build_bytes": rss_after_build,
+            "peak_rss_bytes": peak_rss(), "median_step_s": statistics.median(times[args.warmup:]),
+            "notes": notes}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        print(json.dumps({"engine": args.engine, "model": args.model, "ranks": world, "params": nparams,
+                          "losses": losses, "step_times_s": times,
+                          "median_step_s": max(r["median_step_s"] for r in everyone),
+                          "per_rank": everyone}), flush=True)
+    dist.barrier()
+    if args.engine == "deepspeed":
+        # DeepSpeed's CPU engine can abort in its teardown ("terminate called
+        # without an active exception") once everything is measured.
+        sys.stdout.flush()
+        os._exit(0)
+    if args.engine == "zeroshard":
+        del model, opt
+        zt.shutdown()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------
+
+def launch(args, model, engine):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(ranks), "--no-prefix", "--", sys.executable,
-           str(REPO / "examples" / "python" / "train_gpt.py"), "--steps", str(steps)] + extra
-    if engine == "ddp":
-        cmd.append("--ddp")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    threads = str(max(1, (os.cpu_count() or 1) // args.ranks))
+    env.setdefault("OMP_NUM_THREADS", threads)
+    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    if engine == "deepspeed":
+        env["DS_ACCELERATOR"] = "cpu"
+    cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--",
+           sys.executable, str(Path(__file__).resolve()), "--worker", "--engine", engine, "--model", model,
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+           "--lr", str(args.lr), "--wide-width", str(args.wide_width), "--wide-depth", str(args.wide_depth),
+           "--fine-layers", str(args.fine_layers), "--ds-optimizer", args.ds_optimizer,
+           "--zs-config", args.zs_config]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
+    wall = time.perf_counter() - t0
+    found = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not found:
+        tail = "\n".join((out.stdout + out.stderr).splitlines()[-25:])
+        return None, f"exit status {out.returncode}:\n{tail}"
+    r = json.loads(found[-1])
+    r["launch_wall_s"] = wall
+    r["exit_status"] = out.returncode  # non-zero: it failed after reporting (at teardown)
     if out.returncode != 0:
-        sys.exit(f"bench_torch_step: {engine} on {ranks} ranks failed:\n{out.stdout}\n{out.stderr}")
-    return json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][-1])
+        print(f"[{model}] {engine} exited {out.returncode} after reporting; its output ended:\n"
+              + "\n".join(out.stderr.splitlines()[-3:]), flush=True)
+    return r, None
+
+
+def tree():
+    """The commit measured, and the engine files changed in the work tree
+    (others may be editing the checkout while the bench runs)."""
+    def git(*a):
+        out = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "bindings", "impl", "kernels", "capi",
+                                      "examples").splitlines()]
+    return {"commit": git("rev-parse", "--short", "HEAD"), "changed_files": dirty}
+
+
+def state_of(r):
+    return max(p["param_bytes"] + p["grad_bytes"] + p["optimizer_bytes"] for p in r["per_rank"])
+
+
+def peak_of(r):
+    return max(p["peak_rss_bytes"] for p in r["per_rank"])
+
+
+def describe(r):
+    pr = r["per_rank"]
+    s = state_of(r)
+    return (f"step {r['median_step_s'] * 1e3:9.1f} ms | params+grads+optim/rank {s / MIB:8.1f} MiB "
+            f"({max(p['param_bytes'] for p in pr) / MIB:.1f} + {max(p['grad_bytes'] for p in pr) / MIB:.1f} + "
+            f"{max(p['optimizer_bytes'] for p in pr) / MIB:.1f}) | peak RSS/rank "
+            + " ".join(f"{p['peak_rss_bytes'] / MIB:.0f}" for p in pr)
+            + f" MiB (before model {max(p['rss_before_model_bytes'] for p in pr) / MIB:.0f}) "
+            f"| final loss {r['losses'][-1]:.6f}")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train_gpt.py options")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--model", choices=["wide", "fine", "gpt"], help=argparse.SUPPRESS)
+    ap.add_argument("--models", nargs="+", choices=["wide", "fine", "gpt"], default=["wide", "fine"])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16, help="rows (sequences for gpt) per rank")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--wide-width", type=int, default=4096)
+    ap.add_argument("--wide-depth", type=int, default=7)
+    ap.add_argument("--fine-layers", type=int, default=200)
+    ap.add_argument("--ds-optimizer", choices=["auto", "cpuadam", "torch"], default="auto")
+    ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--zs-config", default="{}",
+                    help='more zero_optimization keys for zeroshard only, as JSON: \'{"reduce_bucket_size": 2e7}\'')
     args = ap.parse_args()
-    results = []
-    for n in args.ranks:
-        zs, ddp = run(n, "zeroshard", args.steps, args.extra), run(n, "ddp", args.steps, args.extra)
-        state = lambda r: r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]  # noqa: E731
-        zs_state = max(state(r) for r in zs["per_rank"])
-        ddp_state = max(state(r) for r in ddp["per_rank"])
-        bound = ddp_state / n + zs["largest_param_bytes"]
-        row = {"ranks": n,
-               "zeroshard_step_s": zs["median_step_s"], "ddp_step_s": ddp["median_step_s"],
-               "step_time_ratio": zs["median_step_s"] / ddp["median_step_s"],
-               "zeroshard_state_bytes": zs_state, "ddp_state_bytes": ddp_state,
-               "state_bound_bytes": bound, "state_ratio_to_bound": zs_state / bound,
-               "zeroshard_peak_rss": max(r["peak_rss_bytes"] for r in zs["per_rank"]),
-               "ddp_peak_rss": max(r["peak_rss_bytes"] for r in ddp["per_rank"]),
-               "zeroshard_final_loss": zs["final_loss"], "ddp_final_loss": ddp["final_loss"]}
-        results.append(row)
-        print(f"{n} ranks: step {row['zeroshard_step_s'] * 1e3:.1f} ms vs DDP {row['ddp_step_s'] * 1e3:.1f} ms "
-              f"(x{row['step_time_ratio']:.2f}, target <= 1.25); state/rank {zs_state / 2**20:.2f} MiB vs DDP "
-              f"{ddp_state / 2**20:.2f} MiB (bound {bound / 2**20:.2f} MiB, x{row['state_ratio_to_bound']:.2f}); "
-              f"peak RSS {row['zeroshard_peak_rss'] / 2**20:.0f} vs {row['ddp_peak_rss'] / 2**20:.0f} MiB; "
-              f"final loss {zs['final_loss']:.4f} vs {ddp['final_loss']:.4f}", flush=True)
-    print(json.dumps({"bench": "torch_step", "steps": args.steps, "target_step_ratio": 1.25, "results": results}))
+    if args.worker:
+        return worker(args)
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+
+    where = tree()
+    print(f"bench_torch_step: {args.ranks} ranks, {args.steps} steps ({args.warmup} warm-up), "
+          f"{os.environ.get('OMP_NUM_THREADS', max(1, (os.cpu_count() or 1) // args.ranks))} kernel thread(s) "
+          f"per rank, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; commit {where['commit']}"
+          f"{' with ' + str(len(where['changed_files'])) + ' engine/binding files changed' if where['changed_files'] else ''}"
+          ". Each engine runs in its own launch.", flush=True)
+    summary = []
+    for model in args.models:
+        results, skipped = {}, {}
+        for engine in ENGINES:
+            if engine == "deepspeed" and args.no_deepspeed:
+                skipped[engine] = "--no-deepspeed"
+                continue
+            r, why = launch(args, model, engine)
+            if r is None:
+                if engine != "deepspeed":
+                    sys.exit(f"bench_torch_step: {engine} on the {model} model failed: {why}")
+                skipped[engine] = why
+                print(f"[{model}] deepspeed skipped: it could not start ({why.splitlines()[0]}); its output "
+                      f"ended:\n{why}", flush=True)
+                continue
+            results[engine] = r
+            note = r["per_rank"][0]["notes"].get("optimizer", "")
+            print(f"[{model}] {engine:9s} {describe(r)}  [{note}]", flush=True)
+        zs, ddp, ds = results["zeroshard"], results["ddp"], results.get("deepspeed")
+        row = {"model": model, "params": zs["params"], "ranks": args.ranks,
+               "engines": {e: {"median_step_s": r["median_step_s"], "state_bytes_per_rank": state_of(r),
+                               "peak_rss_bytes_per_rank": [p["peak_rss_bytes"] for p in r["per_rank"]],
+                               "rss_before_model_bytes": [p["rss_before_model_bytes"] for p in r["per_rank"]],
+                               "param_bytes": max(p["param_bytes"] for p in r["per_rank"]),
+                               "grad_bytes": max(p["grad_bytes"] for p in r["per_rank"]),
+                               "optimizer_bytes": max(p["optimizer_bytes"] for p in r["per_rank"]),
+                               "optimizer": r["per_rank"][0]["notes"].get("optimizer"),
+                               "notes": r["per_rank"][0]["notes"],
+                               "losses": r["losses"], "final_loss": r["losses"][-1]}
+                           for e, r in results.items()},
+               "skipped": skipped}
+        for other_name, other in (("ddp", ddp), ("deepspeed", ds)):
+            if other is None:
+                continue
+            diff = max(abs(a - b) for a, b in zip(zs["losses"], other["losses"]))
+            rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(zs["losses"], other["losses"]))
+            ratios = {"step_time": zs["median_step_s"] / other["median_step_s"],
+                      "state_bytes": state_of(zs) / state_of(other),
+                      "peak_rss": peak_of(zs) / peak_of(other),
+                      "max_loss_abs_diff": diff, "max_loss_rel_diff": rel}
+            row[f"zeroshard_over_{other_name}"] = ratios
+            print(f"[{model}] zeroshard/{other_name}: step time x{ratios['step_time']:.2f}, "
+                  f"params+grads+optim x{ratios['state_bytes']:.3f}, peak RSS x{ratios['peak_rss']:.2f}; "
+                  f"losses agree to {diff:.2e} abs ({rel:.2e} rel, worst of {len(zs['losses'])} steps)",
+                  flush=True)
+        summary.append(row)
+    print("targets (not asserted): step <= 1.1x DDP and <= DeepSpeed; peak RSS <= 0.6x DDP on the wide model. "
+          "Figures are from whatever else the machine was running.", flush=True)
+    print(json.dumps({"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup,
+                      "zs_config": json.loads(args.zs_config),
+                      "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0], "tree": where, "targets": {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0,
+                                                           "peak_rss_over_ddp_wide": 0.6},
+                      "results": summary}))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
