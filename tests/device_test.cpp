@@ -35,7 +35,7 @@ struct CountingBackend {
               ++allocs;
               return std::malloc(n);
             },
-            [this](void* p) {
+            [this](void* p, size_t) {
               ++releases;
               std::free(p);
             },

@@ -2,6 +2,12 @@
 // 64 KiB and more, up to ZS_HOST_CACHE_MB (default 1024) idle: a training
 // step fetches and releases the same sizes over and over, and a fresh
 // mapping's page faults on first touch cost as much as the network.
+// Blocks of 1 MiB and more are mapped and unmapped directly: through malloc,
+// freeing them would raise glibc's dynamic mmap threshold (up to 32 MiB),
+// after which such blocks come from arenas that keep their pages after
+// free, and the process's RSS stays at its peak.
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -16,8 +22,18 @@ namespace {
 std::shared_ptr<CachingPool> make_host_pool() {
   CachingPool::Backend b;
   b.name = "host";
-  b.allocate = [](size_t size) { return std::aligned_alloc(64, size); };
-  b.release = [](void* p) { std::free(p); };
+  constexpr size_t kMapped = size_t{1} << 20;
+  b.allocate = [](size_t size) -> void* {
+    if (size < kMapped) return std::aligned_alloc(64, size);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  };
+  b.release = [](void* p, size_t size) {
+    if (size < kMapped)
+      std::free(p);
+    else
+      munmap(p, size);
+  };
   b.alignment = 64;
   const auto limit = static_cast<uint64_t>(env_int("ZS_HOST_CACHE_MB", 1024)) << 20;
   return std::make_shared<CachingPool>(std::move(b), 64 * 1024, limit);

@@ -63,7 +63,7 @@ void CachingPool::free(void* p, size_t bytes) {
       return;
     }
   }
-  backend_.release(p);
+  backend_.release(p, size);
 }
 
 void CachingPool::trim() {
@@ -73,7 +73,7 @@ void CachingPool::trim() {
     idle.swap(idle_);
     stats_.idle_bytes = 0;
   }
-  for (auto& [size, p] : idle) backend_.release(p);
+  for (auto& [size, p] : idle) backend_.release(p, size);
 }
 
 PoolStats CachingPool::stats() const {

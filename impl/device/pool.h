@@ -26,7 +26,7 @@ class CachingPool {
   struct Backend {
     std::string name;                              // "host", "cuda:0", "pinned host"
     std::function<void*(size_t)> allocate;         // null on failure
-    std::function<void(void*)> release;
+    std::function<void(void*, size_t)> release;    // with the size allocate was given
     size_t alignment;                              // size classes are multiples
   };
   // Blocks under min_cached_bytes bypass the cache (the system allocator

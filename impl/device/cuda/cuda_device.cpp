@@ -48,7 +48,7 @@ std::shared_ptr<CachingPool> make_device_pool(int ordinal) {
     }
     return p;
   };
-  b.release = [ordinal](void* p) {
+  b.release = [ordinal](void* p, size_t) {
     cudaSetDevice(ordinal);
     cudaFree(p);
   };
@@ -76,7 +76,7 @@ std::shared_ptr<CachingPool> make_pinned_pool(int ordinal) {
     }
     return p;
   };
-  b.release = [ordinal](void* p) {
+  b.release = [ordinal](void* p, size_t) {
     cudaSetDevice(ordinal);
     cudaFreeHost(p);
   };
