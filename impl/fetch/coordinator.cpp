@@ -244,16 +244,18 @@ void Coordinator::step_end() {
   for (const auto& [raw, p] : live_) live.push_back(raw);
   for (Param* p : live) release_one_param(*p);
 
-  // Every rank must agree on the order; compare hashes through the world.
-  const uint64_t h = hash_order(current_);
-  uint8_t lo[8], hi[8];
-  std::memcpy(lo, &h, 8);
-  std::memcpy(hi, &h, 8);
+  // Every rank must agree on the order; compare hashes through the world in
+  // one collective: the bytewise max of h and of ~h (which is ~ the
+  // bytewise min of h) are equal exactly when every rank has the same h.
+  const uint64_t h = hash_order(current_), not_h = ~h;
+  uint8_t both[16];
+  std::memcpy(both, &h, 8);
+  std::memcpy(both + 8, &not_h, 8);
   ctx_.world()->run("trace check", [&](Communicator& c) {
-    c.allreduce(lo, lo, 8, DType::U8, ReduceOp::Min);
-    c.allreduce(hi, hi, 8, DType::U8, ReduceOp::Max);
+    c.allreduce(both, both, 16, DType::U8, ReduceOp::Max);
   });
-  const bool agreed = std::memcmp(lo, hi, 8) == 0;
+  bool agreed = true;
+  for (int i = 0; i < 8; ++i) agreed = agreed && both[i] == static_cast<uint8_t>(~both[8 + i]);
   const bool matched = trace_valid_ && following_ && pos_ == trace_.size();
   if (matched && agreed) return;
   invalidate();

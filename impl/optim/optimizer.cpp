@@ -233,9 +233,15 @@ StepResult Optimizer::step() {
     group->run("gradient norm", [&](Communicator& c) { c.allreduce(&v, &v, 1, DType::F32, ReduceOp::Sum); });
     total += v;
   }
-  ctx_.world()->run("overflow check", [&](Communicator& c) {
-    c.allreduce(&nonfinite, &nonfinite, 1, DType::F32, ReduceOp::Max);
-  });
+  // A rank's inf/NaN makes its sum of squares inf/NaN, so when one norm
+  // group spans the world its sum already tells every rank; otherwise (MiCS
+  // shard groups) the flag goes through the world.
+  const bool norm_spans_world =
+      order.size() == 1 && sumsq.at(order[0]).first->size() == ctx_.world()->size();
+  if (!order.empty() && !norm_spans_world)
+    ctx_.world()->run("overflow check", [&](Communicator& c) {
+      c.allreduce(&nonfinite, &nonfinite, 1, DType::F32, ReduceOp::Max);
+    });
 
   StepResult r;
   const double scale = scaler_.scale();
