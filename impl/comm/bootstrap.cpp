@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "impl/common/env.h"
 #include "impl/common/error.h"
 
 namespace zs {
@@ -28,18 +29,6 @@ int slurm_tasks_on_first_node(const char* spec) {
 }
 
 }  // namespace
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  errno = 0;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (errno != 0 || *end != '\0' || x < 0 || x > 1 << 24)
-    fail(Code::Bootstrap, "environment variable ", name, "='", v,
-         "': expected a non-negative integer");
-  return static_cast<int>(x);
-}
 
 RankInfo resolve_ranks(int rank, int world_size, int local_rank, int local_world_size) {
   RankInfo info;

@@ -33,7 +33,4 @@ StoreAddress resolve_store_address(const char* host, int port);
 // 127.0.0.1 for a loopback store, else this machine's host name.
 std::string resolve_transport_host(const char* explicit_host, const std::string& store_host);
 
-// Strict integer from an environment variable; nullptr/absent -> fallback.
-int env_int(const char* name, int fallback);
-
 }  // namespace zs

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "impl/comm/reduce.h"
+#include "impl/common/reduce.h"
 #include "impl/common/no_sigpipe.h"
 #include "impl/device/buffer.h"
 

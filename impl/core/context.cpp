@@ -14,6 +14,7 @@
 #ifdef ZS_WITH_CUDA
 #include "impl/comm/cuda/nccl_communicator.h"
 #endif
+#include "impl/common/env.h"
 #include "impl/fetch/coordinator.h"
 #include "impl/grad/reducer.h"
 

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "impl/comm/bootstrap.h"
+#include "impl/common/env.h"
 #include "impl/common/error.h"
 #include "impl/device/buffer.h"
 #include "impl/device/device.h"

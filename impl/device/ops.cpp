@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "impl/comm/reduce.h"
+#include "impl/common/reduce.h"
 #include "impl/device/buffer.h"
 
 #ifdef ZS_WITH_CUDA

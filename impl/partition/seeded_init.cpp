@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "impl/comm/reduce.h"
+#include "impl/common/reduce.h"
 
 namespace zs {
 namespace {

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-#include "impl/comm/bootstrap.h"
+#include "impl/common/env.h"
 #include "impl/device/cuda/cuda_check.h"
 #include "impl/device/device.h"
 

@@ -1,4 +1,4 @@
-#include "impl/comm/reduce.h"
+#include "impl/common/reduce.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,7 @@
-// Element-wise reduction helpers shared by the communicators: 16-bit floats
-// are widened to fp32 so that sums do not lose precision hop by hop.
+// Element-wise host loops over DType buffers, shared by the communicators,
+// the device ops and the initializers: reductions (16-bit floats are widened
+// to fp32 so that sums do not lose precision hop by hop) and the widening and
+// narrowing casts, over the scalar conversions in kernels/convert.h.
 #pragma once
 
 #include <cstddef>
