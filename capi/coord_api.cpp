@@ -12,7 +12,7 @@ zs_status with_coordinator(zs_context h, Fn&& fn) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     std::lock_guard<std::mutex> lock(ctx->mutex());
-    fn(*ctx, ctx->coordinator());
+    fn(*ctx, coordinator(*ctx));
   });
 }
 
@@ -23,7 +23,7 @@ zs_status with_params(zs_context h, const zs_param* params, size_t n, Fn&& fn) {
     auto list = params_of(ctx, params, n, "params");
     if (list.empty()) fail(Code::InvalidArgument, "params: the list is empty");
     std::lock_guard<std::mutex> lock(ctx->mutex());
-    fn(ctx->coordinator(), list);
+    fn(coordinator(*ctx), list);
   });
 }
 

@@ -2,6 +2,7 @@
 #include <dlpack/dlpack.h>
 
 #include "capi/handles.h"
+#include "impl/grad/reducer.h"
 #include "impl/partition/register.h"
 
 using namespace zs;
@@ -79,6 +80,8 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
     auto r = param_of(h, "param");
     std::lock_guard<std::mutex> lock(r.ctx->mutex());
     if (!take_handle(Kind::Param, reinterpret_cast<uintptr_t>(h), nullptr)) param_of(h, "param");
+    release_when_done(*r.ctx, *r.obj);
+    forget_grad(*r.ctx, *r.obj);
     unregister_param(*r.ctx, *r.obj);
   });
 }

@@ -40,7 +40,7 @@ ZS_API zs_status zs_grad_push(zs_param h, const void* grad, zs_dtype dtype, size
     auto r = param_of(h, "param");
     const DType t = checked_dtype(dtype, true);
     std::lock_guard<std::mutex> lock(r.ctx->mutex());
-    r.ctx->grads().push(r.obj, grad, t, grad_bytes);
+    grads(*r.ctx).push(r.obj, grad, t, grad_bytes);
   });
 }
 
@@ -48,7 +48,7 @@ ZS_API zs_status zs_grad_sync(zs_context h) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     std::lock_guard<std::mutex> lock(ctx->mutex());
-    ctx->grads().sync();
+    grads(*ctx).sync();
   });
 }
 
@@ -56,7 +56,7 @@ ZS_API zs_status zs_grad_set_accumulation_steps(zs_context h, int steps) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     std::lock_guard<std::mutex> lock(ctx->mutex());
-    ctx->grads().set_accumulation_steps(steps);
+    grads(*ctx).set_accumulation_steps(steps);
   });
 }
 

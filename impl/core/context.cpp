@@ -15,8 +15,6 @@
 #include "impl/comm/cuda/nccl_communicator.h"
 #endif
 #include "impl/common/env.h"
-#include "impl/fetch/coordinator.h"
-#include "impl/grad/reducer.h"
 
 namespace zs {
 namespace {
@@ -296,21 +294,6 @@ void Context::build_mics_hierarchy() {
   mics_intra_ = create_partition_family("mics_intra", intra);
 }
 
-void Context::track_secondary(const std::shared_ptr<Param>& param) {
-  secondaries_.push_back(param);
-  memory_.secondary_bytes += param->secondary->bytes();
-}
-
-void Context::drop_secondaries() {
-  for (auto& weak : secondaries_) {
-    auto p = weak.lock();
-    if (!p || !p->secondary) continue;
-    memory_.secondary_bytes -= p->secondary->bytes();
-    p->secondary.reset();
-  }
-  secondaries_.clear();
-}
-
 void Context::record_async_error(Code code, const std::string& message) {
   std::lock_guard<std::mutex> lock(error_mu_);
   if (async_code_ != Code::Ok) return;
@@ -331,16 +314,6 @@ void Context::check_async_error() const {
   std::string message;
   if (async_error(&code, &message))
     throw Error(code, "the context failed earlier and refuses new work: " + message);
-}
-
-GradReducer& Context::grads() {
-  if (!grads_) grads_ = std::make_unique<GradReducer>(*this);
-  return *grads_;
-}
-
-Coordinator& Context::coordinator() {
-  if (!coordinator_) coordinator_ = std::make_unique<Coordinator>(*this);
-  return *coordinator_;
 }
 
 void Context::add_gathered(uint64_t bytes) {
@@ -367,8 +340,7 @@ void Context::finalize_store() {
 }
 
 Context::~Context() {
-  coordinator_.reset();
-  grads_.reset();
+  while (!attachments_.empty()) attachments_.pop_back();
   for (auto& weak : all_groups_)
     if (auto g = weak.lock()) g->shutdown("the context was destroyed");
   finalize_store();

@@ -10,6 +10,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <typeindex>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "impl/comm/bootstrap.h"
@@ -17,7 +20,6 @@
 #include "impl/comm/store.h"
 #include "impl/config/config.h"
 #include "impl/device/device.h"
-#include "impl/partition/param.h"
 
 namespace gloo::transport {
 class Device;
@@ -62,9 +64,6 @@ struct FetchCounters {
   uint64_t hierarchical_gathers = 0;  // MiCS two-hop gathers
 };
 
-class GradReducer;
-class Coordinator;
-
 class Context {
  public:
   // Collective over the world; throws Bootstrap, InvalidConfig, Timeout.
@@ -108,19 +107,32 @@ class Context {
   void check_async_error() const;
   bool async_error(Code* code, std::string* message) const;
 
-  // The gradient reducer (caller holds mutex()).
-  GradReducer& grads();
-  // The fetch coordinator (caller holds mutex()); null until first used.
-  Coordinator& coordinator();
-  Coordinator* coordinator_if_any() { return coordinator_.get(); }
+  // Per-context state of a layer above core/ (the gradient reducer in
+  // grad/, the fetch coordinator and the hpZ secondary shards in fetch/),
+  // kept here without core/ naming its type: attachment<T>() creates a T
+  // from this context on first use, find_attachment<T>() gives null until
+  // then. Destroyed with the context, newest first, before its groups shut
+  // down. Caller holds mutex().
+  class Attachment {
+   public:
+    virtual ~Attachment() = default;
+  };
+  template <class T>
+  T* find_attachment() {
+    for (auto& a : attachments_)
+      if (a.first == std::type_index(typeid(T))) return static_cast<T*>(a.second.get());
+    return nullptr;
+  }
+  template <class T>
+  T& attachment() {
+    if (T* t = find_attachment<T>()) return *t;
+    attachments_.emplace_back(std::type_index(typeid(T)), std::make_unique<T>(*this));
+    return static_cast<T&>(*attachments_.back().second);
+  }
 
   // Memory accounting (caller holds mutex()).
   MemoryStats& memory() { return memory_; }
   FetchCounters& counters() { return counters_; }
-  // hpZ: remember a param holding a secondary shard; drop them all when
-  // the shards change (optimizer step, GatheredParameters update).
-  void track_secondary(const std::shared_ptr<Param>& param);
-  void drop_secondaries();
   void add_gathered(uint64_t bytes);
   void sub_gathered(uint64_t bytes);
 
@@ -166,9 +178,7 @@ class Context {
   std::mutex mu_;
   MemoryStats memory_;
   FetchCounters counters_;
-  std::vector<std::weak_ptr<Param>> secondaries_;
-  std::unique_ptr<GradReducer> grads_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::vector<std::pair<std::type_index, std::unique_ptr<Attachment>>> attachments_;
 };
 
 }  // namespace zs

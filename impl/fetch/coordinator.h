@@ -37,7 +37,7 @@ struct CoordStats {
   uint64_t trace_length = 0;
 };
 
-class Coordinator {
+class Coordinator : public Context::Attachment {
  public:
   explicit Coordinator(Context& ctx) : ctx_(ctx) {}
   ~Coordinator();
@@ -86,5 +86,9 @@ class Coordinator {
   std::vector<ParamList> leaves_;
   CoordStats stats_;
 };
+
+// The context's fetch coordinator, created on first use; null until then.
+inline Coordinator& coordinator(Context& ctx) { return ctx.attachment<Coordinator>(); }
+inline Coordinator* coordinator_if_any(Context& ctx) { return ctx.find_attachment<Coordinator>(); }
 
 }  // namespace zs

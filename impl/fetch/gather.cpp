@@ -31,7 +31,30 @@ const std::shared_ptr<Group>& common_group(Context& ctx, const ParamList& params
   return group;
 }
 
+// The params holding an hpZ secondary shard, per context.
+struct Secondaries : Context::Attachment {
+  explicit Secondaries(Context&) {}
+  std::vector<std::weak_ptr<Param>> params;
+};
+
 }  // namespace
+
+void track_secondary(Context& ctx, const std::shared_ptr<Param>& param) {
+  ctx.attachment<Secondaries>().params.push_back(param);
+  ctx.memory().secondary_bytes += param->secondary->bytes();
+}
+
+void drop_secondaries(Context& ctx) {
+  auto* tracked = ctx.find_attachment<Secondaries>();
+  if (tracked == nullptr) return;
+  for (auto& weak : tracked->params) {
+    auto p = weak.lock();
+    if (!p || !p->secondary) continue;
+    ctx.memory().secondary_bytes -= p->secondary->bytes();
+    p->secondary.reset();
+  }
+  tracked->params.clear();
+}
 
 void settle(Context& ctx, Param& p) {
   if (p.status != ParamStatus::Inflight || !p.inflight->done()) return;
@@ -40,7 +63,7 @@ void settle(Context& ctx, Param& p) {
     p.status = ParamStatus::Available;
     if (p.pending_secondary) {
       p.secondary = std::move(p.pending_secondary);
-      ctx.track_secondary(p.shared_from_this());
+      track_secondary(ctx, p.shared_from_this());
     }
   } catch (const Error&) {
     if (!p.full_aliases_shard) ctx.sub_gathered(p.full->bytes());
@@ -241,7 +264,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     fail(Code::InvalidArgument, "update: modifier_rank ", modifier_rank,
          " is out of range for group '", group->name(), "' of size ", group->size());
   for (const auto& p : params) available_data(ctx, *p, "update");
-  ctx.drop_secondaries();  // the shards are about to change
+  drop_secondaries(ctx);  // the shards are about to change
   group->run("update of " + std::to_string(params.size()) + " params", [&](Communicator& comm) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });

@@ -33,6 +33,11 @@ void release_when_done(Context& ctx, Param& param);
 // modifier_rank and rewrite every member's shard from it. Blocking.
 void update_params(Context& ctx, const ParamList& params, int modifier_rank);
 
+// hpZ: the params holding a secondary shard are remembered; every one is
+// dropped when the shards change (optimizer step, GatheredParameters update).
+void track_secondary(Context& ctx, const std::shared_ptr<Param>& param);
+void drop_secondaries(Context& ctx);
+
 // The full data of an AVAILABLE param, or InvalidState naming its status.
 const BufferPtr& available_data(Context& ctx, Param& param, const char* what);
 

@@ -173,6 +173,13 @@ void GradReducer::forget(const Param& param) {
                  touched_.end());
 }
 
+void forget_grad(Context& ctx, Param& p) {
+  if (!p.grad) return;
+  grads(ctx).forget(p);
+  ctx.memory().grad_bytes -= p.grad->bytes();
+  p.grad.reset();
+}
+
 void GradReducer::zero() {
   Device& dev = *ctx_.device();
   for (const auto& p : touched_)

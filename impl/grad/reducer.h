@@ -12,14 +12,13 @@
 #include <vector>
 
 #include "impl/comm/work.h"
+#include "impl/core/context.h"
 #include "impl/device/buffer.h"
 #include "impl/partition/param.h"
 
 namespace zs {
 
-class Context;
-
-class GradReducer {
+class GradReducer : public Context::Attachment {
  public:
   explicit GradReducer(Context& ctx) : ctx_(ctx) {}
 
@@ -52,5 +51,12 @@ class GradReducer {
   std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
   std::set<const Param*> touched_set_;
 };
+
+// The context's gradient reducer, created on first use.
+inline GradReducer& grads(Context& ctx) { return ctx.attachment<GradReducer>(); }
+
+// A param being unregistered: the reducer forgets it, and its gradient
+// shard is freed and uncounted.
+void forget_grad(Context& ctx, Param& param);
 
 }  // namespace zs

@@ -186,8 +186,8 @@ void Optimizer::sync_params() {
         ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
                            s.param->dtype, s.param->shard->data(), s.param->layout.shard_numel);
   ctx_.device()->synchronize();
-  ctx_.drop_secondaries();
-  if (Coordinator* coord = ctx_.coordinator_if_any()) {
+  drop_secondaries(ctx_);
+  if (Coordinator* coord = coordinator_if_any(ctx_)) {
     coord->on_params_updated();
     coord->refresh_persistent();
   }
@@ -195,7 +195,7 @@ void Optimizer::sync_params() {
 
 StepResult Optimizer::step() {
   ctx_.check_async_error();
-  ctx_.grads().sync();
+  grads(ctx_).sync();
 
   // Sum of squares per partition group (each group's shards cover its
   // params once), and whether any rank saw inf/NaN.
@@ -257,18 +257,18 @@ StepResult Optimizer::step() {
       if (coef < 1.0) grad_scale *= coef;
     }
     // Gathered copies the coordinator kept are stale from here on.
-    if (Coordinator* coord = ctx_.coordinator_if_any()) coord->on_params_updated();
-    ctx_.drop_secondaries();
+    if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
+    drop_secondaries(ctx_);
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
     ++step_;
   }
   scaler_.update(r.skipped);
-  ctx_.grads().zero();
+  grads(ctx_).zero();
   // New shards and zeroed gradients are in place once the step returns.
   ctx_.device()->synchronize();
   // Persistent params go out again now, to be gathered by the next forward.
-  if (Coordinator* coord = ctx_.coordinator_if_any()) coord->refresh_persistent();
+  if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();
   r.loss_scale = scaler_.scale();
   r.step = step_;
   return r;

@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "impl/fetch/gather.h"
-#include "impl/grad/reducer.h"
 #include "impl/partition/seeded_init.h"
 
 namespace zs {
@@ -101,14 +99,8 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
 }
 
 void unregister_param(Context& ctx, Param& p) {
-  release_when_done(ctx, p);
   p.unregistered = true;
   auto& mem = ctx.memory();
-  if (p.grad) {
-    ctx.grads().forget(p);
-    mem.grad_bytes -= p.grad->bytes();
-    p.grad.reset();
-  }
   if (p.secondary) {
     mem.secondary_bytes -= p.secondary->bytes();
     p.secondary.reset();

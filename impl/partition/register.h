@@ -29,8 +29,10 @@ struct ParamSpec {
 // Caller holds ctx.mutex(). Collective over the group for FromRank.
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec);
 
-// Caller holds ctx.mutex(): releases the param if gathered, updates the
-// memory counters.
+// Caller holds ctx.mutex(), and has released the param if it was gathered
+// (fetch/ release_when_done) and freed its gradient (grad/ forget_grad):
+// marks it unregistered, drops its hpZ secondary shard, updates the memory
+// counters.
 void unregister_param(Context& ctx, Param& param);
 
 }  // namespace zs
