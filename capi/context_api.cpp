@@ -102,8 +102,7 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
   return guarded([&] {
     checked_sized(stats, "stats");
     auto ctx = context_of(h, "ctx");
-    std::lock_guard<std::mutex> lock(ctx->mutex());
-    const MemoryStats& m = ctx->memory();
+    const MemoryStats m = ctx->memory_snapshot();
     stats->shard_bytes = m.shard_bytes;
     stats->gathered_bytes = m.gathered_bytes;
     stats->peak_gathered_bytes = m.peak_gathered_bytes;
@@ -144,8 +143,7 @@ ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats) {
   return guarded([&] {
     checked_sized(stats, "stats");
     auto ctx = context_of(h, "ctx");
-    std::lock_guard<std::mutex> lock(ctx->mutex());
-    const FetchCounters& c = ctx->counters();
+    const FetchCounters c = ctx->counters_snapshot();
     stats->gathers = c.gathers;
     stats->hpz_gathers = c.hpz_gathers;
     stats->hierarchical_gathers = c.hierarchical_gathers;

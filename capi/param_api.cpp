@@ -15,7 +15,7 @@ template <typename Fn>
 zs_status with_param(zs_param h, Fn&& fn) {
   return guarded([&] {
     auto r = param_of(h, "param");
-    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    const auto held = r.ctx->lock();
     fn(*r.ctx, *r.obj);
   });
 }
@@ -68,7 +68,7 @@ ZS_API zs_status zs_param_register(zs_param* out, zs_context h, const zs_param_o
       if (g.ctx != ctx) fail(Code::InvalidArgument, "options->group belongs to another context");
       spec.group = g.obj;
     }
-    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const auto held = ctx->lock();
     auto p = register_param(*ctx, spec);
     *out = to_handle<zs_param>(add_handle(Kind::Param, ctx->id(), std::move(p)));
   });
@@ -78,7 +78,7 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto r = param_of(h, "param");
-    std::lock_guard<std::mutex> lock(r.ctx->mutex());
+    const auto held = r.ctx->lock();
     if (!take_handle(Kind::Param, reinterpret_cast<uintptr_t>(h), nullptr)) param_of(h, "param");
     release_when_done(*r.ctx, *r.obj);
     forget_grad(*r.ctx, *r.obj);
@@ -129,7 +129,7 @@ ZS_API zs_status zs_fetch(zs_gather* out, zs_context h, const zs_param* params, 
     *out = nullptr;
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const auto held = ctx->lock();
     auto state = std::make_shared<GatherState>();
     state->work = fetch_params(*ctx, list);
     state->params = std::move(list);
@@ -145,7 +145,7 @@ ZS_API zs_status zs_gather_wait(zs_gather h, int timeout_ms) {
       fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0 or ZS_WAIT_FOREVER");
     auto g = gather_of(h, "gather");
     g.obj->work->wait(timeout_ms);
-    std::lock_guard<std::mutex> lock(g.ctx->mutex());
+    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
   });
 }
@@ -156,7 +156,7 @@ ZS_API zs_status zs_gather_test(zs_gather h, int* done) {
     auto g = gather_of(h, "gather");
     *done = g.obj->work->done() ? 1 : 0;
     if (!*done) return;
-    std::lock_guard<std::mutex> lock(g.ctx->mutex());
+    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
     g.obj->work->rethrow_if_failed();
   });
@@ -172,7 +172,7 @@ ZS_API zs_status zs_gather_destroy(zs_gather h) {
     } catch (const Error&) {
       // Reported through the context's async error; params fall back below.
     }
-    std::lock_guard<std::mutex> lock(g.ctx->mutex());
+    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
   });
 }
@@ -223,7 +223,7 @@ ZS_API zs_status zs_release(zs_context h, const zs_param* params, size_t n) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const auto held = ctx->lock();
     release_params(*ctx, list);
   });
 }
@@ -233,7 +233,7 @@ ZS_API zs_status zs_param_update(zs_context h, const zs_param* params, size_t n,
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    std::lock_guard<std::mutex> lock(ctx->mutex());
+    const auto held = ctx->lock();
     update_params(*ctx, list, modifier_rank);
   });
 }

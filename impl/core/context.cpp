@@ -316,6 +316,16 @@ void Context::check_async_error() const {
     throw Error(code, "the context failed earlier and refuses new work: " + message);
 }
 
+MemoryStats Context::memory_snapshot() {
+  std::lock_guard<std::mutex> held(mu_);
+  return memory_;
+}
+
+FetchCounters Context::counters_snapshot() {
+  std::lock_guard<std::mutex> held(mu_);
+  return counters_;
+}
+
 void Context::add_gathered(uint64_t bytes) {
   memory_.gathered_bytes += bytes;
   memory_.peak_gathered_bytes = std::max(memory_.peak_gathered_bytes, memory_.gathered_bytes);

@@ -1,7 +1,9 @@
 // The engine's per-process state for one data-parallel world: who we are,
 // the config, the rendezvous store, the groups, and the memory counters.
-// Everything mutable here is guarded by mutex(); group threads never take
-// it, so holding it while waiting on a collective cannot deadlock.
+// Everything mutable here, and in the params, gradients, optimizers and
+// attachments of the layers above, is guarded by the engine lock (lock());
+// group threads never take it, so holding it while waiting on a collective
+// cannot deadlock.
 #pragma once
 
 #include <atomic>
@@ -85,7 +87,13 @@ class Context {
   // Where this context's shards, gathers, gradients and optimizer state live.
   const std::shared_ptr<Device>& device() const { return device_; }
   Backend backend() const { return backend_; }
-  std::mutex& mutex() { return mu_; }
+  // The engine lock, held while the returned guard lives. No mutex is
+  // handed out: the lock can only be taken here and is released with the
+  // guard. Every call that reads or changes params, gathers, gradients,
+  // optimizers, the coordinator, the attachments or the memory counters
+  // runs under it, so it is held for a whole optimizer step or a blocking
+  // fetch.
+  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mu_); }
 
   const std::shared_ptr<Group>& world() const { return world_; }
   const std::shared_ptr<Group>& partition_group() const { return partition_; }
@@ -112,7 +120,7 @@ class Context {
   // kept here without core/ naming its type: attachment<T>() creates a T
   // from this context on first use, find_attachment<T>() gives null until
   // then. Destroyed with the context, newest first, before its groups shut
-  // down. Caller holds mutex().
+  // down. Caller holds lock().
   class Attachment {
    public:
     virtual ~Attachment() = default;
@@ -130,9 +138,13 @@ class Context {
     return static_cast<T&>(*attachments_.back().second);
   }
 
-  // Memory accounting (caller holds mutex()).
+  // Memory accounting (caller holds lock()).
   MemoryStats& memory() { return memory_; }
   FetchCounters& counters() { return counters_; }
+  // Copies for status queries; each takes lock() itself, so it waits for a
+  // call in progress (an optimizer step, a blocking fetch) to finish.
+  MemoryStats memory_snapshot();
+  FetchCounters counters_snapshot();
   void add_gathered(uint64_t bytes);
   void sub_gathered(uint64_t bytes);
 

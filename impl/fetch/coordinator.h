@@ -10,7 +10,7 @@
 // max_reuse_distance elements of the trace is not released in between.
 // Prefetching gathers everything the window adds in one collective. A step whose order differs from the
 // trace on any rank invalidates it on every rank, and the next step records
-// again. All calls expect the caller to hold ctx.mutex().
+// again. All calls expect the caller to hold ctx.lock().
 #pragma once
 
 #include <map>

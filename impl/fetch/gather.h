@@ -2,7 +2,7 @@
 // full buffer, marks it INFLIGHT and queues one coalesced all-gather on the
 // params' group; the param becomes AVAILABLE once the gather is observed
 // complete (settle), and release frees the buffer again.
-// All functions expect the caller to hold ctx.mutex().
+// All functions expect the caller to hold ctx.lock().
 #pragma once
 
 #include <memory>

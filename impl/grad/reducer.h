@@ -3,7 +3,7 @@
 // shard r), so one reduce-scatter per bucket leaves each rank exactly its
 // shards, averaged over the group; the group thread then sums them into the
 // fp32 gradient shards. Buckets go out as they fill, overlapping the
-// trainer's backward. All calls expect the caller to hold ctx.mutex().
+// trainer's backward. All calls expect the caller to hold ctx.lock().
 #pragma once
 
 #include <map>

@@ -1,7 +1,7 @@
 // The sharded optimizer: state sized to this rank's shards, fp32 masters
 // for 16-bit params, parameter groups with their own hyper-parameters, and
 // the step that turns synced gradient shards into updated param shards.
-// All calls expect the caller to hold the context's mutex.
+// All calls expect the caller to hold the context's lock().
 #pragma once
 
 #include <memory>

@@ -1,6 +1,6 @@
 // A partitioned parameter: this rank's padded shard, always held, and the
 // full data while gathered. Its mutable state is guarded by the owning
-// context's mutex; the group thread only touches the buffers, which the
+// context's lock(); the group thread only touches the buffers, which the
 // in-flight gather keeps alive.
 #pragma once
 

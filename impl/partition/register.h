@@ -26,10 +26,10 @@ struct ParamSpec {
   std::shared_ptr<Group> group;  // null: the context's partition group
 };
 
-// Caller holds ctx.mutex(). Collective over the group for FromRank.
+// Caller holds ctx.lock(). Collective over the group for FromRank.
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec);
 
-// Caller holds ctx.mutex(), and has released the param if it was gathered
+// Caller holds ctx.lock(), and has released the param if it was gathered
 // (fetch/ release_when_done) and freed its gradient (grad/ forget_grad):
 // marks it unregistered, drops its hpZ secondary shard, updates the memory
 // counters.

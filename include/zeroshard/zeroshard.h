@@ -15,13 +15,36 @@
  *    timeout) and _test (non-blocking). Errors of background work surface on
  *    the next call that depends on it and through zs_context_async_error.
  *
- * Thread-safety: every function may be called from any thread. Calls on the
- * same context are serialised by the engine, so a context, its groups and
- * params may be shared between threads. Collective calls (group creation,
+ * Thread-safety: every function may be called from any thread, and every
+ * handle may be shared between threads. Collective calls (group creation,
  * param registration, fetch, collectives) must be issued in the same order
  * on every member rank; issuing them from several threads at once makes that
  * order unpredictable and is the caller's error. zs_last_error is
- * thread-local.
+ * thread-local. Per object, what runs concurrently and what waits:
+ *
+ *  - zs_context: its identity and settings (rank, world size, local rank
+ *    and size, config JSON, unused and inactive keys, device) are fixed at
+ *    create and never wait; zs_context_async_error never waits for work in
+ *    progress. Every other call that reads or changes engine state (params,
+ *    gathers, gradients, optimizers, the coordinator, zs_group_create, and
+ *    the status queries zs_context_memory, zs_context_fetch_stats,
+ *    zs_coord_get_stats, zs_param_get_info, zs_param_get_status) takes the
+ *    context's one engine lock: such calls on one context run one at a
+ *    time, and each waits for the one in progress. That includes blocking
+ *    ones: a status query issued during zs_optimizer_step returns after the
+ *    whole step, and one issued during zs_coord_fetch or zs_param_register
+ *    after their collectives. Calls on different contexts never wait on
+ *    each other.
+ *  - zs_param, zs_optimizer: under their context's engine lock, as above.
+ *  - zs_gather: zs_gather_wait waits for the gather without the engine lock
+ *    (other calls on the context proceed meanwhile), then takes it briefly;
+ *    zs_gather_destroy the same; zs_gather_test takes it briefly.
+ *  - zs_group and zs_work: collectives (zs_allgather ... zs_barrier) take no
+ *    engine lock; they queue on the group's worker thread and run in issue
+ *    order within the group, side by side with other groups' work.
+ *    zs_work_wait / zs_work_test wait only for their own collective. A
+ *    group's worker thread never takes the engine lock, so waiting on a
+ *    collective while another thread holds that lock cannot deadlock.
  */
 #ifndef ZEROSHARD_ZEROSHARD_H
 #define ZEROSHARD_ZEROSHARD_H
