@@ -157,6 +157,16 @@ def optimizer_state_tensors(opt):
     return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
 
 
+def torch_step(forward, opt):
+    """One training step as DDP and zeroshard.torch run it: forward, backward, step."""
+    def step(x, y):
+        loss = forward(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -180,11 +190,7 @@ def worker(args):
         opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
         notes["optimizer"] = "torch.optim.AdamW(fused=True)"
 
-        def step(x, y):
-            loss = ddp(x, y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = torch_step(ddp, opt)
 
         def state_bytes():
             seen = set()
@@ -212,11 +218,7 @@ def worker(args):
         opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
         notes["optimizer"] = "ZeroShardOptimizer(kind='adamw')"
 
-        def step(x, y):
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = torch_step(model, opt)
 
         def state_bytes():
             m = zt.get_context().memory()
