@@ -182,7 +182,8 @@ def _generate_synced(model, *args, **kwargs):
 def _unfinished_on_any_rank(model, this_peer_finished, synced_gpus, device=None):
     if not synced_gpus:
         return not this_peer_finished
-    flag = torch.tensor([0.0 if this_peer_finished else 1.0], dtype=torch.float32)
-    with get_context().group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
+    ctx = get_context()
+    flag = torch.tensor([0.0 if this_peer_finished else 1.0], dtype=torch.float32, device=ctx.device)
+    with ctx.group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
         work.wait()
     return flag.item() > 0.0
