@@ -136,11 +136,17 @@ TEST(Coordinator, SmallParamsPersistForTheStep) {
     // across steps (the weights do not).
     zs_optimizer opt = nullptr;
     ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    void* bias_before = nullptr;
+    ZS_ASSERT_OK(zs_param_data(m.biases[0], &bias_before));
     const uint64_t before = stats(ctx).prefetches;
     ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
     EXPECT_EQ(stats(ctx).prefetches, before + 1);
     EXPECT_EQ(stats(ctx).persistent_params, static_cast<uint64_t>(kLayers));
     train_step(ctx, m);  // checks every value it reads
+    // Gathered again into the buffer it had: views of it stay valid.
+    void* bias_after = nullptr;
+    ZS_ASSERT_OK(zs_param_data(m.biases[0], &bias_after));
+    EXPECT_EQ(bias_after, bias_before);
     EXPECT_EQ(stats(ctx).demand_fetches, 2u * kLayers) << "only the first step gathered on demand";
     zs_optimizer_destroy(opt);
     zs_context_destroy(ctx);

@@ -223,15 +223,19 @@ void Coordinator::invalidate() {
   stats_.trace_length = 0;
 }
 
-void Coordinator::drop_all() {
+void Coordinator::drop_all(const std::set<const Param*>& keep) {
   std::vector<Param*> live;
   for (const auto& [raw, p] : live_) live.push_back(raw);
   for (Param* p : live) release_one_param(*p);
-  for (auto& [raw, p] : kept_) {
-    release_when_done(ctx_, *p);
-    fresh_.erase(raw);
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    if (keep.count(it->first)) {
+      ++it;
+      continue;
+    }
+    release_when_done(ctx_, *it->second);
+    fresh_.erase(it->first);
+    it = kept_.erase(it);
   }
-  kept_.clear();
 }
 
 void Coordinator::step_end() {
@@ -272,32 +276,40 @@ void Coordinator::on_params_updated() {
   // The trace is the same on every rank (step_end compared it), so the
   // noted params and their order are too.
   refresh_.clear();
+  std::set<const Param*> noted;
   if (trace_valid_) {
     const auto budget = static_cast<uint64_t>(ctx_.config().model_persistence_threshold);
     uint64_t used = 0;
-    std::set<const Param*> seen;
     for (const auto& unit : trace_)
       for (const auto& p : unit) {
-        if (!persistent(*p) || p->unregistered || !seen.insert(p.get()).second) continue;
+        if (!persistent(*p) || p->unregistered || noted.count(p.get())) continue;
         if (used + p->layout.numel > budget) continue;
         used += p->layout.numel;
         refresh_.push_back(p);
+        noted.insert(p.get());
       }
   }
-  drop_all();
+  drop_all(noted);
 }
 
 void Coordinator::refresh_persistent() {
   ParamList todo;
   for (const auto& p : refresh_) {
+    if (p->unregistered) continue;
+    if (p->status == ParamStatus::Inflight) p->inflight->wait(-1);  // a prefetch the step overtook
     settle(ctx_, *p);
-    if (p->status == ParamStatus::NotAvailable && !p->unregistered) todo.push_back(p);
+    // A group of one gathers by aliasing the shard, which the step rewrote.
+    if (p->status == ParamStatus::Available && p->full_aliases_shard) continue;
+    todo.push_back(p);
   }
   refresh_.clear();
   if (todo.empty()) return;
-  fetch_params(ctx_, todo);
+  ParamList fresh;
+  for (const auto& p : todo)
+    if (p->status == ParamStatus::NotAvailable) fresh.push_back(p);
+  fetch_params(ctx_, todo, /*into_gathered=*/true);
   ++stats_.prefetches;
-  adopt(todo);
+  adopt(fresh);
 }
 
 CoordStats Coordinator::stats() const {

@@ -51,10 +51,12 @@ class Coordinator : public Context::Attachment {
   // reference's leaf modules, e.g. all experts of an MoE layer).
   void add_leaf(const ParamList& params);
   // Before an optimizer step rewrites the shards every gathered copy is
-  // stale: drop them all, noting the trace's persistent params.
+  // stale: drop them all but the trace's persistent params, which stay
+  // (stale) where they are.
   void on_params_updated();
   // After the shards were rewritten: gather the noted persistent params
-  // again (one coalesced gather, asynchronous; collective like the step).
+  // again, into the buffers they have (one coalesced gather, asynchronous;
+  // collective like the step), so views of them stay valid.
   void refresh_persistent();
   CoordStats stats() const;
 
@@ -65,7 +67,8 @@ class Coordinator : public Context::Attachment {
   void adopt(const ParamList& gathered);
   void invalidate();
   void release_one_param(Param& p);
-  void drop_all();
+  // Releases every param the coordinator holds except those in `keep`.
+  void drop_all(const std::set<const Param*>& keep = {});
   // Index of the next trace unit (from pos_) that uses p, or trace size.
   size_t next_use(const Param& p) const;
 

@@ -100,13 +100,14 @@ void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local
 
 }  // namespace
 
-std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
+std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered) {
   ctx.check_async_error();
   const auto& group = common_group(ctx, params, "fetch");
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
     settle(ctx, p);
-    if (p.status != ParamStatus::NotAvailable)
+    const bool again = into_gathered && p.status == ParamStatus::Available && !p.full_aliases_shard;
+    if (p.status != ParamStatus::NotAvailable && !again)
       fail(Code::InvalidState, "fetch: params[", i, "] ", p.describe(), " is ",
            param_status_name(p.status), ", expected NOT_AVAILABLE (release it first)");
   }
@@ -124,6 +125,10 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params) {
   fulls.reserve(n);
   uint64_t bytes = 0;
   for (const auto& p : params) {
+    if (p->status == ParamStatus::Available) {  // into_gathered: the buffer it has
+      fulls.push_back(p->full);
+      continue;
+    }
     fulls.push_back(alias ? p->shard
                           : std::make_shared<Buffer>(dev, full_numel(ctx, *p) * p->elem_bytes()));
     if (!alias) bytes += fulls.back()->bytes();

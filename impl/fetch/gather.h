@@ -16,7 +16,10 @@ namespace zs {
 using ParamList = std::vector<std::shared_ptr<Param>>;
 
 // Validates everything before changing anything: on error no param moved.
-std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params);
+// With into_gathered, an AVAILABLE param is gathered again into the buffer
+// it has (its views stay valid; it is INFLIGHT until the gather is done):
+// how persistent params take the values an optimizer step wrote.
+std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered = false);
 
 // If an in-flight gather finished: AVAILABLE on success, back to
 // NOT_AVAILABLE (buffer freed) on failure.

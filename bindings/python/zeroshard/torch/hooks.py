@@ -88,6 +88,7 @@ def _acquire(params, handles=None):
     get_context().coord_fetch(handles if handles is not None else zparams(params))
     for p in params:
         p.zs.holds += 1
+        p.zs.refreshing = False  # the fetch waited for it
     attach_views(params, available=True)
 
 
@@ -374,14 +375,20 @@ class HookEngine:
             _step["open"] = False
 
     def after_step(self):
-        """The optimizer changed the shards: drop views of stale copies
-        (persistent params are being gathered again: their views go too)."""
+        """The optimizer changed the shards: drop views of stale copies.
+        Persistent params the engine gathers again into the same buffers
+        keep theirs, and a read waits for that (refreshing); the others (not
+        in an agreed trace, over model_persistence_threshold) are released."""
+        stale = []
         for p in registered_params():
             z = p.zs
-            if z is not None and z.attached and z.persistent:
-                p.data = z.placeholder()
-                z.attached = False
-        detach_views([p for p in registered_params() if p.zs is not None and not p.zs.persistent])
+            if z is None or not z.attached:
+                continue
+            if z.persistent and z.zparam.status != "NOT_AVAILABLE":
+                z.refreshing = True
+            else:
+                stale.append(p)
+        detach_views(stale)
 
 
 def set_leaf_modules(model, leaf_classes):
