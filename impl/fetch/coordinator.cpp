@@ -307,9 +307,14 @@ void Coordinator::refresh_persistent() {
   ParamList fresh;
   for (const auto& p : todo)
     if (p->status == ParamStatus::NotAvailable) fresh.push_back(p);
-  fetch_params(ctx_, todo, /*into_gathered=*/true);
+  // Waited for, so that the step returns with every gathered copy current:
+  // a trainer that reads a persistent param right after the step (an EMA,
+  // a log) sees the new values, never a gather in progress.
+  auto work = fetch_params(ctx_, todo, /*into_gathered=*/true);
   ++stats_.prefetches;
   adopt(fresh);
+  work->wait(-1);
+  for (const auto& p : todo) settle(ctx_, *p);
 }
 
 CoordStats Coordinator::stats() const {

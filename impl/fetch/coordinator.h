@@ -55,8 +55,8 @@ class Coordinator : public Context::Attachment {
   // (stale) where they are.
   void on_params_updated();
   // After the shards were rewritten: gather the noted persistent params
-  // again, into the buffers they have (one coalesced gather, asynchronous;
-  // collective like the step), so views of them stay valid.
+  // again, into the buffers they have (one coalesced gather, waited for;
+  // collective like the step), so views of them stay valid and current.
   void refresh_persistent();
   CoordStats stats() const;
 

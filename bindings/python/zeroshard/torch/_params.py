@@ -24,7 +24,7 @@ class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
-                 "attached", "leaf", "engine", "grad_hook", "persistent", "refreshing")
+                 "attached", "leaf", "engine", "grad_hook", "persistent")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -40,7 +40,6 @@ class ParamState:
         self.holds = 0      # hooked units that need it gathered now
         self.attached = False  # .data is a view of the gathered buffer
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
-        self.refreshing = False  # its view is being rewritten by the gather after an optimizer step
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
@@ -146,8 +145,6 @@ class FetchOnAccess(dict):
     def __getitem__(self, key):
         p = dict.__getitem__(self, key)
         z = getattr(p, "zs", None)
-        if z is not None and z.refreshing:
-            wait_refreshed([p])
         if z is not None and not z.attached:
             if constructing:
                 _touch_in_constructor(p)
@@ -168,17 +165,6 @@ def _touching(view, param_of):
         if getattr(p, "zs", None) is not None and not p.zs.attached:
             _touch_in_constructor(p)
         yield item
-
-
-def wait_refreshed(params):
-    """Wait until the values an optimizer step wrote have reached the views
-    of persistent params (the engine gathers them again into the buffers
-    the views show)."""
-    waiting = [p for p in params if p.zs.refreshing]
-    if waiting:
-        get_context().coord_fetch(zparams(waiting))
-        for p in waiting:
-            p.zs.refreshing = False
 
 
 def fetch_on_access(module):

@@ -35,8 +35,6 @@ class GatheredParameters:
         inflight = [p for p, s in zip(self.params, status) if s == "INFLIGHT"]
         if inflight:
             ctx.coord_fetch(zparams(inflight))
-            for p in inflight:
-                p.zs.refreshing = False
         attach_views(self.params)
         return self
 

@@ -88,7 +88,6 @@ def _acquire(params, handles=None):
     get_context().coord_fetch(handles if handles is not None else zparams(params))
     for p in params:
         p.zs.holds += 1
-        p.zs.refreshing = False  # the fetch waited for it
     attach_views(params, available=True)
 
 
@@ -375,20 +374,10 @@ class HookEngine:
             _step["open"] = False
 
     def after_step(self):
-        """The optimizer changed the shards: drop views of stale copies.
-        Persistent params the engine gathers again into the same buffers
-        keep theirs, and a read waits for that (refreshing); the others (not
-        in an agreed trace, over model_persistence_threshold) are released."""
-        stale = []
-        for p in registered_params():
-            z = p.zs
-            if z is None or not z.attached:
-                continue
-            if z.persistent and z.zparam.status != "NOT_AVAILABLE":
-                z.refreshing = True
-            else:
-                stale.append(p)
-        detach_views(stale)
+        """The optimizer changed the shards: drop views of released copies.
+        Persistent params keep theirs: the step gathered their new values
+        into the buffers the views show."""
+        detach_views([p for p in registered_params() if p.zs is not None])
 
 
 def set_leaf_modules(model, leaf_classes):
