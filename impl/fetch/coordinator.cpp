@@ -87,11 +87,10 @@ size_t Coordinator::next_use(const Param& p) const {
 }
 
 // The window ahead of the trainer covers up to prefetch_bucket_size
-// elements of the trace (the next unit always); what in it is not gathered
-// yet goes out now, as long as max_live_parameters allows.
-// The window is refilled as one coalesced gather once what is in flight
-// ahead of the trainer drops below half a bucket: a model of many small
-// modules pays one collective per half bucket, not one per module.
+// elements of the trace (the next unit always), within max_live_parameters.
+// It is refilled, as one coalesced gather, once what is in flight ahead of
+// the trainer drops below half a bucket: a model of many small modules pays
+// one collective per half bucket, not one per module.
 void Coordinator::prefetch_ahead() {
   const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
   const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
@@ -293,7 +292,7 @@ void Coordinator::on_params_updated() {
 }
 
 void Coordinator::refresh_persistent() {
-  ParamList todo;
+  ParamList todo, fresh;  // fresh: not gathered now, so a new buffer
   for (const auto& p : refresh_) {
     if (p->unregistered) continue;
     if (p->status == ParamStatus::Inflight) p->inflight->wait(-1);  // a prefetch the step overtook
@@ -301,12 +300,10 @@ void Coordinator::refresh_persistent() {
     // A group of one gathers by aliasing the shard, which the step rewrote.
     if (p->status == ParamStatus::Available && p->full_aliases_shard) continue;
     todo.push_back(p);
+    if (p->status == ParamStatus::NotAvailable) fresh.push_back(p);
   }
   refresh_.clear();
   if (todo.empty()) return;
-  ParamList fresh;
-  for (const auto& p : todo)
-    if (p->status == ParamStatus::NotAvailable) fresh.push_back(p);
   // Waited for, so that the step returns with every gathered copy current:
   // a trainer that reads a persistent param right after the step (an EMA,
   // a log) sees the new values, never a gather in progress.

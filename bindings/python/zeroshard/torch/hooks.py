@@ -38,7 +38,6 @@ import zeroshard
 from . import _params
 from ._context import get_context
 from ._params import attach_views, detach_views, fetch_on_access, is_partitioned, registered_params, zparams
-from .gathered import GatheredParameters
 
 _running = []  # units whose forward is running now, innermost last (all models)
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
