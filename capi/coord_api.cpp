@@ -11,7 +11,6 @@ template <typename Fn>
 zs_status with_coordinator(zs_context h, Fn&& fn) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
-    const auto held = ctx->lock();
     fn(*ctx, coordinator(*ctx));
   });
 }
@@ -22,7 +21,6 @@ zs_status with_params(zs_context h, const zs_param* params, size_t n, Fn&& fn) {
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
     if (list.empty()) fail(Code::InvalidArgument, "params: the list is empty");
-    const auto held = ctx->lock();
     fn(coordinator(*ctx), list);
   });
 }

@@ -69,7 +69,6 @@ ZS_API zs_status zs_group_create(zs_group* out, zs_context h, const int* ranks, 
     if (ranks == nullptr) fail(Code::InvalidArgument, "ranks is NULL");
     if (num_ranks <= 0) fail(Code::InvalidArgument, "num_ranks is ", num_ranks, ": expected >= 1");
     auto ctx = context_of(h, "ctx");
-    const auto held = ctx->lock();
     auto g = ctx->create_group(std::vector<int>(ranks, ranks + num_ranks));
     *out = new_group_handle(ctx, std::move(g));
   });

@@ -2,7 +2,6 @@
 #include <dlpack/dlpack.h>
 
 #include "capi/handles.h"
-#include "impl/grad/reducer.h"
 #include "impl/partition/register.h"
 
 using namespace zs;
@@ -15,7 +14,6 @@ template <typename Fn>
 zs_status with_param(zs_param h, Fn&& fn) {
   return guarded([&] {
     auto r = param_of(h, "param");
-    const auto held = r.ctx->lock();
     fn(*r.ctx, *r.obj);
   });
 }
@@ -68,7 +66,6 @@ ZS_API zs_status zs_param_register(zs_param* out, zs_context h, const zs_param_o
       if (g.ctx != ctx) fail(Code::InvalidArgument, "options->group belongs to another context");
       spec.group = g.obj;
     }
-    const auto held = ctx->lock();
     auto p = register_param(*ctx, spec);
     *out = to_handle<zs_param>(add_handle(Kind::Param, ctx->id(), std::move(p)));
   });
@@ -78,10 +75,7 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto r = param_of(h, "param");
-    const auto held = r.ctx->lock();
     if (!take_handle(Kind::Param, reinterpret_cast<uintptr_t>(h), nullptr)) param_of(h, "param");
-    release_when_done(*r.ctx, *r.obj);
-    forget_grad(*r.ctx, *r.obj);
     unregister_param(*r.ctx, *r.obj);
   });
 }
@@ -89,7 +83,7 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
 ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
   return with_param(h, [&](Context& ctx, Param& p) {
     checked_sized(info, "info");
-    settle(ctx, p);
+    const ParamStatus status = settle(ctx, p);
     info->name = p.name.c_str();
     info->dtype = static_cast<zs_dtype>(p.dtype);
     info->ndim = static_cast<int>(p.shape.size());
@@ -100,7 +94,7 @@ ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
     info->padded_numel = p.layout.padded_numel;
     info->shard_offset = p.layout.shard_offset;
     info->shard_valid = p.layout.shard_valid;
-    info->status = static_cast<zs_param_status>(p.status);
+    info->status = static_cast<zs_param_status>(status);
     const DeviceRef where = p.shard->device().ref();
     info->device_type = where.is_cuda() ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU;
     info->device_id = where.ordinal;
@@ -110,8 +104,7 @@ ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
 ZS_API zs_status zs_param_get_status(zs_param h, zs_param_status* status) {
   return with_param(h, [&](Context& ctx, Param& p) {
     checked_out(status, "status");
-    settle(ctx, p);
-    *status = static_cast<zs_param_status>(p.status);
+    *status = static_cast<zs_param_status>(settle(ctx, p));
   });
 }
 
@@ -129,7 +122,6 @@ ZS_API zs_status zs_fetch(zs_gather* out, zs_context h, const zs_param* params, 
     *out = nullptr;
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    const auto held = ctx->lock();
     auto state = std::make_shared<GatherState>();
     state->work = fetch_params(*ctx, list);
     state->params = std::move(list);
@@ -137,15 +129,14 @@ ZS_API zs_status zs_fetch(zs_gather* out, zs_context h, const zs_param* params, 
   });
 }
 
-// Waiting happens without the context lock; the params move to AVAILABLE
-// under it afterwards.
+// Waiting happens without the engine lock; settle takes it to move the
+// params to AVAILABLE afterwards.
 ZS_API zs_status zs_gather_wait(zs_gather h, int timeout_ms) {
   return guarded([&] {
     if (timeout_ms < ZS_WAIT_FOREVER)
       fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0 or ZS_WAIT_FOREVER");
     auto g = gather_of(h, "gather");
     g.obj->work->wait(timeout_ms);
-    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
   });
 }
@@ -156,7 +147,6 @@ ZS_API zs_status zs_gather_test(zs_gather h, int* done) {
     auto g = gather_of(h, "gather");
     *done = g.obj->work->done() ? 1 : 0;
     if (!*done) return;
-    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
     g.obj->work->rethrow_if_failed();
   });
@@ -172,7 +162,6 @@ ZS_API zs_status zs_gather_destroy(zs_gather h) {
     } catch (const Error&) {
       // Reported through the context's async error; params fall back below.
     }
-    const auto held = g.ctx->lock();
     for (const auto& p : g.obj->params) settle(*g.ctx, *p);
   });
 }
@@ -190,7 +179,7 @@ ZS_API zs_status zs_param_copy_to(zs_param h, void* dst, size_t dst_bytes) {
     if (dst_bytes != p.full_bytes())
       fail(Code::BufferSize, "zs_param_copy_to: ", p.describe(), ": dst_bytes is ", dst_bytes,
            ", expected ", p.full_bytes());
-    const auto& full = available_data(ctx, p, "zs_param_copy_to");
+    const BufferPtr full = available_data(ctx, p, "zs_param_copy_to");
     copy_between(dst, full->data(), dst_bytes);
   });
 }
@@ -223,7 +212,6 @@ ZS_API zs_status zs_release(zs_context h, const zs_param* params, size_t n) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    const auto held = ctx->lock();
     release_params(*ctx, list);
   });
 }
@@ -233,7 +221,6 @@ ZS_API zs_status zs_param_update(zs_context h, const zs_param* params, size_t n,
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
     auto list = params_of(ctx, params, n, "params");
-    const auto held = ctx->lock();
     update_params(*ctx, list, modifier_rank);
   });
 }

@@ -26,7 +26,6 @@ template <typename Fn>
 zs_status with_optimizer(zs_optimizer h, Fn&& fn) {
   return guarded([&] {
     auto r = optimizer_of(h, "opt");
-    const auto held = r.ctx->lock();
     fn(*r.ctx, *r.obj);
   });
 }
@@ -39,7 +38,6 @@ ZS_API zs_status zs_grad_push(zs_param h, const void* grad, zs_dtype dtype, size
   return guarded([&] {
     auto r = param_of(h, "param");
     const DType t = checked_dtype(dtype, true);
-    const auto held = r.ctx->lock();
     grads(*r.ctx).push(r.obj, grad, t, grad_bytes);
   });
 }
@@ -47,7 +45,6 @@ ZS_API zs_status zs_grad_push(zs_param h, const void* grad, zs_dtype dtype, size
 ZS_API zs_status zs_grad_sync(zs_context h) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
-    const auto held = ctx->lock();
     grads(*ctx).sync();
   });
 }
@@ -55,7 +52,6 @@ ZS_API zs_status zs_grad_sync(zs_context h) {
 ZS_API zs_status zs_grad_set_accumulation_steps(zs_context h, int steps) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");
-    const auto held = ctx->lock();
     grads(*ctx).set_accumulation_steps(steps);
   });
 }
@@ -64,8 +60,7 @@ ZS_API zs_status zs_grad_shard_data(zs_param h, float** data, uint64_t* shard_nu
   return guarded([&] {
     checked_out(data, "data");
     auto r = param_of(h, "param");
-    const auto held = r.ctx->lock();
-    *data = r.obj->grad ? static_cast<float*>(r.obj->grad->data()) : nullptr;
+    *data = grads(*r.ctx).shard_data(*r.obj);
     if (shard_numel) *shard_numel = r.obj->layout.shard_numel;
   });
 }
@@ -75,7 +70,6 @@ ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context h, zs_optimiz
     checked_out(out, "out");
     *out = nullptr;
     auto ctx = context_of(h, "ctx");
-    const auto held = ctx->lock();
     auto opt = std::make_shared<Optimizer>(*ctx, static_cast<OptimKind>(kind));
     *out = to_handle<zs_optimizer>(add_handle(Kind::Optimizer, ctx->id(), std::move(opt)));
   });
@@ -85,9 +79,8 @@ ZS_API zs_status zs_optimizer_destroy(zs_optimizer h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto r = optimizer_of(h, "opt");
-    const auto held = r.ctx->lock();
     take_handle(Kind::Optimizer, reinterpret_cast<uintptr_t>(h), nullptr);
-    r.obj.reset();  // frees its state under the context's lock
+    r.obj.reset();  // frees its state under the engine lock
   });
 }
 
@@ -97,7 +90,6 @@ ZS_API zs_status zs_optimizer_add_group(zs_optimizer h, const zs_param* params, 
     auto r = optimizer_of(h, "opt");
     const Hparams hp = to_hparams(hparams);
     auto list = params_of(r.ctx, params, n, "params");
-    const auto held = r.ctx->lock();
     const int g = r.obj->add_group(list, hp);
     if (group_index) *group_index = g;
   });
@@ -134,7 +126,6 @@ ZS_API zs_status zs_optimizer_state_data(zs_optimizer h, zs_param param, int slo
     auto r = optimizer_of(h, "opt");
     auto p = param_of(param, "param");
     if (p.ctx != r.ctx) fail(Code::InvalidArgument, "param belongs to another context");
-    const auto held = r.ctx->lock();
     *data = r.obj->state(*p.obj, slot, shard_numel);
   });
 }

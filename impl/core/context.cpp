@@ -230,6 +230,7 @@ std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
            " appears twice");
   }
   check_async_error();
+  const auto held = lock();
   const int id = next_group_id_++;
   return make_group("group" + std::to_string(id) + rank_list(ranks), id, ranks);
 }
@@ -316,23 +317,6 @@ void Context::check_async_error() const {
     throw Error(code, "the context failed earlier and refuses new work: " + message);
 }
 
-MemoryStats Context::memory_snapshot() {
-  std::lock_guard<std::mutex> held(mu_);
-  return memory_;
-}
-
-FetchCounters Context::counters_snapshot() {
-  std::lock_guard<std::mutex> held(mu_);
-  return counters_;
-}
-
-void Context::add_gathered(uint64_t bytes) {
-  memory_.gathered_bytes += bytes;
-  memory_.peak_gathered_bytes = std::max(memory_.peak_gathered_bytes, memory_.gathered_bytes);
-}
-
-void Context::sub_gathered(uint64_t bytes) { memory_.gathered_bytes -= bytes; }
-
 // Rank 0 serves the store: it stays up until every rank has said goodbye
 // (or the timeout passes), so no peer loses the store while still using it.
 void Context::finalize_store() {
@@ -347,6 +331,12 @@ void Context::finalize_store() {
   } catch (const Error&) {
     // The server is gone or a peer died: nothing left to wait for.
   }
+}
+
+Context::Attachment* Context::find_locked(std::type_index type) {
+  for (auto& a : attachments_)
+    if (a.first == type) return a.second.get();
+  return nullptr;
 }
 
 Context::~Context() {

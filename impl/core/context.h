@@ -1,9 +1,10 @@
 // The engine's per-process state for one data-parallel world: who we are,
 // the config, the rendezvous store, the groups, and the memory counters.
 // Everything mutable here, and in the params, gradients, optimizers and
-// attachments of the layers above, is guarded by the engine lock (lock());
-// group threads never take it, so holding it while waiting on a collective
-// cannot deadlock.
+// attachments of the layers above, is guarded by the engine lock (lock()),
+// which those layers' entry points take themselves; the counters are
+// atomics (ledger.h). Group threads never take the lock, so holding it
+// while waiting on a collective cannot deadlock.
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "impl/comm/group.h"
 #include "impl/comm/store.h"
 #include "impl/config/config.h"
+#include "impl/core/ledger.h"
 #include "impl/device/device.h"
 
 namespace gloo::transport {
@@ -48,24 +50,6 @@ struct ContextOptions {
 // Which library runs a context's collectives between ranks.
 enum class Backend { Gloo, Nccl };
 
-struct MemoryStats {
-  uint64_t shard_bytes = 0;
-  uint64_t gathered_bytes = 0;
-  uint64_t peak_gathered_bytes = 0;
-  uint64_t unsharded_bytes = 0;
-  uint64_t num_params = 0;
-  uint64_t grad_bytes = 0;
-  uint64_t optimizer_bytes = 0;
-  uint64_t secondary_bytes = 0;
-};
-
-// Which way fetches went (for tests and tuning).
-struct FetchCounters {
-  uint64_t gathers = 0;               // coalesced fetches issued
-  uint64_t hpz_gathers = 0;           // served from hpZ secondary shards
-  uint64_t hierarchical_gathers = 0;  // MiCS two-hop gathers
-};
-
 class Context {
  public:
   // Collective over the world; throws Bootstrap, InvalidConfig, Timeout.
@@ -87,13 +71,16 @@ class Context {
   // Where this context's shards, gathers, gradients and optimizer state live.
   const std::shared_ptr<Device>& device() const { return device_; }
   Backend backend() const { return backend_; }
-  // The engine lock, held while the returned guard lives. No mutex is
-  // handed out: the lock can only be taken here and is released with the
-  // guard. Every call that reads or changes params, gathers, gradients,
-  // optimizers, the coordinator, the attachments or the memory counters
-  // runs under it, so it is held for a whole optimizer step or a blocking
-  // fetch.
-  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mu_); }
+  // The engine lock, held while the returned guard lives; no mutex is
+  // handed out. Taken by the engine's own entry points (register_param,
+  // fetch_params, the reducer, the coordinator, the optimizer ...), never by
+  // capi/: each object locks what it must. Recursive, because entry points
+  // call each other (an optimizer step syncs gradients and re-gathers
+  // params). Held for a whole optimizer step or blocking fetch; the status
+  // queries (memory_snapshot, counters_snapshot, async_error) never take it.
+  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() {
+    return std::unique_lock<std::recursive_mutex>(mu_);
+  }
 
   const std::shared_ptr<Group>& world() const { return world_; }
   const std::shared_ptr<Group>& partition_group() const { return partition_; }
@@ -119,34 +106,43 @@ class Context {
   // grad/, the fetch coordinator and the hpZ secondary shards in fetch/),
   // kept here without core/ naming its type: attachment<T>() creates a T
   // from this context on first use, find_attachment<T>() gives null until
-  // then. Destroyed with the context, newest first, before its groups shut
-  // down. Caller holds lock().
+  // then, each_attachment<I>() visits those that implement I, newest first.
+  // The list has its own lock, so a status query finds the coordinator
+  // without the engine lock. Destroyed with the context, newest first,
+  // before its groups shut down; constructors must not take the engine lock.
   class Attachment {
    public:
     virtual ~Attachment() = default;
   };
   template <class T>
   T* find_attachment() {
-    for (auto& a : attachments_)
-      if (a.first == std::type_index(typeid(T))) return static_cast<T*>(a.second.get());
-    return nullptr;
+    std::lock_guard<std::mutex> held(attachments_mu_);
+    return static_cast<T*>(find_locked(std::type_index(typeid(T))));
   }
   template <class T>
   T& attachment() {
-    if (T* t = find_attachment<T>()) return *t;
+    std::lock_guard<std::mutex> held(attachments_mu_);
+    if (Attachment* a = find_locked(std::type_index(typeid(T)))) return static_cast<T&>(*a);
     attachments_.emplace_back(std::type_index(typeid(T)), std::make_unique<T>(*this));
     return static_cast<T&>(*attachments_.back().second);
   }
+  // fn runs without the list's lock (it may take the engine lock, under
+  // which others create attachments); none is removed before ~Context.
+  template <class I, class Fn>
+  void each_attachment(Fn&& fn) {
+    std::vector<I*> found;
+    {
+      std::lock_guard<std::mutex> held(attachments_mu_);
+      for (auto a = attachments_.rbegin(); a != attachments_.rend(); ++a)
+        if (auto* i = dynamic_cast<I*>(a->second.get())) found.push_back(i);
+    }
+    for (I* i : found) fn(*i);
+  }
 
-  // Memory accounting (caller holds lock()).
-  MemoryStats& memory() { return memory_; }
-  FetchCounters& counters() { return counters_; }
-  // Copies for status queries; each takes lock() itself, so it waits for a
-  // call in progress (an optimizer step, a blocking fetch) to finish.
-  MemoryStats memory_snapshot();
-  FetchCounters counters_snapshot();
-  void add_gathered(uint64_t bytes);
-  void sub_gathered(uint64_t bytes);
+  // Memory and fetch counters: atomics, read without the engine lock.
+  Ledger& ledger() { return ledger_; }
+  MemoryStats memory_snapshot() const { return ledger_.memory(); }
+  FetchCounters counters_snapshot() const { return ledger_.fetches(); }
 
  private:
   Context() = default;
@@ -187,9 +183,10 @@ class Context {
   Code async_code_ = Code::Ok;
   std::string async_message_;
 
-  std::mutex mu_;
-  MemoryStats memory_;
-  FetchCounters counters_;
+  std::recursive_mutex mu_;
+  Ledger ledger_;
+  Attachment* find_locked(std::type_index type);
+  std::mutex attachments_mu_;
   std::vector<std::pair<std::type_index, std::unique_ptr<Attachment>>> attachments_;
 };
 

@@ -59,6 +59,7 @@ ParamList Coordinator::expand(const ParamList& params) const {
 }
 
 void Coordinator::add_leaf(const ParamList& params) {
+  const Entry entry(*this);
   if (params.empty()) fail(Code::InvalidArgument, "a leaf group needs at least one param");
   for (size_t i = 0; i < params.size(); ++i)
     if (leaf_of_.count(params[i].get()))
@@ -70,6 +71,7 @@ void Coordinator::add_leaf(const ParamList& params) {
 }
 
 void Coordinator::step_begin() {
+  const Entry entry(*this);
   if (in_step_) fail(Code::InvalidState, "step_begin: the previous step has not ended");
   in_step_ = true;
   current_.clear();
@@ -142,6 +144,7 @@ void Coordinator::adopt(const ParamList& gathered) {
 }
 
 void Coordinator::fetch(const ParamList& params) {
+  const Entry entry(*this);
   ctx_.check_async_error();
   const ParamList unit = expand(params);
   ++stats_.fetch_calls;
@@ -190,6 +193,7 @@ void Coordinator::release_one_param(Param& p) {
 }
 
 void Coordinator::release(const ParamList& params) {
+  const Entry entry(*this);
   for (const auto& p : expand(params)) {
     if (kept_.count(p.get())) continue;  // persistent for the step
     if (!live_.count(p.get())) {
@@ -238,6 +242,7 @@ void Coordinator::drop_all(const std::set<const Param*>& keep) {
 }
 
 void Coordinator::step_end() {
+  const Entry entry(*this);
   if (!in_step_) fail(Code::InvalidState, "step_end: no step has begun");
   in_step_ = false;
   ++stats_.steps;
@@ -272,6 +277,7 @@ void Coordinator::step_end() {
 }
 
 void Coordinator::on_params_updated() {
+  const Entry entry(*this);
   // The trace is the same on every rank (step_end compared it), so the
   // noted params and their order are too.
   refresh_.clear();
@@ -292,6 +298,7 @@ void Coordinator::on_params_updated() {
 }
 
 void Coordinator::refresh_persistent() {
+  const Entry entry(*this);
   ParamList todo, fresh;  // fresh: not gathered now, so a new buffer
   for (const auto& p : refresh_) {
     if (p->unregistered) continue;
@@ -314,10 +321,16 @@ void Coordinator::refresh_persistent() {
   for (const auto& p : todo) settle(ctx_, *p);
 }
 
-CoordStats Coordinator::stats() const {
+void Coordinator::publish() {
   CoordStats s = stats_;
   s.persistent_params = kept_.size();
-  return s;
+  std::lock_guard<std::mutex> held(published_mu_);
+  published_ = s;
+}
+
+CoordStats Coordinator::stats() const {
+  std::lock_guard<std::mutex> held(published_mu_);
+  return published_;
 }
 
 }  // namespace zs

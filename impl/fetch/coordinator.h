@@ -10,11 +10,12 @@
 // max_reuse_distance elements of the trace is not released in between.
 // Prefetching gathers everything the window adds in one collective. A step whose order differs from the
 // trace on any rank invalidates it on every rank, and the next step records
-// again. All calls expect the caller to hold ctx.lock().
+// again. Each call takes the engine lock itself; stats() reads without it.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -58,9 +59,20 @@ class Coordinator : public Context::Attachment {
   // again, into the buffers they have (one coalesced gather, waited for;
   // collective like the step), so views of them stay valid and current.
   void refresh_persistent();
+  // The counters as of the last call that returned; never waits for one
+  // in progress.
   CoordStats stats() const;
 
  private:
+  // An entry point's hold on the engine lock; on leaving, it publishes the
+  // counters for stats().
+  struct Entry {
+    explicit Entry(Coordinator& c) : coord(c), held(c.ctx_.lock()) {}
+    ~Entry() { coord.publish(); }
+    Coordinator& coord;
+    std::unique_lock<std::recursive_mutex> held;
+  };
+  void publish();
   ParamList expand(const ParamList& params) const;
   bool persistent(const Param& p) const;
   void prefetch_ahead();
@@ -88,6 +100,8 @@ class Coordinator : public Context::Attachment {
   std::map<const Param*, size_t> leaf_of_;
   std::vector<ParamList> leaves_;
   CoordStats stats_;
+  mutable std::mutex published_mu_;
+  CoordStats published_;
 };
 
 // The context's fetch coordinator, created on first use; null until then.

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "impl/device/ops.h"
+#include "impl/partition/register.h"
 
 namespace zs {
 namespace {
@@ -31,33 +32,40 @@ const std::shared_ptr<Group>& common_group(Context& ctx, const ParamList& params
   return group;
 }
 
-// The params holding an hpZ secondary shard, per context.
-struct Secondaries : Context::Attachment {
-  explicit Secondaries(Context&) {}
-  std::vector<std::weak_ptr<Param>> params;
+// The fetch layer's state per context: the params holding an hpZ
+// secondary shard; and, for a param being unregistered, its gather waited
+// out and its full buffer freed.
+struct FetchState : ParamKeeper {
+  explicit FetchState(Context& c) : ctx(c) {}
+  void forget(Param& p) override { release_when_done(ctx, p); }
+  Context& ctx;
+  std::vector<std::weak_ptr<Param>> secondaries;
 };
 
 }  // namespace
 
 void track_secondary(Context& ctx, const std::shared_ptr<Param>& param) {
-  ctx.attachment<Secondaries>().params.push_back(param);
-  ctx.memory().secondary_bytes += param->secondary->bytes();
+  const auto held = ctx.lock();
+  ctx.attachment<FetchState>().secondaries.push_back(param);
+  ctx.ledger().add(Held::Secondary, param->secondary->bytes());
 }
 
 void drop_secondaries(Context& ctx) {
-  auto* tracked = ctx.find_attachment<Secondaries>();
+  const auto held = ctx.lock();
+  auto* tracked = ctx.find_attachment<FetchState>();
   if (tracked == nullptr) return;
-  for (auto& weak : tracked->params) {
+  for (auto& weak : tracked->secondaries) {
     auto p = weak.lock();
     if (!p || !p->secondary) continue;
-    ctx.memory().secondary_bytes -= p->secondary->bytes();
+    ctx.ledger().sub(Held::Secondary, p->secondary->bytes());
     p->secondary.reset();
   }
-  tracked->params.clear();
+  tracked->secondaries.clear();
 }
 
-void settle(Context& ctx, Param& p) {
-  if (p.status != ParamStatus::Inflight || !p.inflight->done()) return;
+ParamStatus settle(Context& ctx, Param& p) {
+  const auto held = ctx.lock();
+  if (p.status != ParamStatus::Inflight || !p.inflight->done()) return p.status;
   try {
     p.inflight->rethrow_if_failed();
     p.status = ParamStatus::Available;
@@ -66,12 +74,13 @@ void settle(Context& ctx, Param& p) {
       track_secondary(ctx, p.shared_from_this());
     }
   } catch (const Error&) {
-    if (!p.full_aliases_shard) ctx.sub_gathered(p.full->bytes());
+    if (!p.full_aliases_shard) ctx.ledger().sub(Held::Gathered, p.full->bytes());
     p.full.reset();
     p.pending_secondary.reset();
     p.status = ParamStatus::NotAvailable;
   }
   p.inflight.reset();
+  return p.status;
 }
 
 namespace {
@@ -101,7 +110,9 @@ void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local
 }  // namespace
 
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered) {
+  const auto held = ctx.lock();
   ctx.check_async_error();
+  ctx.attachment<FetchState>();  // so that unregister_param lets go of what we gather
   const auto& group = common_group(ctx, params, "fetch");
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
@@ -140,7 +151,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   std::vector<BufferPtr> keep(fulls);
   std::shared_ptr<Work> work;
   const std::string what = "fetch of " + std::to_string(n) + " params";
-  ++ctx.counters().gathers;
+  ctx.ledger().count(Fetched::Gather);
   if (from_secondary) {
     const auto h = static_cast<uint64_t>(hpz->size());
     for (size_t i = 0; i < n; ++i) {
@@ -148,7 +159,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       segments.push_back({params[i]->secondary->data(), fulls[i]->data(), slice});
       keep.push_back(params[i]->secondary);
     }
-    ++ctx.counters().hpz_gathers;
+    ctx.ledger().count(Fetched::HpzGather);
     work = hpz->submit(what + " from hpZ secondary shards",
                        [segments, keep](Communicator& c) { c.allgather_coalesced(segments); });
   } else if (hierarchical) {
@@ -168,7 +179,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       keep.push_back(t1);
       keep.push_back(t2);
     }
-    ++ctx.counters().hierarchical_gathers;
+    ctx.ledger().count(Fetched::HierarchicalGather);
     auto first = inter->submit(what + " (MiCS hop 1: across nodes)",
                                [hop1, keep](Communicator& c) { c.allgather_coalesced(hop1); });
     std::vector<void*> dst;
@@ -216,17 +227,19 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     p.inflight = work;
     p.status = ParamStatus::Inflight;
   }
-  if (!alias) ctx.add_gathered(bytes);
+  if (!alias) ctx.ledger().add(Held::Gathered, bytes);
   return work;
 }
 
 void release_one(Context& ctx, Param& p) {
-  if (!p.full_aliases_shard) ctx.sub_gathered(p.full->bytes());
+  const auto held = ctx.lock();
+  if (!p.full_aliases_shard) ctx.ledger().sub(Held::Gathered, p.full->bytes());
   p.full.reset();
   p.status = ParamStatus::NotAvailable;
 }
 
 void release_when_done(Context& ctx, Param& p) {
+  const auto held = ctx.lock();
   settle(ctx, p);
   if (p.status == ParamStatus::Inflight) {
     try {
@@ -240,6 +253,7 @@ void release_when_done(Context& ctx, Param& p) {
 }
 
 void release_params(Context& ctx, const ParamList& params) {
+  const auto held = ctx.lock();
   common_group(ctx, params, "release");
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
@@ -253,7 +267,8 @@ void release_params(Context& ctx, const ParamList& params) {
   for (const auto& p : params) release_one(ctx, *p);
 }
 
-const BufferPtr& available_data(Context& ctx, Param& p, const char* what) {
+BufferPtr available_data(Context& ctx, Param& p, const char* what) {
+  const auto held = ctx.lock();
   settle(ctx, p);
   if (p.status != ParamStatus::Available)
     fail(Code::InvalidState, what, ": ", p.describe(), " is ", param_status_name(p.status),
@@ -263,6 +278,7 @@ const BufferPtr& available_data(Context& ctx, Param& p, const char* what) {
 }
 
 void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
+  const auto held = ctx.lock();
   ctx.check_async_error();
   const auto& group = common_group(ctx, params, "update");
   if (modifier_rank < 0 || modifier_rank >= group->size())

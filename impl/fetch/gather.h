@@ -2,7 +2,7 @@
 // full buffer, marks it INFLIGHT and queues one coalesced all-gather on the
 // params' group; the param becomes AVAILABLE once the gather is observed
 // complete (settle), and release frees the buffer again.
-// All functions expect the caller to hold ctx.lock().
+// Each function takes the engine lock itself.
 #pragma once
 
 #include <memory>
@@ -22,14 +22,15 @@ using ParamList = std::vector<std::shared_ptr<Param>>;
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered = false);
 
 // If an in-flight gather finished: AVAILABLE on success, back to
-// NOT_AVAILABLE (buffer freed) on failure.
-void settle(Context& ctx, Param& param);
+// NOT_AVAILABLE (buffer freed) on failure. Returns the status it leaves.
+ParamStatus settle(Context& ctx, Param& param);
 
 // Free the full data of AVAILABLE params; all-or-nothing.
 void release_params(Context& ctx, const ParamList& params);
 void release_one(Context& ctx, Param& param);
 // Wait out an in-flight gather (a failure is already the context's async
-// error), then release the param if it ended up gathered.
+// error), then release the param if it ended up gathered. What
+// unregister_param does for the fetch layer.
 void release_when_done(Context& ctx, Param& param);
 
 // GatheredParameters' exit: broadcast the full data from group rank
@@ -42,6 +43,7 @@ void track_secondary(Context& ctx, const std::shared_ptr<Param>& param);
 void drop_secondaries(Context& ctx);
 
 // The full data of an AVAILABLE param, or InvalidState naming its status.
-const BufferPtr& available_data(Context& ctx, Param& param, const char* what);
+// Shared, so the buffer outlives a release racing the caller's read.
+BufferPtr available_data(Context& ctx, Param& param, const char* what);
 
 }  // namespace zs

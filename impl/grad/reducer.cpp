@@ -9,6 +9,7 @@
 namespace zs {
 
 void GradReducer::set_accumulation_steps(int steps) {
+  const auto held = ctx_.lock();
   if (steps < 1) fail(Code::InvalidArgument, "accumulation steps ", steps, ": expected >= 1");
   grad_divisor_ = static_cast<float>(steps);
 }
@@ -29,6 +30,7 @@ GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& grou
 
 void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                        size_t bytes) {
+  const auto held = ctx_.lock();
   ctx_.check_async_error();
   Param& p = *param;
   if (dtype == DType::U8)
@@ -41,7 +43,7 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
   Device& dev = *ctx_.device();
   if (!p.grad) {
     p.grad = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
-    ctx_.memory().grad_bytes += p.grad->bytes();
+    ctx_.ledger().add(Held::Grads, p.grad->bytes());
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
   if (p.layout.numel == 0) return;
@@ -125,6 +127,7 @@ void GradReducer::flush(Bucket& b) {
 }
 
 void GradReducer::sync() {
+  const auto held = ctx_.lock();
   for (auto& [group, bucket] : open_) flush(bucket);
   open_.clear();
   auto pending = std::move(pending_);
@@ -166,21 +169,24 @@ void GradReducer::replica_average() {
   });
 }
 
-void GradReducer::forget(const Param& param) {
-  if (touched_set_.erase(&param) == 0) return;
-  touched_.erase(std::remove_if(touched_.begin(), touched_.end(),
-                                [&](const auto& p) { return p.get() == &param; }),
-                 touched_.end());
+void GradReducer::forget(Param& param) {
+  const auto held = ctx_.lock();
+  if (touched_set_.erase(&param) != 0)
+    touched_.erase(std::remove_if(touched_.begin(), touched_.end(),
+                                  [&](const auto& p) { return p.get() == &param; }),
+                   touched_.end());
+  if (!param.grad) return;
+  ctx_.ledger().sub(Held::Grads, param.grad->bytes());
+  param.grad.reset();
 }
 
-void forget_grad(Context& ctx, Param& p) {
-  if (!p.grad) return;
-  grads(ctx).forget(p);
-  ctx.memory().grad_bytes -= p.grad->bytes();
-  p.grad.reset();
+float* GradReducer::shard_data(Param& param) {
+  const auto held = ctx_.lock();
+  return param.grad ? static_cast<float*>(param.grad->data()) : nullptr;
 }
 
 void GradReducer::zero() {
+  const auto held = ctx_.lock();
   Device& dev = *ctx_.device();
   for (const auto& p : touched_)
     if (p->grad) dev.zero(p->grad->data(), p->grad->bytes());

@@ -3,7 +3,7 @@
 // shard r), so one reduce-scatter per bucket leaves each rank exactly its
 // shards, averaged over the group; the group thread then sums them into the
 // fp32 gradient shards. Buckets go out as they fill, overlapping the
-// trainer's backward. All calls expect the caller to hold ctx.lock().
+// trainer's backward. Each call takes the engine lock itself.
 #pragma once
 
 #include <map>
@@ -15,10 +15,11 @@
 #include "impl/core/context.h"
 #include "impl/device/buffer.h"
 #include "impl/partition/param.h"
+#include "impl/partition/register.h"
 
 namespace zs {
 
-class GradReducer : public Context::Attachment {
+class GradReducer : public ParamKeeper {
  public:
   explicit GradReducer(Context& ctx) : ctx_(ctx) {}
 
@@ -26,10 +27,14 @@ class GradReducer : public Context::Attachment {
   // Flush, wait, and (MiCS) average across the replica groups.
   void sync();
   void set_accumulation_steps(int steps);
+  // The param's fp32 gradient shard, or null before its first push.
+  float* shard_data(Param& param);
   // Zero every gradient shard (after an optimizer step).
   void zero();
-  // Drop a param that is being unregistered (sync first).
-  void forget(const Param& param);
+  // A param being unregistered (unregister_param calls this): the reducer
+  // forgets it, and its gradient shard is freed and uncounted. A bucket
+  // still in flight holds the shard itself.
+  void forget(Param& param) override;
 
  private:
   struct Bucket {
@@ -54,9 +59,5 @@ class GradReducer : public Context::Attachment {
 
 // The context's gradient reducer, created on first use.
 inline GradReducer& grads(Context& ctx) { return ctx.attachment<GradReducer>(); }
-
-// A param being unregistered: the reducer forgets it, and its gradient
-// shard is freed and uncounted.
-void forget_grad(Context& ctx, Param& param);
 
 }  // namespace zs

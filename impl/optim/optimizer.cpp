@@ -38,8 +38,9 @@ Optimizer::Optimizer(Context& ctx, OptimKind kind)
 }
 
 Optimizer::~Optimizer() {
+  const auto held = ctx_.lock();
   for (const auto& g : groups_)
-    for (const auto& s : g.slots) ctx_.memory().optimizer_bytes -= state_bytes(s);
+    for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
 }
 
 uint64_t Optimizer::state_bytes(const Slot& s) const {
@@ -68,6 +69,7 @@ void Optimizer::check_hparams(const Hparams& hp) const {
 }
 
 int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, const Hparams& hp) {
+  const auto held = ctx_.lock();
   check_hparams(hp);
   std::set<const Param*> mine;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -98,7 +100,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
     if (kind_ != OptimKind::Sgd)
       s.state2 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
-    ctx_.memory().optimizer_bytes += state_bytes(s);
+    ctx_.ledger().add(Held::Optimizer, state_bytes(s));
     group.slots.push_back(std::move(s));
   }
   ctx_.device()->synchronize();  // the states are readable once we return
@@ -117,11 +119,13 @@ std::vector<int> Optimizer::group_indices(int group) const {
 }
 
 void Optimizer::set_hparams(int group, const Hparams& hp) {
+  const auto held = ctx_.lock();
   check_hparams(hp);
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp = hp;
 }
 
 void Optimizer::set_lr(int group, double lr) {
+  const auto held = ctx_.lock();
   if (!(lr >= 0.0)) fail(Code::InvalidArgument, "learning rate ", lr, ": expected >= 0");
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp.lr = lr;
 }
@@ -140,7 +144,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
       // Momentum switched on after the group was made (set_hparams): the
       // buffer starts now, from this step's gradient, as torch's does.
       s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
-      ctx_.memory().optimizer_bytes += s.state1->bytes();
+      ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
       first = true;
     }
     kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
@@ -160,6 +164,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
 }
 
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
+  const auto held = ctx_.lock();
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
       if (s.param.get() != &p) continue;
@@ -175,11 +180,13 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
 }
 
 void Optimizer::set_steps(int64_t s) {
+  const auto held = ctx_.lock();
   if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
   step_ = s;
 }
 
 void Optimizer::sync_params() {
+  const auto held = ctx_.lock();
   for (auto& g : groups_)
     for (auto& s : g.slots)
       if (s.param->dtype != DType::F32)
@@ -193,7 +200,18 @@ void Optimizer::sync_params() {
   }
 }
 
+double Optimizer::loss_scale() const {
+  const auto held = ctx_.lock();
+  return scaler_.scale();
+}
+
+int64_t Optimizer::steps() const {
+  const auto held = ctx_.lock();
+  return step_;
+}
+
 StepResult Optimizer::step() {
+  const auto held = ctx_.lock();
   ctx_.check_async_error();
   grads(ctx_).sync();
 

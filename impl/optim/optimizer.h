@@ -1,7 +1,7 @@
 // The sharded optimizer: state sized to this rank's shards, fp32 masters
 // for 16-bit params, parameter groups with their own hyper-parameters, and
 // the step that turns synced gradient shards into updated param shards.
-// All calls expect the caller to hold the context's lock().
+// Each call takes the engine lock itself.
 #pragma once
 
 #include <memory>
@@ -37,10 +37,10 @@ class Optimizer {
   void set_hparams(int group, const Hparams& hp);
   void set_lr(int group, double lr);
   StepResult step();
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const;
   // Checkpoint access to a param's state (slot 0 master, 1, 2).
   float* state(const Param& p, int slot, uint64_t* numel);
-  int64_t steps() const { return step_; }
+  int64_t steps() const;
   void set_steps(int64_t s);
   // Rewrite 16-bit working shards from the masters (after a state load).
   void sync_params();

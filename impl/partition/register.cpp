@@ -46,6 +46,7 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
 }  // namespace
 
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
+  const auto held = ctx.lock();
   ctx.check_async_error();
   auto group = spec.group ? spec.group : ctx.partition_group();
   if (!group->member())
@@ -91,23 +92,26 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
            ": expected ZS_INIT_ZEROS (0) .. ZS_INIT_UNIFORM (4)");
   }
   ctx.device()->synchronize();
-  auto& mem = ctx.memory();
-  mem.shard_bytes += p->shard_bytes();
-  mem.unsharded_bytes += p->full_bytes();
-  mem.num_params += 1;
+  auto& ledger = ctx.ledger();
+  ledger.add(Held::Shards, p->shard_bytes());
+  ledger.add(Held::Unsharded, p->full_bytes());
+  ledger.count_param(+1);
   return p;
 }
 
 void unregister_param(Context& ctx, Param& p) {
+  const auto held = ctx.lock();
+  if (p.unregistered) return;
+  ctx.each_attachment<ParamKeeper>([&](ParamKeeper& keeper) { keeper.forget(p); });
   p.unregistered = true;
-  auto& mem = ctx.memory();
+  auto& ledger = ctx.ledger();
   if (p.secondary) {
-    mem.secondary_bytes -= p.secondary->bytes();
+    ledger.sub(Held::Secondary, p.secondary->bytes());
     p.secondary.reset();
   }
-  mem.shard_bytes -= p.shard_bytes();
-  mem.unsharded_bytes -= p.full_bytes();
-  mem.num_params -= 1;
+  ledger.sub(Held::Shards, p.shard_bytes());
+  ledger.sub(Held::Unsharded, p.full_bytes());
+  ledger.count_param(-1);
 }
 
 }  // namespace zs

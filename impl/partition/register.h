@@ -26,13 +26,22 @@ struct ParamSpec {
   std::shared_ptr<Group> group;  // null: the context's partition group
 };
 
-// Caller holds ctx.lock(). Collective over the group for FromRank.
+// Collective over the group for FromRank. Takes the engine lock.
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec);
 
-// Caller holds ctx.lock(), and has released the param if it was gathered
-// (fetch/ release_when_done) and freed its gradient (grad/ forget_grad):
-// marks it unregistered, drops its hpZ secondary shard, updates the memory
-// counters.
+// A layer above that keeps state per param (fetch/: a gathered copy in
+// flight or held; grad/: a gradient shard, maybe in a pending bucket)
+// keeps it in a context attachment implementing this, and is told here
+// when the param is unregistered, so that it lets go of that state first.
+class ParamKeeper : public Context::Attachment {
+ public:
+  virtual void forget(Param& param) = 0;
+};
+
+// Under the engine lock: every ParamKeeper forgets the param, then it is
+// marked unregistered, its hpZ secondary shard dropped and the memory
+// counters updated. Others holding the param (a coordinator's trace) see
+// the mark.
 void unregister_param(Context& ctx, Param& param);
 
 }  // namespace zs

@@ -24,18 +24,22 @@
  *
  *  - zs_context: its identity and settings (rank, world size, local rank
  *    and size, config JSON, unused and inactive keys, device) are fixed at
- *    create and never wait; zs_context_async_error never waits for work in
- *    progress. Every other call that reads or changes engine state (params,
- *    gathers, gradients, optimizers, the coordinator, zs_group_create, and
- *    the status queries zs_context_memory, zs_context_fetch_stats,
- *    zs_coord_get_stats, zs_param_get_info, zs_param_get_status) takes the
+ *    create and never wait. The status queries zs_context_memory,
+ *    zs_context_fetch_stats, zs_coord_get_stats and zs_context_async_error
+ *    never wait for work in progress either: they read counters kept
+ *    outside the engine lock (zs_coord_get_stats gives the counters as of
+ *    the last coordinator call that returned). Every other call that reads
+ *    or changes engine state (params, gathers, gradients, optimizers, the
+ *    coordinator's fetch/release/step markers, zs_group_create) takes the
  *    context's one engine lock: such calls on one context run one at a
- *    time, and each waits for the one in progress. That includes blocking
- *    ones: a status query issued during zs_optimizer_step returns after the
- *    whole step, and one issued during zs_coord_fetch or zs_param_register
- *    after their collectives. Calls on different contexts never wait on
- *    each other.
+ *    time, and each waits for the one in progress, blocking ones included
+ *    (zs_param_get_status issued during zs_optimizer_step returns after the
+ *    step; during zs_coord_fetch or zs_param_register, after their
+ *    collectives). Calls on different contexts never wait on each other.
  *  - zs_param, zs_optimizer: under their context's engine lock, as above.
+ *    zs_param_data, zs_param_copy_to and zs_param_to_dlpack hold the full
+ *    buffer while they use it, so a release from another thread cannot
+ *    free it under them.
  *  - zs_gather: zs_gather_wait waits for the gather without the engine lock
  *    (other calls on the context proceed meanwhile), then takes it briefly;
  *    zs_gather_destroy the same; zs_gather_test takes it briefly.
