@@ -14,6 +14,24 @@ void check_buffer(const void* p, size_t count, const char* arg) {
   if (p == nullptr && count > 0) fail(Code::InvalidArgument, arg, " is NULL");
 }
 
+// The largest buffer a collective accepts (64 TiB): far above any real
+// message, far below where count * element size * group size wraps.
+constexpr uint64_t kMaxCollectiveBytes = uint64_t{1} << 46;
+
+// Bytes of `count` elements of `dtype`, refused when the largest buffer the
+// call implies (count * group size elements for a gathered or scattered
+// side) is above kMaxCollectiveBytes, instead of wrapping.
+size_t checked_bytes(const char* what, size_t count, DType dtype, const Group& g, bool per_member) {
+  const uint64_t unit = dtype_size(dtype) * (per_member ? static_cast<uint64_t>(g.size()) : 1u);
+  const uint64_t largest_count = kMaxCollectiveBytes / unit;
+  if (count > largest_count)
+    fail(Code::InvalidArgument, what, ": count ", count, " of ", dtype_name(dtype),
+         per_member ? " times group size " + std::to_string(g.size()) : std::string(),
+         " exceeds the largest accepted buffer of ", kMaxCollectiveBytes, " bytes (largest count ",
+         largest_count, ")");
+  return count * dtype_size(dtype);
+}
+
 // Validate, queue fn on the group's thread, hand out a work handle.
 template <typename Fn>
 zs_status submit(zs_work* out, zs_group h, const char* what, Fn&& validate_and_make) {
@@ -98,8 +116,8 @@ ZS_API zs_status zs_group_world_rank(zs_group h, int group_rank, int* world_rank
 
 ZS_API zs_status zs_allgather(zs_work* out, zs_group h, const void* send, void* recv,
                               size_t count, zs_dtype dtype) {
-  return submit(out, h, "all-gather", [&](Group&) -> std::function<void(Communicator&)> {
-    const size_t bytes = count * dtype_size(checked_dtype(dtype, false));
+  return submit(out, h, "all-gather", [&](Group& g) -> std::function<void(Communicator&)> {
+    const size_t bytes = checked_bytes("all-gather", count, checked_dtype(dtype, false), g, true);
     check_buffer(send, count, "send");
     check_buffer(recv, count, "recv");
     return [=](Communicator& c) { c.allgather(send, recv, bytes); };
@@ -108,9 +126,10 @@ ZS_API zs_status zs_allgather(zs_work* out, zs_group h, const void* send, void* 
 
 ZS_API zs_status zs_reduce_scatter(zs_work* out, zs_group h, const void* send, void* recv,
                                    size_t recv_count, zs_dtype dtype, zs_reduce_op op) {
-  return submit(out, h, "reduce-scatter", [&](Group&) -> std::function<void(Communicator&)> {
+  return submit(out, h, "reduce-scatter", [&](Group& g) -> std::function<void(Communicator&)> {
     const DType t = checked_dtype(dtype, false);
     const ReduceOp o = checked_reduce_op(op);
+    checked_bytes("reduce-scatter", recv_count, t, g, true);
     check_buffer(send, recv_count, "send");
     check_buffer(recv, recv_count, "recv");
     return [=](Communicator& c) { c.reduce_scatter(send, recv, recv_count, t, o); };
@@ -119,9 +138,10 @@ ZS_API zs_status zs_reduce_scatter(zs_work* out, zs_group h, const void* send, v
 
 ZS_API zs_status zs_allreduce(zs_work* out, zs_group h, const void* send, void* recv,
                               size_t count, zs_dtype dtype, zs_reduce_op op) {
-  return submit(out, h, "all-reduce", [&](Group&) -> std::function<void(Communicator&)> {
+  return submit(out, h, "all-reduce", [&](Group& g) -> std::function<void(Communicator&)> {
     const DType t = checked_dtype(dtype, false);
     const ReduceOp o = checked_reduce_op(op);
+    checked_bytes("all-reduce", count, t, g, false);
     check_buffer(send, count, "send");
     check_buffer(recv, count, "recv");
     return [=](Communicator& c) { c.allreduce(send, recv, count, t, o); };
@@ -131,7 +151,7 @@ ZS_API zs_status zs_allreduce(zs_work* out, zs_group h, const void* send, void* 
 ZS_API zs_status zs_broadcast(zs_work* out, zs_group h, void* buf, size_t count, zs_dtype dtype,
                               int root) {
   return submit(out, h, "broadcast", [&](Group& g) -> std::function<void(Communicator&)> {
-    const size_t bytes = count * dtype_size(checked_dtype(dtype, false));
+    const size_t bytes = checked_bytes("broadcast", count, checked_dtype(dtype, false), g, false);
     check_buffer(buf, count, "buf");
     if (root < 0 || root >= g.size())
       fail(Code::InvalidArgument, "root ", root, " is out of range for group '", g.name(),

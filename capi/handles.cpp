@@ -134,16 +134,28 @@ Resolved<Optimizer> optimizer_of(zs_optimizer h, const char* arg) {
 ParamList params_of(const std::shared_ptr<Context>& ctx, const zs_param* handles, size_t n,
                     const char* arg) {
   if (handles == nullptr && n > 0) fail(Code::InvalidArgument, arg, " is NULL");
-  ParamList out;
-  out.reserve(n);
   auto& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
+  // Every param is a handle of the table, so a larger n cannot be right
+  // (and must not size the list below).
+  if (n > t.entries.size())
+    fail(Code::InvalidArgument, arg, ": n is ", n, ", more than the ", t.entries.size(),
+         " live handles of this process");
+  ParamList out;
+  out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
+    const auto h = reinterpret_cast<uintptr_t>(handles[i]);
+    auto it = t.entries.find(h);
+    if (it != t.entries.end() && it->second.kind == Kind::Param && it->second.ctx_id == ctx->id()) {
+      out.push_back(std::static_pointer_cast<Param>(it->second.obj));
+      continue;
+    }
+    // Not one of this context's params: say which and why (names built
+    // only here, off the path every fetch takes).
     const std::string name = std::string(arg) + "[" + std::to_string(i) + "]";
-    auto r = resolve_locked<Param>(t, Kind::Param, reinterpret_cast<uintptr_t>(handles[i]),
-                                   name.c_str());
+    auto r = resolve_locked<Param>(t, Kind::Param, h, name.c_str());
     if (r.ctx != ctx) fail(Code::InvalidArgument, name, " belongs to another context");
-    out.push_back(std::move(r.obj));
+    fail(Code::InvalidHandle, name, " could not be resolved");
   }
   return out;
 }

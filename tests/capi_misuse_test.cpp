@@ -230,6 +230,22 @@ TEST_F(Misuse, BadWaitAndCollectiveArguments) {
   expect_error(zs_allgather(&w, world, nullptr, &x, 1, ZS_FLOAT32), ZS_ERR_INVALID_ARGUMENT, "send is NULL");
   expect_error(zs_context_group(&world, ctx_, static_cast<zs_group_kind>(12)), ZS_ERR_INVALID_ARGUMENT,
                "group kind 12");
+  // Counts whose byte size would wrap are refused, naming the largest count.
+  ZS_ASSERT_OK(zs_context_group(&world, ctx_, ZS_GROUP_WORLD));
+  const size_t huge = SIZE_MAX / 2 + 3;
+  expect_error(zs_allgather(&w, world, &x, &x, huge, ZS_FLOAT32), ZS_ERR_INVALID_ARGUMENT,
+               "exceeds the largest accepted buffer of 70368744177664 bytes (largest count 17592186044416)");
+  expect_error(zs_reduce_scatter(&w, world, &x, &x, huge, ZS_BFLOAT16, ZS_SUM), ZS_ERR_INVALID_ARGUMENT,
+               "reduce-scatter: count");
+  expect_error(zs_allreduce(&w, world, &x, &x, huge, ZS_FLOAT16, ZS_SUM), ZS_ERR_INVALID_ARGUMENT,
+               "all-reduce: count");
+  expect_error(zs_broadcast(&w, world, &x, huge, ZS_UINT8, 0), ZS_ERR_INVALID_ARGUMENT,
+               "broadcast: count");
+  EXPECT_EQ(w, nullptr);
+  // A param count no handle table could back is refused before any list is sized.
+  zs_gather g2 = nullptr;
+  expect_error(zs_fetch(&g2, ctx_, &param_, size_t{1} << 60), ZS_ERR_INVALID_ARGUMENT,
+               "params: n is 1152921504606846976, more than the");
   zs_gather_destroy(g);
 }
 

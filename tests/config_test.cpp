@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -28,6 +29,18 @@ std::string config_error(const std::string& json, int world_size = 0) {
     return e.what();
   }
   ADD_FAILURE() << "parse_config accepted: " << json;
+  return "";
+}
+
+// The message of the InvalidConfig error that reading the file raises.
+std::string config_file_error(const std::string& path) {
+  try {
+    zs::parse_config_file(path, 0);
+  } catch (const zs::Error& e) {
+    EXPECT_EQ(e.code(), zs::Code::InvalidConfig) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "parse_config_file accepted: " << path;
   return "";
 }
 
@@ -717,8 +730,70 @@ TEST(ConfigFile, DirectoryIsNotAConfig) {
     FAIL() << "directory accepted";
   } catch (const zs::Error& e) {
     EXPECT_EQ(e.code(), zs::Code::InvalidConfig);
-    expect_mentions(e.what(), {"cannot read config file '/tmp'"});
+    expect_mentions(e.what(), {"config file '/tmp' is a directory, expected a regular file"});
   }
+}
+
+// /dev/zero and a FIFO with no writer would be read forever (or block):
+// refused up front, as anything but a regular file.
+TEST(ConfigFile, DevicesAndFifosAreRefused) {
+  expect_mentions(config_file_error("/dev/zero"), {"'/dev/zero' is a device, expected a regular file"});
+  const std::string fifo = "/tmp/zs_config_fifo_" + std::to_string(static_cast<long>(::getpid()));
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string message = config_file_error(fifo);
+  std::remove(fifo.c_str());
+  expect_mentions(message, {"is a FIFO, expected a regular file"});
+}
+
+TEST(ConfigFile, LargerThanTheLimitIsRefused) {
+  const std::string path =
+      "/tmp/zs_config_big_" + std::to_string(static_cast<long>(::getpid())) + ".json";
+  {
+    std::ofstream out(path);
+    out << "{\"x\": \"" << std::string(size_t{1} << 20, 'a') << "\"}";
+  }
+  const std::string message = config_file_error(path);
+  std::remove(path.c_str());
+  expect_mentions(message, {"is 1048585 bytes, expected at most 1048576"});
+}
+
+// Hostile text is refused as it is read: far too big, too deep, too many
+// keys in one object. (Before the limits, 200k keys took 23 s and 100k
+// levels of nesting 21 s: quadratic.)
+TEST(ConfigLimits, SizeDepthAndKeysPerObject) {
+  expect_mentions(config_error(std::string(size_t{1} << 21, ' ') + "{}"),
+                  {"the config is 2097154 bytes, expected at most 1048576"});
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(100000, '}');
+  expect_mentions(config_error(deep), {"a.a.a", ": nested more than 32 levels deep"});
+  std::string many = "{\"zero_optimization\": {";
+  for (int i = 0; i < 20000; ++i) many += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 1";
+  many += "}}";
+  expect_mentions(config_error(many),
+                  {"zero_optimization: more than 512 keys in one object, expected at most 512"});
+  // Arrays nest too.
+  expect_mentions(config_error("{\"x\": " + std::string(40, '[') + std::string(40, ']') + "}"),
+                  {"x[]", "nested more than 32 levels"});
+}
+
+// Element counts have a largest accepted value, named in the message, so a
+// size near 2^62 cannot wrap into a small allocation later.
+TEST(ConfigLimits, ElementCountsHaveALargestValue) {
+  for (const char* key : {"reduce_bucket_size", "allgather_bucket_size", "sub_group_size",
+                          "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                          "stage3_model_persistence_threshold", "stage3_max_live_parameters",
+                          "stage3_max_reuse_distance"}) {
+    expect_mentions(config_error(std::string("{\"zero_optimization\": {\"") + key +
+                                 "\": 4611686018427387904}}"),
+                    {key, "got 4611686018427387904", "[0, 1125899906842624]"});
+  }
+  expect_mentions(config_error("{\"aio\": {\"queue_depth\": 100000}}"), {"aio.queue_depth", "[1, 32768]"});
+  expect_mentions(config_error("{\"aio\": {\"block_size\": 4e9}}"), {"aio.block_size", "[1, 1073741824]"});
+  // DeepSpeed's usual exponent spellings stay accepted.
+  EXPECT_EQ(parse_config("{\"zero_optimization\": {\"reduce_bucket_size\": 5e8, "
+                         "\"stage3_max_live_parameters\": 1e9}}", 0).reduce_bucket_size,
+            500000000);
 }
 
 TEST(ConfigFile, ReadsAndParsesFile) {

@@ -17,6 +17,10 @@
 #include <sstream>
 #include <utility>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "impl/common/error.h"
@@ -29,6 +33,16 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr size_t kMaxShownValue = 60;
+// A DeepSpeed config is a few KiB, a few levels deep, tens of keys per
+// section. The limits refuse hostile or broken input (a 200k-key object,
+// 100k levels of nesting, /dev/zero) in time linear in what was read,
+// long before ordered_json's per-key insertion cost could grow.
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
+constexpr int kMaxConfigDepth = 32;
+constexpr size_t kMaxKeysPerObject = 512;
+// Element counts (bucket sizes, thresholds, live limits): 2^50 is beyond
+// any model and keeps sums of a few of them far from int64 overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 50;
 constexpr size_t kMaxSuggestDistance = 2;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -325,8 +339,8 @@ void parse_offload_param(Section& s, OffloadConfig& out) {
   if (auto e = s.given({"nvme_path"})) out.nvme_path = to_string(*e);
   s.read({"pin_memory"}, out.pin_memory);
   s.read({"buffer_count"}, out.buffer_count, 0);
-  s.read({"buffer_size"}, out.buffer_size, 0);
-  s.read({"max_in_cpu"}, out.max_in_cpu, 0);
+  s.read({"buffer_size"}, out.buffer_size, 0, kMaxElements);
+  s.read({"max_in_cpu"}, out.max_in_cpu, 0, kMaxElements);
   s.reject_unknown();
   require_nvme_path(s, out);
 }
@@ -405,22 +419,22 @@ void skip_zero_extras(Section& zero) {
 
 void parse_zero(Section& zero, Config& c) {
   zero.read({"stage"}, c.stage, 0, 3);
-  zero.read({"reduce_bucket_size"}, c.reduce_bucket_size, 0);
-  zero.read({"allgather_bucket_size"}, c.allgather_bucket_size, 0);
+  zero.read({"reduce_bucket_size"}, c.reduce_bucket_size, 0, kMaxElements);
+  zero.read({"allgather_bucket_size"}, c.allgather_bucket_size, 0, kMaxElements);
   zero.read({"overlap_comm"}, c.overlap_comm);
   zero.read({"contiguous_gradients"}, c.contiguous_gradients);
   zero.read({"reduce_scatter"}, c.reduce_scatter);
-  zero.read({"sub_group_size"}, c.sub_group_size, 0);
+  zero.read({"sub_group_size"}, c.sub_group_size, 0, kMaxElements);
   zero.read({"prefetch_bucket_size", "stage3_prefetch_bucket_size"},
-            c.prefetch_bucket_size, 0);
+            c.prefetch_bucket_size, 0, kMaxElements);
   zero.read({"param_persistence_threshold", "stage3_param_persistence_threshold"},
-            c.param_persistence_threshold, 0);
+            c.param_persistence_threshold, 0, kMaxElements);
   zero.read({"model_persistence_threshold", "stage3_model_persistence_threshold"},
-            c.model_persistence_threshold, 0);
+            c.model_persistence_threshold, 0, kMaxElements);
   zero.read({"max_live_parameters", "stage3_max_live_parameters"},
-            c.max_live_parameters, 0);
+            c.max_live_parameters, 0, kMaxElements);
   zero.read({"max_reuse_distance", "stage3_max_reuse_distance"},
-            c.max_reuse_distance, 0);
+            c.max_reuse_distance, 0, kMaxElements);
   zero.read({"gather_16bit_weights_on_model_save",
              "stage3_gather_16bit_weights_on_model_save",
              "stage3_gather_fp16_weights_on_model_save",
@@ -438,10 +452,12 @@ void parse_zero(Section& zero, Config& c) {
 }
 
 void parse_aio(Section& aio, AioConfig& out) {
-  aio.read({"block_size"}, out.block_size, 1);
-  aio.read({"queue_depth"}, out.queue_depth, 1);
+  // Bounds: a 1 GiB I/O block, io_uring's largest ring (32768 entries), and
+  // more I/O threads than any machine has cores.
+  aio.read({"block_size"}, out.block_size, 1, int64_t{1} << 30);
+  aio.read({"queue_depth"}, out.queue_depth, 1, 32768);
   // Older DeepSpeed calls it thread_count, newer intra_op_parallelism.
-  aio.read({"intra_op_parallelism", "thread_count"}, out.thread_count, 1);
+  aio.read({"intra_op_parallelism", "thread_count"}, out.thread_count, 1, 1024);
   aio.read({"single_submit"}, out.single_submit);
   aio.read({"overlap_events"}, out.overlap_events);
   aio.skip({"use_gds"}, Kind::Bool);
@@ -551,13 +567,19 @@ void check_topology(const Config& c, int world_size) {
 
 // ---- JSON text
 
-// DeepSpeed loads configs with a hook that rejects duplicate keys; so do we.
+// DeepSpeed loads configs with a hook that rejects duplicate keys; so do we,
+// and refuse nesting deeper than kMaxConfigDepth and objects of more than
+// kMaxKeysPerObject keys as they are read.
 class DuplicateKeyCheck {
  public:
   bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
+        if (frames_.size() >= static_cast<size_t>(kMaxConfigDepth))
+          fail(Code::InvalidConfig, child_path().empty() ? "the config" : child_path(),
+               ": nested more than ", kMaxConfigDepth, " levels deep, expected at most ",
+               kMaxConfigDepth);
         frames_.push_back({child_path(), {}, {},
                            event == Json::parse_event_t::array_start});
         break;
@@ -568,6 +590,10 @@ class DuplicateKeyCheck {
       case Json::parse_event_t::key: {
         Frame& frame = frames_.back();
         frame.key = parsed.get<std::string>();
+        if (frame.keys.size() >= kMaxKeysPerObject)
+          fail(Code::InvalidConfig, frame.path.empty() ? "the config" : frame.path,
+               ": more than ", kMaxKeysPerObject, " keys in one object, expected at most ",
+               kMaxKeysPerObject);
         if (!frame.keys.insert(frame.key).second) {
           fail(Code::InvalidConfig, join_path(frame.path, frame.key),
                ": duplicate key, expected each key once");
@@ -598,6 +624,9 @@ class DuplicateKeyCheck {
 };
 
 Json parse_json(const std::string& text) {
+  if (text.size() > kMaxConfigBytes)
+    fail(Code::InvalidConfig, "the config is ", text.size(), " bytes, expected at most ",
+         kMaxConfigBytes);
   DuplicateKeyCheck check;
   try {
     return Json::parse(text, [&check](int depth, Json::parse_event_t event, Json& parsed) {
@@ -707,21 +736,38 @@ Config parse_config(const std::string& json_text, int world_size) {
 }
 
 Config parse_config_file(const std::string& path, int world_size) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    fail(Code::InvalidConfig, "cannot read config file '", path, "': ",
-         std::strerror(errno));
-  }
+  // A regular file only (not a FIFO, a device or a directory), and no more
+  // than kMaxConfigBytes of it: /dev/zero must not be read forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    fail(Code::InvalidConfig, "cannot read config file '", path, "': ", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    fail(Code::InvalidConfig, "cannot read config file '", path, "': ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail(Code::InvalidConfig, "config file '", path, "' is ",
+         S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file",
+         ", expected a regular file");
+  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes)
+    fail(Code::InvalidConfig, "config file '", path, "' is ", st.st_size,
+         " bytes, expected at most ", kMaxConfigBytes);
   std::string text;
   char buffer[65536];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) text.append(buffer, n);
-  // fopen succeeds on a directory on Linux; the read is what fails (EISDIR).
-  const int read_errno = std::ferror(file) ? errno : 0;
-  std::fclose(file);
-  if (read_errno != 0) {
-    fail(Code::InvalidConfig, "cannot read config file '", path, "': ",
-         std::strerror(read_errno));
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      fail(Code::InvalidConfig, "cannot read config file '", path, "': ", std::strerror(errno));
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    if (text.size() > kMaxConfigBytes)  // it grew while we read it
+      fail(Code::InvalidConfig, "config file '", path, "' is more than ", kMaxConfigBytes,
+           " bytes, expected at most ", kMaxConfigBytes);
   }
   return parse_config(text, world_size);
 }

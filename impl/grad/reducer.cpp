@@ -102,7 +102,9 @@ void GradReducer::flush(Bucket& b) {
   const auto group = std::move(b.group);
   b = Bucket{};
   // The task holds the gradient shards themselves, so a param unregistered
-  // meanwhile cannot pull them away from under it.
+  // meanwhile cannot pull them away from under it. One unregistered while
+  // its gradient sat in this bucket has none: its block still goes through
+  // the collective (the peers' layout has it), and its result is dropped.
   std::vector<BufferPtr> shards;
   std::vector<uint64_t> sizes;
   for (const auto& p : params) {
@@ -116,7 +118,8 @@ void GradReducer::flush(Bucket& b) {
         comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
         const auto* src = static_cast<const float*>(mine.data());
         for (size_t i = 0; i < shards.size(); ++i)
-          ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
+          if (shards[i])
+            ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
         devp->synchronize();
       });
   if (ctx_.config().overlap_comm) {

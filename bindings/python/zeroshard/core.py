@@ -22,6 +22,7 @@ import atexit
 import ctypes
 import json
 import os
+import stat
 import sys
 import threading
 import warnings
@@ -282,6 +283,32 @@ def version():
     return ffi.string(lib.zs_version(ffi.NULL, ffi.NULL, ffi.NULL)).decode("ascii")
 
 
+# The engine's limit on a config's size (impl/config/config.cpp).
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config_file(path):
+    """A config file's text, read as the engine reads one: a regular file of
+    at most _MAX_CONFIG_BYTES (never a FIFO or /dev/zero read forever)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise errors.InvalidConfigError("cannot read config file '%s': %s" % (path, e.strerror),
+                                        errors.InvalidConfigError.status_code) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise errors.InvalidConfigError(
+            "config file '%s' is not a regular file, expected a regular file" % path,
+            errors.InvalidConfigError.status_code)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(_MAX_CONFIG_BYTES + 1)
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise errors.InvalidConfigError(
+            "config file '%s' is more than %d bytes, expected at most %d"
+            % (path, _MAX_CONFIG_BYTES, _MAX_CONFIG_BYTES), errors.InvalidConfigError.status_code)
+    return data.decode("utf-8")
+
+
 def config_check(config, world_size=0):
     """Validate a DeepSpeed config (dict, JSON text or path) without a context.
 
@@ -289,8 +316,7 @@ def config_check(config, world_size=0):
     world_size <= 0 skips the topology checks."""
     text, path = _config_source(config)
     if path is not None:
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
+        text = _read_config_file(path)
     if text is None:
         text = "{}"
     check(lib.zs_config_check(text.encode("utf-8"), int(world_size)))
