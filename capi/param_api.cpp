@@ -216,6 +216,10 @@ ZS_API zs_status zs_release(zs_context h, const zs_param* params, size_t n) {
   });
 }
 
+ZS_API zs_status zs_param_write(zs_param h, const void* data, size_t data_bytes) {
+  return with_param(h, [&](Context& ctx, Param& p) { write_param(ctx, p, data, data_bytes); });
+}
+
 ZS_API zs_status zs_param_update(zs_context h, const zs_param* params, size_t n,
                                  int modifier_rank) {
   return guarded([&] {

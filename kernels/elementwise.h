@@ -128,6 +128,16 @@ ZS_HD inline float fp16_to_float(uint16_t h) {
 ZS_HD inline uint32_t abs_bits(float x) { return float_bits(x) & 0x7fffffffu; }
 ZS_HD inline bool is_finite_bits(uint32_t abs) { return abs < 0x7f800000u; }
 
+// A 16-bit param's fp32 master after its working copy was rewritten: the
+// master stays where the working value is still its rounding (its extra
+// precision is kept), and takes the working value where that changed.
+ZS_HD inline float refreshed_master(float master, float working, WorkDtype t) {
+  const float rounded = t == WorkDtype::BF16   ? bf16_to_float(float_to_bf16(master))
+                        : t == WorkDtype::F16 ? fp16_to_float(float_to_fp16(master))
+                                              : master;
+  return float_bits(rounded) == float_bits(working) ? master : working;
+}
+
 // Element i of a working-dtype buffer.
 ZS_HD inline void store_work1(void* w, WorkDtype t, size_t i, float x) {
   switch (t) {

@@ -386,6 +386,13 @@ void cast_to_f32(const void* src, WorkDtype t, float* dst, size_t n) {
   parallel_for(n, kGrain, [&](size_t b, size_t e) { I->to_f32(work_at(src, t, b), t, dst + b, e - b); });
 }
 
+void refresh_master(const void* working, WorkDtype t, float* master, size_t n) {
+  if (n == 0) return;
+  parallel_for(n, kGrain, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) master[i] = refreshed_master(master[i], load_work1(working, t, i), t);
+  });
+}
+
 void add_to_f32(const void* src, WorkDtype t, float* dst, size_t n) {
   if (n == 0) return;
   const Impl* I = impl();

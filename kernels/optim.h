@@ -79,6 +79,8 @@ void cast_from_f32(const float* src, void* dst, WorkDtype t, size_t n);
 void cast_to_f32(const void* src, WorkDtype t, float* dst, size_t n);
 // dst += widen(src), for gradient accumulation.
 void add_to_f32(const void* src, WorkDtype t, float* dst, size_t n);
+// master[i] = refreshed_master(master[i], widen(working[i])).
+void refresh_master(const void* working, WorkDtype t, float* master, size_t n);
 
 // SIMD dispatch.
 enum class SimdPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };

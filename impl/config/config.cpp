@@ -40,8 +40,11 @@ constexpr size_t kMaxShownValue = 60;
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 constexpr int kMaxConfigDepth = 32;
 constexpr size_t kMaxKeysPerObject = 512;
-// Element counts (bucket sizes, thresholds, live limits): 2^50 is beyond
-// any model and keeps sums of a few of them far from int64 overflow.
+// Element counts the engine allocates buffers of (bucket and sub-group
+// sizes): 2^50 is beyond any model, and far from where a size in bytes
+// wraps. Thresholds and limits that are only compared (persistence,
+// max_live_parameters; DeepSpeed writes sys.maxsize for "none") take any
+// int64.
 constexpr int64_t kMaxElements = int64_t{1} << 50;
 constexpr size_t kMaxSuggestDistance = 2;
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -340,7 +343,7 @@ void parse_offload_param(Section& s, OffloadConfig& out) {
   s.read({"pin_memory"}, out.pin_memory);
   s.read({"buffer_count"}, out.buffer_count, 0);
   s.read({"buffer_size"}, out.buffer_size, 0, kMaxElements);
-  s.read({"max_in_cpu"}, out.max_in_cpu, 0, kMaxElements);
+  s.read({"max_in_cpu"}, out.max_in_cpu, 0);
   s.reject_unknown();
   require_nvme_path(s, out);
 }
@@ -426,15 +429,15 @@ void parse_zero(Section& zero, Config& c) {
   zero.read({"reduce_scatter"}, c.reduce_scatter);
   zero.read({"sub_group_size"}, c.sub_group_size, 0, kMaxElements);
   zero.read({"prefetch_bucket_size", "stage3_prefetch_bucket_size"},
-            c.prefetch_bucket_size, 0, kMaxElements);
+            c.prefetch_bucket_size, 0);
   zero.read({"param_persistence_threshold", "stage3_param_persistence_threshold"},
-            c.param_persistence_threshold, 0, kMaxElements);
+            c.param_persistence_threshold, 0);
   zero.read({"model_persistence_threshold", "stage3_model_persistence_threshold"},
-            c.model_persistence_threshold, 0, kMaxElements);
+            c.model_persistence_threshold, 0);
   zero.read({"max_live_parameters", "stage3_max_live_parameters"},
-            c.max_live_parameters, 0, kMaxElements);
+            c.max_live_parameters, 0);
   zero.read({"max_reuse_distance", "stage3_max_reuse_distance"},
-            c.max_reuse_distance, 0, kMaxElements);
+            c.max_reuse_distance, 0);
   zero.read({"gather_16bit_weights_on_model_save",
              "stage3_gather_16bit_weights_on_model_save",
              "stage3_gather_fp16_weights_on_model_save",

@@ -58,6 +58,12 @@ void add_f32(Device& dev, float* dst, const float* src, size_t n) {
   reduce_f32(dst, src, n, ReduceOp::Sum);
 }
 
+void refresh_master(Device& dev, const void* working, DType dtype, float* master, size_t n) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, refresh_master, working, work_dtype(dtype), master, n)
+  kernels::refresh_master(working, work_dtype(dtype), master, n);
+}
+
 void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n) {
   if (n == 0) return;
   ZS_ON_CUDA(dev, cast_to_f32, src, work_dtype(dtype), dst, n)

@@ -21,6 +21,10 @@ void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t 
 void add_f32(Device& dev, float* dst, const float* src, size_t n);  // dst += src
 void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n);
 void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n);
+// A 16-bit param's fp32 master after its working shard was rewritten: keeps
+// the master where the working value is still its rounding, takes the
+// working value where it changed (kernels::refreshed_master).
+void refresh_master(Device& dev, const void* working, DType dtype, float* master, size_t n);
 // Sum of squares in double, and whether every element is finite, of each
 // range at once (one synchronisation for all of them on a GPU).
 struct Range {

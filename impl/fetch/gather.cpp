@@ -291,6 +291,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   });
   std::vector<ops::Copy> copies;
   for (const auto& p : params) {
+    ++p->shard_version;
     if (p->full_aliases_shard || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
     copies.push_back({p->shard->data(),
@@ -299,6 +300,27 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   }
   ops::copy_many(*ctx.device(), copies);
   ctx.device()->synchronize();
+}
+
+void write_param(Context& ctx, Param& p, const void* data, size_t bytes) {
+  const auto held = ctx.lock();
+  ctx.check_async_error();
+  if (bytes != p.full_bytes())
+    fail(Code::BufferSize, "write: ", p.describe(), ": data_bytes is ", bytes, ", expected ",
+         p.full_bytes(), " (", p.layout.numel, " elements of ", dtype_name(p.dtype), ")");
+  if (data == nullptr && bytes > 0) fail(Code::InvalidArgument, "write: data is NULL");
+  if (settle(ctx, p) == ParamStatus::Inflight)
+    fail(Code::InvalidState, "write: ", p.describe(), " is INFLIGHT: wait for its gather first");
+  Device& dev = *ctx.device();
+  const size_t elem = p.elem_bytes();
+  const auto* src = static_cast<const uint8_t*>(data);
+  drop_secondaries(ctx);  // a secondary shard would serve the old values
+  if (p.status == ParamStatus::Available && !p.full_aliases_shard)
+    dev.copy(p.full->data(), src, bytes);
+  if (p.layout.shard_valid > 0)
+    dev.copy(p.shard->data(), src + p.layout.shard_offset * elem, p.layout.shard_valid * elem);
+  dev.synchronize();
+  ++p.shard_version;
 }
 
 }  // namespace zs

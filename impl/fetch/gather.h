@@ -35,7 +35,14 @@ void release_when_done(Context& ctx, Param& param);
 
 // GatheredParameters' exit: broadcast the full data from group rank
 // modifier_rank and rewrite every member's shard from it. Blocking.
+// The params' shard_version moves on.
 void update_params(Context& ctx, const ParamList& params, int modifier_rank);
+
+// Every rank holds the same full values for the param (numel elements of
+// its dtype, on the host or the context's device): this rank's shard is
+// rewritten from them, and its full buffer too while AVAILABLE. Local, no
+// traffic; the shard_version moves on. A torch `param.data = t`.
+void write_param(Context& ctx, Param& param, const void* data, size_t bytes);
 
 // hpZ: the params holding a secondary shard are remembered; every one is
 // dropped when the shards change (optimizer step, GatheredParameters update).

@@ -46,6 +46,7 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
     ctx_.ledger().add(Held::Grads, p.grad->bytes());
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
+  p.grad_pushed = true;
   if (p.layout.numel == 0) return;
 
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
@@ -191,8 +192,10 @@ float* GradReducer::shard_data(Param& param) {
 void GradReducer::zero() {
   const auto held = ctx_.lock();
   Device& dev = *ctx_.device();
-  for (const auto& p : touched_)
+  for (const auto& p : touched_) {
     if (p->grad) dev.zero(p->grad->data(), p->grad->bytes());
+    p->grad_pushed = false;
+  }
 }
 
 }  // namespace zs

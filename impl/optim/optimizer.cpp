@@ -94,6 +94,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float));
       ops::cast_to_f32(*ctx_.device(), p->shard->data(), p->dtype,
                        static_cast<float*>(s.master->data()), n);
+      s.master_of_version = p->shard_version;
     }
     const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
     if (needs_momentum)
@@ -133,13 +134,20 @@ void Optimizer::set_lr(int group, double lr) {
 void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
-  if (n == 0 || !p.grad) return;  // no gradient this step: the param stays
+  if (n == 0 || !p.grad || !p.grad_pushed) return;  // no gradient this step: the param stays
   auto* master = static_cast<float*>(s.master->data());
+  if (s.master != p.shard && s.master_of_version != p.shard_version) {
+    // The shard was rewritten since (GatheredParameters, a param.data
+    // assignment): where its values changed they are the truth, not the
+    // old master; where they did not, the master keeps its precision.
+    ops::refresh_master(*ctx_.device(), p.shard->data(), p.dtype, master, n);
+    s.master_of_version = p.shard_version;
+  }
   const auto* grad = static_cast<const float*>(p.grad->data());
   void* working = p.dtype == DType::F32 ? nullptr : p.shard->data();
   const auto& hp = g.hp;
   if (kind_ == OptimKind::Sgd) {
-    bool first = step_ == 0;
+    bool first = s.updates == 0;
     if (hp.momentum > 0.0 && !s.state1) {
       // Momentum switched on after the group was made (set_hparams): the
       // buffer starts now, from this step's gradient, as torch's does.
@@ -153,14 +161,16 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     ops::sgd_step(*ctx_.device(), master,
                   s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n, h,
                   grad_scale, working, p.dtype);
+    ++s.updates;
     return;
   }
   kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                        static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
                        static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
-                       hp.bias_correction, step_ + 1};
+                       hp.bias_correction, s.updates + 1};
   ops::adam_step(*ctx_.device(), master, static_cast<float*>(s.state1->data()),
                  static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working, p.dtype);
+  ++s.updates;
 }
 
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
@@ -183,15 +193,20 @@ void Optimizer::set_steps(int64_t s) {
   const auto held = ctx_.lock();
   if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
   step_ = s;
+  // A restored state: every param as if updated at each of those steps.
+  for (auto& g : groups_)
+    for (auto& slot : g.slots) slot.updates = s;
 }
 
 void Optimizer::sync_params() {
   const auto held = ctx_.lock();
   for (auto& g : groups_)
     for (auto& s : g.slots)
-      if (s.param->dtype != DType::F32)
+      if (s.param->dtype != DType::F32) {
         ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
                            s.param->dtype, s.param->shard->data(), s.param->layout.shard_numel);
+        s.master_of_version = s.param->shard_version;  // the loaded master is the truth
+      }
   ctx_.device()->synchronize();
   drop_secondaries(ctx_);
   if (Coordinator* coord = coordinator_if_any(ctx_)) {

@@ -51,6 +51,8 @@ class Optimizer {
     std::shared_ptr<Param> param;
     BufferPtr master;  // fp32 shard: the param's own for fp32 params
     BufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
+    uint64_t master_of_version = 0;  // the param's shard_version the master was read from
+    int64_t updates = 0;  // steps that updated this param (Adam's bias correction, as torch's per-param step)
   };
   struct Group {
     Hparams hp;

@@ -50,6 +50,14 @@ class Param : public std::enable_shared_from_this<Param> {
   ParamStatus status = ParamStatus::NotAvailable;
   bool full_aliases_shard = false;  // a group of one gathers without a copy
   bool unregistered = false;        // destroyed by the trainer; others may still hold it
+  // Bumped whenever the shard is rewritten by anything but the optimizer
+  // (update_params): an optimizer keeping a separate fp32 master re-reads
+  // it from the shard before its next update, so the write sticks.
+  uint64_t shard_version = 0;
+  // A gradient was pushed since the last optimizer step. A param that got
+  // none (frozen since, unused) is left alone by the step, as torch's
+  // optimizers skip a param whose .grad is None.
+  bool grad_pushed = false;
 };
 
 // Element count of a shape; throws InvalidArgument for negative or

@@ -473,9 +473,20 @@ ZS_API zs_status zs_release(zs_context ctx, const zs_param* params, size_t num_p
 /* GatheredParameters: after the caller modified the full data of AVAILABLE
  * params on group rank modifier_rank, broadcast it to every member and write
  * each member's shard from it, so the change survives release. Collective
- * over the params' group; blocks until done. */
+ * over the params' group; blocks until done. An optimizer's fp32 master of
+ * a 16-bit param is read again from the new values before its next update,
+ * so the change is not undone. */
 ZS_API zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t num_params,
                                  int modifier_rank);
+
+/* Every rank sets the param to the same full values (numel elements of its
+ * dtype, in host memory or on the context's device), as a torch
+ * `param.data = t` does: this rank's shard is rewritten from them, and the
+ * full data too while AVAILABLE. Local: no traffic, nothing to match across
+ * ranks (ranks that pass different values keep different shards). INFLIGHT
+ * is an INVALID_STATE error. An optimizer's fp32 master of a 16-bit param is
+ * read again from the new values before its next update. */
+ZS_API zs_status zs_param_write(zs_param param, const void* data, size_t data_bytes);
 
 /* ------------------------------------------------------------------ */
 /* Training: gradients                                                 */

@@ -55,6 +55,21 @@ struct AddToOp {
   }
 };
 
+template <WorkDtype T>
+struct RefreshMasterOp {
+  const void* working;
+  float* master;
+  template <int V>
+  __device__ __forceinline__ void run(size_t i) const {
+    float w[V], m[V];
+    detail::ld_work<T, V>(working, i, w);
+    detail::ld<V>(master + i, m);
+#pragma unroll
+    for (int k = 0; k < V; ++k) m[k] = refreshed_master(m[k], w[k], T);
+    detail::st<V>(master + i, m);
+  }
+};
+
 struct ScaleOp {
   float* x;
   float s;
@@ -119,6 +134,16 @@ int add_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream)
   const bool vec4 = vec4_ok(dst, src, t);
   return detail::with_dtype(t, [&](auto dt) {
     return detail::launch_elementwise(AddToOp<decltype(dt)::value>{src, dst}, n, vec4, stream);
+  });
+}
+
+int refresh_master(const void* working, WorkDtype t, float* master, size_t n, void* stream) {
+  if (n == 0) return 0;
+  if (!working || !master || !detail::valid_dtype(t)) return kInvalid;
+  const bool vec4 = vec4_ok(master, working, t);
+  return detail::with_dtype(t, [&](auto dt) {
+    return detail::launch_elementwise(RefreshMasterOp<decltype(dt)::value>{working, master}, n, vec4,
+                                      stream);
   });
 }
 

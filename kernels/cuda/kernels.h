@@ -72,6 +72,8 @@ int cast_to_f32_scaled(const void* src, WorkDtype t, float* dst, size_t n, float
 int add_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream);
 // dst[i] = dst[i] + src[i].
 int add_f32(float* dst, const float* src, size_t n, void* stream);
+// master[i] = refreshed_master(master[i], widen(working[i])).
+int refresh_master(const void* working, WorkDtype t, float* master, size_t n, void* stream);
 
 // One copy of a batch: `bytes` bytes from src to dst (device-accessible,
 // any alignment; segments must not overlap each other's destinations or a

@@ -124,3 +124,18 @@ def test_under_torchrun_environment_without_process_group():
     for ours, ref in zip(r["losses"][1:], r["reference_after"]):
         assert abs(ours - ref) <= 1e-4 * abs(ref), r
     del agent_store
+
+
+def test_params_changed_by_user_code_between_steps():
+    """Unfrozen later, param.data = t, frozen later: as an unsharded model
+    trained on every rank's batches does; a bf16 assignment is not undone
+    by the optimizer's fp32 master; a wrong shape is named."""
+    r = run_ranks(2, "user_changes")
+    for step, (a, b) in enumerate(zip(r["reference"], r["zeroshard"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (step, a, b, r)
+    # A third of one AdamW step (lr 3e-3): summation order moves near-zero
+    # gradients, which Adam scales up; a param stepped when it should not
+    # be moves by about lr per step.
+    assert r["max_weight_diff"] <= 1e-3, r
+    assert r["bf16_assigned_kept"] is True, r
+    assert "param.data was set to a tensor of shape (3,), expected its full shape (24, 24)" in r["shape_error"]

@@ -230,12 +230,94 @@ def mode_gathered_and_state(rank, world):
     return out
 
 
+def mode_user_changes(rank, world):
+    """What user code changes on the params between steps, against the same
+    changes on an unsharded model trained on every rank's batches: a param
+    frozen at partitioning and unfrozen later, `param.data = t` on a large
+    param and on a persistent one, a param frozen later (skipped by the
+    step, as torch skips a None grad). Then bf16: an assigned value is not
+    undone by the optimizer's fp32 master."""
+    torch.manual_seed(3)
+    reference = TinyGPT()
+    torch.manual_seed(3)
+    with zt.Init(config={"zero_optimization": {"stage": 3}}):
+        model = TinyGPT()
+    for m in (reference, model):
+        m.head.weight.requires_grad_(False)
+    zt.partition_module(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.01, foreach=False)
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+
+    def ref_step(s):
+        loss = sum(reference(*batch(s, r)) for r in range(world)) / world
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        return loss.item()
+
+    def zs_step(s):
+        loss = model(*batch(s, rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return mean_over_ranks(loss.item())
+
+    def change(m, what):
+        if what == "unfreeze":
+            m.head.weight.requires_grad_(True)
+        elif what == "assign":
+            g = torch.Generator().manual_seed(7)
+            m.blocks[0].fc.weight.data = torch.randn(4 * DIM, DIM, generator=g) * 0.05
+            m.ln.weight.data = torch.full((DIM,), 0.75)  # persistent: gathered across steps
+        elif what == "freeze":
+            m.blocks[1].out.weight.requires_grad_(False)
+
+    ref_losses, zs_losses = [], []
+    for s in range(12):
+        if s % 3 == 0 and s:
+            what = {3: "unfreeze", 6: "assign", 9: "freeze"}[s]
+            change(reference, what)
+            change(model, what)
+        ref_losses.append(ref_step(s))
+        zs_losses.append(zs_step(s))
+    out = {"reference": ref_losses, "zeroshard": zs_losses}
+    sd = zt.consolidated_state_dict(model)
+    if rank == 0:
+        ref_sd = reference.state_dict()
+        out["max_weight_diff"] = max((sd[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
+    # bf16: the assigned values survive a step that changes nothing (lr 0).
+    zt.shutdown()
+    torch.manual_seed(4)
+    with zt.Init(config={"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}):
+        small = nn.Linear(DIM, DIM, dtype=torch.bfloat16)
+    zt.partition_module(small)
+    bopt = zt.ZeroShardOptimizer(small.parameters(), lr=0.0, weight_decay=0.0)
+    x = torch.randn(5, DIM, dtype=torch.bfloat16)
+    small(x).float().pow(2).mean().backward()
+    bopt.step()
+    t = torch.linspace(-1, 1, DIM * DIM, dtype=torch.bfloat16).view(DIM, DIM)
+    small.weight.data = t
+    small(x).float().pow(2).mean().backward()
+    bopt.step()
+    small(x).float().pow(2).mean().backward()
+    bopt.step()
+    with zt.GatheredParameters([small.weight]):
+        out["bf16_assigned_kept"] = bool(torch.equal(small.weight.data, t))
+    try:
+        small.weight.data = torch.zeros(3)
+        small(x)
+        out["shape_error"] = None
+    except ValueError as e:
+        out["shape_error"] = str(e)
+    return out
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
-              "gathered": mode_gathered_and_state}[mode](rank, world)
+              "gathered": mode_gathered_and_state, "user_changes": mode_user_changes}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         print(json.dumps(result), flush=True)

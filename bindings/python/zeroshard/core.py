@@ -804,6 +804,14 @@ class Param(_Owned):
         del keep
         return buffer
 
+    def write(self, data):
+        """Set the param to these full values (numel elements of its dtype),
+        passed alike on every rank: rewrites this rank's shard (and the full
+        data while gathered). Local, no traffic."""
+        ptr, nbytes, keep = _buffer(data, False, "data")
+        check(lib.zs_param_write(self._h, ptr, nbytes))
+        del keep
+
     def shard_ptr(self):
         """Address of this rank's shard (shard_numel elements, writable), in
         the memory of the param's device."""

@@ -24,7 +24,7 @@ class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
-                 "attached", "leaf", "engine", "grad_hook", "persistent")
+                 "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -39,6 +39,7 @@ class ParamState:
         self.leaf = False   # in a leaf unit: gradients are stashed until the step
         self.holds = 0      # hooked units that need it gathered now
         self.attached = False  # .data is a view of the gathered buffer
+        self.view_ptr = 0      # that view's address: another one means user code set .data
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
         self.device = device if device is not None else torch.device(zparam.device)
 
@@ -90,24 +91,64 @@ def forget_all():
     _registered.clear()
 
 
+def _attach(p):
+    z = p.zs
+    full = torch.utils.dlpack.from_dlpack(z.zparam.to_dlpack())
+    p.data = full.view(z.shape)
+    z.view_ptr = p.data_ptr()
+    z.attached = True
+
+
 def attach_views(params, available=False):
     """Point each AVAILABLE param's .data at its gathered buffer (on the
     context's device, no copy). `available`: the caller knows they are."""
     for p in params:
         z = p.zs
         if not z.attached and (available or z.zparam.status == "AVAILABLE"):
-            full = torch.utils.dlpack.from_dlpack(z.zparam.to_dlpack())
-            p.data = full.view(z.shape)
-            z.attached = True
+            _attach(p)
 
 
 def detach_views(params):
-    """Drop views of params the engine no longer holds gathered."""
+    """Drop views of params the engine no longer holds gathered. A param
+    whose .data user code replaced meanwhile keeps it, for adopt_assigned."""
     for p in params:
         z = p.zs
         if z.attached and z.zparam.status != "AVAILABLE":
-            p.data = z.placeholder()
+            if p.data_ptr() == z.view_ptr:
+                p.data = z.placeholder()
             z.attached = False
+
+
+def assigned(p):
+    """Whether user code set `p.data` to a tensor of its own since the
+    engine last set it (a view, or the empty placeholder)."""
+    z = p.zs
+    if z.attached:
+        return p.data_ptr() != z.view_ptr
+    return p.numel() != 0
+
+
+def adopt_assigned(params):
+    """`param.data = t` on a partitioned param, as every rank's code does
+    alike: t becomes the param's value (this rank's shard rewritten from
+    it, locally), instead of being dropped at the next gather. Returns the
+    params adopted."""
+    done = []
+    for p in params:
+        if p.zs is None or not assigned(p):
+            continue
+        z = p.zs
+        t = p.data
+        if tuple(t.shape) != z.shape:
+            raise ValueError(f"zeroshard.torch: {z.name or 'a partitioned param'}: param.data was set to "
+                             f"a tensor of shape {tuple(t.shape)}, expected its full shape {z.shape}")
+        z.zparam.write(t.detach().to(device=z.device, dtype=z.dtype).contiguous())
+        if z.attached:
+            _attach(p)  # the gathered buffer holds t's values now
+        else:
+            p.data = z.placeholder()
+        done.append(p)
+    return done
 
 
 def zparams(params):

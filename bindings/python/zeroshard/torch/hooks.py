@@ -37,7 +37,8 @@ import zeroshard
 
 from . import _params
 from ._context import get_context
-from ._params import attach_views, detach_views, fetch_on_access, is_partitioned, registered_params, zparams
+from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access, is_partitioned,
+                      registered_params, zparams)
 
 _running = []  # units whose forward is running now, innermost last (all models)
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
@@ -208,6 +209,7 @@ class HookEngine:
         self.leaf_params = []  # in registration order
         self.waiting = {}      # param -> units held for backward until its gradient arrives
         self.warned = set()
+        self._params = None    # every unit's params, once each (built on first use)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -244,6 +246,7 @@ class HookEngine:
     def _adopt_units(self):
         """Make this engine the one of its units: owners, leaf groups,
         gradient hooks. Collective (gathers the params it hooks)."""
+        self._params = None
         ctx = get_context()
         threshold = ctx.config["zero_optimization"]["param_persistence_threshold"]
         self.leaf_params = []
@@ -290,8 +293,24 @@ class HookEngine:
     def begin_step(self):
         if not _step["open"]:
             _running.clear()  # left by a forward that raised
+            self.take_user_changes()
             get_context().step_begin()
             _step["open"] = True
+
+    def take_user_changes(self):
+        """What user code changed on the params between steps: a param
+        unfrozen since partitioning gets its gradient hook, and a
+        `param.data = t` becomes the param's value."""
+        params = self.params()
+        self._hook_grads(params)
+        adopt_assigned(params)
+
+    def params(self):
+        if self._params is None:
+            seen = set()
+            self._params = [p for unit in self.units for p in unit.params
+                            if id(p) not in seen and not seen.add(id(p))]
+        return self._params
 
     def fetch_on_access(self, unit, p):
         """`unit`'s module read `p`, which is not gathered: fetch it now,
@@ -301,6 +320,7 @@ class HookEngine:
                                f"module {p.zs.owner.name}, outside that module's forward")
         if all(p is not q for q in unit.params):
             unit.params.append(p)
+            self._params = None
             ext = unit.module.__dict__.setdefault("_zs_external", [])
             if all(p is not q for q in ext):
                 ext.append(p)
@@ -408,4 +428,5 @@ def register_external_parameter(module, param):
     unit = module.__dict__.get("_zs_unit")
     if unit is not None and is_partitioned(param) and all(param is not q for q in unit.params):
         unit.params.append(param)
+        unit.engine._params = None
         unit.engine._hook_grads([param])

@@ -2,7 +2,7 @@
 import torch
 
 from ._context import get_context
-from ._params import is_partitioned, optimizer_state_view, registered_params
+from ._params import adopt_assigned, is_partitioned, optimizer_state_view, registered_params
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
@@ -46,6 +46,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         engines = _hook_engines()
         for e in engines:
             e.before_step()
+            adopt_assigned(e.params())  # a param.data = t since the forward
         for i, group in enumerate(self.param_groups):
             self._engine.set_hparams(i, **self._hparams(group))
         self.last_result = self._engine.step()
