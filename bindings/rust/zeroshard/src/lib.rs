@@ -19,6 +19,43 @@
 //! assert_eq!(full.len(), 16);
 //! # Ok::<(), zeroshard::Error>(())
 //! ```
+//!
+//! Gathered data cannot outlive the release of its params:
+//!
+//! ```compile_fail,E0597
+//! # use zeroshard::*;
+//! # let ctx = Context::new(&ContextOptions::new().rank(0, 1))?;
+//! # let w = ctx.register(&ParamSpec::new("w", DType::F32, &[4]))?;
+//! let full: &[f32] = {
+//!     let gathered = ctx.fetch(&[&w])?.wait()?;
+//!     gathered.data(0)?
+//! }; // released here
+//! # let _ = full;
+//! # Ok::<(), zeroshard::Error>(())
+//! ```
+//!
+//! nor a param outlive its context:
+//!
+//! ```compile_fail,E0597
+//! # use zeroshard::*;
+//! let w = {
+//!     let ctx = Context::new(&ContextOptions::new().rank(0, 1))?;
+//!     ctx.register(&ParamSpec::new("w", DType::F32, &[4]))?
+//! };
+//! # Ok::<(), zeroshard::Error>(())
+//! ```
+//!
+//! and a collective's buffer belongs to the engine until it is waited for:
+//!
+//! ```compile_fail,E0382
+//! # use zeroshard::*;
+//! # let ctx = Context::new(&ContextOptions::new().rank(0, 1))?;
+//! # let world = ctx.group(GroupKind::World)?;
+//! let mut buf = vec![1.0f32; 4];
+//! let work = world.allreduce(buf, ReduceOp::Sum)?;
+//! buf[0] = 2.0; // moved into the work
+//! # Ok::<(), zeroshard::Error>(())
+//! ```
 mod context;
 mod error;
 mod group;
