@@ -1,5 +1,7 @@
 //! The two-layer MLP of examples/c/mlp_model.h, operation for operation in
 //! the same order, so that the Rust and C examples print the same losses.
+// Index loops as in the C header: the same operations in the same order.
+#![allow(clippy::needless_range_loop)]
 pub const IN: usize = 16;
 pub const HIDDEN: usize = 33;
 pub const OUT: usize = 5;
@@ -10,7 +12,12 @@ pub const B1: usize = 1;
 pub const W2: usize = 2;
 pub const B2: usize = 3;
 pub const NPARAMS: usize = 4;
-pub const SHAPES: [&[i64]; NPARAMS] = [&[HIDDEN as i64, IN as i64], &[HIDDEN as i64], &[OUT as i64, HIDDEN as i64], &[OUT as i64]];
+pub const SHAPES: [&[i64]; NPARAMS] = [
+    &[HIDDEN as i64, IN as i64],
+    &[HIDDEN as i64],
+    &[OUT as i64, HIDDEN as i64],
+    &[OUT as i64],
+];
 pub const NAMES: [&str; NPARAMS] = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
 
 pub fn numel(p: usize) -> usize {
@@ -64,7 +71,10 @@ impl Scratch {
 /// Forward 1 (needs fc1): samples [first, first + count) into xs, ys, hs.
 pub fn forward1(w1: &[f32], b1: &[f32], step: i32, first: i32, count: usize, s: &mut Scratch) {
     for n in 0..count {
-        let (x, y) = (&mut s.xs[n * IN..(n + 1) * IN], &mut s.ys[n * OUT..(n + 1) * OUT]);
+        let (x, y) = (
+            &mut s.xs[n * IN..(n + 1) * IN],
+            &mut s.ys[n * OUT..(n + 1) * OUT],
+        );
         sample(step, first + n as i32, x, y);
         for i in 0..HIDDEN {
             let mut a = b1[i];

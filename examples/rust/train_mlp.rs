@@ -51,8 +51,13 @@ fn parse_args() -> Args {
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for kv in argv.chunks(2) {
-        let [k, v] = kv else { usage("an option lacks its value") };
-        let num = |v: &str| v.parse::<f64>().unwrap_or_else(|_| usage(&format!("{k} {v}: not a number")));
+        let [k, v] = kv else {
+            usage("an option lacks its value")
+        };
+        let num = |v: &str| {
+            v.parse::<f64>()
+                .unwrap_or_else(|_| usage(&format!("{k} {v}: not a number")))
+        };
         match k.as_str() {
             "--steps" => a.steps = num(v) as i32,
             "--batch" => a.batch = num(v) as i32,
@@ -81,14 +86,35 @@ fn parse_args() -> Args {
 /// exponent form below 1e-4 or from 10^p.
 fn fmt_g(v: f64, p: usize) -> String {
     if v == 0.0 || !v.is_finite() {
-        return if v.is_nan() { "nan".into() } else if v.is_infinite() { if v > 0.0 { "inf".into() } else { "-inf".into() } } else { "0".into() };
+        return if v.is_nan() {
+            "nan".into()
+        } else if v.is_infinite() {
+            if v > 0.0 {
+                "inf".into()
+            } else {
+                "-inf".into()
+            }
+        } else {
+            "0".into()
+        };
     }
     let sci = format!("{:.*e}", p - 1, v);
     let (mant, exp) = sci.split_once('e').unwrap();
     let exp: i32 = exp.parse().unwrap();
-    let trim = |s: &str| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s.to_string() };
+    let trim = |s: &str| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
     if exp < -4 || exp >= p as i32 {
-        format!("{}e{}{:02}", trim(mant), if exp < 0 { '-' } else { '+' }, exp.abs())
+        format!(
+            "{}e{}{:02}",
+            trim(mant),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     } else {
         trim(&format!("{:.*}", (p as i32 - 1 - exp) as usize, v))
     }
@@ -104,7 +130,12 @@ fn f32_to_bf16(f: f32) -> u16 {
 
 /// Copy a gathered layer (weight, bias) out as fp32, then release it. As in
 /// the C example, a copy: the params may live on a GPU.
-fn gather_layer(g: Gather, dtype: DType, out: &mut [Vec<f32>], staging: &mut Vec<Half16>) -> Result<()> {
+fn gather_layer(
+    g: Gather,
+    dtype: DType,
+    out: &mut [Vec<f32>],
+    staging: &mut Vec<Half16>,
+) -> Result<()> {
     let gathered = g.wait()?;
     for (k, dst) in out.iter_mut().enumerate() {
         let p = gathered.param(k);
@@ -142,7 +173,11 @@ fn main() {
 }
 
 fn run(a: Args) -> Result<()> {
-    let dtype = if a.dtype == "bf16" { DType::BF16 } else { DType::F32 };
+    let dtype = if a.dtype == "bf16" {
+        DType::BF16
+    } else {
+        DType::F32
+    };
     let config = format!(
         "{{\"zero_optimization\": {{\"stage\": 3, \"mics_shard_size\": {}, \"zero_hpz_partition_size\": {}, \
          \"reduce_bucket_size\": {}}}, \"bf16\": {{\"enabled\": {}}}, \"fp16\": {{\"enabled\": false, \
@@ -159,7 +194,10 @@ fn run(a: Args) -> Result<()> {
     let (rank, world) = (ctx.rank()?, ctx.world_size()?);
     if a.batch % world != 0 {
         if rank == 0 {
-            eprintln!("train_mlp: --batch {} must be a multiple of the world size {world}", a.batch);
+            eprintln!(
+                "train_mlp: --batch {} must be a multiple of the world size {world}",
+                a.batch
+            );
         }
         std::process::exit(2);
     }
@@ -169,12 +207,18 @@ fn run(a: Args) -> Result<()> {
     let params: Vec<Param> = (0..mlp::NPARAMS)
         .map(|p| {
             let shape = mlp::SHAPES[p];
-            let std = if shape.len() == 2 { 1.0 / (shape[1] as f64).sqrt() } else { 0.1 };
-            ctx.register(&ParamSpec::new(mlp::NAMES[p], dtype, shape).init(Init::Normal {
-                seed: 100 + p as u64,
-                mean: 0.0,
-                std,
-            }))
+            let std = if shape.len() == 2 {
+                1.0 / (shape[1] as f64).sqrt()
+            } else {
+                0.1
+            };
+            ctx.register(
+                &ParamSpec::new(mlp::NAMES[p], dtype, shape).init(Init::Normal {
+                    seed: 100 + p as u64,
+                    mean: 0.0,
+                    std,
+                }),
+            )
         })
         .collect::<Result<_>>()?;
     let fc1 = [&params[mlp::W1], &params[mlp::B1]];
@@ -187,14 +231,19 @@ fn run(a: Args) -> Result<()> {
         _ => OptimizerKind::AdamW,
     };
     let mut opt = Optimizer::new(&ctx, kind)?;
-    let mut hp = Hparams { lr: a.lr, ..Hparams::default() };
+    let mut hp = Hparams {
+        lr: a.lr,
+        ..Hparams::default()
+    };
     hp.momentum = if kind == OptimizerKind::Sgd { 0.9 } else { 0.0 };
     opt.add_group(&[fc1[0], fc2[0]], &hp)?;
     hp.weight_decay = 0.0;
     opt.add_group(&[fc1[1], fc2[1]], &hp)?;
 
     let world_group = ctx.group(GroupKind::World)?;
-    let mut full: Vec<Vec<f32>> = (0..mlp::NPARAMS).map(|p| vec![0.0; mlp::numel(p)]).collect();
+    let mut full: Vec<Vec<f32>> = (0..mlp::NPARAMS)
+        .map(|p| vec![0.0; mlp::numel(p)])
+        .collect();
     let mut grads = full.clone();
     let mut staging = Vec::new();
     let local = (a.batch / world) as usize;
@@ -210,13 +259,33 @@ fn run(a: Args) -> Result<()> {
             let g1 = ctx.fetch(&fc1)?;
             let g2 = ctx.fetch(&fc2)?;
             gather_layer(g1, dtype, &mut full[mlp::W1..=mlp::B1], &mut staging)?;
-            mlp::forward1(&full[mlp::W1], &full[mlp::B1], data_step, rank * local as i32, local, &mut s);
+            mlp::forward1(
+                &full[mlp::W1],
+                &full[mlp::B1],
+                data_step,
+                rank * local as i32,
+                local,
+                &mut s,
+            );
             gather_layer(g2, dtype, &mut full[mlp::W2..=mlp::B2], &mut staging)?;
-            let l = mlp::forward2(&full[mlp::W2], &full[mlp::B2], local, loss_scale as f32, &mut s);
+            let l = mlp::forward2(
+                &full[mlp::W2],
+                &full[mlp::B2],
+                local,
+                loss_scale as f32,
+                &mut s,
+            );
             // Backward: fc2 gathered again; fc1's gradients need no params.
             // Gradients go to the engine as they are made, last layer first.
-            gather_layer(ctx.fetch(&fc2)?, dtype, &mut full[mlp::W2..=mlp::B2], &mut staging)?;
-            let [gw1, gb1, gw2, gb2] = &mut grads[..] else { unreachable!() };
+            gather_layer(
+                ctx.fetch(&fc2)?,
+                dtype,
+                &mut full[mlp::W2..=mlp::B2],
+                &mut staging,
+            )?;
+            let [gw1, gb1, gw2, gb2] = &mut grads[..] else {
+                unreachable!()
+            };
             mlp::backward2(&full[mlp::W2], local, &mut s, gw2, gb2);
             push_grads(&fc2, [gw2.as_slice(), gb2.as_slice()], dtype)?;
             mlp::backward1(local, &s, gw1, gb1);
@@ -234,21 +303,32 @@ fn run(a: Args) -> Result<()> {
                 fmt_g(loss as f64, 9),
                 fmt_g(r.grad_norm, 6),
                 fmt_g(r.loss_scale, 6),
-                if r.skipped { " (skipped: overflow)" } else { "" }
+                if r.skipped {
+                    " (skipped: overflow)"
+                } else {
+                    ""
+                }
             );
         }
     }
 
     // Every rank's memory, gathered on rank 0 for one JSON line.
     let m = ctx.memory()?;
-    let mine = [m.shard_bytes, m.grad_bytes, m.optimizer_bytes, m.unsharded_bytes];
+    let mine = [
+        m.shard_bytes,
+        m.grad_bytes,
+        m.optimizer_bytes,
+        m.unsharded_bytes,
+    ];
     let mut bytes = vec![0u8; 32];
     for (i, v) in mine.iter().enumerate() {
         bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
     }
     let mut all = vec![0u8; 32 * world as usize];
     world_group.allgather_into(&bytes, &mut all)?;
-    let field = |r: usize, i: usize| u64::from_ne_bytes(all[r * 32 + i * 8..r * 32 + i * 8 + 8].try_into().unwrap());
+    let field = |r: usize, i: usize| {
+        u64::from_ne_bytes(all[r * 32 + i * 8..r * 32 + i * 8 + 8].try_into().unwrap())
+    };
     if rank == 0 {
         let per_rank: Vec<String> = (0..world as usize)
             .map(|r| {

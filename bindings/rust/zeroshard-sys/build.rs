@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn pkg_config(arg: &str) -> Option<String> {
-    let out = Command::new("pkg-config").args([arg, "zeroshard"]).output().ok()?;
+    let out = Command::new("pkg-config")
+        .args([arg, "zeroshard"])
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -22,7 +25,9 @@ fn main() {
     let source_include = manifest.join("../../../include");
 
     let (lib_dir, include) = if let Ok(dir) = env::var("ZEROSHARD_LIB_DIR") {
-        let include = env::var("ZEROSHARD_INCLUDE_DIR").map(PathBuf::from).unwrap_or(source_include);
+        let include = env::var("ZEROSHARD_INCLUDE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or(source_include);
         (PathBuf::from(dir), include)
     } else if let Some(libs) = pkg_config("--libs") {
         let dir = libs
@@ -44,7 +49,10 @@ fn main() {
         );
     };
     if !lib_dir.join("libzeroshard.so").exists() {
-        panic!("{} has no libzeroshard.so (ZEROSHARD_LIB_DIR or pkg-config)", lib_dir.display());
+        panic!(
+            "{} has no libzeroshard.so (ZEROSHARD_LIB_DIR or pkg-config)",
+            lib_dir.display()
+        );
     }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=zeroshard");

@@ -271,6 +271,11 @@ macro_rules! init_with_library {
                 unsafe { s.assume_init() }
             }
         }
+        impl Default for $ty {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
     )*};
 }
 
@@ -285,14 +290,15 @@ init_with_library! {
     zs_coord_stats => zs_coord_stats_init,
 }
 
-// One declaration per line, in the header's order (tests/layout.rs reads
-// this block back and compares each line with the header's prototype).
+// In the header's order; tests/layout.rs reads this block back and compares
+// each declaration with the header's prototype.
 extern "C" {
     pub fn zs_version(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) -> *const c_char;
     pub fn zs_status_string(status: zs_status) -> *const c_char;
     pub fn zs_last_error() -> *const c_char;
     pub fn zs_context_options_init(options: *mut zs_context_options, size: usize) -> zs_status;
-    pub fn zs_context_create(out: *mut zs_context, options: *const zs_context_options) -> zs_status;
+    pub fn zs_context_create(out: *mut zs_context, options: *const zs_context_options)
+        -> zs_status;
     pub fn zs_context_destroy(ctx: zs_context) -> zs_status;
     pub fn zs_context_rank(ctx: zs_context, rank: *mut c_int) -> zs_status;
     pub fn zs_context_world_size(ctx: zs_context, world_size: *mut c_int) -> zs_status;
@@ -300,37 +306,100 @@ extern "C" {
     pub fn zs_context_local_world_size(ctx: zs_context, local_world_size: *mut c_int) -> zs_status;
     pub fn zs_context_async_error(ctx: zs_context) -> zs_status;
     pub fn zs_context_config_json(ctx: zs_context, json: *mut *const c_char) -> zs_status;
-    pub fn zs_context_unused_config_keys(ctx: zs_context, json_array: *mut *const c_char) -> zs_status;
-    pub fn zs_context_inactive_config_keys(ctx: zs_context, json_array: *mut *const c_char) -> zs_status;
+    pub fn zs_context_unused_config_keys(
+        ctx: zs_context,
+        json_array: *mut *const c_char,
+    ) -> zs_status;
+    pub fn zs_context_inactive_config_keys(
+        ctx: zs_context,
+        json_array: *mut *const c_char,
+    ) -> zs_status;
     pub fn zs_config_check(config_json: *const c_char, world_size: c_int) -> zs_status;
     pub fn zs_memory_stats_init(stats: *mut zs_memory_stats, size: usize) -> zs_status;
     pub fn zs_fetch_stats_init(stats: *mut zs_fetch_stats, size: usize) -> zs_status;
     pub fn zs_context_fetch_stats(ctx: zs_context, stats: *mut zs_fetch_stats) -> zs_status;
-    pub fn zs_context_device(ctx: zs_context, type_: *mut zs_device_type, device_id: *mut c_int, backend: *mut *const c_char) -> zs_status;
+    pub fn zs_context_device(
+        ctx: zs_context,
+        type_: *mut zs_device_type,
+        device_id: *mut c_int,
+        backend: *mut *const c_char,
+    ) -> zs_status;
     pub fn zs_cuda_device_count(count: *mut c_int, reason: *mut *const c_char) -> zs_status;
     pub fn zs_context_memory(ctx: zs_context, stats: *mut zs_memory_stats) -> zs_status;
     pub fn zs_context_group(out: *mut zs_group, ctx: zs_context, kind: zs_group_kind) -> zs_status;
-    pub fn zs_group_create(out: *mut zs_group, ctx: zs_context, ranks: *const c_int, num_ranks: c_int) -> zs_status;
+    pub fn zs_group_create(
+        out: *mut zs_group,
+        ctx: zs_context,
+        ranks: *const c_int,
+        num_ranks: c_int,
+    ) -> zs_status;
     pub fn zs_group_destroy(group: zs_group) -> zs_status;
     pub fn zs_group_rank(group: zs_group, rank: *mut c_int) -> zs_status;
     pub fn zs_group_size(group: zs_group, size: *mut c_int) -> zs_status;
-    pub fn zs_group_world_rank(group: zs_group, group_rank: c_int, world_rank: *mut c_int) -> zs_status;
-    pub fn zs_allgather(out: *mut zs_work, group: zs_group, send: *const c_void, recv: *mut c_void, count: usize, dtype: zs_dtype) -> zs_status;
-    pub fn zs_reduce_scatter(out: *mut zs_work, group: zs_group, send: *const c_void, recv: *mut c_void, recv_count: usize, dtype: zs_dtype, op: zs_reduce_op) -> zs_status;
-    pub fn zs_allreduce(out: *mut zs_work, group: zs_group, send: *const c_void, recv: *mut c_void, count: usize, dtype: zs_dtype, op: zs_reduce_op) -> zs_status;
-    pub fn zs_broadcast(out: *mut zs_work, group: zs_group, buf: *mut c_void, count: usize, dtype: zs_dtype, root: c_int) -> zs_status;
+    pub fn zs_group_world_rank(
+        group: zs_group,
+        group_rank: c_int,
+        world_rank: *mut c_int,
+    ) -> zs_status;
+    pub fn zs_allgather(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+    ) -> zs_status;
+    pub fn zs_reduce_scatter(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        recv_count: usize,
+        dtype: zs_dtype,
+        op: zs_reduce_op,
+    ) -> zs_status;
+    pub fn zs_allreduce(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+        op: zs_reduce_op,
+    ) -> zs_status;
+    pub fn zs_broadcast(
+        out: *mut zs_work,
+        group: zs_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+        root: c_int,
+    ) -> zs_status;
     pub fn zs_barrier(out: *mut zs_work, group: zs_group) -> zs_status;
     pub fn zs_work_wait(work: zs_work, timeout_ms: c_int) -> zs_status;
     pub fn zs_work_test(work: zs_work, done: *mut c_int) -> zs_status;
     pub fn zs_work_destroy(work: zs_work) -> zs_status;
     pub fn zs_param_options_init(options: *mut zs_param_options, size: usize) -> zs_status;
-    pub fn zs_param_register(out: *mut zs_param, ctx: zs_context, options: *const zs_param_options) -> zs_status;
+    pub fn zs_param_register(
+        out: *mut zs_param,
+        ctx: zs_context,
+        options: *const zs_param_options,
+    ) -> zs_status;
     pub fn zs_param_destroy(param: zs_param) -> zs_status;
     pub fn zs_param_info_init(info: *mut zs_param_info, size: usize) -> zs_status;
     pub fn zs_param_get_info(param: zs_param, info: *mut zs_param_info) -> zs_status;
     pub fn zs_param_get_status(param: zs_param, status: *mut zs_param_status) -> zs_status;
-    pub fn zs_param_shard_data(param: zs_param, data: *mut *mut c_void, shard_numel: *mut u64) -> zs_status;
-    pub fn zs_fetch(out: *mut zs_gather, ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
+    pub fn zs_param_shard_data(
+        param: zs_param,
+        data: *mut *mut c_void,
+        shard_numel: *mut u64,
+    ) -> zs_status;
+    pub fn zs_fetch(
+        out: *mut zs_gather,
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+    ) -> zs_status;
     pub fn zs_gather_wait(gather: zs_gather, timeout_ms: c_int) -> zs_status;
     pub fn zs_gather_test(gather: zs_gather, done: *mut c_int) -> zs_status;
     pub fn zs_gather_destroy(gather: zs_gather) -> zs_status;
@@ -338,28 +407,67 @@ extern "C" {
     pub fn zs_param_copy_to(param: zs_param, dst: *mut c_void, dst_bytes: usize) -> zs_status;
     pub fn zs_param_to_dlpack(param: zs_param, out: *mut *mut DLManagedTensor) -> zs_status;
     pub fn zs_release(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
-    pub fn zs_param_update(ctx: zs_context, params: *const zs_param, num_params: usize, modifier_rank: c_int) -> zs_status;
-    pub fn zs_grad_push(param: zs_param, grad: *const c_void, dtype: zs_dtype, grad_bytes: usize) -> zs_status;
+    pub fn zs_param_update(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        modifier_rank: c_int,
+    ) -> zs_status;
+    pub fn zs_grad_push(
+        param: zs_param,
+        grad: *const c_void,
+        dtype: zs_dtype,
+        grad_bytes: usize,
+    ) -> zs_status;
     pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
     pub fn zs_grad_set_accumulation_steps(ctx: zs_context, steps: c_int) -> zs_status;
-    pub fn zs_grad_shard_data(param: zs_param, data: *mut *mut f32, shard_numel: *mut u64) -> zs_status;
+    pub fn zs_grad_shard_data(
+        param: zs_param,
+        data: *mut *mut f32,
+        shard_numel: *mut u64,
+    ) -> zs_status;
     pub fn zs_optim_hparams_init(hparams: *mut zs_optim_hparams, size: usize) -> zs_status;
-    pub fn zs_optimizer_create(out: *mut zs_optimizer, ctx: zs_context, kind: zs_optimizer_kind) -> zs_status;
+    pub fn zs_optimizer_create(
+        out: *mut zs_optimizer,
+        ctx: zs_context,
+        kind: zs_optimizer_kind,
+    ) -> zs_status;
     pub fn zs_optimizer_destroy(opt: zs_optimizer) -> zs_status;
-    pub fn zs_optimizer_add_group(opt: zs_optimizer, params: *const zs_param, num_params: usize, hparams: *const zs_optim_hparams, group_index: *mut c_int) -> zs_status;
-    pub fn zs_optimizer_set_hparams(opt: zs_optimizer, group: c_int, hparams: *const zs_optim_hparams) -> zs_status;
+    pub fn zs_optimizer_add_group(
+        opt: zs_optimizer,
+        params: *const zs_param,
+        num_params: usize,
+        hparams: *const zs_optim_hparams,
+        group_index: *mut c_int,
+    ) -> zs_status;
+    pub fn zs_optimizer_set_hparams(
+        opt: zs_optimizer,
+        group: c_int,
+        hparams: *const zs_optim_hparams,
+    ) -> zs_status;
     pub fn zs_optimizer_set_lr(opt: zs_optimizer, group: c_int, lr: f64) -> zs_status;
     pub fn zs_step_result_init(result: *mut zs_step_result, size: usize) -> zs_status;
     pub fn zs_optimizer_step(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_loss_scale(opt: zs_optimizer, scale: *mut f64) -> zs_status;
-    pub fn zs_optimizer_state_data(opt: zs_optimizer, param: zs_param, slot: c_int, data: *mut *mut f32, shard_numel: *mut u64) -> zs_status;
+    pub fn zs_optimizer_state_data(
+        opt: zs_optimizer,
+        param: zs_param,
+        slot: c_int,
+        data: *mut *mut f32,
+        shard_numel: *mut u64,
+    ) -> zs_status;
     pub fn zs_optimizer_get_step(opt: zs_optimizer, step: *mut i64) -> zs_status;
     pub fn zs_optimizer_set_step(opt: zs_optimizer, step: i64) -> zs_status;
     pub fn zs_optimizer_sync_params(opt: zs_optimizer) -> zs_status;
     pub fn zs_step_begin(ctx: zs_context) -> zs_status;
     pub fn zs_step_end(ctx: zs_context) -> zs_status;
-    pub fn zs_coord_fetch(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
-    pub fn zs_coord_release(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
+    pub fn zs_coord_fetch(ctx: zs_context, params: *const zs_param, num_params: usize)
+        -> zs_status;
+    pub fn zs_coord_release(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+    ) -> zs_status;
     pub fn zs_leaf_group(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
     pub fn zs_coord_stats_init(stats: *mut zs_coord_stats, size: usize) -> zs_status;
     pub fn zs_coord_get_stats(ctx: zs_context, stats: *mut zs_coord_stats) -> zs_status;

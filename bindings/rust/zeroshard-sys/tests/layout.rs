@@ -19,7 +19,7 @@ fn size_of_pointee<T>(_: *const T) -> usize {
 /// (struct, size, align, [(field, offset, size)]) as Rust lays them out.
 macro_rules! rust_structs {
     ($($s:ident { $($f:ident),* $(,)? })*) => {{
-        let mut v: Vec<(String, usize, usize, Vec<(String, usize, usize)>)> = Vec::new();
+        let mut v: Vec<StructLayout> = Vec::new();
         $(
             let u = std::mem::MaybeUninit::<$s>::uninit();
             let p = u.as_ptr();
@@ -41,7 +41,10 @@ macro_rules! rust_enums {
     }};
 }
 
-fn rust_view() -> (Vec<(String, usize, usize, Vec<(String, usize, usize)>)>, BTreeMap<String, (i64, usize)>) {
+/// (struct, size, align, [(field, offset, size)])
+type StructLayout = (String, usize, usize, Vec<(String, usize, usize)>);
+
+fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
     let structs = rust_structs! {
         zs_context_options { size, rank, world_size, local_rank, local_world_size, store_host,
             store_port, file_store_path, config_json, config_path, timeout_ms, transport_host,
@@ -62,21 +65,61 @@ fn rust_view() -> (Vec<(String, usize, usize, Vec<(String, usize, usize)>)>, BTr
             trace_invalidations, trace_length }
     };
     let enums = rust_enums!(
-        ZS_OK, ZS_ERR_INVALID_ARGUMENT, ZS_ERR_INVALID_HANDLE, ZS_ERR_INVALID_STATE,
-        ZS_ERR_INVALID_CONFIG, ZS_ERR_OUT_OF_MEMORY, ZS_ERR_TIMEOUT, ZS_ERR_COMM, ZS_ERR_BOOTSTRAP,
-        ZS_ERR_NOT_SUPPORTED, ZS_ERR_BUFFER_SIZE, ZS_ERR_INTERNAL, ZS_STATUS_ENUM_MIN_,
+        ZS_OK,
+        ZS_ERR_INVALID_ARGUMENT,
+        ZS_ERR_INVALID_HANDLE,
+        ZS_ERR_INVALID_STATE,
+        ZS_ERR_INVALID_CONFIG,
+        ZS_ERR_OUT_OF_MEMORY,
+        ZS_ERR_TIMEOUT,
+        ZS_ERR_COMM,
+        ZS_ERR_BOOTSTRAP,
+        ZS_ERR_NOT_SUPPORTED,
+        ZS_ERR_BUFFER_SIZE,
+        ZS_ERR_INTERNAL,
+        ZS_STATUS_ENUM_MIN_,
         ZS_STATUS_ENUM_MAX_,
-        ZS_FLOAT32, ZS_BFLOAT16, ZS_FLOAT16, ZS_UINT8, ZS_DTYPE_ENUM_MIN_, ZS_DTYPE_ENUM_MAX_,
-        ZS_DEVICE_CPU, ZS_DEVICE_CUDA, ZS_DEVICE_TYPE_ENUM_MIN_, ZS_DEVICE_TYPE_ENUM_MAX_,
-        ZS_SUM, ZS_AVG, ZS_MAX, ZS_MIN, ZS_REDUCE_OP_ENUM_MIN_, ZS_REDUCE_OP_ENUM_MAX_,
-        ZS_PARAM_NOT_AVAILABLE, ZS_PARAM_INFLIGHT, ZS_PARAM_AVAILABLE, ZS_PARAM_STATUS_ENUM_MIN_,
+        ZS_FLOAT32,
+        ZS_BFLOAT16,
+        ZS_FLOAT16,
+        ZS_UINT8,
+        ZS_DTYPE_ENUM_MIN_,
+        ZS_DTYPE_ENUM_MAX_,
+        ZS_DEVICE_CPU,
+        ZS_DEVICE_CUDA,
+        ZS_DEVICE_TYPE_ENUM_MIN_,
+        ZS_DEVICE_TYPE_ENUM_MAX_,
+        ZS_SUM,
+        ZS_AVG,
+        ZS_MAX,
+        ZS_MIN,
+        ZS_REDUCE_OP_ENUM_MIN_,
+        ZS_REDUCE_OP_ENUM_MAX_,
+        ZS_PARAM_NOT_AVAILABLE,
+        ZS_PARAM_INFLIGHT,
+        ZS_PARAM_AVAILABLE,
+        ZS_PARAM_STATUS_ENUM_MIN_,
         ZS_PARAM_STATUS_ENUM_MAX_,
-        ZS_INIT_ZEROS, ZS_INIT_FROM_RANK, ZS_INIT_FROM_ALL, ZS_INIT_NORMAL, ZS_INIT_UNIFORM,
-        ZS_INIT_ENUM_MIN_, ZS_INIT_ENUM_MAX_,
-        ZS_GROUP_WORLD, ZS_GROUP_PARTITION, ZS_GROUP_MICS_SHARD, ZS_GROUP_MICS_REPLICA,
-        ZS_GROUP_HPZ, ZS_GROUP_MICS_INTER, ZS_GROUP_MICS_INTRA, ZS_GROUP_KIND_ENUM_MIN_,
+        ZS_INIT_ZEROS,
+        ZS_INIT_FROM_RANK,
+        ZS_INIT_FROM_ALL,
+        ZS_INIT_NORMAL,
+        ZS_INIT_UNIFORM,
+        ZS_INIT_ENUM_MIN_,
+        ZS_INIT_ENUM_MAX_,
+        ZS_GROUP_WORLD,
+        ZS_GROUP_PARTITION,
+        ZS_GROUP_MICS_SHARD,
+        ZS_GROUP_MICS_REPLICA,
+        ZS_GROUP_HPZ,
+        ZS_GROUP_MICS_INTER,
+        ZS_GROUP_MICS_INTRA,
+        ZS_GROUP_KIND_ENUM_MIN_,
         ZS_GROUP_KIND_ENUM_MAX_,
-        ZS_OPTIM_ADAMW, ZS_OPTIM_ADAM, ZS_OPTIM_SGD, ZS_OPTIM_KIND_ENUM_MIN_,
+        ZS_OPTIM_ADAMW,
+        ZS_OPTIM_ADAM,
+        ZS_OPTIM_SGD,
+        ZS_OPTIM_KIND_ENUM_MIN_,
         ZS_OPTIM_KIND_ENUM_MAX_,
     );
     (structs, enums)
@@ -99,10 +142,16 @@ fn preprocessed() -> String {
         .arg(header_path())
         .output()
         .expect("running the C compiler (set CC)");
-    assert!(out.status.success(), "cc -E failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc -E failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     // Only what follows the system headers' contents.
-    let start = text.find("const char* zs_version").expect("zs_version not in the header");
+    let start = text
+        .find("const char* zs_version")
+        .expect("zs_version not in the header");
     let start = text[..start].rfind(';').map_or(0, |i| i + 1).min(start);
     text[start..].to_string()
 }
@@ -142,7 +191,7 @@ fn parse_header(text: &str) -> Header {
                 // the first name follows the type's last space or star.
                 let mut parts = decl.split(',');
                 let head = parts.next().unwrap();
-                let cut = head.rfind(|c: char| c == ' ' || c == '*').unwrap();
+                let cut = head.rfind([' ', '*']).unwrap();
                 for n in std::iter::once(&head[cut + 1..]).chain(parts) {
                     fields.push(n.split('[').next().unwrap().trim().to_string());
                 }
@@ -157,16 +206,20 @@ fn parse_header(text: &str) -> Header {
     }
     for decl in text.split(';').map(squash) {
         let decl = decl.trim_start_matches('}').trim().to_string();
-        let Some(paren) = decl.find('(') else { continue };
+        let Some(paren) = decl.find('(') else {
+            continue;
+        };
         if decl.starts_with("typedef") || !decl.ends_with(')') {
             continue;
         }
         let head = &decl[..paren];
-        let Some(name_at) = head.find("zs_").filter(|_| head.contains(" zs_") || head.contains("*zs_"))
+        let Some(name_at) = head
+            .find("zs_")
+            .filter(|_| head.contains(" zs_") || head.contains("*zs_"))
         else {
             continue;
         };
-        let name_at = head.rfind(|c: char| c == ' ' || c == '*').map_or(name_at, |i| i + 1);
+        let name_at = head.rfind([' ', '*']).map_or(name_at, |i| i + 1);
         let name = head[name_at..].to_string();
         let ret = head[..name_at].trim().to_string();
         let args_text = &decl[paren + 1..decl.len() - 1];
@@ -174,13 +227,17 @@ fn parse_header(text: &str) -> Header {
         if args_text.trim() != "void" {
             for a in args_text.split(',') {
                 let a = a.trim();
-                let cut = a.rfind(|c: char| c == ' ' || c == '*').unwrap();
+                let cut = a.rfind([' ', '*']).unwrap();
                 args.push((squash(&a[..cut + 1]), a[cut + 1..].to_string()));
             }
         }
         functions.insert(name, (ret, args));
     }
-    Header { structs, enum_constants, functions }
+    Header {
+        structs,
+        enum_constants,
+        functions,
+    }
 }
 
 /// The Rust type this crate must use for a C type of the header.
@@ -209,12 +266,23 @@ fn rust_type_of(c: &str) -> String {
     t
 }
 
-/// `pub fn name(a: T, ...) -> R;` lines of src/lib.rs's extern block.
+/// The `pub fn zs_...(a: T, ...) -> R;` declarations of src/lib.rs's extern block.
 fn rust_functions() -> BTreeMap<String, (String, Vec<String>)> {
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
     let block = &src[src.find("extern \"C\" {").expect("no extern block")..];
+    let code: String = block
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut out = BTreeMap::new();
-    for line in block.lines().map(str::trim).filter(|l| l.starts_with("pub fn zs_")) {
+    // One declaration per `;`, however rustfmt wrapped it.
+    for decl in code.split(';').map(squash) {
+        let Some(at) = decl.find("pub fn zs_") else {
+            continue;
+        };
+        let line = &decl[at..];
         let name = line["pub fn ".len()..line.find('(').unwrap()].to_string();
         let args_text = &line[line.find('(').unwrap() + 1..line.rfind(')').unwrap()];
         let args = args_text
@@ -223,7 +291,9 @@ fn rust_functions() -> BTreeMap<String, (String, Vec<String>)> {
             .filter(|a| !a.is_empty())
             .map(|a| a.split_once(':').unwrap().1.trim().to_string())
             .collect();
-        let ret = line.rsplit_once("->").map_or("()".to_string(), |(_, r)| r.trim_end_matches(';').trim().to_string());
+        let ret = line.rsplit_once("->").map_or("()".to_string(), |(_, r)| {
+            r.trim_end_matches(';').trim().to_string()
+        });
         out.insert(name, (ret, args));
     }
     out
@@ -261,7 +331,11 @@ fn c_view(h: &Header) -> BTreeMap<String, i64> {
         .arg(&exe)
         .output()
         .unwrap();
-    assert!(cc_out.status.success(), "compiling the layout program: {}", String::from_utf8_lossy(&cc_out.stderr));
+    assert!(
+        cc_out.status.success(),
+        "compiling the layout program: {}",
+        String::from_utf8_lossy(&cc_out.stderr)
+    );
     let run = Command::new(&exe).output().unwrap();
     assert!(run.status.success());
     let _ = std::fs::remove_dir_all(&dir);
@@ -280,7 +354,10 @@ fn c_view(h: &Header) -> BTreeMap<String, i64> {
 #[test]
 fn structs_and_enums_match_the_c_compiler() {
     let header = parse_header(&preprocessed());
-    assert!(header.structs.len() >= 8 && header.enum_constants.len() >= 40, "header parse found too little");
+    assert!(
+        header.structs.len() >= 8 && header.enum_constants.len() >= 40,
+        "header parse found too little"
+    );
     let c = c_view(&header);
     let (structs, enums) = rust_view();
     let mut errors = Vec::new();
@@ -288,7 +365,9 @@ fn structs_and_enums_match_the_c_compiler() {
     let rust_names: BTreeSet<&str> = structs.iter().map(|s| s.0.as_str()).collect();
     for (s, fields) in &header.structs {
         let Some((_, size, align, rfields)) = structs.iter().find(|r| &r.0 == s) else {
-            errors.push(format!("struct {s} is in the header but not in zeroshard-sys"));
+            errors.push(format!(
+                "struct {s} is in the header but not in zeroshard-sys"
+            ));
             continue;
         };
         if c[&format!("{s} #0")] != *size as i64 || c[&format!("{s} #1")] != *align as i64 {
@@ -306,21 +385,25 @@ fn structs_and_enums_match_the_c_compiler() {
             let key = format!("{s}.{f}");
             match (c.get(&format!("{key} #0")), c.get(&format!("{key} #1"))) {
                 (Some(&co), Some(&cs)) if co == *off as i64 && cs == *fsize as i64 => {}
-                (Some(co), Some(cs)) => {
-                    errors.push(format!("{key}: C offset/size {co}/{cs}, Rust {off}/{fsize}"))
-                }
+                (Some(co), Some(cs)) => errors.push(format!(
+                    "{key}: C offset/size {co}/{cs}, Rust {off}/{fsize}"
+                )),
                 _ => errors.push(format!("{key}: not in the header")),
             }
         }
     }
     for s in rust_names {
         if !header.structs.iter().any(|(n, _)| n == s) {
-            errors.push(format!("struct {s} is in zeroshard-sys but not in the header"));
+            errors.push(format!(
+                "struct {s} is in zeroshard-sys but not in the header"
+            ));
         }
     }
     for e in &header.enum_constants {
         match enums.get(e) {
-            None => errors.push(format!("enum constant {e} is in the header but not in zeroshard-sys")),
+            None => errors.push(format!(
+                "enum constant {e} is in the header but not in zeroshard-sys"
+            )),
             Some(&(v, size)) => {
                 if c[&format!("{e} #0")] != v || c[&format!("{e} #1")] != size as i64 {
                     errors.push(format!(
@@ -334,10 +417,16 @@ fn structs_and_enums_match_the_c_compiler() {
     }
     for e in enums.keys() {
         if !header.enum_constants.contains(e) {
-            errors.push(format!("enum constant {e} is in zeroshard-sys but not in the header"));
+            errors.push(format!(
+                "enum constant {e} is in zeroshard-sys but not in the header"
+            ));
         }
     }
-    assert!(errors.is_empty(), "zeroshard-sys differs from the header:\n  {}", errors.join("\n  "));
+    assert!(
+        errors.is_empty(),
+        "zeroshard-sys differs from the header:\n  {}",
+        errors.join("\n  ")
+    );
     println!(
         "{} structs ({} fields), {} enum constants match",
         header.structs.len(),
@@ -350,18 +439,31 @@ fn structs_and_enums_match_the_c_compiler() {
 fn functions_match_the_header() {
     let header = parse_header(&preprocessed());
     let rust = rust_functions();
-    assert!(header.functions.len() >= 70, "found only {} functions in the header", header.functions.len());
+    assert!(
+        header.functions.len() >= 70,
+        "found only {} functions in the header",
+        header.functions.len()
+    );
     let mut errors = Vec::new();
     for (name, (ret, args)) in &header.functions {
         let Some((rret, rargs)) = rust.get(name) else {
-            errors.push(format!("{name} is declared in the header but not in zeroshard-sys"));
+            errors.push(format!(
+                "{name} is declared in the header but not in zeroshard-sys"
+            ));
             continue;
         };
         if rust_type_of(ret) != *rret {
-            errors.push(format!("{name}: returns {ret} in C, so {} in Rust, not {rret}", rust_type_of(ret)));
+            errors.push(format!(
+                "{name}: returns {ret} in C, so {} in Rust, not {rret}",
+                rust_type_of(ret)
+            ));
         }
         if args.len() != rargs.len() {
-            errors.push(format!("{name}: {} arguments in C, {} in Rust", args.len(), rargs.len()));
+            errors.push(format!(
+                "{name}: {} arguments in C, {} in Rust",
+                args.len(),
+                rargs.len()
+            ));
             continue;
         }
         for (i, ((cty, cname), rty)) in args.iter().zip(rargs).enumerate() {
@@ -375,10 +477,16 @@ fn functions_match_the_header() {
     }
     for name in rust.keys() {
         if !header.functions.contains_key(name) {
-            errors.push(format!("{name} is declared in zeroshard-sys but not in the header"));
+            errors.push(format!(
+                "{name} is declared in zeroshard-sys but not in the header"
+            ));
         }
     }
-    assert!(errors.is_empty(), "zeroshard-sys differs from the header:\n  {}", errors.join("\n  "));
+    assert!(
+        errors.is_empty(),
+        "zeroshard-sys differs from the header:\n  {}",
+        errors.join("\n  ")
+    );
     println!("{} functions match", header.functions.len());
 }
 
@@ -389,7 +497,10 @@ fn type_mapping_is_what_the_check_assumes() {
     assert_eq!(rust_type_of("const char**"), "*mut *const c_char");
     assert_eq!(rust_type_of("zs_context*"), "*mut zs_context");
     assert_eq!(rust_type_of("const zs_param*"), "*const zs_param");
-    assert_eq!(rust_type_of("struct DLManagedTensor**"), "*mut *mut DLManagedTensor");
+    assert_eq!(
+        rust_type_of("struct DLManagedTensor**"),
+        "*mut *mut DLManagedTensor"
+    );
     assert_eq!(rust_type_of("size_t"), "usize");
 }
 
@@ -399,9 +510,15 @@ fn init_functions_give_the_macros_values() {
     // tests/abi_sizes_test.cpp): the library fills `size` and the defaults.
     let o = zs_context_options::new();
     assert_eq!(o.size, size_of::<zs_context_options>());
-    assert_eq!((o.rank, o.world_size, o.store_port, o.timeout_ms), (-1, -1, -1, 0));
+    assert_eq!(
+        (o.rank, o.world_size, o.store_port, o.timeout_ms),
+        (-1, -1, -1, 0)
+    );
     let h = zs_optim_hparams::new();
-    assert_eq!((h.lr, h.beta1, h.beta2, h.eps, h.bias_correction), (1e-3, 0.9, 0.999, 1e-8, 1));
+    assert_eq!(
+        (h.lr, h.beta1, h.beta2, h.eps, h.bias_correction),
+        (1e-3, 0.9, 0.999, 1e-8, 1)
+    );
     let r = zs_step_result::new();
     assert_eq!(r.loss_scale, 1.0);
 }

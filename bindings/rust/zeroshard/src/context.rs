@@ -62,7 +62,12 @@ impl ContextOptions {
 }
 
 pub(crate) fn c_string(s: &str, what: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::new(Status::InvalidArgument, format!("{what} contains a NUL byte: {s:?}")))
+    CString::new(s).map_err(|_| {
+        Error::new(
+            Status::InvalidArgument,
+            format!("{what} contains a NUL byte: {s:?}"),
+        )
+    })
 }
 
 fn opt_c_string(s: &Option<String>, what: &str) -> Result<Option<CString>> {
@@ -131,7 +136,10 @@ impl Context {
         let mut h = ptr::null_mut();
         // SAFETY: the strings outlive the call; the library copies them.
         check(unsafe { sys::zs_context_create(&mut h, &o) })?;
-        Ok(Context { h, views: AtomicUsize::new(0) })
+        Ok(Context {
+            h,
+            views: AtomicUsize::new(0),
+        })
     }
 
     /// A context from the environment alone (torchrun, zsrun, Slurm, MPI).
@@ -139,7 +147,10 @@ impl Context {
         Self::new(&ContextOptions::default())
     }
 
-    fn int(&self, f: unsafe extern "C" fn(sys::zs_context, *mut i32) -> sys::zs_status) -> Result<i32> {
+    fn int(
+        &self,
+        f: unsafe extern "C" fn(sys::zs_context, *mut i32) -> sys::zs_status,
+    ) -> Result<i32> {
         let mut v = 0;
         // SAFETY: a live handle and an out pointer.
         check(unsafe { f(self.h, &mut v) })?;
@@ -164,7 +175,10 @@ impl Context {
         check(unsafe { sys::zs_context_async_error(self.h) })
     }
 
-    fn text(&self, f: unsafe extern "C" fn(sys::zs_context, *mut *const c_char) -> sys::zs_status) -> Result<String> {
+    fn text(
+        &self,
+        f: unsafe extern "C" fn(sys::zs_context, *mut *const c_char) -> sys::zs_status,
+    ) -> Result<String> {
         let mut p = ptr::null();
         // SAFETY: the string is owned by the context and copied at once.
         check(unsafe { f(self.h, &mut p) })?;

@@ -60,7 +60,9 @@ impl Status {
     /// The library's name for it ("ZS_ERR_TIMEOUT").
     pub fn name(self) -> String {
         // SAFETY: zs_status_string returns a static string for any value.
-        unsafe { CStr::from_ptr(sys::zs_status_string(self.code())) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(sys::zs_status_string(self.code())) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -74,7 +76,10 @@ pub struct Error {
 
 impl Error {
     pub(crate) fn new(status: Status, message: impl Into<String>) -> Self {
-        Error { status, message: message.into() }
+        Error {
+            status,
+            message: message.into(),
+        }
     }
 }
 
@@ -95,6 +100,11 @@ pub(crate) fn check(code: sys::zs_status) -> Result<()> {
     }
     // SAFETY: zs_last_error returns this thread's message, valid until the
     // next zeroshard call on this thread; it is copied at once.
-    let message = unsafe { CStr::from_ptr(sys::zs_last_error()) }.to_string_lossy().into_owned();
-    Err(Error { status: Status::from_code(code), message })
+    let message = unsafe { CStr::from_ptr(sys::zs_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error {
+        status: Status::from_code(code),
+        message,
+    })
 }

@@ -38,7 +38,10 @@ unsafe impl<B: Send> Sync for Work<B> {}
 impl<B> Work<B> {
     /// Wait for the collective and take the buffers back. With a timeout,
     /// `Status::Timeout` hands the work back to wait again.
-    pub fn wait_timeout(mut self, timeout: Option<Duration>) -> std::result::Result<B, (Error, Option<Work<B>>)> {
+    pub fn wait_timeout(
+        mut self,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<B, (Error, Option<Work<B>>)> {
         // SAFETY: a live work handle.
         match check(unsafe { sys::zs_work_wait(self.h, timeout_ms(timeout)) }) {
             Ok(()) => Ok(self.buffers.take().expect("buffers taken once")),
@@ -78,7 +81,10 @@ fn count_of<T>(v: &[T], per: usize, what: &str) -> Result<usize> {
 
 impl<'c> Group<'c> {
     pub(crate) fn from_handle(h: sys::zs_group, _ctx: &'c Context) -> Self {
-        Group { h, _ctx: PhantomData }
+        Group {
+            h,
+            _ctx: PhantomData,
+        }
     }
     pub(crate) fn handle(&self) -> sys::zs_group {
         self.h
@@ -106,14 +112,25 @@ impl<'c> Group<'c> {
 
     /// Every member's `send`, concatenated in group order.
     pub fn allgather<T: Element>(&self, send: Vec<T>) -> Result<Work<(Vec<T>, Vec<T>)>> {
-        let mut recv = vec![send.first().copied().unwrap_or_else(zeroed); send.len() * self.size()?];
+        let mut recv =
+            vec![send.first().copied().unwrap_or_else(zeroed); send.len() * self.size()?];
         let mut h = ptr::null_mut();
         // SAFETY: send and recv move into the Work, which keeps them until
         // the collective is done.
         check(unsafe {
-            sys::zs_allgather(&mut h, self.h, send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE.code())
+            sys::zs_allgather(
+                &mut h,
+                self.h,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE.code(),
+            )
         })?;
-        Ok(Work { h, buffers: Some((send, recv)) })
+        Ok(Work {
+            h,
+            buffers: Some((send, recv)),
+        })
     }
 
     /// Reduce `buf` over the group, in place.
@@ -121,35 +138,70 @@ impl<'c> Group<'c> {
         let mut h = ptr::null_mut();
         let p = buf.as_mut_ptr().cast::<c_void>();
         // SAFETY: as allgather; send == recv is allowed.
-        check(unsafe { sys::zs_allreduce(&mut h, self.h, p, p, buf.len(), T::DTYPE.code(), op.code()) })?;
-        Ok(Work { h, buffers: Some(buf) })
+        check(unsafe {
+            sys::zs_allreduce(&mut h, self.h, p, p, buf.len(), T::DTYPE.code(), op.code())
+        })?;
+        Ok(Work {
+            h,
+            buffers: Some(buf),
+        })
     }
 
     /// Member i receives the reduction of block i of `send`.
-    pub fn reduce_scatter<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Result<Work<(Vec<T>, Vec<T>)>> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<(Vec<T>, Vec<T>)>> {
         let n = count_of(&send, self.size()?, "send")?;
         let mut recv = vec![send.first().copied().unwrap_or_else(zeroed); n];
         let mut h = ptr::null_mut();
         // SAFETY: as allgather.
         check(unsafe {
-            sys::zs_reduce_scatter(&mut h, self.h, send.as_ptr().cast(), recv.as_mut_ptr().cast(), n, T::DTYPE.code(), op.code())
+            sys::zs_reduce_scatter(
+                &mut h,
+                self.h,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                n,
+                T::DTYPE.code(),
+                op.code(),
+            )
         })?;
-        Ok(Work { h, buffers: Some((send, recv)) })
+        Ok(Work {
+            h,
+            buffers: Some((send, recv)),
+        })
     }
 
     /// `buf` of group rank `root` to every member.
     pub fn broadcast<T: Element>(&self, mut buf: Vec<T>, root: i32) -> Result<Work<Vec<T>>> {
         let mut h = ptr::null_mut();
         // SAFETY: as allgather.
-        check(unsafe { sys::zs_broadcast(&mut h, self.h, buf.as_mut_ptr().cast(), buf.len(), T::DTYPE.code(), root) })?;
-        Ok(Work { h, buffers: Some(buf) })
+        check(unsafe {
+            sys::zs_broadcast(
+                &mut h,
+                self.h,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                T::DTYPE.code(),
+                root,
+            )
+        })?;
+        Ok(Work {
+            h,
+            buffers: Some(buf),
+        })
     }
 
     pub fn barrier(&self) -> Result<Work<()>> {
         let mut h = ptr::null_mut();
         // SAFETY: no buffers.
         check(unsafe { sys::zs_barrier(&mut h, self.h) })?;
-        Ok(Work { h, buffers: Some(()) })
+        Ok(Work {
+            h,
+            buffers: Some(()),
+        })
     }
 
     /// Blocking all-reduce over a borrowed slice: waits before returning,
@@ -159,7 +211,9 @@ impl<'c> Group<'c> {
         let p = buf.as_mut_ptr().cast::<c_void>();
         // SAFETY: the work is waited for and destroyed (which waits too)
         // before `buf`'s borrow ends; nothing in between can unwind.
-        check(unsafe { sys::zs_allreduce(&mut h, self.h, p, p, buf.len(), T::DTYPE.code(), op.code()) })?;
+        check(unsafe {
+            sys::zs_allreduce(&mut h, self.h, p, p, buf.len(), T::DTYPE.code(), op.code())
+        })?;
         let waited = check(unsafe { sys::zs_work_wait(h, sys::ZS_WAIT_FOREVER) });
         unsafe { sys::zs_work_destroy(h) };
         waited
@@ -170,13 +224,25 @@ impl<'c> Group<'c> {
         if recv.len() != send.len() * self.size()? {
             return Err(Error::new(
                 Status::BufferSize,
-                format!("recv has {} elements, expected {} * {}", recv.len(), send.len(), self.size()?),
+                format!(
+                    "recv has {} elements, expected {} * {}",
+                    recv.len(),
+                    send.len(),
+                    self.size()?
+                ),
             ));
         }
         let mut h = ptr::null_mut();
         // SAFETY: as allreduce_in_place.
         check(unsafe {
-            sys::zs_allgather(&mut h, self.h, send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE.code())
+            sys::zs_allgather(
+                &mut h,
+                self.h,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE.code(),
+            )
         })?;
         let waited = check(unsafe { sys::zs_work_wait(h, sys::ZS_WAIT_FOREVER) });
         unsafe { sys::zs_work_destroy(h) };

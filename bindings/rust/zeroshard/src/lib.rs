@@ -63,7 +63,9 @@ mod optimizer;
 mod param;
 mod types;
 
-pub use context::{config_check, version, Context, ContextOptions, CoordStats, FetchStats, MemoryStats};
+pub use context::{
+    config_check, version, Context, ContextOptions, CoordStats, FetchStats, MemoryStats,
+};
 pub use error::{Error, Result, Status};
 pub use group::{Group, Work};
 pub use optimizer::{Hparams, Optimizer, OptimizerKind, StepResult};

@@ -105,7 +105,9 @@ impl<'c> Optimizer<'c> {
         let h = hparams.to_c();
         let mut index = -1;
         // SAFETY: `handles.len()` handles, a struct of the header's size.
-        check(unsafe { sys::zs_optimizer_add_group(self.h, handles.as_ptr(), handles.len(), &h, &mut index) })?;
+        check(unsafe {
+            sys::zs_optimizer_add_group(self.h, handles.as_ptr(), handles.len(), &h, &mut index)
+        })?;
         Ok(index)
     }
 
@@ -137,7 +139,12 @@ impl<'c> Optimizer<'c> {
         let mut r = sys::zs_step_result::new();
         // SAFETY: a struct of the header's size.
         check(unsafe { sys::zs_optimizer_step(self.h, &mut r) })?;
-        Ok(StepResult { skipped: r.skipped != 0, grad_norm: r.grad_norm, loss_scale: r.loss_scale, step: r.step })
+        Ok(StepResult {
+            skipped: r.skipped != 0,
+            grad_norm: r.grad_norm,
+            loss_scale: r.loss_scale,
+            step: r.step,
+        })
     }
 
     pub fn loss_scale(&self) -> Result<f64> {
@@ -169,7 +176,10 @@ impl<'c> Optimizer<'c> {
     pub fn state(&mut self, param: &Param<'c>, slot: i32) -> Result<&mut [f32]> {
         self.no_views("optimizer state access")?;
         if let Device::Cuda(i) = param.info()?.device {
-            return Err(Error::new(Status::NotSupported, format!("optimizer state lives on cuda:{i}")));
+            return Err(Error::new(
+                Status::NotSupported,
+                format!("optimizer state lives on cuda:{i}"),
+            ));
         }
         let (mut data, mut n) = (ptr::null_mut(), 0u64);
         // SAFETY: out pointers.

@@ -19,13 +19,24 @@ use crate::types::{expect_element, timeout_ms, DType, Device, Element, ParamStat
 pub enum Init<'d> {
     Zeros,
     /// N(mean, std^2) from `seed`, no traffic.
-    Normal { seed: u64, mean: f64, std: f64 },
+    Normal {
+        seed: u64,
+        mean: f64,
+        std: f64,
+    },
     /// U[low, high) from `seed`, no traffic.
-    Uniform { seed: u64, low: f64, high: f64 },
+    Uniform {
+        seed: u64,
+        low: f64,
+        high: f64,
+    },
     /// The same full values on every rank (raw bytes of the dtype), no traffic.
     FromAll(&'d [u8]),
     /// Full values read on group rank `src_rank` only (None elsewhere): a scatter.
-    FromRank { src_rank: i32, data: Option<&'d [u8]> },
+    FromRank {
+        src_rank: i32,
+        data: Option<&'d [u8]>,
+    },
 }
 
 /// What `Context::register` needs.
@@ -40,7 +51,13 @@ pub struct ParamSpec<'d, 'g, 'c> {
 
 impl<'d, 'g, 'c> ParamSpec<'d, 'g, 'c> {
     pub fn new(name: impl Into<String>, dtype: DType, shape: &[i64]) -> Self {
-        ParamSpec { name: name.into(), dtype, shape: shape.to_vec(), init: Init::Zeros, group: None }
+        ParamSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            init: Init::Zeros,
+            group: None,
+        }
     }
     pub fn init(mut self, init: Init<'d>) -> Self {
         self.init = init;
@@ -105,7 +122,8 @@ impl Context {
                 (o.init, o.seed, o.a, o.b) = (sys::ZS_INIT_UNIFORM, seed, low, high);
             }
             Init::FromAll(data) => {
-                (o.init, o.data, o.data_bytes) = (sys::ZS_INIT_FROM_ALL, data.as_ptr().cast(), data.len());
+                (o.init, o.data, o.data_bytes) =
+                    (sys::ZS_INIT_FROM_ALL, data.as_ptr().cast(), data.len());
             }
             Init::FromRank { src_rank, data } => {
                 o.init = sys::ZS_INIT_FROM_RANK;
@@ -123,7 +141,12 @@ impl Context {
         // scatters what it reads.
         check(unsafe { sys::zs_param_register(&mut h, self.h, &o) })?;
         let numel = spec.shape.iter().product::<i64>() as u64;
-        Ok(Param { h, _ctx: PhantomData, dtype: spec.dtype, numel })
+        Ok(Param {
+            h,
+            _ctx: PhantomData,
+            dtype: spec.dtype,
+            numel,
+        })
     }
 
     /// Gather params as one coalesced asynchronous all-gather. Collective
@@ -133,7 +156,12 @@ impl Context {
         let mut h = ptr::null_mut();
         // SAFETY: `handles.len()` handles.
         check(unsafe { sys::zs_fetch(&mut h, self.h, handles.as_ptr(), handles.len()) })?;
-        Ok(Gather { h, ctx: self, params: params.to_vec(), handles })
+        Ok(Gather {
+            h,
+            ctx: self,
+            params: params.to_vec(),
+            handles,
+        })
     }
 
     /// The coordinator's fetch of a module's params: blocks until all are
@@ -200,7 +228,9 @@ impl<'c> Param<'c> {
         expect_element::<T>(self.dtype, "this param")?;
         // SAFETY: `dst` is writable for its byte size, which the engine
         // checks against numel * dtype size.
-        check(unsafe { sys::zs_param_copy_to(self.h, dst.as_mut_ptr().cast(), std::mem::size_of_val(dst)) })
+        check(unsafe {
+            sys::zs_param_copy_to(self.h, dst.as_mut_ptr().cast(), std::mem::size_of_val(dst))
+        })
     }
 
     /// Hand the engine this param's full gradient (numel elements of `T`'s
@@ -211,7 +241,12 @@ impl<'c> Param<'c> {
         expect_element::<T>(dtype, "the gradient")?;
         // SAFETY: `grad` is readable for its byte size; the engine copies it.
         check(unsafe {
-            sys::zs_grad_push(self.h, grad.as_ptr().cast::<c_void>(), dtype.code(), std::mem::size_of_val(grad))
+            sys::zs_grad_push(
+                self.h,
+                grad.as_ptr().cast::<c_void>(),
+                dtype.code(),
+                std::mem::size_of_val(grad),
+            )
         })
     }
 }
@@ -242,7 +277,10 @@ impl<'p, 'c> Gather<'p, 'c> {
     }
 
     /// As `wait`; on `Status::Timeout` the gather comes back to wait again.
-    pub fn wait_timeout(self, timeout: Option<Duration>) -> std::result::Result<Gathered<'p, 'c>, (Error, Option<Self>)> {
+    pub fn wait_timeout(
+        self,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Gathered<'p, 'c>, (Error, Option<Self>)> {
         // SAFETY: a live gather handle.
         if let Err(e) = check(unsafe { sys::zs_gather_wait(self.h, timeout_ms(timeout)) }) {
             let again = (e.status == Status::Timeout).then_some(self);
@@ -256,7 +294,13 @@ impl<'p, 'c> Gather<'p, 'c> {
         let handles = std::mem::take(&mut this.handles);
         let ctx = this.ctx;
         ctx.views.fetch_add(1, Ordering::SeqCst);
-        Ok(Gathered { ctx, params, handles, released: false, _not_send_by_default: PhantomData })
+        Ok(Gathered {
+            ctx,
+            params,
+            handles,
+            released: false,
+            _not_send_by_default: PhantomData,
+        })
     }
 
     pub fn test(&self) -> Result<bool> {
@@ -306,13 +350,19 @@ impl<'p, 'c> Gathered<'p, 'c> {
 
     fn raw(&self, i: usize) -> Result<(*mut c_void, usize)> {
         let p = self.params.get(i).ok_or_else(|| {
-            Error::new(Status::InvalidArgument, format!("index {i}: {} params gathered", self.params.len()))
+            Error::new(
+                Status::InvalidArgument,
+                format!("index {i}: {} params gathered", self.params.len()),
+            )
         })?;
         let info = p.info()?;
         if info.device != Device::Cpu {
             return Err(Error::new(
                 Status::NotSupported,
-                format!("param '{}' lives on {:?}: read it with Param::copy_to", info.name, info.device),
+                format!(
+                    "param '{}' lives on {:?}: read it with Param::copy_to",
+                    info.name, info.device
+                ),
             ));
         }
         let mut data = ptr::null_mut();
@@ -323,7 +373,10 @@ impl<'p, 'c> Gathered<'p, 'c> {
 
     /// The full data of param `i` (numel elements, row-major).
     pub fn data<T: Element>(&self, i: usize) -> Result<&[T]> {
-        expect_element::<T>(self.params.get(i).map_or(T::DTYPE, |p| p.dtype), "this param")?;
+        expect_element::<T>(
+            self.params.get(i).map_or(T::DTYPE, |p| p.dtype),
+            "this param",
+        )?;
         let (data, n) = self.raw(i)?;
         if n == 0 {
             return Ok(&[]);
@@ -334,7 +387,10 @@ impl<'p, 'c> Gathered<'p, 'c> {
 
     /// Writable full data; `update` makes the writes stick.
     pub fn data_mut<T: Element>(&mut self, i: usize) -> Result<&mut [T]> {
-        expect_element::<T>(self.params.get(i).map_or(T::DTYPE, |p| p.dtype), "this param")?;
+        expect_element::<T>(
+            self.params.get(i).map_or(T::DTYPE, |p| p.dtype),
+            "this param",
+        )?;
         let (data, n) = self.raw(i)?;
         if n == 0 {
             return Ok(&mut []);
@@ -347,7 +403,14 @@ impl<'p, 'c> Gathered<'p, 'c> {
     /// and re-partition it, so the change survives release. Collective.
     pub fn update(&mut self, modifier_rank: i32) -> Result<()> {
         // SAFETY: the params are AVAILABLE; &mut self excludes other views.
-        check(unsafe { sys::zs_param_update(self.ctx.h, self.handles.as_ptr(), self.handles.len(), modifier_rank) })
+        check(unsafe {
+            sys::zs_param_update(
+                self.ctx.h,
+                self.handles.as_ptr(),
+                self.handles.len(),
+                modifier_rank,
+            )
+        })
     }
 
     /// Release now, with the error if any (dropping releases too).

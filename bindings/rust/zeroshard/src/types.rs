@@ -35,7 +35,12 @@ impl DType {
             sys::ZS_BFLOAT16 => DType::BF16,
             sys::ZS_FLOAT16 => DType::F16,
             sys::ZS_UINT8 => DType::U8,
-            other => return Err(Error::new(Status::Internal, format!("unknown dtype code {other}"))),
+            other => {
+                return Err(Error::new(
+                    Status::Internal,
+                    format!("unknown dtype code {other}"),
+                ))
+            }
         })
     }
 }
@@ -78,7 +83,10 @@ pub(crate) fn expect_element<T: Element>(dtype: DType, what: &str) -> Result<()>
     } else {
         Err(Error::new(
             Status::InvalidArgument,
-            format!("{what} holds {dtype:?} elements, not {}", std::any::type_name::<T>()),
+            format!(
+                "{what} holds {dtype:?} elements, not {}",
+                std::any::type_name::<T>()
+            ),
         ))
     }
 }
