@@ -280,6 +280,15 @@ pub fn config_check(json: &str, world_size: i32) -> Result<()> {
     check(unsafe { sys::zs_config_check(c.as_ptr(), world_size) })
 }
 
+/// CUDA devices this process can use, and why there are none when 0 (a
+/// build without CUDA, no driver, no device visible).
+pub fn cuda_device_count() -> Result<(i32, String)> {
+    let (mut n, mut reason) = (0, ptr::null());
+    // SAFETY: out pointers; the reason is a static string of the library.
+    check(unsafe { sys::zs_cuda_device_count(&mut n, &mut reason) })?;
+    Ok((n, owned_str(reason)))
+}
+
 /// The library's version ("MAJOR.MINOR.PATCH").
 pub fn version() -> String {
     // SAFETY: a static string; NULL outputs are allowed.

@@ -64,7 +64,8 @@ mod param;
 mod types;
 
 pub use context::{
-    config_check, version, Context, ContextOptions, CoordStats, FetchStats, MemoryStats,
+    config_check, cuda_device_count, version, Context, ContextOptions, CoordStats, FetchStats,
+    MemoryStats,
 };
 pub use error::{Error, Result, Status};
 pub use group::{Group, Work};

@@ -65,6 +65,8 @@ fn errors_carry_the_status_and_the_engines_message() {
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.contains("-1"), "{e}");
     assert_eq!(version(), "0.1.0");
+    let (gpus, why) = cuda_device_count().unwrap();
+    assert!(gpus > 0 || !why.is_empty(), "no GPU and no reason given");
 }
 
 #[test]
