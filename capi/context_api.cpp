@@ -98,9 +98,9 @@ ZS_API zs_status zs_context_inactive_config_keys(zs_context h, const char** json
   });
 }
 
-ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats) {
+ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats_out) {
   return guarded([&] {
-    checked_sized(stats, "stats");
+    SizedOut<zs_memory_stats> stats(stats_out, "stats");
     auto ctx = context_of(h, "ctx");
     const MemoryStats m = ctx->memory_snapshot();
     stats->shard_bytes = m.shard_bytes;
@@ -139,9 +139,9 @@ ZS_API zs_status zs_cuda_device_count(int* count, const char** reason) {
   });
 }
 
-ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats) {
+ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats_out) {
   return guarded([&] {
-    checked_sized(stats, "stats");
+    SizedOut<zs_fetch_stats> stats(stats_out, "stats");
     auto ctx = context_of(h, "ctx");
     const FetchCounters c = ctx->counters_snapshot();
     stats->gathers = c.gathers;

@@ -49,9 +49,9 @@ ZS_API zs_status zs_leaf_group(zs_context h, const zs_param* params, size_t n) {
   return with_params(h, params, n, [](Coordinator& c, const ParamList& l) { c.add_leaf(l); });
 }
 
-ZS_API zs_status zs_coord_get_stats(zs_context h, zs_coord_stats* out) {
+ZS_API zs_status zs_coord_get_stats(zs_context h, zs_coord_stats* out_stats) {
   return with_coordinator(h, [&](Context&, Coordinator& c) {
-    checked_sized(out, "stats");
+    SizedOut<zs_coord_stats> out(out_stats, "stats");
     const CoordStats s = c.stats();
     out->steps = s.steps;
     out->fetch_calls = s.fetch_calls;

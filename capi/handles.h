@@ -15,6 +15,7 @@
 #include "impl/fetch/gather.h"
 #include "impl/optim/optimizer.h"
 #include "impl/partition/param.h"
+#include "capi/sized.h"
 #include "zeroshard/zeroshard.h"
 
 namespace zs::capi {
@@ -76,20 +77,11 @@ T* checked_out(T* out, const char* arg) {
   return out;
 }
 
-// Structs that cross the ABI start with `size`, which must cover the
-// fields this library reads or writes (callers fill it with _INIT macros).
+// An options struct as this library knows it, read up to the caller's
+// `size` with defaults after it (capi/sized.h).
 template <typename T>
-T& checked_sized(T* p, const char* arg) {
-  if (p == nullptr) fail(Code::InvalidArgument, arg, " is NULL");
-  if (p->size < sizeof(T))
-    fail(Code::InvalidArgument, arg, "->size is ", p->size, ", expected at least ", sizeof(T),
-         " (initialise it with its _INIT macro)");
-  return *p;
-}
-
-template <typename T>
-const T& checked_options(const T* options, const char* arg) {
-  return checked_sized(const_cast<T*>(options), arg);
+T checked_options(const T* options, const char* arg) {
+  return read_sized(options, arg);
 }
 
 template <typename H>

@@ -80,9 +80,9 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
   });
 }
 
-ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info) {
+ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info_out) {
   return with_param(h, [&](Context& ctx, Param& p) {
-    checked_sized(info, "info");
+    SizedOut<zs_param_info> info(info_out, "info");
     const ParamStatus status = settle(ctx, p);
     info->name = p.name.c_str();
     info->dtype = static_cast<zs_dtype>(p.dtype);

@@ -103,9 +103,9 @@ ZS_API zs_status zs_optimizer_set_lr(zs_optimizer h, int group, double lr) {
   return with_optimizer(h, [&](Context&, Optimizer& o) { o.set_lr(group, lr); });
 }
 
-ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result) {
+ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result_out) {
   return with_optimizer(h, [&](Context&, Optimizer& o) {
-    if (result) checked_sized(result, "result");
+    SizedOut<zs_step_result> result(result_out, "result", /*nullable=*/true);
     const StepResult r = o.step();
     if (!result) return;
     result->skipped = r.skipped ? 1 : 0;

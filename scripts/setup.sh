@@ -19,6 +19,10 @@ done
 # The interpreter that makes the venv: the machine's python3 (3.11). Debian's
 # own python3 needs python3-venv for that; another python3 (pyenv) has it.
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+# Rust (bindings/rust, std only): a cargo already on PATH (rustup) is used
+# as it is; otherwise Debian 12's cargo-web (Rust 1.85 or later; its plain
+# `cargo` package is 1.65, older than the crates' rust-version 1.77).
+command -v cargo >/dev/null 2>&1 || missing+=(cargo-web)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   SUDO=""

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Every test: build, then the whole CTest suite (GoogleTest cases, each in
-# its own process; multi-rank cases fork real ranks over loopback), then the
-# Python binding's pytest suite under the project's venv (.venv, made by
-# scripts/setup.sh: torch, transformers, Lightning and DeepSpeed from PyPI).
+# its own process; multi-rank cases fork real ranks over loopback; the ABI
+# checks), then the Python binding's pytest suite under the project's venv
+# (.venv, made by scripts/setup.sh: torch, transformers, Lightning and
+# DeepSpeed from PyPI), then the Rust crates' tests (offline, std only,
+# built into build/rust).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 ctest --test-dir build --output-on-failure -j"${CTEST_JOBS:-2}"
 ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" .venv/bin/python -m pytest -q bindings/python/tests
+# From its folder, so that cargo reads bindings/rust/.cargo/config.toml.
+lib_dir="$PWD/build/lib"
+(cd bindings/rust && ZEROSHARD_LIB_DIR="$lib_dir" cargo test --offline --workspace)

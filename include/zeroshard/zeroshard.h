@@ -9,8 +9,15 @@
  *    caller ownership of a handle; zs_xxx_destroy takes it back and accepts
  *    NULL. A stale, destroyed or foreign handle gives ZS_ERR_INVALID_HANDLE,
  *    never a crash; handle values are never reused within a process.
- *  - Options structs start with their `size`; fill them with the matching
- *    ZS_XXX_OPTIONS_INIT macro, then set the fields you need.
+ *  - Structs that cross the ABI start with their `size`; fill them with the
+ *    matching ZS_XXX_INIT macro, or the zs_xxx_init(s, sizeof *s) function
+ *    where macros cannot be used, then set the fields you need. Later
+ *    releases only append fields: the library reads and writes the first
+ *    `size` bytes of a caller's struct and gives the fields after them
+ *    their defaults, so a program compiled against an older header keeps
+ *    working. A size below the struct's size in the first release (0.1), or
+ *    above the size the library knows (a newer header than the library), is
+ *    INVALID_ARGUMENT naming both sizes.
  *  - Asynchronous work returns a handle with _wait (blocking, with a
  *    timeout) and _test (non-blocking). Errors of background work surface on
  *    the next call that depends on it and through zs_context_async_error.
@@ -232,6 +239,10 @@ typedef struct zs_context_options {
 #define ZS_CONTEXT_OPTIONS_INIT \
   { sizeof(zs_context_options), -1, -1, -1, -1, NULL, -1, NULL, NULL, NULL, 0, NULL, NULL, NULL }
 
+/* ZS_CONTEXT_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_context_options_init(zs_context_options* options, size_t size);
+
 /* Bring up a context: read rank and world (options, then torchrun's RANK /
  * WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_*,
  * Slurm's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID), parse the config,
@@ -307,6 +318,10 @@ typedef struct zs_memory_stats {
 } zs_memory_stats;
 #define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
+/* ZS_MEMORY_STATS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *stats (pass sizeof *stats). */
+ZS_API zs_status zs_memory_stats_init(zs_memory_stats* stats, size_t size);
+
 /* Which way fetches went. */
 typedef struct zs_fetch_stats {
   size_t size;                   /* sizeof(zs_fetch_stats) */
@@ -315,6 +330,10 @@ typedef struct zs_fetch_stats {
   uint64_t hierarchical_gathers; /* MiCS two-hop gathers */
 } zs_fetch_stats;
 #define ZS_FETCH_STATS_INIT { sizeof(zs_fetch_stats), 0, 0, 0 }
+
+/* ZS_FETCH_STATS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *stats (pass sizeof *stats). */
+ZS_API zs_status zs_fetch_stats_init(zs_fetch_stats* stats, size_t size);
 
 ZS_API zs_status zs_context_fetch_stats(zs_context ctx, zs_fetch_stats* stats);
 
@@ -405,6 +424,10 @@ typedef struct zs_param_options {
 #define ZS_PARAM_OPTIONS_INIT \
   { sizeof(zs_param_options), NULL, ZS_FLOAT32, 0, NULL, ZS_INIT_ZEROS, NULL, 0, 0, 0, 0.0, 1.0, NULL }
 
+/* ZS_PARAM_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_param_options_init(zs_param_options* options, size_t size);
+
 /* Register a parameter: this rank keeps only its padded shard of
  * ceil(numel / G) elements (G = group size; the last ranks hold the zero
  * padding) and frees the rest before returning. Collective over the group
@@ -430,6 +453,10 @@ typedef struct zs_param_info {
   int device_id;
 } zs_param_info;
 #define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE, ZS_DEVICE_CPU, 0 }
+
+/* ZS_PARAM_INFO_INIT for languages without C macros: its values into the
+ * first `size` bytes of *info (pass sizeof *info). */
+ZS_API zs_status zs_param_info_init(zs_param_info* info, size_t size);
 
 ZS_API zs_status zs_param_get_info(zs_param param, zs_param_info* info);
 ZS_API zs_status zs_param_get_status(zs_param param, zs_param_status* status);
@@ -545,6 +572,10 @@ typedef struct zs_optim_hparams {
 #define ZS_OPTIM_HPARAMS_INIT \
   { sizeof(zs_optim_hparams), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0, 1 }
 
+/* ZS_OPTIM_HPARAMS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *hparams (pass sizeof *hparams). */
+ZS_API zs_status zs_optim_hparams_init(zs_optim_hparams* hparams, size_t size);
+
 /* An optimizer over params of ctx; its state is sized to this rank's
  * shards. Mixed precision follows the config: with bf16 or fp16 params the
  * engine keeps fp32 master shards; with fp16 it runs the loss scaler
@@ -571,6 +602,10 @@ typedef struct zs_step_result {
   int64_t step;      /* optimizer steps taken so far (skipped ones excluded) */
 } zs_step_result;
 #define ZS_STEP_RESULT_INIT { sizeof(zs_step_result), 0, 0.0, 1.0, 0 }
+
+/* ZS_STEP_RESULT_INIT for languages without C macros: its values into the
+ * first `size` bytes of *result (pass sizeof *result). */
+ZS_API zs_status zs_step_result_init(zs_step_result* result, size_t size);
 
 /* One optimizer step, collective over the world: zs_grad_sync, global norm,
  * overflow check (a step with inf/NaN gradients is skipped on every rank),
@@ -640,6 +675,10 @@ typedef struct zs_coord_stats {
   uint64_t trace_length;   /* units in the recorded trace */
 } zs_coord_stats;
 #define ZS_COORD_STATS_INIT { sizeof(zs_coord_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* ZS_COORD_STATS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *stats (pass sizeof *stats). */
+ZS_API zs_status zs_coord_stats_init(zs_coord_stats* stats, size_t size);
 
 ZS_API zs_status zs_coord_get_stats(zs_context ctx, zs_coord_stats* stats);
 

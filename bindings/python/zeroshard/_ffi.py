@@ -23,7 +23,7 @@ __all__ = ["ffi", "lib", "library_path", "CDEF", "ZS_VERSION_MAJOR", "ZS_VERSION
            "ZS_VERSION_PATCH", "ZS_VERSION", "ZS_MAX_DIMS", "ZS_WAIT_FOREVER"]
 
 # Macros of the header (cffi's ABI mode cannot read their values from the
-# library, and the *_INIT initialisers are reproduced in core.py).
+# library; the *_INIT initialisers are the library's zs_xxx_init functions).
 ZS_VERSION_MAJOR = 0
 ZS_VERSION_MINOR = 1
 ZS_VERSION_PATCH = 0
@@ -139,6 +139,7 @@ typedef struct zs_context_options {
   const char* device;
   const char* backend;
 } zs_context_options;
+zs_status zs_context_options_init(zs_context_options* options, size_t size);
 
 zs_status zs_context_create(zs_context* out, const zs_context_options* options);
 zs_status zs_context_destroy(zs_context ctx);
@@ -167,6 +168,7 @@ typedef struct zs_memory_stats {
   uint64_t device_system_allocs;
   uint64_t device_reuses;
 } zs_memory_stats;
+zs_status zs_memory_stats_init(zs_memory_stats* stats, size_t size);
 
 typedef struct zs_fetch_stats {
   size_t size;
@@ -174,6 +176,7 @@ typedef struct zs_fetch_stats {
   uint64_t hpz_gathers;
   uint64_t hierarchical_gathers;
 } zs_fetch_stats;
+zs_status zs_fetch_stats_init(zs_fetch_stats* stats, size_t size);
 
 zs_status zs_context_fetch_stats(zs_context ctx, zs_fetch_stats* stats);
 zs_status zs_context_device(zs_context ctx, zs_device_type* type, int* device_id,
@@ -219,6 +222,7 @@ typedef struct zs_param_options {
   double a, b;
   zs_group group;
 } zs_param_options;
+zs_status zs_param_options_init(zs_param_options* options, size_t size);
 
 zs_status zs_param_register(zs_param* out, zs_context ctx, const zs_param_options* options);
 zs_status zs_param_destroy(zs_param param);
@@ -238,6 +242,7 @@ typedef struct zs_param_info {
   zs_device_type device_type;
   int device_id;
 } zs_param_info;
+zs_status zs_param_info_init(zs_param_info* info, size_t size);
 
 zs_status zs_param_get_info(zs_param param, zs_param_info* info);
 zs_status zs_param_get_status(zs_param param, zs_param_status* status);
@@ -278,6 +283,7 @@ typedef struct zs_optim_hparams {
   int nesterov;
   int bias_correction;
 } zs_optim_hparams;
+zs_status zs_optim_hparams_init(zs_optim_hparams* hparams, size_t size);
 
 zs_status zs_optimizer_create(zs_optimizer* out, zs_context ctx, zs_optimizer_kind kind);
 zs_status zs_optimizer_destroy(zs_optimizer opt);
@@ -293,6 +299,7 @@ typedef struct zs_step_result {
   double loss_scale;
   int64_t step;
 } zs_step_result;
+zs_status zs_step_result_init(zs_step_result* result, size_t size);
 
 zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
@@ -324,6 +331,7 @@ typedef struct zs_coord_stats {
   uint64_t trace_invalidations;
   uint64_t trace_length;
 } zs_coord_stats;
+zs_status zs_coord_stats_init(zs_coord_stats* stats, size_t size);
 
 zs_status zs_coord_get_stats(zs_context ctx, zs_coord_stats* stats);
 """

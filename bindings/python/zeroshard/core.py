@@ -186,25 +186,11 @@ def _struct_dict(cdata, ctype):
             for name, _ in ffi.typeof(ctype).fields if name != "size"}
 
 
-# The header's ZS_XXX_INIT initialisers: `size` plus these non-zero fields
-# (tests/test_binding_header.py checks them against the macros).
-_INIT_DEFAULTS = {
-    "zs_context_options": dict(rank=-1, world_size=-1, local_rank=-1, local_world_size=-1,
-                               store_port=-1),
-    "zs_param_options": dict(b=1.0),
-    "zs_param_info": dict(device_type=DEVICE_CPU),
-    "zs_optim_hparams": dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
-                             bias_correction=1),
-    "zs_step_result": dict(loss_scale=1.0),
-}
-
-
 def _new_struct(ctype):
-    """A new struct as its ZS_XXX_INIT macro initialises it."""
+    """A new struct as its ZS_XXX_INIT macro initialises it, filled by the
+    library's zs_xxx_init (the defaults of the library actually loaded)."""
     s = ffi.new(ctype + "*")
-    s.size = ffi.sizeof(ctype)
-    for field, value in _INIT_DEFAULTS.get(ctype, {}).items():
-        setattr(s, field, value)
+    check(getattr(lib, ctype + "_init")(s, ffi.sizeof(ctype)))
     return s
 
 

@@ -1,0 +1,474 @@
+//! Raw declarations of `include/zeroshard/zeroshard.h`, written by hand.
+//!
+//! C enums are `c_int` type aliases with one constant per value (a C enum
+//! may hold any `int`; a Rust enum may not). Structs are `#[repr(C)]` with
+//! the header's fields in its order. `tests/layout.rs` checks all of it —
+//! every struct's size, alignment and field offsets, every enum value, every
+//! function's name and C types — against the C compiler's view of the
+//! header, so this file cannot drift from it silently.
+#![allow(non_camel_case_types, non_upper_case_globals)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub const ZS_VERSION_MAJOR: c_int = 0;
+pub const ZS_VERSION_MINOR: c_int = 1;
+pub const ZS_VERSION_PATCH: c_int = 0;
+pub const ZS_VERSION: c_int = ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH;
+pub const ZS_MAX_DIMS: usize = 8;
+pub const ZS_WAIT_FOREVER: c_int = -1;
+
+macro_rules! c_enum {
+    ($ty:ident { $($name:ident = $value:expr,)* }) => {
+        pub type $ty = c_int;
+        $(pub const $name: $ty = $value;)*
+    };
+}
+
+c_enum!(zs_status {
+    ZS_OK = 0,
+    ZS_ERR_INVALID_ARGUMENT = 1,
+    ZS_ERR_INVALID_HANDLE = 2,
+    ZS_ERR_INVALID_STATE = 3,
+    ZS_ERR_INVALID_CONFIG = 4,
+    ZS_ERR_OUT_OF_MEMORY = 5,
+    ZS_ERR_TIMEOUT = 6,
+    ZS_ERR_COMM = 7,
+    ZS_ERR_BOOTSTRAP = 8,
+    ZS_ERR_NOT_SUPPORTED = 9,
+    ZS_ERR_BUFFER_SIZE = 10,
+    ZS_ERR_INTERNAL = 11,
+    ZS_STATUS_ENUM_MIN_ = i32::MIN,
+    ZS_STATUS_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_dtype {
+    ZS_FLOAT32 = 0,
+    ZS_BFLOAT16 = 1,
+    ZS_FLOAT16 = 2,
+    ZS_UINT8 = 3,
+    ZS_DTYPE_ENUM_MIN_ = i32::MIN,
+    ZS_DTYPE_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_device_type {
+    ZS_DEVICE_CPU = 1,
+    ZS_DEVICE_CUDA = 2,
+    ZS_DEVICE_TYPE_ENUM_MIN_ = i32::MIN,
+    ZS_DEVICE_TYPE_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_reduce_op {
+    ZS_SUM = 0,
+    ZS_AVG = 1,
+    ZS_MAX = 2,
+    ZS_MIN = 3,
+    ZS_REDUCE_OP_ENUM_MIN_ = i32::MIN,
+    ZS_REDUCE_OP_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_param_status {
+    ZS_PARAM_NOT_AVAILABLE = 0,
+    ZS_PARAM_INFLIGHT = 1,
+    ZS_PARAM_AVAILABLE = 2,
+    ZS_PARAM_STATUS_ENUM_MIN_ = i32::MIN,
+    ZS_PARAM_STATUS_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_init {
+    ZS_INIT_ZEROS = 0,
+    ZS_INIT_FROM_RANK = 1,
+    ZS_INIT_FROM_ALL = 2,
+    ZS_INIT_NORMAL = 3,
+    ZS_INIT_UNIFORM = 4,
+    ZS_INIT_ENUM_MIN_ = i32::MIN,
+    ZS_INIT_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_group_kind {
+    ZS_GROUP_WORLD = 0,
+    ZS_GROUP_PARTITION = 1,
+    ZS_GROUP_MICS_SHARD = 2,
+    ZS_GROUP_MICS_REPLICA = 3,
+    ZS_GROUP_HPZ = 4,
+    ZS_GROUP_MICS_INTER = 5,
+    ZS_GROUP_MICS_INTRA = 6,
+    ZS_GROUP_KIND_ENUM_MIN_ = i32::MIN,
+    ZS_GROUP_KIND_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_optimizer_kind {
+    ZS_OPTIM_ADAMW = 0,
+    ZS_OPTIM_ADAM = 1,
+    ZS_OPTIM_SGD = 2,
+    ZS_OPTIM_KIND_ENUM_MIN_ = i32::MIN,
+    ZS_OPTIM_KIND_ENUM_MAX_ = i32::MAX,
+});
+
+macro_rules! opaque {
+    ($($s:ident => $h:ident,)*) => {$(
+        #[repr(C)]
+        pub struct $s {
+            _private: [u8; 0],
+        }
+        pub type $h = *mut $s;
+    )*};
+}
+
+opaque! {
+    zs_context_s => zs_context,
+    zs_group_s => zs_group,
+    zs_param_s => zs_param,
+    zs_gather_s => zs_gather,
+    zs_work_s => zs_work,
+    zs_optimizer_s => zs_optimizer,
+}
+
+/// DLPack's tensor, opaque here (`dlpack/dlpack.h`).
+#[repr(C)]
+pub struct DLManagedTensor {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_context_options {
+    pub size: usize,
+    pub rank: c_int,
+    pub world_size: c_int,
+    pub local_rank: c_int,
+    pub local_world_size: c_int,
+    pub store_host: *const c_char,
+    pub store_port: c_int,
+    pub file_store_path: *const c_char,
+    pub config_json: *const c_char,
+    pub config_path: *const c_char,
+    pub timeout_ms: c_int,
+    pub transport_host: *const c_char,
+    pub device: *const c_char,
+    pub backend: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_memory_stats {
+    pub size: usize,
+    pub shard_bytes: u64,
+    pub gathered_bytes: u64,
+    pub peak_gathered_bytes: u64,
+    pub unsharded_bytes: u64,
+    pub num_params: u64,
+    pub host_cache_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub hpz_secondary_bytes: u64,
+    pub device_cache_bytes: u64,
+    pub device_system_allocs: u64,
+    pub device_reuses: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_fetch_stats {
+    pub size: usize,
+    pub gathers: u64,
+    pub hpz_gathers: u64,
+    pub hierarchical_gathers: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_param_options {
+    pub size: usize,
+    pub name: *const c_char,
+    pub dtype: zs_dtype,
+    pub ndim: c_int,
+    pub shape: *const i64,
+    pub init: zs_init,
+    pub data: *const c_void,
+    pub data_bytes: usize,
+    pub src_rank: c_int,
+    pub seed: u64,
+    pub a: f64,
+    pub b: f64,
+    pub group: zs_group,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_param_info {
+    pub size: usize,
+    pub name: *const c_char,
+    pub dtype: zs_dtype,
+    pub ndim: c_int,
+    pub shape: [i64; ZS_MAX_DIMS],
+    pub numel: u64,
+    pub shard_numel: u64,
+    pub padded_numel: u64,
+    pub shard_offset: u64,
+    pub shard_valid: u64,
+    pub status: zs_param_status,
+    pub device_type: zs_device_type,
+    pub device_id: c_int,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_optim_hparams {
+    pub size: usize,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: c_int,
+    pub bias_correction: c_int,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_step_result {
+    pub size: usize,
+    pub skipped: c_int,
+    pub grad_norm: f64,
+    pub loss_scale: f64,
+    pub step: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_coord_stats {
+    pub size: usize,
+    pub steps: u64,
+    pub fetch_calls: u64,
+    pub demand_fetches: u64,
+    pub prefetches: u64,
+    pub blocked_waits: u64,
+    pub reuse_hits: u64,
+    pub kept_for_reuse: u64,
+    pub persistent_params: u64,
+    pub live_elements: u64,
+    pub peak_live_elements: u64,
+    pub trace_invalidations: u64,
+    pub trace_length: u64,
+}
+
+/// Declares `new()` for each struct: the library's `zs_xxx_init`, i.e. the
+/// header's `ZS_XXX_INIT` values (Rust cannot expand the C macros).
+macro_rules! init_with_library {
+    ($($ty:ident => $init:ident,)*) => {$(
+        impl $ty {
+            /// The struct as its `ZS_..._INIT` macro fills it, from the
+            /// library's own defaults.
+            pub fn new() -> Self {
+                let mut s = std::mem::MaybeUninit::<$ty>::zeroed();
+                // SAFETY: the library writes size_of::<$ty>() bytes, all of
+                // the struct; a failure would leave zeroes, which are valid
+                // for every field (null pointers, zero numbers).
+                let status = unsafe { $init(s.as_mut_ptr(), std::mem::size_of::<$ty>()) };
+                assert_eq!(status, ZS_OK, concat!(stringify!($init), " failed"));
+                unsafe { s.assume_init() }
+            }
+        }
+        impl Default for $ty {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+    )*};
+}
+
+init_with_library! {
+    zs_context_options => zs_context_options_init,
+    zs_memory_stats => zs_memory_stats_init,
+    zs_fetch_stats => zs_fetch_stats_init,
+    zs_param_options => zs_param_options_init,
+    zs_param_info => zs_param_info_init,
+    zs_optim_hparams => zs_optim_hparams_init,
+    zs_step_result => zs_step_result_init,
+    zs_coord_stats => zs_coord_stats_init,
+}
+
+// In the header's order; tests/layout.rs reads this block back and compares
+// each declaration with the header's prototype.
+extern "C" {
+    pub fn zs_version(major: *mut c_int, minor: *mut c_int, patch: *mut c_int) -> *const c_char;
+    pub fn zs_status_string(status: zs_status) -> *const c_char;
+    pub fn zs_last_error() -> *const c_char;
+    pub fn zs_context_options_init(options: *mut zs_context_options, size: usize) -> zs_status;
+    pub fn zs_context_create(out: *mut zs_context, options: *const zs_context_options)
+        -> zs_status;
+    pub fn zs_context_destroy(ctx: zs_context) -> zs_status;
+    pub fn zs_context_rank(ctx: zs_context, rank: *mut c_int) -> zs_status;
+    pub fn zs_context_world_size(ctx: zs_context, world_size: *mut c_int) -> zs_status;
+    pub fn zs_context_local_rank(ctx: zs_context, local_rank: *mut c_int) -> zs_status;
+    pub fn zs_context_local_world_size(ctx: zs_context, local_world_size: *mut c_int) -> zs_status;
+    pub fn zs_context_async_error(ctx: zs_context) -> zs_status;
+    pub fn zs_context_config_json(ctx: zs_context, json: *mut *const c_char) -> zs_status;
+    pub fn zs_context_unused_config_keys(
+        ctx: zs_context,
+        json_array: *mut *const c_char,
+    ) -> zs_status;
+    pub fn zs_context_inactive_config_keys(
+        ctx: zs_context,
+        json_array: *mut *const c_char,
+    ) -> zs_status;
+    pub fn zs_config_check(config_json: *const c_char, world_size: c_int) -> zs_status;
+    pub fn zs_memory_stats_init(stats: *mut zs_memory_stats, size: usize) -> zs_status;
+    pub fn zs_fetch_stats_init(stats: *mut zs_fetch_stats, size: usize) -> zs_status;
+    pub fn zs_context_fetch_stats(ctx: zs_context, stats: *mut zs_fetch_stats) -> zs_status;
+    pub fn zs_context_device(
+        ctx: zs_context,
+        type_: *mut zs_device_type,
+        device_id: *mut c_int,
+        backend: *mut *const c_char,
+    ) -> zs_status;
+    pub fn zs_cuda_device_count(count: *mut c_int, reason: *mut *const c_char) -> zs_status;
+    pub fn zs_context_memory(ctx: zs_context, stats: *mut zs_memory_stats) -> zs_status;
+    pub fn zs_context_group(out: *mut zs_group, ctx: zs_context, kind: zs_group_kind) -> zs_status;
+    pub fn zs_group_create(
+        out: *mut zs_group,
+        ctx: zs_context,
+        ranks: *const c_int,
+        num_ranks: c_int,
+    ) -> zs_status;
+    pub fn zs_group_destroy(group: zs_group) -> zs_status;
+    pub fn zs_group_rank(group: zs_group, rank: *mut c_int) -> zs_status;
+    pub fn zs_group_size(group: zs_group, size: *mut c_int) -> zs_status;
+    pub fn zs_group_world_rank(
+        group: zs_group,
+        group_rank: c_int,
+        world_rank: *mut c_int,
+    ) -> zs_status;
+    pub fn zs_allgather(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+    ) -> zs_status;
+    pub fn zs_reduce_scatter(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        recv_count: usize,
+        dtype: zs_dtype,
+        op: zs_reduce_op,
+    ) -> zs_status;
+    pub fn zs_allreduce(
+        out: *mut zs_work,
+        group: zs_group,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+        op: zs_reduce_op,
+    ) -> zs_status;
+    pub fn zs_broadcast(
+        out: *mut zs_work,
+        group: zs_group,
+        buf: *mut c_void,
+        count: usize,
+        dtype: zs_dtype,
+        root: c_int,
+    ) -> zs_status;
+    pub fn zs_barrier(out: *mut zs_work, group: zs_group) -> zs_status;
+    pub fn zs_work_wait(work: zs_work, timeout_ms: c_int) -> zs_status;
+    pub fn zs_work_test(work: zs_work, done: *mut c_int) -> zs_status;
+    pub fn zs_work_destroy(work: zs_work) -> zs_status;
+    pub fn zs_param_options_init(options: *mut zs_param_options, size: usize) -> zs_status;
+    pub fn zs_param_register(
+        out: *mut zs_param,
+        ctx: zs_context,
+        options: *const zs_param_options,
+    ) -> zs_status;
+    pub fn zs_param_destroy(param: zs_param) -> zs_status;
+    pub fn zs_param_info_init(info: *mut zs_param_info, size: usize) -> zs_status;
+    pub fn zs_param_get_info(param: zs_param, info: *mut zs_param_info) -> zs_status;
+    pub fn zs_param_get_status(param: zs_param, status: *mut zs_param_status) -> zs_status;
+    pub fn zs_param_shard_data(
+        param: zs_param,
+        data: *mut *mut c_void,
+        shard_numel: *mut u64,
+    ) -> zs_status;
+    pub fn zs_fetch(
+        out: *mut zs_gather,
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+    ) -> zs_status;
+    pub fn zs_gather_wait(gather: zs_gather, timeout_ms: c_int) -> zs_status;
+    pub fn zs_gather_test(gather: zs_gather, done: *mut c_int) -> zs_status;
+    pub fn zs_gather_destroy(gather: zs_gather) -> zs_status;
+    pub fn zs_param_data(param: zs_param, data: *mut *mut c_void) -> zs_status;
+    pub fn zs_param_copy_to(param: zs_param, dst: *mut c_void, dst_bytes: usize) -> zs_status;
+    pub fn zs_param_to_dlpack(param: zs_param, out: *mut *mut DLManagedTensor) -> zs_status;
+    pub fn zs_release(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
+    pub fn zs_param_update(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        modifier_rank: c_int,
+    ) -> zs_status;
+    pub fn zs_grad_push(
+        param: zs_param,
+        grad: *const c_void,
+        dtype: zs_dtype,
+        grad_bytes: usize,
+    ) -> zs_status;
+    pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
+    pub fn zs_grad_set_accumulation_steps(ctx: zs_context, steps: c_int) -> zs_status;
+    pub fn zs_grad_shard_data(
+        param: zs_param,
+        data: *mut *mut f32,
+        shard_numel: *mut u64,
+    ) -> zs_status;
+    pub fn zs_optim_hparams_init(hparams: *mut zs_optim_hparams, size: usize) -> zs_status;
+    pub fn zs_optimizer_create(
+        out: *mut zs_optimizer,
+        ctx: zs_context,
+        kind: zs_optimizer_kind,
+    ) -> zs_status;
+    pub fn zs_optimizer_destroy(opt: zs_optimizer) -> zs_status;
+    pub fn zs_optimizer_add_group(
+        opt: zs_optimizer,
+        params: *const zs_param,
+        num_params: usize,
+        hparams: *const zs_optim_hparams,
+        group_index: *mut c_int,
+    ) -> zs_status;
+    pub fn zs_optimizer_set_hparams(
+        opt: zs_optimizer,
+        group: c_int,
+        hparams: *const zs_optim_hparams,
+    ) -> zs_status;
+    pub fn zs_optimizer_set_lr(opt: zs_optimizer, group: c_int, lr: f64) -> zs_status;
+    pub fn zs_step_result_init(result: *mut zs_step_result, size: usize) -> zs_status;
+    pub fn zs_optimizer_step(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
+    pub fn zs_optimizer_loss_scale(opt: zs_optimizer, scale: *mut f64) -> zs_status;
+    pub fn zs_optimizer_state_data(
+        opt: zs_optimizer,
+        param: zs_param,
+        slot: c_int,
+        data: *mut *mut f32,
+        shard_numel: *mut u64,
+    ) -> zs_status;
+    pub fn zs_optimizer_get_step(opt: zs_optimizer, step: *mut i64) -> zs_status;
+    pub fn zs_optimizer_set_step(opt: zs_optimizer, step: i64) -> zs_status;
+    pub fn zs_optimizer_sync_params(opt: zs_optimizer) -> zs_status;
+    pub fn zs_step_begin(ctx: zs_context) -> zs_status;
+    pub fn zs_step_end(ctx: zs_context) -> zs_status;
+    pub fn zs_coord_fetch(ctx: zs_context, params: *const zs_param, num_params: usize)
+        -> zs_status;
+    pub fn zs_coord_release(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+    ) -> zs_status;
+    pub fn zs_leaf_group(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
+    pub fn zs_coord_stats_init(stats: *mut zs_coord_stats, size: usize) -> zs_status;
+    pub fn zs_coord_get_stats(ctx: zs_context, stats: *mut zs_coord_stats) -> zs_status;
+}
