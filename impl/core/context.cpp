@@ -92,13 +92,50 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
 // here for every rank's "ready" means create returns only once all of them
 // are connected, so a rank that fails later shows up as a failed collective,
 // not as a failed create on some peer.
+//
+// The "ready" each rank posts is its effective config: rank 0 compares every
+// rank's with its own and posts a verdict that every rank waits for, so
+// ranks started with different configs (a bucket size, fp16 or clipping on
+// one rank only) all fail here, naming each differing key with both values,
+// instead of training on with silently different numbers.
 void Context::wait_for_every_rank() {
   if (!store_ || ranks_.world_size == 1) return;
-  store_->set("zs/ready/" + std::to_string(ranks_.rank), {'1'});
+  const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
+  store_->set("zs/ready/" + std::to_string(ranks_.rank), as_bytes(config_json_));
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(ranks_.world_size));
   for (int r = 0; r < ranks_.world_size; ++r) keys.push_back("zs/ready/" + std::to_string(r));
   store_->wait(keys);
+  constexpr int kRanksShown = 4;
+  constexpr size_t kKeysShown = 6;
+  if (ranks_.rank == 0) {
+    std::string verdict;
+    int differing = 0;
+    for (int r = 1; r < ranks_.world_size; ++r) {
+      const std::vector<char> theirs = store_->get(keys[static_cast<size_t>(r)]);
+      const auto diffs = config_differences(std::string(theirs.begin(), theirs.end()), config_json_);
+      if (diffs.empty()) continue;
+      if (++differing > kRanksShown) continue;
+      verdict += (verdict.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has ";
+      for (size_t i = 0; i < diffs.size() && i < kKeysShown; ++i) {
+        std::string d = diffs[i];
+        const std::string other = "where the other has";
+        const size_t at = d.find(other);
+        if (at != std::string::npos) d.replace(at, other.size(), "where rank 0 has");
+        verdict += (i ? ", " : "") + d;
+      }
+      if (diffs.size() > kKeysShown) verdict += ", and " + std::to_string(diffs.size() - kKeysShown) + " more keys";
+    }
+    if (differing > kRanksShown)
+      verdict += "; and " + std::to_string(differing - kRanksShown) + " more ranks";
+    store_->set("zs/config_verdict", as_bytes(verdict.empty() ? std::string("ok") : verdict));
+  }
+  store_->wait({"zs/config_verdict"});
+  const std::vector<char> v = store_->get("zs/config_verdict");
+  const std::string verdict(v.begin(), v.end());
+  if (verdict != "ok")
+    fail(Code::InvalidConfig,
+         "the ranks' effective configs differ (every rank must be given the same config): ", verdict);
 }
 
 void Context::connect(const ContextOptions& options) {

@@ -306,6 +306,8 @@ zs_release(ctx, params, num_params) =
     ccall((:zs_release, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t), ctx, params, num_params)
 zs_param_update(ctx, params, num_params, modifier_rank) =
     ccall((:zs_param_update, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, Cint), ctx, params, num_params, modifier_rank)
+zs_param_write(param, data, data_bytes) =
+    ccall((:zs_param_write, libzeroshard), zs_status, (zs_param, Ptr{Cvoid}, Csize_t), param, data, data_bytes)
 zs_grad_push(param, grad, dtype, grad_bytes) =
     ccall((:zs_grad_push, libzeroshard), zs_status, (zs_param, Ptr{Cvoid}, zs_dtype, Csize_t), param, grad, dtype, grad_bytes)
 zs_grad_sync(ctx) =
