@@ -1,11 +1,13 @@
 #include "impl/optim/optimizer.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
 
 #include "impl/fetch/coordinator.h"
+#include "impl/optim/agreement.h"
 #include "impl/device/ops.h"
 #include "impl/grad/reducer.h"
 #include "kernels/optim.h"
@@ -225,9 +227,40 @@ int64_t Optimizer::steps() const {
   return step_;
 }
 
+std::vector<std::string> Optimizer::describe() const {
+  const auto num = [](double v) {
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact text
+    return std::string(buf, r.ptr);
+  };
+  static const char* const kKinds[] = {"adamw", "adam", "sgd"};
+  std::vector<std::string> t{std::string("kind=") + kKinds[static_cast<int>(kind_)],
+                             "groups=" + std::to_string(groups_.size())};
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string p = "g" + std::to_string(g) + ".";
+    const Hparams& h = groups_[g].hp;
+    uint64_t elements = 0;
+    for (const auto& s : groups_[g].slots) elements += s.param->layout.numel;
+    t.push_back(p + "params=" + std::to_string(groups_[g].slots.size()));
+    t.push_back(p + "elements=" + std::to_string(elements));
+    t.push_back(p + "lr=" + num(h.lr));
+    t.push_back(p + "beta1=" + num(h.beta1));
+    t.push_back(p + "beta2=" + num(h.beta2));
+    t.push_back(p + "eps=" + num(h.eps));
+    t.push_back(p + "weight_decay=" + num(h.weight_decay));
+    t.push_back(p + "momentum=" + num(h.momentum));
+    t.push_back(p + "dampening=" + num(h.dampening));
+    t.push_back(p + "nesterov=" + std::to_string(h.nesterov));
+    t.push_back(p + "bias_correction=" + std::to_string(h.bias_correction));
+  }
+  return t;
+}
+
 StepResult Optimizer::step() {
   const auto held = ctx_.lock();
   ctx_.check_async_error();
+  // Before anything changes: on a mismatch no rank updates anything.
+  check_agreement(*ctx_.world(), describe());
   grads(ctx_).sync();
 
   // Sum of squares per partition group (each group's shards cover its

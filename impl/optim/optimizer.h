@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "impl/core/context.h"
@@ -59,6 +60,8 @@ class Optimizer {
     std::vector<Slot> slots;
   };
   void check_hparams(const Hparams& hp) const;
+  // Kind, groups and hyper-parameters as tokens for check_agreement.
+  std::vector<std::string> describe() const;
   std::vector<int> group_indices(int group) const;
   void update(const Group& g, Slot& s, float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
