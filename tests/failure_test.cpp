@@ -81,6 +81,31 @@ TEST(Failure, DeadPeerIsACommErrorNotAHang) {
   });
 }
 
+// The optimizer step's small collectives run on the caller's thread (not
+// the group's, which starts with SIGPIPE blocked): a dead peer there is
+// still an error, never a SIGPIPE that kills the process.
+TEST(Failure, DeadPeerDuringAStepIsAnErrorNotASignal) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 20000);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = small_param(ctx);
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    zs_step_result r = ZS_STEP_RESULT_INIT;
+    ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+    if (env.rank == 2) _exit(0);  // dies between steps
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto t0 = std::chrono::steady_clock::now();
+    zs_status s = ZS_OK;
+    for (int i = 0; i < 3 && s == ZS_OK; ++i) s = zs_optimizer_step(opt, &r);
+    EXPECT_TRUE(s == ZS_ERR_COMM || s == ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 25.0);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
 TEST(Failure, RankThatNeverStartsFailsBootstrap) {
   run_ranks(2, [](const RankEnv& env) {
     if (env.rank == 1) return;  // never shows up

@@ -21,6 +21,11 @@ struct GatherSegment {
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  // Whether a blocking collective may run on the caller's thread instead of
+  // the group's (Group::run, when nothing is queued): no thread-bound state.
+  // Gloo and the local communicator say yes; NCCL and the staging path keep
+  // their work on the group's thread.
+  virtual bool runs_on_any_thread() const { return false; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
 

@@ -50,6 +50,7 @@ using UBuf = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 class GlooCommunicator final : public Communicator {
  public:
+  bool runs_on_any_thread() const override { return true; }
   GlooCommunicator(std::string name, std::shared_ptr<gloo::rendezvous::Context> ctx,
                    std::chrono::milliseconds timeout)
       : name_(std::move(name)), ctx_(std::move(ctx)), timeout_(timeout) {}

@@ -40,7 +40,55 @@ std::shared_ptr<Work> Group::submit(const std::string& what,
 }
 
 void Group::run(const std::string& what, std::function<void(Communicator&)> fn) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool inline_ok = member() && !stopping_ && broken_code_ == Code::Ok && queue_.empty() &&
+                           !busy_ && comm_->runs_on_any_thread();
+    if (inline_ok) {
+      busy_ = true;  // the group's thread takes nothing until we are done
+      lock.unlock();
+      auto [code, message] = execute(what + " on group '" + name_ + "'", fn);
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+      if (code != Code::Ok) throw Error(code, message);
+      return;
+    }
+  }
   submit(what, std::move(fn))->wait(-1);
+}
+
+std::pair<Code, std::string> Group::execute(const std::string& what,
+                                            const std::function<void(Communicator&)>& fn) {
+  Code code = Code::Ok;
+  std::string message;
+  {
+    // Gloo writes without MSG_NOSIGNAL: a dead peer's SIGPIPE must become
+    // EPIPE here too, as on the group's thread (started with it blocked).
+    SigpipeBlockedScope no_sigpipe;
+    try {
+      fn(*comm_);
+    } catch (const Error& e) {
+      code = e.code();
+      message = what + ": " + e.what();
+    } catch (const std::bad_alloc&) {
+      code = Code::OutOfMemory;
+      message = what + ": out of memory";
+    } catch (const std::exception& e) {
+      code = Code::Internal;
+      message = what + ": " + e.what();
+    }
+    no_sigpipe.drain();  // a SIGPIPE raised meanwhile is not delivered on unblocking
+  }
+  if (code != Code::Ok) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_code_ = code;
+      broken_message_ = message + " (group '" + name_ + "' is unusable after this error)";
+    }
+    if (on_error_) on_error_(code, message);
+  }
+  return {code, std::move(message)};
 }
 
 void Group::loop() {
@@ -48,7 +96,7 @@ void Group::loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;
       task = std::move(queue_.front());
       queue_.pop_front();
@@ -56,28 +104,12 @@ void Group::loop() {
         task.work->complete(broken_code_, broken_message_);
         continue;
       }
+      busy_ = true;
     }
-    Code code = Code::Ok;
-    std::string message;
-    try {
-      task.fn(*comm_);
-    } catch (const Error& e) {
-      code = e.code();
-      message = task.work->what() + ": " + e.what();
-    } catch (const std::bad_alloc&) {
-      code = Code::OutOfMemory;
-      message = task.work->what() + ": out of memory";
-    } catch (const std::exception& e) {
-      code = Code::Internal;
-      message = task.work->what() + ": " + e.what();
-    }
-    if (code != Code::Ok) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        broken_code_ = code;
-        broken_message_ = message + " (group '" + name_ + "' is unusable after this error)";
-      }
-      if (on_error_) on_error_(code, message);
+    auto [code, message] = execute(task.work->what(), task.fn);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
     }
     task.work->complete(code, std::move(message));
   }
@@ -95,6 +127,11 @@ void Group::shutdown(const std::string& why) {
   for (auto& t : dropped)
     t.work->complete(Code::InvalidState, t.work->what() + " was cancelled: " + why);
   if (thread_.joinable()) thread_.join();
+  {
+    // A collective running inline on another thread still uses comm_.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+  }
   comm_.reset();
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "impl/comm/communicator.h"
@@ -41,7 +42,11 @@ class Group {
   // Queue fn to run on the group's thread; the returned work completes when
   // fn returns or throws.
   std::shared_ptr<Work> submit(const std::string& what, std::function<void(Communicator&)> fn);
-  // submit + wait forever (the communicator's own timeout bounds it).
+  // submit + wait forever (the communicator's own timeout bounds it). When
+  // nothing is queued or running and the communicator allows it, fn runs
+  // on the caller's thread instead: no hand-off to the group's thread and
+  // back, which on a busy machine costs more than a small collective
+  // itself. Work submitted meanwhile waits behind it, so order holds.
   void run(const std::string& what, std::function<void(Communicator&)> fn);
 
   // Fail everything queued and stop the thread; later submits fail.
@@ -53,6 +58,10 @@ class Group {
     std::function<void(Communicator&)> fn;
   };
   void loop();
+  // Runs fn on this thread; a failure breaks the group (as on its thread)
+  // and is returned as (code, message).
+  std::pair<Code, std::string> execute(const std::string& what,
+                                       const std::function<void(Communicator&)>& fn);
 
   const std::string name_;
   const std::vector<int> world_ranks_;
@@ -64,6 +73,7 @@ class Group {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
+  bool busy_ = false;  // a task runs now (on the group's thread or inline)
   Code broken_code_ = Code::Ok;
   std::string broken_message_;
   std::thread thread_;

@@ -5,6 +5,7 @@ namespace {
 
 class LocalCommunicator final : public Communicator {
  public:
+  bool runs_on_any_thread() const override { return true; }
   explicit LocalCommunicator(std::shared_ptr<Device> device) : dev_(std::move(device)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }

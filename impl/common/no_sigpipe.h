@@ -19,6 +19,19 @@ class SigpipeBlockedScope {
     pthread_sigmask(SIG_BLOCK, &block, &saved_);
   }
   ~SigpipeBlockedScope() { pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  // Takes a SIGPIPE that became pending while blocked, so that unblocking
+  // does not deliver it (a thread that was not started blocked, running a
+  // collective inline, restores a mask without SIGPIPE blocked).
+  void drain() {
+    sigset_t pending;
+    if (sigpending(&pending) != 0 || !sigismember(&pending, SIGPIPE)) return;
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, SIGPIPE);
+    const timespec now{0, 0};
+    while (sigtimedwait(&only, nullptr, &now) == SIGPIPE) {
+    }
+  }
   SigpipeBlockedScope(const SigpipeBlockedScope&) = delete;
   SigpipeBlockedScope& operator=(const SigpipeBlockedScope&) = delete;
 
