@@ -106,6 +106,26 @@ TEST(Failure, DeadPeerDuringAStepIsAnErrorNotASignal) {
   });
 }
 
+// After a peer died, destroying the context does not wait out the timeout
+// for the dead rank's goodbye: rank 0, which serves the store, sees that no
+// peer is connected any more.
+TEST(Failure, DestroyAfterAPeerDiedReturnsPromptly) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 20000);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = small_param(ctx);
+    if (env.rank == 2) _exit(0);
+    zs_gather g = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    EXPECT_NE(zs_gather_wait(g, ZS_WAIT_FOREVER), ZS_OK);
+    zs_gather_destroy(g);
+    zs_param_destroy(p);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(zs_context_destroy(ctx), ZS_OK) << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 3.0) << "destroy waited for the dead rank (timeout 20 s)";
+  });
+}
+
 TEST(Failure, RankThatNeverStartsFailsBootstrap) {
   run_ranks(2, [](const RankEnv& env) {
     if (env.rank == 1) return;  // never shows up

@@ -4,6 +4,8 @@
 // process has no threads (every earlier store, and its server thread, is gone).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -285,6 +287,63 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreSemantics, ::testing::Values("tcp", "file"
                          [](const auto& param_info) { return param_info.param; });
 
 // ----------------------------------------------------------------- TCP ----
+
+// Out of descriptors, the server neither spins on its listening socket (a
+// pending connection it cannot accept keeps it readable) nor dies: the
+// server process, limited to a few fds, uses little CPU while strangers
+// hold more connections than it may accept, and serves its own client.
+TEST(TcpStore, OutOfDescriptorsDoesNotSpin) {
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int port = 0;
+    auto store = make_tcp_store("127.0.0.1", 0, true, 2000ms, &port);
+    rlimit lim{};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    long open_fds = 0;
+    for (int fd = 0; fd < 1024; ++fd) open_fds += fcntl(fd, F_GETFD) != -1;
+    lim.rlim_cur = static_cast<rlim_t>(open_fds + 4);
+    setrlimit(RLIMIT_NOFILE, &lim);
+    if (write(ready[1], &port, sizeof port) != sizeof port) _exit(2);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(3);  // the strangers are connected
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    std::this_thread::sleep_for(1000ms);
+    getrusage(RUSAGE_SELF, &after);
+    const double cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
+                       (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
+                       1e-6 * ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
+                               (after.ru_stime.tv_usec - before.ru_stime.tv_usec));
+    if (cpu > 0.3) {
+      std::fprintf(stderr, "server used %.2f s of CPU in 1 s while out of descriptors\n", cpu);
+      _exit(4);
+    }
+    store->set("still", {'1'});
+    _exit(store->get("still") == std::vector<char>{'1'} ? 0 : 5);
+  }
+  int port = 0;
+  ASSERT_EQ(read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  std::vector<int> strangers;
+  for (int i = 0; i < 32; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    strangers.push_back(fd);
+  }
+  std::this_thread::sleep_for(100ms);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  for (int fd : strangers) close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+}
 
 TEST(TcpStore, PortZeroReportsBoundPortAndClientsShareState) {
   int port = 0;

@@ -29,6 +29,10 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // True if the key exists now; never blocks for it.
   virtual bool check(const std::string& key) = 0;
+  // Clients connected to the server this process runs (its own client
+  // included), or -1 when it runs none: how rank 0 knows that no peer
+  // needs the store any more, dead ones included.
+  virtual int clients_connected() const { return -1; }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -155,6 +156,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
   int port() const { return port_; }
+  // Clients connected now (this process's own included).
+  int clients() const { return clients_.load(std::memory_order_relaxed); }
 
  private:
   struct Conn {
@@ -182,6 +185,11 @@ class Server {
   void drop(int fd);
 
   int listen_fd_ = -1;
+  // Out of descriptors (EMFILE, ENFILE): the pending connection stays in the
+  // backlog and the listening socket stays readable, so it is left out of
+  // poll until this time instead of spinning on it.
+  Clock::time_point accept_paused_until_{};
+  std::atomic<int> clients_{0};
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
   std::unordered_map<int, Conn> conns_;
@@ -255,13 +263,19 @@ void Server::loop() {
   for (;;) {
     fds.clear();
     fds.push_back({stop_pipe_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    const auto now = Clock::now();
+    const bool accepting = now >= accept_paused_until_;
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // poll skips a negative fd
     for (const auto& entry : conns_) {
       const Conn& c = entry.second;
       const short events = c.out_pos < c.out.size() ? POLLIN | POLLOUT : POLLIN;
       fds.push_back({entry.first, events, 0});
     }
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    const int wait_ms =
+        accepting ? -1
+                  : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         accept_paused_until_ - now).count()) + 1;
+    if (poll(fds.data(), fds.size(), wait_ms) < 0) {
       if (errno == EINTR) continue;
       break;  // not expected with valid fds; closing below fails clients fast
     }
@@ -298,10 +312,13 @@ void Server::accept_all() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // EAGAIN: drained; EMFILE and friends: retried on the next wakeup
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      return;  // EAGAIN: drained
     }
     set_nodelay(fd);
     conns_[fd].fd = fd;
+    clients_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -499,6 +516,7 @@ void Server::drop(int fd) {
   }
   close(fd);
   conns_.erase(it);
+  clients_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // ----------------------------------------------------------------- store --
@@ -514,6 +532,7 @@ class TcpStore final : public Store {
   void wait(const std::vector<std::string>& keys) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
+  int clients_connected() const override { return server_ ? server_->clients() : -1; }
 
  private:
   enum class Io { Ok, Timeout, Closed };

@@ -361,9 +361,12 @@ void Context::finalize_store() {
   try {
     store_->add("zs/finalize", 1);
     if (ranks_.rank != 0) return;
+    // Until every rank said goodbye, or no peer is connected any more (the
+    // others closed their clients after their goodbye, or died): a dead
+    // peer does not hold destroy for the whole timeout.
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (store_->add("zs/finalize", 0) < ranks_.world_size &&
-           std::chrono::steady_clock::now() < deadline)
+           store_->clients_connected() != 1 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
   } catch (const Error&) {
     // The server is gone or a peer died: nothing left to wait for.
