@@ -389,6 +389,41 @@ TEST(TcpStore, ServerOnEveryInterface) {
   EXPECT_EQ(text(server->get("k")), "any");
 }
 
+// A port held by something that is not a zeroshard store (a previous job's
+// process, another program) is named as such at connect, within the
+// timeout, whether it stays silent or answers in another protocol.
+TEST(TcpStore, PortHeldByAnotherProgramIsNamed) {
+  for (const bool talks : {false, true}) {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(listen(listener, 4), 0);
+    socklen_t len = sizeof a;
+    getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    const int port = ntohs(a.sin_port);
+    std::thread other([&] {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (fd >= 0 && talks) {
+        const char http[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+        (void)!write(fd, http, sizeof http - 1);
+      }
+      std::this_thread::sleep_for(700ms);
+      if (fd >= 0) close(fd);
+    });
+    const auto start = Clock::now();
+    const std::string msg =
+        error_of(Code::Bootstrap, [&] { make_tcp_store("127.0.0.1", port, false, 500ms); });
+    EXPECT_LT(ms_since(start), 2000);
+    EXPECT_NE(msg.find("store at 127.0.0.1:" + std::to_string(port) + " accepted the connection but"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("another program (a previous job?) holds that port"), std::string::npos) << msg;
+    other.join();
+    close(listener);
+  }
+}
+
 TEST(TcpStore, ConnectToClosedPortFailsWithinTimeout) {
   const int port = unused_port();
   const auto start = Clock::now();

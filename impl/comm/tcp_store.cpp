@@ -47,7 +47,11 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using store_detail::quote_key;
 
-enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5 };
+enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6 };
+// A client's first request, answered with the same bytes: a port held by
+// another program (or anything but this protocol) is named as such at
+// connect, instead of every later request timing out.
+constexpr char kStoreMagic[] = "zeroshard-store/1";
 enum class Status : uint8_t { Ok = 0, Error = 1 };
 
 constexpr size_t kMaxWaitKeys = 1024;
@@ -384,6 +388,12 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       wake(key);
       return true;
     }
+    case Cmd::Hello: {
+      std::string magic;
+      if (!r.bytes(sizeof kStoreMagic - 1, &magic) || !r.done() || magic != kStoreMagic) return false;
+      reply(c, Status::Ok, kStoreMagic, sizeof kStoreMagic - 1);
+      return true;
+    }
     case Cmd::Get: {
       std::string key;
       if (!r.key(&key) || !r.done()) return false;
@@ -538,6 +548,9 @@ class TcpStore final : public Store {
   enum class Io { Ok, Timeout, Closed };
 
   void connect_locked(Clock::time_point deadline);
+  // The Hello round trip on a fresh connection; Bootstrap naming the port
+  // when what answers is not a zeroshard store.
+  void greet_locked(Clock::time_point deadline, Clock::time_point start);
   void disconnect_locked();
   Io send_all(const std::string& data, Clock::time_point deadline);
   Io recv_exact(char* out, size_t n, Clock::time_point deadline);
@@ -618,6 +631,7 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
       if (err == 0) {
         set_nodelay(fd);
         fd_ = fd;
+        greet_locked(deadline, start);
         return;
       }
       last_error = std::strerror(err);
@@ -679,6 +693,28 @@ TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadlin
     if (const Io io = await(POLLIN, deadline); io != Io::Ok) return io;
   }
   return Io::Ok;
+}
+
+void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start) {
+  constexpr size_t n = sizeof kStoreMagic - 1;
+  std::string frame;
+  put_u32(frame, static_cast<uint32_t>(1 + n));
+  frame.push_back(static_cast<char>(Cmd::Hello));
+  frame.append(kStoreMagic, n);
+  char header[kReplyHeaderBytes];
+  Io io = send_all(frame, deadline);
+  if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
+  if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok && load_le(header + 1, 8) == n) {
+    std::string answer(n, '\0');
+    io = recv_exact(answer.data(), n, deadline);
+    if (io == Io::Ok && answer == kStoreMagic) return;
+  }
+  disconnect_locked();
+  fail(Code::Bootstrap, "store at ", where_, " accepted the connection but ",
+       io == Io::Timeout ? "did not answer" : "did not answer as a zeroshard store", " within ",
+       elapsed_ms(start),
+       " ms: another program (a previous job?) holds that port; choose a free one "
+       "(ZS_STORE_PORT, MASTER_PORT)");
 }
 
 bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
