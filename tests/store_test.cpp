@@ -424,6 +424,38 @@ TEST(TcpStore, PortHeldByAnotherProgramIsNamed) {
   }
 }
 
+// A stranger who connects and SETs without the handshake is dropped and
+// stores nothing; the store holds at most 256 MiB, and a SET past that is
+// refused with both figures, leaving what it held.
+TEST(TcpStore, StrangersAreDroppedAndMemoryIsCapped) {
+  int port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, 2000ms, &port);
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::string frame = std::string(4, '\0') + '\x01' + std::string("\x03\0\0\0key", 7) +
+                        std::string("\x02\0\0\0\0\0\0\0hi", 10);
+    frame[0] = static_cast<char>(frame.size() - 4);
+    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+    char c;
+    EXPECT_EQ(read(fd, &c, 1), 0) << "the server answered a stranger instead of dropping it";
+    close(fd);
+  }
+  EXPECT_FALSE(server->check("key"));
+  const std::vector<char> big(60u << 20, 'x');
+  for (int i = 0; i < 4; ++i) server->set("big" + std::to_string(i), big);
+  const std::string msg = error_of(Code::InvalidArgument, [&] { server->set("big4", big); });
+  EXPECT_NE(msg.find("would take the store past its limit of 268435456 bytes"), std::string::npos) << msg;
+  EXPECT_FALSE(server->check("big4"));
+  server->set("big0", std::vector<char>(1, 'y'));  // replacing frees room
+  server->set("big4", big);
+  EXPECT_EQ(server->get("big4").size(), big.size());
+}
+
 TEST(TcpStore, ConnectToClosedPortFailsWithinTimeout) {
   const int port = unused_port();
   const auto start = Clock::now();

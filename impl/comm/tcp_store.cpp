@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -52,6 +53,10 @@ enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello
 // another program (or anything but this protocol) is named as such at
 // connect, instead of every later request timing out.
 constexpr char kStoreMagic[] = "zeroshard-store/1";
+// What the store holds at most: rendezvous data (addresses, configs, marks)
+// is kilobytes per rank; a stranger's SETs must not grow rank 0 without end.
+constexpr size_t kMaxStoredBytes = size_t{256} << 20;
+constexpr uint64_t kStrangersLogged = 8;
 enum class Status : uint8_t { Ok = 0, Error = 1 };
 
 constexpr size_t kMaxWaitKeys = 1024;
@@ -166,6 +171,7 @@ class Server {
  private:
   struct Conn {
     int fd = -1;
+    bool greeted = false;  // sent Hello: anything else first drops the connection
     std::string in;  // received bytes; unparsed ones start at in_pos
     size_t in_pos = 0;
     std::string out;  // reply bytes not yet sent start at out_pos
@@ -194,6 +200,8 @@ class Server {
   // poll until this time instead of spinning on it.
   Clock::time_point accept_paused_until_{};
   std::atomic<int> clients_{0};
+  size_t stored_bytes_ = 0;  // keys and values held
+  uint64_t strangers_dropped_ = 0;
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
   std::unordered_map<int, Conn> conns_;
@@ -375,6 +383,12 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
   Reader r(body, n);
   uint8_t cmd = 0;
   if (!r.u8(&cmd)) return false;
+  if (!c.greeted && static_cast<Cmd>(cmd) != Cmd::Hello) {
+    if (strangers_dropped_++ < kStrangersLogged)
+      std::fprintf(stderr, "zeroshard store on port %d: dropped a connection that did not start "
+                   "with the zeroshard handshake (a stranger, or another program)\n", port_);
+    return false;
+  }
   switch (static_cast<Cmd>(cmd)) {
     case Cmd::Set: {
       std::string key, value;
@@ -383,6 +397,17 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
           !r.done()) {
         return false;
       }
+      const auto old = data_.find(key);
+      const size_t replaced = old == data_.end() ? 0 : key.size() + old->second.size();
+      if (stored_bytes_ - replaced + key.size() + value.size() > kMaxStoredBytes) {
+        const std::string msg = "SET of " + std::to_string(key.size() + value.size()) +
+                                " bytes would take the store past its limit of " +
+                                std::to_string(kMaxStoredBytes) + " bytes (it holds " +
+                                std::to_string(stored_bytes_) + ")";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      stored_bytes_ += key.size() + value.size() - replaced;
       data_.insert_or_assign(key, std::move(value));
       reply(c, Status::Ok, nullptr, 0);
       wake(key);
@@ -391,6 +416,7 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
     case Cmd::Hello: {
       std::string magic;
       if (!r.bytes(sizeof kStoreMagic - 1, &magic) || !r.done() || magic != kStoreMagic) return false;
+      c.greeted = true;
       reply(c, Status::Ok, kStoreMagic, sizeof kStoreMagic - 1);
       return true;
     }
@@ -446,7 +472,9 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
         reply(c, Status::Error, msg.data(), msg.size());
         return true;
       }
-      data_.insert_or_assign(key, std::to_string(value));
+      std::string text = std::to_string(value);
+      stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
+      data_.insert_or_assign(key, std::move(text));
       std::string out;
       put_u64(out, static_cast<uint64_t>(value));
       reply(c, Status::Ok, out.data(), out.size());
