@@ -68,4 +68,26 @@ ZS_API zs_status zs_coord_get_stats(zs_context h, zs_coord_stats* out_stats) {
   });
 }
 
+ZS_API zs_status zs_context_step_stats(zs_context h, zs_step_stats* out_stats) {
+  return guarded([&] {
+    SizedOut<zs_step_stats> out(out_stats, "stats");
+    const StepStats s = context_of(h, "ctx")->last_step();
+    const auto k = [](CommKind kind) { return static_cast<size_t>(kind); };
+    out->step = s.step;
+    out->step_seconds = s.step_seconds;
+    out->gather_seconds = s.comm.seconds[k(CommKind::Gather)];
+    out->gather_bytes = s.comm.bytes[k(CommKind::Gather)];
+    out->gathers = s.comm.calls[k(CommKind::Gather)];
+    out->reduce_scatter_seconds = s.comm.seconds[k(CommKind::ReduceScatter)];
+    out->reduce_scatter_bytes = s.comm.bytes[k(CommKind::ReduceScatter)];
+    out->reduce_scatters = s.comm.calls[k(CommKind::ReduceScatter)];
+    out->allreduce_seconds = s.comm.seconds[k(CommKind::AllReduce)];
+    out->allreduce_bytes = s.comm.bytes[k(CommKind::AllReduce)];
+    out->other_comm_seconds = s.comm.seconds[k(CommKind::Other)];
+    out->other_comm_bytes = s.comm.bytes[k(CommKind::Other)];
+    out->wait_seconds = s.comm.wait_seconds;
+    out->optimizer_seconds = s.optimizer_seconds;
+  });
+}
+
 }  // extern "C"

@@ -51,6 +51,7 @@ ZS_SIZED(zs_fetch_stats, ZS_FETCH_STATS_INIT, hierarchical_gathers)
 ZS_SIZED(zs_param_info, ZS_PARAM_INFO_INIT, device_id)
 ZS_SIZED(zs_step_result, ZS_STEP_RESULT_INIT, step)
 ZS_SIZED(zs_coord_stats, ZS_COORD_STATS_INIT, trace_length)
+ZS_SIZED(zs_step_stats, ZS_STEP_STATS_INIT, optimizer_seconds)
 
 #undef ZS_SIZED
 

@@ -19,4 +19,5 @@ ZS_DEFINE_INIT(zs_fetch_stats, stats)
 ZS_DEFINE_INIT(zs_param_info, info)
 ZS_DEFINE_INIT(zs_step_result, result)
 ZS_DEFINE_INIT(zs_coord_stats, stats)
+ZS_DEFINE_INIT(zs_step_stats, stats)
 }  // extern "C"

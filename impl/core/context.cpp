@@ -11,6 +11,7 @@
 #include "impl/comm/local_communicator.h"
 #include "impl/comm/nccl_library.h"
 #include "impl/comm/staged_communicator.h"
+#include "impl/comm/timed_communicator.h"
 #ifdef ZS_WITH_CUDA
 #include "impl/comm/cuda/nccl_communicator.h"
 #endif
@@ -80,6 +81,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
   ctx->inactive_keys_json_ = inactive_json(ctx->inactive_keys_);
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
+  ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   ctx->connect(options);
   ctx->build_topology();
@@ -246,6 +248,7 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
     if (device_->is_cuda() || stage_all_)
       comm = make_staged_communicator(std::move(comm), device_, side, stage_all_);
   }
+  if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code c, const std::string& m) {
                                          record_async_error(c, m);

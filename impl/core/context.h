@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "impl/comm/bootstrap.h"
+#include "impl/comm/comm_stats.h"
 #include "impl/comm/group.h"
 #include "impl/comm/store.h"
+#include "impl/common/trace.h"
 #include "impl/config/config.h"
 #include "impl/core/ledger.h"
 #include "impl/device/device.h"
@@ -49,6 +51,15 @@ struct ContextOptions {
 
 // Which library runs a context's collectives between ranks.
 enum class Backend { Gloo, Nccl };
+
+// One optimizer step's summary (zs_context_step_stats): what happened
+// between the end of the previous step and the end of this one.
+struct StepStats {
+  int64_t step = 0;
+  double step_seconds = 0.0;
+  CommTotals comm;  // collectives and waits within the step
+  double optimizer_seconds = 0.0;
+};
 
 class Context {
  public:
@@ -139,6 +150,20 @@ class Context {
     for (I* i : found) fn(*i);
   }
 
+  // Time and bytes of every collective of this context's groups (atomics),
+  // and the ZS_TRACE timeline (null when not asked for).
+  const std::shared_ptr<CommStats>& comm_stats() const { return comm_stats_; }
+  const std::shared_ptr<Trace>& trace() const { return trace_; }
+  // The last optimizer step's summary; read without the engine lock.
+  void record_step(const StepStats& s) {
+    std::lock_guard<std::mutex> held(step_mu_);
+    last_step_ = s;
+  }
+  StepStats last_step() const {
+    std::lock_guard<std::mutex> held(step_mu_);
+    return last_step_;
+  }
+
   // Memory and fetch counters: atomics, read without the engine lock.
   Ledger& ledger() { return ledger_; }
   MemoryStats memory_snapshot() const { return ledger_.memory(); }
@@ -185,6 +210,10 @@ class Context {
 
   std::recursive_mutex mu_;
   Ledger ledger_;
+  std::shared_ptr<CommStats> comm_stats_ = std::make_shared<CommStats>();
+  std::shared_ptr<Trace> trace_;
+  mutable std::mutex step_mu_;
+  StepStats last_step_;
   Attachment* find_locked(std::type_index type);
   std::mutex attachments_mu_;
   std::vector<std::pair<std::type_index, std::unique_ptr<Attachment>>> attachments_;

@@ -170,6 +170,7 @@ void Coordinator::fetch(const ParamList& params) {
     gathered = true;
     adopt(missing);
   }
+  const auto wait_begin = Trace::Clock::now();
   for (const auto& p : unit) {
     // A unit none of whose params was gathered for it is a reuse hit.
     if (fresh_.erase(p.get())) gathered = true;
@@ -177,6 +178,11 @@ void Coordinator::fetch(const ParamList& params) {
     if (!p->inflight->done()) waited = true;
     p->inflight->wait(-1);
     settle(ctx_, *p);
+  }
+  if (waited) {  // the trainer stood still for its params: exposed communication
+    const auto wait_end = Trace::Clock::now();
+    ctx_.comm_stats()->add_wait(std::chrono::duration<double>(wait_end - wait_begin).count());
+    if (ctx_.trace()) ctx_.trace()->event("wait", "fetch wait", "trainer", wait_begin, wait_end);
   }
   if (waited && missing.empty()) ++stats_.blocked_waits;
   if (!gathered) ++stats_.reuse_hits;

@@ -136,7 +136,12 @@ void GradReducer::sync() {
   open_.clear();
   auto pending = std::move(pending_);
   pending_.clear();
+  const auto wait_begin = Trace::Clock::now();
   for (auto& w : pending) w->wait(-1);
+  const auto wait_end = Trace::Clock::now();
+  ctx_.comm_stats()->add_wait(std::chrono::duration<double>(wait_end - wait_begin).count());
+  if (ctx_.trace() && !pending.empty())
+    ctx_.trace()->event("wait", "gradient reduction wait", "trainer", wait_begin, wait_end);
   replica_average();
 }
 

@@ -33,7 +33,8 @@ LossScalerConfig scaler_config(const Config& c) {
 }  // namespace
 
 Optimizer::Optimizer(Context& ctx, OptimKind kind)
-    : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind), scaler_(scaler_config(ctx.config())) {
+    : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind), scaler_(scaler_config(ctx.config())),
+      last_totals_(ctx.comm_stats()->totals()), last_step_end_(Trace::Clock::now()) {
   if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 2)
     fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
          ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1) or ZS_OPTIM_SGD (2)");
@@ -217,6 +218,27 @@ void Optimizer::sync_params() {
   }
 }
 
+// What happened since the previous step ended (collectives of every group,
+// waits, this step's update), for zs_context_step_stats and the timeline.
+void Optimizer::record_step_stats(Trace::Clock::time_point step_begin, double update_seconds) {
+  const auto now = Trace::Clock::now();
+  const CommTotals totals = ctx_.comm_stats()->totals();
+  StepStats st;
+  st.step = step_;
+  st.step_seconds = std::chrono::duration<double>(now - last_step_end_).count();
+  for (int k = 0; k < kCommKinds; ++k) {
+    st.comm.seconds[k] = totals.seconds[k] - last_totals_.seconds[k];
+    st.comm.bytes[k] = totals.bytes[k] - last_totals_.bytes[k];
+    st.comm.calls[k] = totals.calls[k] - last_totals_.calls[k];
+  }
+  st.comm.wait_seconds = totals.wait_seconds - last_totals_.wait_seconds;
+  st.optimizer_seconds = update_seconds;
+  ctx_.record_step(st);
+  last_totals_ = totals;
+  last_step_end_ = now;
+  if (ctx_.trace()) ctx_.trace()->event("optimizer", "optimizer step", "optimizer", step_begin, now);
+}
+
 double Optimizer::loss_scale() const {
   const auto held = ctx_.lock();
   return scaler_.scale();
@@ -258,6 +280,7 @@ std::vector<std::string> Optimizer::describe() const {
 
 StepResult Optimizer::step() {
   const auto held = ctx_.lock();
+  const auto step_begin = Trace::Clock::now();
   ctx_.check_async_error();
   // Before anything changes: on a mismatch no rank updates anything.
   check_agreement(*ctx_.world(), describe());
@@ -310,6 +333,7 @@ StepResult Optimizer::step() {
     });
 
   StepResult r;
+  double update_seconds = 0.0;
   const double scale = scaler_.scale();
   r.grad_norm = std::sqrt(total) / scale;
   if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
@@ -325,8 +349,13 @@ StepResult Optimizer::step() {
     // Gathered copies the coordinator kept are stale from here on.
     if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
     drop_secondaries(ctx_);
+    const auto update_begin = Trace::Clock::now();
     for (auto& g : groups_)
       for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
+    ctx_.device()->synchronize();
+    const auto update_end = Trace::Clock::now();
+    update_seconds = std::chrono::duration<double>(update_end - update_begin).count();
+    if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);
     ++step_;
   }
   scaler_.update(r.skipped);
@@ -337,6 +366,7 @@ StepResult Optimizer::step() {
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();
   r.loss_scale = scaler_.scale();
   r.step = step_;
+  record_step_stats(step_begin, update_seconds);
   return r;
 }
 

@@ -62,6 +62,7 @@ class Optimizer {
   void check_hparams(const Hparams& hp) const;
   // Kind, groups and hyper-parameters as tokens for check_agreement.
   std::vector<std::string> describe() const;
+  void record_step_stats(Trace::Clock::time_point step_begin, double update_seconds);
   std::vector<int> group_indices(int group) const;
   void update(const Group& g, Slot& s, float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
@@ -72,6 +73,8 @@ class Optimizer {
   std::vector<Group> groups_;
   LossScaler scaler_;
   int64_t step_ = 0;
+  CommTotals last_totals_;  // the context's collectives as of the previous step's end
+  Trace::Clock::time_point last_step_end_;
 };
 
 }  // namespace zs

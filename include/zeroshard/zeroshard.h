@@ -682,6 +682,45 @@ ZS_API zs_status zs_coord_stats_init(zs_coord_stats* stats, size_t size);
 
 ZS_API zs_status zs_coord_get_stats(zs_context ctx, zs_coord_stats* stats);
 
+/* ------------------------------------------------------------------ */
+/* Step summary and timeline                                           */
+/* ------------------------------------------------------------------ */
+
+/* What happened on this rank between the end of the previous optimizer step
+ * (or the optimizer's creation) and the end of the last one. Bytes are what
+ * reached this rank over the wire (ring algorithms: (n-1)/n of a gathered
+ * buffer, 2(n-1)/n of an all-reduced one); seconds are those the collectives
+ * ran, overlapping the trainer's compute or not. wait_seconds is the time
+ * the trainer stood still for them: fetches that found their gather still
+ * running, and the gradient reduction the step waited for. Never waits for
+ * work in progress. With ZS_TRACE=path every collective, wait and optimizer
+ * step also goes on a Chrome-trace timeline, one file per rank ("%r" in the
+ * path is the rank, else ".rank<N>.json" is appended). */
+typedef struct zs_step_stats {
+  size_t size; /* sizeof(zs_step_stats) */
+  int64_t step;                 /* the optimizer step these figures end with (0: none yet) */
+  double step_seconds;          /* wall time of the whole step, forward and backward included */
+  double gather_seconds;        /* all-gathers: param fetches */
+  uint64_t gather_bytes;
+  uint64_t gathers;
+  double reduce_scatter_seconds; /* gradient reduction */
+  uint64_t reduce_scatter_bytes;
+  uint64_t reduce_scatters;
+  double allreduce_seconds;     /* norms, agreement checks, MiCS replica averages */
+  uint64_t allreduce_bytes;
+  double other_comm_seconds;    /* broadcasts, scatters, barriers */
+  uint64_t other_comm_bytes;
+  double wait_seconds;          /* the trainer blocked on collectives */
+  double optimizer_seconds;     /* the update itself */
+} zs_step_stats;
+#define ZS_STEP_STATS_INIT { sizeof(zs_step_stats), 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0.0, 0.0 }
+
+/* ZS_STEP_STATS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *stats (pass sizeof *stats). */
+ZS_API zs_status zs_step_stats_init(zs_step_stats* stats, size_t size);
+
+ZS_API zs_status zs_context_step_stats(zs_context ctx, zs_step_stats* stats);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

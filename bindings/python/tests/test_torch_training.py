@@ -138,4 +138,9 @@ def test_params_changed_by_user_code_between_steps():
     # be moves by about lr per step.
     assert r["max_weight_diff"] <= 1e-3, r
     assert r["bf16_assigned_kept"] is True, r
+    # The last step's summary: every gather and reduction of that step, on 2 ranks.
+    st = r["step_stats"]
+    assert st["step"] == 12 and st["gathers"] > 0 and st["gather_bytes"] > 0, st
+    assert st["reduce_scatters"] > 0 and st["reduce_scatter_bytes"] > 0, st
+    assert 0 < st["optimizer_seconds"] < st["step_seconds"], st
     assert "param.data was set to a tensor of shape (3,), expected its full shape (24, 24)" in r["shape_error"]

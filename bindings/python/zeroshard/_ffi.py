@@ -334,6 +334,27 @@ typedef struct zs_coord_stats {
 zs_status zs_coord_stats_init(zs_coord_stats* stats, size_t size);
 
 zs_status zs_coord_get_stats(zs_context ctx, zs_coord_stats* stats);
+
+typedef struct zs_step_stats {
+  size_t size;
+  int64_t step;
+  double step_seconds;
+  double gather_seconds;
+  uint64_t gather_bytes;
+  uint64_t gathers;
+  double reduce_scatter_seconds;
+  uint64_t reduce_scatter_bytes;
+  uint64_t reduce_scatters;
+  double allreduce_seconds;
+  uint64_t allreduce_bytes;
+  double other_comm_seconds;
+  uint64_t other_comm_bytes;
+  double wait_seconds;
+  double optimizer_seconds;
+} zs_step_stats;
+zs_status zs_step_stats_init(zs_step_stats* stats, size_t size);
+
+zs_status zs_context_step_stats(zs_context ctx, zs_step_stats* stats);
 """
 
 ffi = cffi.FFI()

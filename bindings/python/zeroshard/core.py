@@ -181,9 +181,9 @@ def _param_array(params):
 
 
 def _struct_dict(cdata, ctype):
-    """Every field of a stats struct but `size`, by name."""
-    return {name: int(getattr(cdata, name))
-            for name, _ in ffi.typeof(ctype).fields if name != "size"}
+    """Every field of a stats struct but `size`, by name (floats stay floats)."""
+    return {name: (float if field.type.cname == "double" else int)(getattr(cdata, name))
+            for name, field in ffi.typeof(ctype).fields if name != "size"}
 
 
 def _new_struct(ctype):
@@ -1185,6 +1185,14 @@ class Context:
         s = _new_struct("zs_coord_stats")
         check(lib.zs_coord_get_stats(self._h, s))
         return _struct_dict(s, "zs_coord_stats")
+
+    def step_stats(self):
+        """The last optimizer step's summary: time and bytes of all-gathers,
+        reduce-scatters, all-reduces and other collectives, the time the
+        trainer waited for them, the update's time (zs_context_step_stats)."""
+        s = _new_struct("zs_step_stats")
+        check(lib.zs_context_step_stats(self._h, s))
+        return _struct_dict(s, "zs_step_stats")
 
     def check_async_error(self):
         """Raise the first error of background work in this context, if any."""

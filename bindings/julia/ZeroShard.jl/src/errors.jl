@@ -40,6 +40,7 @@ const STRUCT_INITS = Dict{DataType,Function}(
     zs_optim_hparams => zs_optim_hparams_init,
     zs_step_result => zs_step_result_init,
     zs_coord_stats => zs_coord_stats_init,
+    zs_step_stats => zs_step_stats_init,
 )
 
 """The library's version string, "MAJOR.MINOR.PATCH"."""

@@ -202,6 +202,25 @@ mutable struct zs_coord_stats
     zs_coord_stats() = new()  # filled by zs_coord_stats_init
 end
 
+mutable struct zs_step_stats
+    size::Csize_t
+    step::Int64
+    step_seconds::Cdouble
+    gather_seconds::Cdouble
+    gather_bytes::UInt64
+    gathers::UInt64
+    reduce_scatter_seconds::Cdouble
+    reduce_scatter_bytes::UInt64
+    reduce_scatters::UInt64
+    allreduce_seconds::Cdouble
+    allreduce_bytes::UInt64
+    other_comm_seconds::Cdouble
+    other_comm_bytes::UInt64
+    wait_seconds::Cdouble
+    optimizer_seconds::Cdouble
+    zs_step_stats() = new()  # filled by zs_step_stats_init
+end
+
 # Functions, in the header's order.
 
 zs_version(major, minor, patch) =
@@ -356,3 +375,7 @@ zs_coord_stats_init(stats, size) =
     ccall((:zs_coord_stats_init, libzeroshard), zs_status, (Ref{zs_coord_stats}, Csize_t), stats, size)
 zs_coord_get_stats(ctx, stats) =
     ccall((:zs_coord_get_stats, libzeroshard), zs_status, (zs_context, Ref{zs_coord_stats}), ctx, stats)
+zs_step_stats_init(stats, size) =
+    ccall((:zs_step_stats_init, libzeroshard), zs_status, (Ref{zs_step_stats}, Csize_t), stats, size)
+zs_context_step_stats(ctx, stats) =
+    ccall((:zs_context_step_stats, libzeroshard), zs_status, (zs_context, Ref{zs_step_stats}), ctx, stats)

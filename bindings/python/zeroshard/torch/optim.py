@@ -60,6 +60,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 p.grad = None
 
+    def step_stats(self):
+        """The last step's summary from the engine (zs_context_step_stats):
+        seconds and bytes of the all-gathers, reduce-scatters and
+        all-reduces, the seconds the trainer waited for them, the update's
+        seconds and the whole step's."""
+        return get_context().step_stats()
+
     @property
     def loss_scale(self):
         return self._engine.loss_scale

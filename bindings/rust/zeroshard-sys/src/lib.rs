@@ -254,6 +254,26 @@ pub struct zs_coord_stats {
     pub trace_length: u64,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_step_stats {
+    pub size: usize,
+    pub step: i64,
+    pub step_seconds: f64,
+    pub gather_seconds: f64,
+    pub gather_bytes: u64,
+    pub gathers: u64,
+    pub reduce_scatter_seconds: f64,
+    pub reduce_scatter_bytes: u64,
+    pub reduce_scatters: u64,
+    pub allreduce_seconds: f64,
+    pub allreduce_bytes: u64,
+    pub other_comm_seconds: f64,
+    pub other_comm_bytes: u64,
+    pub wait_seconds: f64,
+    pub optimizer_seconds: f64,
+}
+
 /// Declares `new()` for each struct: the library's `zs_xxx_init`, i.e. the
 /// header's `ZS_XXX_INIT` values (Rust cannot expand the C macros).
 macro_rules! init_with_library {
@@ -288,6 +308,7 @@ init_with_library! {
     zs_optim_hparams => zs_optim_hparams_init,
     zs_step_result => zs_step_result_init,
     zs_coord_stats => zs_coord_stats_init,
+    zs_step_stats => zs_step_stats_init,
 }
 
 // In the header's order; tests/layout.rs reads this block back and compares
@@ -472,4 +493,6 @@ extern "C" {
     pub fn zs_leaf_group(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
     pub fn zs_coord_stats_init(stats: *mut zs_coord_stats, size: usize) -> zs_status;
     pub fn zs_coord_get_stats(ctx: zs_context, stats: *mut zs_coord_stats) -> zs_status;
+    pub fn zs_step_stats_init(stats: *mut zs_step_stats, size: usize) -> zs_status;
+    pub fn zs_context_step_stats(ctx: zs_context, stats: *mut zs_step_stats) -> zs_status;
 }

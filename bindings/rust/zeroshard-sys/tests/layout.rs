@@ -63,6 +63,10 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_coord_stats { size, steps, fetch_calls, demand_fetches, prefetches, blocked_waits,
             reuse_hits, kept_for_reuse, persistent_params, live_elements, peak_live_elements,
             trace_invalidations, trace_length }
+        zs_step_stats { size, step, step_seconds, gather_seconds, gather_bytes, gathers,
+            reduce_scatter_seconds, reduce_scatter_bytes, reduce_scatters, allreduce_seconds,
+            allreduce_bytes, other_comm_seconds, other_comm_bytes, wait_seconds,
+            optimizer_seconds }
     };
     let enums = rust_enums!(
         ZS_OK,

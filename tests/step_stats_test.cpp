@@ -1,0 +1,105 @@
+// What an optimizer step did, from zs_context_step_stats, and the ZS_TRACE
+// timeline: on 2 real ranks the step's gathers and reductions moved exactly
+// the bytes the params' shards account for, and every collective, wait and
+// optimizer step is on each rank's Chrome trace.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using zs::test::run_ranks;
+
+TEST(StepStats, BytesOfTheStepAndTheTimeline) {
+  const std::string trace = "/tmp/zs_trace_" + std::to_string(getpid()) + "_%r.json";
+  run_ranks(2, [&](const RankEnv& env) {
+    setenv("ZS_TRACE", trace.c_str(), 1);
+    zs_context ctx = zs::test::make_context(
+        env, R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})");
+    const int64_t sizes[3] = {1001, 64, 7};
+    zs_param p[3];
+    uint64_t shard_bytes = 0;
+    for (int k = 0; k < 3; ++k) {
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      const std::string name = "p" + std::to_string(k);
+      o.name = name.c_str();
+      o.ndim = 1;
+      o.shape = &sizes[k];
+      o.init = ZS_INIT_NORMAL;
+      ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
+      shard_bytes += info.shard_numel * sizeof(float);
+    }
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
+    zs_step_stats st = ZS_STEP_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
+    EXPECT_EQ(st.step, 0) << "no step yet";
+    for (int step = 0; step < 3; ++step) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      ZS_ASSERT_OK(zs_coord_fetch(ctx, p, 3));
+      ZS_ASSERT_OK(zs_coord_release(ctx, p, 3));
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      for (int k = 0; k < 3; ++k) {
+        std::vector<float> g(static_cast<size_t>(sizes[k]), 0.25f);
+        ZS_ASSERT_OK(zs_grad_push(p[k], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
+      }
+      zs_step_result r = ZS_STEP_RESULT_INIT;
+      ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+    }
+    ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
+    EXPECT_EQ(st.step, 3);
+    // One coalesced gather of the three params, one bucket reduced: each
+    // moved this rank's shard bytes from the other rank, and back.
+    EXPECT_EQ(st.gathers, 1u);
+    EXPECT_EQ(st.gather_bytes, shard_bytes);
+    EXPECT_EQ(st.reduce_scatters, 1u);
+    EXPECT_EQ(st.reduce_scatter_bytes, shard_bytes);
+    // The coordinator's trace check at step_end (16 bytes), the gradient
+    // norm (4) and the optimizers' agreement check (16): a ring all-reduce
+    // moves 2(n-1)/n of each.
+    EXPECT_EQ(st.allreduce_bytes, 16u + 4u + 16u);
+    EXPECT_GT(st.step_seconds, 0.0);
+    EXPECT_GT(st.optimizer_seconds, 0.0);
+    EXPECT_LT(st.optimizer_seconds, st.step_seconds);
+    EXPECT_GE(st.wait_seconds, 0.0);
+    ZS_ASSERT_OK(zs_optimizer_destroy(opt));
+    for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+    ZS_ASSERT_OK(zs_context_destroy(ctx));
+
+    // The timeline, closed by the context's end, is valid JSON.
+    std::string path = trace;
+    path.replace(path.find("%r"), 2, std::to_string(env.rank));
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path;
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto events = nlohmann::json::parse(text.str());
+    std::set<std::string> names, lanes;
+    for (const auto& e : events) {
+      if (!e.contains("ph")) continue;
+      if (e["ph"] == "X") names.insert(e["name"].get<std::string>());
+      if (e["ph"] == "M" && e["name"] == "thread_name") lanes.insert(e["args"]["name"].get<std::string>());
+      if (e["ph"] == "X") {
+        EXPECT_EQ(e["pid"], env.rank);
+      }
+    }
+    for (const char* n : {"coalesced all-gather of 3", "reduce-scatter", "all-reduce", "update",
+                          "optimizer step"})
+      EXPECT_TRUE(names.count(n)) << "no '" << n << "' event in " << path;
+    EXPECT_TRUE(lanes.count("world")) << path;
+    EXPECT_TRUE(lanes.count("optimizer")) << path;
+    std::remove(path.c_str());
+  });
+}
