@@ -71,6 +71,20 @@ int unused_port() {
   return ntohs(addr.sin_port);
 }
 
+// A raw TCP connection to 127.0.0.1:port (-1 if it cannot be made).
+int connect_loopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Forks n children that run body(index) and _exit() with its result (0 = ok);
 // an exception or a hang (alarm) is a failure too. Call before any thread exists.
 std::vector<pid_t> fork_children(int n, const std::function<int(int)>& body) {
@@ -329,12 +343,8 @@ TEST(TcpStore, OutOfDescriptorsDoesNotSpin) {
   ASSERT_EQ(read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
   std::vector<int> strangers;
   for (int i = 0; i < 32; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0);
     strangers.push_back(fd);
   }
   std::this_thread::sleep_for(100ms);
@@ -431,12 +441,8 @@ TEST(TcpStore, StrangersAreDroppedAndMemoryIsCapped) {
   int port = 0;
   auto server = make_tcp_store("127.0.0.1", 0, true, 2000ms, &port);
   {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0);
     std::string frame = std::string(4, '\0') + '\x01' + std::string("\x03\0\0\0key", 7) +
                         std::string("\x02\0\0\0\0\0\0\0hi", 10);
     frame[0] = static_cast<char>(frame.size() - 4);
