@@ -182,6 +182,7 @@ class Context {
                                                  const std::vector<std::vector<int>>& families);
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
   void finalize_store();
+  Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
 
   uint64_t id_ = 0;
   RankInfo ranks_;
@@ -214,7 +215,6 @@ class Context {
   std::shared_ptr<Trace> trace_;
   mutable std::mutex step_mu_;
   StepStats last_step_;
-  Attachment* find_locked(std::type_index type);
   std::mutex attachments_mu_;
   std::vector<std::pair<std::type_index, std::unique_ptr<Attachment>>> attachments_;
 };
