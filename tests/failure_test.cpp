@@ -76,6 +76,8 @@ TEST(Failure, DeadPeerIsACommErrorNotAHang) {
     EXPECT_TRUE(s == ZS_ERR_COMM || s == ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
     EXPECT_LT(seconds_since(t0), 25.0);
     EXPECT_NE(std::string(zs_last_error()).find("group 'world'"), std::string::npos) << zs_last_error();
+    // The store saw rank 2's connection close: the message names it.
+    EXPECT_NE(std::string(zs_last_error()).find("rank 2 is gone"), std::string::npos) << zs_last_error();
     zs_gather_destroy(g);
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });

@@ -81,12 +81,10 @@ std::pair<Code, std::string> Group::execute(const std::string& what,
     no_sigpipe.drain();  // a SIGPIPE raised meanwhile is not delivered on unblocking
   }
   if (code != Code::Ok) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      broken_code_ = code;
-      broken_message_ = message + " (group '" + name_ + "' is unusable after this error)";
-    }
-    if (on_error_) on_error_(code, message);
+    if (on_error_) message += on_error_(code, message);
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_code_ = code;
+    broken_message_ = message + " (group '" + name_ + "' is unusable after this error)";
   }
   return {code, std::move(message)};
 }

@@ -22,7 +22,9 @@ namespace zs {
 
 class Group {
  public:
-  using ErrorSink = std::function<void(Code, const std::string&)>;
+  // Told of a failed collective; returns a note appended to its message
+  // (e.g. which rank is gone), or "".
+  using ErrorSink = std::function<std::string(Code, const std::string&)>;
 
   // world_ranks lists the members; my_rank is this rank's index in it, or
   // -1 for a non-member (then comm is null and collectives are refused).

@@ -57,6 +57,9 @@ constexpr char kStoreMagic[] = "zeroshard-store/1";
 // is kilobytes per rank; a stranger's SETs must not grow rank 0 without end.
 constexpr size_t kMaxStoredBytes = size_t{256} << 20;
 constexpr uint64_t kStrangersLogged = 8;
+// A client may name itself in its Hello; when its connection closes, the
+// server sets gone_key(name), so peers can tell which rank went away.
+constexpr uint32_t kMaxClientName = 64;
 enum class Status : uint8_t { Ok = 0, Error = 1 };
 
 constexpr size_t kMaxWaitKeys = 1024;
@@ -172,6 +175,7 @@ class Server {
   struct Conn {
     int fd = -1;
     bool greeted = false;  // sent Hello: anything else first drops the connection
+    std::string who;       // the client's name from its Hello ("rank 2"), if it gave one
     std::string in;  // received bytes; unparsed ones start at in_pos
     size_t in_pos = 0;
     std::string out;  // reply bytes not yet sent start at out_pos
@@ -414,9 +418,13 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       return true;
     }
     case Cmd::Hello: {
-      std::string magic;
-      if (!r.bytes(sizeof kStoreMagic - 1, &magic) || !r.done() || magic != kStoreMagic) return false;
+      std::string magic, who;
+      uint32_t who_len = 0;
+      if (!r.bytes(sizeof kStoreMagic - 1, &magic) || magic != kStoreMagic || !r.u32(&who_len) ||
+          who_len > kMaxClientName || !r.bytes(who_len, &who) || !r.done())
+        return false;
       c.greeted = true;
+      c.who = std::move(who);
       reply(c, Status::Ok, kStoreMagic, sizeof kStoreMagic - 1);
       return true;
     }
@@ -552,16 +560,23 @@ void Server::drop(int fd) {
       if (w->second.empty()) waiters_.erase(w);
     }
   }
+  const std::string gone = c.who.empty() ? std::string() : gone_key(c.who);
   close(fd);
   conns_.erase(it);
   clients_.fetch_sub(1, std::memory_order_relaxed);
+  if (!gone.empty() && data_.find(gone) == data_.end()) {
+    stored_bytes_ += gone.size() + 1;
+    data_.emplace(gone, "1");
+    wake(gone);
+  }
 }
 
 // ----------------------------------------------------------------- store --
 
 class TcpStore final : public Store {
  public:
-  TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout);
+  TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
+           std::string who);
   ~TcpStore() override;
   int port() const { return port_; }
 
@@ -594,13 +609,15 @@ class TcpStore final : public Store {
   std::string host_;  // where the client connects
   int port_;
   std::string where_;
+  const std::string who_;  // this client's name in its Hello
   std::mutex mu_;
   int fd_ = -1;
   int io_errno_ = 0;
 };
 
-TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout)
-    : host_(host.empty() ? "localhost" : host), port_(port) {
+TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
+                   std::string who)
+    : host_(host.empty() ? "localhost" : host), port_(port), who_(std::move(who)) {
   timeout_ = timeout;
   if (is_server) {
     server_ = std::make_unique<Server>(host, port_);  // "" binds every interface
@@ -726,9 +743,10 @@ TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadlin
 void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start) {
   constexpr size_t n = sizeof kStoreMagic - 1;
   std::string frame;
-  put_u32(frame, static_cast<uint32_t>(1 + n));
+  put_u32(frame, static_cast<uint32_t>(1 + n + 4 + who_.size()));
   frame.push_back(static_cast<char>(Cmd::Hello));
   frame.append(kStoreMagic, n);
+  put_key(frame, who_);
   char header[kReplyHeaderBytes];
   Io io = send_all(frame, deadline);
   if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
@@ -901,7 +919,11 @@ bool TcpStore::check(const std::string& key) {
 }  // namespace
 
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      std::chrono::milliseconds timeout, int* bound_port) {
+                                      std::chrono::milliseconds timeout, int* bound_port,
+                                      const std::string& who) {
+  if (who.size() > kMaxClientName)
+    fail(Code::InvalidArgument, "tcp store client name '", who, "' is ", who.size(),
+         " bytes, more than ", kMaxClientName);
   if (port < (is_server ? 0 : 1) || port > 65535) {
     fail(Code::InvalidArgument, "tcp store port = ", port, ": expected ",
          is_server ? "0 (any free port)" : "1", "..65535");
@@ -912,7 +934,7 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   if (timeout.count() <= 0) {
     fail(Code::InvalidArgument, "tcp store timeout = ", timeout.count(), " ms: expected > 0");
   }
-  auto store = std::make_unique<TcpStore>(host, port, is_server, timeout);
+  auto store = std::make_unique<TcpStore>(host, port, is_server, timeout, who);
   if (bound_port != nullptr) *bound_port = store->port();
   return store;
 }

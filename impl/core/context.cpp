@@ -154,7 +154,8 @@ void Context::connect(const ContextOptions& options) {
   } else {
     const StoreAddress addr = resolve_store_address(
         options.store_host.empty() ? nullptr : options.store_host.c_str(), options.store_port);
-    store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_);
+    store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_, nullptr,
+                            "rank " + std::to_string(ranks_.rank));
     tcp_store_ = true;
   }
   const std::string store_host = options.store_host.empty()
@@ -251,7 +252,9 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code c, const std::string& m) {
-                                         record_async_error(c, m);
+                                         std::string note = departed_note();
+                                         record_async_error(c, m + note);
+                                         return note;
                                        });
   all_groups_.push_back(group);
   return group;
@@ -374,6 +377,31 @@ void Context::finalize_store() {
   } catch (const Error&) {
     // The server is gone or a peer died: nothing left to wait for.
   }
+}
+
+// Which ranks' store connections closed (they died, or left), to name them
+// in a failed collective's message. The store may see a close a moment
+// after the transport does, so it looks a few times before giving up.
+std::string Context::departed_note() {
+  if (!tcp_store_ || !store_) return "";
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::string gone;
+    int count = 0;
+    try {
+      for (int r = 0; r < ranks_.world_size; ++r) {
+        if (r == ranks_.rank || !store_->check(gone_key("rank " + std::to_string(r)))) continue;
+        gone += (count++ ? ", " : "") + std::to_string(r);
+      }
+    } catch (const Error&) {
+      return ranks_.rank == 0 ? ""
+                              : "; rank 0, which serves the store, is unreachable: it may have died";
+    }
+    if (count > 0)
+      return std::string("; rank") + (count > 1 ? "s " : " ") + gone + (count > 1 ? " are" : " is") +
+             " gone (its connection to the store closed: the process died or exited)";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return "";
 }
 
 Context::Attachment* Context::find_locked(std::type_index type) {
