@@ -21,7 +21,7 @@ from . import errors
 from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
                      InvalidStateError, InvalidConfigError, ZsOutOfMemoryError, ZsTimeoutError,
                      CommError, BootstrapError, NotSupportedError, BufferSizeError,
-                     InternalError, ZeroShardConfigWarning, check)
+                     InternalError, ZsIOError, ZeroShardConfigWarning, check)
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
@@ -33,7 +33,7 @@ __all__ = [
     "ffi", "lib", "library_path", "errors", "check",
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
-    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError",
+    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
     "ZeroShardConfigWarning",
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER", "DTYPE_NAMES",
     "DEVICE_CPU", "DEVICE_CUDA",

@@ -195,6 +195,8 @@ _INIT_DEFAULTS = {
     "zs_optim_hparams": dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01,
                              bias_correction=1),
     "zs_step_result": dict(loss_scale=1.0),
+    "zs_checkpoint_save_options": dict(update_latest=1),
+    "zs_checkpoint_load_options": dict(strict=1),
 }
 
 
