@@ -339,9 +339,14 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (!mine.at("ok").get<bool>()) {
     // Rank 0 names this rank's error to everyone; wait for it so the
     // partial directory is gone when we return.
-    if (rank != 0)
+    if (rank != 0) {
       (void)wait_key(*store, key + "commit", start + 2 * timeout + std::chrono::seconds(5),
                      "waiting for rank 0 to abandon the failed save", timeout);
+      try {
+        store->add(key + "ack", 1);
+      } catch (const Error&) {
+      }
+    }
     if (rank == 0) {
       try { remove_tree(partial); } catch (const Error&) {}
       const std::string& err = mine.at("error").get_ref<const std::string&>();
@@ -351,6 +356,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   }
   if (rank == 0) {
     std::string status = "ok";
+    std::vector<bool> ranks_seen(static_cast<size_t>(world), false);
+    ranks_seen[0] = true;
     try {
       std::vector<json> ranks(static_cast<size_t>(world));
       ranks[0] = mine;
@@ -366,6 +373,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
             continue;
           }
           const auto v = store->get(k);
+          ranks_seen[static_cast<size_t>(r)] = true;
           ranks[static_cast<size_t>(r)] = json::parse(std::string(v.begin(), v.end()));
           const json& j = ranks[static_cast<size_t>(r)];
           if (!j.at("ok").get<bool>())
@@ -393,10 +401,25 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
       try { remove_tree(partial); } catch (const Error&) {}
     }
     put(*store, key + "commit", status);
+    // Rank 0 serves the store: stay until every rank that wrote has read
+    // the outcome, so a caller that exits right after (on success or on
+    // error) does not take the answer away from the others.
+    const int64_t readers = static_cast<int64_t>(std::count_if(
+        ranks_seen.begin(), ranks_seen.end(), [](bool b) { return b; })) - 1;
+    const auto ack_deadline = Clock::now() + timeout;
+    try {
+      while (store->add(key + "ack", 0) < readers && Clock::now() < ack_deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const Error&) {
+    }
     if (status != "ok") throw_status(status, "");
   } else {
     const std::string status = wait_key(*store, key + "commit", start + 2 * timeout + std::chrono::seconds(5),
                                         "waiting for rank 0 to commit the save", timeout);
+    try {
+      store->add(key + "ack", 1);
+    } catch (const Error&) {
+    }
     if (status != "ok") throw_status(status, "");
   }
   if (o.progress) o.progress("done", 0, 0);
