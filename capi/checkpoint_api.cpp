@@ -118,4 +118,14 @@ ZS_API zs_status zs_checkpoint_export(const char* path, const char* out_file,
   });
 }
 
+ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
+                                       int world_size, zs_progress_fn progress, void* progress_user) {
+  return guarded([&] {
+    if (path == nullptr) fail(Code::InvalidArgument, "path is NULL");
+    if (out_dir == nullptr) fail(Code::InvalidArgument, "out_dir is NULL");
+    ckpt::reshard(path, str_or(tag, ""), out_dir, world_size,
+                  byte_progress(progress, progress_user, "reshard"));
+  });
+}
+
 }  // extern "C"

@@ -9,6 +9,7 @@
 #include "impl/checkpoint/state_names.h"
 #include "impl/common/error.h"
 #include "impl/device/ops.h"
+#include "impl/partition/layout.h"
 
 namespace zs::ckpt {
 namespace {
@@ -193,6 +194,85 @@ ExportReport export_consolidated(const std::string& path, const std::string& tag
   }
   rep.bytes = header.size() + total;
   return rep;
+}
+
+void reshard(const std::string& path, const std::string& tag, const std::string& out_dir,
+             int world, const Progress& progress) {
+  if (world < 1) fail(Code::InvalidArgument, "reshard: world size ", world, ": expected >= 1");
+  if (out_dir.empty()) fail(Code::InvalidArgument, "reshard: the output directory is empty");
+  const std::string dir = resolve_checkpoint_dir(path, tag);
+  const Manifest m = Manifest::read(dir);
+  if (exists(out_dir)) fail(Code::InvalidArgument, "reshard: '", out_dir, "' already exists");
+  ChunkReader reader(dir, m);
+  reader.check_sizes();
+  Manifest out = m;
+  out.world_size = world;
+  out.topology = {{"world_size", world}, {"resharded_from", m.topology}};
+  out.files.clear();
+  for (auto& p : out.params)
+    for (auto& [state, chunks] : p.states) chunks.clear();
+  uint64_t total = 0, before = 0;
+  for (const auto& p : m.params)
+    for (const auto& [state, chunks] : p.states) total += p.numel * dtype_size(chunks.front().dtype);
+  const std::string partial = out_dir + ".partial";
+  remove_tree(partial);
+  make_dir(partial);
+  try {
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::vector<char>> data;
+      std::vector<ShardSource> sources;
+      data.reserve(m.params.size() * 4);
+      // Chunks land in `out` in place; std::map nodes and reserved vectors
+      // keep the pointers valid.
+      for (size_t i = 0; i < m.params.size(); ++i) {
+        const ParamEntry& p = m.params[i];
+        const ShardLayout l = ShardLayout::make(p.numel, world, r);
+        if (l.shard_valid == 0) continue;
+        for (const auto& [state, chunks] : p.states) {
+          const DType dt = chunks.front().dtype;
+          data.emplace_back(l.shard_valid * dtype_size(dt));
+          for (const auto& c : chunks) {
+            const uint64_t lo = std::max(l.shard_offset, c.offset);
+            const uint64_t hi = std::min(l.shard_offset + l.shard_valid, c.offset + c.numel);
+            if (lo < hi)
+              reader.read(c, lo, hi - lo, data.back().data() + (lo - l.shard_offset) * dtype_size(dt),
+                          "param '" + p.name + "', " + state);
+          }
+          auto& dst = out.params[i].states[state];
+          dst.reserve(static_cast<size_t>(world));
+          Chunk c;
+          c.file = r;
+          c.offset = l.shard_offset;
+          dst.push_back(c);
+          sources.push_back({state + "/" + p.name, dt, l.shard_valid, data.back().data(), &dst.back()});
+        }
+      }
+      const std::string name = rank_file_name(r, world);
+      Progress inner;
+      if (progress) inner = [&](uint64_t d, uint64_t) { progress(before + d, total); };
+      FileEntry fe = write_shard_file(join(partial, name), sources, *host_device(),
+                                      {{"format", kFormatName}, {"rank", std::to_string(r)},
+                                       {"world_size", std::to_string(world)}},
+                                      inner);
+      for (const auto& src : sources) before += src.numel * dtype_size(src.dtype);
+      fe.name = name;
+      fe.rank = r;
+      out.files.push_back(fe);
+    }
+    // What is written must read back.
+    const Manifest checked = Manifest::from_json(out.to_json(), "the resharded manifest");
+    const std::string text = checked.to_json().dump(1);
+    File f = File::create(join(partial, kManifest));
+    f.write_all(text.data(), text.size());
+    f.sync();
+    f.close();
+    sync_dir(partial);
+    rename_path(partial, out_dir);
+    sync_dir(parent_dir(out_dir));
+  } catch (...) {
+    try { remove_tree(partial); } catch (const Error&) {}
+    throw;
+  }
 }
 
 }  // namespace zs::ckpt

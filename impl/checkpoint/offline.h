@@ -38,4 +38,11 @@ struct ExportReport {
 ExportReport export_consolidated(const std::string& path, const std::string& tag,
                                  const std::string& out, const ExportOptions& options);
 
+// The checkpoint rewritten for another world size (one file per new rank,
+// each holding that rank's shards as a run of that size would lay them
+// out), as a new checkpoint directory out_dir, which must not exist yet.
+// Memory: one new rank's shards at a time.
+void reshard(const std::string& path, const std::string& tag, const std::string& out_dir,
+             int world_size, const Progress& progress);
+
 }  // namespace zs::ckpt

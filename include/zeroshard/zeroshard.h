@@ -591,7 +591,7 @@ ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
  * safetensors file per rank (README, "Checkpoints"). */
 
 /* Progress of a long save, load, verify or export, called on the calling
- * thread: phase is "write", "read", "verify", "export" (done/total count
+ * thread: phase is "write", "read", "verify", "export", "reshard" (done/total count
  * bytes) or "manifest", "rename", "latest", "done" (0, 0). */
 typedef void (*zs_progress_fn)(void* user, const char* phase, uint64_t done, uint64_t total);
 
@@ -672,6 +672,14 @@ typedef struct zs_checkpoint_export_options {
  * Needs no context. */
 ZS_API zs_status zs_checkpoint_export(const char* path, const char* out_file,
                                       const zs_checkpoint_export_options* options);
+
+/* Rewrite a checkpoint (tag NULL: as for load) for world_size ranks into
+ * out_dir, a new checkpoint directory that must not exist yet (written
+ * beside it and renamed). Loading reshards by itself; this is for moving
+ * checkpoints to a cluster of another size ahead of time. Needs no
+ * context. */
+ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
+                                       int world_size, zs_progress_fn progress, void* progress_user);
 
 /* ------------------------------------------------------------------ */
 /* Coordinated fetch: trace, prefetch, persistence, leaf groups        */

@@ -353,6 +353,8 @@ typedef struct zs_checkpoint_export_options {
 
 zs_status zs_checkpoint_export(const char* path, const char* out_file,
                                const zs_checkpoint_export_options* options);
+zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
+                                int world_size, zs_progress_fn progress, void* progress_user);
 
 /* Coordinated fetch */
 zs_status zs_step_begin(zs_context ctx);
