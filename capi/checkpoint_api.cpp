@@ -17,6 +17,16 @@ struct LastLoad : Context::Attachment {
 
 std::string str_or(const char* s, const char* fallback) { return s ? s : fallback; }
 
+std::vector<std::string> names_of(const char* const* names, size_t n) {
+  std::vector<std::string> out;
+  if (names == nullptr) return out;
+  for (size_t i = 0; i < n; ++i) {
+    if (names[i] == nullptr) fail(Code::InvalidArgument, "options->names[", i, "] is NULL");
+    out.emplace_back(names[i]);
+  }
+  return out;
+}
+
 Optimizer* optimizer_in(const std::shared_ptr<Context>& ctx, zs_optimizer h,
                         std::shared_ptr<Optimizer>* keep) {
   if (h == nullptr) return nullptr;
@@ -56,6 +66,7 @@ ZS_API zs_status zs_checkpoint_save(zs_context h, const zs_param* params, size_t
     so.timeout = std::chrono::milliseconds(o.timeout_ms);
     so.overwrite = o.overwrite != 0;
     so.update_latest = o.update_latest != 0;
+    so.names = names_of(o.names, n);
     so.progress = phase_progress(o.progress, o.progress_user);
     const auto held = ctx->lock();
     ckpt::save(*ctx, list, op, dir, so);
@@ -76,6 +87,7 @@ ZS_API zs_status zs_checkpoint_load(zs_context h, const zs_param* params, size_t
     ckpt::LoadOptions lo;
     lo.tag = str_or(o.tag, "");
     lo.strict = o.strict != 0;
+    lo.names = names_of(o.names, n);
     lo.progress = phase_progress(o.progress, o.progress_user);
     const auto held = ctx->lock();
     const ckpt::LoadResult r = ckpt::load(*ctx, list, op, path, lo);

@@ -67,16 +67,16 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     const Manifest m = Manifest::read(result.dir);
     result.user_json = m.user.dump();
     result.step = m.step;
+    const NameOf name_of = checkpoint_names(params, o.names, "checkpoint load");
     std::set<std::string> names;
     for (const auto& p : params) {
-      if (p->unregistered) fail(Code::InvalidArgument, "checkpoint load: ", p->describe(), " was unregistered");
-      if (!names.insert(p->name).second)
-        fail(Code::InvalidArgument, "checkpoint load: two params are named '", p->name, "'");
-      const ParamEntry* e = m.find(p->name);
+      const std::string& name = name_of.at(p.get());
+      names.insert(name);
+      const ParamEntry* e = m.find(name);
       if (e == nullptr)
-        fail(Code::InvalidArgument, "checkpoint '", result.dir, "' has no param '", p->name, "'");
+        fail(Code::InvalidArgument, "checkpoint '", result.dir, "' has no param '", name, "'");
       if (e->shape != p->shape)
-        fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", p->name, "' has shape ",
+        fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", name, "' has shape ",
              shape_str(e->shape), ", the registered one ", shape_str(p->shape));
     }
     if (o.strict)
@@ -100,7 +100,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       for (size_t g = 0; g < opt->num_groups(); ++g) {
         std::set<std::string> mine, theirs;
         for (const auto& p : opt->group_params(g))
-          if (names.count(p->name)) mine.insert(p->name);
+          if (name_of.count(p.get())) mine.insert(name_of.at(p.get()));
         for (const auto& n : groups[g].at("params")) theirs.insert(n.get<std::string>());
         if (mine != theirs)
           fail(Code::InvalidArgument, where, ": group ", g, " holds other params (", theirs.size(),
@@ -122,7 +122,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     std::vector<Item> items;
     for (const auto& sp : params) {
       const Param& p = *sp;
-      const ParamEntry& e = *m.find(p.name);
+      const ParamEntry& e = *m.find(name_of.at(&p));
       const bool has_master = e.states.count(kMaster) > 0;
       // fp32 values: the master when saved, else the param itself.
       const std::string f32_src = has_master ? kMaster : kParam;
@@ -136,7 +136,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
         const std::string s = state_name(opt->kind(), slot);
         const bool saved = e.states.count(s) > 0;
         if (!saved && opt->has_state(p, slot))
-          fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", p.name, "' has no ", s,
+          fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", e.name, "' has no ", s,
                " state, which this optimizer keeps");
         if (saved) items.push_back({&p, &e, s, DType::F32, opt->ensure_state(p, slot, nullptr)});
       }

@@ -18,6 +18,7 @@ namespace zs::ckpt {
 struct LoadOptions {
   std::string tag;     // empty: path itself, or path/latest
   bool strict = true;  // a checkpoint param not in the list is an error
+  std::vector<std::string> names;  // as SaveOptions::names
   // phase "read" with bytes done/total, then "done".
   std::function<void(const char* phase, uint64_t done, uint64_t total)> progress;
 };

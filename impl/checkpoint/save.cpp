@@ -71,10 +71,11 @@ void put(Store& store, const std::string& key, const std::string& value) {
 
 // Names, dtypes, shapes and states, so rank 0 can tell that every rank
 // saves the same thing.
-std::string fingerprint(const std::vector<std::shared_ptr<Param>>& params, const Optimizer* opt) {
+std::string fingerprint(const std::vector<std::shared_ptr<Param>>& params, const Optimizer* opt,
+                        const NameOf& name_of) {
   std::string s = opt ? optim_kind_name(opt->kind()) : "none";
   for (const auto& p : params) {
-    s += "|" + p->name + ":" + dtype_name(p->dtype) + "[";
+    s += "|" + name_of.at(p.get()) + ":" + dtype_name(p->dtype) + "[";
     for (auto d : p->shape) s += std::to_string(d) + ",";
     s += "]";
   }
@@ -99,7 +100,7 @@ struct Local {
 };
 
 Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
-                  const std::string& path, const SaveOptions& o) {
+                  const std::string& path, const SaveOptions& o, const NameOf& name_of) {
   Local l;
   l.chunks.resize(params.size());
   std::vector<ShardSource> sources;
@@ -110,7 +111,7 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
     auto add = [&](const std::string& state, DType dt, const void* data) {
       Chunk& c = l.chunks[i][state];
       c.offset = p.layout.shard_offset;
-      sources.push_back({state + "/" + p.name, dt, p.layout.shard_valid, data, &c});
+      sources.push_back({state + "/" + name_of.at(&p), dt, p.layout.shard_valid, data, &c});
     };
     add(kParam, p.dtype, p.shard->data());
     if (opt == nullptr) continue;
@@ -147,12 +148,12 @@ json local_to_json(const Local& l, const std::string& fp) {
           {"chunks", chunks}};
 }
 
-json optimizer_json(const Optimizer& opt, const std::set<const Param*>& saved) {
+json optimizer_json(const Optimizer& opt, const NameOf& name_of) {
   json groups = json::array();
   for (size_t g = 0; g < opt.num_groups(); ++g) {
     json names = json::array();
     for (const auto& p : opt.group_params(g))
-      if (saved.count(p.get())) names.push_back(p->name);
+      if (name_of.count(p.get())) names.push_back(name_of.at(p.get()));
     groups.push_back({{"hparams", hparams_to_json(opt.hparams(g))}, {"params", names}});
   }
   auto& scaler = const_cast<Optimizer&>(opt).scaler();
@@ -167,7 +168,7 @@ json optimizer_json(const Optimizer& opt, const std::set<const Param*>& saved) {
 
 Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
                         const Optimizer* opt, const std::string& tag, const json& user,
-                        const std::vector<json>& ranks) {
+                        const std::vector<json>& ranks, const NameOf& name_of) {
   Manifest m;
   m.engine_version = ZS_ENGINE_VERSION;
   m.tag = tag;
@@ -177,13 +178,11 @@ Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>&
                 {"mics_shard_size", cfg.mics_shard_size},
                 {"zero_hpz_partition_size", cfg.zero_hpz_partition_size}};
   m.step = opt ? opt->steps() : 0;
-  std::set<const Param*> saved;
-  for (const auto& p : params) saved.insert(p.get());
-  m.optimizer = opt ? optimizer_json(*opt, saved) : json(nullptr);
+  m.optimizer = opt ? optimizer_json(*opt, name_of) : json(nullptr);
   m.user = user;
   for (const auto& p : params) {
     ParamEntry e;
-    e.name = p->name;
+    e.name = name_of.at(p.get());
     e.dtype = p->dtype;
     e.shape = p->shape;
     e.numel = p->layout.numel;
@@ -266,14 +265,8 @@ void commit(const std::string& dir, const std::string& tag, const std::string& p
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& o) {
   if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
-  std::set<std::string> names;
-  for (const auto& p : params) {
-    if (p->unregistered) fail(Code::InvalidArgument, "checkpoint save: ", p->describe(), " was unregistered");
-    if (!names.insert(p->name).second)
-      fail(Code::InvalidArgument, "checkpoint save: two params are named '", p->name,
-           "' (names identify params in a checkpoint)");
-    writes_shard(ctx, *p);
-  }
+  const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
+  for (const auto& p : params) writes_shard(ctx, *p);
   const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps() : 0) : o.tag;
   check_tag(tag);
   json user = json::object();
@@ -289,7 +282,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
 
   const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
   const auto timeout = o.timeout.count() > 0 ? o.timeout : ctx.timeout();
-  const std::string fp = fingerprint(params, opt);
+  const std::string fp = fingerprint(params, opt, name_of);
   const std::string file_name = rank_file_name(rank, world);
   const std::shared_ptr<Store> store = world > 1 ? ctx.store() : nullptr;
   if (world > 1 && !store) fail(Code::Internal, "checkpoint save: no rendezvous store in a world of ", world);
@@ -298,8 +291,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     std::string partial;
     prepare(dir, tag, o.overwrite, &partial);
     try {
-      Local l = write_local(ctx, params, opt, join(partial, file_name), o);
-      const Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)});
+      Local l = write_local(ctx, params, opt, join(partial, file_name), o, name_of);
+      const Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
       commit(dir, tag, partial, m, o);
     } catch (...) {
       try { remove_tree(partial); } catch (const Error&) {}
@@ -331,7 +324,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   // every rank writes its file
   json mine;
   try {
-    mine = local_to_json(write_local(ctx, params, opt, join(partial, file_name), o), fp);
+    mine = local_to_json(write_local(ctx, params, opt, join(partial, file_name), o, name_of), fp);
   } catch (const Error& e) {
     mine = {{"ok", false}, {"error", status_of(e)}};
   }
@@ -394,7 +387,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      const Manifest m = build_manifest(ctx, params, opt, tag, user, ranks);
+      const Manifest m = build_manifest(ctx, params, opt, tag, user, ranks, name_of);
       commit(dir, tag, partial, m, o);
     } catch (const Error& e) {
       status = status_of(e);

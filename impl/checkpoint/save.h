@@ -23,6 +23,9 @@ struct SaveOptions {
   std::chrono::milliseconds timeout{0};  // 0: the context's
   bool overwrite = false;  // replace an existing tag (atomic exchange)
   bool update_latest = true;
+  // The names params are saved under, one per param (e.g. a framework's
+  // qualified names); empty: their registration names.
+  std::vector<std::string> names;
   PhaseProgress progress;
 };
 

@@ -51,4 +51,25 @@ Hparams hparams_from_json(const nlohmann::json& j, const std::string& where) {
   return h;
 }
 
+NameOf checkpoint_names(const std::vector<std::shared_ptr<Param>>& params,
+                        const std::vector<std::string>& names, const char* what) {
+  if (!names.empty() && names.size() != params.size())
+    fail(Code::InvalidArgument, what, ": ", names.size(), " names for ", params.size(), " params");
+  NameOf out;
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    if (p.unregistered) fail(Code::InvalidArgument, what, ": ", p.describe(), " was unregistered");
+    const std::string& n = names.empty() ? p.name : names[i];
+    if (n.empty()) fail(Code::InvalidArgument, what, ": params[", i, "] has an empty name");
+    auto [it, fresh] = seen.emplace(n, i);
+    if (!fresh)
+      fail(Code::InvalidArgument, what, ": params[", it->second, "] and params[", i, "] are both named '", n,
+           "' (names identify params in a checkpoint)");
+    if (!out.emplace(&p, n).second)
+      fail(Code::InvalidArgument, what, ": params[", i, "] (", p.describe(), ") is listed twice");
+  }
+  return out;
+}
+
 }  // namespace zs::ckpt

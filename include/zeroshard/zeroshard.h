@@ -602,11 +602,14 @@ typedef struct zs_checkpoint_save_options {
   int timeout_ms;        /* for every rank to finish; 0: the context's timeout */
   int overwrite;         /* 1: replace an existing tag (atomic swap); 0: error */
   int update_latest;     /* 1 (default): <dir>/latest names this tag */
+  const char* const* names; /* num_params names to save under (e.g. a
+                               framework's qualified names); NULL: each
+                               param's registration name */
   zs_progress_fn progress; /* may be NULL */
   void* progress_user;
 } zs_checkpoint_save_options;
 #define ZS_CHECKPOINT_SAVE_OPTIONS_INIT \
-  { sizeof(zs_checkpoint_save_options), NULL, NULL, 0, 0, 1, NULL, NULL }
+  { sizeof(zs_checkpoint_save_options), NULL, NULL, 0, 0, 1, NULL, NULL, NULL }
 
 /* Save params (names unique) and, when opt is not NULL, its state, step
  * count, hyper-parameters and loss scaler into <dir>/<tag>. Collective over
@@ -623,11 +626,12 @@ typedef struct zs_checkpoint_load_options {
   size_t size;      /* sizeof(zs_checkpoint_load_options) */
   const char* tag;  /* NULL: path itself if it holds manifest.json, else path/latest */
   int strict;       /* 1 (default): a saved param not among params is an error */
+  const char* const* names; /* as in zs_checkpoint_save_options */
   zs_progress_fn progress; /* may be NULL */
   void* progress_user;
 } zs_checkpoint_load_options;
 #define ZS_CHECKPOINT_LOAD_OPTIONS_INIT \
-  { sizeof(zs_checkpoint_load_options), NULL, 1, NULL, NULL }
+  { sizeof(zs_checkpoint_load_options), NULL, 1, NULL, NULL, NULL }
 
 typedef struct zs_checkpoint_info {
   size_t size;           /* sizeof(zs_checkpoint_info) */

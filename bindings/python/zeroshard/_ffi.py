@@ -312,6 +312,7 @@ typedef struct zs_checkpoint_save_options {
   int timeout_ms;
   int overwrite;
   int update_latest;
+  const char* const* names;
   zs_progress_fn progress;
   void* progress_user;
 } zs_checkpoint_save_options;
@@ -324,6 +325,7 @@ typedef struct zs_checkpoint_load_options {
   size_t size;
   const char* tag;
   int strict;
+  const char* const* names;
   zs_progress_fn progress;
   void* progress_user;
 } zs_checkpoint_load_options;
