@@ -25,7 +25,8 @@ from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
-                   Gather, Work, Optimizer, ParamArray)
+                   Gather, Work, Optimizer, ParamArray, checkpoint_verify, checkpoint_export,
+                   checkpoint_reshard)
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,7 @@ __all__ = [
     "ZeroShardConfigWarning",
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER", "DTYPE_NAMES",
     "DEVICE_CPU", "DEVICE_CUDA",
+    "checkpoint_verify", "checkpoint_export", "checkpoint_reshard",
     "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
     "parse_device", "dlpack_from_pointer",
     "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray",
