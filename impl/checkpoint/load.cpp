@@ -1,6 +1,7 @@
 #include "impl/checkpoint/load.h"
 
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "impl/checkpoint/format.h"
@@ -50,7 +51,8 @@ void read_state(ChunkReader& reader, const ParamEntry& e, const std::string& sta
 // A staged copy, applied once every rank has read its part.
 struct Staged {
   void* dst;  // engine memory
-  std::vector<char> host;
+  size_t bytes = 0;
+  std::unique_ptr<char[]> host;  // not zero-filled: read over, padding zeroed
 };
 
 }  // namespace
@@ -150,9 +152,12 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       const Param& p = *it.p;
       Staged s;
       s.dst = it.dst;
-      s.host.assign(p.layout.shard_numel * dtype_size(it.dtype), 0);  // padding stays zero
+      s.bytes = p.layout.shard_numel * dtype_size(it.dtype);
+      s.host.reset(new char[s.bytes]);
+      const size_t valid = p.layout.shard_valid * dtype_size(it.dtype);
+      std::memset(s.host.get() + valid, 0, s.bytes - valid);  // padding stays zero
       read_state(reader, *it.e, it.state, p.layout.shard_offset, p.layout.shard_valid, it.dtype,
-                 s.host.data(), &done, total, o);
+                 s.host.get(), &done, total, o);
       staged.push_back(std::move(s));
     }
     result.bytes_read = reader.bytes_read();
@@ -194,7 +199,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     opt->scaler().set_state(st);
   }
   for (const auto& s : staged)
-    if (!s.host.empty()) ctx.device()->copy(s.dst, s.host.data(), s.host.size());
+    if (s.bytes > 0) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
   ctx.device()->synchronize();
   drop_secondaries(ctx);
   if (Coordinator* coord = coordinator_if_any(ctx)) {

@@ -135,25 +135,39 @@ void ChunkReader::read(const Chunk& c, uint64_t first, uint64_t n, void* dst, co
   const uint64_t B = m_.block_bytes;
   const uint64_t want_lo = (first - c.offset) * esz, want_hi = want_lo + n * esz;
   File& f = file(c.file);
-  const uint64_t piece = std::max<uint64_t>(B, (kPieceBytes / B) * B);
   char* out = static_cast<char*>(dst);
-  for (uint64_t lo = (want_lo / B) * B; lo < want_hi; lo += piece) {
-    const uint64_t hi = std::min({lo + piece, c.bytes()});
-    if (scratch_.size() < hi - lo) scratch_.resize(hi - lo);
-    f.pread_all(scratch_.data(), hi - lo, c.begin + lo, "tensor '" + c.key + "' (" + what + ")");
-    bytes_read_ += hi - lo;
+  // Verifies the blocks of bytes [lo, hi) of the chunk, held at p.
+  auto verify = [&](const char* p, uint64_t lo, uint64_t hi) {
     for (uint64_t b = lo; b < hi; b += B) {
       const uint64_t bn = std::min(B, hi - b);
-      const uint64_t got = XXH3_64bits(scratch_.data() + (b - lo), bn);
+      const uint64_t got = XXH3_64bits(p + (b - lo), bn);
       const uint64_t want = c.blocks[b / B];
       if (got != want)
         fail(Code::Io, "checkpoint file '", f.path(), "': tensor '", c.key, "' (", what,
              ") fails its checksum in bytes [", c.begin + b, ", ", c.begin + b + bn,
              ") of the file: xxh3 ", hex64(got), ", the manifest says ", hex64(want));
     }
-    const uint64_t from = std::max(lo, want_lo), to = std::min(hi, want_hi);
-    if (to > from) std::memcpy(out + (from - want_lo), scratch_.data() + (from - lo), to - from);
+  };
+  // Whole blocks inside the wanted range go straight into dst; the partial
+  // blocks at either end go through scratch, read whole to be verified.
+  const uint64_t inner_lo = std::min(((want_lo + B - 1) / B) * B, want_hi);
+  const uint64_t inner_hi = std::max(inner_lo, want_hi == c.bytes() ? want_hi : (want_hi / B) * B);
+  auto edge = [&](uint64_t lo, uint64_t hi) {  // [lo, hi) within one block, partly wanted
+    const uint64_t blo = (lo / B) * B, bhi = std::min(blo + B, c.bytes());
+    if (scratch_.size() < bhi - blo) scratch_.resize(bhi - blo);
+    f.pread_all(scratch_.data(), bhi - blo, c.begin + blo, "tensor '" + c.key + "' (" + what + ")");
+    bytes_read_ += bhi - blo;
+    verify(scratch_.data(), blo, bhi);
+    std::memcpy(out + (lo - want_lo), scratch_.data() + (lo - blo), hi - lo);
+  };
+  if (want_lo < inner_lo) edge(want_lo, inner_lo);
+  for (uint64_t lo = inner_lo; lo < inner_hi; lo += kPieceBytes) {
+    const uint64_t hi = std::min(lo + kPieceBytes, inner_hi);
+    f.pread_all(out + (lo - want_lo), hi - lo, c.begin + lo, "tensor '" + c.key + "' (" + what + ")");
+    bytes_read_ += hi - lo;
+    verify(out + (lo - want_lo), lo, hi);
   }
+  if (inner_hi < want_hi) edge(inner_hi, want_hi);
 }
 
 }  // namespace zs::ckpt
