@@ -2,6 +2,7 @@
 #include "capi/handles.h"
 #include "impl/checkpoint/load.h"
 #include "impl/checkpoint/offline.h"
+#include "impl/checkpoint/pretrained.h"
 #include "impl/checkpoint/save.h"
 
 using namespace zs;
@@ -137,6 +138,24 @@ ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const 
     if (out_dir == nullptr) fail(Code::InvalidArgument, "out_dir is NULL");
     ckpt::reshard(path, str_or(tag, ""), out_dir, world_size,
                   byte_progress(progress, progress_user, "reshard"));
+  });
+}
+
+ZS_API zs_status zs_load_safetensors(zs_context h, const zs_param* params, size_t n, zs_optimizer opt,
+                                     const char* path, const zs_safetensors_load_options* options) {
+  return guarded([&] {
+    const auto& o = checked_options(options, "options");
+    if (path == nullptr) fail(Code::InvalidArgument, "path is NULL");
+    auto ctx = context_of(h, "ctx");
+    auto list = params_of(ctx, params, n, "params");
+    std::shared_ptr<Optimizer> keep;
+    Optimizer* op = optimizer_in(ctx, opt, &keep);
+    ckpt::PretrainedOptions po;
+    po.names = names_of(o.names, n);
+    po.strict = o.strict != 0;
+    po.progress = byte_progress(o.progress, o.progress_user, "read");
+    const auto held = ctx->lock();
+    ckpt::load_pretrained(*ctx, list, op, path, po);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -290,5 +291,39 @@ TEST(CheckpointFault, FlippedByteAndTruncatedFileAreNamed) {
     EXPECT_NE(lmsg.find("rank-00001-of-00002.safetensors' is truncated: tensor '"), std::string::npos) << lmsg;
     zs::test::destroy_ckpt_model(m);
   });
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointFault, AFullDiskIsACleanErrorAndLosesNothing) {
+  // The kernel refuses writes past RLIMIT_FSIZE on rank 1 (EFBIG), as it
+  // refuses them on a full disk (ENOSPC): a real failed write() mid-file.
+  const std::string dir = zs::test::make_temp_dir("ckpt_full");
+  run_ranks(2, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig);
+    ASSERT_NE(m.ctx, nullptr);
+    zs::test::train_ckpt_model(m, 1);
+    ZS_ASSERT_OK(save(m, dir, "good", 5000));
+    const auto good = zs::test::full_values(m);
+    zs::test::train_ckpt_model(m, 1);
+    if (env.rank == 1) {
+      signal(SIGXFSZ, SIG_IGN);
+      rlimit lim{4u << 20, 4u << 20};  // 4 MiB: a few pieces into its file
+      ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    }
+    EXPECT_EQ(save(m, dir, "full", 5000), ZS_ERR_IO);
+    const std::string msg = zs_last_error();
+    EXPECT_NE(msg.find("cannot write '"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank-00001-of-00002.safetensors': File too large"), std::string::npos) << msg;
+    if (env.rank == 0) {
+      EXPECT_NE(msg.find("failed on rank 1"), std::string::npos) << msg;
+    }
+    // Nothing previous changed, and the debris is gone.
+    ZS_ASSERT_OK(load(m, dir));
+    EXPECT_TRUE(zs::test::full_values(m) == good);
+    zs::test::destroy_ckpt_model(m);
+  });
+  EXPECT_EQ(read_text(dir + "/latest"), "good");
+  EXPECT_FALSE(fs::exists(dir + "/full"));
+  EXPECT_FALSE(fs::exists(dir + "/.full.partial"));
   fs::remove_all(dir);
 }

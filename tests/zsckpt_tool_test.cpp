@@ -3,6 +3,7 @@
 // reshard to a world size that then loads the same values.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -101,6 +102,34 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
   // twice the data bytes (the header differs only in offsets)
   EXPECT_GE(fs::file_size(dir + "/model32.safetensors") - fs::file_size(dir + "/model.safetensors"),
             2 * saved.size());
+
+  // the exported file loads into a fresh model at 3 ranks (each rank reads
+  // its own bytes), bf16 as saved; fp32 params at 2 from the fp32 export
+  run_ranks(3, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_BFLOAT16, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m.ctx, nullptr);
+    zs_safetensors_load_options lo = ZS_SAFETENSORS_LOAD_OPTIONS_INIT;
+    const std::string file = dir + "/model.safetensors";
+    ZS_ASSERT_OK(zs_load_safetensors(m.ctx, m.params.data(), m.params.size(), m.opt, file.c_str(), &lo));
+    EXPECT_TRUE(zs::test::full_values(m) == saved);
+    // a missing tensor is named, and changes nothing
+    const char* names[] = {"w1", "b1", "w2", "nope"};
+    lo.names = names;
+    EXPECT_EQ(zs_load_safetensors(m.ctx, m.params.data(), 4, nullptr, file.c_str(), &lo), ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(zs_last_error()).find("has no tensor 'nope'"), std::string::npos) << zs_last_error();
+    zs::test::destroy_ckpt_model(m);
+  });
+  run_ranks(2, [&](const RankEnv& env) {
+    CkptModel m32 = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m32.ctx, nullptr);
+    zs_safetensors_load_options lo32 = ZS_SAFETENSORS_LOAD_OPTIONS_INIT;
+    const std::string file32 = dir + "/model32.safetensors";
+    ZS_ASSERT_OK(zs_load_safetensors(m32.ctx, m32.params.data(), m32.params.size(), m32.opt, file32.c_str(), &lo32));
+    const auto v32 = zs::test::full_values(m32);
+    ASSERT_EQ(v32.size(), saved.size());
+    for (size_t i = 0; i < v32.size(); ++i) EXPECT_NEAR(v32[i], saved[i], std::fabs(saved[i]) * 4e-3) << i;
+    zs::test::destroy_ckpt_model(m32);
+  });
 
   // reshard to 3, then load at 3: the same values
   o = run("reshard " + dir + " " + dir + "/three --world 3");

@@ -685,6 +685,27 @@ ZS_API zs_status zs_checkpoint_export(const char* path, const char* out_file,
 ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
                                        int world_size, zs_progress_fn progress, void* progress_user);
 
+typedef struct zs_safetensors_load_options {
+  size_t size;              /* sizeof(zs_safetensors_load_options) */
+  const char* const* names; /* num_params tensor names; NULL: registration names */
+  int strict;               /* 1 (default): a param the files lack is an error; 0: left as is */
+  zs_progress_fn progress;  /* may be NULL; phase "read" */
+  void* progress_user;
+} zs_safetensors_load_options;
+#define ZS_SAFETENSORS_LOAD_OPTIONS_INIT \
+  { sizeof(zs_safetensors_load_options), NULL, 1, NULL, NULL }
+
+/* Full tensors (e.g. pretrained weights) into partitioned params from a
+ * .safetensors file, a Hugging Face index (.json), or a directory holding
+ * model.safetensors.index.json or model.safetensors. Every rank must see
+ * the files: each preads only its own shards' bytes and casts them to the
+ * param's dtype (F32, BF16, F16 in the file). With opt, the fp32 masters of
+ * 16-bit params take the file's values too. Nothing changes unless every
+ * rank read its part. Collective over the world. */
+ZS_API zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                     zs_optimizer opt, const char* path,
+                                     const zs_safetensors_load_options* options);
+
 /* ------------------------------------------------------------------ */
 /* Coordinated fetch: trace, prefetch, persistence, leaf groups        */
 /* ------------------------------------------------------------------ */

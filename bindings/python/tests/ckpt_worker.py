@@ -4,6 +4,7 @@ and resumed at another world size.
 
     zsrun -n N -- python ckpt_worker.py save DIR
     zsrun -n M -- python ckpt_worker.py resume DIR
+    zsrun -n M -- python ckpt_worker.py pretrained HF_DIR   (zt.load_pretrained)
 
 The global batch is fixed (6 rows per step, split across ranks), so the
 losses do not depend on the world size. Rank 0 prints one JSON line.
@@ -84,6 +85,12 @@ def main():
         if rank == 0:
             save_file({"logits": saved_logits}, d + "/logits.safetensors")
         out["after"] = train(model, opt, 3, 3, rank, world)
+    elif mode == "pretrained":
+        model, opt = build(1, 2e-3)
+        zt.load_pretrained(model, d)
+        want = load_file(d + "/logits.safetensors")["logits"]
+        out["logits_equal"] = bool(torch.equal(logits(model), want))
+        out["after"] = train(model, opt, 0, 2, rank, world)
     else:
         model, opt = build(1, 0.5)  # other weights and lr: the load replaces both
         client = zt.load_checkpoint(d, model, opt)

@@ -4,6 +4,7 @@ real ranks: saved at 2 ranks, exported to one safetensors file that
 safetensors.torch.load_file and from_pretrained read with the same logits,
 and resumed at 3 ranks with the losses of the run that never stopped."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -121,3 +122,24 @@ def test_gpt2_saved_exported_from_pretrained_and_resumed_at_another_world_size(t
     assert resumed["logits_equal"]
     for a, b in zip(saved["after"], resumed["after"]):
         assert abs(a - b) <= 1e-5 * abs(a), (saved["after"], resumed["after"])
+
+
+def test_hf_sharded_pretrained_weights_load_into_a_partitioned_gpt2(tmp_path):
+    # A Hugging Face sharded set (index + several files), read by each of 3
+    # ranks for its own shards only: the same logits as the model that wrote it.
+    from transformers import GPT2LMHeadModel
+    sys.path.insert(0, str(HERE))
+    import ckpt_worker
+
+    torch.manual_seed(5)
+    ref = GPT2LMHeadModel(ckpt_worker.gpt2_config())
+    ref.eval()
+    ref.save_pretrained(str(tmp_path), max_shard_size="40KB", safe_serialization=True)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    with torch.no_grad():
+        want = ref(input_ids=ckpt_worker.PROMPT).logits
+    safetensors_torch.save_file({"logits": want}, str(tmp_path / "logits.safetensors"))
+    r = run(3, "pretrained", str(tmp_path))
+    assert r["logits_equal"]
+    assert all(math.isfinite(x) for x in r["after"])  # and trains on from there

@@ -358,6 +358,18 @@ zs_status zs_checkpoint_export(const char* path, const char* out_file,
 zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
                                 int world_size, zs_progress_fn progress, void* progress_user);
 
+typedef struct zs_safetensors_load_options {
+  size_t size;
+  const char* const* names;
+  int strict;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_safetensors_load_options;
+
+zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                              zs_optimizer opt, const char* path,
+                              const zs_safetensors_load_options* options);
+
 /* Coordinated fetch */
 zs_status zs_step_begin(zs_context ctx);
 zs_status zs_step_end(zs_context ctx);

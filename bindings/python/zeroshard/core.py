@@ -197,6 +197,7 @@ _INIT_DEFAULTS = {
     "zs_step_result": dict(loss_scale=1.0),
     "zs_checkpoint_save_options": dict(update_latest=1),
     "zs_checkpoint_load_options": dict(strict=1),
+    "zs_safetensors_load_options": dict(strict=1),
 }
 
 
@@ -1383,6 +1384,19 @@ class Context:
                         weight_decay=h["weight_decay"], momentum=h["momentum"], dampening=h["dampening"],
                         nesterov=bool(h["nesterov"]), bias_correction=bool(h["bias_correction"]))
         return out
+
+    def load_safetensors(self, path, params, optimizer=None, names=None, strict=True, progress=None):
+        """Full tensors from a safetensors file, an HF index (.json) or a
+        directory of them into partitioned params; each rank reads only its
+        own shards' bytes. Collective."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_safetensors_load_options")
+        held = []
+        o.names = _name_array(names, n, held)
+        o.strict = 1 if strict else 0
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        opt = ffi.NULL if optimizer is None else optimizer._h
+        check(lib.zs_load_safetensors(self._h, arr, n, opt, os.fsencode(path), o))
 
     def optimizer(self, kind="adamw"):
         """A sharded optimizer: "adamw", "adam" or "sgd"."""
