@@ -248,3 +248,47 @@ TEST(Checkpoint, MistakesAreNamedAndChangeNothing) {
     zs_context_destroy(ctx);
   });
 }
+
+TEST(Checkpoint, MicsAndHpzLayoutsToAndFromPlain) {
+  const char* mics = R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})";
+  const char* hpz = R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})";
+  const std::string dir = zs::test::make_temp_dir("ckpt_mics");
+  // MiCS at 4 ranks (two shard groups of 2): the first replica writes.
+  run_ranks(4, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, 0, 30000, mics);
+    ASSERT_NE(m.ctx, nullptr);
+    zs::test::train_ckpt_model(m, 2);
+    ZS_ASSERT_OK(save(m, dir, "mics"));
+    const auto v = zs::test::full_values(m);
+    if (env.rank == 0) zs::test::write_floats(file(dir, "mics.bin"), v);
+    zs::test::destroy_ckpt_model(m);
+  });
+  const auto saved = zs::test::read_floats(file(dir, "mics.bin"));
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(zs_checkpoint_verify(dir.c_str(), "mics", nullptr, nullptr), ZS_OK) << zs_last_error();
+  // -> plain at 3, which saves again; -> hpZ at 4 from that; -> MiCS at 4.
+  run_ranks(3, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m.ctx, nullptr);
+    ZS_ASSERT_OK(load(m, dir, "mics"));
+    EXPECT_TRUE(zs::test::full_values(m) == saved);
+    ZS_ASSERT_OK(save(m, dir, "plain"));
+    zs::test::destroy_ckpt_model(m);
+  });
+  run_ranks(4, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, 0, 30000, hpz);
+    ASSERT_NE(m.ctx, nullptr);
+    ZS_ASSERT_OK(load(m, dir, "plain"));
+    EXPECT_TRUE(zs::test::full_values(m) == saved);
+    zs::test::train_ckpt_model(m, 1);  // hpZ secondaries built from the loaded shards
+    zs::test::destroy_ckpt_model(m);
+  });
+  run_ranks(4, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, 0, 30000, mics);
+    ASSERT_NE(m.ctx, nullptr);
+    ZS_ASSERT_OK(load(m, dir, "plain"));
+    EXPECT_TRUE(zs::test::full_values(m) == saved);
+    zs::test::destroy_ckpt_model(m);
+  });
+  std::filesystem::remove_all(dir);
+}

@@ -44,12 +44,12 @@ std::vector<float> full_of(zs_param p, zs_dtype dtype, int64_t n) {
 }  // namespace
 
 CkptModel make_ckpt_model(const RankEnv& env, zs_dtype dtype, zs_optimizer_kind kind, int64_t n_big,
-                          int timeout_ms) {
+                          int timeout_ms, const char* config_json) {
   CkptModel m;
   m.dtype = dtype;
   m.rank = env.rank;
   m.world = env.world;
-  m.ctx = make_context(env, nullptr, timeout_ms);
+  m.ctx = make_context(env, config_json, timeout_ms);
   if (m.ctx == nullptr) return m;
   uint64_t seed = 11;
   for (const auto& s : specs(n_big)) {

@@ -23,7 +23,7 @@ struct CkptModel {
 // Names, shapes: w1 [7, 5], b1 [5], w2 [3, 11], big [n_big] (0: absent), s [].
 // Seeded init, so values are the same at every world size.
 CkptModel make_ckpt_model(const RankEnv& env, zs_dtype dtype, zs_optimizer_kind kind,
-                          int64_t n_big = 0, int timeout_ms = 30000);
+                          int64_t n_big = 0, int timeout_ms = 30000, const char* config_json = nullptr);
 void destroy_ckpt_model(CkptModel& m);
 // steps optimizer steps; gradients depend on the full params and on the
 // global step number, so runs agree for any world size.
