@@ -163,7 +163,7 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
         if (next != p.numel) fail(Code::Io, sat, ": chunks cover ", next, " of ", p.numel, " elements");
         p.states[state] = std::move(chunks);
       }
-      if (!p.states.count("param")) fail(Code::Io, where, ": ", at, " has no 'param' state");
+      if (p.numel > 0 && !p.states.count("param")) fail(Code::Io, where, ": ", at, " has no 'param' state");
       m.params.push_back(std::move(p));
     }
   } catch (const json::exception& e) {

@@ -125,6 +125,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     for (const auto& sp : params) {
       const Param& p = *sp;
       const ParamEntry& e = *m.find(name_of.at(&p));
+      if (p.layout.numel == 0) continue;  // nothing saved, nothing to read
       const bool has_master = e.states.count(kMaster) > 0;
       // fp32 values: the master when saved, else the param itself.
       const std::string f32_src = has_master ? kMaster : kParam;
@@ -145,8 +146,10 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     }
     uint64_t total = 0, done = 0;
     for (const auto& it : items) {
-      const auto& c0 = it.e->states.at(it.state).front();
-      total += it.p->layout.shard_valid * dtype_size(c0.dtype);
+      const auto st = it.e->states.find(it.state);
+      if (st == it.e->states.end())
+        fail(Code::Io, "checkpoint '", result.dir, "': param '", it.e->name, "' has no ", it.state, " state");
+      total += it.p->layout.shard_valid * dtype_size(st->second.front().dtype);
     }
     for (const auto& it : items) {
       const Param& p = *it.p;

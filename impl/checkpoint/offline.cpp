@@ -162,7 +162,12 @@ ExportReport export_consolidated(const std::string& path, const std::string& tag
     uint64_t done = 0;
     for (const auto& t : tensors) {  // file order
       const Plan& plan = plans.at(t.key);
-      for (const auto& c : plan.p->states.at(plan.state)) {
+      const auto st = plan.p->states.find(plan.state);
+      if (st == plan.p->states.end()) {  // a zero-size param
+        ++rep.tensors;
+        continue;
+      }
+      for (const auto& c : st->second) {
         const uint64_t step = std::max<uint64_t>(1, kPiece / dtype_size(c.dtype));
         for (uint64_t at = c.offset; at < c.offset + c.numel; at += step) {
           const uint64_t n = std::min(step, c.offset + c.numel - at);

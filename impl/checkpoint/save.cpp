@@ -264,6 +264,9 @@ void commit(const std::string& dir, const std::string& tag, const std::string& p
 
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& o) {
+  // Numbered first, so a rank that refuses the call below still keeps its
+  // numbering in step with the others for the saves that follow.
+  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
   if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
   const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
   for (const auto& p : params) writes_shard(ctx, *p);
@@ -302,7 +305,6 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     return join(dir, tag);
   }
 
-  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
   const std::string key = "zs/ckpt/" + std::to_string(seq) + "/";
   const auto start = Clock::now();
   // rank 0 prepares

@@ -20,7 +20,8 @@ struct CkptModel {
   int rank = 0, world = 1;
 };
 
-// Names, shapes: w1 [7, 5], b1 [5], w2 [3, 11], big [n_big] (0: absent), s [].
+// Names, shapes: w1 [7, 5], b1 [5], w2 [3, 11], s [], z [0, 3], big [n_big]
+// (0: absent).
 // Seeded init, so values are the same at every world size.
 CkptModel make_ckpt_model(const RankEnv& env, zs_dtype dtype, zs_optimizer_kind kind,
                           int64_t n_big = 0, int timeout_ms = 30000, const char* config_json = nullptr);
