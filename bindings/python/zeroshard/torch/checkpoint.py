@@ -40,9 +40,10 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
     try:
         user = json.dumps({"client_state": client_state,
                            "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
-                                       for n, b in _persistent_buffers(model)}})
-    except TypeError as e:
-        raise TypeError(f"zeroshard.torch.save_checkpoint: client_state must be JSON-serialisable: {e}") from None
+                                       for n, b in _persistent_buffers(model)}}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"zeroshard.torch.save_checkpoint: client_state must be JSON-serialisable "
+                        f"(finite floats): {e}") from None
     engine = None if optimizer is None else optimizer._engine
     return get_context().save_checkpoint(dir, zparams, optimizer=engine, tag=tag, names=names, user_json=user,
                                          timeout_ms=timeout_ms, overwrite=overwrite, progress=progress)
