@@ -188,7 +188,6 @@ ExportReport export_consolidated(const std::string& path, const std::string& tag
       }
       ++rep.tensors;
     }
-    rep.buffer_bytes = src.capacity() + dst.capacity() + f32.capacity() * sizeof(float) + kPiece + kBlockBytes;
     f.sync();
     f.close();
     rename_path(tmp, out);

@@ -28,7 +28,6 @@ struct ExportOptions {
 
 struct ExportReport {
   uint64_t tensors = 0, bytes = 0;
-  uint64_t buffer_bytes = 0;  // the largest host buffer it held
 };
 
 // One safetensors file of full tensors under their registration names

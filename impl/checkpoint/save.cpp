@@ -1,7 +1,5 @@
 #include "impl/checkpoint/save.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <set>
 #include <thread>
