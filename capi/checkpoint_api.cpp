@@ -1,5 +1,6 @@
 // Checkpoints: collective save and load, and the offline verify and export.
 #include "capi/handles.h"
+#include "impl/checkpoint/live_export.h"
 #include "impl/checkpoint/load.h"
 #include "impl/checkpoint/offline.h"
 #include "impl/checkpoint/pretrained.h"
@@ -138,6 +139,19 @@ ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const 
     if (out_dir == nullptr) fail(Code::InvalidArgument, "out_dir is NULL");
     ckpt::reshard(path, str_or(tag, ""), out_dir, world_size,
                   byte_progress(progress, progress_user, "reshard"));
+  });
+}
+
+ZS_API zs_status zs_export_safetensors(zs_context h, const zs_param* params, size_t n,
+                                       const char* out_file, const zs_export_options* options) {
+  return guarded([&] {
+    const auto& o = checked_options(options, "options");
+    if (out_file == nullptr || *out_file == '\0') fail(Code::InvalidArgument, "out_file is NULL or empty");
+    auto ctx = context_of(h, "ctx");
+    auto list = params_of(ctx, params, n, "params");
+    const auto names = names_of(o.names, n);
+    const auto held = ctx->lock();
+    ckpt::export_live(*ctx, list, names, out_file, byte_progress(o.progress, o.progress_user, "export"));
   });
 }
 

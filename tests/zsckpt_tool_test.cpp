@@ -52,6 +52,12 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
     ZS_ASSERT_OK(zs_checkpoint_save(m.ctx, m.params.data(), m.params.size(), m.opt, dir.c_str(), &o));
     const auto v = zs::test::full_values(m);
     if (env.rank == 0) zs::test::write_floats(dir + "/saved.bin", v);
+    // the same from the live run, one gathered param at a time
+    zs_export_options eo = ZS_EXPORT_OPTIONS_INIT;
+    const std::string live = dir + "/live.safetensors";
+    ZS_ASSERT_OK(zs_export_safetensors(m.ctx, m.params.data(), m.params.size(), live.c_str(), &eo));
+    EXPECT_EQ(zs_export_safetensors(m.ctx, m.params.data(), m.params.size(), "/nonexistent/x.safetensors", &eo),
+              ZS_ERR_IO);  // every rank, not only the writer
     zs::test::destroy_ckpt_model(m);
   });
   Out o = run("inspect " + dir);
@@ -97,6 +103,13 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
     }
   }
   EXPECT_EQ(at, saved.size());
+  {
+    std::ifstream a(dir + "/model.safetensors", std::ios::binary), b(dir + "/live.safetensors", std::ios::binary);
+    const std::string sa((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+    const std::string sb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(sa == sb) << "live export differs from the checkpoint's export (" << sa.size() << " vs "
+                          << sb.size() << " bytes)";
+  }
   o = run("export " + dir + " " + dir + "/model32.safetensors --fp32");
   ASSERT_EQ(o.rc, 0) << o.text;
   // twice the data bytes (the header differs only in offsets)

@@ -685,6 +685,23 @@ ZS_API zs_status zs_checkpoint_export(const char* path, const char* out_file,
 ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
                                        int world_size, zs_progress_fn progress, void* progress_user);
 
+typedef struct zs_export_options {
+  size_t size;              /* sizeof(zs_export_options) */
+  const char* const* names; /* num_params tensor names; NULL: registration names */
+  zs_progress_fn progress;  /* may be NULL; phase "export" */
+  void* progress_user;
+} zs_export_options;
+#define ZS_EXPORT_OPTIONS_INIT { sizeof(zs_export_options), NULL, NULL, NULL }
+
+/* One safetensors file of the full params from a live run (DeepSpeed's
+ * gather_16bit_weights_on_model_save): each param is gathered in turn and
+ * rank 0 streams it to out_file (written beside it, fsynced, renamed), so
+ * no rank holds more than one full param. The same bytes as
+ * zs_checkpoint_export of a checkpoint of these params. Collective over
+ * the world; every rank fails alike when rank 0 cannot write. */
+ZS_API zs_status zs_export_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                       const char* out_file, const zs_export_options* options);
+
 typedef struct zs_safetensors_load_options {
   size_t size;              /* sizeof(zs_safetensors_load_options) */
   const char* const* names; /* num_params tensor names; NULL: registration names */

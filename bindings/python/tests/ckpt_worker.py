@@ -81,6 +81,7 @@ def main():
         out["before"] = train(model, opt, 0, 3, rank, world)
         saved_logits = logits(model)
         where = zt.save_checkpoint(d, model, opt, client_state={"epoch": 3, "note": "gpt2"})
+        zt.export_safetensors(model, d + "/live.safetensors")  # the same weights, from the live run
         out["dir"] = where
         if rank == 0:
             save_file({"logits": saved_logits}, d + "/logits.safetensors")

@@ -103,6 +103,8 @@ def test_gpt2_saved_exported_from_pretrained_and_resumed_at_another_world_size(t
     hf = tmp_path / "hf"
     hf.mkdir()
     zs.checkpoint_export(d, str(hf / "model.safetensors"))
+    # zt.export_safetensors from the live run wrote the very same bytes
+    assert (hf / "model.safetensors").read_bytes() == Path(d, "live.safetensors").read_bytes()
     full = safetensors_torch.load_file(str(hf / "model.safetensors"))
     torch.manual_seed(0)
     names = {n for n, _ in GPT2LMHeadModel(ckpt_worker.gpt2_config()).named_parameters()}

@@ -358,6 +358,16 @@ zs_status zs_checkpoint_export(const char* path, const char* out_file,
 zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
                                 int world_size, zs_progress_fn progress, void* progress_user);
 
+typedef struct zs_export_options {
+  size_t size;
+  const char* const* names;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_export_options;
+
+zs_status zs_export_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                const char* out_file, const zs_export_options* options);
+
 typedef struct zs_safetensors_load_options {
   size_t size;
   const char* const* names;

@@ -1385,6 +1385,16 @@ class Context:
                         nesterov=bool(h["nesterov"]), bias_correction=bool(h["bias_correction"]))
         return out
 
+    def export_safetensors(self, out_file, params, names=None, progress=None):
+        """One safetensors file of the full params (gathered one at a time,
+        written by rank 0); collective."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_export_options")
+        held = []
+        o.names = _name_array(names, n, held)
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        check(lib.zs_export_safetensors(self._h, arr, n, os.fsencode(out_file), o))
+
     def load_safetensors(self, path, params, optimizer=None, names=None, strict=True, progress=None):
         """Full tensors from a safetensors file, an HF index (.json) or a
         directory of them into partitioned params; each rank reads only its

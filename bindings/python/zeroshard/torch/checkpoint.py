@@ -95,3 +95,11 @@ def load_pretrained(model, path, optimizer=None, strict=True, progress=None):
                                    progress=progress)
     for e in _hook_engines():
         e.after_step()
+
+
+def export_safetensors(model, path, progress=None):
+    """The partitioned model's full weights as one safetensors file under
+    its qualified names (what from_pretrained reads), gathered one param at
+    a time and written by rank 0. Collective."""
+    names, zparams = _named_params(model, "export_safetensors")
+    get_context().export_safetensors(path, zparams, names=names, progress=progress)
