@@ -167,6 +167,7 @@ ZS_API zs_status zs_load_safetensors(zs_context h, const zs_param* params, size_
     ckpt::PretrainedOptions po;
     po.names = names_of(o.names, n);
     po.strict = o.strict != 0;
+    po.from_rank0 = o.from_rank0 != 0;
     po.progress = byte_progress(o.progress, o.progress_user, "read");
     const auto held = ctx->lock();
     ckpt::load_pretrained(*ctx, list, op, path, po);

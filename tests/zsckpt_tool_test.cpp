@@ -132,6 +132,40 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
     EXPECT_NE(std::string(zs_last_error()).find("has no tensor 'nope'"), std::string::npos) << zs_last_error();
     zs::test::destroy_ckpt_model(m);
   });
+  // a file only rank 0 sees: it reads one tensor at a time and scatters;
+  // read by every rank, the others' missing file fails everyone alike
+  run_ranks(3, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_BFLOAT16, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m.ctx, nullptr);
+    const auto before = zs::test::full_values(m);
+    zs_safetensors_load_options lo = ZS_SAFETENSORS_LOAD_OPTIONS_INIT;
+    const std::string file = env.rank == 0 ? dir + "/model.safetensors" : dir + "/only-on-rank-0";
+    EXPECT_EQ(zs_load_safetensors(m.ctx, m.params.data(), m.params.size(), m.opt, file.c_str(), &lo), ZS_ERR_IO);
+    const std::string msg = zs_last_error();
+    if (env.rank == 0) {
+      EXPECT_NE(msg.find("failed on rank"), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("only-on-rank-0"), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(zs::test::full_values(m) == before);
+    lo.from_rank0 = 1;
+    ZS_ASSERT_OK(zs_load_safetensors(m.ctx, m.params.data(), m.params.size(), m.opt, file.c_str(), &lo));
+    EXPECT_TRUE(zs::test::full_values(m) == saved);
+    for (zs_param p : m.params) {  // the fp32 masters took the file's values too
+      float* master = nullptr;
+      void* shard = nullptr;
+      uint64_t shard_numel = 0;
+      ZS_ASSERT_OK(zs_optimizer_state_data(m.opt, p, 0, &master, &shard_numel));
+      ZS_ASSERT_OK(zs_param_shard_data(p, &shard, nullptr));
+      for (uint64_t j = 0; j < shard_numel; ++j) {
+        const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(shard)[j]) << 16;
+        float w;
+        std::memcpy(&w, &u, 4);
+        ASSERT_EQ(master[j], w) << j;
+      }
+    }
+    zs::test::destroy_ckpt_model(m);
+  });
   run_ranks(2, [&](const RankEnv& env) {
     CkptModel m32 = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
     ASSERT_NE(m32.ctx, nullptr);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "impl/checkpoint/file_io.h"
+#include "impl/device/buffer.h"
 #include "impl/checkpoint/safetensors.h"
 #include "impl/checkpoint/state_names.h"
 #include "impl/device/ops.h"
@@ -59,10 +60,139 @@ struct Staged {
   std::unique_ptr<char[]> host;
 };
 
+// Rank 0's status to every rank: empty, or a code and a message.
+void share_status(Context& ctx, Code* code, std::string* message) {
+  uint64_t head[2] = {static_cast<uint64_t>(*code), message->size()};
+  ctx.world()->run("load_pretrained status", [&](Communicator& c) { c.broadcast(head, sizeof(head), 0); });
+  message->resize(head[1]);
+  *code = static_cast<Code>(head[0]);
+  if (head[1] > 0)
+    ctx.world()->run("load_pretrained status", [&](Communicator& c) { c.broadcast(message->data(), head[1], 0); });
+}
+
+size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                       const std::string& path, const PretrainedOptions& o) {
+  const NameOf name_of = checkpoint_names(params, o.names, "load_pretrained");
+  for (const auto& p : params)
+    if (p->group->size() != ctx.world()->size())
+      fail(Code::NotSupported, "load_pretrained from rank 0: ", p->describe(), " is partitioned over group '",
+           p->group->name(), "', not the world");
+  const bool root = ctx.ranks().rank == 0;
+  // Rank 0 checks every tensor before anything moves.
+  std::map<std::string, File> files;
+  std::map<std::string, StHeader> headers;
+  std::vector<StTensor> found(params.size());
+  std::vector<uint8_t> present(params.size(), 0);
+  Code code = Code::Ok;
+  std::string error;
+  if (root) {
+    try {
+      std::vector<std::string> file_list;
+      const auto wmap = weight_map(path, &file_list);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Param& p = *params[i];
+        const std::string& name = name_of.at(&p);
+        const std::string f = wmap.empty() ? file_list.front() : (wmap.count(name) ? wmap.at(name) : "");
+        const StTensor* t = nullptr;
+        if (!f.empty()) {
+          if (!files.count(f)) {
+            files.emplace(f, File::open_read(f));
+            headers[f] = read_st_header(files.at(f));
+          }
+          for (const auto& x : headers.at(f).tensors)
+            if (x.key == name) t = &x;
+        }
+        if (t == nullptr) {
+          if (o.strict) fail(Code::InvalidArgument, "load_pretrained: '", path, "' has no tensor '", name, "'");
+          continue;
+        }
+        if (t->shape != p.shape)
+          fail(Code::InvalidArgument, "load_pretrained: tensor '", name, "' in '", f, "' has another shape than ",
+               p.describe());
+        found[i] = *t;
+        found[i].key = f;  // which file
+        present[i] = 1;
+      }
+    } catch (const Error& e) {
+      code = e.code();
+      error = e.what();
+    }
+  }
+  share_status(ctx, &code, &error);
+  if (!error.empty()) throw Error(code, root ? error : "load_pretrained failed on rank 0: " + error);
+  ctx.world()->run("load_pretrained plan", [&](Communicator& c) { c.broadcast(present.data(), present.size(), 0); });
+
+  struct Out {
+    void* dst;
+    std::unique_ptr<Buffer> staged;  // this rank's shard, until every one arrived
+  };
+  std::vector<Out> outs;
+  uint64_t total = 0, done = 0;
+  for (const auto& p : params) total += p->full_bytes();
+  size_t loaded = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!present[i]) continue;
+    Param& p = *params[i];
+    const bool master = opt && p.dtype != DType::F32 && opt->has_state(p, 0);
+    // rank 0: the full tensor, padded, in the param's dtype (and fp32)
+    std::vector<char> full, full32;
+    if (root) {
+      try {
+        const StTensor& t = found[i];
+        std::vector<char> raw(p.layout.numel * dtype_size(t.dtype));
+        files.at(t.key).pread_all(raw.data(), raw.size(), t.begin, "tensor '" + name_of.at(&p) + "'");
+        full.assign(p.padded_bytes(), 0);
+        std::vector<float> f32;
+        if (t.dtype != p.dtype || master) {
+          f32.resize(p.layout.numel);
+          ops::cast_to_f32(*host_device(), raw.data(), t.dtype, f32.data(), p.layout.numel);
+        }
+        if (t.dtype == p.dtype) std::memcpy(full.data(), raw.data(), raw.size());
+        else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, full.data(), p.layout.numel);
+        if (master) {
+          full32.assign(p.layout.padded_numel * sizeof(float), 0);
+          std::memcpy(full32.data(), f32.data(), f32.size() * sizeof(float));
+        }
+      } catch (const Error& e) {
+        code = e.code();
+        error = e.what();
+      } catch (const std::bad_alloc&) {
+        code = Code::OutOfMemory;
+        error = "load_pretrained: out of host memory for " + p.describe();
+      }
+    }
+    share_status(ctx, &code, &error);
+    if (!error.empty()) throw Error(code, root ? error : "load_pretrained failed on rank 0: " + error);
+    auto scatter = [&](const std::vector<char>& src, size_t shard_bytes, void* dst) {
+      std::vector<const void*> inputs;
+      if (root)
+        for (int r = 0; r < p.group->size(); ++r) inputs.push_back(src.data() + static_cast<size_t>(r) * shard_bytes);
+      Out out{dst, std::make_unique<Buffer>(ctx.device(), shard_bytes)};
+      void* recv = out.staged->data();
+      p.group->run("load_pretrained " + p.describe(), [&](Communicator& c) { c.scatter(inputs, recv, shard_bytes, 0); });
+      outs.push_back(std::move(out));
+    };
+    scatter(full, p.shard_bytes(), p.shard->data());
+    if (master) scatter(full32, p.layout.shard_numel * sizeof(float), opt->state(p, 0, nullptr));
+    ++loaded;
+    done += p.full_bytes();
+    if (o.progress) o.progress(done, total);
+  }
+  for (const auto& out : outs) ctx.device()->copy(out.dst, out.staged->data(), out.staged->bytes());
+  ctx.device()->synchronize();
+  drop_secondaries(ctx);
+  if (Coordinator* coord = coordinator_if_any(ctx)) {
+    coord->on_params_updated();
+    coord->refresh_persistent();
+  }
+  return loaded;
+}
+
 }  // namespace
 
 size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                        const std::string& path, const PretrainedOptions& o) {
+  if (o.from_rank0 && ctx.ranks().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
   std::vector<Staged> staged;
   size_t loaded = 0;
   std::string error;

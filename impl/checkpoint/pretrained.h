@@ -2,7 +2,8 @@
 // (model.safetensors.index.json), into partitioned params: every rank sees
 // the files and preads only the bytes of its own shards, casting to each
 // param's dtype, so memory is bounded by this rank's shards. Nothing
-// changes on any rank unless every rank read its part.
+// changes on any rank unless every rank read its part. Or (from_rank0) rank
+// 0 reads and scatters, holding one full tensor at a time.
 #pragma once
 
 #include <memory>
@@ -19,6 +20,10 @@ namespace zs::ckpt {
 struct PretrainedOptions {
   std::vector<std::string> names;  // one per param; empty: registration names
   bool strict = true;              // a param the files lack is an error (else left as is)
+  // Only rank 0 reads (the files need not exist elsewhere), one full tensor
+  // at a time, and scatters the shards; params must be partitioned over
+  // the world.
+  bool from_rank0 = false;
   Progress progress;
 };
 

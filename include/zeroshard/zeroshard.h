@@ -706,11 +706,15 @@ typedef struct zs_safetensors_load_options {
   size_t size;              /* sizeof(zs_safetensors_load_options) */
   const char* const* names; /* num_params tensor names; NULL: registration names */
   int strict;               /* 1 (default): a param the files lack is an error; 0: left as is */
+  int from_rank0;           /* 1: only rank 0 reads (the files need not exist elsewhere), one
+                               full tensor at a time, and scatters the shards; params
+                               partitioned over the world. 0 (default): every rank reads
+                               its own bytes */
   zs_progress_fn progress;  /* may be NULL; phase "read" */
   void* progress_user;
 } zs_safetensors_load_options;
 #define ZS_SAFETENSORS_LOAD_OPTIONS_INIT \
-  { sizeof(zs_safetensors_load_options), NULL, 1, NULL, NULL }
+  { sizeof(zs_safetensors_load_options), NULL, 1, 0, NULL, NULL }
 
 /* Full tensors (e.g. pretrained weights) into partitioned params from a
  * .safetensors file, a Hugging Face index (.json), or a directory holding

@@ -372,6 +372,7 @@ typedef struct zs_safetensors_load_options {
   size_t size;
   const char* const* names;
   int strict;
+  int from_rank0;
   zs_progress_fn progress;
   void* progress_user;
 } zs_safetensors_load_options;

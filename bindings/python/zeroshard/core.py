@@ -1395,7 +1395,8 @@ class Context:
         o.progress, o.progress_user = _progress_callback(progress, held)
         check(lib.zs_export_safetensors(self._h, arr, n, os.fsencode(out_file), o))
 
-    def load_safetensors(self, path, params, optimizer=None, names=None, strict=True, progress=None):
+    def load_safetensors(self, path, params, optimizer=None, names=None, strict=True, from_rank0=False,
+                         progress=None):
         """Full tensors from a safetensors file, an HF index (.json) or a
         directory of them into partitioned params; each rank reads only its
         own shards' bytes. Collective."""
@@ -1404,6 +1405,7 @@ class Context:
         held = []
         o.names = _name_array(names, n, held)
         o.strict = 1 if strict else 0
+        o.from_rank0 = 1 if from_rank0 else 0
         o.progress, o.progress_user = _progress_callback(progress, held)
         opt = ffi.NULL if optimizer is None else optimizer._h
         check(lib.zs_load_safetensors(self._h, arr, n, opt, os.fsencode(path), o))

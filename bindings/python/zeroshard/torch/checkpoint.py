@@ -84,15 +84,16 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     return user.get("client_state")
 
 
-def load_pretrained(model, path, optimizer=None, strict=True, progress=None):
+def load_pretrained(model, path, optimizer=None, strict=True, from_rank0=False, progress=None):
     """Full weights (a .safetensors file, a Hugging Face index .json, or a
     directory with model.safetensors[.index.json]) into the partitioned
     model, under its qualified names; each rank reads only the bytes of its
-    own shards (every rank must see the files). Collective."""
+    own shards (every rank must see the files), or with from_rank0 only rank
+    0 reads, one full tensor at a time, and the engine scatters. Collective."""
     names, zparams = _named_params(model, "load_pretrained")
     engine = None if optimizer is None else optimizer._engine
     get_context().load_safetensors(path, zparams, optimizer=engine, names=names, strict=strict,
-                                   progress=progress)
+                                   from_rank0=from_rank0, progress=progress)
     for e in _hook_engines():
         e.after_step()
 
