@@ -30,6 +30,7 @@ ZS_API const char* zs_status_string(zs_status status) {
     case ZS_ERR_NOT_SUPPORTED: return "ZS_ERR_NOT_SUPPORTED";
     case ZS_ERR_BUFFER_SIZE: return "ZS_ERR_BUFFER_SIZE";
     case ZS_ERR_INTERNAL: return "ZS_ERR_INTERNAL";
+    case ZS_ERR_IO: return "ZS_ERR_IO";
     default: break;
   }
   return "ZS_UNKNOWN_STATUS";

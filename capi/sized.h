@@ -52,6 +52,12 @@ ZS_SIZED(zs_param_info, ZS_PARAM_INFO_INIT, device_id)
 ZS_SIZED(zs_step_result, ZS_STEP_RESULT_INIT, step)
 ZS_SIZED(zs_coord_stats, ZS_COORD_STATS_INIT, trace_length)
 ZS_SIZED(zs_step_stats, ZS_STEP_STATS_INIT, optimizer_seconds)
+ZS_SIZED(zs_checkpoint_save_options, ZS_CHECKPOINT_SAVE_OPTIONS_INIT, progress_user)
+ZS_SIZED(zs_checkpoint_load_options, ZS_CHECKPOINT_LOAD_OPTIONS_INIT, progress_user)
+ZS_SIZED(zs_checkpoint_info, ZS_CHECKPOINT_INFO_INIT, user_json)
+ZS_SIZED(zs_checkpoint_export_options, ZS_CHECKPOINT_EXPORT_OPTIONS_INIT, progress_user)
+ZS_SIZED(zs_export_options, ZS_EXPORT_OPTIONS_INIT, progress_user)
+ZS_SIZED(zs_safetensors_load_options, ZS_SAFETENSORS_LOAD_OPTIONS_INIT, progress_user)
 
 #undef ZS_SIZED
 

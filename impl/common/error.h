@@ -24,6 +24,7 @@ enum class Code : int {
   NotSupported = 9,
   BufferSize = 10,
   Internal = 11,
+  Io = 12,  // a file could not be read or written, or failed its checksum
 };
 
 class Error : public std::runtime_error {

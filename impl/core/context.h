@@ -94,6 +94,10 @@ class Context {
   }
 
   const std::shared_ptr<Group>& world() const { return world_; }
+  // The rendezvous store (null in a world of one): for agreements that must
+  // name a rank that never answered (checkpoint commit), which a timed-out
+  // collective cannot.
+  const std::shared_ptr<Store>& store() const { return store_; }
   const std::shared_ptr<Group>& partition_group() const { return partition_; }
   const std::shared_ptr<Group>& mics_shard_group() const { return mics_shard_; }
   const std::shared_ptr<Group>& mics_replica_group() const { return mics_replica_; }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "impl/common/error.h"
+
 namespace zs {
 
 LossScaler::LossScaler(const LossScalerConfig& c)
@@ -10,6 +12,19 @@ LossScaler::LossScaler(const LossScalerConfig& c)
       dynamic_(c.static_scale <= 0.0),
       scale_(dynamic_ ? std::ldexp(1.0, static_cast<int>(c.initial_scale_power)) : c.static_scale),
       hysteresis_left_(c.hysteresis) {}
+
+void LossScaler::set_state(const State& s) {
+  if (!(s.scale > 0.0) || !std::isfinite(s.scale))
+    fail(Code::InvalidArgument, "loss scale ", s.scale, ": expected a finite value > 0");
+  if (s.hysteresis_left < 0 || s.iter < 0 || s.last_overflow_iter < -1)
+    fail(Code::InvalidArgument, "loss scaler state (hysteresis_left ", s.hysteresis_left, ", iter ",
+         s.iter, ", last_overflow_iter ", s.last_overflow_iter, "): expected >= 0, >= 0, >= -1");
+  // A static scaler keeps its configured scale: the config decides it.
+  if (dynamic_) scale_ = s.scale;
+  hysteresis_left_ = s.hysteresis_left;
+  iter_ = s.iter;
+  last_overflow_iter_ = s.last_overflow_iter;
+}
 
 void LossScaler::update(bool overflow) {
   if (!dynamic_) return;

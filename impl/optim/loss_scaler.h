@@ -25,6 +25,18 @@ class LossScaler {
   // Record the outcome of one step.
   void update(bool overflow);
 
+  // What a checkpoint keeps: the scale and where the hysteresis and the
+  // growth window stand.
+  struct State {
+    double scale = 1.0;
+    int64_t hysteresis_left = 0;
+    int64_t iter = 0;
+    int64_t last_overflow_iter = -1;
+  };
+  State state() const { return {scale_, hysteresis_left_, iter_, last_overflow_iter_}; }
+  // InvalidArgument names a value that cannot be a state of this scaler.
+  void set_state(const State& s);
+
  private:
   LossScalerConfig cfg_;
   bool dynamic_;

@@ -176,6 +176,36 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   ++s.updates;
 }
 
+std::vector<std::shared_ptr<Param>> Optimizer::group_params(size_t group) const {
+  std::vector<std::shared_ptr<Param>> out;
+  for (const auto& s : groups_.at(group).slots) out.push_back(s.param);
+  return out;
+}
+
+Optimizer::Slot* Optimizer::find_slot(const Param& p) {
+  for (auto& g : groups_)
+    for (auto& s : g.slots)
+      if (s.param.get() == &p) return &s;
+  return nullptr;
+}
+
+bool Optimizer::has_state(const Param& p, int slot) const {
+  auto* s = const_cast<Optimizer*>(this)->find_slot(p);
+  if (s == nullptr) return false;
+  return slot == 0 ? s->master != nullptr
+                   : slot == 1 ? s->state1 != nullptr : slot == 2 ? s->state2 != nullptr : false;
+}
+
+float* Optimizer::ensure_state(const Param& p, int slot, uint64_t* numel) {
+  const auto held = ctx_.lock();
+  Slot* s = find_slot(p);
+  if (s != nullptr && slot == 1 && !s->state1 && kind_ == OptimKind::Sgd) {
+    s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
+    ctx_.ledger().add(Held::Optimizer, s->state1->bytes());
+  }
+  return state(p, slot, numel);
+}
+
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
   const auto held = ctx_.lock();
   for (auto& g : groups_) {

@@ -47,6 +47,19 @@ class Optimizer {
   void sync_params();
   uint64_t context_id() const { return ctx_id_; }
 
+  // For checkpoints: the kind, the groups with their params and
+  // hyper-parameters, whether a param has a state slot yet, and the loss
+  // scaler's state.
+  OptimKind kind() const { return kind_; }
+  size_t num_groups() const { return groups_.size(); }
+  const Hparams& hparams(size_t group) const { return groups_.at(group).hp; }
+  std::vector<std::shared_ptr<Param>> group_params(size_t group) const;
+  bool has_state(const Param& p, int slot) const;
+  // Allocates slot 1 (SGD momentum switched on after add_group) so a
+  // checkpoint's buffer can be loaded into it.
+  float* ensure_state(const Param& p, int slot, uint64_t* numel);
+  LossScaler& scaler() { return scaler_; }
+
  private:
   struct Slot {
     std::shared_ptr<Param> param;
@@ -66,6 +79,7 @@ class Optimizer {
   std::vector<int> group_indices(int group) const;
   void update(const Group& g, Slot& s, float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
+  Slot* find_slot(const Param& p);
 
   Context& ctx_;
   const uint64_t ctx_id_;

@@ -110,6 +110,7 @@ typedef enum zs_status {
   ZS_ERR_NOT_SUPPORTED = 9,
   ZS_ERR_BUFFER_SIZE = 10, /* a caller's buffer has the wrong byte size */
   ZS_ERR_INTERNAL = 11,
+  ZS_ERR_IO = 12, /* a file could not be read or written, or failed its checksum */
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_status;
@@ -630,6 +631,169 @@ ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int s
 ZS_API zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
 ZS_API zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
+
+/* ------------------------------------------------------------------ */
+/* Checkpoints                                                         */
+/* ------------------------------------------------------------------ */
+
+/* A checkpoint is a directory: manifest.json (params, layouts, optimizer,
+ * step, loss scaler, xxHash checksums, the caller's JSON) and one
+ * safetensors file per rank (README, "Checkpoints"). */
+
+/* Progress of a long save, load, verify or export, called on the calling
+ * thread: phase is "write", "read", "verify", "export", "reshard" (done/total count
+ * bytes) or "manifest", "rename", "latest", "done" (0, 0). */
+typedef void (*zs_progress_fn)(void* user, const char* phase, uint64_t done, uint64_t total);
+
+typedef struct zs_checkpoint_save_options {
+  size_t size;           /* sizeof(zs_checkpoint_save_options) */
+  const char* tag;       /* subdirectory name; NULL: "step-<optimizer steps>" */
+  const char* user_json; /* the caller's JSON, kept as is (rank 0's); NULL: {} */
+  int timeout_ms;        /* for every rank to finish; 0: the context's timeout */
+  int overwrite;         /* 1: replace an existing tag (atomic swap); 0: error */
+  int update_latest;     /* 1 (default): <dir>/latest names this tag */
+  const char* const* names; /* num_params names to save under (e.g. a
+                               framework's qualified names); NULL: each
+                               param's registration name */
+  zs_progress_fn progress; /* may be NULL */
+  void* progress_user;
+} zs_checkpoint_save_options;
+#define ZS_CHECKPOINT_SAVE_OPTIONS_INIT \
+  { sizeof(zs_checkpoint_save_options), NULL, NULL, 0, 0, 1, NULL, NULL, NULL }
+/* ZS_CHECKPOINT_SAVE_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* options, size_t size);
+
+/* Save params (names unique) and, when opt is not NULL, its state, step
+ * count, hyper-parameters and loss scaler into <dir>/<tag>. Collective over
+ * the world: every rank passes the same params in the same order. Crash
+ * safe: written under <dir>/.<tag>.partial, fsynced, renamed into place,
+ * then <dir>/latest replaced by rename; a process killed at any point
+ * leaves the previous checkpoint and latest loadable. A rank that fails or
+ * does not call save within the timeout makes every rank fail, naming it. */
+ZS_API zs_status zs_checkpoint_save(zs_context ctx, const zs_param* params, size_t num_params,
+                                    zs_optimizer opt, const char* dir,
+                                    const zs_checkpoint_save_options* options);
+
+typedef struct zs_checkpoint_load_options {
+  size_t size;      /* sizeof(zs_checkpoint_load_options) */
+  const char* tag;  /* NULL: path itself if it holds manifest.json, else path/latest */
+  int strict;       /* 1 (default): a saved param not among params is an error */
+  const char* const* names; /* as in zs_checkpoint_save_options */
+  zs_progress_fn progress; /* may be NULL */
+  void* progress_user;
+} zs_checkpoint_load_options;
+#define ZS_CHECKPOINT_LOAD_OPTIONS_INIT \
+  { sizeof(zs_checkpoint_load_options), NULL, 1, NULL, NULL, NULL }
+/* ZS_CHECKPOINT_LOAD_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_checkpoint_load_options_init(zs_checkpoint_load_options* options, size_t size);
+
+typedef struct zs_checkpoint_info {
+  size_t size;           /* sizeof(zs_checkpoint_info) */
+  int64_t step;          /* optimizer steps when saved */
+  uint64_t bytes_read;   /* by this rank */
+  const char* dir;       /* the checkpoint directory loaded */
+  const char* user_json; /* as saved */
+} zs_checkpoint_info;
+#define ZS_CHECKPOINT_INFO_INIT { sizeof(zs_checkpoint_info), 0, 0, NULL, NULL }
+/* ZS_CHECKPOINT_INFO_INIT for languages without C macros: its values into the
+ * first `size` bytes of *info (pass sizeof *info). */
+ZS_API zs_status zs_checkpoint_info_init(zs_checkpoint_info* info, size_t size);
+
+/* Load into params (matched by name; shapes must agree) at any world size
+ * and working dtype: each rank reads only the byte ranges that overlap its
+ * shards and verifies their checksums; nothing changes on any rank unless
+ * every rank read its part. With opt, its state, step count, group
+ * hyper-parameters and loss scaler are restored (the groups must hold the
+ * same params as when saved). info may be NULL; its strings are owned by
+ * the context, valid until the next load on it. Collective over the world. */
+ZS_API zs_status zs_checkpoint_load(zs_context ctx, const zs_param* params, size_t num_params,
+                                    zs_optimizer opt, const char* path,
+                                    const zs_checkpoint_load_options* options,
+                                    zs_checkpoint_info* info);
+
+/* Read every byte of a checkpoint (tag NULL: as for load) and check every
+ * checksum: ZS_ERR_IO names each file and tensor that fails. Needs no
+ * context. */
+ZS_API zs_status zs_checkpoint_verify(const char* path, const char* tag, zs_progress_fn progress,
+                                      void* progress_user);
+
+typedef struct zs_checkpoint_export_options {
+  size_t size;     /* sizeof(zs_checkpoint_export_options) */
+  const char* tag; /* NULL: as for load */
+  int fp32;        /* 1: fp32 tensors (the masters where saved); 0: working dtypes */
+  zs_progress_fn progress; /* may be NULL */
+  void* progress_user;
+} zs_checkpoint_export_options;
+#define ZS_CHECKPOINT_EXPORT_OPTIONS_INIT \
+  { sizeof(zs_checkpoint_export_options), NULL, 0, NULL, NULL }
+/* ZS_CHECKPOINT_EXPORT_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_checkpoint_export_options_init(zs_checkpoint_export_options* options, size_t size);
+
+/* One safetensors file of full tensors under their registration names
+ * (metadata format "pt": Hugging Face from_pretrained reads it), streamed
+ * with memory bounded by a buffer; written beside out_file and renamed.
+ * Needs no context. */
+ZS_API zs_status zs_checkpoint_export(const char* path, const char* out_file,
+                                      const zs_checkpoint_export_options* options);
+
+/* Rewrite a checkpoint (tag NULL: as for load) for world_size ranks into
+ * out_dir, a new checkpoint directory that must not exist yet (written
+ * beside it and renamed). Loading reshards by itself; this is for moving
+ * checkpoints to a cluster of another size ahead of time. Needs no
+ * context. */
+ZS_API zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
+                                       int world_size, zs_progress_fn progress, void* progress_user);
+
+typedef struct zs_export_options {
+  size_t size;              /* sizeof(zs_export_options) */
+  const char* const* names; /* num_params tensor names; NULL: registration names */
+  zs_progress_fn progress;  /* may be NULL; phase "export" */
+  void* progress_user;
+} zs_export_options;
+#define ZS_EXPORT_OPTIONS_INIT { sizeof(zs_export_options), NULL, NULL, NULL }
+/* ZS_EXPORT_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_export_options_init(zs_export_options* options, size_t size);
+
+/* One safetensors file of the full params from a live run (DeepSpeed's
+ * gather_16bit_weights_on_model_save): each param is gathered in turn and
+ * rank 0 streams it to out_file (written beside it, fsynced, renamed), so
+ * no rank holds more than one full param. The same bytes as
+ * zs_checkpoint_export of a checkpoint of these params. Collective over
+ * the world; every rank fails alike when rank 0 cannot write. */
+ZS_API zs_status zs_export_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                       const char* out_file, const zs_export_options* options);
+
+typedef struct zs_safetensors_load_options {
+  size_t size;              /* sizeof(zs_safetensors_load_options) */
+  const char* const* names; /* num_params tensor names; NULL: registration names */
+  int strict;               /* 1 (default): a param the files lack is an error; 0: left as is */
+  int from_rank0;           /* 1: only rank 0 reads (the files need not exist elsewhere), one
+                               full tensor at a time, and scatters the shards; params
+                               partitioned over the world. 0 (default): every rank reads
+                               its own bytes */
+  zs_progress_fn progress;  /* may be NULL; phase "read" */
+  void* progress_user;
+} zs_safetensors_load_options;
+#define ZS_SAFETENSORS_LOAD_OPTIONS_INIT \
+  { sizeof(zs_safetensors_load_options), NULL, 1, 0, NULL, NULL }
+/* ZS_SAFETENSORS_LOAD_OPTIONS_INIT for languages without C macros: its values into the
+ * first `size` bytes of *options (pass sizeof *options). */
+ZS_API zs_status zs_safetensors_load_options_init(zs_safetensors_load_options* options, size_t size);
+
+/* Full tensors (e.g. pretrained weights) into partitioned params from a
+ * .safetensors file, a Hugging Face index (.json), or a directory holding
+ * model.safetensors.index.json or model.safetensors. Every rank must see
+ * the files: each preads only its own shards' bytes and casts them to the
+ * param's dtype (F32, BF16, F16 in the file). With opt, the fp32 masters of
+ * 16-bit params take the file's values too. Nothing changes unless every
+ * rank read its part. Collective over the world. */
+ZS_API zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                     zs_optimizer opt, const char* path,
+                                     const zs_safetensors_load_options* options);
 
 /* ------------------------------------------------------------------ */
 /* Coordinated fetch: trace, prefetch, persistence, leaf groups        */

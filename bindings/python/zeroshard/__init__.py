@@ -21,11 +21,12 @@ from . import errors
 from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
                      InvalidStateError, InvalidConfigError, ZsOutOfMemoryError, ZsTimeoutError,
                      CommError, BootstrapError, NotSupportedError, BufferSizeError,
-                     InternalError, ZeroShardConfigWarning, check)
+                     InternalError, ZsIOError, ZeroShardConfigWarning, check)
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
-                   Gather, Work, Optimizer, ParamArray)
+                   Gather, Work, Optimizer, ParamArray, checkpoint_verify, checkpoint_export,
+                   checkpoint_reshard)
 
 __version__ = "0.1.0"
 
@@ -33,10 +34,11 @@ __all__ = [
     "ffi", "lib", "library_path", "errors", "check",
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
-    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError",
+    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
     "ZeroShardConfigWarning",
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER", "DTYPE_NAMES",
     "DEVICE_CPU", "DEVICE_CUDA",
+    "checkpoint_verify", "checkpoint_export", "checkpoint_reshard",
     "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
     "parse_device", "dlpack_from_pointer",
     "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray",

@@ -49,6 +49,7 @@ typedef enum zs_status {
   ZS_ERR_NOT_SUPPORTED = 9,
   ZS_ERR_BUFFER_SIZE = 10,
   ZS_ERR_INTERNAL = 11,
+  ZS_ERR_IO = 12,
   ZS_STATUS_ENUM_MIN_ = -2147483648,
   ZS_STATUS_ENUM_MAX_ = 2147483647
 } zs_status;
@@ -308,6 +309,91 @@ zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, fl
 zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
 zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 zs_status zs_optimizer_sync_params(zs_optimizer opt);
+
+/* Checkpoints */
+typedef void (*zs_progress_fn)(void* user, const char* phase, uint64_t done, uint64_t total);
+
+typedef struct zs_checkpoint_save_options {
+  size_t size;
+  const char* tag;
+  const char* user_json;
+  int timeout_ms;
+  int overwrite;
+  int update_latest;
+  const char* const* names;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_checkpoint_save_options;
+zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* options, size_t size);
+
+zs_status zs_checkpoint_save(zs_context ctx, const zs_param* params, size_t num_params,
+                             zs_optimizer opt, const char* dir,
+                             const zs_checkpoint_save_options* options);
+
+typedef struct zs_checkpoint_load_options {
+  size_t size;
+  const char* tag;
+  int strict;
+  const char* const* names;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_checkpoint_load_options;
+zs_status zs_checkpoint_load_options_init(zs_checkpoint_load_options* options, size_t size);
+
+typedef struct zs_checkpoint_info {
+  size_t size;
+  int64_t step;
+  uint64_t bytes_read;
+  const char* dir;
+  const char* user_json;
+} zs_checkpoint_info;
+zs_status zs_checkpoint_info_init(zs_checkpoint_info* info, size_t size);
+
+zs_status zs_checkpoint_load(zs_context ctx, const zs_param* params, size_t num_params,
+                             zs_optimizer opt, const char* path,
+                             const zs_checkpoint_load_options* options,
+                             zs_checkpoint_info* info);
+zs_status zs_checkpoint_verify(const char* path, const char* tag, zs_progress_fn progress,
+                               void* progress_user);
+
+typedef struct zs_checkpoint_export_options {
+  size_t size;
+  const char* tag;
+  int fp32;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_checkpoint_export_options;
+zs_status zs_checkpoint_export_options_init(zs_checkpoint_export_options* options, size_t size);
+
+zs_status zs_checkpoint_export(const char* path, const char* out_file,
+                               const zs_checkpoint_export_options* options);
+zs_status zs_checkpoint_reshard(const char* path, const char* tag, const char* out_dir,
+                                int world_size, zs_progress_fn progress, void* progress_user);
+
+typedef struct zs_export_options {
+  size_t size;
+  const char* const* names;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_export_options;
+zs_status zs_export_options_init(zs_export_options* options, size_t size);
+
+zs_status zs_export_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                                const char* out_file, const zs_export_options* options);
+
+typedef struct zs_safetensors_load_options {
+  size_t size;
+  const char* const* names;
+  int strict;
+  int from_rank0;
+  zs_progress_fn progress;
+  void* progress_user;
+} zs_safetensors_load_options;
+zs_status zs_safetensors_load_options_init(zs_safetensors_load_options* options, size_t size);
+
+zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, size_t num_params,
+                              zs_optimizer opt, const char* path,
+                              const zs_safetensors_load_options* options);
 
 /* Coordinated fetch */
 zs_status zs_step_begin(zs_context ctx);

@@ -295,6 +295,58 @@ def _read_config_file(path):
     return data.decode("utf-8")
 
 
+def _name_array(names, n, held):
+    if names is None:
+        return ffi.NULL
+    names = list(names)
+    if len(names) != n:
+        raise ValueError("names: %d names for %d params" % (len(names), n))
+    cs = [_cstr(str(x), held) for x in names]
+    arr = ffi.new("const char*[]", cs)
+    held.append(arr)
+    return arr
+
+
+def _progress_callback(progress, held):
+    if progress is None:
+        return ffi.NULL, ffi.NULL
+
+    def call(user, phase, done, total):
+        progress(ffi.string(phase).decode("ascii"), int(done), int(total))
+
+    cb = ffi.callback("zs_progress_fn", call)
+    held.append(cb)
+    return cb, ffi.NULL
+
+
+def checkpoint_verify(path, tag=None, progress=None):
+    """Check every checksum of a checkpoint (no context needed); ZsIOError
+    names each file and tensor that fails."""
+    held = []
+    fn, user = _progress_callback(progress, held)
+    check(lib.zs_checkpoint_verify(os.fsencode(path), _cstr(tag, held), fn, user))
+
+
+def checkpoint_export(path, out_file, tag=None, fp32=False, progress=None):
+    """One safetensors file of full tensors under their checkpoint names,
+    streamed (memory bounded by a buffer); Hugging Face's from_pretrained
+    and safetensors.torch.load_file read it."""
+    held = []
+    o = _new_struct("zs_checkpoint_export_options")
+    o.tag = _cstr(tag, held)
+    o.fp32 = 1 if fp32 else 0
+    o.progress, o.progress_user = _progress_callback(progress, held)
+    check(lib.zs_checkpoint_export(os.fsencode(path), os.fsencode(out_file), o))
+
+
+def checkpoint_reshard(path, out_dir, world_size, tag=None, progress=None):
+    """Rewrite a checkpoint for world_size ranks into out_dir (new)."""
+    held = []
+    fn, user = _progress_callback(progress, held)
+    check(lib.zs_checkpoint_reshard(os.fsencode(path), _cstr(tag, held), os.fsencode(out_dir),
+                                    int(world_size), fn, user))
+
+
 def config_check(config, world_size=0):
     """Validate a DeepSpeed config (dict, JSON text or path) without a context.
 
@@ -1296,6 +1348,84 @@ class Context:
 
     def set_accumulation_steps(self, n):
         check(lib.zs_grad_set_accumulation_steps(self._h, int(n)))
+
+    def save_checkpoint(self, dir, params, optimizer=None, tag=None, names=None, user_json=None,
+                        timeout_ms=0, overwrite=False, update_latest=True, progress=None):
+        """Save params (and the optimizer's state) into dir/tag, crash-safe;
+        collective over the world (README, "Checkpoints"). names: what each
+        param is saved under (default: registration names). user_json: text
+        kept as is. progress(phase, done, total) is called on this thread.
+        Returns the checkpoint directory."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_checkpoint_save_options")
+        held = []
+        o.tag = _cstr(tag, held)
+        o.user_json = _cstr(user_json, held)
+        o.timeout_ms = int(timeout_ms)
+        o.overwrite = 1 if overwrite else 0
+        o.update_latest = 1 if update_latest else 0
+        o.names = _name_array(names, n, held)
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        opt = ffi.NULL if optimizer is None else optimizer._h
+        check(lib.zs_checkpoint_save(self._h, arr, n, opt, os.fsencode(dir), o))
+        if tag is None:
+            tag = "step-%d" % (optimizer.steps if optimizer is not None else 0)
+        return os.path.join(dir, tag)
+
+    def load_checkpoint(self, path, params, optimizer=None, tag=None, names=None, strict=True,
+                        progress=None):
+        """Load params (and the optimizer's state, step, hyper-parameters and
+        loss scaler) from a checkpoint saved at any world size; collective.
+        Returns {"dir", "step", "user_json", "bytes_read"}."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_checkpoint_load_options")
+        held = []
+        o.tag = _cstr(tag, held)
+        o.strict = 1 if strict else 0
+        o.names = _name_array(names, n, held)
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        info = _new_struct("zs_checkpoint_info")
+        opt = ffi.NULL if optimizer is None else optimizer._h
+        check(lib.zs_checkpoint_load(self._h, arr, n, opt, os.fsencode(path), o, info))
+        out = {"dir": os.fsdecode(ffi.string(info.dir)), "step": int(info.step),
+               "user_json": ffi.string(info.user_json).decode("utf-8"), "bytes_read": int(info.bytes_read)}
+        if optimizer is not None:
+            # The engine restored the groups' hyper-parameters; keep ours in step.
+            with open(os.path.join(out["dir"], "manifest.json"), "r", encoding="utf-8") as f:
+                groups = json.load(f)["optimizer"]["groups"]
+            for i, g in enumerate(groups):
+                h = g["hparams"]
+                if i < len(optimizer._groups):
+                    optimizer._groups[i] = dict(
+                        lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
+                        weight_decay=h["weight_decay"], momentum=h["momentum"], dampening=h["dampening"],
+                        nesterov=bool(h["nesterov"]), bias_correction=bool(h["bias_correction"]))
+        return out
+
+    def export_safetensors(self, out_file, params, names=None, progress=None):
+        """One safetensors file of the full params (gathered one at a time,
+        written by rank 0); collective."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_export_options")
+        held = []
+        o.names = _name_array(names, n, held)
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        check(lib.zs_export_safetensors(self._h, arr, n, os.fsencode(out_file), o))
+
+    def load_safetensors(self, path, params, optimizer=None, names=None, strict=True, from_rank0=False,
+                         progress=None):
+        """Full tensors from a safetensors file, an HF index (.json) or a
+        directory of them into partitioned params; each rank reads only its
+        own shards' bytes. Collective."""
+        arr, n, keep = _param_array(params)
+        o = _new_struct("zs_safetensors_load_options")
+        held = []
+        o.names = _name_array(names, n, held)
+        o.strict = 1 if strict else 0
+        o.from_rank0 = 1 if from_rank0 else 0
+        o.progress, o.progress_user = _progress_callback(progress, held)
+        opt = ffi.NULL if optimizer is None else optimizer._h
+        check(lib.zs_load_safetensors(self._h, arr, n, opt, os.fsencode(path), o))
 
     def optimizer(self, kind="adamw"):
         """A sharded optimizer: "adamw", "adam" or "sgd"."""

@@ -9,7 +9,7 @@ from ._ffi import ffi, lib
 __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
-    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError",
+    "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
     "check", "error_class", "status_name", "ZeroShardConfigWarning",
 ]
 
@@ -90,6 +90,11 @@ class InternalError(ZeroShardError):
     status_code = 11
 
 
+class ZsIOError(ZeroShardError, OSError):
+    """A file could not be read or written, or failed its checksum."""
+    status_code = 12
+
+
 class ZeroShardConfigWarning(UserWarning):
     """A config key the engine accepts but does not act on yet (offload,
     NVMe aio, ZeRO++ quantization, ...). ``keys`` holds the engine's list:
@@ -103,7 +108,7 @@ class ZeroShardConfigWarning(UserWarning):
 _CLASSES = {c.status_code: c for c in (
     InvalidArgumentError, InvalidHandleError, InvalidStateError, InvalidConfigError,
     ZsOutOfMemoryError, ZsTimeoutError, CommError, BootstrapError, NotSupportedError,
-    BufferSizeError, InternalError)}
+    BufferSizeError, InternalError, ZsIOError)}
 
 
 def error_class(status):

@@ -209,6 +209,56 @@ def _convert_optimizer(opt):
     return ZeroShardOptimizer(groups, kind=kind)
 
 
+def _to_json(value, where):
+    """Lightning's checkpoint dict as JSON: tensors become {"__tensor__":
+    base64 of their bytes, "dtype", "shape"}, inf/nan {"__float__": text},
+    tuples lists; anything else JSON cannot hold is a TypeError naming where
+    it is (no pickle)."""
+    import base64
+    import math
+
+    import torch
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return {"__tensor__": base64.b64encode(raw).decode("ascii"), "dtype": str(t.dtype).replace("torch.", ""),
+                "shape": list(t.shape)}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, (str, int, float, bool)) and k is not None:
+                raise TypeError(f"ZeroShardStrategy checkpoint: key {k!r} in {where} is not a JSON key")
+            out[str(k)] = _to_json(v, f"{where}[{k!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"ZeroShardStrategy checkpoint: {where} is a {type(value).__name__}, which JSON cannot "
+                    "hold (checkpoints take no pickle)")
+
+
+def _from_json(value):
+    import base64
+
+    import torch
+    if isinstance(value, dict):
+        if set(value) == {"__tensor__", "dtype", "shape"}:
+            raw = bytearray(base64.b64decode(value["__tensor__"]))
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+            return flat.view(getattr(torch, value["dtype"])).reshape(value["shape"]).clone()
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
 def _make_strategy_class():
     pl, DDPStrategy, _ = _lightning()
     import contextlib
@@ -293,34 +343,65 @@ def _make_strategy_class():
                 config.scheduler.optimizer = converted[id(config.scheduler.optimizer)]
             self.optimizers = [converted[id(o)] for o in self.optimizers]
 
+        # Checkpoints: `filepath` names a directory (as in DeepSpeedStrategy)
+        # holding the engine's checkpoint (README, "Checkpoints"): every
+        # rank writes its own shards, params and optimizer state, and
+        # Lightning's other state (loops, callbacks, schedulers, epoch ...)
+        # goes into it as JSON. No pickle; loads at any world size, after
+        # setup, into the partitioned model and its engine optimizer.
+
+        @property
+        def restore_checkpoint_after_setup(self):
+            return True
+
+        @property
+        def lightning_restore_optimizer(self):
+            return False  # the engine restores it with the weights
+
         def lightning_module_state_dict(self):
-            return zt.consolidated_state_dict(self.lightning_module)
+            return {}  # the weights go through the engine's checkpoint
+
+        def optimizer_state(self, optimizer):
+            return {}
+
+        def _engine_optimizer(self):
+            opts = list(self.optimizers or [])
+            if len(opts) > 1:
+                raise NotImplementedError("ZeroShardStrategy checkpoints hold one optimizer, not "
+                                          f"{len(opts)}")
+            return opts[0] if opts else None
+
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+            if storage_options is not None:
+                raise TypeError("ZeroShardStrategy.save_checkpoint: storage_options are not supported")
+            rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+            zt.save_checkpoint(str(filepath), self.lightning_module, self._engine_optimizer(),
+                               client_state=_to_json(rest, "checkpoint"), tag="checkpoint", overwrite=True)
+
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            if self.load_full_weights:
+                # Full weights only (a `zsckpt export` file or a Hugging Face
+                # safetensors set): each rank reads its own shards' bytes.
+                zt.load_pretrained(self.lightning_module, str(checkpoint_path))
+                return {"state_dict": {}, "zeroshard": "full_weights"}
+            state = zt.load_checkpoint(str(checkpoint_path), self.lightning_module, self._engine_optimizer())
+            checkpoint = _from_json(state or {})
+            checkpoint["state_dict"] = {}
+            checkpoint["zeroshard"] = "checkpoint"
+            return checkpoint
 
         def load_model_state_dict(self, checkpoint, strict=True):
+            if "zeroshard" in checkpoint:
+                return  # loaded by the engine in load_checkpoint
             state = checkpoint["state_dict"] if self.global_rank == 0 else None
             zt.load_consolidated_state_dict(self.lightning_module, state, strict=strict)
 
-        def optimizer_state(self, optimizer):
-            return optimizer.state_dict()
-
-        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
-            # Weights arrive consolidated (lightning_module_state_dict); the
-            # optimizer state is sharded, so each rank keeps its own file.
-            states = checkpoint.pop("optimizer_states", [])
-            if states:
-                import torch
-                torch.save(states, f"{filepath}.rank{self.global_rank}.optim")
-            if self.is_global_zero:
-                self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-            self.barrier("zeroshard_save_checkpoint")
-
-        def load_checkpoint(self, checkpoint_path, weights_only=None):
-            import torch
-            checkpoint = self.checkpoint_io.load_checkpoint(checkpoint_path, weights_only=weights_only)
-            optim = f"{checkpoint_path}.rank{self.global_rank}.optim"
-            if not self.load_full_weights and os.path.exists(optim):
-                checkpoint["optimizer_states"] = torch.load(optim, weights_only=False)
-            return checkpoint
+        def remove_checkpoint(self, filepath):
+            if self.is_global_zero and os.path.isdir(filepath):
+                import shutil
+                shutil.rmtree(filepath)
+            elif not os.path.isdir(filepath):
+                super().remove_checkpoint(filepath)
 
         def teardown(self):
             super().teardown()

@@ -10,6 +10,7 @@ engine's sharded optimizer.
     loss = model(x).loss; loss.backward(); optimizer.step()
 """
 from ._context import get_context, init_context, shutdown
+from .checkpoint import export_safetensors, load_checkpoint, load_pretrained, save_checkpoint
 from ._params import is_partitioned
 from .gathered import GatheredParameters
 from .hooks import register_external_parameter, set_leaf_modules, unset_leaf_modules
@@ -18,7 +19,10 @@ from .optim import ZeroShardOptimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict
 
 __all__ = [
-    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "get_context",
-    "init_context", "is_partitioned", "load_consolidated_state_dict", "partition_module",
+    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "export_safetensors",
+    "get_context",
+    "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
+    "partition_module",
+    "save_checkpoint",
     "register_external_parameter", "set_leaf_modules", "shutdown", "unset_leaf_modules",
 ]

@@ -1,0 +1,106 @@
+"""Checkpoints of a partitioned torch model and its ZeroShardOptimizer.
+
+    zt.save_checkpoint("ckpt", model, optimizer, client_state={"epoch": 3})
+    client_state = zt.load_checkpoint("ckpt", model, optimizer)
+
+The engine writes each rank's shards (safetensors, xxHash checksums) and a
+manifest, crash-safe; loading works at any world size. Params are saved
+under the model's qualified names (named_parameters), so an exported file
+(zeroshard.checkpoint_export) is a state dict Hugging Face's
+from_pretrained reads. client_state is JSON (no pickle anywhere).
+"""
+import json
+
+from ._context import get_context
+from ._params import is_partitioned
+from .optim import _hook_engines
+
+
+def _named_params(model, what):
+    named = list(model.named_parameters())
+    plain = [n for n, p in named if not is_partitioned(p)]
+    if plain:
+        raise ValueError(f"zeroshard.torch.{what}: params {plain[:5]}{' ...' if len(plain) > 5 else ''} are not "
+                         "partitioned (zeroshard.torch.Init or partition_module first)")
+    return [n for n, _ in named], [p.zs.zparam for _, p in named]
+
+
+def _persistent_buffers(model):
+    persistent = set(model.state_dict().keys())
+    return [(n, b) for n, b in model.named_buffers() if n in persistent]
+
+
+def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, overwrite=False,
+                    timeout_ms=0, progress=None):
+    """Save the model's params (and the optimizer's state) into dir/tag
+    (default tag "step-<optimizer steps>"), and point dir/latest at it.
+    Collective: every rank calls it. client_state must be JSON-serialisable;
+    persistent buffers are kept in it as lists. Returns the directory."""
+    names, zparams = _named_params(model, "save_checkpoint")
+    try:
+        user = json.dumps({"client_state": client_state,
+                           "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
+                                       for n, b in _persistent_buffers(model)}}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"zeroshard.torch.save_checkpoint: client_state must be JSON-serialisable "
+                        f"(finite floats): {e}") from None
+    engine = None if optimizer is None else optimizer._engine
+    return get_context().save_checkpoint(dir, zparams, optimizer=engine, tag=tag, names=names, user_json=user,
+                                         timeout_ms=timeout_ms, overwrite=overwrite, progress=progress)
+
+
+def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress=None):
+    """Load a checkpoint saved at any world size into the partitioned model
+    (and the optimizer: state, step, loss scaler and each group's
+    hyper-parameters). path: a checkpoint directory, or a directory of them
+    (tag, else its `latest`). Collective. Returns the client_state."""
+    import torch
+
+    names, zparams = _named_params(model, "load_checkpoint")
+    engine = None if optimizer is None else optimizer._engine
+    info = get_context().load_checkpoint(path, zparams, optimizer=engine, tag=tag, names=names, strict=strict,
+                                         progress=progress)
+    user = json.loads(info["user_json"]) if info["user_json"] else {}
+    buffers = dict(model.named_buffers())
+    for n, saved in (user.get("buffers") or {}).items():
+        if n in buffers:
+            with torch.no_grad():
+                buffers[n].copy_(torch.tensor(saved["values"], dtype=buffers[n].dtype))
+        elif strict:
+            raise KeyError(f"zeroshard.torch.load_checkpoint: the checkpoint has buffer {n!r}, the model does not")
+    if optimizer is not None:
+        for group, hp in zip(optimizer.param_groups, optimizer._engine._groups):
+            group["lr"] = hp["lr"]
+            group["betas"] = tuple(hp["betas"])
+            group["eps"] = hp["eps"]
+            group["weight_decay"] = hp["weight_decay"]
+            group["momentum"] = hp["momentum"]
+            group["dampening"] = hp["dampening"]
+            group["nesterov"] = hp["nesterov"]
+            group["bias_correction"] = hp["bias_correction"]
+    # The shards changed: views of gathered copies are stale.
+    for e in _hook_engines():
+        e.after_step()
+    return user.get("client_state")
+
+
+def load_pretrained(model, path, optimizer=None, strict=True, from_rank0=False, progress=None):
+    """Full weights (a .safetensors file, a Hugging Face index .json, or a
+    directory with model.safetensors[.index.json]) into the partitioned
+    model, under its qualified names; each rank reads only the bytes of its
+    own shards (every rank must see the files), or with from_rank0 only rank
+    0 reads, one full tensor at a time, and the engine scatters. Collective."""
+    names, zparams = _named_params(model, "load_pretrained")
+    engine = None if optimizer is None else optimizer._engine
+    get_context().load_safetensors(path, zparams, optimizer=engine, names=names, strict=strict,
+                                   from_rank0=from_rank0, progress=progress)
+    for e in _hook_engines():
+        e.after_step()
+
+
+def export_safetensors(model, path, progress=None):
+    """The partitioned model's full weights as one safetensors file under
+    its qualified names (what from_pretrained reads), gathered one param at
+    a time and written by rank 0. Collective."""
+    names, zparams = _named_params(model, "export_safetensors")
+    get_context().export_safetensors(path, zparams, names=names, progress=progress)

@@ -1,0 +1,217 @@
+#include "impl/checkpoint/load.h"
+
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "impl/checkpoint/format.h"
+#include "impl/checkpoint/shard_io.h"
+#include "impl/checkpoint/state_names.h"
+#include "impl/device/ops.h"
+#include "impl/fetch/coordinator.h"
+#include "impl/fetch/gather.h"
+
+namespace zs::ckpt {
+namespace {
+
+using nlohmann::json;
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Elements [first, first + n) of a state into dst (host, dst_dtype),
+// casting from the stored dtype where they differ.
+void read_state(ChunkReader& reader, const ParamEntry& e, const std::string& state, uint64_t first,
+                uint64_t n, DType dst_dtype, void* dst, uint64_t* done, uint64_t total,
+                const LoadOptions& o) {
+  const auto& chunks = e.states.at(state);
+  const std::string what = "param '" + e.name + "', " + state;
+  std::vector<char> tmp;
+  for (const auto& c : chunks) {
+    const uint64_t lo = std::max(first, c.offset), hi = std::min(first + n, c.offset + c.numel);
+    if (lo >= hi) continue;
+    char* out = static_cast<char*>(dst) + (lo - first) * dtype_size(dst_dtype);
+    if (c.dtype == dst_dtype) {
+      reader.read(c, lo, hi - lo, out, what);
+    } else {
+      tmp.resize((hi - lo) * dtype_size(c.dtype));
+      reader.read(c, lo, hi - lo, tmp.data(), what);
+      std::vector<float> f32(hi - lo);
+      ops::cast_to_f32(*host_device(), tmp.data(), c.dtype, f32.data(), hi - lo);
+      ops::cast_from_f32(*host_device(), f32.data(), dst_dtype, out, hi - lo);
+    }
+    *done += (hi - lo) * dtype_size(c.dtype);
+    if (o.progress) o.progress("read", *done, total);
+  }
+}
+
+// A staged copy, applied once every rank has read its part.
+struct Staged {
+  void* dst;  // engine memory
+  size_t bytes = 0;
+  std::unique_ptr<char[]> host;  // not zero-filled: read over, padding zeroed
+};
+
+}  // namespace
+
+LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                const std::string& path, const LoadOptions& o) {
+  const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  LoadResult result;
+  std::vector<Staged> staged;
+  json opt_j;
+  std::string error;
+  Code error_code = Code::Ok;
+  try {
+    result.dir = resolve_checkpoint_dir(path, o.tag);
+    const Manifest m = Manifest::read(result.dir);
+    result.user_json = m.user.dump();
+    result.step = m.step;
+    const NameOf name_of = checkpoint_names(params, o.names, "checkpoint load");
+    std::set<std::string> names;
+    for (const auto& p : params) {
+      const std::string& name = name_of.at(p.get());
+      names.insert(name);
+      const ParamEntry* e = m.find(name);
+      if (e == nullptr)
+        fail(Code::InvalidArgument, "checkpoint '", result.dir, "' has no param '", name, "'");
+      if (e->shape != p->shape)
+        fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", name, "' has shape ",
+             shape_str(e->shape), ", the registered one ", shape_str(p->shape));
+    }
+    if (o.strict)
+      for (const auto& e : m.params)
+        if (!names.count(e.name))
+          fail(Code::InvalidArgument, "checkpoint '", result.dir, "' holds param '", e.name,
+               "', which is not among the ", params.size(), " params being loaded (load non-strict to skip it)");
+    if (opt) {
+      if (m.optimizer.is_null())
+        fail(Code::InvalidArgument, "checkpoint '", result.dir, "' was saved without an optimizer");
+      opt_j = m.optimizer;
+      const std::string where = "checkpoint '" + result.dir + "' optimizer";
+      const OptimKind kind = parse_optim_kind(opt_j.at("kind").get<std::string>(), where);
+      if (kind != opt->kind())
+        fail(Code::InvalidArgument, where, " is ", optim_kind_name(kind), ", this one is ",
+             optim_kind_name(opt->kind()));
+      const auto& groups = opt_j.at("groups");
+      if (groups.size() != opt->num_groups())
+        fail(Code::InvalidArgument, where, " has ", groups.size(), " param groups, this one has ",
+             opt->num_groups());
+      for (size_t g = 0; g < opt->num_groups(); ++g) {
+        std::set<std::string> mine, theirs;
+        for (const auto& p : opt->group_params(g))
+          if (name_of.count(p.get())) mine.insert(name_of.at(p.get()));
+        for (const auto& n : groups[g].at("params")) theirs.insert(n.get<std::string>());
+        if (mine != theirs)
+          fail(Code::InvalidArgument, where, ": group ", g, " holds other params (", theirs.size(),
+               " in the checkpoint, ", mine.size(), " here, among the params being loaded)");
+        (void)hparams_from_json(groups[g].at("hparams"), where);
+      }
+    }
+
+    ChunkReader reader(result.dir, m);
+    reader.check_sizes();
+    // What to read: (param, state, target dtype, engine memory).
+    struct Item {
+      const Param* p;
+      const ParamEntry* e;
+      std::string state;
+      DType dtype;
+      void* dst;
+    };
+    std::vector<Item> items;
+    for (const auto& sp : params) {
+      const Param& p = *sp;
+      const ParamEntry& e = *m.find(name_of.at(&p));
+      if (p.layout.numel == 0) continue;  // nothing saved, nothing to read
+      const bool has_master = e.states.count(kMaster) > 0;
+      // fp32 values: the master when saved, else the param itself.
+      const std::string f32_src = has_master ? kMaster : kParam;
+      // The working shard: bit for bit when the dtype is unchanged, else
+      // cast from the best fp32 values there are.
+      const std::string work_src = e.dtype == p.dtype ? kParam : f32_src;
+      items.push_back({&p, &e, work_src, p.dtype, p.shard->data()});
+      if (!opt || !opt->has_state(p, 0)) continue;
+      if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state(p, 0, nullptr)});
+      for (int slot = 1; slot < 3; ++slot) {
+        const std::string s = state_name(opt->kind(), slot);
+        const bool saved = e.states.count(s) > 0;
+        if (!saved && opt->has_state(p, slot))
+          fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", e.name, "' has no ", s,
+               " state, which this optimizer keeps");
+        if (saved) items.push_back({&p, &e, s, DType::F32, opt->ensure_state(p, slot, nullptr)});
+      }
+    }
+    uint64_t total = 0, done = 0;
+    for (const auto& it : items) {
+      const auto st = it.e->states.find(it.state);
+      if (st == it.e->states.end())
+        fail(Code::Io, "checkpoint '", result.dir, "': param '", it.e->name, "' has no ", it.state, " state");
+      total += it.p->layout.shard_valid * dtype_size(st->second.front().dtype);
+    }
+    for (const auto& it : items) {
+      const Param& p = *it.p;
+      Staged s;
+      s.dst = it.dst;
+      s.bytes = p.layout.shard_numel * dtype_size(it.dtype);
+      s.host.reset(new char[s.bytes]);
+      const size_t valid = p.layout.shard_valid * dtype_size(it.dtype);
+      std::memset(s.host.get() + valid, 0, s.bytes - valid);  // padding stays zero
+      read_state(reader, *it.e, it.state, p.layout.shard_offset, p.layout.shard_valid, it.dtype,
+                 s.host.get(), &done, total, o);
+      staged.push_back(std::move(s));
+    }
+    result.bytes_read = reader.bytes_read();
+  } catch (const Error& e) {
+    error = e.what();
+    error_code = e.code();
+  } catch (const json::exception& e) {
+    error = "checkpoint '" + result.dir + "': manifest: " + e.what();
+    error_code = Code::Io;
+  } catch (const std::bad_alloc&) {
+    error = "checkpoint load: out of host memory staging this rank's shards";
+    error_code = Code::OutOfMemory;
+  }
+
+  // Every rank read its part, or nobody changes anything.
+  const int world = ctx.ranks().world_size;
+  if (world > 1) {
+    float failed = error.empty() ? 0.0f : static_cast<float>(ctx.ranks().rank + 1);
+    ctx.world()->run("checkpoint load agreement", [&](Communicator& c) {
+      c.allreduce(&failed, &failed, 1, DType::F32, ReduceOp::Max);
+    });
+    if (error.empty() && failed > 0.0f)
+      fail(Code::Io, "checkpoint load failed on rank ", static_cast<int>(failed) - 1,
+           " (its error says why); nothing was changed");
+  }
+  if (!error.empty()) throw Error(error_code, error);
+
+  if (opt) {
+    const auto& groups = opt_j.at("groups");
+    for (size_t g = 0; g < opt->num_groups(); ++g)
+      opt->set_hparams(static_cast<int>(g), hparams_from_json(groups[g].at("hparams"), "checkpoint"));
+    opt->set_steps(opt_j.at("steps").get<int64_t>());
+    const auto& ls = opt_j.at("loss_scaler");
+    LossScaler::State st;
+    st.scale = ls.at("scale").get<double>();
+    st.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
+    st.iter = ls.at("iter").get<int64_t>();
+    st.last_overflow_iter = ls.at("last_overflow_iter").get<int64_t>();
+    opt->scaler().set_state(st);
+  }
+  for (const auto& s : staged)
+    if (s.bytes > 0) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
+  ctx.device()->synchronize();
+  drop_secondaries(ctx);
+  if (Coordinator* coord = coordinator_if_any(ctx)) {
+    coord->on_params_updated();
+    coord->refresh_persistent();
+  }
+  if (o.progress) o.progress("done", 0, 0);
+  return result;
+}
+
+}  // namespace zs::ckpt

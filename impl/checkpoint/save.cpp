@@ -1,0 +1,423 @@
+#include "impl/checkpoint/save.h"
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "impl/checkpoint/file_io.h"
+#include "impl/checkpoint/format.h"
+#include "impl/checkpoint/shard_io.h"
+#include "impl/checkpoint/state_names.h"
+
+namespace zs::ckpt {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Saves are numbered per context, the same on every rank (saves are
+// collective), so each save's store keys are its own.
+struct SaveCounter : Context::Attachment {
+  explicit SaveCounter(Context&) {}
+  uint64_t next = 0;
+};
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag[0] == '.' || tag == kLatest ||
+      tag.find('/') != std::string::npos || tag.size() > 200)
+    fail(Code::InvalidArgument, "checkpoint tag '", tag,
+         "': expected a plain directory name (no '/', not starting with '.', not 'latest')");
+}
+
+// Waits for a store key until the deadline; a timeout names `who`.
+std::string wait_key(Store& store, const std::string& key, Clock::time_point deadline,
+                     const std::string& who, std::chrono::milliseconds timeout) {
+  while (true) {
+    try {
+      if (store.check(key)) {
+        const auto v = store.get(key);
+        return std::string(v.begin(), v.end());
+      }
+    } catch (const Error& e) {
+      fail(Code::Comm, "checkpoint save: lost the rendezvous store (served by rank 0) while ", who,
+           ": ", e.what());
+    }
+    if (Clock::now() > deadline)
+      fail(Code::Timeout, "checkpoint save: timed out after ", timeout.count(), " ms ", who);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// A status through the store: "ok", or "<code> <message>".
+std::string status_of(const Error& e) { return std::to_string(static_cast<int>(e.code())) + " " + e.what(); }
+[[noreturn]] void throw_status(const std::string& s, const std::string& prefix) {
+  const auto sp = s.find(' ');
+  int code = static_cast<int>(Code::Io);
+  try {
+    code = std::stoi(s.substr(0, sp));
+  } catch (const std::exception&) {
+  }
+  throw Error(static_cast<Code>(code), prefix + (sp == std::string::npos ? s : s.substr(sp + 1)));
+}
+
+void put(Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<char>(value.begin(), value.end()));
+}
+
+// Names, dtypes, shapes and states, so rank 0 can tell that every rank
+// saves the same thing.
+std::string fingerprint(const std::vector<std::shared_ptr<Param>>& params, const Optimizer* opt,
+                        const NameOf& name_of) {
+  std::string s = opt ? optim_kind_name(opt->kind()) : "none";
+  for (const auto& p : params) {
+    s += "|" + name_of.at(p.get()) + ":" + dtype_name(p->dtype) + "[";
+    for (auto d : p->shape) s += std::to_string(d) + ",";
+    s += "]";
+  }
+  return hex64(std::hash<std::string>{}(s));
+}
+
+// Whether this rank writes param p's shard: its partition group spans the
+// world, or (MiCS) this rank's shard group is the first replica.
+bool writes_shard(Context& ctx, const Param& p) {
+  if (p.group->size() == ctx.world()->size()) return true;
+  if (ctx.mics_shard_group() && p.group.get() == ctx.mics_shard_group().get())
+    return ctx.mics_replica_group()->rank() == 0;
+  fail(Code::NotSupported, "checkpoint save: ", p.describe(), " is partitioned over group '",
+       p.group->name(), "' (", p.group->size(), " of ", ctx.world()->size(),
+       " ranks), which is neither the world nor the MiCS shard group");
+}
+
+struct Local {
+  FileEntry file;
+  // per param: state -> this rank's chunk (absent: nothing to write)
+  std::vector<std::map<std::string, Chunk>> chunks;
+};
+
+Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                  const std::string& path, const SaveOptions& o, const NameOf& name_of) {
+  Local l;
+  l.chunks.resize(params.size());
+  std::vector<ShardSource> sources;
+  // Chunk pointers into the maps stay valid: std::map nodes do not move.
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = *params[i];
+    if (!writes_shard(ctx, p) || p.layout.shard_valid == 0) continue;
+    auto add = [&](const std::string& state, DType dt, const void* data) {
+      Chunk& c = l.chunks[i][state];
+      c.offset = p.layout.shard_offset;
+      sources.push_back({state + "/" + name_of.at(&p), dt, p.layout.shard_valid, data, &c});
+    };
+    add(kParam, p.dtype, p.shard->data());
+    if (opt == nullptr) continue;
+    for (int slot = 0; slot < 3; ++slot) {
+      if (!opt->has_state(p, slot)) continue;
+      if (slot == 0 && p.dtype == DType::F32) continue;  // the master is the shard
+      add(state_name(opt->kind(), slot), DType::F32, opt->state(p, slot, nullptr));
+    }
+  }
+  std::map<std::string, std::string> meta{{"format", kFormatName},
+                                          {"rank", std::to_string(ctx.ranks().rank)},
+                                          {"world_size", std::to_string(ctx.ranks().world_size)}};
+  Progress progress;
+  if (o.progress) progress = [&](uint64_t d, uint64_t t) { o.progress("write", d, t); };
+  l.file = write_shard_file(path, sources, *ctx.device(), meta, progress);
+  l.file.name = rank_file_name(ctx.ranks().rank, ctx.ranks().world_size);
+  l.file.rank = ctx.ranks().rank;
+  return l;
+}
+
+json local_to_json(const Local& l, const std::string& fp) {
+  json chunks = json::array();
+  for (size_t i = 0; i < l.chunks.size(); ++i)
+    for (const auto& [state, c] : l.chunks[i]) {
+      json blocks = json::array();
+      for (auto b : c.blocks) blocks.push_back(hex64(b));
+      chunks.push_back({{"param", i}, {"state", state}, {"key", c.key}, {"dtype", st_dtype(c.dtype)},
+                        {"offset", c.offset}, {"numel", c.numel}, {"begin", c.begin},
+                        {"xxh3", hex64(c.xxh3)}, {"blocks", blocks}});
+    }
+  return {{"ok", true}, {"fingerprint", fp},
+          {"file", {{"name", l.file.name}, {"rank", l.file.rank}, {"bytes", l.file.bytes},
+                    {"xxh3", hex64(l.file.xxh3)}}},
+          {"chunks", chunks}};
+}
+
+json optimizer_json(const Optimizer& opt, const NameOf& name_of) {
+  json groups = json::array();
+  for (size_t g = 0; g < opt.num_groups(); ++g) {
+    json names = json::array();
+    for (const auto& p : opt.group_params(g))
+      if (name_of.count(p.get())) names.push_back(name_of.at(p.get()));
+    groups.push_back({{"hparams", hparams_to_json(opt.hparams(g))}, {"params", names}});
+  }
+  auto& scaler = const_cast<Optimizer&>(opt).scaler();
+  const auto st = scaler.state();
+  return {{"kind", optim_kind_name(opt.kind())},
+          {"steps", opt.steps()},
+          {"groups", groups},
+          {"loss_scaler", {{"dynamic", scaler.dynamic()}, {"scale", st.scale},
+                           {"hysteresis_left", st.hysteresis_left}, {"iter", st.iter},
+                           {"last_overflow_iter", st.last_overflow_iter}}}};
+}
+
+Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
+                        const Optimizer* opt, const std::string& tag, const json& user,
+                        const std::vector<json>& ranks, const NameOf& name_of) {
+  Manifest m;
+  m.engine_version = ZS_ENGINE_VERSION;
+  m.tag = tag;
+  m.world_size = ctx.ranks().world_size;
+  const auto& cfg = ctx.config();
+  m.topology = {{"world_size", m.world_size},
+                {"mics_shard_size", cfg.mics_shard_size},
+                {"zero_hpz_partition_size", cfg.zero_hpz_partition_size}};
+  m.step = opt ? opt->steps() : 0;
+  m.optimizer = opt ? optimizer_json(*opt, name_of) : json(nullptr);
+  m.user = user;
+  for (const auto& p : params) {
+    ParamEntry e;
+    e.name = name_of.at(p.get());
+    e.dtype = p->dtype;
+    e.shape = p->shape;
+    e.numel = p->layout.numel;
+    m.params.push_back(std::move(e));
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const json& j = ranks[r];
+    FileEntry f;
+    f.name = j.at("file").at("name").get<std::string>();
+    f.rank = j.at("file").at("rank").get<int>();
+    f.bytes = j.at("file").at("bytes").get<uint64_t>();
+    f.xxh3 = parse_hex64(j.at("file").at("xxh3").get<std::string>(), "rank file");
+    m.files.push_back(f);
+    for (const auto& cj : j.at("chunks")) {
+      Chunk c;
+      c.file = static_cast<int>(r);
+      c.key = cj.at("key").get<std::string>();
+      c.dtype = parse_st_dtype(cj.at("dtype").get<std::string>(), "rank chunk");
+      c.offset = cj.at("offset").get<uint64_t>();
+      c.numel = cj.at("numel").get<uint64_t>();
+      c.begin = cj.at("begin").get<uint64_t>();
+      c.xxh3 = parse_hex64(cj.at("xxh3").get<std::string>(), "rank chunk");
+      for (const auto& b : cj.at("blocks")) c.blocks.push_back(parse_hex64(b.get<std::string>(), "rank chunk"));
+      m.params.at(cj.at("param").get<size_t>()).states[cj.at("state").get<std::string>()].push_back(c);
+    }
+  }
+  for (auto& p : m.params)
+    for (auto& [state, chunks] : p.states)
+      std::sort(chunks.begin(), chunks.end(),
+                [](const Chunk& a, const Chunk& b) { return a.offset < b.offset; });
+  // What rank 0 writes must read back: the same checks a loader makes.
+  return Manifest::from_json(m.to_json(), "the manifest being saved");
+}
+
+// Rank 0, before anyone writes: the target is free (or may be replaced),
+// and an empty partial directory is ready.
+void prepare(const std::string& dir, const std::string& tag, bool overwrite, std::string* partial) {
+  make_dir(dir);
+  if (!is_dir(dir)) fail(Code::Io, "checkpoint directory '", dir, "' is not a directory");
+  const std::string target = join(dir, tag);
+  if (exists(target) && !overwrite)
+    fail(Code::InvalidArgument, "checkpoint '", target,
+         "' already exists (save under another tag, or set overwrite)");
+  *partial = join(dir, "." + tag + ".partial");
+  remove_tree(*partial);  // left by a save that died
+  make_dir(*partial);
+}
+
+void commit(const std::string& dir, const std::string& tag, const std::string& partial,
+            const Manifest& m, const SaveOptions& o) {
+  auto phase = [&](const char* name) {
+    if (o.progress) o.progress(name, 0, 0);
+  };
+  const std::string text = m.to_json().dump(1);
+  File f = File::create(join(partial, kManifest));
+  f.write_all(text.data(), text.size());
+  f.sync();
+  f.close();
+  sync_dir(partial);
+  phase("manifest");
+  const std::string target = join(dir, tag);
+  if (exists(target)) {
+    // Atomic swap: dir/<tag> is always a whole checkpoint, old or new.
+    exchange_paths(partial, target);
+    sync_dir(dir);
+    remove_tree(partial);  // now the old one
+  } else {
+    rename_path(partial, target);
+  }
+  sync_dir(dir);
+  phase("rename");
+  if (o.update_latest) {
+    write_text_atomic(join(dir, kLatest), tag + "\n");
+    phase("latest");
+  }
+}
+
+}  // namespace
+
+std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                 const std::string& dir, const SaveOptions& o) {
+  const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  // Numbered first, so a rank that refuses the call below still keeps its
+  // numbering in step with the others for the saves that follow.
+  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
+  if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
+  const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
+  for (const auto& p : params) writes_shard(ctx, *p);
+  const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps() : 0) : o.tag;
+  check_tag(tag);
+  json user = json::object();
+  if (!o.user_json.empty()) {
+    try {
+      user = json::parse(o.user_json);
+    } catch (const json::exception& e) {
+      fail(Code::InvalidArgument, "checkpoint user_json is not valid JSON: ", e.what());
+    }
+  }
+  ctx.check_async_error();
+  ctx.device()->synchronize();
+
+  const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
+  const auto timeout = o.timeout.count() > 0 ? o.timeout : ctx.timeout();
+  const std::string fp = fingerprint(params, opt, name_of);
+  const std::string file_name = rank_file_name(rank, world);
+  const std::shared_ptr<Store> store = world > 1 ? ctx.store() : nullptr;
+  if (world > 1 && !store) fail(Code::Internal, "checkpoint save: no rendezvous store in a world of ", world);
+
+  if (!store) {  // a world of one: nothing to agree on
+    std::string partial;
+    prepare(dir, tag, o.overwrite, &partial);
+    try {
+      Local l = write_local(ctx, params, opt, join(partial, file_name), o, name_of);
+      const Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
+      commit(dir, tag, partial, m, o);
+    } catch (...) {
+      try { remove_tree(partial); } catch (const Error&) {}
+      throw;
+    }
+    if (o.progress) o.progress("done", 0, 0);
+    return join(dir, tag);
+  }
+
+  const std::string key = "zs/ckpt/" + std::to_string(seq) + "/";
+  const auto start = Clock::now();
+  // rank 0 prepares
+  std::string partial = join(dir, "." + tag + ".partial");
+  if (rank == 0) {
+    std::string status = "ok";
+    try {
+      prepare(dir, tag, o.overwrite, &partial);
+    } catch (const Error& e) {
+      status = status_of(e);
+    }
+    put(*store, key + "begin", status);
+    if (status != "ok") throw_status(status, "");
+  } else {
+    const std::string status =
+        wait_key(*store, key + "begin", start + timeout, "waiting for rank 0 to start the save", timeout);
+    if (status != "ok") throw_status(status, "checkpoint save failed on rank 0: ");
+  }
+  // every rank writes its file
+  json mine;
+  try {
+    mine = local_to_json(write_local(ctx, params, opt, join(partial, file_name), o, name_of), fp);
+  } catch (const Error& e) {
+    mine = {{"ok", false}, {"error", status_of(e)}};
+  }
+  put(*store, key + "written/" + std::to_string(rank), mine.dump());
+  if (!mine.at("ok").get<bool>()) {
+    // Rank 0 names this rank's error to everyone; wait for it so the
+    // partial directory is gone when we return.
+    if (rank != 0) {
+      (void)wait_key(*store, key + "commit", start + 2 * timeout + std::chrono::seconds(5),
+                     "waiting for rank 0 to abandon the failed save", timeout);
+      try {
+        store->add(key + "ack", 1);
+      } catch (const Error&) {
+      }
+    }
+    if (rank == 0) {
+      try { remove_tree(partial); } catch (const Error&) {}
+      const std::string& err = mine.at("error").get_ref<const std::string&>();
+      put(*store, key + "commit", err.substr(0, err.find(' ') + 1) + "checkpoint save failed on rank 0: " + err.substr(err.find(' ') + 1));
+    }
+    throw_status(mine.at("error").get<std::string>(), "");
+  }
+  if (rank == 0) {
+    std::string status = "ok";
+    std::vector<bool> ranks_seen(static_cast<size_t>(world), false);
+    ranks_seen[0] = true;
+    try {
+      std::vector<json> ranks(static_cast<size_t>(world));
+      ranks[0] = mine;
+      std::vector<int> missing;
+      for (int r = 1; r < world; ++r) missing.push_back(r);
+      const auto deadline = start + timeout;
+      while (!missing.empty()) {
+        std::vector<int> still;
+        for (int r : missing) {
+          const std::string k = key + "written/" + std::to_string(r);
+          if (!store->check(k)) {
+            still.push_back(r);
+            continue;
+          }
+          const auto v = store->get(k);
+          ranks_seen[static_cast<size_t>(r)] = true;
+          ranks[static_cast<size_t>(r)] = json::parse(std::string(v.begin(), v.end()));
+          const json& j = ranks[static_cast<size_t>(r)];
+          if (!j.at("ok").get<bool>())
+            throw_status(j.at("error").get<std::string>(),
+                         "checkpoint save failed on rank " + std::to_string(r) + ": ");
+          if (j.at("fingerprint").get<std::string>() != fp)
+            fail(Code::InvalidArgument, "checkpoint save: rank ", r,
+                 " saves other params (names, dtypes, shapes or optimizer kind) than rank 0");
+        }
+        missing = still;
+        if (missing.empty()) break;
+        if (Clock::now() > deadline) {
+          std::string list;
+          for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+          fail(Code::Timeout, "checkpoint save: rank", missing.size() > 1 ? "s " : " ", list, " of ",
+               world, " did not finish writing its shards within ", timeout.count(),
+               " ms (dead, or not calling save)");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      const Manifest m = build_manifest(ctx, params, opt, tag, user, ranks, name_of);
+      commit(dir, tag, partial, m, o);
+    } catch (const Error& e) {
+      status = status_of(e);
+      try { remove_tree(partial); } catch (const Error&) {}
+    }
+    put(*store, key + "commit", status);
+    // Rank 0 serves the store: stay until every rank that wrote has read
+    // the outcome, so a caller that exits right after (on success or on
+    // error) does not take the answer away from the others.
+    const int64_t readers = static_cast<int64_t>(std::count_if(
+        ranks_seen.begin(), ranks_seen.end(), [](bool b) { return b; })) - 1;
+    const auto ack_deadline = Clock::now() + timeout;
+    try {
+      while (store->add(key + "ack", 0) < readers && Clock::now() < ack_deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const Error&) {
+    }
+    if (status != "ok") throw_status(status, "");
+  } else {
+    const std::string status = wait_key(*store, key + "commit", start + 2 * timeout + std::chrono::seconds(5),
+                                        "waiting for rank 0 to commit the save", timeout);
+    try {
+      store->add(key + "ack", 1);
+    } catch (const Error&) {
+    }
+    if (status != "ok") throw_status(status, "");
+  }
+  if (o.progress) o.progress("done", 0, 0);
+  return join(dir, tag);
+}
+
+}  // namespace zs::ckpt

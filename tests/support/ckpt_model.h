@@ -1,0 +1,41 @@
+// A small model for checkpoint tests: params of awkward sizes (padded
+// shards at 2, 3 and 4 ranks), a data-parallel loss over a fixed global
+// batch of 12 samples split across ranks, and helpers that gather full
+// values and write them where the test's parent process reads them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+
+namespace zs::test {
+
+struct CkptModel {
+  zs_context ctx = nullptr;
+  std::vector<zs_param> params;
+  zs_optimizer opt = nullptr;
+  zs_dtype dtype = ZS_FLOAT32;
+  int rank = 0, world = 1;
+};
+
+// Names, shapes: w1 [7, 5], b1 [5], w2 [3, 11], s [], z [0, 3], big [n_big]
+// (0: absent).
+// Seeded init, so values are the same at every world size.
+CkptModel make_ckpt_model(const RankEnv& env, zs_dtype dtype, zs_optimizer_kind kind,
+                          int64_t n_big = 0, int timeout_ms = 30000, const char* config_json = nullptr);
+void destroy_ckpt_model(CkptModel& m);
+// steps optimizer steps; gradients depend on the full params and on the
+// global step number, so runs agree for any world size.
+void train_ckpt_model(CkptModel& m, int steps);
+// Full values of every param, as fp32, concatenated in param order.
+std::vector<float> full_values(CkptModel& m);
+
+// Raw floats to and from a file.
+void write_floats(const std::string& path, const std::vector<float>& v);
+std::vector<float> read_floats(const std::string& path);
+// A fresh directory under $TMPDIR (or /tmp).
+std::string make_temp_dir(const char* what);
+
+}  // namespace zs::test

@@ -1,0 +1,168 @@
+// zsckpt — look at, check, consolidate and reshard zeroshard checkpoints,
+// offline: no ranks, no GPU, only the public C API and the files.
+//
+//   zsckpt inspect PATH [--tag T] [--json]
+//   zsckpt verify  PATH [--tag T]
+//   zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]
+//   zsckpt reshard PATH OUT_DIR --world N [--tag T]
+//
+// PATH is a checkpoint directory (it holds manifest.json) or a directory of
+// them, where --tag picks one and `latest` is the default. A progress bar
+// goes to stderr when it is a terminal. Exit status: 0 done, 1 the
+// checkpoint failed (the message names the file and tensor), 2 bad usage.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: zsckpt inspect PATH [--tag T] [--json]\n"
+               "       zsckpt verify  PATH [--tag T]\n"
+               "       zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]\n"
+               "       zsckpt reshard PATH OUT_DIR --world N [--tag T]\n");
+  return 2;
+}
+
+void progress_bar(void*, const char* phase, uint64_t done, uint64_t total) {
+  if (total == 0) return;
+  const int width = 40;
+  const int filled = static_cast<int>(static_cast<double>(done) / static_cast<double>(total) * width);
+  std::fprintf(stderr, "\r%-8s [%.*s%*s] %5.1f%% %8.1f MiB", phase, filled,
+               "########################################", width - filled, "",
+               100.0 * static_cast<double>(done) / static_cast<double>(total),
+               static_cast<double>(done) / (1 << 20));
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+zs_progress_fn bar() { return isatty(2) ? progress_bar : nullptr; }
+
+int failed(zs_status s) {
+  std::fprintf(stderr, "zsckpt: %s: %s\n", zs_status_string(s), zs_last_error());
+  return 1;
+}
+
+// The manifest the engine would load, found the way it finds it.
+std::string manifest_path(const std::string& path, const std::string& tag) {
+  auto exists = [](const std::string& p) { return access(p.c_str(), F_OK) == 0; };
+  if (!tag.empty()) return path + "/" + tag + "/manifest.json";
+  if (exists(path + "/manifest.json")) return path + "/manifest.json";
+  std::ifstream f(path + "/latest");
+  std::string t;
+  std::getline(f, t);
+  return path + "/" + t + "/manifest.json";
+}
+
+int inspect(const std::string& path, const std::string& tag, bool as_json) {
+  const std::string mp = manifest_path(path, tag);
+  std::ifstream f(mp);
+  if (!f) {
+    std::fprintf(stderr, "zsckpt: cannot open '%s'\n", mp.c_str());
+    return 1;
+  }
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "zsckpt: '%s' is not JSON: %s\n", mp.c_str(), e.what());
+    return 1;
+  }
+  if (as_json) {
+    std::printf("%s\n", m.dump(1).c_str());
+    return 0;
+  }
+  uint64_t bytes = 0, elems = 0;
+  for (const auto& file : m.value("files", nlohmann::json::array())) bytes += file.value("bytes", 0ull);
+  std::printf("checkpoint   %s\n", mp.substr(0, mp.size() - std::strlen("/manifest.json")).c_str());
+  std::printf("tag          %s\n", m.value("tag", "").c_str());
+  std::printf("engine       %s (format %d)\n", m.value("engine_version", "").c_str(), m.value("format_version", 0));
+  std::printf("world size   %d\n", m.value("world_size", 0));
+  std::printf("step         %lld\n", static_cast<long long>(m.value("step", 0ll)));
+  const auto& opt = m["optimizer"];
+  if (opt.is_null()) {
+    std::printf("optimizer    none\n");
+  } else {
+    std::printf("optimizer    %s, %zu group(s), steps %lld, loss scale %g\n",
+                opt.value("kind", "").c_str(), opt["groups"].size(),
+                static_cast<long long>(opt.value("steps", 0ll)), opt["loss_scaler"].value("scale", 0.0));
+  }
+  std::printf("files        %zu, %.2f MiB\n", m["files"].size(), static_cast<double>(bytes) / (1 << 20));
+  std::printf("user         %s\n", m["user"].dump().c_str());
+  std::printf("params       %zu\n", m["params"].size());
+  for (const auto& p : m["params"]) {
+    std::string states;
+    for (const auto& [s, chunks] : p["states"].items()) states += (states.empty() ? "" : ", ") + s;
+    elems += p.value("numel", 0ull);
+    std::printf("  %-40s %-5s %-18s %s\n", p.value("name", "").c_str(), p.value("dtype", "").c_str(),
+                p["shape"].dump().c_str(), states.c_str());
+  }
+  std::printf("elements     %llu\n", static_cast<unsigned long long>(elems));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return usage();
+  const std::string cmd = argv[1];
+  std::vector<std::string> pos;
+  std::string tag;
+  bool as_json = false, fp32 = false;
+  int world = 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tag" && i + 1 < argc) {
+      tag = argv[++i];
+    } else if (a == "--json") {
+      as_json = true;
+    } else if (a == "--fp32") {
+      fp32 = true;
+    } else if (a == "--world" && i + 1 < argc) {
+      world = std::atoi(argv[++i]);
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "zsckpt: unknown option '%s'\n", a.c_str());
+      return usage();
+    } else {
+      pos.push_back(a);
+    }
+  }
+  const char* t = tag.empty() ? nullptr : tag.c_str();
+  if (cmd == "inspect" && pos.size() == 1) return inspect(pos[0], tag, as_json);
+  if (cmd == "verify" && pos.size() == 1) {
+    const zs_status s = zs_checkpoint_verify(pos[0].c_str(), t, bar(), nullptr);
+    if (s != ZS_OK) return failed(s);
+    std::printf("ok: every checksum matches\n");
+    return 0;
+  }
+  if (cmd == "export" && pos.size() == 2) {
+    zs_checkpoint_export_options o = ZS_CHECKPOINT_EXPORT_OPTIONS_INIT;
+    o.tag = t;
+    o.fp32 = fp32 ? 1 : 0;
+    o.progress = bar();
+    const zs_status s = zs_checkpoint_export(pos[0].c_str(), pos[1].c_str(), &o);
+    if (s != ZS_OK) return failed(s);
+    std::printf("wrote %s\n", pos[1].c_str());
+    return 0;
+  }
+  if (cmd == "reshard" && pos.size() == 2) {
+    if (world < 1) {
+      std::fprintf(stderr, "zsckpt: reshard needs --world N (N >= 1)\n");
+      return usage();
+    }
+    const zs_status s = zs_checkpoint_reshard(pos[0].c_str(), t, pos[1].c_str(), world, bar(), nullptr);
+    if (s != ZS_OK) return failed(s);
+    std::printf("wrote %s for %d ranks\n", pos[1].c_str(), world);
+    return 0;
+  }
+  return usage();
+}
