@@ -16,6 +16,8 @@ the package's sources instead of running them. It checks
     sentinels may be left out).
 
 Julia type aliases (``const zs_context = Ptr{Cvoid}``) are resolved first;
+a function-pointer typedef of the header (``zs_progress_fn``) is a
+``Ptr{Cvoid}``;
 ``Ref{T}`` and ``Ptr{T}`` are the same argument type, and ``Cstring`` is a
 ``char*``.
 
@@ -51,6 +53,7 @@ def preprocess(header):
 
 def parse_header(pp):
     h = {"handles": set(re.findall(r"typedef struct \w+_s\s*\*\s*(zs_\w+);", pp)),
+         "callbacks": set(re.findall(r"typedef [\w\s*]+\(\s*\*\s*(zs_\w+)\s*\)\s*\(", pp)),
          "enums": {}, "structs": {}, "functions": {}}
     for name, body in re.findall(r"typedef enum (zs_\w+) \{(.*?)\} \1;", pp, re.S):
         h["enums"][name] = [item.split("=")[0].strip() for item in body.split(",") if item.strip()]
@@ -100,7 +103,7 @@ def julia_of_c(ctype, header, arg=True):
     t = t.replace("struct ", "")
     stars = t.count("*")
     base = t.replace("*", "").replace("const", "").strip()
-    if base in header["handles"]:
+    if base in header["handles"] or base in header["callbacks"]:
         j = "Ptr{Cvoid}"
     elif base in header["enums"]:
         j = "Cint"
@@ -311,6 +314,10 @@ DRIFTS = [
     ("a value passed", "src/lib.jl", "zs_work_test, libzeroshard), zs_status, (zs_work, Ptr{Cint}), work, done)",
      "zs_work_test, libzeroshard), zs_status, (zs_work, Ptr{Cint}), work)",
      "zs_work_test declares 2 argument types but passes 1 values"),
+    ("a callback type", "src/lib.jl",
+     "(:zs_checkpoint_verify, libzeroshard), zs_status, (Cstring, Ptr{Cchar}, zs_progress_fn, Ptr{Cvoid})",
+     "(:zs_checkpoint_verify, libzeroshard), zs_status, (Cstring, Ptr{Cchar}, Cint, Ptr{Cvoid})",
+     "zs_checkpoint_verify argument 3 (progress) is zs_progress_fn"),
 ]
 
 

@@ -39,6 +39,12 @@ const STRUCT_INITS = Dict{DataType,Function}(
     zs_param_info => zs_param_info_init,
     zs_optim_hparams => zs_optim_hparams_init,
     zs_step_result => zs_step_result_init,
+    zs_checkpoint_save_options => zs_checkpoint_save_options_init,
+    zs_checkpoint_load_options => zs_checkpoint_load_options_init,
+    zs_checkpoint_info => zs_checkpoint_info_init,
+    zs_checkpoint_export_options => zs_checkpoint_export_options_init,
+    zs_export_options => zs_export_options_init,
+    zs_safetensors_load_options => zs_safetensors_load_options_init,
     zs_coord_stats => zs_coord_stats_init,
     zs_step_stats => zs_step_stats_init,
 )

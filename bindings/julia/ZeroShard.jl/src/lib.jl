@@ -30,6 +30,7 @@ const ZS_ERR_BOOTSTRAP = Cint(8)
 const ZS_ERR_NOT_SUPPORTED = Cint(9)
 const ZS_ERR_BUFFER_SIZE = Cint(10)
 const ZS_ERR_INTERNAL = Cint(11)
+const ZS_ERR_IO = Cint(12)
 
 const zs_dtype = Cint
 const ZS_FLOAT32 = Cint(0)
@@ -80,6 +81,10 @@ const zs_param = Ptr{Cvoid}
 const zs_gather = Ptr{Cvoid}
 const zs_work = Ptr{Cvoid}
 const zs_optimizer = Ptr{Cvoid}
+
+# zs_progress_fn: void (*)(void* user, const char* phase, uint64_t done,
+# uint64_t total), e.g. `@cfunction(f, Cvoid, (Ptr{Cvoid}, Cstring, UInt64, UInt64))`.
+const zs_progress_fn = Ptr{Cvoid}
 
 # Structs, laid out as C lays them out. Mutable, so that `Ref{T}` arguments
 # pass a pointer to the object itself; `T()` leaves the fields undefined
@@ -183,6 +188,65 @@ mutable struct zs_step_result
     loss_scale::Cdouble
     step::Int64
     zs_step_result() = new()  # filled by zs_step_result_init
+end
+
+mutable struct zs_checkpoint_save_options
+    size::Csize_t
+    tag::Ptr{Cchar}
+    user_json::Ptr{Cchar}
+    timeout_ms::Cint
+    overwrite::Cint
+    update_latest::Cint
+    names::Ptr{Ptr{Cchar}}
+    progress::zs_progress_fn
+    progress_user::Ptr{Cvoid}
+    zs_checkpoint_save_options() = new()  # filled by zs_checkpoint_save_options_init
+end
+
+mutable struct zs_checkpoint_load_options
+    size::Csize_t
+    tag::Ptr{Cchar}
+    strict::Cint
+    names::Ptr{Ptr{Cchar}}
+    progress::zs_progress_fn
+    progress_user::Ptr{Cvoid}
+    zs_checkpoint_load_options() = new()  # filled by zs_checkpoint_load_options_init
+end
+
+mutable struct zs_checkpoint_info
+    size::Csize_t
+    step::Int64
+    bytes_read::UInt64
+    dir::Ptr{Cchar}
+    user_json::Ptr{Cchar}
+    zs_checkpoint_info() = new()  # filled by zs_checkpoint_info_init
+end
+
+mutable struct zs_checkpoint_export_options
+    size::Csize_t
+    tag::Ptr{Cchar}
+    fp32::Cint
+    progress::zs_progress_fn
+    progress_user::Ptr{Cvoid}
+    zs_checkpoint_export_options() = new()  # filled by zs_checkpoint_export_options_init
+end
+
+mutable struct zs_export_options
+    size::Csize_t
+    names::Ptr{Ptr{Cchar}}
+    progress::zs_progress_fn
+    progress_user::Ptr{Cvoid}
+    zs_export_options() = new()  # filled by zs_export_options_init
+end
+
+mutable struct zs_safetensors_load_options
+    size::Csize_t
+    names::Ptr{Ptr{Cchar}}
+    strict::Cint
+    from_rank0::Cint
+    progress::zs_progress_fn
+    progress_user::Ptr{Cvoid}
+    zs_safetensors_load_options() = new()  # filled by zs_safetensors_load_options_init
 end
 
 mutable struct zs_coord_stats
@@ -361,6 +425,32 @@ zs_optimizer_set_step(opt, step) =
     ccall((:zs_optimizer_set_step, libzeroshard), zs_status, (zs_optimizer, Int64), opt, step)
 zs_optimizer_sync_params(opt) =
     ccall((:zs_optimizer_sync_params, libzeroshard), zs_status, (zs_optimizer,), opt)
+zs_checkpoint_save_options_init(options, size) =
+    ccall((:zs_checkpoint_save_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_save_options}, Csize_t), options, size)
+zs_checkpoint_save(ctx, params, num_params, opt, dir, options) =
+    ccall((:zs_checkpoint_save, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, zs_optimizer, Cstring, Ref{zs_checkpoint_save_options}), ctx, params, num_params, opt, dir, options)
+zs_checkpoint_load_options_init(options, size) =
+    ccall((:zs_checkpoint_load_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_load_options}, Csize_t), options, size)
+zs_checkpoint_info_init(info, size) =
+    ccall((:zs_checkpoint_info_init, libzeroshard), zs_status, (Ref{zs_checkpoint_info}, Csize_t), info, size)
+zs_checkpoint_load(ctx, params, num_params, opt, path, options, info) =
+    ccall((:zs_checkpoint_load, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, zs_optimizer, Cstring, Ref{zs_checkpoint_load_options}, Ref{zs_checkpoint_info}), ctx, params, num_params, opt, path, options, info)
+zs_checkpoint_verify(path, tag, progress, progress_user) =
+    ccall((:zs_checkpoint_verify, libzeroshard), zs_status, (Cstring, Ptr{Cchar}, zs_progress_fn, Ptr{Cvoid}), path, tag, progress, progress_user)
+zs_checkpoint_export_options_init(options, size) =
+    ccall((:zs_checkpoint_export_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_export_options}, Csize_t), options, size)
+zs_checkpoint_export(path, out_file, options) =
+    ccall((:zs_checkpoint_export, libzeroshard), zs_status, (Cstring, Cstring, Ref{zs_checkpoint_export_options}), path, out_file, options)
+zs_checkpoint_reshard(path, tag, out_dir, world_size, progress, progress_user) =
+    ccall((:zs_checkpoint_reshard, libzeroshard), zs_status, (Cstring, Ptr{Cchar}, Cstring, Cint, zs_progress_fn, Ptr{Cvoid}), path, tag, out_dir, world_size, progress, progress_user)
+zs_export_options_init(options, size) =
+    ccall((:zs_export_options_init, libzeroshard), zs_status, (Ref{zs_export_options}, Csize_t), options, size)
+zs_export_safetensors(ctx, params, num_params, out_file, options) =
+    ccall((:zs_export_safetensors, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, Cstring, Ref{zs_export_options}), ctx, params, num_params, out_file, options)
+zs_safetensors_load_options_init(options, size) =
+    ccall((:zs_safetensors_load_options_init, libzeroshard), zs_status, (Ref{zs_safetensors_load_options}, Csize_t), options, size)
+zs_load_safetensors(ctx, params, num_params, opt, path, options) =
+    ccall((:zs_load_safetensors, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, zs_optimizer, Cstring, Ref{zs_safetensors_load_options}), ctx, params, num_params, opt, path, options)
 zs_step_begin(ctx) =
     ccall((:zs_step_begin, libzeroshard), zs_status, (zs_context,), ctx)
 zs_step_end(ctx) =

@@ -37,6 +37,7 @@ c_enum!(zs_status {
     ZS_ERR_NOT_SUPPORTED = 9,
     ZS_ERR_BUFFER_SIZE = 10,
     ZS_ERR_INTERNAL = 11,
+    ZS_ERR_IO = 12,
     ZS_STATUS_ENUM_MIN_ = i32::MIN,
     ZS_STATUS_ENUM_MAX_ = i32::MAX,
 });
@@ -236,6 +237,76 @@ pub struct zs_step_result {
     pub step: i64,
 }
 
+/// Progress of a long checkpoint save, load, verify or export, called on the
+/// calling thread (`zs_progress_fn`: phase, bytes done, bytes in all).
+pub type zs_progress_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, phase: *const c_char, done: u64, total: u64)>;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_checkpoint_save_options {
+    pub size: usize,
+    pub tag: *const c_char,
+    pub user_json: *const c_char,
+    pub timeout_ms: c_int,
+    pub overwrite: c_int,
+    pub update_latest: c_int,
+    pub names: *const *const c_char,
+    pub progress: zs_progress_fn,
+    pub progress_user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_checkpoint_load_options {
+    pub size: usize,
+    pub tag: *const c_char,
+    pub strict: c_int,
+    pub names: *const *const c_char,
+    pub progress: zs_progress_fn,
+    pub progress_user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_checkpoint_info {
+    pub size: usize,
+    pub step: i64,
+    pub bytes_read: u64,
+    pub dir: *const c_char,
+    pub user_json: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_checkpoint_export_options {
+    pub size: usize,
+    pub tag: *const c_char,
+    pub fp32: c_int,
+    pub progress: zs_progress_fn,
+    pub progress_user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_export_options {
+    pub size: usize,
+    pub names: *const *const c_char,
+    pub progress: zs_progress_fn,
+    pub progress_user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct zs_safetensors_load_options {
+    pub size: usize,
+    pub names: *const *const c_char,
+    pub strict: c_int,
+    pub from_rank0: c_int,
+    pub progress: zs_progress_fn,
+    pub progress_user: *mut c_void,
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct zs_coord_stats {
@@ -307,6 +378,12 @@ init_with_library! {
     zs_param_info => zs_param_info_init,
     zs_optim_hparams => zs_optim_hparams_init,
     zs_step_result => zs_step_result_init,
+    zs_checkpoint_save_options => zs_checkpoint_save_options_init,
+    zs_checkpoint_load_options => zs_checkpoint_load_options_init,
+    zs_checkpoint_info => zs_checkpoint_info_init,
+    zs_checkpoint_export_options => zs_checkpoint_export_options_init,
+    zs_export_options => zs_export_options_init,
+    zs_safetensors_load_options => zs_safetensors_load_options_init,
     zs_coord_stats => zs_coord_stats_init,
     zs_step_stats => zs_step_stats_init,
 }
@@ -481,6 +558,75 @@ extern "C" {
     pub fn zs_optimizer_get_step(opt: zs_optimizer, step: *mut i64) -> zs_status;
     pub fn zs_optimizer_set_step(opt: zs_optimizer, step: i64) -> zs_status;
     pub fn zs_optimizer_sync_params(opt: zs_optimizer) -> zs_status;
+    pub fn zs_checkpoint_save_options_init(
+        options: *mut zs_checkpoint_save_options,
+        size: usize,
+    ) -> zs_status;
+    pub fn zs_checkpoint_save(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        opt: zs_optimizer,
+        dir: *const c_char,
+        options: *const zs_checkpoint_save_options,
+    ) -> zs_status;
+    pub fn zs_checkpoint_load_options_init(
+        options: *mut zs_checkpoint_load_options,
+        size: usize,
+    ) -> zs_status;
+    pub fn zs_checkpoint_info_init(info: *mut zs_checkpoint_info, size: usize) -> zs_status;
+    pub fn zs_checkpoint_load(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        opt: zs_optimizer,
+        path: *const c_char,
+        options: *const zs_checkpoint_load_options,
+        info: *mut zs_checkpoint_info,
+    ) -> zs_status;
+    pub fn zs_checkpoint_verify(
+        path: *const c_char,
+        tag: *const c_char,
+        progress: zs_progress_fn,
+        progress_user: *mut c_void,
+    ) -> zs_status;
+    pub fn zs_checkpoint_export_options_init(
+        options: *mut zs_checkpoint_export_options,
+        size: usize,
+    ) -> zs_status;
+    pub fn zs_checkpoint_export(
+        path: *const c_char,
+        out_file: *const c_char,
+        options: *const zs_checkpoint_export_options,
+    ) -> zs_status;
+    pub fn zs_checkpoint_reshard(
+        path: *const c_char,
+        tag: *const c_char,
+        out_dir: *const c_char,
+        world_size: c_int,
+        progress: zs_progress_fn,
+        progress_user: *mut c_void,
+    ) -> zs_status;
+    pub fn zs_export_options_init(options: *mut zs_export_options, size: usize) -> zs_status;
+    pub fn zs_export_safetensors(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        out_file: *const c_char,
+        options: *const zs_export_options,
+    ) -> zs_status;
+    pub fn zs_safetensors_load_options_init(
+        options: *mut zs_safetensors_load_options,
+        size: usize,
+    ) -> zs_status;
+    pub fn zs_load_safetensors(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        opt: zs_optimizer,
+        path: *const c_char,
+        options: *const zs_safetensors_load_options,
+    ) -> zs_status;
     pub fn zs_step_begin(ctx: zs_context) -> zs_status;
     pub fn zs_step_end(ctx: zs_context) -> zs_status;
     pub fn zs_coord_fetch(ctx: zs_context, params: *const zs_param, num_params: usize)

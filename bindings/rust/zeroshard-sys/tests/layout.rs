@@ -60,6 +60,13 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_optim_hparams { size, lr, beta1, beta2, eps, weight_decay, momentum, dampening,
             nesterov, bias_correction }
         zs_step_result { size, skipped, grad_norm, loss_scale, step }
+        zs_checkpoint_save_options { size, tag, user_json, timeout_ms, overwrite, update_latest,
+            names, progress, progress_user }
+        zs_checkpoint_load_options { size, tag, strict, names, progress, progress_user }
+        zs_checkpoint_info { size, step, bytes_read, dir, user_json }
+        zs_checkpoint_export_options { size, tag, fp32, progress, progress_user }
+        zs_export_options { size, names, progress, progress_user }
+        zs_safetensors_load_options { size, names, strict, from_rank0, progress, progress_user }
         zs_coord_stats { size, steps, fetch_calls, demand_fetches, prefetches, blocked_waits,
             reuse_hits, kept_for_reuse, persistent_params, live_elements, peak_live_elements,
             trace_invalidations, trace_length }
@@ -81,6 +88,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_ERR_NOT_SUPPORTED,
         ZS_ERR_BUFFER_SIZE,
         ZS_ERR_INTERNAL,
+        ZS_ERR_IO,
         ZS_STATUS_ENUM_MIN_,
         ZS_STATUS_ENUM_MAX_,
         ZS_FLOAT32,
@@ -247,11 +255,18 @@ fn parse_header(text: &str) -> Header {
 /// The Rust type this crate must use for a C type of the header.
 fn rust_type_of(c: &str) -> String {
     let c = c.replace(" *", "*").replace("struct ", "");
-    let c = c.trim();
-    let stars = c.matches('*').count();
-    let konst = c.starts_with("const ");
-    let base = c.trim_start_matches("const ").trim_end_matches('*').trim();
-    let base = match base {
+    // "const char* const*": the base type, then what follows each star; a
+    // `const` there makes the next pointer out a `*const` (the one after the
+    // last star qualifies the outermost pointer itself, which Rust ignores).
+    let segments: Vec<&str> = c.trim().split('*').collect();
+    let stars = segments.len() - 1;
+    let is_const = |seg: &str| seg.split_whitespace().any(|w| w == "const");
+    let base = segments[0]
+        .split_whitespace()
+        .filter(|w| *w != "const")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let base = match base.as_str() {
         "int" => "c_int",
         "size_t" => "usize",
         "double" => "f64",
@@ -264,8 +279,8 @@ fn rust_type_of(c: &str) -> String {
     };
     let mut t = base.to_string();
     for level in 0..stars {
-        let inner_const = level == 0 && konst;
-        t = format!("{}{}", if inner_const { "*const " } else { "*mut " }, t);
+        let pointee_const = is_const(segments[level]);
+        t = format!("{}{}", if pointee_const { "*const " } else { "*mut " }, t);
     }
     t
 }
@@ -499,6 +514,8 @@ fn type_mapping_is_what_the_check_assumes() {
     // The mapping the function check relies on, on the shapes the header uses.
     assert_eq!(rust_type_of("const char*"), "*const c_char");
     assert_eq!(rust_type_of("const char**"), "*mut *const c_char");
+    assert_eq!(rust_type_of("const char* const*"), "*const *const c_char");
+    assert_eq!(rust_type_of("zs_progress_fn"), "zs_progress_fn");
     assert_eq!(rust_type_of("zs_context*"), "*mut zs_context");
     assert_eq!(rust_type_of("const zs_param*"), "*const zs_param");
     assert_eq!(
@@ -525,4 +542,11 @@ fn init_functions_give_the_macros_values() {
     );
     let r = zs_step_result::new();
     assert_eq!(r.loss_scale, 1.0);
+    let s = zs_checkpoint_save_options::new();
+    assert_eq!(s.size, size_of::<zs_checkpoint_save_options>());
+    assert_eq!((s.overwrite, s.update_latest), (0, 1));
+    assert!(s.tag.is_null() && s.names.is_null() && s.progress.is_none());
+    assert_eq!(zs_checkpoint_load_options::new().strict, 1);
+    let l = zs_safetensors_load_options::new();
+    assert_eq!((l.strict, l.from_rank0), (1, 0));
 }

@@ -18,6 +18,8 @@ pub enum Status {
     NotSupported,
     BufferSize,
     Internal,
+    /// A file could not be read or written, or failed its checksum.
+    Io,
     /// A code this crate does not know (a newer library).
     Other(i32),
 }
@@ -36,6 +38,7 @@ impl Status {
             sys::ZS_ERR_NOT_SUPPORTED => Status::NotSupported,
             sys::ZS_ERR_BUFFER_SIZE => Status::BufferSize,
             sys::ZS_ERR_INTERNAL => Status::Internal,
+            sys::ZS_ERR_IO => Status::Io,
             other => Status::Other(other),
         }
     }
@@ -53,6 +56,7 @@ impl Status {
             Status::NotSupported => sys::ZS_ERR_NOT_SUPPORTED,
             Status::BufferSize => sys::ZS_ERR_BUFFER_SIZE,
             Status::Internal => sys::ZS_ERR_INTERNAL,
+            Status::Io => sys::ZS_ERR_IO,
             Status::Other(c) => c,
         }
     }
