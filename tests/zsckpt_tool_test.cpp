@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -176,6 +177,29 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
     ASSERT_EQ(v32.size(), saved.size());
     for (size_t i = 0; i < v32.size(); ++i) EXPECT_NEAR(v32[i], saved[i], std::fabs(saved[i]) * 4e-3) << i;
     zs::test::destroy_ckpt_model(m32);
+  });
+
+  // loaded without the optimizer, the weights still survive its next
+  // step: the 16-bit params' fp32 masters re-read what the load changed
+  // (before, an lr-0 step wrote the old masters back over them)
+  run_ranks(2, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_BFLOAT16, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m.ctx, nullptr);
+    zs_safetensors_load_options lo = ZS_SAFETENSORS_LOAD_OPTIONS_INIT;
+    const std::string file = dir + "/model.safetensors";
+    ZS_ASSERT_OK(zs_load_safetensors(m.ctx, m.params.data(), m.params.size(), nullptr, file.c_str(), &lo));
+    ASSERT_TRUE(zs::test::full_values(m) == saved);
+    ZS_ASSERT_OK(zs_optimizer_set_lr(m.opt, -1, 0.0));
+    for (zs_param p : m.params) {
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      ZS_ASSERT_OK(zs_param_get_info(p, &info));
+      std::vector<uint16_t> zero(info.numel, 0);
+      ZS_ASSERT_OK(zs_grad_push(p, zero.data(), ZS_BFLOAT16, zero.size() * 2));
+    }
+    zs_step_result r = ZS_STEP_RESULT_INIT;
+    ZS_ASSERT_OK(zs_optimizer_step(m.opt, &r));
+    EXPECT_TRUE(zs::test::full_values(m) == saved) << "the optimizer step undid the load";
+    zs::test::destroy_ckpt_model(m);
   });
 
   // reshard to 3, then load at 3: the same values

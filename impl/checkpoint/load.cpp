@@ -205,11 +205,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   for (const auto& s : staged)
     if (s.bytes > 0) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
   ctx.device()->synchronize();
-  drop_secondaries(ctx);
-  if (Coordinator* coord = coordinator_if_any(ctx)) {
-    coord->on_params_updated();
-    coord->refresh_persistent();
-  }
+  shards_rewritten(ctx, params);
   if (o.progress) o.progress("done", 0, 0);
   return result;
 }

@@ -180,11 +180,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   }
   for (const auto& out : outs) ctx.device()->copy(out.dst, out.staged->data(), out.staged->bytes());
   ctx.device()->synchronize();
-  drop_secondaries(ctx);
-  if (Coordinator* coord = coordinator_if_any(ctx)) {
-    coord->on_params_updated();
-    coord->refresh_persistent();
-  }
+  shards_rewritten(ctx, params);
   return loaded;
 }
 
@@ -279,11 +275,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   if (!error.empty()) throw Error(error_code, error);
   for (const auto& s : staged) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
   ctx.device()->synchronize();
-  drop_secondaries(ctx);
-  if (Coordinator* coord = coordinator_if_any(ctx)) {
-    coord->on_params_updated();
-    coord->refresh_persistent();
-  }
+  shards_rewritten(ctx, params);
   return loaded;
 }
 

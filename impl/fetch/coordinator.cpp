@@ -339,4 +339,14 @@ CoordStats Coordinator::stats() const {
   return published_;
 }
 
+void shards_rewritten(Context& ctx, const ParamList& params) {
+  const auto held = ctx.lock();
+  for (const auto& p : params) ++p->shard_version;
+  drop_secondaries(ctx);
+  if (Coordinator* coord = coordinator_if_any(ctx)) {
+    coord->on_params_updated();
+    coord->refresh_persistent();
+  }
+}
+
 }  // namespace zs

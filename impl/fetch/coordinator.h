@@ -104,6 +104,13 @@ class Coordinator : public Context::Attachment {
   CoordStats published_;
 };
 
+// After shards were rewritten outside the optimizer's step (a checkpoint or
+// pretrained load, the optimizer's masters written back): `params` move to
+// a new shard_version (a 16-bit param's fp32 master re-reads the values that
+// changed before its next update), secondary shards and gathered copies are
+// dropped, and persistent params are gathered again. Takes the engine lock.
+void shards_rewritten(Context& ctx, const ParamList& params);
+
 // The context's fetch coordinator, created on first use; null until then.
 inline Coordinator& coordinator(Context& ctx) { return ctx.attachment<Coordinator>(); }
 inline Coordinator* coordinator_if_any(Context& ctx) { return ctx.find_attachment<Coordinator>(); }

@@ -241,11 +241,7 @@ void Optimizer::sync_params() {
         s.master_of_version = s.param->shard_version;  // the loaded master is the truth
       }
   ctx_.device()->synchronize();
-  drop_secondaries(ctx_);
-  if (Coordinator* coord = coordinator_if_any(ctx_)) {
-    coord->on_params_updated();
-    coord->refresh_persistent();
-  }
+  shards_rewritten(ctx_, {});  // the masters are the truth: no version moves
 }
 
 // What happened since the previous step ended (collectives of every group,
