@@ -66,7 +66,11 @@
 %typemap(jtype) zs_status "int"
 %typemap(jstype) zs_status "int"
 %typemap(javaout) zs_status { return $jnicall; }
-%typemap(out) zs_status {
+/* The status is returned (always ZS_OK to Java); a failure is thrown by the
+ * "ret" typemap, which runs after argout and freearg (so string arguments
+ * are released first), on the thread whose zs_last_error() it reads. */
+%typemap(out) zs_status %{ $result = (jint)$1; %}
+%typemap(ret) zs_status {
   if ($1 != ZS_OK) {
     const char* msg_ = zs_last_error();
     jclass cls_ = (*jenv)->FindClass(jenv, "zeroshard/ZeroShardException");
@@ -79,9 +83,7 @@
         if (ex_) (*jenv)->Throw(jenv, (jthrowable)ex_);
       }
     }
-    return $null;
   }
-  $result = (jint)$1;
 }
 
 /* ---- buffers: direct ByteBuffers ----------------------------------------- */
