@@ -5,8 +5,9 @@
  *     the engine's message (a bad config, a destroyed handle); AutoCloseable
  *     handles close twice without harm.
  *  2. examples/c/train_mlp and java/examples/TrainMlp under `zsrun -n 2`
- *     (adamw 12 steps; sgd with clipping and accumulation 6 steps): every
- *     rank-0 "step" line must be equal.
+ *     (AdamW 50 steps, long enough that (float) Math.sin in place of C's
+ *     sinf would part the losses at step 22; SGD with clipping and
+ *     accumulation, 6 steps): every rank-0 "step" line must be equal.
  * Paths come as system properties: zs.zsrun, zs.c_train_mlp, zs.java.
  */
 import java.io.ByteArrayOutputStream;
@@ -195,7 +196,7 @@ public final class ZeroShardTest {
     String zsrun = System.getProperty("zs.zsrun"), c = System.getProperty("zs.c_train_mlp");
     String java = System.getProperty("zs.java", "java");
     String cp = System.getProperty("java.class.path"), lib = System.getProperty("java.library.path");
-    List<List<String>> variants = List.of(List.of("--steps", "12"),
+    List<List<String>> variants = List.of(List.of("--steps", "50"),
         List.of("--steps", "6", "--optimizer", "sgd", "--clip", "0.5", "--accum", "2"));
     for (List<String> args : variants) {
       List<String> cc = new ArrayList<>(Arrays.asList(zsrun, "-n", "2", "--", c));
