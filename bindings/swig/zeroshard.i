@@ -5,7 +5,8 @@
  * zeroshard.ZsNative / ZsNativeJNI, and hand-written AutoCloseable classes
  * over them in bindings/swig/java/zeroshard/.
  *
- * What this file decides for every target language:
+ * What this file decides (the typemaps are Java's; another language would
+ * add its own beside them):
  *  - Every function returning zs_status throws when the status is not
  *    ZS_OK (Java: zeroshard.ZeroShardException carrying the status and
  *    zs_last_error(), read on the calling thread right after the call).
@@ -17,7 +18,8 @@
  *    new_zs_context_box(), zs_context_box_value(b), delete_zs_context_box(b).
  *  - Param lists (const zs_param*, size_t) go through zs_param arrays:
  *    new_zs_param_array(n), zs_param_array_setitem(a, i, p), delete_...
- *  - int/double/int64 outputs are one-element arrays (typemaps.i OUTPUT).
+ *  - int/double/int64 and zs_param_status outputs are one-element arrays
+ *    (typemaps.i OUTPUT).
  *  - Buffers (void*, const void*) are direct java.nio.ByteBuffers; their
  *    byte size is passed separately, as in C.
  *  - uint64_t is a Java long (values above 2^63 wrap, as in C casts).
@@ -61,6 +63,7 @@
 %apply int *OUTPUT { int* rank, int* world_size, int* local_rank, int* local_world_size, int* size,
                      int* world_rank, int* done, int* group_index, int* count };
 %apply double *OUTPUT { double* scale };
+%apply int *OUTPUT { zs_param_status* status };
 
 /* ---- status -> exception ------------------------------------------------ */
 %typemap(jni) zs_status "jint"

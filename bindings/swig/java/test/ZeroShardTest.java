@@ -82,9 +82,11 @@ public final class ZeroShardTest {
         try (Gather g = ctx.fetch(w)) {
           g.await();
           check(g.done(), "the gather is done after await");
+          check(w.status() == ZsNative.ZS_PARAM_AVAILABLE, "available after the gather");
           w.copyTo(out, 4L * n);
           ctx.release(w);
         }
+        check(w.status() == ZsNative.ZS_PARAM_NOT_AVAILABLE, "not available after the release");
         boolean same = true;
         for (int i = 0; i < n; ++i) same &= out.getFloat(4 * i) == 0.5f * i - 1.0f;
         check(same, "fetched values equal the registered ones");

@@ -32,6 +32,13 @@ public final class Param implements AutoCloseable {
     return i;
   }
 
+  /** ZsNative.ZS_PARAM_NOT_AVAILABLE, ZS_PARAM_INFLIGHT or ZS_PARAM_AVAILABLE. */
+  public int status() {
+    int[] v = new int[1];
+    ZsNative.zs_param_get_status(handle(), v);
+    return v[0];
+  }
+
   public long numel() {
     zs_param_info i = info();
     try {
