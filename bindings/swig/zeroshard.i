@@ -18,8 +18,8 @@
  *    new_zs_context_box(), zs_context_box_value(b), delete_zs_context_box(b).
  *  - Param lists (const zs_param*, size_t) go through zs_param arrays:
  *    new_zs_param_array(n), zs_param_array_setitem(a, i, p), delete_...
- *  - int/double/int64 and zs_param_status outputs are one-element arrays
- *    (typemaps.i OUTPUT).
+ *  - int/double/int64 and enum outputs are one-element arrays (typemaps.i
+ *    OUTPUT); const char** outputs a String[1] receiving a copy.
  *  - Buffers (void*, const void*) are direct java.nio.ByteBuffers; their
  *    byte size is passed separately, as in C.
  *  - uint64_t is a Java long (values above 2^63 wrap, as in C casts).
@@ -27,9 +27,9 @@
  *    (their zs_xxx_init), so `size` is right for this header.
  * Functions handing out pointers into engine memory (zs_param_data,
  * zs_param_shard_data, zs_grad_shard_data, zs_optimizer_state_data,
- * zs_param_to_dlpack), string outputs (const char**), progress callbacks and
- * the enum-typed output of zs_context_device are not wrapped: use
- * zs_param_copy_to / zs_param_write for data.
+ * zs_param_to_dlpack) and the checkpoint and safetensors functions (their
+ * name lists and progress callbacks) are not wrapped: use zs_param_copy_to /
+ * zs_param_write for data.
  */
 %module ZsNative
 
@@ -63,7 +63,26 @@
 %apply int *OUTPUT { int* rank, int* world_size, int* local_rank, int* local_world_size, int* size,
                      int* world_rank, int* done, int* group_index, int* count };
 %apply double *OUTPUT { double* scale };
-%apply int *OUTPUT { zs_param_status* status };
+%apply int *OUTPUT { zs_param_status* status, zs_device_type* type };
+%apply int *OUTPUT { int* major, int* minor, int* patch, int* device_id };
+
+/* const char** outputs (strings the library owns): a String[] of at least
+ * one element, set to a copy of the string (null for NULL). */
+%typemap(jni) const char** "jobjectArray"
+%typemap(jtype) const char** "String[]"
+%typemap(jstype) const char** "String[]"
+%typemap(javain) const char** "$javainput"
+%typemap(in) const char** (const char* temp = NULL) {
+  if (!$input || (*jenv)->GetArrayLength(jenv, $input) < 1) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, "a String[] of at least one element is required");
+    return $null;
+  }
+  $1 = ($1_ltype)&temp;
+}
+%typemap(argout) const char** {
+  jstring s_ = temp$argnum ? (*jenv)->NewStringUTF(jenv, temp$argnum) : NULL;
+  (*jenv)->SetObjectArrayElement(jenv, $input, 0, s_);
+}
 
 /* ---- status -> exception ------------------------------------------------ */
 %typemap(jni) zs_status "jint"
@@ -145,17 +164,11 @@ ZS_DEFAULTS(zs_coord_stats)
 ZS_DEFAULTS(zs_step_stats)
 
 /* ---- not wrapped (see above) --------------------------------------------- */
-%ignore zs_version;
 %ignore zs_param_data;
 %ignore zs_param_shard_data;
 %ignore zs_grad_shard_data;
 %ignore zs_optimizer_state_data;
 %ignore zs_param_to_dlpack;
-%ignore zs_context_config_json;
-%ignore zs_context_unused_config_keys;
-%ignore zs_context_inactive_config_keys;
-%ignore zs_context_device;
-%ignore zs_cuda_device_count;
 %ignore zs_checkpoint_save_options;
 %ignore zs_checkpoint_load_options;
 %ignore zs_checkpoint_info;

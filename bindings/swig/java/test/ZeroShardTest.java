@@ -45,6 +45,13 @@ public final class ZeroShardTest {
   static void singleRank() {
     try (Context ctx = worldOfOne()) {
       check(ctx.rank() == 0 && ctx.worldSize() == 1, "a world of one: rank 0 of 1");
+      String[] dev = ctx.device();
+      check(dev[0].equals("cpu") && dev[1].equals("gloo"), "device cpu, backend gloo (got " + dev[0] + ", " + dev[1] + ")");
+      check(ctx.configJson().contains("zero_optimization"), "the resolved config names zero_optimization");
+      int[] major = new int[1], minor = new int[1], patch = new int[1];
+      String version = ZsNative.zs_version(major, minor, patch);
+      check(version.equals(major[0] + "." + minor[0] + "." + patch[0]) && major[0] == ZsNative.ZS_VERSION_MAJOR,
+          "zs_version " + version);
       final int n = 12;
       ByteBuffer init = Context.buffer(4L * n);
       for (int i = 0; i < n; ++i) init.putFloat(4 * i, 0.5f * i - 1.0f);

@@ -52,6 +52,21 @@ public final class Context implements AutoCloseable {
     return v[0];
   }
 
+  /** The resolved DeepSpeed config as JSON. */
+  public String configJson() {
+    String[] v = new String[1];
+    ZsNative.zs_context_config_json(handle(), v);
+    return v[0];
+  }
+
+  /** Where the engine keeps this rank's memory, "cpu" or "cuda:N", and the collective backend: {device, backend}. */
+  public String[] device() {
+    int[] type = new int[1], id = new int[1];
+    String[] backend = new String[1];
+    ZsNative.zs_context_device(handle(), type, id, backend);
+    return new String[] {type[0] == ZsNative.ZS_DEVICE_CUDA ? "cuda:" + id[0] : "cpu", backend[0]};
+  }
+
   public void setAccumulationSteps(int steps) { ZsNative.zs_grad_set_accumulation_steps(handle(), steps); }
 
   public zs_memory_stats memory() {
