@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make pkg-config libgloo-dev nlohmann-json3-dev libdlpack-dev
-          libgtest-dev googletest python3-venv libxxhash-dev)
+          libgtest-dev googletest python3-venv libxxhash-dev swig)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
