@@ -117,12 +117,12 @@ run_fuzz() {
   cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZS_BUILD_TESTS=OFF -DZS_BUILD_EXAMPLES=OFF \
     -DZS_BUILD_FUZZERS=ON -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_store_request
+  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_store_request fuzz_store_server
   export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
   local scratch
   scratch=$(mktemp -d)
-  for target in config store_request; do
+  for target in config store_request store_server; do
     local dict=()
     [ -f "tests/fuzz/$target.dict" ] && dict=(-dict="tests/fuzz/$target.dict")
     mkdir -p "$scratch/$target"
