@@ -4,7 +4,10 @@
 # checks), then the Python binding's pytest suite under the project's venv
 # (.venv, made by scripts/setup.sh: torch, transformers, Lightning and
 # DeepSpeed from PyPI), then the Rust crates' tests (offline, std only,
-# built into build/rust).
+# built into build/rust), then the sanitizer and fuzz runs
+# (scripts/sanitize.sh: ASan+UBSan suite, TSan threaded tests, libFuzzer
+# smoke runs; build-asan/, build-tsan/, build-fuzz/). ZS_SANITIZE=0 skips
+# those locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,3 +16,4 @@ ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" .venv/bin/python -m pytest -q
 # From its folder, so that cargo reads bindings/rust/.cargo/config.toml.
 lib_dir="$PWD/build/lib"
 (cd bindings/rust && ZEROSHARD_LIB_DIR="$lib_dir" cargo test --offline --workspace)
+[ "${ZS_SANITIZE:-1}" = 0 ] || scripts/sanitize.sh

@@ -59,6 +59,9 @@ TEST(Api, ConfigCheckWithoutContext) {
   expect_error(zs_config_check(R"({"zero_optimization": {"mics_shard_size": 3}})", 8),
                ZS_ERR_INVALID_CONFIG, "mics_shard_size");
   expect_error(zs_config_check(nullptr, 1), ZS_ERR_INVALID_ARGUMENT, "config_json is NULL");
+  // Not ZS_ERR_INTERNAL (nlohmann's out_of_range escaping the parser).
+  expect_error(zs_config_check(R"({"gradient_clipping": 1e400})", 8), ZS_ERR_INVALID_CONFIG,
+               "number overflow parsing '1e400'");
 }
 
 TEST(Api, ContextCreateArguments) {

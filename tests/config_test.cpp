@@ -601,6 +601,15 @@ TEST(ConfigInvalid, MalformedJsonReportsPosition) {
   expect_mentions(msg, {"invalid JSON", "line 2", "column"});
 }
 
+// Found by tests/fuzz/config_fuzz.cpp: a number beyond a double made
+// nlohmann throw out_of_range, which escaped as an internal error.
+TEST(ConfigInvalid, NumberBeyondDoubleIsInvalidJson) {
+  expect_mentions(config_error(R"({"zero_optimization": {"reduce_bucket_size": 1e400}})"),
+                  {"invalid JSON", "number overflow", "1e400"});
+  expect_mentions(config_error(R"({"gradient_clipping": -10000001e19000})"),
+                  {"invalid JSON", "-10000001e19000"});
+}
+
 TEST(ConfigInvalid, TopLevelMustBeObject) {
   expect_mentions(config_error("[1, 2]"), {"got [1,2]", "expected a JSON object"});
   expect_mentions(config_error(R"({"zero_optimization": 3})"),

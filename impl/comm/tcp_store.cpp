@@ -1,16 +1,9 @@
 // TCP rendezvous store. Rank 0 runs a single-threaded poll() server beside
 // its own client; every rank (rank 0 included) talks to it over one TCP
-// connection with a length-prefixed binary protocol:
+// connection with a length-prefixed binary protocol (impl/comm/store_protocol.h,
+// where requests are encoded and decoded).
 //
-//   request: u32 body_length, body = u8 command, then
-//     SET   u32 key_length, key, u64 value_length, value
-//     GET   u32 key_length, key          (answered once the key exists)
-//     WAIT  u32 count, count x (u32 key_length, key)   (answered once all exist)
-//     ADD   u32 key_length, key, i64 delta           (reply: i64 new value)
-//     CHECK u32 key_length, key                      (reply: u8 0 or 1)
-//   reply: u8 status (0 ok, 1 error), u64 payload_length, payload
-//
-// All integers are little-endian. The server never trusts a length: a frame
+// The server never trusts a length: a frame
 // that is too long or does not parse exactly drops that client and nothing
 // else. Deadlines live on the client: a parked GET/WAIT on the server costs
 // nothing, and a client that gives up closes its connection so the late reply
@@ -39,6 +32,7 @@
 #include <unordered_set>
 
 #include "impl/comm/store.h"
+#include "impl/comm/store_protocol.h"
 #include "impl/common/error.h"
 
 namespace zs {
@@ -48,86 +42,29 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using store_detail::quote_key;
 
-enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6 };
-// A client's first request, answered with the same bytes: a port held by
-// another program (or anything but this protocol) is named as such at
-// connect, instead of every later request timing out.
-constexpr char kStoreMagic[] = "zeroshard-store/1";
+using store_protocol::Cmd;
+using store_protocol::kMaxRequestBytes;
+using store_protocol::kMaxWaitKeys;
+using store_protocol::load_le;
+using store_protocol::put_u32;
+using store_protocol::put_u64;
+using store_protocol::kMaxClientName;
+using store_protocol::kStoreMagic;
+using store_protocol::kStoreMagicBytes;
+
 // What the store holds at most: rendezvous data (addresses, configs, marks)
 // is kilobytes per rank; a stranger's SETs must not grow rank 0 without end.
 constexpr size_t kMaxStoredBytes = size_t{256} << 20;
 constexpr uint64_t kStrangersLogged = 8;
-// A client may name itself in its Hello; when its connection closes, the
-// server sets gone_key(name), so peers can tell which rank went away.
-constexpr uint32_t kMaxClientName = 64;
+
 enum class Status : uint8_t { Ok = 0, Error = 1 };
 
-constexpr size_t kMaxWaitKeys = 1024;
-// Largest request body: SET with the largest key and value.
-constexpr size_t kMaxRequestBytes = 1 + 4 + Store::kMaxKeyBytes + 8 + Store::kMaxValueBytes;
-static_assert(1 + 4 + kMaxWaitKeys * (4 + Store::kMaxKeyBytes) <= kMaxRequestBytes,
-              "a full WAIT must fit in a request");
-static_assert(kMaxRequestBytes <= UINT32_MAX, "request length is a u32");
 constexpr size_t kReplyHeaderBytes = 9;
 // Replies carry a value, an i64, a flag or a short error message.
 constexpr size_t kMaxReplyPayload = Store::kMaxValueBytes;
 // The server stops reading requests of a client whose replies pile up unread.
 constexpr size_t kMaxPendingOutput = 1 << 20;
 constexpr size_t kReadChunk = 256 << 10;
-
-void put_u32(std::string& b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void put_u64(std::string& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t load_le(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= uint64_t(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-void put_key(std::string& b, const std::string& key) {
-  put_u32(b, static_cast<uint32_t>(key.size()));
-  b += key;
-}
-
-// Bounds-checked reader over one request body.
-class Reader {
- public:
-  Reader(const char* p, size_t n) : p_(p), end_(p + n) {}
-  bool u8(uint8_t* v) {
-    if (end_ - p_ < 1) return false;
-    *v = static_cast<uint8_t>(*p_++);
-    return true;
-  }
-  bool u32(uint32_t* v) {
-    if (end_ - p_ < 4) return false;
-    *v = static_cast<uint32_t>(load_le(p_, 4));
-    p_ += 4;
-    return true;
-  }
-  bool u64(uint64_t* v) {
-    if (end_ - p_ < 8) return false;
-    *v = load_le(p_, 8);
-    p_ += 8;
-    return true;
-  }
-  bool bytes(uint64_t n, std::string* out) {
-    if (static_cast<uint64_t>(end_ - p_) < n) return false;
-    out->assign(p_, static_cast<size_t>(n));
-    p_ += n;
-    return true;
-  }
-  bool key(std::string* out) {
-    uint32_t n = 0;
-    return u32(&n) && n <= Store::kMaxKeyBytes && bytes(n, out);
-  }
-  bool done() const { return p_ == end_; }
-
- private:
-  const char* p_;
-  const char* end_;
-};
 
 std::string endpoint(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos;
@@ -361,14 +298,14 @@ void Server::read_from(Conn& c) {
 
 void Server::process(Conn& c) {
   while (!c.dead && !c.parked && c.out.size() - c.out_pos < kMaxPendingOutput) {
-    const size_t avail = c.in.size() - c.in_pos;
-    if (avail < 4) break;
-    const size_t len = static_cast<size_t>(load_le(c.in.data() + c.in_pos, 4));
-    if (len == 0 || len > kMaxRequestBytes) {
+    size_t len = 0;
+    const auto frame =
+        store_protocol::next_frame(c.in.data() + c.in_pos, c.in.size() - c.in_pos, &len);
+    if (frame == store_protocol::Frame::Bad) {
       c.dead = true;
       break;
     }
-    if (avail < 4 + len) break;
+    if (frame == store_protocol::Frame::Incomplete) break;
     const char* body = c.in.data() + c.in_pos + 4;
     c.in_pos += 4 + len;
     if (!handle(c, body, len)) c.dead = true;
@@ -384,53 +321,41 @@ void Server::process(Conn& c) {
 
 // Handles one request; false if it is malformed.
 bool Server::handle(Conn& c, const char* body, size_t n) {
-  Reader r(body, n);
-  uint8_t cmd = 0;
-  if (!r.u8(&cmd)) return false;
-  if (!c.greeted && static_cast<Cmd>(cmd) != Cmd::Hello) {
+  store_protocol::Request req;
+  if (!store_protocol::decode_request(body, n, &req)) return false;
+  if (!c.greeted && req.cmd != Cmd::Hello) {
     if (strangers_dropped_++ < kStrangersLogged)
       std::fprintf(stderr, "zeroshard store on port %d: dropped a connection that did not start "
                    "with the zeroshard handshake (a stranger, or another program)\n", port_);
     return false;
   }
-  switch (static_cast<Cmd>(cmd)) {
+  switch (req.cmd) {
     case Cmd::Set: {
-      std::string key, value;
-      uint64_t len = 0;
-      if (!r.key(&key) || !r.u64(&len) || len > Store::kMaxValueBytes || !r.bytes(len, &value) ||
-          !r.done()) {
-        return false;
-      }
+      std::string& key = req.keys[0];
       const auto old = data_.find(key);
       const size_t replaced = old == data_.end() ? 0 : key.size() + old->second.size();
-      if (stored_bytes_ - replaced + key.size() + value.size() > kMaxStoredBytes) {
-        const std::string msg = "SET of " + std::to_string(key.size() + value.size()) +
+      if (stored_bytes_ - replaced + key.size() + req.value.size() > kMaxStoredBytes) {
+        const std::string msg = "SET of " + std::to_string(key.size() + req.value.size()) +
                                 " bytes would take the store past its limit of " +
                                 std::to_string(kMaxStoredBytes) + " bytes (it holds " +
                                 std::to_string(stored_bytes_) + ")";
         reply(c, Status::Error, msg.data(), msg.size());
         return true;
       }
-      stored_bytes_ += key.size() + value.size() - replaced;
-      data_.insert_or_assign(key, std::move(value));
+      stored_bytes_ += key.size() + req.value.size() - replaced;
+      data_.insert_or_assign(key, std::move(req.value));
       reply(c, Status::Ok, nullptr, 0);
       wake(key);
       return true;
     }
     case Cmd::Hello: {
-      std::string magic, who;
-      uint32_t who_len = 0;
-      if (!r.bytes(sizeof kStoreMagic - 1, &magic) || magic != kStoreMagic || !r.u32(&who_len) ||
-          who_len > kMaxClientName || !r.bytes(who_len, &who) || !r.done())
-        return false;
       c.greeted = true;
-      c.who = std::move(who);
-      reply(c, Status::Ok, kStoreMagic, sizeof kStoreMagic - 1);
+      c.who = std::move(req.who);
+      reply(c, Status::Ok, kStoreMagic, kStoreMagicBytes);
       return true;
     }
     case Cmd::Get: {
-      std::string key;
-      if (!r.key(&key) || !r.done()) return false;
+      std::string& key = req.keys[0];
       const auto it = data_.find(key);
       if (it != data_.end()) {
         reply(c, Status::Ok, it->second.data(), it->second.size());
@@ -443,15 +368,10 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       return true;
     }
     case Cmd::Wait: {
-      uint32_t count = 0;
-      if (!r.u32(&count) || count > kMaxWaitKeys) return false;
       std::unordered_set<std::string> missing;
-      for (uint32_t i = 0; i < count; ++i) {
-        std::string key;
-        if (!r.key(&key)) return false;
+      for (std::string& key : req.keys) {
         if (data_.count(key) == 0) missing.insert(std::move(key));
       }
-      if (!r.done()) return false;
       if (missing.empty()) {
         reply(c, Status::Ok, nullptr, 0);
       } else {
@@ -463,10 +383,8 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       return true;
     }
     case Cmd::Add: {
-      std::string key;
-      uint64_t raw = 0;
-      if (!r.key(&key) || !r.u64(&raw) || !r.done()) return false;
-      const int64_t delta = static_cast<int64_t>(raw);
+      const std::string& key = req.keys[0];
+      const int64_t delta = req.delta;
       int64_t value = 0;
       const auto it = data_.find(key);
       if (it != data_.end() && !store_detail::parse_int64(it->second, &value)) {
@@ -490,14 +408,12 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       return true;
     }
     case Cmd::Check: {
-      std::string key;
-      if (!r.key(&key) || !r.done()) return false;
-      const char found = data_.count(key) ? 1 : 0;
+      const char found = data_.count(req.keys[0]) ? 1 : 0;
       reply(c, Status::Ok, &found, 1);
       return true;
     }
   }
-  return false;  // unknown command
+  return false;
 }
 
 void Server::reply(Conn& c, Status status, const char* data, size_t n) {
@@ -741,12 +657,11 @@ TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadlin
 }
 
 void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start) {
-  constexpr size_t n = sizeof kStoreMagic - 1;
+  constexpr size_t n = kStoreMagicBytes;
+  const std::string body = store_protocol::encode_hello(who_);
   std::string frame;
-  put_u32(frame, static_cast<uint32_t>(1 + n + 4 + who_.size()));
-  frame.push_back(static_cast<char>(Cmd::Hello));
-  frame.append(kStoreMagic, n);
-  put_key(frame, who_);
+  put_u32(frame, static_cast<uint32_t>(body.size()));
+  frame += body;
   char header[kReplyHeaderBytes];
   Io io = send_all(frame, deadline);
   if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
@@ -806,12 +721,7 @@ void TcpStore::fail_timeout(const std::string& what, Clock::time_point start) {
 void TcpStore::set(const std::string& key, const std::vector<char>& value) {
   store_detail::check_key("set", key);
   store_detail::check_value(key, value.size());
-  std::string body;
-  body.reserve(1 + 4 + key.size() + 8 + value.size());
-  body.push_back(static_cast<char>(Cmd::Set));
-  put_key(body, key);
-  put_u64(body, value.size());
-  body.append(value.data(), value.size());
+  const std::string body = store_protocol::encode_set(key, value.data(), value.size());
   const std::string what = "set of key " + quote_key(key);
   std::lock_guard<std::mutex> lock(mu_);
   const auto start = Clock::now();
@@ -821,8 +731,7 @@ void TcpStore::set(const std::string& key, const std::vector<char>& value) {
 
 std::vector<char> TcpStore::get(const std::string& key) {
   store_detail::check_key("get", key);
-  std::string body(1, static_cast<char>(Cmd::Get));
-  put_key(body, key);
+  const std::string body = store_protocol::encode_get(key);
   const std::string what = "get of key " + quote_key(key);
   std::lock_guard<std::mutex> lock(mu_);
   const auto start = Clock::now();
@@ -840,8 +749,7 @@ std::string TcpStore::missing_keys(const std::vector<std::string>& keys) {
   try {
     const auto deadline = Clock::now() + std::min(timeout_, milliseconds(1000));
     for (size_t i = 0; i < keys.size() && known; ++i) {
-      std::string body(1, static_cast<char>(Cmd::Check));
-      put_key(body, keys[i]);
+      const std::string body = store_protocol::encode_check(keys[i]);
       std::string reply;
       known = exchange(body, deadline, "check", &reply) && reply.size() == 1;
       if (known && reply[0] == 0) missing.push_back(&keys[i]);
@@ -869,9 +777,7 @@ void TcpStore::wait(const std::vector<std::string>& keys) {
   // Longer lists go in several requests under the one deadline.
   for (size_t first = 0; first < keys.size(); first += kMaxWaitKeys) {
     const size_t count = std::min(kMaxWaitKeys, keys.size() - first);
-    std::string body(1, static_cast<char>(Cmd::Wait));
-    put_u32(body, static_cast<uint32_t>(count));
-    for (size_t i = first; i < first + count; ++i) put_key(body, keys[i]);
+    const std::string body = store_protocol::encode_wait(keys.data() + first, count);
     std::string reply;
     const std::string what = "wait for " + std::to_string(keys.size()) + " key(s)";
     if (!exchange(body, deadline, what, &reply)) {
@@ -885,9 +791,7 @@ void TcpStore::wait(const std::vector<std::string>& keys) {
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   store_detail::check_key("add", key);
-  std::string body(1, static_cast<char>(Cmd::Add));
-  put_key(body, key);
-  put_u64(body, static_cast<uint64_t>(delta));
+  const std::string body = store_protocol::encode_add(key, delta);
   const std::string what = "add to key " + quote_key(key);
   std::lock_guard<std::mutex> lock(mu_);
   const auto start = Clock::now();
@@ -902,8 +806,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 
 bool TcpStore::check(const std::string& key) {
   store_detail::check_key("check", key);
-  std::string body(1, static_cast<char>(Cmd::Check));
-  put_key(body, key);
+  const std::string body = store_protocol::encode_check(key);
   const std::string what = "check of key " + quote_key(key);
   std::lock_guard<std::mutex> lock(mu_);
   const auto start = Clock::now();

@@ -36,7 +36,11 @@ void reduce_u8(uint8_t* dst, const uint8_t* src, size_t n, ReduceOp op) {
 void widen_to_f32(const void* src, DType dtype, float* dst, size_t count) {
   const auto* h = static_cast<const uint16_t*>(src);
   switch (dtype) {
-    case DType::F32: std::memcpy(dst, src, count * 4); return;
+    case DType::F32:
+      // Zero-size buffers may be null, and memcpy's pointers must never be
+      // (UBSan, Device.StagedCollectivesOnRealRanks).
+      if (count != 0) std::memcpy(dst, src, count * 4);
+      return;
     case DType::BF16:
       for (size_t i = 0; i < count; ++i) dst[i] = kernels::bf16_to_float(h[i]);
       return;
@@ -51,7 +55,9 @@ void widen_to_f32(const void* src, DType dtype, float* dst, size_t count) {
 void narrow_from_f32(const float* src, DType dtype, void* dst, size_t count) {
   auto* h = static_cast<uint16_t*>(dst);
   switch (dtype) {
-    case DType::F32: std::memmove(dst, src, count * 4); return;
+    case DType::F32:
+      if (count != 0) std::memmove(dst, src, count * 4);  // see widen_to_f32
+      return;
     case DType::BF16:
       for (size_t i = 0; i < count; ++i) h[i] = kernels::float_to_bf16(src[i]);
       return;

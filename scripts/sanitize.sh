@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Sanitizer and fuzz runs (issue 13, part 6); scripts/test.sh runs all three.
+#
+#   scripts/sanitize.sh [asan] [tsan] [fuzz]      (no argument: all three)
+#
+# asan: build-asan/, g++ with -fsanitize=address,undefined: the engine and
+#       zs_tests, then every GoogleTest case through ctest. Any ASan, UBSan or
+#       LeakSanitizer report aborts the process that made it; a forked rank
+#       that aborts is a failed test in its parent (tests/support/multirank.cpp
+#       reports "died by signal 6"), and SanitizerCanary checks that this
+#       chain really fails a test.
+# tsan: build-tsan/, g++ with -fsanitize=thread: the threaded tests (store,
+#       bootstrap, collectives, gather, coordinator, grad/optimizer steps,
+#       failure, engine lock, kernels' thread pool), with the same canary.
+# fuzz: build-fuzz/, clang with libFuzzer+ASan+UBSan: each target of
+#       tests/fuzz/ runs $ZS_FUZZ_RUNS (default 20000) inputs from its corpus
+#       in tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
+#       kept corpus is not touched). Long runs: see README, "Sanitizers and
+#       fuzzers".
+#
+# Builds use $ZS_JOBS parallel jobs (default: nproc), ctest $CTEST_JOBS
+# (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${ZS_JOBS:-$(nproc)}"
+ctest_jobs="${CTEST_JOBS:-2}"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(asan tsan fuzz)
+
+common=(-DZS_WITH_CUDA=OFF -DZS_BUILD_BENCH=OFF -DZS_BUILD_EXAMPLES=ON -DCMAKE_BUILD_TYPE=Debug)
+# What the GoogleTest cases run: the suite, the launcher, and the C examples
+# some cases start under zsrun (they link the shared library).
+targets=(zs_tests zsrun gather_layers train_mlp)
+# -O1: a tolerable speed with exact stacks. -Wno-maybe-uninitialized: g++ 12
+# warns falsely under -fsanitize=address inside libstdc++'s <regex>
+# (std::function in _StateT), and the project builds with -Werror.
+gcc_extra="-O1 -Wno-maybe-uninitialized"
+
+# The tests that ctest must not run in a sanitizer build: they are not
+# GoogleTest cases of the engine (the install check builds a consumer with
+# plain flags, the ABI checks build C programs of their own, the others read
+# sources), and zs_tests alone is built there.
+not_gtest='^(install_and_consume|layering.*|abi_.*|julia_.*)$'
+
+t0=$SECONDS
+elapsed() { echo "sanitize: $1 took $((SECONDS - $2)) s"; }
+
+# The canary: a deliberate bug in a forked rank must fail the test that
+# forks it, with the sanitizer's report in its output.
+canary() {
+  local dir=$1 test=$2 expect=$3 out
+  if out=$("$dir/bin/zs_tests" --gtest_also_run_disabled_tests --gtest_filter="$test" 2>&1); then
+    echo "$out" | tail -20
+    echo "sanitize: canary $test passed in $dir, so sanitizer reports in forked ranks would not fail tests" >&2
+    exit 1
+  fi
+  if ! grep -q "$expect" <<<"$out" || ! grep -q "died by signal" <<<"$out"; then
+    echo "$out" | tail -40
+    echo "sanitize: canary $test failed in $dir without '$expect' and a rank dying by a signal" >&2
+    exit 1
+  fi
+  echo "sanitize: canary $test fails as it must ($expect)"
+}
+
+run_asan() {
+  local s=$SECONDS
+  local san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  cmake -S . -B build-asan "${common[@]}" -DCMAKE_C_FLAGS="$san" \
+    -DCMAKE_CXX_FLAGS="$san $gcc_extra" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$san" >/dev/null
+  export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
+  export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
+  export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
+  cmake --build build-asan -j"$jobs" --target "${targets[@]}"
+  elapsed "asan build" "$s"
+  canary build-asan SanitizerCanary.DISABLED_HeapUseAfterFreeInAForkedRank "heap-use-after-free"
+  local r=$SECONDS
+  ctest --test-dir build-asan --output-on-failure -j"$ctest_jobs" -E "$not_gtest"
+  elapsed "asan tests" "$r"
+  unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+}
+
+# The threaded tests: every suite that runs engine threads (the store's
+# server thread, a group's collective thread, Gloo's pairs, the kernels'
+# pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
+# a GPU) and zsrun (a launcher without threads of its own).
+tsan_filter='TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*'
+
+run_tsan() {
+  local s=$SECONDS
+  local san="-fsanitize=thread -fno-omit-frame-pointer"
+  cmake -S . -B build-tsan "${common[@]}" -DCMAKE_C_FLAGS="$san" \
+    -DCMAKE_CXX_FLAGS="$san $gcc_extra" -DCMAKE_EXE_LINKER_FLAGS="$san" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$san" >/dev/null
+  # halt_on_error: a forked rank leaves with _exit(), which skips TSan's
+  # exit-code check, so the first report must abort the rank there and then.
+  export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp"
+  cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
+  elapsed "tsan build" "$s"
+  canary build-tsan SanitizerCanary.DISABLED_DataRaceInAForkedRank "data race"
+  local r=$SECONDS
+  # KernelsParallel.UsableInAForkedChildWhileTheParentPoolIsBusy forks while
+  # the parent's threads run and starts threads in the child, which TSan
+  # cannot follow ("starting new threads after multi-threaded fork is not
+  # supported"); it runs in the ASan build.
+  ctest --test-dir build-tsan --output-on-failure -j"$ctest_jobs" \
+    -E "$not_gtest|^KernelsParallel\.UsableInAForkedChildWhileTheParentPoolIsBusy\$" \
+    -R "$(tr ':' '\n' <<<"$tsan_filter" | sed 's/\./\\./; s/\*$/.*/; s/^/^/' | paste -sd'|')"
+  elapsed "tsan tests" "$r"
+  unset TSAN_OPTIONS
+}
+
+run_fuzz() {
+  local s=$SECONDS
+  local san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZS_BUILD_TESTS=OFF -DZS_BUILD_EXAMPLES=OFF \
+    -DZS_BUILD_FUZZERS=ON -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_store_request fuzz_store_server
+  export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1"
+  export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
+  local scratch
+  scratch=$(mktemp -d)
+  for target in config store_request store_server; do
+    local dict=()
+    [ -f "tests/fuzz/$target.dict" ] && dict=(-dict="tests/fuzz/$target.dict")
+    mkdir -p "$scratch/$target"
+    if ! "build-fuzz/bin/fuzz_$target" -runs="${ZS_FUZZ_RUNS:-20000}" -max_len=4096 "${dict[@]}" \
+      -artifact_prefix="build-fuzz/crash-$target-" -print_final_stats=1 \
+      "$scratch/$target" "tests/fuzz/corpus/$target" >"build-fuzz/fuzz_$target.log" 2>&1; then
+      tail -60 "build-fuzz/fuzz_$target.log"
+      rm -rf "$scratch"
+      echo "sanitize: fuzz_$target failed (log above, build-fuzz/fuzz_$target.log); the input is build-fuzz/crash-$target-*" >&2
+      exit 1
+    fi
+    echo "sanitize: fuzz_$target: $(grep -E '^Done' "build-fuzz/fuzz_$target.log")"
+  done
+  rm -rf "$scratch"
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+  elapsed "fuzz (build and ${ZS_FUZZ_RUNS:-20000} runs per target)" "$s"
+}
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    asan) run_asan ;;
+    tsan) run_tsan ;;
+    fuzz) run_fuzz ;;
+    *) echo "usage: scripts/sanitize.sh [asan] [tsan] [fuzz]" >&2; exit 2 ;;
+  esac
+done
+elapsed "everything" "$t0"
