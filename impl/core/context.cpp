@@ -395,6 +395,8 @@ std::string Context::departed_note() {
     } catch (const Error&) {
       return ranks_.rank == 0 ? ""
                               : "; rank 0, which serves the store, is unreachable: it may have died";
+    } catch (const std::exception&) {
+      return "";  // only a note: the failure itself is reported either way
     }
     if (count > 0)
       return std::string("; rank") + (count > 1 ? "s " : " ") + gone + (count > 1 ? " are" : " is") +
