@@ -40,8 +40,9 @@ gcc_extra="-O1 -Wno-maybe-uninitialized"
 # The tests that ctest must not run in a sanitizer build: they are not
 # GoogleTest cases of the engine (the install check builds a consumer with
 # plain flags, the ABI checks build C programs of their own, the others read
-# sources), and zs_tests alone is built there.
-not_gtest='^(install_and_consume|layering.*|abi_.*|julia_.*)$'
+# sources, the Java test runs the binding's own build), and zs_tests alone
+# is built there.
+not_gtest='^(install_and_consume|layering.*|abi_.*|julia_.*|java_.*)$'
 
 t0=$SECONDS
 elapsed() { echo "sanitize: $1 took $((SECONDS - $2)) s"; }

@@ -147,11 +147,11 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
           f32.resize(p.layout.numel);
           ops::cast_to_f32(*host_device(), raw.data(), t.dtype, f32.data(), p.layout.numel);
         }
-        if (t.dtype == p.dtype) std::memcpy(full.data(), raw.data(), raw.size());
+        if (t.dtype == p.dtype && !raw.empty()) std::memcpy(full.data(), raw.data(), raw.size());
         else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, full.data(), p.layout.numel);
         if (master) {
           full32.assign(p.layout.padded_numel * sizeof(float), 0);
-          std::memcpy(full32.data(), f32.data(), f32.size() * sizeof(float));
+          if (!f32.empty()) std::memcpy(full32.data(), f32.data(), f32.size() * sizeof(float));
         }
       } catch (const Error& e) {
         code = e.code();
@@ -242,14 +242,14 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       }
       Staged s{p.shard->data(), p.shard_bytes(), std::unique_ptr<char[]>(new char[p.shard_bytes()])};
       std::memset(s.host.get(), 0, s.bytes);
-      if (t->dtype == p.dtype) std::memcpy(s.host.get(), raw.data(), raw.size());
+      if (t->dtype == p.dtype && !raw.empty()) std::memcpy(s.host.get(), raw.data(), raw.size());
       else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, s.host.get(), n);
       staged.push_back(std::move(s));
       if (opt && p.dtype != DType::F32 && opt->has_state(p, 0)) {
         Staged m{opt->state(p, 0, nullptr), p.layout.shard_numel * sizeof(float),
                  std::unique_ptr<char[]>(new char[p.layout.shard_numel * sizeof(float)])};
         std::memset(m.host.get(), 0, m.bytes);
-        std::memcpy(m.host.get(), f32.data(), n * sizeof(float));
+        if (n > 0) std::memcpy(m.host.get(), f32.data(), n * sizeof(float));
         staged.push_back(std::move(m));
       }
       ++loaded;
