@@ -48,6 +48,8 @@ void apply_request(const sp::Request& r, std::unordered_map<std::string, std::st
     case sp::Cmd::Check:
       for (const std::string& k : r.keys) (void)data.count(k);
       break;
+    case sp::Cmd::Hello:  // names the connection; no data
+      break;
   }
 }
 
@@ -69,10 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     }
     const char* body = in.get() + pos + 4;
     if (sp::decode_request(body, len, &req)) {
-      const bool one_key = req.cmd != sp::Cmd::Wait;
-      if (one_key ? req.keys.size() != 1 : req.keys.size() > sp::kMaxWaitKeys) {
-        finding("decoded request has a wrong number of keys", pos);
-      }
+      const size_t keys = req.keys.size();
+      const bool keys_ok = req.cmd == sp::Cmd::Hello  ? keys == 0 && req.who.size() <= sp::kMaxClientName
+                           : req.cmd == sp::Cmd::Wait ? keys <= sp::kMaxWaitKeys
+                                                      : keys == 1;
+      if (!keys_ok) finding("decoded request has a wrong number of keys", pos);
       for (const std::string& k : req.keys) {
         if (k.size() > zs::Store::kMaxKeyBytes) finding("decoded key over the limit", pos);
       }
