@@ -128,8 +128,9 @@ std::vector<InactiveKey> inactive_keys(const Config& config);
 std::string config_to_json(const Config& config);
 
 // Where two effective configs (config_to_json texts) differ, one entry per
-// leaf key: "zero_optimization.reduce_bucket_size = 100 where the other has
-// 20000000". Keys that may differ per rank ("device") are left out.
-std::vector<std::string> config_differences(const std::string& mine, const std::string& other);
+// leaf key: "zero_optimization.reduce_bucket_size = 100 where <other_name>
+// has 20000000". Keys that may differ per rank ("device") are left out.
+std::vector<std::string> config_differences(const std::string& mine, const std::string& other,
+                                            const std::string& other_name);
 
 }  // namespace zs

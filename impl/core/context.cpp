@@ -115,17 +115,13 @@ void Context::wait_for_every_rank() {
     int differing = 0;
     for (int r = 1; r < ranks_.world_size; ++r) {
       const std::vector<char> theirs = store_->get(keys[static_cast<size_t>(r)]);
-      const auto diffs = config_differences(std::string(theirs.begin(), theirs.end()), config_json_);
+      const auto diffs =
+          config_differences(std::string(theirs.begin(), theirs.end()), config_json_, "rank 0");
       if (diffs.empty()) continue;
       if (++differing > kRanksShown) continue;
       verdict += (verdict.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has ";
-      for (size_t i = 0; i < diffs.size() && i < kKeysShown; ++i) {
-        std::string d = diffs[i];
-        const std::string other = "where the other has";
-        const size_t at = d.find(other);
-        if (at != std::string::npos) d.replace(at, other.size(), "where rank 0 has");
-        verdict += (i ? ", " : "") + d;
-      }
+      for (size_t i = 0; i < diffs.size() && i < kKeysShown; ++i)
+        verdict += (i ? ", " : "") + diffs[i];
       if (diffs.size() > kKeysShown) verdict += ", and " + std::to_string(diffs.size() - kKeysShown) + " more keys";
     }
     if (differing > kRanksShown)

@@ -46,7 +46,7 @@ void check_round_trip(const zs::Config& config, int world_size) {
   if (effective_again != effective) {
     finding("effective config changes on a second parse", effective + "\n---\n" + effective_again);
   }
-  const auto diffs = zs::config_differences(effective, effective_again);
+  const auto diffs = zs::config_differences(effective, effective_again, "the re-parsed config");
   if (!diffs.empty()) finding("an effective config differs from itself", diffs.front());
 }
 
