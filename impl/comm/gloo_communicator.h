@@ -20,9 +20,12 @@ namespace zs {
 std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& host);
 
 // Connect rank/size through store (keys should be prefixed per group).
-// Throws Code::Timeout or Code::Comm naming the group.
+// Throws Code::Timeout or Code::Comm naming the group. watch_store (the same
+// group store, kept for the communicator's life) is where ranks compare
+// collective identities when one waits too long; null turns that off.
 std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& group_name, int rank, int size, Store& store,
-    const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout);
+    const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+    std::shared_ptr<Store> watch_store = nullptr);
 
 }  // namespace zs

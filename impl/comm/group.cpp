@@ -1,5 +1,6 @@
 #include "impl/comm/group.h"
 
+#include "impl/comm/collective_label.h"
 #include "impl/common/no_sigpipe.h"
 
 namespace zs {
@@ -66,6 +67,7 @@ std::pair<Code, std::string> Group::execute(const std::string& what,
     // Gloo writes without MSG_NOSIGNAL: a dead peer's SIGPIPE must become
     // EPIPE here too, as on the group's thread (started with it blocked).
     SigpipeBlockedScope no_sigpipe;
+    const CollectiveLabelScope label(what);
     try {
       fn(*comm_);
     } catch (const Error& e) {

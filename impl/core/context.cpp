@@ -229,7 +229,7 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   if (my >= 0 && ranks.size() == 1 && !nccl_for_one_) {
     comm = make_local_communicator(device_);
   } else if (my >= 0) {
-    auto prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));
+    std::shared_ptr<Store> prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));
     const int size = static_cast<int>(ranks.size());
     BackendMemory side = BackendMemory::Host;
 #ifdef ZS_WITH_CUDA
@@ -239,7 +239,8 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
       side = BackendMemory::Device;
     }
 #endif
-    if (!comm) comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_);
+    if (!comm)
+      comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed);
     // Buffers on the other side of the backend (GPU memory for Gloo, host
     // scalars for NCCL) are staged; a CPU context has nothing to stage.
     if (device_->is_cuda() || stage_all_)

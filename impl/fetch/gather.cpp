@@ -150,7 +150,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   std::vector<GatherSegment> segments;
   std::vector<BufferPtr> keep(fulls);
   std::shared_ptr<Work> work;
-  const std::string what = "fetch of " + std::to_string(n) + " params";
+  const std::string what = params_label("fetch of", params);
   ctx.ledger().count(Fetched::Gather);
   if (from_secondary) {
     const auto h = static_cast<uint64_t>(hpz->size());

@@ -113,7 +113,7 @@ void GradReducer::flush(Bucket& b) {
     sizes.push_back(p->layout.shard_numel);
   }
   auto w = group->submit(
-      "gradient reduce-scatter of " + std::to_string(params.size()) + " params",
+      params_label("gradient reduce-scatter of", params),
       [data, shards, sizes, offsets, used, devp](Communicator& comm) {
         Buffer mine(devp, used * sizeof(float));
         comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);

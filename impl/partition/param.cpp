@@ -1,5 +1,8 @@
 #include "impl/partition/param.h"
 
+#include <xxhash.h>
+
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -41,6 +44,27 @@ std::string Param::describe() const {
   for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
   os << "])";
   return os.str();
+}
+
+std::string params_label(const std::string& verb,
+                         const std::vector<std::shared_ptr<Param>>& params) {
+  constexpr size_t kNamed = 2;
+  std::string label = verb;
+  uint64_t h = params.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = *params[i];
+    if (i < kNamed) label += (i ? ", " : " ") + p.describe();
+    h = XXH3_64bits_withSeed(p.name.data(), p.name.size(), h);
+    h = XXH3_64bits_withSeed(p.shape.data(), p.shape.size() * sizeof(int64_t),
+                             h + static_cast<uint64_t>(p.dtype));
+  }
+  if (params.size() > kNamed) {
+    char tail[64];
+    std::snprintf(tail, sizeof tail, " and %zu more [params %016llx]", params.size() - kNamed,
+                  static_cast<unsigned long long>(h));
+    label += tail;
+  }
+  return label;
 }
 
 }  // namespace zs

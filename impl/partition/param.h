@@ -20,6 +20,13 @@ enum class ParamStatus : int { NotAvailable = 0, Inflight = 1, Available = 2 };
 
 const char* param_status_name(ParamStatus s);
 
+class Param;
+// The label of a collective that moves these params ("fetch of param 'w'
+// (float32 [3, 5]) and 4 more [params 1f2e3d4c]"), for its identity and
+// for messages: the first params by name, a hash of every name, dtype and
+// shape, so ranks that move different params never agree by accident.
+std::string params_label(const std::string& verb, const std::vector<std::shared_ptr<Param>>& params);
+
 class Param : public std::enable_shared_from_this<Param> {
  public:
   Param(uint64_t context_id, std::string name, DType dtype, std::vector<int64_t> shape,

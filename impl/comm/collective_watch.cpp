@@ -1,0 +1,241 @@
+#include "impl/comm/collective_watch.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "impl/comm/collective_label.h"
+#include "impl/common/env.h"
+
+namespace zs {
+namespace {
+
+constexpr auto kTick = std::chrono::milliseconds(100);
+
+std::string notes_key(int rank) { return "watch/rank" + std::to_string(rank); }
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+// A peer's published notes: its recent identities by sequence number and,
+// once it failed, why.
+struct PeerNotes {
+  struct Item {
+    uint64_t hash;
+    bool done;
+    std::string text;
+  };
+  std::map<uint64_t, Item> by_seq;
+  uint64_t latest = 0;
+  std::string failed;
+};
+
+PeerNotes parse_notes(const std::vector<char>& raw) {
+  PeerNotes out;
+  std::istringstream in(std::string(raw.begin(), raw.end()));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("failed ", 0) == 0) {
+      out.failed = line.substr(7);
+      continue;
+    }
+    std::istringstream fields(line);
+    uint64_t seq = 0, hash = 0;
+    int done = 0;
+    fields >> seq >> std::hex >> hash >> std::dec >> done;
+    if (!fields) continue;
+    std::string text;
+    std::getline(fields, text);
+    if (!text.empty() && text[0] == ' ') text.erase(0, 1);
+    out.by_seq[seq] = {hash, done != 0, text};
+    if (seq >= out.latest) out.latest = seq;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CollectiveIdentity::describe() const {
+  std::string s = "#" + std::to_string(seq) + " " + op;
+  if (!detail.empty()) s += " (" + detail + ")";
+  if (!label.empty()) s += " for '" + label + "'";
+  return s;
+}
+
+CollectiveIdentity make_identity(uint64_t seq, const char* op, std::string detail,
+                                 uint64_t extra) {
+  CollectiveIdentity id;
+  id.seq = seq;
+  id.op = op;
+  id.detail = std::move(detail);
+  id.label = CollectiveLabelScope::current();
+  std::string all = id.op;
+  all += '\0';
+  all += id.detail;
+  all += '\0';
+  all += id.label;
+  id.hash = XXH3_64bits_withSeed(all.data(), all.size(), seq ^ (extra * 0x9E3779B97F4A7C15ull));
+  return id;
+}
+
+std::chrono::milliseconds collective_check_after() {
+  return std::chrono::milliseconds(env_int("ZS_COLLECTIVE_CHECK_MS", 500));
+}
+
+CollectiveWatch::CollectiveWatch(std::string group, int rank, int size,
+                                 std::shared_ptr<Store> store,
+                                 std::chrono::milliseconds check_after)
+    : group_(std::move(group)),
+      rank_(rank),
+      size_(size),
+      store_(std::move(store)),
+      check_after_(check_after) {
+  if (store_ && size_ > 1) thread_ = std::thread([this] { loop(); });
+}
+
+CollectiveWatch::~CollectiveWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CollectiveWatch::begin(CollectiveIdentity id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (history_.size() == kHistory) history_.pop_front();
+  history_.push_back({std::move(id), false});
+  running_ = true;
+  began_ = std::chrono::steady_clock::now();
+  verdict_.clear();
+}
+
+void CollectiveWatch::end(bool completed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!history_.empty()) history_.back().done = completed;
+  running_ = false;
+  abort_ = nullptr;
+}
+
+void CollectiveWatch::set_abort(std::function<void()> abort) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_ = std::move(abort);
+  // A verdict reached between two waits cuts the next one short at once.
+  if (abort_ && !verdict_.empty()) abort_();
+}
+
+std::string CollectiveWatch::verdict() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verdict_;
+}
+
+std::string CollectiveWatch::notes_locked() const {
+  std::string notes;
+  for (const auto& e : history_) {
+    char head[64];
+    std::snprintf(head, sizeof head, "%llu %016llx %d ",
+                  static_cast<unsigned long long>(e.id.seq),
+                  static_cast<unsigned long long>(e.id.hash), e.done ? 1 : 0);
+    notes += head + one_line(e.id.describe()) + "\n";
+  }
+  if (!verdict_.empty()) notes += "failed " + one_line(verdict_) + "\n";
+  return notes;
+}
+
+std::string CollectiveWatch::history() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const auto& e : history_)
+    out += "  " + e.id.describe() + (e.done ? "" : "  <- did not complete") + "\n";
+  return out;
+}
+
+void CollectiveWatch::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, kTick);
+    if (stop_) break;
+    if (!running_ || !verdict_.empty() || history_.empty()) continue;
+    if (std::chrono::steady_clock::now() - began_ < check_after_) continue;
+    const uint64_t seq = history_.back().id.seq;
+    const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
+    lock.unlock();
+    std::string verdict;
+    try {
+      verdict = compare_notes(seq, notes);
+    } catch (const std::exception&) {
+      // The store is gone or slow: the collective's own timeout still holds.
+    }
+    lock.lock();
+    if (!notes.empty()) published_seq_ = seq;
+    if (verdict.empty() || !running_ || history_.empty() || history_.back().id.seq != seq)
+      continue;
+    verdict_ = verdict;
+    if (abort_) abort_();
+    // Peers waiting elsewhere learn why this rank stopped.
+    const std::string failed = notes_locked();
+    lock.unlock();
+    try {
+      store_->set(notes_key(rank_), std::vector<char>(failed.begin(), failed.end()));
+    } catch (const std::exception&) {
+    }
+    lock.lock();
+  }
+}
+
+std::string CollectiveWatch::compare_notes(uint64_t seq, const std::string& notes) {
+  if (!notes.empty()) store_->set(notes_key(rank_), std::vector<char>(notes.begin(), notes.end()));
+  CollectiveIdentity mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine = history_.back().id;
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !store_->check(notes_key(peer))) continue;
+    const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
+    if (!theirs.failed.empty())
+      return "rank " + std::to_string(peer) + " of group '" + group_ +
+             "' stopped first: " + theirs.failed;
+    const auto it = theirs.by_seq.find(seq);
+    if (it == theirs.by_seq.end() || it->second.hash == mine.hash) continue;
+    const std::string my_side = "rank " + std::to_string(rank_) + " runs " + mine.describe();
+    const std::string their_side = "rank " + std::to_string(peer) +
+                                   (it->second.done ? " ran " : " runs ") + it->second.text;
+    return "ranks disagree on collective #" + std::to_string(seq) + " of group '" + group_ +
+           "': " + (peer < rank_ ? their_side + " where " + my_side
+                                 : my_side + " where " + their_side) +
+           " (every rank must issue the same collectives in the same order)";
+  }
+  return "";
+}
+
+std::string CollectiveWatch::whereabouts() {
+  if (!store_) return "";
+  std::string out;
+  try {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      if (!store_->check(notes_key(peer))) {
+        out += "; rank " + std::to_string(peer) +
+               " never waited in a collective of this group long enough to report";
+        continue;
+      }
+      const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
+      const auto it = theirs.by_seq.find(theirs.latest);
+      if (it == theirs.by_seq.end()) continue;
+      out += "; rank " + std::to_string(peer) + " last reported " +
+             (it->second.done ? "finishing " : "waiting in ") + it->second.text;
+    }
+  } catch (const std::exception&) {
+    return "";
+  }
+  return out;
+}
+
+}  // namespace zs

@@ -1,0 +1,104 @@
+// The identity of every collective a rank runs on a group, the last few of
+// them (a flight recorder), and a watcher that tells when ranks parted.
+//
+// A collective's identity (sequence number, op, sizes, dtype, and the label
+// of what the engine is doing: which params it fetches or reduces) is hashed
+// into the transport's message slots, so ranks that disagree never exchange
+// a byte: no size check fires inside Gloo, no numbers are silently mixed.
+// They simply wait. When a wait passes `check_after`, the rank publishes its
+// recent identities in the group's store and reads its peers'; a peer that
+// ran a different collective at the same sequence number is a mismatch,
+// reported in both ranks' words and the wait is cut short. Ranks that agree
+// never touch the store, so the check costs a hash and a ring-buffer slot per
+// collective.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "impl/comm/store.h"
+
+namespace zs {
+
+struct CollectiveIdentity {
+  uint64_t seq = 0;
+  const char* op = "";
+  std::string detail;  // sizes and dtype, e.g. "1000 x float32, sum"
+  std::string label;   // what the engine does (CollectiveLabelScope)
+  uint64_t hash = 0;   // of all the above and `extra`
+
+  // "#12 all-gather of 4096 bytes per rank for 'fetch of layer3.weight'"
+  std::string describe() const;
+};
+
+// Builds an identity; `extra` folds in sizes the detail only summarises
+// (each segment of a coalesced gather).
+CollectiveIdentity make_identity(uint64_t seq, const char* op, std::string detail,
+                                 uint64_t extra = 0);
+
+class CollectiveWatch {
+ public:
+  static constexpr size_t kHistory = 16;
+
+  // store: the group's own (prefixed) store; null disables the watcher
+  // (the history is still kept). check_after: how long a collective may
+  // wait before its rank compares notes with its peers.
+  CollectiveWatch(std::string group, int rank, int size, std::shared_ptr<Store> store,
+                  std::chrono::milliseconds check_after);
+  ~CollectiveWatch();
+  CollectiveWatch(const CollectiveWatch&) = delete;
+  CollectiveWatch& operator=(const CollectiveWatch&) = delete;
+
+  void begin(CollectiveIdentity id);
+  // completed: false when the collective failed (the recorder says so).
+  void end(bool completed);
+  // How to cut the current wait short; cleared with nullptr. Called with
+  // the watch's lock held, so it must only signal.
+  void set_abort(std::function<void()> abort);
+  // The mismatch found for the current collective, or "".
+  std::string verdict() const;
+  // What each peer last published, for a timeout's message (store I/O).
+  std::string whereabouts();
+  // This rank's last collectives, oldest first, one per line.
+  std::string history() const;
+
+ private:
+  struct Entry {
+    CollectiveIdentity id;
+    bool done = false;
+  };
+  void loop();
+  // Publishes this rank's notes and compares them with the peers'; returns
+  // a verdict or "".
+  std::string compare_notes(uint64_t seq, const std::string& notes);
+  std::string notes_locked() const;
+
+  const std::string group_;
+  const int rank_, size_;
+  const std::shared_ptr<Store> store_;
+  const std::chrono::milliseconds check_after_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> history_;
+  bool running_ = false;  // a collective is in progress
+  std::chrono::steady_clock::time_point began_;
+  uint64_t published_seq_ = UINT64_MAX;
+  std::function<void()> abort_;
+  std::string verdict_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// How long a collective waits before the ranks compare identities:
+// ZS_COLLECTIVE_CHECK_MS, 500 by default; 0 turns identities off.
+std::chrono::milliseconds collective_check_after();
+
+}  // namespace zs
