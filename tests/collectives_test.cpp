@@ -71,7 +71,9 @@ void all_collectives(const RankEnv& env) {
   const size_t w = static_cast<size_t>(env.world);
 
   for (zs_dtype t : {ZS_FLOAT32, ZS_BFLOAT16, ZS_FLOAT16}) {
-    for (size_t count : {size_t{1}, size_t{13}, size_t{1000}, size_t{0}}) {
+    // 20011 and 70001: all-reduces past the direct path (64 KiB) take the
+    // ring, with blocks of unequal length; 70001 fp32 gathers go direct.
+    for (size_t count : {size_t{1}, size_t{13}, size_t{1000}, size_t{0}, size_t{20011}, size_t{70001}}) {
       // all-gather
       std::vector<float> mine(count);
       for (size_t i = 0; i < count; ++i) mine[i] = value(env.rank, i);
@@ -106,6 +108,13 @@ void all_collectives(const RankEnv& env) {
           ASSERT_NEAR(decode(ar, t, i), reduce_expected(op, env.world, i),
                       tol * (1.0f + std::fabs(reduce_expected(op, env.world, i))))
               << "all-reduce op " << op << " dtype " << t;
+        // Every rank holds bitwise the same result.
+        std::vector<uint8_t> all_ar(ar.size() * w);
+        ZS_ASSERT_OK(zs_allgather(&work, world, ar.data(), all_ar.data(), count, t));
+        wait_ok(work);
+        for (size_t r = 0; r < w; ++r)
+          ASSERT_EQ(std::memcmp(all_ar.data() + r * ar.size(), ar.data(), ar.size()), 0)
+              << "all-reduce results differ between ranks " << r << " and " << env.rank;
       }
       // broadcast from the last rank
       auto bc = env.rank == env.world - 1 ? send : std::vector<uint8_t>(send.size(), 0);

@@ -1,0 +1,249 @@
+#include "impl/comm/collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "impl/common/reduce.h"
+#include "impl/device/buffer.h"
+
+namespace zs::collectives {
+namespace {
+
+// Sums and reductions of 16-bit floats run in fp32; u8 stays bytes.
+size_t wire_elem(DType dtype) { return dtype == DType::U8 ? 1 : 4; }
+
+void check_reduction(DType dtype, ReduceOp op) {
+  if (dtype == DType::U8 && op == ReduceOp::Avg)
+    fail(Code::NotSupported, "ZS_AVG is not defined for ZS_UINT8");
+}
+
+void reduce_into(void* dst, const void* src, size_t count, DType dtype, ReduceOp op) {
+  if (dtype == DType::U8) {
+    reduce_u8(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
+  } else {
+    reduce_f32(static_cast<float*>(dst), static_cast<const float*>(src), count, op);
+  }
+}
+
+// Widens count elements of send into wire elements.
+void widen(const void* send, DType dtype, void* out, size_t count) {
+  if (dtype == DType::U8) {
+    std::memcpy(out, send, count);
+  } else {
+    widen_to_f32(send, dtype, static_cast<float*>(out), count);
+  }
+}
+
+// Averages over `members` and narrows count wire elements into recv.
+void finish(void* wire, DType dtype, ReduceOp op, int members, void* recv, size_t count) {
+  if (dtype == DType::U8) {
+    if (wire != recv) std::memcpy(recv, wire, count);
+    return;
+  }
+  auto* f = static_cast<float*>(wire);
+  if (op == ReduceOp::Avg) scale_f32(f, count, static_cast<float>(members));
+  narrow_from_f32(f, dtype, recv, count);
+}
+
+// Ring reduce-scatter over n blocks of acc (wire elements), block b at
+// offsets[b] with counts[b] elements. After n-1 steps block rank() holds the
+// full reduction: each step sends the block just accumulated to the right
+// and accumulates the one arriving from the left.
+void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_t>& offsets,
+                        const std::vector<size_t>& counts, DType dtype, ReduceOp op) {
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  const size_t elem = wire_elem(dtype);
+  const size_t largest = *std::max_element(counts.begin(), counts.end());
+  Buffer incoming(std::max<size_t>(largest * elem, 1));
+  const int right = (me + 1) % n;
+  const int left = (me + n - 1) % n;
+  auto block = [n](int b) { return static_cast<size_t>(((b % n) + n) % n); };
+  for (int step = 0; step < n - 1; ++step) {
+    const size_t send_block = block(me - step - 1);
+    const size_t recv_block = block(me - step - 2);
+    const auto index = static_cast<uint32_t>(step);
+    if (counts[recv_block] > 0) p2p.recv(left, index, incoming.data(), counts[recv_block] * elem);
+    if (counts[send_block] > 0)
+      p2p.send(right, index, acc + offsets[send_block] * elem, counts[send_block] * elem);
+    p2p.wait();
+    reduce_into(acc + offsets[recv_block] * elem, incoming.data(), counts[recv_block], dtype, op);
+  }
+}
+
+}  // namespace
+
+void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  std::vector<const GatherSegment*> small;
+  std::vector<const GatherSegment*> large;
+  size_t packed_bytes = 0;
+  for (const auto& s : segments) {
+    if (s.bytes == 0) continue;
+    if (s.bytes >= kDirectSegmentBytes) {
+      large.push_back(&s);
+    } else {
+      small.push_back(&s);
+      packed_bytes += s.bytes;
+    }
+  }
+
+  // Packed small segments: one send buffer, one staging area per peer.
+  std::unique_ptr<Buffer> pack, staging;
+  if (packed_bytes > 0) {
+    pack = std::make_unique<Buffer>(packed_bytes);
+    staging = std::make_unique<Buffer>(packed_bytes * static_cast<size_t>(n));
+    size_t off = 0;
+    for (const auto* s : small) {
+      std::memcpy(static_cast<uint8_t*>(pack->data()) + off, s->send, s->bytes);
+      off += s->bytes;
+    }
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      p2p.recv(peer, 0,
+               static_cast<uint8_t*>(staging->data()) + static_cast<size_t>(peer) * packed_bytes,
+               packed_bytes);
+      p2p.send(peer, 0, pack->data(), packed_bytes);
+    }
+  }
+
+  // Large segments: post every receive and send before waiting on any.
+  uint32_t index = 1;
+  for (const auto* s : large) {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      p2p.recv(peer, index, static_cast<uint8_t*>(s->recv) + static_cast<size_t>(peer) * s->bytes,
+               s->bytes);
+      p2p.send(peer, index, s->send, s->bytes);
+    }
+    ++index;
+  }
+
+  // Our own part needs no network; copy it while the transfers run.
+  for (const auto& s : segments) {
+    auto* dst = static_cast<uint8_t*>(s.recv) + static_cast<size_t>(me) * s.bytes;
+    if (s.bytes > 0 && dst != s.send) std::memcpy(dst, s.send, s.bytes);
+  }
+  p2p.wait();
+
+  if (packed_bytes == 0) return;
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer == me) continue;
+    const auto* src =
+        static_cast<const uint8_t*>(staging->data()) + static_cast<size_t>(peer) * packed_bytes;
+    for (const auto* s : small) {
+      std::memcpy(static_cast<uint8_t*>(s->recv) + static_cast<size_t>(peer) * s->bytes, src,
+                  s->bytes);
+      src += s->bytes;
+    }
+  }
+}
+
+void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
+                    ReduceOp op) {
+  check_reduction(dtype, op);
+  if (count == 0) return;
+  const int n = p2p.size();
+  const size_t elem = wire_elem(dtype);
+  Buffer acc(count * elem * static_cast<size_t>(n));
+  widen(send, dtype, acc.data(), count * static_cast<size_t>(n));
+  std::vector<size_t> offsets, counts(static_cast<size_t>(n), count);
+  for (int b = 0; b < n; ++b) offsets.push_back(static_cast<size_t>(b) * count);
+  auto* bytes = static_cast<uint8_t*>(acc.data());
+  ring_reduce_blocks(p2p, bytes, offsets, counts, dtype, op);
+  finish(bytes + static_cast<size_t>(p2p.rank()) * count * elem, dtype, op, n, recv, count);
+}
+
+void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
+                ReduceOp op) {
+  check_reduction(dtype, op);
+  if (count == 0) return;
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  const size_t elem = wire_elem(dtype);
+  const size_t bytes = count * elem;
+  if (bytes <= kDirectAllReduceBytes) {
+    // Everyone's vector to everyone; each member reduces in rank order, so
+    // all compute bitwise the same result.
+    Buffer all(bytes * static_cast<size_t>(n));
+    auto* base = static_cast<uint8_t*>(all.data());
+    widen(send, dtype, base + static_cast<size_t>(me) * bytes, count);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      p2p.recv(peer, 0, base + static_cast<size_t>(peer) * bytes, bytes);
+      p2p.send(peer, 0, base + static_cast<size_t>(me) * bytes, bytes);
+    }
+    p2p.wait();
+    for (int r = 1; r < n; ++r)
+      reduce_into(base, base + static_cast<size_t>(r) * bytes, count, dtype, op);
+    finish(base, dtype, op, n, recv, count);
+    return;
+  }
+  // Ring reduce-scatter into n nearly equal blocks, then each member sends
+  // its reduced block to every peer.
+  Buffer acc(bytes);
+  auto* base = static_cast<uint8_t*>(acc.data());
+  widen(send, dtype, base, count);
+  std::vector<size_t> offsets, counts;
+  const auto members = static_cast<size_t>(n);
+  size_t off = 0;
+  for (size_t b = 0; b < members; ++b) {
+    const size_t c = count / members + (b < count % members ? 1 : 0);
+    offsets.push_back(off);
+    counts.push_back(c);
+    off += c;
+  }
+  ring_reduce_blocks(p2p, base, offsets, counts, dtype, op);
+  constexpr uint32_t kGatherIndex = 1u << 20;  // after the ring's steps
+  const auto mine = static_cast<size_t>(me);
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer == me) continue;
+    const auto p = static_cast<size_t>(peer);
+    if (counts[p] > 0) p2p.recv(peer, kGatherIndex, base + offsets[p] * elem, counts[p] * elem);
+    if (counts[mine] > 0)
+      p2p.send(peer, kGatherIndex, base + offsets[mine] * elem, counts[mine] * elem);
+  }
+  p2p.wait();
+  finish(base, dtype, op, n, recv, count);
+}
+
+void broadcast(PointToPoint& p2p, void* buf, size_t bytes, int root) {
+  if (bytes == 0) return;
+  if (p2p.rank() == root) {
+    for (int peer = 0; peer < p2p.size(); ++peer)
+      if (peer != root) p2p.send(peer, 0, buf, bytes);
+  } else {
+    p2p.recv(root, 0, buf, bytes);
+  }
+  p2p.wait();
+}
+
+void scatter(PointToPoint& p2p, const std::vector<const void*>& inputs, void* recv, size_t bytes,
+             int root) {
+  if (bytes == 0) return;
+  if (p2p.rank() == root) {
+    for (int peer = 0; peer < p2p.size(); ++peer)
+      if (peer != root) p2p.send(peer, 0, inputs[static_cast<size_t>(peer)], bytes);
+    const void* own = inputs[static_cast<size_t>(root)];
+    if (recv != own) std::memcpy(recv, own, bytes);
+  } else {
+    p2p.recv(root, 0, recv, bytes);
+  }
+  p2p.wait();
+}
+
+void barrier(PointToPoint& p2p) {
+  // One byte to and from every peer: nobody leaves before all arrived.
+  std::vector<uint8_t> in(static_cast<size_t>(p2p.size()));
+  const uint8_t out = 1;
+  for (int peer = 0; peer < p2p.size(); ++peer) {
+    if (peer == p2p.rank()) continue;
+    p2p.recv(peer, 0, &in[static_cast<size_t>(peer)], 1);
+    p2p.send(peer, 0, &out, 1);
+  }
+  p2p.wait();
+}
+
+}  // namespace zs::collectives
