@@ -6,6 +6,7 @@
 //   build/bin/bench_collective_identity [--ranks 2] [--rounds 6] [--ops 2000]
 //
 // Forks its own ranks over loopback. The last line is one JSON object.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +39,16 @@ struct Args {
 
 using Clock = std::chrono::steady_clock;
 
+// CPU seconds this process used (every thread): on a shared machine, wall
+// time per small collective is mostly waiting for a core; CPU time is what
+// the identities themselves add.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -69,7 +80,7 @@ double time_allreduces(zs_group group, int ops) {
 }
 
 struct Round {
-  double one, eight, allreduce;
+  double one, eight, allreduce, cpu_us;  // cpu_us: per op over all three
 };
 
 Round run_round(const Args& a, int rank, int port, bool identities) {
@@ -100,9 +111,11 @@ Round run_round(const Args& a, int rank, int port, bool identities) {
   const std::vector<zs_param> one(params.begin(), params.begin() + 1);
   time_fetches(ctx, one, a.ops / 10);  // warm-up
   Round r{};
+  const double cpu0 = cpu_seconds();
   r.one = time_fetches(ctx, one, a.ops);
   r.eight = time_fetches(ctx, params, a.ops);
   r.allreduce = time_allreduces(group, a.ops);
+  r.cpu_us = (cpu_seconds() - cpu0) * 1e6 / (3.0 * a.ops);
   CHECK(zs_group_destroy(group));
   for (auto p : params) CHECK(zs_param_destroy(p));
   CHECK(zs_context_destroy(ctx));
@@ -110,7 +123,7 @@ Round run_round(const Args& a, int rank, int port, bool identities) {
 }
 
 void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
-  std::vector<double> on_one, on_eight, on_ar, off_one, off_eight, off_ar;
+  std::vector<double> on_one, on_eight, on_ar, off_one, off_eight, off_ar, on_cpu, off_cpu;
   for (int round = 0; round < a.rounds; ++round) {
     for (int mode = 0; mode < 2; ++mode) {
       const bool on = (round + mode) % 2 == 0;  // ABBA: neither mode always goes first
@@ -118,12 +131,14 @@ void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
       (on ? on_one : off_one).push_back(r.one);
       (on ? on_eight : off_eight).push_back(r.eight);
       (on ? on_ar : off_ar).push_back(r.allreduce);
+      (on ? on_cpu : off_cpu).push_back(r.cpu_us);
     }
   }
   if (rank != 0) return;
   const double a1 = median(on_one), b1 = median(off_one);
   const double a8 = median(on_eight), b8 = median(off_eight);
   const double ar = median(on_ar), br = median(off_ar);
+  const double ac = median(on_cpu), bc = median(off_cpu);
   std::printf("collective identities, %d ranks, %d rounds x %d ops, medians\n", a.ranks, a.rounds,
               a.ops);
   std::printf("  fetch+release of 1 param:   on %7.2f us  off %7.2f us  on/off %.3f\n", a1, b1,
@@ -132,12 +147,14 @@ void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
               a8 / b8);
   std::printf("  all-reduce of 1 float:      on %7.2f us  off %7.2f us  on/off %.3f\n", ar, br,
               ar / br);
+  std::printf("  CPU time per op (rank 0):   on %7.2f us  off %7.2f us  on/off %.3f\n", ac, bc,
+              ac / bc);
   std::printf(
       "{\"bench\":\"collective_identity\",\"ranks\":%d,\"fetch1_on_us\":%.3f,\"fetch1_off_us\":%.3f,"
       "\"fetch1_ratio\":%.4f,\"fetch8_on_us\":%.3f,\"fetch8_off_us\":%.3f,\"fetch8_ratio\":%.4f,"
       "\"allreduce_on_us\":%.3f,\"allreduce_off_us\":%.3f,\"allreduce_ratio\":%.4f,"
-      "\"target_ratio\":1.02}\n",
-      a.ranks, a1, b1, a1 / b1, a8, b8, a8 / b8, ar, br, ar / br);
+      "\"cpu_on_us\":%.3f,\"cpu_off_us\":%.3f,\"cpu_ratio\":%.4f,\"target_ratio\":1.02}\n",
+      a.ranks, a1, b1, a1 / b1, a8, b8, a8 / b8, ar, br, ar / br, ac, bc, ac / bc);
   std::fflush(stdout);
 }
 

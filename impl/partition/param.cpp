@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <limits>
-#include <sstream>
 
 namespace zs {
 
@@ -39,11 +38,20 @@ Param::Param(uint64_t ctx_id, std::string param_name, DType param_dtype,
       layout(ShardLayout::make(checked_numel(shape), group->size(), group->rank())) {}
 
 std::string Param::describe() const {
-  std::ostringstream os;
-  os << "param '" << name << "' (" << dtype_name(dtype) << " [";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "])";
-  return os.str();
+  // Appends rather than a stream: every fetch's collective label calls this.
+  std::string s;
+  s.reserve(name.size() + 40);
+  s += "param '";
+  s += name;
+  s += "' (";
+  s += dtype_name(dtype);
+  s += " [";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  s += "])";
+  return s;
 }
 
 std::string params_label(const std::string& verb,
