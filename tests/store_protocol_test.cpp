@@ -22,7 +22,8 @@ TEST(StoreProtocol, EveryCommandRoundTrips) {
   const std::vector<std::string> bodies = {
       encode_set("rank_0/addr", "127.0.0.1:1", 11), encode_get("k"),
       encode_wait(keys.data(), keys.size()),        encode_add("n", -5),
-      encode_check(std::string("\0\xff", 2)),
+      encode_check(std::string("\0\xff", 2)),       encode_auth(std::string(kAuthProofBytes, '\x5a')),
+      encode_hello("rank 3"),
   };
   for (const std::string& body : bodies) {
     Request r;
@@ -55,6 +56,9 @@ TEST(StoreProtocol, MalformedBodiesAreRefused) {
   set += "k";
   put_u64(set, Store::kMaxValueBytes + 1);
   EXPECT_FALSE(decodes(set, &r)) << "value over the limit";
+  // A job-secret proof is exactly 32 bytes.
+  EXPECT_FALSE(decodes(encode_auth(std::string(31, 'p')), &r)) << "short proof";
+  EXPECT_FALSE(decodes(encode_auth(std::string(33, 'p')), &r)) << "long proof";
 }
 
 TEST(StoreProtocol, FramesAreCutByTheirLength) {

@@ -35,6 +35,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -182,7 +183,8 @@ const char kUsage[] =
     "Runs N local ranks of CMD with a torchrun-compatible environment\n"
     "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), plus\n"
     "ZS_STORE_PORT: the zeroshard engine's rendezvous port, so MASTER_PORT\n"
-    "stays free for torch.distributed whichever starts first.\n"
+    "stays free for torch.distributed whichever starts first, and\n"
+    "ZS_JOB_SECRET (random, unless already set): only these ranks may join.\n"
     "\n"
     "Options:\n"
     "  -n, --nproc-per-node N   number of ranks (>= 1), required\n"
@@ -402,6 +404,29 @@ class Launcher {
   Clock::time_point all_reaped_at_;
 };
 
+// n random bytes from the kernel, as hex.
+std::string random_hex(size_t n) {
+  std::vector<unsigned char> bytes(n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(bytes.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      std::fprintf(stderr, "zsrun: cannot read random bytes for the job secret: %s\n",
+                   std::strerror(errno));
+      std::exit(1);
+    }
+    got += static_cast<size_t>(r);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
 std::vector<std::string> Launcher::base_environment() {
   // Variables we set are removed from the inherited environment first so a
   // zsrun started inside another launcher does not pass stale values on.
@@ -411,15 +436,19 @@ std::vector<std::string> Launcher::base_environment() {
       "MASTER_ADDR", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
       "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZS_LAUNCHER"};
   std::vector<std::string> env;
-  bool have_omp = false;
+  bool have_omp = false, have_secret = false;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     std::string key = kv.substr(0, kv.find('='));
     bool owned = false;
     for (const char* k : kOwned) owned = owned || key == k;
     if (key == "OMP_NUM_THREADS") have_omp = true;
+    if (key == "ZS_JOB_SECRET" && kv.size() > key.size() + 1) have_secret = true;
     if (!owned) env.push_back(kv);
   }
+  // A job secret per launch: only these ranks can join the store and pair
+  // with each other (a user's own ZS_JOB_SECRET is kept).
+  if (!have_secret) env.push_back("ZS_JOB_SECRET=" + random_hex(32));
   auto n = std::to_string(opt_.nranks);
   // A single node, one role, no restarts: the static torchrun layout.
   env.push_back("WORLD_SIZE=" + n);

@@ -10,6 +10,7 @@
 
 #include "impl/comm/collective_watch.h"
 #include "impl/comm/collectives.h"
+#include "impl/comm/job_secret.h"
 #include "impl/comm/point_to_point.h"
 #include "impl/common/no_sigpipe.h"
 
@@ -108,6 +109,47 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   void barrier() override {
     run("barrier", [] { return std::string(); }, 0, [&] { collectives::barrier(*this); });
+  }
+
+  // Every member proves the job secret to every peer over their pair, on a
+  // fresh challenge from that peer: a process that connected to a rank's
+  // listener before the real peer did (a stranger, or a rank of another
+  // job) cannot, and the group fails naming the pair instead of adopting
+  // it. The proof says from whom to whom, so it cannot be replayed.
+  void prove_pairs(const std::string& secret) {
+    run("job-secret check of the group's connections", [] { return std::string(); }, 0, [&] {
+      const int n = size(), me = rank();
+      auto context = [&](int from, int to) {
+        return "pair of group " + name_ + " from rank " + std::to_string(from) + " to rank " +
+               std::to_string(to);
+      };
+      const std::string mine = make_challenge();
+      std::vector<std::string> theirs(static_cast<size_t>(n), std::string(kChallengeBytes, '\0'));
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == me) continue;
+        recv(peer, 0, theirs[static_cast<size_t>(peer)].data(), kChallengeBytes);
+        send(peer, 0, mine.data(), kChallengeBytes);
+      }
+      wait();
+      std::vector<std::string> proofs(static_cast<size_t>(n)),
+          answers(static_cast<size_t>(n), std::string(kProofBytes, '\0'));
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == me) continue;
+        const auto p = static_cast<size_t>(peer);
+        proofs[p] = job_proof(secret, context(me, peer), theirs[p]);
+        recv(peer, 1, answers[p].data(), kProofBytes);
+        send(peer, 1, proofs[p].data(), kProofBytes);
+      }
+      wait();
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == me) continue;
+        if (!proofs_equal(answers[static_cast<size_t>(peer)],
+                          job_proof(secret, context(peer, me), mine)))
+          fail(Code::Bootstrap, "the connection to rank ", peer, " of group '", name_,
+               "' failed the job-secret check: the process at its other end is not rank ", peer,
+               " of this job, or was started with another ZS_JOB_SECRET; the group is not used");
+      }
+    });
   }
 
  private:
@@ -251,8 +293,10 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     fail(Code::Comm, "connecting group '", group_name, "' (rank ", rank, " of ", size,
          "): ", e.what());
   }
-  return std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
-                                            std::move(watch_store));
+  auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
+                                                 std::move(watch_store));
+  if (const std::string secret = job_secret(); !secret.empty()) comm->prove_pairs(secret);
+  return comm;
 }
 
 }  // namespace zs

@@ -76,6 +76,11 @@ bool decode_request(const char* body, size_t n, Request* out) {
       return r.bytes(kStoreMagicBytes, &magic) && magic == kStoreMagic && r.u32(&len) &&
              len <= kMaxClientName && r.bytes(len, &out->who) && r.done();
     }
+    case Cmd::Auth: {
+      out->cmd = Cmd::Auth;
+      uint32_t len = 0;
+      return r.u32(&len) && len == kAuthProofBytes && r.bytes(len, &out->value) && r.done();
+    }
     case Cmd::Set: {
       out->cmd = Cmd::Set;
       out->keys.emplace_back();
@@ -119,6 +124,12 @@ std::string encode_hello(const std::string& who) {
   return body;
 }
 
+std::string encode_auth(const std::string& proof) {
+  std::string body(1, static_cast<char>(Cmd::Auth));
+  put_key(body, proof);
+  return body;
+}
+
 std::string encode_set(const std::string& key, const char* value, size_t n) {
   std::string body;
   body.reserve(1 + 4 + key.size() + 8 + n);
@@ -158,6 +169,7 @@ std::string encode_check(const std::string& key) {
 std::string encode_request(const Request& r) {
   switch (r.cmd) {
     case Cmd::Hello: return encode_hello(r.who);
+    case Cmd::Auth: return encode_auth(r.value);
     case Cmd::Set: return encode_set(r.keys.at(0), r.value.data(), r.value.size());
     case Cmd::Get: return encode_get(r.keys.at(0));
     case Cmd::Wait: return encode_wait(r.keys.data(), r.keys.size());

@@ -5,7 +5,11 @@
 //
 //   request: u32 body_length, body = u8 command, then
 //     HELLO kStoreMagic, u32 name_length, name  (a connection's first request;
-//           answered with kStoreMagic)
+//           answered with kStoreMagic, followed by a kChallengeBytes
+//           challenge when the server checks a job secret)
+//     AUTH  u32 32, proof  (the second request where a challenge came: the
+//           HMAC of the challenge under the job secret; answered empty, or
+//           the connection is dropped)
 //     SET   u32 key_length, key, u64 value_length, value
 //     GET   u32 key_length, key          (answered once the key exists)
 //     WAIT  u32 count, count x (u32 key_length, key)   (answered once all exist)
@@ -25,7 +29,9 @@
 
 namespace zs::store_protocol {
 
-enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6 };
+enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6, Auth = 7 };
+
+constexpr size_t kAuthProofBytes = 32;  // HMAC-SHA-256 (job_secret.h)
 
 // A client's first request, answered with the same bytes: a port held by
 // another program (or anything but this protocol) is named as such at
@@ -55,7 +61,7 @@ struct Request {
   Cmd cmd = Cmd::Check;
   std::vector<std::string> keys;  // HELLO: none
   std::string who;    // HELLO: the client's name (may be empty)
-  std::string value;  // SET
+  std::string value;  // SET; AUTH: the proof
   int64_t delta = 0;  // ADD
 };
 
@@ -67,6 +73,7 @@ bool decode_request(const char* body, size_t n, Request* out);
 
 // Request bodies, without the u32 length (the client frames them).
 std::string encode_hello(const std::string& who);
+std::string encode_auth(const std::string& proof);
 std::string encode_set(const std::string& key, const char* value, size_t n);
 std::string encode_get(const std::string& key);
 std::string encode_wait(const std::string* keys, size_t count);

@@ -32,6 +32,7 @@
 #include <unordered_set>
 
 #include "impl/comm/store.h"
+#include "impl/comm/job_secret.h"
 #include "impl/comm/store_protocol.h"
 #include "impl/common/error.h"
 
@@ -100,7 +101,8 @@ struct AddrInfo {
 
 class Server {
  public:
-  Server(const std::string& host, int port);
+  // secret: the job secret every connection must prove it knows, or "".
+  Server(const std::string& host, int port, std::string secret);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -112,6 +114,8 @@ class Server {
   struct Conn {
     int fd = -1;
     bool greeted = false;  // sent Hello: anything else first drops the connection
+    bool trusted = false;  // proved the job secret (at Hello when there is none)
+    std::string challenge;  // sent with the Hello's answer, for Auth to prove
     std::string who;       // the client's name from its Hello ("rank 2"), if it gave one
     std::string in;  // received bytes; unparsed ones start at in_pos
     size_t in_pos = 0;
@@ -143,6 +147,7 @@ class Server {
   std::atomic<int> clients_{0};
   size_t stored_bytes_ = 0;  // keys and values held
   uint64_t strangers_dropped_ = 0;
+  const std::string secret_;
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
   std::unordered_map<int, Conn> conns_;
@@ -153,7 +158,7 @@ class Server {
   std::thread thread_;
 };
 
-Server::Server(const std::string& host, int port) {
+Server::Server(const std::string& host, int port, std::string secret) : secret_(std::move(secret)) {
   const std::string where = endpoint(host.empty() ? "*" : host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -329,6 +334,12 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
                    "with the zeroshard handshake (a stranger, or another program)\n", port_);
     return false;
   }
+  if (c.greeted && !c.trusted && req.cmd != Cmd::Auth) {
+    if (strangers_dropped_++ < kStrangersLogged)
+      std::fprintf(stderr, "zeroshard store on port %d: dropped a connection (\"%s\") that did "
+                   "not prove the job secret\n", port_, c.who.c_str());
+    return false;
+  }
   switch (req.cmd) {
     case Cmd::Set: {
       std::string& key = req.keys[0];
@@ -349,9 +360,29 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       return true;
     }
     case Cmd::Hello: {
+      if (c.greeted) return false;
       c.greeted = true;
       c.who = std::move(req.who);
-      reply(c, Status::Ok, kStoreMagic, kStoreMagicBytes);
+      std::string answer(kStoreMagic, kStoreMagicBytes);
+      if (secret_.empty()) {
+        c.trusted = true;
+      } else {
+        c.challenge = make_challenge();
+        answer += c.challenge;
+      }
+      reply(c, Status::Ok, answer.data(), answer.size());
+      return true;
+    }
+    case Cmd::Auth: {
+      if (c.trusted) return false;
+      if (!proofs_equal(req.value, job_proof(secret_, "store client " + c.who, c.challenge))) {
+        if (strangers_dropped_++ < kStrangersLogged)
+          std::fprintf(stderr, "zeroshard store on port %d: dropped a connection (\"%s\") whose "
+                       "job secret is not this job's\n", port_, c.who.c_str());
+        return false;
+      }
+      c.trusted = true;
+      reply(c, Status::Ok, nullptr, 0);
       return true;
     }
     case Cmd::Get: {
@@ -476,7 +507,8 @@ void Server::drop(int fd) {
       if (w->second.empty()) waiters_.erase(w);
     }
   }
-  const std::string gone = c.who.empty() ? std::string() : gone_key(c.who);
+  // Only a connection that proved itself may announce a rank's departure.
+  const std::string gone = c.who.empty() || !c.trusted ? std::string() : gone_key(c.who);
   close(fd);
   conns_.erase(it);
   clients_.fetch_sub(1, std::memory_order_relaxed);
@@ -510,6 +542,9 @@ class TcpStore final : public Store {
   // The Hello round trip on a fresh connection; Bootstrap naming the port
   // when what answers is not a zeroshard store.
   void greet_locked(Clock::time_point deadline, Clock::time_point start);
+  // Answers the store's job-secret challenge ("" when it sent none);
+  // Bootstrap when this rank and the store disagree on having a secret.
+  void prove_locked(const std::string& challenge, Clock::time_point deadline);
   void disconnect_locked();
   Io send_all(const std::string& data, Clock::time_point deadline);
   Io recv_exact(char* out, size_t n, Clock::time_point deadline);
@@ -526,6 +561,7 @@ class TcpStore final : public Store {
   int port_;
   std::string where_;
   const std::string who_;  // this client's name in its Hello
+  const std::string secret_;  // the job secret (ZS_JOB_SECRET), or ""
   std::mutex mu_;
   int fd_ = -1;
   int io_errno_ = 0;
@@ -533,10 +569,13 @@ class TcpStore final : public Store {
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
                    std::string who)
-    : host_(host.empty() ? "localhost" : host), port_(port), who_(std::move(who)) {
+    : host_(host.empty() ? "localhost" : host),
+      port_(port),
+      who_(std::move(who)),
+      secret_(job_secret()) {
   timeout_ = timeout;
   if (is_server) {
-    server_ = std::make_unique<Server>(host, port_);  // "" binds every interface
+    server_ = std::make_unique<Server>(host, port_, secret_);  // "" binds every interface
     port_ = server_->port();
   }
   where_ = endpoint(host_, port_);
@@ -665,10 +704,15 @@ void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start)
   char header[kReplyHeaderBytes];
   Io io = send_all(frame, deadline);
   if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
-  if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok && load_le(header + 1, 8) == n) {
-    std::string answer(n, '\0');
-    io = recv_exact(answer.data(), n, deadline);
-    if (io == Io::Ok && answer == kStoreMagic) return;
+  const uint64_t len = io == Io::Ok ? load_le(header + 1, 8) : 0;
+  if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok &&
+      (len == n || len == n + kChallengeBytes)) {
+    std::string answer(static_cast<size_t>(len), '\0');
+    io = recv_exact(answer.data(), answer.size(), deadline);
+    if (io == Io::Ok && answer.compare(0, n, kStoreMagic) == 0) {
+      prove_locked(answer.substr(n), deadline);
+      return;
+    }
   }
   disconnect_locked();
   fail(Code::Bootstrap, "store at ", where_, " accepted the connection but ",
@@ -676,6 +720,36 @@ void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start)
        elapsed_ms(start),
        " ms: another program (a previous job?) holds that port; choose a free one "
        "(ZS_STORE_PORT, MASTER_PORT)");
+}
+
+void TcpStore::prove_locked(const std::string& challenge, Clock::time_point deadline) {
+  const char* same = ": start every rank with the same ZS_JOB_SECRET (zsrun makes one)";
+  if (challenge.empty() && secret_.empty()) return;
+  if (challenge.empty()) {
+    disconnect_locked();
+    fail(Code::Bootstrap, "this rank has a job secret (ZS_JOB_SECRET) but the store at ", where_,
+         " checks none", same);
+  }
+  if (secret_.empty()) {
+    disconnect_locked();
+    fail(Code::Bootstrap, "the store at ", where_,
+         " checks a job secret and this rank has none (ZS_JOB_SECRET is unset)", same);
+  }
+  const std::string body =
+      store_protocol::encode_auth(job_proof(secret_, "store client " + who_, challenge));
+  std::string frame;
+  put_u32(frame, static_cast<uint32_t>(body.size()));
+  frame += body;
+  char header[kReplyHeaderBytes];
+  Io io = send_all(frame, deadline);
+  if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
+  if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok && load_le(header + 1, 8) == 0)
+    return;
+  disconnect_locked();
+  if (io == Io::Timeout)
+    fail(Code::Timeout, "the store at ", where_, " did not answer this rank's job-secret proof");
+  fail(Code::Bootstrap, "the store at ", where_,
+       " refused this rank's job secret: its ZS_JOB_SECRET differs from rank 0's", same);
 }
 
 bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,

@@ -49,6 +49,7 @@ void apply_request(const sp::Request& r, std::unordered_map<std::string, std::st
       for (const std::string& k : r.keys) (void)data.count(k);
       break;
     case sp::Cmd::Hello:  // names the connection; no data
+    case sp::Cmd::Auth:   // proves the job secret; no data
       break;
   }
 }
@@ -73,6 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     if (sp::decode_request(body, len, &req)) {
       const size_t keys = req.keys.size();
       const bool keys_ok = req.cmd == sp::Cmd::Hello  ? keys == 0 && req.who.size() <= sp::kMaxClientName
+                           : req.cmd == sp::Cmd::Auth ? keys == 0 && req.value.size() == sp::kAuthProofBytes
                            : req.cmd == sp::Cmd::Wait ? keys <= sp::kMaxWaitKeys
                                                       : keys == 1;
       if (!keys_ok) finding("decoded request has a wrong number of keys", pos);
@@ -80,7 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
         if (k.size() > zs::Store::kMaxKeyBytes) finding("decoded key over the limit", pos);
       }
       if (req.value.size() > zs::Store::kMaxValueBytes) finding("decoded value over the limit", pos);
-      if (req.cmd != sp::Cmd::Set && !req.value.empty()) finding("value on a request other than SET", pos);
+      if (req.cmd != sp::Cmd::Set && req.cmd != sp::Cmd::Auth && !req.value.empty())
+        finding("value on a request other than SET and AUTH", pos);
       const std::string again = sp::encode_request(req);
       if (again.size() != len || std::memcmp(again.data(), body, len) != 0) {
         finding("decoded request does not re-encode to the same bytes", pos);
