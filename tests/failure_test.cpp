@@ -49,6 +49,9 @@ TEST(Failure, CollectiveWithAMissingPeerTimesOut) {
     const std::string msg = zs_last_error();
     EXPECT_NE(msg.find("fetch"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1500 ms"), std::string::npos) << msg;
+    // Where the peer was: it never came to wait in this group's collective.
+    EXPECT_NE(msg.find("rank 1 never waited in a collective of this group"), std::string::npos)
+        << msg;
     // The failed gather leaves the param as it was, and the context refuses
     // new collective work with the same status.
     zs_param_status st;
