@@ -2,7 +2,17 @@
 // one for the codes; blocks are independent, so the pool splits them.
 #include "kernels/quant.h"
 
+#include <cstring>
+
 #include "kernels/parallel.h"
+
+// The float helpers of kernels/elementwise.h are compiled without
+// contraction; this file matches, so they inline and the loops vectorize.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace zs::kernels {
 namespace {
@@ -27,34 +37,57 @@ inline void store(void* p, size_t i, float x) {
   if constexpr (T == WorkDtype::F16) static_cast<uint16_t*>(p)[i] = float_to_fp16(x);
 }
 
+// Blocks are walked in chunks of kChunk elements widened into a float
+// array, so the inner loops are plain float loops the compiler vectorizes;
+// they apply the formulas of kernels/quant.h element by element, hence
+// the same bits as the CUDA kernels.
+constexpr size_t kChunk = 256;
+
+template <WorkDtype T>
+inline void widen(const void* src, size_t first, size_t len, float* out) {
+  for (size_t j = 0; j < len; ++j) out[j] = load<T>(src, first + j);
+}
+
 template <WorkDtype T>
 void quantize_blocks(const void* src, size_t n, const QuantSpec& s, uint8_t* codes, float* scales,
                      size_t b0, size_t b1) {
   const int qmax = quant_qmax(s.bits);
+  const float fq = static_cast<float>(qmax);
+  alignas(64) float x[kChunk];
+  alignas(64) int8_t q[kChunk];
   for (size_t b = b0; b < b1; ++b) {
     const size_t first = b * s.block;
     const size_t len = n - first < s.block ? n - first : s.block;
-    // Bitwise max of |x| over finite values equals the float max; a
-    // non-finite |x| has bits >= 0x7f800000.
+    // Bitwise max of |x|: the float max over finite values; a non-finite
+    // |x| has bits >= 0x7f800000 and wins.
     uint32_t maxbits = 0;
-    for (size_t j = 0; j < len; ++j) {
-      const uint32_t a = abs_bits(load<T>(src, first + j));
-      maxbits = a > maxbits ? a : maxbits;
+    for (size_t c = 0; c < len; c += kChunk) {
+      const size_t m = len - c < kChunk ? len - c : kChunk;
+      widen<T>(src, first + c, m, x);
+      for (size_t j = 0; j < m; ++j) {
+        const uint32_t a = abs_bits(x[j]);
+        maxbits = a > maxbits ? a : maxbits;
+      }
     }
-    const bool finite = is_finite_bits(maxbits);
-    const float scale = quant_scale(bits_float(maxbits), finite, qmax);
+    const float scale = quant_scale(bits_float(maxbits), is_finite_bits(maxbits), qmax);
     scales[b] = scale;
-    if (s.bits == 8) {
-      auto* out = reinterpret_cast<int8_t*>(codes) + first;
-      for (size_t j = 0; j < len; ++j)
-        out[j] = static_cast<int8_t>(quant_code(load<T>(src, first + j), scale, qmax));
-      for (size_t j = len; j < s.block; ++j) out[j] = 0;
-    } else {
-      uint8_t* out = codes + first / 2;
-      for (size_t j = 0; j < s.block; j += 2) {
-        const int lo = j < len ? quant_code(load<T>(src, first + j), scale, qmax) : 0;
-        const int hi = j + 1 < len ? quant_code(load<T>(src, first + j + 1), scale, qmax) : 0;
-        out[j / 2] = static_cast<uint8_t>(nibble_of(lo) | (nibble_of(hi) << 4));
+    uint8_t* out = codes + first * static_cast<size_t>(s.bits) / 8;
+    const size_t block_bytes = s.block * static_cast<size_t>(s.bits) / 8;
+    if (!(scale > 0.0f)) {  // all zero, or poisoned: zero codes
+      for (size_t j = 0; j < block_bytes; ++j) out[j] = 0;
+      continue;
+    }
+    for (size_t c = 0; c < s.block; c += kChunk) {
+      const size_t m = s.block - c < kChunk ? s.block - c : kChunk;
+      const size_t valid = c >= len ? 0 : (len - c < m ? len - c : m);
+      widen<T>(src, first + c, valid, x);
+      for (size_t j = valid; j < m; ++j) x[j] = 0.0f;  // padding: code 0
+      for (size_t j = 0; j < m; ++j) q[j] = static_cast<int8_t>(quant_round(x[j], scale, fq));
+      if (s.bits == 8) {
+        std::memcpy(out + c, q, m);
+      } else {
+        for (size_t j = 0; j < m; j += 2)
+          out[(c + j) / 2] = static_cast<uint8_t>(nibble_of(q[j]) | (nibble_of(q[j + 1]) << 4));
       }
     }
   }
@@ -63,20 +96,23 @@ void quantize_blocks(const void* src, size_t n, const QuantSpec& s, uint8_t* cod
 template <WorkDtype T>
 void dequantize_blocks(const uint8_t* codes, const float* scales, size_t n, const QuantSpec& s,
                        void* dst, size_t b0, size_t b1) {
+  alignas(64) int8_t q[kChunk];
   for (size_t b = b0; b < b1; ++b) {
     const size_t first = b * s.block;
     const size_t len = n - first < s.block ? n - first : s.block;
     const float scale = scales[b];
-    if (s.bits == 8) {
-      const auto* in = reinterpret_cast<const int8_t*>(codes) + first;
-      for (size_t j = 0; j < len; ++j) store<T>(dst, first + j, quant_value(in[j], scale));
-    } else {
-      const uint8_t* in = codes + first / 2;
-      for (size_t j = 0; j < len; ++j) {
-        const uint8_t pair = in[j / 2];
-        const int q = code_of_nibble(j % 2 == 0 ? pair : static_cast<uint8_t>(pair >> 4));
-        store<T>(dst, first + j, quant_value(q, scale));
+    const uint8_t* in = codes + first * static_cast<size_t>(s.bits) / 8;
+    for (size_t c = 0; c < len; c += kChunk) {
+      const size_t m = len - c < kChunk ? len - c : kChunk;
+      if (s.bits == 8) {
+        std::memcpy(q, in + c, m);
+      } else {
+        for (size_t j = 0; j < m; ++j) {
+          const uint8_t pair = in[(c + j) / 2];
+          q[j] = static_cast<int8_t>(code_of_nibble(j % 2 == 0 ? pair : static_cast<uint8_t>(pair >> 4)));
+        }
       }
+      for (size_t j = 0; j < m; ++j) store<T>(dst, first + c + j, quant_value(q[j], scale));
     }
   }
 }

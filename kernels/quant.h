@@ -65,6 +65,14 @@ inline size_t quant_code_bytes(size_t n, const QuantSpec& s) {
   return quant_blocks(n, s) * s.block * static_cast<size_t>(s.bits) / 8;
 }
 
+// Compiled as the float helpers of kernels/elementwise.h are (contraction
+// off), so GCC inlines them into these and these into the kernels' loops.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define ZS_QUANT_GCC_NO_CONTRACT 1
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 ZS_HD inline int quant_qmax(int bits) { return bits == 8 ? 127 : 7; }
 
 // The scale of a block from max|x| and whether every element was finite.
@@ -79,17 +87,21 @@ ZS_HD inline float quant_scale(float absmax, bool finite, int qmax) {
   return s;
 }
 
+// x / scale rounded to nearest even and clamped to [-qmax, qmax], as a
+// float holding an integer; scale > 0.
+ZS_HD inline float quant_round(float x, float scale, float qmax) {
+  const float r = f_div(x, scale);
+  // With |r| < 2^22, adding 1.5 * 2^23 leaves the integer part in the low
+  // mantissa bits (ties to even): the same on host and device.
+  float t = f_sub(f_add(r, 12582912.0f), 12582912.0f);
+  t = t > qmax ? qmax : t;
+  return t < -qmax ? -qmax : t;
+}
+
 // The code of x in a block of scale `scale` (0 for a zero or NaN scale).
 ZS_HD inline int quant_code(float x, float scale, int qmax) {
   if (!(scale > 0.0f)) return 0;
-  const float r = f_div(x, scale);
-  // Round to nearest even: with |r| < 2^22, adding 1.5 * 2^23 leaves the
-  // integer part in the low mantissa bits; the same on host and device.
-  const float t = f_sub(f_add(r, 12582912.0f), 12582912.0f);
-  int q = static_cast<int>(t);
-  if (q > qmax) q = qmax;
-  if (q < -qmax) q = -qmax;
-  return q;
+  return static_cast<int>(quant_round(x, scale, static_cast<float>(qmax)));
 }
 
 ZS_HD inline float quant_value(int q, float scale) { return f_mul(static_cast<float>(q), scale); }
@@ -100,6 +112,11 @@ ZS_HD inline int code_of_nibble(uint8_t v) {
   const int u = v & 0xf;
   return u >= 8 ? u - 16 : u;
 }
+
+#if defined(ZS_QUANT_GCC_NO_CONTRACT)
+#pragma GCC pop_options
+#undef ZS_QUANT_GCC_NO_CONTRACT
+#endif
 
 // CPU kernels, parallel over blocks (kernels/parallel.h). src/dst hold n
 // elements of `t`; codes quant_code_bytes(n, s) bytes; scales
