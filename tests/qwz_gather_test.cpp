@@ -8,7 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <unistd.h>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -258,6 +262,36 @@ TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
     for (auto& p : ps) zs_param_destroy(p.handle);
     zs_context_destroy(ctx);
   });
+}
+
+// The live export writes the params' own values, never the qwZ ones.
+TEST(Qwz, LiveExportIsExact) {
+  const std::string file = "/tmp/zs_qwz_export_" + std::to_string(getpid()) + ".safetensors";
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {1001}, 4);
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    zs_export_options eo = ZS_EXPORT_OPTIONS_INIT;
+    ZS_ASSERT_OK(zs_export_safetensors(ctx, hs.data(), hs.size(), file.c_str(), &eo));
+    if (env.rank == 0) {
+      std::ifstream f(file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      // Tensors follow the header in registration order (fp32, bf16, fp16).
+      size_t total = 0;
+      for (const auto& p : ps) total += p.values.size();
+      ASSERT_GE(bytes.size(), total);
+      size_t at = bytes.size() - total;
+      for (const auto& p : ps) {
+        EXPECT_EQ(0, std::memcmp(bytes.data() + at, p.values.data(), p.values.size())) << p.name;
+        at += p.values.size();
+      }
+    }
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+  std::remove(file.c_str());
 }
 
 }  // namespace
