@@ -264,6 +264,48 @@ TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
   });
 }
 
+// GatheredParameters(modifier_rank) under qwZ: the elements the modifier
+// changed take their new values, the others keep their exact values (not
+// the quantized ones the gather showed).
+TEST(Qwz, UpdateKeepsUntouchedElementsExact) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {1001}, 8);
+    fetch_all(ctx, ps);
+    std::vector<std::vector<uint8_t>> want;
+    for (const auto& p : ps) {
+      want.push_back(p.values);
+      const size_t es = esize(p.dtype);
+      // Every 100th element changes (on every rank's shard), on rank 1.
+      for (size_t i = 0; i < static_cast<size_t>(p.numel); i += 100)
+        k::store_work1(want.back().data(), wd(p.dtype), i, 1000.0f + static_cast<float>(i));
+      if (env.rank == 1) {
+        void* d = nullptr;
+        ZS_ASSERT_OK(zs_param_data(p.handle, &d));
+        for (size_t i = 0; i < static_cast<size_t>(p.numel); i += 100)
+          std::memcpy(static_cast<uint8_t*>(d) + i * es, want.back().data() + i * es, es);
+      }
+    }
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
+    release_all(ctx, ps);
+    for (size_t j = 0; j < ps.size(); ++j) {
+      const P& p = ps[j];
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      ZS_ASSERT_OK(zs_param_get_info(p.handle, &info));
+      void* shard = nullptr;
+      ZS_ASSERT_OK(zs_param_shard_data(p.handle, &shard, nullptr));
+      const size_t es = esize(p.dtype);
+      EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
+          << p.name << " rank " << env.rank;
+    }
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
 // The live export writes the params' own values, never the qwZ ones.
 TEST(Qwz, LiveExportIsExact) {
   const std::string file = "/tmp/zs_qwz_export_" + std::to_string(getpid()) + ".safetensors";

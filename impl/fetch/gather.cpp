@@ -372,13 +372,18 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });
   std::vector<ops::Copy> copies;
+  const bool qwz = ctx.config().zero_quantized_weights;
   for (const auto& p : params) {
     ++p->shard_version;
     if (p->full_aliases_shard || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
-    copies.push_back({p->shard->data(),
-                      static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem,
-                      p->layout.shard_valid * elem});
+    const uint8_t* mine = static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem;
+    if (qwz && quantizable(p->dtype)) {  // what the modifier did not touch stays exact
+      write_back_keeping_exact(*ctx.device(), p->shard->data(), p->dtype, p->layout.shard_numel,
+                               p->layout.shard_valid, weight_quant_spec(ctx.config()), mine);
+      continue;
+    }
+    copies.push_back({p->shard->data(), mine, p->layout.shard_valid * elem});
   }
   ops::copy_many(*ctx.device(), copies);
   ctx.device()->synchronize();
