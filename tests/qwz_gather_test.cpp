@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, QwzWorld, ::testing::Values(1, 2, 3, 5, 8));
 
 // One run_ranks per context: each gets a fresh store port.
 TEST(Qwz, Int4AndOtherBlockSizes) {
-  run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 256, {1, 7, 255, 257, 100003}); });
+  run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 256, {0, 1, 7, 255, 257, 100003}); });
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 2048, {7, 4099}); });
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 8, 2, {7, 1001}); });
 }
