@@ -107,9 +107,12 @@ void dequantize_blocks(const uint8_t* codes, const float* scales, size_t n, cons
       if (s.bits == 8) {
         std::memcpy(q, in + c, m);
       } else {
-        for (size_t j = 0; j < m; ++j) {
-          const uint8_t pair = in[(c + j) / 2];
-          q[j] = static_cast<int8_t>(code_of_nibble(j % 2 == 0 ? pair : static_cast<uint8_t>(pair >> 4)));
+        // Pairs: both nibbles of each byte (the last code of an odd tail
+        // is decoded too, into q's spare slot, and never stored).
+        const uint8_t* pairs = in + c / 2;
+        for (size_t j = 0; j < (m + 1) / 2; ++j) {
+          q[2 * j] = static_cast<int8_t>(code_of_nibble(pairs[j]));
+          q[2 * j + 1] = static_cast<int8_t>(code_of_nibble(static_cast<uint8_t>(pairs[j] >> 4)));
         }
       }
       for (size_t j = 0; j < m; ++j) store<T>(dst, first + c + j, quant_value(q[j], scale));
