@@ -90,7 +90,16 @@ Bandwidth swapper_bandwidth(const Args& a, uint64_t bytes) {
   s.grow(bytes);
   const uint64_t req = std::min<uint64_t>(uint64_t{64} << 20, bytes);
   zs::AlignedBuffer bufs[2] = {zs::AlignedBuffer(req), zs::AlignedBuffer(req)};
-  for (auto& b : bufs) std::memset(b.data(), 0x5a, b.bytes());
+  // Random bytes, as fio writes: a disk or a virtual one may store
+  // repeated bytes faster than data.
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& b : bufs)
+    for (uint64_t i = 0; i + 8 <= b.bytes(); i += 8) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      std::memcpy(b.data() + i, &x, 8);
+    }
   s.register_buffers({&bufs[0], &bufs[1]});
   auto pass = [&](bool write) {
     const double t0 = now();

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <list>
 #include <thread>
 
 #include "impl/common/error.h"
@@ -249,32 +250,21 @@ void Swapper::wait_all() {
   if (!first.empty()) throw Error(Code::Io, first);
 }
 
+// Each worker runs the parts given to it on its own ring: pieces of block_
+// bytes, at most queue_depth in flight, taken from the oldest part that
+// has pieces left, so the next request's pieces fill the queue while the
+// last ones of the previous request complete. Short transfers go again
+// from where they stopped. A part with an error issues nothing more and is
+// reported once its pieces in flight have completed.
 void Swapper::worker_loop(Worker& w) {
-  std::unique_lock<std::mutex> held(mu_);
-  for (;;) {
-    w.cv.wait(held, [&] { return w.stop || !w.queue.empty(); });
-    if (w.queue.empty()) return;  // stop, with nothing left to do
-    const Part p = w.queue.front();
-    w.queue.pop_front();
-    held.unlock();
+  struct Active {
+    Part part;
+    uint64_t next = 0;  // bytes handed to the ring so far
+    int pending = 0;    // pieces in flight or waiting to go again
     std::string error;
-    try {
-      error = run_part(w, p);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    held.lock();
-    if (!error.empty() && p.req->error.empty()) p.req->error = std::move(error);
-    if (--p.req->parts_left == 0) done_cv_.notify_all();
-  }
-}
-
-// One contiguous part on this worker's ring: pieces of block_ bytes, at
-// most queue_depth in flight, short transfers resubmitted from where they
-// stopped. On an error nothing new is submitted and what is in flight
-// completes before returning.
-std::string Swapper::run_part(Worker& w, const Part& p) {
+  };
   struct Piece {
+    Active* a;
     char* addr;
     uint64_t offset;
     uint64_t bytes;
@@ -284,26 +274,67 @@ std::string Swapper::run_part(Worker& w, const Part& p) {
   std::vector<unsigned> free_slots;
   for (unsigned i = depth; i-- > 0;) free_slots.push_back(i);
   std::deque<Piece> retry;
-  uint64_t next = 0;
+  std::list<Active> active;
   unsigned inflight = 0;
-  std::string error;
-  const char* op = p.write ? "write" : "read";
+
   auto fail_piece = [&](const Piece& c, const std::string& why) {
-    if (error.empty())
-      error = std::string("NVMe swap: ") + op + " of " + std::to_string(c.bytes) + " bytes at offset " +
-              std::to_string(c.offset) + " of '" + path_ + "' failed: " + why;
+    if (!c.a->error.empty()) return;
+    c.a->error = std::string("NVMe swap: ") + (c.a->part.write ? "write" : "read") + " of " +
+                 std::to_string(c.bytes) + " bytes at offset " + std::to_string(c.offset) + " of '" + path_ +
+                 "' failed: " + why;
+  };
+  // Parts with nothing left in flight and nothing left to issue are done.
+  auto report = [&] {
+    std::lock_guard<std::mutex> held(mu_);
+    for (auto it = active.begin(); it != active.end();) {
+      Active& a = *it;
+      const bool issued = a.next == a.part.bytes || !a.error.empty();
+      if (!issued || a.pending > 0) {
+        ++it;
+        continue;
+      }
+      Request* req = a.part.req;
+      if (!a.error.empty() && req->error.empty()) req->error = std::move(a.error);
+      if (--req->parts_left == 0) done_cv_.notify_all();
+      it = active.erase(it);
+    }
   };
 
   for (;;) {
+    {
+      std::unique_lock<std::mutex> held(mu_);
+      if (active.empty()) {
+        w.cv.wait(held, [&] { return w.stop || !w.queue.empty(); });
+        if (w.queue.empty()) return;  // stop, with nothing left to do
+      }
+      while (!w.queue.empty()) {
+        active.emplace_back();
+        active.back().part = w.queue.front();
+        w.queue.pop_front();
+      }
+    }
     unsigned queued = 0;
-    while (error.empty() && inflight < depth && (!retry.empty() || next < p.bytes)) {
-      Piece c;
+    std::string submit_error;
+    while (inflight < depth) {
+      Piece c{};
       if (!retry.empty()) {
         c = retry.front();
         retry.pop_front();
+        if (!c.a->error.empty()) {  // its part failed meanwhile: drop it
+          --c.a->pending;
+          continue;
+        }
       } else {
-        c = {p.addr + next, p.offset + next, std::min(block_, p.bytes - next)};
-        next += c.bytes;
+        Active* a = nullptr;
+        for (Active& x : active)
+          if (x.error.empty() && x.next < x.part.bytes) {
+            a = &x;
+            break;
+          }
+        if (a == nullptr) break;
+        c = {a, a->part.addr + a->next, a->part.offset + a->next, std::min(block_, a->part.bytes - a->next)};
+        a->next += c.bytes;
+        ++a->pending;
       }
       io_uring_sqe* sqe = io_uring_get_sqe(&w.ring);
       if (sqe == nullptr) {  // the ring is full of unsubmitted entries
@@ -313,6 +344,7 @@ std::string Swapper::run_part(Worker& w, const Part& p) {
       const unsigned slot = free_slots.back();
       free_slots.pop_back();
       slots[slot] = c;
+      const Part& p = c.a->part;
       const unsigned len = static_cast<unsigned>(c.bytes);
       if (p.fixed >= 0) {
         if (p.write) io_uring_prep_write_fixed(sqe, fd_, c.addr, len, c.offset, p.fixed);
@@ -325,8 +357,10 @@ std::string Swapper::run_part(Worker& w, const Part& p) {
       ++inflight;
       ++queued;
       if (aio_.single_submit) {
-        const int r = io_uring_submit(&w.ring);
-        if (r < 0) fail_piece(c, "io_uring_submit: " + errno_text(-r));
+        int r;
+        do r = io_uring_submit(&w.ring);
+        while (r == -EINTR || r == -EAGAIN);
+        if (r < 0) submit_error = "io_uring_submit: " + errno_text(-r);
         queued = 0;
       }
     }
@@ -334,20 +368,35 @@ std::string Swapper::run_part(Worker& w, const Part& p) {
       int r;
       do r = io_uring_submit(&w.ring);
       while (r == -EINTR || r == -EAGAIN);
-      if (r < 0 && error.empty()) error = "NVMe swap: io_uring_submit on '" + path_ + "': " + errno_text(-r);
+      if (r < 0) submit_error = "io_uring_submit: " + errno_text(-r);
     }
-    if (inflight == 0) break;
+    if (!submit_error.empty()) {
+      // The ring refused work: what it holds will not complete. Every part
+      // here fails; the worker goes on with a fresh view of the ring.
+      for (Active& a : active) {
+        if (a.error.empty()) a.error = "NVMe swap on '" + path_ + "': " + submit_error;
+        a.pending = 0;
+      }
+      retry.clear();
+      inflight = 0;
+      free_slots.clear();
+      for (unsigned i = depth; i-- > 0;) free_slots.push_back(i);
+      report();
+      continue;
+    }
+    if (inflight == 0) {
+      report();
+      continue;
+    }
     // overlap_events: take each completion as it comes and refill; else
     // the whole batch completes before the next is submitted.
-    const bool drain = !aio_.overlap_events || !error.empty();
     do {
       io_uring_cqe* cqe = nullptr;
-      int r = io_uring_wait_cqe(&w.ring, &cqe);
+      const int r = io_uring_wait_cqe(&w.ring, &cqe);
       if (r == -EINTR || r == -EAGAIN) continue;
       if (r < 0) {
-        // The ring itself failed: nothing more will complete.
-        if (error.empty()) error = "NVMe swap: io_uring_wait_cqe on '" + path_ + "': " + errno_text(-r);
-        return error;
+        submit_error = "io_uring_wait_cqe: " + errno_text(-r);
+        break;
       }
       const unsigned slot = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
       int res = cqe->res;
@@ -358,17 +407,32 @@ std::string Swapper::run_part(Worker& w, const Part& p) {
       if (const int inj = inject_.exchange(0); inj != 0) res = -inj;
       if (res == -EINTR || res == -EAGAIN) {
         retry.push_back(c);
-      } else if (res < 0) {
+        continue;
+      }
+      if (res < 0) {
         fail_piece(c, errno_text(-res));
       } else if (res == 0) {
-        fail_piece(c, p.write ? std::string("the device took no bytes")
-                              : "unexpected end of file (truncated swap file?)");
+        fail_piece(c, c.a->part.write ? std::string("the device took no bytes")
+                                      : "unexpected end of file (truncated swap file?)");
       } else if (static_cast<uint64_t>(res) < c.bytes) {  // short: the rest again
-        retry.push_back({c.addr + res, c.offset + static_cast<uint64_t>(res), c.bytes - static_cast<uint64_t>(res)});
+        retry.push_back({c.a, c.addr + res, c.offset + static_cast<uint64_t>(res),
+                         c.bytes - static_cast<uint64_t>(res)});
+        continue;
       }
-    } while (drain && inflight > 0);
+      --c.a->pending;
+    } while (!aio_.overlap_events && inflight > 0);
+    if (!submit_error.empty()) {
+      for (Active& a : active) {
+        if (a.error.empty()) a.error = "NVMe swap on '" + path_ + "': " + submit_error;
+        a.pending = 0;
+      }
+      retry.clear();
+      inflight = 0;
+      free_slots.clear();
+      for (unsigned i = depth; i-- > 0;) free_slots.push_back(i);
+    }
+    report();
   }
-  return error;
 }
 
 void Swapper::read(uint64_t offset, void* dst, uint64_t bytes) {

@@ -92,7 +92,6 @@ class Swapper {
 
   Ticket submit(bool write, uint64_t offset, char* addr, uint64_t bytes);
   void worker_loop(Worker& w);
-  std::string run_part(Worker& w, const Part& p);
   int fixed_index(const char* addr, uint64_t bytes) const;
   void check_range(const char* op, uint64_t offset, uint64_t bytes) const;
 
