@@ -11,7 +11,9 @@
 //
 // Each swapper request is 64 MiB (two in flight), cut into block-size
 // pieces at most queue-depth deep, as the optimizer moves its sub-groups.
-// Best of --reps for each side, the sides alternating. Without fio on the PATH its side is left
+// Best of --reps for each side, the sides alternating, and the median of
+// the per-rep ratios (the development machine's disk is shared and swings
+// by 3x between reps). Without fio on the PATH its side is left
 // out. Prints figures and ratios; the last line is one JSON object. Never
 // fails on time.
 #include <sys/wait.h>
@@ -258,9 +260,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(a.depth), static_cast<long long>(a.threads), a.reps);
   // Alternating, so both sides meet the disk's moods alike (it is shared).
   Bandwidth mine, fio;
+  std::vector<double> ratio_w, ratio_r;  // per rep, swapper / fio
   for (int r = 0; r < a.reps; ++r) {
+    Bandwidth m;
     try {
-      const Bandwidth m = swapper_bandwidth(a, bytes);
+      m = swapper_bandwidth(a, bytes);
       mine.write = std::max(mine.write, m.write);
       mine.read = std::max(mine.read, m.read);
     } catch (const zs::Error& e) {
@@ -270,6 +274,10 @@ int main(int argc, char** argv) {
     const Bandwidth f = fio_bandwidth(a, bytes);
     fio.write = std::max(fio.write, f.write);
     fio.read = std::max(fio.read, f.read);
+    if (f.write > 0) ratio_w.push_back(m.write / f.write);
+    if (f.read > 0) ratio_r.push_back(m.read / f.read);
+    std::printf("  rep %d: write swapper %.2f fio %.2f GB/s, read swapper %.2f fio %.2f GB/s\n", r + 1,
+                m.write / 1e9, f.write / 1e9, m.read / 1e9, f.read / 1e9);
   }
   const double GB = 1e9;
   std::printf("write: swapper %.2f GB/s, fio %.2f GB/s, ratio %.2f\n", mine.write / GB, fio.write / GB,
@@ -277,6 +285,12 @@ int main(int argc, char** argv) {
   std::printf("read:  swapper %.2f GB/s, fio %.2f GB/s, ratio %.2f\n", mine.read / GB, fio.read / GB,
               fio.read > 0 ? mine.read / fio.read : 0.0);
   if (fio.write == 0.0) std::printf("(fio not found or failed: no baseline)\n");
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("median of the per-rep ratios: write %.2f, read %.2f\n", median(ratio_w), median(ratio_r));
 
   const StepTimes mem = step_time(a, false);
   const StepTimes nvme = step_time(a, true);
@@ -299,6 +313,8 @@ int main(int argc, char** argv) {
   j["fio_read_gbps"] = fio.read / GB;
   j["write_ratio"] = fio.write > 0 ? mine.write / fio.write : 0.0;
   j["read_ratio"] = fio.read > 0 ? mine.read / fio.read : 0.0;
+  j["median_rep_write_ratio"] = median(ratio_w);
+  j["median_rep_read_ratio"] = median(ratio_r);
   j["params"] = a.params;
   j["sub_group_size"] = a.sub_group;
   j["step_memory_s"] = mem.median;
