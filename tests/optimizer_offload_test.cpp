@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/support/ckpt_model.h"
+#include "tests/support/io_uring_probe.h"
 #include "tests/support/multirank.h"
 
 using zs::test::CkptModel;
@@ -84,6 +85,7 @@ struct Case {
 class OptimizerOffload : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OptimizerOffload, NvmeTrainsBitwiseAsInMemory) {
+  ZS_SKIP_WITHOUT_IO_URING();
   const Case c = GetParam();
   const std::string dir = zs::test::make_temp_dir("offload");
   const auto plain = train(c.world, c.dtype, c.kind, "", dir + "/plain");
@@ -114,6 +116,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(OptimizerOffloadAio, EveryAioSettingTrainsTheSame) {
+  ZS_SKIP_WITHOUT_IO_URING();
   const std::string dir = zs::test::make_temp_dir("offload_aio");
   const auto plain = train(2, ZS_BFLOAT16, ZS_OPTIM_ADAMW, "", dir + "/plain");
   const char* aios[] = {R"({"block_size": 4096, "queue_depth": 1, "single_submit": true, "overlap_events": false})",
@@ -137,6 +140,7 @@ TEST(OptimizerOffloadCpu, OnACpuContextTheStateIsAlreadyInHostMemory) {
 }
 
 TEST(OptimizerOffloadCheckpoint, SavesAndLoadsTheSwappedState) {
+  ZS_SKIP_WITHOUT_IO_URING();
   // Offloaded run: 3 steps, save, 3 more. A fresh offloaded run loads and
   // trains 3: the same params and state bit for bit; so does a run without
   // offload loading the same checkpoint.
@@ -192,6 +196,7 @@ TEST(OptimizerOffloadCheckpoint, SavesAndLoadsTheSwappedState) {
 }
 
 TEST(OptimizerOffloadErrors, AnUnusableNvmePathFailsTheOptimizerNamingIt) {
+  ZS_SKIP_WITHOUT_IO_URING();
   const std::string dir = zs::test::make_temp_dir("offload_bad");
   const std::string file = dir + "/plain_file";
   { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }

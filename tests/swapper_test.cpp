@@ -20,6 +20,7 @@
 #include "impl/offload/space.h"
 #include "impl/offload/swapper.h"
 #include "tests/support/ckpt_model.h"
+#include "tests/support/io_uring_probe.h"
 #include "tests/support/multirank.h"
 
 namespace fs = std::filesystem;
@@ -54,6 +55,7 @@ struct AioCase {
 class SwapperAio : public ::testing::TestWithParam<AioCase> {};
 
 TEST_P(SwapperAio, RoundTripsAtOddSizesAndOffsets) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   const AioCase c = GetParam();
   zs::AioConfig aio;
@@ -107,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Swapper, ManyRequestsInFlightFromSeveralThreads) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   zs::AioConfig aio;
   aio.block_size = 65536;
@@ -143,6 +146,7 @@ TEST(Swapper, ManyRequestsInFlightFromSeveralThreads) {
 }
 
 TEST(Swapper, PreallocatesAndRemovesItsFile) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   std::string path;
   {
@@ -160,6 +164,7 @@ TEST(Swapper, PreallocatesAndRemovesItsFile) {
 }
 
 TEST(Swapper, NotEnoughSpaceNamesThePathTheBytesNeededAndFree) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   zs::Swapper s(options(dir.path));
   const uint64_t free = zs::free_bytes(dir.path);
@@ -180,6 +185,7 @@ TEST(Swapper, NotEnoughSpaceNamesThePathTheBytesNeededAndFree) {
 }
 
 TEST(Swapper, ADirectoryThatCannotHoldAFileIsNamedWithErrno) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   const std::string file = dir.path + "/not_a_dir";
   { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
@@ -201,6 +207,7 @@ TEST(Swapper, ADirectoryThatCannotHoldAFileIsNamedWithErrno) {
 }
 
 TEST(Swapper, AnIoErrorNamesTheFileTheOffsetAndErrno) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   zs::AioConfig aio;
   aio.block_size = 4096;
@@ -226,6 +233,7 @@ TEST(Swapper, AnIoErrorNamesTheFileTheOffsetAndErrno) {
 }
 
 TEST(Swapper, ATruncatedFileIsAnEndOfFileErrorAtItsOffset) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   zs::Swapper s(options(dir.path));
   s.grow(1 << 20);
@@ -243,6 +251,7 @@ TEST(Swapper, ATruncatedFileIsAnEndOfFileErrorAtItsOffset) {
 }
 
 TEST(Swapper, ARefusedPreallocationNamesErrno) {
+  ZS_SKIP_WITHOUT_IO_URING();
   // RLIMIT_FSIZE makes fallocate past it fail with EFBIG, a real refusal
   // from the kernel (in a child, so the limit stays there).
   TempDir dir;
@@ -265,6 +274,7 @@ TEST(Swapper, ARefusedPreallocationNamesErrno) {
 }
 
 TEST(Swapper, BufferedIoWorksWhereODirectIsRefused) {
+  ZS_SKIP_WITHOUT_IO_URING();
   // tmpfs refused O_DIRECT before Linux 6.6 (the swapper then falls back by
   // itself); where it accepts it, buffered I/O is asked for directly.
   if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
@@ -288,6 +298,7 @@ TEST(Swapper, BufferedIoWorksWhereODirectIsRefused) {
 }
 
 TEST(Swapper, RequestsOutsideTheFileOrUnalignedAreRefused) {
+  ZS_SKIP_WITHOUT_IO_URING();
   TempDir dir;
   zs::Swapper s(options(dir.path));
   s.grow(8192);
