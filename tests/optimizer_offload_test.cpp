@@ -217,3 +217,32 @@ TEST(OptimizerOffloadErrors, AnUnusableNvmePathFailsTheOptimizerNamingIt) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(OptimizerOffloadFiles, TheSwapFileIsPreallocatedAtAddGroupAndGoesWithTheContext) {
+  ZS_SKIP_WITHOUT_IO_URING();
+  const std::string dir = zs::test::make_temp_dir("offload_files");
+  const std::string config = nvme_config(dir, 100, 2, true);
+  run_ranks(1, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_BFLOAT16, ZS_OPTIM_ADAMW, kBig, 30000, config.c_str());
+    ASSERT_NE(m.ctx, nullptr);
+    // Before any step: the file holds every sub-group (masters and two
+    // moments of each, each array rounded up to 4 KiB).
+    uint64_t bytes = 0;
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      ++files;
+      bytes += e.file_size();
+    }
+    EXPECT_EQ(files, 1);
+    EXPECT_GE(bytes, 12u * (kBig + 7 * 5 + 5 + 3 * 11 + 1));
+    EXPECT_EQ(bytes % 4096, 0u);
+    // The context goes first: the optimizer and its file go with it.
+    zs_context_destroy(m.ctx);
+    EXPECT_TRUE(fs::is_empty(dir));
+  });
+  fs::remove_all(dir);
+}
+
+}  // namespace
