@@ -7,6 +7,8 @@
 // fails the optimizer's creation, naming it.
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -242,6 +244,46 @@ TEST(OptimizerOffloadFiles, TheSwapFileIsPreallocatedAtAddGroupAndGoesWithTheCon
     zs_context_destroy(m.ctx);
     EXPECT_TRUE(fs::is_empty(dir));
   });
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(OptimizerOffloadErrors, ADiskTooSmallFailsAddGroupBeforeAnyStep) {
+  // A 1 MiB tmpfs for the swap file (mounting needs root; elsewhere the
+  // space check is covered by Swapper.NotEnoughSpace...).
+  ZS_SKIP_WITHOUT_IO_URING();
+  const std::string dir = zs::test::make_temp_dir("offload_small");
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << ")";
+  }
+  const std::string config = nvme_config(dir, 1000000, 2, true);
+  run_ranks(1, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, config.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const int64_t n = 200000;  // masters and two moments: 3 x 802816 bytes (4 KiB-aligned)
+    zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+    o.name = "w";
+    o.dtype = ZS_BFLOAT16;
+    o.ndim = 1;
+    o.shape = &n;
+    o.init = ZS_INIT_NORMAL;
+    zs_param p = nullptr;
+    ZS_ASSERT_OK(zs_param_register(&p, ctx, &o));
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    EXPECT_EQ(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr), ZS_ERR_IO);
+    const std::string msg = zs_last_error();
+    EXPECT_NE(msg.find("offload_optimizer.nvme_path '" + dir + "': needs 2408448 bytes, "), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(" bytes free"), std::string::npos) << msg;
+    zs_context_destroy(ctx);
+  });
+  EXPECT_EQ(umount(dir.c_str()), 0) << std::strerror(errno);
   fs::remove_all(dir);
 }
 
