@@ -151,9 +151,8 @@ void Swapper::register_buffers(const std::vector<const AlignedBuffer*>& buffers)
   wait_all();
   std::lock_guard<std::mutex> held(mu_);
   std::vector<iovec> iov;
-  staging_mu_.lock();  // the staging buffer is always registered, as index 0
+  // The staging buffer (fixed for the swapper's life) is always index 0.
   iov.push_back({staging_.data(), staging_.bytes()});
-  staging_mu_.unlock();
   for (const AlignedBuffer* b : buffers)
     if (b != nullptr && b->bytes() > 0) iov.push_back({b->data(), b->bytes()});
   fixed_.clear();

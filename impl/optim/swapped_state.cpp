@@ -117,15 +117,23 @@ void SwappedState::add_group(int group, const std::vector<SlotSpec>& slots, cons
   for (size_t i = 0; i < added.size(); ++i)
     for (size_t k = 0; k < added[i].pieces.size(); ++k) where_[added[i].pieces[k].slot].push_back({first + i, k});
   for (SubGroup& sg : added) sgs_.push_back(std::move(sg));
-  ensure_buffers(largest);
-  for (size_t i = first; i < sgs_.size(); ++i) {
-    const SubGroup& sg = sgs_[i];
-    char* base = buffers_[0].data();
-    std::memset(base, 0, sg.bytes);
-    const View v{sg, base};
-    for (const Piece& p : sg.pieces)
-      if (p.master_pos >= 0) init(p.slot, p.begin, p.count, v.master(p));
-    swapper_->wait(swapper_->write_async(sg.offset, base, sg.bytes));
+  try {
+    ensure_buffers(largest);
+    for (size_t i = first; i < sgs_.size(); ++i) {
+      const SubGroup& sg = sgs_[i];
+      char* base = buffers_[0].data();
+      std::memset(base, 0, sg.bytes);
+      const View v{sg, base};
+      for (const Piece& p : sg.pieces)
+        if (p.master_pos >= 0) init(p.slot, p.begin, p.count, v.master(p));
+      swapper_->wait(swapper_->write_async(sg.offset, base, sg.bytes));
+    }
+  } catch (...) {
+    // The group is not added: its sub-groups go (its file space stays
+    // allocated, unused).
+    for (const SlotSpec& s : slots) where_.erase(s.slot);
+    sgs_.resize(first);
+    throw;
   }
 }
 
