@@ -288,3 +288,33 @@ TEST(OptimizerOffloadErrors, ADiskTooSmallFailsAddGroupBeforeAnyStep) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(OptimizerOffloadCuda, BothDevicesAreRefusedOnACudaContext) {
+  int count = 0;
+  const char* reason = "";
+  ZS_ASSERT_OK(zs_cuda_device_count(&count, &reason));
+  if (count == 0) GTEST_SKIP() << "needs a CUDA device: " << reason;
+  const std::string dir = zs::test::make_temp_dir("offload_cuda");
+  for (const std::string where : {"cpu", "nvme"}) {
+    const std::string config = R"({"zero_optimization": {"offload_optimizer": {"device": ")" + where +
+                               R"(", "nvme_path": ")" + dir + R"("}}})";
+    zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+    o.rank = 0;
+    o.world_size = 1;
+    o.device = "cuda:0";
+    o.config_json = config.c_str();
+    zs_context ctx = nullptr;
+    ZS_ASSERT_OK(zs_context_create(&ctx, &o));
+    zs_optimizer opt = nullptr;
+    EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW), ZS_ERR_NOT_SUPPORTED);
+    const std::string msg = zs_last_error();
+    EXPECT_NE(msg.find("offload_optimizer.device \"" + where + "\" on a CUDA context (cuda:0)"),
+              std::string::npos) << msg;
+    zs_context_destroy(ctx);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
