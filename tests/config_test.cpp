@@ -284,13 +284,13 @@ TEST(ConfigRealWorld, ZeroInfinityNvmeOffload) {
   EXPECT_EQ(c.offload_param.max_in_cpu, 1000000000);
   EXPECT_EQ(c.offload_optimizer.device, "nvme");
   EXPECT_EQ(c.offload_optimizer.buffer_count, 4);
+  EXPECT_FALSE(c.offload_optimizer.pipeline_read);
+  EXPECT_FALSE(c.offload_optimizer.pipeline_write);
   EXPECT_EQ(c.aio.block_size, 262144);
   EXPECT_EQ(c.aio.queue_depth, 32);
   EXPECT_TRUE(c.fp16);
   EXPECT_EQ(c.unused_keys,
-            (std::vector<std::string>{"zero_optimization.offload_optimizer.fast_init",
-                                      "zero_optimization.offload_optimizer.pipeline_read",
-                                      "zero_optimization.offload_optimizer.pipeline_write"}));
+            (std::vector<std::string>{"zero_optimization.offload_optimizer.fast_init"}));
 }
 
 TEST(ConfigRealWorld, DeepSpeedOnlyZeroKeysAreAcceptedAndReported) {

@@ -63,21 +63,40 @@ TEST(InactiveConfig, KeysTheEngineReadsAreNeverListed) {
                   .empty());
 }
 
-TEST(InactiveConfig, OptimizerOffloadNamesEveryKeyOfTheSection) {
+TEST(InactiveConfig, CpuOptimizerOffloadListsOnlyWhatItDoesNotDo) {
+  // "cpu" is acted on (the state is in host memory); pinning, a partial
+  // ratio, DeepSpeed's own knobs and the NVMe-only keys are not.
   const auto keys = inactive(R"({"zero_optimization": {"offload_optimizer":
-      {"device": "cpu", "pin_memory": true, "ratio": 0.5, "fast_init": false}}})");
-  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_optimizer.device",
-                                "zero_optimization.offload_optimizer.pin_memory",
+      {"device": "cpu", "pin_memory": true, "ratio": 0.5, "fast_init": false,
+       "buffer_count": 4, "pipeline_read": true}}})");
+  // In the order the parser reads them.
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_optimizer.pin_memory",
+                                "zero_optimization.offload_optimizer.buffer_count",
                                 "zero_optimization.offload_optimizer.ratio",
+                                "zero_optimization.offload_optimizer.pipeline_read",
                                 "zero_optimization.offload_optimizer.fast_init"}));
-  ASSERT_FALSE(keys.empty());
-  EXPECT_EQ(keys[0].value, "\"cpu\"");
-  EXPECT_NE(keys[0].reason.find("optimizer state stays on the context's device"),
-            std::string::npos);
-  EXPECT_EQ(keys[1].value, "true");
+  ASSERT_EQ(keys.size(), 5u);
+  EXPECT_EQ(keys[0].value, "true");
+  EXPECT_NE(keys[0].reason.find("not pinned"), std::string::npos);
+  EXPECT_NE(keys[1].reason.find("read only by NVMe optimizer offload"), std::string::npos);
+  EXPECT_NE(keys[2].reason.find("no partial offload"), std::string::npos);
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "cpu", "pin_memory": false, "ratio": 1.0}}})").empty());
 }
 
-TEST(InactiveConfig, ZeroInfinityListsOffloadAndEveryAioKey) {
+TEST(InactiveConfig, NvmeOptimizerOffloadActsOnItsKeysSubGroupsAndAio) {
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"sub_group_size": 1e8,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 4,
+                            "pipeline_read": true, "pipeline_write": true}},
+      "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 2,
+              "single_submit": true, "overlap_events": false, "use_gds": false}})")
+                  .empty());
+  EXPECT_EQ(paths(inactive(R"({"zero_optimization": {"offload_optimizer":
+      {"device": "nvme", "nvme_path": "/nvme"}}, "aio": {"use_gds": true}})")),
+            (Paths{"aio.use_gds"}));
+}
+
+TEST(InactiveConfig, ZeroInfinityListsParamOffloadAndItsAioKeys) {
   const auto keys = inactive(R"({"zero_optimization": {
       "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 1e8},
       "offload_optimizer": {"device": "cpu"}},
@@ -85,7 +104,6 @@ TEST(InactiveConfig, ZeroInfinityListsOffloadAndEveryAioKey) {
   EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_param.device",
                                 "zero_optimization.offload_param.nvme_path",
                                 "zero_optimization.offload_param.buffer_size",
-                                "zero_optimization.offload_optimizer.device",
                                 "aio.block_size", "aio.queue_depth", "aio.thread_count"}));
   EXPECT_EQ(keys[0].value, "\"nvme\"");
   EXPECT_NE(keys[0].reason.find("parameter shards stay"), std::string::npos);
@@ -102,7 +120,7 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
   EXPECT_EQ(paths(inactive(R"({"zero_optimization": {"cpu_offload": true,
       "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})")),
             (Paths{"zero_optimization.cpu_offload_param",
-                   "zero_optimization.cpu_offload", "zero_optimization.cpu_offload_use_pin_memory"}));
+                   "zero_optimization.cpu_offload_use_pin_memory"}));
   EXPECT_TRUE(inactive(R"({"zero_optimization": {"cpu_offload": false}})").empty());
 }
 
@@ -174,15 +192,14 @@ TEST_F(InactiveConfigApi, ListsKeyValueAndReasonOnce) {
   const char* text = nullptr;
   ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &text));
   const auto got = nlohmann::json::parse(text);
-  ASSERT_EQ(got.size(), 3u) << text;
-  // In the order parsed: zero_optimization's own keys, then its offload sections.
+  ASSERT_EQ(got.size(), 2u) << text;
+  // In the order parsed: zero_optimization's own keys, then its offload
+  // sections ("cpu" itself is acted on).
   EXPECT_EQ(got[0]["key"], "zero_optimization.sub_group_size");
   EXPECT_EQ(got[0]["value"], 1e8);
-  EXPECT_EQ(got[1]["key"], "zero_optimization.offload_optimizer.device");
-  EXPECT_EQ(got[1]["value"], "cpu");
-  EXPECT_NE(got[1]["reason"].get<std::string>().find("optimizer state"), std::string::npos);
-  EXPECT_EQ(got[2]["key"], "zero_optimization.offload_optimizer.pin_memory");
-  EXPECT_EQ(got[2]["value"], true);
+  EXPECT_NE(got[0]["reason"].get<std::string>().find("NVMe optimizer state"), std::string::npos);
+  EXPECT_EQ(got[1]["key"], "zero_optimization.offload_optimizer.pin_memory");
+  EXPECT_EQ(got[1]["value"], true);
   // Computed once: the same text at the same address.
   const char* again = nullptr;
   ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &again));

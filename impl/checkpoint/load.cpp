@@ -205,6 +205,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   for (const auto& s : staged)
     if (s.bytes > 0) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
   ctx.device()->synchronize();
+  if (opt) opt->flush_state_views();  // state on NVMe goes back to the swap file
   shards_rewritten(ctx, params);
   if (o.progress) o.progress("done", 0, 0);
   return result;

@@ -180,6 +180,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   }
   for (const auto& out : outs) ctx.device()->copy(out.dst, out.staged->data(), out.staged->bytes());
   ctx.device()->synchronize();
+  if (opt) opt->flush_state_views();  // masters on NVMe go back to the swap file
   shards_rewritten(ctx, params);
   return loaded;
 }
@@ -275,6 +276,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   if (!error.empty()) throw Error(error_code, error);
   for (const auto& s : staged) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
   ctx.device()->synchronize();
+  if (opt) opt->flush_state_views();  // masters on NVMe go back to the swap file
   shards_rewritten(ctx, params);
   return loaded;
 }

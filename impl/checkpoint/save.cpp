@@ -125,6 +125,8 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
   Progress progress;
   if (o.progress) progress = [&](uint64_t d, uint64_t t) { o.progress("write", d, t); };
   l.file = write_shard_file(path, sources, *ctx.device(), meta, progress);
+  // Host copies of state on NVMe (state()) are not needed any more.
+  if (opt) opt->flush_state_views();
   l.file.name = rank_file_name(ctx.ranks().rank, ctx.ranks().world_size);
   l.file.rank = ctx.ranks().rank;
   return l;

@@ -354,8 +354,8 @@ void parse_offload_optimizer(Section& s, OffloadConfig& out) {
   s.read({"pin_memory"}, out.pin_memory);
   s.read({"buffer_count"}, out.buffer_count, 0);
   s.read({"ratio"}, out.ratio, 0.0, 1.0);
-  s.skip({"pipeline_read"}, Kind::Bool);
-  s.skip({"pipeline_write"}, Kind::Bool);
+  s.read({"pipeline_read"}, out.pipeline_read);
+  s.read({"pipeline_write"}, out.pipeline_write);
   s.skip({"fast_init"}, Kind::Bool);
   s.skip({"super_offload"}, Kind::Bool);
   s.skip({"convert_grad_on_cpu"}, Kind::Bool);
@@ -714,6 +714,8 @@ Json zero_to_json(const Config& c) {
   z["offload_param"] = param;
   Json optimizer = offload_to_json(c.offload_optimizer);
   optimizer["ratio"] = c.offload_optimizer.ratio;
+  optimizer["pipeline_read"] = c.offload_optimizer.pipeline_read;
+  optimizer["pipeline_write"] = c.offload_optimizer.pipeline_write;
   z["offload_optimizer"] = optimizer;
   return z;
 }

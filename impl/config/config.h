@@ -21,6 +21,10 @@ struct OffloadConfig {
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
   double ratio = 1.0;           // offload_optimizer only
+  // offload_optimizer only: read the next sub-group while one steps, write
+  // the last one back while the next steps (DeepSpeed's defaults: off).
+  bool pipeline_read = false;
+  bool pipeline_write = false;
 };
 
 struct AioConfig {

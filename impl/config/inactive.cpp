@@ -12,8 +12,12 @@
 // Deliberately without a rule:
 // - zero_allow_untested_optimizer: the engine runs only its own optimizers,
 //   so either value describes what happens.
-// - zero_force_ds_cpu_optimizer: matters only with optimizer offload, which
-//   is listed itself.
+// - zero_force_ds_cpu_optimizer: the engine's own kernels step offloaded
+//   state, which is what the option asks for.
+// - offload_optimizer.device, and with "nvme" its nvme_path, buffer_count,
+//   pipeline_read, pipeline_write, sub_group_size and the aio section: the
+//   optimizer acts on them ("cpu" on a CPU context is where the state
+//   already is; a CUDA context refuses optimizer offload at creation).
 // - gather_16bit_weights_on_model_save: bindings consolidate a model on
 //   request (zeroshard.torch.consolidated_state_dict) whatever its value.
 #include <cstdint>
@@ -32,9 +36,14 @@ constexpr const char* kDeepSpeedOnly =
     "a DeepSpeed implementation option the engine has no counterpart for";
 constexpr const char* kParamOffload =
     "parameter shards stay on the context's device (no parameter offload yet)";
-constexpr const char* kOptimizerOffload =
-    "optimizer state stays on the context's device (no optimizer offload yet)";
-constexpr const char* kAio = "asynchronous I/O serves NVMe offload, which the engine has not yet";
+constexpr const char* kNvmeOnly =
+    "read only by NVMe optimizer offload (offload_optimizer.device is \"cpu\")";
+constexpr const char* kNotPinned =
+    "offloaded optimizer state is not pinned (a CPU context has no device to pin it for; "
+    "NVMe buffers are aligned, not pinned)";
+constexpr const char* kAio =
+    "asynchronous I/O serves NVMe optimizer offload, which this config does not ask for "
+    "(no parameter offload yet)";
 
 // Keys that change nothing at `agrees` and ask for something the engine
 // does not do at any other value.
@@ -54,8 +63,6 @@ const std::vector<Rule>& rules() {
        "gradients always go through contiguous reduce buckets"},
       {"zero_optimization.reduce_scatter", true,
        "gradients are always reduce-scattered into each rank's shard"},
-      {"zero_optimization.sub_group_size", 1000000000,
-       "the optimizer steps each rank's shards at once, without sub-groups"},
       {"zero_optimization.round_robin_gradients", false,
        "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
       {"zero_optimization.zero_quantized_nontrainable_weights", false,
@@ -124,17 +131,35 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
   const bool optimizer_offload = c.offload_optimizer.device != "none";
   const bool nvme = c.offload_param.device == "nvme" || c.offload_optimizer.device == "nvme";
 
+  const bool optimizer_nvme = c.offload_optimizer.device == "nvme";
+
   // Offload sections matter only when they name a device.
   if (starts_with(k, "zero_optimization.offload_param."))
     return param_offload ? kParamOffload : nullptr;
-  if (starts_with(k, "zero_optimization.offload_optimizer."))
-    return optimizer_offload ? kOptimizerOffload : nullptr;
+  if (starts_with(k, "zero_optimization.offload_optimizer.")) {
+    if (!optimizer_offload) return nullptr;
+    const std::string leaf = k.substr(std::string("zero_optimization.offload_optimizer.").size());
+    if (leaf == "device") return nullptr;
+    if (leaf == "nvme_path" || leaf == "buffer_count" || leaf == "pipeline_read" || leaf == "pipeline_write")
+      return optimizer_nvme ? nullptr : kNvmeOnly;
+    if (leaf == "pin_memory") return v == true ? kNotPinned : nullptr;
+    if (leaf == "ratio")
+      return v == 1.0 ? nullptr : "the whole optimizer step runs where its state lives (no partial offload)";
+    return kDeepSpeedOnly;  // fast_init, super_offload, convert_grad_on_cpu, cpuadam_cores_perc
+  }
   if (k == "zero_optimization.cpu_offload_param") return v == true ? kParamOffload : nullptr;
-  if (k == "zero_optimization.cpu_offload") return v == true ? kOptimizerOffload : nullptr;
   if (k == "zero_optimization.cpu_offload_use_pin_memory")
-    return v == true && (param_offload || optimizer_offload) ? kOptimizerOffload : nullptr;
-  // aio: every key under NVMe offload, else the ones moved off their default.
-  if (starts_with(k, "aio.")) return nvme || !aio_at_default(k, v) ? kAio : nullptr;
+    return v == true && (param_offload || optimizer_offload) ? kNotPinned : nullptr;
+  // Sub-groups cut the step over NVMe state; in memory each shard steps at once.
+  if (k == "zero_optimization.sub_group_size")
+    return optimizer_nvme || v == 1000000000
+               ? nullptr
+               : "sub-groups cut only the step over NVMe optimizer state; in memory the "
+                 "optimizer steps each rank's shards at once";
+  // aio: acted on under NVMe optimizer offload; GPUDirect Storage never.
+  if (k == "aio.use_gds") return v == true ? "GPUDirect Storage is not used" : nullptr;
+  if (starts_with(k, "aio."))
+    return !optimizer_nvme && (nvme || !aio_at_default(k, v)) ? kAio : nullptr;
   // Objects DeepSpeed leaves unset by default: any content is a request.
   if (k == "zero_optimization.zeropp_loco_param")
     return "gradients are reduced in fp32, without ZeRO++ LoCo compression";

@@ -38,12 +38,24 @@ Optimizer::Optimizer(Context& ctx, OptimKind kind)
   if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 2)
     fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
          ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1) or ZS_OPTIM_SGD (2)");
+  const std::string& where = ctx.config().offload_optimizer.device;
+  if (where != "none" && ctx.device()->is_cuda())
+    fail(Code::NotSupported, "zero_optimization.offload_optimizer.device \"", where,
+         "\" on a CUDA context (", ctx.device()->ref().str(),
+         "): optimizer offload runs on CPU contexts only so far (the step on host or NVMe state "
+         "while the params stay on the GPU is not written yet); use \"none\" on a GPU");
+  if (where == "nvme") {
+    const auto held = ctx_.lock();
+    swap_ = std::make_unique<SwappedState>(ctx.config(), ctx.ranks().rank, kind == OptimKind::Sgd ? 1 : 2);
+  }
 }
 
 Optimizer::~Optimizer() {
   const auto held = ctx_.lock();
   for (const auto& g : groups_)
     for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
+  for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
+  if (swap_) ctx_.ledger().sub(Held::Optimizer, swap_->buffer_bytes());
 }
 
 uint64_t Optimizer::state_bytes(const Slot& s) const {
@@ -87,6 +99,43 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
   }
   Group group;
   group.hp = hp;
+  if (swap_) {
+    // Masters and moments go to the swap file; its space is taken now.
+    std::vector<SwappedState::SlotSpec> specs;
+    std::map<size_t, const Param*> by_index;
+    for (const auto& p : params) {
+      Slot s;
+      s.param = p;
+      s.index = slot_at_.size();
+      slot_at_.push_back({groups_.size(), group.slots.size()});
+      if (p->dtype == DType::F32) s.master = p->shard;  // the master is the shard, in memory
+      else s.swapped[0] = true;
+      s.master_of_version = p->shard_version;
+      s.swapped[1] = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
+      s.swapped[2] = kind_ != OptimKind::Sgd;
+      specs.push_back({s.index, p->layout.shard_numel, p->dtype != DType::F32});
+      by_index[s.index] = p.get();
+      group.slots.push_back(std::move(s));
+    }
+    const uint64_t before = swap_->buffer_bytes();
+    try {
+      swap_->add_group(static_cast<int>(groups_.size()), specs,
+                       [&](size_t index, uint64_t begin, uint64_t count, float* dst) {
+                         const Param& p = *by_index.at(index);
+                         ops::cast_to_f32(*ctx_.device(),
+                                          static_cast<const char*>(p.shard->data()) + begin * p.elem_bytes(),
+                                          p.dtype, dst, count);
+                       });
+    } catch (...) {
+      slot_at_.resize(slot_at_.size() - group.slots.size());
+      throw;
+    }
+    const uint64_t after = swap_->buffer_bytes();
+    if (after >= before) ctx_.ledger().add(Held::Optimizer, after - before);
+    else ctx_.ledger().sub(Held::Optimizer, before - after);
+    groups_.push_back(std::move(group));
+    return static_cast<int>(groups_.size()) - 1;
+  }
   for (const auto& p : params) {
     Slot s;
     s.param = p;
@@ -176,6 +225,67 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   ++s.updates;
 }
 
+// update() over the swap file: sub-group by sub-group, each param's part
+// of it with the same kernels and the same per-param step count, so the
+// result is bitwise that of the whole param at once (the kernels are
+// element-wise).
+void Optimizer::update_swapped(float grad_scale) {
+  Device& dev = *ctx_.device();
+  swap_->for_each([&](const SwappedState::View& v) {
+    bool changed = false;
+    const Hparams& hp = groups_[static_cast<size_t>(v.sg.group)].hp;
+    for (const auto& pc : v.sg.pieces) {
+      const auto [gi, si] = slot_at_[pc.slot];
+      Slot& s = groups_[gi].slots[si];
+      Param& p = *s.param;
+      if (!p.grad || !p.grad_pushed) continue;  // no gradient this step: the param stays
+      const bool last = pc.begin + pc.count == p.layout.shard_numel;
+      const bool f32 = p.dtype == DType::F32;
+      float* master = f32 ? static_cast<float*>(p.shard->data()) + pc.begin : v.master(pc);
+      void* working = f32 ? nullptr : static_cast<char*>(p.shard->data()) + pc.begin * p.elem_bytes();
+      if (!f32 && s.master_of_version != p.shard_version) {
+        ops::refresh_master(dev, working, p.dtype, master, pc.count);
+        if (last) s.master_of_version = p.shard_version;
+      }
+      const float* grad = static_cast<const float*>(p.grad->data()) + pc.begin;
+      if (kind_ == OptimKind::Sgd) {
+        if (pc.begin == 0) {
+          s.sgd_first = s.updates == 0;
+          if (hp.momentum > 0.0 && !s.swapped[1]) {
+            s.swapped[1] = true;  // momentum from now on, starting from this gradient
+            s.sgd_first = true;
+          }
+        }
+        kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
+                            static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
+                            hp.nesterov, s.sgd_first};
+        ops::sgd_step(dev, master, s.swapped[1] ? v.state(pc, 1) : nullptr, grad, pc.count, h,
+                      grad_scale, working, p.dtype);
+      } else {
+        kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
+                             static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
+                             static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                             hp.bias_correction, s.updates + 1};
+        ops::adam_step(dev, master, v.state(pc, 1), v.state(pc, 2), grad, pc.count, h, grad_scale,
+                       working, p.dtype);
+      }
+      if (last) ++s.updates;
+      changed = true;
+    }
+    if (changed) dev.synchronize();  // the buffer is complete before it goes out
+    return changed;
+  });
+}
+
+void Optimizer::flush_state_views() {
+  const auto held = ctx_.lock();
+  for (auto it = views_.begin(); it != views_.end();) {
+    swap_->write_slot(it->first.first, it->first.second, it->second.data());
+    ctx_.ledger().sub(Held::Optimizer, it->second.size() * sizeof(float));
+    it = views_.erase(it);
+  }
+}
+
 std::vector<std::shared_ptr<Param>> Optimizer::group_params(size_t group) const {
   std::vector<std::shared_ptr<Param>> out;
   for (const auto& s : groups_.at(group).slots) out.push_back(s.param);
@@ -191,15 +301,18 @@ Optimizer::Slot* Optimizer::find_slot(const Param& p) {
 
 bool Optimizer::has_state(const Param& p, int slot) const {
   auto* s = const_cast<Optimizer*>(this)->find_slot(p);
-  if (s == nullptr) return false;
+  if (s == nullptr || slot < 0 || slot > 2) return false;
+  if (s->swapped[slot]) return true;
   return slot == 0 ? s->master != nullptr
-                   : slot == 1 ? s->state1 != nullptr : slot == 2 ? s->state2 != nullptr : false;
+                   : slot == 1 ? s->state1 != nullptr : s->state2 != nullptr;
 }
 
 float* Optimizer::ensure_state(const Param& p, int slot, uint64_t* numel) {
   const auto held = ctx_.lock();
   Slot* s = find_slot(p);
-  if (s != nullptr && slot == 1 && !s->state1 && kind_ == OptimKind::Sgd) {
+  if (swap_ && s != nullptr && slot == 1 && kind_ == OptimKind::Sgd) {
+    s->swapped[1] = true;  // its place in the file is reserved from the start
+  } else if (s != nullptr && slot == 1 && !s->state1 && kind_ == OptimKind::Sgd) {
     s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
     ctx_.ledger().add(Held::Optimizer, s->state1->bytes());
   }
@@ -211,10 +324,21 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
       if (s.param.get() != &p) continue;
+      if (slot >= 0 && slot <= 2 && s.swapped[slot]) {
+        auto [it, fresh] = views_.try_emplace({s.index, slot});
+        if (fresh) {
+          it->second.resize(p.layout.shard_numel);
+          swap_->read_slot(s.index, slot, it->second.data());
+          ctx_.ledger().add(Held::Optimizer, it->second.size() * sizeof(float));
+        }
+        if (numel) *numel = p.layout.shard_numel;
+        return it->second.data();
+      }
       const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
       if (buf == nullptr || !*buf)
         fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(),
-             ": this optimizer has slots 0 (master)", s.state1 ? ", 1" : "", s.state2 ? ", 2" : "");
+             ": this optimizer has slots 0 (master)", s.state1 || s.swapped[1] ? ", 1" : "",
+             s.state2 || s.swapped[2] ? ", 2" : "");
       if (numel) *numel = p.layout.shard_numel;
       return static_cast<float*>((*buf)->data());
     }
@@ -233,6 +357,24 @@ void Optimizer::set_steps(int64_t s) {
 
 void Optimizer::sync_params() {
   const auto held = ctx_.lock();
+  if (swap_) {
+    flush_state_views();
+    swap_->for_each([&](const SwappedState::View& v) {
+      for (const auto& pc : v.sg.pieces) {
+        const auto [gi, si] = slot_at_[pc.slot];
+        Slot& s = groups_[gi].slots[si];
+        Param& p = *s.param;
+        if (p.dtype == DType::F32) continue;
+        ops::cast_from_f32(*ctx_.device(), v.master(pc), p.dtype,
+                           static_cast<char*>(p.shard->data()) + pc.begin * p.elem_bytes(), pc.count);
+        s.master_of_version = p.shard_version;
+      }
+      return false;
+    });
+    ctx_.device()->synchronize();
+    shards_rewritten(ctx_, {});
+    return;
+  }
   for (auto& g : groups_)
     for (auto& s : g.slots)
       if (s.param->dtype != DType::F32) {
@@ -308,6 +450,7 @@ StepResult Optimizer::step() {
   const auto held = ctx_.lock();
   const auto step_begin = Trace::Clock::now();
   ctx_.check_async_error();
+  if (swap_) flush_state_views();  // what a checkpoint load or the caller wrote into them
   // Before anything changes: on a mismatch no rank updates anything.
   check_agreement(*ctx_.world(), describe());
   grads(ctx_).sync();
@@ -376,8 +519,12 @@ StepResult Optimizer::step() {
     if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
     drop_secondaries(ctx_);
     const auto update_begin = Trace::Clock::now();
-    for (auto& g : groups_)
-      for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
+    if (swap_) {
+      update_swapped(static_cast<float>(grad_scale));
+    } else {
+      for (auto& g : groups_)
+        for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
+    }
     ctx_.device()->synchronize();
     const auto update_end = Trace::Clock::now();
     update_seconds = std::chrono::duration<double>(update_end - update_begin).count();

@@ -2,14 +2,24 @@
 // for 16-bit params, parameter groups with their own hyper-parameters, and
 // the step that turns synced gradient shards into updated param shards.
 // Each call takes the engine lock itself.
+//
+// Where the state lives (offload_optimizer.device): "none" and "cpu" keep
+// it in the context's memory; on a CPU context that is host memory, so
+// "cpu" asks for what is already so. "nvme" keeps the fp32 masters of
+// 16-bit params and every moment in a swap file (swapped_state.h) and
+// steps it sub-group by sub-group, bit for bit as in memory. On a CUDA
+// context both are refused (NotSupported) until the host-side step exists.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "impl/core/context.h"
 #include "impl/optim/loss_scaler.h"
+#include "impl/optim/swapped_state.h"
 #include "impl/partition/param.h"
 
 namespace zs {
@@ -39,8 +49,14 @@ class Optimizer {
   void set_lr(int group, double lr);
   StepResult step();
   double loss_scale() const;
-  // Checkpoint access to a param's state (slot 0 master, 1, 2).
+  // Checkpoint access to a param's state (slot 0 master, 1, 2). State on
+  // NVMe is read into a host copy that stays valid, and is written back,
+  // until the next step, sync_params or flush_state_views.
   float* state(const Param& p, int slot, uint64_t* numel);
+  // Writes the host copies state() made of NVMe state back and frees them.
+  void flush_state_views();
+  // The swap file's bytes (0 unless the state is on NVMe).
+  uint64_t swapped_bytes() const { return swap_ ? swap_->file_bytes() : 0; }
   int64_t steps() const;
   void set_steps(int64_t s);
   // Rewrite 16-bit working shards from the masters (after a state load).
@@ -67,6 +83,11 @@ class Optimizer {
     BufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
     uint64_t master_of_version = 0;  // the param's shard_version the master was read from
     int64_t updates = 0;  // steps that updated this param (Adam's bias correction, as torch's per-param step)
+    // On NVMe: which of master, state 1, state 2 the swap file holds for
+    // this param, and its number there.
+    bool swapped[3] = {false, false, false};
+    size_t index = 0;
+    bool sgd_first = false;  // this step's SGD first_step, kept across sub-groups
   };
   struct Group {
     Hparams hp;
@@ -78,6 +99,7 @@ class Optimizer {
   void record_step_stats(Trace::Clock::time_point step_begin, double update_seconds);
   std::vector<int> group_indices(int group) const;
   void update(const Group& g, Slot& s, float grad_scale);
+  void update_swapped(float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
   Slot* find_slot(const Param& p);
 
@@ -87,6 +109,9 @@ class Optimizer {
   std::vector<Group> groups_;
   LossScaler scaler_;
   int64_t step_ = 0;
+  std::unique_ptr<SwappedState> swap_;  // null unless offload_optimizer.device is "nvme"
+  std::vector<std::pair<size_t, size_t>> slot_at_;  // a slot's index -> (group, position)
+  std::map<std::pair<size_t, int>, std::vector<float>> views_;  // (index, slot) -> host copy
   CommTotals last_totals_;  // the context's collectives as of the previous step's end
   Trace::Clock::time_point last_step_end_;
 };

@@ -581,7 +581,12 @@ ZS_API zs_status zs_optim_hparams_init(zs_optim_hparams* hparams, size_t size);
  * shards. Mixed precision follows the config: with bf16 or fp16 params the
  * engine keeps fp32 master shards; with fp16 it runs the loss scaler
  * (fp16.loss_scale, initial_scale_power, loss_scale_window, hysteresis,
- * min_loss_scale); gradient_clipping clips the global norm. */
+ * min_loss_scale); gradient_clipping clips the global norm. With
+ * zero_optimization.offload_optimizer.device "nvme" the masters of 16-bit
+ * params and the moments live in a swap file under nvme_path (each
+ * zs_optimizer_add_group takes its space there, or fails with IO naming the
+ * path, the bytes needed and the bytes free); "cpu" on a CPU context is
+ * where the state is already; on a CUDA context both are NOT_SUPPORTED. */
 ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context ctx, zs_optimizer_kind kind);
 ZS_API zs_status zs_optimizer_destroy(zs_optimizer opt);
 
@@ -620,7 +625,9 @@ ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
 /* This rank's shard of a param's optimizer state, for checkpoints: slot 0
  * is the fp32 master, 1 exp_avg (Adam) or the momentum buffer (SGD), 2
  * exp_avg_sq (Adam). shard_numel fp32 elements in the context's device
- * memory, readable and writable.
+ * memory, readable and writable. State offloaded to NVMe is read into a
+ * host copy, valid (and written back to the swap file) until the next
+ * step, zs_optimizer_sync_params or checkpoint save/load of the optimizer.
  * INVALID_ARGUMENT for a param the optimizer does not hold or a slot it
  * does not have. */
 ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, float** data,

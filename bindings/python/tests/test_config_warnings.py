@@ -35,16 +35,17 @@ def test_one_warning_names_every_key_and_value():
     assert len(got) == 1
     text = str(got[0].message)
     assert issubclass(got[0].category, UserWarning)
-    assert ('zeroshard: config key zero_optimization.offload_optimizer.device = "cpu" is '
-            "accepted but not acted on yet: optimizer state stays on the context's device") in text
-    for line in ('zero_optimization.offload_optimizer.pin_memory = true',
-                 'zero_optimization.offload_param.device = "nvme"',
+    assert ("zeroshard: config key zero_optimization.offload_optimizer.pin_memory = true is "
+            "accepted but not acted on yet: offloaded optimizer state is not pinned") in text
+    # "cpu" optimizer offload is acted on: on a CPU context the state is in host memory.
+    assert "offload_optimizer.device" not in text
+    for line in ('zero_optimization.offload_param.device = "nvme"',
                  'zero_optimization.offload_param.nvme_path = "/tmp/nvme"',
                  'zero_optimization.zero_quantized_gradients = true',
                  'zero_optimization.sub_group_size = 100000000.0',
                  'aio.queue_depth = 8'):
         assert line in text, line
-    assert len(text.splitlines()) == 7
+    assert len(text.splitlines()) == 6
     # The warning carries the engine's list; it points at the caller's line.
     assert [k["key"] for k in got[0].message.keys][0] == "zero_optimization.sub_group_size"
     assert got[0].filename == __file__
@@ -58,10 +59,10 @@ def test_property_lists_the_same_keys():
         with zs.Context(rank=0, world_size=1, config=json.dumps(OFFLOAD)) as ctx:
             keys = ctx.inactive_config_keys
             assert ctx.unused_config_keys == ["optimizer"]
-    assert {"key": "zero_optimization.offload_optimizer.device", "value": "cpu",
-            "reason": "optimizer state stays on the context's device (no optimizer offload yet)"
+    assert {"key": "zero_optimization.offload_param.device", "value": "nvme",
+            "reason": "parameter shards stay on the context's device (no parameter offload yet)"
             } in keys
-    assert len(keys) == 7
+    assert len(keys) == 6
 
 
 def test_once_per_context():
@@ -100,5 +101,5 @@ def test_effective_config_fed_back_warns_nothing():
 def test_warning_can_be_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error", zs.ZeroShardConfigWarning)
-        with pytest.raises(zs.ZeroShardConfigWarning, match="offload_optimizer.device"):
+        with pytest.raises(zs.ZeroShardConfigWarning, match="offload_param.device"):
             zs.Context(rank=0, world_size=1, config=OFFLOAD)

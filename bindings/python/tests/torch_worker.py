@@ -312,12 +312,40 @@ def mode_user_changes(rank, world):
     return out
 
 
+def mode_offload(rank, world):
+    """TinyGPT (fp32) with AdamW, the optimizer state where
+    ZS_TEST_OFFLOAD says ("none", "cpu" or an NVMe directory): losses, the
+    final weights' bytes (as hex) and the optimizer's state_dict tensors."""
+    where = os.environ["ZS_TEST_OFFLOAD"]
+    zero = {"stage": 3, "reduce_bucket_size": 5000}
+    if where in ("none", "cpu"):
+        zero["offload_optimizer"] = {"device": where}
+    else:
+        zero["sub_group_size"] = 1000
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": where, "buffer_count": 3,
+                                     "pipeline_read": True, "pipeline_write": True}
+    torch.manual_seed(0)
+    with zt.Init(config={"zero_optimization": zero, "aio": {"block_size": 65536}}):
+        model = TinyGPT()
+    zt.partition_module(model)
+    zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+    losses = train(model, zopt, 6, rank)
+    sd = zt.consolidated_state_dict(model)
+    shards = zopt.state_dict()["zeroshard"]["shards"]  # this rank's master and moments
+    moments = {str(k): {str(slot): v.numpy().tobytes().hex() for slot, v in sorted(per.items())}
+               for k, per in sorted(shards.items())}
+    return {"losses": losses,
+            "weights": {k: v.float().numpy().tobytes().hex() for k, v in sorted(sd.items())} if rank == 0 else {},
+            "state": moments}
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
-              "gathered": mode_gathered_and_state, "user_changes": mode_user_changes}[mode](rank, world)
+              "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
+              "offload": mode_offload}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         print(json.dumps(result), flush=True)
