@@ -77,7 +77,9 @@ TEST(Failure, DeadPeerIsACommErrorNotAHang) {
     ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
     const zs_status s = zs_gather_wait(g, ZS_WAIT_FOREVER);
     EXPECT_TRUE(s == ZS_ERR_COMM || s == ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
-    EXPECT_LT(seconds_since(t0), 2.0) << "a dead peer must be named within 2 s, not at the 20 s timeout";
+    // Within 2 s here; 5 s leaves room for a loaded machine scheduling the
+    // victim's exit late, and is still far from the 20 s timeout.
+    EXPECT_LT(seconds_since(t0), 5.0) << "a dead peer must be named at once, not at the 20 s timeout";
     EXPECT_NE(std::string(zs_last_error()).find("group 'world'"), std::string::npos) << zs_last_error();
     // The store saw rank 2's connection close: the message names it.
     EXPECT_NE(std::string(zs_last_error()).find("rank 2 is gone"), std::string::npos) << zs_last_error();
@@ -109,7 +111,9 @@ TEST(Failure, DeadPeerDuringAStepIsAnErrorNotASignal) {
     zs_status s = ZS_OK;
     for (int i = 0; i < 3 && s == ZS_OK; ++i) s = zs_optimizer_step(opt, &r);
     EXPECT_TRUE(s == ZS_ERR_COMM || s == ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << zs_last_error();
-    EXPECT_LT(seconds_since(t0), 2.0) << "a dead peer must be named within 2 s, not at the 20 s timeout";
+    // Within 2 s here; 5 s leaves room for a loaded machine scheduling the
+    // victim's exit late, and is still far from the 20 s timeout.
+    EXPECT_LT(seconds_since(t0), 5.0) << "a dead peer must be named at once, not at the 20 s timeout";
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });
 }
