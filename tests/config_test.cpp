@@ -72,6 +72,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.mics_hierarchical_params_gather, b.mics_hierarchical_params_gather);
   EXPECT_EQ(a.zero_hpz_partition_size, b.zero_hpz_partition_size);
   EXPECT_EQ(a.zero_quantized_weights, b.zero_quantized_weights);
+  EXPECT_EQ(a.zero_quantized_weights_bits, b.zero_quantized_weights_bits);
+  EXPECT_EQ(a.zero_quantized_weights_block_size, b.zero_quantized_weights_block_size);
   EXPECT_EQ(a.zero_quantized_gradients, b.zero_quantized_gradients);
   for (auto pair : {std::make_pair(&a.offload_param, &b.offload_param),
                     std::make_pair(&a.offload_optimizer, &b.offload_optimizer)}) {
@@ -385,6 +387,25 @@ TEST(ConfigValues, StageMustBeZeroToThree) {
   EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 0}})", 0).stage, 0);
 }
 
+TEST(ConfigValues, WeightQuantizationBitsAndBlockSize) {
+  const Config d = parse_config("{}", 0);
+  EXPECT_EQ(d.zero_quantized_weights_bits, 8);
+  EXPECT_EQ(d.zero_quantized_weights_block_size, 256);
+  const Config c = parse_config(R"({"zero_optimization": {"zero_quantized_weights": true,
+      "zero_quantized_weights_bits": 4, "zero_quantized_weights_block_size": 2048}})", 0);
+  EXPECT_TRUE(c.zero_quantized_weights);
+  EXPECT_EQ(c.zero_quantized_weights_bits, 4);
+  EXPECT_EQ(c.zero_quantized_weights_block_size, 2048);
+  expect_mentions(config_error(R"({"zero_optimization": {"zero_quantized_weights_bits": 2}})"),
+                  {"zero_optimization.zero_quantized_weights_bits", "got 2", "8 or 4"});
+  expect_mentions(
+      config_error(R"({"zero_optimization": {"zero_quantized_weights_block_size": 255}})"),
+      {"zero_optimization.zero_quantized_weights_block_size", "got 255", "an even integer"});
+  expect_mentions(
+      config_error(R"({"zero_optimization": {"zero_quantized_weights_block_size": 0}})"),
+      {"zero_optimization.zero_quantized_weights_block_size", "got 0"});
+}
+
 TEST(ConfigValues, NullIsOnlyAcceptedForOptionalOptions) {
   const Config c = parse_config(
       R"({"zero_optimization": {"overlap_comm": null, "offload_param": null,
@@ -684,6 +705,8 @@ TEST(ConfigRoundTrip, EveryFieldSurvives) {
   c.mics_shard_size = 4;
   c.mics_hierarchical_params_gather = true;
   c.zero_quantized_weights = true;
+  c.zero_quantized_weights_bits = 4;
+  c.zero_quantized_weights_block_size = 2048;
   c.zero_quantized_gradients = true;
   c.offload_param = {"nvme", "/nvme/params", true, 7, 1 << 20, 1 << 30, 1.0};
   c.offload_optimizer = {"cpu", "", true, 3, 100000000, 1000000000, 1.0};

@@ -28,6 +28,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
+#include "kernels/quant.h"
 #include "tests/support/optim_cases.h"
 
 namespace zs::kernels::cuda_test {
@@ -752,6 +753,52 @@ TEST_F(CudaKernels, BadArgumentsAreInvalidValueAndEnqueueNothing) {
   EXPECT_EQ(sum.get(1)[0], 0.0);
   EXPECT_EQ(flag.get(1)[0], 1);
   EXPECT_STRNE(cu::error_string(inval), "");
+}
+
+// qwZ block quantization: codes, scales and dequantized values bit for
+// bit as the CPU kernels (kernels/quant.h), NaN and inf blocks included.
+TEST_F(CudaKernels, QuantizeDequantizeBitIdenticalToCpu) {
+  for (WorkDtype t : kDtypes)
+    for (int bits : {8, 4})
+      for (size_t block : {size_t{2}, size_t{256}, size_t{2048}})
+        for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{255}, size_t{257}, kBig}) {
+          const std::string what = std::string("quantize ") + dtype_name(t) + " int" +
+                                   std::to_string(bits) + " block " + std::to_string(block) +
+                                   " n=" + std::to_string(n);
+          const QuantSpec q{bits, block};
+          const size_t es = dsize(t);
+          // Random bits (NaN and inf among them), values with specials
+          // sprinkled in, or plain normal values.
+          const std::vector<float> f = n == 7 ? random_bits(n, 50)
+                                       : n == 1 || n == 255 ? mixed(n, 51)
+                                                            : normal(n, 52, 3.0f);
+          std::vector<uint8_t> x(n * es);
+          if (t == WorkDtype::F32) {
+            if (n) std::memcpy(x.data(), f.data(), n * 4);
+          } else {
+            cast_from_f32(f.data(), x.data(), t, n);
+          }
+          std::vector<uint8_t> codes(quant_code_bytes(n, q)), deq(n * es);
+          std::vector<float> scales(quant_blocks(n, q));
+          quantize(x.data(), t, n, q, codes.data(), scales.data());
+          dequantize(codes.data(), scales.data(), n, q, deq.data(), t);
+          Dev<uint8_t> dx(x.size(), stream_), dc(codes.size(), stream_), dd(deq.size(), stream_);
+          Dev<float> dsc(scales.size(), stream_);
+          dx.put(x);
+          dc.fill_bytes(0xAB);
+          ok(cu::quantize(dx.at(0), t, n, bits, block, dc.at(0), dsc.at(0), s()), what);
+          ok(cu::dequantize(dc.at(0), dsc.at(0), n, bits, block, dd.at(0), t, s()), what);
+          EXPECT_EQ(first_byte_diff(dc.get(codes.size()), codes), kNone) << what << ": codes";
+          const std::vector<float> gs = dsc.get(scales.size());
+          EXPECT_EQ(0, scales.empty() ? 0 : std::memcmp(gs.data(), scales.data(), scales.size() * 4))
+              << what << ": scales";
+          EXPECT_EQ(first_byte_diff(dd.get(deq.size()), deq), kNone) << what << ": dequantized";
+        }
+  // Bad arguments enqueue nothing.
+  EXPECT_EQ(cu::quantize(nullptr, WorkDtype::F32, 1, 8, 256, nullptr, nullptr, s()),
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(cu::dequantize(nullptr, nullptr, 8, 4, 3, nullptr, WorkDtype::F32, s()),
+            static_cast<int>(cudaErrorInvalidValue));
 }
 
 }  // namespace

@@ -107,13 +107,22 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
 }
 
 TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
+  // qwZ acts (impl/fetch/quantized.h): only gradient and frozen-weight
+  // quantization are still listed.
   const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
       "zero_quantized_gradients": true, "zero_quantized_nontrainable_weights": true,
+      "zero_quantized_weights_bits": 4, "zero_quantized_weights_block_size": 2048,
       "zero_hpz_partition_size": 1}})");
-  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_weights",
-                                "zero_optimization.zero_quantized_gradients",
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_gradients",
                                 "zero_optimization.zero_quantized_nontrainable_weights"}));
   EXPECT_EQ(keys[0].value, "true");
+}
+
+TEST(InactiveConfig, WeightQuantizationShapeListedWhenQwzIsOff) {
+  const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights_bits": 4,
+      "zero_quantized_weights_block_size": 256}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_weights_bits"}));
+  EXPECT_NE(keys[0].reason.find("zero_quantized_weights is false"), std::string::npos);
 }
 
 TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {

@@ -54,7 +54,7 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     if (p->layout.numel == 0) continue;
     const bool mine = p->status == ParamStatus::Available;  // the caller's gather: leave it
     if (!mine) {
-      auto work = fetch_params(ctx, {p});
+      auto work = fetch_params(ctx, {p}, false, /*exact=*/true);  // never the qwZ values
       work->wait(-1);
       settle(ctx, *p);
     }

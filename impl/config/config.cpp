@@ -397,6 +397,22 @@ void read_mics_shard_size(Section& zero, Config& c) {
   c.mics_shard_size = v;
 }
 
+// qwZ's code width and block size (zeroshard's keys; kernels/quant.h).
+void read_weight_quantization(Section& zero, Config& c) {
+  zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
+  if (auto e = zero.given({"zero_quantized_weights_bits"})) {
+    const int64_t v = to_int(*e);
+    if (v != 8 && v != 4) fail_value(*e, "8 or 4");
+    c.zero_quantized_weights_bits = v;
+  }
+  if (auto e = zero.given({"zero_quantized_weights_block_size"})) {
+    const int64_t v = to_int(*e);
+    if (v < 2 || v > (int64_t{1} << 24) || v % 2 != 0)
+      fail_value(*e, "an even integer from 2 to 16777216");
+    c.zero_quantized_weights_block_size = v;
+  }
+}
+
 // DeepSpeed options inside zero_optimization that the engine does not act on.
 void skip_zero_extras(Section& zero) {
   for (const char* key :
@@ -447,7 +463,7 @@ void parse_zero(Section& zero, Config& c) {
   read_mics_shard_size(zero, c);
   zero.read({"mics_hierarchical_params_gather"}, c.mics_hierarchical_params_gather);
   zero.read({"zero_hpz_partition_size"}, c.zero_hpz_partition_size, 1);
-  zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
+  read_weight_quantization(zero, c);
   zero.read({"zero_quantized_gradients"}, c.zero_quantized_gradients);
   parse_offloads(zero, c);
   skip_zero_extras(zero);
@@ -689,6 +705,8 @@ Json zero_to_json(const Config& c) {
   z["mics_hierarchical_params_gather"] = c.mics_hierarchical_params_gather;
   z["zero_hpz_partition_size"] = c.zero_hpz_partition_size;
   z["zero_quantized_weights"] = c.zero_quantized_weights;
+  z["zero_quantized_weights_bits"] = c.zero_quantized_weights_bits;
+  z["zero_quantized_weights_block_size"] = c.zero_quantized_weights_block_size;
   z["zero_quantized_gradients"] = c.zero_quantized_gradients;
   Json param = offload_to_json(c.offload_param);
   param["buffer_size"] = c.offload_param.buffer_size;

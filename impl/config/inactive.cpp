@@ -5,7 +5,7 @@
 // nothing today. Each rule names a canonical key, the value at which the
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
-// param and model persistence, MiCS, hpZ, fp16 loss scaling, clipping,
+// param and model persistence, MiCS, hpZ, qwZ, fp16 loss scaling, clipping,
 // device) have no rule. When the engine starts to act on a key, delete its
 // rule here and its case in tests/inactive_config_test.cpp.
 //
@@ -58,8 +58,6 @@ const std::vector<Rule>& rules() {
        "the optimizer steps each rank's shards at once, without sub-groups"},
       {"zero_optimization.round_robin_gradients", false,
        "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
-      {"zero_optimization.zero_quantized_weights", false,
-       "parameters are gathered in their own dtype, without quantization"},
       {"zero_optimization.zero_quantized_nontrainable_weights", false,
        "frozen parameters are gathered in their own dtype, without quantization"},
       {"zero_optimization.zero_quantized_gradients", false,
@@ -146,6 +144,12 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
                ? "leaf modules are named through the binding (zs_leaf_group), not the config"
                : nullptr;
   if (k == "zero_optimization.partition_stream_chunk_size") return kDeepSpeedOnly;
+  // qwZ's shape matters only with qwZ on.
+  const bool qwz_bits = k == "zero_optimization.zero_quantized_weights_bits";
+  if (qwz_bits || k == "zero_optimization.zero_quantized_weights_block_size")
+    return c.zero_quantized_weights || v == (qwz_bits ? Json(8) : Json(256))
+               ? nullptr
+               : "weights are gathered unquantized (zero_quantized_weights is false)";
   if (k == "communication_data_type")
     return c.communication_data_type == "fp32" ? nullptr
                                                : "gradients are reduced in fp32";

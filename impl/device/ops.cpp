@@ -136,6 +136,20 @@ void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, doubl
   *finite = std::isfinite(*sum);
 }
 
+void quantize(Device& dev, const void* src, DType dtype, size_t n, const kernels::QuantSpec& s,
+              uint8_t* codes, float* scales) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, quantize, src, work_dtype(dtype), n, s.bits, s.block, codes, scales)
+  kernels::quantize(src, work_dtype(dtype), n, s, codes, scales);
+}
+
+void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n,
+                const kernels::QuantSpec& s, void* dst, DType dtype) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, dequantize, codes, scales, n, s.bits, s.block, dst, work_dtype(dtype))
+  kernels::dequantize(codes, scales, n, s, dst, work_dtype(dtype));
+}
+
 void copy_many(Device& dev, const std::vector<Copy>& copies) {
 #ifdef ZS_WITH_CUDA
   if (dev.is_cuda()) {

@@ -11,6 +11,7 @@
 #include "impl/common/dtype.h"
 #include "impl/device/device.h"
 #include "kernels/optim.h"
+#include "kernels/quant.h"
 
 namespace zs::ops {
 
@@ -38,6 +39,12 @@ void adam_step(Device& dev, float* master, float* exp_avg, float* exp_avg_sq, co
                DType working_dtype);
 void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad, size_t n,
               const kernels::SgdHyper& h, float grad_scale, void* working, DType working_dtype);
+
+// Block quantization (kernels/quant.h) of n elements of a float dtype.
+void quantize(Device& dev, const void* src, DType dtype, size_t n, const kernels::QuantSpec& s,
+              uint8_t* codes, float* scales);
+void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n,
+                const kernels::QuantSpec& s, void* dst, DType dtype);
 
 // Many copies as one: one kernel on a GPU, memcpy on the host.
 struct Copy {

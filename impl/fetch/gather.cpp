@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "impl/device/ops.h"
+#include "impl/fetch/quantized.h"
 #include "impl/partition/register.h"
 
 namespace zs {
@@ -107,9 +108,41 @@ void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local
                         src + static_cast<size_t>(l * nodes + n) * shard, shard});
 }
 
+// qwZ: one param's packet on its way. Each rank packs its shard into
+// `send`; `recv` holds every member's packet (in the group's order, or
+// the MiCS two-hop order); each packet is dequantized into its shard's
+// place in `full`.
+struct QuantSlot {
+  const void* shard;
+  void* send;
+  const uint8_t* recv;
+  uint8_t* full;
+  DType dtype;
+  uint64_t shard_numel;
+  size_t packet;
+};
+
+void pack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::QuantSpec& spec) {
+  for (const auto& q : slots) pack_quantized(dev, q.shard, q.dtype, q.shard_numel, spec, q.send);
+  if (!slots.empty()) dev.synchronize();  // the transport reads the packets next
+}
+
+// Packet k of recv belongs to shard rank_of(k).
+template <class RankOf>
+void unpack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::QuantSpec& spec,
+                int members, RankOf rank_of) {
+  for (const auto& q : slots) {
+    const size_t shard_bytes = q.shard_numel * dtype_size(q.dtype);
+    for (int k = 0; k < members; ++k)
+      unpack_quantized(dev, q.recv + static_cast<size_t>(k) * q.packet, q.dtype, q.shard_numel,
+                       spec, q.full + static_cast<size_t>(rank_of(k)) * shard_bytes);
+  }
+}
+
 }  // namespace
 
-std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered) {
+std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered,
+                                   bool exact) {
   const auto held = ctx.lock();
   ctx.check_async_error();
   ctx.attachment<FetchState>();  // so that unregister_param lets go of what we gather
@@ -130,6 +163,10 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   bool from_secondary = hpz_route;
   for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
+  // qwZ: gathers from the primary shards (forward; every gather without
+  // hpZ) travel quantized; hpZ's secondary gathers stay exact.
+  const bool qwz = !exact && !alias && ctx.config().zero_quantized_weights;
+  const kernels::QuantSpec spec = weight_quant_spec(ctx.config());
 
   const auto& dev = ctx.device();
   std::vector<BufferPtr> fulls;
@@ -166,44 +203,87 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     const auto& inter = ctx.mics_inter_group();
     const auto& intra = ctx.mics_intra_group();
     const int nodes = inter->size(), local = intra->size();
-    std::vector<GatherSegment> hop1, hop2;
+    std::vector<GatherSegment> hop1, hop2, quant_hop2;
     std::vector<size_t> shard_bytes;
+    std::vector<void*> dst;
+    std::vector<QuantSlot> quants;
     for (size_t i = 0; i < n; ++i) {
-      const size_t b = params[i]->shard_bytes();
+      Param& p = *params[i];
+      // Each hop moves the unit a rank sends: its shard, or its qwZ packet.
+      const bool q = qwz && quantizable(p.dtype);
+      const size_t b = q ? quant_packet(p.layout.shard_numel, spec).bytes : p.shard_bytes();
+      void* packet = nullptr;
+      if (q) {
+        auto buf = std::make_shared<Buffer>(dev, b);
+        keep.push_back(buf);
+        packet = buf->data();
+      }
       auto t1 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes));
       auto t2 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes * local));
-      hop1.push_back({params[i]->shard->data(), t1->data(), b});
-      hop2.push_back({t1->data(), t2->data(), b * static_cast<size_t>(nodes)});
-      shard_bytes.push_back(b);
-      keep.push_back(params[i]->shard);
+      hop1.push_back({q ? packet : p.shard->data(), t1->data(), b});
+      keep.push_back(p.shard);
       keep.push_back(t1);
       keep.push_back(t2);
+      const GatherSegment second{t1->data(), t2->data(), b * static_cast<size_t>(nodes)};
+      if (q) {
+        quants.push_back({p.shard->data(), packet, static_cast<const uint8_t*>(t2->data()),
+                          static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
+                          b});
+        quant_hop2.push_back(second);
+        continue;
+      }
+      hop2.push_back(second);
+      shard_bytes.push_back(b);
+      dst.push_back(fulls[i]->data());
     }
+    // Quantized units join the same hop-2 operation, after the exact ones.
+    hop2.insert(hop2.end(), quant_hop2.begin(), quant_hop2.end());
     ctx.ledger().count(Fetched::HierarchicalGather);
     auto first = inter->submit(what + " (MiCS hop 1: across nodes)",
-                               [hop1, keep](Communicator& c) { c.allgather_coalesced(hop1); });
-    std::vector<void*> dst;
-    for (const auto& f : fulls) dst.push_back(f->data());
+                               [hop1, keep, quants, spec, dev](Communicator& c) {
+                                 pack_all(*dev, quants, spec);
+                                 c.allgather_coalesced(hop1);
+                               });
     work = intra->submit(what + " (MiCS hop 2: within the node)",
-                         [first, hop2, dst, shard_bytes, nodes, local, keep, dev](Communicator& c) {
+                         [first, hop2, dst, shard_bytes, nodes, local, keep, dev, quants,
+                          spec](Communicator& c) {
                            first->wait(-1);
                            c.allgather_coalesced(hop2);
                            std::vector<ops::Copy> copies;
-                           for (size_t i = 0; i < hop2.size(); ++i)
+                           for (size_t i = 0; i < dst.size(); ++i)
                              reorder_hierarchical(static_cast<const uint8_t*>(hop2[i].recv),
                                                   static_cast<uint8_t*>(dst[i]), nodes, local,
                                                   shard_bytes[i], copies);
                            ops::copy_many(*dev, copies);
+                           // Hop 2 leaves unit [l][n], which is shard n * local + l.
+                           unpack_all(*dev, quants, spec, nodes * local,
+                                      [&](int k) { return (k % nodes) * local + k / nodes; });
                            dev->synchronize();
                          });
   } else {
     // Primary gather; with hpZ it also leaves each param's secondary slice.
     std::vector<ops::Copy> slices;
+    std::vector<QuantSlot> quants;
+    const int members = group->size();
     for (size_t i = 0; i < n; ++i) {
       Param& p = *params[i];
-      segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
       keep.push_back(p.shard);
+      if (qwz && quantizable(p.dtype)) {
+        const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
+        auto send = std::make_shared<Buffer>(dev, packet);
+        auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
+        keep.push_back(send);
+        keep.push_back(recv);
+        segments.push_back({send->data(), recv->data(), packet});
+        quants.push_back({p.shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
+                          static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
+                          packet});
+      } else {
+        segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
+      }
       if (!hpz_route || alias) continue;
+      // The secondary slice copies what this gather left, dequantized
+      // under qwZ: backward then computes with the forward's weights.
       const auto h = static_cast<uint64_t>(hpz->size());
       const uint64_t slice_numel = (p.layout.numel + h - 1) / h;
       const uint64_t first = static_cast<uint64_t>(hpz->rank()) * slice_numel;
@@ -214,8 +294,10 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }
-    work = group->submit(what, [segments, keep, slices, dev](Communicator& c) {
+    work = group->submit(what, [segments, keep, slices, dev, quants, spec, members](Communicator& c) {
+      pack_all(*dev, quants, spec);
       c.allgather_coalesced(segments);
+      unpack_all(*dev, quants, spec, members, [](int k) { return k; });
       ops::copy_many(*dev, slices);
       dev->synchronize();
     });
@@ -290,13 +372,18 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });
   std::vector<ops::Copy> copies;
+  const bool qwz = ctx.config().zero_quantized_weights;
   for (const auto& p : params) {
     ++p->shard_version;
     if (p->full_aliases_shard || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
-    copies.push_back({p->shard->data(),
-                      static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem,
-                      p->layout.shard_valid * elem});
+    const uint8_t* mine = static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem;
+    if (qwz && quantizable(p->dtype)) {  // what the modifier did not touch stays exact
+      write_back_keeping_exact(*ctx.device(), p->shard->data(), p->dtype, p->layout.shard_numel,
+                               p->layout.shard_valid, weight_quant_spec(ctx.config()), mine);
+      continue;
+    }
+    copies.push_back({p->shard->data(), mine, p->layout.shard_valid * elem});
   }
   ops::copy_many(*ctx.device(), copies);
   ctx.device()->synchronize();

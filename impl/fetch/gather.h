@@ -19,7 +19,14 @@ using ParamList = std::vector<std::shared_ptr<Param>>;
 // With into_gathered, an AVAILABLE param is gathered again into the buffer
 // it has (its views stay valid; it is INFLIGHT until the gather is done):
 // how persistent params take the values an optimizer step wrote.
-std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered = false);
+// With zero_quantized_weights (qwZ), float params gathered from the
+// primary shards (plain or MiCS) travel block-quantized and come back
+// within the bound of kernels/quant.h, the same bits on every rank; hpZ's
+// gathers from secondary shards stay exact (those shards hold what the
+// quantized gather left), and so does a group of one. `exact` asks for
+// the params' own values whatever the config (a consolidated export).
+std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params,
+                                   bool into_gathered = false, bool exact = false);
 
 // If an in-flight gather finished: AVAILABLE on success, back to
 // NOT_AVAILABLE (buffer freed) on failure. Returns the status it leaves.

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/optim.h"
 
@@ -94,6 +95,16 @@ int batched_copy(const CopySegment* segments, size_t count, void* stream);
 
 // The largest count batched_copy passes in one launch.
 constexpr size_t kBatchedCopySegmentsPerLaunch = 1000;
+
+// Block quantization (kernels/quant.h: layout, formulas, error bound):
+// src holds n elements of t; codes quant_code_bytes bytes, scales
+// quant_blocks floats. Bit-identical to kernels::quantize / dequantize.
+// An invalid (bits, block) or dtype, or a null pointer with n > 0:
+// cudaErrorInvalidValue.
+int quantize(const void* src, WorkDtype t, size_t n, int bits, size_t block, uint8_t* codes,
+             float* scales, void* stream);
+int dequantize(const uint8_t* codes, const float* scales, size_t n, int bits, size_t block,
+               void* dst, WorkDtype t, void* stream);
 
 // cudaGetErrorString of a launcher's return value.
 const char* error_string(int err);

@@ -1,0 +1,262 @@
+// ZeRO++ qwZ benchmark: bytes each rank receives per gather, quantized
+// (int8, int4) against full precision, for bf16 and fp32 params; the gather
+// time of each on 2 and 4 loopback ranks (same run, same params); and the
+// CPU quantize / dequantize kernels' throughput against a memcpy of the
+// same input bytes. Prints figures and ratios, never pass/fail on time.
+//
+//   build/bin/bench_qwz [--ranks N (default: 2 then 4)] [--mib 32] [--iters 5]
+//                       [--kernel-mib 256]
+//
+// Forks its own ranks over loopback. The last line is one JSON object.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "impl/fetch/quantized.h"
+#include "kernels/parallel.h"
+#include "kernels/quant.h"
+#include "tests/support/bench_util.h"
+#include "zeroshard/zeroshard.h"
+
+namespace {
+
+struct Args {
+  std::vector<int> worlds = {2, 4};
+  int mib = 32;
+  int iters = 5;
+  int kernel_mib = 256;
+};
+
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    zs_status s_ = (call);                                                                \
+    if (s_ != ZS_OK) {                                                                    \
+      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One configuration of a gather: dtype and quantization (0: off).
+struct Mode {
+  zs_dtype dtype;
+  int bits;
+};
+const Mode kModes[] = {{ZS_BFLOAT16, 0}, {ZS_BFLOAT16, 8}, {ZS_BFLOAT16, 4},
+                       {ZS_FLOAT32, 0},  {ZS_FLOAT32, 8},  {ZS_FLOAT32, 4}};
+constexpr int kNumModes = 6;
+
+struct Result {
+  double seconds = 0;        // median fetch + release
+  double recv_bytes = 0;     // per rank per gather, on the wire
+  double gathered_bytes = 0; // the full params' bytes
+};
+
+// Transformer-like params (1024-wide matrices and vectors) of ~mib MiB in
+// the mode's dtype; a gather's received bytes per rank from the layout:
+// (G - 1) shards, or (G - 1) qwZ packets.
+Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
+  std::string cfg = "{}";
+  if (m.bits)
+    cfg = R"({"zero_optimization": {"zero_quantized_weights": true, "zero_quantized_weights_bits": )" +
+          std::to_string(m.bits) + "}}";
+  zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+  o.rank = rank;
+  o.world_size = world;
+  o.store_host = "127.0.0.1";
+  o.store_port = port;
+  o.config_json = cfg.c_str();
+  zs_context ctx;
+  CHECK(zs_context_create(&ctx, &o));
+  const size_t es = m.dtype == ZS_FLOAT32 ? 4 : 2;
+  const size_t want = static_cast<size_t>(a.mib) << 20;
+  std::vector<zs_param> ps;
+  Result r;
+  const zs::kernels::QuantSpec spec{m.bits ? m.bits : 8, 256};
+  for (int i = 0; r.gathered_bytes < static_cast<double>(want); ++i) {
+    const int64_t shape[2] = {(i % 4 == 0) ? 1 : 1024 + (i % 3), 1024};
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    const std::string name = "p" + std::to_string(i);
+    po.name = name.c_str();
+    po.dtype = m.dtype;
+    po.ndim = 2;
+    po.shape = shape;
+    po.init = ZS_INIT_NORMAL;
+    po.b = 0.02;
+    zs_param p;
+    CHECK(zs_param_register(&p, ctx, &po));
+    ps.push_back(p);
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    CHECK(zs_param_get_info(p, &info));
+    const double unit = m.bits ? static_cast<double>(zs::quant_packet(info.shard_numel, spec).bytes)
+                               : static_cast<double>(info.shard_numel * es);
+    r.recv_bytes += unit * (world - 1);
+    r.gathered_bytes += static_cast<double>(info.numel * es);
+  }
+  auto once = [&] {
+    const double t0 = now_s();
+    zs_gather g;
+    CHECK(zs_fetch(&g, ctx, ps.data(), ps.size()));
+    CHECK(zs_gather_wait(g, ZS_WAIT_FOREVER));
+    CHECK(zs_gather_destroy(g));
+    CHECK(zs_release(ctx, ps.data(), ps.size()));
+    return now_s() - t0;
+  };
+  once();  // warm-up: first touch of the buffers
+  std::vector<double> t;
+  for (int it = 0; it < a.iters; ++it) t.push_back(once());
+  r.seconds = median(t);
+  for (auto p : ps) CHECK(zs_param_destroy(p));
+  CHECK(zs_context_destroy(ctx));
+  return r;
+}
+
+// Every mode on `world` forked ranks; rank 0's results come back by pipe.
+bool run_world(int world, const Args& a, Result (&out)[kNumModes]) {
+  int ports[kNumModes];
+  for (int& p : ports) p = zs::bench::free_port();
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      Result res[kNumModes];
+      for (int k = 0; k < kNumModes; ++k) res[k] = run_mode(r, world, ports[k], kModes[k], a);
+      if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(1);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  close(fds[1]);
+  const bool got = read(fds[0], out, sizeof out) == static_cast<ssize_t>(sizeof out);
+  close(fds[0]);
+  bool ok = got;
+  for (pid_t pid : pids) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
+  }
+  return ok;
+}
+
+struct KernelRate {
+  double quant_gbps, dequant_gbps, memcpy_gbps;
+};
+
+// GB/s of working-dtype bytes in (quantize) or out (dequantize), and a
+// memcpy of the same bytes; best of 5.
+KernelRate kernel_rate(zs::kernels::WorkDtype t, int bits, size_t bytes) {
+  namespace k = zs::kernels;
+  const size_t es = t == k::WorkDtype::F32 ? 4 : 2, n = bytes / es;
+  const k::QuantSpec s{bits, 256};
+  std::vector<uint8_t> src(n * es), dst(n * es), copy(n * es);
+  for (size_t i = 0; i < n; ++i) k::store_work1(src.data(), t, i, static_cast<float>(i % 1000) * 1e-3f - 0.5f);
+  std::vector<uint8_t> codes(k::quant_code_bytes(n, s));
+  std::vector<float> scales(k::quant_blocks(n, s));
+  double tq = 1e9, td = 1e9, tc = 1e9;
+  for (int it = 0; it < 5; ++it) {
+    double t0 = now_s();
+    k::quantize(src.data(), t, n, s, codes.data(), scales.data());
+    tq = std::min(tq, now_s() - t0);
+    t0 = now_s();
+    k::dequantize(codes.data(), scales.data(), n, s, dst.data(), t);
+    td = std::min(td, now_s() - t0);
+    t0 = now_s();
+    std::memcpy(copy.data(), src.data(), copy.size());
+    tc = std::min(tc, now_s() - t0);
+  }
+  const double gb = static_cast<double>(n * es) / 1e9;
+  return {gb / tq, gb / td, gb / tc};
+}
+
+const char* dname(zs_dtype t) { return t == ZS_FLOAT32 ? "fp32" : "bf16"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (k == "--ranks") a.worlds = {v};
+    else if (k == "--mib") a.mib = v;
+    else if (k == "--iters") a.iters = v;
+    else if (k == "--kernel-mib") a.kernel_mib = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\nusage: bench_qwz [--ranks N] [--mib M] [--iters I] [--kernel-mib K]\n",
+                   k.c_str());
+      return 2;
+    }
+  }
+  if (a.worlds[0] < 2 || a.mib < 1 || a.iters < 1 || a.kernel_mib < 1) {
+    std::fprintf(stderr, "bench_qwz: --ranks must be >= 2, the other options >= 1\n");
+    return 2;
+  }
+  std::string json = "{\"bench\":\"qwz\",\"block\":256,\"mib\":" + std::to_string(a.mib) + ",\"gathers\":[";
+  char buf[512];
+  bool first = true;
+  for (int world : a.worlds) {
+    Result res[kNumModes];
+    if (!run_world(world, a, res)) {
+      std::fprintf(stderr, "bench_qwz: a rank failed on %d ranks\n", world);
+      return 1;
+    }
+    std::printf("gather of %.1f MiB of params, %d loopback ranks (median of %d):\n",
+                res[0].gathered_bytes / (1 << 20), world, a.iters);
+    for (int k = 0; k < kNumModes; ++k) {
+      const Mode& m = kModes[k];
+      const Result& base = res[k - k % 3];  // the same dtype, unquantized
+      std::printf("  %s %-5s  recv/rank %8.2f MiB (%5.2fx fewer)  %8.2f ms (%5.2fx faster)\n",
+                  dname(m.dtype), m.bits ? (m.bits == 8 ? "int8" : "int4") : "full",
+                  res[k].recv_bytes / (1 << 20), base.recv_bytes / res[k].recv_bytes,
+                  res[k].seconds * 1e3, base.seconds / res[k].seconds);
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"ranks\":%d,\"dtype\":\"%s\",\"bits\":%d,\"recv_bytes_per_rank\":%.0f,"
+                    "\"bytes_ratio\":%.4f,\"ms\":%.3f,\"speedup\":%.4f}",
+                    first ? "" : ",", world, dname(m.dtype), m.bits, res[k].recv_bytes,
+                    base.recv_bytes / res[k].recv_bytes, res[k].seconds * 1e3,
+                    base.seconds / res[k].seconds);
+      json += buf;
+      first = false;
+    }
+  }
+  json += "],\"kernels\":[";
+  const size_t kbytes = static_cast<size_t>(a.kernel_mib) << 20;
+  std::printf("CPU kernels on %d MiB of input, %d threads (GB/s of working-dtype bytes):\n",
+              a.kernel_mib, zs::kernels::num_threads());
+  first = true;
+  for (auto t : {zs::kernels::WorkDtype::BF16, zs::kernels::WorkDtype::F32})
+    for (int bits : {8, 4}) {
+      const KernelRate r = kernel_rate(t, bits, kbytes);
+      const char* dn = t == zs::kernels::WorkDtype::F32 ? "fp32" : "bf16";
+      std::printf("  %s int%d  quantize %6.2f  dequantize %6.2f  memcpy %6.2f  (ratios %.2f, %.2f)\n", dn,
+                  bits, r.quant_gbps, r.dequant_gbps, r.memcpy_gbps, r.quant_gbps / r.memcpy_gbps,
+                  r.dequant_gbps / r.memcpy_gbps);
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"dtype\":\"%s\",\"bits\":%d,\"quantize_gbps\":%.3f,\"dequantize_gbps\":%.3f,"
+                    "\"memcpy_gbps\":%.3f}",
+                    first ? "" : ",", dn, bits, r.quant_gbps, r.dequant_gbps, r.memcpy_gbps);
+      json += buf;
+      first = false;
+    }
+  json += "]}";
+  std::printf("%s\n", json.c_str());
+  return 0;
+}

@@ -1,0 +1,339 @@
+// ZeRO++ qwZ on real processes: with zero_quantized_weights every rank's
+// gathered param is bitwise dequantize(quantize(shard)) of each shard (so
+// every rank holds the same bits), within the bound of kernels/quant.h of
+// the registered values; on 1, 2, 3, 5 and 8 ranks, odd sizes, fp32, bf16
+// and fp16, int8 and int4; with hpZ the secondary gathers hand back what
+// the quantized gather left; MiCS (plain and two-hop) quantizes too; a
+// consolidated export stays exact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <unistd.h>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/quant.h"
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using zs::test::run_ranks;
+namespace k = zs::kernels;
+
+namespace {
+
+size_t esize(zs_dtype t) { return t == ZS_FLOAT32 ? 4 : 2; }
+k::WorkDtype wd(zs_dtype t) {
+  return t == ZS_FLOAT32 ? k::WorkDtype::F32 : t == ZS_BFLOAT16 ? k::WorkDtype::BF16 : k::WorkDtype::F16;
+}
+const char* dname(zs_dtype t) { return t == ZS_FLOAT32 ? "f32" : t == ZS_BFLOAT16 ? "bf16" : "f16"; }
+
+struct P {
+  std::string name;
+  zs_dtype dtype;
+  int64_t numel;
+  std::vector<uint8_t> values;  // the registered values, in dtype
+  zs_param handle = nullptr;
+};
+
+// Normal values whose magnitude changes every 300 elements (blocks see
+// different scales); a seed makes them the same on every rank.
+std::vector<uint8_t> make_values(zs_dtype t, int64_t numel, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<uint8_t> out(static_cast<size_t>(numel) * esize(t));
+  float mag = 1.0f;
+  for (int64_t i = 0; i < numel; ++i) {
+    if (i % 300 == 0) mag = std::ldexp(1.0f, static_cast<int>(rng() % 12) - 6);
+    k::store_work1(out.data(), wd(t), static_cast<size_t>(i), g(rng) * mag);
+  }
+  return out;
+}
+
+std::vector<P> register_all(zs_context ctx, const std::vector<int64_t>& numels, unsigned seed) {
+  std::vector<P> ps;
+  for (zs_dtype t : {ZS_FLOAT32, ZS_BFLOAT16, ZS_FLOAT16})
+    for (int64_t n : numels) {
+      P p{std::string(dname(t)) + "_" + std::to_string(n), t, n,
+          make_values(t, n, seed + static_cast<unsigned>(n) * 3 + static_cast<unsigned>(t)), nullptr};
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      o.name = p.name.c_str();
+      o.dtype = t;
+      o.ndim = 1;
+      o.shape = &p.numel;
+      o.init = ZS_INIT_FROM_ALL;
+      o.data = p.values.data();
+      o.data_bytes = p.values.size();
+      EXPECT_EQ(zs_param_register(&p.handle, ctx, &o), ZS_OK) << p.name << ": " << zs_last_error();
+      ps.push_back(std::move(p));
+    }
+  return ps;
+}
+
+// What qwZ must give: each of `world` shards (padded with zeros) quantized
+// and dequantized on its own.
+std::vector<uint8_t> expected_qwz(const P& p, int world, k::QuantSpec s) {
+  const size_t es = esize(p.dtype), n = static_cast<size_t>(p.numel);
+  const size_t shard = (n + static_cast<size_t>(world) - 1) / static_cast<size_t>(world);
+  std::vector<uint8_t> out(shard * static_cast<size_t>(world) * es);
+  std::vector<uint8_t> in(shard * es), codes(k::quant_code_bytes(shard, s));
+  std::vector<float> scales(k::quant_blocks(shard, s));
+  for (int r = 0; r < world; ++r) {
+    const size_t first = static_cast<size_t>(r) * shard;
+    std::fill(in.begin(), in.end(), 0);
+    if (first < n) std::memcpy(in.data(), p.values.data() + first * es, std::min(shard, n - first) * es);
+    k::quantize(in.data(), wd(p.dtype), shard, s, codes.data(), scales.data());
+    k::dequantize(codes.data(), scales.data(), shard, s, out.data() + first * es, wd(p.dtype));
+  }
+  out.resize(n * es);
+  return out;
+}
+
+// max |x - y| over the param, and the largest |x| (for a loose bound check
+// on top of the bitwise one: every block's scale is <= max|x| / qmax).
+void expect_within_bound(const P& p, const std::vector<uint8_t>& got, int bits) {
+  double worst = 0, absmax = 0;
+  for (int64_t i = 0; i < p.numel; ++i) {
+    const double x = k::load_work1(p.values.data(), wd(p.dtype), static_cast<size_t>(i));
+    const double y = k::load_work1(got.data(), wd(p.dtype), static_cast<size_t>(i));
+    worst = std::max(worst, std::fabs(x - y));
+    absmax = std::max(absmax, std::fabs(x));
+  }
+  const double u = p.dtype == ZS_FLOAT32 ? 0x1p-24 : p.dtype == ZS_BFLOAT16 ? 0x1p-8 : 0x1p-11;
+  const double bound = absmax / k::quant_qmax(bits) * (0.5 + 0x1p-16) * (1 + 1e-6) + absmax * u * 1.01 + 0x1p-25;
+  EXPECT_LE(worst, bound) << p.name;
+}
+
+std::vector<uint8_t> gathered(const P& p) {
+  std::vector<uint8_t> out(p.values.size());
+  EXPECT_EQ(zs_param_copy_to(p.handle, out.data(), out.size()), ZS_OK) << zs_last_error();
+  return out;
+}
+
+void fetch_all(zs_context ctx, const std::vector<P>& ps) {
+  std::vector<zs_param> hs;
+  for (const auto& p : ps) hs.push_back(p.handle);
+  zs_gather g = nullptr;
+  ZS_ASSERT_OK(zs_fetch(&g, ctx, hs.data(), hs.size()));
+  ZS_ASSERT_OK(zs_gather_wait(g, 60000));
+  ZS_ASSERT_OK(zs_gather_destroy(g));
+}
+
+void release_all(zs_context ctx, const std::vector<P>& ps) {
+  std::vector<zs_param> hs;
+  for (const auto& p : ps) hs.push_back(p.handle);
+  ZS_ASSERT_OK(zs_release(ctx, hs.data(), hs.size()));
+}
+
+std::string qwz_config(int bits, int block, const std::string& extra = "") {
+  return R"({"zero_optimization": {"zero_quantized_weights": true, "zero_quantized_weights_bits": )" +
+         std::to_string(bits) + R"(, "zero_quantized_weights_block_size": )" + std::to_string(block) +
+         extra + "}}";
+}
+
+// shard_group: the ranks a param is partitioned over (world, or MiCS's).
+void qwz_roundtrip(const RankEnv& env, int bits, int block, const std::vector<int64_t>& numels,
+                   const std::string& extra = "", int shard_group = 0) {
+  const std::string cfg = qwz_config(bits, block, extra);
+  zs_context ctx = zs::test::make_context(env, cfg.c_str(), 60000);
+  ASSERT_NE(ctx, nullptr);
+  const int members = shard_group > 0 ? shard_group : env.world;
+  auto ps = register_all(ctx, numels, 17);
+  fetch_all(ctx, ps);
+  const k::QuantSpec s{bits, static_cast<size_t>(block)};
+  for (const auto& p : ps) {
+    const auto got = gathered(p);
+    // A group of one gathers nothing: the exact values.
+    const auto want = members == 1 ? p.values : expected_qwz(p, members, s);
+    EXPECT_EQ(got, want) << p.name << " on " << env.world << " ranks: not dequantize(quantize(shard))";
+    expect_within_bound(p, got, bits);
+    if (members > 1 && p.numel >= 255) {
+      EXPECT_NE(got, p.values) << p.name << ": gathered exact, not quantized";
+    }
+  }
+  release_all(ctx, ps);
+  for (auto& p : ps) zs_param_destroy(p.handle);
+  ZS_EXPECT_OK(zs_context_destroy(ctx));
+}
+
+class QwzWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(QwzWorld, Int8GatherIsDequantizedShardsWithinBoundOnEveryRank) {
+  run_ranks(GetParam(), [](const RankEnv& env) {
+    qwz_roundtrip(env, 8, 256, {1, 7, 255, 257, 1000003});
+  }, 180);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, QwzWorld, ::testing::Values(1, 2, 3, 5, 8));
+
+// One run_ranks per context: each gets a fresh store port.
+TEST(Qwz, Int4AndOtherBlockSizes) {
+  run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 256, {0, 1, 7, 255, 257, 100003}); });
+  run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 2048, {7, 4099}); });
+  run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 8, 2, {7, 1001}); });
+}
+
+// A NaN or inf in one shard poisons its block on every rank alike.
+TEST(Qwz, NonFiniteValuesReachEveryRankAlike) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    P p{"w", ZS_FLOAT32, 1000, make_values(ZS_FLOAT32, 1000, 3), nullptr};
+    float* f = reinterpret_cast<float*>(p.values.data());
+    f[10] = std::numeric_limits<float>::infinity();
+    f[700] = std::numeric_limits<float>::quiet_NaN();
+    zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+    o.name = "w";
+    o.ndim = 1;
+    o.shape = &p.numel;
+    o.init = ZS_INIT_FROM_ALL;
+    o.data = p.values.data();
+    o.data_bytes = p.values.size();
+    ZS_ASSERT_OK(zs_param_register(&p.handle, ctx, &o));
+    fetch_all(ctx, {p});
+    const auto got = gathered(p);
+    EXPECT_EQ(got, expected_qwz(p, 3, {8, 256}));
+    const float* g = reinterpret_cast<const float*>(got.data());
+    // Shards of 334: elements 0..255 (block 0 of rank 0) and 668..923
+    // (block 0 of rank 2) are NaN, the rest finite.
+    for (int i = 0; i < 1000; ++i) {
+      const bool poisoned = i < 256 || (i >= 668 && i < 924);
+      ASSERT_EQ(std::isnan(g[i]), poisoned) << i;
+    }
+    release_all(ctx, {p});
+    zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
+// hpZ: the first gather of a step is quantized over the world; the later
+// ones come from the secondary shards, exact copies of what it left.
+TEST(Qwz, HpzSecondaryGathersReturnTheQuantizedForwardValues) {
+  run_ranks(4, [](const RankEnv& env) {
+    const std::string cfg = qwz_config(8, 256, R"(, "zero_hpz_partition_size": 2)");
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {1, 7, 257, 10007}, 5);
+    fetch_all(ctx, ps);
+    std::vector<std::vector<uint8_t>> first;
+    for (const auto& p : ps) {
+      first.push_back(gathered(p));
+      EXPECT_EQ(first.back(), expected_qwz(p, 4, {8, 256})) << p.name;
+    }
+    release_all(ctx, ps);
+    fetch_all(ctx, ps);  // from the secondary shards
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(gathered(ps[i]), first[i]) << ps[i].name;
+    release_all(ctx, ps);
+    zs_fetch_stats s = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
+    EXPECT_EQ(s.hpz_gathers, 1u);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
+TEST(Qwz, MicsShardGroupsQuantize) {
+  run_ranks(4, [](const RankEnv& env) {
+    qwz_roundtrip(env, 8, 256, {1, 7, 257, 10007}, R"(, "mics_shard_size": 2)", 2);
+  });
+}
+
+TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
+  run_ranks(4, [](const RankEnv& env) {
+    const std::string cfg =
+        qwz_config(4, 256, R"(, "mics_shard_size": 4, "mics_hierarchical_params_gather": true)");
+    zs_context_options o = zs::test::rank_options(env, cfg.c_str());
+    o.local_world_size = 2;
+    o.local_rank = env.rank % 2;
+    zs_context ctx = nullptr;
+    ZS_ASSERT_OK(zs_context_create(&ctx, &o));
+    auto ps = register_all(ctx, {1, 7, 257, 10007}, 9);
+    fetch_all(ctx, ps);
+    for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_qwz(p, 4, {4, 256})) << p.name;
+    release_all(ctx, ps);
+    zs_fetch_stats s = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
+    EXPECT_EQ(s.hierarchical_gathers, 1u);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
+// GatheredParameters(modifier_rank) under qwZ: the elements the modifier
+// changed take their new values, the others keep their exact values (not
+// the quantized ones the gather showed).
+TEST(Qwz, UpdateKeepsUntouchedElementsExact) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {1001}, 8);
+    fetch_all(ctx, ps);
+    std::vector<std::vector<uint8_t>> want;
+    for (const auto& p : ps) {
+      want.push_back(p.values);
+      const size_t es = esize(p.dtype);
+      // Every 100th element changes (on every rank's shard), on rank 1.
+      for (size_t i = 0; i < static_cast<size_t>(p.numel); i += 100)
+        k::store_work1(want.back().data(), wd(p.dtype), i, 1000.0f + static_cast<float>(i));
+      if (env.rank == 1) {
+        void* d = nullptr;
+        ZS_ASSERT_OK(zs_param_data(p.handle, &d));
+        for (size_t i = 0; i < static_cast<size_t>(p.numel); i += 100)
+          std::memcpy(static_cast<uint8_t*>(d) + i * es, want.back().data() + i * es, es);
+      }
+    }
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
+    release_all(ctx, ps);
+    for (size_t j = 0; j < ps.size(); ++j) {
+      const P& p = ps[j];
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      ZS_ASSERT_OK(zs_param_get_info(p.handle, &info));
+      void* shard = nullptr;
+      ZS_ASSERT_OK(zs_param_shard_data(p.handle, &shard, nullptr));
+      const size_t es = esize(p.dtype);
+      EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
+          << p.name << " rank " << env.rank;
+    }
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
+// The live export writes the params' own values, never the qwZ ones.
+TEST(Qwz, LiveExportIsExact) {
+  const std::string file = "/tmp/zs_qwz_export_" + std::to_string(getpid()) + ".safetensors";
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {1001}, 4);
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    zs_export_options eo = ZS_EXPORT_OPTIONS_INIT;
+    ZS_ASSERT_OK(zs_export_safetensors(ctx, hs.data(), hs.size(), file.c_str(), &eo));
+    if (env.rank == 0) {
+      std::ifstream f(file, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      // Tensors follow the header in registration order (fp32, bf16, fp16).
+      size_t total = 0;
+      for (const auto& p : ps) total += p.values.size();
+      ASSERT_GE(bytes.size(), total);
+      size_t at = bytes.size() - total;
+      for (const auto& p : ps) {
+        EXPECT_EQ(0, std::memcmp(bytes.data() + at, p.values.data(), p.values.size())) << p.name;
+        at += p.values.size();
+      }
+    }
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+  std::remove(file.c_str());
+}
+
+}  // namespace
