@@ -5,6 +5,7 @@
 
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
+#include "impl/grad/quantized_reduce.h"
 
 namespace zs {
 
@@ -112,11 +113,21 @@ void GradReducer::flush(Bucket& b) {
     shards.push_back(p->grad);
     sizes.push_back(p->layout.shard_numel);
   }
+  // qgZ: quantized codes over an all-to-all instead of the fp32 ring; a
+  // group of one moves nothing and stays exact.
+  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1;
+  const kernels::QuantSpec spec = gradient_quant_spec(ctx_.config());
   auto w = group->submit(
-      params_label("gradient reduce-scatter of", params),
-      [data, shards, sizes, offsets, used, devp](Communicator& comm) {
+      params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
+                   params),
+      [data, shards, sizes, offsets, used, devp, quantized, spec](Communicator& comm) {
         Buffer mine(devp, used * sizeof(float));
-        comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+        if (quantized) {
+          quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),
+                                       static_cast<float*>(mine.data()), used, spec);
+        } else {
+          comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+        }
         const auto* src = static_cast<const float*>(mine.data());
         for (size_t i = 0; i < shards.size(); ++i)
           if (shards[i])
