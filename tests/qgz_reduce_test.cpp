@@ -225,6 +225,87 @@ TEST(Qgz, OneRankPerNodeGivesTheSameBits) {
   });
 }
 
+// x dequantized after quantization, and the scale of each element's block.
+std::vector<float> roundtrip(const std::vector<float>& x, k::QuantSpec s, std::vector<double>* scale) {
+  std::vector<uint8_t> codes(k::quant_code_bytes(x.size(), s));
+  std::vector<float> scales(k::quant_blocks(x.size(), s)), deq(x.size());
+  k::quantize(x.data(), k::WorkDtype::F32, x.size(), s, codes.data(), scales.data());
+  k::dequantize(codes.data(), scales.data(), x.size(), s, deq.data(), k::WorkDtype::F32);
+  scale->resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) (*scale)[i] = scales[i / s.block];
+  return deq;
+}
+
+// The two hops across whole nodes (quantized_reduce.h): each node's sum of
+// its ranks' dequantized blocks for `me`, in local order, requantized;
+// those summed in node order and divided by the world.
+Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world, int local, k::QuantSpec s) {
+  const int nodes = world / local;
+  Expected e;
+  std::vector<float> acc;
+  std::vector<double> scale_sum, biggest, sc;
+  for (int node = 0; node < nodes; ++node) {
+    std::vector<float> partial;
+    for (int l = 0; l < local; ++l) {
+      const auto x = block_of(node * local + l, me, numels, world);
+      const auto d = roundtrip(x, s, &sc);
+      if (partial.empty()) {
+        partial = d;
+        if (acc.empty()) {
+          acc.assign(x.size(), 0.0f);
+          e.exact.assign(x.size(), 0.0);
+          scale_sum.assign(x.size(), 0.0);
+          biggest.assign(x.size(), 0.0);
+        }
+      } else {
+        for (size_t i = 0; i < d.size(); ++i) partial[i] += d[i];
+      }
+      for (size_t i = 0; i < x.size(); ++i) {
+        e.exact[i] += x[i];
+        scale_sum[i] += sc[i];
+        biggest[i] = std::max(biggest[i], std::fabs(double{x[i]}) + sc[i]);
+      }
+    }
+    const auto d = roundtrip(partial, s, &sc);
+    for (size_t i = 0; i < d.size(); ++i) {
+      acc[i] = node == 0 ? d[i] : acc[i] + d[i];
+      scale_sum[i] += sc[i];
+      biggest[i] = std::max(biggest[i], std::fabs(double{partial[i]}) + sc[i]);
+    }
+  }
+  for (size_t i = 0; i < acc.size(); ++i) {
+    e.value.push_back(acc[i] / static_cast<float>(world));
+    e.exact[i] /= world;
+    e.bound.push_back(scale_sum[i] / world * (0.5 + 0x1p-16) + (world + 2) * 0x1p-24 * biggest[i] + 0x1p-149);
+  }
+  return e;
+}
+
+// LOCAL_WORLD_SIZE below the world: whole nodes take the two hops (2 and 3
+// nodes, the odd count included); a world that is not whole nodes takes the
+// single all-to-all.
+void nodes_of(const RankEnv& env, int local, int bits) {
+  const std::string cfg = qgz_config(bits, 256);
+  zs_context_options o = zs::test::rank_options(env, cfg.c_str());
+  o.local_rank = env.rank % local;
+  o.local_world_size = local;
+  zs_context ctx = nullptr;
+  ASSERT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
+  const k::QuantSpec s{bits, 256};
+  const auto got = reduce(ctx, env.rank, kNumels);
+  const std::string what = std::to_string(env.world) + " ranks, " + std::to_string(local) + " per node";
+  if (env.world % local == 0)
+    check(got, expected_two_hops(env.rank, kNumels, env.world, local, s), true, what);
+  else
+    check(got, expected_for(env.rank, kNumels, env.world, s), true, what);
+  zs_context_destroy(ctx);
+}
+
+TEST(QgzNodes, TwoNodesOfTwo) { run_ranks(4, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
+TEST(QgzNodes, ThreeNodesOfTwo) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
+TEST(QgzNodes, TwoNodesOfThreeInt8) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 3, 8); }); }
+TEST(QgzNodes, NotWholeNodesTakesOneHop) { run_ranks(5, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
+
 // MiCS: quantized within each shard group, then the exact fp32 all-reduce
 // across replicas; the average of two shard groups' results is within the
 // larger of their bounds.

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "impl/comm/communicator.h"
 #include "impl/config/config.h"
@@ -46,5 +47,28 @@ size_t quantized_block_bytes(size_t count, const kernels::QuantSpec& s);
 void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Device>& devp,
                                   const float* send,
                                   float* out, size_t count, const kernels::QuantSpec& s);
+
+// Across several nodes (the ZeRO++ paper's hierarchical scheme), two hops,
+// so each rank sends nodes - 1 packets across nodes instead of
+// world - local: within the node an all-to-all of quantized blocks (to
+// local peer l the blocks of the ranks at local position l on every node),
+// each node's sum per destination node (dequantize, add in local order);
+// then that partial sum requantized, an all-to-all among the ranks at this
+// local position, dequantized, added in node order and divided by the
+// world. The bound gains the requantization's rounding: per element,
+//   (1/world) * (sum_r s_r + sum_nodes s'_node) * (1/2 + 2^-16)
+//     + (world + 2) * 2^-24 * max(|x_r| + s_r, |partial| + s') + 2^-149
+// with s'_node the scale of the partial sum's block. World ranks are
+// node * local + l (whole nodes).
+//
+// Hop 1 on the node's group (size local): send holds world = nodes * local
+// blocks of count floats in world-rank order; partial receives nodes blocks.
+void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
+                     float* partial, size_t count, int nodes, const kernels::QuantSpec& s);
+// Hop 2 on the group of this local position (size nodes): out gets count
+// floats, the average over `world` ranks.
+void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,
+                      const float* partial, float* out, size_t count, int world,
+                      const kernels::QuantSpec& s);
 
 }  // namespace zs
