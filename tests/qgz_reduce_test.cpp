@@ -344,6 +344,39 @@ TEST(Qgz, MicsShardGroupsThenReplicaAverage) {
   });
 }
 
+// An inf in one rank's gradient poisons its quantization block on the
+// owner (NaN in each of its elements), so an overflow check sees it; the
+// other blocks stay finite.
+TEST(Qgz, InfPoisonsItsBlockOnTheOwner) {
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = qgz_config(4, 256);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    int64_t numel = 2000;  // shards of 1000: blocks [0, 256), ... on rank 0
+    zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+    o.name = "w";
+    o.ndim = 1;
+    o.shape = &numel;
+    zs_param h = nullptr;
+    ZS_ASSERT_OK(zs_param_register(&h, ctx, &o));
+    std::vector<float> g(2000, 0.5f);
+    if (env.rank == 1) g[300] = INFINITY;  // rank 0's shard, its second block
+    ZS_ASSERT_OK(zs_grad_push(h, g.data(), ZS_FLOAT32, g.size() * 4));
+    ZS_ASSERT_OK(zs_grad_sync(ctx));
+    float* data = nullptr;
+    uint64_t n = 0;
+    ZS_ASSERT_OK(zs_grad_shard_data(h, &data, &n));
+    ASSERT_EQ(n, 1000u);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (env.rank == 0 && i >= 256 && i < 512)
+        EXPECT_TRUE(std::isnan(data[i])) << i;
+      else
+        EXPECT_EQ(data[i], 0.5f) << i;  // code 7 times scale 0.5 / 7 gives 0.5 back
+    }
+    zs_context_destroy(ctx);
+  });
+}
+
 // Two runs of the same reduction give the same bits on every rank.
 TEST(Qgz, BitwiseTheSameFromRunToRun) {
   char tmpl[] = "/tmp/zs_qgz_XXXXXX";
