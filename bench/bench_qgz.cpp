@@ -5,11 +5,17 @@
 // Prints figures and ratios, never pass/fail on time.
 //
 //   build/bin/bench_qgz [--ranks N (default: 2 then 4)] [--mib 32] [--iters 5]
+//                       [--local L (ranks per "node", default: all; L < N
+//                        takes qgZ's two hops where N is whole nodes)]
 //
 // Forks its own ranks over loopback. All gradients go into one bucket (the
 // config's reduce_bucket_size is set to hold them), so the wire bytes are
 // exact from the layout: the ring receives G - 1 blocks of fp32, the
-// all-to-all G - 1 packets. The last line is one JSON object.
+// all-to-all G - 1 packets (two hops: (L - 1) * nodes within the node,
+// then nodes - 1). With nodes of L ranks, also the bytes that enter each
+// node from the others: the ring's one link into the node carries G - 1
+// blocks; the single all-to-all L * (G - L) packets; the two hops
+// L * (nodes - 1). The last line is one JSON object.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +37,7 @@ struct Args {
   std::vector<int> worlds = {2, 4};
   int mib = 32;
   int iters = 5;
+  int local = 0;  // 0: every rank on one node
 };
 
 #define CHECK(call)                                                                       \
@@ -57,6 +64,7 @@ constexpr int kNumModes = 3;
 struct Result {
   double seconds = 0;     // median push + sync
   double recv_bytes = 0;  // per rank per reduction, on the wire
+  double cross_bytes = 0;  // into each node from the others
   double grad_bytes = 0;  // the full fp32 gradients
 };
 
@@ -71,6 +79,9 @@ Result run_mode(int rank, int world, int port, int bits, const Args& a) {
   o.world_size = world;
   o.store_host = "127.0.0.1";
   o.store_port = port;
+  const int local = a.local > 0 ? a.local : world;
+  o.local_rank = rank % local;
+  o.local_world_size = local;
   o.config_json = cfg.c_str();
   zs_context ctx;
   CHECK(zs_context_create(&ctx, &o));
@@ -101,7 +112,15 @@ Result run_mode(int rank, int world, int port, int bits, const Args& a) {
   const double unit =
       bits ? static_cast<double>(zs::quantized_block_bytes(used, {bits, zs::kernels::kQuantDefaultBlock}))
            : static_cast<double>(used * 4);
-  r.recv_bytes = unit * (world - 1);
+  const int nodes = world / local;
+  const bool two_hops = bits && local > 1 && local < world && world % local == 0;
+  if (two_hops) {
+    r.recv_bytes = unit * ((local - 1) * nodes + (nodes - 1));
+    r.cross_bytes = unit * local * (nodes - 1);
+  } else {
+    r.recv_bytes = unit * (world - 1);
+    r.cross_bytes = local >= world ? 0 : bits ? unit * local * (world - local) : unit * (world - 1);
+  }
   auto once = [&] {
     const double t0 = now_s();
     for (size_t i = 0; i < ps.size(); ++i)
@@ -158,8 +177,9 @@ int main(int argc, char** argv) {
     if (k == "--ranks") a.worlds = {v};
     else if (k == "--mib") a.mib = v;
     else if (k == "--iters") a.iters = v;
+    else if (k == "--local") a.local = v;
     else {
-      std::fprintf(stderr, "unknown option %s\nusage: bench_qgz [--ranks N] [--mib M] [--iters I]\n",
+      std::fprintf(stderr, "unknown option %s\nusage: bench_qgz [--ranks N] [--mib M] [--iters I] [--local L]\n",
                    k.c_str());
       return 2;
     }
@@ -177,18 +197,23 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_qgz: a rank failed on %d ranks\n", world);
       return 1;
     }
-    std::printf("push + sync of %.1f MiB of fp32 gradients, %d loopback ranks (median of %d):\n",
-                res[0].grad_bytes / (1 << 20), world, a.iters);
+    const int local = a.local > 0 && a.local < world ? a.local : world;
+    std::printf("push + sync of %.1f MiB of fp32 gradients, %d loopback ranks, %d per node (median of %d):\n",
+                res[0].grad_bytes / (1 << 20), world, local, a.iters);
     for (int k = 0; k < kNumModes; ++k) {
       const Result& base = res[0];
-      std::printf("  %-22s  recv/rank %8.2f MiB (%5.2fx fewer)  %8.2f ms (%5.2fx faster)\n",
+      std::printf("  %-22s  recv/rank %8.2f MiB (%5.2fx fewer)", 
                   kBits[k] == 0 ? "fp32 reduce-scatter" : kBits[k] == 8 ? "qgZ int8 all-to-all" : "qgZ int4 all-to-all",
-                  res[k].recv_bytes / (1 << 20), base.recv_bytes / res[k].recv_bytes,
-                  res[k].seconds * 1e3, base.seconds / res[k].seconds);
+                  res[k].recv_bytes / (1 << 20), base.recv_bytes / res[k].recv_bytes);
+      if (local < world)
+        std::printf("  into a node %8.2f MiB (%5.2fx fewer)", res[k].cross_bytes / (1 << 20),
+                    base.cross_bytes / res[k].cross_bytes);
+      std::printf("  %8.2f ms (%5.2fx faster)\n", res[k].seconds * 1e3, base.seconds / res[k].seconds);
       std::snprintf(buf, sizeof buf,
-                    "%s{\"ranks\":%d,\"bits\":%d,\"recv_bytes_per_rank\":%.0f,\"bytes_ratio\":%.4f,"
-                    "\"ms\":%.3f,\"speedup\":%.4f}",
-                    first ? "" : ",", world, kBits[k], res[k].recv_bytes, base.recv_bytes / res[k].recv_bytes,
+                    "%s{\"ranks\":%d,\"local\":%d,\"bits\":%d,\"recv_bytes_per_rank\":%.0f,\"bytes_ratio\":%.4f,"
+                    "\"into_node_bytes\":%.0f,\"ms\":%.3f,\"speedup\":%.4f}",
+                    first ? "" : ",", world, local, kBits[k], res[k].recv_bytes, base.recv_bytes / res[k].recv_bytes,
+                    res[k].cross_bytes,
                     res[k].seconds * 1e3, base.seconds / res[k].seconds);
       json += buf;
       first = false;

@@ -284,8 +284,8 @@ Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world
 // LOCAL_WORLD_SIZE below the world: whole nodes take the two hops (2 and 3
 // nodes, the odd count included); a world that is not whole nodes takes the
 // single all-to-all.
-void nodes_of(const RankEnv& env, int local, int bits) {
-  const std::string cfg = qgz_config(bits, 256);
+void nodes_of(const RankEnv& env, int local, int bits, const std::string& extra = "") {
+  const std::string cfg = qgz_config(bits, 256, extra);
   zs_context_options o = zs::test::rank_options(env, cfg.c_str());
   o.local_rank = env.rank % local;
   o.local_world_size = local;
@@ -304,6 +304,10 @@ void nodes_of(const RankEnv& env, int local, int bits) {
 TEST(QgzNodes, TwoNodesOfTwo) { run_ranks(4, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
 TEST(QgzNodes, ThreeNodesOfTwo) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
 TEST(QgzNodes, TwoNodesOfThreeInt8) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 3, 8); }); }
+// hpZ's node groups beside qgZ's (hpZ changes only the gathers).
+TEST(QgzNodes, TwoNodesOfTwoWithHpz) {
+  run_ranks(4, [](const RankEnv& env) { nodes_of(env, 2, 4, R"(, "zero_hpz_partition_size": 2)"); });
+}
 TEST(QgzNodes, NotWholeNodesTakesOneHop) { run_ranks(5, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
 
 // MiCS: quantized within each shard group, then the exact fp32 all-reduce
