@@ -75,6 +75,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.zero_quantized_weights_bits, b.zero_quantized_weights_bits);
   EXPECT_EQ(a.zero_quantized_weights_block_size, b.zero_quantized_weights_block_size);
   EXPECT_EQ(a.zero_quantized_gradients, b.zero_quantized_gradients);
+  EXPECT_EQ(a.zero_quantized_gradients_bits, b.zero_quantized_gradients_bits);
+  EXPECT_EQ(a.zero_quantized_gradients_block_size, b.zero_quantized_gradients_block_size);
   for (auto pair : {std::make_pair(&a.offload_param, &b.offload_param),
                     std::make_pair(&a.offload_optimizer, &b.offload_optimizer)}) {
     EXPECT_EQ(pair.first->device, pair.second->device);
@@ -406,6 +408,22 @@ TEST(ConfigValues, WeightQuantizationBitsAndBlockSize) {
       {"zero_optimization.zero_quantized_weights_block_size", "got 0"});
 }
 
+TEST(ConfigValues, GradientQuantizationBitsAndBlockSize) {
+  const Config d = parse_config("{}", 0);
+  EXPECT_EQ(d.zero_quantized_gradients_bits, 4);  // as ZeRO++
+  EXPECT_EQ(d.zero_quantized_gradients_block_size, 256);
+  const Config c = parse_config(R"({"zero_optimization": {"zero_quantized_gradients": true,
+      "zero_quantized_gradients_bits": 8, "zero_quantized_gradients_block_size": 1024}})", 0);
+  EXPECT_TRUE(c.zero_quantized_gradients);
+  EXPECT_EQ(c.zero_quantized_gradients_bits, 8);
+  EXPECT_EQ(c.zero_quantized_gradients_block_size, 1024);
+  expect_mentions(config_error(R"({"zero_optimization": {"zero_quantized_gradients_bits": 16}})"),
+                  {"zero_optimization.zero_quantized_gradients_bits", "got 16", "8 or 4"});
+  expect_mentions(
+      config_error(R"({"zero_optimization": {"zero_quantized_gradients_block_size": 3}})"),
+      {"zero_optimization.zero_quantized_gradients_block_size", "got 3", "an even integer"});
+}
+
 TEST(ConfigValues, NullIsOnlyAcceptedForOptionalOptions) {
   const Config c = parse_config(
       R"({"zero_optimization": {"overlap_comm": null, "offload_param": null,
@@ -708,6 +726,8 @@ TEST(ConfigRoundTrip, EveryFieldSurvives) {
   c.zero_quantized_weights_bits = 4;
   c.zero_quantized_weights_block_size = 2048;
   c.zero_quantized_gradients = true;
+  c.zero_quantized_gradients_bits = 8;
+  c.zero_quantized_gradients_block_size = 512;
   c.offload_param = {"nvme", "/nvme/params", true, 7, 1 << 20, 1 << 30, 1.0};
   c.offload_optimizer = {"cpu", "", true, 3, 100000000, 1000000000, 1.0};
   c.aio = {4096, 64, 2, true, false};

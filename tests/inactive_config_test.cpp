@@ -125,15 +125,29 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
 }
 
 TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
-  // qwZ acts (impl/fetch/quantized.h): only gradient and frozen-weight
-  // quantization are still listed.
+  // qwZ (impl/fetch/quantized.h) and qgZ (impl/grad/quantized_reduce.h)
+  // act: only frozen-weight quantization is still listed.
   const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
       "zero_quantized_gradients": true, "zero_quantized_nontrainable_weights": true,
       "zero_quantized_weights_bits": 4, "zero_quantized_weights_block_size": 2048,
+      "zero_quantized_gradients_bits": 8, "zero_quantized_gradients_block_size": 512,
       "zero_hpz_partition_size": 1}})");
-  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_gradients",
-                                "zero_optimization.zero_quantized_nontrainable_weights"}));
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_nontrainable_weights"}));
   EXPECT_EQ(keys[0].value, "true");
+}
+
+TEST(InactiveConfig, GradientQuantizationShapeListedWhenQgzIsOff) {
+  const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_gradients_bits": 8,
+      "zero_quantized_gradients_block_size": 256}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_gradients_bits"}));
+  EXPECT_NE(keys[0].reason.find("zero_quantized_gradients is false"), std::string::npos);
+}
+
+TEST(InactiveConfig, LocoListedEvenWithQgz) {
+  const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_gradients": true,
+      "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zeropp_loco_param"}));
+  EXPECT_NE(keys[0].reason.find("error feedback"), std::string::npos);
 }
 
 TEST(InactiveConfig, WeightQuantizationShapeListedWhenQwzIsOff) {

@@ -6,9 +6,10 @@
  *   build/bin/zsrun -n 4 -- build/bin/train_mlp [--steps 50] [--dtype fp32|bf16|fp16]
  *       [--optimizer adamw|adam|sgd] [--lr 0.01] [--batch 24] [--mics N] [--hpz N]
  *       [--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N]
- *       [--qwz 0|8|4]
+ *       [--qwz 0|8|4] [--qgz 0|8|4]
  *
- * --qwz gathers the weights quantized to 8- or 4-bit codes (ZeRO++ qwZ).
+ * --qwz gathers the weights quantized to 8- or 4-bit codes (ZeRO++ qwZ);
+ * --qgz reduces the gradients as 8- or 4-bit codes over an all-to-all (qgZ).
  * Rank 0 prints "step N loss L" per step; the last line is one JSON object
  * with the final loss and every rank's memory for params, grads and
  * optimizer state.
@@ -32,7 +33,7 @@
   } while (0)
 
 typedef struct {
-  int steps, batch, mics, hpz, accum, qwz;
+  int steps, batch, mics, hpz, accum, qwz, qgz;
   long bucket;
   double lr, clip;
   const char* dtype;
@@ -44,12 +45,12 @@ static void usage(const char* why) {
   fprintf(stderr, "train_mlp: %s\nusage: train_mlp [--steps N] [--dtype fp32|bf16|fp16] "
                   "[--optimizer adamw|adam|sgd] [--lr LR] [--batch B] [--mics N] [--hpz N] "
                   "[--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N] "
-                  "[--qwz 0|8|4]\n", why);
+                  "[--qwz 0|8|4] [--qgz 0|8|4]\n", why);
   exit(2);
 }
 
 static args_t parse_args(int argc, char** argv) {
-  args_t a = {50, 24, 0, 0, 1, 0, 0, 0.01, 0.0, "fp32", "adamw", NULL};
+  args_t a = {50, 24, 0, 0, 1, 0, 0, 0, 0.01, 0.0, "fp32", "adamw", NULL};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage("an option lacks its value");
     const char* k = argv[i];
@@ -60,6 +61,7 @@ static args_t parse_args(int argc, char** argv) {
     else if (!strcmp(k, "--hpz")) a.hpz = atoi(v);
     else if (!strcmp(k, "--accum")) a.accum = atoi(v);
     else if (!strcmp(k, "--qwz")) a.qwz = atoi(v);
+    else if (!strcmp(k, "--qgz")) a.qgz = atoi(v);
     else if (!strcmp(k, "--bucket")) a.bucket = atol(v);
     else if (!strcmp(k, "--lr")) a.lr = atof(v);
     else if (!strcmp(k, "--clip")) a.clip = atof(v);
@@ -72,6 +74,7 @@ static args_t parse_args(int argc, char** argv) {
   if (strcmp(a.dtype, "fp32") && strcmp(a.dtype, "bf16") && strcmp(a.dtype, "fp16"))
     usage("--dtype must be fp32, bf16 or fp16");
   if (a.qwz != 0 && a.qwz != 8 && a.qwz != 4) usage("--qwz must be 0, 8 or 4");
+  if (a.qgz != 0 && a.qgz != 8 && a.qgz != 4) usage("--qgz must be 0, 8 or 4");
   return a;
 }
 
@@ -152,11 +155,12 @@ int main(int argc, char** argv) {
   snprintf(config, sizeof config,
            "{\"zero_optimization\": {\"stage\": 3, \"mics_shard_size\": %d, \"zero_hpz_partition_size\": %d,"
            " \"reduce_bucket_size\": %ld, \"zero_quantized_weights\": %s,"
-           " \"zero_quantized_weights_bits\": %d},"
+           " \"zero_quantized_weights_bits\": %d, \"zero_quantized_gradients\": %s,"
+           " \"zero_quantized_gradients_bits\": %d},"
            " \"bf16\": {\"enabled\": %s}, \"fp16\": {\"enabled\": %s, \"initial_scale_power\": 12},"
            " \"gradient_clipping\": %g, \"train_micro_batch_size_per_gpu\": \"auto\"}",
            a.mics > 0 ? a.mics : -1, a.hpz > 0 ? a.hpz : 1, a.bucket > 0 ? a.bucket : 500000000L,
-           a.qwz ? "true" : "false", a.qwz ? a.qwz : 8,
+           a.qwz ? "true" : "false", a.qwz ? a.qwz : 8, a.qgz ? "true" : "false", a.qgz ? a.qgz : 4,
            dtype == ZS_BFLOAT16 ? "true" : "false", dtype == ZS_FLOAT16 ? "true" : "false", a.clip);
   zs_context ctx;
   zs_context_options opts = ZS_CONTEXT_OPTIONS_INIT;

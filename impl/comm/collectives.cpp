@@ -209,6 +209,21 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
   finish(base, dtype, op, n, recv, count);
 }
 
+void all_to_all(PointToPoint& p2p, const void* send, void* recv, size_t bytes_per_rank) {
+  if (bytes_per_rank == 0) return;
+  const int me = p2p.rank();
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto at = [bytes_per_rank](int r) { return static_cast<size_t>(r) * bytes_per_rank; };
+  for (int peer = 0; peer < p2p.size(); ++peer) {
+    if (peer == me) continue;
+    p2p.recv(peer, 0, out + at(peer), bytes_per_rank);
+    p2p.send(peer, 0, in + at(peer), bytes_per_rank);
+  }
+  if (out + at(me) != in + at(me)) std::memcpy(out + at(me), in + at(me), bytes_per_rank);
+  p2p.wait();
+}
+
 void broadcast(PointToPoint& p2p, void* buf, size_t bytes, int root) {
   if (bytes == 0) return;
   if (p2p.rank() == root) {

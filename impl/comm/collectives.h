@@ -31,6 +31,11 @@ constexpr size_t kDirectAllReduceBytes = 64 * 1024;
 void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
                 ReduceOp op);
 
+// Block j (bytes_per_rank at send + j * bytes_per_rank) to member j; block
+// i of recv comes from member i (our own block is copied). Every message
+// is posted before any is waited for.
+void all_to_all(PointToPoint& p2p, const void* send, void* recv, size_t bytes_per_rank);
+
 void broadcast(PointToPoint& p2p, void* buf, size_t bytes, int root);
 void scatter(PointToPoint& p2p, const std::vector<const void*>& inputs, void* recv, size_t bytes,
              int root);

@@ -39,6 +39,10 @@ class Communicator {
                               ReduceOp op) = 0;
   virtual void allreduce(const void* send, void* recv, size_t count, DType dtype,
                          ReduceOp op) = 0;
+  // send and recv hold bytes_per_rank * size(): block j of send goes to
+  // member j, block i of recv comes from member i (ZeRO++ qgZ's exchange).
+  // send and recv must not overlap.
+  virtual void alltoall(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   // On root, inputs[i] (bytes_per_rank each) goes to member i's recv.
   virtual void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,

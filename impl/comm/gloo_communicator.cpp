@@ -94,6 +94,11 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         [&] { collectives::all_reduce(*this, send, recv, count, dtype, op); });
   }
 
+  void alltoall(const void* send, void* recv, size_t bytes) override {
+    run("all-to-all", [&] { return std::to_string(bytes) + " bytes per rank"; }, 0,
+        [&] { collectives::all_to_all(*this, send, recv, bytes); });
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     run("broadcast",
         [&] { return std::to_string(bytes) + " bytes from rank " + std::to_string(root); }, 0,

@@ -138,6 +138,15 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
+  void alltoall(const void* send, void* recv, size_t bytes) override {
+    Staging s = staging();
+    s.add(send, bytes * n(), true, false);
+    s.add(recv, bytes * n(), false, true);
+    s.place();
+    inner_->alltoall(s.get(send), s.get(recv), bytes);
+    s.finish();
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     Staging s = staging();
     s.add(buf, bytes, rank() == root, true);

@@ -36,6 +36,12 @@ class TimedCommunicator final : public Communicator {
     timed(CommKind::AllReduce, "all-reduce", 2 * count * dtype_size(dtype) * moved() / size_or_1(),
           [&] { inner_->allreduce(send, recv, count, dtype, op); });
   }
+  // Counted with the reduce-scatters: the engine's one all-to-all is qgZ's
+  // quantized gradient reduction, which replaces the reduce-scatter.
+  void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
+    timed(CommKind::ReduceScatter, "all-to-all", bytes_per_rank * moved(),
+          [&] { inner_->alltoall(send, recv, bytes_per_rank); });
+  }
   void broadcast(void* buf, size_t bytes, int root) override {
     timed(CommKind::Other, "broadcast", size() > 1 ? bytes : 0,
           [&] { inner_->broadcast(buf, bytes, root); });

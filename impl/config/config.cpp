@@ -397,20 +397,31 @@ void read_mics_shard_size(Section& zero, Config& c) {
   c.mics_shard_size = v;
 }
 
-// qwZ's code width and block size (zeroshard's keys; kernels/quant.h).
-void read_weight_quantization(Section& zero, Config& c) {
-  zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
-  if (auto e = zero.given({"zero_quantized_weights_bits"})) {
+// A code width and block size of qwZ or qgZ (zeroshard's keys;
+// kernels/quant.h): `<prefix>_bits` and `<prefix>_block_size`.
+void read_quant_shape(Section& zero, const std::string& prefix, int64_t& bits,
+                      int64_t& block_size) {
+  const std::string bits_key = prefix + "_bits", block_key = prefix + "_block_size";
+  if (auto e = zero.given({bits_key.c_str()})) {
     const int64_t v = to_int(*e);
     if (v != 8 && v != 4) fail_value(*e, "8 or 4");
-    c.zero_quantized_weights_bits = v;
+    bits = v;
   }
-  if (auto e = zero.given({"zero_quantized_weights_block_size"})) {
+  if (auto e = zero.given({block_key.c_str()})) {
     const int64_t v = to_int(*e);
     if (v < 2 || v > (int64_t{1} << 24) || v % 2 != 0)
       fail_value(*e, "an even integer from 2 to 16777216");
-    c.zero_quantized_weights_block_size = v;
+    block_size = v;
   }
+}
+
+void read_quantization(Section& zero, Config& c) {
+  zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
+  read_quant_shape(zero, "zero_quantized_weights", c.zero_quantized_weights_bits,
+                   c.zero_quantized_weights_block_size);
+  zero.read({"zero_quantized_gradients"}, c.zero_quantized_gradients);
+  read_quant_shape(zero, "zero_quantized_gradients", c.zero_quantized_gradients_bits,
+                   c.zero_quantized_gradients_block_size);
 }
 
 // DeepSpeed options inside zero_optimization that the engine does not act on.
@@ -463,8 +474,7 @@ void parse_zero(Section& zero, Config& c) {
   read_mics_shard_size(zero, c);
   zero.read({"mics_hierarchical_params_gather"}, c.mics_hierarchical_params_gather);
   zero.read({"zero_hpz_partition_size"}, c.zero_hpz_partition_size, 1);
-  read_weight_quantization(zero, c);
-  zero.read({"zero_quantized_gradients"}, c.zero_quantized_gradients);
+  read_quantization(zero, c);
   parse_offloads(zero, c);
   skip_zero_extras(zero);
   zero.reject_unknown();
@@ -708,6 +718,8 @@ Json zero_to_json(const Config& c) {
   z["zero_quantized_weights_bits"] = c.zero_quantized_weights_bits;
   z["zero_quantized_weights_block_size"] = c.zero_quantized_weights_block_size;
   z["zero_quantized_gradients"] = c.zero_quantized_gradients;
+  z["zero_quantized_gradients_bits"] = c.zero_quantized_gradients_bits;
+  z["zero_quantized_gradients_block_size"] = c.zero_quantized_gradients_block_size;
   Json param = offload_to_json(c.offload_param);
   param["buffer_size"] = c.offload_param.buffer_size;
   param["max_in_cpu"] = c.offload_param.max_in_cpu;

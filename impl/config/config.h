@@ -87,7 +87,12 @@ struct Config {
   bool zero_quantized_weights = false;
   int64_t zero_quantized_weights_bits = 8;
   int64_t zero_quantized_weights_block_size = 256;
+  // ZeRO++ qgZ: reduce gradients as block-quantized codes over an
+  // all-to-all (impl/grad/quantized_reduce.h); zeroshard's own keys pick the
+  // codes' width (4, as ZeRO++, or 8) and the elements per scale.
   bool zero_quantized_gradients = false;
+  int64_t zero_quantized_gradients_bits = 4;
+  int64_t zero_quantized_gradients_block_size = 256;
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer;
   AioConfig aio;

@@ -5,7 +5,7 @@
 // nothing today. Each rule names a canonical key, the value at which the
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
-// param and model persistence, MiCS, hpZ, qwZ, fp16 loss scaling, clipping,
+// param and model persistence, MiCS, hpZ, qwZ, qgZ, fp16 loss scaling, clipping,
 // device) have no rule. When the engine starts to act on a key, delete its
 // rule here and its case in tests/inactive_config_test.cpp.
 //
@@ -67,8 +67,6 @@ const std::vector<Rule>& rules() {
        "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
       {"zero_optimization.zero_quantized_nontrainable_weights", false,
        "frozen parameters are gathered in their own dtype, without quantization"},
-      {"zero_optimization.zero_quantized_gradients", false,
-       "gradients are reduced in fp32, without quantization"},
       {"zero_optimization.use_multi_rank_bucket_allreduce", true, kDeepSpeedOnly},
       {"zero_optimization.allgather_partitions", true, kDeepSpeedOnly},
       {"zero_optimization.load_from_fp32_weights", true, kDeepSpeedOnly},
@@ -162,7 +160,8 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
     return !optimizer_nvme && (nvme || !aio_at_default(k, v)) ? kAio : nullptr;
   // Objects DeepSpeed leaves unset by default: any content is a request.
   if (k == "zero_optimization.zeropp_loco_param")
-    return "gradients are reduced in fp32, without ZeRO++ LoCo compression";
+    return "gradients are reduced without LoCo error feedback (plain fp32, or qgZ without "
+           "error feedback when zero_quantized_gradients is true)";
   if (k == "zero_optimization.zenflow") return "the optimizer steps every shard every step";
   if (k == "zero_optimization.leaf_module")
     return v.is_object() && !v.empty()
@@ -175,6 +174,12 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
     return c.zero_quantized_weights || v == (qwz_bits ? Json(8) : Json(256))
                ? nullptr
                : "weights are gathered unquantized (zero_quantized_weights is false)";
+  // qgZ's likewise.
+  const bool qgz_bits = k == "zero_optimization.zero_quantized_gradients_bits";
+  if (qgz_bits || k == "zero_optimization.zero_quantized_gradients_block_size")
+    return c.zero_quantized_gradients || v == (qgz_bits ? Json(4) : Json(256))
+               ? nullptr
+               : "gradients are reduced unquantized (zero_quantized_gradients is false)";
   if (k == "communication_data_type")
     return c.communication_data_type == "fp32" ? nullptr
                                                : "gradients are reduced in fp32";

@@ -309,6 +309,26 @@ void Context::build_topology() {
     for (int r = 0; r < world; ++r) nodes[static_cast<size_t>(r / hpz)].push_back(r);
     hpz_ = create_partition_family("hpz", nodes);
   }
+  build_qgz_hierarchy();
+}
+
+// qgZ's two hops (ZeRO++): within each node, then among the ranks at the
+// same local position. Only where the world is whole nodes of more than
+// one rank and the gradients are reduced over the world (not MiCS); any
+// other topology uses the single all-to-all, which works everywhere.
+void Context::build_qgz_hierarchy() {
+  const int world = ranks_.world_size;
+  const int local = ranks_.local_world_size;
+  if (!config_.zero_quantized_gradients || config_.mics_shard_size > 0) return;
+  if (local <= 1 || local >= world || world % local != 0) return;
+  std::vector<std::vector<int>> intra(static_cast<size_t>(world / local)),
+      inter(static_cast<size_t>(local));
+  for (int r = 0; r < world; ++r) {
+    intra[static_cast<size_t>(r / local)].push_back(r);
+    inter[static_cast<size_t>(r % local)].push_back(r);
+  }
+  qgz_intra_ = create_partition_family("qgz_intra", intra);
+  qgz_inter_ = create_partition_family("qgz_inter", inter);
 }
 
 // Two hops for a shard group that spans nodes: first among the ranks at

@@ -106,6 +106,11 @@ class Context {
   // both within this rank's shard group (null unless configured).
   const std::shared_ptr<Group>& mics_inter_group() const { return mics_inter_; }
   const std::shared_ptr<Group>& mics_intra_group() const { return mics_intra_; }
+  // qgZ across nodes: this rank's node, and the ranks at its local position
+  // on every node (null unless zero_quantized_gradients spans several whole
+  // nodes of LOCAL_WORLD_SIZE ranks without MiCS).
+  const std::shared_ptr<Group>& qgz_intra_group() const { return qgz_intra_; }
+  const std::shared_ptr<Group>& qgz_inter_group() const { return qgz_inter_; }
 
   // A sub-group of world ranks; collective over the world (every rank
   // calls with the same list, in the same order of calls).
@@ -181,6 +186,7 @@ class Context {
   void build_topology();
   void wait_for_every_rank();
   void build_mics_hierarchy();
+  void build_qgz_hierarchy();
   // The member group of a partition of the world into rank lists.
   std::shared_ptr<Group> create_partition_family(const std::string& kind,
                                                  const std::vector<std::vector<int>>& families);
@@ -208,6 +214,7 @@ class Context {
   int next_group_id_ = 0;
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
   std::shared_ptr<Group> mics_inter_, mics_intra_;
+  std::shared_ptr<Group> qgz_intra_, qgz_inter_;
   std::vector<std::weak_ptr<Group>> all_groups_;
 
   mutable std::mutex error_mu_;

@@ -5,6 +5,7 @@
 
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
+#include "impl/grad/quantized_reduce.h"
 
 namespace zs {
 
@@ -112,17 +113,53 @@ void GradReducer::flush(Bucket& b) {
     shards.push_back(p->grad);
     sizes.push_back(p->layout.shard_numel);
   }
-  auto w = group->submit(
-      params_label("gradient reduce-scatter of", params),
-      [data, shards, sizes, offsets, used, devp](Communicator& comm) {
-        Buffer mine(devp, used * sizeof(float));
-        comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
-        const auto* src = static_cast<const float*>(mine.data());
-        for (size_t i = 0; i < shards.size(); ++i)
-          if (shards[i])
-            ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
-        devp->synchronize();
-      });
+  // qgZ: quantized codes over an all-to-all instead of the fp32 ring; a
+  // group of one moves nothing and stays exact. Across whole nodes, two
+  // hops (quantized_reduce.h), each on its own group's thread.
+  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1;
+  const kernels::QuantSpec spec = gradient_quant_spec(ctx_.config());
+  auto add_into_shards = [shards, sizes, offsets, devp](const float* src) {
+    for (size_t i = 0; i < shards.size(); ++i)
+      if (shards[i])
+        ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
+    devp->synchronize();
+  };
+  const auto& intra = ctx_.qgz_intra_group();
+  const auto& inter = ctx_.qgz_inter_group();
+  std::shared_ptr<Work> w;
+  if (quantized && intra && inter && group.get() == ctx_.world().get()) {
+    const std::string what = params_label("quantized gradient all-to-all of", params);
+    const int nodes = inter->size();
+    auto partial = std::make_shared<Buffer>(devp, used * static_cast<uint64_t>(nodes) * sizeof(float));
+    auto first = intra->submit(what + " (qgZ hop 1: within the node)",
+                               [data, partial, used, nodes, devp, spec](Communicator& c) {
+                                 qgz_within_node(c, devp, static_cast<const float*>(data->data()),
+                                                 static_cast<float*>(partial->data()), used, nodes,
+                                                 spec);
+                               });
+    w = inter->submit(what + " (qgZ hop 2: across nodes)",
+                      [first, partial, used, g, devp, spec, add_into_shards](Communicator& c) {
+                        first->wait(-1);
+                        Buffer mine(devp, used * sizeof(float));
+                        qgz_across_nodes(c, devp, static_cast<const float*>(partial->data()),
+                                         static_cast<float*>(mine.data()), used, g, spec);
+                        add_into_shards(static_cast<const float*>(mine.data()));
+                      });
+  } else {
+    w = group->submit(
+        params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
+                     params),
+        [data, used, devp, quantized, spec, add_into_shards](Communicator& comm) {
+          Buffer mine(devp, used * sizeof(float));
+          if (quantized) {
+            quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),
+                                         static_cast<float*>(mine.data()), used, spec);
+          } else {
+            comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+          }
+          add_into_shards(static_cast<const float*>(mine.data()));
+        });
+  }
   if (ctx_.config().overlap_comm) {
     pending_.push_back(std::move(w));
   } else {

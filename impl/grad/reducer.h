@@ -1,8 +1,9 @@
 // Gradient reduction: full gradients handed over by the trainer are packed
 // into buckets laid out rank-major (block r holds every bucketed param's
 // shard r), so one reduce-scatter per bucket leaves each rank exactly its
-// shards, averaged over the group; the group thread then sums them into the
-// fp32 gradient shards. Buckets go out as they fill, overlapping the
+// shards, averaged over the group (with qgZ, quantized over an all-to-all:
+// quantized_reduce.h); the group thread then sums them into the fp32
+// gradient shards. Buckets go out as they fill, overlapping the
 // trainer's backward. Each call takes the engine lock itself.
 #pragma once
 

@@ -13,7 +13,7 @@ OFFLOAD = {
         "stage": 3,
         "offload_optimizer": {"device": "cpu", "pin_memory": True},
         "offload_param": {"device": "nvme", "nvme_path": "/tmp/nvme"},
-        "zero_quantized_gradients": True,
+        "round_robin_gradients": True,
         "sub_group_size": 1e8,
     },
     "aio": {"queue_depth": 8},
@@ -41,7 +41,7 @@ def test_one_warning_names_every_key_and_value():
     assert "offload_optimizer.device" not in text
     for line in ('zero_optimization.offload_param.device = "nvme"',
                  'zero_optimization.offload_param.nvme_path = "/tmp/nvme"',
-                 'zero_optimization.zero_quantized_gradients = true',
+                 'zero_optimization.round_robin_gradients = true',
                  'zero_optimization.sub_group_size = 100000000.0',
                  'aio.queue_depth = 8'):
         assert line in text, line
@@ -92,7 +92,7 @@ def test_effective_config_fed_back_warns_nothing():
     effective["zero_optimization"]["offload_param"]["device"] = "none"
     effective["zero_optimization"]["offload_param"]["nvme_path"] = None
     effective["zero_optimization"]["offload_optimizer"]["nvme_path"] = None
-    effective["zero_optimization"]["zero_quantized_gradients"] = False
+    effective["zero_optimization"]["round_robin_gradients"] = False
     effective["zero_optimization"]["sub_group_size"] = 1000000000
     got, _ = _contexts_warnings(effective)
     assert got == []

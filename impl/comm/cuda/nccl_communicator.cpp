@@ -239,6 +239,32 @@ class NcclCommunicator final : public Communicator {
     run("all-reduce", [&] { call(lib_.ncclAllReduce(send, recv, count, t, o, comm_, stream_)); });
   }
 
+  // Grouped sends and receives (ncclSend/ncclRecv, in every NCCL the
+  // loader accepts); our own block is a device copy on the same stream.
+  void alltoall(const void* send, void* recv, size_t bytes) override {
+    usable("all-to-all");
+    if (bytes == 0) return;
+    const auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    auto at = [bytes](int r) { return static_cast<size_t>(r) * bytes; };
+    run("all-to-all", [&] {
+      cuda(cudaMemcpyAsync(out + at(rank_), in + at(rank_), bytes, cudaMemcpyDefault, stream_),
+           "cudaMemcpyAsync");
+      if (size_ == 1) return;
+      grouped([&]() -> ncclResult_t {
+        for (int peer = 0; peer < size_; ++peer) {
+          if (peer == rank_) continue;
+          ncclResult_t r =
+              lib_.ncclSend(in + at(peer), bytes, nccl::ncclUint8, peer, comm_, stream_);
+          if (failed(r)) return r;
+          r = lib_.ncclRecv(out + at(peer), bytes, nccl::ncclUint8, peer, comm_, stream_);
+          if (failed(r)) return r;
+        }
+        return nccl::ncclSuccess;
+      });
+    });
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     usable("broadcast");
     check_root("broadcast", root);
