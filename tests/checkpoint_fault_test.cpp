@@ -164,25 +164,38 @@ TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
     });
     expect_consistent(dir, why);
   }
-  // Killed from outside, every rank at once, at random times of the save.
+  // Killed from outside, every rank at once, at random times of the save;
+  // the last attempt only once rank 0's save returned, so at least one kill
+  // falls after a commit however slow a loaded machine makes the saves.
   std::mt19937 rng(1234);
   for (int i = 0; i < 8; ++i) {
     const std::string tag = "attempt-" + std::to_string(attempt++);
     const std::string ready = dir + "/ready-" + std::to_string(i);
+    const std::string saved = dir + "/saved-" + std::to_string(i);
+    const bool after_save = i == 7;
     const int delay_us = std::uniform_int_distribution<int>(0, static_cast<int>(save_ms * 1500))(rng);
     fork_ranks(2, [&](const RankEnv& env) {
       CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig, 3000);
       if (m.ctx == nullptr) return;
       zs::test::train_ckpt_model(m, 2);
       if (env.rank == 0) write_text(ready, "1");
-      (void)save(m, dir, tag.c_str(), 700);
+      // 700 ms bounds a save that lost a rank; the last attempt must commit
+      // even where a loaded machine makes a whole save take longer.
+      const zs_status s = save(m, dir, tag.c_str(), after_save ? 20000 : 700);
+      if (env.rank == 0) write_text(saved, s == ZS_OK ? "ok" : zs_last_error());
       std::this_thread::sleep_for(std::chrono::seconds(30));  // killed before this ends
     }, [&](const std::vector<pid_t>& pids) {
-      while (!fs::exists(ready)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      const std::string& marker = after_save ? saved : ready;
+      while (!fs::exists(marker)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (!after_save) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       for (pid_t p : pids) kill(p, SIGKILL);
     });
-    expect_consistent(dir, "all ranks killed " + std::to_string(delay_us) + " us into the save");
+    if (after_save) {
+      EXPECT_EQ(read_text(saved), "ok") << "the save before the last kill failed";
+    }
+    expect_consistent(dir, after_save ? std::string("all ranks killed after the save returned")
+                                      : "all ranks killed " + std::to_string(delay_us) +
+                                            " us into the save");
   }
   // The kills fell both before and after commits.
   int committed = 0;
