@@ -163,12 +163,13 @@ void CollectiveWatch::loop() {
     if (stop_) break;
     if (!running_ || !verdict_.empty() || history_.empty()) continue;
     if (std::chrono::steady_clock::now() - began_ < check_after_) continue;
-    const uint64_t seq = history_.back().id.seq;
+    const CollectiveIdentity mine = history_.back().id;
+    const uint64_t seq = mine.seq;
     const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
     lock.unlock();
     std::string verdict;
     try {
-      verdict = compare_notes(seq, notes);
+      verdict = compare_notes(mine, notes);
     } catch (const std::exception&) {
       // The store is gone or slow: the collective's own timeout still holds.
     }
@@ -189,13 +190,10 @@ void CollectiveWatch::loop() {
   }
 }
 
-std::string CollectiveWatch::compare_notes(uint64_t seq, const std::string& notes) {
+std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
+                                          const std::string& notes) {
   if (!notes.empty()) store_->set(notes_key(rank_), std::vector<char>(notes.begin(), notes.end()));
-  CollectiveIdentity mine;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    mine = history_.back().id;
-  }
+  const uint64_t seq = mine.seq;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_ || !store_->check(notes_key(peer))) continue;
     const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));

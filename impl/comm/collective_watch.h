@@ -75,9 +75,10 @@ class CollectiveWatch {
     bool done = false;
   };
   void loop();
-  // Publishes this rank's notes and compares them with the peers'; returns
-  // a verdict or "".
-  std::string compare_notes(uint64_t seq, const std::string& notes);
+  // Publishes this rank's notes (unless empty) and compares `mine`, the
+  // collective waiting now, with what the peers ran at its sequence number;
+  // returns a verdict or "".
+  std::string compare_notes(const CollectiveIdentity& mine, const std::string& notes);
   std::string notes_locked() const;
 
   const std::string group_;
