@@ -27,21 +27,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-#define CHECK(call)                                                                            \
-  do {                                                                                         \
-    zs_status s_ = (call);                                                                     \
-    if (s_ != ZS_OK) {                                                                         \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error());     \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 struct Args {
   int ranks = 2;

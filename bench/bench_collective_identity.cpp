@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 
@@ -27,15 +28,6 @@ struct Args {
   int rounds = 6;
   int ops = 2000;
 };
-
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    zs_status s_ = (call);                                                                \
-    if (s_ != ZS_OK) {                                                                    \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 using Clock = std::chrono::steady_clock;
 
@@ -49,10 +41,7 @@ double cpu_seconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using zs::bench::median;
 
 // Microseconds per fetch + release of `params`.
 double time_fetches(zs_context ctx, const std::vector<zs_param>& params, int ops) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 
@@ -31,15 +32,6 @@ struct Args {
   int iters = 20;
   int tiny_params = 20000;
 };
-
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    zs_status s_ = (call);                                                           \
-    if (s_ != ZS_OK) {                                                               \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -98,10 +90,7 @@ struct RawGloo {
   }
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using zs::bench::median;
 
 void run_rank(const Args& a, int rank, int port, const std::string& gloo_dir) {
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;

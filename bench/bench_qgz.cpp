@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "impl/grad/quantized_reduce.h"
 #include "kernels/quant.h"
 #include "tests/support/bench_util.h"
@@ -40,23 +41,11 @@ struct Args {
   int local = 0;  // 0: every rank on one node
 };
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    zs_status s_ = (call);                                                                \
-    if (s_ != ZS_OK) {                                                                    \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using zs::bench::median;
 
 const int kBits[] = {0, 8, 4};  // 0: the fp32 reduce-scatter
 constexpr int kNumModes = 3;

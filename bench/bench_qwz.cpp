@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "impl/fetch/quantized.h"
 #include "kernels/parallel.h"
 #include "kernels/quant.h"
@@ -34,23 +35,11 @@ struct Args {
   int kernel_mib = 256;
 };
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    zs_status s_ = (call);                                                                \
-    if (s_ != ZS_OK) {                                                                    \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using zs::bench::median;
 
 // One configuration of a gather: dtype and quantization (0: off).
 struct Mode {

@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/engine_check.h"
 #include "impl/common/error.h"
 #include "impl/offload/space.h"
 #include "impl/offload/swapper.h"
@@ -40,15 +41,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    zs_status s_ = (call);                                                                 \
-    if (s_ != ZS_OK) {                                                                     \
-      std::fprintf(stderr, "%s: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 struct Args {
   std::string dir;
