@@ -119,29 +119,13 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
 bool run_world(int world, const Args& a, Result (&out)[kNumModes]) {
   int ports[kNumModes];
   for (int& p : ports) p = zs::bench::free_port();
-  int fds[2];
-  if (pipe(fds) != 0) return false;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      Result res[kNumModes];
-      for (int k = 0; k < kNumModes; ++k) res[k] = run_mode(r, world, ports[k], kModes[k], a);
-      if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(1);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  close(fds[1]);
-  const bool got = read(fds[0], out, sizeof out) == static_cast<ssize_t>(sizeof out);
-  close(fds[0]);
-  bool ok = got;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
-  }
+  struct All {
+    Result res[kNumModes];
+  } all;
+  const bool ok = zs::bench::fork_ranks_collect(world, &all, [&](int r, All* mine) {
+    for (int k = 0; k < kNumModes; ++k) mine->res[k] = run_mode(r, world, ports[k], kModes[k], a);
+  });
+  std::copy(std::begin(all.res), std::end(all.res), out);
   return ok;
 }
 

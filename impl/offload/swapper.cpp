@@ -91,17 +91,7 @@ Swapper::Swapper(const SwapperOptions& o) : dir_(o.dir), what_(o.what), aio_(o.a
       wp->thread = std::thread([this, wp] { worker_loop(*wp); });
     }
   } catch (...) {
-    for (auto& w : workers_) {
-      {
-        std::lock_guard<std::mutex> held(mu_);
-        w->stop = true;
-      }
-      w->cv.notify_all();
-      w->thread.join();
-      io_uring_queue_exit(&w->ring);
-    }
-    ::close(fd_);
-    ::unlink(path_.c_str());
+    shut_down();
     throw;
   }
   register_buffers({});
@@ -113,6 +103,10 @@ Swapper::~Swapper() {
   } catch (...) {
     // Errors were the callers' to collect; the file goes away regardless.
   }
+  shut_down();
+}
+
+void Swapper::shut_down() {
   for (auto& w : workers_) {
     {
       std::lock_guard<std::mutex> held(mu_);

@@ -92,6 +92,9 @@ class Swapper {
 
   Ticket submit(bool write, uint64_t offset, char* addr, uint64_t bytes);
   void worker_loop(Worker& w);
+  // Stops and joins the workers, closes and removes the file: the
+  // destructor's end, and a constructor's that failed half-way.
+  void shut_down();
   int fixed_index(const char* addr, uint64_t bytes) const;
   void check_range(const char* op, uint64_t offset, uint64_t bytes) const;
 
