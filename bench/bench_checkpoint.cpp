@@ -1,15 +1,18 @@
 // Checkpoint benchmark: collective save and load of a model's params and
 // AdamW state against a plain sequential write (+ fsync) and read of the
-// same bytes per rank (read into memory of its own), on the same disk in the
-// same run; and the peak RSS of
-// a consolidated export against its largest tensor.
+// same bytes per rank (read into memory of its own; buffered, as cat or
+// numpy read, and O_DIRECT, as the engine reads), on the same disk in the
+// same run; and the peak RSS of a consolidated export against its largest
+// tensor.
 //
-//   build/bin/bench_checkpoint [--ranks 2] [--gib 2] [--params 8] [--dir DIR]
+//   build/bin/bench_checkpoint [--ranks 2] [--gib 2] [--params 8] [--reps 3] [--dir DIR]
 //
-// Forks its own ranks over loopback. Before every read, the files' pages
-// are dropped from the page cache (posix_fadvise DONTNEED after fsync), so
-// both reads come from the disk alike. Prints figures and ratios; the last
-// line is one JSON object. Never fails on time.
+// Forks its own ranks over loopback. Each rep times all of them, in
+// alternating order; ratios are per rep, and the median is reported.
+// Before every read, the files' pages are dropped from the page cache
+// (posix_fadvise DONTNEED after fsync), so every read comes from the disk
+// alike. Prints figures and ratios; the last line is one JSON object.
+// Never fails on time.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -39,7 +42,9 @@ struct Args {
   int ranks = 2;
   double gib = 2.0;  // params + exp_avg + exp_avg_sq, all ranks
   int params = 8;
+  int reps = 3;
   std::string dir;
+  int port = 0;
 };
 
 double now() {
@@ -84,30 +89,50 @@ void plain_write(const std::string& path, uint64_t bytes) {
 
 // Into memory of its own, as any loader must put the bytes somewhere (a
 // reused small buffer would skip the page faults every real load pays).
-void plain_read(const std::string& path, uint64_t bytes) {
-  std::unique_ptr<char[]> buf(new char[bytes]);
-  const int fd = open(path.c_str(), O_RDONLY);
+// `direct`: O_DIRECT into aligned memory, the way the engine's load reads
+// (falls back to buffered where the filesystem refuses).
+void plain_read(const std::string& path, uint64_t bytes, bool direct) {
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, bytes + 4096) != 0) std::exit(1);
+  char* buf = static_cast<char*>(mem);
+  int fd = direct ? open(path.c_str(), O_RDONLY | O_DIRECT) : -1;
+  if (fd < 0) fd = open(path.c_str(), O_RDONLY);
   for (uint64_t at = 0; at < bytes;) {
-    const ssize_t n = read(fd, buf.get() + at, static_cast<size_t>(std::min<uint64_t>(8u << 20, bytes - at)));
+    const ssize_t n = read(fd, buf + at, static_cast<size_t>(std::min<uint64_t>(8u << 20, bytes - at)));
     if (n <= 0) break;
     at += static_cast<uint64_t>(n);
   }
   close(fd);
+  std::free(mem);
 }
 
+constexpr int kMaxReps = 16;
+
+// Rank 0's timings, one per rep; sent back to the parent as plain bytes.
 struct Times {
-  double plain_write = 0, save = 0, plain_read = 0, load = 0;
+  int reps = 0;
+  double plain_write[kMaxReps], save[kMaxReps], plain_read[kMaxReps], direct_read[kMaxReps], load[kMaxReps];
   uint64_t rank_bytes = 0, total_bytes = 0, largest_tensor = 0;
 };
 
-void rank_main(const Args& a, int rank, int port, const std::string& out) {
+// Times fn on every rank, between barriers.
+template <typename Fn>
+double timed(zs_context ctx, Fn&& fn) {
+  barrier(ctx);
+  const double t0 = now();
+  fn();
+  barrier(ctx);
+  return now() - t0;
+}
+
+void rank_main(const Args& a, int rank, Times* t) {
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = rank;
   o.world_size = a.ranks;
   o.local_rank = rank;
   o.local_world_size = a.ranks;
   o.store_host = "127.0.0.1";
-  o.store_port = port;
+  o.store_port = a.port;
   o.timeout_ms = 600000;
   o.device = "cpu";
   zs_context ctx = nullptr;
@@ -141,50 +166,48 @@ void rank_main(const Args& a, int rank, int port, const std::string& out) {
       for (uint64_t j = 0; j < n; ++j) d[j] = static_cast<float>(j % 977) * 1e-3f;
     }
 
-  Times t;
-  t.rank_bytes = 0;
   for (zs_param p : params) {
     zs_param_info info = ZS_PARAM_INFO_INIT;
     CHECK(zs_param_get_info(p, &info));
-    t.rank_bytes += info.shard_valid * 12;
-    t.largest_tensor = std::max<uint64_t>(t.largest_tensor, info.numel * 4);
-    t.total_bytes += info.numel * 12;
+    t->rank_bytes += info.shard_valid * 12;
+    t->largest_tensor = std::max<uint64_t>(t->largest_tensor, info.numel * 4);
+    t->total_bytes += info.numel * 12;
   }
   const std::string plain = a.dir + "/plain-" + std::to_string(rank);
   const std::string ckpt = a.dir + "/ckpt";
-
-  barrier(ctx);
-  double t0 = now();
-  plain_write(plain, t.rank_bytes);
-  barrier(ctx);
-  t.plain_write = now() - t0;
-
-  barrier(ctx);
-  t0 = now();
-  zs_checkpoint_save_options so = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
-  so.tag = "bench";
-  CHECK(zs_checkpoint_save(ctx, params.data(), params.size(), opt, ckpt.c_str(), &so));
-  barrier(ctx);
-  t.save = now() - t0;
-
-  drop_cache(plain);
-  if (rank == 0) drop_cache_tree(ckpt);
-  barrier(ctx);
-  t0 = now();
-  plain_read(plain, t.rank_bytes);
-  barrier(ctx);
-  t.plain_read = now() - t0;
-
-  barrier(ctx);
-  t0 = now();
-  zs_checkpoint_load_options lo = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
-  CHECK(zs_checkpoint_load(ctx, params.data(), params.size(), opt, ckpt.c_str(), &lo, nullptr));
-  barrier(ctx);
-  t.load = now() - t0;
-
-  if (rank == 0) {
-    std::ofstream f(out, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(&t), sizeof(t));
+  auto drop_all = [&] {
+    drop_cache(plain);
+    if (rank == 0) drop_cache_tree(ckpt);
+  };
+  t->reps = a.reps;
+  for (int r = 0; r < a.reps; ++r) {
+    if (rank == 0) fs::remove_all(ckpt);  // one checkpoint on the disk at a time
+    // Alternate which goes first, so a drift of the shared disk or CPU
+    // over a rep does not favour either.
+    const bool plain_first = r % 2 == 0;
+    auto write_plain = [&] { t->plain_write[r] = timed(ctx, [&] { plain_write(plain, t->rank_bytes); }); };
+    auto save = [&] {
+      t->save[r] = timed(ctx, [&] {
+        zs_checkpoint_save_options so = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+        so.tag = "bench";
+        CHECK(zs_checkpoint_save(ctx, params.data(), params.size(), opt, ckpt.c_str(), &so));
+      });
+    };
+    auto read_plain = [&] {
+      drop_all();
+      t->plain_read[r] = timed(ctx, [&] { plain_read(plain, t->rank_bytes, false); });
+      drop_all();
+      t->direct_read[r] = timed(ctx, [&] { plain_read(plain, t->rank_bytes, true); });
+    };
+    auto load = [&] {
+      drop_all();
+      t->load[r] = timed(ctx, [&] {
+        zs_checkpoint_load_options lo = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+        CHECK(zs_checkpoint_load(ctx, params.data(), params.size(), opt, ckpt.c_str(), &lo, nullptr));
+      });
+    };
+    if (plain_first) write_plain(), save(), read_plain(), load();
+    else save(), write_plain(), load(), read_plain();
   }
   zs_optimizer_destroy(opt);
   for (zs_param p : params) zs_param_destroy(p);
@@ -201,11 +224,16 @@ int main(int argc, char** argv) {
     if (k == "--ranks" && v) a.ranks = std::atoi(argv[++i]);
     else if (k == "--gib" && v) a.gib = std::atof(argv[++i]);
     else if (k == "--params" && v) a.params = std::atoi(argv[++i]);
+    else if (k == "--reps" && v) a.reps = std::atoi(argv[++i]);
     else if (k == "--dir" && v) a.dir = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_checkpoint [--ranks N] [--gib G] [--params P] [--dir DIR]\n");
+      std::fprintf(stderr, "usage: bench_checkpoint [--ranks N] [--gib G] [--params P] [--reps R] [--dir DIR]\n");
       return 2;
     }
+  }
+  if (a.reps < 1 || a.reps > kMaxReps) {
+    std::fprintf(stderr, "bench_checkpoint: --reps must be 1..%d, not %d\n", kMaxReps, a.reps);
+    return 2;
   }
   bool own_dir = false;
   if (a.dir.empty()) {
@@ -213,30 +241,13 @@ int main(int argc, char** argv) {
     a.dir = mkdtemp(tmpl);
     own_dir = true;
   }
-  const std::string out = a.dir + "/times.bin";
-  const int port = zs::bench::free_port();
+  a.port = zs::bench::free_port();
   std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < a.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      rank_main(a, r, port, out);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t p : pids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    failed |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  if (failed) {
+  Times t;
+  if (!zs::bench::fork_ranks_collect(a.ranks, &t, [&](int rank, Times* mine) { rank_main(a, rank, mine); })) {
     std::fprintf(stderr, "bench_checkpoint: a rank failed\n");
     return 1;
   }
-  Times t;
-  std::ifstream(out, std::ios::binary).read(reinterpret_cast<char*>(&t), sizeof(t));
 
   // Export in a grandchild: its parent's RUSAGE_CHILDREN is then the
   // export's own peak RSS (ours counts the ranks too).
@@ -274,21 +285,38 @@ int main(int argc, char** argv) {
   auto rate = [&](double s) { return static_cast<double>(t.total_bytes) / s / (1 << 20); };
   const double export_bytes = static_cast<double>(fs::file_size(exported));
   const double rss_ratio = static_cast<double>(export_rss_kib) * 1024.0 / static_cast<double>(t.largest_tensor);
-  std::printf("state: %.2f GiB (params + exp_avg + exp_avg_sq, fp32) over %d ranks, %d params\n", gib, a.ranks,
-              a.params);
-  std::printf("save : %7.2f s  %8.1f MiB/s   plain write+fsync: %7.2f s  %8.1f MiB/s   ratio %.2f\n", t.save,
-              rate(t.save), t.plain_write, rate(t.plain_write), t.plain_write / t.save);
-  std::printf("load : %7.2f s  %8.1f MiB/s   plain read (cold)  : %7.2f s  %8.1f MiB/s   ratio %.2f\n", t.load,
-              rate(t.load), t.plain_read, rate(t.plain_read), t.plain_read / t.load);
+  std::vector<double> save_r, load_r, load_direct_r, pw, sv, pr, dr, ld;
+  std::printf("state: %.2f GiB (params + exp_avg + exp_avg_sq, fp32) over %d ranks, %d params, %d reps\n", gib,
+              a.ranks, a.params, t.reps);
+  for (int r = 0; r < t.reps; ++r) {
+    save_r.push_back(t.plain_write[r] / t.save[r]);
+    load_r.push_back(t.plain_read[r] / t.load[r]);
+    load_direct_r.push_back(t.direct_read[r] / t.load[r]);
+    pw.push_back(t.plain_write[r]), sv.push_back(t.save[r]), pr.push_back(t.plain_read[r]);
+    dr.push_back(t.direct_read[r]), ld.push_back(t.load[r]);
+    std::printf("rep %d: save %.2f s, plain write+fsync %.2f s (ratio %.2f); load %.2f s, plain read %.2f s "
+                "(ratio %.2f), plain O_DIRECT read %.2f s (ratio %.2f)\n",
+                r, t.save[r], t.plain_write[r], save_r.back(), t.load[r], t.plain_read[r], load_r.back(),
+                t.direct_read[r], load_direct_r.back());
+  }
+  using zs::bench::median;
+  std::printf("median save : %7.2f s  %8.1f MiB/s   plain write+fsync: %7.2f s  %8.1f MiB/s   ratio %.2f\n",
+              median(sv), rate(median(sv)), median(pw), rate(median(pw)), median(save_r));
+  std::printf("median load : %7.2f s  %8.1f MiB/s   plain read (cold): %7.2f s  %8.1f MiB/s   ratio %.2f\n",
+              median(ld), rate(median(ld)), median(pr), rate(median(pr)), median(load_r));
+  std::printf("               plain O_DIRECT read (cold): %7.2f s  %8.1f MiB/s   ratio %.2f\n", median(dr),
+              rate(median(dr)), median(load_direct_r));
   std::printf("export: %.2f s, %.1f MiB written, peak RSS %.1f MiB = %.2f x the largest tensor (%.1f MiB)\n",
               export_s, export_bytes / (1 << 20), export_rss_kib / 1024.0, rss_ratio,
               static_cast<double>(t.largest_tensor) / (1 << 20));
   std::printf(
-      "{\"bench\": \"checkpoint\", \"ranks\": %d, \"state_gib\": %.3f, \"save_s\": %.3f, \"plain_write_s\": %.3f, "
-      "\"save_ratio\": %.3f, \"load_s\": %.3f, \"plain_read_s\": %.3f, \"load_ratio\": %.3f, \"export_s\": %.3f, "
+      "{\"bench\": \"checkpoint\", \"ranks\": %d, \"state_gib\": %.3f, \"reps\": %d, \"save_s\": %.3f, "
+      "\"plain_write_s\": %.3f, \"save_ratio\": %.3f, \"load_s\": %.3f, \"plain_read_s\": %.3f, "
+      "\"load_ratio\": %.3f, \"plain_direct_read_s\": %.3f, \"load_direct_ratio\": %.3f, \"export_s\": %.3f, "
       "\"export_peak_rss_mib\": %.1f, \"largest_tensor_mib\": %.1f, \"export_rss_ratio\": %.3f}\n",
-      a.ranks, gib, t.save, t.plain_write, t.plain_write / t.save, t.load, t.plain_read, t.plain_read / t.load,
-      export_s, export_rss_kib / 1024.0, static_cast<double>(t.largest_tensor) / (1 << 20), rss_ratio);
+      a.ranks, gib, t.reps, median(sv), median(pw), median(save_r), median(ld), median(pr), median(load_r),
+      median(dr), median(load_direct_r), export_s, export_rss_kib / 1024.0,
+      static_cast<double>(t.largest_tensor) / (1 << 20), rss_ratio);
   if (own_dir) fs::remove_all(a.dir);
   return 0;
 }

@@ -37,7 +37,12 @@ std::string read_text(const std::string& path) {
   return s;
 }
 
-void write_text(const std::string& path, const std::string& s) { std::ofstream(path) << s; }
+// Whole or not at all: a parent polling for the file kills its writer as
+// soon as the name appears, so the text must be there by then.
+void write_text(const std::string& path, const std::string& s) {
+  std::ofstream(path + ".tmp") << s;
+  fs::rename(path + ".tmp", path);
+}
 
 zs_status save(CkptModel& m, const std::string& dir, const char* tag, int timeout_ms,
                zs_progress_fn progress = nullptr, void* user = nullptr) {

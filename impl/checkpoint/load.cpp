@@ -52,8 +52,19 @@ void read_state(ChunkReader& reader, const ParamEntry& e, const std::string& sta
 struct Staged {
   void* dst;  // engine memory
   size_t bytes = 0;
-  std::unique_ptr<char[]> host;  // not zero-filled: read over, padding zeroed
+  AlignedBuffer buf;
+  char* host = nullptr;  // in buf; not zero-filled: read over, padding zeroed
 };
+
+// Where in its first page the staged copy of elements [first, ...) of a
+// state starts: at the file's offset of the chunk holding `first`, so the
+// bulk of that chunk reads with O_DIRECT (ChunkReader::direct_offset).
+uint64_t staging_offset(const ParamEntry& e, const std::string& state, uint64_t first, DType dst_dtype) {
+  for (const auto& c : e.states.at(state))
+    if (c.offset <= first && first < c.offset + c.numel)
+      return c.dtype == dst_dtype ? ChunkReader::direct_offset(c, first) : 0;
+  return 0;
+}
 
 }  // namespace
 
@@ -157,11 +168,13 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       Staged s;
       s.dst = it.dst;
       s.bytes = p.layout.shard_numel * dtype_size(it.dtype);
-      s.host.reset(new char[s.bytes]);
+      const uint64_t at = staging_offset(*it.e, it.state, p.layout.shard_offset, it.dtype);
+      s.buf = AlignedBuffer(at + s.bytes);
+      s.host = s.buf.data() + at;
       const size_t valid = p.layout.shard_valid * dtype_size(it.dtype);
-      std::memset(s.host.get() + valid, 0, s.bytes - valid);  // padding stays zero
+      std::memset(s.host + valid, 0, s.bytes - valid);  // padding stays zero
       read_state(reader, *it.e, it.state, p.layout.shard_offset, p.layout.shard_valid, it.dtype,
-                 s.host.get(), &done, total, o);
+                 s.host, &done, total, o);
       staged.push_back(std::move(s));
     }
     result.bytes_read = reader.bytes_read();
@@ -203,7 +216,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     opt->scaler().set_state(st);
   }
   for (const auto& s : staged)
-    if (s.bytes > 0) ctx.device()->copy(s.dst, s.host.get(), s.bytes);
+    if (s.bytes > 0) ctx.device()->copy(s.dst, s.host, s.bytes);
   ctx.device()->synchronize();
   if (opt) opt->flush_state_views();  // state on NVMe goes back to the swap file
   shards_rewritten(ctx, params);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "impl/checkpoint/direct_io.h"
 #include "impl/checkpoint/safetensors.h"
 #include "impl/common/error.h"
 
@@ -22,17 +23,11 @@ struct Xxh3 {
     XXH3_64bits_reset(s);
   }
   ~Xxh3() { XXH3_freeState(s); }
+  Xxh3(const Xxh3&) = delete;
+  Xxh3& operator=(const Xxh3&) = delete;
+  void reset() { XXH3_64bits_reset(s); }
   void update(const void* p, size_t n) { XXH3_64bits_update(s, p, n); }
   uint64_t digest() const { return XXH3_64bits_digest(s); }
-};
-
-// Host staging memory from the device (pinned on CUDA), returned on scope exit.
-struct Staging {
-  Device& dev;
-  void* p;
-  size_t bytes;
-  Staging(Device& d, size_t n) : dev(d), p(d.staging_alloc(n)), bytes(n) {}
-  ~Staging() { dev.staging_free(p, bytes); }
 };
 
 }  // namespace
@@ -57,13 +52,11 @@ FileEntry write_shard_file(const std::string& path, std::vector<ShardSource>& so
     return dtype_size(a.dtype) > dtype_size(b.dtype);
   });
 
-  File f = File::create(path);
+  StreamWriter w(path);
   Xxh3 file_hash;
-  f.write_all(header.data(), header.size());
+  w.append(header.data(), header.size());
   file_hash.update(header.data(), header.size());
-  std::unique_ptr<Staging> staging;
-  if (device.is_cuda()) staging = std::make_unique<Staging>(device, kPieceBytes);
-  uint64_t done = 0;
+  uint64_t done = 0, reported = 0;
   for (size_t k = 0; k < layout.size(); ++k) {
     ShardSource& s = sources[std::stoul(layout[k].key)];
     Chunk& c = *s.out;
@@ -72,33 +65,37 @@ FileEntry write_shard_file(const std::string& path, std::vector<ShardSource>& so
     c.numel = s.numel;
     c.begin = named[k].begin;
     c.blocks.clear();
-    Xxh3 tensor_hash;
+    Xxh3 tensor_hash, block_hash;
     const uint64_t bytes = s.numel * dtype_size(s.dtype);
-    for (uint64_t at = 0; at < bytes; at += kPieceBytes) {
-      const uint64_t n = std::min(kPieceBytes, bytes - at);
-      const char* piece = static_cast<const char*>(s.data) + at;
-      if (staging) {
-        device.copy(staging->p, piece, n);
-        device.synchronize();
-        piece = static_cast<const char*>(staging->p);
+    // Copied into the writer's buffer and hashed there, while the bytes
+    // are in cache; a block may straddle two buffers.
+    for (uint64_t at = 0; at < bytes;) {
+      const uint64_t block_end = std::min((at / kBlockBytes + 1) * kBlockBytes, bytes);
+      size_t n = 0;
+      char* dst = w.reserve(static_cast<size_t>(block_end - at), &n);
+      device.copy(dst, static_cast<const char*>(s.data) + at, n);
+      if (device.is_cuda()) device.synchronize();
+      block_hash.update(dst, n);
+      tensor_hash.update(dst, n);
+      file_hash.update(dst, n);
+      w.commit(n);
+      at += n;
+      if (at == block_end) {
+        c.blocks.push_back(block_hash.digest());
+        block_hash.reset();
       }
-      for (uint64_t b = 0; b < n; b += kBlockBytes) {
-        const uint64_t bn = std::min(kBlockBytes, n - b);
-        c.blocks.push_back(XXH3_64bits(piece + b, bn));
-        tensor_hash.update(piece + b, bn);
-        file_hash.update(piece + b, bn);
-      }
-      f.write_all(piece, n);
       done += n;
-      if (progress) progress(done, total);
+      if (progress && (done - reported >= kPieceBytes || done == total)) {
+        progress(done, total);
+        reported = done;
+      }
     }
     c.xxh3 = tensor_hash.digest();
   }
-  f.sync();
+  w.finish();
   FileEntry e;
   e.bytes = header.size() + total;
   e.xxh3 = file_hash.digest();
-  f.close();
   return e;
 }
 
@@ -107,6 +104,32 @@ File& ChunkReader::file(int index) {
   if (it != files_.end()) return it->second;
   const auto& fe = m_.files.at(static_cast<size_t>(index));
   return files_.emplace(index, File::open_read(join(dir_, fe.name))).first->second;
+}
+
+DirectReadFile& ChunkReader::direct_file(int index) {
+  auto it = direct_.find(index);
+  if (it != direct_.end()) return it->second;
+  return direct_.emplace(index, DirectReadFile(file(index).path())).first->second;
+}
+
+void ChunkReader::read_bytes(const Chunk& c, uint64_t lo, uint64_t hi, char* dst, const std::string& what) {
+  File& f = file(c.file);
+  const uint64_t from = c.begin + lo, to = c.begin + hi;
+  const std::string label = "tensor '" + c.key + "' (" + what + ")";
+  DirectReadFile& d = direct_file(c.file);
+  const uint64_t a_lo = (from + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const uint64_t a_hi = to / kDirectAlign * kDirectAlign;
+  const bool aligned = (reinterpret_cast<uintptr_t>(dst) - from) % kDirectAlign == 0;
+  if (d.ok() && aligned && a_lo < a_hi) {
+    char* mid = dst + (a_lo - from);
+    if (d.pread_all(mid, a_hi - a_lo, a_lo, label)) {
+      if (from < a_lo) f.pread_all(dst, a_lo - from, from, label);
+      if (a_hi < to) f.pread_all(dst + (a_hi - from), to - a_hi, a_hi, label);
+      direct_bytes_read_ += a_hi - a_lo;
+      return;
+    }
+  }
+  f.pread_all(dst, hi - lo, from, label);
 }
 
 void ChunkReader::check_sizes() {
@@ -163,7 +186,7 @@ void ChunkReader::read(const Chunk& c, uint64_t first, uint64_t n, void* dst, co
   if (want_lo < inner_lo) edge(want_lo, inner_lo);
   for (uint64_t lo = inner_lo; lo < inner_hi; lo += kPieceBytes) {
     const uint64_t hi = std::min(lo + kPieceBytes, inner_hi);
-    f.pread_all(out + (lo - want_lo), hi - lo, c.begin + lo, "tensor '" + c.key + "' (" + what + ")");
+    read_bytes(c, lo, hi, out + (lo - want_lo), what);
     bytes_read_ += hi - lo;
     verify(out + (lo - want_lo), lo, hi);
   }
