@@ -11,8 +11,8 @@
 #       chain really fails a test.
 # tsan: build-tsan/, g++ with -fsanitize=thread: the threaded tests (store,
 #       bootstrap, collectives, gather, coordinator, grad/optimizer steps,
-#       failure, engine lock, kernels' thread pool, the NVMe swapper), with the
-#       same canary.
+#       failure, engine lock, kernels' thread pool, the NVMe swapper, the
+#       checkpoint writer's thread), with the same canary.
 # fuzz: build-fuzz/, clang with libFuzzer+ASan+UBSan: each target of
 #       tests/fuzz/ runs $ZS_FUZZ_RUNS (default 20000) inputs from its corpus
 #       in tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
@@ -87,7 +87,7 @@ run_asan() {
 # server thread, a group's collective thread, Gloo's pairs, the kernels'
 # pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
 # a GPU) and zsrun (a launcher without threads of its own).
-tsan_filter='CollectiveIdentity.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*'
+tsan_filter='CollectiveIdentity.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise'
 
 run_tsan() {
   local s=$SECONDS
