@@ -147,6 +147,21 @@ ZS_API zs_status zs_context_fetch_stats(zs_context h, zs_fetch_stats* stats_out)
     stats->gathers = c.gathers;
     stats->hpz_gathers = c.hpz_gathers;
     stats->hierarchical_gathers = c.hierarchical_gathers;
+    const CommTotals t = ctx->comm_stats()->totals();
+    const auto sent = [&](CommKind k) { return t.sent[static_cast<size_t>(k)]; };
+    const auto received = [&](CommKind k) { return t.received[static_cast<size_t>(k)]; };
+    stats->gather_bytes_sent = sent(CommKind::Gather);
+    stats->gather_bytes_received = received(CommKind::Gather);
+    stats->quantized_gather_bytes_sent = sent(CommKind::QuantizedGather);
+    stats->quantized_gather_bytes_received = received(CommKind::QuantizedGather);
+    stats->reduce_scatter_bytes_sent = sent(CommKind::ReduceScatter);
+    stats->reduce_scatter_bytes_received = received(CommKind::ReduceScatter);
+    stats->quantized_reduce_bytes_sent = sent(CommKind::QuantizedReduce);
+    stats->quantized_reduce_bytes_received = received(CommKind::QuantizedReduce);
+    stats->allreduce_bytes_sent = sent(CommKind::AllReduce);
+    stats->allreduce_bytes_received = received(CommKind::AllReduce);
+    stats->other_bytes_sent = sent(CommKind::Other);
+    stats->other_bytes_received = received(CommKind::Other);
   });
 }
 

@@ -72,19 +72,25 @@ ZS_API zs_status zs_context_step_stats(zs_context h, zs_step_stats* out_stats) {
   return guarded([&] {
     SizedOut<zs_step_stats> out(out_stats, "stats");
     const StepStats s = context_of(h, "ctx")->last_step();
+    // A quantized kind counts with the full-precision one it replaces;
+    // bytes are those this rank received (zs_context_fetch_stats has both
+    // directions, kind by kind).
     const auto k = [](CommKind kind) { return static_cast<size_t>(kind); };
+    const auto secs = [&](CommKind a, CommKind b) { return s.comm.seconds[k(a)] + s.comm.seconds[k(b)]; };
+    const auto bytes = [&](CommKind a, CommKind b) { return s.comm.received[k(a)] + s.comm.received[k(b)]; };
+    const auto calls = [&](CommKind a, CommKind b) { return s.comm.calls[k(a)] + s.comm.calls[k(b)]; };
     out->step = s.step;
     out->step_seconds = s.step_seconds;
-    out->gather_seconds = s.comm.seconds[k(CommKind::Gather)];
-    out->gather_bytes = s.comm.bytes[k(CommKind::Gather)];
-    out->gathers = s.comm.calls[k(CommKind::Gather)];
-    out->reduce_scatter_seconds = s.comm.seconds[k(CommKind::ReduceScatter)];
-    out->reduce_scatter_bytes = s.comm.bytes[k(CommKind::ReduceScatter)];
-    out->reduce_scatters = s.comm.calls[k(CommKind::ReduceScatter)];
+    out->gather_seconds = secs(CommKind::Gather, CommKind::QuantizedGather);
+    out->gather_bytes = bytes(CommKind::Gather, CommKind::QuantizedGather);
+    out->gathers = calls(CommKind::Gather, CommKind::QuantizedGather);
+    out->reduce_scatter_seconds = secs(CommKind::ReduceScatter, CommKind::QuantizedReduce);
+    out->reduce_scatter_bytes = bytes(CommKind::ReduceScatter, CommKind::QuantizedReduce);
+    out->reduce_scatters = calls(CommKind::ReduceScatter, CommKind::QuantizedReduce);
     out->allreduce_seconds = s.comm.seconds[k(CommKind::AllReduce)];
-    out->allreduce_bytes = s.comm.bytes[k(CommKind::AllReduce)];
+    out->allreduce_bytes = s.comm.received[k(CommKind::AllReduce)];
     out->other_comm_seconds = s.comm.seconds[k(CommKind::Other)];
-    out->other_comm_bytes = s.comm.bytes[k(CommKind::Other)];
+    out->other_comm_bytes = s.comm.received[k(CommKind::Other)];
     out->wait_seconds = s.comm.wait_seconds;
     out->optimizer_seconds = s.optimizer_seconds;
   });

@@ -50,10 +50,11 @@ void exchange(const RankEnv& env) {
         ASSERT_EQ(recv[static_cast<size_t>(from) * bytes + i], pattern(from, env.rank, i))
             << "block from rank " << from << ", byte " << i << " of " << bytes;
   }
-  // The timed wrapper counts what left and arrived: (n - 1) blocks.
+  // The timed wrapper counts what left and arrived: (n - 1) blocks each
+  // way, as qgZ's quantized reduction.
   const zs::CommTotals t = ctx->comm_stats()->totals();
-  EXPECT_EQ(t.bytes[static_cast<int>(zs::CommKind::ReduceScatter)],
-            (1 + 7 + 1001 + 300007) * (n - 1));
+  EXPECT_EQ(t.sent[static_cast<int>(zs::CommKind::QuantizedReduce)], (1 + 7 + 1001 + 300007) * (n - 1));
+  EXPECT_EQ(t.received[static_cast<int>(zs::CommKind::QuantizedReduce)], (1 + 7 + 1001 + 300007) * (n - 1));
 }
 
 class AllToAllWorld : public ::testing::TestWithParam<int> {};

@@ -1,7 +1,8 @@
 // What an optimizer step did, from zs_context_step_stats, and the ZS_TRACE
 // timeline: on 2 real ranks the step's gathers and reductions moved exactly
 // the bytes the params' shards account for, and every collective, wait and
-// optimizer step is on each rank's Chrome trace.
+// optimizer step is on each rank's Chrome trace. And the bytes by kind of
+// zs_context_fetch_stats, quantized or not.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "impl/fetch/quantized.h"
+#include "kernels/quant.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -103,3 +106,87 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     std::remove(path.c_str());
   });
 }
+
+// zs_context_fetch_stats: the bytes each kind of collective sent and
+// received since the context was made, qwZ's packets and qgZ's all-to-all
+// apart from the full-precision gathers and reduce-scatters they replace.
+// One step of three params on 2 and 3 ranks, each way of moving them.
+class FetchStatsBytes : public ::testing::TestWithParam<int> {};
+
+TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
+  const int world = GetParam();
+  struct Case {
+    const char* name;
+    bool qwz, qgz;
+  };
+  for (const Case c : {Case{"plain", false, false}, Case{"qwZ", true, false}, Case{"qgZ", false, true},
+                       Case{"qwZ+qgZ", true, true}}) {
+    run_ranks(world, [&](const RankEnv& env) {
+      const std::string config = std::string(R"({"zero_optimization": {"stage3_param_persistence_threshold": 0,
+          "zero_quantized_weights": )") + (c.qwz ? "true" : "false") +
+                                 R"(, "zero_quantized_gradients": )" + (c.qgz ? "true" : "false") + "}}";
+      zs_context ctx = zs::test::make_context(env, config.c_str());
+      const int64_t sizes[3] = {1001, 640, 7};
+      zs_param p[3];
+      uint64_t shard_bytes = 0, packet_bytes = 0;
+      const zs::kernels::QuantSpec spec;  // the defaults: int8, blocks of 256
+      for (int k = 0; k < 3; ++k) {
+        zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+        const std::string name = "p" + std::to_string(k);
+        o.name = name.c_str();
+        o.ndim = 1;
+        o.shape = &sizes[k];
+        o.init = ZS_INIT_NORMAL;
+        ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
+        zs_param_info info = ZS_PARAM_INFO_INIT;
+        ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
+        shard_bytes += info.shard_numel * sizeof(float);
+        packet_bytes += zs::quant_packet(info.shard_numel, spec).bytes;
+      }
+      zs_optimizer opt = nullptr;
+      ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+      zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+      ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
+      zs_fetch_stats before = ZS_FETCH_STATS_INIT;
+      ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &before));
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      ZS_ASSERT_OK(zs_coord_fetch(ctx, p, 3));
+      ZS_ASSERT_OK(zs_coord_release(ctx, p, 3));
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      for (int k = 0; k < 3; ++k) {
+        std::vector<float> g(static_cast<size_t>(sizes[k]), 0.25f);
+        ZS_ASSERT_OK(zs_grad_push(p[k], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
+      }
+      zs_step_result r = ZS_STEP_RESULT_INIT;
+      ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+      zs_fetch_stats s = ZS_FETCH_STATS_INIT;
+      ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
+      const uint64_t peers = static_cast<uint64_t>(world - 1);
+      const std::string why = std::string(c.name) + " on " + std::to_string(world) + " ranks";
+      // Ring gathers: this rank's unit to each peer, each peer's to it.
+      const uint64_t gather = c.qwz ? 0 : shard_bytes * peers, qgather = c.qwz ? packet_bytes * peers : 0;
+      EXPECT_EQ(s.gather_bytes_sent - before.gather_bytes_sent, gather) << why;
+      EXPECT_EQ(s.gather_bytes_received - before.gather_bytes_received, gather) << why;
+      EXPECT_EQ(s.quantized_gather_bytes_sent - before.quantized_gather_bytes_sent, qgather) << why;
+      EXPECT_EQ(s.quantized_gather_bytes_received - before.quantized_gather_bytes_received, qgather) << why;
+      const uint64_t rs = s.reduce_scatter_bytes_sent - before.reduce_scatter_bytes_sent;
+      const uint64_t qr = s.quantized_reduce_bytes_sent - before.quantized_reduce_bytes_sent;
+      EXPECT_EQ(rs, c.qgz ? 0 : shard_bytes * peers) << why;
+      EXPECT_EQ(s.reduce_scatter_bytes_received - before.reduce_scatter_bytes_received, rs) << why;
+      EXPECT_EQ(s.quantized_reduce_bytes_received - before.quantized_reduce_bytes_received, qr) << why;
+      if (c.qgz) {  // int4 codes and a scale per block: well under a quarter of fp32
+        EXPECT_GT(qr, 0u) << why;
+        EXPECT_LT(qr, shard_bytes * peers / 4) << why;
+      } else {
+        EXPECT_EQ(qr, 0u) << why;
+      }
+      EXPECT_GT(s.allreduce_bytes_sent, before.allreduce_bytes_sent) << why << ": the norm, the checks";
+      EXPECT_EQ(s.allreduce_bytes_sent, s.allreduce_bytes_received) << why;
+      ZS_ASSERT_OK(zs_optimizer_destroy(opt));
+      for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+      ZS_ASSERT_OK(zs_context_destroy(ctx));
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, FetchStatsBytes, ::testing::Values(2, 3));

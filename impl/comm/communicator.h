@@ -16,6 +16,7 @@ struct GatherSegment {
   const void* send;
   void* recv;
   size_t bytes;
+  bool quantized = false;  // a qwZ packet (counted apart in the stats)
 };
 
 class Communicator {

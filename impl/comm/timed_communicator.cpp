@@ -16,43 +16,54 @@ class TimedCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
+  // Ring and direct algorithms (collectives.cpp): every rank sends and
+  // receives the same bytes, except from a root.
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override {
-    timed(CommKind::Gather, "all-gather", bytes_per_rank * moved(),
-          [&] { inner_->allgather(send, recv, bytes_per_rank); });
+    const uint64_t b = bytes_per_rank * moved();
+    timed(CommKind::Gather, "all-gather", b, b, [&] { inner_->allgather(send, recv, bytes_per_rank); });
   }
   void allgather_coalesced(const std::vector<GatherSegment>& segments) override {
-    size_t bytes = 0;
-    for (const auto& s : segments) bytes += s.bytes;
-    timed(CommKind::Gather, "coalesced all-gather of " + std::to_string(segments.size()),
-          bytes * moved(), [&] { inner_->allgather_coalesced(segments); });
+    uint64_t exact = 0, quantized = 0;
+    for (const auto& s : segments) (s.quantized ? quantized : exact) += s.bytes * moved();
+    // The call counts once, as quantized when any of it is.
+    const CommKind kind = quantized > 0 ? CommKind::QuantizedGather : CommKind::Gather;
+    const uint64_t own = kind == CommKind::Gather ? exact : quantized;
+    timed(kind, "coalesced all-gather of " + std::to_string(segments.size()), own, own,
+          [&] { inner_->allgather_coalesced(segments); });
+    if (kind == CommKind::QuantizedGather && exact > 0) stats_->add_bytes(CommKind::Gather, exact, exact);
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                       ReduceOp op) override {
-    timed(CommKind::ReduceScatter, "reduce-scatter", count * dtype_size(dtype) * moved(),
+    const uint64_t b = count * dtype_size(dtype) * moved();
+    timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
           [&] { inner_->reduce_scatter(send, recv, count, dtype, op); });
   }
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
     // A ring all-reduce moves about twice the buffer through each rank.
-    timed(CommKind::AllReduce, "all-reduce", 2 * count * dtype_size(dtype) * moved() / size_or_1(),
-          [&] { inner_->allreduce(send, recv, count, dtype, op); });
+    const uint64_t b = 2 * count * dtype_size(dtype) * moved() / size_or_1();
+    timed(CommKind::AllReduce, "all-reduce", b, b, [&] { inner_->allreduce(send, recv, count, dtype, op); });
   }
-  // Counted with the reduce-scatters: the engine's one all-to-all is qgZ's
-  // quantized gradient reduction, which replaces the reduce-scatter.
+  // The engine's one all-to-all is qgZ's quantized gradient reduction,
+  // which replaces the reduce-scatter.
   void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
-    timed(CommKind::ReduceScatter, "all-to-all", bytes_per_rank * moved(),
+    const uint64_t b = bytes_per_rank * moved();
+    timed(CommKind::QuantizedReduce, "all-to-all", b, b,
           [&] { inner_->alltoall(send, recv, bytes_per_rank); });
   }
   void broadcast(void* buf, size_t bytes, int root) override {
-    timed(CommKind::Other, "broadcast", size() > 1 ? bytes : 0,
+    const bool from_me = rank() == root;
+    timed(CommKind::Other, "broadcast", from_me ? bytes * moved() : 0, from_me || size() < 2 ? 0 : bytes,
           [&] { inner_->broadcast(buf, bytes, root); });
   }
   void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
                int root) override {
-    timed(CommKind::Other, "scatter", size() > 1 ? bytes_per_rank : 0,
+    const bool from_me = rank() == root;
+    timed(CommKind::Other, "scatter", from_me ? bytes_per_rank * moved() : 0,
+          from_me || size() < 2 ? 0 : bytes_per_rank,
           [&] { inner_->scatter(inputs, recv, bytes_per_rank, root); });
   }
   void barrier() override {
-    timed(CommKind::Other, "barrier", 0, [&] { inner_->barrier(); });
+    timed(CommKind::Other, "barrier", 0, 0, [&] { inner_->barrier(); });
   }
 
  private:
@@ -62,13 +73,14 @@ class TimedCommunicator final : public Communicator {
   size_t size_or_1() const { return static_cast<size_t>(size() > 1 ? size() : 1); }
 
   template <typename Fn>
-  void timed(CommKind kind, const std::string& name, uint64_t bytes, Fn&& fn) {
+  void timed(CommKind kind, const std::string& name, uint64_t sent, uint64_t received, Fn&& fn) {
     const auto begin = Trace::Clock::now();
     fn();
     const auto end = Trace::Clock::now();
-    stats_->add(kind, std::chrono::duration<double>(end - begin).count(), bytes);
+    stats_->add(kind, std::chrono::duration<double>(end - begin).count(), sent, received);
     if (trace_)
-      trace_->event("comm", name, group_, begin, end, "{\"bytes\": " + std::to_string(bytes) + "}");
+      trace_->event("comm", name, group_, begin, end,
+                    "{\"sent\": " + std::to_string(sent) + ", \"received\": " + std::to_string(received) + "}");
   }
 
   std::unique_ptr<Communicator> inner_;

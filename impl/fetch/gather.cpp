@@ -220,11 +220,11 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       }
       auto t1 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes));
       auto t2 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes * local));
-      hop1.push_back({q ? packet : p.shard->data(), t1->data(), b});
+      hop1.push_back({q ? packet : p.shard->data(), t1->data(), b, q});
       keep.push_back(p.shard);
       keep.push_back(t1);
       keep.push_back(t2);
-      const GatherSegment second{t1->data(), t2->data(), b * static_cast<size_t>(nodes)};
+      const GatherSegment second{t1->data(), t2->data(), b * static_cast<size_t>(nodes), q};
       if (q) {
         quants.push_back({p.shard->data(), packet, static_cast<const uint8_t*>(t2->data()),
                           static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
@@ -274,7 +274,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
         auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
         keep.push_back(send);
         keep.push_back(recv);
-        segments.push_back({send->data(), recv->data(), packet});
+        segments.push_back({send->data(), recv->data(), packet, true});
         quants.push_back({p.shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
                           static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
                           packet});

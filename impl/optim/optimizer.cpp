@@ -396,7 +396,8 @@ void Optimizer::record_step_stats(Trace::Clock::time_point step_begin, double up
   st.step_seconds = std::chrono::duration<double>(now - last_step_end_).count();
   for (int k = 0; k < kCommKinds; ++k) {
     st.comm.seconds[k] = totals.seconds[k] - last_totals_.seconds[k];
-    st.comm.bytes[k] = totals.bytes[k] - last_totals_.bytes[k];
+    st.comm.sent[k] = totals.sent[k] - last_totals_.sent[k];
+    st.comm.received[k] = totals.received[k] - last_totals_.received[k];
     st.comm.calls[k] = totals.calls[k] - last_totals_.calls[k];
   }
   st.comm.wait_seconds = totals.wait_seconds - last_totals_.wait_seconds;

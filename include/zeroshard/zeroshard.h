@@ -323,14 +323,32 @@ typedef struct zs_memory_stats {
  * first `size` bytes of *stats (pass sizeof *stats). */
 ZS_API zs_status zs_memory_stats_init(zs_memory_stats* stats, size_t size);
 
-/* Which way fetches went. */
+/* Which way fetches went, and the bytes this rank's collectives sent and
+ * received since the context was made, by kind, counted as the Gloo
+ * algorithms move them (ring gathers, reduce-scatters and all-reduces,
+ * direct all-to-all, broadcast and scatter from the root; NCCL may route
+ * otherwise). "quantized": qwZ's weight packets and qgZ's all-to-all
+ * gradient reduction, apart from the full-precision gathers and
+ * reduce-scatters they replace. */
 typedef struct zs_fetch_stats {
   size_t size;                   /* sizeof(zs_fetch_stats) */
   uint64_t gathers;              /* coalesced fetches issued */
   uint64_t hpz_gathers;          /* served from hpZ secondary shards (intra-node) */
   uint64_t hierarchical_gathers; /* MiCS two-hop gathers */
+  uint64_t gather_bytes_sent;
+  uint64_t gather_bytes_received;
+  uint64_t quantized_gather_bytes_sent;
+  uint64_t quantized_gather_bytes_received;
+  uint64_t reduce_scatter_bytes_sent;
+  uint64_t reduce_scatter_bytes_received;
+  uint64_t quantized_reduce_bytes_sent;
+  uint64_t quantized_reduce_bytes_received;
+  uint64_t allreduce_bytes_sent;
+  uint64_t allreduce_bytes_received;
+  uint64_t other_bytes_sent;     /* broadcasts, scatters, barriers */
+  uint64_t other_bytes_received;
 } zs_fetch_stats;
-#define ZS_FETCH_STATS_INIT { sizeof(zs_fetch_stats), 0, 0, 0 }
+#define ZS_FETCH_STATS_INIT { sizeof(zs_fetch_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* ZS_FETCH_STATS_INIT for languages without C macros: its values into the
  * first `size` bytes of *stats (pass sizeof *stats). */

@@ -558,7 +558,9 @@ def test_coordinator(ctx):
     assert stats["steps"] == 2 and stats["fetch_calls"] == 6
     assert set(stats) == {n for n, _ in _ffi.ffi.typeof("zs_coord_stats").fields} - {"size"}
     fstats = ctx.fetch_stats()
-    assert set(fstats) == {"gathers", "hpz_gathers", "hierarchical_gathers"}
+    assert set(fstats) == {n for n, _ in _ffi.ffi.typeof("zs_fetch_stats").fields} - {"size"}
+    assert {"gathers", "hpz_gathers", "hierarchical_gathers", "gather_bytes_sent",
+            "quantized_reduce_bytes_received"} <= set(fstats)
     assert fstats["gathers"] >= 2
     mem = ctx.memory()
     assert set(mem) == {n for n, _ in _ffi.ffi.typeof("zs_memory_stats").fields} - {"size"}

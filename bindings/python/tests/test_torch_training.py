@@ -160,4 +160,9 @@ def test_params_changed_by_user_code_between_steps():
     assert st["step"] == 12 and st["gathers"] > 0 and st["gather_bytes"] > 0, st
     assert st["reduce_scatters"] > 0 and st["reduce_scatter_bytes"] > 0, st
     assert 0 < st["optimizer_seconds"] < st["step_seconds"], st
+    # Every step's bytes so far, by kind: full precision only (no qwZ/qgZ).
+    w = r["wire_stats"]
+    assert w["gather_bytes_sent"] == w["gather_bytes_received"] > 0, w
+    assert w["reduce_scatter_bytes_sent"] == w["reduce_scatter_bytes_received"] > 0, w
+    assert w["quantized_gather_bytes_sent"] == w["quantized_reduce_bytes_sent"] == 0, w
     assert "param.data was set to a tensor of shape (3,), expected its full shape (24, 24)" in r["shape_error"]

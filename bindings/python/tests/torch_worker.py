@@ -280,7 +280,8 @@ def mode_user_changes(rank, world):
             change(model, what)
         ref_losses.append(ref_step(s))
         zs_losses.append(zs_step(s))
-    out = {"reference": ref_losses, "zeroshard": zs_losses, "step_stats": opt.step_stats()}
+    out = {"reference": ref_losses, "zeroshard": zs_losses, "step_stats": opt.step_stats(),
+           "wire_stats": opt.wire_stats()}
     sd = zt.consolidated_state_dict(model)
     if rank == 0:
         ref_sd = reference.state_dict()

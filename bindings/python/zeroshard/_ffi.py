@@ -176,6 +176,18 @@ typedef struct zs_fetch_stats {
   uint64_t gathers;
   uint64_t hpz_gathers;
   uint64_t hierarchical_gathers;
+  uint64_t gather_bytes_sent;
+  uint64_t gather_bytes_received;
+  uint64_t quantized_gather_bytes_sent;
+  uint64_t quantized_gather_bytes_received;
+  uint64_t reduce_scatter_bytes_sent;
+  uint64_t reduce_scatter_bytes_received;
+  uint64_t quantized_reduce_bytes_sent;
+  uint64_t quantized_reduce_bytes_received;
+  uint64_t allreduce_bytes_sent;
+  uint64_t allreduce_bytes_received;
+  uint64_t other_bytes_sent;
+  uint64_t other_bytes_received;
 } zs_fetch_stats;
 zs_status zs_fetch_stats_init(zs_fetch_stats* stats, size_t size);
 

@@ -130,6 +130,18 @@ mutable struct zs_fetch_stats
     gathers::UInt64
     hpz_gathers::UInt64
     hierarchical_gathers::UInt64
+    gather_bytes_sent::UInt64
+    gather_bytes_received::UInt64
+    quantized_gather_bytes_sent::UInt64
+    quantized_gather_bytes_received::UInt64
+    reduce_scatter_bytes_sent::UInt64
+    reduce_scatter_bytes_received::UInt64
+    quantized_reduce_bytes_sent::UInt64
+    quantized_reduce_bytes_received::UInt64
+    allreduce_bytes_sent::UInt64
+    allreduce_bytes_received::UInt64
+    other_bytes_sent::UInt64
+    other_bytes_received::UInt64
     zs_fetch_stats() = new()  # filled by zs_fetch_stats_init
 end
 

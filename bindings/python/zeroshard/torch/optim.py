@@ -67,6 +67,14 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         seconds and the whole step's."""
         return get_context().step_stats()
 
+    def wire_stats(self):
+        """Bytes this rank's collectives sent and received since the engine's
+        context was made, by kind (gathers, reduce-scatters, all-reduces,
+        others), qwZ's quantized gathers and qgZ's quantized gradient
+        reduction apart from the full-precision ones, with the fetch counts
+        (zs_context_fetch_stats)."""
+        return get_context().fetch_stats()
+
     @property
     def loss_scale(self):
         return self._engine.loss_scale

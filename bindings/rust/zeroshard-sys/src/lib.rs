@@ -174,6 +174,18 @@ pub struct zs_fetch_stats {
     pub gathers: u64,
     pub hpz_gathers: u64,
     pub hierarchical_gathers: u64,
+    pub gather_bytes_sent: u64,
+    pub gather_bytes_received: u64,
+    pub quantized_gather_bytes_sent: u64,
+    pub quantized_gather_bytes_received: u64,
+    pub reduce_scatter_bytes_sent: u64,
+    pub reduce_scatter_bytes_received: u64,
+    pub quantized_reduce_bytes_sent: u64,
+    pub quantized_reduce_bytes_received: u64,
+    pub allreduce_bytes_sent: u64,
+    pub allreduce_bytes_received: u64,
+    pub other_bytes_sent: u64,
+    pub other_bytes_received: u64,
 }
 
 #[repr(C)]

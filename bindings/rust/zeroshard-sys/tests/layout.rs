@@ -52,7 +52,11 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_memory_stats { size, shard_bytes, gathered_bytes, peak_gathered_bytes, unsharded_bytes,
             num_params, host_cache_bytes, grad_bytes, optimizer_bytes, hpz_secondary_bytes,
             device_cache_bytes, device_system_allocs, device_reuses }
-        zs_fetch_stats { size, gathers, hpz_gathers, hierarchical_gathers }
+        zs_fetch_stats { size, gathers, hpz_gathers, hierarchical_gathers,
+            gather_bytes_sent, gather_bytes_received, quantized_gather_bytes_sent,
+            quantized_gather_bytes_received, reduce_scatter_bytes_sent, reduce_scatter_bytes_received,
+            quantized_reduce_bytes_sent, quantized_reduce_bytes_received, allreduce_bytes_sent,
+            allreduce_bytes_received, other_bytes_sent, other_bytes_received }
         zs_param_options { size, name, dtype, ndim, shape, init, data, data_bytes, src_rank, seed,
             a, b, group }
         zs_param_info { size, name, dtype, ndim, shape, numel, shard_numel, padded_numel,
