@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -203,7 +204,10 @@ std::string loco_config(int bits, double beta, int reset) {
 // block for me quantized with its carried error (hop 1 and, across whole
 // nodes, the node's partial sum with its hop-2 error), dequantized, summed
 // in order, divided by the world, added to the running shard.
-void run_loco(const RankEnv& env, int local, int bits, double beta, int reset, int steps) {
+// With ckpt_dir, a checkpoint is saved and loaded after step 0: the errors
+// are not saved, so step 1 starts from zero, as after a reset.
+void run_loco(const RankEnv& env, int local, int bits, double beta, int reset, int steps,
+              const std::string& ckpt_dir = "") {
   const std::string cfg = loco_config(bits, beta, reset);
   zs_context_options o = zs::test::rank_options(env, cfg.c_str());
   o.local_rank = env.rank % local;
@@ -230,7 +234,7 @@ void run_loco(const RankEnv& env, int local, int bits, double beta, int reset, i
   std::vector<std::vector<float>> err1(static_cast<size_t>(world)), err2(static_cast<size_t>(nodes));
   std::vector<float> expect;
   for (int t = 0; t < steps; ++t) {
-    if (t > 0 && t % reset == 0) {  // reset_T: every sender starts again from zero
+    if ((t > 0 && t % reset == 0) || (t == 1 && !ckpt_dir.empty())) {  // from zero again
       for (auto& e : err1) std::fill(e.begin(), e.end(), 0.0f);
       for (auto& e : err2) std::fill(e.begin(), e.end(), 0.0f);
     }
@@ -277,6 +281,12 @@ void run_loco(const RankEnv& env, int local, int bits, double beta, int reset, i
         ADD_FAILURE() << "rank " << me << " step " << t << " element " << i << ": " << got[i]
                       << ", expected " << expect[i];
     ASSERT_EQ(bad, 0u) << "step " << t;
+    if (t == 0 && !ckpt_dir.empty()) {
+      zs_checkpoint_save_options so = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+      zs_checkpoint_load_options lo = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+      ZS_ASSERT_OK(zs_checkpoint_save(ctx, hs.data(), hs.size(), nullptr, ckpt_dir.c_str(), &so));
+      ZS_ASSERT_OK(zs_checkpoint_load(ctx, hs.data(), hs.size(), nullptr, ckpt_dir.c_str(), &lo, nullptr));
+    }
   }
   // The errors are counted with the gradients: above the shards alone.
   zs_memory_stats m = ZS_MEMORY_STATS_INIT;
@@ -300,6 +310,15 @@ TEST(LocoQgz, TwoNodesOfTwoKeepAnErrorPerHop) {
 // reset_T 2: the errors are zero again before steps 2, 4, ...
 TEST(LocoQgz, ResetTZeroesTheErrors) {
   run_ranks(2, [](const RankEnv& env) { run_loco(env, 2, 4, 0.5, 2, 5); });
+}
+
+// The errors are not checkpointed: a load zeroes them (README, ZeRO++ LoCo).
+TEST(LocoQgz, CheckpointLoadZeroesTheErrors) {
+  char tmpl[] = "/tmp/zs_loco_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  run_ranks(2, [&](const RankEnv& env) { run_loco(env, 2, 4, 0.8, 1024, 3, dir); });
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 }  // namespace
