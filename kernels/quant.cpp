@@ -120,6 +120,58 @@ void dequantize_blocks(const uint8_t* codes, const float* scales, size_t n, cons
   }
 }
 
+// quantize_blocks for fp32 with the error added first and updated after:
+// x is recomputed in the second pass (one fp32 addition: the same bits).
+void quantize_with_error_blocks(const float* g, float* err, float beta, size_t n,
+                                const QuantSpec& s, uint8_t* codes, float* scales, size_t b0,
+                                size_t b1) {
+  const int qmax = quant_qmax(s.bits);
+  const float fq = static_cast<float>(qmax);
+  const float keep = f_sub(1.0f, beta);
+  alignas(64) float x[kChunk];
+  alignas(64) int8_t q[kChunk];
+  for (size_t b = b0; b < b1; ++b) {
+    const size_t first = b * s.block;
+    const size_t len = n - first < s.block ? n - first : s.block;
+    uint32_t maxbits = 0;
+    for (size_t c = 0; c < len; c += kChunk) {
+      const size_t m = len - c < kChunk ? len - c : kChunk;
+      const float* gi = g + first + c;
+      const float* ei = err + first + c;
+      for (size_t j = 0; j < m; ++j) {
+        const uint32_t a = abs_bits(f_add(gi[j], ei[j]));
+        maxbits = a > maxbits ? a : maxbits;
+      }
+    }
+    const bool finite = is_finite_bits(maxbits);
+    const float scale = quant_scale(bits_float(maxbits), finite, qmax);
+    scales[b] = scale;
+    uint8_t* out = codes + first * static_cast<size_t>(s.bits) / 8;
+    const bool coded = scale > 0.0f;
+    for (size_t c = 0; c < s.block; c += kChunk) {
+      const size_t m = s.block - c < kChunk ? s.block - c : kChunk;
+      const size_t valid = c >= len ? 0 : (len - c < m ? len - c : m);
+      const float* gi = g + first + c;
+      float* ei = err + first + c;
+      for (size_t j = 0; j < valid; ++j) x[j] = f_add(gi[j], ei[j]);
+      for (size_t j = valid; j < m; ++j) x[j] = 0.0f;  // padding: code 0
+      if (coded) {
+        for (size_t j = 0; j < m; ++j) q[j] = static_cast<int8_t>(quant_round(x[j], scale, fq));
+      } else {
+        for (size_t j = 0; j < m; ++j) q[j] = 0;
+      }
+      for (size_t j = 0; j < valid; ++j)
+        ei[j] = loco_error(ei[j], x[j], quant_value(q[j], scale), beta, keep, finite);
+      if (s.bits == 8) {
+        std::memcpy(out + c, q, m);
+      } else {
+        for (size_t j = 0; j < m; j += 2)
+          out[(c + j) / 2] = static_cast<uint8_t>(nibble_of(q[j]) | (nibble_of(q[j + 1]) << 4));
+      }
+    }
+  }
+}
+
 template <typename F>
 void over_blocks(size_t n, const QuantSpec& s, F&& fn) {
   parallel_for(quant_blocks(n, s), block_grain(s), fn, 1);
@@ -135,6 +187,13 @@ void quantize(const void* src, WorkDtype t, size_t n, const QuantSpec& s, uint8_
       case WorkDtype::BF16: quantize_blocks<WorkDtype::BF16>(src, n, s, codes, scales, b0, b1); break;
       case WorkDtype::F16: quantize_blocks<WorkDtype::F16>(src, n, s, codes, scales, b0, b1); break;
     }
+  });
+}
+
+void quantize_with_error(const float* g, float* err, float beta, size_t n, const QuantSpec& s,
+                         uint8_t* codes, float* scales) {
+  over_blocks(n, s, [&](size_t b0, size_t b1) {
+    quantize_with_error_blocks(g, err, beta, n, s, codes, scales, b0, b1);
   });
 }
 

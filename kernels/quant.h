@@ -106,6 +106,18 @@ ZS_HD inline int quant_code(float x, float scale, int qmax) {
 
 ZS_HD inline float quant_value(int q, float scale) { return f_mul(static_cast<float>(q), scale); }
 
+// LoCo error feedback (quantize_with_error below): the error kept for the
+// next step from the old error e, the compensated value x = g + e and its
+// dequantized value. A moving average, so one step's rounding is spread
+// over the next ones instead of being resent whole. A poisoned (non-finite)
+// block keeps no error: the loss scaler skips that step, and a NaN kept
+// would poison every later one.
+ZS_HD inline float loco_error(float e, float x, float deq, float beta, float one_minus_beta,
+                              bool finite) {
+  if (!finite) return 0.0f;
+  return f_add(f_mul(beta, e), f_mul(one_minus_beta, f_sub(x, deq)));
+}
+
 // int4 nibble <-> code.
 ZS_HD inline uint8_t nibble_of(int q) { return static_cast<uint8_t>(q & 0xf); }
 ZS_HD inline int code_of_nibble(uint8_t v) {
@@ -125,5 +137,18 @@ void quantize(const void* src, WorkDtype t, size_t n, const QuantSpec& s, uint8_
               float* scales);
 void dequantize(const uint8_t* codes, const float* scales, size_t n, const QuantSpec& s, void* dst,
                 WorkDtype t);
+
+// LoCo (Xie et al. 2024; DeepSpeed's zeropp_loco_param): quantize the fp32
+// gradient g compensated by the error e of the previous step, and update
+// e in place, element by element:
+//
+//   x     = g + e                      (fp32)
+//   codes, scales = quantize(x)        (as above)
+//   e     = beta * e + (1 - beta) * (x - deq(x))   (loco_error)
+//
+// 1 - beta is taken in fp32 once. Bit-identical to the CUDA kernel and to
+// the scalar loop over these formulas.
+void quantize_with_error(const float* g, float* err, float beta, size_t n, const QuantSpec& s,
+                         uint8_t* codes, float* scales);
 
 }  // namespace zs::kernels

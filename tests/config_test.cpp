@@ -77,6 +77,9 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.zero_quantized_gradients, b.zero_quantized_gradients);
   EXPECT_EQ(a.zero_quantized_gradients_bits, b.zero_quantized_gradients_bits);
   EXPECT_EQ(a.zero_quantized_gradients_block_size, b.zero_quantized_gradients_block_size);
+  EXPECT_EQ(a.zeropp_loco, b.zeropp_loco);
+  EXPECT_EQ(a.zeropp_loco_err_beta, b.zeropp_loco_err_beta);
+  EXPECT_EQ(a.zeropp_loco_reset_T, b.zeropp_loco_reset_T);
   for (auto pair : {std::make_pair(&a.offload_param, &b.offload_param),
                     std::make_pair(&a.offload_optimizer, &b.offload_optimizer)}) {
     EXPECT_EQ(pair.first->device, pair.second->device);
@@ -307,7 +310,8 @@ TEST(ConfigRealWorld, DeepSpeedOnlyZeroKeysAreAcceptedAndReported) {
       "log_trace_cache_warnings": false, "stage3_module_granularity_threshold": 0}})",
                                 0);
   EXPECT_EQ(c.stage, 2);
-  EXPECT_EQ(c.unused_keys.size(), 13u);
+  EXPECT_TRUE(c.zeropp_loco);  // read (it acts with qgZ), so not among the unused
+  EXPECT_EQ(c.unused_keys.size(), 12u);
   EXPECT_EQ(c.unused_keys.front(), "zero_optimization.allgather_partitions");
   EXPECT_EQ(c.unused_keys.back(), "zero_optimization.stage3_module_granularity_threshold");
 }
@@ -422,6 +426,34 @@ TEST(ConfigValues, GradientQuantizationBitsAndBlockSize) {
   expect_mentions(
       config_error(R"({"zero_optimization": {"zero_quantized_gradients_block_size": 3}})"),
       {"zero_optimization.zero_quantized_gradients_block_size", "got 3", "an even integer"});
+}
+
+TEST(ConfigValues, LocoErrBetaAndResetT) {
+  const Config d = parse_config("{}", 0);
+  EXPECT_FALSE(d.zeropp_loco);
+  const Config c = parse_config(R"({"zero_optimization": {"zero_quantized_gradients": true,
+      "zeropp_loco_param": {"err_beta": 0.5, "reset_T": 16}}})", 0);
+  EXPECT_TRUE(c.zeropp_loco);
+  EXPECT_EQ(c.zeropp_loco_err_beta, 0.5);
+  EXPECT_EQ(c.zeropp_loco_reset_T, 16);
+  EXPECT_FALSE(parse_config(R"({"zero_optimization": {"zeropp_loco_param": null}})", 0).zeropp_loco);
+  for (const char* edge : {R"({"err_beta": 0, "reset_T": 1})", R"({"err_beta": 1, "reset_T": 1})"})
+    EXPECT_TRUE(parse_config(std::string(R"({"zero_optimization": {"zeropp_loco_param": )") + edge + "}}", 0)
+                    .zeropp_loco);
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 1.5, "reset_T": 8}}})"),
+                  {"zero_optimization.zeropp_loco_param.err_beta", "got 1.5", "<= 1"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": -0.1, "reset_T": 8}}})"),
+                  {"zero_optimization.zeropp_loco_param.err_beta", "got -0.1", ">= 0"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8, "reset_T": 0}}})"),
+                  {"zero_optimization.zeropp_loco_param.reset_T", "got 0", ">= 1"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"reset_T": 8}}})"),
+                  {"zero_optimization.zeropp_loco_param.err_beta", "missing"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8}}})"),
+                  {"zero_optimization.zeropp_loco_param.reset_T", "missing"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": {"err_beta": 0.8, "reset_T": 8, "err_betta": 1}}})"),
+                  {"zero_optimization.zeropp_loco_param.err_betta", "unknown key"});
+  expect_mentions(config_error(R"({"zero_optimization": {"zeropp_loco_param": 3}})"),
+                  {"zero_optimization.zeropp_loco_param", "an object"});
 }
 
 TEST(ConfigValues, NullIsOnlyAcceptedForOptionalOptions) {
@@ -728,6 +760,9 @@ TEST(ConfigRoundTrip, EveryFieldSurvives) {
   c.zero_quantized_gradients = true;
   c.zero_quantized_gradients_bits = 8;
   c.zero_quantized_gradients_block_size = 512;
+  c.zeropp_loco = true;
+  c.zeropp_loco_err_beta = 0.25;
+  c.zeropp_loco_reset_T = 77;
   c.offload_param = {"nvme", "/nvme/params", true, 7, 1 << 20, 1 << 30, 1.0};
   c.offload_optimizer = {"cpu", "", true, 3, 100000000, 1000000000, 1.0};
   c.aio = {4096, 64, 2, true, false};

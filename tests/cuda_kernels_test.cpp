@@ -801,6 +801,39 @@ TEST_F(CudaKernels, QuantizeDequantizeBitIdenticalToCpu) {
             static_cast<int>(cudaErrorInvalidValue));
 }
 
+// LoCo's fused quantize-with-error: codes, scales and the updated error
+// bit for bit as the CPU kernel, over three steps (the error carries), odd
+// sizes, int8 and int4, an inf block included.
+TEST_F(CudaKernels, QuantizeWithErrorBitIdenticalToCpu) {
+  for (int bits : {8, 4})
+    for (size_t block : {size_t{2}, size_t{256}, size_t{2048}})
+      for (size_t n : {size_t{1}, size_t{7}, size_t{257}, kBig}) {
+        const std::string what = "quantize_with_error int" + std::to_string(bits) + " block " +
+                                 std::to_string(block) + " n=" + std::to_string(n);
+        const QuantSpec q{bits, block};
+        std::vector<float> err = normal(n, 60, 0.05f);
+        Dev<float> dg(n, stream_), de(n, stream_), dsc(quant_blocks(n, q), stream_);
+        Dev<uint8_t> dc(quant_code_bytes(n, q), stream_);
+        de.put(err);
+        for (int step = 0; step < 3; ++step) {
+          std::vector<float> g = normal(n, 61 + static_cast<unsigned>(step), 1.0f);
+          if (step == 1) g[n / 2] = INFINITY;
+          std::vector<uint8_t> codes(quant_code_bytes(n, q));
+          std::vector<float> scales(quant_blocks(n, q));
+          quantize_with_error(g.data(), err.data(), 0.8f, n, q, codes.data(), scales.data());
+          dg.put(g);
+          dc.fill_bytes(0xAB);
+          ok(cu::quantize_with_error(dg.at(0), de.at(0), 0.8f, n, bits, block, dc.at(0), dsc.at(0), s()), what);
+          EXPECT_EQ(first_byte_diff(dc.get(codes.size()), codes), kNone) << what << ": codes";
+          const std::vector<float> gs = dsc.get(scales.size()), ge = de.get(n);
+          EXPECT_EQ(0, std::memcmp(gs.data(), scales.data(), scales.size() * 4)) << what << ": scales";
+          EXPECT_EQ(0, std::memcmp(ge.data(), err.data(), n * 4)) << what << ": errors";
+        }
+      }
+  EXPECT_EQ(cu::quantize_with_error(nullptr, nullptr, 0.8f, 1, 8, 256, nullptr, nullptr, s()),
+            static_cast<int>(cudaErrorInvalidValue));
+}
+
 }  // namespace
 }  // namespace zs::kernels::cuda_test
 

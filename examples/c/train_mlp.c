@@ -6,10 +6,11 @@
  *   build/bin/zsrun -n 4 -- build/bin/train_mlp [--steps 50] [--dtype fp32|bf16|fp16]
  *       [--optimizer adamw|adam|sgd] [--lr 0.01] [--batch 24] [--mics N] [--hpz N]
  *       [--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N]
- *       [--qwz 0|8|4] [--qgz 0|8|4]
+ *       [--qwz 0|8|4] [--qgz 0|8|4] [--loco BETA]
  *
  * --qwz gathers the weights quantized to 8- or 4-bit codes (ZeRO++ qwZ);
  * --qgz reduces the gradients as 8- or 4-bit codes over an all-to-all (qgZ).
+ * --loco adds qgZ's LoCo error feedback with err_beta BETA (reset_T 1024).
  * Rank 0 prints "step N loss L" per step; the last line is one JSON object
  * with the final loss and every rank's memory for params, grads and
  * optimizer state.
@@ -35,7 +36,7 @@
 typedef struct {
   int steps, batch, mics, hpz, accum, qwz, qgz;
   long bucket;
-  double lr, clip;
+  double lr, clip, loco; /* loco < 0: off */
   const char* dtype;
   const char* optimizer;
   const char* device;
@@ -45,12 +46,12 @@ static void usage(const char* why) {
   fprintf(stderr, "train_mlp: %s\nusage: train_mlp [--steps N] [--dtype fp32|bf16|fp16] "
                   "[--optimizer adamw|adam|sgd] [--lr LR] [--batch B] [--mics N] [--hpz N] "
                   "[--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N] "
-                  "[--qwz 0|8|4] [--qgz 0|8|4]\n", why);
+                  "[--qwz 0|8|4] [--qgz 0|8|4] [--loco BETA]\n", why);
   exit(2);
 }
 
 static args_t parse_args(int argc, char** argv) {
-  args_t a = {50, 24, 0, 0, 1, 0, 0, 0, 0.01, 0.0, "fp32", "adamw", NULL};
+  args_t a = {50, 24, 0, 0, 1, 0, 0, 0, 0.01, 0.0, -1.0, "fp32", "adamw", NULL};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage("an option lacks its value");
     const char* k = argv[i];
@@ -65,6 +66,7 @@ static args_t parse_args(int argc, char** argv) {
     else if (!strcmp(k, "--bucket")) a.bucket = atol(v);
     else if (!strcmp(k, "--lr")) a.lr = atof(v);
     else if (!strcmp(k, "--clip")) a.clip = atof(v);
+    else if (!strcmp(k, "--loco")) a.loco = atof(v);
     else if (!strcmp(k, "--dtype")) a.dtype = v;
     else if (!strcmp(k, "--optimizer")) a.optimizer = v;
     else if (!strcmp(k, "--device")) a.device = v;
@@ -151,16 +153,18 @@ int main(int argc, char** argv) {
   const zs_dtype dtype = !strcmp(a.dtype, "bf16") ? ZS_BFLOAT16 : (!strcmp(a.dtype, "fp16") ? ZS_FLOAT16 : ZS_FLOAT32);
   const size_t esize = dtype == ZS_FLOAT32 ? 4 : 2;
 
-  char config[1024];
+  char loco[96] = "null";
+  if (a.loco >= 0) snprintf(loco, sizeof loco, "{\"err_beta\": %g, \"reset_T\": 1024}", a.loco);
+  char config[1280];
   snprintf(config, sizeof config,
            "{\"zero_optimization\": {\"stage\": 3, \"mics_shard_size\": %d, \"zero_hpz_partition_size\": %d,"
            " \"reduce_bucket_size\": %ld, \"zero_quantized_weights\": %s,"
            " \"zero_quantized_weights_bits\": %d, \"zero_quantized_gradients\": %s,"
-           " \"zero_quantized_gradients_bits\": %d},"
+           " \"zero_quantized_gradients_bits\": %d, \"zeropp_loco_param\": %s},"
            " \"bf16\": {\"enabled\": %s}, \"fp16\": {\"enabled\": %s, \"initial_scale_power\": 12},"
            " \"gradient_clipping\": %g, \"train_micro_batch_size_per_gpu\": \"auto\"}",
            a.mics > 0 ? a.mics : -1, a.hpz > 0 ? a.hpz : 1, a.bucket > 0 ? a.bucket : 500000000L,
-           a.qwz ? "true" : "false", a.qwz ? a.qwz : 8, a.qgz ? "true" : "false", a.qgz ? a.qgz : 4,
+           a.qwz ? "true" : "false", a.qwz ? a.qwz : 8, a.qgz ? "true" : "false", a.qgz ? a.qgz : 4, loco,
            dtype == ZS_BFLOAT16 ? "true" : "false", dtype == ZS_FLOAT16 ? "true" : "false", a.clip);
   zs_context ctx;
   zs_context_options opts = ZS_CONTEXT_OPTIONS_INIT;

@@ -10,6 +10,7 @@
 #include "impl/device/ops.h"
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
+#include "impl/grad/reducer.h"
 
 namespace zs::ckpt {
 namespace {
@@ -220,6 +221,8 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   ctx.device()->synchronize();
   if (opt) opt->flush_state_views();  // state on NVMe goes back to the swap file
   shards_rewritten(ctx, params);
+  // qgZ's LoCo errors are not saved: start from zero, as at a reset_T boundary.
+  grads(ctx).reset_error_feedback();
   if (o.progress) o.progress("done", 0, 0);
   return result;
 }

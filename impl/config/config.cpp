@@ -415,6 +415,28 @@ void read_quant_shape(Section& zero, const std::string& prefix, int64_t& bits,
   }
 }
 
+// zeropp_loco_param: DeepSpeed reads both keys (no defaults), so both are
+// required; the object is recorded as written so inactive_keys can name it.
+void read_loco(Section& zero, Config& c) {
+  if (!zero.given({"zeropp_loco_param"})) return;
+  auto s = zero.child({"zeropp_loco_param"});
+  if (!s) return;
+  double beta = std::nan("");
+  int64_t reset = 0;
+  s->read({"err_beta"}, beta, 0.0, 1.0);
+  s->read({"reset_T"}, reset, 1);
+  s->reject_unknown();
+  auto missing = [&](const char* key) {
+    fail(Code::InvalidConfig, s->path(), ".", key,
+         ": missing, expected both err_beta (a number in [0, 1]) and reset_T (an integer >= 1)");
+  };
+  if (std::isnan(beta)) missing("err_beta");
+  if (reset == 0) missing("reset_T");
+  c.zeropp_loco_err_beta = beta;
+  c.zeropp_loco_reset_T = reset;
+  c.zeropp_loco = true;
+}
+
 void read_quantization(Section& zero, Config& c) {
   zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
   read_quant_shape(zero, "zero_quantized_weights", c.zero_quantized_weights_bits,
@@ -422,6 +444,7 @@ void read_quantization(Section& zero, Config& c) {
   zero.read({"zero_quantized_gradients"}, c.zero_quantized_gradients);
   read_quant_shape(zero, "zero_quantized_gradients", c.zero_quantized_gradients_bits,
                    c.zero_quantized_gradients_block_size);
+  read_loco(zero, c);
 }
 
 // DeepSpeed options inside zero_optimization that the engine does not act on.
@@ -442,7 +465,6 @@ void skip_zero_extras(Section& zero) {
             Kind::Int);
   zero.skip({"partition_stream_chunk_size", "stage3_partition_stream_chunk_size"},
             Kind::Count);
-  zero.skip({"zeropp_loco_param"}, Kind::Object);
   zero.skip({"zenflow"}, Kind::Object);
   zero.skip({"leaf_module"}, Kind::Object);
 }
@@ -720,6 +742,12 @@ Json zero_to_json(const Config& c) {
   z["zero_quantized_gradients"] = c.zero_quantized_gradients;
   z["zero_quantized_gradients_bits"] = c.zero_quantized_gradients_bits;
   z["zero_quantized_gradients_block_size"] = c.zero_quantized_gradients_block_size;
+  if (c.zeropp_loco) {
+    Json loco;
+    loco["err_beta"] = c.zeropp_loco_err_beta;
+    loco["reset_T"] = c.zeropp_loco_reset_T;
+    z["zeropp_loco_param"] = loco;
+  }
   Json param = offload_to_json(c.offload_param);
   param["buffer_size"] = c.offload_param.buffer_size;
   param["max_in_cpu"] = c.offload_param.max_in_cpu;

@@ -93,6 +93,11 @@ struct Config {
   bool zero_quantized_gradients = false;
   int64_t zero_quantized_gradients_bits = 4;
   int64_t zero_quantized_gradients_block_size = 256;
+  // LoCo error feedback for qgZ (zeropp_loco_param: {"err_beta", "reset_T"};
+  // impl/grad/loco.h): acts only with zero_quantized_gradients.
+  bool zeropp_loco = false;
+  double zeropp_loco_err_beta = 0.8;
+  int64_t zeropp_loco_reset_T = 1024;
   OffloadConfig offload_param;
   OffloadConfig offload_optimizer;
   AioConfig aio;

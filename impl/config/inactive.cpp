@@ -5,7 +5,7 @@
 // nothing today. Each rule names a canonical key, the value at which the
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
-// param and model persistence, MiCS, hpZ, qwZ, qgZ, fp16 loss scaling, clipping,
+// param and model persistence, MiCS, hpZ, qwZ, qgZ and its LoCo, fp16 loss scaling, clipping,
 // device) have no rule. When the engine starts to act on a key, delete its
 // rule here and its case in tests/inactive_config_test.cpp.
 //
@@ -159,9 +159,10 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
   if (starts_with(k, "aio."))
     return !optimizer_nvme && (nvme || !aio_at_default(k, v)) ? kAio : nullptr;
   // Objects DeepSpeed leaves unset by default: any content is a request.
+  // LoCo compensates qgZ's quantization; without qgZ nothing is quantized.
   if (k == "zero_optimization.zeropp_loco_param")
-    return "gradients are reduced without LoCo error feedback (plain fp32, or qgZ without "
-           "error feedback when zero_quantized_gradients is true)";
+    return c.zero_quantized_gradients ? nullptr : "zero_quantized_gradients is off";
+  if (starts_with(k, "zero_optimization.zeropp_loco_param.")) return nullptr;  // named above
   if (k == "zero_optimization.zenflow") return "the optimizer steps every shard every step";
   if (k == "zero_optimization.leaf_module")
     return v.is_object() && !v.empty()

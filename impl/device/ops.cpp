@@ -143,6 +143,13 @@ void quantize(Device& dev, const void* src, DType dtype, size_t n, const kernels
   kernels::quantize(src, work_dtype(dtype), n, s, codes, scales);
 }
 
+void quantize_with_error(Device& dev, const float* g, float* err, float beta, size_t n,
+                         const kernels::QuantSpec& s, uint8_t* codes, float* scales) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, quantize_with_error, g, err, beta, n, s.bits, s.block, codes, scales)
+  kernels::quantize_with_error(g, err, beta, n, s, codes, scales);
+}
+
 void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n,
                 const kernels::QuantSpec& s, void* dst, DType dtype) {
   if (n == 0) return;

@@ -45,6 +45,9 @@ void quantize(Device& dev, const void* src, DType dtype, size_t n, const kernels
               uint8_t* codes, float* scales);
 void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n,
                 const kernels::QuantSpec& s, void* dst, DType dtype);
+// LoCo error feedback: quantize g + err, err updated (kernels/quant.h).
+void quantize_with_error(Device& dev, const float* g, float* err, float beta, size_t n,
+                         const kernels::QuantSpec& s, uint8_t* codes, float* scales);
 
 // Many copies as one: one kernel on a GPU, memcpy on the host.
 struct Copy {

@@ -19,13 +19,20 @@ void check_spec(const kernels::QuantSpec& s) {
          kernels::kQuantMaxBlock, ")");
 }
 
-// Blocks blocks[i] (count floats each) into packets laid end to end.
+// Blocks blocks[i] (count floats each) into packets laid end to end; with
+// error feedback, block i is compensated by ef.err[i * count ...].
 void pack(Device& dev, const std::vector<const float*>& blocks, size_t count,
-          const kernels::QuantSpec& s, uint8_t* packets) {
+          const kernels::QuantSpec& s, uint8_t* packets, const ErrorFeedback& ef) {
   const size_t packet = quantized_block_bytes(count, s), scales = scale_bytes(count, s);
-  for (size_t i = 0; i < blocks.size(); ++i)
-    ops::quantize(dev, blocks[i], DType::F32, count, s, packets + i * packet + scales,
-                  reinterpret_cast<float*>(packets + i * packet));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    uint8_t* codes = packets + i * packet + scales;
+    auto* block_scales = reinterpret_cast<float*>(packets + i * packet);
+    if (ef.err)
+      ops::quantize_with_error(dev, blocks[i], ef.err + i * count, ef.beta, count, s, codes,
+                               block_scales);
+    else
+      ops::quantize(dev, blocks[i], DType::F32, count, s, codes, block_scales);
+  }
 }
 
 // acc = the sum of the packets `which` in that order (fp32, one rounding
@@ -63,7 +70,7 @@ size_t quantized_block_bytes(size_t count, const kernels::QuantSpec& s) {
 
 void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Device>& devp,
                                   const float* send, float* out, size_t count,
-                                  const kernels::QuantSpec& s) {
+                                  const kernels::QuantSpec& s, const ErrorFeedback& ef) {
   if (count == 0) return;
   Device& dev = *devp;
   const auto n = static_cast<size_t>(comm.size());
@@ -78,7 +85,7 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
   Buffer outgoing(devp, packet * n, true), incoming(devp, packet * n);
   std::vector<const float*> blocks;
   for (size_t j = 0; j < n; ++j) blocks.push_back(send + j * count);
-  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()));
+  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   comm.alltoall(outgoing.data(), incoming.data(), packet);
   // Sum in rank order, then one true division: the same bits every run.
   Buffer sum(devp, count * sizeof(float));
@@ -89,7 +96,8 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
 }
 
 void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
-                     float* partial, size_t count, int nodes, const kernels::QuantSpec& s) {
+                     float* partial, size_t count, int nodes, const kernels::QuantSpec& s,
+                     const ErrorFeedback& ef) {
   if (count == 0) return;
   check_spec(s);
   Device& dev = *devp;
@@ -101,7 +109,7 @@ void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   for (size_t l = 0; l < local; ++l)
     for (size_t node = 0; node < n_nodes; ++node) blocks.push_back(send + (node * local + l) * count);
   Buffer outgoing(devp, packet * blocks.size(), true), incoming(devp, packet * blocks.size());
-  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()));
+  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   intra.alltoall(outgoing.data(), incoming.data(), packet * n_nodes);
   // From local peer l: packet [l][node]; the node's sum for each node, in
   // local order.
@@ -116,7 +124,7 @@ void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
 
 void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,
                       const float* partial, float* out, size_t count, int world,
-                      const kernels::QuantSpec& s) {
+                      const kernels::QuantSpec& s, const ErrorFeedback& ef) {
   if (count == 0) return;
   check_spec(s);
   Device& dev = *devp;
@@ -125,7 +133,7 @@ void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,
   std::vector<const float*> blocks;
   for (size_t node = 0; node < nodes; ++node) blocks.push_back(partial + node * count);
   Buffer outgoing(devp, packet * nodes, true), incoming(devp, packet * nodes);
-  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()));
+  pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   inter.alltoall(outgoing.data(), incoming.data(), packet);
   Buffer sum(devp, count * sizeof(float));
   auto* acc = static_cast<float*>(sum.data());

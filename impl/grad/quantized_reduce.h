@@ -36,6 +36,18 @@ namespace zs {
 // The quantization the config asks for gradients (bits, block size).
 kernels::QuantSpec gradient_quant_spec(const Config& c);
 
+// LoCo error feedback (kernels/quant.h quantize_with_error) for one call:
+// `err` holds one fp32 error per element this member quantizes, in the
+// order the packets go out (comm.size() * count for the one-hop reduce,
+// world * count for hop 1, nodes * count for hop 2), kept by the caller
+// from one step to the next and updated here. A null err: no feedback.
+// The bound above then holds for the compensated values g + e, not g:
+// the error is resent later rather than lost.
+struct ErrorFeedback {
+  float* err = nullptr;
+  float beta = 0.0f;
+};
+
 // Bytes of one member's packet for a block of `count` floats: the scales,
 // then the codes rounded up to 4 bytes (so packets end to end keep their
 // scales aligned).
@@ -46,7 +58,8 @@ size_t quantized_block_bytes(size_t count, const kernels::QuantSpec& s);
 // of one, out is the block itself, exact.
 void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Device>& devp,
                                   const float* send,
-                                  float* out, size_t count, const kernels::QuantSpec& s);
+                                  float* out, size_t count, const kernels::QuantSpec& s,
+                                  const ErrorFeedback& ef = {});
 
 // Across several nodes (the ZeRO++ paper's hierarchical scheme), two hops,
 // so each rank sends nodes - 1 packets across nodes instead of
@@ -64,11 +77,12 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
 // Hop 1 on the node's group (size local): send holds world = nodes * local
 // blocks of count floats in world-rank order; partial receives nodes blocks.
 void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
-                     float* partial, size_t count, int nodes, const kernels::QuantSpec& s);
+                     float* partial, size_t count, int nodes, const kernels::QuantSpec& s,
+                     const ErrorFeedback& ef = {});
 // Hop 2 on the group of this local position (size nodes): out gets count
 // floats, the average over `world` ranks.
 void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,
                       const float* partial, float* out, size_t count, int world,
-                      const kernels::QuantSpec& s);
+                      const kernels::QuantSpec& s, const ErrorFeedback& ef = {});
 
 }  // namespace zs

@@ -126,34 +126,52 @@ void GradReducer::flush(Bucket& b) {
   };
   const auto& intra = ctx_.qgz_intra_group();
   const auto& inter = ctx_.qgz_inter_group();
+  const bool two_hops = quantized && intra && inter && group.get() == ctx_.world().get();
+  // LoCo: this bucket's errors, one per element each hop sends (the
+  // tasks hold them, and only their own group's thread touches them).
+  const bool loco = quantized && ctx_.config().zeropp_loco;
+  const auto gu = static_cast<size_t>(g) * used;
+  const LocoErrors::Buffers errs =
+      loco ? loco_.for_bucket(group.get(), params, offsets, used, gu,
+                              two_hops ? static_cast<size_t>(inter->size()) * used : 0)
+           : LocoErrors::Buffers{};
+  const auto beta = static_cast<float>(ctx_.config().zeropp_loco_err_beta);
+  auto feedback = [beta](const std::shared_ptr<Buffer>& err) {
+    return err ? ErrorFeedback{static_cast<float*>(err->data()), beta} : ErrorFeedback{};
+  };
   std::shared_ptr<Work> w;
-  if (quantized && intra && inter && group.get() == ctx_.world().get()) {
+  if (two_hops) {
     const std::string what = params_label("quantized gradient all-to-all of", params);
     const int nodes = inter->size();
     auto partial = std::make_shared<Buffer>(devp, used * static_cast<uint64_t>(nodes) * sizeof(float));
     auto first = intra->submit(what + " (qgZ hop 1: within the node)",
-                               [data, partial, used, nodes, devp, spec](Communicator& c) {
+                               [data, partial, used, nodes, devp, spec, e = errs.hop1,
+                                feedback](Communicator& c) {
                                  qgz_within_node(c, devp, static_cast<const float*>(data->data()),
                                                  static_cast<float*>(partial->data()), used, nodes,
-                                                 spec);
+                                                 spec, feedback(e));
                                });
     w = inter->submit(what + " (qgZ hop 2: across nodes)",
-                      [first, partial, used, g, devp, spec, add_into_shards](Communicator& c) {
+                      [first, partial, used, g, devp, spec, add_into_shards, e = errs.hop2,
+                       feedback](Communicator& c) {
                         first->wait(-1);
                         Buffer mine(devp, used * sizeof(float));
                         qgz_across_nodes(c, devp, static_cast<const float*>(partial->data()),
-                                         static_cast<float*>(mine.data()), used, g, spec);
+                                         static_cast<float*>(mine.data()), used, g, spec,
+                                         feedback(e));
                         add_into_shards(static_cast<const float*>(mine.data()));
                       });
   } else {
     w = group->submit(
         params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
                      params),
-        [data, used, devp, quantized, spec, add_into_shards](Communicator& comm) {
+        [data, used, devp, quantized, spec, add_into_shards, e = errs.hop1,
+         feedback](Communicator& comm) {
           Buffer mine(devp, used * sizeof(float));
           if (quantized) {
             quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),
-                                         static_cast<float*>(mine.data()), used, spec);
+                                         static_cast<float*>(mine.data()), used, spec,
+                                         feedback(e));
           } else {
             comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
           }
@@ -179,7 +197,13 @@ void GradReducer::sync() {
   ctx_.comm_stats()->add_wait(std::chrono::duration<double>(wait_end - wait_begin).count());
   if (ctx_.trace() && !pending.empty())
     ctx_.trace()->event("wait", "gradient reduction wait", "trainer", wait_begin, wait_end);
+  loco_.end_round();  // nothing in flight now
   replica_average();
+}
+
+void GradReducer::reset_error_feedback() {
+  const auto held = ctx_.lock();
+  loco_.clear();
 }
 
 // MiCS: shard groups reduced within themselves; replicas hold the same
@@ -221,6 +245,7 @@ void GradReducer::forget(Param& param) {
     touched_.erase(std::remove_if(touched_.begin(), touched_.end(),
                                   [&](const auto& p) { return p.get() == &param; }),
                    touched_.end());
+  loco_.clear();  // layouts holding it are gone; keys must not meet its address again
   if (!param.grad) return;
   ctx_.ledger().sub(Held::Grads, param.grad->bytes());
   param.grad.reset();

@@ -15,6 +15,7 @@
 #include "impl/comm/work.h"
 #include "impl/core/context.h"
 #include "impl/device/buffer.h"
+#include "impl/grad/loco.h"
 #include "impl/partition/param.h"
 #include "impl/partition/register.h"
 
@@ -22,7 +23,7 @@ namespace zs {
 
 class GradReducer : public ParamKeeper {
  public:
-  explicit GradReducer(Context& ctx) : ctx_(ctx) {}
+  explicit GradReducer(Context& ctx) : ctx_(ctx), loco_(ctx) {}
 
   void push(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
   // Flush, wait, and (MiCS) average across the replica groups.
@@ -36,6 +37,8 @@ class GradReducer : public ParamKeeper {
   // forgets it, and its gradient shard is freed and uncounted. A bucket
   // still in flight holds the shard itself.
   void forget(Param& param) override;
+  // Zero qgZ's LoCo errors (checkpoint load: they are not saved).
+  void reset_error_feedback();
 
  private:
   struct Bucket {
@@ -56,6 +59,7 @@ class GradReducer : public ParamKeeper {
   std::vector<std::shared_ptr<Work>> pending_;
   std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
   std::set<const Param*> touched_set_;
+  LocoErrors loco_;  // used with zeropp_loco_param and qgZ
 };
 
 // The context's gradient reducer, created on first use.

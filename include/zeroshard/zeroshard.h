@@ -306,7 +306,7 @@ typedef struct zs_memory_stats {
   /* Idle host blocks kept for reuse by later fetches (process-wide, capped
    * by ZS_HOST_CACHE_MB, default 1024). */
   uint64_t host_cache_bytes;
-  uint64_t grad_bytes;        /* fp32 gradient shards */
+  uint64_t grad_bytes;        /* fp32 gradient shards (+ qgZ LoCo error buffers) */
   uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
   uint64_t hpz_secondary_bytes; /* hpZ secondary shards held now */
   /* The context device's caching pool (process-wide per device): idle

@@ -105,6 +105,10 @@ int quantize(const void* src, WorkDtype t, size_t n, int bits, size_t block, uin
              float* scales, void* stream);
 int dequantize(const uint8_t* codes, const float* scales, size_t n, int bits, size_t block,
                void* dst, WorkDtype t, void* stream);
+// LoCo: kernels::quantize_with_error, bit for bit (fp32 g and err, err
+// updated in place).
+int quantize_with_error(const float* g, float* err, float beta, size_t n, int bits, size_t block,
+                        uint8_t* codes, float* scales, void* stream);
 
 // cudaGetErrorString of a launcher's return value.
 const char* error_string(int err);

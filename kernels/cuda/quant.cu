@@ -84,7 +84,72 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// LoCo (kernels/quant.h quantize_with_error): quantize_kernel on x = g + e,
+// then e updated per element; one thread owns an element pair end to end,
+// so no element's error is read after another thread wrote it.
+__global__ void __launch_bounds__(kThreads)
+    quantize_with_error_kernel(const float* g, float* err, float beta, size_t n, size_t block,
+                               int bits, uint8_t* codes, float* scales, size_t nblocks) {
+  __shared__ uint32_t maxbits;
+  const int qmax = quant_qmax(bits);
+  const float keep = f_sub(1.0f, beta);
+  for (size_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const size_t first = b * block;
+    const size_t len = n - first < block ? n - first : block;
+    if (threadIdx.x == 0) maxbits = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (size_t j = threadIdx.x; j < len; j += kThreads) {
+      const uint32_t a = abs_bits(f_add(g[first + j], err[first + j]));
+      m = a > m ? a : m;
+    }
+    atomicMax(&maxbits, m);
+    __syncthreads();
+    const uint32_t mb = maxbits;
+    const bool finite = is_finite_bits(mb);
+    const float scale = quant_scale(bits_float(mb), finite, qmax);
+    if (threadIdx.x == 0) scales[b] = scale;
+    // The code of element j (0 for padding), updating its error.
+    auto code = [&](size_t j) {
+      if (j >= len) return 0;
+      const float x = f_add(g[first + j], err[first + j]);
+      const int q = quant_code(x, scale, qmax);
+      err[first + j] = loco_error(err[first + j], x, quant_value(q, scale), beta, keep, finite);
+      return q;
+    };
+    if (bits == 8) {
+      auto* out = reinterpret_cast<int8_t*>(codes) + first;
+      for (size_t j = threadIdx.x; j < block; j += kThreads) out[j] = static_cast<int8_t>(code(j));
+    } else {
+      uint8_t* out = codes + first / 2;
+      for (size_t k = threadIdx.x; k < block / 2; k += kThreads) {
+        const int lo = code(2 * k);
+        const int hi = code(2 * k + 1);
+        out[k] = static_cast<uint8_t>(nibble_of(lo) | (nibble_of(hi) << 4));
+      }
+    }
+    __syncthreads();  // maxbits is reset for the next block
+  }
+}
+
 }  // namespace
+
+int quantize_with_error(const float* g, float* err, float beta, size_t n, int bits, size_t block,
+                        uint8_t* codes, float* scales, void* stream) {
+  const QuantSpec spec{bits, block};
+  if (!quant_spec_valid(spec)) return kInvalid;
+  if (n == 0) return 0;
+  if (g == nullptr || err == nullptr || codes == nullptr || scales == nullptr) return kInvalid;
+  const size_t nblocks = quant_blocks(n, spec);
+  int sms = 0;
+  const cudaError_t e = detail::sm_count(&sms);
+  if (e != cudaSuccess) return detail::api_result(e);
+  const size_t cap = static_cast<size_t>(sms) * detail::kBlocksPerSm;
+  const unsigned grid = static_cast<unsigned>(nblocks < cap ? nblocks : cap);
+  quantize_with_error_kernel<<<grid, kThreads, 0, detail::as_stream(stream)>>>(
+      g, err, beta, n, block, bits, codes, scales, nblocks);
+  return detail::launch_result();
+}
 
 int quantize(const void* src, WorkDtype t, size_t n, int bits, size_t block, uint8_t* codes,
              float* scales, void* stream) {
