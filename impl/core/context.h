@@ -33,6 +33,8 @@ class Device;
 
 namespace zs {
 
+class Heartbeat;
+
 struct ContextOptions {
   int rank = -1;
   int world_size = -1;
@@ -194,6 +196,9 @@ class Context {
   void finalize_store();
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
   std::string departed_note();
+  // Why a peer in `ranks` (all when empty) counts as stopped, or "" (also
+  // with heartbeats off).
+  std::string silence(std::vector<int> ranks = {}) const;
 
   uint64_t id_ = 0;
   RankInfo ranks_;
@@ -207,6 +212,9 @@ class Context {
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> transport_;
+  std::shared_ptr<Heartbeat> heartbeat_;  // null in a world of one or with ZS_HEARTBEAT_MS=0
+  // Its watch on rank 0, which serves the store (a Heartbeat::Subscription).
+  std::shared_ptr<void> store_server_watch_;
   std::shared_ptr<Device> device_;
   Backend backend_ = Backend::Gloo;
   bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too
