@@ -110,34 +110,42 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
+  peers_.resize(static_cast<size_t>(world_));
   try {
     const std::string mine = std::string(name) + " " + port + " " + std::to_string(epoch_);
     store.set(key_of(rank_), std::vector<char>(mine.begin(), mine.end()));
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_; ++r) keys.push_back(key_of(r));
-    store.wait(keys);
-    const auto now = Clock::now();
-    peers_.resize(static_cast<size_t>(world_));
-    for (int r = 0; r < world_; ++r) {
-      Peer& p = peers_[static_cast<size_t>(r)];
-      p.heard = now;
-      if (r == rank_) continue;
-      const std::vector<char> raw = store.get(key_of(r));
-      std::istringstream in(std::string(raw.begin(), raw.end()));
-      std::string peer_port;
-      in >> p.host >> peer_port >> p.epoch;
-      if (!in)
-        fail(Code::Bootstrap, "heartbeat: rank ", r, " published a malformed address '",
-             std::string(raw.begin(), raw.end()), "'");
-      addrinfo* pa = resolve(p.host, peer_port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV);
-      p.addr.assign(reinterpret_cast<const char*>(pa->ai_addr),
-                    reinterpret_cast<const char*>(pa->ai_addr) + pa->ai_addrlen);
-      freeaddrinfo(pa);
-    }
   } catch (...) {
     close(fd_);
     close(wake_fd_);
     throw;
+  }
+}
+
+void Heartbeat::start(Store& store) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_; ++r) keys.push_back(key_of(r));
+  store.wait(keys);
+  std::vector<Peer> peers(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    Peer& p = peers[static_cast<size_t>(r)];
+    const std::vector<char> raw = store.get(key_of(r));
+    std::istringstream in(std::string(raw.begin(), raw.end()));
+    std::string peer_port;
+    in >> p.host >> peer_port >> p.epoch;
+    if (!in)
+      fail(Code::Bootstrap, "heartbeat: rank ", r, " published a malformed address '",
+           std::string(raw.begin(), raw.end()), "'");
+    addrinfo* pa = resolve(p.host, peer_port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV);
+    p.addr.assign(reinterpret_cast<const char*>(pa->ai_addr),
+                  reinterpret_cast<const char*>(pa->ai_addr) + pa->ai_addrlen);
+    freeaddrinfo(pa);
+  }
+  const auto now = Clock::now();
+  for (Peer& p : peers) p.heard = now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_ = std::move(peers);
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -180,7 +188,8 @@ void Heartbeat::send_beats(bool goodbye) {
   if (!secret_.empty()) std::memcpy(beat + kSignedBytes, mac(beat, kSignedBytes).data(), kMacBytes);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    const Peer& p = peers_[static_cast<size_t>(r)];  // addr never changes after start
+    const Peer& p = peers_[static_cast<size_t>(r)];  // addr is set once, before the thread
+    if (p.addr.empty()) continue;  // leave() before start()
     // Best effort: a lost beat is one of the eight a limit spans.
     (void)sendto(fd_, beat, sizeof beat, MSG_DONTWAIT,
                  reinterpret_cast<const sockaddr*>(p.addr.data()),

@@ -39,11 +39,15 @@ std::chrono::milliseconds heartbeat_limit();
 
 class Heartbeat {
  public:
-  // Collective over the world: binds on host, publishes the address under
-  // "zs/heartbeat/<rank>" in store and reads every peer's (store timeout).
-  // Throws Code::Bootstrap when host cannot be bound, naming it.
+  // Binds on host and publishes the address under "zs/heartbeat/<rank>" in
+  // store. Throws Code::Bootstrap when host cannot be bound, naming it.
   Heartbeat(int rank, int world_size, const std::string& host, Store& store,
             std::chrono::milliseconds period, std::chrono::milliseconds limit);
+  // Collective over the world: reads every peer's address (store timeout)
+  // and starts beating. Until then no peer is silent. Called once the
+  // world's transport is connected, so a rank that never came is named by
+  // that connect, as without heartbeats.
+  void start(Store& store);
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;

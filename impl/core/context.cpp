@@ -180,6 +180,7 @@ void Context::connect(const ContextOptions& options) {
   for (int i = 0; i < ranks_.world_size; ++i) all[static_cast<size_t>(i)] = i;
   agree_on_backend();
   world_ = make_group("world", next_group_id_++, all);
+  if (heartbeat_) heartbeat_->start(*store_);
 }
 
 // options.device, else the config's "device", else ZS_DEVICE, else the GPU
