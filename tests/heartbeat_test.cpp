@@ -6,11 +6,15 @@
 // The stopped rank is killed at the end of each test.
 #include <gtest/gtest.h>
 
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <sstream>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "impl/comm/heartbeat.h"
+#include "impl/comm/store.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -277,6 +283,66 @@ TEST(Heartbeat, LimitShorterThanTwoPeriodsIsRefused) {
     EXPECT_NE(std::string(zs_last_error()).find("ZS_HEARTBEAT_TIMEOUT_MS 900"), std::string::npos)
         << zs_last_error();
   });
+}
+
+// Beats that claim to be rank 1 (its epoch, fresh sequence numbers) but
+// carry no valid MAC keep rank 1 alive in rank 0's eyes without a job
+// secret (which shows the forgery is well-formed), and are dropped with one.
+bool forged_beats_keep_rank_1_alive(const char* secret) {
+  const char* outer = std::getenv("ZS_JOB_SECRET");
+  const std::string saved = outer ? outer : "";
+  if (secret) {
+    setenv("ZS_JOB_SECRET", secret, 1);
+  } else {
+    unsetenv("ZS_JOB_SECRET");
+  }
+  const auto period = std::chrono::milliseconds(100), limit = std::chrono::milliseconds(600);
+  std::shared_ptr<zs::Store> store = zs::make_memory_store(std::chrono::milliseconds(5000));
+  zs::Heartbeat hb0(0, 2, "127.0.0.1", *store, period, limit);
+  auto hb1 = std::make_unique<zs::Heartbeat>(1, 2, "127.0.0.1", *store, period, limit);
+  hb0.start(*store);
+  hb1->start(*store);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(hb0.silence({1}), "");
+  hb1.reset();  // rank 1 goes silent without a goodbye
+
+  const auto published = [&](int rank) {
+    const std::vector<char> raw = store->get("zs/heartbeat/" + std::to_string(rank));
+    return std::string(raw.begin(), raw.end());
+  };
+  std::istringstream to(published(0)), from(published(1));
+  std::string host, port, ignored;
+  uint64_t epoch1 = 0;
+  to >> host >> port;
+  from >> ignored >> ignored >> epoch1;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* dest = nullptr;
+  EXPECT_EQ(getaddrinfo(host.c_str(), port.c_str(), &hints, &dest), 0);
+  const int fd = socket(dest->ai_family, SOCK_DGRAM, 0);
+  for (uint64_t seq = 1000; seq < 1030; ++seq) {
+    char beat[48] = {'Z', 'S', 'H', 'B'};
+    beat[8] = 1;  // rank 1
+    std::memcpy(beat + 16, &epoch1, 8);  // little-endian, as on the wire
+    std::memcpy(beat + 24, &seq, 8);
+    sendto(fd, beat, sizeof beat, 0, dest->ai_addr, dest->ai_addrlen);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  close(fd);
+  freeaddrinfo(dest);
+  const std::string why = hb0.silence({1});
+  if (outer) {
+    setenv("ZS_JOB_SECRET", saved.c_str(), 1);
+  } else {
+    unsetenv("ZS_JOB_SECRET");
+  }
+  return why.empty();
+}
+
+TEST(Heartbeat, BeatsWithoutTheJobSecretAreDropped) {
+  EXPECT_TRUE(forged_beats_keep_rank_1_alive(nullptr));
+  EXPECT_FALSE(forged_beats_keep_rank_1_alive("a-secret-of-more-than-16-chars"));
 }
 
 }  // namespace
