@@ -92,6 +92,10 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
       close(fd);
       continue;
     }
+    // Room for a few periods of beats from many peers (best effort, the
+    // system's cap applies): a full buffer drops the newest beats.
+    const int rcvbuf = 1 << 20;
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     fd_ = fd;
   }
   freeaddrinfo(res);
