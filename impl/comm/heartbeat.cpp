@@ -270,8 +270,12 @@ void Heartbeat::loop() {
     if (!any_silent) continue;
     std::lock_guard<std::mutex> held(watchers_mu_);
     for (const Watcher& w : watchers_) {
-      const std::string why = silence(w.ranks);
-      if (!why.empty()) w.fn(why);
+      try {
+        const std::string why = silence(w.ranks);
+        if (!why.empty()) w.fn(why);
+      } catch (const std::exception&) {
+        // Out of memory for a message: the next check tries again.
+      }
     }
   }
 }
