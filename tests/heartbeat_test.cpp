@@ -24,6 +24,7 @@
 
 #include "impl/comm/heartbeat.h"
 #include "impl/comm/store.h"
+#include "tests/support/ckpt_model.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -95,8 +96,8 @@ void expect_named(zs_status s, int victim, const char* what) {
 }
 
 void report_latency(const char* test, int rank, int victim, double latency) {
-  std::printf("[heartbeat] %s: rank %d named stopped rank %d after %.2f s\n", test, rank, victim,
-              latency);
+  std::printf("[heartbeat] %s: rank %d named stopped rank %d after %.2f s: %s\n", test, rank,
+              victim, latency, zs_last_error());
   std::fflush(stdout);
 }
 
@@ -216,6 +217,38 @@ void stopped_before_destroy(int world, int victim) {
 
 TEST(Heartbeat, DestroyWithAStoppedPeerReturnsOn2Ranks) { stopped_before_destroy(2, 1); }
 TEST(Heartbeat, DestroyWithAStoppedStoreServerReturnsOn3Ranks) { stopped_before_destroy(3, 0); }
+
+// A checkpoint save waits for every rank's shards through the store, not in
+// a collective: rank 0 names the stopped rank there too, and the others
+// learn it from rank 0's verdict.
+TEST(Heartbeat, StoppedPeerDuringACheckpointSaveIsNamed) {
+  Shared* sh = make_shared_block();
+  char tmpl[] = "/tmp/zs_hb_ckpt_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  run_ranks(
+      3,
+      [&](const RankEnv& env) {
+        sh->pid[env.rank] = getpid();
+        zs::test::CkptModel m =
+            zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_SGD, 0, kTimeoutMs);
+        ASSERT_NE(m.ctx, nullptr);
+        if (env.rank == 2) stop_self(sh, std::chrono::milliseconds(300));
+        zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+        o.tag = "t";
+        o.timeout_ms = kTimeoutMs;
+        const zs_status s =
+            zs_checkpoint_save(m.ctx, m.params.data(), m.params.size(), m.opt, dir.c_str(), &o);
+        const double latency = seconds_since_stop(sh);
+        report_latency("checkpoint save", env.rank, 2, latency);
+        expect_named(s, 2, "checkpoint save");
+        EXPECT_LT(latency, kMaxLatency);
+        survivor_done(sh, 2, 2);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {2});
+  std::string rm = "rm -rf " + dir;
+  EXPECT_EQ(std::system(rm.c_str()), 0);
+}
 
 // A rank computing for 6 s outside any collective keeps beating: the
 // others wait for it in a barrier (timeout 30 s) and it completes late.

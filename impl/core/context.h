@@ -118,6 +118,11 @@ class Context {
   // calls with the same list, in the same order of calls).
   std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
 
+  // Why a world rank in `ranks` (all when empty) counts as stopped: it has
+  // sent no heartbeat for longer than the limit. "" otherwise, and with
+  // heartbeats off. For waits outside collectives (store agreements).
+  std::string silence(std::vector<int> ranks = {}) const;
+
   // Background failures: the first one is kept and refused from then on.
   void record_async_error(Code code, const std::string& message);
   // Throws the recorded async error, if any.
@@ -196,9 +201,6 @@ class Context {
   void finalize_store();
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
   std::string departed_note();
-  // Why a peer in `ranks` (all when empty) counts as stopped, or "" (also
-  // with heartbeats off).
-  std::string silence(std::vector<int> ranks = {}) const;
 
   uint64_t id_ = 0;
   RankInfo ranks_;
