@@ -183,8 +183,25 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     recvs_.back()->recv(peer, slot(index));
   }
   void wait() override {
-    for (auto& b : recvs_) wait_recv(*b);
-    for (auto& b : sends_) wait_send(*b);
+    try {
+      for (auto& b : recvs_) wait_recv(*b);
+      for (auto& b : sends_) wait_send(*b);
+    } catch (...) {
+      release_after_failure();
+      throw;
+    }
+    recvs_.clear();
+    sends_.clear();
+  }
+
+  // A failed wait leaves messages to live peers in flight, which Gloo's
+  // thread still reads and writes in memory the collective frees as the
+  // error unwinds. Closing the pairs (under each pair's lock) ends that
+  // first; the group is unusable after a failure anyway. Ranks that
+  // disagree exchange nothing, and keep their pairs so that their peers
+  // reach the same verdict instead of seeing a closed connection.
+  void release_after_failure() {
+    if (watch_.verdict().empty()) ctx_->closeConnections();
     recvs_.clear();
     sends_.clear();
   }
