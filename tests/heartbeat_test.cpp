@@ -278,6 +278,39 @@ TEST(Heartbeat, BusyPeerIsWaitedFor) {
   });
 }
 
+// Every rank busy on four spinning threads (on a 2-core machine: a load
+// of 12 from this test alone) while one rank arrives 4 s late: the
+// heartbeat threads still get their turns, and nobody is called stopped.
+TEST(Heartbeat, LoadedMachineBlamesNobody) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    zs_group world = nullptr;
+    ZS_ASSERT_OK(zs_context_group(&world, ctx, ZS_GROUP_WORLD));
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> spinners;
+    for (int i = 0; i < 4; ++i)
+      spinners.emplace_back([&stop] {
+        volatile uint64_t x = 0;
+        while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+      });
+    if (env.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+    zs_work w = nullptr;
+    ZS_ASSERT_OK(zs_barrier(&w, world));
+    ZS_EXPECT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+    zs_work_destroy(w);
+    float x = 1.0f;
+    ZS_ASSERT_OK(zs_allreduce(&w, world, &x, &x, 1, ZS_FLOAT32, ZS_SUM));
+    ZS_EXPECT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+    EXPECT_EQ(x, 3.0f);
+    zs_work_destroy(w);
+    stop = true;
+    for (auto& t : spinners) t.join();
+    zs_group_destroy(world);
+    ZS_EXPECT_OK(zs_context_destroy(ctx));
+  });
+}
+
 // ZS_HEARTBEAT_MS=0: a stopped peer is found at the collective timeout, as
 // before heartbeats.
 TEST(Heartbeat, OffMeansTheCollectiveTimeout) {
