@@ -381,6 +381,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
         }
         missing = still;
         if (missing.empty()) break;
+        if (const std::string why = ctx.silence(missing); !why.empty())
+          fail(Code::Comm, "checkpoint save: ", why, "; it cannot finish writing its shards");
         if (Clock::now() > deadline) {
           std::string list;
           for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);

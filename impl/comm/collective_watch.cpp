@@ -126,6 +126,7 @@ void CollectiveWatch::end(bool completed) {
 void CollectiveWatch::set_abort(std::function<void()> abort) {
   std::lock_guard<std::mutex> lock(mu_);
   abort_ = std::move(abort);
+  if (abort_) interruption_.clear();
   // A verdict reached between two waits cuts the next one short at once.
   if (abort_ && !verdict_.empty()) abort_();
 }
@@ -133,6 +134,18 @@ void CollectiveWatch::set_abort(std::function<void()> abort) {
 std::string CollectiveWatch::verdict() const {
   std::lock_guard<std::mutex> lock(mu_);
   return verdict_;
+}
+
+void CollectiveWatch::interrupt(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!abort_ || !interruption_.empty()) return;
+  interruption_ = why;
+  abort_();
+}
+
+std::string CollectiveWatch::interruption() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return interruption_;
 }
 
 std::string CollectiveWatch::notes_locked() const {

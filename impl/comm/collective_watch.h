@@ -64,6 +64,12 @@ class CollectiveWatch {
   void set_abort(std::function<void()> abort);
   // The mismatch found for the current collective, or "".
   std::string verdict() const;
+  // Cuts the wait armed now short for a reason found outside the group (a
+  // peer that sent no heartbeat); ignored when no wait is armed. Each new
+  // wait starts without one, so a peer heard again is waited for again.
+  void interrupt(const std::string& why);
+  // The reason the last armed wait was interrupted, or "".
+  std::string interruption() const;
   // What each peer last published, for a timeout's message (store I/O).
   std::string whereabouts();
   // This rank's last collectives, oldest first, one per line.
@@ -94,6 +100,7 @@ class CollectiveWatch {
   uint64_t published_seq_ = UINT64_MAX;
   std::function<void()> abort_;
   std::string verdict_;
+  std::string interruption_;
   bool stop_ = false;
   std::thread thread_;
 };

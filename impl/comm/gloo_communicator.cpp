@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <vector>
 
+#include "impl/comm/collective_label.h"
 #include "impl/comm/collective_watch.h"
 #include "impl/comm/collectives.h"
+#include "impl/comm/heartbeat.h"
 #include "impl/comm/job_secret.h"
 #include "impl/comm/point_to_point.h"
 #include "impl/common/no_sigpipe.h"
@@ -50,13 +52,20 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
  public:
   bool runs_on_any_thread() const override { return true; }
   GlooCommunicator(std::string name, std::shared_ptr<gloo::rendezvous::Context> ctx,
-                   std::chrono::milliseconds timeout, std::shared_ptr<Store> store)
+                   std::chrono::milliseconds timeout, std::shared_ptr<Store> store,
+                   std::shared_ptr<Heartbeat> heartbeat, std::vector<int> world_ranks)
       : name_(std::move(name)),
         ctx_(std::move(ctx)),
         timeout_(timeout),
         checks_(collective_check_after().count() > 0),
         watch_(name_, ctx_->rank, ctx_->size, checks_ ? std::move(store) : nullptr,
-               collective_check_after()) {}
+               collective_check_after()),
+        heartbeat_(std::move(heartbeat)),
+        members_(std::move(world_ranks)) {
+    // A stopped peer keeps its sockets open: only its silence tells.
+    if (heartbeat_)
+      silenced_ = heartbeat_->watch(members_, [this](const std::string& why) { watch_.interrupt(why); });
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -174,8 +183,25 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     recvs_.back()->recv(peer, slot(index));
   }
   void wait() override {
-    for (auto& b : recvs_) wait_recv(*b);
-    for (auto& b : sends_) wait_send(*b);
+    try {
+      for (auto& b : recvs_) wait_recv(*b);
+      for (auto& b : sends_) wait_send(*b);
+    } catch (...) {
+      release_after_failure();
+      throw;
+    }
+    recvs_.clear();
+    sends_.clear();
+  }
+
+  // A failed wait leaves messages to live peers in flight, which Gloo's
+  // thread still reads and writes in memory the collective frees as the
+  // error unwinds. Closing the pairs (under each pair's lock) ends that
+  // first; the group is unusable after a failure anyway. Ranks that
+  // disagree exchange nothing, and keep their pairs so that their peers
+  // reach the same verdict instead of seeing a closed connection.
+  void release_after_failure() {
+    if (watch_.verdict().empty()) ctx_->closeConnections();
     recvs_.clear();
     sends_.clear();
   }
@@ -191,6 +217,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   template <typename Detail, typename Fn>
   void run(const char* what, Detail&& detail, uint64_t extra, Fn&& fn) {
     ++seq_;
+    op_ = what;
     if (checks_) {
       CollectiveIdentity id = make_identity(seq_, what, detail(), extra);
       tag_ = static_cast<uint32_t>(id.hash ^ (id.hash >> 32));
@@ -238,14 +265,22 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
                  rank(), name_.c_str(), why.c_str(), watch_.history().c_str());
   }
 
+  // Arms the watch to cut this wait short, then asks the heartbeat: a
+  // member already silent ends the wait at once (Gloo keeps an abort that
+  // comes before the wait), one that falls silent later through silenced_.
+  void arm(std::function<void()> abort) {
+    watch_.set_abort(std::move(abort));
+    if (!heartbeat_) return;
+    if (const std::string why = heartbeat_->silence(members_); !why.empty()) watch_.interrupt(why);
+  }
   void wait_recv(gloo::transport::UnboundBuffer& b) {
-    watch_.set_abort([&b] { b.abortWaitRecv(); });
+    arm([&b] { b.abortWaitRecv(); });
     const bool done = b.waitRecv(nullptr, timeout_);
     watch_.set_abort(nullptr);
     if (!done) aborted("receive");
   }
   void wait_send(gloo::transport::UnboundBuffer& b) {
-    watch_.set_abort([&b] { b.abortWaitSend(); });
+    arm([&b] { b.abortWaitSend(); });
     const bool done = b.waitSend(nullptr, timeout_);
     watch_.set_abort(nullptr);
     if (!done) aborted("send");
@@ -253,6 +288,12 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   [[noreturn]] void aborted(const char* which) {
     const std::string verdict = watch_.verdict();
     if (!verdict.empty()) fail(Code::Comm, verdict);
+    const std::string silent = watch_.interruption();
+    const std::string& label = CollectiveLabelScope::current();
+    if (!silent.empty())
+      fail(Code::Comm, silent, "; this ", op_,
+           label.empty() ? " on group '" + name_ + "'" : " for '" + label + "'",
+           " cannot complete");
     fail(Code::Comm, which, " on group '", name_, "' was aborted");
   }
 
@@ -261,6 +302,10 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   std::chrono::milliseconds timeout_;
   const bool checks_;
   CollectiveWatch watch_;
+  const std::shared_ptr<Heartbeat> heartbeat_;
+  const std::vector<int> members_;  // world ranks, by group rank
+  std::unique_ptr<Heartbeat::Subscription> silenced_;  // before watch_ goes
+  const char* op_ = "";
   uint64_t seq_ = 0;
   uint32_t tag_ = 0;
   bool reported_ = false;
@@ -284,7 +329,8 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hos
 std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& group_name, int rank, int size, Store& store,
     const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-    std::shared_ptr<Store> watch_store) {
+    std::shared_ptr<Store> watch_store, std::shared_ptr<Heartbeat> heartbeat,
+    std::vector<int> world_ranks) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
   StoreAdapter adapter(store);
@@ -298,8 +344,12 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     fail(Code::Comm, "connecting group '", group_name, "' (rank ", rank, " of ", size,
          "): ", e.what());
   }
+  if (heartbeat && world_ranks.size() != static_cast<size_t>(size))
+    fail(Code::Internal, "group '", group_name, "': ", world_ranks.size(),
+         " world ranks given for ", size, " members");
   auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
-                                                 std::move(watch_store));
+                                                 std::move(watch_store), std::move(heartbeat),
+                                                 std::move(world_ranks));
   if (const std::string secret = job_secret(); !secret.empty()) comm->prove_pairs(secret);
   return comm;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "impl/comm/communicator.h"
 #include "impl/comm/store.h"
@@ -16,6 +17,8 @@ class Device;
 
 namespace zs {
 
+class Heartbeat;
+
 // The process's transport device, bound to host (an address or a name).
 std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& host);
 
@@ -23,9 +26,12 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hos
 // Throws Code::Timeout or Code::Comm naming the group. watch_store (the same
 // group store, kept for the communicator's life) is where ranks compare
 // collective identities when one waits too long; null turns that off.
+// heartbeat (null: off) cuts a wait short once a member, whose world rank
+// is world_ranks[group rank], has been silent too long.
 std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& group_name, int rank, int size, Store& store,
     const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
-    std::shared_ptr<Store> watch_store = nullptr);
+    std::shared_ptr<Store> watch_store = nullptr, std::shared_ptr<Heartbeat> heartbeat = nullptr,
+    std::vector<int> world_ranks = {});
 
 }  // namespace zs

@@ -29,6 +29,7 @@ class PrefixStore final : public Store {
     return base_->add(prefix_ + key, delta);
   }
   bool check(const std::string& key) override { return base_->check(prefix_ + key); }
+  void interrupt(const std::string& why) override { base_->interrupt(why); }
 
  private:
   std::shared_ptr<Store> base_;

@@ -33,6 +33,11 @@ class Store {
   // included), or -1 when it runs none: how rank 0 knows that no peer
   // needs the store any more, dead ones included.
   virtual int clients_connected() const { return -1; }
+  // Ends the call in progress now, if any, with Code::Comm and `why` (the
+  // server rank has stopped: it would never answer). Later calls go on as
+  // usual. Only signals; safe from any thread. A no-op where calls cannot
+  // hang on a peer.
+  virtual void interrupt(const std::string& why) { (void)why; }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

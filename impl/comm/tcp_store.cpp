@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -534,9 +535,11 @@ class TcpStore final : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
   int clients_connected() const override { return server_ ? server_->clients() : -1; }
+  void interrupt(const std::string& why) override;
 
  private:
-  enum class Io { Ok, Timeout, Closed };
+  // Interrupted: interrupt() was called during this call.
+  enum class Io { Ok, Timeout, Closed, Interrupted };
 
   void connect_locked(Clock::time_point deadline);
   // The Hello round trip on a fresh connection; Bootstrap naming the port
@@ -555,6 +558,7 @@ class TcpStore final : public Store {
                 std::string* payload);
   std::string missing_keys(const std::vector<std::string>& keys);
   [[noreturn]] void fail_timeout(const std::string& what, Clock::time_point start);
+  [[noreturn]] void fail_interrupted(const std::string& what);
 
   std::unique_ptr<Server> server_;  // declared first: destroyed after the client is closed
   std::string host_;  // where the client connects
@@ -565,6 +569,13 @@ class TcpStore final : public Store {
   std::mutex mu_;
   int fd_ = -1;
   int io_errno_ = 0;
+  // interrupt(): counts and wakes the poll of the call in flight, which
+  // fails if the count moved since it began (call_interrupts_, under mu_).
+  const int wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  std::atomic<uint64_t> interrupts_{0};
+  uint64_t call_interrupts_ = 0;
+  std::mutex why_mu_;
+  std::string why_;
 };
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
@@ -583,7 +594,31 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, millisecon
   connect_locked(Clock::now() + timeout_);
 }
 
-TcpStore::~TcpStore() { disconnect_locked(); }
+TcpStore::~TcpStore() {
+  disconnect_locked();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void TcpStore::interrupt(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    why_ = why;
+  }
+  interrupts_.fetch_add(1);
+  const uint64_t one = 1;
+  if (wake_fd_ >= 0 && write(wake_fd_, &one, sizeof one) < 0) {
+    // Cannot overflow in practice; the call then ends at its deadline.
+  }
+}
+
+void TcpStore::fail_interrupted(const std::string& what) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    why = why_;
+  }
+  fail(Code::Comm, what, " on store at ", where_, " was abandoned: ", why);
+}
 
 void TcpStore::disconnect_locked() {
   if (fd_ >= 0) close(fd_);
@@ -655,12 +690,19 @@ TcpStore::Io TcpStore::await(short events, Clock::time_point deadline) {
     io_errno_ = errno;
     return Io::Closed;
   }
-  pollfd p{fd_, events, 0};
-  const int ready = poll(&p, 1, remaining_ms(deadline));
+  pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
+  const int ready = poll(p, 2, remaining_ms(deadline));
   if (ready == 0) return Io::Timeout;
   if (ready < 0 && errno != EINTR) {
     io_errno_ = errno;
     return Io::Closed;
+  }
+  if (ready > 0 && (p[1].revents & POLLIN)) {
+    uint64_t n = 0;
+    if (read(wake_fd_, &n, sizeof n) < 0) {
+      // Drained by an earlier call: nothing to do.
+    }
+    if (interrupts_.load() != call_interrupts_) return Io::Interrupted;
   }
   return Io::Ok;
 }
@@ -715,6 +757,7 @@ void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start)
     }
   }
   disconnect_locked();
+  if (io == Io::Interrupted) fail_interrupted("greeting");
   fail(Code::Bootstrap, "store at ", where_, " accepted the connection but ",
        io == Io::Timeout ? "did not answer" : "did not answer as a zeroshard store", " within ",
        elapsed_ms(start),
@@ -746,6 +789,7 @@ void TcpStore::prove_locked(const std::string& challenge, Clock::time_point dead
   if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok && load_le(header + 1, 8) == 0)
     return;
   disconnect_locked();
+  if (io == Io::Interrupted) fail_interrupted("the job-secret proof");
   if (io == Io::Timeout)
     fail(Code::Timeout, "the store at ", where_, " did not answer this rank's job-secret proof");
   fail(Code::Bootstrap, "the store at ", where_,
@@ -754,6 +798,7 @@ void TcpStore::prove_locked(const std::string& challenge, Clock::time_point dead
 
 bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
                         const std::string& what, std::string* payload) {
+  call_interrupts_ = interrupts_.load();
   if (fd_ < 0) connect_locked(deadline);
   std::string frame;
   frame.reserve(4 + body.size());
@@ -777,6 +822,7 @@ bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
     // A late reply must never be read as the answer to the next request.
     disconnect_locked();
     if (io == Io::Timeout) return false;
+    if (io == Io::Interrupted) fail_interrupted(what);
     fail(Code::Bootstrap, what, ": connection to store at ", where_, " lost (",
          io_errno_ != 0 ? std::strerror(io_errno_) : "closed by the server",
          "); the store server (rank 0) may have exited");

@@ -1,6 +1,7 @@
 #include "impl/core/context.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "impl/comm/gloo_communicator.h"
+#include "impl/comm/heartbeat.h"
 #include "impl/comm/local_communicator.h"
 #include "impl/comm/nccl_library.h"
 #include "impl/comm/staged_communicator.h"
@@ -145,6 +147,9 @@ void Context::connect(const ContextOptions& options) {
     world_ = make_group("world", next_group_id_++, {0});
     return;
   }
+  // Read before any socket opens: a bad value fails every rank alike.
+  const auto period = heartbeat_period();
+  const auto limit = period.count() > 0 ? heartbeat_limit() : std::chrono::milliseconds(0);
   if (!options.file_store_path.empty()) {
     store_ = make_file_store(options.file_store_path, timeout_);
   } else {
@@ -157,12 +162,25 @@ void Context::connect(const ContextOptions& options) {
   const std::string store_host = options.store_host.empty()
                                      ? resolve_store_address(nullptr, options.store_port).host
                                      : options.store_host;
-  transport_ = make_gloo_device(resolve_transport_host(
-      options.transport_host.empty() ? nullptr : options.transport_host.c_str(), store_host));
+  const std::string transport_host = resolve_transport_host(
+      options.transport_host.empty() ? nullptr : options.transport_host.c_str(), store_host);
+  transport_ = make_gloo_device(transport_host);
+  if (period.count() > 0) {
+    heartbeat_ = std::make_shared<Heartbeat>(ranks_.rank, ranks_.world_size, transport_host,
+                                             *store_, period, limit);
+    // A stopped rank 0 never answers the store: a call waiting on it (a
+    // collective's identity check, a goodbye) ends instead of holding the
+    // store's lock until the timeout.
+    if (tcp_store_ && ranks_.rank != 0)
+      store_server_watch_ = heartbeat_->watch({0}, [store = store_.get()](const std::string& why) {
+        store->interrupt(why + ", and it serves the store");
+      });
+  }
   std::vector<int> all(static_cast<size_t>(ranks_.world_size));
   for (int i = 0; i < ranks_.world_size; ++i) all[static_cast<size_t>(i)] = i;
   agree_on_backend();
   world_ = make_group("world", next_group_id_++, all);
+  if (heartbeat_) heartbeat_->start(*store_);
 }
 
 // options.device, else the config's "device", else ZS_DEVICE, else the GPU
@@ -240,7 +258,8 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
     }
 #endif
     if (!comm)
-      comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed);
+      comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed,
+                                    heartbeat_, ranks);
     // Buffers on the other side of the backend (GPU memory for Gloo, host
     // scalars for NCCL) are staged; a CPU context has nothing to stage.
     if (device_->is_cuda() || stage_all_)
@@ -249,7 +268,10 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code c, const std::string& m) {
-                                         std::string note = departed_note();
+                                         // A silent peer is named already, and
+                                         // may be rank 0 that serves the store.
+                                         std::string note =
+                                             silence().empty() ? departed_note() : "";
                                          record_async_error(c, m + note);
                                          return note;
                                        });
@@ -379,9 +401,20 @@ void Context::check_async_error() const {
 
 // Rank 0 serves the store: it stays up until every rank has said goodbye
 // (or the timeout passes), so no peer loses the store while still using it.
+//
+// A stopped peer keeps its connection open: rank 0 stops waiting once the
+// heartbeat finds one silent, and the others do not wait on a stopped rank
+// 0 for their goodbye (store_server_watch_ ends the call; rank 0 sees their
+// connections close either way).
 void Context::finalize_store() {
   if (!store_ || !tcp_store_) return;
+  const auto gave_up = [&](const std::string& why) {
+    std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
+                 ranks_.rank, why.c_str());
+  };
   try {
+    if (ranks_.rank != 0)
+      if (const std::string why = silence({0}); !why.empty()) return gave_up(why);
     store_->add("zs/finalize", 1);
     if (ranks_.rank != 0) return;
     // Until every rank said goodbye, or no peer is connected any more (the
@@ -389,11 +422,20 @@ void Context::finalize_store() {
     // peer does not hold destroy for the whole timeout.
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (store_->add("zs/finalize", 0) < ranks_.world_size &&
-           store_->clients_connected() != 1 && std::chrono::steady_clock::now() < deadline)
+           store_->clients_connected() != 1 && std::chrono::steady_clock::now() < deadline) {
+      if (const std::string why = silence(); !why.empty()) return gave_up(why);
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   } catch (const Error&) {
-    // The server is gone or a peer died: nothing left to wait for.
+    // The server is gone, a peer died, or a stopped rank 0 did not answer.
   }
+}
+
+std::string Context::silence(std::vector<int> ranks) const {
+  if (!heartbeat_) return "";
+  if (ranks.empty())
+    for (int r = 0; r < ranks_.world_size; ++r) ranks.push_back(r);
+  return heartbeat_->silence(ranks);
 }
 
 // Which ranks' store connections closed (they died, or left), to name them
@@ -433,7 +475,11 @@ Context::~Context() {
   while (!attachments_.empty()) attachments_.pop_back();
   for (auto& weak : all_groups_)
     if (auto g = weak.lock()) g->shutdown("the context was destroyed");
+  // From here this rank's silence is no failure of its peers'.
+  if (heartbeat_) heartbeat_->leave();
   finalize_store();
+  store_server_watch_.reset();
+  heartbeat_.reset();
 }
 
 }  // namespace zs

@@ -33,6 +33,8 @@ class Device;
 
 namespace zs {
 
+class Heartbeat;
+
 struct ContextOptions {
   int rank = -1;
   int world_size = -1;
@@ -115,6 +117,11 @@ class Context {
   // A sub-group of world ranks; collective over the world (every rank
   // calls with the same list, in the same order of calls).
   std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
+
+  // Why a world rank in `ranks` (all when empty) counts as stopped: it has
+  // sent no heartbeat for longer than the limit. "" otherwise, and with
+  // heartbeats off. For waits outside collectives (store agreements).
+  std::string silence(std::vector<int> ranks = {}) const;
 
   // Background failures: the first one is kept and refused from then on.
   void record_async_error(Code code, const std::string& message);
@@ -207,6 +214,9 @@ class Context {
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> transport_;
+  std::shared_ptr<Heartbeat> heartbeat_;  // null in a world of one or with ZS_HEARTBEAT_MS=0
+  // Its watch on rank 0, which serves the store (a Heartbeat::Subscription).
+  std::shared_ptr<void> store_server_watch_;
   std::shared_ptr<Device> device_;
   Backend backend_ = Backend::Gloo;
   bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too

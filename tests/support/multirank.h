@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "zeroshard/zeroshard.h"
 
@@ -17,8 +18,10 @@ struct RankEnv {
 
 // Runs body in `world` child processes and waits (at most timeout_s, then
 // kills them). A rank fails when body throws or a gtest assertion fails in
-// it; every failing rank is reported as a test failure.
-void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s = 90);
+// it; every failing rank is reported as a test failure. A rank listed in
+// `killed` may end by SIGKILL (a test that stops a rank and kills it).
+void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s = 90,
+               const std::vector<int>& killed = {});
 
 // A free TCP port on 127.0.0.1.
 int free_port();
