@@ -67,6 +67,14 @@ TEST(CheckpointParse, AFloatWhereAnIntegerBelongs) {
   EXPECT_NE(manifest_error(j).find("states.param[0].numel: 3.5 is not an integer"), std::string::npos);
 }
 
+// Found by fuzz_ckpt_manifest in the strict reader itself: a non-negative
+// literal is held unsigned, and its lower bound went unchecked.
+TEST(CheckpointParse, AnUnsignedValueBelowItsLowerBound) {
+  json j = good_manifest();
+  j["world_size"] = 0;
+  EXPECT_NE(manifest_error(j).find("m: world_size: 0 is below 1"), std::string::npos);
+}
+
 // get<uint64_t> of -1 wrapped to 2^64 - 1, a file as large as any chunk.
 TEST(CheckpointParse, ANegativeSize) {
   json j = good_manifest();

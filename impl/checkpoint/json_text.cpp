@@ -50,10 +50,18 @@ json parse_json_text(const std::string& text, const std::string& where, int max_
 
 int64_t json_int(const json& v, const std::string& where, int64_t lo, int64_t hi) {
   if (!v.is_number_integer()) fail(Code::Io, where, ": ", shown(v), " is not an integer");
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi)
-    fail(Code::Io, where, ": ", shown(v), " is above ", hi);
-  if (!v.is_number_unsigned() && v.get<int64_t>() < lo) fail(Code::Io, where, ": ", shown(v), " is below ", lo);
-  return v.get<int64_t>();
+  // nlohmann holds a non-negative literal as unsigned, a negative one as
+  // signed: each compared in its own type.
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) fail(Code::Io, where, ": ", u, " is above ", hi);
+    if (lo > 0 && u < static_cast<uint64_t>(lo)) fail(Code::Io, where, ": ", u, " is below ", lo);
+    return static_cast<int64_t>(u);
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i > hi) fail(Code::Io, where, ": ", i, " is above ", hi);
+  if (i < lo) fail(Code::Io, where, ": ", i, " is below ", lo);
+  return i;
 }
 
 uint64_t json_uint(const json& v, const std::string& where) {
