@@ -109,6 +109,7 @@ StHeader read_st_header(const File& f) {
 
 void read_st_elements(const File& f, const StTensor& t, uint64_t first, uint64_t n, void* dst,
                       const std::string& name) {
+  if (n == 0) return;  // a rank whose shard holds none of the tensor: its offset may lie past it
   const uint64_t esz = dtype_size(t.dtype);
   const uint64_t numel = t.bytes / esz;
   if (first > numel || n > numel - first)

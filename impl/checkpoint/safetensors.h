@@ -41,7 +41,7 @@ StHeader read_st_header(const File& f);
 
 // Elements [first, first + n) of t (from read_st_header of f) into dst, in
 // t's dtype; a range past the tensor is Code::Io naming it (name: the
-// tensor's name for messages).
+// tensor's name for messages). n == 0 reads nothing, wherever first is.
 void read_st_elements(const File& f, const StTensor& t, uint64_t first, uint64_t n, void* dst,
                       const std::string& name);
 
