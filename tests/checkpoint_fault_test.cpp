@@ -37,7 +37,12 @@ std::string read_text(const std::string& path) {
   return s;
 }
 
-void write_text(const std::string& path, const std::string& s) { std::ofstream(path) << s; }
+// Whole or not at all: the parent kills the ranks as soon as a marker
+// exists, which could otherwise fall between creating it and writing it.
+void write_text(const std::string& path, const std::string& s) {
+  std::ofstream(path + ".tmp") << s;
+  fs::rename(path + ".tmp", path);
+}
 
 zs_status save(CkptModel& m, const std::string& dir, const char* tag, int timeout_ms,
                zs_progress_fn progress = nullptr, void* user = nullptr) {
