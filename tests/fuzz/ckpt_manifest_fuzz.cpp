@@ -90,10 +90,13 @@ void check_sane(const Manifest& m) {
 
 // A directory for the files a manifest names, made once per process.
 const std::string& scratch_dir() {
+  static char path[] = "/tmp/zs-fuzz-manifest-XXXXXX";
   static const std::string dir = [] {
-    char t[] = "/tmp/zs-fuzz-manifest-XXXXXX";
-    if (mkdtemp(t) == nullptr) finding("mkdtemp", "");
-    return std::string(t);
+    if (mkdtemp(path) == nullptr) finding("mkdtemp", "");
+    // Empty between inputs (their files are unlinked), so rmdir suffices;
+    // path, unlike dir, outlives the atexit handlers.
+    std::atexit([] { ::rmdir(path); });
+    return std::string(path);
   }();
   return dir;
 }
