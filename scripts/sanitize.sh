@@ -14,8 +14,10 @@
 #       failure, engine lock, kernels' thread pool, the NVMe swapper, the
 #       checkpoint writer's thread), with the same canary.
 # fuzz: build-fuzz/, clang with libFuzzer+ASan+UBSan: each target of
-#       tests/fuzz/ runs $ZS_FUZZ_RUNS (default 20000) inputs from its corpus
-#       in tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
+#       tests/fuzz/ (the config parser, the store's request decoding, the
+#       store server, a checkpoint's manifest.json, a safetensors file) runs
+#       $ZS_FUZZ_RUNS (default 20000) inputs from its corpus in
+#       tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
 #       kept corpus is not touched). Long runs: see README, "Sanitizers and
 #       fuzzers".
 #
@@ -119,16 +121,19 @@ run_fuzz() {
   cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZS_BUILD_TESTS=OFF -DZS_BUILD_EXAMPLES=OFF \
     -DZS_BUILD_FUZZERS=ON -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_store_request fuzz_store_server
+  local fuzz_targets=(config store_request store_server ckpt_manifest safetensors)
+  cmake --build build-fuzz -j"$jobs" --target "${fuzz_targets[@]/#/fuzz_}"
   export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
   local scratch
   scratch=$(mktemp -d)
-  for target in config store_request store_server; do
-    local dict=()
+  for target in "${fuzz_targets[@]}"; do
+    local dict=() max_len=4096
     [ -f "tests/fuzz/$target.dict" ] && dict=(-dict="tests/fuzz/$target.dict")
+    # A real manifest of a few params with optimizer states is 4-7 KiB.
+    [ "$target" = ckpt_manifest ] && max_len=8192
     mkdir -p "$scratch/$target"
-    if ! "build-fuzz/bin/fuzz_$target" -runs="${ZS_FUZZ_RUNS:-20000}" -max_len=4096 "${dict[@]}" \
+    if ! "build-fuzz/bin/fuzz_$target" -runs="${ZS_FUZZ_RUNS:-20000}" -max_len="$max_len" "${dict[@]}" \
       -artifact_prefix="build-fuzz/crash-$target-" -print_final_stats=1 \
       "$scratch/$target" "tests/fuzz/corpus/$target" >"build-fuzz/fuzz_$target.log" 2>&1; then
       tail -60 "build-fuzz/fuzz_$target.log"

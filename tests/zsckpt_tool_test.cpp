@@ -231,3 +231,24 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
   EXPECT_NE(o.text.find("fails its checksum"), std::string::npos) << o.text;
   fs::remove_all(dir);
 }
+
+// inspect reads the manifest without the engine's checks: fields of the
+// wrong type were an uncaught type_error (std::terminate), a float integer
+// an out-of-range conversion, and a missing key a const operator[].
+TEST(Zsckpt, InspectOfAHostileManifestFailsCleanly) {
+  const std::string dir = zs::test::make_temp_dir("zsckpt_hostile");
+  auto inspect = [&](const std::string& manifest) {
+    std::ofstream(dir + "/manifest.json") << manifest;
+    return run("inspect " + dir);
+  };
+  Out o = inspect(R"({"world_size": 1e300, "step": -3, "params": [{"name": "w"}], "optimizer": {"kind": "sgd"}})");
+  EXPECT_EQ(o.rc, 0) << o.text;
+  EXPECT_NE(o.text.find("world size   1e+300"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("step         -3"), std::string::npos) << o.text;
+  o = inspect(R"({"files": [{"bytes": "many"}, 3], "tag": 7})");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  EXPECT_NE(o.text.find("is not a checkpoint manifest"), std::string::npos) << o.text;
+  o = inspect("[1, 2]");
+  EXPECT_EQ(o.rc, 1) << o.text;
+  fs::remove_all(dir);
+}

@@ -63,6 +63,21 @@ std::string manifest_path(const std::string& path, const std::string& tag) {
   return path + "/" + t + "/manifest.json";
 }
 
+// An integer field as inspect prints it. The manifest is read here without
+// the engine's checks, so anything but an integer (a float could convert
+// out of range) is printed as the JSON it is.
+std::string integer(const nlohmann::json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return "0";
+  const auto& v = j.at(key);
+  if (v.is_number_unsigned()) return std::to_string(v.get<uint64_t>());
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  return v.dump();
+}
+
+uint64_t count(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j.at(key).is_number_unsigned() ? j.at(key).get<uint64_t>() : 0;
+}
+
 int inspect(const std::string& path, const std::string& tag, bool as_json) {
   const std::string mp = manifest_path(path, tag);
   std::ifstream f(mp);
@@ -81,32 +96,42 @@ int inspect(const std::string& path, const std::string& tag, bool as_json) {
     std::printf("%s\n", m.dump(1).c_str());
     return 0;
   }
-  uint64_t bytes = 0, elems = 0;
-  for (const auto& file : m.value("files", nlohmann::json::array())) bytes += file.value("bytes", 0ull);
-  std::printf("checkpoint   %s\n", mp.substr(0, mp.size() - std::strlen("/manifest.json")).c_str());
-  std::printf("tag          %s\n", m.value("tag", "").c_str());
-  std::printf("engine       %s (format %d)\n", m.value("engine_version", "").c_str(), m.value("format_version", 0));
-  std::printf("world size   %d\n", m.value("world_size", 0));
-  std::printf("step         %lld\n", static_cast<long long>(m.value("step", 0ll)));
-  const auto& opt = m["optimizer"];
-  if (opt.is_null()) {
-    std::printf("optimizer    none\n");
-  } else {
-    std::printf("optimizer    %s, %zu group(s), steps %lld, loss scale %g\n",
-                opt.value("kind", "").c_str(), opt["groups"].size(),
-                static_cast<long long>(opt.value("steps", 0ll)), opt["loss_scaler"].value("scale", 0.0));
+  // A field of another type than a manifest has (a string for a number, an
+  // array for an object) is a type_error here, not a crash; value() rather
+  // than a const operator[], whose missing key is undefined.
+  try {
+    uint64_t bytes = 0, elems = 0;
+    for (const auto& file : m.value("files", nlohmann::json::array())) bytes += count(file, "bytes");
+    std::printf("checkpoint   %s\n", mp.substr(0, mp.size() - std::strlen("/manifest.json")).c_str());
+    std::printf("tag          %s\n", m.value("tag", "").c_str());
+    std::printf("engine       %s (format %s)\n", m.value("engine_version", "").c_str(),
+                integer(m, "format_version").c_str());
+    std::printf("world size   %s\n", integer(m, "world_size").c_str());
+    std::printf("step         %s\n", integer(m, "step").c_str());
+    const auto& opt = m["optimizer"];
+    if (opt.is_null()) {
+      std::printf("optimizer    none\n");
+    } else {
+      std::printf("optimizer    %s, %zu group(s), steps %s, loss scale %g\n", opt.value("kind", "").c_str(),
+                  opt.value("groups", nlohmann::json::array()).size(), integer(opt, "steps").c_str(),
+                  opt.value("loss_scaler", nlohmann::json::object()).value("scale", 0.0));
+    }
+    std::printf("files        %zu, %.2f MiB\n", m["files"].size(), static_cast<double>(bytes) / (1 << 20));
+    std::printf("user         %s\n", m["user"].dump().c_str());
+    std::printf("params       %zu\n", m["params"].size());
+    for (const auto& p : m["params"]) {
+      std::string states;
+      const nlohmann::json p_states = p.value("states", nlohmann::json::object());
+      for (const auto& [s, chunks] : p_states.items()) states += (states.empty() ? "" : ", ") + s;
+      elems += count(p, "numel");
+      std::printf("  %-40s %-5s %-18s %s\n", p.value("name", "").c_str(), p.value("dtype", "").c_str(),
+                  p.value("shape", nlohmann::json()).dump().c_str(), states.c_str());
+    }
+    std::printf("elements     %llu\n", static_cast<unsigned long long>(elems));
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "zsckpt: '%s' is not a checkpoint manifest: %s\n", mp.c_str(), e.what());
+    return 1;
   }
-  std::printf("files        %zu, %.2f MiB\n", m["files"].size(), static_cast<double>(bytes) / (1 << 20));
-  std::printf("user         %s\n", m["user"].dump().c_str());
-  std::printf("params       %zu\n", m["params"].size());
-  for (const auto& p : m["params"]) {
-    std::string states;
-    for (const auto& [s, chunks] : p["states"].items()) states += (states.empty() ? "" : ", ") + s;
-    elems += p.value("numel", 0ull);
-    std::printf("  %-40s %-5s %-18s %s\n", p.value("name", "").c_str(), p.value("dtype", "").c_str(),
-                p["shape"].dump().c_str(), states.c_str());
-  }
-  std::printf("elements     %llu\n", static_cast<unsigned long long>(elems));
   return 0;
 }
 

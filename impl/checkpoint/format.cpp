@@ -1,8 +1,11 @@
 #include "impl/checkpoint/format.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "impl/checkpoint/file_io.h"
+#include "impl/checkpoint/json_text.h"
 #include "impl/common/error.h"
 
 namespace zs::ckpt {
@@ -73,37 +76,67 @@ json Manifest::to_json() const {
           {"params", params_j},       {"user", user}};
 }
 
+namespace {
+
+// a * b, or Code::Io naming what when it does not fit 64 bits.
+uint64_t mul_checked(uint64_t a, uint64_t b, const std::string& what) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail(Code::Io, what, ": ", a, " * ", b, " overflows 64 bits");
+  return r;
+}
+
+uint64_t add_checked(uint64_t a, uint64_t b, const std::string& what) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail(Code::Io, what, ": ", a, " + ", b, " overflows 64 bits");
+  return r;
+}
+
+// Where a chunk's bytes lie, to find two that overlap in one file.
+struct Extent {
+  uint64_t begin, end;
+  std::string what;
+};
+
+}  // namespace
+
 Manifest Manifest::from_json(const json& j, const std::string& where) {
   Manifest m;
   std::string at = "";  // the field being read, for messages
+  // The field at `at`.key, for messages of the strict number readers.
+  auto field = [&](const std::string& key) { return where + ": " + (at.empty() ? "" : at + ".") + key; };
   try {
+    if (!j.is_object()) fail(Code::Io, where, ": expected a JSON object, not ", j.type_name());
     at = "format";
     if (j.at("format").get<std::string>() != kFormatName)
       fail(Code::Io, where, ": format '", j.at("format").get<std::string>(), "': expected '",
            kFormatName, "'");
-    at = "format_version";
-    m.format_version = j.at("format_version").get<int>();
+    at = "";
+    m.format_version = static_cast<int>(json_int(j.at("format_version"), field("format_version"), INT32_MIN, INT32_MAX));
     if (m.format_version != kFormatVersion)
       fail(Code::Io, where, ": format_version ", m.format_version, ": this engine reads ", kFormatVersion);
     at = "engine_version";
     m.engine_version = j.at("engine_version").get<std::string>();
     at = "tag";
     m.tag = j.at("tag").get<std::string>();
-    at = "world_size";
-    m.world_size = j.at("world_size").get<int>();
-    if (m.world_size < 1) fail(Code::Io, where, ": world_size ", m.world_size, ": expected >= 1");
+    at = "";
+    m.world_size = static_cast<int>(json_int(j.at("world_size"), field("world_size"), 1, INT32_MAX));
     at = "topology";
     m.topology = j.at("topology");
-    at = "step";
-    m.step = j.at("step").get<int64_t>();
-    at = "block_bytes";
-    m.block_bytes = j.at("block_bytes").get<uint64_t>();
-    if (m.block_bytes == 0) fail(Code::Io, where, ": block_bytes is 0");
+    at = "";
+    m.step = json_int(j.at("step"), field("step"), INT64_MIN, INT64_MAX);
+    m.block_bytes = json_uint(j.at("block_bytes"), field("block_bytes"));
+    // Readers verify whole blocks held in memory, and verify() hashes
+    // blocks within its 8 MiB pieces, so a block must divide a piece.
+    if (m.block_bytes == 0 || (m.block_bytes & (m.block_bytes - 1)) != 0 || m.block_bytes > kMaxBlockBytes)
+      fail(Code::Io, where, ": block_bytes ", m.block_bytes, ": expected a power of two up to ", kMaxBlockBytes);
     at = "optimizer";
     m.optimizer = j.at("optimizer");
     at = "user";
     m.user = j.at("user");
+    at = "files";
     const auto& files = j.at("files");
+    if (!files.is_array()) fail(Code::Io, where, ": files is a JSON ", files.type_name(), ", not an array");
+    std::map<std::string, size_t> file_names;
     for (size_t i = 0; i < files.size(); ++i) {
       at = "files[" + std::to_string(i) + "]";
       const auto& f = files.at(i);
@@ -111,52 +144,80 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       e.name = f.at("name").get<std::string>();
       if (e.name.empty() || e.name.find('/') != std::string::npos || e.name[0] == '.')
         fail(Code::Io, where, ": ", at, ".name '", e.name, "' is not a plain file name");
-      e.rank = f.at("rank").get<int>();
-      e.bytes = f.at("bytes").get<uint64_t>();
+      if (!file_names.emplace(e.name, i).second)
+        fail(Code::Io, where, ": ", at, ".name '", e.name, "' is also files[", file_names.at(e.name), "]");
+      e.rank = static_cast<int>(json_int(f.at("rank"), field("rank"), 0, m.world_size - 1));
+      e.bytes = json_uint(f.at("bytes"), field("bytes"));
       e.xxh3 = parse_hex64(f.at("xxh3").get<std::string>(), where + ": " + at + ".xxh3");
       m.files.push_back(std::move(e));
     }
+    std::vector<std::vector<Extent>> extents(m.files.size());
+    std::map<std::string, size_t> param_names;
+    at = "params";
     const auto& params = j.at("params");
+    if (!params.is_array()) fail(Code::Io, where, ": params is a JSON ", params.type_name(), ", not an array");
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& pj = params.at(i);
       at = "params[" + std::to_string(i) + "]";
       ParamEntry p;
       p.name = pj.at("name").get<std::string>();
+      if (!param_names.emplace(p.name, i).second)
+        fail(Code::Io, where, ": ", at, ": name '", p.name, "' is also params[", param_names.at(p.name), "]");
       at += " ('" + p.name + "')";
       p.dtype = parse_st_dtype(pj.at("dtype").get<std::string>(), where + ": " + at);
-      p.shape = pj.at("shape").get<std::vector<int64_t>>();
-      p.numel = pj.at("numel").get<uint64_t>();
+      const auto& shape = pj.at("shape");
+      if (!shape.is_array()) fail(Code::Io, field("shape"), ": expected an array, not ", shape.dump());
       uint64_t n = 1;
-      for (int64_t d : p.shape) {
-        if (d < 0) fail(Code::Io, where, ": ", at, ": negative dim ", d);
-        n *= static_cast<uint64_t>(d);
+      for (size_t d = 0; d < shape.size(); ++d) {
+        const std::string dat = field("shape[" + std::to_string(d) + "]");
+        p.shape.push_back(json_int(shape[d], dat, 0, INT64_MAX));
+        n = mul_checked(n, static_cast<uint64_t>(p.shape.back()), dat);
       }
-      if (n != p.numel) fail(Code::Io, where, ": ", at, ": numel ", p.numel, " does not match its shape");
-      for (const auto& [state, cj] : pj.at("states").items()) {
+      p.numel = json_uint(pj.at("numel"), field("numel"));
+      if (n != p.numel) fail(Code::Io, where, ": ", at, ": numel ", p.numel, " does not match its shape (", n, ")");
+      (void)mul_checked(p.numel, dtype_size(DType::F32), field("numel"));  // its bytes in any dtype
+      const auto& states = pj.at("states");
+      if (!states.is_object()) fail(Code::Io, field("states"), ": expected an object, not ", states.dump());
+      for (const auto& [state, cj] : states.items()) {
         const std::string sat = where + ": " + at + ".states." + state;
+        if (!cj.is_array() || cj.empty())
+          fail(Code::Io, sat, ": expected a non-empty array of chunks, not ", cj.dump().substr(0, 60));
         std::vector<Chunk> chunks;
         uint64_t next = 0;
         for (size_t k = 0; k < cj.size(); ++k) {
           const auto& c = cj.at(k);
+          const std::string kat = sat + "[" + std::to_string(k) + "]";
           Chunk ch;
-          ch.file = c.at("file").get<int>();
+          ch.file = static_cast<int>(json_int(c.at("file"), kat + ".file", INT32_MIN, INT32_MAX));
           ch.key = c.at("key").get<std::string>();
-          ch.dtype = parse_st_dtype(c.at("dtype").get<std::string>(), sat);
-          ch.offset = c.at("offset").get<uint64_t>();
-          ch.numel = c.at("numel").get<uint64_t>();
-          ch.begin = c.at("begin").get<uint64_t>();
-          ch.xxh3 = parse_hex64(c.at("xxh3").get<std::string>(), sat);
-          for (const auto& b : c.at("blocks")) ch.blocks.push_back(parse_hex64(b.get<std::string>(), sat));
+          ch.dtype = parse_st_dtype(c.at("dtype").get<std::string>(), kat);
+          // One dtype per state: readers size a state's buffers by its
+          // first chunk.
+          if (k > 0 && ch.dtype != chunks.front().dtype)
+            fail(Code::Io, kat, ": dtype ", st_dtype(ch.dtype), ", the state's first chunk is ",
+                 st_dtype(chunks.front().dtype));
+          ch.offset = json_uint(c.at("offset"), kat + ".offset");
+          ch.numel = json_uint(c.at("numel"), kat + ".numel");
+          ch.begin = json_uint(c.at("begin"), kat + ".begin");
+          ch.xxh3 = parse_hex64(c.at("xxh3").get<std::string>(), kat + ".xxh3");
+          const auto& blocks = c.at("blocks");
+          if (!blocks.is_array()) fail(Code::Io, kat, ".blocks: expected an array, not ", blocks.dump().substr(0, 60));
+          for (const auto& b : blocks) ch.blocks.push_back(parse_hex64(b.get<std::string>(), kat + ".blocks"));
           if (ch.file < 0 || ch.file >= static_cast<int>(m.files.size()))
-            fail(Code::Io, sat, "[", k, "]: file index ", ch.file, " out of range (", m.files.size(), " files)");
-          if (ch.offset != next || ch.numel == 0)
-            fail(Code::Io, sat, "[", k, "]: elements [", ch.offset, ", ", ch.offset + ch.numel,
-                 ") do not continue the previous chunk at ", next);
-          if ((ch.bytes() + m.block_bytes - 1) / m.block_bytes != ch.blocks.size())
-            fail(Code::Io, sat, "[", k, "]: ", ch.blocks.size(), " block checksums for ", ch.bytes(), " bytes");
-          if (ch.begin + ch.bytes() > m.files[static_cast<size_t>(ch.file)].bytes)
-            fail(Code::Io, sat, "[", k, "]: bytes [", ch.begin, ", ", ch.begin + ch.bytes(),
-                 ") lie past the end of '", m.files[static_cast<size_t>(ch.file)].name, "'");
+            fail(Code::Io, kat, ": file index ", ch.file, " out of range (", m.files.size(), " files)");
+          if (ch.offset != next || ch.numel == 0 || ch.numel > p.numel - next)
+            fail(Code::Io, kat, ": elements [", ch.offset, ", ", ch.offset, " + ", ch.numel,
+                 ") do not continue the previous chunk at ", next, " within the param's ", p.numel);
+          const uint64_t bytes = ch.bytes();  // cannot overflow: numel <= p.numel, checked above
+          if (bytes / m.block_bytes + (bytes % m.block_bytes != 0) != ch.blocks.size())
+            fail(Code::Io, kat, ": ", ch.blocks.size(), " block checksums for ", bytes, " bytes (blocks of ",
+                 m.block_bytes, ")");
+          const FileEntry& fe = m.files[static_cast<size_t>(ch.file)];
+          const uint64_t end = add_checked(ch.begin, bytes, kat + ": begin + bytes");
+          if (end > fe.bytes)
+            fail(Code::Io, kat, ": bytes [", ch.begin, ", ", end, ") lie past the end of '", fe.name, "' (",
+                 fe.bytes, " bytes)");
+          extents[static_cast<size_t>(ch.file)].push_back({ch.begin, end, kat});
           next += ch.numel;
           chunks.push_back(std::move(ch));
         }
@@ -166,22 +227,28 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       if (p.numel > 0 && !p.states.count("param")) fail(Code::Io, where, ": ", at, " has no 'param' state");
       m.params.push_back(std::move(p));
     }
+    // Two chunks over the same bytes would be two states sharing storage.
+    for (size_t i = 0; i < extents.size(); ++i) {
+      auto& e = extents[i];
+      std::sort(e.begin(), e.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+      for (size_t k = 1; k < e.size(); ++k)
+        if (e[k].begin < e[k - 1].end)
+          fail(Code::Io, e[k].what, ": bytes [", e[k].begin, ", ", e[k].end, ") of '", m.files[i].name,
+               "' overlap those of ", e[k - 1].what, " [", e[k - 1].begin, ", ", e[k - 1].end, ")");
+    }
   } catch (const json::exception& e) {
     fail(Code::Io, where, ": field ", at, ": ", e.what());
   }
   return m;
 }
 
+Manifest Manifest::parse(const std::string& text, const std::string& where) {
+  return from_json(parse_json_text(text, where, kMaxManifestDepth), where);
+}
+
 Manifest Manifest::read(const std::string& dir) {
   const std::string path = join(dir, kManifest);
-  const std::string text = read_text(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(Code::Io, "checkpoint manifest '", path, "' is not valid JSON: ", e.what());
-  }
-  return from_json(j, "checkpoint manifest '" + path + "'");
+  return parse(read_text(path), "checkpoint manifest '" + path + "'");
 }
 
 const ParamEntry* Manifest::find(const std::string& name) const {

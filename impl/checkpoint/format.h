@@ -25,6 +25,10 @@ inline constexpr const char* kLatest = "latest";
 // Checksum block: a reader verifies whole blocks, so it reads at most two
 // partial blocks more than it needs per chunk.
 inline constexpr uint64_t kBlockBytes = 1u << 20;
+// What a manifest may say instead (a power of two up to this).
+inline constexpr uint64_t kMaxBlockBytes = 8u << 20;
+// topology, optimizer and user are copied and dumped recursively.
+inline constexpr int kMaxManifestDepth = 64;
 
 // Safetensors dtype names ("F32", "BF16", "F16").
 const char* st_dtype(DType t);
@@ -81,6 +85,10 @@ struct Manifest {
   // Checks every field and the consistency of chunks (Code::Io naming the
   // manifest's path and the field).
   static Manifest from_json(const nlohmann::json& j, const std::string& where);
+  // The text of a manifest.json (where names it in messages): JSON with no
+  // duplicate keys, nested at most kMaxManifestDepth, then from_json.
+  static Manifest parse(const std::string& text, const std::string& where);
+  // dir/manifest.json through parse.
   static Manifest read(const std::string& dir);
   const ParamEntry* find(const std::string& name) const;
 };

@@ -1,10 +1,12 @@
 #include "impl/checkpoint/load.h"
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <set>
 
 #include "impl/checkpoint/format.h"
+#include "impl/checkpoint/json_text.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
 #include "impl/device/ops.h"
@@ -75,6 +77,8 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   LoadResult result;
   std::vector<Staged> staged;
   json opt_j;
+  int64_t steps = 0;  // of opt_j, read with the rest before anything changes
+  LossScaler::State scaler;
   std::string error;
   Code error_code = Code::Ok;
   try {
@@ -122,6 +126,16 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
                " in the checkpoint, ", mine.size(), " here, among the params being loaded)");
         (void)hparams_from_json(groups[g].at("hparams"), where);
       }
+      // Read here, where a bad value fails every rank before anything
+      // changes (and strictly: get<int64_t> of 1e300 is undefined).
+      steps = json_int(opt_j.at("steps"), where + ": steps", 0, INT64_MAX);
+      const auto& ls = opt_j.at("loss_scaler");
+      scaler.scale = ls.at("scale").get<double>();
+      scaler.hysteresis_left = json_int(ls.at("hysteresis_left"), where + ": loss_scaler.hysteresis_left",
+                                        INT64_MIN, INT64_MAX);
+      scaler.iter = json_int(ls.at("iter"), where + ": loss_scaler.iter", INT64_MIN, INT64_MAX);
+      scaler.last_overflow_iter =
+          json_int(ls.at("last_overflow_iter"), where + ": loss_scaler.last_overflow_iter", INT64_MIN, INT64_MAX);
     }
 
     ChunkReader reader(result.dir, m);
@@ -207,14 +221,8 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     const auto& groups = opt_j.at("groups");
     for (size_t g = 0; g < opt->num_groups(); ++g)
       opt->set_hparams(static_cast<int>(g), hparams_from_json(groups[g].at("hparams"), "checkpoint"));
-    opt->set_steps(opt_j.at("steps").get<int64_t>());
-    const auto& ls = opt_j.at("loss_scaler");
-    LossScaler::State st;
-    st.scale = ls.at("scale").get<double>();
-    st.hysteresis_left = ls.at("hysteresis_left").get<int64_t>();
-    st.iter = ls.at("iter").get<int64_t>();
-    st.last_overflow_iter = ls.at("last_overflow_iter").get<int64_t>();
-    opt->scaler().set_state(st);
+    opt->set_steps(steps);
+    opt->scaler().set_state(scaler);
   }
   for (const auto& s : staged)
     if (s.bytes > 0) ctx.device()->copy(s.dst, s.host, s.bytes);

@@ -15,6 +15,8 @@ namespace zs::ckpt {
 namespace {
 
 constexpr uint64_t kPiece = 8u << 20;
+// verify() hashes whole blocks within a piece.
+static_assert(kPiece % kMaxBlockBytes == 0);
 
 void note(VerifyReport& r, const std::string& what) {
   if (r.problems.size() < 100) r.problems.push_back(what);

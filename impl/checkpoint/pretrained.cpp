@@ -140,7 +140,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       try {
         const StTensor& t = found[i];
         std::vector<char> raw(p.layout.numel * dtype_size(t.dtype));
-        files.at(t.key).pread_all(raw.data(), raw.size(), t.begin, "tensor '" + name_of.at(&p) + "'");
+        read_st_elements(files.at(t.key), t, 0, p.layout.numel, raw.data(), name_of.at(&p));
         full.assign(p.padded_bytes(), 0);
         std::vector<float> f32;
         if (t.dtype != p.dtype || master) {
@@ -234,8 +234,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       const uint64_t n = p.layout.shard_valid;
       const uint64_t esz = dtype_size(t->dtype);
       std::vector<char> raw(n * esz);
-      files.at(file).pread_all(raw.data(), raw.size(), t->begin + p.layout.shard_offset * esz,
-                               "tensor '" + name + "'");
+      read_st_elements(files.at(file), *t, p.layout.shard_offset, n, raw.data(), name);
       std::vector<float> f32;
       if (t->dtype != p.dtype || (opt && p.dtype != DType::F32)) {
         f32.resize(n);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "impl/checkpoint/format.h"
+#include "impl/checkpoint/json_text.h"
 #include "impl/common/error.h"
 
 namespace zs::ckpt {
@@ -36,64 +37,85 @@ std::string st_header(std::vector<StTensor>& tensors,
 
 StHeader read_st_header(const File& f) {
   const uint64_t size = f.size();
+  const std::string in = "file '" + f.path() + "'";
   unsigned char len[8];
   f.pread_all(len, 8, 0, "the safetensors header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
   if (n > size - 8 || n > (100u << 20))
-    fail(Code::Io, "file '", f.path(), "': safetensors header length ", n, " does not fit the file (",
-         size, " bytes)");
+    fail(Code::Io, in, ": safetensors header length ", n, " does not fit the file (", size, " bytes)");
   std::string text(n, '\0');
   f.pread_all(text.data(), n, 8, "the safetensors header");
   StHeader h;
   h.data_begin = 8 + n;
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail(Code::Io, "file '", f.path(), "': safetensors header is not JSON: ", e.what());
-  }
+  const uint64_t data_bytes = size - h.data_begin;
+  // The header is {name: {dtype, shape, data_offsets}, __metadata__: {...}}.
+  const json j = parse_json_text(text, in + ": safetensors header", 4);
+  if (!j.is_object()) fail(Code::Io, in, ": safetensors header is a JSON ", j.type_name(), ", not an object");
   try {
     for (const auto& [key, v] : j.items()) {
       if (key == "__metadata__") {
         h.metadata = v.get<std::map<std::string, std::string>>();
         continue;
       }
+      const std::string at = in + " tensor '" + key + "'";
+      if (!v.is_object()) fail(Code::Io, at, ": expected an object, not a JSON ", v.type_name());
       StTensor t;
       t.key = key;
-      t.dtype = parse_st_dtype(v.at("dtype").get<std::string>(), "file '" + f.path() + "' tensor '" + key + "'");
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[1] < off[0])
-        fail(Code::Io, "file '", f.path(), "' tensor '", key, "': bad data_offsets");
+      t.dtype = parse_st_dtype(v.at("dtype").get<std::string>(), at);
+      const auto& shape = v.at("shape");
+      if (!shape.is_array()) fail(Code::Io, at, ": shape is a JSON ", shape.type_name(), ", not an array");
       uint64_t numel = 1;
-      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-      t.bytes = off[1] - off[0];
-      if (numel * dtype_size(t.dtype) != t.bytes)
-        fail(Code::Io, "file '", f.path(), "' tensor '", key, "': ", t.bytes, " bytes for ", numel,
-             " elements of ", st_dtype(t.dtype));
-      t.begin = h.data_begin + off[0];
+      for (size_t d = 0; d < shape.size(); ++d) {
+        t.shape.push_back(json_int(shape[d], at + " shape[" + std::to_string(d) + "]", 0, INT64_MAX));
+        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(t.shape.back()), &numel))
+          fail(Code::Io, at, ": its shape has more than 2^64 elements");
+      }
+      const auto& off = v.at("data_offsets");
+      if (!off.is_array() || off.size() != 2)
+        fail(Code::Io, at, ": data_offsets ", off.dump().substr(0, 60), ": expected [begin, end]");
+      const uint64_t lo = json_uint(off[0], at + " data_offsets[0]");
+      const uint64_t hi = json_uint(off[1], at + " data_offsets[1]");
+      if (hi < lo) fail(Code::Io, at, ": data_offsets [", lo, ", ", hi, ") end before they begin");
+      if (hi > data_bytes) {
+        if (hi <= UINT64_MAX - h.data_begin)
+          fail(Code::Io, in, " is truncated: tensor '", key, "' needs bytes up to ", h.data_begin + hi,
+               ", the file has ", size);
+        fail(Code::Io, at, ": data_offsets [", lo, ", ", hi, ") lie past any file");
+      }
+      t.bytes = hi - lo;
+      uint64_t want = 0;
+      if (__builtin_mul_overflow(numel, dtype_size(t.dtype), &want) || want != t.bytes)
+        fail(Code::Io, at, ": ", t.bytes, " bytes for ", numel, " elements of ", st_dtype(t.dtype));
+      t.begin = h.data_begin + lo;  // within the file: hi <= data_bytes
       h.tensors.push_back(std::move(t));
     }
   } catch (const json::exception& e) {
-    fail(Code::Io, "file '", f.path(), "': safetensors header: ", e.what());
+    fail(Code::Io, in, ": safetensors header: ", e.what());
   }
   std::sort(h.tensors.begin(), h.tensors.end(),
             [](const StTensor& a, const StTensor& b) { return a.begin < b.begin; });
   uint64_t at = h.data_begin;
   for (const auto& t : h.tensors) {
     if (t.begin != at)
-      fail(Code::Io, "file '", f.path(), "' tensor '", t.key, "' starts at byte ", t.begin,
-           ", expected ", at, " (safetensors data has no gaps)");
+      fail(Code::Io, in, " tensor '", t.key, "' starts at byte ", t.begin, ", expected ", at,
+           " (safetensors data has no gaps)");
     at += t.bytes;
   }
-  for (const auto& t : h.tensors)
-    if (t.begin + t.bytes > size)
-      fail(Code::Io, "file '", f.path(), "' is truncated: tensor '", t.key, "' needs bytes up to ",
-           t.begin + t.bytes, ", the file has ", size);
   if (at != size)
-    fail(Code::Io, "file '", f.path(), "' is ", size, " bytes, its tensors end at ", at, " (trailing bytes)");
+    fail(Code::Io, in, " is ", size, " bytes, its tensors end at ", at, " (trailing bytes)");
   return h;
+}
+
+void read_st_elements(const File& f, const StTensor& t, uint64_t first, uint64_t n, void* dst,
+                      const std::string& name) {
+  if (n == 0) return;  // a rank whose shard holds none of the tensor: its offset may lie past it
+  const uint64_t esz = dtype_size(t.dtype);
+  const uint64_t numel = t.bytes / esz;
+  if (first > numel || n > numel - first)
+    fail(Code::Io, "file '", f.path(), "' tensor '", name, "': elements [", first, ", ", first, " + ", n,
+         ") lie past its ", numel);
+  f.pread_all(dst, n * esz, t.begin + first * esz, "tensor '" + name + "'");
 }
 
 }  // namespace zs::ckpt

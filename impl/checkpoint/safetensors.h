@@ -35,7 +35,14 @@ struct StHeader {
 };
 
 // Parses and checks a file's header: dtypes, shapes against byte sizes,
-// offsets contiguous and within the file (Code::Io naming the file).
+// offsets contiguous and within the file, no key twice (Code::Io naming
+// the file and the tensor).
 StHeader read_st_header(const File& f);
+
+// Elements [first, first + n) of t (from read_st_header of f) into dst, in
+// t's dtype; a range past the tensor is Code::Io naming it (name: the
+// tensor's name for messages). n == 0 reads nothing, wherever first is.
+void read_st_elements(const File& f, const StTensor& t, uint64_t first, uint64_t n, void* dst,
+                      const std::string& name);
 
 }  // namespace zs::ckpt
