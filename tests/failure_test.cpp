@@ -85,8 +85,10 @@ TEST(Failure, DeadPeerIsACommErrorNotAHang) {
     EXPECT_NE(std::string(zs_last_error()).find("rank 2 is gone"), std::string::npos) << zs_last_error();
     zs_gather_destroy(g);
     // Rank 0 serves the store: it stays until rank 1 has asked it who is
-    // gone; rank 1 stays too, or rank 0 could find it gone as well.
-    std::this_thread::sleep_for(std::chrono::milliseconds(env.rank == 0 ? 2000 : 1000));
+    // gone, which may take rank 1 the heartbeat's 2 s limit (when rank 1's
+    // own links stay quiet); rank 1 stays too, or rank 0 could find it gone
+    // as well.
+    std::this_thread::sleep_for(std::chrono::milliseconds(env.rank == 0 ? 5000 : 1000));
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });
 }

@@ -21,6 +21,29 @@
 using zs::test::RankEnv;
 using zs::test::run_ranks;
 
+namespace {
+
+// Params p0, p1, p2 of the given sizes; adds up this rank's shard bytes and
+// the qwZ packets (the default int8, blocks of 256) its shards would make.
+void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint64_t* shard_bytes,
+                    uint64_t* packet_bytes = nullptr) {
+  for (int k = 0; k < 3; ++k) {
+    zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+    const std::string name = "p" + std::to_string(k);
+    o.name = name.c_str();
+    o.ndim = 1;
+    o.shape = &sizes[k];
+    o.init = ZS_INIT_NORMAL;
+    ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
+    *shard_bytes += info.shard_numel * sizeof(float);
+    if (packet_bytes) *packet_bytes += zs::quant_packet(info.shard_numel, zs::kernels::QuantSpec{}).bytes;
+  }
+}
+
+}  // namespace
+
 TEST(StepStats, BytesOfTheStepAndTheTimeline) {
   const std::string trace = "/tmp/zs_trace_" + std::to_string(getpid()) + "_%r.json";
   run_ranks(2, [&](const RankEnv& env) {
@@ -30,18 +53,7 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     const int64_t sizes[3] = {1001, 64, 7};
     zs_param p[3];
     uint64_t shard_bytes = 0;
-    for (int k = 0; k < 3; ++k) {
-      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-      const std::string name = "p" + std::to_string(k);
-      o.name = name.c_str();
-      o.ndim = 1;
-      o.shape = &sizes[k];
-      o.init = ZS_INIT_NORMAL;
-      ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
-      zs_param_info info = ZS_PARAM_INFO_INIT;
-      ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
-      shard_bytes += info.shard_numel * sizeof(float);
-    }
+    register_three(ctx, sizes, p, &shard_bytes);
     zs_optimizer opt = nullptr;
     ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
     zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
@@ -129,20 +141,7 @@ TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
       const int64_t sizes[3] = {1001, 640, 7};
       zs_param p[3];
       uint64_t shard_bytes = 0, packet_bytes = 0;
-      const zs::kernels::QuantSpec spec;  // the defaults: int8, blocks of 256
-      for (int k = 0; k < 3; ++k) {
-        zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-        const std::string name = "p" + std::to_string(k);
-        o.name = name.c_str();
-        o.ndim = 1;
-        o.shape = &sizes[k];
-        o.init = ZS_INIT_NORMAL;
-        ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
-        zs_param_info info = ZS_PARAM_INFO_INIT;
-        ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
-        shard_bytes += info.shard_numel * sizeof(float);
-        packet_bytes += zs::quant_packet(info.shard_numel, spec).bytes;
-      }
+      register_three(ctx, sizes, p, &shard_bytes, &packet_bytes);
       zs_optimizer opt = nullptr;
       ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
       zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
