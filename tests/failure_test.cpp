@@ -81,8 +81,12 @@ TEST(Failure, DeadPeerIsACommErrorNotAHang) {
     // victim's exit late, and is still far from the 20 s timeout.
     EXPECT_LT(seconds_since(t0), 5.0) << "a dead peer must be named at once, not at the 20 s timeout";
     EXPECT_NE(std::string(zs_last_error()).find("group 'world'"), std::string::npos) << zs_last_error();
-    // The store saw rank 2's connection close: the message names it.
-    EXPECT_NE(std::string(zs_last_error()).find("rank 2 is gone"), std::string::npos) << zs_last_error();
+    // The store saw rank 2's connection close: the message names it. Or,
+    // where this rank's own links stayed quiet, its heartbeat did first.
+    const std::string msg = zs_last_error();
+    EXPECT_TRUE(msg.find("rank 2 is gone") != std::string::npos ||
+                msg.find("rank 2 (host 127.0.0.1) has sent no heartbeat") != std::string::npos)
+        << msg;
     zs_gather_destroy(g);
     // Rank 0 serves the store: it stays until rank 1 has asked it who is
     // gone, which may take rank 1 the heartbeat's 2 s limit (when rank 1's

@@ -291,7 +291,7 @@ std::string Heartbeat::silence(const std::vector<int>& ranks) const {
     std::snprintf(secs, sizeof secs, "%.1f",
                   std::chrono::duration<double>(now - p.heard).count());
     return "rank " + std::to_string(r) + " (host " + p.host + ") has sent no heartbeat for " +
-           secs + " s: it is stopped or hung (its process is alive but not running)";
+           secs + " s: it is stopped or hung (alive but not running), or it died";
   }
   return "";
 }

@@ -57,7 +57,7 @@ class Heartbeat {
   // "" when every world rank in `ranks` (this one and departed ones are
   // skipped) was heard within the limit; else a sentence naming the first
   // silent one: "rank 1 (host 127.0.0.1) has sent no heartbeat for 2.1 s:
-  // it is stopped or hung (its process is alive but not running)".
+  // it is stopped or hung (alive but not running), or it died".
   std::string silence(const std::vector<int>& ranks) const;
 
   // fn(sentence) runs on the heartbeat thread after each check that finds
