@@ -116,6 +116,8 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats_out) {
     stats->device_cache_bytes = pool.idle_bytes;
     stats->device_system_allocs = pool.system_allocs;
     stats->device_reuses = pool.reuses;
+    stats->nvme_bytes = m.nvme_bytes;
+    stats->loco_error_bytes = m.loco_error_bytes;
   });
 }
 

@@ -240,6 +240,10 @@ TEST(OptimizerOffloadFiles, TheSwapFileIsPreallocatedAtAddGroupAndGoesWithTheCon
     EXPECT_EQ(files, 1);
     EXPECT_GE(bytes, 12u * (kBig + 7 * 5 + 5 + 3 * 11 + 1));
     EXPECT_EQ(bytes % 4096, 0u);
+    // zs_context_memory reports the file's bytes as on NVMe.
+    zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_memory(m.ctx, &mem));
+    EXPECT_EQ(mem.nvme_bytes, bytes);
     // The context goes first: the optimizer and its file go with it.
     zs_context_destroy(m.ctx);
     EXPECT_TRUE(fs::is_empty(dir));

@@ -20,6 +20,8 @@ struct MemoryStats {
   uint64_t grad_bytes = 0;
   uint64_t optimizer_bytes = 0;
   uint64_t secondary_bytes = 0;
+  uint64_t nvme_bytes = 0;
+  uint64_t loco_error_bytes = 0;
 };
 
 // Which way fetches went (for tests and tuning).
@@ -29,8 +31,9 @@ struct FetchCounters {
   uint64_t hierarchical_gathers = 0;  // MiCS two-hop gathers
 };
 
-// Bytes the engine holds, by what they are.
-enum class Held { Shards, Gathered, Unsharded, Grads, Optimizer, Secondary };
+// Bytes the engine holds, by what they are. Nvme: swap files' bytes on
+// disk, not in memory.
+enum class Held { Shards, Gathered, Unsharded, Grads, Optimizer, Secondary, Nvme, LocoErrors };
 enum class Fetched { Gather, HpzGather, HierarchicalGather };
 
 class Ledger {
@@ -56,6 +59,8 @@ class Ledger {
     m.grad_bytes = get(grads_);
     m.optimizer_bytes = get(optimizer_);
     m.secondary_bytes = get(secondary_);
+    m.nvme_bytes = get(nvme_);
+    m.loco_error_bytes = get(loco_errors_);
     return m;
   }
   FetchCounters fetches() const {
@@ -71,6 +76,8 @@ class Ledger {
       case Held::Unsharded: return unsharded_;
       case Held::Grads: return grads_;
       case Held::Optimizer: return optimizer_;
+      case Held::Nvme: return nvme_;
+      case Held::LocoErrors: return loco_errors_;
       case Held::Secondary: break;
     }
     return secondary_;
@@ -86,6 +93,7 @@ class Ledger {
 
   std::atomic<uint64_t> shards_{0}, gathered_{0}, peak_gathered_{0}, unsharded_{0};
   std::atomic<uint64_t> num_params_{0}, grads_{0}, optimizer_{0}, secondary_{0};
+  std::atomic<uint64_t> nvme_{0}, loco_errors_{0};
   std::atomic<uint64_t> gathers_{0}, hpz_gathers_{0}, hierarchical_gathers_{0};
 };
 

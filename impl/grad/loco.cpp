@@ -5,13 +5,13 @@ namespace zs {
 std::shared_ptr<Buffer> LocoErrors::make(size_t floats) {
   if (floats == 0) return nullptr;
   auto b = std::make_shared<Buffer>(ctx_.device(), floats * sizeof(float), true);
-  ctx_.ledger().add(Held::Grads, b->bytes());
+  ctx_.ledger().add(Held::LocoErrors, b->bytes());
   return b;
 }
 
 void LocoErrors::drop(Entry& e) {
   for (auto* b : {&e.buffers.hop1, &e.buffers.hop2}) {
-    if (*b) ctx_.ledger().sub(Held::Grads, (*b)->bytes());
+    if (*b) ctx_.ledger().sub(Held::LocoErrors, (*b)->bytes());
     b->reset();  // a task still in flight holds its own reference
   }
 }

@@ -55,7 +55,10 @@ Optimizer::~Optimizer() {
   for (const auto& g : groups_)
     for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
   for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
-  if (swap_) ctx_.ledger().sub(Held::Optimizer, swap_->buffer_bytes());
+  if (swap_) {
+    ctx_.ledger().sub(Held::Optimizer, swap_->buffer_bytes());
+    ctx_.ledger().sub(Held::Nvme, swap_->file_bytes());
+  }
 }
 
 uint64_t Optimizer::state_bytes(const Slot& s) const {
@@ -117,7 +120,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       by_index[s.index] = p.get();
       group.slots.push_back(std::move(s));
     }
-    const uint64_t before = swap_->buffer_bytes();
+    const uint64_t before = swap_->buffer_bytes(), file_before = swap_->file_bytes();
     try {
       swap_->add_group(static_cast<int>(groups_.size()), specs,
                        [&](size_t index, uint64_t begin, uint64_t count, float* dst) {
@@ -133,6 +136,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     const uint64_t after = swap_->buffer_bytes();
     if (after >= before) ctx_.ledger().add(Held::Optimizer, after - before);
     else ctx_.ledger().sub(Held::Optimizer, before - after);
+    ctx_.ledger().add(Held::Nvme, swap_->file_bytes() - file_before);  // the file only grows
     groups_.push_back(std::move(group));
     return static_cast<int>(groups_.size()) - 1;
   }

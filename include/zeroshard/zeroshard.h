@@ -306,7 +306,7 @@ typedef struct zs_memory_stats {
   /* Idle host blocks kept for reuse by later fetches (process-wide, capped
    * by ZS_HOST_CACHE_MB, default 1024). */
   uint64_t host_cache_bytes;
-  uint64_t grad_bytes;        /* fp32 gradient shards (+ qgZ LoCo error buffers) */
+  uint64_t grad_bytes;        /* fp32 gradient shards */
   uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
   uint64_t hpz_secondary_bytes; /* hpZ secondary shards held now */
   /* The context device's caching pool (process-wide per device): idle
@@ -316,8 +316,13 @@ typedef struct zs_memory_stats {
   uint64_t device_cache_bytes;
   uint64_t device_system_allocs;
   uint64_t device_reuses;
+  /* On disk, not in memory: the NVMe swap files' bytes (optimizer state
+   * under offload_optimizer.device "nvme"), preallocated when an optimizer
+   * group is added. */
+  uint64_t nvme_bytes;
+  uint64_t loco_error_bytes;  /* qgZ LoCo error-feedback buffers (fp32) */
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* ZS_MEMORY_STATS_INIT for languages without C macros: its values into the
  * first `size` bytes of *stats (pass sizeof *stats). */

@@ -122,6 +122,8 @@ mutable struct zs_memory_stats
     device_cache_bytes::UInt64
     device_system_allocs::UInt64
     device_reuses::UInt64
+    nvme_bytes::UInt64
+    loco_error_bytes::UInt64
     zs_memory_stats() = new()  # filled by zs_memory_stats_init
 end
 

@@ -165,6 +165,8 @@ pub struct zs_memory_stats {
     pub device_cache_bytes: u64,
     pub device_system_allocs: u64,
     pub device_reuses: u64,
+    pub nvme_bytes: u64,
+    pub loco_error_bytes: u64,
 }
 
 #[repr(C)]
