@@ -171,21 +171,5 @@ int main(int argc, char** argv) {
   }
   std::vector<int> ports;
   for (int i = 0; i < a.rounds * 2; ++i) ports.push_back(zs::bench::free_port());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < a.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      run_rank(a, r, ports);
-      std::fflush(stdout);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
-  }
-  return rc;
+  return zs::bench::fork_ranks(a.ranks, [&](int r) { run_rank(a, r, ports); }) ? 0 : 1;
 }

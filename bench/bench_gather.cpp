@@ -182,22 +182,7 @@ int main(int argc, char** argv) {
   const int port = zs::bench::free_port();
   char dir[] = "/tmp/zs_bench_gloo_XXXXXX";
   if (!mkdtemp(dir)) return 1;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < a.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      run_rank(a, r, port, dir);
-      std::fflush(stdout);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t pid : pids) {
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
-  }
+  int rc = zs::bench::fork_ranks(a.ranks, [&](int r) { run_rank(a, r, port, dir); }) ? 0 : 1;
   std::string cleanup = std::string("rm -rf ") + dir;
   if (std::system(cleanup.c_str()) != 0) rc = 1;
   return rc;
