@@ -268,7 +268,10 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code c, const std::string& m) {
-                                         const std::string note = failure_note();
+                                         // A silent peer is named already, and
+                                         // may be rank 0 that serves the store.
+                                         std::string note =
+                                             silence().empty() ? departed_note() : "";
                                          record_async_error(c, m + note);
                                          return note;
                                        });
@@ -435,23 +438,12 @@ std::string Context::silence(std::vector<int> ranks) const {
   return heartbeat_->silence(ranks);
 }
 
-// What a failed collective's message gains: which ranks are gone. A
-// silent peer is named by the message already; if it died rather than
-// stopped, the store saw its connection close long before the heartbeat
-// limit, so one look says so. Not when the silent one is rank 0: its store
-// would not answer.
-std::string Context::failure_note() {
-  if (silence().empty()) return departed_note(5);
-  if (ranks_.rank != 0 && !silence({0}).empty()) return "";
-  return departed_note(1);
-}
-
 // Which ranks' store connections closed (they died, or left), to name them
 // in a failed collective's message. The store may see a close a moment
-// after the transport does, so it looks up to `attempts` times.
-std::string Context::departed_note(int attempts) {
+// after the transport does, so it looks a few times before giving up.
+std::string Context::departed_note() {
   if (!tcp_store_ || !store_) return "";
-  for (int attempt = 0; attempt < attempts; ++attempt) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
     std::string gone;
     int count = 0;
     try {
@@ -468,7 +460,7 @@ std::string Context::departed_note(int attempts) {
     if (count > 0)
       return std::string("; rank") + (count > 1 ? "s " : " ") + gone + (count > 1 ? " are" : " is") +
              " gone (its connection to the store closed: the process died or exited)";
-    if (attempt + 1 < attempts) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return "";
 }

@@ -200,8 +200,7 @@ class Context {
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
   void finalize_store();
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
-  std::string failure_note();
-  std::string departed_note(int attempts);
+  std::string departed_note();
 
   uint64_t id_ = 0;
   RankInfo ranks_;
