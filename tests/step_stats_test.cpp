@@ -42,6 +42,21 @@ void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint6
   }
 }
 
+// One training step of the three params: fetch and release them in one
+// coordinated step, push a gradient to each, step the optimizer.
+void one_step(zs_context ctx, zs_optimizer opt, const int64_t sizes[3], zs_param p[3]) {
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  ZS_ASSERT_OK(zs_coord_fetch(ctx, p, 3));
+  ZS_ASSERT_OK(zs_coord_release(ctx, p, 3));
+  ZS_ASSERT_OK(zs_step_end(ctx));
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> g(static_cast<size_t>(sizes[k]), 0.25f);
+    ZS_ASSERT_OK(zs_grad_push(p[k], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
+  }
+  zs_step_result r = ZS_STEP_RESULT_INIT;
+  ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+}
+
 }  // namespace
 
 TEST(StepStats, BytesOfTheStepAndTheTimeline) {
@@ -61,18 +76,7 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     zs_step_stats st = ZS_STEP_STATS_INIT;
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 0) << "no step yet";
-    for (int step = 0; step < 3; ++step) {
-      ZS_ASSERT_OK(zs_step_begin(ctx));
-      ZS_ASSERT_OK(zs_coord_fetch(ctx, p, 3));
-      ZS_ASSERT_OK(zs_coord_release(ctx, p, 3));
-      ZS_ASSERT_OK(zs_step_end(ctx));
-      for (int k = 0; k < 3; ++k) {
-        std::vector<float> g(static_cast<size_t>(sizes[k]), 0.25f);
-        ZS_ASSERT_OK(zs_grad_push(p[k], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
-      }
-      zs_step_result r = ZS_STEP_RESULT_INIT;
-      ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
-    }
+    for (int step = 0; step < 3; ++step) one_step(ctx, opt, sizes, p);
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 3);
     // One coalesced gather of the three params, one bucket reduced: each
@@ -148,16 +152,7 @@ TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
       ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
       zs_fetch_stats before = ZS_FETCH_STATS_INIT;
       ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &before));
-      ZS_ASSERT_OK(zs_step_begin(ctx));
-      ZS_ASSERT_OK(zs_coord_fetch(ctx, p, 3));
-      ZS_ASSERT_OK(zs_coord_release(ctx, p, 3));
-      ZS_ASSERT_OK(zs_step_end(ctx));
-      for (int k = 0; k < 3; ++k) {
-        std::vector<float> g(static_cast<size_t>(sizes[k]), 0.25f);
-        ZS_ASSERT_OK(zs_grad_push(p[k], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
-      }
-      zs_step_result r = ZS_STEP_RESULT_INIT;
-      ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+      one_step(ctx, opt, sizes, p);
       zs_fetch_stats s = ZS_FETCH_STATS_INIT;
       ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
       const uint64_t peers = static_cast<uint64_t>(world - 1);

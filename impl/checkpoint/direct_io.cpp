@@ -203,14 +203,9 @@ bool DirectReadFile::pread_all(char* p, size_t n, uint64_t at, const std::string
       }
       io_fail("cannot read", path_, errno);
     }
-    if (r == 0) {
-      struct stat st;
-      const uint64_t size = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-      fail(Code::Io, "file '", path_, "' is truncated: ", what, " needs bytes up to ", at + n,
-           ", the file has ", size);
-    }
-    if (static_cast<size_t>(r) % kDirectAlign != 0 && static_cast<size_t>(r) < n) {
-      // A short read that is not whole blocks ends at the file's end.
+    // Nothing, or a short read that is not whole blocks: the file ends
+    // before the bytes wanted.
+    if (r == 0 || (static_cast<size_t>(r) % kDirectAlign != 0 && static_cast<size_t>(r) < n)) {
       struct stat st;
       const uint64_t size = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
       fail(Code::Io, "file '", path_, "' is truncated: ", what, " needs bytes up to ", at + n,
