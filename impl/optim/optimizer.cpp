@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "impl/fetch/coordinator.h"
@@ -239,6 +240,10 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
 // element-wise).
 void Optimizer::update_swapped(float grad_scale) {
   Device& dev = *ctx_.device();
+  // A param's pieces come in order, sub-group after sub-group: its shard
+  // stays resident across them (read back and written once when offloaded).
+  std::optional<ShardAccess> shard;
+  const Param* shard_of = nullptr;
   swap_->for_each([&](const SwappedState::View& v) {
     bool changed = false;
     const Hparams& hp = groups_[static_cast<size_t>(v.sg.group)].hp;
@@ -249,9 +254,13 @@ void Optimizer::update_swapped(float grad_scale) {
       if (!p.grad || !p.grad_pushed) continue;  // no gradient this step: the param stays
       const bool last = pc.begin + pc.count == p.layout.shard_numel;
       const bool f32 = p.dtype == DType::F32;
-      const ShardAccess shard(ctx_, p, ShardAccess::Write);
-      float* master = f32 ? static_cast<float*>(shard.data()) + pc.begin : v.master(pc);
-      void* working = f32 ? nullptr : static_cast<char*>(shard.data()) + pc.begin * p.elem_bytes();
+      if (shard_of != &p) {
+        shard.reset();
+        shard.emplace(ctx_, p, ShardAccess::Write);
+        shard_of = &p;
+      }
+      float* master = f32 ? static_cast<float*>(shard->data()) + pc.begin : v.master(pc);
+      void* working = f32 ? nullptr : static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
       if (!f32 && s.master_of_version != p.shard_version) {
         ops::refresh_master(dev, working, p.dtype, master, pc.count);
         if (last) s.master_of_version = p.shard_version;
@@ -284,6 +293,7 @@ void Optimizer::update_swapped(float grad_scale) {
     if (changed) dev.synchronize();  // the buffer is complete before it goes out
     return changed;
   });
+  shard.reset();
 }
 
 void Optimizer::flush_state_views() {
