@@ -248,11 +248,16 @@ TEST(ParamOffloadErrors, ATruncatedSwapFileIsAnIoErrorNamingIt) {
     for (const auto& e : fs::directory_iterator(dir)) file = e.path().string();
     ASSERT_FALSE(file.empty());
     ASSERT_EQ(::truncate(file.c_str(), 0), 0);
+    // The read-back runs on the gather's thread: the gather fails with it.
     zs_gather g = nullptr;
-    EXPECT_EQ(zs_fetch(&g, ctx, &p, 1), ZS_ERR_IO);
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    EXPECT_EQ(zs_gather_wait(g, -1), ZS_ERR_IO);
     const std::string msg = zs_last_error();
+    EXPECT_NE(msg.find("reading back param 'w' (float32 [5000]) from the param swap file"), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find(file), std::string::npos) << msg;
     EXPECT_NE(msg.find("unexpected end of file"), std::string::npos) << msg;
+    zs_gather_destroy(g);
     zs_context_destroy(ctx);
   });
   fs::remove_all(dir);

@@ -164,11 +164,16 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   const bool hpz_route = hpz && group == ctx.partition_group();
   bool from_secondary = hpz_route;
   for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
-  // Shards stay resident while the gather is set up; it keeps its own
-  // references to what it reads after that.
+  // Each param's shard for this gather: resident while the gather is set
+  // up (it keeps its own references after that), or, offloaded, a buffer
+  // its group thread reads back first (read_backs).
   std::vector<ShardAccess> reading;
+  std::vector<std::function<void()>> read_backs;
   if (!from_secondary)
-    for (const auto& p : params) reading.emplace_back(ctx, *p, ShardAccess::Read);
+    for (const auto& p : params) {
+      reading.emplace_back(ctx, *p, ShardAccess::ReadInGather);
+      if (reading.back().read_back()) read_backs.push_back(reading.back().read_back());
+    }
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
   // qwZ: gathers from the primary shards (forward; every gather without
   // hpZ) travel quantized; hpZ's secondary gathers stay exact.
@@ -227,13 +232,14 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       }
       auto t1 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes));
       auto t2 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes * local));
-      hop1.push_back({q ? packet : p.shard->data(), t1->data(), b, q});
-      keep.push_back(p.shard);
+      const BufferPtr& shard = reading[i].buffer();
+      hop1.push_back({q ? packet : shard->data(), t1->data(), b, q});
+      keep.push_back(shard);
       keep.push_back(t1);
       keep.push_back(t2);
       const GatherSegment second{t1->data(), t2->data(), b * static_cast<size_t>(nodes), q};
       if (q) {
-        quants.push_back({p.shard->data(), packet, static_cast<const uint8_t*>(t2->data()),
+        quants.push_back({shard->data(), packet, static_cast<const uint8_t*>(t2->data()),
                           static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
                           b});
         quant_hop2.push_back(second);
@@ -247,7 +253,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     hop2.insert(hop2.end(), quant_hop2.begin(), quant_hop2.end());
     ctx.ledger().count(Fetched::HierarchicalGather);
     auto first = inter->submit(what + " (MiCS hop 1: across nodes)",
-                               [hop1, keep, quants, spec, dev](Communicator& c) {
+                               [hop1, keep, quants, spec, dev, read_backs](Communicator& c) {
+                                 for (const auto& read_back : read_backs) read_back();
                                  pack_all(*dev, quants, spec);
                                  c.allgather_coalesced(hop1);
                                });
@@ -274,7 +281,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     const int members = group->size();
     for (size_t i = 0; i < n; ++i) {
       Param& p = *params[i];
-      keep.push_back(p.shard);
+      const BufferPtr& shard = reading[i].buffer();
+      keep.push_back(shard);
       if (qwz && quantizable(p.dtype)) {
         const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
         auto send = std::make_shared<Buffer>(dev, packet);
@@ -282,11 +290,11 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
         keep.push_back(send);
         keep.push_back(recv);
         segments.push_back({send->data(), recv->data(), packet, true});
-        quants.push_back({p.shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
+        quants.push_back({shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
                           static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
                           packet});
       } else {
-        segments.push_back({p.shard->data(), fulls[i]->data(), p.shard_bytes()});
+        segments.push_back({shard->data(), fulls[i]->data(), p.shard_bytes()});
       }
       if (!hpz_route || alias) continue;
       // The secondary slice copies what this gather left, dequantized
@@ -301,7 +309,9 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }
-    work = group->submit(what, [segments, keep, slices, dev, quants, spec, members](Communicator& c) {
+    work = group->submit(what, [segments, keep, slices, dev, quants, spec, members,
+                                read_backs](Communicator& c) {
+      for (const auto& read_back : read_backs) read_back();
       pack_all(*dev, quants, spec);
       c.allgather_coalesced(segments);
       unpack_all(*dev, quants, spec, members, [](int k) { return k; });

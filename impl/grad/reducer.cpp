@@ -178,11 +178,24 @@ void GradReducer::flush(Bucket& b) {
           add_into_shards(static_cast<const float*>(mine.data()));
         });
   }
-  if (ctx_.config().overlap_comm) {
-    pending_.push_back(std::move(w));
-  } else {
+  if (!ctx_.config().overlap_comm) {
     w->wait(-1);
+    return;
   }
+  // A backward that outruns the wire waits here for the oldest bucket, as
+  // DeepSpeed's double-buffered reduction does, instead of queueing every
+  // bucket's full-size copy until the step (a model's whole gradient).
+  pending_.push_back(std::move(w));
+  const auto wait_begin = Trace::Clock::now();
+  bool waited = false;
+  while (pending_.size() > kMaxInFlight || (!pending_.empty() && pending_.front()->done())) {
+    waited = waited || !pending_.front()->done();
+    const auto oldest = std::move(pending_.front());
+    pending_.pop_front();
+    oldest->wait(-1);  // rethrows its error
+  }
+  if (waited)
+    ctx_.comm_stats()->add_wait(std::chrono::duration<double>(Trace::Clock::now() - wait_begin).count());
 }
 
 void GradReducer::sync() {

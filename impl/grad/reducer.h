@@ -7,6 +7,7 @@
 // trainer's backward. Each call takes the engine lock itself.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -56,7 +57,10 @@ class GradReducer : public ParamKeeper {
   Context& ctx_;
   float grad_divisor_ = 1.0f;
   std::map<const Group*, Bucket> open_;
-  std::vector<std::shared_ptr<Work>> pending_;
+  // Buckets reducing on their group's thread (overlap_comm), oldest first;
+  // at most kMaxInFlight, each holding its full-size fp32 copy.
+  static constexpr size_t kMaxInFlight = 2;
+  std::deque<std::shared_ptr<Work>> pending_;
   std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
   std::set<const Param*> touched_set_;
   LocoErrors loco_;  // used with zeropp_loco_param and qgZ

@@ -36,7 +36,7 @@ class ParamSwap : public ParamKeeper {
     so.file_name = swap_file_name(ctx.ranks().rank);
     so.aio = ctx.config().aio;
     so.what = "offload_param.nvme_path";
-    swapper_ = std::make_unique<Swapper>(so);
+    swapper_ = std::make_shared<Swapper>(so);
   }
   ~ParamSwap() override { ctx_.ledger().sub(Held::Nvme, swapper_->size()); }
 
@@ -96,6 +96,17 @@ class ParamSwap : public ParamKeeper {
     }
   }
 
+  // A buffer for a gather and the read that fills it (not cached).
+  std::function<void()> read_back(Param& p, const BufferPtr& into) {
+    return [swapper = swapper_, into, offset = p.swap_offset, bytes = p.shard_bytes(), what = p.describe()] {
+      try {
+        swapper->read(offset, into->data(), bytes);
+      } catch (const Error& e) {
+        throw Error(e.code(), "reading back " + what + " from the param swap file: " + e.what());
+      }
+    };
+  }
+
   void keep(Param& p) {
     acquire(p);
     busy(p);
@@ -141,7 +152,9 @@ class ParamSwap : public ParamKeeper {
 
   Context& ctx_;
   const uint64_t budget_;  // elements of idle shards kept in memory
-  std::unique_ptr<Swapper> swapper_;
+  // Shared with gathers' read-backs, which may outlive this attachment on a
+  // group thread.
+  std::shared_ptr<Swapper> swapper_;
   std::map<uint64_t, Idle> idle_;  // by last use, oldest first
   uint64_t idle_elements_ = 0;
   uint64_t clock_ = 0;
@@ -167,12 +180,24 @@ bool params_offloaded(Context& ctx) {
 ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
     : ctx_(&ctx), param_(&param), write_(intent == Write) {
   const auto held = ctx.lock();
-  if (ParamSwap* swap = swap_of(ctx, param)) buffer_ = swap->acquire(param);
-  else buffer_ = param.shard;
+  ParamSwap* swap = swap_of(ctx, param);
+  if (swap == nullptr) {
+    buffer_ = param.shard;
+  } else if (intent == ReadInGather && !param.shard) {
+    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes());
+    read_back_ = swap->read_back(param, buffer_);
+    param_ = nullptr;  // nothing acquired, nothing to release
+  } else {
+    buffer_ = swap->acquire(param);
+  }
 }
 
 ShardAccess::ShardAccess(ShardAccess&& other) noexcept
-    : ctx_(other.ctx_), param_(other.param_), buffer_(std::move(other.buffer_)), write_(other.write_) {
+    : ctx_(other.ctx_),
+      param_(other.param_),
+      buffer_(std::move(other.buffer_)),
+      write_(other.write_),
+      read_back_(std::move(other.read_back_)) {
   other.param_ = nullptr;
 }
 

@@ -15,10 +15,13 @@
 // ShardAccess, for as long as it uses the pointer. A gather in flight keeps
 // its own reference to the buffer it reads, so a shard dropped from the
 // cache meanwhile stays readable until the gather is done. All of this runs
-// under the engine lock; group threads only see buffers.
+// under the engine lock; group threads only see buffers, and a gather's
+// read-back (ReadInGather) runs on its group thread, overlapping whatever
+// the caller does meanwhile.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "impl/core/context.h"
@@ -36,9 +39,14 @@ bool params_offloaded(Context& ctx);
 // the swap file if it was dropped), keeps it resident until destroyed, and
 // then, if it was taken for writing, marks it changed. Destroying the last
 // access of a param lets the cache trim itself.
+//
+// ReadInGather, for a gather being set up: a shard in memory is used as it
+// is; one only on NVMe gets a fresh buffer that is not read yet: the gather
+// runs read_back() on its group thread before it sends (the buffer is the
+// gather's alone, never cached, and not counted as a shard in memory).
 class ShardAccess {
  public:
-  enum Intent { Read, Write };
+  enum Intent { Read, Write, ReadInGather };
   ShardAccess(Context& ctx, Param& param, Intent intent);
   ~ShardAccess();
   ShardAccess(ShardAccess&& other) noexcept;
@@ -48,12 +56,16 @@ class ShardAccess {
 
   void* data() const { return buffer_->data(); }
   const BufferPtr& buffer() const { return buffer_; }
+  // ReadInGather of a shard only on NVMe: the read that fills buffer(), to
+  // run on any thread (it throws the swap file's error); else empty.
+  const std::function<void()>& read_back() const { return read_back_; }
 
  private:
   Context* ctx_;
   Param* param_;
   BufferPtr buffer_;
   bool write_;
+  std::function<void()> read_back_;
 };
 
 // At registration, after the shard's first values are written: gives the
