@@ -8,7 +8,7 @@
 # Prints each step's loss and time, each rank's memory and peak RSS, and
 # writes the run's JSON line to build/demo/big_model.json.
 #
-#   scripts/big_model_demo.sh [offload dir, default build/demo/offload] [steps, default 4]
+#   scripts/big_model_demo.sh [offload dir, default build/demo/offload] [steps, default 3]
 #
 # Needs about 12 bytes per param of free disk under the offload directory
 # (shards 4, moments 8) and says so, without running, when there is less.
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build/demo/offload}"
-steps="${2:-4}"
+steps="${2:-3}"
 mkdir -p "$dir" build/demo
 
 # The smallest stack of 3072-wide blocks whose state reaches 2x RAM.
@@ -47,13 +47,13 @@ if [ "$free" -lt "$need" ]; then
 fi
 
 export PYTHONPATH=bindings/python ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so"
-export OMP_NUM_THREADS=1 ZS_HOST_CACHE_MB=256 ZS_TIMEOUT_MS=1800000
+export OMP_NUM_THREADS=1 ZS_HOST_CACHE_MB=0 ZS_TIMEOUT_MS=1800000
 # Memory-lean fetch settings: at most ~600 MB of gathered params at once.
 lean='{"zero_optimization": {"max_live_parameters": 150000000, "prefetch_bucket_size": 50000000,
        "max_reuse_distance": 0, "reduce_bucket_size": 20000000}}'
 start=$(date +%s)
 build/bin/zsrun -n 2 -- .venv/bin/python examples/python/train_gpt.py \
-  --dim 3072 --heads 24 --layers "$layers" --ctx 32 --batch 1 --steps "$steps" --lr 3e-4 --log-every 1 \
+  --dim 3072 --heads 24 --layers "$layers" --ctx 32 --batch 1 --steps "$steps" --lr 3e-5 --log-every 1 \
   --offload-dir "$dir" --max-in-cpu 2e7 --sub-group-size 1e7 --checkpoint-activations \
   --config-json "$lean" | tee build/demo/big_model.log
 grep '^\[rank 0\] {' build/demo/big_model.log | sed 's/^\[rank 0\] //' > build/demo/big_model.json

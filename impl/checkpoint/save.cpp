@@ -125,7 +125,16 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
     for (int slot = 0; slot < 3; ++slot) {
       if (!opt->has_state(p, slot)) continue;
       if (slot == 0 && p.dtype == DType::F32) continue;  // the master is the shard
-      add(state_name(opt->kind(), slot), DType::F32, opt->state(p, slot, nullptr));
+      if (opt->state_swapped(p, slot)) {  // read from the swap file at its turn, a param at a time
+        add(state_name(opt->kind(), slot), DType::F32, nullptr);
+        sources.back().open = [opt, slot, param = params[i]]() -> std::shared_ptr<const void> {
+          auto copy = std::make_shared<std::vector<float>>(param->layout.shard_numel);
+          opt->copy_swapped_state(*param, slot, copy->data());
+          return std::shared_ptr<const void>(copy, copy->data());
+        };
+      } else {
+        add(state_name(opt->kind(), slot), DType::F32, opt->state(p, slot, nullptr));
+      }
     }
   }
   std::map<std::string, std::string> meta{{"format", kFormatName},

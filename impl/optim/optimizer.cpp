@@ -305,6 +305,22 @@ void Optimizer::flush_state_views() {
   }
 }
 
+bool Optimizer::state_swapped(const Param& p, int slot) {
+  const auto held = ctx_.lock();
+  const Slot* s = find_slot(p);
+  return s != nullptr && slot >= 0 && slot <= 2 && s->swapped[slot];
+}
+
+void Optimizer::copy_swapped_state(const Param& p, int slot, float* dst) {
+  const auto held = ctx_.lock();
+  const Slot* s = find_slot(p);
+  if (s == nullptr || slot < 0 || slot > 2 || !s->swapped[slot])
+    fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(), " is not on NVMe");
+  auto view = views_.find({s->index, slot});
+  if (view != views_.end()) std::memcpy(dst, view->second.data(), view->second.size() * sizeof(float));
+  else swap_->read_slot(s->index, slot, dst);
+}
+
 std::vector<std::shared_ptr<Param>> Optimizer::group_params(size_t group) const {
   std::vector<std::shared_ptr<Param>> out;
   for (const auto& s : groups_.at(group).slots) out.push_back(s.param);

@@ -55,6 +55,12 @@ class Optimizer {
   float* state(const Param& p, int slot, uint64_t* numel);
   // Writes the host copies state() made of NVMe state back and frees them.
   void flush_state_views();
+  // Whether slot `slot` of p lives in the swap file (read it with
+  // copy_swapped_state, a param at a time, rather than state()).
+  bool state_swapped(const Param& p, int slot);
+  // Copies a swapped slot's shard_numel floats into dst (from the host copy
+  // state() made, if there is one), without keeping a copy.
+  void copy_swapped_state(const Param& p, int slot, float* dst);
   // The swap file's bytes (0 unless the state is on NVMe).
   uint64_t swapped_bytes() const { return swap_ ? swap_->file_bytes() : 0; }
   int64_t steps() const;
