@@ -114,7 +114,8 @@ class StagedCommunicator final : public Communicator {
     s.place();
     std::vector<GatherSegment> staged;
     staged.reserve(segments.size());
-    for (const auto& g : segments) staged.push_back({s.get(g.send), s.get(g.recv), g.bytes});
+    for (const auto& g : segments)
+      staged.push_back({s.get(g.send), s.get(g.recv), g.bytes, g.quantized});
     inner_->allgather_coalesced(staged);
     s.finish();
   }
