@@ -3,7 +3,9 @@
 // the same block size and queue depth, on the same directory in the same
 // run; then an AdamW step over bf16 params with the optimizer state on NVMe
 // against the same step in memory, and against the disk bound (the bytes
-// the step moves at fio's bandwidths).
+// the step moves at fio's bandwidths); then the same with the param's shard
+// on NVMe too (offload_param, no cache): the step, and a fetch that reads
+// the shard back, each against its disk bound.
 //
 //   build/bin/bench_swapper [--dir DIR] [--mib 1024] [--block-size 1048576]
 //                           [--queue-depth 8] [--threads 1] [--reps 3]
@@ -154,15 +156,18 @@ Bandwidth fio_bandwidth(const Args& a, uint64_t bytes) {
 
 struct StepTimes {
   double median = 0.0;
-  uint64_t swap_bytes = 0;  // the optimizer's swap file
+  double fetch_median = 0.0;  // zs_fetch + wait + release
+  uint64_t swap_bytes = 0;  // the swap files
 };
 
 // AdamW over one bf16 param of a.params elements in a world of one:
 // median of a.steps steps (after one warm-up), gradients pushed untimed.
-StepTimes step_time(const Args& a, bool nvme) {
+StepTimes step_time(const Args& a, bool nvme, bool params_nvme = false) {
   std::string config = "{}";
+  const std::string params_section =
+      params_nvme ? R"("offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": ")" + a.dir + R"("}, )" : "";
   if (nvme)
-    config = R"({"zero_optimization": {"sub_group_size": )" + std::to_string(a.sub_group) +
+    config = R"({"zero_optimization": {)" + params_section + R"("sub_group_size": )" + std::to_string(a.sub_group) +
              R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + a.dir +
              R"(", "buffer_count": 3, "pipeline_read": true, "pipeline_write": true}},
              "aio": {"block_size": )" + std::to_string(a.block) + R"(, "queue_depth": )" +
@@ -191,20 +196,29 @@ StepTimes step_time(const Args& a, bool nvme) {
   CHECK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
   std::vector<float> grad(static_cast<size_t>(a.params));
   for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(static_cast<float>(i)) * 1e-3f;
-  std::vector<double> times;
+  std::vector<double> times, fetches;
   for (int k = 0; k <= a.steps; ++k) {
     CHECK(zs_grad_push(p, grad.data(), ZS_FLOAT32, grad.size() * sizeof(float)));
     zs_step_result r = ZS_STEP_RESULT_INIT;
     const double t0 = now();
     CHECK(zs_optimizer_step(opt, &r));
     if (k > 0) times.push_back(now() - t0);
+    zs_gather g = nullptr;
+    const double t1 = now();
+    CHECK(zs_fetch(&g, ctx, &p, 1));
+    CHECK(zs_gather_wait(g, -1));
+    CHECK(zs_gather_destroy(g));
+    CHECK(zs_release(ctx, &p, 1));
+    if (k > 0) fetches.push_back(now() - t1);
   }
   StepTimes st;
   if (nvme)
     for (const auto& e : fs::directory_iterator(a.dir))
-      if (e.path().filename().string().rfind("zeroshard-optimizer-", 0) == 0) st.swap_bytes += e.file_size();
+      if (e.path().filename().string().rfind("zeroshard-", 0) == 0) st.swap_bytes += e.file_size();
   std::sort(times.begin(), times.end());
+  std::sort(fetches.begin(), fetches.end());
   st.median = times[times.size() / 2];
+  st.fetch_median = fetches[fetches.size() / 2];
   zs_optimizer_destroy(opt);
   zs_param_destroy(p);
   zs_context_destroy(ctx);
@@ -238,8 +252,9 @@ int main(int argc, char** argv) {
   }
   fs::create_directories(a.dir);
   const uint64_t bytes = a.mib << 20;
-  // File and fio's file, and the optimizer's swap file (12 bytes/param).
-  const uint64_t need = 2 * bytes + 12 * static_cast<uint64_t>(a.params) + (64 << 20);
+  // File and fio's file, the optimizer's swap file (12 bytes/param) and
+  // the params' (2 bytes/param).
+  const uint64_t need = 2 * bytes + 14 * static_cast<uint64_t>(a.params) + (64 << 20);
   const uint64_t free = zs::free_bytes(a.dir);
   if (need > free) {
     std::printf("skipped: '%s' has %llu bytes free, the benchmark needs %llu (try --mib, --params, --dir)\n",
@@ -286,6 +301,7 @@ int main(int argc, char** argv) {
 
   const StepTimes mem = step_time(a, false);
   const StepTimes nvme = step_time(a, true);
+  const StepTimes both = step_time(a, true, true);
   // A step reads and writes the whole state: masters and two moments.
   const double moved = 12.0 * static_cast<double>(a.params);
   const double bound = fio.read > 0 && fio.write > 0 ? moved / fio.read + moved / fio.write : 0.0;
@@ -293,6 +309,16 @@ int main(int argc, char** argv) {
               "disk bound %.3f s (%.0f MB each way at fio's bandwidths), ratio bound/step %.2f\n",
               static_cast<long long>(a.params), static_cast<long long>(a.sub_group), mem.median, nvme.median,
               nvme.median / mem.median, bound, moved / 1e6, bound > 0 ? bound / nvme.median : 0.0);
+  // With the shard offloaded too, the step also reads and writes it (2 bytes
+  // each way) and a fetch reads it back (2 bytes; the gather of a world of
+  // one is a copy).
+  const double moved_both = moved + 2.0 * static_cast<double>(a.params);
+  const double bound_both = bound > 0 ? moved_both / fio.read + moved_both / fio.write : 0.0;
+  const double fetch_bound = fio.read > 0 ? 2.0 * static_cast<double>(a.params) / fio.read : 0.0;
+  std::printf("with the param on NVMe too: step %.3f s, disk bound %.3f s, ratio bound/step %.2f; "
+              "fetch %.3f s (in memory %.3f s), disk bound %.3f s, ratio bound/fetch %.2f\n",
+              both.median, bound_both, bound_both > 0 ? bound_both / both.median : 0.0, both.fetch_median,
+              mem.fetch_median, fetch_bound, fetch_bound > 0 ? fetch_bound / both.fetch_median : 0.0);
   nlohmann::json j;
   j["dir"] = a.dir;
   j["file_mib"] = a.mib;
@@ -315,6 +341,11 @@ int main(int argc, char** argv) {
   j["swap_file_bytes"] = nvme.swap_bytes;
   j["disk_bound_s"] = bound;
   j["disk_bound_over_step"] = bound > 0 ? bound / nvme.median : 0.0;
+  j["step_params_nvme_s"] = both.median;
+  j["disk_bound_params_nvme_over_step"] = bound_both > 0 ? bound_both / both.median : 0.0;
+  j["fetch_memory_s"] = mem.fetch_median;
+  j["fetch_params_nvme_s"] = both.fetch_median;
+  j["disk_bound_over_fetch"] = fetch_bound > 0 ? fetch_bound / both.fetch_median : 0.0;
   std::printf("%s\n", j.dump().c_str());
   if (a.dir.find("/zs_bench_swapper_") != std::string::npos) fs::remove_all(a.dir);
   return 0;

@@ -3,6 +3,7 @@
 
 #include "capi/handles.h"
 #include "impl/partition/register.h"
+#include "impl/partition/shard_residence.h"
 
 using namespace zs;
 using namespace zs::capi;
@@ -95,7 +96,7 @@ ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info_out) {
     info->shard_offset = p.layout.shard_offset;
     info->shard_valid = p.layout.shard_valid;
     info->status = static_cast<zs_param_status>(status);
-    const DeviceRef where = p.shard->device().ref();
+    const DeviceRef where = ctx.device()->ref();
     info->device_type = where.is_cuda() ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU;
     info->device_id = where.ordinal;
   });
@@ -109,9 +110,9 @@ ZS_API zs_status zs_param_get_status(zs_param h, zs_param_status* status) {
 }
 
 ZS_API zs_status zs_param_shard_data(zs_param h, void** data, uint64_t* shard_numel) {
-  return with_param(h, [&](Context&, Param& p) {
+  return with_param(h, [&](Context& ctx, Param& p) {
     checked_out(data, "data");
-    *data = p.shard->data();
+    *data = keep_shard_in_memory(ctx, p);
     if (shard_numel) *shard_numel = p.layout.shard_numel;
   });
 }

@@ -159,7 +159,7 @@ OneChunk one_chunk(size_t n) {
   o.dir = zs::test::make_temp_dir("direct_io_read");
   o.values.resize(n);
   for (size_t i = 0; i < n; ++i) o.values[i] = static_cast<float>(i) * 0.5f - 3.0f;
-  std::vector<zs::ckpt::ShardSource> src{{"param/w", zs::DType::F32, n, o.values.data(), &o.chunk}};
+  std::vector<zs::ckpt::ShardSource> src{{"param/w", zs::DType::F32, n, o.values.data(), &o.chunk, {}}};
   zs::ckpt::FileEntry fe =
       zs::ckpt::write_shard_file(o.dir + "/rank-0.safetensors", src, *zs::host_device(), {{"pad", "xyz"}}, {});
   fe.name = "rank-0.safetensors";

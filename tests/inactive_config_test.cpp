@@ -96,18 +96,29 @@ TEST(InactiveConfig, NvmeOptimizerOffloadActsOnItsKeysSubGroupsAndAio) {
             (Paths{"aio.use_gds"}));
 }
 
-TEST(InactiveConfig, ZeroInfinityListsParamOffloadAndItsAioKeys) {
-  const auto keys = inactive(R"({"zero_optimization": {
-      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 1e8},
+// Zero-Infinity (params and optimizer state on NVMe) acts on its section
+// and the aio keys; only a tuned param buffer pool is listed: offloaded
+// shards are read into buffers of their own size, bounded by max_in_cpu.
+TEST(InactiveConfig, ZeroInfinityActsAndListsOnlyTheParamBufferPool) {
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 1e8, "max_in_cpu": 1e6},
       "offload_optimizer": {"device": "cpu"}},
-      "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 2}})");
-  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_param.device",
-                                "zero_optimization.offload_param.nvme_path",
-                                "zero_optimization.offload_param.buffer_size",
-                                "aio.block_size", "aio.queue_depth", "aio.thread_count"}));
-  EXPECT_EQ(keys[0].value, "\"nvme\"");
-  EXPECT_NE(keys[0].reason.find("parameter shards stay"), std::string::npos);
-  EXPECT_EQ(keys[1].value, "\"/nvme\"");
+      "aio": {"block_size": 1048576, "queue_depth": 32, "thread_count": 2}})").empty());
+  const auto keys = inactive(R"({"zero_optimization": {
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 4, "buffer_size": 2e8}}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_param.buffer_count",
+                                "zero_optimization.offload_param.buffer_size"}));
+  EXPECT_NE(keys[0].reason.find("bounded by offload_param.max_in_cpu"), std::string::npos);
+}
+
+// "cpu" param offload on a CPU context is where shards already are; the
+// NVMe-only keys say so.
+TEST(InactiveConfig, CpuParamOffloadListsItsNvmeKeys) {
+  const auto keys = inactive(R"({"zero_optimization": {
+      "offload_param": {"device": "cpu", "nvme_path": "/nvme", "max_in_cpu": 5}}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.offload_param.nvme_path",
+                                "zero_optimization.offload_param.max_in_cpu"}));
+  EXPECT_NE(keys[0].reason.find("read only by NVMe parameter offload"), std::string::npos);
 }
 
 TEST(InactiveConfig, AioWithoutNvmeListsOnlyTunedKeys) {
@@ -119,8 +130,7 @@ TEST(InactiveConfig, AioWithoutNvmeListsOnlyTunedKeys) {
 TEST(InactiveConfig, LegacyCpuOffloadFlags) {
   EXPECT_EQ(paths(inactive(R"({"zero_optimization": {"cpu_offload": true,
       "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})")),
-            (Paths{"zero_optimization.cpu_offload_param",
-                   "zero_optimization.cpu_offload_use_pin_memory"}));
+            (Paths{"zero_optimization.cpu_offload_use_pin_memory"}));
   EXPECT_TRUE(inactive(R"({"zero_optimization": {"cpu_offload": false}})").empty());
 }
 

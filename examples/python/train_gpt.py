@@ -14,6 +14,14 @@ step, each rank's RSS per step, each rank's shards against DDP's) and prints
 its path. Set PYTHONPATH=bindings/python and
 ZEROSHARD_LIBRARY=build/lib/libzeroshard.so when running from a source checkout.
 
+--offload-dir DIR keeps parameter shards and optimizer state on NVMe (one
+swap file per rank and kind under DIR; offload_param and offload_optimizer
+"nvme"), --max-in-cpu and --sub-group-size set their cache and sub-group
+sizes, --checkpoint-activations recomputes each block's forward in backward
+(torch.utils.checkpoint), and --config-json merges more DeepSpeed keys into
+the config. scripts/big_model_demo.sh uses them to train a model whose
+training state is twice this machine's RAM.
+
 --device cuda trains on this rank's GPU (LOCAL_RANK modulo the GPUs): the
 engine's shards, gathered params, gradients and optimizer state live there,
 and forward and backward run on views of the engine's GPU memory. The
@@ -34,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class CausalSelfAttention(nn.Module):
@@ -66,8 +75,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, dim, heads, layers, ctx):
+    def __init__(self, vocab, dim, heads, layers, ctx, checkpoint_activations=False):
         super().__init__()
+        self.checkpoint_activations = checkpoint_activations
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(ctx, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
@@ -78,7 +88,12 @@ class GPT(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for blk in self.blocks:
-            x = blk(x)
+            if self.checkpoint_activations and torch.is_grad_enabled():
+                # Only the block's input is kept; its forward runs again
+                # (gathering its params again) during backward.
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
         logits = self.head(self.ln(x))
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -165,6 +180,16 @@ def main():
     ap.add_argument("--corpus", default=str(Path(__file__).parent / "data" / "corpus.txt"))
     ap.add_argument("--log-every", type=int, default=10, help="print loss and tokens/s every N steps")
     ap.add_argument("--plot", default=None, help="write a PNG of loss and per-rank memory here (rank 0)")
+    ap.add_argument("--offload-dir", default=None,
+                    help="keep parameter shards and optimizer state on NVMe under this directory")
+    ap.add_argument("--max-in-cpu", type=float, default=1e9,
+                    help="with --offload-dir: elements of unused parameter shards cached in memory")
+    ap.add_argument("--sub-group-size", type=float, default=1e9,
+                    help="with --offload-dir: elements of optimizer state stepped per sub-group")
+    ap.add_argument("--checkpoint-activations", action="store_true",
+                    help="recompute each block's forward during backward (torch.utils.checkpoint)")
+    ap.add_argument("--config-json", default="{}",
+                    help="more DeepSpeed config, merged into the engine's (e.g. zero_optimization keys)")
     args = ap.parse_args()
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -188,7 +213,8 @@ def main():
     # device, so a run on the GPU starts from the CPU run's weights.
     rss_before_model = rss_bytes()
     torch.manual_seed(0)
-    make = lambda: GPT(len(chars), args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
+    make = lambda: GPT(len(chars), args.dim, args.heads, args.layers, args.ctx,  # noqa: E731
+                       args.checkpoint_activations)
     if args.ddp:
         module = make().to(device)
         model = nn.parallel.DistributedDataParallel(
@@ -199,6 +225,18 @@ def main():
     else:
         import zeroshard.torch as zt
         config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": args.batch}
+        if args.offload_dir:
+            config["zero_optimization"].update({
+                "offload_param": {"device": "nvme", "nvme_path": args.offload_dir,
+                                  "max_in_cpu": int(args.max_in_cpu)},
+                "offload_optimizer": {"device": "nvme", "nvme_path": args.offload_dir,
+                                      "buffer_count": 2, "pipeline_read": True, "pipeline_write": True},
+                "sub_group_size": int(args.sub_group_size)})
+        for key, value in json.loads(args.config_json).items():
+            if isinstance(value, dict):
+                config.setdefault(key, {}).update(value)
+            else:
+                config[key] = value
         # The context on the chosen device: built on the host, the params
         # are registered from host memory and live on `device` from then on.
         zt.init_context(config=config, device=str(device), backend=args.backend)
@@ -250,6 +288,7 @@ def main():
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "rss_before_model_bytes": rss_before_model, "rss_per_step": rss_per_step}
     if not args.ddp:
+        mine["nvme_bytes"] = engine["nvme_bytes"]
         mine["peak_gathered_bytes"] = engine["peak_gathered_bytes"]
         mine["host_cache_bytes"] = engine["host_cache_bytes"]
     everyone = [None] * world
@@ -264,7 +303,8 @@ def main():
             state = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
             print(f"  rank {r['rank']}: params {r['param_bytes'] / MIB:.2f} + grads {r['grad_bytes'] / MIB:.2f} + "
                   f"AdamW state {r['optimizer_bytes'] / MIB:.2f} = {state / MIB:.2f} MiB "
-                  f"({state / ddp_state:.2f}x DDP's), peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB", flush=True)
+                  f"({state / ddp_state:.2f}x DDP's), peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB"
+                  + (f", on NVMe {r['nvme_bytes'] / MIB:.0f} MiB" if r.get("nvme_bytes") else ""), flush=True)
         report = {"example": "train_gpt", "engine": name, "ranks": world,
                   "steps": args.steps, "device": str(device), "backend": backend,
                   "final_loss": loss_value, "losses": losses, "step_times_s": step_times,

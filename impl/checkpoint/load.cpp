@@ -13,6 +13,7 @@
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs::ckpt {
 namespace {
@@ -76,6 +77,9 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   LoadResult result;
   std::vector<Staged> staged;
+  // Shards resident until the staged copies land in them (offload: read
+  // back from the swap file, written back when the cache drops them).
+  std::vector<ShardAccess> writing;
   json opt_j;
   int64_t steps = 0;  // of opt_j, read with the rest before anything changes
   LossScaler::State scaler;
@@ -149,6 +153,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       void* dst;
     };
     std::vector<Item> items;
+    writing.reserve(params.size());
     for (const auto& sp : params) {
       const Param& p = *sp;
       const ParamEntry& e = *m.find(name_of.at(&p));
@@ -159,7 +164,8 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       // The working shard: bit for bit when the dtype is unchanged, else
       // cast from the best fp32 values there are.
       const std::string work_src = e.dtype == p.dtype ? kParam : f32_src;
-      items.push_back({&p, &e, work_src, p.dtype, p.shard->data()});
+      writing.emplace_back(ctx, *sp, ShardAccess::Write);
+      items.push_back({&p, &e, work_src, p.dtype, writing.back().data()});
       if (!opt || !opt->has_state(p, 0)) continue;
       if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state(p, 0, nullptr)});
       for (int slot = 1; slot < 3; ++slot) {

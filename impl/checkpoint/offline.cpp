@@ -250,7 +250,7 @@ void reshard(const std::string& path, const std::string& tag, const std::string&
           c.file = r;
           c.offset = l.shard_offset;
           dst.push_back(c);
-          sources.push_back({state + "/" + p.name, dt, l.shard_valid, data.back().data(), &dst.back()});
+          sources.push_back({state + "/" + p.name, dt, l.shard_valid, data.back().data(), &dst.back(), {}});
         }
       }
       const std::string name = rank_file_name(r, world);

@@ -13,6 +13,7 @@
 #include "impl/device/ops.h"
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs::ckpt {
 namespace {
@@ -127,6 +128,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     std::unique_ptr<Buffer> staged;  // this rank's shard, until every one arrived
   };
   std::vector<Out> outs;
+  std::vector<ShardAccess> writing;  // shards resident until the copies land
   uint64_t total = 0, done = 0;
   for (const auto& p : params) total += p->full_bytes();
   size_t loaded = 0;
@@ -172,7 +174,8 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       p.group->run("load_pretrained " + p.describe(), [&](Communicator& c) { c.scatter(inputs, recv, shard_bytes, 0); });
       outs.push_back(std::move(out));
     };
-    scatter(full, p.shard_bytes(), p.shard->data());
+    writing.emplace_back(ctx, p, ShardAccess::Write);
+    scatter(full, p.shard_bytes(), writing.back().data());
     if (master) scatter(full32, p.layout.shard_numel * sizeof(float), opt->state(p, 0, nullptr));
     ++loaded;
     done += p.full_bytes();
@@ -192,6 +195,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   if (o.from_rank0 && ctx.ranks().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
   std::vector<Staged> staged;
+  std::vector<ShardAccess> writing;  // shards resident until the copies land
   size_t loaded = 0;
   std::string error;
   Code error_code = Code::Ok;
@@ -215,7 +219,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     uint64_t total = 0, done = 0;
     for (const auto& p : params) total += p->layout.shard_valid * p->elem_bytes();
     for (const auto& sp : params) {
-      const Param& p = *sp;
+      Param& p = *sp;
       const std::string& name = name_of.at(&p);
       std::string file;
       const StTensor* t = tensor_of(name, &file);
@@ -240,7 +244,8 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
         f32.resize(n);
         ops::cast_to_f32(*host_device(), raw.data(), t->dtype, f32.data(), n);
       }
-      Staged s{p.shard->data(), p.shard_bytes(), std::unique_ptr<char[]>(new char[p.shard_bytes()])};
+      writing.emplace_back(ctx, p, ShardAccess::Write);
+      Staged s{writing.back().data(), p.shard_bytes(), std::unique_ptr<char[]>(new char[p.shard_bytes()])};
       std::memset(s.host.get(), 0, s.bytes);
       if (t->dtype == p.dtype && !raw.empty()) std::memcpy(s.host.get(), raw.data(), raw.size());
       else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, s.host.get(), n);

@@ -10,6 +10,7 @@
 #include "impl/checkpoint/format.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs::ckpt {
 
@@ -109,9 +110,17 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
     auto add = [&](const std::string& state, DType dt, const void* data) {
       Chunk& c = l.chunks[i][state];
       c.offset = p.layout.shard_offset;
-      sources.push_back({state + "/" + name_of.at(&p), dt, p.layout.shard_valid, data, &c});
+      sources.push_back({state + "/" + name_of.at(&p), dt, p.layout.shard_valid, data, &c, {}});
     };
-    add(kParam, p.dtype, p.shard->data());
+    if (p.swapped) {  // read back from the param swap file at its turn
+      add(kParam, p.dtype, nullptr);
+      sources.back().open = [&ctx, param = params[i]]() -> std::shared_ptr<const void> {
+        auto access = std::make_shared<ShardAccess>(ctx, *param, ShardAccess::Read);
+        return std::shared_ptr<const void>(access, access->data());
+      };
+    } else {
+      add(kParam, p.dtype, p.shard->data());
+    }
     if (opt == nullptr) continue;
     for (int slot = 0; slot < 3; ++slot) {
       if (!opt->has_state(p, slot)) continue;

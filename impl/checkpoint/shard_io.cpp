@@ -67,13 +67,15 @@ FileEntry write_shard_file(const std::string& path, std::vector<ShardSource>& so
     c.blocks.clear();
     Xxh3 tensor_hash, block_hash;
     const uint64_t bytes = s.numel * dtype_size(s.dtype);
+    const std::shared_ptr<const void> opened = s.open ? s.open() : nullptr;
+    const void* data = opened ? opened.get() : s.data;
     // Copied into the writer's buffer and hashed there, while the bytes
     // are in cache; a block may straddle two buffers.
     for (uint64_t at = 0; at < bytes;) {
       const uint64_t block_end = std::min((at / kBlockBytes + 1) * kBlockBytes, bytes);
       size_t n = 0;
       char* dst = w.reserve(static_cast<size_t>(block_end - at), &n);
-      device.copy(dst, static_cast<const char*>(s.data) + at, n);
+      device.copy(dst, static_cast<const char*>(data) + at, n);
       if (device.is_cuda()) device.synchronize();
       block_hash.update(dst, n);
       tensor_hash.update(dst, n);

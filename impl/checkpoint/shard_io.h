@@ -26,6 +26,10 @@ struct ShardSource {
   uint64_t numel = 0;
   const void* data = nullptr;
   Chunk* out = nullptr;  // receives begin, xxh3, blocks
+  // Instead of data: called when the source is written, its result kept
+  // alive until then (a param shard offloaded to NVMe is read back only for
+  // its turn, so a save never holds every shard in memory at once).
+  std::function<std::shared_ptr<const void>()> open;
 };
 
 // Writes a safetensors file of the sources (copying device memory into the

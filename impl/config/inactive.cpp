@@ -18,6 +18,10 @@
 //   pipeline_read, pipeline_write, sub_group_size and the aio section: the
 //   optimizer acts on them ("cpu" on a CPU context is where the state
 //   already is; a CUDA context refuses optimizer offload at creation).
+// - offload_param.device, and with "nvme" its nvme_path, max_in_cpu and the
+//   aio section: partition/shard_residence acts on them ("cpu" on a CPU
+//   context is where shards already are; a CUDA context refuses it at the
+//   first registration). zero_optimization.cpu_offload_param likewise.
 // - gather_16bit_weights_on_model_save: bindings consolidate a model on
 //   request (zeroshard.torch.consolidated_state_dict) whatever its value.
 #include <cstdint>
@@ -34,16 +38,16 @@ using Json = nlohmann::json;
 
 constexpr const char* kDeepSpeedOnly =
     "a DeepSpeed implementation option the engine has no counterpart for";
-constexpr const char* kParamOffload =
-    "parameter shards stay on the context's device (no parameter offload yet)";
+constexpr const char* kParamBuffers =
+    "offloaded parameter shards are read into buffers of their own size; the memory they "
+    "take is bounded by offload_param.max_in_cpu";
 constexpr const char* kNvmeOnly =
     "read only by NVMe optimizer offload (offload_optimizer.device is \"cpu\")";
 constexpr const char* kNotPinned =
     "offloaded optimizer state is not pinned (a CPU context has no device to pin it for; "
     "NVMe buffers are aligned, not pinned)";
 constexpr const char* kAio =
-    "asynchronous I/O serves NVMe optimizer offload, which this config does not ask for "
-    "(no parameter offload yet)";
+    "asynchronous I/O serves NVMe offload, which this config does not ask for";
 
 // Keys that change nothing at `agrees` and ask for something the engine
 // does not do at any other value.
@@ -130,10 +134,22 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
   const bool nvme = c.offload_param.device == "nvme" || c.offload_optimizer.device == "nvme";
 
   const bool optimizer_nvme = c.offload_optimizer.device == "nvme";
+  const bool param_nvme = c.offload_param.device == "nvme";
 
   // Offload sections matter only when they name a device.
-  if (starts_with(k, "zero_optimization.offload_param."))
-    return param_offload ? kParamOffload : nullptr;
+  if (starts_with(k, "zero_optimization.offload_param.")) {
+    if (!param_offload) return nullptr;
+    const std::string leaf = k.substr(std::string("zero_optimization.offload_param.").size());
+    if (leaf == "device") return nullptr;
+    if (leaf == "pin_memory") return v == true ? kNotPinned : nullptr;
+    if (leaf == "nvme_path" || leaf == "max_in_cpu")
+      return param_nvme ? nullptr : "read only by NVMe parameter offload (offload_param.device is \"cpu\")";
+    if (leaf == "buffer_count")
+      return v == 5 ? nullptr : kParamBuffers;
+    if (leaf == "buffer_size")
+      return v == 100000000 ? nullptr : kParamBuffers;
+    return kDeepSpeedOnly;
+  }
   if (starts_with(k, "zero_optimization.offload_optimizer.")) {
     if (!optimizer_offload) return nullptr;
     const std::string leaf = k.substr(std::string("zero_optimization.offload_optimizer.").size());
@@ -145,7 +161,6 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
       return v == 1.0 ? nullptr : "the whole optimizer step runs where its state lives (no partial offload)";
     return kDeepSpeedOnly;  // fast_init, super_offload, convert_grad_on_cpu, cpuadam_cores_perc
   }
-  if (k == "zero_optimization.cpu_offload_param") return v == true ? kParamOffload : nullptr;
   if (k == "zero_optimization.cpu_offload_use_pin_memory")
     return v == true && (param_offload || optimizer_offload) ? kNotPinned : nullptr;
   // Sub-groups cut the step over NVMe state; in memory each shard steps at once.
@@ -157,7 +172,7 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
   // aio: acted on under NVMe optimizer offload; GPUDirect Storage never.
   if (k == "aio.use_gds") return v == true ? "GPUDirect Storage is not used" : nullptr;
   if (starts_with(k, "aio."))
-    return !optimizer_nvme && (nvme || !aio_at_default(k, v)) ? kAio : nullptr;
+    return !nvme && !aio_at_default(k, v) ? kAio : nullptr;
   // Objects DeepSpeed leaves unset by default: any content is a request.
   // LoCo compensates qgZ's quantization; without qgZ nothing is quantized.
   if (k == "zero_optimization.zeropp_loco_param")

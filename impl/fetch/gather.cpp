@@ -8,6 +8,7 @@
 #include "impl/device/ops.h"
 #include "impl/fetch/quantized.h"
 #include "impl/partition/register.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs {
 namespace {
@@ -145,12 +146,18 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
            param_status_name(p.status), ", expected NOT_AVAILABLE (release it first)");
   }
   const size_t n = params.size();
-  // A group of one needs no traffic: the shard is the whole param.
-  const bool alias = group->size() == 1;
+  // A group of one needs no traffic: the shard is the whole param (unless
+  // it is offloaded: a cached shard may be dropped while gathered).
+  const bool alias = group->size() == 1 && !params_offloaded(ctx);
   const auto& hpz = ctx.hpz_group();
   const bool hpz_route = hpz && group == ctx.partition_group();
   bool from_secondary = hpz_route;
   for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
+  // Shards stay resident while the gather is set up; it keeps its own
+  // references to what it reads after that.
+  std::vector<ShardAccess> reading;
+  if (!from_secondary)
+    for (const auto& p : params) reading.emplace_back(ctx, *p, ShardAccess::Read);
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
   // qwZ: gathers from the primary shards (forward; every gather without
   // hpZ) travel quantized; hpZ's secondary gathers stay exact.
@@ -325,6 +332,8 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
          " is out of range for group '", group->name(), "' of size ", group->size());
   for (const auto& p : params) available_data(ctx, *p, "update");
   drop_secondaries(ctx);  // the shards are about to change
+  std::vector<ShardAccess> writing;
+  for (const auto& p : params) writing.emplace_back(ctx, *p, ShardAccess::Write);
   group->run("update of " + std::to_string(params.size()) + " params", [&](Communicator& comm) {
     for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
   });
@@ -361,8 +370,10 @@ void write_param(Context& ctx, Param& p, const void* data, size_t bytes) {
   drop_secondaries(ctx);  // a secondary shard would serve the old values
   if (p.status == ParamStatus::Available && !p.full_aliases_shard)
     dev.copy(p.full->data(), src, bytes);
-  if (p.layout.shard_valid > 0)
-    dev.copy(p.shard->data(), src + p.layout.shard_offset * elem, p.layout.shard_valid * elem);
+  if (p.layout.shard_valid > 0) {
+    const ShardAccess shard(ctx, p, ShardAccess::Write);
+    dev.copy(shard.data(), src + p.layout.shard_offset * elem, p.layout.shard_valid * elem);
+  }
   dev.synchronize();
   ++p.shard_version;
 }

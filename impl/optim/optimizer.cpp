@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "impl/fetch/coordinator.h"
 #include "impl/optim/agreement.h"
 #include "impl/device/ops.h"
 #include "impl/grad/reducer.h"
+#include "impl/partition/shard_residence.h"
 #include "kernels/optim.h"
 
 namespace zs {
@@ -63,7 +65,7 @@ Optimizer::~Optimizer() {
 
 uint64_t Optimizer::state_bytes(const Slot& s) const {
   uint64_t b = 0;
-  if (s.master && s.master != s.param->shard) b += s.master->bytes();
+  if (s.master) b += s.master->bytes();
   if (s.state1) b += s.state1->bytes();
   if (s.state2) b += s.state2->bytes();
   return b;
@@ -105,13 +107,13 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
   if (swap_) {
     // Masters and moments go to the swap file; its space is taken now.
     std::vector<SwappedState::SlotSpec> specs;
-    std::map<size_t, const Param*> by_index;
+    std::map<size_t, Param*> by_index;
     for (const auto& p : params) {
       Slot s;
       s.param = p;
       s.index = slot_at_.size();
       slot_at_.push_back({groups_.size(), group.slots.size()});
-      if (p->dtype == DType::F32) s.master = p->shard;  // the master is the shard, in memory
+      if (p->dtype == DType::F32) s.master_is_shard = true;  // the master is the shard
       else s.swapped[0] = true;
       s.master_of_version = p->shard_version;
       s.swapped[1] = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
@@ -124,9 +126,10 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     try {
       swap_->add_group(static_cast<int>(groups_.size()), specs,
                        [&](size_t index, uint64_t begin, uint64_t count, float* dst) {
-                         const Param& p = *by_index.at(index);
+                         Param& p = *by_index.at(index);
+                         const ShardAccess shard(ctx_, p, ShardAccess::Read);
                          ops::cast_to_f32(*ctx_.device(),
-                                          static_cast<const char*>(p.shard->data()) + begin * p.elem_bytes(),
+                                          static_cast<const char*>(shard.data()) + begin * p.elem_bytes(),
                                           p.dtype, dst, count);
                        });
     } catch (...) {
@@ -145,10 +148,11 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     s.param = p;
     const uint64_t n = p->layout.shard_numel;
     if (p->dtype == DType::F32) {
-      s.master = p->shard;
+      s.master_is_shard = true;
     } else {
       s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float));
-      ops::cast_to_f32(*ctx_.device(), p->shard->data(), p->dtype,
+      const ShardAccess shard(ctx_, *p, ShardAccess::Read);
+      ops::cast_to_f32(*ctx_.device(), shard.data(), p->dtype,
                        static_cast<float*>(s.master->data()), n);
       s.master_of_version = p->shard_version;
     }
@@ -191,16 +195,17 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
   if (n == 0 || !p.grad || !p.grad_pushed) return;  // no gradient this step: the param stays
-  auto* master = static_cast<float*>(s.master->data());
-  if (s.master != p.shard && s.master_of_version != p.shard_version) {
+  const ShardAccess shard(ctx_, p, ShardAccess::Write);
+  auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
+  if (!s.master_is_shard && s.master_of_version != p.shard_version) {
     // The shard was rewritten since (GatheredParameters, a param.data
     // assignment): where its values changed they are the truth, not the
     // old master; where they did not, the master keeps its precision.
-    ops::refresh_master(*ctx_.device(), p.shard->data(), p.dtype, master, n);
+    ops::refresh_master(*ctx_.device(), shard.data(), p.dtype, master, n);
     s.master_of_version = p.shard_version;
   }
   const auto* grad = static_cast<const float*>(p.grad->data());
-  void* working = p.dtype == DType::F32 ? nullptr : p.shard->data();
+  void* working = s.master_is_shard ? nullptr : shard.data();
   const auto& hp = g.hp;
   if (kind_ == OptimKind::Sgd) {
     bool first = s.updates == 0;
@@ -235,6 +240,10 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
 // element-wise).
 void Optimizer::update_swapped(float grad_scale) {
   Device& dev = *ctx_.device();
+  // A param's pieces come in order, sub-group after sub-group: its shard
+  // stays resident across them (read back and written once when offloaded).
+  std::optional<ShardAccess> shard;
+  const Param* shard_of = nullptr;
   swap_->for_each([&](const SwappedState::View& v) {
     bool changed = false;
     const Hparams& hp = groups_[static_cast<size_t>(v.sg.group)].hp;
@@ -245,8 +254,13 @@ void Optimizer::update_swapped(float grad_scale) {
       if (!p.grad || !p.grad_pushed) continue;  // no gradient this step: the param stays
       const bool last = pc.begin + pc.count == p.layout.shard_numel;
       const bool f32 = p.dtype == DType::F32;
-      float* master = f32 ? static_cast<float*>(p.shard->data()) + pc.begin : v.master(pc);
-      void* working = f32 ? nullptr : static_cast<char*>(p.shard->data()) + pc.begin * p.elem_bytes();
+      if (shard_of != &p) {
+        shard.reset();
+        shard.emplace(ctx_, p, ShardAccess::Write);
+        shard_of = &p;
+      }
+      float* master = f32 ? static_cast<float*>(shard->data()) + pc.begin : v.master(pc);
+      void* working = f32 ? nullptr : static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
       if (!f32 && s.master_of_version != p.shard_version) {
         ops::refresh_master(dev, working, p.dtype, master, pc.count);
         if (last) s.master_of_version = p.shard_version;
@@ -279,6 +293,7 @@ void Optimizer::update_swapped(float grad_scale) {
     if (changed) dev.synchronize();  // the buffer is complete before it goes out
     return changed;
   });
+  shard.reset();
 }
 
 void Optimizer::flush_state_views() {
@@ -307,7 +322,7 @@ bool Optimizer::has_state(const Param& p, int slot) const {
   auto* s = const_cast<Optimizer*>(this)->find_slot(p);
   if (s == nullptr || slot < 0 || slot > 2) return false;
   if (s->swapped[slot]) return true;
-  return slot == 0 ? s->master != nullptr
+  return slot == 0 ? s->master != nullptr || s->master_is_shard
                    : slot == 1 ? s->state1 != nullptr : s->state2 != nullptr;
 }
 
@@ -337,6 +352,10 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
         }
         if (numel) *numel = p.layout.shard_numel;
         return it->second.data();
+      }
+      if (slot == 0 && s.master_is_shard) {  // a fixed address for the caller: see zs_param_shard_data
+        if (numel) *numel = p.layout.shard_numel;
+        return static_cast<float*>(keep_shard_in_memory(ctx_, *s.param));
       }
       const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
       if (buf == nullptr || !*buf)
@@ -369,8 +388,9 @@ void Optimizer::sync_params() {
         Slot& s = groups_[gi].slots[si];
         Param& p = *s.param;
         if (p.dtype == DType::F32) continue;
+        const ShardAccess shard(ctx_, p, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), v.master(pc), p.dtype,
-                           static_cast<char*>(p.shard->data()) + pc.begin * p.elem_bytes(), pc.count);
+                           static_cast<char*>(shard.data()) + pc.begin * p.elem_bytes(), pc.count);
         s.master_of_version = p.shard_version;
       }
       return false;
@@ -382,8 +402,9 @@ void Optimizer::sync_params() {
   for (auto& g : groups_)
     for (auto& s : g.slots)
       if (s.param->dtype != DType::F32) {
+        const ShardAccess shard(ctx_, *s.param, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
-                           s.param->dtype, s.param->shard->data(), s.param->layout.shard_numel);
+                           s.param->dtype, shard.data(), s.param->layout.shard_numel);
         s.master_of_version = s.param->shard_version;  // the loaded master is the truth
       }
   ctx_.device()->synchronize();
@@ -531,6 +552,7 @@ StepResult Optimizer::step() {
         for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
     }
     ctx_.device()->synchronize();
+    trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file
     const auto update_end = Trace::Clock::now();
     update_seconds = std::chrono::duration<double>(update_end - update_begin).count();
     if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);

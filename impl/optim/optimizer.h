@@ -79,7 +79,10 @@ class Optimizer {
  private:
   struct Slot {
     std::shared_ptr<Param> param;
-    BufferPtr master;  // fp32 shard: the param's own for fp32 params
+    BufferPtr master;  // fp32 shard of a 16-bit param
+    // An fp32 param's master is its shard, reached through a ShardAccess
+    // (it may be offloaded), so `master` stays null.
+    bool master_is_shard = false;
     BufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
     uint64_t master_of_version = 0;  // the param's shard_version the master was read from
     int64_t updates = 0;  // steps that updated this param (Adam's bias correction, as torch's per-param step)

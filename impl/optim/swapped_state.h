@@ -7,8 +7,9 @@
 // and it is moved as one request into one of buffer_count aligned buffers.
 // A step visits the sub-groups in order: with pipeline_read the next one is
 // read while one steps, with pipeline_write the last one is written back
-// while the next steps. An fp32 param's master is its shard, which stays
-// in memory for gathers, so only its moments are swapped.
+// while the next steps. An fp32 param's master is its shard (in memory, or
+// in the param swap file under parameter offload: partition/
+// shard_residence.h), so only its moments are swapped here.
 #pragma once
 
 #include <cstdint>

@@ -46,7 +46,18 @@ class Param : public std::enable_shared_from_this<Param> {
   // "param 'w' (float32 [3, 5])", for messages.
   std::string describe() const;
 
-  BufferPtr shard;  // shard_numel elements, padding zeroed
+  // shard_numel elements, padding zeroed. Read and written through a
+  // ShardAccess (shard_residence.h): with parameter offload it is null
+  // while only the swap file holds the shard.
+  BufferPtr shard;
+  // Residence, owned by shard_residence.cpp: the shard's region in the
+  // param swap file (offload only), its users, whether the cached bytes
+  // changed since they were written there, and its place in the cache.
+  bool swapped = false;
+  uint64_t swap_offset = 0;
+  int shard_users = 0;
+  bool shard_dirty = false;
+  uint64_t shard_last_use = 0;
   BufferPtr full;   // padded_numel elements while Inflight/Available
   BufferPtr grad;   // fp32 gradient shard, from the first push on
   // hpZ: this rank's slice of the full param within the intra-node group,

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "impl/partition/seeded_init.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs {
 namespace {
@@ -92,8 +93,8 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
            ": expected ZS_INIT_ZEROS (0) .. ZS_INIT_UNIFORM (4)");
   }
   ctx.device()->synchronize();
+  place_new_shard(ctx, *p);
   auto& ledger = ctx.ledger();
-  ledger.add(Held::Shards, p->shard_bytes());
   ledger.add(Held::Unsharded, p->full_bytes());
   ledger.count_param(+1);
   return p;
@@ -109,7 +110,7 @@ void unregister_param(Context& ctx, Param& p) {
     ledger.sub(Held::Secondary, p.secondary->bytes());
     p.secondary.reset();
   }
-  ledger.sub(Held::Shards, p.shard_bytes());
+  retire_shard(ctx, p);
   ledger.sub(Held::Unsharded, p.full_bytes());
   ledger.count_param(-1);
 }

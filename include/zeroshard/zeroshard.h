@@ -487,7 +487,9 @@ ZS_API zs_status zs_param_get_status(zs_param param, zs_param_status* status);
 
 /* This rank's shard: shard_numel elements (padding included), always
  * readable and writable; writes change the param from the next fetch on.
- * Memory of the context's device (see zs_param_info.device_type). */
+ * Memory of the context's device (see zs_param_info.device_type). With
+ * parameter offload to NVMe the shard is read back into memory and stays
+ * there for the param's life (it is no longer offloaded). */
 ZS_API zs_status zs_param_shard_data(zs_param param, void** data, uint64_t* shard_numel);
 
 /* Gather many params as one coalesced, asynchronous all-gather. All params

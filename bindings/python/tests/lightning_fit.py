@@ -11,6 +11,7 @@ shuffling), the same initial weights (configure_model after Lightning's
 seed reset, rank 0's values) and AdamW(foreach=False).
 """
 import json
+import os
 import warnings
 
 import torch
@@ -77,6 +78,14 @@ def main():
     knobs = zeroshard.lightning.ZeroShardStrategy(reduce_bucket_size=100, overlap_comm=False)
     trainer, results["zeroshard_clip"] = fit(knobs, gradient_clip_val=0.05)
     results["zeroshard_clip"]["effective_config"] = knobs.zs_config
+    # Params and optimizer state on NVMe through DeepSpeedStrategy's knobs;
+    # max_in_cpu 0: every shard is read back from its file when used.
+    nvme = os.environ["ZS_TEST_NVME_DIR"]
+    offload = zeroshard.lightning.ZeroShardStrategy(
+        offload_parameters=True, offload_params_device="nvme", offload_optimizer=True,
+        offload_optimizer_device="nvme", nvme_path=nvme, max_in_cpu=0, sub_group_size=1000)
+    trainer, results["zeroshard_nvme"] = fit(offload)
+    results["zeroshard_nvme"]["effective_config"] = offload.zs_config
     if trainer.global_rank == 0:
         print(json.dumps(results), flush=True)
 

@@ -12,11 +12,11 @@ OFFLOAD = {
     "zero_optimization": {
         "stage": 3,
         "offload_optimizer": {"device": "cpu", "pin_memory": True},
-        "offload_param": {"device": "nvme", "nvme_path": "/tmp/nvme"},
+        "offload_param": {"device": "cpu", "nvme_path": "/tmp/nvme"},
         "round_robin_gradients": True,
         "sub_group_size": 1e8,
     },
-    "aio": {"queue_depth": 8},
+    "aio": {"queue_depth": 32},
     "optimizer": {"type": "AdamW"},
 }
 
@@ -37,15 +37,15 @@ def test_one_warning_names_every_key_and_value():
     assert issubclass(got[0].category, UserWarning)
     assert ("zeroshard: config key zero_optimization.offload_optimizer.pin_memory = true is "
             "accepted but not acted on yet: offloaded optimizer state is not pinned") in text
-    # "cpu" optimizer offload is acted on: on a CPU context the state is in host memory.
-    assert "offload_optimizer.device" not in text
-    for line in ('zero_optimization.offload_param.device = "nvme"',
-                 'zero_optimization.offload_param.nvme_path = "/tmp/nvme"',
+    # "cpu" offload is acted on: on a CPU context the state and the shards
+    # are in host memory.
+    assert "offload_optimizer.device =" not in text and "offload_param.device =" not in text
+    for line in ('zero_optimization.offload_param.nvme_path = "/tmp/nvme"',
                  'zero_optimization.round_robin_gradients = true',
                  'zero_optimization.sub_group_size = 100000000.0',
-                 'aio.queue_depth = 8'):
+                 'aio.queue_depth = 32'):
         assert line in text, line
-    assert len(text.splitlines()) == 6
+    assert len(text.splitlines()) == 5
     # The warning carries the engine's list; it points at the caller's line.
     assert [k["key"] for k in got[0].message.keys][0] == "zero_optimization.sub_group_size"
     assert got[0].filename == __file__
@@ -59,10 +59,10 @@ def test_property_lists_the_same_keys():
         with zs.Context(rank=0, world_size=1, config=json.dumps(OFFLOAD)) as ctx:
             keys = ctx.inactive_config_keys
             assert ctx.unused_config_keys == ["optimizer"]
-    assert {"key": "zero_optimization.offload_param.device", "value": "nvme",
-            "reason": "parameter shards stay on the context's device (no parameter offload yet)"
+    assert {"key": "zero_optimization.offload_param.nvme_path", "value": "/tmp/nvme",
+            "reason": 'read only by NVMe parameter offload (offload_param.device is "cpu")'
             } in keys
-    assert len(keys) == 6
+    assert len(keys) == 5
 
 
 def test_once_per_context():
@@ -94,6 +94,7 @@ def test_effective_config_fed_back_warns_nothing():
     effective["zero_optimization"]["offload_optimizer"]["nvme_path"] = None
     effective["zero_optimization"]["round_robin_gradients"] = False
     effective["zero_optimization"]["sub_group_size"] = 1000000000
+    effective["aio"]["queue_depth"] = 8
     got, _ = _contexts_warnings(effective)
     assert got == []
 
@@ -101,5 +102,5 @@ def test_effective_config_fed_back_warns_nothing():
 def test_warning_can_be_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error", zs.ZeroShardConfigWarning)
-        with pytest.raises(zs.ZeroShardConfigWarning, match="offload_param.device"):
+        with pytest.raises(zs.ZeroShardConfigWarning, match="offload_param.nvme_path"):
             zs.Context(rank=0, world_size=1, config=OFFLOAD)

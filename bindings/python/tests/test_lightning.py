@@ -33,9 +33,30 @@ def test_knobs_the_engine_acts_on_go_into_the_config():
                                 nvme_path="/local_nvme", logging_batch_size_per_gpu="auto")
 
 
+def test_offload_knobs_map_as_deepspeedstrategy_maps_them():
+    cfg = zl.config_from_knobs(offload_parameters=True, offload_params_device="nvme", nvme_path="/tmp/nv",
+                               max_in_cpu=10, offload_optimizer=True, offload_optimizer_device="nvme",
+                               optimizer_buffer_count=2, sub_group_size=1000, queue_depth=4, thread_count=2)
+    zero = cfg["zero_optimization"]
+    assert zero["offload_param"] == {"device": "nvme", "nvme_path": "/tmp/nv", "max_in_cpu": 10}
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": "/tmp/nv", "buffer_count": 2}
+    assert zero["sub_group_size"] == 1000
+    assert cfg["aio"] == {"block_size": 1048576, "queue_depth": 4, "single_submit": False,
+                          "overlap_events": True, "intra_op_parallelism": 2}
+    # The engine acts on every key of it: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", zeroshard.ZeroShardConfigWarning)
+        for c in (cfg, zl.config_from_knobs(offload_parameters=True, offload_optimizer=True)):
+            zeroshard.config_check(c, world_size=2)
+            with zeroshard.Context(rank=0, world_size=1, config=c) as ctx:
+                assert ctx.inactive_config_keys == []
+    cpu = zl.config_from_knobs(offload_parameters=True, offload_optimizer=True)["zero_optimization"]
+    assert cpu["offload_param"] == {"device": "cpu"} and cpu["offload_optimizer"] == {"device": "cpu"}
+
+
 @pytest.mark.parametrize("knob,value", [
-    ("offload_optimizer", True), ("offload_parameters", True), ("remote_device", "nvme"),
-    ("remote_device", "cpu"), ("offload_params_device", "nvme"), ("offload_optimizer_device", "nvme"),
+    ("remote_device", "nvme"), ("remote_device", "cpu"), ("offload_params_device", "nvme"),
+    ("offload_optimizer_device", "nvme"), ("offload_params_device", "disk"),
     ("nvme_path", "/nvme"), ("params_buffer_count", 8), ("params_buffer_size", 10**9),
     ("max_in_cpu", 10), ("optimizer_buffer_count", 8), ("pin_memory", True), ("block_size", 4096),
     ("queue_depth", 32), ("single_submit", True), ("overlap_events", False), ("thread_count", 4),
@@ -55,10 +76,11 @@ def test_knobs_not_acted_on_are_errors_naming_knob_and_value(knob, value):
 
 def test_every_offending_knob_is_named_at_once():
     with pytest.raises(zl.UnsupportedKnobError) as e:
-        zl.config_from_knobs(offload_optimizer=True, offload_optimizer_device="nvme", nvme_path="/nvme")
+        zl.config_from_knobs(offload_optimizer_device="nvme", nvme_path="/nvme", pin_memory=True)
     text = str(e.value)
-    assert "offload_optimizer=True: optimizer state stays on the context's device" in text
-    assert "offload_optimizer_device='nvme'" in text and "nvme_path='/nvme'" in text
+    assert "offload_optimizer_device='nvme': has no effect without offload_optimizer=True" in text
+    assert "nvme_path='/nvme': read only by NVMe offload" in text
+    assert "pin_memory=True: offloaded state is not pinned" in text
 
 
 def test_unknown_knob_is_a_type_error():
@@ -107,8 +129,12 @@ def test_registered_as_zeroshard(lightning):
 
 
 def test_strategy_refuses_knobs_it_would_ignore(lightning, tmp_path):
-    with pytest.raises(zl.UnsupportedKnobError, match="offload_parameters=True"):
-        zl.ZeroShardStrategy(offload_parameters=True)
+    with pytest.raises(zl.UnsupportedKnobError, match="pin_memory=True"):
+        zl.ZeroShardStrategy(offload_parameters=True, pin_memory=True)
+    offloaded = zl.ZeroShardStrategy(offload_parameters=True, offload_params_device="nvme", nvme_path=str(tmp_path))
+    assert offloaded.zs_config["zero_optimization"]["offload_param"]["nvme_path"] == str(tmp_path)
+    with pytest.raises(zl.UnsupportedKnobError, match="offload_parameters=True would be ignored"):
+        zl.ZeroShardStrategy(config={"zero_optimization": {"stage": 3}}, offload_parameters=True)
     with pytest.raises(zl.UnsupportedKnobError, match="remote_device='nvme'"):
         zl.ZeroShardStrategy(remote_device="nvme", stage=3)
     # A config replaces the knobs: together they would ignore the knobs.
@@ -122,10 +148,12 @@ def test_strategy_refuses_knobs_it_would_ignore(lightning, tmp_path):
 # ---- a real fit on 2 CPU ranks
 
 @pytest.fixture(scope="module")
-def fits(lightning):
-    """One launch, four fits (DDP, zeroshard by name, then both with gradient
-    clipping), through Lightning's own subprocess launcher."""
+def fits(lightning, tmp_path_factory):
+    """One launch, five fits (DDP, zeroshard by name, then both with gradient
+    clipping, then zeroshard with NVMe offload), through Lightning's own
+    subprocess launcher."""
     env = dict(os.environ)
+    env["ZS_TEST_NVME_DIR"] = str(tmp_path_factory.mktemp("nvme"))
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
               "ZS_LAUNCHER", "SLURM_PROCID", "SLURM_NTASKS"):
@@ -163,6 +191,16 @@ def test_gradient_clipping_is_acted_on(fits):
     assert cfg["gradient_clipping"] == 0.05
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 100
     assert cfg["zero_optimization"]["overlap_comm"] is False
+
+
+def test_offload_knobs_act(fits):
+    # Parameter and optimizer offload to NVMe train as in memory, and the
+    # engine warns about nothing in the config the knobs made.
+    _same_losses(fits["ddp"], fits["zeroshard_nvme"])
+    assert fits["zeroshard_nvme"]["config_warnings"] == []
+    zero = fits["zeroshard_nvme"]["effective_config"]["zero_optimization"]
+    assert zero["offload_param"]["device"] == "nvme" and zero["offload_param"]["max_in_cpu"] == 0
+    assert zero["offload_optimizer"]["device"] == "nvme" and zero["sub_group_size"] == 1000
 
 
 def test_checkpoint_saves_and_resumes_through_the_engine(lightning, tmp_path):

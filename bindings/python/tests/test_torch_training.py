@@ -54,10 +54,11 @@ def test_losses_equal_torch_ddp(ranks):
 
 def test_optimizer_offload_trains_bitwise_as_in_memory(tmp_path):
     """offload_optimizer "cpu" and "nvme" (sub-groups of 1000 elements,
-    pipelined) give the losses, weights and optimizer state_dict of the
-    in-memory run bit for bit, and the swap files are gone after."""
+    pipelined), and both optimizer state and parameter shards on NVMe, give
+    the losses, weights and optimizer state_dict of the in-memory run bit for
+    bit, and the swap files are gone after."""
     runs = {where: run_ranks(2, "offload", extra_env={"ZS_TEST_OFFLOAD": where})
-            for where in ("none", "cpu", str(tmp_path))}
+            for where in ("none", "cpu", str(tmp_path), "params:" + str(tmp_path))}
     base = runs["none"]
     assert base["losses"][-1] < base["losses"][0]
     for where, r in runs.items():

@@ -315,10 +315,14 @@ def mode_user_changes(rank, world):
 
 def mode_offload(rank, world):
     """TinyGPT (fp32) with AdamW, the optimizer state where
-    ZS_TEST_OFFLOAD says ("none", "cpu" or an NVMe directory): losses, the
-    final weights' bytes (as hex) and the optimizer's state_dict tensors."""
+    ZS_TEST_OFFLOAD says ("none", "cpu" or an NVMe directory; "params:DIR"
+    puts the parameter shards there too, with no cache): losses, the final
+    weights' bytes (as hex) and the optimizer's state_dict tensors."""
     where = os.environ["ZS_TEST_OFFLOAD"]
     zero = {"stage": 3, "reduce_bucket_size": 5000}
+    if where.startswith("params:"):
+        where = where[len("params:"):]
+        zero["offload_param"] = {"device": "nvme", "nvme_path": where, "max_in_cpu": 0}
     if where in ("none", "cpu"):
         zero["offload_optimizer"] = {"device": where}
     else:

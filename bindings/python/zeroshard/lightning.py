@@ -5,11 +5,15 @@
     trainer = Trainer(strategy=zeroshard.lightning.ZeroShardStrategy(reduce_bucket_size=5e7), ...)
 
 The knobs are those of Lightning's DeepSpeedStrategy. Those the engine acts
-on go into its DeepSpeed config (overlap_comm, reduce_bucket_size; the
-Trainer's gradient_clip_val becomes gradient_clipping); every other knob set
-away from its default (offload, NVMe and aio settings, remote_device,
-activation checkpointing, stage other than 3, ...) is an error naming the
-knob and its value, never silently ignored. `config` (a dict or a path to
+on go into its DeepSpeed config as DeepSpeedStrategy puts them there
+(overlap_comm, reduce_bucket_size; offload_parameters and offload_optimizer
+with their devices, nvme_path, max_in_cpu, optimizer_buffer_count, and
+sub_group_size and the aio knobs under NVMe offload; the Trainer's
+gradient_clip_val becomes gradient_clipping); every other knob set away from
+its default (pin_memory, the parameter buffer pool, remote_device,
+activation checkpointing, stage other than 3, an NVMe or aio knob without
+NVMe offload, ...) is an error naming the knob and its value, never
+silently ignored. `config` (a dict or a path to
 DeepSpeed JSON) replaces the knobs, as in DeepSpeedStrategy; keys of it the
 engine does not act on are warned about (zeroshard.ZeroShardConfigWarning).
 
@@ -31,10 +35,12 @@ __all__ = ["ZeroShardStrategy", "UnsupportedKnobError", "config_from_knobs", "kn
 
 _strategy_class = None
 
-_PARAM_OFFLOAD = "parameter shards stay on the context's device (no parameter offload yet)"
-_OPTIMIZER_OFFLOAD = "optimizer state stays on the context's device (no optimizer offload yet)"
-_NVME = "the engine has no NVMe offload yet"
-_AIO = "asynchronous I/O serves NVMe offload, which the engine has not yet"
+_PIN = "offloaded state is not pinned (a CPU context has no device to pin it for)"
+_NVME_ONLY = "read only by NVMe offload ({})"
+_AIO = ("asynchronous I/O serves NVMe offload, which these knobs do not ask for "
+        "(offload_params_device or offload_optimizer_device 'nvme')")
+_PARAM_BUFFERS = ("offloaded parameter shards are read into buffers of their own size; the memory they "
+                  "take is bounded by max_in_cpu")
 _ACTIVATIONS = "the engine does not checkpoint or partition activations"
 _FP16 = "fp16 loss scaling is not wired to Lightning's precision plugins yet"
 
@@ -45,23 +51,11 @@ _INERT_KNOBS = {
     "zero_optimization": (True, "zeroshard always shards parameters, gradients and optimizer "
                                 "state; use DDPStrategy for unsharded training"),
     "stage": (3, "zeroshard always partitions parameters, gradients and optimizer state (ZeRO stage 3)"),
-    "remote_device": (None, _PARAM_OFFLOAD),
-    "offload_optimizer": (False, _OPTIMIZER_OFFLOAD),
-    "offload_parameters": (False, _PARAM_OFFLOAD),
-    "offload_params_device": ("cpu", _PARAM_OFFLOAD),
-    "offload_optimizer_device": ("cpu", _OPTIMIZER_OFFLOAD),
-    "nvme_path": ("/local_nvme", _NVME),
-    "params_buffer_count": (5, _NVME),
-    "params_buffer_size": (100_000_000, _NVME),
-    "max_in_cpu": (1_000_000_000, _NVME),
-    "optimizer_buffer_count": (4, _NVME),
-    "pin_memory": (False, _OPTIMIZER_OFFLOAD),
-    "block_size": (1048576, _AIO),
-    "queue_depth": (8, _AIO),
-    "single_submit": (False, _AIO),
-    "overlap_events": (True, _AIO),
-    "thread_count": (1, _AIO),
-    "sub_group_size": (1_000_000_000_000, "the optimizer steps each rank's shards at once, without sub-groups"),
+    "remote_device": (None, "zeroshard.torch.Init places shards by the offload knobs "
+                            "(offload_parameters, offload_params_device), not by remote_device"),
+    "pin_memory": (False, _PIN),
+    "params_buffer_count": (5, _PARAM_BUFFERS),
+    "params_buffer_size": (100_000_000, _PARAM_BUFFERS),
     "contiguous_gradients": (True, "gradients always go through contiguous reduce buckets"),
     "allgather_partitions": (True, "parameters are always gathered with all-gather"),
     "reduce_scatter": (True, "gradients are always reduce-scattered into each rank's shard"),
@@ -82,6 +76,12 @@ _INERT_KNOBS = {
 # Knobs that go into the engine's config.
 _CONFIG_KNOBS = {"overlap_comm": True, "reduce_bucket_size": 200_000_000,
                  "zero_allow_untested_optimizer": True}
+# Offload knobs with DeepSpeedStrategy's defaults: mapped by _offload_config.
+_OFFLOAD_KNOBS = {"offload_parameters": False, "offload_optimizer": False, "offload_params_device": "cpu",
+                  "offload_optimizer_device": "cpu", "nvme_path": "/local_nvme", "max_in_cpu": 1_000_000_000,
+                  "optimizer_buffer_count": 4, "sub_group_size": 1_000_000_000_000}
+_AIO_KNOBS = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True,
+              "thread_count": 1}
 # Precisions the strategy runs: fp32 params, optionally under bf16 autocast.
 _PRECISIONS = ("32-true", "32", "bf16-mixed")
 
@@ -104,8 +104,50 @@ def knob_errors(knobs):
     return errors
 
 
+def _offload_config(knobs):
+    """The config's offload sections from the offload and aio knobs, as
+    DeepSpeedStrategy writes them: (zero_optimization entries, aio section or
+    None, errors for knobs that would change nothing)."""
+    v = dict(_OFFLOAD_KNOBS, **_AIO_KNOBS)
+    v.update({k: x for k, x in knobs.items() if k in v})
+    changed = [k for k in v if v[k] != dict(_OFFLOAD_KNOBS, **_AIO_KNOBS)[k]]
+    errors, zero = [], {}
+    for on, device, section in (("offload_parameters", "offload_params_device", "offload_param"),
+                                ("offload_optimizer", "offload_optimizer_device", "offload_optimizer")):
+        if v[device] not in ("cpu", "nvme"):
+            errors.append(f"{device}={v[device]!r}: expected 'cpu' or 'nvme'")
+        elif device in changed and not v[on]:
+            errors.append(f"{device}={v[device]!r}: has no effect without {on}=True")
+        if v[on]:
+            zero[section] = {"device": v[device]}
+            if v[device] == "nvme":
+                zero[section]["nvme_path"] = v["nvme_path"]
+    params_nvme = "offload_param" in zero and zero["offload_param"]["device"] == "nvme"
+    optimizer_nvme = "offload_optimizer" in zero and zero["offload_optimizer"]["device"] == "nvme"
+    if params_nvme:
+        zero["offload_param"]["max_in_cpu"] = v["max_in_cpu"]
+    if optimizer_nvme:
+        zero["offload_optimizer"]["buffer_count"] = v["optimizer_buffer_count"]
+        if "sub_group_size" in changed:
+            zero["sub_group_size"] = v["sub_group_size"]
+    params_needs = "offload_parameters=True with offload_params_device='nvme'"
+    optimizer_needs = "offload_optimizer=True with offload_optimizer_device='nvme'"
+    for knob, acts, needs in (("nvme_path", params_nvme or optimizer_nvme, f"{params_needs}, or {optimizer_needs}"),
+                              ("max_in_cpu", params_nvme, params_needs),
+                              ("optimizer_buffer_count", optimizer_nvme, optimizer_needs),
+                              ("sub_group_size", optimizer_nvme, optimizer_needs)):
+        if knob in changed and not acts:
+            errors.append(f"{knob}={v[knob]!r}: " + _NVME_ONLY.format(needs))
+    aio = None
+    if params_nvme or optimizer_nvme:
+        aio = {("intra_op_parallelism" if k == "thread_count" else k): v[k] for k in _AIO_KNOBS}
+    else:
+        errors += [f"{k}={v[k]!r}: {_AIO}" for k in _AIO_KNOBS if k in changed]
+    return zero, aio, errors
+
+
 def _raise_for(knobs):
-    errors = knob_errors(knobs)
+    errors = knob_errors(knobs) + _offload_config(knobs)[2]
     if errors:
         raise UnsupportedKnobError(
             "ZeroShardStrategy: not acted on by the zeroshard engine yet, so refused rather than "
@@ -117,15 +159,19 @@ def config_from_knobs(**knobs):
     arguments: the knobs the engine acts on, mapped; any other knob away
     from its default raises UnsupportedKnobError naming it; an unknown name
     raises TypeError."""
-    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS))
+    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS) - set(_OFFLOAD_KNOBS) - set(_AIO_KNOBS))
     if unknown:
         raise TypeError(f"ZeroShardStrategy: unknown knob(s) {', '.join(unknown)} (the knobs are those of "
                         "Lightning's DeepSpeedStrategy)")
     _raise_for(knobs)
     values = dict(_CONFIG_KNOBS, **{k: v for k, v in knobs.items() if k in _CONFIG_KNOBS})
-    return {"zero_allow_untested_optimizer": values["zero_allow_untested_optimizer"],
-            "zero_optimization": {"stage": 3, "overlap_comm": values["overlap_comm"],
-                                  "reduce_bucket_size": values["reduce_bucket_size"]}}
+    zero_offload, aio, _ = _offload_config(knobs)
+    config = {"zero_allow_untested_optimizer": values["zero_allow_untested_optimizer"],
+              "zero_optimization": {"stage": 3, "overlap_comm": values["overlap_comm"],
+                                    "reduce_bucket_size": values["reduce_bucket_size"], **zero_offload}}
+    if aio is not None:
+        config["aio"] = aio
+    return config
 
 
 def _load_config(config):
@@ -288,7 +334,8 @@ def _make_strategy_class():
                 # DeepSpeedStrategy ignores its knobs when given a config; here
                 # that would be silent, so the two do not mix.
                 config_from_knobs(**knobs)  # unknown names and inert knobs still raise
-                given = [f"{k}={v!r}" for k, v in knobs.items() if k in _CONFIG_KNOBS and v != _CONFIG_KNOBS[k]]
+                mapped = dict(_CONFIG_KNOBS, **_OFFLOAD_KNOBS, **_AIO_KNOBS)
+                given = [f"{k}={v!r}" for k, v in knobs.items() if k in mapped and v != mapped[k]]
                 if given:
                     raise UnsupportedKnobError(f"ZeroShardStrategy: config= replaces the knobs, so "
                                                f"{', '.join(given)} would be ignored: put them in the config")

@@ -1,0 +1,79 @@
+// Where a param's shard lives, and the one way to touch its bytes.
+//
+// Without parameter offload a shard is in the context's memory for the
+// param's whole life. With offload_param.device "nvme" every shard has its
+// own region in the rank's param swap file (one file per rank under
+// offload_param.nvme_path, grown and preallocated as params register, so a
+// disk too small fails at registration, naming the path and the bytes), and
+// memory holds a cache of shards: those in use, plus at most
+// offload_param.max_in_cpu elements of shards nobody uses, the least
+// recently used dropped first (and written back first if changed). The file
+// holds every shard the cache does not; a shard in the cache that was
+// changed is the truth until it is written back.
+//
+// Anything that reads or writes a shard's bytes does it through a
+// ShardAccess, for as long as it uses the pointer. A gather in flight keeps
+// its own reference to the buffer it reads, so a shard dropped from the
+// cache meanwhile stays readable until the gather is done. All of this runs
+// under the engine lock; group threads only see buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "impl/core/context.h"
+#include "impl/device/buffer.h"
+#include "impl/partition/param.h"
+
+namespace zs {
+
+// Whether this context offloads param shards to NVMe (offload_param.device
+// "nvme"). "cpu" on a CPU context is where shards already are; a CUDA
+// context refuses either (NotSupported, at the first registration).
+bool params_offloaded(Context& ctx);
+
+// Scoped use of a shard's bytes: makes the shard resident (reading it from
+// the swap file if it was dropped), keeps it resident until destroyed, and
+// then, if it was taken for writing, marks it changed. Destroying the last
+// access of a param lets the cache trim itself.
+class ShardAccess {
+ public:
+  enum Intent { Read, Write };
+  ShardAccess(Context& ctx, Param& param, Intent intent);
+  ~ShardAccess();
+  ShardAccess(ShardAccess&& other) noexcept;
+  ShardAccess(const ShardAccess&) = delete;
+  ShardAccess& operator=(const ShardAccess&) = delete;
+  ShardAccess& operator=(ShardAccess&&) = delete;
+
+  void* data() const { return buffer_->data(); }
+  const BufferPtr& buffer() const { return buffer_; }
+
+ private:
+  Context* ctx_;
+  Param* param_;
+  BufferPtr buffer_;
+  bool write_;
+};
+
+// At registration, after the shard's first values are written: gives the
+// shard its place (offload: a region of the swap file, written now) and
+// counts it in the context's memory stats.
+void place_new_shard(Context& ctx, Param& param);
+
+// At unregistration: the shard leaves the cache and the memory stats. Its
+// swap region is not reused (the file only grows, like the optimizer's).
+void retire_shard(Context& ctx, Param& param);
+
+// zs_param_shard_data's promise, a shard at a fixed address for the
+// param's life: an offloaded shard is read back and leaves the swap file's
+// care for good (its region is not reused). Returns the shard's bytes.
+void* keep_shard_in_memory(Context& ctx, Param& param);
+
+// Brings the cache back within max_in_cpu, writing changed shards back
+// first; throws the swap file's I/O error (the shard that failed stays
+// cached and changed: nothing is lost). A ShardAccess that ends trims too,
+// but keeps such an error for the next trim or access to report.
+void trim_shard_cache(Context& ctx);
+
+}  // namespace zs
