@@ -129,6 +129,7 @@ ZS_API zs_status zs_reduce_scatter(zs_work* out, zs_group h, const void* send, v
   return submit(out, h, "reduce-scatter", [&](Group& g) -> std::function<void(Communicator&)> {
     const DType t = checked_dtype(dtype, false);
     const ReduceOp o = checked_reduce_op(op);
+    check_reduction("reduce-scatter", t, o);  // here too: refused at the call, the group untouched
     checked_bytes("reduce-scatter", recv_count, t, g, true);
     check_buffer(send, recv_count, "send");
     check_buffer(recv, recv_count, "recv");
@@ -141,6 +142,7 @@ ZS_API zs_status zs_allreduce(zs_work* out, zs_group h, const void* send, void* 
   return submit(out, h, "all-reduce", [&](Group& g) -> std::function<void(Communicator&)> {
     const DType t = checked_dtype(dtype, false);
     const ReduceOp o = checked_reduce_op(op);
+    check_reduction("all-reduce", t, o);
     checked_bytes("all-reduce", count, t, g, false);
     check_buffer(send, count, "send");
     check_buffer(recv, count, "recv");

@@ -230,6 +230,18 @@ TEST_F(Misuse, BadWaitAndCollectiveArguments) {
   expect_error(zs_allreduce(&w, world, &x, &x, 1, ZS_FLOAT32, static_cast<zs_reduce_op>(9)),
                ZS_ERR_INVALID_ARGUMENT, "reduce op 9");
   expect_error(zs_broadcast(&w, world, &x, 1, ZS_FLOAT32, 1), ZS_ERR_INVALID_ARGUMENT, "root 1");
+  // ZS_AVG of bytes is refused at the call on every transport (a world of
+  // one too), and the group goes on working.
+  uint8_t u[2] = {3, 250};
+  expect_error(zs_allreduce(&w, world, u, u, 2, ZS_UINT8, ZS_AVG), ZS_ERR_NOT_SUPPORTED,
+               "all-reduce: ZS_AVG is not defined for ZS_UINT8");
+  expect_error(zs_reduce_scatter(&w, world, u, u, 2, ZS_UINT8, ZS_AVG), ZS_ERR_NOT_SUPPORTED,
+               "reduce-scatter: ZS_AVG is not defined for ZS_UINT8");
+  ZS_ASSERT_OK(zs_allreduce(&w, world, u, u, 2, ZS_UINT8, ZS_MAX));
+  ZS_ASSERT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+  zs_work_destroy(w);
+  w = nullptr;
+  EXPECT_EQ(u[1], 250);
   expect_error(zs_allgather(&w, world, nullptr, &x, 1, ZS_FLOAT32), ZS_ERR_INVALID_ARGUMENT, "send is NULL");
   expect_error(zs_context_group(&world, ctx_, static_cast<zs_group_kind>(12)), ZS_ERR_INVALID_ARGUMENT,
                "group kind 12");

@@ -2,7 +2,8 @@
 // as in memory: full params and every rank's optimizer state after 20 steps
 // on 1 to 4 real ranks, fp32, bf16 and fp16 params of odd sizes, with a
 // cache of none, part or all of the shards (max_in_cpu), alone and with the
-// optimizer state on NVMe too (sub-groups cutting params). The shards in
+// optimizer state on NVMe too (sub-groups cutting params), and under MiCS
+// shard groups and hpZ secondary shards. The shards in
 // memory stay within max_in_cpu between calls; checkpoints save and load
 // offloaded shards; a disk too small fails registration before step 1 and a
 // truncated swap file is an I/O error naming it, not wrong numbers.
@@ -30,10 +31,11 @@ namespace {
 constexpr int64_t kBig = 3001;  // odd: padded shards at 2, 3 and 4 ranks
 constexpr int kSteps = 20;
 
-std::string param_nvme(const std::string& dir, int64_t max_in_cpu, const std::string& optimizer = "") {
+std::string param_nvme(const std::string& dir, int64_t max_in_cpu, const std::string& optimizer = "",
+                       const std::string& topology = "") {
   return R"({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": ")" + dir +
          R"(", "max_in_cpu": )" + std::to_string(max_in_cpu) + "}" +
-         (optimizer.empty() ? "" : ", " + optimizer) +
+         (optimizer.empty() ? "" : ", " + optimizer) + (topology.empty() ? "" : ", " + topology) +
          R"(}, "aio": {"block_size": 8192, "queue_depth": 4}})";
 }
 
@@ -100,6 +102,8 @@ struct Case {
   zs_dtype dtype;
   int64_t max_in_cpu;       // elements of idle shards kept in memory
   int64_t optimizer_subgroup;  // 0: optimizer state in memory
+  const char* topology = "";   // zero_optimization keys for MiCS or hpZ, in both runs
+  const char* name = "";
 };
 
 class ParamOffload : public ::testing::TestWithParam<Case> {};
@@ -108,10 +112,12 @@ TEST_P(ParamOffload, NvmeTrainsBitwiseAsInMemory) {
   ZS_SKIP_WITHOUT_IO_URING();
   const Case c = GetParam();
   const std::string dir = zs::test::make_temp_dir("param_offload");
-  const auto plain = train(c.world, c.dtype, "", dir + "/plain");
+  const std::string topology = c.topology;
+  const auto plain = train(c.world, c.dtype, topology.empty() ? "" : R"({"zero_optimization": {)" + topology + "}}",
+                           dir + "/plain");
   const std::string opt = c.optimizer_subgroup > 0 ? optimizer_nvme(dir + "/swap", c.optimizer_subgroup) : "";
-  const auto nvme = train(c.world, c.dtype, param_nvme(dir + "/swap", c.max_in_cpu, opt), dir + "/nvme",
-                          c.max_in_cpu);
+  const auto nvme = train(c.world, c.dtype, param_nvme(dir + "/swap", c.max_in_cpu, opt, topology),
+                          dir + "/nvme", c.max_in_cpu);
   for (int r = 0; r < c.world; ++r) {
     ASSERT_FALSE(plain[r].empty()) << "rank " << r;
     EXPECT_TRUE(bitwise_equal(plain[r], nvme[r])) << "rank " << r << ": " << plain[r].size() << " vs "
@@ -126,13 +132,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{1, ZS_FLOAT32, 0, 0}, Case{2, ZS_FLOAT32, 0, 0}, Case{2, ZS_BFLOAT16, 500, 0},
                       Case{3, ZS_FLOAT32, 1000000000, 0}, Case{3, ZS_FLOAT16, 0, 0},
                       Case{4, ZS_BFLOAT16, 100, 0}, Case{2, ZS_FLOAT32, 0, 333},
-                      Case{3, ZS_BFLOAT16, 40, 7}),
+                      Case{3, ZS_BFLOAT16, 40, 7},
+                      Case{4, ZS_FLOAT32, 0, 0, R"("mics_shard_size": 2)", "_mics2"},
+                      Case{4, ZS_BFLOAT16, 0, 100, R"("zero_hpz_partition_size": 2)", "_hpz2"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       const Case& c = i.param;
       const char* dt = c.dtype == ZS_FLOAT32 ? "_fp32" : c.dtype == ZS_BFLOAT16 ? "_bf16" : "_fp16";
       return "world" + std::to_string(c.world) + dt + "_maxincpu" + std::to_string(c.max_in_cpu) +
              (c.optimizer_subgroup > 0 ? "_optimizernvme_subgroup" + std::to_string(c.optimizer_subgroup)
-                                       : "");
+                                       : "") +
+             c.name;
     });
 
 TEST(ParamOffloadCpu, OnACpuContextShardsAreAlreadyInHostMemory) {

@@ -243,10 +243,12 @@ TEST(Qwz, MicsShardGroupsQuantize) {
   });
 }
 
-TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
-  run_ranks(4, [](const RankEnv& env) {
+// Two "nodes" of 2 per shard group (4 ranks), or three (6 ranks).
+void qwz_hierarchical(int shard) {
+  run_ranks(shard, [shard](const RankEnv& env) {
     const std::string cfg =
-        qwz_config(4, 256, R"(, "mics_shard_size": 4, "mics_hierarchical_params_gather": true)");
+        qwz_config(4, 256, R"(, "mics_shard_size": )" + std::to_string(shard) +
+                               R"(, "mics_hierarchical_params_gather": true)");
     zs_context_options o = zs::test::rank_options(env, cfg.c_str());
     o.local_world_size = 2;
     o.local_rank = env.rank % 2;
@@ -254,7 +256,7 @@ TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
     ZS_ASSERT_OK(zs_context_create(&ctx, &o));
     auto ps = register_all(ctx, {1, 7, 257, 10007}, 9);
     fetch_all(ctx, ps);
-    for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_qwz(p, 4, {4, 256})) << p.name;
+    for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_qwz(p, shard, {4, 256})) << p.name;
     release_all(ctx, ps);
     zs_fetch_stats s = ZS_FETCH_STATS_INIT;
     ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
@@ -263,6 +265,9 @@ TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
     zs_context_destroy(ctx);
   });
 }
+
+TEST(Qwz, MicsHierarchicalTwoHopsQuantize) { qwz_hierarchical(4); }
+TEST(Qwz, MicsHierarchicalOverThreeNodesQuantize) { qwz_hierarchical(6); }
 
 // GatheredParameters(modifier_rank) under qwZ: the elements the modifier
 // changed take their new values, the others keep their exact values (not

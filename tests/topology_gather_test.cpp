@@ -155,6 +155,12 @@ TEST(MicsHierarchical, TwoShardGroupsOfFourOnEightRanks) {
   run_ranks(8, [](const RankEnv& env) { hierarchical(env, 4); });
 }
 
+// Three nodes of two: the hops differ in size, so shard order (node-major)
+// and hop 2's order (local-rank-major) differ beyond a transpose.
+TEST(MicsHierarchical, TwoHopsOverThreeNodesOfTwo) {
+  run_ranks(6, [](const RankEnv& env) { hierarchical(env, 6); });
+}
+
 TEST(MicsHierarchical, ShardGroupMustHoldWholeNodes) {
   run_ranks(1, [](const RankEnv&) {
     // Rank 0 of 6 alone: the topology is refused before any socket opens.

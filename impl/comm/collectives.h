@@ -1,6 +1,7 @@
 // Collective algorithms written against PointToPoint: any transport that
 // can post and wait for messages runs them. Each is one collective; the
-// caller gives it its identity (the transport's message keys). Reductions
+// caller gives it its identity (the transport's message keys) and
+// arguments Communicator has checked (communicator.h: dtype and op, root). Reductions
 // run in fp32 for every float dtype (u8 stays bytes), and every member ends
 // with bitwise the same result.
 #pragma once

@@ -1,6 +1,12 @@
 // Collectives over one group of ranks. Calls are synchronous and made from
 // the group's worker thread only (see group.h), in the same order on every
 // member; a failure throws zs::Error (Comm, Timeout).
+//
+// What every transport supports is checked here, once, before a transport
+// sees the call (a refused call leaves the group usable): reductions of
+// any DType with sum, max and min, and avg of the float dtypes (ZS_AVG is
+// not defined for ZS_UINT8); a root within the group; on the root of a
+// scatter, one input per member. Transports implement the do_* methods.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +25,11 @@ struct GatherSegment {
   bool quantized = false;  // a qwZ packet (counted apart in the stats)
 };
 
+// The checks above, for callers that validate before queueing (and the
+// algorithms' own use). `what` names the collective in the message.
+void check_reduction(const char* what, DType dtype, ReduceOp op);
+void check_root(const char* what, int root, int size);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -36,19 +47,36 @@ class Communicator {
   virtual void allgather_coalesced(const std::vector<GatherSegment>& segments) = 0;
   // send holds count * size() elements; this rank receives block rank().
   // 16-bit floats are reduced in fp32.
-  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                              ReduceOp op) = 0;
-  virtual void allreduce(const void* send, void* recv, size_t count, DType dtype,
-                         ReduceOp op) = 0;
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+    check_reduction("reduce-scatter", dtype, op);
+    do_reduce_scatter(send, recv, count, dtype, op);
+  }
+  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+    check_reduction("all-reduce", dtype, op);
+    do_allreduce(send, recv, count, dtype, op);
+  }
   // send and recv hold bytes_per_rank * size(): block j of send goes to
   // member j, block i of recv comes from member i (ZeRO++ qgZ's exchange).
   // send and recv must not overlap.
   virtual void alltoall(const void* send, void* recv, size_t bytes_per_rank) = 0;
-  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  void broadcast(void* buf, size_t bytes, int root) {
+    check_root("broadcast", root, size());
+    do_broadcast(buf, bytes, root);
+  }
   // On root, inputs[i] (bytes_per_rank each) goes to member i's recv.
-  virtual void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
-                       int root) = 0;
+  void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
+               int root);
   virtual void barrier() = 0;
+
+ protected:
+  // Called with the arguments checked (see the top of this file).
+  virtual void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                 ReduceOp op) = 0;
+  virtual void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
+                            ReduceOp op) = 0;
+  virtual void do_broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual void do_scatter(const std::vector<const void*>& inputs, void* recv,
+                          size_t bytes_per_rank, int root) = 0;
 };
 
 }  // namespace zs

@@ -91,14 +91,14 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         sizes, [&] { collectives::all_gather(*this, segments); });
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                      ReduceOp op) override {
+  void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op) override {
     run("reduce-scatter", [&] { return elements(count, dtype, op) + " per rank"; }, 0,
         [&] { collectives::reduce_scatter(*this, send, recv, count, dtype, op); });
   }
 
-  void allreduce(const void* send, void* recv, size_t count, DType dtype,
-                 ReduceOp op) override {
+  void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
+                    ReduceOp op) override {
     run("all-reduce", [&] { return elements(count, dtype, op); }, 0,
         [&] { collectives::all_reduce(*this, send, recv, count, dtype, op); });
   }
@@ -108,14 +108,14 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         [&] { collectives::all_to_all(*this, send, recv, bytes); });
   }
 
-  void broadcast(void* buf, size_t bytes, int root) override {
+  void do_broadcast(void* buf, size_t bytes, int root) override {
     run("broadcast",
         [&] { return std::to_string(bytes) + " bytes from rank " + std::to_string(root); }, 0,
         [&] { collectives::broadcast(*this, buf, bytes, root); });
   }
 
-  void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
-               int root) override {
+  void do_scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
+                  int root) override {
     run("scatter",
         [&] { return std::to_string(bytes) + " bytes per rank from rank " + std::to_string(root); },
         0, [&] { collectives::scatter(*this, inputs, recv, bytes, root); });

@@ -16,19 +16,19 @@ class LocalCommunicator final : public Communicator {
   void allgather_coalesced(const std::vector<GatherSegment>& segments) override {
     for (const auto& s : segments) copy_if_distinct(s.recv, s.send, s.bytes);
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                      ReduceOp) override {
+  void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp) override {
     copy_if_distinct(recv, send, count * dtype_size(dtype));  // avg of one = itself
   }
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp) override {
+  void do_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp) override {
     copy_if_distinct(recv, send, count * dtype_size(dtype));
   }
   void alltoall(const void* send, void* recv, size_t bytes) override {
     copy_if_distinct(recv, send, bytes);
   }
-  void broadcast(void*, size_t, int) override {}
-  void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
-               int) override {
+  void do_broadcast(void*, size_t, int) override {}
+  void do_scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
+                  int) override {
     copy_if_distinct(recv, inputs.at(0), bytes);
   }
   void barrier() override {}

@@ -114,13 +114,14 @@ class StagedCommunicator final : public Communicator {
     s.place();
     std::vector<GatherSegment> staged;
     staged.reserve(segments.size());
-    for (const auto& g : segments) staged.push_back({s.get(g.send), s.get(g.recv), g.bytes});
+    for (const auto& g : segments)
+      staged.push_back({s.get(g.send), s.get(g.recv), g.bytes, g.quantized});
     inner_->allgather_coalesced(staged);
     s.finish();
   }
 
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                      ReduceOp op) override {
+  void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op) override {
     Staging s = staging();
     s.add(send, count * dtype_size(dtype) * n(), true, false);
     s.add(recv, count * dtype_size(dtype), false, true);
@@ -129,7 +130,8 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+  void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
+                    ReduceOp op) override {
     Staging s = staging();
     s.add(send, count * dtype_size(dtype), true, false);
     s.add(recv, count * dtype_size(dtype), false, true);
@@ -147,7 +149,7 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
-  void broadcast(void* buf, size_t bytes, int root) override {
+  void do_broadcast(void* buf, size_t bytes, int root) override {
     Staging s = staging();
     s.add(buf, bytes, rank() == root, true);
     s.place();
@@ -155,8 +157,8 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
-  void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
-               int root) override {
+  void do_scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
+                  int root) override {
     Staging s = staging();
     for (const void* in : inputs) s.add(in, bytes, true, false);
     s.add(recv, bytes, false, true);

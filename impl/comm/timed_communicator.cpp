@@ -32,13 +32,14 @@ class TimedCommunicator final : public Communicator {
           [&] { inner_->allgather_coalesced(segments); });
     if (kind == CommKind::QuantizedGather && exact > 0) stats_->add_bytes(CommKind::Gather, exact, exact);
   }
-  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                      ReduceOp op) override {
+  void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op) override {
     const uint64_t b = count * dtype_size(dtype) * moved();
     timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
           [&] { inner_->reduce_scatter(send, recv, count, dtype, op); });
   }
-  void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+  void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
+                    ReduceOp op) override {
     // A ring all-reduce moves about twice the buffer through each rank.
     const uint64_t b = 2 * count * dtype_size(dtype) * moved() / size_or_1();
     timed(CommKind::AllReduce, "all-reduce", b, b, [&] { inner_->allreduce(send, recv, count, dtype, op); });
@@ -50,13 +51,13 @@ class TimedCommunicator final : public Communicator {
     timed(CommKind::QuantizedReduce, "all-to-all", b, b,
           [&] { inner_->alltoall(send, recv, bytes_per_rank); });
   }
-  void broadcast(void* buf, size_t bytes, int root) override {
+  void do_broadcast(void* buf, size_t bytes, int root) override {
     const bool from_me = rank() == root;
     timed(CommKind::Other, "broadcast", from_me ? bytes * moved() : 0, from_me || size() < 2 ? 0 : bytes,
           [&] { inner_->broadcast(buf, bytes, root); });
   }
-  void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
-               int root) override {
+  void do_scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
+                  int root) override {
     const bool from_me = rank() == root;
     timed(CommKind::Other, "scatter", from_me ? bytes_per_rank * moved() : 0,
           from_me || size() < 2 ? 0 : bytes_per_rank,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "impl/comm/two_hop_gather.h"
 #include "impl/device/ops.h"
 #include "impl/fetch/quantized.h"
 #include "impl/partition/register.h"
@@ -99,20 +100,9 @@ uint64_t full_numel(const Context& ctx, const Param& p) {
   return n;
 }
 
-// Rank-major pieces of a hierarchical gather go back to shard order:
-// hop 2 leaves [local l][node n] shards, the param wants [n * L + l].
-void reorder_hierarchical(const uint8_t* src, uint8_t* dst, int nodes, int local, size_t shard,
-                          std::vector<ops::Copy>& copies) {
-  for (int l = 0; l < local; ++l)
-    for (int n = 0; n < nodes; ++n)
-      copies.push_back({dst + static_cast<size_t>(n * local + l) * shard,
-                        src + static_cast<size_t>(l * nodes + n) * shard, shard});
-}
-
 // qwZ: one param's packet on its way. Each rank packs its shard into
-// `send`; `recv` holds every member's packet (in the group's order, or
-// the MiCS two-hop order); each packet is dequantized into its shard's
-// place in `full`.
+// `send`; `recv` holds every member's packet in the group's order; each
+// packet is dequantized into its shard's place in `full`.
 struct QuantSlot {
   const void* shard;
   void* send;
@@ -128,15 +118,14 @@ void pack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::Q
   if (!slots.empty()) dev.synchronize();  // the transport reads the packets next
 }
 
-// Packet k of recv belongs to shard rank_of(k).
-template <class RankOf>
+// Packet k of recv belongs to shard k.
 void unpack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::QuantSpec& spec,
-                int members, RankOf rank_of) {
+                int members) {
   for (const auto& q : slots) {
     const size_t shard_bytes = q.shard_numel * dtype_size(q.dtype);
     for (int k = 0; k < members; ++k)
       unpack_quantized(dev, q.recv + static_cast<size_t>(k) * q.packet, q.dtype, q.shard_numel,
-                       spec, q.full + static_cast<size_t>(rank_of(k)) * shard_bytes);
+                       spec, q.full + static_cast<size_t>(k) * shard_bytes);
   }
 }
 
@@ -212,68 +201,38 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     work = hpz->submit(what + " from hpZ secondary shards",
                        [segments, keep](Communicator& c) { c.allgather_coalesced(segments); });
   } else if (hierarchical) {
-    const auto& inter = ctx.mics_inter_group();
-    const auto& intra = ctx.mics_intra_group();
-    const int nodes = inter->size(), local = intra->size();
-    std::vector<GatherSegment> hop1, hop2, quant_hop2;
-    std::vector<size_t> shard_bytes;
-    std::vector<void*> dst;
+    // Each hop moves the unit a rank sends: its shard, or its qwZ packet
+    // (gathered into a packet per member, then dequantized into place).
+    TwoHopGather gather;
     std::vector<QuantSlot> quants;
+    const int members = group->size();
     for (size_t i = 0; i < n; ++i) {
       Param& p = *params[i];
-      // Each hop moves the unit a rank sends: its shard, or its qwZ packet.
-      const bool q = qwz && quantizable(p.dtype);
-      const size_t b = q ? quant_packet(p.layout.shard_numel, spec).bytes : p.shard_bytes();
-      void* packet = nullptr;
-      if (q) {
-        auto buf = std::make_shared<Buffer>(dev, b);
-        keep.push_back(buf);
-        packet = buf->data();
-      }
-      auto t1 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes));
-      auto t2 = std::make_shared<Buffer>(dev, b * static_cast<size_t>(nodes * local));
       const BufferPtr& shard = reading[i].buffer();
-      hop1.push_back({q ? packet : shard->data(), t1->data(), b, q});
       keep.push_back(shard);
-      keep.push_back(t1);
-      keep.push_back(t2);
-      const GatherSegment second{t1->data(), t2->data(), b * static_cast<size_t>(nodes), q};
-      if (q) {
-        quants.push_back({shard->data(), packet, static_cast<const uint8_t*>(t2->data()),
-                          static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
-                          b});
-        quant_hop2.push_back(second);
+      if (!(qwz && quantizable(p.dtype))) {
+        gather.units.push_back({shard->data(), fulls[i]->data(), p.shard_bytes()});
         continue;
       }
-      hop2.push_back(second);
-      shard_bytes.push_back(b);
-      dst.push_back(fulls[i]->data());
+      const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
+      auto send = std::make_shared<Buffer>(dev, packet);
+      auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
+      keep.push_back(send);
+      keep.push_back(recv);
+      gather.units.push_back({send->data(), recv->data(), packet, true});
+      quants.push_back({shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
+                        static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
+                        packet});
     }
-    // Quantized units join the same hop-2 operation, after the exact ones.
-    hop2.insert(hop2.end(), quant_hop2.begin(), quant_hop2.end());
+    gather.keep = keep;
+    gather.before = [quants, spec, dev, read_backs] {
+      for (const auto& read_back : read_backs) read_back();
+      pack_all(*dev, quants, spec);
+    };
+    gather.after = [quants, spec, dev, members] { unpack_all(*dev, quants, spec, members); };
     ctx.ledger().count(Fetched::HierarchicalGather);
-    auto first = inter->submit(what + " (MiCS hop 1: across nodes)",
-                               [hop1, keep, quants, spec, dev, read_backs](Communicator& c) {
-                                 for (const auto& read_back : read_backs) read_back();
-                                 pack_all(*dev, quants, spec);
-                                 c.allgather_coalesced(hop1);
-                               });
-    work = intra->submit(what + " (MiCS hop 2: within the node)",
-                         [first, hop2, dst, shard_bytes, nodes, local, keep, dev, quants,
-                          spec](Communicator& c) {
-                           first->wait(-1);
-                           c.allgather_coalesced(hop2);
-                           std::vector<ops::Copy> copies;
-                           for (size_t i = 0; i < dst.size(); ++i)
-                             reorder_hierarchical(static_cast<const uint8_t*>(hop2[i].recv),
-                                                  static_cast<uint8_t*>(dst[i]), nodes, local,
-                                                  shard_bytes[i], copies);
-                           ops::copy_many(*dev, copies);
-                           // Hop 2 leaves unit [l][n], which is shard n * local + l.
-                           unpack_all(*dev, quants, spec, nodes * local,
-                                      [&](int k) { return (k % nodes) * local + k / nodes; });
-                           dev->synchronize();
-                         });
+    work = submit_two_hop_gather(*ctx.mics_inter_group(), *ctx.mics_intra_group(), dev,
+                                 std::move(gather), what);
   } else {
     // Primary gather; with hpZ it also leaves each param's secondary slice.
     std::vector<ops::Copy> slices;
@@ -314,7 +273,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       for (const auto& read_back : read_backs) read_back();
       pack_all(*dev, quants, spec);
       c.allgather_coalesced(segments);
-      unpack_all(*dev, quants, spec, members, [](int k) { return k; });
+      unpack_all(*dev, quants, spec, members);
       ops::copy_many(*dev, slices);
       dev->synchronize();
     });
