@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import zeroshard
 import zeroshard.torch as zt
@@ -343,6 +344,44 @@ def mode_offload(rank, world):
             "weights": {k: v.float().numpy().tobytes().hex() for k, v in sorted(sd.items())} if rank == 0 else {},
             "state": moments}
 
+class CheckpointedGPT(TinyGPT):
+    """TinyGPT with each block's forward recomputed in backward (torch's
+    non-reentrant checkpoint, whose recompute stops early by raising inside
+    the block's last module)."""
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
+
+
+def mode_checkpoint_holds(rank, world):
+    """After each backward of a checkpointed model no param is still held
+    by a module (what backward gathered is released block by block), and
+    the losses equal the model without checkpointing."""
+    zero = {"stage": 3, "param_persistence_threshold": 0, "max_reuse_distance": 0}
+    out = {}
+    for name, cls in (("plain", TinyGPT), ("checkpointed", CheckpointedGPT)):
+        torch.manual_seed(0)
+        with zt.Init(config={"zero_optimization": zero}):
+            model = cls()
+        zt.partition_module(model)
+        zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3)
+        losses, held = [], []
+        for step in range(4):
+            x, y = batch(step, rank)
+            loss = model(x, y)
+            loss.backward()
+            held.append(sorted(n for n, p in model.named_parameters() if p.zs.holds > 0))
+            zopt.step()
+            zopt.zero_grad()
+            losses.append(mean_over_ranks(loss.item()))
+        out[name] = {"losses": losses, "held_after_backward": held}
+        del model, zopt
+    return out
+
 
 def main():
     mode = sys.argv[1]
@@ -350,7 +389,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
-              "offload": mode_offload}[mode](rank, world)
+              "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         print(json.dumps(result), flush=True)

@@ -238,7 +238,11 @@ class HookEngine:
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
         module.register_forward_pre_hook(_unit_pre_forward)
-        module.register_forward_hook(_unit_post_forward)
+        # always_call: a forward that raises still drops its hold. Activation
+        # checkpointing's recompute stops early by raising inside the last
+        # module it needs; without this every checkpointed block kept that
+        # module's params gathered until the step.
+        module.register_forward_hook(_unit_post_forward, always_call=True)
         fetch_on_access(module)
         for child in module.children():
             self._walk(child, names, inside_leaf=leaf)
