@@ -15,7 +15,7 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (out.empty()) fail(Code::InvalidArgument, "export: the output file name is empty");
   const NameOf name_of = checkpoint_names(params, names, "export");
   for (const auto& p : params)
-    if (p->status == ParamStatus::Inflight)
+    if (p->status() == ParamStatus::Inflight)
       fail(Code::InvalidState, "export: ", p->describe(), " is being gathered; wait for it first");
   ctx.check_async_error();
   std::vector<StTensor> tensors;
@@ -52,7 +52,7 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   for (const auto& t : tensors) {
     const std::shared_ptr<Param>& p = by_name.at(t.key);
     if (p->layout.numel == 0) continue;
-    const bool mine = p->status == ParamStatus::Available;  // the caller's gather: leave it
+    const bool mine = p->status() == ParamStatus::Available;  // the caller's gather: leave it
     if (!mine) {
       auto work = fetch_params(ctx, {p}, false, /*exact=*/true);  // never the qwZ values
       work->wait(-1);

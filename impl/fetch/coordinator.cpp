@@ -107,7 +107,7 @@ void Coordinator::prefetch_ahead() {
     uint64_t unit_elems = 0;
     for (const auto& p : trace_[k]) {
       settle(ctx_, *p);
-      if (p->status == ParamStatus::NotAvailable && !queued.count(p.get())) {
+      if (p->status() == ParamStatus::NotAvailable && !queued.count(p.get())) {
         unit_missing.push_back(p);
         unit_elems += p->layout.numel;
       }
@@ -162,7 +162,7 @@ void Coordinator::fetch(const ParamList& params) {
   bool waited = false, gathered = false;
   for (const auto& p : unit) {
     settle(ctx_, *p);
-    if (p->status == ParamStatus::NotAvailable) missing.push_back(p);
+    if (p->status() == ParamStatus::NotAvailable) missing.push_back(p);
   }
   if (!missing.empty()) {
     fetch_params(ctx_, missing);
@@ -174,9 +174,9 @@ void Coordinator::fetch(const ParamList& params) {
   for (const auto& p : unit) {
     // A unit none of whose params was gathered for it is a reuse hit.
     if (fresh_.erase(p.get())) gathered = true;
-    if (p->status != ParamStatus::Inflight) continue;
-    if (!p->inflight->done()) waited = true;
-    p->inflight->wait(-1);
+    if (p->status() != ParamStatus::Inflight) continue;
+    if (!p->inflight()->done()) waited = true;
+    p->inflight()->wait(-1);
     settle(ctx_, *p);
   }
   if (waited) {  // the trainer stood still for its params: exposed communication
@@ -204,8 +204,8 @@ void Coordinator::release(const ParamList& params) {
     if (kept_.count(p.get())) continue;  // persistent for the step
     if (!live_.count(p.get())) {
       settle(ctx_, *p);
-      if (p->status != ParamStatus::Available)
-        fail(Code::InvalidState, "release: ", p->describe(), " is ", param_status_name(p->status),
+      if (p->status() != ParamStatus::Available)
+        fail(Code::InvalidState, "release: ", p->describe(), " is ", param_status_name(p->status()),
              ", it was not fetched through the coordinator");
       continue;  // gathered by the trainer itself: not ours to free
     }
@@ -308,12 +308,12 @@ void Coordinator::refresh_persistent() {
   ParamList todo, fresh;  // fresh: not gathered now, so a new buffer
   for (const auto& p : refresh_) {
     if (p->unregistered) continue;
-    if (p->status == ParamStatus::Inflight) p->inflight->wait(-1);  // a prefetch the step overtook
+    if (p->status() == ParamStatus::Inflight) p->inflight()->wait(-1);  // a prefetch the step overtook
     settle(ctx_, *p);
     // A group of one gathers by aliasing the shard, which the step rewrote.
-    if (p->status == ParamStatus::Available && p->full_aliases_shard) continue;
+    if (p->status() == ParamStatus::Available && p->full_aliases_shard()) continue;
     todo.push_back(p);
-    if (p->status == ParamStatus::NotAvailable) fresh.push_back(p);
+    if (p->status() == ParamStatus::NotAvailable) fresh.push_back(p);
   }
   refresh_.clear();
   if (todo.empty()) return;

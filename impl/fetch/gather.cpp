@@ -68,22 +68,17 @@ void drop_secondaries(Context& ctx) {
 
 ParamStatus settle(Context& ctx, Param& p) {
   const auto held = ctx.lock();
-  if (p.status != ParamStatus::Inflight || !p.inflight->done()) return p.status;
-  try {
-    p.inflight->rethrow_if_failed();
-    p.status = ParamStatus::Available;
-    if (p.pending_secondary) {
-      p.secondary = std::move(p.pending_secondary);
-      track_secondary(ctx, p.shared_from_this());
-    }
-  } catch (const Error&) {
-    if (!p.full_aliases_shard) ctx.ledger().sub(Held::Gathered, p.full->bytes());
-    p.full.reset();
-    p.pending_secondary.reset();
-    p.status = ParamStatus::NotAvailable;
+  switch (p.settle(ctx.ledger())) {
+    case Param::Settled::Available:
+      if (p.pending_secondary) {
+        p.secondary = std::move(p.pending_secondary);
+        track_secondary(ctx, p.shared_from_this());
+      }
+      break;
+    case Param::Settled::Failed: p.pending_secondary.reset(); break;
+    case Param::Settled::Unchanged: break;
   }
-  p.inflight.reset();
-  return p.status;
+  return p.status();
 }
 
 namespace {
@@ -140,10 +135,10 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
     settle(ctx, p);
-    const bool again = into_gathered && p.status == ParamStatus::Available && !p.full_aliases_shard;
-    if (p.status != ParamStatus::NotAvailable && !again)
+    const bool again = into_gathered && p.status() == ParamStatus::Available && !p.full_aliases_shard();
+    if (p.status() != ParamStatus::NotAvailable && !again)
       fail(Code::InvalidState, "fetch: params[", i, "] ", p.describe(), " is ",
-           param_status_name(p.status), ", expected NOT_AVAILABLE (release it first)");
+           param_status_name(p.status()), ", expected NOT_AVAILABLE (release it first)");
   }
   const size_t n = params.size();
   // A group of one needs no traffic: the shard is the whole param (unless
@@ -172,15 +167,13 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   const auto& dev = ctx.device();
   std::vector<BufferPtr> fulls;
   fulls.reserve(n);
-  uint64_t bytes = 0;
   for (const auto& p : params) {
-    if (p->status == ParamStatus::Available) {  // into_gathered: the buffer it has
-      fulls.push_back(p->full);
+    if (p->status() == ParamStatus::Available) {  // into_gathered: the buffer it has
+      fulls.push_back(p->full());
       continue;
     }
     fulls.push_back(alias ? p->shard
                           : std::make_shared<Buffer>(dev, full_numel(ctx, *p) * p->elem_bytes()));
-    if (!alias) bytes += fulls.back()->bytes();
   }
 
   // Segments keep the buffers alive until the group thread is done with
@@ -278,36 +271,27 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       dev->synchronize();
     });
   }
-  for (size_t i = 0; i < n; ++i) {
-    Param& p = *params[i];
-    p.full = std::move(fulls[i]);
-    p.full_aliases_shard = alias;
-    p.inflight = work;
-    p.status = ParamStatus::Inflight;
-  }
-  if (!alias) ctx.ledger().add(Held::Gathered, bytes);
+  for (size_t i = 0; i < n; ++i) params[i]->start_gather(std::move(fulls[i]), alias, work, ctx.ledger());
   return work;
 }
 
 void release_one(Context& ctx, Param& p) {
   const auto held = ctx.lock();
-  if (!p.full_aliases_shard) ctx.ledger().sub(Held::Gathered, p.full->bytes());
-  p.full.reset();
-  p.status = ParamStatus::NotAvailable;
+  p.release(ctx.ledger());
 }
 
 void release_when_done(Context& ctx, Param& p) {
   const auto held = ctx.lock();
   settle(ctx, p);
-  if (p.status == ParamStatus::Inflight) {
+  if (p.status() == ParamStatus::Inflight) {
     try {
-      p.inflight->wait(-1);
+      p.inflight()->wait(-1);
     } catch (const Error&) {
       // Recorded as the context's async error; settle frees the buffer.
     }
     settle(ctx, p);
   }
-  if (p.status == ParamStatus::Available) release_one(ctx, p);
+  if (p.status() == ParamStatus::Available) release_one(ctx, p);
 }
 
 void release_params(Context& ctx, const ParamList& params) {
@@ -316,10 +300,10 @@ void release_params(Context& ctx, const ParamList& params) {
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
     settle(ctx, p);
-    if (p.status != ParamStatus::Available)
+    if (p.status() != ParamStatus::Available)
       fail(Code::InvalidState, "release: params[", i, "] ", p.describe(), " is ",
-           param_status_name(p.status),
-           p.status == ParamStatus::NotAvailable ? ", it was never fetched or is already released"
+           param_status_name(p.status()),
+           p.status() == ParamStatus::NotAvailable ? ", it was never fetched or is already released"
                                                  : ", wait for its gather first");
   }
   for (const auto& p : params) release_one(ctx, *p);
@@ -328,11 +312,11 @@ void release_params(Context& ctx, const ParamList& params) {
 BufferPtr available_data(Context& ctx, Param& p, const char* what) {
   const auto held = ctx.lock();
   settle(ctx, p);
-  if (p.status != ParamStatus::Available)
-    fail(Code::InvalidState, what, ": ", p.describe(), " is ", param_status_name(p.status),
-         p.status == ParamStatus::NotAvailable ? ": fetch it and wait for the gather first"
+  if (p.status() != ParamStatus::Available)
+    fail(Code::InvalidState, what, ": ", p.describe(), " is ", param_status_name(p.status()),
+         p.status() == ParamStatus::NotAvailable ? ": fetch it and wait for the gather first"
                                                : ": wait for its gather first");
-  return p.full;
+  return p.full();
 }
 
 void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
@@ -347,15 +331,15 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   std::vector<ShardAccess> writing;
   for (const auto& p : params) writing.emplace_back(ctx, *p, ShardAccess::Write);
   group->run("update of " + std::to_string(params.size()) + " params", [&](Communicator& comm) {
-    for (const auto& p : params) comm.broadcast(p->full->data(), p->full_bytes(), modifier_rank);
+    for (const auto& p : params) comm.broadcast(p->full()->data(), p->full_bytes(), modifier_rank);
   });
   std::vector<ops::Copy> copies;
   const bool qwz = ctx.config().zero_quantized_weights;
   for (const auto& p : params) {
     ++p->shard_version;
-    if (p->full_aliases_shard || p->layout.shard_valid == 0) continue;
+    if (p->full_aliases_shard() || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
-    const uint8_t* mine = static_cast<const uint8_t*>(p->full->data()) + p->layout.shard_offset * elem;
+    const uint8_t* mine = static_cast<const uint8_t*>(p->full()->data()) + p->layout.shard_offset * elem;
     if (qwz && quantizable(p->dtype)) {  // what the modifier did not touch stays exact
       write_back_keeping_exact(*ctx.device(), p->shard->data(), p->dtype, p->layout.shard_numel,
                                p->layout.shard_valid, weight_quant_spec(ctx.config()), mine);
@@ -380,8 +364,8 @@ void write_param(Context& ctx, Param& p, const void* data, size_t bytes) {
   const size_t elem = p.elem_bytes();
   const auto* src = static_cast<const uint8_t*>(data);
   drop_secondaries(ctx);  // a secondary shard would serve the old values
-  if (p.status == ParamStatus::Available && !p.full_aliases_shard)
-    dev.copy(p.full->data(), src, bytes);
+  if (p.status() == ParamStatus::Available && !p.full_aliases_shard())
+    dev.copy(p.full()->data(), src, bytes);
   if (p.layout.shard_valid > 0) {
     const ShardAccess shard(ctx, p, ShardAccess::Write);
     dev.copy(shard.data(), src + p.layout.shard_offset * elem, p.layout.shard_valid * elem);

@@ -37,6 +37,34 @@ Param::Param(uint64_t ctx_id, std::string param_name, DType param_dtype,
       group(std::move(param_group)),
       layout(ShardLayout::make(checked_numel(shape), group->size(), group->rank())) {}
 
+void Param::start_gather(BufferPtr full, bool aliases_shard, std::shared_ptr<Work> work, Ledger& ledger) {
+  if (!aliases_shard && full != full_) ledger.add(Held::Gathered, full->bytes());
+  full_ = std::move(full);
+  aliases_shard_ = aliases_shard;
+  inflight_ = std::move(work);
+  status_ = ParamStatus::Inflight;
+}
+
+Param::Settled Param::settle(Ledger& ledger) {
+  if (status_ != ParamStatus::Inflight || !inflight_->done()) return Settled::Unchanged;
+  Settled result = Settled::Available;
+  try {
+    inflight_->rethrow_if_failed();
+    status_ = ParamStatus::Available;
+  } catch (const Error&) {
+    release(ledger);  // the error stays with the work, for whoever waits on it
+    result = Settled::Failed;
+  }
+  inflight_.reset();
+  return result;
+}
+
+void Param::release(Ledger& ledger) {
+  if (full_ && !aliases_shard_) ledger.sub(Held::Gathered, full_->bytes());
+  full_.reset();
+  status_ = ParamStatus::NotAvailable;
+}
+
 std::string Param::describe() const {
   // Appends rather than a stream: every fetch's collective label calls this.
   std::string s;

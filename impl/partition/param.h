@@ -1,7 +1,11 @@
-// A partitioned parameter: this rank's padded shard, always held, and the
-// full data while gathered. Its mutable state is guarded by the owning
-// context's lock(); the group thread only touches the buffers, which the
-// in-flight gather keeps alive.
+// A partitioned parameter: this rank's padded shard, and the full data
+// while gathered. Its mutable state is guarded by the owning context's
+// lock(); the group thread only touches the buffers, which the in-flight
+// gather keeps alive. The param owns its lifecycle: the gather's status
+// (NOT_AVAILABLE -> INFLIGHT -> AVAILABLE -> NOT_AVAILABLE) changes only
+// through start_gather, settle and release, which keep the gathered bytes
+// in the context's ledger; where the shard lives (memory or the param swap
+// file) is owned by shard_residence.h.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +14,9 @@
 #include <vector>
 
 #include "impl/comm/group.h"
+#include "impl/comm/work.h"
 #include "impl/common/dtype.h"
+#include "impl/core/ledger.h"
 #include "impl/device/buffer.h"
 #include "impl/partition/layout.h"
 
@@ -58,15 +64,29 @@ class Param : public std::enable_shared_from_this<Param> {
   int shard_users = 0;
   bool shard_dirty = false;
   uint64_t shard_last_use = 0;
-  BufferPtr full;   // padded_numel elements while Inflight/Available
+  // The gather: its status, the full buffer (padded_numel elements, or
+  // more under hpZ) while INFLIGHT or AVAILABLE, the work filling it while
+  // INFLIGHT, and whether that buffer is the shard itself (a group of one).
+  ParamStatus status() const { return status_; }
+  const BufferPtr& full() const { return full_; }
+  const std::shared_ptr<Work>& inflight() const { return inflight_; }
+  bool full_aliases_shard() const { return aliases_shard_; }
+  // NOT_AVAILABLE (or AVAILABLE, re-gathered into its own buffer) ->
+  // INFLIGHT while `work` fills `full`; a new buffer that is not the shard
+  // counts as gathered bytes.
+  void start_gather(BufferPtr full, bool aliases_shard, std::shared_ptr<Work> work, Ledger& ledger);
+  // INFLIGHT whose work is done -> AVAILABLE, or NOT_AVAILABLE with the
+  // buffer dropped if it failed. Anything else is left as it is.
+  enum class Settled { Unchanged, Available, Failed };
+  Settled settle(Ledger& ledger);
+  // AVAILABLE -> NOT_AVAILABLE, the buffer dropped.
+  void release(Ledger& ledger);
+
   BufferPtr grad;   // fp32 gradient shard, from the first push on
   // hpZ: this rank's slice of the full param within the intra-node group,
   // left by the step's first gather and dropped by the optimizer step.
   BufferPtr secondary;
   BufferPtr pending_secondary;  // filled by an in-flight gather
-  std::shared_ptr<Work> inflight;
-  ParamStatus status = ParamStatus::NotAvailable;
-  bool full_aliases_shard = false;  // a group of one gathers without a copy
   bool unregistered = false;        // destroyed by the trainer; others may still hold it
   // Bumped whenever the shard is rewritten by anything but the optimizer
   // (update_params): an optimizer keeping a separate fp32 master re-reads
@@ -76,6 +96,12 @@ class Param : public std::enable_shared_from_this<Param> {
   // none (frozen since, unused) is left alone by the step, as torch's
   // optimizers skip a param whose .grad is None.
   bool grad_pushed = false;
+
+ private:
+  ParamStatus status_ = ParamStatus::NotAvailable;
+  BufferPtr full_;
+  std::shared_ptr<Work> inflight_;
+  bool aliases_shard_ = false;
 };
 
 // Element count of a shape; throws InvalidArgument for negative or
