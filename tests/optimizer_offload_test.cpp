@@ -295,7 +295,7 @@ TEST(OptimizerOffloadErrors, ADiskTooSmallFailsAddGroupBeforeAnyStep) {
 
 namespace {
 
-TEST(OptimizerOffloadCuda, BothDevicesAreRefusedOnACudaContext) {
+TEST(OptimizerOffloadCuda, BothDevicesOfBothOffloadsAreRefusedOnACudaContext) {
   int count = 0;
   const char* reason = "";
   ZS_ASSERT_OK(zs_cuda_device_count(&count, &reason));
@@ -316,6 +316,22 @@ TEST(OptimizerOffloadCuda, BothDevicesAreRefusedOnACudaContext) {
     const std::string msg = zs_last_error();
     EXPECT_NE(msg.find("offload_optimizer.device \"" + where + "\" on a CUDA context (cuda:0)"),
               std::string::npos) << msg;
+    zs_context_destroy(ctx);
+    // Parameter offload likewise, at the first registration.
+    const std::string params = R"({"zero_optimization": {"offload_param": {"device": ")" + where +
+                               R"(", "nvme_path": ")" + dir + R"("}}})";
+    o.config_json = params.c_str();
+    ZS_ASSERT_OK(zs_context_create(&ctx, &o));
+    const int64_t n = 10;
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = "w";
+    po.ndim = 1;
+    po.shape = &n;
+    zs_param p = nullptr;
+    EXPECT_EQ(zs_param_register(&p, ctx, &po), ZS_ERR_NOT_SUPPORTED);
+    const std::string param_msg = zs_last_error();
+    EXPECT_NE(param_msg.find("offload_param.device \"" + where + "\" on a CUDA context (cuda:0)"),
+              std::string::npos) << param_msg;
     zs_context_destroy(ctx);
   }
   fs::remove_all(dir);

@@ -272,35 +272,4 @@ TEST(ParamOffloadErrors, ATruncatedSwapFileIsAnIoErrorNamingIt) {
   fs::remove_all(dir);
 }
 
-TEST(ParamOffloadCuda, IsRefusedOnACudaContext) {
-  int count = 0;
-  const char* reason = "";
-  ZS_ASSERT_OK(zs_cuda_device_count(&count, &reason));
-  if (count == 0) GTEST_SKIP() << "needs a CUDA device: " << reason;
-  const std::string dir = zs::test::make_temp_dir("param_offload_cuda");
-  for (const std::string where : {"cpu", "nvme"}) {
-    const std::string config = R"({"zero_optimization": {"offload_param": {"device": ")" + where +
-                               R"(", "nvme_path": ")" + dir + R"("}}})";
-    zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
-    o.rank = 0;
-    o.world_size = 1;
-    o.device = "cuda:0";
-    o.config_json = config.c_str();
-    zs_context ctx = nullptr;
-    ZS_ASSERT_OK(zs_context_create(&ctx, &o));
-    const int64_t n = 10;
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = "w";
-    po.ndim = 1;
-    po.shape = &n;
-    zs_param p = nullptr;
-    EXPECT_EQ(zs_param_register(&p, ctx, &po), ZS_ERR_NOT_SUPPORTED);
-    const std::string msg = zs_last_error();
-    EXPECT_NE(msg.find("offload_param.device \"" + where + "\" on a CUDA context (cuda:0)"), std::string::npos)
-        << msg;
-    zs_context_destroy(ctx);
-  }
-  fs::remove_all(dir);
-}
-
 }  // namespace

@@ -193,64 +193,43 @@ TEST(Train, QuantizedGradientsTrackTheUnquantizedCurve) {
 }
 
 // LoCo (zeropp_loco_param): int4 qgZ with error feedback follows the
-// unquantized curve at least as closely as int4 qgZ without it (worst
-// step and last 10 steps), on 2 and 3 ranks, and still learns.
-TEST(Train, LocoInt4TracksTheUnquantizedCurveAtLeastAsWell) {
-  for (int ranks : {2, 3}) {
-    const ExampleRun base = run_example(ranks, "--steps 50");
-    const ExampleRun plain = run_example(ranks, "--steps 50 --qgz 4");
-    const ExampleRun loco = run_example(ranks, "--steps 50 --qgz 4 --loco 0.8");
-    ASSERT_EQ(base.rc, 0) << base.out;
-    ASSERT_EQ(plain.rc, 0) << plain.out;
-    ASSERT_EQ(loco.rc, 0) << loco.out;
-    ASSERT_EQ(loco.losses.size(), 50u) << loco.out;
-    auto worst = [&](const ExampleRun& r) {
-      double w = 0;
-      for (size_t i = 0; i < r.losses.size(); ++i)
-        w = std::max(w, std::fabs(r.losses[i] - base.losses[i]) / base.losses[i]);
-      return w;
-    };
-    auto tail = [&](const ExampleRun& r) {
-      return std::fabs(mean_last(r.losses, 10) - mean_last(base.losses, 10)) / mean_last(base.losses, 10);
-    };
-    std::printf("int4 qgZ on %d ranks against fp32: worst step %.4f without LoCo, %.4f with LoCo "
-                "(err_beta 0.8); last 10 steps %.4f, %.4f (relative)\n",
-                ranks, worst(plain), worst(loco), tail(plain), tail(loco));
-    EXPECT_LE(worst(loco), worst(plain)) << loco.out;
-    EXPECT_LE(tail(loco), 0.03) << loco.out;
-    EXPECT_LT(loco.losses.back(), 0.5 * loco.losses.front()) << "the model did not learn";
-  }
+// unquantized run of the same ranks and topology at least as closely as
+// int4 qgZ without it at the worst step, within 3% over the last 10 steps,
+// and still learns.
+void expect_loco_tracks_the_unquantized_curve(int ranks, const std::string& topology) {
+  const std::string steps = "--steps 50 " + topology;
+  const ExampleRun base = run_example(ranks, steps);
+  const ExampleRun plain = run_example(ranks, steps + " --qgz 4");
+  const ExampleRun loco = run_example(ranks, steps + " --qgz 4 --loco 0.8");
+  ASSERT_EQ(base.rc, 0) << base.out;
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  ASSERT_EQ(loco.rc, 0) << loco.out;
+  ASSERT_EQ(loco.losses.size(), 50u) << loco.out;
+  auto worst = [&](const ExampleRun& r) {
+    double w = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      w = std::max(w, std::fabs(r.losses[i] - base.losses[i]) / base.losses[i]);
+    return w;
+  };
+  auto tail = [&](const ExampleRun& r) {
+    return std::fabs(mean_last(r.losses, 10) - mean_last(base.losses, 10)) / mean_last(base.losses, 10);
+  };
+  std::printf("int4 qgZ on %d ranks%s%s against fp32: worst step %.4f without LoCo, %.4f with LoCo "
+              "(err_beta 0.8); last 10 steps %.4f, %.4f (relative)\n",
+              ranks, topology.empty() ? "" : " with ", topology.c_str(), worst(plain), worst(loco), tail(plain),
+              tail(loco));
+  EXPECT_LE(worst(loco), worst(plain)) << topology << "\n" << loco.out;
+  EXPECT_LE(tail(loco), 0.03) << topology << "\n" << loco.out;
+  EXPECT_LT(loco.losses.back(), 0.5 * loco.losses.front()) << topology << ": the model did not learn";
 }
 
-// LoCo with MiCS and with hpZ on 4 ranks: int4 qgZ with error feedback
-// follows the unquantized run of the same topology as the test above asks
-// (at least as closely as int4 qgZ without it at the worst step, within
-// 3% over the last 10 steps), and still learns.
+TEST(Train, LocoInt4TracksTheUnquantizedCurveAtLeastAsWell) {
+  for (int ranks : {2, 3}) expect_loco_tracks_the_unquantized_curve(ranks, "");
+}
+
+// The same with MiCS shard groups and with hpZ secondary shards, on 4 ranks.
 TEST(Train, LocoInt4WithMicsAndHpzTracksTheUnquantizedCurve) {
-  for (const char* topology : {"--mics 2", "--hpz 2"}) {
-    const ExampleRun base = run_example(4, std::string("--steps 50 ") + topology);
-    const ExampleRun plain = run_example(4, std::string("--steps 50 --qgz 4 ") + topology);
-    const ExampleRun loco = run_example(4, std::string("--steps 50 --qgz 4 --loco 0.8 ") + topology);
-    ASSERT_EQ(base.rc, 0) << base.out;
-    ASSERT_EQ(plain.rc, 0) << plain.out;
-    ASSERT_EQ(loco.rc, 0) << loco.out;
-    ASSERT_EQ(loco.losses.size(), 50u) << loco.out;
-    auto worst = [&](const ExampleRun& r) {
-      double w = 0;
-      for (size_t i = 0; i < r.losses.size(); ++i)
-        w = std::max(w, std::fabs(r.losses[i] - base.losses[i]) / base.losses[i]);
-      return w;
-    };
-    auto tail = [&](const ExampleRun& r) {
-      return std::fabs(mean_last(r.losses, 10) - mean_last(base.losses, 10)) / mean_last(base.losses, 10);
-    };
-    std::printf("int4 qgZ with %s on 4 ranks against fp32: worst step %.4f without LoCo, %.4f "
-                "with LoCo (err_beta 0.8); last 10 steps %.4f, %.4f (relative)\n",
-                topology, worst(plain), worst(loco), tail(plain), tail(loco));
-    EXPECT_LE(worst(loco), worst(plain)) << topology << "\n" << loco.out;
-    EXPECT_LE(tail(loco), 0.03) << topology << "\n" << loco.out;
-    EXPECT_LT(loco.losses.back(), 0.5 * loco.losses.front()) << topology << ": the model did not learn";
-  }
+  for (const char* topology : {"--mics 2", "--hpz 2"}) expect_loco_tracks_the_unquantized_curve(4, topology);
 }
 
 TEST(Train, LastLineIsJsonWithPerRankMemory) {
