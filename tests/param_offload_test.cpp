@@ -67,6 +67,12 @@ std::vector<std::vector<float>> train(int world, zs_dtype dtype, const std::stri
     zs::test::train_ckpt_model(m, kSteps);
     zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
     ZS_ASSERT_OK(zs_context_memory(m.ctx, &mem));
+    // A CPU context: every engine byte is in (unpinned) host memory.
+    EXPECT_EQ(mem.device_bytes, 0u);
+    EXPECT_EQ(mem.host_bytes, mem.shard_bytes + mem.gathered_bytes + mem.grad_bytes + mem.optimizer_bytes +
+                                  mem.hpz_secondary_bytes + mem.loco_error_bytes);
+    EXPECT_GT(mem.host_bytes, 0u);
+    EXPECT_EQ(mem.host_pinned_bytes, 0u);
     if (max_in_cpu >= 0) {
       // Between calls only the cache is in memory; the file holds them all.
       const uint64_t elem = dtype == ZS_FLOAT32 ? 4 : 2;

@@ -317,12 +317,20 @@ typedef struct zs_memory_stats {
   uint64_t device_system_allocs;
   uint64_t device_reuses;
   /* On disk, not in memory: the NVMe swap files' bytes (optimizer state
-   * under offload_optimizer.device "nvme"), preallocated when an optimizer
-   * group is added. */
+   * under offload_optimizer.device "nvme", preallocated when an optimizer
+   * group is added; param shards under offload_param.device "nvme",
+   * preallocated as params register). */
   uint64_t nvme_bytes;
   uint64_t loco_error_bytes;  /* qgZ LoCo error-feedback buffers (fp32) */
+  /* Where the engine's bytes above (shards, gathered params, gradients,
+   * optimizer state, hpZ secondaries, LoCo errors) are: in the CUDA
+   * device's memory, and in host memory, of which pinned (none today:
+   * offloaded state is not pinned). On a CPU context everything is host. */
+  uint64_t device_bytes;
+  uint64_t host_bytes;
+  uint64_t host_pinned_bytes;
 } zs_memory_stats;
-#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define ZS_MEMORY_STATS_INIT { sizeof(zs_memory_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* ZS_MEMORY_STATS_INIT for languages without C macros: its values into the
  * first `size` bytes of *stats (pass sizeof *stats). */

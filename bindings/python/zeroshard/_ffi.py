@@ -170,6 +170,9 @@ typedef struct zs_memory_stats {
   uint64_t device_reuses;
   uint64_t nvme_bytes;
   uint64_t loco_error_bytes;
+  uint64_t device_bytes;
+  uint64_t host_bytes;
+  uint64_t host_pinned_bytes;
 } zs_memory_stats;
 zs_status zs_memory_stats_init(zs_memory_stats* stats, size_t size);
 

@@ -124,6 +124,9 @@ mutable struct zs_memory_stats
     device_reuses::UInt64
     nvme_bytes::UInt64
     loco_error_bytes::UInt64
+    device_bytes::UInt64
+    host_bytes::UInt64
+    host_pinned_bytes::UInt64
     zs_memory_stats() = new()  # filled by zs_memory_stats_init
 end
 

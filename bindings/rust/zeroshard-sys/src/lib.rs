@@ -167,6 +167,9 @@ pub struct zs_memory_stats {
     pub device_reuses: u64,
     pub nvme_bytes: u64,
     pub loco_error_bytes: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    pub host_pinned_bytes: u64,
 }
 
 #[repr(C)]

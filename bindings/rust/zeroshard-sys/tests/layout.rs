@@ -51,7 +51,8 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
             device, backend }
         zs_memory_stats { size, shard_bytes, gathered_bytes, peak_gathered_bytes, unsharded_bytes,
             num_params, host_cache_bytes, grad_bytes, optimizer_bytes, hpz_secondary_bytes,
-            device_cache_bytes, device_system_allocs, device_reuses, nvme_bytes, loco_error_bytes }
+            device_cache_bytes, device_system_allocs, device_reuses, nvme_bytes, loco_error_bytes,
+            device_bytes, host_bytes, host_pinned_bytes }
         zs_fetch_stats { size, gathers, hpz_gathers, hierarchical_gathers,
             gather_bytes_sent, gather_bytes_received, quantized_gather_bytes_sent,
             quantized_gather_bytes_received, reduce_scatter_bytes_sent, reduce_scatter_bytes_received,
