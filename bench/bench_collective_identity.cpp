@@ -11,7 +11,9 @@
 // to the fastest collective, a bound that does not depend on the machine's
 // noise. The last line is one JSON object.
 //
-//   build/bin/bench_collective_identity [--ranks 2] [--reps 60] [--ops 20]
+//   build/bin/bench_collective_identity [--ranks 2] [--reps 60] [--ops 20] [--only small|big]
+//                                       [--fresh 10] (reps per pair of fresh contexts)
+//                                       [--same 1]   (both sides off: the harness's own bias)
 //
 // Workloads: small collectives, where a per-call cost shows most (fetch +
 // release of one 1 KiB param, of a bucket of 64 such params, an all-reduce
@@ -40,6 +42,9 @@ struct Args {
   int ranks = 2;
   int reps = 60;
   int ops = 20;
+  int fresh = 10;  // reps per pair of contexts
+  bool same = false;  // --same 1: both sides off (an A/A run: the harness's own bias)
+  int first = 0, last = 5;  // workloads [first, last): --only small (0..2) or big (3, 4)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -173,16 +178,40 @@ double identity_ns(size_t segments, size_t label_bytes, int iters) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
 }
 
-void run_rank(const Args& a, int rank, int port_on, int port_off) {
-  Side on = make_side(a, rank, port_on, true);
-  Side off = make_side(a, rank, port_off, false);
-  for (int w = 0; w < kWorkloads; ++w) {  // warm-up: first-use allocations, connections
-    run_workload(on, w, 3);
-    run_workload(off, w, 3);
+// Both sides' contexts are made afresh every `--fresh` reps, in alternating
+// order: a context instance can run a few percent slower than another for
+// reasons of its own (an A/A run, --same 1, shows it), which this spreads
+// over both sides.
+void make_pair(const Args& a, int rank, const std::vector<int>& ports, int pair, Side* on,
+               Side* off) {
+  const int p_on = ports[static_cast<size_t>(2 * pair)], p_off = ports[static_cast<size_t>(2 * pair + 1)];
+  if (pair % 2 == 0) {
+    *on = make_side(a, rank, p_on, !a.same);
+    *off = make_side(a, rank, p_off, false);
+  } else {
+    *off = make_side(a, rank, p_off, false);
+    *on = make_side(a, rank, p_on, !a.same);
   }
+  for (int w = a.first; w < a.last; ++w) {  // warm-up: first-use allocations, connections
+    run_workload(*on, w, 3);
+    run_workload(*off, w, 3);
+  }
+}
+
+int pairs_needed(const Args& a) { return (a.reps + a.fresh - 1) / a.fresh; }
+
+void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
+  Side on, off;
   Series series[kWorkloads];
   for (int rep = 0; rep < a.reps; ++rep) {
-    for (int w = 0; w < kWorkloads; ++w) {
+    if (rep % a.fresh == 0) {
+      if (rep > 0) {
+        destroy_side(on);
+        destroy_side(off);
+      }
+      make_pair(a, rank, ports, rep / a.fresh, &on, &off);
+    }
+    for (int w = a.first; w < a.last; ++w) {
       // ABBA within the rep (each quarter ops/2), A alternating rep by rep:
       // drift within a rep cancels, and neither side always goes first.
       const int half = std::max(1, ops_of(a, w) / 2);
@@ -208,14 +237,17 @@ void run_rank(const Args& a, int rank, int port_on, int port_off) {
   destroy_side(off);
   if (rank != 0) return;
 
-  std::printf("collective identities on vs off, %d ranks, %d reps (sides alternate rep by rep)\n",
-              a.ranks, a.reps);
+  std::printf("collective identities %s, %d ranks, %d reps (sides alternate rep by rep; fresh contexts every %d reps)\n",
+              a.same ? "off vs off (--same 1: an A/A run, 'on' is the first context made)"
+                     : "on vs off",
+              a.ranks, a.reps, a.fresh);
   std::printf("  %-34s %6s %11s %11s %14s %12s %12s %9s\n", "workload", "ops", "on us/op",
               "off us/op", "median ratio", "on CPU us", "off CPU us", "CPU ratio");
-  std::string json = "{\"bench\":\"collective_identity\",\"ranks\":" + std::to_string(a.ranks) +
+  std::string json = "{\"bench\":\"collective_identity\",\"same\":" +
+                     std::string(a.same ? "true" : "false") + ",\"ranks\":" + std::to_string(a.ranks) +
                      ",\"reps\":" + std::to_string(a.reps);
   char buf[512];
-  for (int w = 0; w < kWorkloads; ++w) {
+  for (int w = a.first; w < a.last; ++w) {
     const Series& s = series[w];
     const double on_us = median(s.on_us), off_us = median(s.off_us), ratio = median(s.ratio);
     const double on_cpu = median(s.on_cpu), off_cpu = median(s.off_cpu);
@@ -238,15 +270,17 @@ void run_rank(const Args& a, int rank, int port_on, int port_off) {
   // The identity work alone, against the fastest small collective's time.
   const double id1 = identity_ns(1, 40, 200000);
   const double id64 = identity_ns(64, 64 * 36, 50000);
-  const double fastest_off_us = std::min(median(series[0].off_us), median(series[2].off_us));
+  double fastest_off_us = 1e300;
+  for (int w = a.first; w < a.last; ++w)
+    fastest_off_us = std::min(fastest_off_us, median(series[w].off_us));
   std::printf("  identity work on one thread: %.0f ns per collective (1 segment, 40-byte label), "
               "%.0f ns (64 segments, 2.3 KB label)\n",
               id1, id64);
-  std::printf("  = %.3f%% / %.3f%% of the fastest small collective here (%.1f us, identities off)\n",
+  std::printf("  = %.3f%% / %.3f%% of the fastest workload here (%.1f us per op, identities off)\n",
               100.0 * id1 / 1000.0 / fastest_off_us, 100.0 * id64 / 1000.0 / fastest_off_us,
               fastest_off_us);
   std::snprintf(buf, sizeof buf,
-                ",\"identity_ns_1seg\":%.1f,\"identity_ns_64seg\":%.1f,\"fastest_small_off_us\":%.3f,"
+                ",\"identity_ns_1seg\":%.1f,\"identity_ns_64seg\":%.1f,\"fastest_off_us\":%.3f,"
                 "\"target_ratio\":1.02}",
                 id1, id64, fastest_off_us);
   json += buf;
@@ -261,13 +295,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--ranks") a.ranks = v;
+    if (k == "--only") {
+      const std::string which = argv[i + 1];
+      if (which != "small" && which != "big") {
+        std::fprintf(stderr, "bench_collective_identity: --only small or --only big\n");
+        return 2;
+      }
+      a.first = which == "small" ? 0 : 3;
+      a.last = which == "small" ? 3 : 5;
+    } else if (k == "--same") a.same = v != 0;
+    else if (k == "--fresh") a.fresh = v;
+    else if (k == "--ranks") a.ranks = v;
     else if (k == "--reps") a.reps = v;
     else if (k == "--ops") a.ops = v;
     else {
       std::fprintf(stderr,
                    "unknown option %s\nusage: bench_collective_identity [--ranks N] [--reps R] "
-                   "[--ops K]\n",
+                   "[--ops K] [--only small|big] [--fresh F] [--same 1]\n",
                    k.c_str());
       return 2;
     }
@@ -276,11 +320,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_collective_identity: option %s has no value\n", argv[argc - 1]);
     return 2;
   }
-  if (a.ranks < 2 || a.reps < 1 || a.ops < 10) {
-    std::fprintf(stderr, "bench_collective_identity: --ranks >= 2, --reps >= 1, --ops >= 10\n");
+  if (a.ranks < 2 || a.reps < 1 || a.ops < 2 || a.fresh < 1) {
+    std::fprintf(stderr, "bench_collective_identity: --ranks >= 2, --reps >= 1, --ops >= 2, --fresh >= 1\n");
     return 2;
   }
-  const int port_on = zs::bench::free_port(), port_off = zs::bench::free_port();
-  return zs::bench::fork_ranks(a.ranks, [&](int r) { run_rank(a, r, port_on, port_off); }) ? 0
-                                                                                          : 1;
+  std::vector<int> ports;
+  for (int i = 0; i < 2 * pairs_needed(a); ++i) ports.push_back(zs::bench::free_port());
+  return zs::bench::fork_ranks(a.ranks, [&](int r) { run_rank(a, r, ports); }) ? 0 : 1;
 }
