@@ -278,8 +278,12 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
     BackendMemory side = BackendMemory::Host;
 #ifdef ZS_WITH_CUDA
     if (backend_ == Backend::Nccl) {
-      comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
-                                    device_->stream(), timeout_);
+      // The unique id travels through the store: a silent member ends that
+      // wait too (NCCL's own init is not cut short).
+      rendezvous_with(ranks, "creating group '" + name + "'", [&] {
+        comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
+                                      device_->stream(), timeout_);
+      });
       side = BackendMemory::Device;
     }
 #endif
