@@ -227,6 +227,7 @@ TEST(Failure, CreateOnAnEarlierJobsStoreIsRefusedAtOnce) {
         << msg;
     EXPECT_LT(took, 2.0) << "the timeout is 30 s";
   });
+  EXPECT_FALSE(earlier->check("zs/finalize")) << "the refused rank said goodbye to another job's store";
 }
 
 size_t files_in(const std::string& dir) {
@@ -278,6 +279,8 @@ TEST(Failure, StaleFileStoreIsRefusedAtOnceAndACleanEndLeavesItEmpty) {
   job(/*destroy=*/false, /*expect_ok=*/true);  // this job's ranks die
   EXPECT_GT(files_in(dir), 0u);
   job(/*destroy=*/true, /*expect_ok=*/false);
+  EXPECT_GT(files_in(dir), 0u) << "a refused job emptied the earlier job's directory";
+  job(/*destroy=*/true, /*expect_ok=*/false);  // still refused
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 

@@ -239,7 +239,10 @@ void Context::choose_device(const ContextOptions& options) {
 // (finalize_store), so only an unfinished job's directory is refused.
 void Context::check_store_is_fresh(const ContextOptions& options) {
   const std::string rank = std::to_string(ranks_.rank);
-  if (store_->add("zs/joined/" + rank, 1) == 1) return;
+  if (store_->add("zs/joined/" + rank, 1) == 1) {
+    store_joined_ = true;
+    return;
+  }
   if (!options.file_store_path.empty())
     fail(Code::Bootstrap, "file store '", options.file_store_path, "' was joined by a rank ", rank,
          " before: it holds the keys of an earlier job that did not finish (a rank died or did "
@@ -439,6 +442,9 @@ void Context::check_async_error() const {
 // 0 for their goodbye (store_server_watch_ ends the call; rank 0 sees their
 // connections close either way).
 void Context::finalize_store() {
+  // A store refused as an earlier job's is left as it was: no goodbye
+  // counted there, nothing removed.
+  if (!store_joined_) return;
   if (store_ && !tcp_store_ && ranks_.world_size > 1) {
     // A file store outlives the job: the last rank to leave empties it,
     // since every other rank is past its last use of it.

@@ -221,6 +221,7 @@ class Context {
   std::chrono::milliseconds timeout_{300000};
   bool tcp_store_ = false;
   std::string store_address_;  // host:port of the TCP store, for messages
+  bool store_joined_ = false;  // the store passed check_store_is_fresh
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> transport_;
