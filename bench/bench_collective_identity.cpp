@@ -238,7 +238,7 @@ void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
   if (rank != 0) return;
 
   std::printf("collective identities %s, %d ranks, %d reps (sides alternate rep by rep; fresh contexts every %d reps)\n",
-              a.same ? "off vs off (--same 1: an A/A run, 'on' is the first context made)"
+              a.same ? "off vs off (--same 1: an A/A run; 'on' names the side that is otherwise on)"
                      : "on vs off",
               a.ranks, a.reps, a.fresh);
   std::printf("  %-34s %6s %11s %11s %14s %12s %12s %9s\n", "workload", "ops", "on us/op",
