@@ -294,6 +294,39 @@ TEST(Heartbeat, StoppedPeerAtGroupCreateOverAFileStoreIsNamed) {
   silent_member_at_group_create(3, 1, Victim::Stopped, true);
 }
 
+// The groups made inside zs_context_create (MiCS here) meet through the
+// store in the same way. The victim, given no MiCS (the configs are
+// compared only after the groups are made), passes on to the ready round
+// and stops there; the others, making the MiCS shard group, name it.
+TEST(Heartbeat, StoppedPeerWhileCreateMakesTheMicsGroupsIsNamed) {
+  Shared* sh = make_shared_block();
+  run_ranks(
+      3,
+      [&](const RankEnv& env) {
+        sh->pid[env.rank] = getpid();
+        const bool victim = env.rank == 2;
+        zs_context_options o = zs::test::rank_options(
+            env, victim ? nullptr : R"({"zero_optimization": {"mics_shard_size": 3}})", kTimeoutMs);
+        if (victim) std::thread([sh] { stop_self(sh, std::chrono::milliseconds(1000)); }).detach();
+        zs_context ctx = nullptr;
+        const zs_status s = zs_context_create(&ctx, &o);
+        const double latency = seconds_since_stop(sh);
+        const std::string msg = zs_last_error();
+        std::printf("[heartbeat] context create (MiCS groups), stopped rank 2: rank %d failed %.2f s "
+                    "after the stop: %s\n",
+                    env.rank, latency, msg.c_str());
+        std::fflush(stdout);
+        EXPECT_EQ(s, ZS_ERR_COMM) << zs_status_string(s) << ": " << msg;
+        EXPECT_NE(msg.find("rank 2 (host 127.0.0.1) has sent no heartbeat"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("group 'mics_shard0[0,1,2]'"), std::string::npos) << msg;
+        EXPECT_GT(sh->stopped_ns.load(), 0) << "failed before the victim stopped";
+        EXPECT_LT(latency, kMaxLatency);
+        survivor_done(sh, 2, 2);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {2});
+}
+
 // Without heartbeats the same wait ends at the user's timeout, and says so.
 TEST(Heartbeat, OffGroupCreateWithAStoppedPeerTimesOutSayingSo) {
   Shared* sh = make_shared_block();
