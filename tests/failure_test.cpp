@@ -193,7 +193,7 @@ TEST(Failure, CreateOnAPortHeldByAnotherProgramFailsWithinTheTimeout) {
     if (env.rank == 0) {
       EXPECT_NE(msg.find("cannot bind store server"), std::string::npos) << msg;
       EXPECT_NE(msg.find("another process holds that port"), std::string::npos) << msg;
-      EXPECT_LT(took, 1.0);
+      EXPECT_LT(took, 1.5) << "rank 0 needs no peer to know: within the timeout at the latest";
     } else {
       EXPECT_NE(msg.find("another program (a previous job?) holds that port"), std::string::npos)
           << msg;
