@@ -3,12 +3,18 @@
 // with a status and a message, and the context refuses new work after.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
+#include "impl/comm/store.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -156,6 +162,126 @@ TEST(Failure, RankThatNeverStartsFailsBootstrap) {
     EXPECT_NE(std::string(zs_last_error()).find("world"), std::string::npos) << zs_last_error();
     EXPECT_EQ(ctx, nullptr);
   });
+}
+
+// A port held by another program (it accepts connections and says
+// nothing): rank 0 cannot serve there and says so at once; rank 1 is
+// greeted by nobody and says so at its timeout, not a multiple of it.
+TEST(Failure, CreateOnAPortHeldByAnotherProgramFailsWithinTheTimeout) {
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(holder, 16), 0);
+  socklen_t len = sizeof a;
+  getsockname(holder, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context_options o = zs::test::rank_options(env, nullptr, 1500);
+    o.store_port = port;
+    zs_context ctx = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const zs_status s = zs_context_create(&ctx, &o);
+    const double took = seconds_since(t0);
+    const std::string msg = zs_last_error();
+    std::printf("[create] port held by another program: rank %d failed after %.2f s: %s\n",
+                env.rank, took, msg.c_str());
+    EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+    if (env.rank == 0) {
+      EXPECT_NE(msg.find("cannot bind store server"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("another process holds that port"), std::string::npos) << msg;
+      EXPECT_LT(took, 1.5) << "rank 0 needs no peer to know: within the timeout at the latest";
+    } else {
+      EXPECT_NE(msg.find("another program (a previous job?) holds that port"), std::string::npos)
+          << msg;
+      EXPECT_LT(took, 3.0) << "more than twice the 1.5 s timeout";
+    }
+  });
+  close(holder);
+}
+
+// The port is held by an earlier job's store, whose rank 0 still runs and
+// whose rank 1 had joined it: the new rank 0 cannot serve there, the new
+// rank 1 is refused at once instead of reading that job's keys.
+TEST(Failure, CreateOnAnEarlierJobsStoreIsRefusedAtOnce) {
+  int port = 0;
+  auto earlier = zs::make_tcp_store("127.0.0.1", 0, true, std::chrono::milliseconds(30000), &port);
+  earlier->add("zs/joined/1", 1);
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context_options o = zs::test::rank_options(env, nullptr, 30000);
+    o.store_port = port;
+    zs_context ctx = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const zs_status s = zs_context_create(&ctx, &o);
+    const double took = seconds_since(t0);
+    const std::string msg = zs_last_error();
+    std::printf("[create] earlier job's store: rank %d failed after %.2f s: %s\n", env.rank, took,
+                msg.c_str());
+    EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
+    EXPECT_NE(msg.find(env.rank == 0 ? "another process holds that port"
+                                     : "was joined by a rank 1 before: it is an earlier job's store"),
+              std::string::npos)
+        << msg;
+    EXPECT_LT(took, 2.0) << "the timeout is 30 s";
+  });
+  EXPECT_FALSE(earlier->check("zs/finalize")) << "the refused rank said goodbye to another job's store";
+}
+
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// A file store directory left by a job whose ranks did not destroy their
+// contexts (they died) is refused at once by every rank of the next job,
+// naming the directory; one whose job ended cleanly is left empty and
+// serves the next job as usual.
+TEST(Failure, StaleFileStoreIsRefusedAtOnceAndACleanEndLeavesItEmpty) {
+  char tmpl[] = "/tmp/zs_stale_store_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const auto job = [&](bool destroy, bool expect_ok) {
+    run_ranks(2, [&](const RankEnv& env) {
+      zs_context_options o = zs::test::rank_options(env, nullptr, 30000);
+      o.store_port = -1;
+      o.file_store_path = dir.c_str();
+      zs_context ctx = nullptr;
+      const auto t0 = std::chrono::steady_clock::now();
+      const zs_status s = zs_context_create(&ctx, &o);
+      const double took = seconds_since(t0);
+      if (expect_ok) {
+        ASSERT_EQ(s, ZS_OK) << zs_last_error();
+        if (destroy) ZS_EXPECT_OK(zs_context_destroy(ctx));
+        _exit(::testing::Test::HasFailure() ? 1 : 0);  // died, when not destroyed
+      }
+      const std::string msg = zs_last_error();
+      std::printf("[create] stale file store: rank %d failed after %.2f s: %s\n", env.rank, took,
+                  msg.c_str());
+      EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
+      EXPECT_NE(msg.find("file store '" + dir + "' was joined by a rank " +
+                         std::to_string(env.rank) + " before"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("an earlier job that did not finish"), std::string::npos) << msg;
+      EXPECT_LT(took, 2.0) << "the timeout is 30 s";
+    });
+  };
+  job(/*destroy=*/true, /*expect_ok=*/true);
+  EXPECT_EQ(files_in(dir), 0u) << "a cleanly ended job left its keys in " << dir;
+  job(/*destroy=*/false, /*expect_ok=*/true);  // this job's ranks die
+  EXPECT_GT(files_in(dir), 0u);
+  job(/*destroy=*/true, /*expect_ok=*/false);
+  EXPECT_GT(files_in(dir), 0u) << "a refused job emptied the earlier job's directory";
+  job(/*destroy=*/true, /*expect_ok=*/false);  // still refused
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 TEST(Failure, ShortWaitTimesOutThenCompletes) {

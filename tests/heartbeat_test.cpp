@@ -218,6 +218,146 @@ void stopped_before_destroy(int world, int victim) {
 TEST(Heartbeat, DestroyWithAStoppedPeerReturnsOn2Ranks) { stopped_before_destroy(2, 1); }
 TEST(Heartbeat, DestroyWithAStoppedStoreServerReturnsOn3Ranks) { stopped_before_destroy(3, 0); }
 
+// Creating a group with a stopped or dead member: the members that came
+// wait for its address in the store, which the store's timeout (30 s
+// here) alone would end. The heartbeat cuts the wait short, naming the
+// rank, over the TCP store (also when the stopped rank serves it) and over
+// a file store. A group without the victim (unless it is rank 0, which
+// serves the store) is created as usual first.
+enum class Victim { Stopped, Killed };
+
+void silent_member_at_group_create(int world, int victim, Victim how, bool file_store) {
+  Shared* sh = make_shared_block();
+  char tmpl[] = "/tmp/zs_hb_group_XXXXXX";
+  const std::string dir = file_store ? mkdtemp(tmpl) : "";
+  run_ranks(
+      world,
+      [&](const RankEnv& env) {
+        sh->pid[env.rank] = getpid();
+        zs_context_options o = zs::test::rank_options(env, nullptr, kTimeoutMs);
+        if (file_store) o.file_store_path = dir.c_str();
+        zs_context ctx = nullptr;
+        ZS_ASSERT_OK(zs_context_create(&ctx, &o));
+        std::vector<int> others, all;
+        for (int r = 0; r < world; ++r) {
+          all.push_back(r);
+          if (r != victim) others.push_back(r);
+        }
+        if (env.rank == victim) {
+          if (how == Victim::Killed) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            sh->stopped_ns = now_ns();
+            kill(getpid(), SIGKILL);
+          }
+          stop_self(sh, std::chrono::milliseconds(300));
+        }
+        zs_group g = nullptr;
+        if (victim != 0) {  // a stopped rank 0 holds up every rendezvous: it serves the store
+          ZS_ASSERT_OK(zs_group_create(&g, ctx, others.data(), static_cast<int>(others.size())));
+          ZS_EXPECT_OK(zs_group_destroy(g));
+          g = nullptr;
+        }
+        const zs_status s = zs_group_create(&g, ctx, all.data(), static_cast<int>(all.size()));
+        const double latency = seconds_since_stop(sh);
+        const std::string msg = zs_last_error();
+        std::printf("[heartbeat] group create (%s rank %d, %s store): rank %d failed after %.2f s: %s\n",
+                    how == Victim::Killed ? "killed" : "stopped", victim,
+                    file_store ? "file" : "tcp", env.rank, latency, msg.c_str());
+        std::fflush(stdout);
+        EXPECT_EQ(s, ZS_ERR_COMM) << zs_status_string(s) << ": " << msg;
+        EXPECT_EQ(g, nullptr);
+        EXPECT_NE(msg.find("rank " + std::to_string(victim) + " (host 127.0.0.1) has sent no heartbeat"),
+                  std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("group 'group"), std::string::npos) << msg;
+        EXPECT_LT(latency, kMaxLatency);
+        survivor_done(sh, world - 1, victim);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);  // the goodbye wait is not under test
+      },
+      60, {victim});
+  if (file_store) {
+    std::string rm = "rm -rf " + dir;
+    EXPECT_EQ(std::system(rm.c_str()), 0);
+  }
+}
+
+TEST(Heartbeat, StoppedPeerAtGroupCreateIsNamed) {
+  silent_member_at_group_create(3, 2, Victim::Stopped, false);
+}
+TEST(Heartbeat, StoppedStoreServerAtGroupCreateIsNamed) {
+  silent_member_at_group_create(3, 0, Victim::Stopped, false);
+}
+TEST(Heartbeat, DeadPeerAtGroupCreateIsNamed) {
+  silent_member_at_group_create(3, 2, Victim::Killed, false);
+}
+TEST(Heartbeat, StoppedPeerAtGroupCreateOverAFileStoreIsNamed) {
+  silent_member_at_group_create(3, 1, Victim::Stopped, true);
+}
+
+// The groups made inside zs_context_create (MiCS here) meet through the
+// store in the same way. The victim, given no MiCS (the configs are
+// compared only after the groups are made), passes on to the ready round
+// and stops there; the others, making the MiCS shard group, name it.
+TEST(Heartbeat, StoppedPeerWhileCreateMakesTheMicsGroupsIsNamed) {
+  Shared* sh = make_shared_block();
+  run_ranks(
+      3,
+      [&](const RankEnv& env) {
+        sh->pid[env.rank] = getpid();
+        const bool victim = env.rank == 2;
+        zs_context_options o = zs::test::rank_options(
+            env, victim ? nullptr : R"({"zero_optimization": {"mics_shard_size": 3}})", kTimeoutMs);
+        if (victim) std::thread([sh] { stop_self(sh, std::chrono::milliseconds(1000)); }).detach();
+        zs_context ctx = nullptr;
+        const zs_status s = zs_context_create(&ctx, &o);
+        const double latency = seconds_since_stop(sh);
+        const std::string msg = zs_last_error();
+        std::printf("[heartbeat] context create (MiCS groups), stopped rank 2: rank %d failed %.2f s "
+                    "after the stop: %s\n",
+                    env.rank, latency, msg.c_str());
+        std::fflush(stdout);
+        EXPECT_EQ(s, ZS_ERR_COMM) << zs_status_string(s) << ": " << msg;
+        EXPECT_NE(msg.find("rank 2 (host 127.0.0.1) has sent no heartbeat"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("group 'mics_shard0[0,1,2]'"), std::string::npos) << msg;
+        EXPECT_GT(sh->stopped_ns.load(), 0) << "failed before the victim stopped";
+        EXPECT_LT(latency, kMaxLatency);
+        survivor_done(sh, 2, 2);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {2});
+}
+
+// Without heartbeats the same wait ends at the user's timeout, and says so.
+TEST(Heartbeat, OffGroupCreateWithAStoppedPeerTimesOutSayingSo) {
+  Shared* sh = make_shared_block();
+  run_ranks(
+      2,
+      [&](const RankEnv& env) {
+        setenv("ZS_HEARTBEAT_MS", "0", 1);
+        sh->pid[env.rank] = getpid();
+        zs_context ctx = zs::test::make_context(env, nullptr, 2000);
+        ASSERT_NE(ctx, nullptr);
+        if (env.rank == 1) stop_self(sh, std::chrono::milliseconds(100));
+        const int all[2] = {0, 1};
+        zs_group g = nullptr;
+        const auto t0 = Clock::now();
+        const zs_status s = zs_group_create(&g, ctx, all, 2);
+        const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+        const std::string msg = zs_last_error();
+        std::printf("[heartbeat] group create, heartbeats off: failed after %.2f s: %s\n", took,
+                    msg.c_str());
+        std::fflush(stdout);
+        EXPECT_EQ(s, ZS_ERR_TIMEOUT) << zs_status_string(s) << ": " << msg;
+        EXPECT_NE(msg.find("timed out after"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("(timeout 2000 ms)"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("connecting group 'group"), std::string::npos) << msg;
+        EXPECT_LT(took, 8.0);
+        survivor_done(sh, 1, 1);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {1});
+}
+
 // A checkpoint save waits for every rank's shards through the store, not in
 // a collective: rank 0 names the stopped rank there too, and the others
 // learn it from rank 0's verdict.

@@ -3,8 +3,10 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "impl/comm/collective_label.h"
 #include "impl/common/env.h"
@@ -74,12 +76,12 @@ CollectiveIdentity make_identity(uint64_t seq, const char* op, std::string detai
   id.op = op;
   id.detail = std::move(detail);
   id.label = CollectiveLabelScope::current();
-  std::string all = id.op;
-  all += '\0';
-  all += id.detail;
-  all += '\0';
-  all += id.label;
-  id.hash = XXH3_64bits_withSeed(all.data(), all.size(), seq ^ (extra * 0x9E3779B97F4A7C15ull));
+  // Chained: each part seeds the next, so no concatenated copy is built
+  // ("a" + "bc" and "ab" + "c" differ, as each part's length is hashed).
+  uint64_t h = seq ^ (extra * 0x9E3779B97F4A7C15ull);
+  h = XXH3_64bits_withSeed(id.op, std::strlen(id.op), h);
+  h = XXH3_64bits_withSeed(id.detail.data(), id.detail.size(), h);
+  id.hash = XXH3_64bits_withSeed(id.label.data(), id.label.size(), h);
   return id;
 }
 
@@ -109,8 +111,15 @@ CollectiveWatch::~CollectiveWatch() {
 
 void CollectiveWatch::begin(CollectiveIdentity id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (history_.size() == kHistory) history_.pop_front();
-  history_.push_back({std::move(id), false});
+  Entry* e;
+  if (count_ < kHistory) {
+    e = &ring_[(first_ + count_++) % kHistory];
+  } else {
+    e = &ring_[first_];
+    first_ = (first_ + 1) % kHistory;
+  }
+  std::swap(e->id, id);  // the oldest entry's strings leave with `id`
+  e->done = false;
   running_ = true;
   began_ = std::chrono::steady_clock::now();
   verdict_.clear();
@@ -118,7 +127,7 @@ void CollectiveWatch::begin(CollectiveIdentity id) {
 
 void CollectiveWatch::end(bool completed) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!history_.empty()) history_.back().done = completed;
+  if (count_ > 0) newest_locked().done = completed;
   running_ = false;
   abort_ = nullptr;
 }
@@ -150,7 +159,8 @@ std::string CollectiveWatch::interruption() const {
 
 std::string CollectiveWatch::notes_locked() const {
   std::string notes;
-  for (const auto& e : history_) {
+  for (size_t i = 0; i < count_; ++i) {
+    const Entry& e = at_locked(i);
     char head[64];
     std::snprintf(head, sizeof head, "%llu %016llx %d ",
                   static_cast<unsigned long long>(e.id.seq),
@@ -164,8 +174,10 @@ std::string CollectiveWatch::notes_locked() const {
 std::string CollectiveWatch::history() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  for (const auto& e : history_)
+  for (size_t i = 0; i < count_; ++i) {
+    const Entry& e = at_locked(i);
     out += "  " + e.id.describe() + (e.done ? "" : "  <- did not complete") + "\n";
+  }
   return out;
 }
 
@@ -174,9 +186,9 @@ void CollectiveWatch::loop() {
   while (!stop_) {
     cv_.wait_for(lock, kTick);
     if (stop_) break;
-    if (!running_ || !verdict_.empty() || history_.empty()) continue;
+    if (!running_ || !verdict_.empty() || count_ == 0) continue;
     if (std::chrono::steady_clock::now() - began_ < check_after_) continue;
-    const CollectiveIdentity mine = history_.back().id;
+    const CollectiveIdentity mine = newest_locked().id;
     const uint64_t seq = mine.seq;
     const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
     lock.unlock();
@@ -188,7 +200,7 @@ void CollectiveWatch::loop() {
     }
     lock.lock();
     if (!notes.empty()) published_seq_ = seq;
-    if (verdict.empty() || !running_ || history_.empty() || history_.back().id.seq != seq)
+    if (verdict.empty() || !running_ || count_ == 0 || newest_locked().id.seq != seq)
       continue;
     verdict_ = verdict;
     if (abort_) abort_();

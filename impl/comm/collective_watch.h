@@ -16,7 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -94,7 +94,13 @@ class CollectiveWatch {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Entry> history_;
+  // The last kHistory collectives, oldest first: ring_[(first_ + i) %
+  // kHistory] for i < count_. Slots are reused, so recording one allocates
+  // nothing here.
+  std::array<Entry, kHistory> ring_;
+  size_t first_ = 0, count_ = 0;
+  Entry& newest_locked() { return ring_[(first_ + count_ - 1) % kHistory]; }
+  const Entry& at_locked(size_t i) const { return ring_[(first_ + i) % kHistory]; }
   bool running_ = false;  // a collective is in progress
   std::chrono::steady_clock::time_point began_;
   uint64_t published_seq_ = UINT64_MAX;

@@ -13,11 +13,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -71,8 +73,13 @@ class FileStore final : public Store {
   void wait(const std::vector<std::string>& keys) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
+  void interrupt(const std::string& why) override;
+  void discard() override;
 
  private:
+  // Throws Code::Comm if interrupt() was called since `since` was read.
+  void check_interrupted(uint64_t since, const std::string& what) const;
+
   struct Name {
     std::string path;
     bool hashed;
@@ -86,6 +93,10 @@ class FileStore final : public Store {
                             int err) const;
 
   std::string dir_;
+  // interrupt(): counted, and seen by the get/wait polling at its next look.
+  std::atomic<uint64_t> interrupts_{0};
+  mutable std::mutex why_mu_;
+  std::string why_;
 };
 
 FileStore::FileStore(std::string dir, milliseconds timeout) : dir_(std::move(dir)) {
@@ -213,11 +224,46 @@ void FileStore::set(const std::string& key, const std::vector<char>& value) {
   write(key, value.data(), value.size());
 }
 
+// Only the store's own files (keys, hashed keys, temp files, the lock):
+// the directory is the user's.
+void FileStore::discard() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("k.", 0) == 0 || name.rfind("h.", 0) == 0 || name.rfind(".tmp.", 0) == 0 ||
+        name == ".lock")
+      unlink(entry.path().c_str());
+  }
+}
+
+void FileStore::interrupt(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    why_ = why;
+  }
+  interrupts_.fetch_add(1);
+}
+
+void FileStore::check_interrupted(uint64_t since, const std::string& what) const {
+  if (interrupts_.load() == since) return;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    why = why_;
+  }
+  fail(Code::Comm, what, " in file store '", dir_, "' was abandoned: ", why);
+}
+
 std::vector<char> FileStore::get(const std::string& key) {
   store_detail::check_key("get", key);
+  const uint64_t since = interrupts_.load();
   const auto start = Clock::now();
   std::string value;
-  if (!poll_until(start + timeout_, [&] { return read(key, &value); })) {
+  if (!poll_until(start + timeout_, [&] {
+        if (read(key, &value)) return true;
+        check_interrupted(since, "get of key " + quote_key(key));
+        return false;
+      })) {
     fail(Code::Timeout, "get of key ", quote_key(key), ": timed out after ", elapsed_ms(start),
          " ms (timeout ", timeout_.count(), " ms) in file store '", dir_, "'");
   }
@@ -226,11 +272,14 @@ std::vector<char> FileStore::get(const std::string& key) {
 
 void FileStore::wait(const std::vector<std::string>& keys) {
   for (const std::string& key : keys) store_detail::check_key("wait", key);
+  const uint64_t since = interrupts_.load();
   const auto start = Clock::now();
   size_t next = 0;  // keys before next are known to exist
   const bool all = poll_until(start + timeout_, [&] {
     while (next < keys.size() && exists(keys[next])) ++next;
-    return next == keys.size();
+    if (next == keys.size()) return true;
+    check_interrupted(since, "wait for " + std::to_string(keys.size()) + " key(s)");
+    return false;
   });
   if (all) return;
   constexpr size_t kShown = 10;

@@ -34,10 +34,16 @@ class Store {
   // needs the store any more, dead ones included.
   virtual int clients_connected() const { return -1; }
   // Ends the call in progress now, if any, with Code::Comm and `why` (the
-  // server rank has stopped: it would never answer). Later calls go on as
-  // usual. Only signals; safe from any thread. A no-op where calls cannot
-  // hang on a peer.
+  // server rank has stopped: it would never answer; or a rank whose key
+  // the call waits for has). Later calls go on as usual. Only signals;
+  // safe from any thread. A no-op where calls cannot hang on a peer (the
+  // memory store).
   virtual void interrupt(const std::string& why) { (void)why; }
+
+  // The job is over (the last rank to leave calls this): removes the keys
+  // where they outlive the processes (the file store's files), so the next
+  // job in the same place starts clean. A no-op elsewhere.
+  virtual void discard() {}
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

@@ -190,7 +190,10 @@ Server::Server(const std::string& host, int port, std::string secret) : secret_(
     close(fd);
   }
   if (listen_fd_ < 0) {
-    fail(Code::Bootstrap, "cannot bind store server to ", where, ": ", std::strerror(err));
+    fail(Code::Bootstrap, "cannot bind store server to ", where, ": ", std::strerror(err),
+         err == EADDRINUSE ? " (another process holds that port: an earlier job's rank 0, or "
+                             "another program; choose a free port)"
+                           : "");
   }
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;

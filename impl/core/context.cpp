@@ -107,9 +107,13 @@ void Context::wait_for_every_rank() {
   const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
   store_->set("zs/ready/" + std::to_string(ranks_.rank), as_bytes(config_json_));
   std::vector<std::string> keys;
+  std::vector<int> all;
   keys.reserve(static_cast<size_t>(ranks_.world_size));
-  for (int r = 0; r < ranks_.world_size; ++r) keys.push_back("zs/ready/" + std::to_string(r));
-  store_->wait(keys);
+  for (int r = 0; r < ranks_.world_size; ++r) {
+    keys.push_back("zs/ready/" + std::to_string(r));
+    all.push_back(r);
+  }
+  rendezvous_with(all, "context creation (every rank's ready)", [&] { store_->wait(keys); });
   constexpr int kRanksShown = 4;
   constexpr size_t kKeysShown = 6;
   if (ranks_.rank == 0) {
@@ -155,10 +159,12 @@ void Context::connect(const ContextOptions& options) {
   } else {
     const StoreAddress addr = resolve_store_address(
         options.store_host.empty() ? nullptr : options.store_host.c_str(), options.store_port);
+    store_address_ = addr.host + ":" + std::to_string(addr.port);
     store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_, nullptr,
                             "rank " + std::to_string(ranks_.rank));
     tcp_store_ = true;
   }
+  check_store_is_fresh(options);
   const std::string store_host = options.store_host.empty()
                                      ? resolve_store_address(nullptr, options.store_port).host
                                      : options.store_host;
@@ -225,6 +231,29 @@ void Context::choose_device(const ContextOptions& options) {
   }
 }
 
+// A store that this rank number joined before belongs to an earlier job:
+// its keys (peers' addresses, verdicts) would be read as this job's, and
+// the rendezvous would wait out the timeout or meet processes long gone.
+// Each rank counts its joins; a second is refused at once. A job that ends
+// with every rank destroying its context leaves a file store empty
+// (finalize_store), so only an unfinished job's directory is refused.
+void Context::check_store_is_fresh(const ContextOptions& options) {
+  const std::string rank = std::to_string(ranks_.rank);
+  if (store_->add("zs/joined/" + rank, 1) == 1) {
+    store_joined_ = true;
+    return;
+  }
+  if (!options.file_store_path.empty())
+    fail(Code::Bootstrap, "file store '", options.file_store_path, "' was joined by a rank ", rank,
+         " before: it holds the keys of an earlier job that did not finish (a rank died or did "
+         "not destroy its context), or two processes were started as rank ",
+         rank, "; empty the directory or give each job its own");
+  fail(Code::Bootstrap, "the store at ", store_address_, " was joined by a rank ", rank,
+       " before: it is an earlier job's store (that job's rank 0 still runs and holds the port), "
+       "or two processes were started as rank ",
+       rank, "; stop that job or choose a free port");
+}
+
 // Every rank must run the same backend, or the first collective would hang:
 // each compares its choice with rank 0's through the store.
 void Context::agree_on_backend() {
@@ -252,14 +281,20 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
     BackendMemory side = BackendMemory::Host;
 #ifdef ZS_WITH_CUDA
     if (backend_ == Backend::Nccl) {
-      comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
-                                    device_->stream(), timeout_);
+      // The unique id travels through the store: a silent member ends that
+      // wait too (NCCL's own init is not cut short).
+      rendezvous_with(ranks, "creating group '" + name + "'", [&] {
+        comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
+                                      device_->stream(), timeout_);
+      });
       side = BackendMemory::Device;
     }
 #endif
     if (!comm)
-      comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed,
-                                    heartbeat_, ranks);
+      rendezvous_with(ranks, "creating group '" + name + "'", [&] {
+        comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed,
+                                      heartbeat_, ranks);
+      });
     // Buffers on the other side of the backend (GPU memory for Gloo, host
     // scalars for NCCL) are staged; a CPU context has nothing to stage.
     if (device_->is_cuda() || stage_all_)
@@ -407,6 +442,18 @@ void Context::check_async_error() const {
 // 0 for their goodbye (store_server_watch_ ends the call; rank 0 sees their
 // connections close either way).
 void Context::finalize_store() {
+  // A store refused as an earlier job's is left as it was: no goodbye
+  // counted there, nothing removed.
+  if (!store_joined_) return;
+  if (store_ && !tcp_store_ && ranks_.world_size > 1) {
+    // A file store outlives the job: the last rank to leave empties it,
+    // since every other rank is past its last use of it.
+    try {
+      if (store_->add("zs/finalize", 1) == ranks_.world_size) store_->discard();
+    } catch (const Error&) {
+    }
+    return;
+  }
   if (!store_ || !tcp_store_) return;
   const auto gave_up = [&](const std::string& why) {
     std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
@@ -429,6 +476,22 @@ void Context::finalize_store() {
   } catch (const Error&) {
     // The server is gone, a peer died, or a stopped rank 0 did not answer.
   }
+}
+
+// A member already silent fails at once; one that falls silent meanwhile
+// interrupts the store call in flight (the heartbeat thread calls back
+// after each check that finds it silent, so a call that starts after one
+// interrupt is interrupted again). Other threads' store calls cut short
+// meanwhile (a collective watch's notes) are best effort anyway.
+void Context::rendezvous_with(const std::vector<int>& ranks, const std::string& what,
+                              const std::function<void()>& fn) {
+  if (!heartbeat_ || !store_) return fn();
+  if (const std::string why = heartbeat_->silence(ranks); !why.empty())
+    fail(Code::Comm, why, "; ", what, " cannot complete");
+  const auto watching = heartbeat_->watch(ranks, [store = store_.get(), what](const std::string& why) {
+    store->interrupt(why + "; " + what + " cannot complete");
+  });
+  fn();
 }
 
 std::string Context::silence(std::vector<int> ranks) const {

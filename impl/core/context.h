@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -190,8 +191,16 @@ class Context {
   void connect(const ContextOptions& options);
   void choose_device(const ContextOptions& options);
   void agree_on_backend();
+  void check_store_is_fresh(const ContextOptions& options);
   void build_topology();
   void wait_for_every_rank();
+  // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
+  // group's connect, the ready round), so that a member that is stopped or
+  // dead ends it within the heartbeat limit with Code::Comm naming that
+  // rank, instead of at the store's timeout; `what` says what was cut short.
+  // Without heartbeats fn runs as is (its store timeout bounds it).
+  void rendezvous_with(const std::vector<int>& ranks, const std::string& what,
+                       const std::function<void()>& fn);
   void build_mics_hierarchy();
   void build_qgz_hierarchy();
   // The member group of a partition of the world into rank lists.
@@ -211,6 +220,8 @@ class Context {
   std::string inactive_keys_json_;
   std::chrono::milliseconds timeout_{300000};
   bool tcp_store_ = false;
+  std::string store_address_;  // host:port of the TCP store, for messages
+  bool store_joined_ = false;  // the store passed check_store_is_fresh
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> transport_;
