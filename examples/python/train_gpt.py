@@ -188,6 +188,8 @@ def main():
                     help="with --offload-dir: elements of optimizer state stepped per sub-group")
     ap.add_argument("--checkpoint-activations", action="store_true",
                     help="recompute each block's forward during backward (torch.utils.checkpoint)")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="train on the same batch every step (shows a big model's loss falling in a few steps)")
     ap.add_argument("--config-json", default="{}",
                     help="more DeepSpeed config, merged into the engine's (e.g. zero_optimization keys)")
     args = ap.parse_args()
@@ -254,6 +256,8 @@ def main():
     for step in range(args.steps):
         t0 = time.perf_counter()
         # The same global batch for any world size; this rank takes its slice.
+        if args.fixed_batch:
+            gen.manual_seed(1234)
         starts = torch.randint(0, len(data) - args.ctx - 1, (world * args.batch,), generator=gen)
         mine = starts[rank * args.batch:(rank + 1) * args.batch]
         x = torch.stack([data[s:s + args.ctx] for s in mine]).to(device)

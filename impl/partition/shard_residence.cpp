@@ -57,11 +57,7 @@ class ParamSwap : public ParamKeeper {
     if (!p.shard) {
       trim();  // make room first, and report an earlier write-back's error
       auto b = std::make_shared<Buffer>(ctx_.device(), p.shard_bytes());
-      try {
-        swapper_->read(p.swap_offset, b->data(), p.shard_bytes());
-      } catch (const Error& e) {
-        throw Error(e.code(), "reading back " + p.describe() + " from the param swap file: " + e.what());
-      }
+      read_back(p, b)();
       p.shard = std::move(b);
       p.shard_dirty = false;
       ctx_.ledger().add(Held::Shards, p.shard_bytes());
@@ -96,7 +92,7 @@ class ParamSwap : public ParamKeeper {
     }
   }
 
-  // A buffer for a gather and the read that fills it (not cached).
+  // The read that fills `into` with p's shard, on any thread.
   std::function<void()> read_back(Param& p, const BufferPtr& into) {
     return [swapper = swapper_, into, offset = p.swap_offset, bytes = p.shard_bytes(), what = p.describe()] {
       try {
