@@ -14,7 +14,9 @@
 #
 # Needs about 12 bytes per param of free disk under the offload directory
 # (shards 4, moments 8) and says so, without running, when there is less.
-# Run scripts/setup.sh first. Not part of the test command: it takes minutes.
+# First the small twin (the same settings on a small GPT, with and without
+# offload: the same losses). Run scripts/setup.sh first. Not part of the
+# test command: it takes about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build/demo/offload}"
@@ -50,6 +52,25 @@ fi
 
 export PYTHONPATH=bindings/python ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so"
 export OMP_NUM_THREADS=1 ZS_HOST_CACHE_MB=0 ZS_TIMEOUT_MS=1800000
+
+# Its small twin first: the same settings on a small GPT, with and without
+# offload, must give the same losses.
+twin() {
+  build/bin/zsrun -n 2 -- .venv/bin/python examples/python/train_gpt.py --steps 5 --log-every 100 \
+    --fixed-batch --checkpoint-activations "$@" | grep '^\[rank 0\] {' | sed 's/^\[rank 0\] //'
+}
+plain=$(twin)
+offloaded=$(twin --offload-dir "$dir" --max-in-cpu 0 --sub-group-size 5000)
+.venv/bin/python - "$plain" "$offloaded" <<'EOF'
+import json, sys
+a, b = (json.loads(x)["losses"] for x in sys.argv[1:3])
+print("small twin: losses in memory ", " ".join(f"{x:.6f}" for x in a))
+print("small twin: losses offloaded ", " ".join(f"{x:.6f}" for x in b))
+if a != b:
+    sys.exit("small twin: the losses differ with offload")
+print("small twin: bitwise the same")
+EOF
+
 # Memory-lean fetch settings: at most ~600 MB of gathered params at once.
 lean='{"zero_optimization": {"max_live_parameters": 150000000, "prefetch_bucket_size": 50000000,
        "max_reuse_distance": 0, "reduce_bucket_size": 20000000}}'
