@@ -48,9 +48,7 @@ zs_status load(CkptModel& m, const std::string& dir, const char* tag = nullptr,
 
 std::string file(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using zs::test::bitwise_equal;
 
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0.0;

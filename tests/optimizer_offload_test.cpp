@@ -18,6 +18,7 @@
 #include "tests/support/io_uring_probe.h"
 #include "tests/support/multirank.h"
 
+using zs::test::bitwise_equal;
 using zs::test::CkptModel;
 using zs::test::RankEnv;
 using zs::test::run_ranks;
@@ -56,23 +57,12 @@ std::vector<std::vector<float>> train(int world, zs_dtype dtype, zs_optimizer_ki
       EXPECT_GT(bytes, 0u) << "no swap file of rank " << env.rank;
     }
     auto all = zs::test::full_values(m);
-    for (zs_param p : m.params)
-      for (int slot = 0; slot < 3; ++slot) {
-        float* data = nullptr;
-        uint64_t n = 0;
-        if (zs_optimizer_state_data(m.opt, p, slot, &data, &n) != ZS_OK) continue;
-        all.insert(all.end(), data, data + n);
-      }
+    const auto state = zs::test::optimizer_values(m);
+    all.insert(all.end(), state.begin(), state.end());
     zs::test::write_floats(out + "." + std::to_string(env.rank), all);
     zs::test::destroy_ckpt_model(m);
   });
-  std::vector<std::vector<float>> per_rank;
-  for (int r = 0; r < world; ++r) per_rank.push_back(zs::test::read_floats(out + "." + std::to_string(r)));
-  return per_rank;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  return zs::test::read_per_rank(out, world);
 }
 
 struct Case {
@@ -157,12 +147,8 @@ TEST(OptimizerOffloadCheckpoint, SavesAndLoadsTheSwappedState) {
   };
   auto snapshot = [](CkptModel& m) {
     auto all = zs::test::full_values(m);
-    for (zs_param p : m.params)
-      for (int slot = 0; slot < 3; ++slot) {
-        float* data = nullptr;
-        uint64_t n = 0;
-        if (zs_optimizer_state_data(m.opt, p, slot, &data, &n) == ZS_OK) all.insert(all.end(), data, data + n);
-      }
+    const auto state = zs::test::optimizer_values(m);
+    all.insert(all.end(), state.begin(), state.end());
     return all;
   };
   run_ranks(2, [&](const RankEnv& env) {

@@ -140,6 +140,17 @@ std::vector<float> full_values(CkptModel& m) {
   return all;
 }
 
+std::vector<float> optimizer_values(CkptModel& m) {
+  std::vector<float> all;
+  for (zs_param p : m.params)
+    for (int slot = 0; slot < 3; ++slot) {
+      float* data = nullptr;
+      uint64_t n = 0;
+      if (zs_optimizer_state_data(m.opt, p, slot, &data, &n) == ZS_OK) all.insert(all.end(), data, data + n);
+    }
+  return all;
+}
+
 void write_floats(const std::string& path, const std::vector<float>& v) {
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
@@ -153,6 +164,16 @@ std::vector<float> read_floats(const std::string& path) {
   f.seekg(0);
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n));
   return v;
+}
+
+std::vector<std::vector<float>> read_per_rank(const std::string& prefix, int world) {
+  std::vector<std::vector<float>> per_rank;
+  for (int r = 0; r < world; ++r) per_rank.push_back(read_floats(prefix + "." + std::to_string(r)));
+  return per_rank;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 std::string make_temp_dir(const char* what) {

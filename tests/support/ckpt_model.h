@@ -31,10 +31,16 @@ void destroy_ckpt_model(CkptModel& m);
 void train_ckpt_model(CkptModel& m, int steps);
 // Full values of every param, as fp32, concatenated in param order.
 std::vector<float> full_values(CkptModel& m);
+// Every optimizer state slot the optimizer has for each param (through
+// zs_optimizer_state_data), concatenated in param and slot order.
+std::vector<float> optimizer_values(CkptModel& m);
 
 // Raw floats to and from a file.
 void write_floats(const std::string& path, const std::vector<float>& v);
 std::vector<float> read_floats(const std::string& path);
+// read_floats of <prefix>.<rank> for ranks 0 .. world-1.
+std::vector<std::vector<float>> read_per_rank(const std::string& prefix, int world);
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
 // A fresh directory under $TMPDIR (or /tmp).
 std::string make_temp_dir(const char* what);
 
