@@ -85,7 +85,8 @@ void* keep_shard_in_memory(Context& ctx, Param& param);
 // Brings the cache back within max_in_cpu, writing changed shards back
 // first; throws the swap file's I/O error (the shard that failed stays
 // cached and changed: nothing is lost). A ShardAccess that ends trims too,
-// but keeps such an error for the next trim or access to report.
+// but leaves a failed write-back to the next trim, which retries it and
+// reports its error.
 void trim_shard_cache(Context& ctx);
 
 }  // namespace zs
