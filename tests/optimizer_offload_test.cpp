@@ -17,6 +17,7 @@
 #include "tests/support/ckpt_model.h"
 #include "tests/support/io_uring_probe.h"
 #include "tests/support/multirank.h"
+#include "tests/support/swap_dir.h"
 
 using zs::test::bitwise_equal;
 using zs::test::CkptModel;
@@ -49,12 +50,8 @@ std::vector<std::vector<float>> train(int world, zs_dtype dtype, zs_optimizer_ki
     zs::test::train_ckpt_model(m, kSteps);
     if (!config.empty() && config.find("\"nvme\"") != std::string::npos) {
       // The state really is in a swap file of this rank's.
-      const std::string dir = config.substr(config.find("nvme_path\": \"") + 13);
-      uint64_t bytes = 0;
-      for (const auto& e : fs::directory_iterator(dir.substr(0, dir.find('"'))))
-        if (e.path().filename().string().find("rank" + std::to_string(env.rank) + "-") != std::string::npos)
-          bytes += e.file_size();
-      EXPECT_GT(bytes, 0u) << "no swap file of rank " << env.rank;
+      EXPECT_GT(zs::test::swap_file_bytes(zs::test::nvme_path_in(config), "optimizer", env.rank), 0u)
+          << "no swap file of rank " << env.rank;
     }
     auto all = zs::test::full_values(m);
     const auto state = zs::test::optimizer_values(m);
@@ -246,10 +243,7 @@ TEST(OptimizerOffloadErrors, ADiskTooSmallFailsAddGroupBeforeAnyStep) {
   // space check is covered by Swapper.NotEnoughSpace...).
   ZS_SKIP_WITHOUT_IO_URING();
   const std::string dir = zs::test::make_temp_dir("offload_small");
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    fs::remove_all(dir);
-    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << ")";
-  }
+  if (const std::string why = zs::test::mount_small_tmpfs(dir); !why.empty()) GTEST_SKIP() << why;
   const std::string config = nvme_config(dir, 1000000, 2, true);
   run_ranks(1, [&](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, config.c_str());

@@ -20,6 +20,7 @@
 #include "tests/support/ckpt_model.h"
 #include "tests/support/io_uring_probe.h"
 #include "tests/support/multirank.h"
+#include "tests/support/swap_dir.h"
 
 using zs::test::bitwise_equal;
 using zs::test::CkptModel;
@@ -46,16 +47,6 @@ std::string optimizer_nvme(const std::string& dir, int64_t sub_group) {
          R"(", "buffer_count": 2, "pipeline_read": true, "pipeline_write": true})";
 }
 
-// Bytes of this rank's param swap files in dir.
-uint64_t param_swap_bytes(const std::string& dir, int rank) {
-  uint64_t bytes = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.find("zeroshard-params-rank" + std::to_string(rank) + "-") == 0) bytes += e.file_size();
-  }
-  return bytes;
-}
-
 // Optimizer state (every slot the optimizer has) then full params, per
 // rank, after kSteps steps. State first: slot 0 of an fp32 param is its
 // shard, which zs_optimizer_state_data brings back into memory for good.
@@ -78,8 +69,7 @@ std::vector<std::vector<float>> train(int world, zs_dtype dtype, const std::stri
       // Between calls only the cache is in memory; the file holds them all.
       const uint64_t elem = dtype == ZS_FLOAT32 ? 4 : 2;
       EXPECT_LE(mem.shard_bytes, static_cast<uint64_t>(max_in_cpu) * elem) << "rank " << env.rank;
-      const std::string dir = config.substr(config.find("nvme_path\": \"") + 13);
-      const uint64_t file = param_swap_bytes(dir.substr(0, dir.find('"')), env.rank);
+      const uint64_t file = zs::test::swap_file_bytes(zs::test::nvme_path_in(config), "params", env.rank);
       EXPECT_GE(file, kBig / world * elem) << "rank " << env.rank;
       EXPECT_LE(file, mem.nvme_bytes) << "rank " << env.rank;
     }
@@ -207,10 +197,7 @@ TEST(ParamOffloadErrors, ADiskTooSmallFailsRegistrationBeforeAnyStep) {
   // A 1 MiB tmpfs for the swap file (mounting needs root).
   ZS_SKIP_WITHOUT_IO_URING();
   const std::string dir = zs::test::make_temp_dir("param_offload_small");
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
-    fs::remove_all(dir);
-    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << ")";
-  }
+  if (const std::string why = zs::test::mount_small_tmpfs(dir); !why.empty()) GTEST_SKIP() << why;
   const std::string config = param_nvme(dir, 0);
   run_ranks(1, [&](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, config.c_str());
