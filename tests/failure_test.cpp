@@ -164,6 +164,24 @@ TEST(Failure, RankThatNeverStartsFailsBootstrap) {
   });
 }
 
+// zs_context_create with o, which must be refused as a bootstrap error
+// with no context made: how long it took and its message, printed with
+// `what` and the rank.
+struct Refused {
+  double took;
+  std::string msg;
+};
+Refused refused_create(const zs_context_options& o, const char* what, int rank) {
+  zs_context ctx = nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  const zs_status s = zs_context_create(&ctx, &o);
+  const Refused r{seconds_since(t0), zs_last_error()};
+  std::printf("[create] %s: rank %d failed after %.2f s: %s\n", what, rank, r.took, r.msg.c_str());
+  EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << r.msg;
+  EXPECT_EQ(ctx, nullptr);
+  return r;
+}
+
 // A port held by another program (it accepts connections and says
 // nothing): rank 0 cannot serve there and says so at once; rank 1 is
 // greeted by nobody and says so at its timeout, not a multiple of it.
@@ -180,15 +198,7 @@ TEST(Failure, CreateOnAPortHeldByAnotherProgramFailsWithinTheTimeout) {
   run_ranks(2, [&](const RankEnv& env) {
     zs_context_options o = zs::test::rank_options(env, nullptr, 1500);
     o.store_port = port;
-    zs_context ctx = nullptr;
-    const auto t0 = std::chrono::steady_clock::now();
-    const zs_status s = zs_context_create(&ctx, &o);
-    const double took = seconds_since(t0);
-    const std::string msg = zs_last_error();
-    std::printf("[create] port held by another program: rank %d failed after %.2f s: %s\n",
-                env.rank, took, msg.c_str());
-    EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
-    EXPECT_EQ(ctx, nullptr);
+    const auto [took, msg] = refused_create(o, "port held by another program", env.rank);
     EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
     if (env.rank == 0) {
       EXPECT_NE(msg.find("cannot bind store server"), std::string::npos) << msg;
@@ -213,14 +223,7 @@ TEST(Failure, CreateOnAnEarlierJobsStoreIsRefusedAtOnce) {
   run_ranks(2, [&](const RankEnv& env) {
     zs_context_options o = zs::test::rank_options(env, nullptr, 30000);
     o.store_port = port;
-    zs_context ctx = nullptr;
-    const auto t0 = std::chrono::steady_clock::now();
-    const zs_status s = zs_context_create(&ctx, &o);
-    const double took = seconds_since(t0);
-    const std::string msg = zs_last_error();
-    std::printf("[create] earlier job's store: rank %d failed after %.2f s: %s\n", env.rank, took,
-                msg.c_str());
-    EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
+    const auto [took, msg] = refused_create(o, "earlier job's store", env.rank);
     EXPECT_NE(msg.find(env.rank == 0 ? "another process holds that port"
                                      : "was joined by a rank 1 before: it is an earlier job's store"),
               std::string::npos)
@@ -253,19 +256,13 @@ TEST(Failure, StaleFileStoreIsRefusedAtOnceAndACleanEndLeavesItEmpty) {
       zs_context_options o = zs::test::rank_options(env, nullptr, 30000);
       o.store_port = -1;
       o.file_store_path = dir.c_str();
-      zs_context ctx = nullptr;
-      const auto t0 = std::chrono::steady_clock::now();
-      const zs_status s = zs_context_create(&ctx, &o);
-      const double took = seconds_since(t0);
       if (expect_ok) {
-        ASSERT_EQ(s, ZS_OK) << zs_last_error();
+        zs_context ctx = nullptr;
+        ASSERT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
         if (destroy) ZS_EXPECT_OK(zs_context_destroy(ctx));
         _exit(::testing::Test::HasFailure() ? 1 : 0);  // died, when not destroyed
       }
-      const std::string msg = zs_last_error();
-      std::printf("[create] stale file store: rank %d failed after %.2f s: %s\n", env.rank, took,
-                  msg.c_str());
-      EXPECT_EQ(s, ZS_ERR_BOOTSTRAP) << zs_status_string(s) << ": " << msg;
+      const auto [took, msg] = refused_create(o, "stale file store", env.rank);
       EXPECT_NE(msg.find("file store '" + dir + "' was joined by a rank " +
                          std::to_string(env.rank) + " before"),
                 std::string::npos)
