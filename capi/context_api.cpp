@@ -118,8 +118,8 @@ ZS_API zs_status zs_context_memory(zs_context h, zs_memory_stats* stats_out) {
     stats->device_reuses = pool.reuses;
     stats->nvme_bytes = m.nvme_bytes;
     stats->loco_error_bytes = m.loco_error_bytes;
-    // Optimizer state on NVMe goes through host buffers even for a CUDA
-    // context; everything else lives on the context's device.
+    // Every counted byte lives on the context's device: the host-side state
+    // a CUDA context could have (offload) is refused there.
     const uint64_t engine = m.shard_bytes + m.gathered_bytes + m.grad_bytes + m.optimizer_bytes +
                             m.secondary_bytes + m.loco_error_bytes;
     stats->device_bytes = ctx->device()->is_cuda() ? engine : 0;

@@ -82,6 +82,7 @@ _OFFLOAD_KNOBS = {"offload_parameters": False, "offload_optimizer": False, "offl
                   "optimizer_buffer_count": 4, "sub_group_size": 1_000_000_000_000}
 _AIO_KNOBS = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True,
               "thread_count": 1}
+_OFFLOAD_AND_AIO_KNOBS = {**_OFFLOAD_KNOBS, **_AIO_KNOBS}
 # Precisions the strategy runs: fp32 params, optionally under bf16 autocast.
 _PRECISIONS = ("32-true", "32", "bf16-mixed")
 
@@ -108,9 +109,9 @@ def _offload_config(knobs):
     """The config's offload sections from the offload and aio knobs, as
     DeepSpeedStrategy writes them: (zero_optimization entries, aio section or
     None, errors for knobs that would change nothing)."""
-    v = dict(_OFFLOAD_KNOBS, **_AIO_KNOBS)
+    v = dict(_OFFLOAD_AND_AIO_KNOBS)
     v.update({k: x for k, x in knobs.items() if k in v})
-    changed = [k for k in v if v[k] != dict(_OFFLOAD_KNOBS, **_AIO_KNOBS)[k]]
+    changed = [k for k in v if v[k] != _OFFLOAD_AND_AIO_KNOBS[k]]
     errors, zero = [], {}
     for on, device, section in (("offload_parameters", "offload_params_device", "offload_param"),
                                 ("offload_optimizer", "offload_optimizer_device", "offload_optimizer")):
@@ -159,7 +160,7 @@ def config_from_knobs(**knobs):
     arguments: the knobs the engine acts on, mapped; any other knob away
     from its default raises UnsupportedKnobError naming it; an unknown name
     raises TypeError."""
-    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS) - set(_OFFLOAD_KNOBS) - set(_AIO_KNOBS))
+    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS) - set(_OFFLOAD_AND_AIO_KNOBS))
     if unknown:
         raise TypeError(f"ZeroShardStrategy: unknown knob(s) {', '.join(unknown)} (the knobs are those of "
                         "Lightning's DeepSpeedStrategy)")
@@ -334,7 +335,7 @@ def _make_strategy_class():
                 # DeepSpeedStrategy ignores its knobs when given a config; here
                 # that would be silent, so the two do not mix.
                 config_from_knobs(**knobs)  # unknown names and inert knobs still raise
-                mapped = dict(_CONFIG_KNOBS, **_OFFLOAD_KNOBS, **_AIO_KNOBS)
+                mapped = dict(_CONFIG_KNOBS, **_OFFLOAD_AND_AIO_KNOBS)
                 given = [f"{k}={v!r}" for k, v in knobs.items() if k in mapped and v != mapped[k]]
                 if given:
                     raise UnsupportedKnobError(f"ZeroShardStrategy: config= replaces the knobs, so "
