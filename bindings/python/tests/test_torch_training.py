@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,16 +21,23 @@ def run_ranks(n, mode, timeout=240, extra_env=None):
         pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ)
     env.update(extra_env or {})
+    result = tempfile.NamedTemporaryFile(prefix="zs_torch_worker_", suffix=".json", delete=False)
+    result.close()
+    env["ZS_TEST_RESULT"] = result.name
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     env["ZS_TIMEOUT_MS"] = "60000"
     proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
                            str(HERE / "torch_worker.py"), mode],
                           env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    assert lines, proc.stdout + proc.stderr
-    return json.loads(lines[-1])
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with open(result.name) as f:
+            text = f.read()
+        assert text, "rank 0 wrote no result\n" + proc.stdout + proc.stderr
+        return json.loads(text)
+    finally:
+        os.unlink(result.name)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -2,7 +2,7 @@
 
     zsrun -n N -- python3 torch_worker.py MODE
 
-Rank 0 prints one JSON line with what the test checks.
+Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
 import json
 import os
@@ -392,7 +392,10 @@ def main():
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
-        print(json.dumps(result), flush=True)
+        # To a file: a result line of tens of KiB on the ranks' shared
+        # stdout can be split by the other rank's output.
+        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
+            json.dump(result, f)
     dist.destroy_process_group()
 
 
