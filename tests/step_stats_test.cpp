@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "impl/fetch/quantized.h"
+#include "impl/partition/quant_packet.h"
 #include "kernels/quant.h"
 #include "tests/support/multirank.h"
 
