@@ -2,6 +2,7 @@
 #include <dlpack/dlpack.h>
 
 #include "capi/handles.h"
+#include "impl/partition/freeze.h"
 #include "impl/partition/register.h"
 #include "impl/partition/shard_residence.h"
 
@@ -115,6 +116,10 @@ ZS_API zs_status zs_param_shard_data(zs_param h, void** data, uint64_t* shard_nu
     *data = keep_shard_in_memory(ctx, p);
     if (shard_numel) *shard_numel = p.layout.shard_numel;
   });
+}
+
+ZS_API zs_status zs_param_freeze(zs_param h) {
+  return with_param(h, [&](Context& ctx, Param& p) { freeze_param(ctx, p); });
 }
 
 ZS_API zs_status zs_fetch(zs_gather* out, zs_context h, const zs_param* params, size_t n) {

@@ -74,6 +74,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.zero_quantized_weights, b.zero_quantized_weights);
   EXPECT_EQ(a.zero_quantized_weights_bits, b.zero_quantized_weights_bits);
   EXPECT_EQ(a.zero_quantized_weights_block_size, b.zero_quantized_weights_block_size);
+  EXPECT_EQ(a.zero_quantized_nontrainable_weights, b.zero_quantized_nontrainable_weights);
   EXPECT_EQ(a.zero_quantized_gradients, b.zero_quantized_gradients);
   EXPECT_EQ(a.zero_quantized_gradients_bits, b.zero_quantized_gradients_bits);
   EXPECT_EQ(a.zero_quantized_gradients_block_size, b.zero_quantized_gradients_block_size);
@@ -311,7 +312,8 @@ TEST(ConfigRealWorld, DeepSpeedOnlyZeroKeysAreAcceptedAndReported) {
                                 0);
   EXPECT_EQ(c.stage, 2);
   EXPECT_TRUE(c.zeropp_loco);  // read (it acts with qgZ), so not among the unused
-  EXPECT_EQ(c.unused_keys.size(), 12u);
+  // zero_quantized_nontrainable_weights is read too (partition/freeze.h).
+  EXPECT_EQ(c.unused_keys.size(), 11u);
   EXPECT_EQ(c.unused_keys.front(), "zero_optimization.allgather_partitions");
   EXPECT_EQ(c.unused_keys.back(), "zero_optimization.stage3_module_granularity_threshold");
 }
@@ -402,6 +404,9 @@ TEST(ConfigValues, WeightQuantizationBitsAndBlockSize) {
   EXPECT_TRUE(c.zero_quantized_weights);
   EXPECT_EQ(c.zero_quantized_weights_bits, 4);
   EXPECT_EQ(c.zero_quantized_weights_block_size, 2048);
+  EXPECT_FALSE(d.zero_quantized_nontrainable_weights);
+  EXPECT_TRUE(parse_config(R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true}})", 0)
+                  .zero_quantized_nontrainable_weights);
   expect_mentions(config_error(R"({"zero_optimization": {"zero_quantized_weights_bits": 2}})"),
                   {"zero_optimization.zero_quantized_weights_bits", "got 2", "8 or 4"});
   expect_mentions(

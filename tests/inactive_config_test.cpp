@@ -135,15 +135,16 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
 }
 
 TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
-  // qwZ (impl/fetch/quantized.h) and qgZ (impl/grad/quantized_reduce.h)
-  // act: only frozen-weight quantization is still listed.
-  const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
+  // qwZ (impl/fetch/gather.cpp), qgZ (impl/grad/quantized_reduce.h) and
+  // frozen-weight quantization (impl/partition/freeze.h) all act.
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
       "zero_quantized_gradients": true, "zero_quantized_nontrainable_weights": true,
       "zero_quantized_weights_bits": 4, "zero_quantized_weights_block_size": 2048,
       "zero_quantized_gradients_bits": 8, "zero_quantized_gradients_block_size": 512,
-      "zero_hpz_partition_size": 1}})");
-  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_nontrainable_weights"}));
-  EXPECT_EQ(keys[0].value, "true");
+      "zero_hpz_partition_size": 1}})").empty());
+  // The weights' code shape acts for frozen weights alone too.
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true,
+      "zero_quantized_weights_bits": 4, "zero_quantized_weights_block_size": 2048}})").empty());
 }
 
 TEST(InactiveConfig, GradientQuantizationShapeListedWhenQgzIsOff) {
@@ -167,7 +168,7 @@ TEST(InactiveConfig, WeightQuantizationShapeListedWhenQwzIsOff) {
   const auto keys = inactive(R"({"zero_optimization": {"zero_quantized_weights_bits": 4,
       "zero_quantized_weights_block_size": 256}})");
   EXPECT_EQ(paths(keys), (Paths{"zero_optimization.zero_quantized_weights_bits"}));
-  EXPECT_NE(keys[0].reason.find("zero_quantized_weights is false"), std::string::npos);
+  EXPECT_NE(keys[0].reason.find("zero_quantized_nontrainable_weights are false"), std::string::npos);
 }
 
 TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {

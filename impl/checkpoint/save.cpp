@@ -112,7 +112,7 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
       c.offset = p.layout.shard_offset;
       sources.push_back({state + "/" + name_of.at(&p), dt, p.layout.shard_valid, data, &c, {}});
     };
-    if (p.swapped) {  // read back from the param swap file at its turn
+    if (p.swapped || p.packet) {  // read back (or dequantized) at its turn
       add(kParam, p.dtype, nullptr);
       sources.back().open = [&ctx, param = params[i]]() -> std::shared_ptr<const void> {
         auto access = std::make_shared<ShardAccess>(ctx, *param, ShardAccess::Read);

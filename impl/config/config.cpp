@@ -439,6 +439,7 @@ void read_loco(Section& zero, Config& c) {
 
 void read_quantization(Section& zero, Config& c) {
   zero.read({"zero_quantized_weights"}, c.zero_quantized_weights);
+  zero.read({"zero_quantized_nontrainable_weights"}, c.zero_quantized_nontrainable_weights);
   read_quant_shape(zero, "zero_quantized_weights", c.zero_quantized_weights_bits,
                    c.zero_quantized_weights_block_size);
   zero.read({"zero_quantized_gradients"}, c.zero_quantized_gradients);
@@ -452,8 +453,7 @@ void skip_zero_extras(Section& zero) {
   for (const char* key :
        {"use_multi_rank_bucket_allreduce", "allgather_partitions",
         "load_from_fp32_weights", "elastic_checkpoint", "cpu_offload_use_pin_memory",
-        "ignore_unused_parameters", "legacy_stage1", "zero_quantized_nontrainable_weights",
-        "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+        "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
         "log_trace_cache_warnings", "enable_sanity_checks",
         "save_muon_momentum_buffer_in_memory"}) {
     zero.skip({key}, Kind::Bool);
@@ -739,6 +739,7 @@ Json zero_to_json(const Config& c) {
   z["zero_quantized_weights"] = c.zero_quantized_weights;
   z["zero_quantized_weights_bits"] = c.zero_quantized_weights_bits;
   z["zero_quantized_weights_block_size"] = c.zero_quantized_weights_block_size;
+  z["zero_quantized_nontrainable_weights"] = c.zero_quantized_nontrainable_weights;
   z["zero_quantized_gradients"] = c.zero_quantized_gradients;
   z["zero_quantized_gradients_bits"] = c.zero_quantized_gradients_bits;
   z["zero_quantized_gradients_block_size"] = c.zero_quantized_gradients_block_size;

@@ -87,6 +87,10 @@ struct Config {
   bool zero_quantized_weights = false;
   int64_t zero_quantized_weights_bits = 8;
   int64_t zero_quantized_weights_block_size = 256;
+  // ZeRO++ for frozen params: a param frozen with zs_param_freeze keeps
+  // its shard as qwZ's codes (with the bits and block size above), quantized
+  // once, and is gathered as them (partition/freeze.h).
+  bool zero_quantized_nontrainable_weights = false;
   // ZeRO++ qgZ: reduce gradients as block-quantized codes over an
   // all-to-all (impl/grad/quantized_reduce.h); zeroshard's own keys pick the
   // codes' width (4, as ZeRO++, or 8) and the elements per scale.

@@ -69,8 +69,6 @@ const std::vector<Rule>& rules() {
        "gradients are always reduce-scattered into each rank's shard"},
       {"zero_optimization.round_robin_gradients", false,
        "gradient shards are not assigned round-robin (a ZeRO-1/2 option)"},
-      {"zero_optimization.zero_quantized_nontrainable_weights", false,
-       "frozen parameters are gathered in their own dtype, without quantization"},
       {"zero_optimization.use_multi_rank_bucket_allreduce", true, kDeepSpeedOnly},
       {"zero_optimization.allgather_partitions", true, kDeepSpeedOnly},
       {"zero_optimization.load_from_fp32_weights", true, kDeepSpeedOnly},
@@ -184,12 +182,14 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
                ? "leaf modules are named through the binding (zs_leaf_group), not the config"
                : nullptr;
   if (k == "zero_optimization.partition_stream_chunk_size") return kDeepSpeedOnly;
-  // qwZ's shape matters only with qwZ on.
+  // qwZ's shape matters only with qwZ or frozen-weight quantization on.
   const bool qwz_bits = k == "zero_optimization.zero_quantized_weights_bits";
   if (qwz_bits || k == "zero_optimization.zero_quantized_weights_block_size")
-    return c.zero_quantized_weights || v == (qwz_bits ? Json(8) : Json(256))
+    return c.zero_quantized_weights || c.zero_quantized_nontrainable_weights ||
+                   v == (qwz_bits ? Json(8) : Json(256))
                ? nullptr
-               : "weights are gathered unquantized (zero_quantized_weights is false)";
+               : "weights are gathered unquantized (zero_quantized_weights and "
+                 "zero_quantized_nontrainable_weights are false)";
   // qgZ's likewise.
   const bool qgz_bits = k == "zero_optimization.zero_quantized_gradients_bits";
   if (qgz_bits || k == "zero_optimization.zero_quantized_gradients_block_size")

@@ -95,33 +95,56 @@ uint64_t full_numel(const Context& ctx, const Param& p) {
   return n;
 }
 
-// qwZ: one param's packet on its way. Each rank packs its shard into
-// `send`; `recv` holds every member's packet in the group's order; each
-// packet is dequantized into its shard's place in `full`.
+// One param's packet on its way (qwZ, or a frozen param kept packed).
+// Each rank packs its shard into `send` (a packed param's `send` is its
+// packet already: `shard` is null); `recv` holds every member's packet in
+// the group's order; each packet is dequantized into its shard's place in
+// `full`.
 struct QuantSlot {
   const void* shard;
   void* send;
-  const uint8_t* recv;
+  uint8_t* recv;
   uint8_t* full;
   DType dtype;
   uint64_t shard_numel;
   size_t packet;
+  kernels::QuantSpec spec;
 };
 
-void pack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::QuantSpec& spec) {
-  for (const auto& q : slots) pack_quantized(dev, q.shard, q.dtype, q.shard_numel, spec, q.send);
-  if (!slots.empty()) dev.synchronize();  // the transport reads the packets next
+void pack_all(Device& dev, const std::vector<QuantSlot>& slots) {
+  bool packed = false;
+  for (const auto& q : slots) {
+    if (q.shard == nullptr) continue;
+    pack_quantized(dev, q.shard, q.dtype, q.shard_numel, q.spec, q.send);
+    packed = true;
+  }
+  if (packed) dev.synchronize();  // the transport reads the packets next
 }
 
 // Packet k of recv belongs to shard k.
-void unpack_all(Device& dev, const std::vector<QuantSlot>& slots, const kernels::QuantSpec& spec,
-                int members) {
+void unpack_all(Device& dev, const std::vector<QuantSlot>& slots, int members) {
   for (const auto& q : slots) {
     const size_t shard_bytes = q.shard_numel * dtype_size(q.dtype);
     for (int k = 0; k < members; ++k)
       unpack_quantized(dev, q.recv + static_cast<size_t>(k) * q.packet, q.dtype, q.shard_numel,
-                       spec, q.full + static_cast<size_t>(k) * shard_bytes);
+                       q.spec, q.full + static_cast<size_t>(k) * shard_bytes);
   }
+}
+
+// The slot of params[i] gathered as packets (qwZ, or kept packed), its
+// send and receive buffers added to `keep`.
+QuantSlot quant_slot(const std::shared_ptr<Device>& dev, const Param& p, const ShardAccess& shard,
+                     const BufferPtr& full, const kernels::QuantSpec& qwz, int members,
+                     std::vector<BufferPtr>& keep) {
+  const kernels::QuantSpec spec = shard.packed() ? p.packet_spec : qwz;
+  const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
+  BufferPtr send = shard.packed() ? shard.buffer() : std::make_shared<Buffer>(dev, packet);
+  auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
+  keep.push_back(send);
+  keep.push_back(recv);
+  return {shard.packed() ? nullptr : shard.data(), send->data(),
+          static_cast<uint8_t*>(recv->data()), static_cast<uint8_t*>(full->data()),
+          p.dtype, p.layout.shard_numel, packet, spec};
 }
 
 }  // namespace
@@ -143,7 +166,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   const size_t n = params.size();
   // A group of one needs no traffic: the shard is the whole param (unless
   // it is offloaded: a cached shard may be dropped while gathered).
-  const bool alias = group->size() == 1 && !params_offloaded(ctx);
+  bool alias = group->size() == 1 && !params_offloaded(ctx);
+  for (const auto& p : params) alias = alias && !p->packet;  // a packet is no alias of anything
   const auto& hpz = ctx.hpz_group();
   const bool hpz_route = hpz && group == ctx.partition_group();
   bool from_secondary = hpz_route;
@@ -203,26 +227,20 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       Param& p = *params[i];
       const BufferPtr& shard = reading[i].buffer();
       keep.push_back(shard);
-      if (!(qwz && quantizable(p.dtype))) {
+      if (!reading[i].packed() && !(qwz && quantizable(p.dtype))) {
         gather.units.push_back({shard->data(), fulls[i]->data(), p.shard_bytes()});
         continue;
       }
-      const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
-      auto send = std::make_shared<Buffer>(dev, packet);
-      auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
-      keep.push_back(send);
-      keep.push_back(recv);
-      gather.units.push_back({send->data(), recv->data(), packet, true});
-      quants.push_back({shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
-                        static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
-                        packet});
+      quants.push_back(quant_slot(dev, p, reading[i], fulls[i], spec, members, keep));
+      gather.units.push_back({quants.back().send, quants.back().recv,
+                              quants.back().packet, true});
     }
     gather.keep = keep;
-    gather.before = [quants, spec, dev, read_backs] {
+    gather.before = [quants, dev, read_backs] {
       for (const auto& read_back : read_backs) read_back();
-      pack_all(*dev, quants, spec);
+      pack_all(*dev, quants);
     };
-    gather.after = [quants, spec, dev, members] { unpack_all(*dev, quants, spec, members); };
+    gather.after = [quants, dev, members] { unpack_all(*dev, quants, members); };
     ctx.ledger().count(Fetched::HierarchicalGather);
     work = submit_two_hop_gather(*ctx.mics_inter_group(), *ctx.mics_intra_group(), dev,
                                  std::move(gather), what);
@@ -235,16 +253,10 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       Param& p = *params[i];
       const BufferPtr& shard = reading[i].buffer();
       keep.push_back(shard);
-      if (qwz && quantizable(p.dtype)) {
-        const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
-        auto send = std::make_shared<Buffer>(dev, packet);
-        auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
-        keep.push_back(send);
-        keep.push_back(recv);
-        segments.push_back({send->data(), recv->data(), packet, true});
-        quants.push_back({shard->data(), send->data(), static_cast<const uint8_t*>(recv->data()),
-                          static_cast<uint8_t*>(fulls[i]->data()), p.dtype, p.layout.shard_numel,
-                          packet});
+      if (reading[i].packed() || (qwz && quantizable(p.dtype))) {
+        quants.push_back(quant_slot(dev, p, reading[i], fulls[i], spec, members, keep));
+        segments.push_back({quants.back().send, quants.back().recv,
+                            quants.back().packet, true});
       } else {
         segments.push_back({shard->data(), fulls[i]->data(), p.shard_bytes()});
       }
@@ -261,12 +273,12 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }
-    work = group->submit(what, [segments, keep, slices, dev, quants, spec, members,
+    work = group->submit(what, [segments, keep, slices, dev, quants, members,
                                 read_backs](Communicator& c) {
       for (const auto& read_back : read_backs) read_back();
-      pack_all(*dev, quants, spec);
+      pack_all(*dev, quants);
       c.allgather_coalesced(segments);
-      unpack_all(*dev, quants, spec, members);
+      unpack_all(*dev, quants, members);
       ops::copy_many(*dev, slices);
       dev->synchronize();
     });
@@ -335,17 +347,20 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   });
   std::vector<ops::Copy> copies;
   const bool qwz = ctx.config().zero_quantized_weights;
-  for (const auto& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param* p = params[i].get();
     ++p->shard_version;
     if (p->full_aliases_shard() || p->layout.shard_valid == 0) continue;
     const size_t elem = p->elem_bytes();
     const uint8_t* mine = static_cast<const uint8_t*>(p->full()->data()) + p->layout.shard_offset * elem;
-    if (qwz && quantizable(p->dtype)) {  // what the modifier did not touch stays exact
-      write_back_keeping_exact(*ctx.device(), p->shard->data(), p->dtype, p->layout.shard_numel,
+    // What the modifier did not touch stays exact under qwZ; a packed
+    // param has no exact values (its access requantizes what changed).
+    if (qwz && quantizable(p->dtype) && !p->packet) {
+      write_back_keeping_exact(*ctx.device(), writing[i].data(), p->dtype, p->layout.shard_numel,
                                p->layout.shard_valid, weight_quant_spec(ctx.config()), mine);
       continue;
     }
-    copies.push_back({p->shard->data(), mine, p->layout.shard_valid * elem});
+    copies.push_back({writing[i].data(), mine, p->layout.shard_valid * elem});
   }
   ops::copy_many(*ctx.device(), copies);
   ctx.device()->synchronize();

@@ -34,6 +34,9 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
   const auto held = ctx_.lock();
   ctx_.check_async_error();
   Param& p = *param;
+  if (p.frozen)
+    fail(Code::InvalidState, "gradient of ", p.describe(),
+         ": the param is frozen (zs_param_freeze) and takes no gradient");
   if (dtype == DType::U8)
     fail(Code::InvalidArgument, "gradient of ", p.describe(), ": dtype uint8 is not a float type");
   if (bytes != p.layout.numel * dtype_size(dtype))

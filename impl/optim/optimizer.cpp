@@ -113,6 +113,10 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       s.param = p;
       s.index = slot_at_.size();
       slot_at_.push_back({groups_.size(), group.slots.size()});
+      if (p->frozen) {  // no state, never stepped
+        group.slots.push_back(std::move(s));
+        continue;
+      }
       if (p->dtype == DType::F32) s.master_is_shard = true;  // the master is the shard
       else s.swapped[0] = true;
       s.master_of_version = p->shard_version;
@@ -146,6 +150,10 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
   for (const auto& p : params) {
     Slot s;
     s.param = p;
+    if (p->frozen) {  // no state, never stepped (partition/freeze.h)
+      group.slots.push_back(std::move(s));
+      continue;
+    }
     const uint64_t n = p->layout.shard_numel;
     if (p->dtype == DType::F32) {
       s.master_is_shard = true;
@@ -194,7 +202,8 @@ void Optimizer::set_lr(int group, double lr) {
 void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
-  if (n == 0 || !p.grad || !p.grad_pushed) return;  // no gradient this step: the param stays
+  // No gradient this step (a frozen param never has one): the param stays.
+  if (n == 0 || !p.grad || !p.grad_pushed || p.frozen) return;
   const ShardAccess shard(ctx_, p, ShardAccess::Write);
   auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
   if (!s.master_is_shard && s.master_of_version != p.shard_version) {
@@ -374,6 +383,9 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
         return static_cast<float*>(keep_shard_in_memory(ctx_, *s.param));
       }
       const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
+      if (p.frozen && !s.master && !s.master_is_shard)
+        fail(Code::InvalidState, "optimizer state slot ", slot, " of ", p.describe(),
+             ": the param was frozen when it joined the optimizer, which keeps no state for it");
       if (buf == nullptr || !*buf)
         fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(),
              ": this optimizer has slots 0 (master)", s.state1 || s.swapped[1] ? ", 1" : "",
@@ -417,7 +429,7 @@ void Optimizer::sync_params() {
   }
   for (auto& g : groups_)
     for (auto& s : g.slots)
-      if (s.param->dtype != DType::F32) {
+      if (s.master) {  // a 16-bit param's (none for a param frozen when it joined)
         const ShardAccess shard(ctx_, *s.param, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
                            s.param->dtype, shard.data(), s.param->layout.shard_numel);

@@ -19,6 +19,7 @@
 #include "impl/core/ledger.h"
 #include "impl/device/buffer.h"
 #include "impl/partition/layout.h"
+#include "kernels/quant.h"
 
 namespace zs {
 
@@ -96,6 +97,15 @@ class Param : public std::enable_shared_from_this<Param> {
   // none (frozen since, unused) is left alone by the step, as torch's
   // optimizers skip a param whose .grad is None.
   bool grad_pushed = false;
+  // Frozen for good (partition/freeze.h): gradient pushes are refused and
+  // no optimizer steps it.
+  bool frozen = false;
+  // A frozen param under zero_quantized_nontrainable_weights keeps its
+  // shard as this packet (partition/quant_packet.h, quantized with
+  // packet_spec) and `shard` is null: gathers send the packet as it is,
+  // and a ShardAccess reads and writes its dequantized values.
+  BufferPtr packet;
+  kernels::QuantSpec packet_spec;
 
  private:
   ParamStatus status_ = ParamStatus::NotAvailable;

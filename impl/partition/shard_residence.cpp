@@ -10,6 +10,7 @@
 
 #include "impl/common/error.h"
 #include "impl/offload/swapper.h"
+#include "impl/partition/quant_packet.h"
 #include "impl/partition/register.h"
 
 namespace zs {
@@ -110,6 +111,17 @@ class ParamSwap : public ParamKeeper {
     p.swapped = false;  // from now on an ordinary shard, in memory
   }
 
+  // The shard leaves the swap file's care for good (it is about to be
+  // kept as a packet): out of the cache and the memory stats, its region
+  // abandoned.
+  void let_go(Param& p) {
+    busy(p);
+    if (p.shard) ctx_.ledger().sub(Held::Shards, p.shard_bytes());
+    p.shard.reset();
+    p.shard_dirty = false;
+    p.swapped = false;
+  }
+
   void forget(Param& p) override {
     if (p.shard_users == 0 && p.shard) busy(p);
   }
@@ -176,6 +188,26 @@ bool params_offloaded(Context& ctx) {
 ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
     : ctx_(&ctx), param_(&param), write_(intent == Write) {
   const auto held = ctx.lock();
+  if (param.packet) {  // a frozen param kept quantized
+    param_ = nullptr;  // nothing cached, nothing to release
+    if (intent == ReadInGather) {
+      buffer_ = param.packet;
+      packed_ = true;
+      return;
+    }
+    Device& dev = *ctx.device();
+    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes());
+    unpack_quantized(dev, param.packet->data(), param.dtype, param.layout.shard_numel,
+                     param.packet_spec, buffer_->data());
+    dev.synchronize();
+    if (write_) {
+      packed_param_ = &param;
+      unpacked_.resize(param.shard_bytes());
+      dev.copy(unpacked_.data(), buffer_->data(), unpacked_.size());
+      dev.synchronize();
+    }
+    return;
+  }
   ParamSwap* swap = swap_of(ctx, param);
   if (swap == nullptr) {
     buffer_ = param.shard;
@@ -193,14 +225,63 @@ ShardAccess::ShardAccess(ShardAccess&& other) noexcept
       param_(other.param_),
       buffer_(std::move(other.buffer_)),
       write_(other.write_),
-      read_back_(std::move(other.read_back_)) {
+      packed_(other.packed_),
+      read_back_(std::move(other.read_back_)),
+      packed_param_(other.packed_param_),
+      unpacked_(std::move(other.unpacked_)) {
   other.param_ = nullptr;
+  other.packed_param_ = nullptr;
 }
 
 ShardAccess::~ShardAccess() {
+  if (packed_param_ != nullptr) repack();
   if (param_ == nullptr) return;
   const auto held = ctx_->lock();
   if (ParamSwap* swap = swap_of(*ctx_, *param_)) swap->release(*param_, write_);
+}
+
+// A write to a packed param's values is quantized into its packet, unless
+// nothing changed: requantizing dequantized values may move a scale by an
+// ulp, and a load or update that rewrites the same values must not drift.
+void ShardAccess::repack() noexcept {
+  const auto held = ctx_->lock();
+  Param& p = *packed_param_;
+  try {
+    Device& dev = *ctx_->device();
+    std::vector<uint8_t> now(unpacked_.size());
+    dev.copy(now.data(), buffer_->data(), now.size());
+    dev.synchronize();
+    if (now == unpacked_) return;
+    pack_quantized(dev, buffer_->data(), p.dtype, p.layout.shard_numel, p.packet_spec,
+                   p.packet->data());
+    dev.synchronize();
+  } catch (const Error& e) {
+    ctx_->record_async_error(e.code(), "quantizing the new values of frozen " + p.describe() +
+                                        " into its packet: " + e.what());
+  }
+}
+
+void store_shard_as_packet(Context& ctx, Param& param, const kernels::QuantSpec& spec) {
+  const auto held = ctx.lock();
+  if (param.packet) return;
+  auto packet = std::make_shared<Buffer>(ctx.device(),
+                                         quant_packet(param.layout.shard_numel, spec).bytes);
+  {
+    const ShardAccess shard(ctx, param, ShardAccess::Read);
+    pack_quantized(*ctx.device(), shard.data(), param.dtype, param.layout.shard_numel, spec,
+                   packet->data());
+    ctx.device()->synchronize();
+  }
+  if (ParamSwap* swap = swap_of(ctx, param)) {
+    swap->let_go(param);
+  } else {
+    ctx.ledger().sub(Held::Shards, param.shard_bytes());
+    param.shard.reset();  // a gather in flight, or a gathered alias, keeps its own reference
+  }
+  param.packet = std::move(packet);
+  param.packet_spec = spec;
+  ++param.shard_version;  // a separate fp32 master re-reads the values
+  ctx.ledger().add(Held::Shards, param.packet->bytes());
 }
 
 void place_new_shard(Context& ctx, Param& param) {
@@ -216,11 +297,19 @@ void place_new_shard(Context& ctx, Param& param) {
 }
 
 void retire_shard(Context& ctx, Param& param) {
+  if (param.packet) {
+    ctx.ledger().sub(Held::Shards, param.packet->bytes());
+    return;
+  }
   if (!param.swapped || param.shard) ctx.ledger().sub(Held::Shards, param.shard_bytes());
 }
 
 void* keep_shard_in_memory(Context& ctx, Param& param) {
   const auto held = ctx.lock();
+  if (param.packet)
+    fail(Code::InvalidState, param.describe(), " is frozen and kept as int", param.packet_spec.bits,
+         " codes (zero_quantized_nontrainable_weights): it has no shard of ",
+         dtype_name(param.dtype), " values to point to; gather it (zs_fetch) to read them");
   if (ParamSwap* swap = swap_of(ctx, param)) swap->keep(param);
   return param.shard->data();
 }

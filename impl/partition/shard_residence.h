@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "impl/core/context.h"
 #include "impl/device/buffer.h"
@@ -44,6 +45,11 @@ bool params_offloaded(Context& ctx);
 // is; one only on NVMe gets a fresh buffer that is not read yet: the gather
 // runs read_back() on its group thread before it sends (the buffer is the
 // gather's alone, never cached, and not counted as a shard in memory).
+//
+// A frozen param kept as a packet (store_shard_as_packet): ReadInGather
+// gives the packet itself (packed() is true: the gather sends it as it
+// is); Read and Write give a fresh buffer of its dequantized values, and a
+// Write that changed them is quantized into the packet as the access ends.
 class ShardAccess {
  public:
   enum Intent { Read, Write, ReadInGather };
@@ -59,19 +65,32 @@ class ShardAccess {
   // ReadInGather of a shard only on NVMe: the read that fills buffer(), to
   // run on any thread (it throws the swap file's error); else empty.
   const std::function<void()>& read_back() const { return read_back_; }
+  // ReadInGather of a packed param: buffer() is its packet.
+  bool packed() const { return packed_; }
 
  private:
+  void repack() noexcept;
+
   Context* ctx_;
   Param* param_;
   BufferPtr buffer_;
   bool write_;
+  bool packed_ = false;
   std::function<void()> read_back_;
+  // Write to a packed param: the param, and the values it had.
+  Param* packed_param_ = nullptr;
+  std::vector<uint8_t> unpacked_;
 };
 
 // At registration, after the shard's first values are written: gives the
 // shard its place (offload: a region of the swap file, written now) and
 // counts it in the context's memory stats.
 void place_new_shard(Context& ctx, Param& param);
+
+// A frozen param under zero_quantized_nontrainable_weights: its shard is
+// quantized once, now (from memory or the swap file), into a packet that
+// replaces it for good; the shard's memory (or swap region) is let go.
+void store_shard_as_packet(Context& ctx, Param& param, const kernels::QuantSpec& spec);
 
 // At unregistration: the shard leaves the cache and the memory stats. Its
 // swap region is not reused (the file only grows, like the optimizer's).

@@ -549,6 +549,26 @@ ZS_API zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t 
  * read again from the new values before its next update. */
 ZS_API zs_status zs_param_write(zs_param param, const void* data, size_t data_bytes);
 
+/* Freeze the param for good, as torch's requires_grad=False and
+ * DeepSpeed's treatment of it: it is gathered as before, but a gradient
+ * push to it is an INVALID_STATE error naming it, and no optimizer steps it
+ * (one it joins afterwards keeps no state for it; state an optimizer
+ * already holds stays, never stepped). With zero_optimization.
+ * zero_quantized_nontrainable_weights (ZeRO++) its shard is quantized once,
+ * now, to zero_quantized_weights_bits codes in blocks of
+ * zero_quantized_weights_block_size with one fp32 scale each, and kept only
+ * so (an int8 fp32 shard takes about a quarter of the memory; a shard
+ * smaller than its codes, which fill whole blocks, stays exact): gathers
+ * send those codes as they are, never requantizing, and every rank dequantizes
+ * bitwise the same values, within the documented per-block bound of the
+ * exact ones, which are gone. zs_param_shard_data is then INVALID_STATE;
+ * checkpoints and exports hold the dequantized values; a write
+ * (zs_param_write, zs_param_update, a load) is quantized into the codes.
+ * Local: every rank must freeze the same params before the next gather of
+ * them. INVALID_STATE if a gradient was pushed to it since the last
+ * optimizer step. A frozen param stays frozen (freezing it again is OK). */
+ZS_API zs_status zs_param_freeze(zs_param param);
+
 /* ------------------------------------------------------------------ */
 /* Training: gradients                                                 */
 /* ------------------------------------------------------------------ */

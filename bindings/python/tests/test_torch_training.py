@@ -165,6 +165,27 @@ def test_under_torchrun_environment_without_process_group():
     del agent_store
 
 
+def test_frozen_params_kept_quantized_train_as_the_dequantized_reference():
+    """zero_quantized_nontrainable_weights on a LoRA-style model (frozen
+    blocks): the frozen weights are kept as int8 codes (about a quarter of
+    their fp32 shard memory, no optimizer state), gathered within the
+    block bound of their originals and unchanged by training; the losses
+    equal an unsharded model holding those dequantized weights; setting
+    requires_grad back is a clear error."""
+    r = run_ranks(2, "frozen_quantized")
+    for step, (a, b) in enumerate(zip(r["reference"], r["zeroshard"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (step, a, b, r)
+    assert 0 < r["bound_ratio"] <= 1.0, r
+    assert r["exact"] == 0, r  # every frozen Linear weight was quantized
+    assert r["frozen_unchanged"] is True, r
+    # Blocks hold 87% of TinyGPT's params: their Linear weights' shards at
+    # ~1/4 of fp32 (the norms' and biases' shards, smaller than a block of
+    # codes, stay exact), and no masters or moments for any of them.
+    assert r["shard_bytes"] < 0.45 * r["shard_bytes_unfrozen"], r
+    assert r["optimizer_bytes"] < 0.5 * r["optimizer_bytes_unfrozen"], r
+    assert "cannot be trained again" in r["unfreeze_error"], r
+
+
 def test_params_changed_by_user_code_between_steps():
     """Unfrozen later, param.data = t, frozen later: as an unsharded model
     trained on every rank's batches does; a bf16 assignment is not undone

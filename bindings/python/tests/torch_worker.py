@@ -314,6 +314,86 @@ def mode_user_changes(rank, world):
     return out
 
 
+def mode_frozen_quantized(rank, world):
+    """LoRA-style: every block's params frozen (requires_grad=False) under
+    zero_quantized_nontrainable_weights, the embeddings, final norm and
+    head trained. The frozen weights are gathered once (their int8 codes,
+    dequantized) and copied into an unsharded reference model trained on
+    every rank's batches: the losses must agree as in fp32 DDP. The frozen
+    weights are checked against their originals (within the block bound,
+    not exact), unchanged by training, and the shards' memory against the
+    same model with nothing frozen."""
+    cfg = {"zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True}}
+
+    def build(freeze):
+        torch.manual_seed(5)
+        original = TinyGPT()
+        torch.manual_seed(5)
+        with zt.Init(config=cfg):
+            model = TinyGPT()
+        if freeze:
+            model.blocks.requires_grad_(False)
+        zt.partition_module(model)
+        return original, model
+
+    _, unfrozen = build(False)
+    unfrozen_opt = zt.ZeroShardOptimizer(unfrozen.parameters(), lr=3e-3)
+    mem_unfrozen = zt.get_context().memory()
+    del unfrozen_opt
+    zt.shutdown()
+
+    original, model = build(True)
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+    frozen = dict(model.blocks.named_parameters())
+    with zt.GatheredParameters(list(frozen.values())):
+        dequantized = {k: p.data.clone() for k, p in frozen.items()}
+    out = {"bound_ratio": 0.0, "exact": 0}
+    for k, v in dequantized.items():
+        x = dict(original.blocks.named_parameters())[k].detach()
+        # int8, blocks of 256 within each shard: every error is at most half
+        # a step of its block's scale (itself at most max|x| / 127), plus
+        # fp32 rounding (kernels/quant.h's bound).
+        amax = x.abs().max().item()
+        bound = amax / 127 * (0.5 + 2 ** -16) * (1 + 1e-6) + amax * 2 ** -23 + 1e-30
+        out["bound_ratio"] = max(out["bound_ratio"], (v - x).abs().max().item() / bound)
+        if x.dim() == 2:  # Linear weights (LayerNorms' ones and zeros quantize exactly)
+            out["exact"] += int(torch.equal(v, x))
+    reference = TinyGPT()
+    reference.load_state_dict(original.state_dict())
+    with torch.no_grad():
+        for k, p in reference.blocks.named_parameters():
+            p.copy_(dequantized[k])
+    reference.blocks.requires_grad_(False)
+    ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=3e-3,
+                                weight_decay=0.01, foreach=False)
+    ref_losses, zs_losses = [], []
+    for s in range(10):
+        loss = sum(reference(*batch(s, r)) for r in range(world)) / world
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(loss.item())
+        zl = model(*batch(s, rank))
+        zl.backward()
+        opt.step()
+        opt.zero_grad()
+        zs_losses.append(mean_over_ranks(zl.item()))
+    with zt.GatheredParameters(list(frozen.values())):
+        out["frozen_unchanged"] = all(torch.equal(p.data, dequantized[k]) for k, p in frozen.items())
+    mem = zt.get_context().memory()
+    out.update(reference=ref_losses, zeroshard=zs_losses, shard_bytes=mem["shard_bytes"],
+               shard_bytes_unfrozen=mem_unfrozen["shard_bytes"],
+               optimizer_bytes=mem["optimizer_bytes"],
+               optimizer_bytes_unfrozen=mem_unfrozen["optimizer_bytes"])
+    model.blocks[0].fc.weight.requires_grad_(True)
+    try:
+        model(*batch(0, rank))
+        out["unfreeze_error"] = None
+    except RuntimeError as e:
+        out["unfreeze_error"] = str(e)
+    return out
+
+
 def mode_offload(rank, world):
     """TinyGPT (fp32) with AdamW, the optimizer state where
     ZS_TEST_OFFLOAD says ("none", "cpu" or an NVMe directory; "params:DIR"
@@ -389,7 +469,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
-              "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds}[mode](rank, world)
+              "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
+              "frozen_quantized": mode_frozen_quantized}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

@@ -276,6 +276,7 @@ zs_status zs_release(zs_context ctx, const zs_param* params, size_t num_params);
 zs_status zs_param_update(zs_context ctx, const zs_param* params, size_t num_params,
                           int modifier_rank);
 zs_status zs_param_write(zs_param param, const void* data, size_t data_bytes);
+zs_status zs_param_freeze(zs_param param);
 
 /* Training: gradients */
 zs_status zs_grad_push(zs_param param, const void* grad, zs_dtype dtype, size_t grad_bytes);

@@ -850,6 +850,13 @@ class Param(_Owned):
         check(lib.zs_param_write(self._h, ptr, nbytes))
         del keep
 
+    def freeze(self):
+        """Freeze the param for good (zs_param_freeze): gathered as before,
+        but it takes no gradient and no optimizer steps it; under
+        zero_quantized_nontrainable_weights its shard is kept as block-
+        quantized codes from now on."""
+        check(lib.zs_param_freeze(self._h))
+
     def shard_ptr(self):
         """Address of this rank's shard (shard_numel elements, writable), in
         the memory of the param's device."""

@@ -408,6 +408,8 @@ zs_param_update(ctx, params, num_params, modifier_rank) =
     ccall((:zs_param_update, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, Cint), ctx, params, num_params, modifier_rank)
 zs_param_write(param, data, data_bytes) =
     ccall((:zs_param_write, libzeroshard), zs_status, (zs_param, Ptr{Cvoid}, Csize_t), param, data, data_bytes)
+zs_param_freeze(param) =
+    ccall((:zs_param_freeze, libzeroshard), zs_status, (zs_param,), param)
 zs_grad_push(param, grad, dtype, grad_bytes) =
     ccall((:zs_grad_push, libzeroshard), zs_status, (zs_param, Ptr{Cvoid}, zs_dtype, Csize_t), param, grad, dtype, grad_bytes)
 zs_grad_sync(ctx) =

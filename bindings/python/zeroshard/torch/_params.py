@@ -24,7 +24,7 @@ class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
-                 "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent")
+                 "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -41,6 +41,7 @@ class ParamState:
         self.attached = False  # .data is a view of the gathered buffer
         self.view_ptr = 0      # that view's address: another one means user code set .data
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
+        self.frozen = False  # frozen in the engine (freeze_untrainable): kept as quantized codes
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
@@ -57,6 +58,36 @@ _registered = []  # every partitioned Parameter, in registration order
 
 def is_partitioned(param):
     return getattr(param, "zs", None) is not None
+
+
+def quantizes_frozen(ctx=None):
+    """Whether the context's config sets zero_quantized_nontrainable_weights."""
+    ctx = ctx or get_context()
+    return bool(ctx.config["zero_optimization"].get("zero_quantized_nontrainable_weights"))
+
+
+def freeze_untrainable(params, quantize):
+    """ZeRO++'s zero_quantized_nontrainable_weights (`quantize`): each
+    partitioned param with requires_grad=False is frozen in the engine
+    (zs_param_freeze), which from then on keeps its shard only as block-
+    quantized codes and gathers it as them. Freezing is one-way: a param
+    frozen so and set back to requires_grad=True is an error, as its exact
+    values are gone. Without the key, nothing is frozen: requires_grad can
+    change between steps as in torch."""
+    if not quantize:
+        return
+    for p in params:
+        if not is_partitioned(p):
+            continue
+        if p.zs.frozen:
+            if p.requires_grad:
+                raise RuntimeError(
+                    f"zeroshard.torch: {p.zs.name or 'a param'} {tuple(p.zs.shape)} was frozen while "
+                    f"zero_quantized_nontrainable_weights is on, so the engine keeps it only as "
+                    f"quantized codes; it cannot be trained again (requires_grad was set back to True)")
+        elif not p.requires_grad:
+            p.zs.zparam.freeze()
+            p.zs.frozen = True
 
 
 def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):

@@ -37,8 +37,9 @@ import zeroshard
 
 from . import _params
 from ._context import get_context
-from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access, is_partitioned,
-                      registered_params, zparams)
+from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
+                      freeze_untrainable, is_partitioned, quantizes_frozen, registered_params,
+                      zparams)
 
 _running = []  # units whose forward is running now, innermost last (all models)
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
@@ -253,6 +254,7 @@ class HookEngine:
         self._params = None
         ctx = get_context()
         threshold = ctx.config["zero_optimization"]["param_persistence_threshold"]
+        self.quantize_frozen = quantizes_frozen(ctx)
         self.leaf_params = []
         for unit in self.units:
             unit.engine = self
@@ -306,6 +308,7 @@ class HookEngine:
         unfrozen since partitioning gets its gradient hook, and a
         `param.data = t` becomes the param's value."""
         params = self.params()
+        freeze_untrainable(params, self.quantize_frozen)
         self._hook_grads(params)
         adopt_assigned(params)
 

@@ -2,7 +2,8 @@
 import torch
 
 from ._context import get_context
-from ._params import adopt_assigned, is_partitioned, optimizer_state_view, registered_params
+from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimizer_state_view,
+                      quantizes_frozen, registered_params)
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
@@ -22,11 +23,14 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.kind = kind
         self._engine = get_context().optimizer(kind)
+        quantize_frozen = quantizes_frozen()
         for group in self.param_groups:
             for p in group["params"]:
                 if not is_partitioned(p):
                     raise ValueError("ZeroShardOptimizer: every param must be partitioned first "
                                      "(zeroshard.torch.Init or partition_module)")
+            # Frozen before joining: the engine keeps no optimizer state for them.
+            freeze_untrainable(group["params"], quantize_frozen)
             self._engine.add_group([p.zs.zparam for p in group["params"]], **self._hparams(group))
         self.last_result = None
 

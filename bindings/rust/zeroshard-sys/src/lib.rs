@@ -529,6 +529,7 @@ extern "C" {
         modifier_rank: c_int,
     ) -> zs_status;
     pub fn zs_param_write(param: zs_param, data: *const c_void, data_bytes: usize) -> zs_status;
+    pub fn zs_param_freeze(param: zs_param) -> zs_status;
     pub fn zs_grad_push(
         param: zs_param,
         grad: *const c_void,
