@@ -2,7 +2,11 @@
 // (int8, int4) against full precision, for bf16 and fp32 params; the gather
 // time of each on 2 and 4 loopback ranks (same run, same params); and the
 // CPU quantize / dequantize kernels' throughput against a memcpy of the
-// same input bytes. Prints figures and ratios, never pass/fail on time.
+// same input bytes. Frozen params under zero_quantized_nontrainable_weights
+// (int8, qwZ off) are measured beside them: their shards' memory (the
+// packets they are kept as) and their gathers, which send the packets as
+// they are instead of quantizing at every gather. Prints figures and
+// ratios, never pass/fail on time.
 //
 //   build/bin/bench_qwz [--ranks N (default: 2 then 4)] [--mib 32] [--iters 5]
 //                       [--kernel-mib 256]
@@ -41,19 +45,26 @@ double now_s() {
 
 using zs::bench::median;
 
-// One configuration of a gather: dtype and quantization (0: off).
+// One configuration of a gather: dtype, quantization (0: off), whether
+// the params are frozen and kept quantized (zero_quantized_nontrainable_
+// weights, qwZ off), and the index of its unquantized twin.
 struct Mode {
   zs_dtype dtype;
   int bits;
+  bool frozen;
+  int base;
 };
-const Mode kModes[] = {{ZS_BFLOAT16, 0}, {ZS_BFLOAT16, 8}, {ZS_BFLOAT16, 4},
-                       {ZS_FLOAT32, 0},  {ZS_FLOAT32, 8},  {ZS_FLOAT32, 4}};
-constexpr int kNumModes = 6;
+const Mode kModes[] = {{ZS_BFLOAT16, 0, false, 0}, {ZS_BFLOAT16, 8, false, 0},
+                       {ZS_BFLOAT16, 4, false, 0}, {ZS_BFLOAT16, 8, true, 0},
+                       {ZS_FLOAT32, 0, false, 4},  {ZS_FLOAT32, 8, false, 4},
+                       {ZS_FLOAT32, 4, false, 4},  {ZS_FLOAT32, 8, true, 4}};
+constexpr int kNumModes = 8;
 
 struct Result {
   double seconds = 0;        // median fetch + release
   double recv_bytes = 0;     // per rank per gather, on the wire
   double gathered_bytes = 0; // the full params' bytes
+  double shard_bytes = 0;    // this rank's shards in memory (zs_memory_stats)
 };
 
 // Transformer-like params (1024-wide matrices and vectors) of ~mib MiB in
@@ -62,8 +73,9 @@ struct Result {
 Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
   std::string cfg = "{}";
   if (m.bits)
-    cfg = R"({"zero_optimization": {"zero_quantized_weights": true, "zero_quantized_weights_bits": )" +
-          std::to_string(m.bits) + "}}";
+    cfg = std::string(R"({"zero_optimization": {")") +
+          (m.frozen ? "zero_quantized_nontrainable_weights" : "zero_quantized_weights") +
+          R"(": true, "zero_quantized_weights_bits": )" + std::to_string(m.bits) + "}}";
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = rank;
   o.world_size = world;
@@ -89,6 +101,7 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
     po.b = 0.02;
     zs_param p;
     CHECK(zs_param_register(&p, ctx, &po));
+    if (m.frozen) CHECK(zs_param_freeze(p));
     ps.push_back(p);
     zs_param_info info = ZS_PARAM_INFO_INIT;
     CHECK(zs_param_get_info(p, &info));
@@ -106,6 +119,9 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
     CHECK(zs_release(ctx, ps.data(), ps.size()));
     return now_s() - t0;
   };
+  zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
+  CHECK(zs_context_memory(ctx, &mem));
+  r.shard_bytes = static_cast<double>(mem.shard_bytes);
   once();  // warm-up: first touch of the buffers
   std::vector<double> t;
   for (int it = 0; it < a.iters; ++it) t.push_back(once());
@@ -195,17 +211,22 @@ int main(int argc, char** argv) {
                 res[0].gathered_bytes / (1 << 20), world, a.iters);
     for (int k = 0; k < kNumModes; ++k) {
       const Mode& m = kModes[k];
-      const Result& base = res[k - k % 3];  // the same dtype, unquantized
-      std::printf("  %s %-5s  recv/rank %8.2f MiB (%5.2fx fewer)  %8.2f ms (%5.2fx faster)\n",
-                  dname(m.dtype), m.bits ? (m.bits == 8 ? "int8" : "int4") : "full",
-                  res[k].recv_bytes / (1 << 20), base.recv_bytes / res[k].recv_bytes,
-                  res[k].seconds * 1e3, base.seconds / res[k].seconds);
+      const Result& base = res[m.base];  // the same dtype, unquantized
+      const char* what = !m.bits ? "full" : m.frozen ? "frozen" : m.bits == 8 ? "int8" : "int4";
+      std::printf("  %s %-6s  recv/rank %8.2f MiB (%5.2fx fewer)  %8.2f ms (%5.2fx faster)"
+                  "  shards %7.2f MiB (%4.2fx less)\n",
+                  dname(m.dtype), what, res[k].recv_bytes / (1 << 20),
+                  base.recv_bytes / res[k].recv_bytes, res[k].seconds * 1e3,
+                  base.seconds / res[k].seconds, res[k].shard_bytes / (1 << 20),
+                  base.shard_bytes / res[k].shard_bytes);
       std::snprintf(buf, sizeof buf,
-                    "%s{\"ranks\":%d,\"dtype\":\"%s\",\"bits\":%d,\"recv_bytes_per_rank\":%.0f,"
-                    "\"bytes_ratio\":%.4f,\"ms\":%.3f,\"speedup\":%.4f}",
-                    first ? "" : ",", world, dname(m.dtype), m.bits, res[k].recv_bytes,
-                    base.recv_bytes / res[k].recv_bytes, res[k].seconds * 1e3,
-                    base.seconds / res[k].seconds);
+                    "%s{\"ranks\":%d,\"dtype\":\"%s\",\"bits\":%d,\"frozen\":%s,"
+                    "\"recv_bytes_per_rank\":%.0f,\"bytes_ratio\":%.4f,\"ms\":%.3f,"
+                    "\"speedup\":%.4f,\"shard_bytes\":%.0f,\"shard_ratio\":%.4f}",
+                    first ? "" : ",", world, dname(m.dtype), m.bits, m.frozen ? "true" : "false",
+                    res[k].recv_bytes, base.recv_bytes / res[k].recv_bytes, res[k].seconds * 1e3,
+                    base.seconds / res[k].seconds, res[k].shard_bytes,
+                    base.shard_bytes / res[k].shard_bytes);
       json += buf;
       first = false;
     }
