@@ -7,9 +7,11 @@
 // gather and parameter offload; gathering again never requantizes; the
 // shard memory falls to the packet's. Frozen or not quantized, a frozen
 // param refuses gradients, the optimizer keeps no state for it and never
-// moves it.
+// moves it. Checkpoints hold the dequantized values.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -321,6 +323,73 @@ TEST(Frozen, WritesAreQuantizedAndRewritingTheSameValuesChangesNothing) {
     for (auto& p : ps) zs_param_destroy(p.handle);
     zs_context_destroy(ctx);
   });
+}
+
+// A checkpoint holds a packed param's dequantized values: saved from 3
+// ranks and loaded on 2 into params that are not frozen, the gathers give
+// exactly what the frozen ones gave; loaded into frozen params again, the
+// packets are rebuilt from those values and gather the same bits.
+TEST(Frozen, CheckpointHoldsTheDequantizedValues) {
+  const std::string dir = "/tmp/zs_frozen_ckpt_" + std::to_string(getpid());
+  std::vector<std::vector<uint8_t>> saved;
+  const std::string saved_file = dir + ".values";
+  run_ranks(3, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, frozen_config().c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {7, 5003}, 51);
+    freeze_all(ps);
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+    ZS_ASSERT_OK(zs_checkpoint_save(ctx, hs.data(), hs.size(), nullptr, dir.c_str(), &o));
+    fetch_all(ctx, ps);
+    if (env.rank == 0) {  // what the frozen params gather, for the loads below
+      std::FILE* f = std::fopen(saved_file.c_str(), "wb");
+      for (const auto& p : ps) {
+        const auto g = gathered(p);
+        std::fwrite(g.data(), 1, g.size(), f);
+      }
+      std::fclose(f);
+    }
+    release_all(ctx, ps);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+  for (bool freeze : {false, true}) {
+    run_ranks(2, [&](const RankEnv& env) {
+      zs_context ctx = zs::test::make_context(env, frozen_config().c_str());
+      ASSERT_NE(ctx, nullptr);
+      auto ps = register_all(ctx, {7, 5003}, 52);  // other values, overwritten by the load
+      if (freeze) freeze_all(ps);
+      std::vector<zs_param> hs;
+      for (const auto& p : ps) hs.push_back(p.handle);
+      zs_checkpoint_load_options lo = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+      ZS_ASSERT_OK(zs_checkpoint_load(ctx, hs.data(), hs.size(), nullptr, dir.c_str(), &lo, nullptr));
+      fetch_all(ctx, ps);
+      std::FILE* f = std::fopen(saved_file.c_str(), "rb");
+      ASSERT_NE(f, nullptr);
+      for (auto& p : ps) {
+        std::vector<uint8_t> want(p.values.size());
+        ASSERT_EQ(std::fread(want.data(), 1, want.size(), f), want.size());
+        const auto got = gathered(p);
+        if (!freeze || !packed(p, 2, {8, 256})) {
+          EXPECT_EQ(got, want) << p.name << (freeze ? " (frozen)" : "");
+        } else {
+          // Quantized again over 2 ranks' shards: the saved (dequantized)
+          // values within the bound.
+          p.values = want;
+          EXPECT_EQ(got, expected_qwz(p, 2, {8, 256})) << p.name;
+          expect_within_bound(p, got, 8);
+        }
+      }
+      std::fclose(f);
+      release_all(ctx, ps);
+      for (auto& p : ps) zs_param_destroy(p.handle);
+      zs_context_destroy(ctx);
+    });
+  }
+  std::filesystem::remove_all(dir);
+  std::remove(saved_file.c_str());
 }
 
 }  // namespace
