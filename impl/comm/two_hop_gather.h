@@ -6,6 +6,14 @@
 // shard group, whose member node * local + l is local rank l of node n.
 // Only the transports' all-gather is used; which groups and units a fetch
 // uses (and what a unit is: a shard, or a qwZ packet) is the caller's.
+//
+// Hop 2 takes its place in intra's queue when it is submitted, not when
+// hop 1 ends: every rank must run intra's collectives in one order, and a
+// hop 2 queued on completion would race whatever the caller queues on
+// intra meanwhile. So intra's thread waits for hop 1 at hop 2's turn;
+// nothing queued behind it could run earlier anyway, and the wait is
+// bounded by hop 1's own failure (transport error, heartbeat, timeout),
+// which hop 2 then reports.
 #pragma once
 
 #include <functional>

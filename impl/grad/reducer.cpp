@@ -5,7 +5,7 @@
 
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
-#include "impl/grad/quantized_reduce.h"
+#include "impl/comm/quantized_reduce.h"
 
 namespace zs {
 
@@ -120,7 +120,8 @@ void GradReducer::flush(Bucket& b) {
   // group of one moves nothing and stays exact. Across whole nodes, two
   // hops (quantized_reduce.h), each on its own group's thread.
   const bool quantized = ctx_.config().zero_quantized_gradients && g > 1;
-  const kernels::QuantSpec spec = gradient_quant_spec(ctx_.config());
+  const kernels::QuantSpec spec{static_cast<int>(ctx_.config().zero_quantized_gradients_bits),
+                                static_cast<size_t>(ctx_.config().zero_quantized_gradients_block_size)};
   auto add_into_shards = [shards, sizes, offsets, devp](const float* src) {
     for (size_t i = 0; i < shards.size(); ++i)
       if (shards[i])

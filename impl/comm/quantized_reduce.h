@@ -27,14 +27,10 @@
 #include <vector>
 
 #include "impl/comm/communicator.h"
-#include "impl/config/config.h"
 #include "impl/device/device.h"
 #include "kernels/quant.h"
 
 namespace zs {
-
-// The quantization the config asks for gradients (bits, block size).
-kernels::QuantSpec gradient_quant_spec(const Config& c);
 
 // LoCo error feedback (kernels/quant.h quantize_with_error) for one call:
 // `err` holds one fp32 error per element this member quantizes, in the

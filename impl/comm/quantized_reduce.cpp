@@ -1,4 +1,4 @@
-#include "impl/grad/quantized_reduce.h"
+#include "impl/comm/quantized_reduce.h"
 
 #include <cstdint>
 
@@ -58,11 +58,6 @@ std::vector<size_t> in_order(size_t n) {
 }
 
 }  // namespace
-
-kernels::QuantSpec gradient_quant_spec(const Config& c) {
-  return {static_cast<int>(c.zero_quantized_gradients_bits),
-          static_cast<size_t>(c.zero_quantized_gradients_block_size)};
-}
 
 size_t quantized_block_bytes(size_t count, const kernels::QuantSpec& s) {
   return scale_bytes(count, s) + (kernels::quant_code_bytes(count, s) + 3) / 4 * 4;
