@@ -223,21 +223,6 @@ TEST(Frozen, WithoutTheKeyValuesStayExact) {
   });
 }
 
-zs_param register_one(zs_context ctx, const char* name, zs_dtype dtype, const int64_t& numel,
-                      const std::vector<uint8_t>& values) {
-  zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-  o.name = name;
-  o.dtype = dtype;
-  o.ndim = 1;
-  o.shape = &numel;
-  o.init = ZS_INIT_FROM_ALL;
-  o.data = values.data();
-  o.data_bytes = values.size();
-  zs_param h = nullptr;
-  EXPECT_EQ(zs_param_register(&h, ctx, &o), ZS_OK) << zs_last_error();
-  return h;
-}
-
 // A frozen param takes no gradient and no optimizer state, and the steps
 // leave it as it was, while the trainable param beside it trains.
 TEST(Frozen, OptimizerKeepsNoStateAndNeverMovesIt) {
@@ -247,8 +232,8 @@ TEST(Frozen, OptimizerKeepsNoStateAndNeverMovesIt) {
     const int64_t n = 1001;
     P w{"w", ZS_FLOAT32, n, make_values(ZS_FLOAT32, n, 7), nullptr};
     P f{"f", ZS_BFLOAT16, n, make_values(ZS_BFLOAT16, n, 8), nullptr};
-    w.handle = register_one(ctx, "w", w.dtype, w.numel, w.values);
-    f.handle = register_one(ctx, "f", f.dtype, f.numel, f.values);
+    register_values(ctx, w);
+    register_values(ctx, f);
     ZS_ASSERT_OK(zs_param_freeze(f.handle));
     zs_optimizer opt = nullptr;
     ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));

@@ -48,21 +48,26 @@ inline std::vector<uint8_t> make_values(zs_dtype t, int64_t numel, unsigned seed
   return out;
 }
 
+// Registers p (1-D, its values on every rank) into p.handle.
+inline void register_values(zs_context ctx, P& p) {
+  zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+  o.name = p.name.c_str();
+  o.dtype = p.dtype;
+  o.ndim = 1;
+  o.shape = &p.numel;
+  o.init = ZS_INIT_FROM_ALL;
+  o.data = p.values.data();
+  o.data_bytes = p.values.size();
+  EXPECT_EQ(zs_param_register(&p.handle, ctx, &o), ZS_OK) << p.name << ": " << zs_last_error();
+}
+
 inline std::vector<P> register_all(zs_context ctx, const std::vector<int64_t>& numels, unsigned seed) {
   std::vector<P> ps;
   for (zs_dtype t : {ZS_FLOAT32, ZS_BFLOAT16, ZS_FLOAT16})
     for (int64_t n : numels) {
       P p{std::string(dname(t)) + "_" + std::to_string(n), t, n,
           make_values(t, n, seed + static_cast<unsigned>(n) * 3 + static_cast<unsigned>(t)), nullptr};
-      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-      o.name = p.name.c_str();
-      o.dtype = t;
-      o.ndim = 1;
-      o.shape = &p.numel;
-      o.init = ZS_INIT_FROM_ALL;
-      o.data = p.values.data();
-      o.data_bytes = p.values.size();
-      EXPECT_EQ(zs_param_register(&p.handle, ctx, &o), ZS_OK) << p.name << ": " << zs_last_error();
+      register_values(ctx, p);
       ps.push_back(std::move(p));
     }
   return ps;
