@@ -453,7 +453,8 @@ void skip_zero_extras(Section& zero) {
   for (const char* key :
        {"use_multi_rank_bucket_allreduce", "allgather_partitions",
         "load_from_fp32_weights", "elastic_checkpoint", "cpu_offload_use_pin_memory",
-        "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+        "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear",
+        "pipeline_loading_checkpoint", "override_module_apply",
         "log_trace_cache_warnings", "enable_sanity_checks",
         "save_muon_momentum_buffer_in_memory"}) {
     zero.skip({key}, Kind::Bool);

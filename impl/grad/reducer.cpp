@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "impl/comm/quantized_reduce.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
-#include "impl/comm/quantized_reduce.h"
 
 namespace zs {
 
