@@ -249,6 +249,15 @@ impl<'c> Param<'c> {
             )
         })
     }
+
+    /// Freeze the param for good (`zs_param_freeze`): gathered as before,
+    /// but a gradient push is refused and no optimizer steps it. Under
+    /// `zero_quantized_nontrainable_weights` its shard is kept from now on
+    /// only as block-quantized codes. Between optimizer steps.
+    pub fn freeze(&self) -> Result<()> {
+        // SAFETY: the handle is ours.
+        check(unsafe { sys::zs_param_freeze(self.h) })
+    }
 }
 
 impl Drop for Param<'_> {

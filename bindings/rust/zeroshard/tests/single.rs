@@ -228,3 +228,35 @@ fn context_reports_its_settings() {
     assert_eq!((m.num_params, m.shard_bytes), (1, 24));
     assert!(ctx.async_error().is_ok());
 }
+
+#[test]
+fn a_frozen_param_is_kept_quantized_and_refuses_gradients() {
+    let ctx = Context::new(
+        &ContextOptions::new()
+            .rank(0, 1)
+            .device("cpu")
+            .config_json(r#"{"zero_optimization": {"zero_quantized_nontrainable_weights": true}}"#),
+    )
+    .expect("context");
+    // Two blocks of 256: one scale each, max |x| / 127.
+    let values: Vec<f32> = (0..512).map(|i| (i as f32 - 200.0) * 0.01).collect();
+    let w = from_all(&ctx, "w", &values, &[512]);
+    let before = ctx.memory().unwrap().shard_bytes;
+    w.freeze().unwrap();
+    let after = ctx.memory().unwrap().shard_bytes;
+    assert_eq!((before, after), (2048, 2 * 4 + 512), "int8 codes and two scales");
+    let g = ctx.fetch(&[&w]).unwrap().wait().unwrap();
+    let got = g.data::<f32>(0).unwrap().to_vec();
+    g.release().unwrap();
+    for (block, chunk) in values.chunks(256).enumerate() {
+        let scale = chunk.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+        for (i, x) in chunk.iter().enumerate() {
+            let y = got[block * 256 + i];
+            assert!((x - y).abs() <= scale * 0.5001, "element {}: {x} -> {y}", block * 256 + i);
+        }
+    }
+    assert_ne!(got, values, "quantized, not exact");
+    let e = w.grad_push(&values, DType::F32).unwrap_err();
+    assert_eq!(e.status, Status::InvalidState);
+    assert!(e.message.contains("frozen"), "{e}");
+}
