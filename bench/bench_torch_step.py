@@ -427,7 +427,7 @@ def identity_ab(args, model):
         ratios.append(ratio)
         orders.append("/".join(order))
         losses_agree.append(got["on"]["losses"] == got["off"]["losses"])
-        print(f"[{model}] identity A/B rep {rep}: {orders[-1]} first; step on "
+        print(f"[{model}] identity {'A/A' if args.ab_same else 'A/B'} rep {rep}: {orders[-1]} first; step on "
               f"{got['on']['median_step_s'] * 1e3:.1f} ms, off {got['off']['median_step_s'] * 1e3:.1f} ms, "
               f"on/off {ratio:.4f}; losses {'bitwise equal' if losses_agree[-1] else 'DIFFER'}",
               flush=True)
