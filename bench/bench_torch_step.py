@@ -5,7 +5,7 @@ run, each engine in its own zsrun launch so that peak RSS figures do not mix.
 
     .venv/bin/python bench/bench_torch_step.py [--models wide fine] [--ranks 2]
         [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
-        [--zs-config '{"reduce_bucket_size": 2e7}']
+        [--zs-config '{"reduce_bucket_size": 2e7}'] [--identity-ab [--ab-reps 5] [--ab-same]]
 
 Models (--models, any of):
   wide  a stack of --wide-depth nn.Linear(--wide-width, --wide-width) layers
@@ -35,6 +35,17 @@ ZS_BENCH_LINEAR=saves_param in the environment routes zeroshard's F.linear
 through a Function that saves the weight param rather than a view of its
 gathered data (see bench_torch_memory.py). The environment reaches every
 engine (e.g. ZS_HOST_CACHE_MB, MALLOC_MMAP_THRESHOLD_).
+
+--identity-ab: what collective identities cost a training step (issue 13's
+target: at most 2%), both sides in the same run. After the engines above,
+each model runs zeroshard --ab-reps more times per side: identities on
+(ZS_COLLECTIVE_CHECK_MS unset, its default) and off (ZS_COLLECTIVE_CHECK_MS=0,
+the benchmarking switch), each side in its own launch, which side goes first
+alternating rep by rep. Per rep the ratio of the two sides' median step
+times (on/off); printed: each side's median, the median and quartiles
+(nearest rank) of the per-rep ratios, and each rep's ratio; also in the
+JSON line under "identity_ab". --ab-same makes both sides off: an A/A run
+that shows the harness's own spread.
 """
 import argparse
 import json
@@ -217,6 +228,7 @@ def worker(args):
         zt.partition_module(model)
         opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
         notes["optimizer"] = "ZeroShardOptimizer(kind='adamw')"
+        notes["ZS_COLLECTIVE_CHECK_MS"] = os.environ.get("ZS_COLLECTIVE_CHECK_MS", "unset")
 
         step = torch_step(model, opt)
 
@@ -313,8 +325,15 @@ def worker(args):
 # driver
 # ---------------------------------------------------------------------------
 
-def launch(args, model, engine):
+def launch(args, model, engine, identities=None):
+    """identities: None leaves ZS_COLLECTIVE_CHECK_MS as the environment has
+    it; True unsets it (identities on, at the engine's default) unless it
+    holds a non-zero value; False sets it to 0 (off)."""
     env = dict(os.environ)
+    if identities is True and env.get("ZS_COLLECTIVE_CHECK_MS", "").strip() in ("0", ""):
+        env.pop("ZS_COLLECTIVE_CHECK_MS", None)
+    elif identities is False:
+        env["ZS_COLLECTIVE_CHECK_MS"] = "0"
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     threads = str(max(1, (os.cpu_count() or 1) // args.ranks))
@@ -374,6 +393,59 @@ def describe(r):
             f"| final loss {r['losses'][-1]:.6f}")
 
 
+def nearest_rank(values, q):
+    """The q-quantile by nearest rank, as bench_collective_identity reports."""
+    v = sorted(values)
+    return v[int(q * (len(v) - 1) + 0.5)]
+
+
+def identity_ab(args, model):
+    """zeroshard with identities on and off (or off and off, --ab-same), each
+    side in its own launch, --ab-reps times, which side goes first
+    alternating; returns the summary for the JSON line."""
+    sides = ("on", "off")
+    setting = {"on": not args.ab_same, "off": False}
+    times = {side: [] for side in sides}
+    ratios, orders, losses_agree, ran_with = [], [], [], {}
+    for rep in range(args.ab_reps):
+        order = sides if rep % 2 == 0 else sides[::-1]
+        got = {}
+        for side in order:
+            r, why = launch(args, model, "zeroshard", identities=setting[side])
+            if r is None:
+                sys.exit(f"bench_torch_step: zeroshard ({side} side of --identity-ab) on the {model} "
+                         f"model failed: {why}")
+            ran = r["per_rank"][0]["notes"].get("ZS_COLLECTIVE_CHECK_MS")
+            if (ran == "0") != (not setting[side]):
+                sys.exit(f"bench_torch_step: the {side} side of --identity-ab ran with "
+                         f"ZS_COLLECTIVE_CHECK_MS={ran}")
+            got[side] = r
+            ran_with[side] = ran
+        for side in sides:
+            times[side].append(got[side]["median_step_s"])
+        ratio = got["on"]["median_step_s"] / got["off"]["median_step_s"]
+        ratios.append(ratio)
+        orders.append("/".join(order))
+        losses_agree.append(got["on"]["losses"] == got["off"]["losses"])
+        print(f"[{model}] identity {'A/A' if args.ab_same else 'A/B'} rep {rep}: {orders[-1]} first; step on "
+              f"{got['on']['median_step_s'] * 1e3:.1f} ms, off {got['off']['median_step_s'] * 1e3:.1f} ms, "
+              f"on/off {ratio:.4f}; losses {'bitwise equal' if losses_agree[-1] else 'DIFFER'}",
+              flush=True)
+    out = {"reps": args.ab_reps, "same": args.ab_same,
+           "ZS_COLLECTIVE_CHECK_MS": ran_with,
+           "on_median_step_s": statistics.median(times["on"]),
+           "off_median_step_s": statistics.median(times["off"]),
+           "on_step_s": times["on"], "off_step_s": times["off"], "order": orders,
+           "ratios": ratios, "median_ratio": statistics.median(ratios),
+           "ratio_q1": nearest_rank(ratios, 0.25), "ratio_q3": nearest_rank(ratios, 0.75),
+           "losses_bitwise_equal": all(losses_agree)}
+    print(f"[{model}] identities {'off/off (A/A)' if args.ab_same else 'on/off'}: step "
+          f"{out['on_median_step_s'] * 1e3:.1f} vs {out['off_median_step_s'] * 1e3:.1f} ms (medians); per-rep "
+          f"ratio median {out['median_ratio']:.4f}, quartiles {out['ratio_q1']:.4f} {out['ratio_q3']:.4f} "
+          f"over {args.ab_reps} reps; each: " + " ".join(f"{x:.3f}" for x in ratios), flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -392,11 +464,20 @@ def main():
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--zs-config", default="{}",
                     help='more zero_optimization keys for zeroshard only, as JSON: \'{"reduce_bucket_size": 2e7}\'')
+    ap.add_argument("--identity-ab", action="store_true",
+                    help="also run zeroshard with collective identities on and off, --ab-reps times each")
+    ap.add_argument("--ab-reps", type=int, default=5, help="reps per side of --identity-ab")
+    ap.add_argument("--ab-same", action="store_true",
+                    help="--identity-ab with both sides off: the A/A control")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
+    if args.ab_reps < 1:
+        ap.error("--ab-reps must be at least 1")
+    if args.ab_same and not args.identity_ab:
+        ap.error("--ab-same goes with --identity-ab")
 
     where = tree()
     print(f"bench_torch_step: {args.ranks} ranks, {args.steps} steps ({args.warmup} warm-up), "
@@ -449,14 +530,19 @@ def main():
                   f"params+grads+optim x{ratios['state_bytes']:.3f}, peak RSS x{ratios['peak_rss']:.2f}; "
                   f"losses agree to {diff:.2e} abs ({rel:.2e} rel, worst of {len(zs['losses'])} steps)",
                   flush=True)
+        if args.identity_ab:
+            row["identity_ab"] = identity_ab(args, model)
         summary.append(row)
-    print("targets (not asserted): step <= 1.1x DDP and <= DeepSpeed; peak RSS <= 0.6x DDP on the wide model. "
-          "Figures are from whatever else the machine was running.", flush=True)
+    print("targets (not asserted): step <= 1.1x DDP and <= DeepSpeed; peak RSS <= 0.6x DDP on the wide model"
+          + ("; identities on/off <= 1.02" if args.identity_ab else "")
+          + ". Figures are from whatever else the machine was running.", flush=True)
+    targets = {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0, "peak_rss_over_ddp_wide": 0.6}
+    if args.identity_ab:
+        targets["identities_on_over_off"] = 1.02
     print(json.dumps({"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup,
                       "zs_config": json.loads(args.zs_config),
-                      "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0], "tree": where, "targets": {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0,
-                                                           "peak_rss_over_ddp_wide": 0.6},
-                      "results": summary}))
+                      "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0], "tree": where,
+                      "targets": targets, "results": summary}))
 
 
 if __name__ == "__main__":

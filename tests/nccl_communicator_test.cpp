@@ -1,7 +1,8 @@
 // The NCCL backend. Without a GPU (or without NCCL) the factory must refuse
 // cleanly; with one, a world of one rank runs every collective on device
 // memory and checks the results, and a world of two whose second rank never
-// comes shows that init is bounded by the timeout.
+// comes shows that init is bounded by the timeout, or ended sooner by a
+// member that the heartbeat finds silent.
 #ifdef ZS_WITH_CUDA
 
 #include <cuda_runtime_api.h>
@@ -340,6 +341,43 @@ TEST(NcclCommunicator, InitWithAMissingPeerTimesOut) {
       << msg;
   EXPECT_GE(waited.count(), 2900);
   EXPECT_LT(waited.count(), 60000);
+  EXPECT_TRUE(store->check("nccl_unique_id"));
+}
+
+// The context passes its heartbeat's verdict on the group's members: one
+// that falls silent while NCCL's init waits for it ends the init within a
+// liveness check (50 ms), long before the timeout, with Code::Comm naming
+// it, and the id stays published as before.
+TEST(NcclCommunicator, InitWithASilentPeerFailsNamingIt) {
+  std::string why = device_problem();
+  if (!why.empty()) GTEST_SKIP() << "no CUDA device: " << why;
+  if (!nccl_available(&why)) GTEST_SKIP() << "NCCL cannot be loaded: " << why;
+  TempDir dir;
+  auto store = make_file_store(dir.path, 30000ms);
+  // Timed from the first question (the init's poll), so that CUDA's own
+  // start in this process does not count.
+  Clock::time_point first{};
+  int asked = 0;
+  const std::string silent =
+      "rank 1 (host 127.0.0.1) has sent no heartbeat for 2.1 s: it is stopped or hung (alive but "
+      "not running), or it died";
+  auto silent_peer = [&]() -> std::string {
+    if (asked++ == 0) first = Clock::now();
+    return Clock::now() - first < 500ms ? "" : silent;
+  };
+  const std::string msg = error_of(Code::Comm, [&] {
+    make_nccl_communicator("lonely", 0, 2, *store, 0, nullptr, 30000ms, silent_peer);
+  });
+  ASSERT_GT(asked, 0) << msg;
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - first);
+  EXPECT_NE(msg.find(silent + "; NCCL init of group 'lonely' (rank 0 of 2) cannot complete"),
+            std::string::npos)
+      << msg;
+  EXPECT_GE(waited.count(), 500);
+  EXPECT_LT(waited.count(), 2000) << msg;
+  // Asked about every 50 ms, not on every poll of NCCL's state.
+  EXPECT_GE(asked, 2);
+  EXPECT_LT(asked, 100);
   EXPECT_TRUE(store->check("nccl_unique_id"));
 }
 

@@ -282,10 +282,16 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
 #ifdef ZS_WITH_CUDA
     if (backend_ == Backend::Nccl) {
       // The unique id travels through the store: a silent member ends that
-      // wait too (NCCL's own init is not cut short).
+      // wait (rendezvous_with), and NCCL's own init, polled, asks the
+      // heartbeat about the members too. The world group is made before
+      // the heartbeat starts (Heartbeat::start), so no member counts as
+      // silent there yet: the world's init stays bounded by its timeout.
+      std::function<std::string()> silent_member;
+      if (heartbeat_)
+        silent_member = [heartbeat = heartbeat_, ranks] { return heartbeat->silence(ranks); };
       rendezvous_with(ranks, "creating group '" + name + "'", [&] {
         comm = make_nccl_communicator(name, my, size, *prefixed, device_->ref().ordinal,
-                                      device_->stream(), timeout_);
+                                      device_->stream(), timeout_, silent_member);
       });
       side = BackendMemory::Device;
     }

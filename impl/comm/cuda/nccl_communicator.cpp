@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,6 +26,10 @@ constexpr size_t kMaxOpsPerGroup = 1024;
 // Longest wait for ncclCommFinalize in the destructor (it synchronises with
 // the node's other ranks); past it the communicator is aborted instead.
 constexpr std::chrono::milliseconds kMaxFinalizeWait{30000};
+// How often the init's poll asks whether a member fell silent (heartbeat):
+// a small part of the heartbeat limit (2 s by default), and rare enough
+// that the question (a mutex and a scan of the members) costs nothing.
+constexpr std::chrono::milliseconds kLivenessCheck{50};
 
 std::string cuda_text(cudaError_t e) {
   return std::string("CUDA error ") + std::to_string(static_cast<int>(e)) + " (" +
@@ -76,14 +82,16 @@ nccl::ncclRedOp_t nccl_op(ReduceOp op, const std::string& where) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclLibrary& lib, std::string name, int rank, int size, int ordinal,
-                   cudaStream_t engine_stream, std::chrono::milliseconds timeout)
+                   cudaStream_t engine_stream, std::chrono::milliseconds timeout,
+                   std::function<std::string()> silent_peer)
       : lib_(lib),
         name_(std::move(name)),
         rank_(rank),
         size_(size),
         ordinal_(ordinal),
         engine_(engine_stream),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        silent_peer_(std::move(silent_peer)) {}
 
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -162,6 +170,9 @@ class NcclCommunicator final : public Communicator {
       if (comm != nullptr) lib_.ncclCommAbort(comm);
       fail(Code::Comm, "NCCL init of group ", who(), " failed: ", text);
     }
+    // A member that stopped or died (heartbeat) ends the wait long before
+    // the deadline; NCCL itself would wait for it until then.
+    auto next_liveness_check = Clock::now();
     Backoff backoff;
     for (;;) {
       ncclResult_t state = nccl::ncclInProgress;
@@ -173,7 +184,22 @@ class NcclCommunicator final : public Communicator {
         lib_.ncclCommAbort(comm);
         fail(Code::Comm, "NCCL init of group ", who(), " failed: ", text);
       }
-      if (Clock::now() >= deadline) {
+      const auto now = Clock::now();
+      if (silent_peer_ && now >= next_liveness_check) {
+        next_liveness_check = now + kLivenessCheck;
+        std::string why;
+        try {
+          why = silent_peer_();
+        } catch (...) {
+          lib_.ncclCommAbort(comm);
+          throw;
+        }
+        if (!why.empty()) {
+          lib_.ncclCommAbort(comm);
+          fail(Code::Comm, why, "; NCCL init of group ", who(), " cannot complete");
+        }
+      }
+      if (now >= deadline) {
         lib_.ncclCommAbort(comm);
         fail(Code::Timeout, "NCCL init of group ", who(), " did not finish in ", timeout_.count(),
              " ms (is every rank of the group running and on the same unique id?)");
@@ -422,6 +448,7 @@ class NcclCommunicator final : public Communicator {
   const int ordinal_;
   cudaStream_t engine_;
   const std::chrono::milliseconds timeout_;
+  const std::function<std::string()> silent_peer_;  // may be empty
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
@@ -441,7 +468,8 @@ class NcclCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_nccl_communicator(const std::string& group_name, int rank,
                                                      int size, Store& store, int cuda_ordinal,
                                                      void* engine_stream,
-                                                     std::chrono::milliseconds timeout) {
+                                                     std::chrono::milliseconds timeout,
+                                                     std::function<std::string()> silent_peer) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(Code::InvalidArgument, "group '", group_name, "': rank ", rank, " of ", size,
          " is out of range");
@@ -476,7 +504,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& group_na
 
   auto comm = std::make_unique<NcclCommunicator>(*lib, group_name, rank, size, cuda_ordinal,
                                                  static_cast<cudaStream_t>(engine_stream),
-                                                 timeout);
+                                                 timeout, std::move(silent_peer));
   comm->init(store);
   return comm;
 }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,15 @@ namespace zs {
 // every later collective. engine_stream is the cudaStream_t the engine's
 // kernels run on (null: the legacy default stream).
 //
+// silent_peer (may be empty) says whether a member has stopped or died: ""
+// while every member is alive, else a sentence naming the silent one (the
+// context's heartbeat, Heartbeat::silence over the group's world ranks).
+// NCCL's init waits on every peer and cannot tell a dead one from a slow
+// one, so the init's poll asks it every 50 ms: a silent
+// member aborts the init within the heartbeat limit with Code::Comm,
+// "<sentence>; NCCL init of group 'X' (rank r of n) cannot complete", as a
+// Gloo group's rendezvous fails, instead of at the timeout.
+//
 // Throws Code::InvalidArgument for a bad rank/size/ordinal,
 // Code::NotSupported when the device is not there ("group 'X': CUDA device N
 // is not available: ...") or NCCL cannot be loaded, Code::Comm or
@@ -45,6 +55,7 @@ namespace zs {
 std::unique_ptr<Communicator> make_nccl_communicator(const std::string& group_name, int rank,
                                                      int size, Store& store, int cuda_ordinal,
                                                      void* engine_stream,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     std::function<std::string()> silent_peer = {});
 
 }  // namespace zs
