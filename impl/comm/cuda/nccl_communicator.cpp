@@ -382,14 +382,28 @@ class NcclCommunicator final : public Communicator {
 
   ncclResult_t wait_state() {
     Backoff backoff;
+    auto next_liveness_check = Clock::now();
     for (;;) {
       ncclResult_t state = nccl::ncclInProgress;
       const ncclResult_t r = lib_.ncclCommGetAsyncError(comm_, &state);
       if (r != nccl::ncclSuccess) return r;
       if (state != nccl::ncclInProgress) return state;
+      check_peers(next_liveness_check);
       if (Clock::now() >= deadline_) timed_out();
       backoff.pause();
     }
+  }
+
+  // A member that stopped or died (heartbeat) breaks the collective within
+  // the heartbeat limit, naming it, instead of at the deadline: NCCL would
+  // wait for it until then. Asked every kLivenessCheck.
+  void check_peers(Clock::time_point& next) {
+    if (!silent_peer_) return;
+    const auto now = Clock::now();
+    if (now < next) return;
+    next = now + kLivenessCheck;
+    const std::string why = silent_peer_();
+    if (!why.empty()) break_comm(Code::Comm, why + "; " + where() + " cannot complete");
   }
 
   [[noreturn]] void timed_out() {
@@ -427,6 +441,7 @@ class NcclCommunicator final : public Communicator {
     enqueue();
     cuda(cudaEventRecord(done_, stream_), "cudaEventRecord on the communication stream");
     Backoff backoff;
+    auto next_liveness_check = Clock::now() + kLivenessCheck;
     for (;;) {
       const cudaError_t q = cudaEventQuery(done_);
       if (q == cudaSuccess) return;
@@ -436,6 +451,7 @@ class NcclCommunicator final : public Communicator {
       if (r != nccl::ncclSuccess) state = r;
       if (state != nccl::ncclSuccess && state != nccl::ncclInProgress)
         break_comm(Code::Comm, where() + " failed: " + lib_.describe(state, comm_));
+      check_peers(next_liveness_check);
       if (Clock::now() >= deadline_) timed_out();
       backoff.pause();
     }

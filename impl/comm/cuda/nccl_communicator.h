@@ -46,7 +46,10 @@ namespace zs {
 // one, so the init's poll asks it every 50 ms: a silent
 // member aborts the init within the heartbeat limit with Code::Comm,
 // "<sentence>; NCCL init of group 'X' (rank r of n) cannot complete", as a
-// Gloo group's rendezvous fails, instead of at the timeout.
+// Gloo group's rendezvous fails, instead of at the timeout. A collective's
+// wait asks it too (after its first 50 ms): a member silent mid-collective
+// breaks the communicator the same way, "<sentence>; all-gather on group
+// 'X' (rank r of n) cannot complete".
 //
 // Throws Code::InvalidArgument for a bad rank/size/ordinal,
 // Code::NotSupported when the device is not there ("group 'X': CUDA device N
