@@ -282,10 +282,11 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
 #ifdef ZS_WITH_CUDA
     if (backend_ == Backend::Nccl) {
       // The unique id travels through the store: a silent member ends that
-      // wait (rendezvous_with), and NCCL's own init, polled, asks the
-      // heartbeat about the members too. The world group is made before
-      // the heartbeat starts (Heartbeat::start), so no member counts as
-      // silent there yet: the world's init stays bounded by its timeout.
+      // wait (rendezvous_with), and NCCL's own init and every collective,
+      // polled, ask the heartbeat about the members too. The world group is
+      // made before the heartbeat starts (Heartbeat::start), so no member
+      // counts as silent during its init, which stays bounded by its
+      // timeout; its collectives, later, are checked.
       std::function<std::string()> silent_member;
       if (heartbeat_)
         silent_member = [heartbeat = heartbeat_, ranks] { return heartbeat->silence(ranks); };
