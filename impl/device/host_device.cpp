@@ -1,7 +1,12 @@
 // The host device: plain memory and memcpy. Its pool keeps freed blocks of
 // 64 KiB and more, up to ZS_HOST_CACHE_MB (default 1024) idle: a training
 // step fetches and releases the same sizes over and over, and a fresh
-// mapping's page faults on first touch cost as much as the network.
+// mapping's page faults on first touch cost as much as the network. The
+// pool is bound by its peak (see CachingPool): what it holds, in use and
+// idle, never exceeds the most the process has had in use from it, so the
+// cache costs no memory beyond the step's own high-water mark; idle blocks
+// of sizes the step no longer asks for are released when a new size needs
+// the room.
 // Blocks of 1 MiB and more are mapped and unmapped directly: through malloc,
 // freeing them would raise glibc's dynamic mmap threshold (up to 32 MiB),
 // after which such blocks come from arenas that keep their pages after
@@ -36,7 +41,7 @@ std::shared_ptr<CachingPool> make_host_pool() {
   };
   b.alignment = 64;
   const auto limit = static_cast<uint64_t>(env_int("ZS_HOST_CACHE_MB", 1024)) << 20;
-  return std::make_shared<CachingPool>(std::move(b), 64 * 1024, limit);
+  return std::make_shared<CachingPool>(std::move(b), 64 * 1024, limit, /*bound_by_peak=*/true);
 }
 
 class HostDevice final : public Device {
