@@ -7,6 +7,7 @@ use, bytes free but kept).
 
     .venv/bin/python bench/bench_torch_memory.py [--ranks 2] [--steps 3]
         [--dim 768 --layers 8 --heads 12 --batch 4] [--variants default host_cache_0 ...]
+        [--model wide --wide-width 4096 --wide-depth 7 --batch 16]
 
 Each variant is one zsrun launch (its own processes, so peaks do not mix):
 
@@ -163,6 +164,10 @@ def worker(args):
     sampler.phase = "build"
     torch.manual_seed(0)
     make = lambda: train_gpt.GPT(len(chars), args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
+    if args.model == "wide":
+        sys.path.insert(0, str(REPO / "bench"))
+        import bench_torch_step
+        make = lambda: bench_torch_step.build_model(args)  # noqa: E731
     zt = None
     if args.engine == "ddp":
         module = make()
@@ -189,6 +194,9 @@ def worker(args):
         mine = starts[rank * args.batch:(rank + 1) * args.batch]
         x = torch.stack([data[s:s + args.ctx] for s in mine])
         y = torch.stack([data[s + 1:s + args.ctx + 1] for s in mine])
+        if args.model == "wide":  # bench_torch_step's wide batches: this rank's rows of a global batch
+            x = torch.randn(world * args.batch, args.wide_width, generator=gen)[rank * args.batch:][:args.batch]
+            y = torch.randn(world * args.batch, args.wide_width, generator=gen)[rank * args.batch:][:args.batch]
         row = {}
         t0 = time.perf_counter()
         sampler.phase = f"forward {step}"
@@ -254,7 +262,8 @@ def launch(args, name):
            "ddp" if name == "ddp" or name.startswith("ddp:") else "zeroshard",
            "--zero-config", json.dumps(cfg), "--steps", str(args.steps), "--dim", str(args.dim),
            "--layers", str(args.layers), "--heads", str(args.heads), "--batch", str(args.batch),
-           "--ctx", str(args.ctx)]
+           "--ctx", str(args.ctx), "--model", args.model, "--wide-width", str(args.wide_width),
+           "--wide-depth", str(args.wide_depth)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -276,12 +285,20 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--model", choices=["gpt", "wide"], default="gpt",
+                    help="gpt: the GPT example; wide: bench_torch_step.py's Linear stack")
+    ap.add_argument("--wide-width", type=int, default=4096)
+    ap.add_argument("--wide-depth", type=int, default=7)
     ap.add_argument("--variants", nargs="+", default=["ddp", "default", "host_cache_0", "bucket_2e7",
                                                       "cache0_bucket"])
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    print(f"bench_torch_memory: GPT dim {args.dim}, {args.layers} layers, {args.heads} heads, batch {args.batch} "
+    if args.model == "wide":
+        print(f"bench_torch_memory: wide model {args.wide_depth} x Linear({args.wide_width}, {args.wide_width}), "
+              f"batch {args.batch} rows per rank, {args.ranks} ranks, {args.steps} steps", flush=True)
+    else:
+        print(f"bench_torch_memory: GPT dim {args.dim}, {args.layers} layers, {args.heads} heads, batch {args.batch} "
           f"x ctx {args.ctx} per rank, {args.ranks} ranks, {args.steps} steps; load average "
           f"{os.getloadavg()[0]:.1f} (a shared machine: RSS is per process, times only indicative)", flush=True)
     results = []

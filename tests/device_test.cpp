@@ -93,6 +93,60 @@ TEST(CachingPool, IdleLimitAndSmallBlocksBypass) {
   EXPECT_EQ(pool.stats().idle_bytes, 4096u);
 }
 
+// Bound by its peak: a step that asks for one size in its first half and
+// another in its second keeps the pool's footprint (used + idle) within the
+// most it ever had in use, instead of caching both sizes on top of each other.
+TEST(CachingPool, BoundByPeakKeepsFootprintWithinTheMostUsed) {
+  CountingBackend b;
+  CachingPool pool(b.make(), 0, UINT64_MAX, /*bound_by_peak=*/true);
+  const size_t a = 4 << 20, c = 6 << 20;  // two size classes
+  for (int step = 0; step < 4; ++step) {
+    // Forward: three blocks of size a at once; backward: two of size c.
+    std::vector<void*> fwd;
+    for (int i = 0; i < 3; ++i) fwd.push_back(pool.alloc(a));
+    for (void* p : fwd) pool.free(p, a);
+    std::vector<void*> bwd;
+    for (int i = 0; i < 2; ++i) bwd.push_back(pool.alloc(c));
+    const auto st = pool.stats();
+    EXPECT_EQ(st.peak_used_bytes, 3 * a);  // the forward's three blocks
+    EXPECT_LE(st.used_bytes + st.idle_bytes, st.peak_used_bytes) << "step " << step;
+    for (void* p : bwd) pool.free(p, c);
+  }
+  EXPECT_GT(pool.stats().evictions, 0u);
+  pool.trim();
+  EXPECT_EQ(b.allocs, b.releases);
+}
+
+TEST(CachingPool, BoundByPeakStillReusesASteadyWorkload) {
+  CountingBackend b;
+  CachingPool pool(b.make(), 0, UINT64_MAX, /*bound_by_peak=*/true);
+  const std::vector<size_t> sizes = {3 << 20, 5'000'001, 1 << 20};
+  for (int cycle = 0; cycle < 5; ++cycle) {
+    std::vector<void*> held;
+    for (size_t s : sizes) held.push_back(pool.alloc(s));
+    for (size_t i = 0; i < sizes.size(); ++i) pool.free(held[i], sizes[i]);
+  }
+  // The same sizes each cycle: every block after the first cycle is reused.
+  EXPECT_EQ(b.allocs, static_cast<int>(sizes.size()));
+  EXPECT_EQ(pool.stats().evictions, 0u);
+  EXPECT_EQ(pool.stats().reuses, 4 * sizes.size());
+}
+
+// Without the bound (the CUDA pools) idle blocks of every size are kept up
+// to the idle limit, whatever the peak.
+TEST(CachingPool, UnboundPoolCachesEverySize) {
+  CountingBackend b;
+  CachingPool pool(b.make(), 0, UINT64_MAX);
+  void* x = pool.alloc(4 << 20);
+  pool.free(x, 4 << 20);
+  void* y = pool.alloc(6 << 20);
+  const auto st = pool.stats();
+  EXPECT_EQ(st.idle_bytes, pool.size_class(4 << 20));
+  EXPECT_EQ(st.peak_used_bytes, pool.size_class(6 << 20));
+  EXPECT_EQ(st.evictions, 0u);
+  pool.free(y, 6 << 20);
+}
+
 TEST(CachingPool, OutOfMemoryTrimsThenNamesTheSize) {
   CountingBackend b;
   CachingPool pool(b.make(), 0, UINT64_MAX);

@@ -1,13 +1,20 @@
 #include "impl/device/pool.h"
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 #include "impl/common/error.h"
 
 namespace zs {
 
-CachingPool::CachingPool(Backend backend, size_t min_cached_bytes, uint64_t idle_limit_bytes)
-    : backend_(std::move(backend)), min_cached_(min_cached_bytes), idle_limit_(idle_limit_bytes) {}
+CachingPool::CachingPool(Backend backend, size_t min_cached_bytes, uint64_t idle_limit_bytes,
+                         bool bound_by_peak)
+    : backend_(std::move(backend)),
+      min_cached_(min_cached_bytes),
+      idle_limit_(idle_limit_bytes),
+      bound_by_peak_(bound_by_peak) {}
 
 CachingPool::~CachingPool() { trim(); }
 
@@ -33,9 +40,27 @@ void* CachingPool::alloc(size_t bytes) {
       idle_.erase(it);
       stats_.idle_bytes -= size;
       stats_.used_bytes += size;
+      stats_.peak_used_bytes = std::max(stats_.peak_used_bytes, stats_.used_bytes);
       ++stats_.reuses;
       return p;
     }
+  }
+  if (bound_by_peak_) {
+    // A miss: make room under the peak by releasing idle blocks of other
+    // classes, largest first (outside the lock).
+    std::vector<std::pair<size_t, void*>> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint64_t bound = std::max(stats_.peak_used_bytes, stats_.used_bytes + size);
+      while (!idle_.empty() && stats_.used_bytes + stats_.idle_bytes + size > bound) {
+        auto it = std::prev(idle_.end());
+        evicted.emplace_back(it->first, it->second);
+        stats_.idle_bytes -= it->first;
+        ++stats_.evictions;
+        idle_.erase(it);
+      }
+    }
+    for (auto& [n, q] : evicted) backend_.release(q, n);
   }
   void* p = backend_.allocate(size);
   if (!p) {
@@ -47,6 +72,7 @@ void* CachingPool::alloc(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.system_allocs;
   stats_.used_bytes += size;
+  stats_.peak_used_bytes = std::max(stats_.peak_used_bytes, stats_.used_bytes);
   return p;
 }
 

@@ -19,6 +19,8 @@ struct PoolStats {
   uint64_t reuses = 0;         // allocations served from idle blocks
   uint64_t idle_bytes = 0;     // held by the cache, not in use
   uint64_t used_bytes = 0;     // handed out and not yet freed (size classes)
+  uint64_t peak_used_bytes = 0;  // the most used_bytes has been
+  uint64_t evictions = 0;      // idle blocks released to keep within the peak
 };
 
 class CachingPool {
@@ -31,7 +33,14 @@ class CachingPool {
   };
   // Blocks under min_cached_bytes bypass the cache (the system allocator
   // is as fast for them); at most idle_limit_bytes are kept idle.
-  CachingPool(Backend backend, size_t min_cached_bytes, uint64_t idle_limit_bytes);
+  // bound_by_peak: the pool's footprint (used + idle) stays within the
+  // most it has had in use (peak_used_bytes): an allocation that finds no
+  // idle block of its class releases idle blocks of other classes, largest
+  // first, until the new block fits under that bound. A workload that
+  // reuses its sizes keeps its blocks; idle blocks of sizes it stopped
+  // asking for do not sit on top of what it uses.
+  CachingPool(Backend backend, size_t min_cached_bytes, uint64_t idle_limit_bytes,
+              bool bound_by_peak = false);
   ~CachingPool();
   CachingPool(const CachingPool&) = delete;
   CachingPool& operator=(const CachingPool&) = delete;
@@ -50,6 +59,7 @@ class CachingPool {
   const Backend backend_;
   const size_t min_cached_;
   const uint64_t idle_limit_;
+  const bool bound_by_peak_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> idle_;
   PoolStats stats_;

@@ -85,12 +85,21 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
 void GradReducer::flush(Bucket& b) {
   if (!b.data || b.used == 0) return;
   // Blocks were laid out capacity apart; the collective wants them used
-  // apart, so close the gaps (into a fresh buffer: the ranges may overlap,
-  // and device copies must not).
+  // apart, so close the gaps. On the host in place: block r moves down to
+  // r * used, below its source and past the blocks already moved, and the
+  // host copy is memmove, so overlap is fine; no second bucket-sized buffer
+  // sits next to the first while the backward peaks. On a GPU into a fresh
+  // buffer (device copies must not overlap).
   const auto& devp = ctx_.device();
   const int g = b.group->size();
   auto data = std::shared_ptr<Buffer>(std::move(b.data));
-  if (b.used < b.capacity && g > 1) {
+  if (b.used < b.capacity && g > 1 && !devp->is_cuda()) {
+    auto* blocks = static_cast<float*>(data->data());
+    for (int r = 1; r < g; ++r) {
+      const auto rank = static_cast<uint64_t>(r);
+      devp->copy(blocks + rank * b.used, blocks + rank * b.capacity, b.used * sizeof(float));
+    }
+  } else if (b.used < b.capacity && g > 1) {
     auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * sizeof(float));
     std::vector<ops::Copy> copies;
     const auto* from = static_cast<const float*>(data->data());

@@ -304,7 +304,8 @@ typedef struct zs_memory_stats {
   uint64_t unsharded_bytes;   /* what the params would take unsharded */
   uint64_t num_params;
   /* Idle host blocks kept for reuse by later fetches (process-wide, capped
-   * by ZS_HOST_CACHE_MB, default 1024). */
+   * by ZS_HOST_CACHE_MB, default 1024; with ZS_HOST_CACHE_BOUND=1 also by
+   * the host pool's peak: idle plus in-use never exceed the most in use). */
   uint64_t host_cache_bytes;
   uint64_t grad_bytes;        /* fp32 gradient shards */
   uint64_t optimizer_bytes;   /* fp32 masters (16-bit params) + optimizer state */
