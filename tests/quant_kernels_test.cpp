@@ -10,8 +10,10 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "kernels/optim.h"
 #include "kernels/parallel.h"
 #include "kernels/quant.h"
 
@@ -251,6 +253,87 @@ TEST(QuantKernels, SameBitsWhateverTheThreads) {
     EXPECT_EQ(0, std::memcmp(one.scales.data(), four.scales.data(), one.scales.size() * 4));
     EXPECT_EQ(one.deq, four.deq);
   }
+}
+
+// The AVX2 kernels (int8 codes of fp32 and bf16) against the scalar loops,
+// bit for bit: codes (padding included), scales and dequantized bytes, on
+// random data over many magnitudes with subnormals, zeros, all-zero
+// blocks and blocks holding an inf or a NaN; dequantize also on random
+// codes with random, zero, subnormal, inf and NaN scales.
+TEST(QuantKernels, Avx2Int8MatchesScalarBitwise) {
+  if (!simd_path_available(SimdPath::Avx2))
+    GTEST_SKIP() << "the AVX2 path is not available on this machine";
+  const SimdPath saved = simd_path_id();
+  struct Restore {
+    SimdPath p;
+    ~Restore() { set_simd_path_for_testing(p); }
+  } restore{saved};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-149, 128);  // subnormal to near overflow
+  std::uniform_int_distribution<int> kind(0, 99);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  size_t cases = 0;
+  for (const WorkDtype t : {WorkDtype::F32, WorkDtype::BF16}) {
+    for (const size_t block : {size_t{2}, size_t{8}, size_t{256}, size_t{2048}}) {
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{255}, size_t{256},
+                             size_t{257}, size_t{1000003}}) {
+        const QuantSpec s{8, block};
+        const size_t nb = quant_blocks(n, s);
+        // Each block gets its own magnitude, some are all zero, and a few
+        // values are subnormal, zero, inf or NaN.
+        std::vector<float> x(n);
+        for (size_t b = 0; b < nb; ++b) {
+          const int e = expo(rng);
+          const int bk = kind(rng);
+          const size_t first = b * block, len = std::min(block, n - first);
+          for (size_t j = 0; j < len; ++j) {
+            float v = std::ldexp(mant(rng), e);
+            if (bk < 5) v = 0.0f;  // all-zero block
+            const int k = kind(rng);
+            if (k == 0) v = std::ldexp(mant(rng), -140);  // subnormal
+            if (k == 1) v = 0.0f;
+            if (k == 2) v = -0.0f;
+            if (bk >= 95 && k == 3) v = (k & 1) ? -inf : inf;
+            if (bk >= 95 && k == 4) v = nan;
+            if (bk >= 95 && k == 5) v = -inf;
+            x[j + first] = v;
+          }
+        }
+        const auto src = encode(x, t);
+        // Random codes and scales for dequantize on its own.
+        std::vector<uint8_t> rcodes(quant_code_bytes(n, s));
+        for (auto& c : rcodes) c = static_cast<uint8_t>(byte(rng));
+        std::vector<float> rscales(nb);
+        for (auto& v : rscales) {
+          const int k = kind(rng);
+          v = k < 3 ? 0.0f : k < 6 ? std::ldexp(mant(rng), -140) : k < 8 ? inf : k < 10 ? nan
+                                                                                : std::ldexp(mant(rng), expo(rng));
+        }
+        Round r[2];
+        std::vector<uint8_t> rdeq[2];
+        const SimdPath paths[2] = {SimdPath::Scalar, SimdPath::Avx2};
+        for (int p = 0; p < 2; ++p) {
+          ASSERT_TRUE(set_simd_path_for_testing(paths[p]));
+          r[p] = round_trip(src, t, n, s);
+          rdeq[p].assign(n * esize(t), 0xCD);
+          dequantize(rcodes.data(), rscales.data(), n, s, rdeq[p].data(), t);
+        }
+        const std::string what = std::string(dname(t)) + " int8 block " + std::to_string(block) +
+                                 " n " + std::to_string(n);
+        EXPECT_EQ(r[0].codes, r[1].codes) << what;
+        ASSERT_EQ(r[0].scales.size(), r[1].scales.size()) << what;
+        EXPECT_EQ(0, std::memcmp(r[0].scales.data(), r[1].scales.data(), r[0].scales.size() * 4))
+            << what;
+        EXPECT_EQ(r[0].deq, r[1].deq) << what;
+        EXPECT_EQ(rdeq[0], rdeq[1]) << what << " (random codes and scales)";
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 2u * 4u * 7u);
 }
 
 TEST(QuantKernels, SpecValidity) {
