@@ -202,8 +202,9 @@ void Optimizer::set_lr(int group, double lr) {
 void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
-  // No gradient this step (a frozen param never has one): the param stays.
-  if (n == 0 || !p.grad || !p.grad_pushed || p.frozen) return;
+  // No gradient this step (a frozen param never has one: pushes to it are
+  // refused): the param stays.
+  if (n == 0 || !p.grad || !p.grad_pushed) return;
   const ShardAccess shard(ctx_, p, ShardAccess::Write);
   auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
   if (!s.master_is_shard && s.master_of_version != p.shard_version) {

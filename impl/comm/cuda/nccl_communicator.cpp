@@ -184,22 +184,18 @@ class NcclCommunicator final : public Communicator {
         lib_.ncclCommAbort(comm);
         fail(Code::Comm, "NCCL init of group ", who(), " failed: ", text);
       }
-      const auto now = Clock::now();
-      if (silent_peer_ && now >= next_liveness_check) {
-        next_liveness_check = now + kLivenessCheck;
-        std::string why;
-        try {
-          why = silent_peer_();
-        } catch (...) {
-          lib_.ncclCommAbort(comm);
-          throw;
-        }
-        if (!why.empty()) {
-          lib_.ncclCommAbort(comm);
-          fail(Code::Comm, why, "; NCCL init of group ", who(), " cannot complete");
-        }
+      std::string why;
+      try {
+        why = silent_member_due(next_liveness_check);
+      } catch (...) {
+        lib_.ncclCommAbort(comm);
+        throw;
       }
-      if (now >= deadline) {
+      if (!why.empty()) {
+        lib_.ncclCommAbort(comm);
+        fail(Code::Comm, why, "; NCCL init of group ", who(), " cannot complete");
+      }
+      if (Clock::now() >= deadline) {
         lib_.ncclCommAbort(comm);
         fail(Code::Timeout, "NCCL init of group ", who(), " did not finish in ", timeout_.count(),
              " ms (is every rank of the group running and on the same unique id?)");
@@ -394,15 +390,22 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // A member that stopped or died (heartbeat) breaks the collective within
-  // the heartbeat limit, naming it, instead of at the deadline: NCCL would
-  // wait for it until then. Asked every kLivenessCheck.
-  void check_peers(Clock::time_point& next) {
-    if (!silent_peer_) return;
+  // The sentence naming a member that stopped or died (heartbeat), once
+  // `next` is due (then the next check is kLivenessCheck away); "" while
+  // every member is alive, before `next`, or without a heartbeat.
+  std::string silent_member_due(Clock::time_point& next) const {
+    if (!silent_peer_) return "";
     const auto now = Clock::now();
-    if (now < next) return;
+    if (now < next) return "";
     next = now + kLivenessCheck;
-    const std::string why = silent_peer_();
+    return silent_peer_();
+  }
+
+  // A silent member breaks the collective within the heartbeat limit,
+  // naming it, instead of at the deadline: NCCL would wait for it until
+  // then.
+  void check_peers(Clock::time_point& next) {
+    const std::string why = silent_member_due(next);
     if (!why.empty()) break_comm(Code::Comm, why + "; " + where() + " cannot complete");
   }
 
