@@ -75,7 +75,13 @@ struct Config {
   int64_t param_persistence_threshold = 100000;
   int64_t model_persistence_threshold = INT64_MAX;
   int64_t max_live_parameters = 1000000000;
-  int64_t max_reuse_distance = 1000000000;
+  // DeepSpeed's default is 1e9: below 1e9 params, everything a forward
+  // gathered stays gathered until its backward, the whole model at the
+  // peak. Ours keeps only what the backward reuses within one prefetch
+  // window, so the gathered working set is bounded by the windows, not by
+  // the model (README: Config keys; zeroshard.torch saves gathered params
+  // for backward by reference, so a release does free them).
+  int64_t max_reuse_distance = 50000000;
   bool gather_16bit_weights_on_model_save = false;
   bool round_robin_gradients = false;
   int64_t mics_shard_size = -1;  // -1: off

@@ -90,6 +90,27 @@ def test_activation_checkpointing_releases_each_block_in_backward():
         assert abs(a - b) <= 1e-5 * abs(a), r
 
 
+def test_params_saved_for_backward_by_reference_free_their_buffers():
+    """F.linear and friends save a gathered weight (or its view) for
+    backward. Kept by reference, a layer's gathered buffer is freed after
+    its forward, where autograd holding it by value kept the whole model
+    gathered until backward; gradients are bit for bit the same."""
+    r = run_ranks(2, "saved_by_reference")
+    ref, val = r["reference"], r["value"]
+    assert ref["losses"] == val["losses"], r
+    assert ref["weights"] == val["weights"]
+    for (alive_ref, seen), (alive_val, _) in zip(ref["alive_after_forward"], val["alive_after_forward"]):
+        # By value: at least every nn.Linear's weight (F.linear saves it).
+        assert alive_val >= val["linears"], val
+        # By reference: at most the unit the backward prefetches first.
+        assert alive_ref <= 1, ref
+    # hpZ: backward gathers come from the secondary shards, the same values.
+    assert r["reference_hpz"]["losses"] == ref["losses"], r
+    edges = r["edges"]
+    assert edges["read_equals_weight_t"] and edges["released_after_read"], edges
+    assert "blocks.1.out.weight was modified in place" in edges["in_place_error"], edges
+
+
 def test_moe_with_leaf_modules_trains_without_a_hang():
     r = run_ranks(3, "moe")
     assert len(r["losses"]) == 6

@@ -463,6 +463,82 @@ def mode_checkpoint_holds(rank, world):
     return out
 
 
+def saved_view_edges(model, sd, rank):
+    """The saved-by-reference edges: a view read back while its param is
+    not gathered (gathered for the read; the view outlives the release),
+    and a param changed in place between forward and backward (an error)."""
+    from zeroshard.torch import saved
+
+    w = model.blocks[0].fc.weight
+    assert w.numel() == 0  # released after the step
+    view = saved._SavedView.__new__(saved._SavedView)
+    view.param, view.offset, view.version = w, 0, w._version
+    view.size, view.stride = torch.Size(w.zs.shape[::-1]), (1, w.zs.shape[1])
+    read = saved._unpack(view)  # collective: every rank reads it
+    edges = {"read_equals_weight_t": rank != 0 or torch.equal(read, sd["blocks.0.fc.weight"].t()),
+             "released_after_read": w.numel() == 0 and w.zs.holds == 0}
+    x, y = batch(0, rank)
+    loss = model(x, y)
+    with torch.no_grad():
+        model.blocks[1].out.weight.mul_(1.0)  # bumps its version, as any in-place change
+    try:
+        loss.backward()
+        edges["in_place_error"] = ""
+    except RuntimeError as e:
+        edges["in_place_error"] = str(e)
+    return edges
+
+
+def mode_saved_by_reference(rank, world):
+    """Every param released after its forward (no persistence, no reuse
+    distance, prefetch of the next unit only). Saved for backward by reference (the default) the gathered
+    buffers are freed as the forward goes; saved by value (the hook turned
+    off) autograd holds every one until its backward. The two train bit
+    for bit alike; with hpZ as well."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from zeroshard.torch import saved
+
+    by_reference = saved._pack
+    out = {}
+    for name, hpz in (("reference", 1), ("value", 1), ("reference_hpz", world)):
+        saved._pack = by_reference if name.startswith("reference") else (lambda t: t)
+        zero = {"stage": 3, "param_persistence_threshold": 0, "max_reuse_distance": 0,
+                "prefetch_bucket_size": 1, "zero_hpz_partition_size": hpz}
+        torch.manual_seed(0)
+        with zt.Init(config={"zero_optimization": zero}):
+            model = TinyGPT()
+        zt.partition_module(model)
+        buffers = []
+
+        def watch(module, inputs):
+            buffers.extend(StorageWeakRef(p.untyped_storage())
+                           for p in module._parameters.values() if p is not None and p.numel())
+
+        for m in model.modules():
+            m.register_forward_pre_hook(watch)  # after the engine's: the params are gathered
+        zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+        losses, alive = [], []
+        for step in range(4):
+            buffers.clear()
+            x, y = batch(step, rank)
+            loss = model(x, y)
+            alive.append([sum(not b.expired() for b in buffers), len(buffers)])
+            loss.backward()
+            zopt.step()
+            zopt.zero_grad()
+            losses.append(mean_over_ranks(loss.item()))
+        sd = zt.consolidated_state_dict(model)
+        if name == "reference":
+            out["edges"] = saved_view_edges(model, sd, rank)
+        out[name] = {"losses": losses, "alive_after_forward": alive,
+                     "linears": sum(isinstance(m, nn.Linear) for m in model.modules()),
+                     "weights": {k: v.numpy().tobytes().hex() for k, v in sorted(sd.items())}
+                     if rank == 0 else {}}
+        del model, zopt
+    saved._pack = by_reference
+    return out
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
@@ -470,7 +546,8 @@ def main():
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
-              "frozen_quantized": mode_frozen_quantized}[mode](rank, world)
+              "frozen_quantized": mode_frozen_quantized,
+              "saved_by_reference": mode_saved_by_reference}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

@@ -182,6 +182,16 @@ def adopt_assigned(params):
     return done
 
 
+def param_path(p):
+    """The param's name in its model ("layers.0.self_attn.out_proj.weight")."""
+    owner = p.zs.owner
+    if owner is not None:
+        for key, q in owner.module._parameters.items():
+            if q is p:
+                return f"{owner.name}.{key}" if owner.name != type(owner.module).__name__ else key
+    return p.zs.name
+
+
 def zparams(params):
     return [p.zs.zparam for p in params]
 

@@ -13,6 +13,9 @@ Holds: a param stays gathered while any unit holds it (its forward, its
 backward, a forward re-run by activation checkpointing during backward);
 the coordinator is told to release it when the last hold goes.
 
+What a forward saves for backward holds gathered params by reference
+(saved.py): the root's forward hooks push and pop that for the forward.
+
 Fetch on access: a module that reads another module's param without
 calling that module's forward (nn.MultiheadAttention reads
 out_proj.weight) finds it gathered: the read fetches it, warns once, and
@@ -35,11 +38,11 @@ import torch
 
 import zeroshard
 
-from . import _params
+from . import _params, saved
 from ._context import get_context
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
-                      freeze_untrainable, is_partitioned, quantizes_frozen, registered_params,
-                      zparams)
+                      freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
+                      registered_params, zparams)
 
 _running = []  # units whose forward is running now, innermost last (all models)
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
@@ -132,6 +135,11 @@ def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         engine.begin_step()
+    saved.push()
+
+
+def _root_post_forward(module, inputs, output):
+    saved.pop()
 
 
 def _unit_pre_forward(module, inputs):
@@ -173,17 +181,7 @@ def _live_unit(module):
     return unit
 
 
-def _param_path(p):
-    """The param's name in its model ("layers.0.self_attn.out_proj.weight")."""
-    owner = p.zs.owner
-    if owner is not None:
-        for key, q in owner.module._parameters.items():
-            if q is p:
-                return f"{owner.name}.{key}" if owner.name != type(owner.module).__name__ else key
-    return p.zs.name
-
-
-_HOOKS = (_root_pre_forward, _unit_pre_forward, _unit_post_forward)
+_HOOKS = (_root_pre_forward, _root_post_forward, _unit_pre_forward, _unit_post_forward)
 
 
 def _strip_hooks(module):
@@ -199,6 +197,17 @@ def _forward_access(p):
 
 
 _params.on_forward_access = _forward_access
+
+
+def _read_gathered(p, read):
+    _acquire([p])
+    try:
+        return read()
+    finally:
+        _release([p])
+
+
+saved.read_gathered = _read_gathered
 
 
 class HookEngine:
@@ -221,6 +230,8 @@ class HookEngine:
         self.model.register_forward_pre_hook(_root_pre_forward)
         names = {m: n for n, m in self.model.named_modules()}
         self._walk(self.model, names, inside_leaf=False)
+        # Last, and also when the forward raises: pops what the pre-hook pushed.
+        self.model.register_forward_hook(_root_post_forward, always_call=True)
         self._adopt_units()
 
     def _walk(self, module, names, inside_leaf):
@@ -339,7 +350,7 @@ class HookEngine:
             if (unit.name, p.zs.name) not in self.warned:
                 self.warned.add((unit.name, p.zs.name))
                 warnings.warn(
-                    f"zeroshard.torch: {unit.name} ({type(unit.module).__name__}) reads {_param_path(p)} "
+                    f"zeroshard.torch: {unit.name} ({type(unit.module).__name__}) reads {param_path(p)} "
                     f"without calling its module's forward; it was fetched on access and is fetched with "
                     f"{unit.name} from now on. Declare it with "
                     f"zeroshard.torch.register_external_parameter(module, param) to have it prefetched.",

@@ -1,0 +1,92 @@
+"""Gathered params saved for backward are kept by reference, not by value.
+
+Autograd keeps what a forward saves for its backward until that backward
+runs. F.linear saves `weight.t()`, a view of the gathered buffer, so every
+layer's full weight would stay alive from its forward to its backward
+whatever the engine releases: the whole model gathered at the peak.
+
+While a hooked model's forward runs, a saved tensor that is a gathered
+param (or a view of one) is kept as the param and the view's geometry.
+Its backward reads the view again from the param's gathered buffer, which
+the unit's backward fetch has brought back: the same bits the forward
+used, so the native backward formulas give the same gradients (DeepSpeed
+gets there by replacing F.linear with its own autograd Function, whose
+gradients are not bitwise torch's). A param the backward fetch did not
+bring back (read outside any unit's forward) is fetched for the read.
+
+Persistent params stay gathered anyway and are saved as usual. As with
+plain autograd, a param changed in place between its forward and its
+backward is an error, not silently different gradients.
+"""
+import torch
+
+from . import _params
+
+
+class _SavedView:
+    __slots__ = ("param", "size", "stride", "offset", "version")
+
+    def __init__(self, param, t):
+        self.param = param
+        self.size = t.size()
+        self.stride = t.stride()
+        self.offset = t.storage_offset() - param.storage_offset()
+        self.version = t._version
+
+
+def _pack(t):
+    p = t._base if t._base is not None else t
+    z = getattr(p, "zs", None)
+    if z is None or not z.attached or z.persistent or p.data_ptr() != z.view_ptr:
+        return t
+    return _SavedView(p, t)
+
+
+def _unpack(s):
+    if not isinstance(s, _SavedView):
+        return s
+    p = s.param
+    z = p.zs
+    if z is None:
+        raise RuntimeError("zeroshard.torch: a param saved for backward was unregistered before "
+                           "the backward ran")
+    if p._version != s.version:
+        raise RuntimeError(
+            f"zeroshard.torch: {_params.param_path(p)} was modified in place between its forward and its backward "
+            f"(version {p._version}, saved at {s.version}); the gradient would use values the "
+            "forward did not")
+    if z.attached:
+        if s.offset == 0 and s.size == p.size() and s.stride == p.stride():
+            return p
+        return _view(p, s)
+    # Not gathered now: gather it for this read only. The view holds the
+    # buffer (zs_param_to_dlpack) after the release, until backward drops it.
+    return read_gathered(p, lambda: _view(p, s))
+
+
+def _view(p, s):
+    return p.as_strided(s.size, s.stride, p.storage_offset() + s.offset)
+
+
+# read_gathered(param, fn): fn() while param is gathered (set by hooks.py,
+# which owns fetching and holds).
+read_gathered = None
+
+
+_active = []  # the hook contexts pushed by running forwards, innermost last
+
+
+def push():
+    """Called as a hooked model's forward begins; pop() as it ends."""
+    hooks = None
+    if torch._C._autograd._saved_tensors_hooks_is_enabled():
+        hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+        hooks.__enter__()
+    _active.append(hooks)
+
+
+def pop():
+    if _active:
+        hooks = _active.pop()
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
