@@ -20,11 +20,6 @@ Each variant is one zsrun launch (its own processes, so peaks do not mix):
                  "ZS_HOST_CACHE_MB=256,reduce_bucket_size=5e7,prefetch_bucket_size=1e7"
   ddp:VAR=VALUE  DDP with that environment, e.g. "ddp:MALLOC_MMAP_THRESHOLD_=1048576"
 
-ZS_BENCH_LINEAR=saves_param (as a variant's VAR) routes F.linear through an
-autograd Function that saves the weight parameter, not a view of its
-gathered data (DeepSpeed's memory_efficient_linear), to show what the
-gathered copies kept alive by autograd cost.
-
 Prints, per variant, the per-rank peak RSS and what it consists of, the
 ratio to DDP's peak, and per phase the highest RSS seen. The last line is one
 JSON object. Memory figures from a machine others share are still each
@@ -116,40 +111,11 @@ def heap():
         return {}
 
 
-def patch_linear():
-    """F.linear through an autograd Function that saves the weight
-    parameter itself rather than its transposed view (DeepSpeed's
-    memory_efficient_linear): then the gathered weight a forward used is
-    not kept alive until the backward; the backward fetch brings it back."""
-    import torch
-    import torch.nn.functional as F
-
-    class Linear(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, weight, bias=None):
-            ctx.save_for_backward(x, weight, bias)
-            out = x.matmul(weight.t())
-            return out + bias if bias is not None else out
-
-        @staticmethod
-        def backward(ctx, grad):
-            x, weight, bias = ctx.saved_tensors
-            gx = grad.matmul(weight) if ctx.needs_input_grad[0] else None
-            g2 = grad.reshape(-1, grad.shape[-1])
-            gw = g2.t().matmul(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
-            gb = g2.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-            return gx, gw, gb
-
-    F.linear = lambda x, weight, bias=None: Linear.apply(x, weight, bias)
-
-
 def worker(args):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if os.environ.get("ZS_BENCH_LINEAR") == "saves_param":
-        patch_linear()
     sampler = Sampler()
     sampler.start()
     dist.init_process_group("gloo")

@@ -30,10 +30,8 @@ DeepSpeedCPUAdam (JIT-built op, what its CPU offload runs) when it builds,
 else torch.optim.AdamW(fused=True) as a client optimizer
 ("zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer": false);
 the bench says which. DeepSpeed is skipped, with the reason printed, when it
-cannot start. --zs-config adds zero_optimization keys for zeroshard alone;
-ZS_BENCH_LINEAR=saves_param in the environment routes zeroshard's F.linear
-through a Function that saves the weight param rather than a view of its
-gathered data (see bench_torch_memory.py). The environment reaches every
+cannot start. --zs-config adds zero_optimization keys for zeroshard alone.
+The environment reaches every
 engine (e.g. ZS_HOST_CACHE_MB, MALLOC_MMAP_THRESHOLD_).
 
 --identity-ab: what collective identities cost a training step (issue 13's
@@ -213,13 +211,6 @@ def worker(args):
             opt.zero_grad(set_to_none=True)
     elif args.engine == "zeroshard":
         import zeroshard.torch as zt
-        if os.environ.get("ZS_BENCH_LINEAR") == "saves_param":
-            # What a binding change would give (see bench_torch_memory.py):
-            # F.linear saves the weight param, not a view of its gathered data.
-            sys.path.insert(0, str(REPO / "bench"))
-            from bench_torch_memory import patch_linear
-            patch_linear()
-            notes["linear"] = "saves_param"
         config = {"zero_optimization": {"stage": 3, **json.loads(args.zs_config)},
                   "train_micro_batch_size_per_gpu": args.batch}
         zt.init_context(config=config, device="cpu")
