@@ -242,7 +242,6 @@ int main(int argc, char** argv) {
     own_dir = true;
   }
   a.port = zs::bench::free_port();
-  std::fflush(stdout);
   Times t;
   if (!zs::bench::fork_ranks_collect(a.ranks, &t, [&](int rank, Times* mine) { rank_main(a, rank, mine); })) {
     std::fprintf(stderr, "bench_checkpoint: a rank failed\n");

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "bench/engine_check.h"
-#include "impl/fetch/quantized.h"
 #include "kernels/parallel.h"
 #include "kernels/quant.h"
 #include "tests/support/bench_util.h"
@@ -68,8 +67,9 @@ struct Result {
 };
 
 // Transformer-like params (1024-wide matrices and vectors) of ~mib MiB in
-// the mode's dtype; a gather's received bytes per rank from the layout:
-// (G - 1) shards, or (G - 1) qwZ packets.
+// the mode's dtype; a gather's received bytes per rank as the stats count
+// them: (G - 1) qwZ packets, or shards where a shard is no larger than its
+// packet (a vector's, on 8 ranks and more) or quantization is off.
 Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
   std::string cfg = "{}";
   if (m.bits)
@@ -88,7 +88,6 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
   const size_t want = static_cast<size_t>(a.mib) << 20;
   std::vector<zs_param> ps;
   Result r;
-  const zs::kernels::QuantSpec spec{m.bits ? m.bits : 8, 256};
   for (int i = 0; r.gathered_bytes < static_cast<double>(want); ++i) {
     const int64_t shape[2] = {(i % 4 == 0) ? 1 : 1024 + (i % 3), 1024};
     zs_param_options po = ZS_PARAM_OPTIONS_INIT;
@@ -105,9 +104,6 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
     ps.push_back(p);
     zs_param_info info = ZS_PARAM_INFO_INIT;
     CHECK(zs_param_get_info(p, &info));
-    const double unit = m.bits ? static_cast<double>(zs::quant_packet(info.shard_numel, spec).bytes)
-                               : static_cast<double>(info.shard_numel * es);
-    r.recv_bytes += unit * (world - 1);
     r.gathered_bytes += static_cast<double>(info.numel * es);
   }
   auto once = [&] {
@@ -122,7 +118,14 @@ Result run_mode(int rank, int world, int port, const Mode& m, const Args& a) {
   zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
   CHECK(zs_context_memory(ctx, &mem));
   r.shard_bytes = static_cast<double>(mem.shard_bytes);
+  auto received = [&] {
+    zs_fetch_stats s = ZS_FETCH_STATS_INIT;
+    CHECK(zs_context_fetch_stats(ctx, &s));
+    return static_cast<double>(s.gather_bytes_received + s.quantized_gather_bytes_received);
+  };
+  const double before = received();
   once();  // warm-up: first touch of the buffers
+  r.recv_bytes = received() - before;
   std::vector<double> t;
   for (int it = 0; it < a.iters; ++it) t.push_back(once());
   r.seconds = median(t);

@@ -30,9 +30,13 @@ inline double median(std::vector<double> v) {
 }
 
 // Runs body(rank) in `world` forked processes (each flushes stdout and
-// exits 0 when body returns). True when every rank exited 0.
+// exits 0 when body returns). True when every rank exited 0. What the
+// caller printed is flushed first: each rank would print its copy of the
+// stdio buffers again (a pipe's stdout is fully buffered).
 template <typename Body>
 bool fork_ranks(int world, Body&& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = fork();

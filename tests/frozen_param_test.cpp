@@ -42,29 +42,6 @@ uint64_t shard_bytes(zs_context ctx) {
   return m.shard_bytes;
 }
 
-// Bytes of the packet of a shard of `shard` elements: scales, codes
-// rounded up to 4 bytes.
-uint64_t packet_bytes(uint64_t shard, k::QuantSpec s) {
-  const size_t n = static_cast<size_t>(shard);
-  return k::quant_blocks(n, s) * 4 + (k::quant_code_bytes(n, s) + 3) / 4 * 4;
-}
-
-uint64_t shard_numel(const P& p, int members) {
-  return (static_cast<uint64_t>(p.numel) + static_cast<uint64_t>(members) - 1) /
-         static_cast<uint64_t>(members);
-}
-
-// What a frozen param's gather gives: each shard quantized on its own, or
-// the exact values where a shard is smaller than its packet (it stays
-// exact).
-bool packed(const P& p, int members, k::QuantSpec s) {
-  const uint64_t shard = shard_numel(p, members);
-  return packet_bytes(shard, s) < shard * esize(p.dtype);
-}
-std::vector<uint8_t> expected_frozen(const P& p, int members, k::QuantSpec s) {
-  return packed(p, members, s) ? expected_qwz(p, members, s) : p.values;
-}
-
 // Registers params of every dtype, freezes them, and checks that every
 // gather (two in a row: nothing is requantized) is each shard quantized on
 // its own, and that the shards' memory is now the packets' (and the exact
@@ -84,10 +61,10 @@ void frozen_roundtrip(const RankEnv& env, const std::string& cfg, k::QuantSpec s
   uint64_t packets = 0, quantized = 0;
   for (const auto& p : ps) {
     const uint64_t shard = shard_numel(p, members);
-    packets += packed(p, members, s) ? packet_bytes(shard, s)
+    packets += packs_smaller(p, members, s) ? packet_bytes(shard, s)
                : exact_in_memory   ? shard * esize(p.dtype)
                                    : 0;
-    quantized += packed(p, members, s) ? 1 : 0;
+    quantized += packs_smaller(p, members, s) ? 1 : 0;
   }
   EXPECT_GT(quantized, 0u);
   EXPECT_EQ(shard_bytes(ctx), packets) << "the shards are not kept as their packets alone";
@@ -95,7 +72,7 @@ void frozen_roundtrip(const RankEnv& env, const std::string& cfg, k::QuantSpec s
     fetch_all(ctx, ps);
     for (const auto& p : ps) {
       const auto got = gathered(p);
-      EXPECT_EQ(got, expected_frozen(p, members, s))
+      EXPECT_EQ(got, expected_gather(p, members, s))
           << p.name << " on " << env.world << " ranks, gather " << round;
       expect_within_bound(p, got, s.bits);
     }
@@ -162,7 +139,7 @@ TEST(Frozen, HpzSecondaryGathersReturnTheDequantizedValues) {
     freeze_all(ps);
     for (int round = 0; round < 2; ++round) {
       fetch_all(ctx, ps);
-      for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_frozen(p, 4, {8, 256})) << p.name;
+      for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_gather(p, 4, {8, 256})) << p.name;
       release_all(ctx, ps);
     }
     zs_fetch_stats s = ZS_FETCH_STATS_INIT;
@@ -297,7 +274,7 @@ TEST(Frozen, WritesAreQuantizedAndRewritingTheSameValuesChangesNothing) {
     std::vector<std::vector<uint8_t>> first;
     for (const auto& p : ps) {
       first.push_back(gathered(p));
-      EXPECT_EQ(first.back(), expected_frozen(p, 3, {8, 256})) << p.name;
+      EXPECT_EQ(first.back(), expected_gather(p, 3, {8, 256})) << p.name;
     }
     release_all(ctx, ps);
     for (size_t i = 0; i < ps.size(); ++i)
@@ -357,7 +334,7 @@ TEST(Frozen, CheckpointHoldsTheDequantizedValues) {
         std::vector<uint8_t> want(p.values.size());
         ASSERT_EQ(std::fread(want.data(), 1, want.size(), f), want.size());
         const auto got = gathered(p);
-        if (!freeze || !packed(p, 2, {8, 256})) {
+        if (!freeze || !packs_smaller(p, 2, {8, 256})) {
           EXPECT_EQ(got, want) << p.name << (freeze ? " (frozen)" : "");
         } else {
           // Quantized again over 2 ranks' shards: the saved (dequantized)

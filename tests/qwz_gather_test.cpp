@@ -4,7 +4,9 @@
 // the registered values; on 1, 2, 3, 5 and 8 ranks, odd sizes, fp32, bf16
 // and fp16, int8 and int4; with hpZ the secondary gathers hand back what
 // the quantized gather left; MiCS (plain and two-hop) quantizes too; a
-// consolidated export stays exact.
+// consolidated export stays exact. A param whose shard is not larger than
+// its packet (a few elements take a whole block) travels exact, and the
+// stats count its bytes as a full-precision gather's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 #include <iterator>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,11 +50,12 @@ void qwz_roundtrip(const RankEnv& env, int bits, int block, const std::vector<in
   const k::QuantSpec s{bits, static_cast<size_t>(block)};
   for (const auto& p : ps) {
     const auto got = gathered(p);
-    // A group of one gathers nothing: the exact values.
-    const auto want = members == 1 ? p.values : expected_qwz(p, members, s);
+    // A group of one gathers nothing: the exact values; so do shards too
+    // small to gain from a packet.
+    const auto want = members == 1 ? p.values : expected_gather(p, members, s);
     EXPECT_EQ(got, want) << p.name << " on " << env.world << " ranks: not dequantize(quantize(shard))";
     expect_within_bound(p, got, bits);
-    if (members > 1 && p.numel >= 255) {
+    if (members > 1 && packs_smaller(p, members, s)) {
       EXPECT_NE(got, p.values) << p.name << ": gathered exact, not quantized";
     }
   }
@@ -76,6 +80,77 @@ TEST(Qwz, Int4AndOtherBlockSizes) {
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 2048, {7, 4099}); });
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 8, 2, {7, 1001}); });
 }
+
+// A shard not larger than its packet travels exact (codes fill whole
+// blocks: 24 elements take a block of 256 or 2048): those params gather as
+// the registered values, bitwise, while a large one is still
+// dequantize(quantize(shard)); and the stats count each param's bytes under
+// what it travelled as. 200 elements fall on either side with the dtype,
+// bits, block and ranks.
+struct SmallCase {
+  int ranks, bits, block;
+};
+void PrintTo(const SmallCase& c, std::ostream* os) {
+  *os << c.ranks << " ranks, int" << c.bits << ", blocks of " << c.block;
+}
+class QwzSmallParams : public ::testing::TestWithParam<SmallCase> {};
+
+TEST_P(QwzSmallParams, TravelExactAndCountAsFullPrecisionBytes) {
+  const SmallCase c = GetParam();
+  run_ranks(c.ranks, [c](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(c.bits, c.block).c_str());
+    ASSERT_NE(ctx, nullptr);
+    const k::QuantSpec s{c.bits, static_cast<size_t>(c.block)};
+    auto ps = register_all(ctx, {24, 200, 5003}, 41);
+    uint64_t exact = 0, packets = 0;
+    for (const auto& p : ps) {
+      const uint64_t shard = shard_numel(p, c.ranks);
+      // Both sides of the rule in every case: 24 elements never gain from
+      // a packet, 5003 always do.
+      if (p.numel == 24 || p.numel == 5003) {
+        EXPECT_EQ(packs_smaller(p, c.ranks, s), p.numel == 5003) << p.name;
+      }
+      if (packs_smaller(p, c.ranks, s)) {
+        packets += packet_bytes(shard, s);
+      } else {
+        exact += shard * esize(p.dtype);
+      }
+    }
+    zs_fetch_stats before = ZS_FETCH_STATS_INIT, after = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &before));
+    fetch_all(ctx, ps);
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &after));
+    for (const auto& p : ps) {
+      const auto got = gathered(p);
+      if (packs_smaller(p, c.ranks, s)) {
+        EXPECT_EQ(got, expected_qwz(p, c.ranks, s)) << p.name << ": not dequantize(quantize(shard))";
+        EXPECT_NE(got, p.values) << p.name << ": gathered exact, not quantized";
+      } else {
+        EXPECT_EQ(got, p.values) << p.name << ": quantized, though its packet is not smaller";
+      }
+    }
+    // Ring gathers: this rank's unit to each peer, each peer's to it.
+    const uint64_t peers = static_cast<uint64_t>(c.ranks - 1);
+    EXPECT_EQ(after.gather_bytes_sent - before.gather_bytes_sent, exact * peers);
+    EXPECT_EQ(after.gather_bytes_received - before.gather_bytes_received, exact * peers);
+    EXPECT_EQ(after.quantized_gather_bytes_sent - before.quantized_gather_bytes_sent, packets * peers);
+    EXPECT_EQ(after.quantized_gather_bytes_received - before.quantized_gather_bytes_received,
+              packets * peers);
+    release_all(ctx, ps);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    ZS_EXPECT_OK(zs_context_destroy(ctx));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QwzSmallParams,
+    ::testing::Values(SmallCase{2, 8, 256}, SmallCase{3, 8, 256}, SmallCase{2, 4, 256},
+                      SmallCase{3, 4, 256}, SmallCase{2, 8, 2048}, SmallCase{3, 8, 2048},
+                      SmallCase{2, 4, 2048}, SmallCase{3, 4, 2048}),
+    [](const ::testing::TestParamInfo<SmallCase>& i) {
+      return std::to_string(i.param.ranks) + "ranks_int" + std::to_string(i.param.bits) +
+             "_block" + std::to_string(i.param.block);
+    });
 
 // A NaN or inf in one shard poisons its block on every rank alike.
 TEST(Qwz, NonFiniteValuesReachEveryRankAlike) {
@@ -122,7 +197,7 @@ TEST(Qwz, HpzSecondaryGathersReturnTheQuantizedForwardValues) {
     std::vector<std::vector<uint8_t>> first;
     for (const auto& p : ps) {
       first.push_back(gathered(p));
-      EXPECT_EQ(first.back(), expected_qwz(p, 4, {8, 256})) << p.name;
+      EXPECT_EQ(first.back(), expected_gather(p, 4, {8, 256})) << p.name;
     }
     release_all(ctx, ps);
     fetch_all(ctx, ps);  // from the secondary shards
@@ -155,7 +230,7 @@ void qwz_hierarchical(int shard) {
     ZS_ASSERT_OK(zs_context_create(&ctx, &o));
     auto ps = register_all(ctx, {1, 7, 257, 10007}, 9);
     fetch_all(ctx, ps);
-    for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_qwz(p, shard, {4, 256})) << p.name;
+    for (const auto& p : ps) EXPECT_EQ(gathered(p), expected_gather(p, shard, {4, 256})) << p.name;
     release_all(ctx, ps);
     zs_fetch_stats s = ZS_FETCH_STATS_INIT;
     ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &s));
@@ -204,6 +279,44 @@ TEST(Qwz, UpdateKeepsUntouchedElementsExact) {
       const size_t es = esize(p.dtype);
       EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
           << p.name << " rank " << env.rank;
+    }
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    zs_context_destroy(ctx);
+  });
+}
+
+// A param gathered exact (too small for a packet) takes every element
+// the modifier wrote, even one set to what quantizing would have given
+// (which UpdateKeepsUntouchedElementsExact's rule would take for untouched).
+TEST(Qwz, UpdateOfAParamGatheredExactTakesEveryWrite) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    auto ps = register_all(ctx, {24}, 12);
+    fetch_all(ctx, ps);
+    std::vector<std::vector<uint8_t>> want;
+    for (const auto& p : ps) {
+      ASSERT_FALSE(packs_smaller(p, 2, {8, 256})) << p.name;
+      want.push_back(expected_qwz(p, 2, {8, 256}));
+      ASSERT_NE(want.back(), p.values) << p.name << ": quantizing changes nothing here";
+      if (env.rank == 1) {
+        void* d = nullptr;
+        ZS_ASSERT_OK(zs_param_data(p.handle, &d));
+        std::memcpy(d, want.back().data(), want.back().size());
+      }
+    }
+    std::vector<zs_param> hs;
+    for (const auto& p : ps) hs.push_back(p.handle);
+    ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
+    release_all(ctx, ps);
+    for (size_t j = 0; j < ps.size(); ++j) {
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      ZS_ASSERT_OK(zs_param_get_info(ps[j].handle, &info));
+      void* shard = nullptr;
+      ZS_ASSERT_OK(zs_param_shard_data(ps[j].handle, &shard, nullptr));
+      const size_t es = esize(ps[j].dtype);
+      EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
+          << ps[j].name << " rank " << env.rank;
     }
     for (auto& p : ps) zs_param_destroy(p.handle);
     zs_context_destroy(ctx);

@@ -23,10 +23,11 @@ using zs::test::run_ranks;
 
 namespace {
 
-// Params p0, p1, p2 of the given sizes; adds up this rank's shard bytes and
-// the qwZ packets (the default int8, blocks of 256) its shards would make.
+// Params p0, p1, p2 of the given sizes; adds up this rank's shard bytes
+// and what qwZ (the default int8, blocks of 256) would send of them: the
+// packets, and the shards no larger than their packets, which travel exact.
 void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint64_t* shard_bytes,
-                    uint64_t* packet_bytes = nullptr) {
+                    uint64_t* packet_bytes = nullptr, uint64_t* qwz_exact_bytes = nullptr) {
   for (int k = 0; k < 3; ++k) {
     zs_param_options o = ZS_PARAM_OPTIONS_INIT;
     const std::string name = "p" + std::to_string(k);
@@ -37,8 +38,11 @@ void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint6
     ZS_ASSERT_OK(zs_param_register(&p[k], ctx, &o));
     zs_param_info info = ZS_PARAM_INFO_INIT;
     ZS_ASSERT_OK(zs_param_get_info(p[k], &info));
-    *shard_bytes += info.shard_numel * sizeof(float);
-    if (packet_bytes) *packet_bytes += zs::quant_packet(info.shard_numel, zs::kernels::QuantSpec{}).bytes;
+    const uint64_t shard = info.shard_numel * sizeof(float);
+    const uint64_t packet = zs::quant_packet(info.shard_numel, zs::kernels::QuantSpec{}).bytes;
+    *shard_bytes += shard;
+    if (packet_bytes && packet < shard) *packet_bytes += packet;
+    if (qwz_exact_bytes && packet >= shard) *qwz_exact_bytes += shard;
   }
 }
 
@@ -142,10 +146,12 @@ TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
           "zero_quantized_weights": )") + (c.qwz ? "true" : "false") +
                                  R"(, "zero_quantized_gradients": )" + (c.qgz ? "true" : "false") + "}}";
       zs_context ctx = zs::test::make_context(env, config.c_str());
-      const int64_t sizes[3] = {1001, 640, 7};
+      const int64_t sizes[3] = {1001, 640, 7};  // under qwZ, 7 travels exact
       zs_param p[3];
-      uint64_t shard_bytes = 0, packet_bytes = 0;
-      register_three(ctx, sizes, p, &shard_bytes, &packet_bytes);
+      uint64_t shard_bytes = 0, packet_bytes = 0, qwz_exact_bytes = 0;
+      register_three(ctx, sizes, p, &shard_bytes, &packet_bytes, &qwz_exact_bytes);
+      ASSERT_GT(qwz_exact_bytes, 0u);
+      ASSERT_GT(packet_bytes, 0u);
       zs_optimizer opt = nullptr;
       ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
       zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
@@ -158,7 +164,8 @@ TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
       const uint64_t peers = static_cast<uint64_t>(world - 1);
       const std::string why = std::string(c.name) + " on " + std::to_string(world) + " ranks";
       // Ring gathers: this rank's unit to each peer, each peer's to it.
-      const uint64_t gather = c.qwz ? 0 : shard_bytes * peers, qgather = c.qwz ? packet_bytes * peers : 0;
+      const uint64_t gather = (c.qwz ? qwz_exact_bytes : shard_bytes) * peers,
+                     qgather = c.qwz ? packet_bytes * peers : 0;
       EXPECT_EQ(s.gather_bytes_sent - before.gather_bytes_sent, gather) << why;
       EXPECT_EQ(s.gather_bytes_received - before.gather_bytes_received, gather) << why;
       EXPECT_EQ(s.quantized_gather_bytes_sent - before.quantized_gather_bytes_sent, qgather) << why;

@@ -131,6 +131,14 @@ void unpack_all(Device& dev, const std::vector<QuantSlot>& slots, int members) {
   }
 }
 
+// Whether a gather sends p as packets: a packed (frozen) param's own, or
+// qwZ's where the packet is smaller than the shard (a small param travels
+// exact, quant_packet.h).
+bool sends_packet(const Param& p, const ShardAccess& shard, bool qwz,
+                  const kernels::QuantSpec& qwz_spec) {
+  return shard.packed() || (qwz && worth_quantizing(p.dtype, p.layout.shard_numel, qwz_spec));
+}
+
 // The slot of params[i] gathered as packets (qwZ, or kept packed), its
 // send and receive buffers added to `keep`.
 QuantSlot quant_slot(const std::shared_ptr<Device>& dev, const Param& p, const ShardAccess& shard,
@@ -184,7 +192,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     }
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
   // qwZ: gathers from the primary shards (forward; every gather without
-  // hpZ) travel quantized; hpZ's secondary gathers stay exact.
+  // hpZ) travel quantized, but for params too small to gain from it;
+  // hpZ's secondary gathers stay exact.
   const bool qwz = !exact && !alias && ctx.config().zero_quantized_weights;
   const kernels::QuantSpec spec = weight_quant_spec(ctx.config());
 
@@ -227,7 +236,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       Param& p = *params[i];
       const BufferPtr& shard = reading[i].buffer();
       keep.push_back(shard);
-      if (!reading[i].packed() && !(qwz && quantizable(p.dtype))) {
+      if (!sends_packet(p, reading[i], qwz, spec)) {
         gather.units.push_back({shard->data(), fulls[i]->data(), p.shard_bytes()});
         continue;
       }
@@ -253,7 +262,7 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       Param& p = *params[i];
       const BufferPtr& shard = reading[i].buffer();
       keep.push_back(shard);
-      if (reading[i].packed() || (qwz && quantizable(p.dtype))) {
+      if (sends_packet(p, reading[i], qwz, spec)) {
         quants.push_back(quant_slot(dev, p, reading[i], fulls[i], spec, members, keep));
         segments.push_back({quants.back().send, quants.back().recv,
                             quants.back().packet, true});
@@ -347,6 +356,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   });
   std::vector<ops::Copy> copies;
   const bool qwz = ctx.config().zero_quantized_weights;
+  const kernels::QuantSpec spec = weight_quant_spec(ctx.config());
   for (size_t i = 0; i < params.size(); ++i) {
     Param* p = params[i].get();
     ++p->shard_version;
@@ -354,10 +364,12 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     const size_t elem = p->elem_bytes();
     const uint8_t* mine = static_cast<const uint8_t*>(p->full()->data()) + p->layout.shard_offset * elem;
     // What the modifier did not touch stays exact under qwZ; a packed
-    // param has no exact values (its access requantizes what changed).
-    if (qwz && quantizable(p->dtype) && !p->packet) {
+    // param has no exact values (its access requantizes what changed); a
+    // param qwZ gathered exact needs no comparison (and must not have one:
+    // a value set to what quantizing would give is still a change).
+    if (qwz && !p->packet && worth_quantizing(p->dtype, p->layout.shard_numel, spec)) {
       write_back_keeping_exact(*ctx.device(), writing[i].data(), p->dtype, p->layout.shard_numel,
-                               p->layout.shard_valid, weight_quant_spec(ctx.config()), mine);
+                               p->layout.shard_valid, spec, mine);
       continue;
     }
     copies.push_back({writing[i].data(), mine, p->layout.shard_valid * elem});

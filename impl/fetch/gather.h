@@ -23,8 +23,10 @@ using ParamList = std::vector<std::shared_ptr<Param>>;
 // primary shards (plain or MiCS) travel block-quantized and come back
 // within the bound of kernels/quant.h, the same bits on every rank; hpZ's
 // gathers from secondary shards stay exact (those shards hold what the
-// quantized gather left), and so does a group of one. `exact` asks for
-// the params' own values whatever the config (a consolidated export).
+// quantized gather left), and so do a group of one and a param whose
+// shard is not larger than its packet (worth_quantizing, quant_packet.h:
+// it travels exact, in fewer bytes). `exact` asks for the params' own
+// values whatever the config (a consolidated export).
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params,
                                    bool into_gathered = false, bool exact = false);
 

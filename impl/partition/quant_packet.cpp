@@ -9,14 +9,17 @@ kernels::QuantSpec weight_quant_spec(const Config& c) {
           static_cast<size_t>(c.zero_quantized_weights_block_size)};
 }
 
-bool quantizable(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-
 QuantPacket quant_packet(uint64_t shard_numel, const kernels::QuantSpec& s) {
   const size_t n = static_cast<size_t>(shard_numel);
   QuantPacket p;
   p.scale_bytes = kernels::quant_blocks(n, s) * sizeof(float);
   p.bytes = p.scale_bytes + (kernels::quant_code_bytes(n, s) + 3) / 4 * 4;
   return p;
+}
+
+bool worth_quantizing(DType dtype, uint64_t shard_numel, const kernels::QuantSpec& s) {
+  const bool is_float = dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+  return is_float && quant_packet(shard_numel, s).bytes < shard_numel * dtype_size(dtype);
 }
 
 void pack_quantized(Device& dev, const void* shard, DType dtype, uint64_t shard_numel,

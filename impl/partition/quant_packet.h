@@ -23,10 +23,6 @@ namespace zs {
 // gathers and frozen params' packets alike.
 kernels::QuantSpec weight_quant_spec(const Config& c);
 
-// Whether a param of this dtype is quantized (float dtypes only; anything
-// else travels, and is kept, exact).
-bool quantizable(DType t);
-
 // The packet of one shard of shard_numel elements: scales first (4-byte
 // aligned), codes after, the whole rounded up to 4 bytes so packets laid
 // end to end keep their scales aligned.
@@ -35,6 +31,14 @@ struct QuantPacket {
   size_t bytes = 0;
 };
 QuantPacket quant_packet(uint64_t shard_numel, const kernels::QuantSpec& s);
+
+// Whether a shard of shard_numel elements of dtype is quantized, by qwZ's
+// gathers and by freezing alike: a float dtype whose packet takes fewer
+// bytes than the shard. Codes fill whole blocks, so a small shard (a
+// norm's 24 bf16 elements, 48 bytes, would take a 256-byte block and a
+// scale) stays exact: fewer bytes and no error. Every rank decides alike,
+// as shard_numel is the same on all of them (the last one's is padded).
+bool worth_quantizing(DType dtype, uint64_t shard_numel, const kernels::QuantSpec& s);
 
 // shard (shard_numel elements of dtype) -> packet, on dev's stream.
 void pack_quantized(Device& dev, const void* shard, DType dtype, uint64_t shard_numel,

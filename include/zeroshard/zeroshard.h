@@ -343,7 +343,8 @@ ZS_API zs_status zs_memory_stats_init(zs_memory_stats* stats, size_t size);
  * direct all-to-all, broadcast and scatter from the root; NCCL may route
  * otherwise). "quantized": qwZ's weight packets and qgZ's all-to-all
  * gradient reduction, apart from the full-precision gathers and
- * reduce-scatters they replace. */
+ * reduce-scatters they replace (a param whose shard is no larger than its
+ * packet travels exact under qwZ and counts as a full-precision gather). */
 typedef struct zs_fetch_stats {
   size_t size;                   /* sizeof(zs_fetch_stats) */
   uint64_t gathers;              /* coalesced fetches issued */

@@ -92,6 +92,33 @@ inline std::vector<uint8_t> expected_qwz(const P& p, int world, k::QuantSpec s) 
   return out;
 }
 
+// Elements of each of `members` shards of p (the last one padded).
+inline uint64_t shard_numel(const P& p, int members) {
+  return (static_cast<uint64_t>(p.numel) + static_cast<uint64_t>(members) - 1) /
+         static_cast<uint64_t>(members);
+}
+
+// Bytes of the packet of a shard of `shard` elements: scales, codes
+// (whole blocks) rounded up to 4 bytes.
+inline uint64_t packet_bytes(uint64_t shard, k::QuantSpec s) {
+  const size_t n = static_cast<size_t>(shard);
+  return k::quant_blocks(n, s) * 4 + (k::quant_code_bytes(n, s) + 3) / 4 * 4;
+}
+
+// Whether p's shards are quantized at all, by qwZ or by freezing: only
+// where the packet is smaller than the shard; the others stay exact.
+inline bool packs_smaller(const P& p, int members, k::QuantSpec s) {
+  const uint64_t shard = shard_numel(p, members);
+  return packet_bytes(shard, s) < shard * esize(p.dtype);
+}
+
+// What a quantized gather (qwZ, or of frozen packed params) over
+// `members` ranks gives: each shard quantized on its own, or the exact
+// values where the shards are too small to gain from a packet.
+inline std::vector<uint8_t> expected_gather(const P& p, int members, k::QuantSpec s) {
+  return packs_smaller(p, members, s) ? expected_qwz(p, members, s) : p.values;
+}
+
 // max |x - y| over the param, and the largest |x| (for a loose bound check
 // on top of the bitwise one: every block's scale is <= max|x| / qmax).
 inline void expect_within_bound(const P& p, const std::vector<uint8_t>& got, int bits) {
