@@ -88,8 +88,9 @@ struct Config {
   bool mics_hierarchical_params_gather = false;
   int64_t zero_hpz_partition_size = 1;  // 1: off
   // ZeRO++ qwZ: gather weights as block-quantized codes (impl/fetch/
-  // quantized.h); zeroshard's own keys pick the codes' width (8 or 4 bits)
-  // and the elements per scale (even, 2 .. 2^24).
+  // quantized.h), or exact where a shard is no larger than its codes
+  // (partition/quant_packet.h); zeroshard's own keys pick the codes' width
+  // (8 or 4 bits) and the elements per scale (even, 2 .. 2^24).
   bool zero_quantized_weights = false;
   int64_t zero_quantized_weights_bits = 8;
   int64_t zero_quantized_weights_block_size = 256;
