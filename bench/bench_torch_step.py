@@ -229,6 +229,12 @@ def worker(args):
             notes["peak_gathered_bytes"] = m["peak_gathered_bytes"]
             return m["shard_bytes"], m["grad_bytes"], m["optimizer_bytes"]
 
+        def step_breakdown():
+            """Where the last step's time went (zs_context_step_stats)."""
+            st = opt.step_stats()
+            return {k: round(st[k], 4) for k in ("step_seconds", "gather_seconds", "reduce_scatter_seconds",
+                                                  "allreduce_seconds", "wait_seconds", "optimizer_seconds")}
+
         def zero_grad():
             opt.zero_grad()
     else:
@@ -271,6 +277,8 @@ def worker(args):
         def zero_grad():
             pass  # engine.step() zeroes them
 
+        step_breakdown = None
+
     rss_after_build = rss_now()
     nparams = sum(math.prod(p.ds_shape) if hasattr(p, "ds_shape") else
                   (math.prod(p.zs.shape) if getattr(p, "zs", None) is not None else p.numel())
@@ -289,6 +297,8 @@ def worker(args):
         if rank == 0:
             print(f"  {args.engine:9s} {args.model} step {i:3d}  loss {losses[-1]:.6f}  "
                   f"{times[-1] * 1e3:8.1f} ms", file=sys.stderr, flush=True)
+    if args.engine == "zeroshard":
+        notes["last_step"] = step_breakdown()
     mine = {"rank": rank, "param_bytes": state[0], "grad_bytes": state[1], "optimizer_bytes": state[2],
             "rss_before_model_bytes": rss_before_model, "rss_after_build_bytes": rss_after_build,
             "peak_rss_bytes": peak_rss(), "median_step_s": statistics.median(times[args.warmup:]),
