@@ -2,16 +2,19 @@
 // (int8, int4) against full precision, for bf16 and fp32 params; the gather
 // time of each on 2 and 4 loopback ranks (same run, same params); and the
 // CPU quantize / dequantize kernels' throughput against a memcpy of the
-// same input bytes. Frozen params under zero_quantized_nontrainable_weights
+// same input bytes (fp32, bf16 and fp16; int8 and int4), and of LoCo's
+// quantize_with_error (fp32 gradient and error). Frozen params under zero_quantized_nontrainable_weights
 // (int8, qwZ off) are measured beside them: their shards' memory (the
 // packets they are kept as) and their gathers, which send the packets as
 // they are instead of quantizing at every gather. Prints figures and
 // ratios, never pass/fail on time.
 //
 //   build/bin/bench_qwz [--ranks N (default: 2 then 4)] [--mib 32] [--iters 5]
-//                       [--kernel-mib 256]
+//                       [--kernel-mib 256] [--gathers 1]
 //
-// Forks its own ranks over loopback. The last line is one JSON object.
+// --gathers 0 skips the gathers (kernels only; "gathers" is then empty).
+// ZS_SIMD=scalar measures the scalar kernels. Forks its own ranks over
+// loopback. The last line is one JSON object.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +39,7 @@ struct Args {
   int mib = 32;
   int iters = 5;
   int kernel_mib = 256;
+  bool gathers = true;
 };
 
 double now_s() {
@@ -178,7 +182,33 @@ KernelRate kernel_rate(zs::kernels::WorkDtype t, int bits, size_t bytes) {
   return {gb / tq, gb / td, gb / tc};
 }
 
+// LoCo: GB/s of fp32 gradient bytes in (the error is read and written
+// besides), and a memcpy of the same bytes; best of 5.
+KernelRate loco_rate(int bits, size_t bytes) {
+  namespace k = zs::kernels;
+  const size_t n = bytes / 4;
+  const k::QuantSpec s{bits, 256};
+  std::vector<float> g(n), err(n, 0.0f), copy(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1000) * 1e-3f - 0.5f;
+  std::vector<uint8_t> codes(k::quant_code_bytes(n, s));
+  std::vector<float> scales(k::quant_blocks(n, s));
+  double tq = 1e9, tc = 1e9;
+  for (int it = 0; it < 5; ++it) {
+    double t0 = now_s();
+    k::quantize_with_error(g.data(), err.data(), 0.9f, n, s, codes.data(), scales.data());
+    tq = std::min(tq, now_s() - t0);
+    t0 = now_s();
+    std::memcpy(copy.data(), g.data(), n * 4);
+    tc = std::min(tc, now_s() - t0);
+  }
+  const double gb = static_cast<double>(n * 4) / 1e9;
+  return {gb / tq, 0, gb / tc};
+}
+
 const char* dname(zs_dtype t) { return t == ZS_FLOAT32 ? "fp32" : "bf16"; }
+const char* dname(zs::kernels::WorkDtype t) {
+  return t == zs::kernels::WorkDtype::F32 ? "fp32" : t == zs::kernels::WorkDtype::BF16 ? "bf16" : "fp16";
+}
 
 }  // namespace
 
@@ -191,8 +221,9 @@ int main(int argc, char** argv) {
     else if (k == "--mib") a.mib = v;
     else if (k == "--iters") a.iters = v;
     else if (k == "--kernel-mib") a.kernel_mib = v;
+    else if (k == "--gathers") a.gathers = v != 0;
     else {
-      std::fprintf(stderr, "unknown option %s\nusage: bench_qwz [--ranks N] [--mib M] [--iters I] [--kernel-mib K]\n",
+      std::fprintf(stderr, "unknown option %s\nusage: bench_qwz [--ranks N] [--mib M] [--iters I] [--kernel-mib K] [--gathers 0|1]\n",
                    k.c_str());
       return 2;
     }
@@ -204,7 +235,7 @@ int main(int argc, char** argv) {
   std::string json = "{\"bench\":\"qwz\",\"block\":256,\"mib\":" + std::to_string(a.mib) + ",\"gathers\":[";
   char buf[512];
   bool first = true;
-  for (int world : a.worlds) {
+  for (int world : a.gathers ? a.worlds : std::vector<int>{}) {
     Result res[kNumModes];
     if (!run_world(world, a, res)) {
       std::fprintf(stderr, "bench_qwz: a rank failed on %d ranks\n", world);
@@ -236,13 +267,13 @@ int main(int argc, char** argv) {
   }
   json += "],\"kernels\":[";
   const size_t kbytes = static_cast<size_t>(a.kernel_mib) << 20;
-  std::printf("CPU kernels on %d MiB of input, %d threads (GB/s of working-dtype bytes):\n",
-              a.kernel_mib, zs::kernels::num_threads());
+  std::printf("CPU kernels (%s) on %d MiB of input, %d threads (GB/s of working-dtype bytes):\n",
+              zs::kernels::simd_path(), a.kernel_mib, zs::kernels::num_threads());
   first = true;
-  for (auto t : {zs::kernels::WorkDtype::BF16, zs::kernels::WorkDtype::F32})
+  for (auto t : {zs::kernels::WorkDtype::BF16, zs::kernels::WorkDtype::F32, zs::kernels::WorkDtype::F16})
     for (int bits : {8, 4}) {
       const KernelRate r = kernel_rate(t, bits, kbytes);
-      const char* dn = t == zs::kernels::WorkDtype::F32 ? "fp32" : "bf16";
+      const char* dn = dname(t);
       std::printf("  %s int%d  quantize %6.2f  dequantize %6.2f  memcpy %6.2f  (ratios %.2f, %.2f)\n", dn,
                   bits, r.quant_gbps, r.dequant_gbps, r.memcpy_gbps, r.quant_gbps / r.memcpy_gbps,
                   r.dequant_gbps / r.memcpy_gbps);
@@ -253,7 +284,18 @@ int main(int argc, char** argv) {
       json += buf;
       first = false;
     }
-  json += "]}";
+  json += "],\"loco\":[";
+  first = true;
+  for (int bits : {8, 4}) {
+    const KernelRate r = loco_rate(bits, kbytes);
+    std::printf("  LoCo fp32 int%d  quantize_with_error %6.2f  memcpy %6.2f  (ratio %.2f)\n", bits,
+                r.quant_gbps, r.memcpy_gbps, r.quant_gbps / r.memcpy_gbps);
+    std::snprintf(buf, sizeof buf, "%s{\"dtype\":\"fp32\",\"bits\":%d,\"quantize_gbps\":%.3f,\"memcpy_gbps\":%.3f}",
+                  first ? "" : ",", bits, r.quant_gbps, r.memcpy_gbps);
+    json += buf;
+    first = false;
+  }
+  json += "],\"simd\":\"" + std::string(zs::kernels::simd_path()) + "\"}";
   std::printf("%s\n", json.c_str());
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -260,82 +261,163 @@ TEST(QuantKernels, SameBitsWhateverTheThreads) {
 // random data over many magnitudes with subnormals, zeros, all-zero
 // blocks and blocks holding an inf or a NaN; dequantize also on random
 // codes with random, zero, subnormal, inf and NaN scales.
-TEST(QuantKernels, Avx2Int8MatchesScalarBitwise) {
+// Restores the engine's SIMD path when a test that switches it ends.
+struct RestoreSimdPath {
+  SimdPath p = simd_path_id();
+  ~RestoreSimdPath() { set_simd_path_for_testing(p); }
+};
+
+// Inputs for the AVX2-vs-scalar tests: each block gets its own magnitude
+// (subnormal to near overflow), some are all zero, and a few values are
+// subnormal, zero, inf or NaN (with payloads).
+struct BlockGen {
+  std::mt19937 rng{11};
+  std::uniform_real_distribution<float> mant{-1.0f, 1.0f};
+  std::uniform_int_distribution<int> kind{0, 99};
+  std::uniform_int_distribution<uint32_t> word;
+
+  // Magnitudes 2^lo to 2^hi.
+  std::vector<float> values(size_t n, size_t block, int lo = -149, int hi = 128) {
+    std::uniform_int_distribution<int> expo(lo, hi);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> x(n);
+    for (size_t first = 0; first < n; first += block) {
+      const int e = expo(rng);
+      const int bk = kind(rng);
+      const size_t len = std::min(block, n - first);
+      for (size_t j = 0; j < len; ++j) {
+        float v = std::ldexp(mant(rng), e);
+        if (bk < 5) v = 0.0f;  // all-zero block
+        const int k = kind(rng);
+        if (k == 0) v = std::ldexp(mant(rng), -140);  // fp32 subnormal
+        if (k == 1) v = std::ldexp(mant(rng), -20);   // fp16 subnormal for small blocks
+        if (k == 2) v = -0.0f;
+        if (bk >= 95 && k == 3) v = inf;
+        if (bk >= 95 && k == 4) v = bits_float(0x7f800000u | (word(rng) & 0x7fffffu) | 1u);  // NaN
+        if (bk >= 95 && k == 5) v = -inf;
+        x[j + first] = v;
+      }
+    }
+    return x;
+  }
+  // Scales for dequantize on its own: zero, subnormal, inf, NaNs of both
+  // signs with payloads, any magnitude.
+  std::vector<float> scales(size_t nb) {
+    std::vector<float> out(nb);
+    for (auto& v : out) {
+      const int k = kind(rng);
+      v = k < 3    ? 0.0f
+          : k < 6  ? std::ldexp(mant(rng), -140)
+          : k < 8  ? std::numeric_limits<float>::infinity()
+          : k < 10 ? bits_float(0x7f800000u | (word(rng) & 0x807fffffu) | 1u)
+                   : std::ldexp(mant(rng), std::uniform_int_distribution<int>(-149, 128)(rng));
+    }
+    return out;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  // memcmp of an empty vector's null data is undefined
+  return a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const size_t kBitwiseBlocks[] = {2, 4, 6, 8, 30, 256, 2048};
+const size_t kBitwiseSizes[] = {0, 1, 7, 29, 255, 256, 257, 1000003};
+
+// The AVX2 kernels (every dtype, int8 and int4) give the scalar loops'
+// codes, scales and dequantized bits.
+TEST(QuantKernels, Avx2MatchesScalarBitwise) {
   if (!simd_path_available(SimdPath::Avx2))
     GTEST_SKIP() << "the AVX2 path is not available on this machine";
-  const SimdPath saved = simd_path_id();
-  struct Restore {
-    SimdPath p;
-    ~Restore() { set_simd_path_for_testing(p); }
-  } restore{saved};
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> expo(-149, 128);  // subnormal to near overflow
-  std::uniform_int_distribution<int> kind(0, 99);
+  RestoreSimdPath restore;
+  BlockGen gen;
   std::uniform_int_distribution<int> byte(0, 255);
-  const float inf = std::numeric_limits<float>::infinity();
-  const float nan = std::numeric_limits<float>::quiet_NaN();
   size_t cases = 0;
-  for (const WorkDtype t : {WorkDtype::F32, WorkDtype::BF16}) {
-    for (const size_t block : {size_t{2}, size_t{8}, size_t{256}, size_t{2048}}) {
-      for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{255}, size_t{256},
-                             size_t{257}, size_t{1000003}}) {
-        const QuantSpec s{8, block};
-        const size_t nb = quant_blocks(n, s);
-        // Each block gets its own magnitude, some are all zero, and a few
-        // values are subnormal, zero, inf or NaN.
-        std::vector<float> x(n);
-        for (size_t b = 0; b < nb; ++b) {
-          const int e = expo(rng);
-          const int bk = kind(rng);
-          const size_t first = b * block, len = std::min(block, n - first);
-          for (size_t j = 0; j < len; ++j) {
-            float v = std::ldexp(mant(rng), e);
-            if (bk < 5) v = 0.0f;  // all-zero block
-            const int k = kind(rng);
-            if (k == 0) v = std::ldexp(mant(rng), -140);  // subnormal
-            if (k == 1) v = 0.0f;
-            if (k == 2) v = -0.0f;
-            if (bk >= 95 && k == 3) v = (k & 1) ? -inf : inf;
-            if (bk >= 95 && k == 4) v = nan;
-            if (bk >= 95 && k == 5) v = -inf;
-            x[j + first] = v;
+  for (const WorkDtype t : {WorkDtype::F32, WorkDtype::BF16, WorkDtype::F16}) {
+    for (const int bits : {8, 4}) {
+      for (const size_t block : kBitwiseBlocks) {
+        for (const size_t n : kBitwiseSizes) {
+          const QuantSpec s{bits, block};
+          const size_t nb = quant_blocks(n, s);
+          // fp16: mostly magnitudes it holds, subnormal to overflow.
+          auto src = encode(t == WorkDtype::F16 ? gen.values(n, block, -28, 17) : gen.values(n, block), t);
+          // 16-bit NaNs and infs with payloads the conversion from fp32 cannot make.
+          if (t != WorkDtype::F32) {
+            for (size_t i = 0; i + 97 < n; i += 4099) {
+              const uint16_t h = t == WorkDtype::F16 ? 0x7c01 + i % 0x3ff : 0x7f81 + i % 0x7f;
+              const uint16_t sign = (i & 1) ? 0x8000 : 0;
+              const uint16_t v = static_cast<uint16_t>(sign | (i % 3 == 0 ? h & 0xfc00 : h));
+              std::memcpy(src.data() + 2 * i, &v, 2);
+            }
           }
+          // Random codes and scales for dequantize on its own.
+          std::vector<uint8_t> rcodes(quant_code_bytes(n, s));
+          for (auto& c : rcodes) c = static_cast<uint8_t>(byte(gen.rng));
+          const std::vector<float> rscales = gen.scales(nb);
+          Round r[2];
+          std::vector<uint8_t> rdeq[2];
+          const SimdPath paths[2] = {SimdPath::Scalar, SimdPath::Avx2};
+          for (int p = 0; p < 2; ++p) {
+            ASSERT_TRUE(set_simd_path_for_testing(paths[p]));
+            r[p] = round_trip(src, t, n, s);
+            rdeq[p].assign(n * esize(t), 0xCD);
+            dequantize(rcodes.data(), rscales.data(), n, s, rdeq[p].data(), t);
+          }
+          const std::string what = std::string(dname(t)) + " int" + std::to_string(bits) +
+                                   " block " + std::to_string(block) + " n " + std::to_string(n);
+          EXPECT_EQ(r[0].codes, r[1].codes) << what;
+          EXPECT_TRUE(same_bits(r[0].scales, r[1].scales)) << what;
+          EXPECT_EQ(r[0].deq, r[1].deq) << what;
+          EXPECT_EQ(rdeq[0], rdeq[1]) << what << " (random codes and scales)";
+          ++cases;
         }
-        const auto src = encode(x, t);
-        // Random codes and scales for dequantize on its own.
-        std::vector<uint8_t> rcodes(quant_code_bytes(n, s));
-        for (auto& c : rcodes) c = static_cast<uint8_t>(byte(rng));
-        std::vector<float> rscales(nb);
-        for (auto& v : rscales) {
-          const int k = kind(rng);
-          v = k < 3 ? 0.0f : k < 6 ? std::ldexp(mant(rng), -140) : k < 8 ? inf : k < 10 ? nan
-                                                                                : std::ldexp(mant(rng), expo(rng));
-        }
-        Round r[2];
-        std::vector<uint8_t> rdeq[2];
+      }
+    }
+  }
+  EXPECT_EQ(cases, 3u * 2u * std::size(kBitwiseBlocks) * std::size(kBitwiseSizes));
+}
+
+// The AVX2 LoCo kernel gives the scalar loop's codes, scales and errors.
+TEST(QuantKernels, Avx2LocoMatchesScalarBitwise) {
+  if (!simd_path_available(SimdPath::Avx2))
+    GTEST_SKIP() << "the AVX2 path is not available on this machine";
+  RestoreSimdPath restore;
+  BlockGen gen;
+  const float betas[] = {0.9f, 0.0f, 1.0f, 0.37f};
+  size_t cases = 0;
+  for (const int bits : {8, 4}) {
+    for (const size_t block : kBitwiseBlocks) {
+      for (const size_t n : kBitwiseSizes) {
+        const QuantSpec s{bits, block};
+        const float beta = betas[cases % std::size(betas)];
+        const std::vector<float> g = gen.values(n, block);
+        std::vector<float> e0 = gen.values(n, block);
+        // Errors small beside the gradient, as after a step, except in
+        // every third case where they are of any size.
+        if (cases % 3 != 0)
+          for (size_t i = 0; i < n; ++i) e0[i] = f_mul(e0[i], 0x1p-8f);
+        std::vector<uint8_t> codes[2];
+        std::vector<float> scales[2], err[2];
         const SimdPath paths[2] = {SimdPath::Scalar, SimdPath::Avx2};
         for (int p = 0; p < 2; ++p) {
           ASSERT_TRUE(set_simd_path_for_testing(paths[p]));
-          r[p] = round_trip(src, t, n, s);
-          rdeq[p].assign(n * esize(t), 0xCD);
-          dequantize(rcodes.data(), rscales.data(), n, s, rdeq[p].data(), t);
+          codes[p].assign(quant_code_bytes(n, s), 0xAB);
+          scales[p].assign(quant_blocks(n, s), -1.0f);
+          err[p] = e0;
+          quantize_with_error(g.data(), err[p].data(), beta, n, s, codes[p].data(),
+                              scales[p].data());
         }
-        const std::string what = std::string(dname(t)) + " int8 block " + std::to_string(block) +
-                                 " n " + std::to_string(n);
-        EXPECT_EQ(r[0].codes, r[1].codes) << what;
-        ASSERT_EQ(r[0].scales.size(), r[1].scales.size()) << what;
-        if (!r[0].scales.empty()) {  // memcmp of an empty vector's null data is undefined
-          EXPECT_EQ(0, std::memcmp(r[0].scales.data(), r[1].scales.data(), r[0].scales.size() * 4))
-              << what;
-        }
-        EXPECT_EQ(r[0].deq, r[1].deq) << what;
-        EXPECT_EQ(rdeq[0], rdeq[1]) << what << " (random codes and scales)";
+        const std::string what = "int" + std::to_string(bits) + " block " +
+                                 std::to_string(block) + " n " + std::to_string(n);
+        EXPECT_EQ(codes[0], codes[1]) << what;
+        EXPECT_TRUE(same_bits(scales[0], scales[1])) << what;
+        EXPECT_TRUE(same_bits(err[0], err[1])) << what;
         ++cases;
       }
     }
   }
-  EXPECT_EQ(cases, 2u * 4u * 7u);
+  EXPECT_EQ(cases, 2u * std::size(kBitwiseBlocks) * std::size(kBitwiseSizes));
 }
 
 TEST(QuantKernels, SpecValidity) {
