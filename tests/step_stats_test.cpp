@@ -89,10 +89,11 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     EXPECT_EQ(st.gather_bytes, shard_bytes);
     EXPECT_EQ(st.reduce_scatters, 1u);
     EXPECT_EQ(st.reduce_scatter_bytes, shard_bytes);
-    // The coordinator's trace check at step_end (16 bytes), the gradient
-    // norm (4) and the optimizers' agreement check (16): a ring all-reduce
-    // moves 2(n-1)/n of each.
-    EXPECT_EQ(st.allreduce_bytes, 16u + 4u + 16u);
+    // The coordinator's trace check at step_end (16 bytes), and one
+    // all-reduce of 34 floats for the optimizers' agreement check (32), the
+    // gradient norm and the overflow count: a ring all-reduce moves
+    // 2(n-1)/n of each.
+    EXPECT_EQ(st.allreduce_bytes, 16u + 34u * 4u);
     EXPECT_GT(st.step_seconds, 0.0);
     EXPECT_GT(st.optimizer_seconds, 0.0);
     EXPECT_LT(st.optimizer_seconds, st.step_seconds);

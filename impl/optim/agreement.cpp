@@ -72,6 +72,34 @@ void check_agreement(Group& world, const std::vector<std::string>& tokens) {
     c.allreduce(mine.data(), reduced.data(), mine.size(), DType::U8, ReduceOp::Max);
   });
   if (reduced == mine) return;
+  fail_disagreement(world, tokens);
+}
+
+bool agreement_fusable(int world_size) {
+  // Sums of nibbles' squares (at most 225 each) stay exact in fp32 below 2^24.
+  return world_size > 1 && static_cast<int64_t>(world_size) * 225 < (int64_t{1} << 24);
+}
+
+void agreement_floats(const std::vector<std::string>& tokens, float* out) {
+  const uint64_t h = fnv1a(tokens);
+  for (size_t i = 0; i < 16; ++i) {
+    const auto nibble = static_cast<float>((h >> (4 * i)) & 0xfu);
+    out[i] = nibble;
+    out[16 + i] = nibble * nibble;
+  }
+}
+
+bool agreement_holds(const float* sums, const float* mine, int world_size) {
+  // Sum c_r = n * c and sum c_r^2 = n * c^2 hold together only when every
+  // c_r equals c (their variance is then 0), so every rank gets the same
+  // verdict.
+  const auto n = static_cast<float>(world_size);
+  for (size_t i = 0; i < kAgreementFloats; ++i)
+    if (sums[i] != n * mine[i]) return false;
+  return true;
+}
+
+void fail_disagreement(Group& world, const std::vector<std::string>& tokens) {
   // Every rank gets here: exchange the descriptions and name what differs.
   std::string text = joined(tokens);
   if (text.size() >= kRecordBytes) text.resize(kRecordBytes - 1);

@@ -506,8 +506,12 @@ StepResult Optimizer::step() {
   const auto step_begin = Trace::Clock::now();
   ctx_.check_async_error();
   if (swap_) flush_state_views();  // what a checkpoint load or the caller wrote into them
-  // Before anything changes: on a mismatch no rank updates anything.
-  check_agreement(*ctx_.world(), describe());
+  // The ranks' optimizers must agree before anything changes; the check
+  // rides on the gradient norm's all-reduce below where it can.
+  const std::vector<std::string> description = describe();
+  zs::Group& world = *ctx_.world();
+  const bool fused_agreement = agreement_fusable(world.size());
+  if (!fused_agreement) check_agreement(world, description);
   grads(ctx_).sync();
 
   // Sum of squares per partition group (each group's shards cover its
@@ -539,22 +543,37 @@ StepResult Optimizer::step() {
     sumsq.emplace(key, std::make_pair(group, sum));
     if (!finite) nonfinite = 1.0f;
   }
+  // One world all-reduce (Sum) carries, in this order: the agreement
+  // check, the sums of squares of groups spanning the world (0 if none),
+  // and how many ranks saw inf/NaN. Every rank issues it alike whatever its
+  // optimizer holds, so a disagreement is named before the per-group
+  // all-reduces (MiCS shard groups), whose number it could change.
   double total = 0.0;
+  {
+    std::vector<float> v(kAgreementFloats + 2, 0.0f);
+    if (fused_agreement) agreement_floats(description, v.data());
+    const std::vector<float> mine = v;
+    for (const auto* key : order) {
+      auto& [group, local] = sumsq.at(key);
+      if (group->size() == world.size()) v[kAgreementFloats] += static_cast<float>(local);
+    }
+    v[kAgreementFloats + 1] = nonfinite;
+    if (world.size() > 1)
+      world.run("gradient norm", [&](Communicator& c) {
+        c.allreduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum);
+      });
+    if (fused_agreement && !agreement_holds(v.data(), mine.data(), world.size()))
+      fail_disagreement(world, description);
+    total = v[kAgreementFloats];
+    nonfinite = v[kAgreementFloats + 1];
+  }
   for (const auto* key : order) {
     auto& [group, local] = sumsq.at(key);
+    if (group->size() == world.size()) continue;
     float v = static_cast<float>(local);
     group->run("gradient norm", [&](Communicator& c) { c.allreduce(&v, &v, 1, DType::F32, ReduceOp::Sum); });
     total += v;
   }
-  // A rank's inf/NaN makes its sum of squares inf/NaN, so when one norm
-  // group spans the world its sum already tells every rank; otherwise (MiCS
-  // shard groups) the flag goes through the world.
-  const bool norm_spans_world =
-      order.size() == 1 && sumsq.at(order[0]).first->size() == ctx_.world()->size();
-  if (!order.empty() && !norm_spans_world)
-    ctx_.world()->run("overflow check", [&](Communicator& c) {
-      c.allreduce(&nonfinite, &nonfinite, 1, DType::F32, ReduceOp::Max);
-    });
 
   StepResult r;
   double update_seconds = 0.0;
