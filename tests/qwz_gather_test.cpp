@@ -243,6 +243,26 @@ void qwz_hierarchical(int shard) {
 TEST(Qwz, MicsHierarchicalTwoHopsQuantize) { qwz_hierarchical(4); }
 TEST(Qwz, MicsHierarchicalOverThreeNodesQuantize) { qwz_hierarchical(6); }
 
+// zs_param_update with rank 1 as the modifier (the gathered params hold
+// its writes), then each rank's shard equals its slice of want[j].
+void update_from_rank_1_expecting(zs_context ctx, std::vector<P>& ps,
+                                  const std::vector<std::vector<uint8_t>>& want, int rank) {
+  std::vector<zs_param> hs;
+  for (const auto& p : ps) hs.push_back(p.handle);
+  ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
+  release_all(ctx, ps);
+  for (size_t j = 0; j < ps.size(); ++j) {
+    const P& p = ps[j];
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    ZS_ASSERT_OK(zs_param_get_info(p.handle, &info));
+    void* shard = nullptr;
+    ZS_ASSERT_OK(zs_param_shard_data(p.handle, &shard, nullptr));
+    const size_t es = esize(p.dtype);
+    EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
+        << p.name << " rank " << rank;
+  }
+}
+
 // GatheredParameters(modifier_rank) under qwZ: the elements the modifier
 // changed take their new values, the others keep their exact values (not
 // the quantized ones the gather showed).
@@ -266,20 +286,7 @@ TEST(Qwz, UpdateKeepsUntouchedElementsExact) {
           std::memcpy(static_cast<uint8_t*>(d) + i * es, want.back().data() + i * es, es);
       }
     }
-    std::vector<zs_param> hs;
-    for (const auto& p : ps) hs.push_back(p.handle);
-    ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
-    release_all(ctx, ps);
-    for (size_t j = 0; j < ps.size(); ++j) {
-      const P& p = ps[j];
-      zs_param_info info = ZS_PARAM_INFO_INIT;
-      ZS_ASSERT_OK(zs_param_get_info(p.handle, &info));
-      void* shard = nullptr;
-      ZS_ASSERT_OK(zs_param_shard_data(p.handle, &shard, nullptr));
-      const size_t es = esize(p.dtype);
-      EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
-          << p.name << " rank " << env.rank;
-    }
+    update_from_rank_1_expecting(ctx, ps, want, env.rank);
     for (auto& p : ps) zs_param_destroy(p.handle);
     zs_context_destroy(ctx);
   });
@@ -305,19 +312,7 @@ TEST(Qwz, UpdateOfAParamGatheredExactTakesEveryWrite) {
         std::memcpy(d, want.back().data(), want.back().size());
       }
     }
-    std::vector<zs_param> hs;
-    for (const auto& p : ps) hs.push_back(p.handle);
-    ZS_ASSERT_OK(zs_param_update(ctx, hs.data(), hs.size(), 1));
-    release_all(ctx, ps);
-    for (size_t j = 0; j < ps.size(); ++j) {
-      zs_param_info info = ZS_PARAM_INFO_INIT;
-      ZS_ASSERT_OK(zs_param_get_info(ps[j].handle, &info));
-      void* shard = nullptr;
-      ZS_ASSERT_OK(zs_param_shard_data(ps[j].handle, &shard, nullptr));
-      const size_t es = esize(ps[j].dtype);
-      EXPECT_EQ(0, std::memcmp(shard, want[j].data() + info.shard_offset * es, info.shard_valid * es))
-          << ps[j].name << " rank " << env.rank;
-    }
+    update_from_rank_1_expecting(ctx, ps, want, env.rank);
     for (auto& p : ps) zs_param_destroy(p.handle);
     zs_context_destroy(ctx);
   });

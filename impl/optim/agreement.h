@@ -1,8 +1,8 @@
 // Whether every rank's optimizer has the same kind, groups and
 // hyper-parameters (an lr or a weight decay set on one rank only would
 // otherwise train on with silently different numbers). Checked at every
-// step, inside the gradient norm's all-reduce; a mismatch is an error on every rank
-// naming each differing value of each rank against rank 0's.
+// step, inside the gradient norm's all-reduce; a mismatch is an error on
+// every rank naming each differing value of each rank against rank 0's.
 #pragma once
 
 #include <string>
