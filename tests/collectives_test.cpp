@@ -135,6 +135,54 @@ class CollectivesWorld : public ::testing::TestWithParam<int> {};
 TEST_P(CollectivesWorld, EveryDtypeOpAndOddCount) { run_ranks(GetParam(), all_collectives); }
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesWorld, ::testing::Values(1, 2, 3, 4, 5));
 
+// fp32 reduce-scatter sums block b along the ring: rank b+1's values
+// first, rank b's last, then Avg's 1/n; values of mixed magnitude make any
+// other order (or a lost 1/n) show in the bits. recv may be our own block.
+float ring_value(int rank, size_t i) {
+  const auto k = static_cast<float>((static_cast<size_t>(rank) * 7919 + i * 104729) % 1000003);
+  return (k / 1000003.0f - 0.5f) * std::ldexp(1.0f, static_cast<int>(i % 40) - 20);
+}
+
+class ReduceScatterRing : public ::testing::TestWithParam<int> {};
+TEST_P(ReduceScatterRing, Fp32SumsInRingOrderBitwise) {
+  run_ranks(GetParam(), [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env);
+    zs_group world = nullptr;
+    ZS_ASSERT_OK(zs_context_group(&world, ctx, ZS_GROUP_WORLD));
+    const int n = env.world;
+    for (size_t count : {size_t{1}, size_t{1001}, size_t{300007}}) {
+      for (zs_reduce_op op : {ZS_SUM, ZS_AVG, ZS_MAX}) {
+        for (bool in_place : {false, true}) {
+          std::vector<float> send(count * static_cast<size_t>(n));
+          for (size_t i = 0; i < send.size(); ++i) send[i] = ring_value(env.rank, i);
+          std::vector<float> out(count);
+          float* recv = in_place ? send.data() + static_cast<size_t>(env.rank) * count : out.data();
+          zs_work w = nullptr;
+          ZS_ASSERT_OK(zs_reduce_scatter(&w, world, send.data(), recv, count, ZS_FLOAT32, op));
+          wait_ok(w);
+          for (size_t i = 0; i < count; ++i) {
+            const size_t at = static_cast<size_t>(env.rank) * count + i;
+            float acc = ring_value((env.rank + 1) % n, at);
+            for (int k = 2; k <= n; ++k) {
+              const float x = ring_value((env.rank + k) % n, at);
+              acc = op == ZS_MAX ? std::max(x, acc) : x + acc;
+            }
+            if (op == ZS_AVG) acc *= 1.0f / static_cast<float>(n);
+            uint32_t got_bits = 0, want_bits = 0;
+            std::memcpy(&got_bits, &recv[i], 4);
+            std::memcpy(&want_bits, &acc, 4);
+            ASSERT_EQ(got_bits, want_bits) << "count " << count << " op " << op << " in_place "
+                                           << in_place << " element " << i;
+          }
+        }
+      }
+    }
+    zs_group_destroy(world);
+    zs_context_destroy(ctx);
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ReduceScatterRing, ::testing::Values(1, 2, 3, 5));
+
 TEST(Collectives, Uint8SumAndAvgRefused) {
   run_ranks(2, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env);

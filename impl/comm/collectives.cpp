@@ -67,6 +67,38 @@ void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_
   }
 }
 
+// fp32: the ring reads its blocks straight from send and keeps one
+// block-sized partial sum, so a gradient bucket is neither copied nor
+// doubled in memory; the last step sums (and averages) into recv. The sums
+// are ring_reduce_blocks' (own block + what arrives), bit for bit.
+void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_t count,
+                        ReduceOp op) {
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  if (n == 1) {
+    if (recv != send) std::memmove(recv, send, count * sizeof(float));
+    return;
+  }
+  const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
+  auto block = [n, send, count](int b) { return send + static_cast<size_t>((b + n) % n) * count; };
+  const size_t bytes = count * sizeof(float);
+  Buffer incoming(bytes);
+  std::unique_ptr<Buffer> partial;  // the sum so far, sent on at the next step
+  if (n > 2) partial = std::make_unique<Buffer>(bytes);
+  auto* in = static_cast<float*>(incoming.data());
+  const int right = (me + 1) % n;
+  const int left = (me + n - 1) % n;
+  for (int step = 0; step < n - 1; ++step) {
+    const bool last = step == n - 2;
+    const auto index = static_cast<uint32_t>(step);
+    p2p.recv(left, index, in, bytes);
+    p2p.send(right, index, step == 0 ? block(me - 1) : partial->data(), bytes);
+    p2p.wait();
+    float* out = last ? recv : static_cast<float*>(partial->data());
+    reduce_f32_into(out, block(me - step - 2), in, count, op, last ? scale : 1.0f);
+  }
+}
+
 }  // namespace
 
 void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
@@ -139,6 +171,10 @@ void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
 void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op) {
   if (count == 0) return;
+  if (dtype == DType::F32) {
+    reduce_scatter_f32(p2p, static_cast<const float*>(send), static_cast<float*>(recv), count, op);
+    return;
+  }
   const int n = p2p.size();
   const size_t elem = wire_elem(dtype);
   Buffer acc(count * elem * static_cast<size_t>(n));

@@ -22,6 +22,26 @@ void reduce_f32(float* dst, const float* src, size_t n, ReduceOp op) {
   }
 }
 
+void reduce_f32_into(float* out, const float* own, const float* incoming, size_t n, ReduceOp op,
+                     float scale) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      if (scale == 1.0f) {
+        for (size_t i = 0; i < n; ++i) out[i] = own[i] + incoming[i];
+      } else {
+        for (size_t i = 0; i < n; ++i) out[i] = (own[i] + incoming[i]) * scale;
+      }
+      return;
+    case ReduceOp::Max:
+      for (size_t i = 0; i < n; ++i) out[i] = std::max(own[i], incoming[i]);
+      return;
+    case ReduceOp::Min:
+      for (size_t i = 0; i < n; ++i) out[i] = std::min(own[i], incoming[i]);
+      return;
+  }
+}
+
 void reduce_u8(uint8_t* dst, const uint8_t* src, size_t n, ReduceOp op) {
   for (size_t i = 0; i < n; ++i) {
     switch (op) {

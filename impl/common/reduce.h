@@ -13,6 +13,11 @@ namespace zs {
 
 // dst[i] = op(dst[i], src[i]) over fp32.
 void reduce_f32(float* dst, const float* src, size_t n, ReduceOp op);
+// out[i] = op(own[i], incoming[i]) over fp32, times `scale` for Sum and Avg
+// when it is not 1 (Avg's 1/n): the same bits as reduce_f32 into a copy of
+// own, then scale_f32. out may be own.
+void reduce_f32_into(float* out, const float* own, const float* incoming, size_t n, ReduceOp op,
+                     float scale = 1.0f);
 // Same over raw bytes (ZS_UINT8).
 void reduce_u8(uint8_t* dst, const uint8_t* src, size_t n, ReduceOp op);
 // Widen count elements of dtype to fp32, and narrow back.
