@@ -232,6 +232,9 @@ def worker(args):
         def step_breakdown():
             """Where the last step's time went (zs_context_step_stats)."""
             st = opt.step_stats()
+            c = zt.get_context().coord_stats()  # counters since the run began
+            notes["coordinator"] = {k: c[k] for k in ("steps", "demand_fetches", "prefetches",
+                                                      "blocked_waits", "reuse_hits", "kept_for_reuse")}
             return {k: round(st[k], 4) for k in ("step_seconds", "gather_seconds", "reduce_scatter_seconds",
                                                   "allreduce_seconds", "wait_seconds", "optimizer_seconds")}
 
