@@ -5,12 +5,17 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <deque>
+#include <random>
 #include <vector>
 
 #include "impl/comm/collective_label.h"
 #include "impl/comm/collective_watch.h"
 #include "impl/comm/collectives.h"
+#include "impl/comm/cross_memory.h"
 #include "impl/comm/heartbeat.h"
 #include "impl/comm/job_secret.h"
 #include "impl/comm/point_to_point.h"
@@ -20,8 +25,10 @@ namespace zs {
 namespace {
 
 // Slots of our point-to-point algorithms: prefix, the collective's 32-bit
-// tag, the message's index within it.
+// tag, the message's index within it. A cross-memory read's
+// acknowledgement goes in the slot of its message's index with kAckBit set.
 constexpr uint64_t kSlotPrefix = 0xA0;
+constexpr uint32_t kAckBit = 1u << 23;
 
 // Exposes our store to gloo's rendezvous.
 class StoreAdapter final : public gloo::rendezvous::Store {
@@ -131,39 +138,79 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // job) cannot, and the group fails naming the pair instead of adopting
   // it. The proof says from whom to whom, so it cannot be replayed.
   void prove_pairs(const std::string& secret) {
-    run("job-secret check of the group's connections", [] { return std::string(); }, 0, [&] {
-      const int n = size(), me = rank();
-      auto context = [&](int from, int to) {
-        return "pair of group " + name_ + " from rank " + std::to_string(from) + " to rank " +
-               std::to_string(to);
-      };
-      const std::string mine = make_challenge();
-      std::vector<std::string> theirs(static_cast<size_t>(n), std::string(kChallengeBytes, '\0'));
-      for (int peer = 0; peer < n; ++peer) {
-        if (peer == me) continue;
-        recv(peer, 0, theirs[static_cast<size_t>(peer)].data(), kChallengeBytes);
-        send(peer, 0, mine.data(), kChallengeBytes);
-      }
-      wait();
-      std::vector<std::string> proofs(static_cast<size_t>(n)),
-          answers(static_cast<size_t>(n), std::string(kProofBytes, '\0'));
-      for (int peer = 0; peer < n; ++peer) {
-        if (peer == me) continue;
-        const auto p = static_cast<size_t>(peer);
-        proofs[p] = job_proof(secret, context(me, peer), theirs[p]);
-        recv(peer, 1, answers[p].data(), kProofBytes);
-        send(peer, 1, proofs[p].data(), kProofBytes);
-      }
-      wait();
-      for (int peer = 0; peer < n; ++peer) {
-        if (peer == me) continue;
-        if (!proofs_equal(answers[static_cast<size_t>(peer)],
-                          job_proof(secret, context(peer, me), mine)))
-          fail(Code::Bootstrap, "the connection to rank ", peer, " of group '", name_,
-               "' failed the job-secret check: the process at its other end is not rank ", peer,
-               " of this job, or was started with another ZS_JOB_SECRET; the group is not used");
-      }
+    const int n = size(), me = rank();
+    auto context = [&](int from, int to) {
+      return "pair of group " + name_ + " from rank " + std::to_string(from) + " to rank " +
+             std::to_string(to);
+    };
+    const std::string mine = make_challenge();
+    std::vector<std::string> theirs(static_cast<size_t>(n), std::string(kChallengeBytes, '\0'));
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      recv(peer, 0, theirs[static_cast<size_t>(peer)].data(), kChallengeBytes);
+      send(peer, 0, mine.data(), kChallengeBytes);
+    }
+    wait();
+    std::vector<std::string> proofs(static_cast<size_t>(n)),
+        answers(static_cast<size_t>(n), std::string(kProofBytes, '\0'));
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto p = static_cast<size_t>(peer);
+      proofs[p] = job_proof(secret, context(me, peer), theirs[p]);
+      recv(peer, 1, answers[p].data(), kProofBytes);
+      send(peer, 1, proofs[p].data(), kProofBytes);
+    }
+    wait();
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      if (!proofs_equal(answers[static_cast<size_t>(peer)],
+                        job_proof(secret, context(peer, me), mine)))
+        fail(Code::Bootstrap, "the connection to rank ", peer, " of group '", name_,
+             "' failed the job-secret check: the process at its other end is not rank ", peer,
+             " of this job, or was started with another ZS_JOB_SECRET; the group is not used");
+    }
+  }
+
+  // The group's first collective, #0 (the trainer's are numbered from 1):
+  // the job-secret proof when there is a secret, then the cross-memory
+  // check.
+  void check_pairs(const std::string& secret) {
+    seq_ = UINT64_MAX;  // run() counts it up to 0
+    run("check of the group's connections", [] { return std::string(); }, 0, [&] {
+      if (!secret.empty()) prove_pairs(secret);
+      connect_cross_memory();
     });
+  }
+
+  // Which pairs can read each other's memory (cross_memory.h): every
+  // member tells every peer where its nonce is, tries reading each peer's,
+  // and the two ends of a pair tell each other what they found; a pair
+  // uses cross-memory reads only when both ends can. (Messages 2 and 3:
+  // the job-secret proof's are 0 and 1.)
+  void connect_cross_memory() {
+    const int n = size(), me = rank();
+    const auto count = static_cast<size_t>(n);
+    nonce_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    const CrossMemoryHello mine = cross_memory_hello(&nonce_);
+    std::vector<CrossMemoryHello> theirs(count);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      recv(peer, 2, &theirs[static_cast<size_t>(peer)], sizeof(CrossMemoryHello));
+      send(peer, 2, &mine, sizeof(CrossMemoryHello));
+    }
+    wait();
+    std::vector<uint8_t> reach(count, 0), reached(count, 0);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto p = static_cast<size_t>(peer);
+      reach[p] = cross_memory_reaches(mine, theirs[p]) ? 1 : 0;
+      recv(peer, 3, &reached[p], 1);
+      send(peer, 3, &reach[p], 1);
+    }
+    wait();
+    peer_pid_.assign(count, 0);
+    for (size_t p = 0; p < count; ++p)
+      if (reach[p] && reached[p]) peer_pid_[p] = static_cast<pid_t>(theirs[p].pid);
   }
 
  private:
@@ -173,25 +220,100 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
            kOps[static_cast<int>(op) & 3];
   }
 
-  // PointToPoint over Gloo's unbound buffers: one buffer per message.
+  // PointToPoint over Gloo's unbound buffers: one buffer per message. A
+  // large message to a peer that can read our memory goes as its address
+  // instead; the peer copies it out (cross_memory_read) and acknowledges,
+  // and our wait() returns only after that acknowledgement, so the
+  // memory stays valid for as long as the peer reads it.
   void send(int peer, uint32_t index, const void* data, size_t bytes) override {
-    sends_.push_back(ctx_->createUnboundBuffer(const_cast<void*>(data), bytes));
-    sends_.back()->send(peer, slot(index));
+    if (by_cross_memory(peer, bytes)) {
+      auto& out = cm_sends_.emplace_back();
+      out.where = {reinterpret_cast<uint64_t>(data), bytes};
+      post_send(peer, index, &out.where, sizeof(out.where));
+      acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
+      acks_.back()->recv(peer, slot(index | kAckBit));
+      return;
+    }
+    post_send(peer, index, data, bytes);
   }
   void recv(int peer, uint32_t index, void* data, size_t bytes) override {
-    recvs_.push_back(ctx_->createUnboundBuffer(data, bytes));
-    recvs_.back()->recv(peer, slot(index));
+    if (by_cross_memory(peer, bytes)) {
+      auto& in = cm_recvs_.emplace_back();
+      in.peer = peer;
+      in.index = index;
+      in.dst = data;
+      in.bytes = bytes;
+      post_recv(peer, index, &in.where, sizeof(in.where));
+      return;
+    }
+    post_recv(peer, index, data, bytes);
   }
   void wait() override {
     try {
+      // Every message and address posted to us arrives whatever we do
+      // next (the peers posted them before waiting), so reading and
+      // acknowledging only after all of them cannot deadlock.
       for (auto& b : recvs_) wait_recv(*b);
+      for (auto& in : cm_recvs_) {
+        read_peer(in);
+        post_send(in.peer, in.index | kAckBit, &in.ack, 1);
+      }
+      for (auto& b : acks_) wait_recv(*b);  // the peers have read what we sent
       for (auto& b : sends_) wait_send(*b);
     } catch (...) {
       release_after_failure();
       throw;
     }
+    clear_posted();
+  }
+
+  struct Where {
+    uint64_t address = 0;
+    uint64_t bytes = 0;
+  };
+  struct CrossMemorySend {
+    Where where;
+    uint8_t ack = 0;
+  };
+  struct CrossMemoryRecv {
+    int peer = 0;
+    uint32_t index = 0;
+    void* dst = nullptr;
+    size_t bytes = 0;
+    Where where;
+    uint8_t ack = 1;
+  };
+
+  bool by_cross_memory(int peer, size_t bytes) const {
+    return bytes >= kCrossMemoryMinBytes && static_cast<size_t>(peer) < peer_pid_.size() &&
+           peer_pid_[static_cast<size_t>(peer)] != 0;
+  }
+  void post_send(int peer, uint32_t index, const void* data, size_t bytes) {
+    sends_.push_back(ctx_->createUnboundBuffer(const_cast<void*>(data), bytes));
+    sends_.back()->send(peer, slot(index));
+  }
+  void post_recv(int peer, uint32_t index, void* data, size_t bytes) {
+    recvs_.push_back(ctx_->createUnboundBuffer(data, bytes));
+    recvs_.back()->recv(peer, slot(index));
+  }
+  void read_peer(const CrossMemoryRecv& in) {
+    if (in.where.bytes != in.bytes)
+      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer, " sent ", in.where.bytes,
+           " bytes where rank ", rank(), " expected ", in.bytes);
+    if (!cross_memory_read(static_cast<pid_t>(peer_pid_[static_cast<size_t>(in.peer)]), in.dst,
+                           in.where.address, in.bytes)) {
+      const int err = errno;
+      fail(Code::Comm, op_, " on group '", name_, "': reading ", in.bytes, " bytes from rank ",
+           in.peer, "'s memory failed: ", std::strerror(err),
+           " (ZS_CROSS_MEMORY=0 sends everything over TCP)");
+    }
+  }
+  void clear_posted() {
+    acks_.clear();
     recvs_.clear();
     sends_.clear();
+    cm_sends_.clear();
+    cm_recvs_.clear();
   }
 
   // A failed wait leaves messages to live peers in flight, which Gloo's
@@ -202,8 +324,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // reach the same verdict instead of seeing a closed connection.
   void release_after_failure() {
     if (watch_.verdict().empty()) ctx_->closeConnections();
-    recvs_.clear();
-    sends_.clear();
+    clear_posted();
   }
 
   uint64_t slot(uint32_t index) const {
@@ -250,8 +371,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // A failed collective's buffers go (Gloo holds them only weakly).
   void abandon() {
     watch_.end(false);
-    recvs_.clear();
-    sends_.clear();
+    clear_posted();
   }
 
   // The flight recorder: on the first failure, this rank's last collectives
@@ -309,7 +429,13 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   uint64_t seq_ = 0;
   uint32_t tag_ = 0;
   bool reported_ = false;
-  std::vector<UBuf> sends_, recvs_;  // posted since the last wait
+  std::vector<UBuf> sends_, recvs_, acks_;  // posted since the last wait
+  // Cross-memory messages posted since the last wait (deques: the posted
+  // buffers point into them).
+  std::deque<CrossMemorySend> cm_sends_;
+  std::deque<CrossMemoryRecv> cm_recvs_;
+  std::vector<pid_t> peer_pid_;  // by group rank: 0 unless the pair reads by cross memory
+  uint64_t nonce_ = 0;           // read back by the peers to prove the pair
 };
 
 }  // namespace
@@ -350,7 +476,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(
   auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
                                                  std::move(watch_store), std::move(heartbeat),
                                                  std::move(world_ranks));
-  if (const std::string secret = job_secret(); !secret.empty()) comm->prove_pairs(secret);
+  comm->check_pairs(job_secret());
   return comm;
 }
 

@@ -1,0 +1,46 @@
+// Cross-memory attach: a rank reads a large message straight out of a peer
+// process on the same host (process_vm_readv), one copy instead of loopback
+// TCP's two, with no socket buffers in between. The Gloo communicator uses
+// it per pair when both ends proved they can read each other (a nonce read
+// back from the other's memory: same host, same pid namespace, ptrace
+// allowed); otherwise, and with ZS_CROSS_MEMORY=0, the pair stays on TCP.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zs {
+
+// Messages of at least this many bytes go by cross-memory read on a pair
+// that has it; smaller ones cost less as one TCP message.
+constexpr size_t kCrossMemoryMinBytes = 256 * 1024;
+
+// ZS_CROSS_MEMORY (default 1).
+bool cross_memory_allowed();
+
+// What a rank tells each peer so that the peer can try reading it.
+struct CrossMemoryHello {
+  char host[40];  // boot id: ranks on other hosts are not tried
+  int64_t pid;
+  uint64_t nonce_at;  // address of the nonce in the sender
+  uint64_t nonce;
+  uint8_t allowed;  // the sender's ZS_CROSS_MEMORY
+};
+
+// Ours, for a nonce that lives (at a fixed address) as long as the pair.
+CrossMemoryHello cross_memory_hello(const uint64_t* nonce);
+
+// Whether we can read the peer: allowed on both ends, same host, and its
+// nonce read back from its memory.
+bool cross_memory_reaches(const CrossMemoryHello& mine, const CrossMemoryHello& peer);
+
+// Copies bytes at `from` in process pid into dst; false (errno set) when
+// the kernel refuses or the peer is gone.
+bool cross_memory_read(pid_t pid, void* dst, uint64_t from, size_t bytes);
+
+// Bytes this process has read by cross memory so far (for tests and stats).
+uint64_t cross_memory_bytes_read();
+
+}  // namespace zs
