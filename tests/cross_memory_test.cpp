@@ -28,7 +28,15 @@ struct Holder {
   zs::CrossMemoryHello hello{};
   uint64_t data_at = 0;
   int release_fd = -1;
+  int reply_fd = -1;
 };
+
+// Has the holder abandon a collective (cross_memory_abandon) and waits.
+void abandon_in(Holder& h) {
+  char c = 'a';
+  ASSERT_EQ(write(h.release_fd, &c, 1), 1);
+  ASSERT_EQ(read(h.reply_fd, &c, 1), 1);
+}
 
 Holder spawn_holder(size_t bytes) {
   int to_parent[2], to_child[2];
@@ -47,6 +55,8 @@ Holder spawn_holder(size_t bytes) {
     if (write(to_parent[1], &at, sizeof(at)) != sizeof(at)) _exit(2);
     char c;
     while (read(to_child[0], &c, 1) > 0) {
+      if (c == 'a') zs::cross_memory_abandon();
+      if (write(to_parent[1], &c, 1) != 1) _exit(2);  // done
     }
     _exit(0);
   }
@@ -57,13 +67,14 @@ Holder spawn_holder(size_t bytes) {
   EXPECT_EQ(read(to_parent[0], &h.hello, sizeof(h.hello)), static_cast<ssize_t>(sizeof(h.hello)));
   EXPECT_EQ(read(to_parent[0], &h.data_at, sizeof(h.data_at)),
             static_cast<ssize_t>(sizeof(h.data_at)));
-  close(to_parent[0]);
+  h.reply_fd = to_parent[0];
   h.release_fd = to_child[1];
   return h;
 }
 
 void finish(Holder& h) {
   close(h.release_fd);
+  close(h.reply_fd);
   int status = 0;
   waitpid(h.pid, &status, 0);
 }
@@ -87,6 +98,18 @@ TEST(CrossMemory, APeersNonceAndMessageAreReadOutOfIt) {
   EXPECT_GE(zs::cross_memory_bytes_read() - before, bytes);
   for (size_t i = 0; i < bytes; ++i)
     ASSERT_EQ(got[i], static_cast<uint8_t>(i * 131 + 7)) << "byte " << i;
+  finish(h);
+}
+
+// What a reader checks after reading: the holder's abandon count, at the
+// address its hello gave, moves when it gives a collective up.
+TEST(CrossMemory, TheAbandonCountIsReadFromThePeer) {
+  Holder h = spawn_holder(64);
+  uint64_t before = 0, after = 0;
+  ASSERT_TRUE(zs::cross_memory_read(h.pid, &before, h.hello.epoch_at, sizeof(before)));
+  abandon_in(h);
+  ASSERT_TRUE(zs::cross_memory_read(h.pid, &after, h.hello.epoch_at, sizeof(after)));
+  EXPECT_EQ(after, before + 1);
   finish(h);
 }
 

@@ -15,7 +15,12 @@
 namespace zs {
 namespace {
 std::atomic<uint64_t> bytes_read{0};
+std::atomic<uint64_t> abandoned{0};
+static_assert(sizeof(abandoned) == sizeof(uint64_t) && std::atomic<uint64_t>::is_always_lock_free);
 }  // namespace
+
+void cross_memory_abandon() { abandoned.fetch_add(1, std::memory_order_seq_cst); }
+uint64_t cross_memory_epoch() { return abandoned.load(std::memory_order_seq_cst); }
 
 uint64_t cross_memory_bytes_read() { return bytes_read.load(std::memory_order_relaxed); }
 
@@ -29,6 +34,7 @@ CrossMemoryHello cross_memory_hello(const uint64_t* nonce) {
   h.pid = static_cast<int64_t>(getpid());
   h.nonce_at = reinterpret_cast<uint64_t>(nonce);
   h.nonce = *nonce;
+  h.epoch_at = reinterpret_cast<uint64_t>(&abandoned);
   h.allowed = cross_memory_allowed() && !boot.empty() ? 1 : 0;
   // Under Yama's ptrace_scope 1 only an ancestor may read us, and our
   // peers are siblings: let them (any process of our user, as MPI's

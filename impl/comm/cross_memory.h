@@ -26,7 +26,8 @@ struct CrossMemoryHello {
   int64_t pid;
   uint64_t nonce_at;  // address of the nonce in the sender
   uint64_t nonce;
-  uint8_t allowed;  // the sender's ZS_CROSS_MEMORY
+  uint64_t epoch_at;  // address of the sender's abandon count (below)
+  uint8_t allowed;    // the sender's ZS_CROSS_MEMORY
 };
 
 // Ours, for a nonce that lives (at a fixed address) as long as the pair.
@@ -39,6 +40,14 @@ bool cross_memory_reaches(const CrossMemoryHello& mine, const CrossMemoryHello& 
 // Copies bytes at `from` in process pid into dst; false (errno set) when
 // the kernel refuses or the peer is gone.
 bool cross_memory_read(pid_t pid, void* dst, uint64_t from, size_t bytes);
+
+// How many times this process has abandoned a collective whose memory peers
+// may be reading. A sender bumps it before any memory of the failed
+// collective can be freed; a reader compares it, after reading, with the
+// count the sender's message carried: equal means the bytes were still the
+// sender's when read. It lives as long as the process, at a fixed address.
+void cross_memory_abandon();
+uint64_t cross_memory_epoch();
 
 // Bytes this process has read by cross memory so far (for tests and stats).
 uint64_t cross_memory_bytes_read();

@@ -209,8 +209,12 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     }
     wait();
     peer_pid_.assign(count, 0);
-    for (size_t p = 0; p < count; ++p)
-      if (reach[p] && reached[p]) peer_pid_[p] = static_cast<pid_t>(theirs[p].pid);
+    peer_epoch_at_.assign(count, 0);
+    for (size_t p = 0; p < count; ++p) {
+      if (!reach[p] || !reached[p]) continue;
+      peer_pid_[p] = static_cast<pid_t>(theirs[p].pid);
+      peer_epoch_at_[p] = theirs[p].epoch_at;
+    }
   }
 
  private:
@@ -228,7 +232,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   void send(int peer, uint32_t index, const void* data, size_t bytes) override {
     if (by_cross_memory(peer, bytes)) {
       auto& out = cm_sends_.emplace_back();
-      out.where = {reinterpret_cast<uint64_t>(data), bytes};
+      out.where = {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
       post_send(peer, index, &out.where, sizeof(out.where));
       acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
       acks_.back()->recv(peer, slot(index | kAckBit));
@@ -270,6 +274,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   struct Where {
     uint64_t address = 0;
     uint64_t bytes = 0;
+    uint64_t epoch = 0;  // the sender's cross_memory_epoch() when it posted
   };
   struct CrossMemorySend {
     Where where;
@@ -300,13 +305,21 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     if (in.where.bytes != in.bytes)
       fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer, " sent ", in.where.bytes,
            " bytes where rank ", rank(), " expected ", in.bytes);
-    if (!cross_memory_read(static_cast<pid_t>(peer_pid_[static_cast<size_t>(in.peer)]), in.dst,
-                           in.where.address, in.bytes)) {
+    const auto p = static_cast<size_t>(in.peer);
+    const auto pid = static_cast<pid_t>(peer_pid_[p]);
+    uint64_t epoch = 0;
+    if (!cross_memory_read(pid, in.dst, in.where.address, in.bytes) ||
+        !cross_memory_read(pid, &epoch, peer_epoch_at_[p], sizeof(epoch))) {
       const int err = errno;
       fail(Code::Comm, op_, " on group '", name_, "': reading ", in.bytes, " bytes from rank ",
            in.peer, "'s memory failed: ", std::strerror(err),
            " (ZS_CROSS_MEMORY=0 sends everything over TCP)");
     }
+    // Read after the bytes: unchanged, the sender had not given the
+    // collective up (and freed its memory) before we were done.
+    if (epoch != in.where.epoch)
+      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer,
+           " abandoned the collective while its memory was being read");
   }
   void clear_posted() {
     acks_.clear();
@@ -323,6 +336,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // disagree exchange nothing, and keep their pairs so that their peers
   // reach the same verdict instead of seeing a closed connection.
   void release_after_failure() {
+    cross_memory_abandon();  // before anything posted can be freed
     if (watch_.verdict().empty()) ctx_->closeConnections();
     clear_posted();
   }
@@ -371,6 +385,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // A failed collective's buffers go (Gloo holds them only weakly).
   void abandon() {
     watch_.end(false);
+    cross_memory_abandon();  // peers may hold addresses of what unwinds now
     clear_posted();
   }
 
@@ -435,6 +450,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   std::deque<CrossMemorySend> cm_sends_;
   std::deque<CrossMemoryRecv> cm_recvs_;
   std::vector<pid_t> peer_pid_;  // by group rank: 0 unless the pair reads by cross memory
+  std::vector<uint64_t> peer_epoch_at_;  // where each such peer's abandon count is
   uint64_t nonce_ = 0;           // read back by the peers to prove the pair
 };
 
