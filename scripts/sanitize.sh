@@ -89,7 +89,7 @@ run_asan() {
 # server thread, a group's collective thread, Gloo's pairs, the kernels'
 # pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
 # a GPU) and zsrun (a launcher without threads of its own).
-tsan_filter='CollectiveIdentity.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*'
+tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*'
 
 run_tsan() {
   local s=$SECONDS
