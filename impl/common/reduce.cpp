@@ -7,21 +7,6 @@
 
 namespace zs {
 
-void reduce_f32(float* dst, const float* src, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-      return;
-    case ReduceOp::Max:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
-      return;
-    case ReduceOp::Min:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
-      return;
-  }
-}
-
 void reduce_f32_into(float* out, const float* own, const float* incoming, size_t n, ReduceOp op,
                      float scale) {
   switch (op) {
@@ -40,6 +25,10 @@ void reduce_f32_into(float* out, const float* own, const float* incoming, size_t
       for (size_t i = 0; i < n; ++i) out[i] = std::min(own[i], incoming[i]);
       return;
   }
+}
+
+void reduce_f32(float* dst, const float* src, size_t n, ReduceOp op) {
+  reduce_f32_into(dst, dst, src, n, op);
 }
 
 void reduce_u8(uint8_t* dst, const uint8_t* src, size_t n, ReduceOp op) {
