@@ -251,7 +251,9 @@ TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
 
 TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
   run_ranks(2, [](const RankEnv& env) {
-    const std::string cfg = config(20000, 1000000000, 100000, 0);  // everything persists
+    // Biases persist, weights do not: a unit of both is an event of the
+    // trace even while both are gathered.
+    const std::string cfg = config(20000, 1000000000, 100, 1000000000);
     zs_context ctx = zs::test::make_context(env, cfg.c_str());
     ASSERT_NE(ctx, nullptr);
     const Model m = build(ctx);
@@ -260,7 +262,8 @@ TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
     std::vector<zs_param> all(m.weights);
     all.insert(all.end(), m.biases.begin(), m.biases.end());
     ZS_ASSERT_OK(zs_coord_fetch(ctx, all.data(), all.size()));
-    // ...then rank-specific orders, which need no traffic.
+    // ...then rank-specific orders, which need no traffic (the reuse
+    // distance keeps the weights gathered).
     for (int i = 0; i < kLayers; ++i) {
       const int l = env.rank == 0 ? i : kLayers - 1 - i;
       use_layer(ctx, m, l);
@@ -268,6 +271,45 @@ TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
     ZS_ASSERT_OK(zs_step_end(ctx));
     const zs_coord_stats s = stats(ctx);
     EXPECT_EQ(s.trace_length, 0u) << "ranks disagreed: no trace may be kept";
+    zs_context_destroy(ctx);
+  });
+}
+
+// Units whose params are all persistent and gathered are no events: the
+// trainer may skip them (zeroshard.torch drops such modules' hooks), on one
+// rank and not another, without changing the trace or hanging; the kept
+// params stay gathered across optimizer steps in the buffers they had.
+TEST(Coordinator, KeptUnitsAreNoEventsAndStayGatheredAcrossSteps) {
+  run_ranks(3, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 100000, 0);  // everything persists
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);  // the forward gathers on demand; the backward reuses
+    zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.demand_fetches, static_cast<uint64_t>(kLayers));
+    EXPECT_EQ(s.trace_length, static_cast<uint64_t>(kLayers)) << "only the forward's gathers are events";
+    EXPECT_EQ(s.persistent_params, 2u * kLayers);
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    void* w0 = nullptr;
+    ZS_ASSERT_OK(zs_param_data(m.weights[0], &w0));
+    for (int step = 0; step < 3; ++step) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kLayers; ++l)
+        if (env.rank != 1 || l % 3 != 0) use_layer(ctx, m, l);  // rank 1 skips some
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));  // no gradients: values stay
+      s = stats(ctx);
+      EXPECT_EQ(s.trace_length, 0u);
+      EXPECT_EQ(s.persistent_params, 2u * kLayers) << "step " << step;
+    }
+    EXPECT_EQ(s.demand_fetches, static_cast<uint64_t>(kLayers)) << "a kept param was gathered again on demand";
+    void* w0_after = nullptr;
+    ZS_ASSERT_OK(zs_param_data(m.weights[0], &w0_after));
+    EXPECT_EQ(w0_after, w0) << "gathered again into another buffer: views of it would go stale";
+    train_step(ctx, m);  // checks every value it reads
+    zs_optimizer_destroy(opt);
     zs_context_destroy(ctx);
   });
 }

@@ -37,6 +37,27 @@ uint64_t hash_order(const std::vector<ParamList>& order) {
   return h;
 }
 
+// Whether every rank holds the same h, in one world all-reduce of both
+// words: the bytewise max of h and of ~h (which is ~ the bytewise min of
+// h) are equal exactly when every rank has the same h.
+std::vector<bool> every_rank_agrees(Context& ctx, const std::vector<uint64_t>& hashes) {
+  const size_t n = hashes.size();
+  std::vector<uint8_t> both(16 * n);
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t not_h = ~hashes[k];
+    std::memcpy(both.data() + 8 * k, &hashes[k], 8);
+    std::memcpy(both.data() + 8 * (n + k), &not_h, 8);
+  }
+  ctx.world()->run("trace check", [&](Communicator& c) {
+    c.allreduce(both.data(), both.data(), both.size(), DType::U8, ReduceOp::Max);
+  });
+  std::vector<bool> agreed(n, true);
+  for (size_t k = 0; k < n; ++k)
+    for (size_t i = 0; i < 8; ++i)
+      agreed[k] = agreed[k] && both[8 * k + i] == static_cast<uint8_t>(~both[8 * (n + k) + i]);
+  return agreed;
+}
+
 }  // namespace
 
 Coordinator::~Coordinator() = default;
@@ -134,7 +155,7 @@ void Coordinator::adopt(const ParamList& gathered) {
   for (const auto& p : gathered) {
     fresh_.insert(p.get());
     if (persistent(*p)) {
-      kept_[p.get()] = p;
+      if (!kept_.count(p.get())) kept_[p.get()] = Kept{p, kept_count_++};
     } else {
       live_[p.get()] = p;
       stats_.live_elements += p->layout.numel;
@@ -148,6 +169,11 @@ void Coordinator::fetch(const ParamList& params) {
   ctx_.check_async_error();
   const ParamList unit = expand(params);
   ++stats_.fetch_calls;
+  if (all_kept(unit)) {  // no event: see the header
+    for (const auto& p : unit) fresh_.erase(p.get());
+    ++stats_.reuse_hits;
+    return;
+  }
   if (in_step_) {
     current_.push_back(unit);
     if (following_) {
@@ -187,6 +213,24 @@ void Coordinator::fetch(const ParamList& params) {
   if (waited && missing.empty()) ++stats_.blocked_waits;
   if (!gathered) ++stats_.reuse_hits;
   if (in_step_ && following_) prefetch_ahead();
+}
+
+bool Coordinator::all_kept(const ParamList& unit) {
+  for (const auto& p : unit) {
+    if (!kept_.count(p.get())) return false;
+    settle(ctx_, *p);  // a prefetch of it may still be in flight
+    if (p->status() != ParamStatus::Available) return false;
+  }
+  return !unit.empty();
+}
+
+ParamList Coordinator::kept_in_order() const {
+  std::vector<const Kept*> sorted;
+  for (const auto& [raw, k] : kept_) sorted.push_back(&k);
+  std::sort(sorted.begin(), sorted.end(), [](const Kept* a, const Kept* b) { return a->order < b->order; });
+  ParamList out;
+  for (const Kept* k : sorted) out.push_back(k->param);
+  return out;
 }
 
 void Coordinator::release_one_param(Param& p) {
@@ -241,7 +285,7 @@ void Coordinator::drop_all(const std::set<const Param*>& keep) {
       ++it;
       continue;
     }
-    release_when_done(ctx_, *it->second);
+    release_when_done(ctx_, *it->second.param);
     fresh_.erase(it->first);
     it = kept_.erase(it);
   }
@@ -258,18 +302,12 @@ void Coordinator::step_end() {
   for (const auto& [raw, p] : live_) live.push_back(raw);
   for (Param* p : live) release_one_param(*p);
 
-  // Every rank must agree on the order; compare hashes through the world in
-  // one collective: the bytewise max of h and of ~h (which is ~ the
-  // bytewise min of h) are equal exactly when every rank has the same h.
-  const uint64_t h = hash_order(current_), not_h = ~h;
-  uint8_t both[16];
-  std::memcpy(both, &h, 8);
-  std::memcpy(both + 8, &not_h, 8);
-  ctx_.world()->run("trace check", [&](Communicator& c) {
-    c.allreduce(both, both, 16, DType::U8, ReduceOp::Max);
-  });
-  bool agreed = true;
-  for (int i = 0; i < 8; ++i) agreed = agreed && both[i] == static_cast<uint8_t>(~both[8 + i]);
+  // Every rank must agree on the order, and on the kept params that the
+  // next optimizer step gathers again: compared in one collective.
+  const ParamList kept = kept_in_order();
+  const std::vector<bool> agree = every_rank_agrees(ctx_, {hash_order(current_), hash_order({kept})});
+  agreed_kept_ = agree[1] ? kept : ParamList{};  // else nothing stays gathered across the step
+  const bool agreed = agree[0];
   const bool matched = trace_valid_ && following_ && pos_ == trace_.size();
   if (matched && agreed) return;
   invalidate();
@@ -284,21 +322,17 @@ void Coordinator::step_end() {
 
 void Coordinator::on_params_updated() {
   const Entry entry(*this);
-  // The trace is the same on every rank (step_end compared it), so the
+  // The kept list is the same on every rank (step_end compared it), so the
   // noted params and their order are too.
   refresh_.clear();
   std::set<const Param*> noted;
-  if (trace_valid_) {
-    const auto budget = static_cast<uint64_t>(ctx_.config().model_persistence_threshold);
-    uint64_t used = 0;
-    for (const auto& unit : trace_)
-      for (const auto& p : unit) {
-        if (!persistent(*p) || p->unregistered || noted.count(p.get())) continue;
-        if (used + p->layout.numel > budget) continue;
-        used += p->layout.numel;
-        refresh_.push_back(p);
-        noted.insert(p.get());
-      }
+  const auto budget = static_cast<uint64_t>(ctx_.config().model_persistence_threshold);
+  uint64_t used = 0;
+  for (const auto& p : agreed_kept_) {
+    if (p->unregistered || used + p->layout.numel > budget) continue;
+    used += p->layout.numel;
+    refresh_.push_back(p);
+    noted.insert(p.get());
   }
   drop_all(noted);
 }

@@ -4,9 +4,13 @@
 // prefetch_bucket_size elements in flight and max_live_parameters gathered.
 // Params of at most param_persistence_threshold elements stay gathered for
 // the step, and across steps: an optimizer step drops every gathered copy
-// and then gathers the trace's persistent params again in one coalesced
-// collective (up to model_persistence_threshold elements), so a model of
-// many small params needs no gather per step. A param used again within
+// and then gathers the kept persistent params again in one coalesced
+// collective (up to model_persistence_threshold elements, in the order they
+// were first kept, a list every rank agreed on at the last step end), so a
+// model of many small params needs no gather per step. A unit whose params
+// are all kept and gathered is no event at all: it is not recorded in the
+// trace, so a trainer may skip fetching it (zeroshard.torch drops such
+// modules' hooks) and the trace stays the same. A param used again within
 // max_reuse_distance elements of the trace is not released in between.
 // Prefetching gathers everything the window adds in one collective. A step whose order differs from the
 // trace on any rank invalidates it on every rank, and the next step records
@@ -94,7 +98,19 @@ class Coordinator : public Context::Attachment {
   size_t pos_ = 0;          // next trace unit expected
   size_t prefetched_upto_ = 0;
   std::map<Param*, std::shared_ptr<Param>> live_;  // gathered by us, not persistent
-  std::map<Param*, std::shared_ptr<Param>> kept_;  // persistent (until the next optimizer step)
+  // Persistent, until the next optimizer step; each with the order in
+  // which it was first kept.
+  struct Kept {
+    std::shared_ptr<Param> param;
+    uint64_t order = 0;
+  };
+  std::map<Param*, Kept> kept_;
+  uint64_t kept_count_ = 0;
+  // Whether every param of `unit` is kept and gathered now.
+  bool all_kept(const ParamList& unit);
+  // The kept params in the order they were first kept.
+  ParamList kept_in_order() const;
+  ParamList agreed_kept_;  // as of the last step end whose kept list every rank shared
   ParamList refresh_;  // persistent params to gather again after the optimizer step
   std::set<const Param*> fresh_;  // gathered by us, not yet fetched
   std::map<const Param*, size_t> leaf_of_;
