@@ -21,6 +21,24 @@ calling that module's forward (nn.MultiheadAttention reads
 out_proj.weight) finds it gathered: the read fetches it, warns once, and
 makes it an external param of the running module from then on.
 
+Gradients of params that only kept units hold (persistent, not in a leaf
+or in a unit that also holds non-persistent params) need no hook each:
+autograd accumulates them in .grad, and once the backward ends (a
+callback its root output's gradient queues) they go to the engine as the
+hooks would have pushed them, and .grad is None again. Params of other
+units keep their per-param hooks: their gradient is what lets the unit's
+gathered params go during the backward (a swept param that a unit of
+them fetches on access later releases that unit when the backward ends).
+
+Kept units go without hooks: a unit whose params are all persistent and
+gathered (they stay so across optimizer steps, refreshed in place) needs
+neither a fetch nor a release, so at each step's begin its module's
+forward hooks are removed, and put back once any of its params is not
+gathered any more. The engine's coordinator does not count such a unit
+as an event either, so the trace stays the same. A module without hooks
+is no fetch unit for fetch on access: a read of a param that is not
+gathered inside it is a read of the module that called it.
+
 The hooks are plain functions that find their state on the module
 (`_zs_unit`, `_zs_hooks`), so `copy.deepcopy` of a hooked model gives a
 hooked copy with its own units and partitioned params.
@@ -60,6 +78,7 @@ class _Unit:
         self.pending = set()     # params whose gradient this backward has not produced yet
         self.bwd_held = False    # holds its params for its backward
         self.persistent = False  # every param persistent (set with the handles)
+        self.armed = False       # its module carries the forward hooks
         self._handles = None
 
     def handles(self):
@@ -74,8 +93,32 @@ class _Unit:
         # The copied model's HookEngine (copied after every module) adopts it.
         unit = _Unit(copy.deepcopy(self.module, memo), self.name,
                      [copy.deepcopy(p, memo) for p in self.params], self.leaf)
+        unit.armed = _unit_pre_forward in unit.module._forward_pre_hooks.values()
         memo[id(self)] = unit
         return unit
+
+    def arm(self, prepend=False):
+        """Install the module's forward hooks (prepend: before hooks user
+        code added since, as they were when first installed)."""
+        if not self.armed:
+            self.module.register_forward_pre_hook(_unit_pre_forward, prepend=prepend)
+            # always_call: a forward that raises still drops its hold.
+            # Activation checkpointing's recompute stops early by raising
+            # inside the last module it needs; without this every
+            # checkpointed block kept that module's params gathered until
+            # the step.
+            self.module.register_forward_hook(_unit_post_forward, prepend=prepend, always_call=True)
+            self.armed = True
+
+    def disarm(self):
+        _strip_hooks(self.module, (_unit_pre_forward, _unit_post_forward))
+        self.armed = False
+
+    def kept(self):
+        """Whether every param is persistent and gathered: the unit needs
+        no fetch or release (see the module docstring)."""
+        return bool(self.params) and not self.leaf and all(p.zs.persistent and p.zs.attached
+                                                            for p in self.params)
 
 
 def forget_step():
@@ -135,11 +178,15 @@ def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         engine.begin_step()
-    saved.push()
+    saved.push(by_reference=engine is None or engine.saves_by_reference)
 
 
 def _root_post_forward(module, inputs, output):
     saved.pop()
+    engine = module.__dict__.get("_zs_hooks")
+    if engine is not None and engine.swept and torch.is_grad_enabled():
+        for t in _output_tensors(output, []):
+            t.register_hook(engine.sweep_after_backward)
 
 
 def _unit_pre_forward(module, inputs):
@@ -184,11 +231,12 @@ def _live_unit(module):
 _HOOKS = (_root_pre_forward, _root_post_forward, _unit_pre_forward, _unit_post_forward)
 
 
-def _strip_hooks(module):
+def _strip_hooks(module, hooks=_HOOKS):
     """Remove our hook functions from a module (a copy may carry them)."""
     for d in (module._forward_pre_hooks, module._forward_hooks):
-        for k in [k for k, fn in d.items() if fn in _HOOKS]:
+        for k in [k for k, fn in d.items() if fn in hooks]:
             del d[k]
+            module._forward_hooks_always_called.pop(k, None)
 
 
 def _forward_access(p):
@@ -220,6 +268,10 @@ class HookEngine:
         self.waiting = {}      # param -> units held for backward until its gradient arrives
         self.warned = set()
         self._params = None    # every unit's params, once each (built on first use)
+        self.swept = []        # params whose gradients are taken when the backward ends
+        self._sweepable = set()  # ids of the params that may be swept
+        self._sweep_queued = False
+        self.saves_by_reference = True  # some param is not persistent (saved.py)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -249,12 +301,7 @@ class HookEngine:
         unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
-        module.register_forward_pre_hook(_unit_pre_forward)
-        # always_call: a forward that raises still drops its hold. Activation
-        # checkpointing's recompute stops early by raising inside the last
-        # module it needs; without this every checkpointed block kept that
-        # module's params gathered until the step.
-        module.register_forward_hook(_unit_post_forward, always_call=True)
+        unit.arm()
         fetch_on_access(module)
         for child in module.children():
             self._walk(child, names, inside_leaf=leaf)
@@ -282,15 +329,38 @@ class HookEngine:
         for unit in self.units:
             if unit.leaf and len(unit.params) > 1:
                 ctx.leaf_group(zparams(unit.params))
-        self._hook_grads([p for unit in self.units for p in unit.params])
+        params = self.params()
+        self.saves_by_reference = not all(p.zs.persistent for p in params)
+        held = {id(p) for unit in self.units if unit.leaf or not all(q.zs.persistent for q in unit.params)
+                for p in unit.params}
+        self._sweepable = {id(p) for p in params if p.zs.persistent and id(p) not in held}
+        self.swept = []
+        self._hook_grads(params)
 
     def _hook_grads(self, params):
         """Hand `params`' gradients to this engine as autograd accumulates
-        them (once per param; frozen params when they are unfrozen)."""
+        them (once per param; frozen params when they are unfrozen): swept
+        when the backward ends, or pushed by a hook of their own."""
         for p in params:
             if p.requires_grad and p.zs.grad_hook is not self:
                 p.zs.grad_hook = self
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                if id(p) in self._sweepable:
+                    self.swept.append(p)
+                else:
+                    p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def sweep_after_backward(self, grad):
+        """A gradient hook on the root's outputs: the backward has begun;
+        take the swept params' gradients once it ends."""
+        if not self._sweep_queued:
+            self._sweep_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.sweep_grads)
+
+    def sweep_grads(self):
+        self._sweep_queued = False
+        for p in self.swept:
+            if p.grad is not None:
+                self._on_grad(p)
 
     def __deepcopy__(self, memo):
         model = copy.deepcopy(self.model, memo)
@@ -313,6 +383,19 @@ class HookEngine:
             self.take_user_changes()
             get_context().step_begin()
             _step["open"] = True
+            self.hook_kept_units_only_when_needed()
+
+    def hook_kept_units_only_when_needed(self):
+        """Remove the forward hooks of kept units, put them back on the
+        others. The root keeps its own (its pre-hook is running now)."""
+        for unit in self.units:
+            if unit.module is self.model:
+                continue
+            if unit.kept():
+                if unit.armed:
+                    unit.disarm()
+            elif not unit.armed:
+                unit.arm(prepend=True)
 
     def take_user_changes(self):
         """What user code changed on the params between steps: a param
@@ -367,6 +450,7 @@ class HookEngine:
                     self.waiting.setdefault(p, []).append(unit)
 
     def _on_grad(self, p):
+        """p's gradient is complete (for this backward): to the engine."""
         grad = p.grad
         p.grad = None
         if grad is None:
@@ -386,9 +470,12 @@ class HookEngine:
 
     # -- step -----------------------------------------------------------
     def before_step(self):
-        """Push leaf gradients, release what backward left gathered, end
-        the coordinator's step. Called by the optimizer; collective."""
+        """Push leaf gradients (and swept ones a backward that did not go
+        through the root's outputs left), release what backward left
+        gathered, end the coordinator's step. Called by the optimizer;
+        collective."""
         ctx = get_context()
+        self.sweep_grads()
         for p in self.leaf_params:
             if not p.requires_grad:
                 continue

@@ -76,10 +76,11 @@ read_gathered = None
 _active = []  # the hook contexts pushed by running forwards, innermost last
 
 
-def push():
-    """Called as a hooked model's forward begins; pop() as it ends."""
+def push(by_reference=True):
+    """Called as a hooked model's forward begins; pop() as it ends.
+    by_reference=False (a model whose params all persist): nothing to do."""
     hooks = None
-    if torch._C._autograd._saved_tensors_hooks_is_enabled():
+    if by_reference and torch._C._autograd._saved_tensors_hooks_is_enabled():
         hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
         hooks.__enter__()
     _active.append(hooks)
