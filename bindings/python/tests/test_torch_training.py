@@ -230,3 +230,22 @@ def test_params_changed_by_user_code_between_steps():
     assert w["reduce_scatter_bytes_sent"] == w["reduce_scatter_bytes_received"] > 0, w
     assert w["quantized_gather_bytes_sent"] == w["quantized_reduce_bytes_sent"] == 0, w
     assert "param.data was set to a tensor of shape (3,), expected its full shape (24, 24)" in r["shape_error"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_kept_units_run_without_hooks_and_train_as_the_reference(ranks):
+    """A fine-grained model: units whose params stay gathered across steps
+    lose their forward hooks, the others keep them or get them back, and
+    gradients taken from .grad when the backward ends (or at the step, for
+    a backward that never went through the root) train as an unsharded
+    model on every rank's batches."""
+    r = run_ranks(ranks, "kept_units")
+    for step, (a, b) in enumerate(zip(r["reference"], r["zeroshard"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (step, a, b, r)
+    assert all(not left for left in r["grads_left"]), r["grads_left"]
+    # A gradient lost or pushed twice moves a weight by about lr (1e-2).
+    assert r["max_weight_diff"] <= 1e-5, r["max_weight_diff"]
+    armed = r["armed"]
+    assert not any(armed[f"layers.{i}"] for i in range(8)), armed   # kept across steps
+    assert all(armed[f"layers.{i}"] for i in range(8, 12)), armed   # over the model threshold
+    assert armed["wide"] and armed["head"] and armed["act"] and armed["root"], armed

@@ -539,6 +539,88 @@ def mode_saved_by_reference(rank, world):
     return out
 
 
+class FineModel(nn.Module):
+    """Many small Linears (persistent under a threshold of 100 elements), a
+    param-less module between them, and a wide layer that is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(12))
+        self.act = nn.Tanh()
+        self.wide = nn.Linear(8, 40)  # 320 elements: gathered and released each time
+        self.head = nn.Linear(40, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + 0.1 * self.act(layer(x))
+        return self.head(torch.relu(self.wide(x))).pow(2).mean()
+
+
+def mode_kept_units(rank, world):
+    """Kept units run without hooks and swept gradients reach the engine
+    whichever way the backward went, against an unsharded model trained on
+    every rank's batches: plain steps, two backwards before a step, and a
+    step whose loss comes from a submodule called on its own (the root's
+    hooks never run, so its gradients are swept by the optimizer step).
+    Only layers 0-7 fit the model persistence threshold (72 elements a
+    layer): layers 8-11 and the head are dropped by every optimizer step,
+    so their hooks come back at the next step."""
+    cfg = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
+                                 "stage3_model_persistence_threshold": 8 * 72}}
+    torch.manual_seed(5)
+    reference = FineModel()
+    torch.manual_seed(5)
+    with zt.Init(config=cfg):
+        model = FineModel()
+    zt.partition_module(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+    def inputs(step, r, micro=0):
+        g = torch.Generator().manual_seed(100 * step + 10 * r + micro)
+        return torch.randn(6, 8, generator=g)
+
+    def losses_of(m, step, r):
+        if step == 4:  # two backwards before the step
+            return [m(inputs(step, r, 0)), m(inputs(step, r, 1))]
+        if step == 6:  # a submodule on its own
+            return [m.layers[0](inputs(step, r)).pow(2).mean()]
+        return [m(inputs(step, r))]
+
+    ref_losses, zs_losses, grads_left = [], [], []
+    for step in range(10):
+        ref_total = 0.0
+        for r in range(world):
+            for loss in losses_of(reference, step, r):
+                (loss / world).backward()
+                ref_total += loss.item() / world
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(ref_total)
+        total = 0.0
+        for loss in losses_of(model, step, rank):
+            loss.backward()
+            total += loss.item()
+        if step != 6:  # the root ran: its backward swept every gradient
+            grads_left.append([n for n, p in model.named_parameters() if p.grad is not None])
+        opt.step()
+        opt.zero_grad()
+        zs_losses.append(mean_over_ranks(total))
+    out = {"reference": ref_losses, "zeroshard": zs_losses, "grads_left": grads_left}
+    sd = zt.consolidated_state_dict(model)
+    if rank == 0:
+        ref_sd = reference.state_dict()
+        out["max_weight_diff"] = max((sd[k] - ref_sd[k]).abs().max().item() for k in ref_sd)
+    model(inputs(99, rank)).backward()  # the hooks as this step's begin left them
+    opt.step()
+
+    def armed(m):
+        return any(fn is zt.hooks._unit_pre_forward for fn in m._forward_pre_hooks.values())
+
+    out["armed"] = {n or "root": armed(m) for n, m in model.named_modules() if n != "layers"}
+    return out
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
@@ -547,7 +629,7 @@ def main():
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,
-              "saved_by_reference": mode_saved_by_reference}[mode](rank, world)
+              "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared
