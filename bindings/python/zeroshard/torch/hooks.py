@@ -93,7 +93,7 @@ class _Unit:
         # The copied model's HookEngine (copied after every module) adopts it.
         unit = _Unit(copy.deepcopy(self.module, memo), self.name,
                      [copy.deepcopy(p, memo) for p in self.params], self.leaf)
-        unit.armed = _unit_pre_forward in unit.module._forward_pre_hooks.values()
+        unit.armed = self.armed  # the copied module carries copies of the same hooks
         memo[id(self)] = unit
         return unit
 
