@@ -249,3 +249,5 @@ def test_kept_units_run_without_hooks_and_train_as_the_reference(ranks):
     assert not any(armed[f"layers.{i}"] for i in range(8)), armed   # kept across steps
     assert all(armed[f"layers.{i}"] for i in range(8, 12)), armed   # over the model threshold
     assert armed["wide"] and armed["head"] and armed["act"] and armed["root"], armed
+    assert r["copy_equal"] and r["copy_trained"] and r["original_unchanged"], r
+    assert r["copy_armed"] and not r["copy_warnings"], r["copy_warnings"]

@@ -4,9 +4,11 @@
 
 Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
+import copy
 import json
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -618,6 +620,25 @@ def mode_kept_units(rank, world):
         return any(fn is zt.hooks._unit_pre_forward for fn in m._forward_pre_hooks.values())
 
     out["armed"] = {n or "root": armed(m) for n, m in model.named_modules() if n != "layers"}
+    # A copy of the model with its kept units unhooked: its params are new,
+    # not gathered, so its first forward hooks them again; it trains on its
+    # own and the original stays as it was.
+    x = inputs(98, rank)
+    with torch.no_grad():
+        before = model(x)
+    twin = copy.deepcopy(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out["copy_equal"] = bool(torch.equal(twin(x), before))
+        twin_opt = zt.ZeroShardOptimizer(twin.parameters(), lr=1e-2)
+        twin(x).backward()
+        twin_opt.step()
+        with torch.no_grad():
+            out["copy_trained"] = not torch.equal(twin(x), before)
+            out["original_unchanged"] = bool(torch.equal(model(x), before))
+    out["copy_warnings"] = [str(w.message) for w in caught]
+    out["copy_armed"] = all(armed(m) for n, m in twin.named_modules() if n.startswith("layers."))
     return out
 
 

@@ -178,6 +178,8 @@ def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         engine.begin_step()
+        if engine.units_to_check:
+            engine.hook_kept_units_only_when_needed()
     saved.push(by_reference=engine is None or engine.saves_by_reference)
 
 
@@ -272,6 +274,7 @@ class HookEngine:
         self._sweepable = set()  # ids of the params that may be swept
         self._sweep_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
+        self.units_to_check = True  # which units need hooks (at the root's next forward)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -383,11 +386,13 @@ class HookEngine:
             self.take_user_changes()
             get_context().step_begin()
             _step["open"] = True
-            self.hook_kept_units_only_when_needed()
 
     def hook_kept_units_only_when_needed(self):
         """Remove the forward hooks of kept units, put them back on the
-        others. The root keeps its own (its pre-hook is running now)."""
+        others (at the first forward after an optimizer step, or of a new
+        or copied model). The root keeps its own (its pre-hook is running
+        now)."""
+        self.units_to_check = False
         for unit in self.units:
             if unit.module is self.model:
                 continue
@@ -502,6 +507,7 @@ class HookEngine:
         Persistent params keep theirs: the step gathered their new values
         into the buffers the views show."""
         detach_views([p for p in registered_params() if p.zs is not None])
+        self.units_to_check = True
 
 
 def set_leaf_modules(model, leaf_classes):
