@@ -15,10 +15,13 @@ and runs warm-up + iters steps. The timed figure is the median step; params/s
   push  zeroshard.Param.push_grad: the full gradient handed to the engine,
         widened into a reduce bucket (a copy of the gradient);
   sync  zeroshard.Context.grad_sync: the bucket's reduce-scatter (a world of
-        one: a copy into a receive buffer) added into the fp32 gradient shard;
+        one: a copy into a receive buffer) written into the fp32 gradient
+        shard (the first write after a step overwrites it), its sum of
+        squares taken in the same loop;
   step  zeroshard.Optimizer.step after that sync: global norm and inf/NaN
-        check (one read of the gradient), the AdamW update of the master,
-        exp_avg, exp_avg_sq, and the zeroing of the gradient shard.
+        check from the sums the sync took (no read of the gradient), the
+        AdamW update of the master, exp_avg, exp_avg_sq; the gradient shard
+        is not zeroed (the next sync overwrites it).
 
 torch and DeepSpeed read the gradient where it is (param.grad), compute no
 norm and zero nothing, so "step" is the figure to compare with theirs; the

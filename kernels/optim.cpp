@@ -129,6 +129,33 @@ double sumsq(const float* x, size_t n) {
   return s;
 }
 
+// One element of store_sum_squares.
+template <StoreMode M>
+inline float store1(float d, float s) {
+  if constexpr (M == StoreMode::Add) return f_add(d, s);
+  if constexpr (M == StoreMode::Assign) return f_add(0.0f, s);
+  return s;
+}
+
+template <StoreMode M>
+double store_sumsq_m(float* d, const float* src, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    d[i] = store1<M>(d[i], src[i]);
+    s = d_add(s, d_square(d[i]));
+  }
+  return s;
+}
+
+double store_sumsq(float* d, const float* src, size_t n, StoreMode m) {
+  switch (m) {
+    case StoreMode::Add: return store_sumsq_m<StoreMode::Add>(d, src, n);
+    case StoreMode::Assign: return store_sumsq_m<StoreMode::Assign>(d, src, n);
+    case StoreMode::Copy: break;
+  }
+  return store_sumsq_m<StoreMode::Copy>(d, src, n);
+}
+
 bool finite(const float* x, size_t n) {
   uint32_t mx = 0;
   for (size_t i = 0; i < n; ++i) mx = std::max(mx, abs_bits(x[i]));
@@ -158,6 +185,7 @@ struct Impl {
   void (*adam)(float*, float*, float*, const float*, size_t, const AdamC&, void*, WorkDtype);
   void (*sgd)(float*, float*, const float*, size_t, const SgdC&, void*, WorkDtype);
   double (*sumsq)(const float*, size_t);  // called per kSumBlock block
+  double (*store_sumsq)(float*, const float*, size_t, StoreMode);  // likewise
   bool (*finite)(const float*, size_t);
   void (*scale)(float*, size_t, float);
   void (*from_f32)(const float*, void*, WorkDtype, size_t);
@@ -165,9 +193,9 @@ struct Impl {
   void (*add_to)(const void*, WorkDtype, float*, size_t);
 };
 
-const Impl kScalarImpl = {scalar_impl::adam,   scalar_impl::sgd,      scalar_impl::sumsq,
-                          scalar_impl::finite, scalar_impl::scale,    scalar_impl::from_f32,
-                          scalar_impl::to_f32, scalar_impl::add_to};
+const Impl kScalarImpl = {scalar_impl::adam,     scalar_impl::sgd,         scalar_impl::sumsq,
+                          scalar_impl::store_sumsq, scalar_impl::finite,   scalar_impl::scale,
+                          scalar_impl::from_f32, scalar_impl::to_f32,      scalar_impl::add_to};
 
 }  // namespace
 }  // namespace zs::kernels
@@ -333,13 +361,15 @@ void sgd_step_scalar(float* master, float* momentum_buf, const float* grad, size
                    working_dtype);
 }
 
-double sum_squares(const float* x, size_t n) {
-  if (n == 0) return 0.0;
-  const Impl* I = impl();
+namespace {
+// The sum over fixed kSumBlock blocks, block(begin, count) each, added in
+// order: the same result on any thread count.
+template <typename Block>
+double blocked_sum(size_t n, const Block& block_at) {
   const size_t nblocks = (n + kSumBlock - 1) / kSumBlock;
   auto block = [&](size_t k) {
     const size_t b = k * kSumBlock;
-    return I->sumsq(x + b, std::min(n, b + kSumBlock) - b);
+    return block_at(b, std::min(n, b + kSumBlock) - b);
   };
   double total = 0.0;
   if (n < 2 * kGrain) {
@@ -355,6 +385,20 @@ double sum_squares(const float* x, size_t n) {
       1);
   for (double p : part) total += p;
   return total;
+}
+}  // namespace
+
+double sum_squares(const float* x, size_t n) {
+  if (n == 0) return 0.0;
+  const Impl* I = impl();
+  return blocked_sum(n, [&](size_t b, size_t count) { return I->sumsq(x + b, count); });
+}
+
+double store_sum_squares(float* dst, const float* src, size_t n, StoreMode mode) {
+  if (n == 0) return 0.0;
+  require(dst && src, "store_sum_squares: null dst or src");
+  const Impl* I = impl();
+  return blocked_sum(n, [&](size_t b, size_t count) { return I->store_sumsq(dst + b, src + b, count, mode); });
 }
 
 bool all_finite(const float* x, size_t n) {
@@ -470,12 +514,16 @@ inline VF ld_f16(const void* src) {
   return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
 }
 
-// Sum of squares of n floats in double: 4 accumulators over 16 elements.
-inline double sumsq_v(const float* x, size_t n) {
+// Sum of squares in double of n floats that x yields (x.vec(i): 8 from
+// element i, x.one(i): element i): 4 accumulators over 16 elements. One
+// code for reading (sum_squares) and writing (store_sum_squares) keeps
+// their sums the same bits.
+template <typename Src>
+inline double sumsq_of(const Src& x, size_t n) {
   __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    const __m256 x0 = x.vec(i), x1 = x.vec(i + 8);
     const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x0));
     const __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x0, 1));
     const __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(x1));
@@ -489,7 +537,10 @@ inline double sumsq_v(const float* x, size_t n) {
   alignas(32) double l[4];
   _mm256_store_pd(l, a);
   double s = (l[0] + l[1]) + (l[2] + l[3]);
-  for (; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (; i < n; ++i) {
+    const float f = x.one(i);
+    s += static_cast<double>(f) * static_cast<double>(f);
+  }
   return s;
 }
 
@@ -568,11 +619,13 @@ inline VF ld_f16(const void* src) {
 
 inline __m256 hi8(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
 
-inline double sumsq_v(const float* x, size_t n) {
+// As AVX2's sumsq_of, 16 floats per x.vec(i), 4 accumulators over 32.
+template <typename Src>
+inline double sumsq_of(const Src& x, size_t n) {
   __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    const __m512 x0 = x.vec(i), x1 = x.vec(i + 16);
     const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
     const __m512d d1 = _mm512_cvtps_pd(hi8(x0));
     const __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(x1));
@@ -586,7 +639,10 @@ inline double sumsq_v(const float* x, size_t n) {
   alignas(64) double l[8];
   _mm512_store_pd(l, a);
   double s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-  for (; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (; i < n; ++i) {
+    const float f = x.one(i);
+    s += static_cast<double>(f) * static_cast<double>(f);
+  }
   return s;
 }
 
@@ -686,7 +742,40 @@ void sgd(float* p, float* buf, const float* g, size_t n, const SgdC& c, void* w,
     scalar_impl::sgd(p + i, buf ? buf + i : nullptr, g + i, n - i, c, work_at(w, t, i), t);
 }
 
-double sumsq(const float* x, size_t n) { return sumsq_v(x, n); }
+// Sources for sumsq_of: floats read, or floats written by store_sum_squares.
+struct Loaded {
+  const float* x;
+  VF vec(size_t i) const { return ld(x + i); }
+  float one(size_t i) const { return x[i]; }
+};
+
+template <StoreMode M>
+struct Stored {
+  float* d;
+  const float* s;
+  VF vec(size_t i) const {
+    VF v = ld(s + i);
+    if constexpr (M == StoreMode::Add) v = add(ld(d + i), v);
+    if constexpr (M == StoreMode::Assign) v = add(set1(0.0f), v);
+    st(d + i, v);
+    return v;
+  }
+  float one(size_t i) const {
+    d[i] = scalar_impl::store1<M>(d[i], s[i]);
+    return d[i];
+  }
+};
+
+double sumsq(const float* x, size_t n) { return sumsq_of(Loaded{x}, n); }
+
+double store_sumsq(float* d, const float* s, size_t n, StoreMode m) {
+  switch (m) {
+    case StoreMode::Add: return sumsq_of(Stored<StoreMode::Add>{d, s}, n);
+    case StoreMode::Assign: return sumsq_of(Stored<StoreMode::Assign>{d, s}, n);
+    case StoreMode::Copy: break;
+  }
+  return sumsq_of(Stored<StoreMode::Copy>{d, s}, n);
+}
 
 bool finite(const float* x, size_t n) {
   size_t i = 0;
@@ -719,7 +808,7 @@ void add_to(const void* src, WorkDtype t, float* dst, size_t n) {
   if (i < n) scalar_impl::add_to(work_at(src, t, i), t, dst + i, n - i);
 }
 
-const Impl kImpl = {adam, sgd, sumsq, finite, scale, from_f32, to_f32, add_to};
+const Impl kImpl = {adam, sgd, sumsq, store_sumsq, finite, scale, from_f32, to_f32, add_to};
 
 }  // namespace ZS_NS
 }  // namespace

@@ -73,6 +73,17 @@ void sgd_step_scalar(float* master, float* momentum_buf, const float* grad, size
 // differ between SIMD paths in the last bits (summation order).
 double sum_squares(const float* x, size_t n);
 bool all_finite(const float* x, size_t n);  // false if any inf/NaN
+// How store_sum_squares writes dst[i]:
+//   Add     dst[i] + src[i]   (accumulating into a gradient shard)
+//   Assign  0.0f + src[i]     (the bits of adding into zeros: -0 becomes +0,
+//                              so a shard need not be zeroed first)
+//   Copy    src[i]
+enum class StoreMode { Add = 0, Assign = 1, Copy = 2 };
+// Writes dst and returns the sum of squares of its new values, computed in
+// the same loop (no second read of dst): bit for bit what sum_squares(dst,
+// n) returns afterwards (same blocks, same accumulators, on every SIMD
+// path), so a gradient's norm can be taken as it is written.
+double store_sum_squares(float* dst, const float* src, size_t n, StoreMode mode);
 void scale_inplace(float* x, size_t n, float s);
 // fp32 -> working dtype (round to nearest even, NaN stays NaN); F32 copies.
 void cast_from_f32(const float* src, void* dst, WorkDtype t, size_t n);

@@ -229,6 +229,54 @@ TEST_P(KernelsOptimPath, SumSquaresMatchesDoubleLoop) {
   }
 }
 
+// The fused write + sum of squares of a gradient shard: the values each
+// mode writes, and a sum with the very bits sum_squares finds over them
+// afterwards (the step's norm relies on it), on one thread and on many.
+TEST_P(KernelsOptimPath, StoreSumSquaresWritesAndSumsAsSumSquares) {
+  for (int threads : {1, 0}) {
+    set_num_threads(threads);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17},
+                     size_t{31}, size_t{33}, size_t{8191}, size_t{8193}, size_t{70001}, kBig}) {
+      const std::vector<float> src = normal(n, 11, 3.0f);
+      const std::vector<float> old = normal(n, 12, 2.0f);
+      for (StoreMode mode : {StoreMode::Add, StoreMode::Assign, StoreMode::Copy}) {
+        std::vector<float> dst = old;
+        const double got = store_sum_squares(dst.data(), src.data(), n, mode);
+        for (size_t i = 0; i < n; ++i) {
+          const float want = mode == StoreMode::Add ? old[i] + src[i] : src[i];
+          ASSERT_EQ(dst[i], want) << "n=" << n << " i=" << i << " mode=" << static_cast<int>(mode);
+        }
+        const double sum = sum_squares(dst.data(), n);
+        EXPECT_EQ(std::memcmp(&got, &sum, sizeof got), 0)
+            << "n=" << n << " mode=" << static_cast<int>(mode) << " threads=" << threads
+            << " path=" << simd_path() << ": " << got << " vs " << sum;
+      }
+    }
+  }
+}
+
+// Assign is what adding into zeros gives: -0 becomes +0 (so a shard that
+// is not zeroed first ends as it would have), Copy keeps it; an inf or NaN
+// anywhere, the tail included, leaves the sum non-finite.
+TEST_P(KernelsOptimPath, StoreSumSquaresSignedZerosAndNonFinite) {
+  for (size_t n : {size_t{1}, size_t{40}, size_t{100}}) {
+    std::vector<float> src(n, -0.0f), dst(n, 5.0f);
+    EXPECT_EQ(store_sum_squares(dst.data(), src.data(), n, StoreMode::Assign), 0.0);
+    for (float d : dst) ASSERT_FALSE(std::signbit(d)) << "n=" << n << " path=" << simd_path();
+    EXPECT_EQ(store_sum_squares(dst.data(), src.data(), n, StoreMode::Copy), 0.0);
+    for (float d : dst) ASSERT_TRUE(std::signbit(d)) << "n=" << n << " path=" << simd_path();
+    for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      for (size_t at : {size_t{0}, n / 2, n - 1}) {
+        std::vector<float> s = normal(n, 13), d(n, 0.0f);
+        s[at] = bad;
+        for (StoreMode mode : {StoreMode::Add, StoreMode::Assign, StoreMode::Copy})
+          EXPECT_FALSE(std::isfinite(store_sum_squares(d.data(), s.data(), n, mode)))
+              << "n=" << n << " at " << at << " path=" << simd_path();
+      }
+    }
+  }
+}
+
 TEST_P(KernelsOptimPath, AllFiniteFindsOneBadValueAnywhere) {
   const float bads[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                         std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),

@@ -58,6 +58,23 @@ void add_f32(Device& dev, float* dst, const float* src, size_t n) {
   reduce_f32(dst, src, n, ReduceOp::Sum);
 }
 
+bool store_sum_squares(Device& dev, float* dst, const float* src, size_t n,
+                       kernels::StoreMode mode, double* sumsq) {
+  *sumsq = 0.0;
+  if (dev.is_cuda()) {
+    if (n == 0) return false;
+    if (mode == kernels::StoreMode::Copy) {
+      dev.copy(dst, src, n * sizeof(float));
+      return false;
+    }
+    if (mode == kernels::StoreMode::Assign) dev.zero(dst, n * sizeof(float));
+    add_f32(dev, dst, src, n);
+    return false;
+  }
+  *sumsq = kernels::store_sum_squares(dst, src, n, mode);
+  return true;
+}
+
 void refresh_master(Device& dev, const void* working, DType dtype, float* master, size_t n) {
   if (n == 0) return;
   ZS_ON_CUDA(dev, refresh_master, working, work_dtype(dtype), master, n)

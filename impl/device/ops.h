@@ -20,6 +20,13 @@ kernels::WorkDtype work_dtype(DType t);
 // dst[i] = widen(src[i]) / divisor (divisor 1: no division).
 void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t n, float divisor);
 void add_f32(Device& dev, float* dst, const float* src, size_t n);  // dst += src
+// A gradient shard's write (kernels::store_sum_squares' modes) that also
+// takes the sum of squares of the written values: on the host into *sumsq,
+// in the same loop, the same bits sum_squares_and_finite would find, and
+// returns true. On a GPU it only writes (Assign as zero then add_f32: the
+// same bits) and returns false: the norm is then read back as before.
+bool store_sum_squares(Device& dev, float* dst, const float* src, size_t n,
+                       kernels::StoreMode mode, double* sumsq);
 void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n);
 void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n);
 // A 16-bit param's fp32 master after its working shard was rewritten: keeps

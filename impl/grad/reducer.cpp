@@ -45,8 +45,8 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
          dtype_name(dtype), ")");
   if (grad == nullptr && bytes > 0) fail(Code::InvalidArgument, "grad is NULL");
   Device& dev = *ctx_.device();
-  if (!p.grad) {
-    p.grad = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
+  if (!p.grad) {  // not zeroed: not current until its first write, which assigns
+    p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float));
     ctx_.ledger().add(Held::Grads, p.grad->bytes());
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
@@ -119,7 +119,7 @@ void GradReducer::flush(Bucket& b) {
   // meanwhile cannot pull them away from under it. One unregistered while
   // its gradient sat in this bucket has none: its block still goes through
   // the collective (the peers' layout has it), and its result is dropped.
-  std::vector<BufferPtr> shards;
+  std::vector<GradShardPtr> shards;
   std::vector<uint64_t> sizes;
   for (const auto& p : params) {
     shards.push_back(p->grad);
@@ -131,10 +131,18 @@ void GradReducer::flush(Bucket& b) {
   const bool quantized = ctx_.config().zero_quantized_gradients && g > 1;
   const kernels::QuantSpec spec{static_cast<int>(ctx_.config().zero_quantized_gradients_bits),
                                 static_cast<size_t>(ctx_.config().zero_quantized_gradients_block_size)};
+  // The first write since the step assigns (the shard holds an old
+  // gradient, not zeros), later ones add; each leaves the sum of squares
+  // of the whole shard as it now stands.
   auto add_into_shards = [shards, sizes, offsets, devp](const float* src) {
-    for (size_t i = 0; i < shards.size(); ++i)
-      if (shards[i])
-        ops::add_f32(*devp, static_cast<float*>(shards[i]->data()), src + offsets[i], sizes[i]);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (!shards[i]) continue;
+      GradShard& shard = *shards[i];
+      const auto mode = shard.current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
+      shard.sum_known = ops::store_sum_squares(*devp, static_cast<float*>(shard.data()),
+                                               src + offsets[i], sizes[i], mode, &shard.sumsq);
+      shard.current = true;
+    }
     devp->synchronize();
   };
   const auto& intra = ctx_.qgz_intra_group();
@@ -211,6 +219,12 @@ void GradReducer::flush(Bucket& b) {
     ctx_.comm_stats()->add_wait(std::chrono::duration<double>(Trace::Clock::now() - wait_begin).count());
 }
 
+void GradReducer::wait_pending() {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& w : pending) w->wait(-1);
+}
+
 void GradReducer::sync() {
   const auto held = ctx_.lock();
   for (auto& [group, bucket] : open_) flush(bucket);
@@ -240,13 +254,20 @@ void GradReducer::replica_average() {
   if (!replica || replica->size() == 1) return;
   std::vector<std::shared_ptr<Param>> params;
   uint64_t total = 0;
+  Device& dev = *ctx_.device();
   for (const auto& p : touched_) {
     if (p->group != ctx_.mics_shard_group()) continue;
+    // A shard with no gradient since the step holds an old one: it goes
+    // in as the zeros it stands for (every replica's is zero, or current
+    // where a rank read it through shard_data).
+    if (!p->grad->current) {
+      dev.zero(p->grad->data(), p->grad->bytes());
+      p->grad->current = true;
+    }
     params.push_back(p);
     total += p->layout.shard_numel;
   }
   if (total == 0) return;
-  Device& dev = *ctx_.device();
   replica->run("MiCS replica gradient all-reduce", [&](Communicator& comm) {
     Buffer flat(ctx_.device(), total * sizeof(float));
     auto* f = static_cast<float*>(flat.data());
@@ -260,7 +281,20 @@ void GradReducer::replica_average() {
     }
     ops::copy_many(dev, in);
     comm.allreduce(f, f, total, DType::F32, ReduceOp::Avg);
-    ops::copy_many(dev, out);
+    // The averages replace the sums of squares the reduction took: on the
+    // host taken in the copy back, on a GPU (one batched copy) left to the step.
+    if (dev.is_cuda()) {
+      ops::copy_many(dev, out);
+      for (const auto& p : params) p->grad->sum_known = false;
+    } else {
+      for (size_t i = 0; i < params.size(); ++i) {
+        GradShard& g = *params[i]->grad;
+        g.sum_known = ops::store_sum_squares(dev, static_cast<float*>(g.data()),
+                                             static_cast<const float*>(out[i].src),
+                                             params[i]->layout.shard_numel,
+                                             kernels::StoreMode::Copy, &g.sumsq);
+      }
+    }
     dev.synchronize();
   });
 }
@@ -279,14 +313,26 @@ void GradReducer::forget(Param& param) {
 
 float* GradReducer::shard_data(Param& param) {
   const auto held = ctx_.lock();
-  return param.grad ? static_cast<float*>(param.grad->data()) : nullptr;
+  if (!param.grad) return nullptr;
+  wait_pending();  // no write of the group thread races with ours below
+  GradShard& g = *param.grad;
+  if (!g.current) {
+    Device& dev = *ctx_.device();
+    dev.zero(g.data(), g.bytes());
+    dev.synchronize();
+    g.current = true;
+  }
+  g.sum_known = false;  // the caller may write through the pointer
+  return static_cast<float*>(g.data());
 }
 
-void GradReducer::zero() {
+void GradReducer::end_step() {
   const auto held = ctx_.lock();
-  Device& dev = *ctx_.device();
   for (const auto& p : touched_) {
-    if (p->grad) dev.zero(p->grad->data(), p->grad->bytes());
+    if (p->grad) {
+      p->grad->current = false;
+      p->grad->sum_known = false;
+    }
     p->grad_pushed = false;
   }
 }

@@ -3,7 +3,8 @@
 // shard r), so one reduce-scatter per bucket leaves each rank exactly its
 // shards, averaged over the group (with qgZ, quantized over an all-to-all:
 // quantized_reduce.h); the group thread then sums them into the fp32
-// gradient shards. Buckets go out as they fill, overlapping the
+// gradient shards, taking each shard's sum of squares as it writes it
+// (partition/grad_shard.h). Buckets go out as they fill, overlapping the
 // trainer's backward. Each call takes the engine lock itself.
 #pragma once
 
@@ -30,10 +31,13 @@ class GradReducer : public ParamKeeper {
   // Flush, wait, and (MiCS) average across the replica groups.
   void sync();
   void set_accumulation_steps(int steps);
-  // The param's fp32 gradient shard, or null before its first push.
+  // The param's fp32 gradient shard, or null before its first push; an
+  // old gradient (none pushed since the last step) is zeroed first. The
+  // caller may write through it, so its sum of squares is forgotten.
   float* shard_data(Param& param);
-  // Zero every gradient shard (after an optimizer step).
-  void zero();
+  // After an optimizer step: every gradient shard becomes old (its next
+  // write assigns, and it reads as zeros until then), with no pass over them.
+  void end_step();
   // A param being unregistered (unregister_param calls this): the reducer
   // forgets it, and its gradient shard is freed and uncounted. A bucket
   // still in flight holds the shard itself.
@@ -53,6 +57,7 @@ class GradReducer : public ParamKeeper {
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   void flush(Bucket& bucket);
   void replica_average();
+  void wait_pending();  // every bucket in flight, errors rethrown
 
   Context& ctx_;
   float grad_divisor_ = 1.0f;

@@ -32,6 +32,35 @@ LossScalerConfig scaler_config(const Config& c) {
   return s;
 }
 
+// Sum of squares and finiteness of gradient shards, in their order: the sum
+// each shard's last write took where it is known, else read from the shard.
+// Added in the order one ops::sum_squares_and_finite over every shard adds
+// them, so the value has the same bits whichever way each sum was found.
+void grad_sum_squares(Device& dev, const std::vector<const Param*>& params, double* sum,
+                      bool* finite) {
+  auto range = [](const Param* p) {
+    return ops::Range{static_cast<const float*>(p->grad->data()), p->layout.shard_numel};
+  };
+  std::vector<ops::Range> unknown;
+  for (const Param* p : params)
+    if (!p->grad->sum_known) unknown.push_back(range(p));
+  if (unknown.size() == params.size()) {  // one pass (one synchronisation on a GPU)
+    ops::sum_squares_and_finite(dev, unknown, sum, finite);
+    return;
+  }
+  *sum = 0.0;
+  *finite = true;
+  for (const Param* p : params) {
+    double s = p->grad->sumsq;
+    // Finite squares cannot overflow a double sum: it is finite exactly
+    // when every element is (as sum_squares_and_finite decides on the host).
+    bool f = std::isfinite(s);
+    if (!p->grad->sum_known) ops::sum_squares_and_finite(dev, {range(p)}, &s, &f);
+    *sum += s;
+    if (!f) *finite = false;
+  }
+}
+
 }  // namespace
 
 Optimizer::Optimizer(Context& ctx, OptimKind kind)
@@ -515,22 +544,22 @@ StepResult Optimizer::step() {
   grads(ctx_).sync();
 
   // Sum of squares per partition group (each group's shards cover its
-  // params once), and whether any rank saw inf/NaN.
+  // params once), and whether any rank saw inf/NaN. A shard not written
+  // since the last step is zeros and adds nothing.
   std::vector<const zs::Group*> order;
-  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, std::vector<ops::Range>>>
+  std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, std::vector<const Param*>>>
       ranges;
   for (const auto& g : groups_) {
     for (const auto& s : g.slots) {
       const Param& p = *s.param;
-      if (!p.grad) continue;
+      if (!p.grad || !p.grad->current) continue;
       auto it = ranges.find(p.group.get());
       if (it == ranges.end()) {
         order.push_back(p.group.get());
-        it = ranges.emplace(p.group.get(), std::make_pair(p.group, std::vector<ops::Range>()))
+        it = ranges.emplace(p.group.get(), std::make_pair(p.group, std::vector<const Param*>()))
                  .first;
       }
-      it->second.second.push_back(
-          {static_cast<const float*>(p.grad->data()), p.layout.shard_numel});
+      it->second.second.push_back(&p);
     }
   }
   std::map<const zs::Group*, std::pair<std::shared_ptr<zs::Group>, double>> sumsq;
@@ -539,7 +568,7 @@ StepResult Optimizer::step() {
     auto& [group, list] = ranges.at(key);
     double sum = 0.0;
     bool finite = true;
-    ops::sum_squares_and_finite(*ctx_.device(), list, &sum, &finite);
+    grad_sum_squares(*ctx_.device(), list, &sum, &finite);
     sumsq.emplace(key, std::make_pair(group, sum));
     if (!finite) nonfinite = 1.0f;
   }
@@ -607,8 +636,8 @@ StepResult Optimizer::step() {
     ++step_;
   }
   scaler_.update(r.skipped);
-  grads(ctx_).zero();
-  // New shards and zeroed gradients are in place once the step returns.
+  grads(ctx_).end_step();
+  // New shards are in place once the step returns.
   ctx_.device()->synchronize();
   // Persistent params go out again now, to be gathered by the next forward.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();

@@ -18,6 +18,7 @@
 #include "impl/common/dtype.h"
 #include "impl/core/ledger.h"
 #include "impl/device/buffer.h"
+#include "impl/partition/grad_shard.h"
 #include "impl/partition/layout.h"
 #include "kernels/quant.h"
 
@@ -83,7 +84,7 @@ class Param : public std::enable_shared_from_this<Param> {
   // AVAILABLE -> NOT_AVAILABLE, the buffer dropped.
   void release(Ledger& ledger);
 
-  BufferPtr grad;   // fp32 gradient shard, from the first push on
+  GradShardPtr grad;  // fp32 gradient shard, from the first push on (grad_shard.h)
   // hpZ: this rank's slice of the full param within the intra-node group,
   // left by the step's first gather and dropped by the optimizer step.
   BufferPtr secondary;

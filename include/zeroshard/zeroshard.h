@@ -599,8 +599,12 @@ ZS_API zs_status zs_grad_sync(zs_context ctx);
 ZS_API zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
 
 /* This rank's fp32 gradient shard of a param (shard_numel elements, in the
- * context's device memory; NULL before its first push). Valid after
- * zs_grad_sync. */
+ * context's device memory; NULL before its first push), readable and
+ * writable. Call it after zs_grad_sync each time the shard is to be read
+ * or written, rather than keeping the pointer: the step does not zero the
+ * shards (their next push overwrites them), so this call is what zeroes a
+ * shard that got no gradient since the step, and what tells the next step
+ * to take the norm from the shard as the caller leaves it. */
 ZS_API zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel);
 
 /* ------------------------------------------------------------------ */
@@ -671,7 +675,8 @@ ZS_API zs_status zs_step_result_init(zs_step_result* result, size_t size);
 /* One optimizer step, collective over the world: zs_grad_sync, global norm,
  * overflow check (a step with inf/NaN gradients is skipped on every rank),
  * clipping, the update of every group's master shards, the rewrite of the
- * working-dtype shards, and zeroed gradient shards. result may be NULL. */
+ * working-dtype shards; then the gradient shards count as zeros (the next
+ * push overwrites them, see zs_grad_shard_data). result may be NULL. */
 ZS_API zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
 
 /* The current loss scale (1.0 unless fp16 is enabled). */
