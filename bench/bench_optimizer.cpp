@@ -137,12 +137,13 @@ int main(int argc, char** argv) {
 
   // One block holds master | exp_avg | exp_avg_sq | grad; the copy moves its
   // first half onto its second half (the same 16 bytes/param footprint).
-  // Each array starts one page after the previous one ends: arrays exactly a
-  // power of two apart (256 MiB at 64M params) alias in the CPU's address
-  // structures and ran AdamW 5x slower on an AMD EPYC (Zen 3) than the same
-  // arrays allocated apart, as the engine's buffers are (274 vs 54 ms/iter
-  // on one thread); a one-page stagger is what separate allocations give.
-  constexpr size_t kStagger = 4096 / sizeof(float);
+  // Each array starts 4 KiB + 256 B after the previous one ends, as the
+  // engine's host pool staggers its mappings (host_device.cpp): arrays at
+  // the same offset within a page alias in the CPU's address structures
+  // (exactly a power of two apart, AdamW ran 5x slower on an AMD EPYC Zen 3:
+  // 274 vs 54 ms/iter on one thread; a stagger of exactly one page still
+  // keeps the offsets within the page equal).
+  constexpr size_t kStagger = (4096 + 256) / sizeof(float);
   float* block = alloc_floats(4 * n + 3 * kStagger);
   float *master = block, *m = block + n + kStagger, *v = block + 2 * (n + kStagger),
         *g = block + 3 * (n + kStagger);

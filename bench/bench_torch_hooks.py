@@ -6,7 +6,7 @@ A model of N `nn.Linear(8, 8)` (the fine-grained case: compute is tiny, so
 what is measured is the bookkeeping), in the same run: plain torch, the same
 model with no-op hooks of the kinds zeroshard used to install on every
 module (forward pre/post, a gradient hook on each output and each param),
-and zeroshard. The hooks' cost is measured on forward + backward, where they
+and zeroshard, taking turns step by step. The hooks' cost is measured on forward + backward, where they
 run: zeroshard's minus plain torch's, divided by N, is the cost per module
 per step (target <= 10 us); the no-op hooks show what torch's hook machinery
 alone costs. The whole step (with the optimizer: torch's AdamW(fused=True),
@@ -29,21 +29,25 @@ def make(n):
     return nn.Sequential(*[nn.Linear(8, 8) for _ in range(n)])
 
 
-def median_ms(model, opt, x, steps, warmup=5):
-    """CPU time of this process (all its threads) per step, median: of the
-    forward + backward, and of the whole step. What the hooks and the
-    engine cost, whatever else the machine runs."""
-    fwd_bwd, whole = [], []
+def median_ms(runs, x, steps, warmup=5):
+    """CPU time of this process (all its threads) per step, median, for
+    each (model, optimizer) in `runs`: of the forward + backward, and of the
+    whole step. The runs take turns step by step, so that the machine's
+    other load falls on each alike. What the hooks and the engine cost,
+    whatever else the machine runs."""
+    fwd_bwd = [[] for _ in runs]
+    whole = [[] for _ in runs]
     for s in range(warmup + steps):
-        t0 = time.process_time()
-        model(x).pow(2).mean().backward()
-        t1 = time.process_time()
-        opt.step()
-        opt.zero_grad()
-        if s >= warmup:
-            fwd_bwd.append(t1 - t0)
-            whole.append(time.process_time() - t0)
-    return statistics.median(fwd_bwd) * 1e3, statistics.median(whole) * 1e3
+        for i, (model, opt) in enumerate(runs):
+            t0 = time.thread_time()
+            model(x).pow(2).mean().backward()
+            t1 = time.thread_time()
+            opt.step()
+            opt.zero_grad()
+            if s >= warmup:
+                fwd_bwd[i].append(t1 - t0)
+                whole[i].append(time.thread_time() - t0)
+    return [(statistics.median(f) * 1e3, statistics.median(w) * 1e3) for f, w in zip(fwd_bwd, whole)]
 
 
 def with_noop_hooks(model):
@@ -70,13 +74,14 @@ def main():
     torch.set_num_threads(1)
     x = torch.randn(4, 8)
     plain = make(args.modules)
-    plain_fb, plain_ms = median_ms(plain, torch.optim.AdamW(plain.parameters(), fused=True), x, args.steps)
     hooked = with_noop_hooks(make(args.modules))
-    hooked_fb, hooked_ms = median_ms(hooked, torch.optim.AdamW(hooked.parameters(), fused=True), x, args.steps)
     with zt.Init(config={"zero_optimization": {"stage": 3}}):
         model = make(args.modules)
     zt.partition_module(model)
-    zs_fb, zs_ms = median_ms(model, zt.ZeroShardOptimizer(model.parameters()), x, args.steps)
+    (plain_fb, plain_ms), (hooked_fb, hooked_ms), (zs_fb, zs_ms) = median_ms(
+        [(plain, torch.optim.AdamW(plain.parameters(), fused=True)),
+         (hooked, torch.optim.AdamW(hooked.parameters(), fused=True)),
+         (model, zt.ZeroShardOptimizer(model.parameters()))], x, args.steps)
     per_module_us = (zs_fb - plain_fb) * 1e3 / args.modules
     machinery_us = (hooked_fb - plain_fb) * 1e3 / args.modules
     print(f"{args.modules} x nn.Linear(8, 8), one rank, CPU time of forward + backward: torch {plain_fb:.2f} ms, "
