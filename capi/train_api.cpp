@@ -42,6 +42,18 @@ ZS_API zs_status zs_grad_push(zs_param h, const void* grad, zs_dtype dtype, size
   });
 }
 
+ZS_API zs_status zs_grad_push_many(zs_context h, const zs_param* params, size_t n,
+                                   const void* const* grads, const size_t* grad_bytes,
+                                   zs_dtype dtype) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    if (n > 0 && (grads == nullptr || grad_bytes == nullptr))
+      fail(Code::InvalidArgument, grads == nullptr ? "grads" : "grad_bytes", " is NULL");
+    const DType t = checked_dtype(dtype, true);
+    ::zs::grads(*ctx).push_many(params_of(ctx, params, n, "params"), grads, grad_bytes, t);
+  });
+}
+
 ZS_API zs_status zs_grad_sync(zs_context h) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");

@@ -29,7 +29,8 @@
  * zs_param_shard_data, zs_grad_shard_data, zs_optimizer_state_data,
  * zs_param_to_dlpack) and the checkpoint and safetensors functions (their
  * name lists and progress callbacks) are not wrapped: use zs_param_copy_to /
- * zs_param_write for data.
+ * zs_param_write for data. Nor is zs_grad_push_many (an array of buffers):
+ * zs_grad_push each gradient.
  */
 %module ZsNative
 
@@ -167,6 +168,7 @@ ZS_DEFAULTS(zs_step_stats)
 %ignore zs_param_data;
 %ignore zs_param_shard_data;
 %ignore zs_grad_shard_data;
+%ignore zs_grad_push_many;
 %ignore zs_optimizer_state_data;
 %ignore zs_param_to_dlpack;
 %ignore zs_checkpoint_save_options;

@@ -29,11 +29,10 @@ GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& grou
   return b;
 }
 
-void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
-                       size_t bytes) {
-  const auto held = ctx_.lock();
-  ctx_.check_async_error();
-  Param& p = *param;
+namespace {
+
+// Why a push of this gradient is refused, before anything is taken.
+void check_push(const Param& p, const void* grad, DType dtype, size_t bytes) {
   if (p.frozen)
     fail(Code::InvalidState, "gradient of ", p.describe(),
          ": the param is frozen (zs_param_freeze) and takes no gradient");
@@ -44,6 +43,37 @@ void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DT
          p.layout.numel * dtype_size(dtype), " (", p.layout.numel, " elements of ",
          dtype_name(dtype), ")");
   if (grad == nullptr && bytes > 0) fail(Code::InvalidArgument, "grad is NULL");
+}
+
+}  // namespace
+
+void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                       size_t bytes) {
+  const auto held = ctx_.lock();
+  ctx_.check_async_error();
+  check_push(*param, grad, dtype, bytes);
+  take(param, grad, dtype, bytes);
+}
+
+void GradReducer::push_many(const std::vector<std::shared_ptr<Param>>& params,
+                            const void* const* grads, const size_t* bytes, DType dtype) {
+  const auto held = ctx_.lock();
+  ctx_.check_async_error();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (grads[i] == nullptr) continue;  // no gradient this time
+    try {
+      check_push(*params[i], grads[i], dtype, bytes[i]);
+    } catch (const Error& e) {
+      fail(e.code(), "params[", i, "]: ", e.what());
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    if (grads[i] != nullptr) take(params[i], grads[i], dtype, bytes[i]);
+}
+
+void GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                       size_t bytes) {
+  Param& p = *param;
   Device& dev = *ctx_.device();
   if (!p.grad) {  // not zeroed: not current until its first write, which assigns
     p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float));

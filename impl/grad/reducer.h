@@ -28,6 +28,11 @@ class GradReducer : public ParamKeeper {
   explicit GradReducer(Context& ctx) : ctx_(ctx), loco_(ctx) {}
 
   void push(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
+  // push() of params[i]'s gradient grads[i] (bytes[i] bytes) in order, a
+  // null grads[i] skipped (no gradient); every gradient is checked before
+  // any is taken, so a refused call takes none.
+  void push_many(const std::vector<std::shared_ptr<Param>>& params, const void* const* grads,
+                 const size_t* bytes, DType dtype);
   // Flush, wait, and (MiCS) average across the replica groups.
   void sync();
   void set_accumulation_steps(int steps);
@@ -54,6 +59,8 @@ class GradReducer : public ParamKeeper {
     uint64_t capacity = 0;          // elements per block
     std::unique_ptr<Buffer> data;  // group size * capacity floats
   };
+  // A checked gradient into its bucket.
+  void take(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   void flush(Bucket& bucket);
   void replica_average();

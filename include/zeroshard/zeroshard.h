@@ -589,6 +589,17 @@ ZS_API zs_status zs_param_freeze(zs_param param);
 ZS_API zs_status zs_grad_push(zs_param param, const void* grad, zs_dtype dtype,
                               size_t grad_bytes);
 
+/* zs_grad_push of n params of ctx in order, in one call: grads[i] is
+ * params[i]'s full gradient of grad_bytes[i] bytes of dtype, or NULL for a
+ * param without one this time (skipped, as if not pushed). Every gradient
+ * is checked before any is taken, so a refused call pushes none; the error
+ * names the index. For a trainer that hands over many small gradients at
+ * once (zeroshard.torch, when a backward ends). Collective as
+ * zs_grad_push. */
+ZS_API zs_status zs_grad_push_many(zs_context ctx, const zs_param* params, size_t n,
+                                   const void* const* grads, const size_t* grad_bytes,
+                                   zs_dtype dtype);
+
 /* Flush partial buckets and wait for every reduce-scatter; with MiCS also
  * all-reduce the shards across the replica groups. The accumulation
  * boundary; zs_optimizer_step calls it itself. Collective. */

@@ -25,7 +25,7 @@ from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
-                   Gather, Work, Optimizer, ParamArray, checkpoint_verify, checkpoint_export,
+                   Gather, Work, Optimizer, ParamArray, GradBatch, checkpoint_verify, checkpoint_export,
                    checkpoint_reshard)
 
 __version__ = "0.1.0"
@@ -41,5 +41,5 @@ __all__ = [
     "checkpoint_verify", "checkpoint_export", "checkpoint_reshard",
     "version", "config_check", "dtype_code", "dtype_size", "cuda_device_count", "device_string",
     "parse_device", "dlpack_from_pointer",
-    "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray",
+    "Context", "Group", "Param", "Gather", "Work", "Optimizer", "ParamArray", "GradBatch",
 ]

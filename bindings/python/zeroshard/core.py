@@ -167,6 +167,29 @@ class ParamArray:
         self.arr, self.n, self.params = _param_array(params)
 
 
+class GradBatch:
+    """Params of one context and dtype whose gradients are handed over
+    together, over and over (zs_grad_push_many): their handles and gradient
+    sizes prebuilt. Set `addresses[i]` to the address of params[i]'s
+    gradient (numel elements of the dtype, contiguous), or 0 for none this
+    time, then push(); the gradients may be reused once it returns."""
+
+    __slots__ = ("ctx", "params", "addresses", "_arr", "_n", "_sizes", "_grads", "_dtype")
+
+    def __init__(self, ctx, params, dtype):
+        self.ctx = ctx
+        self._arr, self._n, self.params = _param_array(params)
+        self._dtype = dtype_code(dtype)
+        size = _DTYPE_SIZE[self._dtype]
+        self._sizes = ffi.new("size_t[]", [p.numel * size for p in self.params])
+        self.addresses = ffi.new("uintptr_t[]", self._n)
+        self._grads = ffi.cast("const void* const*", self.addresses)
+
+    def push(self):
+        check(lib.zs_grad_push_many(self.ctx._h, self._arr, self._n, self._grads, self._sizes,
+                                    self._dtype))
+
+
 def _param_array(params):
     """A zs_param[] of the handles of one Param or an iterable of Params."""
     if isinstance(params, ParamArray):

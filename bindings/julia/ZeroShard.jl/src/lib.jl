@@ -412,6 +412,10 @@ zs_param_freeze(param) =
     ccall((:zs_param_freeze, libzeroshard), zs_status, (zs_param,), param)
 zs_grad_push(param, grad, dtype, grad_bytes) =
     ccall((:zs_grad_push, libzeroshard), zs_status, (zs_param, Ptr{Cvoid}, zs_dtype, Csize_t), param, grad, dtype, grad_bytes)
+zs_grad_push_many(ctx, params, n, grads, grad_bytes, dtype) =
+    ccall((:zs_grad_push_many, libzeroshard), zs_status,
+          (zs_context, Ptr{zs_param}, Csize_t, Ptr{Ptr{Cvoid}}, Ptr{Csize_t}, zs_dtype),
+          ctx, params, n, grads, grad_bytes, dtype)
 zs_grad_sync(ctx) =
     ccall((:zs_grad_sync, libzeroshard), zs_status, (zs_context,), ctx)
 zs_grad_set_accumulation_steps(ctx, steps) =

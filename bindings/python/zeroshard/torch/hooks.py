@@ -271,6 +271,7 @@ class HookEngine:
         self.warned = set()
         self._params = None    # every unit's params, once each (built on first use)
         self.swept = []        # params whose gradients are taken when the backward ends
+        self._batches = None   # self.swept by dtype, with their zeroshard.GradBatch
         self._sweepable = set()  # ids of the params that may be swept
         self._sweep_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
@@ -338,6 +339,7 @@ class HookEngine:
                 for p in unit.params}
         self._sweepable = {id(p) for p in params if p.zs.persistent and id(p) not in held}
         self.swept = []
+        self._batches = None
         self._hook_grads(params)
 
     def _hook_grads(self, params):
@@ -349,6 +351,7 @@ class HookEngine:
                 p.zs.grad_hook = self
                 if id(p) in self._sweepable:
                     self.swept.append(p)
+                    self._batches = None
                 else:
                     p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -360,10 +363,33 @@ class HookEngine:
             torch.autograd.Variable._execution_engine.queue_callback(self.sweep_grads)
 
     def sweep_grads(self):
+        """Every swept param's gradient to the engine, one call per dtype."""
         self._sweep_queued = False
-        for p in self.swept:
-            if p.grad is not None:
-                self._on_grad(p)
+        if self._batches is None:
+            by_dtype = {}
+            for p in self.swept:
+                by_dtype.setdefault(p.zs.zparam.dtype, []).append(p)
+            self._batches = [(params, zeroshard.GradBatch(get_context(), zparams(params), dtype))
+                             for dtype, params in by_dtype.items()]
+        for params, batch in self._batches:
+            taken, arrived = [], []  # the gradients stay alive until the engine has copied them
+            addresses = batch.addresses
+            for i, p in enumerate(params):
+                grad = p.grad
+                if grad is None:
+                    addresses[i] = 0
+                    continue
+                p.grad = None
+                if grad.dtype != p.zs.dtype or not grad.is_contiguous():
+                    grad = grad.detach().to(p.zs.dtype).contiguous()
+                taken.append(grad)
+                arrived.append(p)
+                addresses[i] = grad.data_ptr()
+            if taken:
+                batch.push()
+                if self.waiting:
+                    for p in arrived:
+                        self._grad_arrived(p)
 
     def __deepcopy__(self, memo):
         model = copy.deepcopy(self.model, memo)
@@ -467,6 +493,10 @@ class HookEngine:
             z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
         else:
             z.zparam.push_grad((grad.data_ptr(), grad.numel() * grad.element_size()), z.zparam.dtype)
+        self._grad_arrived(p)
+
+    def _grad_arrived(self, p):
+        """Units held for their backward until p's gradient came go now."""
         for unit in self.waiting.pop(p, ()):
             unit.pending.discard(p)
             if unit.bwd_held and not unit.pending:

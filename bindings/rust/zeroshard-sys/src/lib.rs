@@ -536,6 +536,14 @@ extern "C" {
         dtype: zs_dtype,
         grad_bytes: usize,
     ) -> zs_status;
+    pub fn zs_grad_push_many(
+        ctx: zs_context,
+        params: *const zs_param,
+        n: usize,
+        grads: *const *const c_void,
+        grad_bytes: *const usize,
+        dtype: zs_dtype,
+    ) -> zs_status;
     pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
     pub fn zs_grad_set_accumulation_steps(ctx: zs_context, steps: c_int) -> zs_status;
     pub fn zs_grad_shard_data(
