@@ -153,6 +153,18 @@ def _release(params, handles=None):
         detach_views([p for p in done if not p.zs.persistent])
 
 
+def _take_grad(p):
+    """p's gradient as the engine takes it (the param's dtype, contiguous),
+    or None; p.grad is None afterwards."""
+    grad = p.grad
+    if grad is None:
+        return None
+    p.grad = None
+    if grad.dtype != p.zs.dtype or not grad.is_contiguous():
+        grad = grad.detach().to(p.zs.dtype).contiguous()
+    return grad
+
+
 def _output_tensors(output, out, depth=0):
     """The tensors in a module's output that autograd will differentiate:
     tensors, tuples, lists, dicts (HF ModelOutput), dataclasses."""
@@ -375,13 +387,10 @@ class HookEngine:
             taken, arrived = [], []  # the gradients stay alive until the engine has copied them
             addresses = batch.addresses
             for i, p in enumerate(params):
-                grad = p.grad
+                grad = _take_grad(p)
                 if grad is None:
                     addresses[i] = 0
                     continue
-                p.grad = None
-                if grad.dtype != p.zs.dtype or not grad.is_contiguous():
-                    grad = grad.detach().to(p.zs.dtype).contiguous()
                 taken.append(grad)
                 arrived.append(p)
                 addresses[i] = grad.data_ptr()
@@ -482,13 +491,10 @@ class HookEngine:
 
     def _on_grad(self, p):
         """p's gradient is complete (for this backward): to the engine."""
-        grad = p.grad
-        p.grad = None
+        grad = _take_grad(p)
         if grad is None:
             return
         z = p.zs
-        if grad.dtype != z.dtype or not grad.is_contiguous():
-            grad = grad.detach().to(z.dtype).contiguous()
         if z.leaf:
             z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
         else:
