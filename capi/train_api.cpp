@@ -54,6 +54,25 @@ ZS_API zs_status zs_grad_push_many(zs_context h, const zs_param* params, size_t 
   });
 }
 
+ZS_API zs_status zs_grad_push_borrowed(zs_param h, const void* grad, zs_dtype dtype,
+                                       size_t grad_bytes, uint64_t* ticket) {
+  return guarded([&] {
+    checked_out(ticket, "ticket");
+    *ticket = 0;
+    auto r = param_of(h, "param");
+    const DType t = checked_dtype(dtype, true);
+    *ticket = grads(*r.ctx).borrow(r.obj, grad, t, grad_bytes);
+  });
+}
+
+ZS_API zs_status zs_grad_released(zs_context h, uint64_t* ticket) {
+  return guarded([&] {
+    checked_out(ticket, "ticket");
+    auto ctx = context_of(h, "ctx");
+    *ticket = grads(*ctx).released();
+  });
+}
+
 ZS_API zs_status zs_grad_sync(zs_context h) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");

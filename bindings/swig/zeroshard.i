@@ -30,7 +30,9 @@
  * zs_param_to_dlpack) and the checkpoint and safetensors functions (their
  * name lists and progress callbacks) are not wrapped: use zs_param_copy_to /
  * zs_param_write for data. Nor is zs_grad_push_many (an array of buffers):
- * zs_grad_push each gradient.
+ * zs_grad_push each gradient; nor zs_grad_push_borrowed / zs_grad_released
+ * (the engine reads the caller's memory after the call returns, a lifetime
+ * a Java array cannot promise): zs_grad_push copies.
  */
 %module ZsNative
 
@@ -169,6 +171,8 @@ ZS_DEFAULTS(zs_step_stats)
 %ignore zs_param_shard_data;
 %ignore zs_grad_shard_data;
 %ignore zs_grad_push_many;
+%ignore zs_grad_push_borrowed;
+%ignore zs_grad_released;
 %ignore zs_optimizer_state_data;
 %ignore zs_param_to_dlpack;
 %ignore zs_checkpoint_save_options;

@@ -6,6 +6,7 @@
 #include "impl/comm/quantized_reduce.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
+#include "kernels/optim.h"
 
 namespace zs {
 
@@ -71,8 +72,22 @@ void GradReducer::push_many(const std::vector<std::shared_ptr<Param>>& params,
     if (grads[i] != nullptr) take(params[i], grads[i], dtype, bytes[i]);
 }
 
-void GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
-                       size_t bytes) {
+uint64_t GradReducer::borrow(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                            size_t bytes) {
+  const auto held = ctx_.lock();
+  ctx_.check_async_error();
+  check_push(*param, grad, dtype, bytes);
+  return take(param, grad, dtype, bytes, true);
+}
+
+uint64_t GradReducer::released() {
+  const auto held = ctx_.lock();
+  while (!borrowed_.empty() && borrowed_.front().second->done()) borrowed_.pop_front();
+  return borrowed_.empty() ? tickets_ : borrowed_.front().first - 1;
+}
+
+uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                           size_t bytes, bool borrowed) {
   Param& p = *param;
   Device& dev = *ctx_.device();
   if (!p.grad) {  // not zeroed: not current until its first write, which assigns
@@ -81,7 +96,8 @@ void GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DT
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
   p.grad_pushed = true;
-  if (p.layout.numel == 0) return;
+  if (p.layout.numel == 0) return 0;
+  if (direct_route(p)) return reduce_direct(param, grad, dtype, bytes, borrowed);
 
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
   const uint64_t offset = b.used;
@@ -110,6 +126,68 @@ void GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DT
   b.params.push_back(param);
   b.offsets.push_back(offset);
   b.used += p.layout.shard_numel;
+  return 0;
+}
+
+bool GradReducer::direct_route(const Param& p) const {
+  const Config& c = ctx_.config();
+  const auto g = static_cast<uint64_t>(p.group->size());
+  return !ctx_.device()->is_cuda() && g > 1 && p.layout.numel % g == 0 &&
+         p.layout.numel * 4 >= static_cast<uint64_t>(c.reduce_bucket_size) &&
+         !c.zero_quantized_gradients;
+}
+
+uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const void* grad,
+                                    DType dtype, size_t bytes, bool borrowed) {
+  Param& p = *param;
+  const auto& devp = ctx_.device();
+  const uint64_t numel = p.layout.numel;
+  // In place: fp32 host memory the caller lends; the accumulation divisor
+  // is then applied to this rank's shard after the average. Else a private
+  // fp32 copy, divided as a bucket's is (the same bits as a bucket).
+  borrowed = borrowed && dtype == DType::F32 && !pointer_location(grad).is_cuda();
+  std::shared_ptr<Buffer> copy;
+  const float* src = static_cast<const float*>(grad);
+  if (!borrowed) {
+    std::unique_ptr<Buffer> moved;
+    if (bytes > 0 && pointer_location(grad).is_cuda()) {  // to host memory first
+      moved = std::make_unique<Buffer>(devp, bytes);
+      copy_between(moved->data(), grad, bytes);
+      grad = moved->data();
+    }
+    copy = std::make_shared<Buffer>(devp, numel * sizeof(float));
+    ops::widen_scaled(*devp, grad, dtype, static_cast<float*>(copy->data()), numel, grad_divisor_);
+    src = static_cast<const float*>(copy->data());
+  }
+  const float after = borrowed && grad_divisor_ != 1.0f ? 1.0f / grad_divisor_ : 1.0f;
+  const uint64_t n = p.layout.shard_numel;
+  GradShardPtr shard = p.grad;
+  // The first write since the step reduces straight into the shard;
+  // later ones (accumulation) into a shard-sized buffer added on.
+  auto w = p.group->submit(
+      params_label("gradient reduce-scatter of", {param}),
+      [src, copy, shard, n, after, devp](Communicator& comm) {
+        GradShard& s = *shard;
+        std::unique_ptr<Buffer> mine;
+        auto* out = static_cast<float*>(s.data());
+        if (s.current) {
+          mine = std::make_unique<Buffer>(devp, n * sizeof(float));
+          out = static_cast<float*>(mine->data());
+        }
+        comm.reduce_scatter(src, out, n, DType::F32, ReduceOp::Avg);
+        if (after != 1.0f) kernels::scale_inplace(out, n, after);  // host memory: direct_route
+        const auto mode = s.current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
+        s.sum_known = ops::store_sum_squares(*devp, static_cast<float*>(s.data()), out, n, mode,
+                                             &s.sumsq);
+        s.current = true;
+      });
+  uint64_t ticket = 0;
+  if (borrowed && ctx_.config().overlap_comm) {
+    ticket = ++tickets_;
+    borrowed_.emplace_back(ticket, w);
+  }
+  track(std::move(w));
+  return ticket;
 }
 
 void GradReducer::flush(Bucket& b) {
@@ -229,6 +307,10 @@ void GradReducer::flush(Bucket& b) {
           add_into_shards(static_cast<const float*>(mine.data()));
         });
   }
+  track(std::move(w));
+}
+
+void GradReducer::track(std::shared_ptr<Work> w) {
   if (!ctx_.config().overlap_comm) {
     w->wait(-1);
     return;

@@ -5,7 +5,19 @@
 // quantized_reduce.h); the group thread then sums them into the fp32
 // gradient shards, taking each shard's sum of squares as it writes it
 // (partition/grad_shard.h). Buckets go out as they fill, overlapping the
-// trainer's backward. Each call takes the engine lock itself.
+// trainer's backward.
+//
+// A large gradient (at least a quarter of reduce_bucket_size, its numel a
+// multiple of the group size, fp32 reduction on a host context) gains
+// nothing from a bucket: it is reduce-scattered alone, laid out as it
+// comes (block r is shard r), straight into the gradient shard when that
+// holds no current gradient. The route depends on the param and the config
+// only, so every rank issues the same collectives whichever push it calls.
+// Pushed by borrow(), the reduction reads the trainer's own memory, which
+// the trainer keeps until its ticket is released (the copy a bucket
+// would take is the size of the gradient: on a wide layer the backward's
+// peak); by push(), from a private copy. Each call takes the engine lock
+// itself.
 #pragma once
 
 #include <deque>
@@ -33,6 +45,15 @@ class GradReducer : public ParamKeeper {
   // any is taken, so a refused call takes none.
   void push_many(const std::vector<std::shared_ptr<Param>>& params, const void* const* grads,
                  const size_t* bytes, DType dtype);
+  // push() that may read `grad` after it returns instead of copying it:
+  // returns a ticket (> 0) when it does, the caller keeping the memory
+  // valid and unchanged until released() reaches the ticket; 0 when it
+  // took a copy (a gradient not on the direct route, not fp32 host memory,
+  // or reduced before returning: overlap_comm off).
+  uint64_t borrow(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                  size_t bytes);
+  // The highest ticket that, with every lower one, is no longer read.
+  uint64_t released();
   // Flush, wait, and (MiCS) average across the replica groups.
   void sync();
   void set_accumulation_steps(int steps);
@@ -59,10 +80,18 @@ class GradReducer : public ParamKeeper {
     uint64_t capacity = 0;          // elements per block
     std::unique_ptr<Buffer> data;  // group size * capacity floats
   };
-  // A checked gradient into its bucket.
-  void take(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
+  // A checked gradient into its bucket, or onto the direct route (then
+  // read in place when `borrowed` allows it: the ticket, else 0).
+  uint64_t take(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes,
+                bool borrowed = false);
+  bool direct_route(const Param& p) const;
+  uint64_t reduce_direct(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                         size_t bytes, bool borrowed);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   void flush(Bucket& bucket);
+  // A reduction now on its group's thread: waited for at once without
+  // overlap_comm, else tracked, the oldest waited for past kMaxInFlight.
+  void track(std::shared_ptr<Work> w);
   void replica_average();
   void wait_pending();  // every bucket in flight, errors rethrown
 
@@ -73,6 +102,10 @@ class GradReducer : public ParamKeeper {
   // at most kMaxInFlight, each holding its full-size fp32 copy.
   static constexpr size_t kMaxInFlight = 2;
   std::deque<std::shared_ptr<Work>> pending_;
+  // Borrowed gradients still read by a reduction: ticket and its work, in
+  // ticket order.
+  std::deque<std::pair<uint64_t, std::shared_ptr<Work>>> borrowed_;
+  uint64_t tickets_ = 0;  // the last ticket handed out
   std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
   std::set<const Param*> touched_set_;
   LocoErrors loco_;  // used with zeropp_loco_param and qgZ

@@ -600,6 +600,33 @@ ZS_API zs_status zs_grad_push_many(zs_context ctx, const zs_param* params, size_
                                    const void* const* grads, const size_t* grad_bytes,
                                    zs_dtype dtype);
 
+/* zs_grad_push without the copy, for a trainer that can keep a gradient
+ * alive a little longer (zeroshard.torch does): the engine may reduce
+ * straight from `grad` after this call returns. *ticket > 0: it does, and
+ * the caller keeps the memory valid and unchanged until zs_grad_released
+ * reports a ticket >= *ticket (at the latest once zs_grad_sync or
+ * zs_optimizer_step returns, or fails); the engine only reads it. *ticket
+ * == 0: the engine took what it needs, the memory is the caller's again.
+ *
+ * Which gradients go in place, on a host (CPU) context: fp32 host memory,
+ * of a param whose numel is a multiple of its group's size and at least a
+ * quarter of reduce_bucket_size, without qgZ. Such a param's gradient is
+ * reduce-scattered on its own, not in a bucket, whichever of the push calls
+ * hands it over (so ranks may mix them; zs_grad_push then reduces from a
+ * copy), straight into the gradient shard when the shard holds no gradient
+ * since the step. A bucket would have copied it: on a wide layer that copy
+ * is the size of the layer's gradient, at the peak of the backward. With
+ * accumulation steps, the division is applied to the averaged shard
+ * instead of each gradient (within rounding of zs_grad_push's result).
+ * Otherwise as zs_grad_push, collective alike; *ticket is 0 on failure. */
+ZS_API zs_status zs_grad_push_borrowed(zs_param param, const void* grad, zs_dtype dtype,
+                                       size_t grad_bytes, uint64_t* ticket);
+
+/* The highest ticket of zs_grad_push_borrowed that, with every lower one,
+ * the engine no longer reads: those gradients' memory is the caller's
+ * again. Tickets count up from 1 per context; 0 before the first. */
+ZS_API zs_status zs_grad_released(zs_context ctx, uint64_t* ticket);
+
 /* Flush partial buckets and wait for every reduce-scatter; with MiCS also
  * all-reduce the shards across the replica groups. The accumulation
  * boundary; zs_optimizer_step calls it itself. Collective. */

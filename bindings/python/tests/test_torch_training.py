@@ -60,6 +60,21 @@ def test_losses_equal_torch_ddp(ranks):
     assert r["coord"]["prefetches"] > 0, r["coord"]
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_lent_gradients_train_as_ddp_with_accumulation(ranks):
+    """Large gradients reduced straight from autograd's tensors
+    (zs_grad_push_borrowed): the same losses as DDP over two micro-batches
+    per step, every lent tensor let go by the step."""
+    r = run_ranks(ranks, "lent_grads")
+    assert len(r["ddp"]) == len(r["zeroshard"]) == 8
+    for step, (a, b) in enumerate(zip(r["ddp"], r["zeroshard"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (step, a, b, r)
+    assert r["direct_params"], r
+    # Each direct param lends its gradient twice a step (two micro-batches).
+    assert r["tickets"] == 2 * 8 * len(r["direct_params"]), r
+    assert r["held_after_step"] == 0, r
+
+
 def test_optimizer_offload_trains_bitwise_as_in_memory(tmp_path):
     """offload_optimizer "cpu" and "nvme" (sub-groups of 1000 elements,
     pipelined), and both optimizer state and parameter shards on NVMe, give

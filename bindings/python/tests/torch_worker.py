@@ -6,6 +6,7 @@ Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
 import copy
 import json
+import math
 import os
 import sys
 import warnings
@@ -114,6 +115,50 @@ def mode_ddp_vs_zeroshard(rank, world):
     return {"ddp": ddp_losses, "zeroshard": zs_losses, "memory": mem, "unsharded_bytes": unsharded,
             "persistent_bytes": persistent,
             "coord": zt.get_context().coord_stats()}
+
+
+def mode_lent_grads(rank, world):
+    """Large gradients lent to the engine (reduced straight from autograd's
+    tensors): no param persists, small buckets, so most weights take the
+    direct route; two micro-batches per step (accumulation), SGD."""
+    steps, micro = 8, 2
+
+    def run(model, opt, accumulate):
+        losses = []
+        for s in range(steps):
+            total = 0.0
+            for m in range(micro):
+                x, y = batch(s * micro + m, rank)
+                loss = model(x, y)
+                (loss / micro if accumulate else loss).backward()
+                total += loss.item() / micro
+            opt.step()
+            opt.zero_grad()
+            losses.append(mean_over_ranks(total))
+        return losses
+
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(TinyGPT())
+    # SGD, not Adam: Adam would hide a gradient off by a constant factor.
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.3, momentum=0.9, foreach=False)
+    ddp_losses = run(ddp, opt, True)
+
+    torch.manual_seed(0)
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 4000,
+                                    "stage3_param_persistence_threshold": 0}}
+    with zt.Init(config=config):
+        model = TinyGPT()
+    zt.partition_module(model)
+    ctx = zt.get_context()
+    ctx.set_accumulation_steps(micro)
+    zopt = zt.ZeroShardOptimizer(model.parameters(), kind="sgd", lr=0.3, momentum=0.9, weight_decay=0.0)
+    zs_losses = run(model, zopt, False)
+    ticket = zeroshard.core.ffi.new("uint64_t*")  # the last ticket released (all, after a step)
+    zeroshard.core.check(zeroshard.core.lib.zs_grad_released(ctx.handle, ticket))
+    direct = [n for n, p in model.named_parameters()
+              if math.prod(p.zs.shape) % world == 0 and math.prod(p.zs.shape) * 4 >= 4000]
+    return {"ddp": ddp_losses, "zeroshard": zs_losses, "tickets": ticket[0], "direct_params": direct,
+            "held_after_step": len(ctx._lent)}
 
 
 class Expert(nn.Module):
@@ -650,7 +695,8 @@ def main():
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,
-              "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units}[mode](rank, world)
+              "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
+              "lent_grads": mode_lent_grads}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

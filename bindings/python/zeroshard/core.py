@@ -19,6 +19,7 @@ shards, gradient and optimizer shards) is that device's. ``Param.to_dlpack``
 and ``dlpack_from_pointer`` give zero-copy DLPack tensors of it.
 """
 import atexit
+import collections
 import ctypes
 import json
 import os
@@ -902,6 +903,21 @@ class Param(_Owned):
         check(lib.zs_grad_push(self._h, ptr, code, nbytes))
         del keep
 
+    def lend_grad(self, address, nbytes, dtype, owner):
+        """push_grad that lets the engine reduce straight from the memory at
+        `address` (zs_grad_push_borrowed): `owner`, the object that keeps that
+        memory alive (a tensor), is held by the context until the engine
+        no longer reads it. The memory must not change until then."""
+        ctx = self._ctx
+        ticket = ffi.new("uint64_t*")
+        check(lib.zs_grad_push_borrowed(self._h, ffi.cast("const void*", address),
+                                        dtype_code(dtype), nbytes, ticket))
+        if ticket[0]:
+            ctx._lent.append((ticket[0], owner))
+        # The push may have waited for older reductions: their gradients go
+        # now, not at the next push (a layer's gradient less at the peak).
+        ctx.release_lent()
+
     def grad_shard_ptr(self):
         """Address of this rank's fp32 gradient shard (0 before the first push),
         in the memory of the param's device."""
@@ -1015,6 +1031,7 @@ class Optimizer(_Owned):
         """One optimizer step (collective over the world)."""
         r = _new_struct("zs_step_result")
         check(lib.zs_optimizer_step(self._h, r))
+        self._ctx.release_lent()
         return {"skipped": bool(r.skipped), "grad_norm": float(r.grad_norm),
                 "loss_scale": float(r.loss_scale), "step": int(r.step)}
 
@@ -1119,6 +1136,10 @@ class Context:
         check(lib.zs_context_create(out, o))
         self._h = out[0]
         self._closed = False
+        # (ticket, owner) of the gradients the engine may still read
+        # (Param.lend_grad), oldest first; dropped as it releases them.
+        self._lent = collections.deque()
+        self._released = ffi.new("uint64_t*")
         _live_contexts.add(self)
         try:
             self._warn_inactive_config()
@@ -1149,7 +1170,20 @@ class Context:
             return
         self._closed = True
         _live_contexts.discard(self)
-        check(lib.zs_context_destroy(self._h))
+        try:
+            check(lib.zs_context_destroy(self._h))
+        finally:
+            self._lent.clear()  # nothing reads them once the context is gone
+
+    def release_lent(self):
+        """Let go of the lent gradients the engine no longer reads."""
+        lent = self._lent
+        if not lent:
+            return
+        check(lib.zs_grad_released(self._h, self._released))
+        upto = self._released[0]
+        while lent and lent[0][0] <= upto:
+            lent.popleft()
 
     def __enter__(self):
         return self
@@ -1164,6 +1198,7 @@ class Context:
                 return
             self._closed = True
             lib.zs_context_destroy(self._h)
+            self._lent.clear()
         except Exception:
             pass
 
@@ -1375,6 +1410,7 @@ class Context:
     # -- training ------------------------------------------------------------
     def grad_sync(self):
         check(lib.zs_grad_sync(self._h))
+        self.release_lent()
 
     def set_accumulation_steps(self, n):
         check(lib.zs_grad_set_accumulation_steps(self._h, int(n)))

@@ -498,7 +498,9 @@ class HookEngine:
         if z.leaf:
             z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
         else:
-            z.zparam.push_grad((grad.data_ptr(), grad.numel() * grad.element_size()), z.zparam.dtype)
+            # Lent, not copied: a large gradient is reduced straight from
+            # autograd's tensor, which the context holds until then.
+            z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
         self._grad_arrived(p)
 
     def _grad_arrived(self, p):

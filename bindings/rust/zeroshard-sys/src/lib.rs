@@ -544,6 +544,14 @@ extern "C" {
         grad_bytes: *const usize,
         dtype: zs_dtype,
     ) -> zs_status;
+    pub fn zs_grad_push_borrowed(
+        param: zs_param,
+        grad: *const c_void,
+        dtype: zs_dtype,
+        grad_bytes: usize,
+        ticket: *mut u64,
+    ) -> zs_status;
+    pub fn zs_grad_released(ctx: zs_context, ticket: *mut u64) -> zs_status;
     pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
     pub fn zs_grad_set_accumulation_steps(ctx: zs_context, steps: c_int) -> zs_status;
     pub fn zs_grad_shard_data(
