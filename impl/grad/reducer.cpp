@@ -315,9 +315,10 @@ void GradReducer::track(std::shared_ptr<Work> w) {
     w->wait(-1);
     return;
   }
-  // A backward that outruns the wire waits here for the oldest bucket, as
-  // DeepSpeed's double-buffered reduction does, instead of queueing every
-  // bucket's full-size copy until the step (a model's whole gradient).
+  // A backward that outruns the wire waits here for the older reduction
+  // (one reducing, the next being filled, as DeepSpeed's double-buffered
+  // reduction), instead of queueing every bucket's full-size copy until
+  // the step (a model's whole gradient).
   pending_.push_back(std::move(w));
   const auto wait_begin = Trace::Clock::now();
   bool waited = false;
