@@ -16,6 +16,7 @@ import warnings
 
 import torch
 import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import lightning.pytorch as pl
 
@@ -32,6 +33,8 @@ class Regression(pl.LightningModule):
         self.net = None
         self.losses = []
         self.partitioned_at_construction = None
+        self.grads_after_backward = []  # params whose gradient is still in .grad after each backward
+        self.hooked = None
 
     def configure_model(self):
         if self.net is not None:
@@ -47,26 +50,117 @@ class Regression(pl.LightningModule):
         self.losses.append(float(self.all_gather(loss.detach()).mean()))
         return loss
 
+    def on_after_backward(self):
+        if self.partitioned_at_construction:
+            self.grads_after_backward.append(sorted(n for n, p in self.named_parameters() if p.grad is not None))
+
+    def on_train_end(self):
+        # Every param is persistent (under the default threshold): every
+        # unit is kept, and runs without the engine's forward hooks.
+        if self.partitioned_at_construction:
+            from zeroshard.torch import hooks
+            self.hooked = [n for n, m in self.net.named_modules()
+                           if hooks._unit_pre_forward in m._forward_pre_hooks.values()]
+
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
 
 
-def fit(strategy, **trainer_kwargs):
+class Wide(pl.LightningModule):
+    """Several 256x256 layers, reached from training_step and
+    validation_step through self.net, not through the LightningModule's own
+    forward (as most LightningModules do). Under zeroshard it records, after
+    each training forward (before Lightning's backward), the bytes of the
+    params' gathered buffers still alive (what autograd's saved tensors
+    keep: the engine released them, and its gathered counters count them
+    no more), and the engine's memory counters before the strategy's
+    teardown drops the context."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = None
+        self.losses, self.val_losses = [], []
+        self.memory = None
+        self.buffers = []  # (weak reference to a gathered buffer, its bytes) in this forward
+        self.alive_after_forward = []
+
+    def on_train_start(self):
+        if not zt.is_partitioned(next(self.net.parameters())):
+            return
+
+        def watch(module, inputs):  # after the engine's pre-hook: the params are gathered
+            self.buffers += [(StorageWeakRef(p.untyped_storage()), p.numel() * p.element_size())
+                             for p in module._parameters.values() if p is not None and p.numel()]
+
+        for m in self.net.modules():
+            m.register_forward_pre_hook(watch)
+
+    def configure_model(self):
+        if self.net is not None:
+            return
+        layers = [nn.Linear(8, WIDTH), nn.Tanh()]
+        for _ in range(DEPTH):
+            layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+        self.net = nn.Sequential(*layers, nn.Linear(WIDTH, 1))
+
+    def training_step(self, batch, idx):
+        x, y = batch
+        self.buffers.clear()
+        loss = nn.functional.mse_loss(self.net(x), y)
+        if self.buffers:
+            self.alive_after_forward.append(sum(n for ref, n in self.buffers if not ref.expired()))
+            self.buffers.clear()
+        self.losses.append(float(self.all_gather(loss.detach()).mean()))
+        return loss
+
+    def validation_step(self, batch, idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.val_losses.append(float(self.all_gather(loss).mean()))
+
+    def on_train_end(self):
+        if zt.is_partitioned(next(self.net.parameters())):
+            memory = zt.get_context().memory()
+            self.memory = {k: memory[k] for k in ("peak_gathered_bytes", "gathered_bytes", "unsharded_bytes")}
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+
+
+WIDTH, DEPTH = 256, 6
+# Nothing persists, nothing is kept gathered across the turn from forward to
+# backward, and the prefetch window is one unit: what stays gathered is what
+# autograd's saved tensors hold.
+WIDE_CONFIG = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                     "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1}}
+
+
+def fit(strategy, module=Regression, val=False, **trainer_kwargs):
     pl.seed_everything(0, verbose=False)
     x = torch.randn(SAMPLES, 8)
     y = x.sum(1, keepdim=True).sin()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
-    model = Regression()
+    model = module()
+    if val:
+        trainer_kwargs.update(limit_val_batches=2, num_sanity_val_steps=1, val_check_interval=4)
+        data = {"train_dataloaders": data, "val_dataloaders": data}
+    else:
+        data = {"train_dataloaders": data}
     trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy=strategy, max_epochs=1,
                          enable_progress_bar=False, enable_checkpointing=False, logger=False,
                          enable_model_summary=False, use_distributed_sampler=True, **trainer_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(model, data)
+        trainer.fit(model, **data)
     config_warnings = [str(w.message) for w in caught
                        if issubclass(w.category, zeroshard.ZeroShardConfigWarning)]
-    return trainer, {"losses": model.losses, "strategy": type(trainer.strategy).__name__,
-                     "partitioned_at_construction": model.partitioned_at_construction,
+    if module is Wide:
+        extra = {"val_losses": model.val_losses, "memory": model.memory,
+                 "alive_after_forward": model.alive_after_forward}
+    else:
+        extra = {"grads_after_backward": model.grads_after_backward, "hooked": model.hooked}
+    return trainer, {**extra, "losses": model.losses, "strategy": type(trainer.strategy).__name__,
+                     "partitioned_at_construction": getattr(model, "partitioned_at_construction", None),
                      "config_warnings": config_warnings}
 
 
@@ -86,6 +180,11 @@ def main():
         offload_optimizer_device="nvme", nvme_path=nvme, max_in_cpu=0, sub_group_size=1000)
     trainer, results["zeroshard_nvme"] = fit(offload)
     results["zeroshard_nvme"]["effective_config"] = offload.zs_config
+    # A model of several 256x256 layers whose steps call self.net: the root
+    # scope (saved for backward by reference) covers Lightning's steps.
+    trainer, results["ddp_wide"] = fit("ddp", module=Wide, val=True)
+    trainer, results["zeroshard_wide"] = fit(zeroshard.lightning.ZeroShardStrategy(config=WIDE_CONFIG),
+                                             module=Wide, val=True)
     if trainer.global_rank == 0:
         print(json.dumps(results), flush=True)
 

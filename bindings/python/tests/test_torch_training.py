@@ -126,6 +126,31 @@ def test_params_saved_for_backward_by_reference_free_their_buffers():
     assert "blocks.1.out.weight was modified in place" in edges["in_place_error"], edges
 
 
+def test_submodule_called_without_the_root_opens_the_forward_scope():
+    """A loop that calls a partitioned model's submodule (model.gpt(x, y)),
+    never the root, trains as through the root: saved by reference, swept
+    gradients at the backward's end, the scope closed after the forward
+    (and after a forward that raised); with non-reentrant checkpointing too."""
+    r = run_ranks(2, "submodule_scope")
+    root = r["root"]
+    for name in ("submodule", "checkpointed", "inside_checkpoint"):
+        run = r[name]
+        assert run["losses"] == root["losses"], (name, run["losses"], root["losses"])
+        # By reference: at most the unit the backward prefetches first is
+        # still gathered after the forward; by value every Linear's weight was.
+        for alive, seen in run["alive_after_forward"]:
+            assert seen >= 10 and alive <= 1, (name, run["alive_after_forward"])
+        # The swept LayerNorm gradients went to the engine as the backward
+        # ended: none is left in .grad for the step to take.
+        assert run["grads_after_backward"] == [[]] * 4, (name, run["grads_after_backward"])
+        assert run["held_after_backward"] == [[]] * 4, (name, run["held_after_backward"])
+        assert run["closed"] == [True] * 4 and run["closed_after_raise"], (name, run)
+        assert run["raised"] == "IndexError"
+        # Checkpointing still recomputes: the scope did not replace its hooks.
+        assert run["recomputed"] == [name != "submodule"] * 4, (name, run["recomputed"])
+    assert root["grads_after_backward"] == [[]] * 4 and root["closed"] == [True] * 4
+
+
 def test_moe_with_leaf_modules_trains_without_a_hang():
     r = run_ranks(3, "moe")
     assert len(r["losses"]) == 6

@@ -586,6 +586,85 @@ def mode_saved_by_reference(rank, world):
     return out
 
 
+class Wrapper(nn.Module):
+    """The partitioned root around a model that the loop calls directly."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.gpt = cls()
+
+    def forward(self, idx, targets):
+        return self.gpt(idx, targets)
+
+
+def mode_submodule_scope(rank, world):
+    """A partitioned model trained through a submodule, its root's forward
+    never called (model.gpt(x, y)), against the same model trained through
+    its root: the outermost hooked module opens the forward's scope. What
+    the forward saves for backward holds gathered params by reference (a
+    non-persistent param's buffer is gone after its forward), the swept
+    (persistent LayerNorm) gradients go to the engine when the backward
+    ends, not at the step, and the scope closes after the forward, also
+    when it raises. Also with torch's non-reentrant checkpoint inside the
+    submodule, and around it (the scope opens under checkpoint's
+    saved-tensor hooks and leaves them in force)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from zeroshard.torch import hooks, saved
+
+    def no_scope():
+        return (not saved._active and not getattr(hooks, "_opened", None)
+                and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
+
+    out = {}
+    for name, cls in (("root", TinyGPT), ("submodule", TinyGPT), ("checkpointed", CheckpointedGPT),
+                      ("inside_checkpoint", TinyGPT)):
+        zero = {"stage": 3, "param_persistence_threshold": 100, "max_reuse_distance": 0,
+                "prefetch_bucket_size": 1}
+        torch.manual_seed(0)
+        with zt.Init(config={"zero_optimization": zero}):
+            model = Wrapper(cls)
+        zt.partition_module(model)
+        buffers = []
+
+        def watch(module, inputs):
+            buffers.extend(StorageWeakRef(p.untyped_storage()) for p in module._parameters.values()
+                           if p is not None and p.numel() and not p.zs.persistent)
+
+        for m in model.modules():
+            m.register_forward_pre_hook(watch)
+        zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+        run = model if name == "root" else model.gpt
+        if name == "inside_checkpoint":  # the scope opens under checkpoint's saved-tensor hooks
+            def run(x, y, gpt=model.gpt):
+                return torch.utils.checkpoint.checkpoint(gpt, x, y, use_reentrant=False)
+        r = {"losses": [], "alive_after_forward": [], "grads_after_backward": [], "held_after_backward": [],
+             "closed": [], "recomputed": []}
+        for step in range(4):
+            buffers.clear()
+            x, y = batch(step, rank)
+            loss = run(x, y)
+            r["alive_after_forward"].append([sum(not b.expired() for b in buffers), len(buffers)])
+            r["closed"].append(no_scope())
+            seen = len(buffers)
+            loss.backward()
+            r["recomputed"].append(len(buffers) > seen)  # forwards re-run in backward (checkpointing)
+            r["grads_after_backward"].append(sorted(n for n, p in model.named_parameters() if p.grad is not None))
+            r["held_after_backward"].append(sorted(n for n, p in model.named_parameters() if p.zs.holds > 0))
+            zopt.step()
+            zopt.zero_grad()
+            r["losses"].append(mean_over_ranks(loss.item()))
+        x, y = batch(0, rank)
+        try:
+            run(torch.full_like(x, VOCAB), y)  # out of the embedding's range: raises inside the forward
+            r["raised"] = ""
+        except IndexError as e:
+            r["raised"] = type(e).__name__
+        r["closed_after_raise"] = no_scope()
+        out[name] = r
+        del model, zopt
+    return out
+
+
 class FineModel(nn.Module):
     """Many small Linears (persistent under a threshold of 100 elements), a
     param-less module between them, and a wide layer that is not."""
@@ -696,7 +775,7 @@ def main():
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
-              "lent_grads": mode_lent_grads}[mode](rank, world)
+              "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

@@ -384,6 +384,26 @@ def _make_strategy_class():
             zt.partition_module(model, config=self.zs_config)
             return model
 
+        # Lightning's steps reach the model through its submodules
+        # (self.net(x)), not through the LightningModule's forward, whose
+        # hooks begin each forward's scope (zeroshard.torch.hooks): each
+        # step runs as the root's forward instead, so gathered params saved
+        # for backward are held by reference, kept units are re-evaluated
+        # after an optimizer step, and the step's output ends the backward
+        # with the gradient sweep.
+
+        def training_step(self, *args, **kwargs):
+            return zt.run_as_forward(self.lightning_module, super().training_step, *args, **kwargs)
+
+        def validation_step(self, *args, **kwargs):
+            return zt.run_as_forward(self.lightning_module, super().validation_step, *args, **kwargs)
+
+        def test_step(self, *args, **kwargs):
+            return zt.run_as_forward(self.lightning_module, super().test_step, *args, **kwargs)
+
+        def predict_step(self, *args, **kwargs):
+            return zt.run_as_forward(self.lightning_module, super().predict_step, *args, **kwargs)
+
         def setup_optimizers(self, trainer):
             super().setup_optimizers(trainer)
             converted = {id(o): _convert_optimizer(o) for o in self.optimizers}

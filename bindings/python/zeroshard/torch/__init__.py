@@ -13,7 +13,7 @@ from ._context import get_context, init_context, shutdown
 from .checkpoint import export_safetensors, load_checkpoint, load_pretrained, save_checkpoint
 from ._params import is_partitioned
 from .gathered import GatheredParameters
-from .hooks import register_external_parameter, set_leaf_modules, unset_leaf_modules
+from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
 from .init import Init, partition_module
 from .optim import ZeroShardOptimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict
@@ -24,5 +24,5 @@ __all__ = [
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "partition_module",
     "save_checkpoint",
-    "register_external_parameter", "set_leaf_modules", "shutdown", "unset_leaf_modules",
+    "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "unset_leaf_modules",
 ]

@@ -16,6 +16,27 @@ the coordinator is told to release it when the last hold goes.
 What a forward saves for backward holds gathered params by reference
 (saved.py): the root's forward hooks push and pop that for the forward.
 
+The root's forward is the scope of a forward: it begins the coordinator's
+step, re-evaluates which units are kept (below), saves by reference, and
+hooks its outputs for the sweep when the backward ends. Code that calls a
+partitioned model's submodules without the root's forward (Lightning's
+training_step calling self.net(x); model.encoder(x)) gets the scope two
+ways:
+
+- run_as_forward(model, fn, *args): fn runs as the root's forward would,
+  in one scope (ZeroShardStrategy runs Lightning's steps so);
+- otherwise the outermost hooked module that runs outside any scope opens
+  one for its own forward (its pre-hook) and closes it when that forward
+  ends (its post-hook, which also runs when the forward raises): the step
+  begins, saved tensors go by reference, and that module's outputs get the
+  sweep hook. Kept units are only re-evaluated at a root forward (or
+  run_as_forward): arming a module's hooks while an unhooked ancestor of
+  it runs would release what was never fetched. No scope is opened for a
+  forward re-run in backward (activation checkpointing's recompute runs
+  outside the root's scope too), and a scope opened under another
+  saved-tensor hook (torch's non-reentrant checkpoint, save_on_cpu) does not
+  push ours over it.
+
 Fetch on access: a module that reads another module's param without
 calling that module's forward (nn.MultiheadAttention reads
 out_proj.weight) finds it gathered: the read fetches it, warns once, and
@@ -24,7 +45,7 @@ makes it an external param of the running module from then on.
 Gradients of params that only kept units hold (persistent, not in a leaf
 or in a unit that also holds non-persistent params) need no hook each:
 autograd accumulates them in .grad, and once the backward ends (a
-callback its root output's gradient queues) they go to the engine as the
+callback a scope's output's gradient queues) they go to the engine as the
 hooks would have pushed them, and .grad is None again. Params of other
 units keep their per-param hooks: their gradient is what lets the unit's
 gathered params go during the backward (a swept param that a unit of
@@ -63,6 +84,9 @@ from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_acces
                       registered_params, zparams)
 
 _running = []  # units whose forward is running now, innermost last (all models)
+# Scopes a unit opened because it ran outside any root forward: (unit,
+# len(_running) before it ran), innermost last.
+_opened = []
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
 
 
@@ -203,8 +227,55 @@ def _root_post_forward(module, inputs, output):
             t.register_hook(engine.sweep_after_backward)
 
 
+def run_as_forward(model, fn, *args, **kwargs):
+    """fn(*args, **kwargs) run as the partitioned `model`'s forward would
+    run: the coordinator's step begins, kept units are re-evaluated (after
+    an optimizer step), what fn's forwards save for backward holds gathered
+    params by reference, and fn's output tensors end the backward with the
+    gradient sweep. For code that calls submodules of `model` rather than
+    `model` itself (ZeroShardStrategy runs Lightning's training_step,
+    validation_step, test_step and predict_step in it). Calls of `model`
+    inside fn nest."""
+    _root_pre_forward(model, args)
+    output = None
+    try:
+        output = fn(*args, **kwargs)
+        return output
+    finally:
+        _root_post_forward(model, args, output)
+
+
+def _other_saved_hooks():
+    """Whether saved-tensor hooks other than a scope's are in force
+    (non-reentrant checkpoint, save_on_cpu): ours would replace them."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
+
+
+def _open_scope(unit):
+    """`unit` runs outside any root forward: open a scope for its forward
+    (see the module docstring). Not for a forward re-run in backward."""
+    if torch._C._current_graph_task_id() != -1:
+        return
+    engine = unit.engine
+    engine.begin_step()
+    saved.push(by_reference=engine.saves_by_reference and not _other_saved_hooks())
+    _opened.append((unit, len(_running)))
+
+
+def _close_scope(output):
+    unit, _ = _opened.pop()
+    saved.pop()
+    engine = unit.engine
+    if engine.swept and torch.is_grad_enabled():
+        for t in _output_tensors(output, []):
+            t.register_hook(engine.sweep_after_backward)
+
+
 def _unit_pre_forward(module, inputs):
     unit = _live_unit(module)
+    if not saved._active:  # no root forward runs: this module's forward is the scope
+        _open_scope(unit)
     if unit.params:
         _acquire(unit.params, unit.handles())
     _running.append(unit)
@@ -214,22 +285,28 @@ def _unit_post_forward(module, inputs, output):
     unit = _live_unit(module)
     if _running and _running[-1] is unit:
         _running.pop()
-    if not unit.params:
-        return
-    _release(unit.params, unit.handles())
-    if not torch.is_grad_enabled():
-        return
-    if unit.persistent:
-        # Persistent params stay gathered until the optimizer step: backward
-        # needs no fetch for them.
-        unit.engine._hook_grads(unit.params)  # params unfrozen since the last step too
-        return
-    tensors = _output_tensors(output, [])
-    if tensors:
-        unit.pending = {p for p in unit.params if p.requires_grad}
-        unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
-        for t in tensors:
-            t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+    try:
+        if not unit.params:
+            return
+        _release(unit.params, unit.handles())
+        if not torch.is_grad_enabled():
+            return
+        if unit.persistent:
+            # Persistent params stay gathered until the optimizer step: backward
+            # needs no fetch for them.
+            unit.engine._hook_grads(unit.params)  # params unfrozen since the last step too
+            return
+        tensors = _output_tensors(output, [])
+        if tensors:
+            unit.pending = {p for p in unit.params if p.requires_grad}
+            unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
+            for t in tensors:
+                t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+    finally:
+        # The scope this forward opened (not one a forward of the same
+        # module nested in it finds open).
+        if _opened and _opened[-1][0] is unit and len(_running) <= _opened[-1][1]:
+            _close_scope(output)
 
 
 def _live_unit(module):
