@@ -12,9 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/grad_params.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
+using zs::test::grad_shard_copy;
+using zs::test::register_vector;
 using zs::test::run_ranks;
 
 namespace {
@@ -23,29 +26,12 @@ namespace {
 // the group size divides goes direct.
 const char* kConfig = "{\"zero_optimization\": {\"reduce_bucket_size\": 1200}}";
 
-zs_param make(zs_context ctx, const std::string& name, int64_t n) {
-  zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-  o.name = name.c_str();
-  o.ndim = 1;
-  o.shape = &n;
-  zs_param p = nullptr;
-  EXPECT_EQ(zs_param_register(&p, ctx, &o), ZS_OK) << zs_last_error();
-  return p;
-}
-
 std::vector<float> grad(int rank, size_t k, int64_t n, int round = 0) {
   std::vector<float> g(static_cast<size_t>(n));
   for (size_t i = 0; i < g.size(); ++i)
     g[i] = std::sin(static_cast<float>(i * 13 + k * 101 + static_cast<size_t>(rank) * 7 +
                                        static_cast<size_t>(round) * 3)) * 0.3f;
   return g;
-}
-
-std::vector<float> shard(zs_param p) {
-  float* data = nullptr;
-  uint64_t n = 0;
-  EXPECT_EQ(zs_grad_shard_data(p, &data, &n), ZS_OK) << zs_last_error();
-  return data ? std::vector<float>(data, data + n) : std::vector<float>{};
 }
 
 uint64_t released(zs_context ctx) {
@@ -73,8 +59,8 @@ TEST(GradPushBorrowed, EqualsPushBitwiseAndOnlyReadsTheGradient) {
       std::vector<zs_param> copied, lent;
       std::vector<std::vector<float>> grads, originals;
       for (size_t k = 0; k < sizes.size(); ++k) {
-        copied.push_back(make(ctx, "copied." + std::to_string(k), sizes[k]));
-        lent.push_back(make(ctx, "lent." + std::to_string(k), sizes[k]));
+        copied.push_back(register_vector(ctx, "copied." + std::to_string(k), sizes[k]));
+        lent.push_back(register_vector(ctx, "lent." + std::to_string(k), sizes[k]));
         grads.push_back(grad(env.rank, k, sizes[k]));
       }
       originals = grads;
@@ -96,7 +82,7 @@ TEST(GradPushBorrowed, EqualsPushBitwiseAndOnlyReadsTheGradient) {
       ZS_ASSERT_OK(zs_grad_sync(ctx));
       EXPECT_EQ(released(ctx), last) << "after the sync every ticket is released";
       for (size_t k = 0; k < sizes.size(); ++k) {
-        const auto a = shard(copied[k]), b = shard(lent[k]);
+        const auto a = grad_shard_copy(copied[k]), b = grad_shard_copy(lent[k]);
         ASSERT_EQ(a.size(), b.size()) << "param " << k;
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "param " << k;
         EXPECT_EQ(std::memcmp(grads[k].data(), originals[k].data(), grads[k].size() * 4), 0)
@@ -113,7 +99,7 @@ TEST(GradPushBorrowed, AccumulatedGradientsAddUpAsPushes) {
     ASSERT_NE(ctx, nullptr);
     ZS_ASSERT_OK(zs_grad_set_accumulation_steps(ctx, 2));
     const int64_t n = 900;  // direct on 3 ranks
-    zs_param copied = make(ctx, "copied", n), lent = make(ctx, "lent", n);
+    zs_param copied = register_vector(ctx, "copied", n), lent = register_vector(ctx, "lent", n);
     std::vector<std::vector<float>> rounds = {grad(env.rank, 0, n, 0), grad(env.rank, 0, n, 1)};
     for (auto& g : rounds) {
       ZS_ASSERT_OK(zs_grad_push(copied, g.data(), ZS_FLOAT32, g.size() * 4));
@@ -124,7 +110,7 @@ TEST(GradPushBorrowed, AccumulatedGradientsAddUpAsPushes) {
     ZS_ASSERT_OK(zs_grad_sync(ctx));
     // The mean of two micro-steps: the first write assigned the shard, the
     // second added to it; divided once per shard instead of per gradient.
-    const auto a = shard(copied), b = shard(lent);
+    const auto a = grad_shard_copy(copied), b = grad_shard_copy(lent);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6f * (1.0f + std::fabs(a[i]))) << i;
     zs_context_destroy(ctx);
@@ -136,7 +122,7 @@ TEST(GradPushBorrowed, ReleasedMemoryIsTheCallersAgain) {
     zs_context ctx = zs::test::make_context(env, kConfig);
     ASSERT_NE(ctx, nullptr);
     const int64_t n = 4000;
-    zs_param copied = make(ctx, "copied", n), lent = make(ctx, "lent", n);
+    zs_param copied = register_vector(ctx, "copied", n), lent = register_vector(ctx, "lent", n);
     auto g = grad(env.rank, 0, n);
     ZS_ASSERT_OK(zs_grad_push(copied, g.data(), ZS_FLOAT32, g.size() * 4));
     // Rank 1 comes late, so rank 0's reduction cannot be done before it.
@@ -152,7 +138,7 @@ TEST(GradPushBorrowed, ReleasedMemoryIsTheCallersAgain) {
     ASSERT_GE(released(ctx), ticket) << "the reduction never finished";
     std::fill(g.begin(), g.end(), 1e6f);
     ZS_ASSERT_OK(zs_grad_sync(ctx));
-    const auto a = shard(copied), b = shard(lent);
+    const auto a = grad_shard_copy(copied), b = grad_shard_copy(lent);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
     zs_context_destroy(ctx);
@@ -167,8 +153,8 @@ TEST(GradPushBorrowed, RanksMayMixBorrowedAndCopiedPushes) {
     std::vector<zs_param> ref, mixed;
     std::vector<std::vector<float>> grads;
     for (size_t k = 0; k < sizes.size(); ++k) {
-      ref.push_back(make(ctx, "ref." + std::to_string(k), sizes[k]));
-      mixed.push_back(make(ctx, "mixed." + std::to_string(k), sizes[k]));
+      ref.push_back(register_vector(ctx, "ref." + std::to_string(k), sizes[k]));
+      mixed.push_back(register_vector(ctx, "mixed." + std::to_string(k), sizes[k]));
       grads.push_back(grad(env.rank, k, sizes[k]));
     }
     for (size_t k = 0; k < sizes.size(); ++k)
@@ -185,54 +171,60 @@ TEST(GradPushBorrowed, RanksMayMixBorrowedAndCopiedPushes) {
     }
     ZS_ASSERT_OK(zs_grad_sync(ctx));
     for (size_t k = 0; k < sizes.size(); ++k) {
-      const auto a = shard(ref[k]), b = shard(mixed[k]);
+      const auto a = grad_shard_copy(ref[k]), b = grad_shard_copy(mixed[k]);
       ASSERT_EQ(a.size(), b.size()) << "param " << k;
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "param " << k;
     }
     // A 16-bit gradient of a direct param is widened into a copy: ticket 0.
-    zs_param half = make(ctx, "half", 600);
+    zs_param half = register_vector(ctx, "half", 600);
     std::vector<uint16_t> h(600, 0x3f80);  // bf16 1.0
     uint64_t ticket = 7;
     ZS_ASSERT_OK(zs_grad_push_borrowed(half, h.data(), ZS_BFLOAT16, h.size() * 2, &ticket));
     EXPECT_EQ(ticket, 0u) << "a bf16 gradient cannot be reduced in place";
     ZS_ASSERT_OK(zs_grad_sync(ctx));
-    for (float v : shard(half)) ASSERT_EQ(v, 1.0f);
+    for (float v : grad_shard_copy(half)) ASSERT_EQ(v, 1.0f);
     zs_context_destroy(ctx);
   });
 }
 
+namespace {
+
+// A direct param's fp32 host gradient pushed under `config` on 2 ranks:
+// nothing is lent (ticket 0), for the reason `why`; then `more` runs.
+void expect_not_lent(const char* config, const char* why,
+                     void (*more)(zs_context, zs_param, const std::vector<float>&) = nullptr) {
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, config);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = register_vector(ctx, "p", 800);
+    auto g = grad(env.rank, 0, 800);
+    uint64_t ticket = 5;
+    ZS_ASSERT_OK(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
+    EXPECT_EQ(ticket, 0u) << why;
+    if (more) more(ctx, p, g);
+    ZS_ASSERT_OK(zs_grad_sync(ctx));
+    zs_context_destroy(ctx);
+  });
+}
+
+}  // namespace
+
 TEST(GradPushBorrowed, WhatIsNotLentSaysSoAndBadCallsAreRefused) {
-  run_ranks(2, [](const RankEnv& env) {
-    // overlap_comm off: reduced before the call returns, nothing lent.
-    zs_context ctx = zs::test::make_context(
-        env, "{\"zero_optimization\": {\"reduce_bucket_size\": 1200, \"overlap_comm\": false}}");
-    ASSERT_NE(ctx, nullptr);
-    zs_param p = make(ctx, "p", 800);
-    auto g = grad(env.rank, 0, 800);
-    uint64_t ticket = 5;
-    ZS_ASSERT_OK(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
-    EXPECT_EQ(ticket, 0u) << "overlap_comm off: nothing is read after the call";
-    ticket = 5;
-    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4 - 4, &ticket), ZS_ERR_BUFFER_SIZE);
-    EXPECT_EQ(ticket, 0u) << "a refused call lends nothing";
-    EXPECT_NE(std::string(zs_last_error()).find("grad_bytes is 3196, expected 3200"), std::string::npos)
-        << zs_last_error();
-    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, nullptr), ZS_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(zs_grad_released(ctx, nullptr), ZS_ERR_INVALID_ARGUMENT);
-    ZS_ASSERT_OK(zs_grad_sync(ctx));
-    zs_context_destroy(ctx);
-  });
-  // qgZ: quantized buckets, never direct.
-  run_ranks(2, [](const RankEnv& env) {
-    zs_context ctx = zs::test::make_context(
-        env, "{\"zero_optimization\": {\"reduce_bucket_size\": 1200, \"zero_quantized_gradients\": true}}");
-    ASSERT_NE(ctx, nullptr);
-    zs_param p = make(ctx, "q", 800);
-    auto g = grad(env.rank, 0, 800);
-    uint64_t ticket = 5;
-    ZS_ASSERT_OK(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
-    EXPECT_EQ(ticket, 0u) << "qgZ reduces from quantized buckets";
-    ZS_ASSERT_OK(zs_grad_sync(ctx));
-    zs_context_destroy(ctx);
-  });
+  expect_not_lent("{\"zero_optimization\": {\"reduce_bucket_size\": 1200, \"overlap_comm\": false}}",
+                  "overlap_comm off: nothing is read after the call",
+                  [](zs_context ctx, zs_param p, const std::vector<float>& g) {
+                    uint64_t ticket = 5;
+                    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4 - 4, &ticket),
+                              ZS_ERR_BUFFER_SIZE);
+                    EXPECT_EQ(ticket, 0u) << "a refused call lends nothing";
+                    EXPECT_NE(std::string(zs_last_error()).find("grad_bytes is 3196, expected 3200"),
+                              std::string::npos)
+                        << zs_last_error();
+                    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, nullptr),
+                              ZS_ERR_INVALID_ARGUMENT);
+                    EXPECT_EQ(zs_grad_released(ctx, nullptr), ZS_ERR_INVALID_ARGUMENT);
+                  });
+  expect_not_lent(
+      "{\"zero_optimization\": {\"reduce_bucket_size\": 1200, \"zero_quantized_gradients\": true}}",
+      "qgZ reduces from quantized buckets");
 }

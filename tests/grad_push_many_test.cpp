@@ -8,37 +8,23 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/grad_params.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
+using zs::test::grad_shard_copy;
+using zs::test::register_vector;
 using zs::test::run_ranks;
 
 namespace {
 
 const std::vector<int64_t> kSizes = {7, 1003, 64, 0, 5};
 
-zs_param make(zs_context ctx, const std::string& name, int64_t n) {
-  zs_param_options o = ZS_PARAM_OPTIONS_INIT;
-  o.name = name.c_str();
-  o.ndim = 1;
-  o.shape = &n;
-  zs_param p = nullptr;
-  EXPECT_EQ(zs_param_register(&p, ctx, &o), ZS_OK) << zs_last_error();
-  return p;
-}
-
 std::vector<float> grad(int rank, size_t k, int64_t n) {
   std::vector<float> g(static_cast<size_t>(n));
   for (size_t i = 0; i < g.size(); ++i)
     g[i] = std::sin(static_cast<float>(i * 13 + k * 101 + static_cast<size_t>(rank) * 7)) * 0.3f;
   return g;
-}
-
-std::vector<float> shard(zs_param p) {
-  float* data = nullptr;
-  uint64_t n = 0;
-  EXPECT_EQ(zs_grad_shard_data(p, &data, &n), ZS_OK) << zs_last_error();
-  return data ? std::vector<float>(data, data + n) : std::vector<float>{};
 }
 
 TEST(GradPushMany, EqualsOnePushPerParamBitwise) {
@@ -49,8 +35,8 @@ TEST(GradPushMany, EqualsOnePushPerParamBitwise) {
       ASSERT_NE(ctx, nullptr);
       std::vector<zs_param> one, many;
       for (size_t k = 0; k < kSizes.size(); ++k) {
-        one.push_back(make(ctx, "one." + std::to_string(k), kSizes[k]));
-        many.push_back(make(ctx, "many." + std::to_string(k), kSizes[k]));
+        one.push_back(register_vector(ctx, "one." + std::to_string(k), kSizes[k]));
+        many.push_back(register_vector(ctx, "many." + std::to_string(k), kSizes[k]));
       }
       const size_t skipped = 2;  // no gradient for it in the batch
       std::vector<std::vector<float>> grads;
@@ -66,12 +52,12 @@ TEST(GradPushMany, EqualsOnePushPerParamBitwise) {
       ZS_ASSERT_OK(zs_grad_push_many(ctx, many.data(), many.size(), ptrs.data(), bytes.data(), ZS_FLOAT32));
       ZS_ASSERT_OK(zs_grad_sync(ctx));
       for (size_t k = 0; k < kSizes.size(); ++k) {
-        const auto a = shard(one[k]), b = shard(many[k]);
+        const auto a = grad_shard_copy(one[k]), b = grad_shard_copy(many[k]);
         ASSERT_EQ(a.size(), b.size()) << "param " << k;
         // (an empty vector's data() may be null: no memcmp of it)
         EXPECT_TRUE(a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0) << "param " << k;
       }
-      EXPECT_TRUE(shard(many[skipped]).empty()) << "a skipped param got a gradient shard";
+      EXPECT_TRUE(grad_shard_copy(many[skipped]).empty()) << "a skipped param got a gradient shard";
       zs_context_destroy(ctx);
     });
   }
@@ -82,7 +68,7 @@ TEST(GradPushMany, ARefusedCallPushesNothingAndNamesTheIndex) {
     zs_context ctx = zs::test::make_context(env);
     ASSERT_NE(ctx, nullptr);
     std::vector<zs_param> params;
-    for (size_t k = 0; k < 3; ++k) params.push_back(make(ctx, "p" + std::to_string(k), 10));
+    for (size_t k = 0; k < 3; ++k) params.push_back(register_vector(ctx, "p" + std::to_string(k), 10));
     std::vector<float> g(10, 1.0f);
     std::vector<const void*> ptrs(3, g.data());
     std::vector<size_t> bytes = {40, 40, 36};  // params[2]: one element short
@@ -98,7 +84,7 @@ TEST(GradPushMany, ARefusedCallPushesNothingAndNamesTheIndex) {
     EXPECT_EQ(zs_grad_push_many(ctx, params.data(), 3, ptrs.data(), bytes.data(), ZS_UINT8),
               ZS_ERR_INVALID_ARGUMENT);
     ZS_ASSERT_OK(zs_grad_sync(ctx));
-    for (zs_param p : params) EXPECT_TRUE(shard(p).empty()) << "a refused call took a gradient";
+    for (zs_param p : params) EXPECT_TRUE(grad_shard_copy(p).empty()) << "a refused call took a gradient";
     zs_context_destroy(ctx);
   });
 }
