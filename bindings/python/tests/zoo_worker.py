@@ -134,8 +134,11 @@ class LoRALinear(nn.Module):
         self.a = nn.Parameter(torch.randn(r, n_in) * 0.1)
         self.b = nn.Parameter(torch.zeros(n_out, r))
 
+    keyword = False  # call the base with its input as a keyword argument
+
     def forward(self, x):
-        return self.base(x) + x @ self.a.t() @ self.b.t()
+        base = self.base(input=x) if self.keyword else self.base(x)
+        return base + x @ self.a.t() @ self.b.t()
 
 
 @dataclasses.dataclass
@@ -337,6 +340,119 @@ def run_model(name, rank):
             "frozen_equal": frozen_equal, "left_gathered": gathered}
 
 
+# -- a frozen base with LoRA adapters: gathered memory during backward ---
+WIDE, RANK_R, LAYERS = 256, 4, 6
+# No prefetch and no reuse window: what is gathered is what a unit holds.
+LORA_CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 20000,
+                                     "stage3_param_persistence_threshold": 0,
+                                     "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}}
+
+
+class FrozenMix(nn.Module):
+    """A frozen weight of its own after a trainable child: its output needs
+    a gradient, its input (the batch) does not."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.proj = nn.Linear(n_in, n_out)
+        self.mix = nn.Parameter(torch.randn(n_out, n_out) / n_out ** 0.5, requires_grad=False)
+
+    def forward(self, x):
+        return self.proj(x) @ self.mix
+
+
+class WideLoRA(nn.Module):
+    """A frozen base of LAYERS largish Linear layers, each with a small
+    trainable adapter (B non-zero, so every adapter gets a gradient), a
+    trainable input projection (so the first base's input needs a gradient
+    too) and head. `mode`: "plain"; "checkpoint" / "reentrant" (each pair
+    of layers under activation checkpointing); "shared" (the third base is
+    called a second time after the last layer: weight sharing); "keyword"
+    (the bases get their input as a keyword argument); "mix" (the input
+    projection is a FrozenMix: a frozen unit no input of which needs a
+    gradient)."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode
+        self.inp = FrozenMix(32, WIDE) if mode == "mix" else nn.Linear(32, WIDE)
+        self.layers = nn.ModuleList(LoRALinear(WIDE, WIDE, RANK_R) for _ in range(LAYERS))
+        for layer in self.layers:
+            nn.init.normal_(layer.b, std=0.1)
+            layer.keyword = mode == "keyword"
+        self.head = nn.Linear(WIDE, 8)
+        self.samples = []  # (gathered bytes, frozen weights gathered), sampled during backward
+
+    def pair(self, h, i):
+        for layer in self.layers[i:i + 2]:
+            h = F.gelu(layer(h))
+        return h
+
+    def forward(self, x):
+        h = self.inp(x)
+        for i in range(0, LAYERS, 2):
+            if self.mode in ("checkpoint", "reentrant"):
+                h = torch.utils.checkpoint.checkpoint(self.pair, h, i, use_reentrant=self.mode == "reentrant")
+            else:
+                h = self.pair(h, i)
+            if h.requires_grad:
+                h.register_hook(self._sample)
+        if self.mode == "shared":
+            h = h + self.layers[2].base(h)
+        return self.head(h)
+
+    def _sample(self, grad):
+        if hasattr(self.layers[0].base.weight, "zs"):
+            gathered = zt.get_context().memory()["gathered_bytes"]
+            frozen = sum(1 for layer in self.layers if layer.base.weight.data.numel() > 0)
+            self.samples.append((gathered, frozen))
+
+
+def wide_batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * (step % 2) + rank)
+    return torch.randn(BATCH * 4, 32, generator=g), torch.randn(BATCH * 4, 8, generator=g)
+
+
+def run_lora_memory(rank, mode, steps=4):
+    """WideLoRA trained through zeroshard and through DDP; what is gathered
+    during the backward (sampled as each pair's gradient arrives) and right
+    after it, before the optimizer step."""
+    ref = nn.parallel.DistributedDataParallel(build(lambda: WideLoRA(mode)))
+    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=LR, weight_decay=0.01,
+                            foreach=False)
+    ref_losses = []
+    for s in range(steps):
+        x, y = wide_batch(s, rank)
+        loss = F.mse_loss(ref(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_losses.append(mean_over_ranks(loss.item()))
+
+    with zt.Init(config=LORA_CONFIG):
+        model = build(lambda: WideLoRA(mode))
+    zt.partition_module(model)
+    zopt = zt.ZeroShardOptimizer([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
+    ctx = zt.get_context()
+    losses, during, after = [], [], []
+    for s in range(steps):
+        x, y = wide_batch(s, rank)
+        model.samples = []
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        after.append((ctx.memory()["gathered_bytes"],
+                      sum(1 for layer in model.layers if layer.base.weight.data.numel() > 0)))
+        during.append(max(model.samples))
+        zopt.step()
+        zopt.zero_grad()
+        losses.append(mean_over_ranks(loss.item()))
+    base = model.layers[0].base
+    layer_bytes = (base.weight.zs.zparam.numel + base.bias.zs.zparam.numel) * 4
+    return {"ddp": ref_losses, "zeroshard": losses, "during": during, "after": after,
+            "layer_bytes": layer_bytes, "peak_gathered_bytes": ctx.memory()["peak_gathered_bytes"],
+            "left_gathered": sum(1 for p in model.parameters() if p.data.numel() > 0)}
+
+
 def run_deepcopy(rank):
     """copy.deepcopy of a partitioned, hooked model: an independent copy
     with equal values that trains on its own."""
@@ -423,6 +539,8 @@ def main():
             result[name] = run_generate(rank)
         elif name == "convert":
             result[name] = run_convert(rank)
+        elif name.startswith("lora_memory_"):
+            result[name] = run_lora_memory(rank, name[len("lora_memory_"):])
         else:
             result[name] = run_model(name, rank)
         zt.shutdown()

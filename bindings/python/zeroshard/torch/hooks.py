@@ -37,6 +37,11 @@ ways:
   saved-tensor hook (torch's non-reentrant checkpoint, save_on_cpu) does not
   push ours over it.
 
+A unit with no trainable param (a LoRA adapter's frozen base) whose
+output needs a gradient has no gradient of its own to say when its
+backward is done: its inputs' gradients do (_FrozenCall), else the end of
+the backward; before, it stayed gathered until the optimizer step.
+
 Fetch on access: a module that reads another module's param without
 calling that module's forward (nn.MultiheadAttention reads
 out_proj.weight) finds it gathered: the read fetches it, warns once, and
@@ -101,6 +106,7 @@ class _Unit:
         self.engine = None
         self.pending = set()     # params whose gradient this backward has not produced yet
         self.bwd_held = False    # holds its params for its backward
+        self.open_calls = 0      # frozen unit: its forwards whose backward began and has not ended
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
         self._handles = None
@@ -131,7 +137,10 @@ class _Unit:
             # inside the last module it needs; without this every
             # checkpointed block kept that module's params gathered until
             # the step.
-            self.module.register_forward_hook(_unit_post_forward, prepend=prepend, always_call=True)
+            # with_kwargs: a frozen unit's inputs that need a gradient may
+            # come as keyword arguments (see _FrozenCall).
+            self.module.register_forward_hook(_unit_post_forward, prepend=prepend, always_call=True,
+                                              with_kwargs=True)
             self.armed = True
 
     def disarm(self):
@@ -209,6 +218,81 @@ def _output_tensors(output, out, depth=0):
     return out
 
 
+def _gradient_node(t):
+    """The autograd node that takes t's gradient (AccumulateGrad for a
+    leaf), or None."""
+    edge = getattr(torch.autograd.graph, "get_gradient_edge", None)
+    if edge is not None:
+        return edge(t).node
+    return t.grad_fn
+
+
+class _FrozenCall:
+    """One forward of a unit none of whose params needs a gradient (the
+    frozen base of a LoRA adapter, a frozen encoder) while its output does.
+    No gradient of its own tells when its backward is done, so what does:
+    the gradients of the forward's inputs (positional and keyword) that
+    need one. Their nodes run only once every op between them and the
+    output has, the ones that read the gathered params included. The
+    backward fetch is released when every such input of every forward of
+    the unit whose backward began has its gradient (a unit called twice
+    stays gathered while either call's backward runs), or, when that never
+    comes (no input needs a gradient: a frozen module whose output needs
+    one through a trainable child; torch.autograd.grad(inputs=...) stopping
+    short), when the backward ends. A call begins at its outputs' first
+    gradient, so a forward whose graph is never differentiated (the re-run
+    of non-reentrant checkpointing, whose recomputed outputs only feed
+    saved tensors) holds nothing; reentrant checkpointing's re-run is
+    differentiated by a backward of its own (its inputs: detached leaves),
+    whose end is then the fallback.
+
+    A release that comes too early (an op reading the params that is on
+    no path from an input, run after the inputs' nodes) costs a gather,
+    not a wrong gradient: a saved param not gathered is gathered for its
+    read (saved.py). The call keeps the input's gradient node, not the
+    input (a leaf's AccumulateGrad does hold the leaf): a frozen Linear
+    saves no input, and keeping it would keep the activation."""
+
+    __slots__ = ("unit", "nodes", "left", "handles")
+
+    def __init__(self, unit, inputs):
+        self.unit = unit
+        self.nodes = []
+        for t in inputs:
+            node = _gradient_node(t)
+            if node is not None and all(node is not n for n in self.nodes):
+                self.nodes.append(node)
+        self.left = 0
+        self.handles = None  # while its backward runs
+
+    def backward_begins(self, grad):
+        """A gradient hook on the forward's outputs."""
+        if self.handles is not None:
+            return
+        unit = self.unit
+        engine = unit.engine
+        engine.fetch_for_backward(unit)
+        unit.open_calls += 1
+        engine.open_frozen_call(self)
+        self.left = len(self.nodes)
+        self.handles = [node.register_prehook(self._input_grad) for node in self.nodes]
+
+    def _input_grad(self, grad_outputs):
+        self.left -= 1
+        if self.left == 0 and self.handles is not None:
+            self.end()
+            self.unit.engine.release_frozen(self.unit)
+
+    def end(self):
+        """This call's backward is done (or the backward ended)."""
+        if self.handles is not None:
+            for h in self.handles:
+                h.remove()
+            self.handles = None
+            self.unit.open_calls -= 1
+            self.unit.engine.frozen_calls.discard(self)
+
+
 # -- the hook functions (module-level: copied models share them) ------------
 def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
@@ -281,7 +365,7 @@ def _unit_pre_forward(module, inputs):
     _running.append(unit)
 
 
-def _unit_post_forward(module, inputs, output):
+def _unit_post_forward(module, inputs, kwargs, output):
     unit = _live_unit(module)
     if _running and _running[-1] is unit:
         _running.pop()
@@ -300,8 +384,15 @@ def _unit_post_forward(module, inputs, output):
         if tensors:
             unit.pending = {p for p in unit.params if p.requires_grad}
             unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
-            for t in tensors:
-                t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+            if unit.pending or unit.leaf:
+                for t in tensors:
+                    t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
+            else:
+                # No gradient of its own to wait for: released when this
+                # forward's backward is done (see _FrozenCall).
+                call = _FrozenCall(unit, _output_tensors(kwargs, _output_tensors(inputs, [])))
+                for t in tensors:
+                    t.register_hook(call.backward_begins)
     finally:
         # The scope this forward opened (not one a forward of the same
         # module nested in it finds open).
@@ -328,6 +419,7 @@ def _strip_hooks(module, hooks=_HOOKS):
         for k in [k for k, fn in d.items() if fn in hooks]:
             del d[k]
             module._forward_hooks_always_called.pop(k, None)
+            module._forward_hooks_with_kwargs.pop(k, None)
 
 
 def _forward_access(p):
@@ -363,6 +455,8 @@ class HookEngine:
         self._batches = None   # self.swept by dtype, with their zeroshard.GradBatch
         self._sweepable = set()  # ids of the params that may be swept
         self._sweep_queued = False
+        self.frozen_calls = set()  # _FrozenCalls whose backward runs
+        self._frozen_end_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
         self.units_to_check = True  # which units need hooks (at the root's next forward)
 
@@ -588,6 +682,28 @@ class HookEngine:
                 unit.bwd_held = False
                 _release(unit.params, unit.handles())
 
+    def open_frozen_call(self, call):
+        """A frozen unit's backward began (_FrozenCall): whatever no input
+        gradient released goes when the backward ends."""
+        self.frozen_calls.add(call)
+        if not self._frozen_end_queued:
+            self._frozen_end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_frozen_calls)
+
+    def _end_frozen_calls(self):
+        self._frozen_end_queued = False
+        for call in list(self.frozen_calls):
+            call.end()
+            self.release_frozen(call.unit)
+
+    def release_frozen(self, unit):
+        """Release a frozen unit's backward fetch once no call of it is in
+        its backward (and no param of it waits for a gradient)."""
+        if unit.bwd_held and unit.open_calls <= 0 and not unit.pending and not unit.leaf:
+            unit.open_calls = 0
+            unit.bwd_held = False
+            _release(unit.params, unit.handles())
+
     # -- step -----------------------------------------------------------
     def before_step(self):
         """Push leaf gradients (and swept ones a backward that did not go
@@ -604,9 +720,13 @@ class HookEngine:
             p.zs.zparam.push_grad((g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
             p.zs.stash = None
         self.waiting.clear()
+        for call in list(self.frozen_calls):
+            call.end()
+        self._frozen_end_queued = False  # a backward that raised never ran its callback
         for unit in self.units:
             unit.pending.clear()
             unit.bwd_held = False
+            unit.open_calls = 0
             held = [p for p in unit.params if p.zs.holds > 0]
             for p in held:
                 p.zs.holds = 0
