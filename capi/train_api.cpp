@@ -54,8 +54,8 @@ ZS_API zs_status zs_grad_push_many(zs_context h, const zs_param* params, size_t 
   });
 }
 
-ZS_API zs_status zs_grad_push_borrowed(zs_param h, const void* grad, zs_dtype dtype,
-                                       size_t grad_bytes, uint64_t* ticket) {
+ZS_API zs_status zs_grad_push_borrowed(uint64_t* ticket, zs_param h, const void* grad,
+                                       zs_dtype dtype, size_t grad_bytes) {
   return guarded([&] {
     checked_out(ticket, "ticket");
     *ticket = 0;

@@ -70,8 +70,7 @@ TEST(GradPushBorrowed, EqualsPushBitwiseAndOnlyReadsTheGradient) {
       uint64_t last = 0;
       for (size_t k = 0; k < sizes.size(); ++k) {
         uint64_t ticket = 99;
-        ZS_ASSERT_OK(zs_grad_push_borrowed(lent[k], grads[k].data(), ZS_FLOAT32, grads[k].size() * 4,
-                                           &ticket));
+        ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, lent[k], grads[k].data(), ZS_FLOAT32, grads[k].size() * 4));
         if (direct(sizes[k], env.world)) {
           EXPECT_EQ(ticket, last + 1) << "param " << k << ": tickets count up from 1";
           last = ticket;
@@ -104,7 +103,7 @@ TEST(GradPushBorrowed, AccumulatedGradientsAddUpAsPushes) {
     for (auto& g : rounds) {
       ZS_ASSERT_OK(zs_grad_push(copied, g.data(), ZS_FLOAT32, g.size() * 4));
       uint64_t ticket = 0;
-      ZS_ASSERT_OK(zs_grad_push_borrowed(lent, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
+      ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, lent, g.data(), ZS_FLOAT32, g.size() * 4));
       EXPECT_GT(ticket, 0u);
     }
     ZS_ASSERT_OK(zs_grad_sync(ctx));
@@ -128,7 +127,7 @@ TEST(GradPushBorrowed, ReleasedMemoryIsTheCallersAgain) {
     // Rank 1 comes late, so rank 0's reduction cannot be done before it.
     if (env.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     uint64_t ticket = 0;
-    ZS_ASSERT_OK(zs_grad_push_borrowed(lent, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
+    ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, lent, g.data(), ZS_FLOAT32, g.size() * 4));
     ASSERT_GT(ticket, 0u);
     // Once released reaches the ticket the reduction is done with g: a
     // scribble over it must not reach the shard.
@@ -166,7 +165,7 @@ TEST(GradPushBorrowed, RanksMayMixBorrowedAndCopiedPushes) {
         ZS_ASSERT_OK(zs_grad_push(mixed[k], grads[k].data(), ZS_FLOAT32, bytes));
       } else {
         uint64_t ticket = 0;
-        ZS_ASSERT_OK(zs_grad_push_borrowed(mixed[k], grads[k].data(), ZS_FLOAT32, bytes, &ticket));
+        ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, mixed[k], grads[k].data(), ZS_FLOAT32, bytes));
       }
     }
     ZS_ASSERT_OK(zs_grad_sync(ctx));
@@ -179,7 +178,7 @@ TEST(GradPushBorrowed, RanksMayMixBorrowedAndCopiedPushes) {
     zs_param half = register_vector(ctx, "half", 600);
     std::vector<uint16_t> h(600, 0x3f80);  // bf16 1.0
     uint64_t ticket = 7;
-    ZS_ASSERT_OK(zs_grad_push_borrowed(half, h.data(), ZS_BFLOAT16, h.size() * 2, &ticket));
+    ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, half, h.data(), ZS_BFLOAT16, h.size() * 2));
     EXPECT_EQ(ticket, 0u) << "a bf16 gradient cannot be reduced in place";
     ZS_ASSERT_OK(zs_grad_sync(ctx));
     for (float v : grad_shard_copy(half)) ASSERT_EQ(v, 1.0f);
@@ -199,7 +198,7 @@ void expect_not_lent(const char* config, const char* why,
     zs_param p = register_vector(ctx, "p", 800);
     auto g = grad(env.rank, 0, 800);
     uint64_t ticket = 5;
-    ZS_ASSERT_OK(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, &ticket));
+    ZS_ASSERT_OK(zs_grad_push_borrowed(&ticket, p, g.data(), ZS_FLOAT32, g.size() * 4));
     EXPECT_EQ(ticket, 0u) << why;
     if (more) more(ctx, p, g);
     ZS_ASSERT_OK(zs_grad_sync(ctx));
@@ -214,13 +213,13 @@ TEST(GradPushBorrowed, WhatIsNotLentSaysSoAndBadCallsAreRefused) {
                   "overlap_comm off: nothing is read after the call",
                   [](zs_context ctx, zs_param p, const std::vector<float>& g) {
                     uint64_t ticket = 5;
-                    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4 - 4, &ticket),
+                    EXPECT_EQ(zs_grad_push_borrowed(&ticket, p, g.data(), ZS_FLOAT32, g.size() * 4 - 4),
                               ZS_ERR_BUFFER_SIZE);
                     EXPECT_EQ(ticket, 0u) << "a refused call lends nothing";
                     EXPECT_NE(std::string(zs_last_error()).find("grad_bytes is 3196, expected 3200"),
                               std::string::npos)
                         << zs_last_error();
-                    EXPECT_EQ(zs_grad_push_borrowed(p, g.data(), ZS_FLOAT32, g.size() * 4, nullptr),
+                    EXPECT_EQ(zs_grad_push_borrowed(nullptr, p, g.data(), ZS_FLOAT32, g.size() * 4),
                               ZS_ERR_INVALID_ARGUMENT);
                     EXPECT_EQ(zs_grad_released(ctx, nullptr), ZS_ERR_INVALID_ARGUMENT);
                   });

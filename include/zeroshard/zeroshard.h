@@ -577,7 +577,8 @@ ZS_API zs_status zs_param_freeze(zs_param param);
 
 /* Hand the engine a param's full gradient (numel elements of dtype, as
  * produced by backward; with fp16 it carries the loss scale). The engine
- * copies it into a bucket, divided by the accumulation steps, so the caller
+ * copies it into a bucket (a large one into a buffer of its own, see
+ * zs_grad_push_borrowed), divided by the accumulation steps, so the caller
  * may reuse the buffer on return. A full bucket (reduce_bucket_size
  * elements) is reduce-scattered and averaged over the param's group in the
  * background (overlap_comm) and summed into this rank's fp32 gradient
@@ -619,8 +620,8 @@ ZS_API zs_status zs_grad_push_many(zs_context ctx, const zs_param* params, size_
  * accumulation steps, the division is applied to the averaged shard
  * instead of each gradient (within rounding of zs_grad_push's result).
  * Otherwise as zs_grad_push, collective alike; *ticket is 0 on failure. */
-ZS_API zs_status zs_grad_push_borrowed(zs_param param, const void* grad, zs_dtype dtype,
-                                       size_t grad_bytes, uint64_t* ticket);
+ZS_API zs_status zs_grad_push_borrowed(uint64_t* ticket, zs_param param, const void* grad,
+                                       zs_dtype dtype, size_t grad_bytes);
 
 /* The highest ticket of zs_grad_push_borrowed that, with every lower one,
  * the engine no longer reads: those gradients' memory is the caller's

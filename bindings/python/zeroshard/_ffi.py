@@ -282,8 +282,8 @@ zs_status zs_param_freeze(zs_param param);
 zs_status zs_grad_push(zs_param param, const void* grad, zs_dtype dtype, size_t grad_bytes);
 zs_status zs_grad_push_many(zs_context ctx, const zs_param* params, size_t n, const void* const* grads,
                             const size_t* grad_bytes, zs_dtype dtype);
-zs_status zs_grad_push_borrowed(zs_param param, const void* grad, zs_dtype dtype, size_t grad_bytes,
-                                uint64_t* ticket);
+zs_status zs_grad_push_borrowed(uint64_t* ticket, zs_param param, const void* grad, zs_dtype dtype,
+                                size_t grad_bytes);
 zs_status zs_grad_released(zs_context ctx, uint64_t* ticket);
 zs_status zs_grad_sync(zs_context ctx);
 zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);

@@ -910,8 +910,8 @@ class Param(_Owned):
         no longer reads it. The memory must not change until then."""
         ctx = self._ctx
         ticket = ffi.new("uint64_t*")
-        check(lib.zs_grad_push_borrowed(self._h, ffi.cast("const void*", address),
-                                        dtype_code(dtype), nbytes, ticket))
+        check(lib.zs_grad_push_borrowed(ticket, self._h, ffi.cast("const void*", address),
+                                        dtype_code(dtype), nbytes))
         if ticket[0]:
             ctx._lent.append((ticket[0], owner))
         # The push may have waited for older reductions: their gradients go

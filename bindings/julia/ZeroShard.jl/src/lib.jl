@@ -416,9 +416,9 @@ zs_grad_push_many(ctx, params, n, grads, grad_bytes, dtype) =
     ccall((:zs_grad_push_many, libzeroshard), zs_status,
           (zs_context, Ptr{zs_param}, Csize_t, Ptr{Ptr{Cvoid}}, Ptr{Csize_t}, zs_dtype),
           ctx, params, n, grads, grad_bytes, dtype)
-zs_grad_push_borrowed(param, grad, dtype, grad_bytes, ticket) =
+zs_grad_push_borrowed(ticket, param, grad, dtype, grad_bytes) =
     ccall((:zs_grad_push_borrowed, libzeroshard), zs_status,
-          (zs_param, Ptr{Cvoid}, zs_dtype, Csize_t, Ptr{UInt64}), param, grad, dtype, grad_bytes, ticket)
+          (Ptr{UInt64}, zs_param, Ptr{Cvoid}, zs_dtype, Csize_t), ticket, param, grad, dtype, grad_bytes)
 zs_grad_released(ctx, ticket) =
     ccall((:zs_grad_released, libzeroshard), zs_status, (zs_context, Ptr{UInt64}), ctx, ticket)
 zs_grad_sync(ctx) =

@@ -545,11 +545,11 @@ extern "C" {
         dtype: zs_dtype,
     ) -> zs_status;
     pub fn zs_grad_push_borrowed(
+        ticket: *mut u64,
         param: zs_param,
         grad: *const c_void,
         dtype: zs_dtype,
         grad_bytes: usize,
-        ticket: *mut u64,
     ) -> zs_status;
     pub fn zs_grad_released(ctx: zs_context, ticket: *mut u64) -> zs_status;
     pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
