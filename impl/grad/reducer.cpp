@@ -46,14 +46,24 @@ void check_push(const Param& p, const void* grad, DType dtype, size_t bytes) {
   if (grad == nullptr && bytes > 0) fail(Code::InvalidArgument, "grad is NULL");
 }
 
+// A gradient that is not in the engine's device memory (a host gradient for
+// a GPU context, or the reverse) comes over in one copy first: that copy,
+// with grad pointed at it; null where grad already is in that memory.
+std::unique_ptr<Buffer> onto_device(const std::shared_ptr<Device>& devp, const void*& grad,
+                                    size_t bytes) {
+  const DeviceRef where = pointer_location(grad);
+  if (bytes == 0 || (!where.is_cuda() && !devp->is_cuda()) || where == devp->ref()) return nullptr;
+  auto moved = std::make_unique<Buffer>(devp, bytes);
+  copy_between(moved->data(), grad, bytes);
+  grad = moved->data();
+  return moved;
+}
+
 }  // namespace
 
 void GradReducer::push(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                        size_t bytes) {
-  const auto held = ctx_.lock();
-  ctx_.check_async_error();
-  check_push(*param, grad, dtype, bytes);
-  take(param, grad, dtype, bytes);
+  checked_take(param, grad, dtype, bytes, false);
 }
 
 void GradReducer::push_many(const std::vector<std::shared_ptr<Param>>& params,
@@ -74,10 +84,15 @@ void GradReducer::push_many(const std::vector<std::shared_ptr<Param>>& params,
 
 uint64_t GradReducer::borrow(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                             size_t bytes) {
+  return checked_take(param, grad, dtype, bytes, true);
+}
+
+uint64_t GradReducer::checked_take(const std::shared_ptr<Param>& param, const void* grad,
+                                   DType dtype, size_t bytes, bool borrowed) {
   const auto held = ctx_.lock();
   ctx_.check_async_error();
   check_push(*param, grad, dtype, bytes);
-  return take(param, grad, dtype, bytes, true);
+  return take(param, grad, dtype, bytes, borrowed);
 }
 
 uint64_t GradReducer::released() {
@@ -102,15 +117,7 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
   const uint64_t offset = b.used;
   const size_t elem = dtype_size(dtype);
-  // A gradient that is not on the engine's device (a host gradient for a
-  // GPU context, or the reverse) comes over in one copy first.
-  std::unique_ptr<Buffer> moved;
-  const DeviceRef where = pointer_location(grad);
-  if (bytes > 0 && (where.is_cuda() || dev.is_cuda()) && where != dev.ref()) {
-    moved = std::make_unique<Buffer>(ctx_.device(), bytes);
-    dev.copy(moved->data(), grad, bytes);
-    grad = moved->data();
-  }
+  const auto moved = onto_device(ctx_.device(), grad, bytes);
   auto* blocks = static_cast<float*>(b.data->data());
   for (int r = 0; r < p.group->size(); ++r) {
     const uint64_t first = static_cast<uint64_t>(r) * p.layout.shard_numel;
@@ -149,12 +156,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
   std::shared_ptr<Buffer> copy;
   const float* src = static_cast<const float*>(grad);
   if (!borrowed) {
-    std::unique_ptr<Buffer> moved;
-    if (bytes > 0 && pointer_location(grad).is_cuda()) {  // to host memory first
-      moved = std::make_unique<Buffer>(devp, bytes);
-      copy_between(moved->data(), grad, bytes);
-      grad = moved->data();
-    }
+    const auto moved = onto_device(devp, grad, bytes);  // a CUDA gradient: to host memory first
     copy = std::make_shared<Buffer>(devp, numel * sizeof(float));
     ops::widen_scaled(*devp, grad, dtype, static_cast<float*>(copy->data()), numel, grad_divisor_);
     src = static_cast<const float*>(copy->data());

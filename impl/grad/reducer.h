@@ -80,6 +80,9 @@ class GradReducer : public ParamKeeper {
     uint64_t capacity = 0;          // elements per block
     std::unique_ptr<Buffer> data;  // group size * capacity floats
   };
+  // Under the engine lock: check the gradient, then take() it.
+  uint64_t checked_take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
+                        size_t bytes, bool borrowed);
   // A checked gradient into its bucket, or onto the direct route (then
   // read in place when `borrowed` allows it: the ticket, else 0).
   uint64_t take(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes,

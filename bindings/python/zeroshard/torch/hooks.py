@@ -306,7 +306,13 @@ def _root_pre_forward(module, inputs):
 def _root_post_forward(module, inputs, output):
     saved.pop()
     engine = module.__dict__.get("_zs_hooks")
-    if engine is not None and engine.swept and torch.is_grad_enabled():
+    if engine is not None:
+        _sweep_when_backward_ends(engine, output)
+
+
+def _sweep_when_backward_ends(engine, output):
+    """A scope's forward ended: its output's gradients queue the sweep."""
+    if engine.swept and torch.is_grad_enabled():
         for t in _output_tensors(output, []):
             t.register_hook(engine.sweep_after_backward)
 
@@ -350,10 +356,7 @@ def _open_scope(unit):
 def _close_scope(output):
     unit, _ = _opened.pop()
     saved.pop()
-    engine = unit.engine
-    if engine.swept and torch.is_grad_enabled():
-        for t in _output_tensors(output, []):
-            t.register_hook(engine.sweep_after_backward)
+    _sweep_when_backward_ends(unit.engine, output)
 
 
 def _unit_pre_forward(module, inputs):
