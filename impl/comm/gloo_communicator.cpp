@@ -229,28 +229,46 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // instead; the peer copies it out (cross_memory_read) and acknowledges,
   // and our wait() returns only after that acknowledgement, so the
   // memory stays valid for as long as the peer reads it.
+  //
+  // A post that throws (Gloo refuses one to a pair that already failed)
+  // first releases everything posted before it: the exception unwinds the
+  // collective's frames, freeing the memory those messages point into,
+  // before run() gets to abandon them.
   void send(int peer, uint32_t index, const void* data, size_t bytes) override {
-    if (by_cross_memory(peer, bytes)) {
-      auto& out = cm_sends_.emplace_back();
-      out.where = {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
-      post_send(peer, index, &out.where, sizeof(out.where));
-      acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
-      acks_.back()->recv(peer, slot(index | kAckBit));
-      return;
-    }
-    post_send(peer, index, data, bytes);
+    posting([&] {
+      if (by_cross_memory(peer, bytes)) {
+        auto& out = cm_sends_.emplace_back();
+        out.where = {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
+        post_send(peer, index, &out.where, sizeof(out.where));
+        acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
+        acks_.back()->recv(peer, slot(index | kAckBit));
+        return;
+      }
+      post_send(peer, index, data, bytes);
+    });
   }
   void recv(int peer, uint32_t index, void* data, size_t bytes) override {
-    if (by_cross_memory(peer, bytes)) {
-      auto& in = cm_recvs_.emplace_back();
-      in.peer = peer;
-      in.index = index;
-      in.dst = data;
-      in.bytes = bytes;
-      post_recv(peer, index, &in.where, sizeof(in.where));
-      return;
+    posting([&] {
+      if (by_cross_memory(peer, bytes)) {
+        auto& in = cm_recvs_.emplace_back();
+        in.peer = peer;
+        in.index = index;
+        in.dst = data;
+        in.bytes = bytes;
+        post_recv(peer, index, &in.where, sizeof(in.where));
+        return;
+      }
+      post_recv(peer, index, data, bytes);
+    });
+  }
+  template <typename Fn>
+  void posting(Fn&& post) {
+    try {
+      post();
+    } catch (...) {
+      release_after_failure();
+      throw;
     }
-    post_recv(peer, index, data, bytes);
   }
   void wait() override {
     try {
@@ -329,7 +347,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     cm_recvs_.clear();
   }
 
-  // A failed wait leaves messages to live peers in flight, which Gloo's
+  // A failed wait or post leaves messages to live peers in flight, which Gloo's
   // thread still reads and writes in memory the collective frees as the
   // error unwinds. Closing the pairs (under each pair's lock) ends that
   // first; the group is unusable after a failure anyway. Ranks that
