@@ -79,7 +79,7 @@ class Wide(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.net = None
-        self.losses, self.val_losses = [], []
+        self.losses, self.val_losses, self.test_losses = [], [], []
         self.memory = None
         self.buffers = []  # (weak reference to a gathered buffer, its bytes) in this forward
         self.alive_after_forward = []
@@ -117,6 +117,14 @@ class Wide(pl.LightningModule):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.val_losses.append(float(self.all_gather(loss).mean()))
+
+    def test_step(self, batch, idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.test_losses.append(float(self.all_gather(loss).mean()))
+
+    def predict_step(self, batch, idx):
+        return self.net(batch[0]).sum()
 
     def on_train_end(self):
         if zt.is_partitioned(next(self.net.parameters())):
@@ -164,6 +172,32 @@ def fit(strategy, module=Regression, val=False, **trainer_kwargs):
                      "config_warnings": config_warnings}
 
 
+def evaluate(strategy):
+    """validate, test and predict on a model never fitted (Lightning sets
+    a strategy up without its fit path for them), then fit it and validate
+    and test again through the same trainer: what the fit left in the
+    model."""
+    pl.seed_everything(0, verbose=False)
+    x = torch.randn(SAMPLES, 8)
+    y = x.sum(1, keepdim=True).sin()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    model = Wide()
+    trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy=strategy, max_epochs=1, limit_val_batches=3,
+                         limit_test_batches=3, limit_predict_batches=3, enable_progress_bar=False,
+                         enable_checkpointing=False, logger=False, enable_model_summary=False)
+    out = {}
+    trainer.validate(model, data, verbose=False)
+    trainer.test(model, data, verbose=False)
+    out["before_fit"] = {"val": model.val_losses, "test": model.test_losses,
+                         "predict": [float(p) for p in trainer.predict(model, data)]}
+    model.val_losses, model.test_losses = [], []
+    trainer.fit(model, data)
+    trainer.validate(model, data, verbose=False)
+    trainer.test(model, data, verbose=False)
+    out["after_fit"] = {"val": model.val_losses, "test": model.test_losses, "losses": model.losses}
+    return out
+
+
 def main():
     results = {}
     trainer, results["ddp"] = fit("ddp")
@@ -185,6 +219,8 @@ def main():
     trainer, results["ddp_wide"] = fit("ddp", module=Wide, val=True)
     trainer, results["zeroshard_wide"] = fit(zeroshard.lightning.ZeroShardStrategy(config=WIDE_CONFIG),
                                              module=Wide, val=True)
+    results["ddp_eval"] = evaluate("ddp")
+    results["zeroshard_eval"] = evaluate(zeroshard.lightning.ZeroShardStrategy(config=WIDE_CONFIG))
     if trainer.global_rank == 0:
         print(json.dumps(results), flush=True)
 

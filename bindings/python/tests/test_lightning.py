@@ -240,6 +240,23 @@ def test_steps_get_the_root_forwards_step_work(fits):
     assert ours["grads_after_backward"] == [[]] * len(ours["losses"]), ours["grads_after_backward"]
 
 
+def test_validate_test_predict_without_fit_and_after_it(fits):
+    # Lightning sets a strategy up for validate, test and predict without
+    # its fit path (DDPStrategy wraps only to fit): a model built under
+    # Init got no hooks there and failed in its first layer ("mat2 must
+    # be a matrix"). After fit the same trainer evaluates the fitted
+    # weights: the context outlives fit's teardown.
+    ddp, ours = fits["ddp_eval"], fits["zeroshard_eval"]
+    for phase, keys in (("before_fit", ("val", "test", "predict")), ("after_fit", ("losses", "val", "test"))):
+        for key in keys:
+            a, b = ddp[phase][key], ours[phase][key]
+            assert len(a) == len(b) >= 3, (phase, key, a, b)
+            for x, y in zip(a, b):
+                assert abs(x - y) <= 1e-5 * abs(x), (phase, key, a, b)
+    # Fitting changed what validation sees.
+    assert ours["after_fit"]["val"] != ours["before_fit"]["val"]
+
+
 def test_checkpoint_saves_and_resumes_through_the_engine(lightning, tmp_path):
     # ModelCheckpoint after epoch 1 and fit(ckpt_path=...) into a
     # fresh model: epoch 2's losses are those of the fit that never stopped.

@@ -168,6 +168,8 @@ def test_gathered_parameters_state_dicts_and_errors():
     assert r["load_equal"] is True
     assert r["replay_equal"] is True
     assert r["error"] is not None and "zero_optimization.stage" in r["error"]
+    assert r["after_shutdown"] is not None and "shut down" in r["after_shutdown"], r["after_shutdown"]
+    assert "param 'TinyGPT.pos'" in r["after_shutdown"], r["after_shutdown"]  # the first one met
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

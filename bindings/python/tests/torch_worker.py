@@ -275,6 +275,15 @@ def mode_gathered_and_state(rank, world):
         out["error"] = None
     except zeroshard.InvalidConfigError as e:
         out["error"] = str(e)
+    # After shutdown the params' values are gone: partitioning the model
+    # again (in a new context) is an error naming a param, not a model of
+    # empty params.
+    zt.shutdown()
+    try:
+        zt.partition_module(model)
+        out["after_shutdown"] = None
+    except RuntimeError as e:
+        out["after_shutdown"] = str(e)
     return out
 
 

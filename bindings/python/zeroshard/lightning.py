@@ -27,6 +27,8 @@ Importing this module imports Lightning when it is installed (to register
 the strategy); without Lightning it imports all the same, and
 ZeroShardStrategy raises ImportError when used.
 """
+import copy
+import importlib
 import json
 import logging
 import os
@@ -34,6 +36,8 @@ import os
 __all__ = ["ZeroShardStrategy", "UnsupportedKnobError", "config_from_knobs", "knob_errors"]
 
 _strategy_class = None
+# (context, config) of the last context a ZeroShardStrategy set up.
+_strategy_context = None
 
 _PIN = "offloaded state is not pinned (a CPU context has no device to pin it for)"
 _NVME_ONLY = "read only by NVMe offload ({})"
@@ -308,6 +312,7 @@ def _from_json(value):
 
 def _make_strategy_class():
     pl, DDPStrategy, _ = _lightning()
+    TrainerFn = importlib.import_module(pl.__name__ + ".trainer.states").TrainerFn
     import contextlib
     import types
 
@@ -369,7 +374,17 @@ def _make_strategy_class():
                 root = self.root_device
             except Exception:
                 root = None
-            zt.get_context(self.zs_config, like=root)
+            # The context outlives the trainer call that made it (teardown),
+            # so that a fitted model can be validated, tested or saved by the
+            # next. A strategy with another config cannot use it: it goes,
+            # and the params partitioned in it with it.
+            global _strategy_context
+            made = _strategy_context
+            if made is not None and made[0] is zt.current_context() and made[1] != self.zs_config:
+                zt.shutdown()
+            ctx = zt.get_context(self.zs_config, like=root)
+            if made is None or made[0] is not ctx:
+                _strategy_context = (ctx, copy.deepcopy(self.zs_config))
 
         @contextlib.contextmanager
         def model_sharded_context(self):
@@ -383,6 +398,15 @@ def _make_strategy_class():
             # built outside configure_model are partitioned now.
             zt.partition_module(model, config=self.zs_config)
             return model
+
+        def setup(self, trainer):
+            super().setup(trainer)
+            # DDPStrategy wraps the model only to fit (validate, test and
+            # predict have no gradients to reduce); a model built under Init
+            # needs its hooks to run at all, and one built plainly is
+            # partitioned as when fitting.
+            if trainer.state.fn != TrainerFn.FITTING:
+                self.model = self._setup_model(self.model)
 
         # Lightning's steps reach the model through its submodules
         # (self.net(x)), not through the LightningModule's forward, whose
@@ -472,8 +496,12 @@ def _make_strategy_class():
                 super().remove_checkpoint(filepath)
 
         def teardown(self):
+            # The context and the partitioned model stay: trainer.validate,
+            # test, predict or save_checkpoint after fit use the trained
+            # weights (as after DeepSpeedStrategy's fit). The process's exit,
+            # zeroshard.torch.shutdown() or a strategy with another config
+            # ends them.
             super().teardown()
-            zt.shutdown()
 
     return ZeroShardStrategy
 

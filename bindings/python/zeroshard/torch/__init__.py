@@ -9,7 +9,7 @@ engine's sharded optimizer.
     optimizer = zt.ZeroShardOptimizer(model.parameters(), lr=1e-3)
     loss = model(x).loss; loss.backward(); optimizer.step()
 """
-from ._context import get_context, init_context, shutdown
+from ._context import current_context, get_context, init_context, shutdown
 from .checkpoint import export_safetensors, load_checkpoint, load_pretrained, save_checkpoint
 from ._params import is_partitioned
 from .gathered import GatheredParameters
@@ -19,8 +19,8 @@ from .optim import ZeroShardOptimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict
 
 __all__ = [
-    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "export_safetensors",
-    "get_context",
+    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "current_context",
+    "export_safetensors", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "partition_module",
     "save_checkpoint",

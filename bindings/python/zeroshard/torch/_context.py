@@ -196,6 +196,12 @@ def device_configured(config):
         return False  # the engine reports a bad config itself
 
 
+def current_context():
+    """The process's context, or None when there is none (get_context
+    creates one)."""
+    return _context
+
+
 def shutdown():
     """Destroy the process's context and every param registered in it.
     Partitioned Parameters are forgotten (their .zs is dropped): they hold

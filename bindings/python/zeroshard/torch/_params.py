@@ -97,6 +97,14 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
     context's device."""
     if is_partitioned(param):
         return param
+    gone = getattr(param, "_zs_gone", None)
+    if gone is not None:
+        # Its placeholder would register as an empty param: wrong values
+        # with no error.
+        raise RuntimeError(f"zeroshard.torch: param '{gone}' was partitioned in a context that has been shut "
+                           "down (zeroshard.torch.shutdown(), or a ZeroShardStrategy set up with another "
+                           "config); its values went with that context: build the model again, or load "
+                           "its weights from a checkpoint into a new model")
     data = param.data
     ctx = ctx or get_context(like=data.device)
     if dtype is not None and data.dtype != dtype:
@@ -118,6 +126,7 @@ def registered_params():
 
 def forget_all():
     for p in _registered:
+        p._zs_gone = p.zs.name
         p.zs = None
     _registered.clear()
 
