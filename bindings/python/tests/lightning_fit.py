@@ -203,6 +203,10 @@ def main():
     trainer, results["ddp"] = fit("ddp")
     trainer, results["zeroshard"] = fit("zeroshard")  # by name, from Lightning's registry
     trainer, results["ddp_clip"] = fit("ddp", gradient_clip_val=0.05)
+    # Lightning's own accumulation: backward per batch (the loss divided by
+    # 2), the optimizer step every second batch.
+    trainer, results["ddp_accumulate"] = fit("ddp", accumulate_grad_batches=2)
+    trainer, results["zeroshard_accumulate"] = fit("zeroshard", accumulate_grad_batches=2)
     knobs = zeroshard.lightning.ZeroShardStrategy(reduce_bucket_size=100, overlap_comm=False)
     trainer, results["zeroshard_clip"] = fit(knobs, gradient_clip_val=0.05)
     results["zeroshard_clip"]["effective_config"] = knobs.zs_config

@@ -193,6 +193,13 @@ def test_gradient_clipping_is_acted_on(fits):
     assert cfg["zero_optimization"]["overlap_comm"] is False
 
 
+def test_gradient_accumulation_matches_ddp(fits):
+    # Losses per batch: 12 batches, 6 optimizer steps; the engine sums the
+    # pushes between steps as DDP's no_sync does.
+    _same_losses(fits["ddp_accumulate"], fits["zeroshard_accumulate"])
+    assert fits["ddp_accumulate"]["losses"] != fits["ddp"]["losses"]
+
+
 def test_offload_knobs_act(fits):
     # Parameter and optimizer offload to NVMe train as in memory, and the
     # engine warns about nothing in the config the knobs made.
