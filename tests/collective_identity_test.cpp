@@ -104,6 +104,46 @@ TEST(CollectiveIdentity, RanksFetchingDifferentParamsOfTheSameSizeAreTold) {
   });
 }
 
+// Params of one name and shape (every expert's "Linear.weight", as a
+// binding names params by their module's type): before, ranks fetching
+// different ones agreed and mixed their bytes. The registration number
+// tells them apart, alone and among more params than the label names.
+TEST(CollectiveIdentity, RanksFetchingDifferentParamsOfTheSameNameAndShapeAreTold) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    std::vector<zs_param> experts;
+    for (int i = 0; i < 4; ++i) experts.push_back(make_param(ctx, "Linear.weight", {16, 16}));
+    ASSERT_EQ(fetch_one(ctx, experts[1]).status, ZS_OK);  // in step: works
+    ZS_ASSERT_OK(zs_release(ctx, &experts[1], 1));
+    const Outcome o = fetch_one(ctx, experts[env.rank == 0 ? 0 : 1]);
+    EXPECT_EQ(o.status, ZS_ERR_COMM) << o.message;
+    EXPECT_LT(o.seconds, 3.0) << o.message;
+    EXPECT_TRUE(contains(o.message, "ranks disagree on collective")) << o.message;
+    EXPECT_TRUE(contains(o.message, "'Linear.weight' (float32 [16, 16]) #1")) << o.message;
+    EXPECT_TRUE(contains(o.message, "'Linear.weight' (float32 [16, 16]) #2")) << o.message;
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    std::vector<zs_param> experts;
+    for (int i = 0; i < 4; ++i) experts.push_back(make_param(ctx, "Linear.weight", {16, 16}));
+    // Three of the four: the first two named, the third only in the hash.
+    std::vector<zs_param> mine = {experts[0], experts[1], experts[env.rank == 0 ? 2 : 3]};
+    const auto t0 = std::chrono::steady_clock::now();
+    zs_gather g = nullptr;
+    zs_status s = zs_fetch(&g, ctx, mine.data(), mine.size());
+    if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+    const std::string msg = s == ZS_OK ? "" : zs_last_error();
+    EXPECT_EQ(s, ZS_ERR_COMM) << msg;
+    EXPECT_LT(seconds_since(t0), 3.0) << msg;
+    EXPECT_TRUE(contains(msg, "and 1 more [params ")) << msg;
+    if (g) zs_gather_destroy(g);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
 // Different sizes: before, Gloo's "op.preamble.length <= op.nbytes" killed
 // the process on its own thread.
 TEST(CollectiveIdentity, DifferentSizesAreAnErrorNotAnAbort) {

@@ -5,6 +5,7 @@
 // later operations fail at once with the original error instead of hanging.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -54,6 +55,12 @@ class Group {
   // Fail everything queued and stop the thread; later submits fail.
   void shutdown(const std::string& why);
 
+  // Numbers the params registered on the group 1, 2, ... Members register
+  // the same params in the same order (zs_param_register), so the n-th is
+  // the same param on every member: what tells apart, in collective labels,
+  // params of the same name and shape (every expert's "Linear.weight").
+  uint64_t next_param_ordinal() { return ++params_registered_; }
+
  private:
   struct Task {
     std::shared_ptr<Work> work;
@@ -79,6 +86,7 @@ class Group {
   Code broken_code_ = Code::Ok;
   std::string broken_message_;
   std::thread thread_;
+  std::atomic<uint64_t> params_registered_{0};
 };
 
 }  // namespace zs

@@ -89,8 +89,8 @@ std::string params_label(const std::string& verb,
   uint64_t h = params.size();
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = *params[i];
-    if (i < kNamed) label += (i ? ", " : " ") + p.describe();
-    h = XXH3_64bits_withSeed(p.name.data(), p.name.size(), h);
+    if (i < kNamed) label += (i ? ", " : " ") + p.describe() + " #" + std::to_string(p.ordinal);
+    h = XXH3_64bits_withSeed(p.name.data(), p.name.size(), h ^ p.ordinal);
     h = XXH3_64bits_withSeed(p.shape.data(), p.shape.size() * sizeof(int64_t),
                              h + static_cast<uint64_t>(p.dtype));
   }

@@ -30,9 +30,10 @@ const char* param_status_name(ParamStatus s);
 
 class Param;
 // The label of a collective that moves these params ("fetch of param 'w'
-// (float32 [3, 5]) and 4 more [params 1f2e3d4c]"), for its identity and
-// for messages: the first params by name, a hash of every name, dtype and
-// shape, so ranks that move different params never agree by accident.
+// (float32 [3, 5]) #7 and 4 more [params 1f2e3d4c]"), for its identity and
+// for messages: the first params by name and registration number, a hash
+// of every name, dtype, shape and number, so ranks that move different
+// params never agree by accident, not even params of one name and shape.
 std::string params_label(const std::string& verb, const std::vector<std::shared_ptr<Param>>& params);
 
 class Param : public std::enable_shared_from_this<Param> {
@@ -46,6 +47,9 @@ class Param : public std::enable_shared_from_this<Param> {
   const std::vector<int64_t> shape;
   const std::shared_ptr<Group> group;
   const ShardLayout layout;
+  // Its number among the params registered on its group (Group::
+  // next_param_ordinal), set once registration succeeds; 0 before.
+  uint64_t ordinal = 0;
 
   size_t elem_bytes() const { return dtype_size(dtype); }
   uint64_t shard_bytes() const { return layout.shard_numel * elem_bytes(); }

@@ -97,6 +97,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
   auto& ledger = ctx.ledger();
   ledger.add(Held::Unsharded, p->full_bytes());
   ledger.count_param(+1);
+  p->ordinal = group->next_param_ordinal();
   return p;
 }
 

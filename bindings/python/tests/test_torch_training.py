@@ -161,6 +161,19 @@ def test_moe_with_leaf_modules_trains_without_a_hang():
         assert abs(ours - ref) <= 1e-4 * abs(ref), r
 
 
+def test_moe_without_leaf_modules_is_an_error_naming_the_fix():
+    # DeepSpeed hangs here (DS#4966); before the engine numbered params in
+    # collective labels, every expert's "Linear.weight" looked alike and
+    # the ranks silently trained on each other's expert bytes.
+    r = run_ranks(2, "moe_without_leaf")
+    assert r["seconds"] < 20, r
+    for error in r["errors"]:
+        assert error is not None and error.startswith("CommError"), r
+        assert "ranks disagree on collective" in error, error
+        assert "set_leaf_modules" in error, error
+        assert "moe.experts." in error, error
+
+
 def test_gathered_parameters_state_dicts_and_errors():
     r = run_ranks(2, "gathered")
     assert r["seen_after_modify"] is True

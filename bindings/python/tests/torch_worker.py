@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -223,6 +224,30 @@ def mode_moe(rank, world):
             ref_opt.zero_grad()
     sd = zt.consolidated_state_dict(model)
     return {"losses": losses, "reference": ref_losses, "keys": sorted(sd.keys()) if rank == 0 else None}
+
+
+def mode_moe_without_leaf(rank, world):
+    """The MoE model with no leaf module and nothing persistent: ranks that
+    route to different experts fetch different params of one name and shape
+    ("Linear.weight"). Each rank reports what stopped it and when."""
+    torch.manual_seed(0)
+    with zt.Init(config={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}):
+        model = MoEModel()
+    zt.partition_module(model)
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2)
+    t0 = time.monotonic()
+    try:
+        for s in range(4):
+            model.moe.route = (rank + s) % 3
+            model(torch.randn(8, DIM)).backward()
+            opt.step()
+        error = None
+    except zeroshard.ZeroShardError as e:
+        error = f"{type(e).__name__}: {e}"
+    # Rank 0 writes the result: it carries the other rank's message too.
+    errors = [None] * world
+    dist.all_gather_object(errors, error)
+    return {"errors": errors, "seconds": time.monotonic() - t0}
 
 
 def mode_gathered_and_state(rank, world):
@@ -780,6 +805,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
+              "moe_without_leaf": mode_moe_without_leaf,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,

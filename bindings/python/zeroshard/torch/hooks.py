@@ -171,6 +171,24 @@ def _acquire(params, handles=None):
     attach_views(params, available=True)
 
 
+def _acquire_unit(unit, when):
+    """_acquire of a unit's params for its forward or backward. Ranks that
+    ran different modules (experts chosen by the batch, a branch on the
+    data) fetch different params: the engine stops them with "ranks
+    disagree"; this says which module and what makes them agree."""
+    try:
+        _acquire(unit.params, unit.handles())
+    except zeroshard.CommError as e:
+        if "ranks disagree on collective" not in e.message:
+            raise
+        raise type(e)(f"zeroshard.torch: fetching the params of {unit.name} ({type(unit.module).__name__}) for "
+                      f"its {when}: {e.message}. Ranks ran different modules here: a module that picks "
+                      f"among submodules by the data (a mixture-of-experts block routing to its experts, a "
+                      f"branch on the batch) must be one fetch unit on every rank: "
+                      f"zeroshard.torch.set_leaf_modules(model, [ThatBlockClass])", e.status,
+                      e.status_name) from e
+
+
 def _release(params, handles=None):
     """Drop one hold of each of `params`; the coordinator frees those no
     unit holds any more (persistent ones stay gathered until the step)."""
@@ -364,7 +382,7 @@ def _unit_pre_forward(module, inputs):
     if not saved._active:  # no root forward runs: this module's forward is the scope
         _open_scope(unit)
     if unit.params:
-        _acquire(unit.params, unit.handles())
+        _acquire_unit(unit, "forward")
     _running.append(unit)
 
 
@@ -658,7 +676,7 @@ class HookEngine:
     def fetch_for_backward(self, unit):
         if not unit.bwd_held:
             unit.bwd_held = True
-            _acquire(unit.params, unit.handles())
+            _acquire_unit(unit, "backward")
             if not unit.leaf:  # leaf units hold their params until the step
                 for p in unit.pending:
                     self.waiting.setdefault(p, []).append(unit)
