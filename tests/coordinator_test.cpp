@@ -178,6 +178,24 @@ TEST(Coordinator, ModelPersistenceThresholdBoundsWhatStaysGatheredAcrossSteps) {
   });
 }
 
+// stage3_prefetch_bucket_size 0 turns prefetching off (DeepSpeed's
+// meaning, which users set to save memory): every unit is gathered when
+// asked for, never ahead, and at most one unit is live at a time.
+TEST(Coordinator, PrefetchBucketSizeZeroGathersOnlyOnDemand) {
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = config(0, 1000000000, 0, 0);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    for (int s = 0; s < 3; ++s) train_step(ctx, m);
+    const zs_coord_stats st = stats(ctx);
+    EXPECT_EQ(st.prefetches, 0u);
+    EXPECT_EQ(st.demand_fetches + st.reuse_hits, 3u * 2u * kLayers);
+    EXPECT_LE(st.peak_live_elements, kRows * kCols + kRows) << "more than one layer was gathered at once";
+    zs_context_destroy(ctx);
+  });
+}
+
 TEST(Coordinator, MaxLiveParametersBoundsWhatIsGathered) {
   run_ranks(2, [](const RankEnv& env) {
     const int64_t max_live = 9000;  // about two layers

@@ -110,13 +110,15 @@ size_t Coordinator::next_use(const Param& p) const {
 }
 
 // The window ahead of the trainer covers up to prefetch_bucket_size
-// elements of the trace (the next unit always), within max_live_parameters.
-// It is refilled, as one coalesced gather, once what is in flight ahead of
-// the trainer drops below half a bucket: a model of many small modules pays
-// one collective per half bucket, not one per module.
+// elements of the trace (the next unit always, unless the size is 0: no
+// prefetch, as in DeepSpeed), within max_live_parameters. It is refilled,
+// as one coalesced gather, once what is in flight ahead of the trainer
+// drops below half a bucket: a model of many small modules pays one
+// collective per half bucket, not one per module.
 void Coordinator::prefetch_ahead() {
   const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
   const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
+  if (bucket == 0) return;
   if (prefetched_upto_ > pos_ && trace_prefix_[prefetched_upto_] - trace_prefix_[pos_] >= bucket / 2) return;
   ParamList missing;
   std::set<const Param*> queued;
