@@ -1,6 +1,7 @@
 #include "impl/comm/collectives.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 
@@ -69,8 +70,10 @@ void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_
 
 // fp32: the ring reads its blocks straight from send and keeps one
 // block-sized partial sum, so a gradient bucket is neither copied nor
-// doubled in memory; the last step sums (and averages) into recv. The sums
-// are ring_reduce_blocks' (own block + what arrives), bit for bit.
+// doubled in memory; the last step receives into recv (unless recv lies
+// within send) and sums (and averages) there, so 2 ranks need no block of
+// their own at all. The sums are ring_reduce_blocks' (own block + what
+// arrives), bit for bit.
 void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_t count,
                         ReduceOp op) {
   const int n = p2p.size();
@@ -82,15 +85,18 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
   const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
   auto block = [n, send, count](int b) { return send + static_cast<size_t>((b + n) % n) * count; };
   const size_t bytes = count * sizeof(float);
-  Buffer incoming(bytes);
+  const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  const bool recv_apart = at(recv + count) <= at(send) || at(recv) >= at(send + n * count);
+  std::unique_ptr<Buffer> incoming;  // what arrives, on the steps before the last
+  if (n > 2 || !recv_apart) incoming = std::make_unique<Buffer>(bytes);
   std::unique_ptr<Buffer> partial;  // the sum so far, sent on at the next step
   if (n > 2) partial = std::make_unique<Buffer>(bytes);
-  auto* in = static_cast<float*>(incoming.data());
   const int right = (me + 1) % n;
   const int left = (me + n - 1) % n;
   for (int step = 0; step < n - 1; ++step) {
     const bool last = step == n - 2;
     const auto index = static_cast<uint32_t>(step);
+    float* in = last && recv_apart ? recv : static_cast<float*>(incoming->data());
     p2p.recv(left, index, in, bytes);
     p2p.send(right, index, step == 0 ? block(me - 1) : partial->data(), bytes);
     p2p.wait();
