@@ -372,10 +372,10 @@ def tree():
     (others may be editing the checkout while the bench runs)."""
     def git(*a):
         out = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=False)
-        return out.stdout.strip()
+        return out.stdout.rstrip("\n")  # not strip(): porcelain lines begin with a status column
     dirty = [line[3:] for line in git("status", "--porcelain", "--", "bindings", "impl", "kernels", "capi",
                                       "examples").splitlines()]
-    return {"commit": git("rev-parse", "--short", "HEAD"), "changed_files": dirty}
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "changed_files": dirty}
 
 
 def state_of(r):
