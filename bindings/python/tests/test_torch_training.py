@@ -181,6 +181,16 @@ def test_gathered_parameters_state_dicts_and_errors():
     assert r["load_equal"] is True
     assert r["replay_equal"] is True
     assert r["error"] is not None and "zero_optimization.stage" in r["error"]
+    # torch's state_dict() holds full values, not empty placeholders (what
+    # DeepSpeed's ZeRO-3 hands torch.save), and load_state_dict() of a full
+    # dict rewrites the shards.
+    assert r["torch_state_dict_full"] is True
+    assert r["torch_state_dict_equal"] is True
+    assert r["plain_loads_it"] is True
+    assert r["load_keys"] == [[], []]
+    assert r["torch_load_equal"] is True
+    assert r["mismatch_error"] is not None and "size mismatch for head.weight" in r["mismatch_error"], r
+    assert "partitioned by zeroshard" in r["mismatch_error"], r["mismatch_error"]
     assert r["after_shutdown"] is not None and "shut down" in r["after_shutdown"], r["after_shutdown"]
     assert "param 'TinyGPT.pos'" in r["after_shutdown"], r["after_shutdown"]  # the first one met
 

@@ -294,6 +294,29 @@ def mode_gathered_and_state(rank, world):
     replay = zt.consolidated_state_dict(model)
     if rank == 0:
         out["replay_equal"] = all(torch.equal(replay[k], weights2[k]) for k in weights2)
+    # torch's own state_dict(), on every rank: full values, equal to the
+    # consolidated ones; torch.save of it loads into a plain model.
+    full = model.state_dict()
+    out["torch_state_dict_full"] = all(tuple(full[k].shape) == tuple(replay[k].shape) for k in replay) if rank == 0 \
+        else all(full[k].numel() > 0 for k in full)
+    if rank == 0:
+        out["torch_state_dict_equal"] = all(torch.equal(full[k], replay[k]) for k in replay)
+        plain = TinyGPT()
+        plain.load_state_dict(full)
+        out["plain_loads_it"] = all(torch.equal(plain.state_dict()[k], replay[k]) for k in replay)
+    # load_state_dict of a full dict (the same on every rank) rewrites the
+    # shards, strict, and the model computes with the new values.
+    shifted = {k: v + 0.25 for k, v in full.items()}
+    result = model.load_state_dict(shifted)
+    out["load_keys"] = [list(result.missing_keys), list(result.unexpected_keys)]
+    after = zt.consolidated_state_dict(model)
+    if rank == 0:
+        out["torch_load_equal"] = all(torch.equal(after[k], shifted[k]) for k in shifted)
+    try:
+        model.load_state_dict({**shifted, "head.weight": torch.zeros(3, 3)})
+        out["mismatch_error"] = None
+    except RuntimeError as e:
+        out["mismatch_error"] = str(e)
     # Engine errors reach Python with their message.
     try:
         zeroshard.config_check({"zero_optimization": {"stage": "three"}})

@@ -12,6 +12,7 @@ over ranks per step for both, and what else the test checks.
 import copy
 import dataclasses
 import json
+import os
 import sys
 import warnings
 
@@ -506,6 +507,32 @@ def run_convert(rank):
         return {"error": str(e)}
 
 
+def run_save_pretrained(rank, directory):
+    """Hugging Face's save_pretrained of a partitioned, trained GPT-2 (tied
+    embeddings) on every rank, rank 0 writing: from_pretrained into a plain
+    model gives bitwise the partitioned model's logits."""
+    from transformers import GPT2LMHeadModel
+    with zt.Init(config=CONFIG):
+        model = build(hf_gpt2)
+    zt.partition_module(model)
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2)
+    x = lm_batch(0, rank)
+    model(x, labels=x).loss.backward()  # one step: the saved values are not the initial ones
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        ours = model(x).logits
+    model.save_pretrained(directory, is_main_process=rank == 0)
+    dist.barrier()
+    plain = GPT2LMHeadModel.from_pretrained(directory).eval()
+    with torch.no_grad():
+        ref = plain(x).logits
+    fresh = build(hf_gpt2)
+    return {"equal": bool(torch.equal(ours, ref)),
+            "trained": not torch.equal(plain.transformer.h[0].mlp.c_fc.weight, fresh.transformer.h[0].mlp.c_fc.weight),
+            "tied": plain.lm_head.weight.data_ptr() == plain.transformer.wte.weight.data_ptr()}
+
+
 def run_generate(rank):
     """HF generate() with a KV cache under no_grad; ranks stop at different
     lengths (max_new_tokens differs) without a hang, and every rank's tokens
@@ -539,6 +566,8 @@ def main():
             result[name] = run_generate(rank)
         elif name == "convert":
             result[name] = run_convert(rank)
+        elif name == "save_pretrained":
+            result[name] = run_save_pretrained(rank, os.environ["ZS_ZOO_DIR"])
         elif name.startswith("lora_memory_"):
             result[name] = run_lora_memory(rank, name[len("lora_memory_"):])
         else:

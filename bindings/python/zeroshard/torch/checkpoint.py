@@ -26,7 +26,10 @@ def _named_params(model, what):
 
 
 def _persistent_buffers(model):
-    persistent = set(model.state_dict().keys())
+    # Not state_dict()'s keys: that would gather every param to list them.
+    persistent = {f"{prefix}.{name}" if prefix else name
+                  for prefix, m in model.named_modules(remove_duplicate=False)
+                  for name, b in m._buffers.items() if b is not None and name not in m._non_persistent_buffers_set}
     return [(n, b) for n, b in model.named_buffers() if n in persistent]
 
 

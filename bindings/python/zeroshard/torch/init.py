@@ -9,6 +9,7 @@ from ._context import default_device, get_context
 from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
 from .hooks import HookEngine
+from .state import arm_state_dict
 
 
 def _partition_own(module, dtype, config=None, device=None):
@@ -18,6 +19,7 @@ def _partition_own(module, dtype, config=None, device=None):
             ctx = get_context(config, device=device, like=p.data.device)
             partition_param(p, name=f"{type(module).__name__}.{name}", dtype=dtype, ctx=ctx)
     fetch_on_access(module)
+    arm_state_dict(module)
 
 
 class Init:

@@ -1,4 +1,6 @@
-"""Model state dicts: consolidated on rank 0, loaded from rank 0."""
+"""Model state dicts: consolidated on rank 0, loaded from rank 0; and
+torch's own module.state_dict() / load_state_dict() on a partitioned
+module (arm_state_dict)."""
 import torch
 
 from ._context import get_context
@@ -49,3 +51,59 @@ def load_consolidated_state_dict(model, state_dict, strict=True):
     for name, b in model.named_buffers():
         if rank == 0 and name in state_dict:
             b.copy_(state_dict[name])
+
+
+def arm_state_dict(module):
+    """torch's state_dict() and load_state_dict() on `module`, whose own
+    params are partitioned, see and set their full values: without this
+    state_dict() holds the empty placeholders, which torch.save or Hugging
+    Face's save_pretrained write without a word (DeepSpeed's ZeRO-3 does
+    so), and load_state_dict() of a full dict fails on every shape."""
+    if module.__dict__.get("_zs_state_dict_armed"):
+        return
+    module.register_state_dict_post_hook(_full_values_into_state_dict)
+    module.register_load_state_dict_pre_hook(_state_dict_into_shards)
+    module._zs_state_dict_armed = True
+
+
+def _own_partitioned(module):
+    # dict.items: the module's FetchOnAccess would gather what it lists.
+    return [(name, p) for name, p in dict.items(module._parameters) if p is not None and is_partitioned(p)]
+
+
+def _full_values_into_state_dict(module, state_dict, prefix, local_metadata):
+    """Each partitioned param's entry becomes a copy of its full value, on
+    every rank (torch's full state dict as FSDP makes it). Gathers the
+    module's params together: collective, every rank calls state_dict().
+    Entries that are the Parameters themselves (keep_vars=True) stay."""
+    own = [(name, p) for name, p in _own_partitioned(module)
+           if prefix + name in state_dict and state_dict[prefix + name] is not p]
+    if not own:
+        return
+    with GatheredParameters([p for _, p in own]):
+        for name, p in own:
+            state_dict[prefix + name] = p.data.detach().clone()
+
+
+def _state_dict_into_shards(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                            unexpected_keys, error_msgs):
+    """Each partitioned param's full value in the dict (the same on every
+    rank, as torch.load of one file gives) rewrites this rank's shard: local,
+    no traffic. Its entry is then the param itself, which torch copies onto
+    itself. A value of another shape is torch's size-mismatch error, with
+    the param's real shape."""
+    for name, p in _own_partitioned(module):
+        key = prefix + name
+        value = state_dict.get(key)
+        if not torch.is_tensor(value):
+            continue  # absent, or not a tensor: torch reports it
+        z = p.zs
+        if tuple(value.shape) != z.shape:
+            hint = (" (an empty tensor: a state dict of a partitioned model saved before zeroshard filled "
+                    "in full values?)" if value.numel() == 0 else "")
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
+                              f"checkpoint, the shape in current model is {torch.Size(z.shape)} (partitioned by "
+                              f"zeroshard){hint}.")
+        else:
+            z.zparam.write(value.detach().to(device=z.device, dtype=z.dtype).contiguous())
+        state_dict[key] = p.detach()
