@@ -382,9 +382,7 @@ def _make_strategy_class():
             made = _strategy_context
             if made is not None and made[0] is zt.current_context() and made[1] != self.zs_config:
                 zt.shutdown()
-            ctx = zt.get_context(self.zs_config, like=root)
-            if made is None or made[0] is not ctx:
-                _strategy_context = (ctx, copy.deepcopy(self.zs_config))
+            _strategy_context = (zt.get_context(self.zs_config, like=root), copy.deepcopy(self.zs_config))
 
         @contextlib.contextmanager
         def model_sharded_context(self):
