@@ -143,11 +143,16 @@ WIDE_CONFIG = {"zero_optimization": {"stage": 3, "stage3_param_persistence_thres
                                      "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1}}
 
 
-def fit(strategy, module=Regression, val=False, **trainer_kwargs):
+def seeded_data():
+    """Lightning's seed reset, then the data every run sees."""
     pl.seed_everything(0, verbose=False)
     x = torch.randn(SAMPLES, 8)
     y = x.sum(1, keepdim=True).sin()
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+
+
+def fit(strategy, module=Regression, val=False, **trainer_kwargs):
+    data = seeded_data()
     model = module()
     if val:
         trainer_kwargs.update(limit_val_batches=2, num_sanity_val_steps=1, val_check_interval=4)
@@ -177,10 +182,7 @@ def evaluate(strategy):
     a strategy up without its fit path for them), then fit it and validate
     and test again through the same trainer: what the fit left in the
     model."""
-    pl.seed_everything(0, verbose=False)
-    x = torch.randn(SAMPLES, 8)
-    y = x.sum(1, keepdim=True).sin()
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    data = seeded_data()
     model = Wide()
     trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy=strategy, max_epochs=1, limit_val_batches=3,
                          limit_test_batches=3, limit_predict_batches=3, enable_progress_bar=False,
