@@ -37,6 +37,13 @@ ZS_API zs_status zs_step_end(zs_context h) {
   return with_coordinator(h, [](Context&, Coordinator& c) { c.step_end(); });
 }
 
+ZS_API zs_status zs_step_end_agree(zs_context h, uint64_t token, int* same) {
+  return with_coordinator(h, [&](Context&, Coordinator& c) {
+    if (same == nullptr) fail(Code::InvalidArgument, "same: NULL (where the agreement goes)");
+    *same = c.step_end(token) ? 1 : 0;
+  });
+}
+
 ZS_API zs_status zs_coord_fetch(zs_context h, const zs_param* params, size_t n) {
   return with_params(h, params, n, [](Coordinator& c, const ParamList& l) { c.fetch(l); });
 }

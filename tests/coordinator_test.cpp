@@ -332,6 +332,95 @@ TEST(Coordinator, KeptUnitsAreNoEventsAndStayGatheredAcrossSteps) {
   });
 }
 
+// zs_step_end_agree: the step's one agreement collective also compares
+// the trainer's token; every rank learns the same answer, and the trace
+// is as zs_step_end leaves it.
+TEST(Coordinator, StepEndAgreeTellsEveryRankWhetherAllPassedTheSameToken) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, config(20000, 1000000000, 0, 0).c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);
+    const struct {
+      uint64_t token;
+      int same;
+    } cases[] = {
+        {42, 1},
+        {static_cast<uint64_t>(env.rank), 0},                 // all differ
+        {env.rank == 2 ? 7u : 0u, 0},                         // one differs
+        {env.rank == 1 ? 0x8000000000000000ull : 0u, 0},      // only the top bit
+        {0, 1},
+    };
+    for (const auto& c : cases) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+      for (int l = kLayers - 1; l >= 0; --l) use_layer(ctx, m, l);
+      int same = -1;
+      ZS_ASSERT_OK(zs_step_end_agree(ctx, c.token, &same));
+      EXPECT_EQ(same, c.same) << "token " << c.token;
+    }
+    const zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.trace_invalidations, 0u) << "a token that differs touched the trace";
+    EXPECT_EQ(s.demand_fetches, 2u * kLayers) << "only the first step gathered on demand";
+    int same = -1;
+    EXPECT_EQ(zs_step_end_agree(ctx, 1, &same), ZS_ERR_INVALID_STATE) << "no step has begun";
+    EXPECT_EQ(same, -1);
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    EXPECT_EQ(zs_step_end_agree(ctx, 1, nullptr), ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(zs_last_error()).find("same"), std::string::npos) << zs_last_error();
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    zs_context_destroy(ctx);
+  });
+}
+
+// A model dropped between steps (every rank destroys its params at the
+// same point): they leave the trace, the kept params gathered across the
+// optimizer step, the live list and their leaf group, so nothing of them
+// stays gathered, and the next model trains from a clean trace with no
+// hang and no gather of a param that is gone.
+TEST(Coordinator, DestroyedParamsLeaveTheTraceKeptAndLeafListsOnEveryRank) {
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 100, 0);  // biases (64) persist
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    zs_memory_stats empty = ZS_MEMORY_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_memory(ctx, &empty));
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    for (int round = 0; round < 3; ++round) {
+      const Model m = build(ctx);
+      zs_param pair[2] = {m.weights[kLayers - 1], m.biases[kLayers - 1]};
+      ZS_ASSERT_OK(zs_leaf_group(ctx, pair, 2));
+      for (int s = 0; s < 3; ++s) {
+        train_step(ctx, m);  // checks every value it reads
+        ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));  // no gradients: values stay
+      }
+      zs_coord_stats s = stats(ctx);
+      ASSERT_EQ(s.persistent_params, static_cast<uint64_t>(kLayers)) << "round " << round;
+      ASSERT_GT(s.trace_length, 0u);
+      EXPECT_EQ(s.demand_fetches, (round + 1) * 2u * kLayers) << "only each model's first step gathered on demand";
+      for (int l = 0; l < kLayers; ++l) {
+        ZS_ASSERT_OK(zs_param_destroy(m.weights[l]));
+        ZS_ASSERT_OK(zs_param_destroy(m.biases[l]));
+      }
+      s = stats(ctx);
+      EXPECT_EQ(s.trace_length, 0u) << "a trace of destroyed params would be prefetched";
+      EXPECT_EQ(s.persistent_params, 0u);
+      EXPECT_EQ(s.live_elements, 0u);
+      zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
+      ZS_ASSERT_OK(zs_context_memory(ctx, &mem));
+      EXPECT_EQ(mem.num_params, 0u);
+      EXPECT_EQ(mem.gathered_bytes, 0u) << "a kept copy outlived its param";
+      EXPECT_EQ(mem.shard_bytes, empty.shard_bytes);
+      ZS_ASSERT_OK(zs_step_begin(ctx));  // a step with no model left: nothing to prefetch
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));  // nothing kept to gather again
+    }
+    zs_optimizer_destroy(opt);
+    zs_context_destroy(ctx);
+  });
+}
+
 // MoE: each rank routes to a different expert, and on ranks 2+ one expert
 // is unused; with the experts in one leaf group every rank gathers them
 // all at once, so the collectives match and nothing hangs.

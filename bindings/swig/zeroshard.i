@@ -64,7 +64,7 @@
 %apply long long *OUTPUT { uint64_t* shard_numel };
 %apply long long *OUTPUT { int64_t* step };
 %apply int *OUTPUT { int* rank, int* world_size, int* local_rank, int* local_world_size, int* size,
-                     int* world_rank, int* done, int* group_index, int* count };
+                     int* world_rank, int* done, int* group_index, int* count, int* same };
 %apply double *OUTPUT { double* scale };
 %apply int *OUTPUT { zs_param_status* status, zs_device_type* type };
 %apply int *OUTPUT { int* major, int* minor, int* patch, int* device_id };

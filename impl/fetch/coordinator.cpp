@@ -293,7 +293,7 @@ void Coordinator::drop_all(const std::set<const Param*>& keep) {
   }
 }
 
-void Coordinator::step_end() {
+bool Coordinator::step_end(uint64_t token) {
   const Entry entry(*this);
   if (!in_step_) fail(Code::InvalidState, "step_end: no step has begun");
   in_step_ = false;
@@ -307,19 +307,50 @@ void Coordinator::step_end() {
   // Every rank must agree on the order, and on the kept params that the
   // next optimizer step gathers again: compared in one collective.
   const ParamList kept = kept_in_order();
-  const std::vector<bool> agree = every_rank_agrees(ctx_, {hash_order(current_), hash_order({kept})});
+  const std::vector<bool> agree =
+      every_rank_agrees(ctx_, {hash_order(current_), hash_order({kept}), token});
   agreed_kept_ = agree[1] ? kept : ParamList{};  // else nothing stays gathered across the step
   const bool agreed = agree[0];
   const bool matched = trace_valid_ && following_ && pos_ == trace_.size();
-  if (matched && agreed) return;
+  if (matched && agreed) return agree[2];
   invalidate();
-  if (!agreed) return;  // ranks differ: record again next step, everywhere
+  if (!agreed) return agree[2];  // ranks differ: record again next step, everywhere
   trace_ = current_;
   trace_prefix_.assign(trace_.size() + 1, 0);
   for (size_t k = 0; k < trace_.size(); ++k)
     trace_prefix_[k + 1] = trace_prefix_[k] + unit_elements(trace_[k]);
   trace_valid_ = !trace_.empty();
   stats_.trace_length = trace_.size();
+  return agree[2];
+}
+
+void Coordinator::forget(Param& param) {
+  const auto is_it = [&](const std::shared_ptr<Param>& q) { return q.get() == &param; };
+  const auto drop_from = [&](ParamList& list) {
+    const auto before = list.size();
+    list.erase(std::remove_if(list.begin(), list.end(), is_it), list.end());
+    return list.size() != before;
+  };
+  bool in_trace = false;
+  for (auto& unit : trace_) in_trace = std::any_of(unit.begin(), unit.end(), is_it) || in_trace;
+  if (in_trace) invalidate();
+  for (auto& unit : current_) drop_from(unit);
+  current_.erase(std::remove_if(current_.begin(), current_.end(), [](const ParamList& u) { return u.empty(); }),
+                 current_.end());
+  if (auto it = live_.find(&param); it != live_.end()) {
+    stats_.live_elements -= param.layout.numel;
+    live_.erase(it);
+  }
+  kept_.erase(&param);
+  fresh_.erase(&param);
+  drop_from(agreed_kept_);
+  drop_from(refresh_);
+  if (auto leaf = leaf_of_.find(&param); leaf != leaf_of_.end()) {
+    drop_from(leaves_[leaf->second]);
+    leaf_of_.erase(leaf);
+    invalidate();  // its unit changed shape
+  }
+  publish();
 }
 
 void Coordinator::on_params_updated() {

@@ -14,7 +14,9 @@
 // max_reuse_distance elements of the trace is not released in between.
 // Prefetching gathers everything the window adds in one collective. A step whose order differs from the
 // trace on any rank invalidates it on every rank, and the next step records
-// again. Each call takes the engine lock itself; stats() reads without it.
+// again. A param unregistered (zs_param_destroy) leaves every list here,
+// and a trace that used it is dropped. Each call takes the engine lock
+// itself; stats() reads without it.
 #pragma once
 
 #include <map>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "impl/fetch/gather.h"
+#include "impl/partition/register.h"
 
 namespace zs {
 
@@ -42,13 +45,16 @@ struct CoordStats {
   uint64_t trace_length = 0;
 };
 
-class Coordinator : public Context::Attachment {
+class Coordinator : public ParamKeeper {
  public:
   explicit Coordinator(Context& ctx) : ctx_(ctx) {}
   ~Coordinator();
 
   void step_begin();
-  void step_end();
+  // Collective over the world. `token` rides along in the step's one
+  // agreement collective; the result says whether every rank passed the
+  // same one (a trainer's own agreement at no collective of its own).
+  bool step_end(uint64_t token = 0);
   // Blocks until every param of the unit (leaf groups expanded) is gathered.
   void fetch(const ParamList& params);
   void release(const ParamList& params);
@@ -66,6 +72,11 @@ class Coordinator : public Context::Attachment {
   // The counters as of the last call that returned; never waits for one
   // in progress.
   CoordStats stats() const;
+  // Under the engine lock (unregister_param): drop the param from the
+  // trace (which is then invalid), the step's order, the kept and live
+  // lists and its leaf group. Every rank unregisters the same params at
+  // the same point, so this changes every rank alike.
+  void forget(Param& param) override;
 
  private:
   // An entry point's hold on the engine lock; on leaving, it publishes the

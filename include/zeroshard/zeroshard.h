@@ -468,7 +468,11 @@ ZS_API zs_status zs_param_options_init(zs_param_options* options, size_t size);
  * for ZS_INIT_FROM_RANK (a scatter); local otherwise, but every member must
  * register the same params in the same order. */
 ZS_API zs_status zs_param_register(zs_param* out, zs_context ctx, const zs_param_options* options);
-/* Unregister; a gathered param is released first. NULL is OK. */
+/* Unregister; a gathered param is released first. NULL is OK. Local, but
+ * where the coordinator has seen the param (zs_coord_fetch, zs_leaf_group)
+ * every rank destroys it at the same point, between steps: it leaves the
+ * coordinator's trace and kept params, which must stay the same on every
+ * rank. */
 ZS_API zs_status zs_param_destroy(zs_param param);
 
 typedef struct zs_param_info {
@@ -913,6 +917,13 @@ ZS_API zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, siz
  * is recorded instead. zs_step_end is collective over the world. */
 ZS_API zs_status zs_step_begin(zs_context ctx);
 ZS_API zs_status zs_step_end(zs_context ctx);
+/* zs_step_end, whose one collective also tells every rank whether all
+ * passed the same `token` (*same = 1) or not (0): a trainer's own
+ * agreement that costs no collective of its own. zeroshard.torch passes
+ * a hash of the params whose models this rank's garbage collector has
+ * dropped, and destroys them once every rank has dropped the same ones
+ * (collection times differ between ranks). */
+ZS_API zs_status zs_step_end_agree(zs_context ctx, uint64_t token, int* same);
 
 /* A module's params before it runs: blocks until all are AVAILABLE
  * (gathering whatever was not prefetched). A param in a leaf group brings

@@ -421,6 +421,7 @@ zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, size_t num
 /* Coordinated fetch */
 zs_status zs_step_begin(zs_context ctx);
 zs_status zs_step_end(zs_context ctx);
+zs_status zs_step_end_agree(zs_context ctx, uint64_t token, int* same);
 zs_status zs_coord_fetch(zs_context ctx, const zs_param* params, size_t num_params);
 zs_status zs_coord_release(zs_context ctx, const zs_param* params, size_t num_params);
 zs_status zs_leaf_group(zs_context ctx, const zs_param* params, size_t num_params);

@@ -1392,8 +1392,15 @@ class Context:
     def step_begin(self):
         check(lib.zs_step_begin(self._h))
 
-    def step_end(self):
-        check(lib.zs_step_end(self._h))
+    def step_end(self, token=None):
+        """End the coordinator's step (collective). With `token` (a 64-bit
+        int), whether every rank passed the same token (zs_step_end_agree)."""
+        if token is None:
+            check(lib.zs_step_end(self._h))
+            return None
+        same = ffi.new("int*")
+        check(lib.zs_step_end_agree(self._h, int(token) & 0xFFFFFFFFFFFFFFFF, same))
+        return bool(same[0])
 
     def coord_fetch(self, params):
         arr, n, _ = _param_array(params)

@@ -483,6 +483,8 @@ zs_step_begin(ctx) =
     ccall((:zs_step_begin, libzeroshard), zs_status, (zs_context,), ctx)
 zs_step_end(ctx) =
     ccall((:zs_step_end, libzeroshard), zs_status, (zs_context,), ctx)
+zs_step_end_agree(ctx, token, same) =
+    ccall((:zs_step_end_agree, libzeroshard), zs_status, (zs_context, UInt64, Ptr{Cint}), ctx, token, same)
 zs_coord_fetch(ctx, params, num_params) =
     ccall((:zs_coord_fetch, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t), ctx, params, num_params)
 zs_coord_release(ctx, params, num_params) =

@@ -663,6 +663,7 @@ extern "C" {
     ) -> zs_status;
     pub fn zs_step_begin(ctx: zs_context) -> zs_status;
     pub fn zs_step_end(ctx: zs_context) -> zs_status;
+    pub fn zs_step_end_agree(ctx: zs_context, token: u64, same: *mut c_int) -> zs_status;
     pub fn zs_coord_fetch(ctx: zs_context, params: *const zs_param, num_params: usize)
         -> zs_status;
     pub fn zs_coord_release(
