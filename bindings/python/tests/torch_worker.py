@@ -823,6 +823,52 @@ def mode_kept_units(rank, world):
     return out
 
 
+def mode_dropped_models(rank, world):
+    """Models dropped while the context lives give their shards back, on
+    every rank at the same optimizer step, whichever rank's garbage
+    collector found them first: rank 0 collects each dropped model at
+    once, the last rank's collector is off (a cycle it has not reached
+    yet), so only the step end's agreement makes it collect. Each next
+    model trains as DDP; the engine then holds only that model's params.
+    Small params stay gathered across steps (the persistence threshold),
+    so the coordinator's kept list holds the dropped ones too."""
+    import gc
+    cfg = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
+                                 "reduce_bucket_size": 5000}}
+    if rank == world - 1:
+        gc.disable()
+    rounds = []
+    try:
+        for round_ in range(4):
+            torch.manual_seed(round_)
+            ddp = nn.parallel.DistributedDataParallel(TinyGPT())
+            ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3, foreach=False)
+            ddp_losses = train(ddp, ddp_opt, 4, rank)
+            torch.manual_seed(round_)
+            with zt.Init(config=cfg):
+                model = TinyGPT()
+            zt.partition_module(model)
+            opt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3)
+            # The most any rank still had registered: the last rank's
+            # collector has not run, so it holds the previous model too.
+            registered_before = torch.tensor([len(zt._params.registered_params())])
+            dist.all_reduce(registered_before, op=dist.ReduceOp.MAX)
+            zs_losses = train(model, opt, 4, rank)
+            mem = zt.get_context().memory()
+            rounds.append({"ddp": ddp_losses, "zeroshard": zs_losses, "num_params": mem["num_params"],
+                           "shard_bytes": mem["shard_bytes"], "gathered_bytes": mem["gathered_bytes"],
+                           "model_params": len(list(model.parameters())),
+                           "registered_before_training": int(registered_before.item()),
+                           "dropped_left": len(zt._params._dropped),
+                           "persistent": zt.get_context().coord_stats()["persistent_params"]})
+            del model, opt, ddp, ddp_opt
+            if rank == 0:
+                gc.collect()
+    finally:
+        gc.enable()
+    return {"rounds": rounds}
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
@@ -833,7 +879,8 @@ def main():
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
-              "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope}[mode](rank, world)
+              "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
+              "dropped_models": mode_dropped_models}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

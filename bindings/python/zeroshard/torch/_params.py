@@ -9,8 +9,20 @@ context). Its engine state lives in `param.zs`.
 `copy.deepcopy` of a partitioned Parameter (nn.TransformerEncoder clones
 its layer that way, under Init or after) gives an independent partitioned
 Parameter with the same values: gathered, copied, registered anew.
+
+A partitioned Parameter that Python collects (its model and optimizer
+dropped) gives its shard back to the engine, but not at once: garbage
+collection runs at different times on different ranks, while the engine's
+coordinator must hold the same params on every rank. Each rank notes the
+params it collected; the optimizer step's agreement (zs_step_end_agree)
+compares the notes, and once every rank has collected the same ones each
+destroys them at that same point (see destroy_dropped).
 """
 import copy
+import gc
+import hashlib
+import itertools
+import weakref
 
 import torch
 import torch.utils.dlpack
@@ -24,7 +36,8 @@ class ParamState:
     """Engine state attached to a partitioned Parameter as `param.zs`."""
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
-                 "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen")
+                 "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen",
+                 "finalizer")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -42,6 +55,7 @@ class ParamState:
         self.view_ptr = 0      # that view's address: another one means user code set .data
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
         self.frozen = False  # frozen in the engine (freeze_untrainable): kept as quantized codes
+        self.finalizer = None  # notes the zparam in _dropped when Python collects the Parameter
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
@@ -53,7 +67,11 @@ class ParamState:
                         "copy.deepcopy the Parameter (or its module)")
 
 
-_registered = []  # every partitioned Parameter, in registration order
+_registered = weakref.WeakValueDictionary()  # index -> partitioned Parameter, while it lives
+_indices = itertools.count()  # registration order: the same on every rank
+_dropped = {}  # index -> zparam of a Parameter Python collected, not yet destroyed
+_disagreements = [0]  # step ends at which the ranks' _dropped differed
+_agreement = []  # (indices, agreed) of the last step end, until settle_dropped
 
 
 def is_partitioned(param):
@@ -114,21 +132,71 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
         data = data.cpu()
     zparam = ctx.register(name, zs_dtype(data.dtype), tuple(data.shape), init="from_rank",
                           data=(data.data_ptr(), data.numel() * data.element_size()), src_rank=src_rank)
-    param.zs = ParamState(zparam, name, tuple(data.shape), data.dtype, len(_registered))
-    _registered.append(param)
+    index = next(_indices)
+    param.zs = ParamState(zparam, name, tuple(data.shape), data.dtype, index)
+    _registered[index] = param
+    # The finalizer holds the zparam, so the shard outlives the Parameter
+    # until destroy_dropped; it runs inside the garbage collector, so it
+    # only takes a note.
+    param.zs.finalizer = weakref.finalize(param, _dropped.__setitem__, index, zparam)
+    param.zs.finalizer.atexit = False
     param.data = param.zs.placeholder()
     return param
 
 
 def registered_params():
-    return list(_registered)
+    """The partitioned Parameters alive now, in registration order."""
+    return list(_registered.values())  # indices only grow: insertion order is theirs
+
+
+def dropped_token():
+    """(token, indices): a 64-bit hash of the params this rank collected
+    and has not destroyed yet (0: none), for the step end's agreement."""
+    indices = sorted(_dropped)
+    if not indices:
+        return 0, indices
+    digest = hashlib.blake2b(",".join(map(str, indices)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1, indices
+
+
+def note_agreement(indices, agreed):
+    """The step end compared dropped_token()'s token for `indices`; the
+    optimizer step settles it (settle_dropped) once it holds no engine of
+    a dropped model any more."""
+    _agreement[:] = [(indices, agreed)]
+
+
+def settle_dropped():
+    """After a step end that compared the ranks' dropped params: if every
+    rank had collected the same ones, destroy them, on every rank at this
+    same point, which the coordinator needs. If not, some rank still holds
+    a dropped model in a reference cycle its collector has not reached:
+    every rank runs the collector here, at the same point, so that the
+    next step end agrees. Deterministic (the answer is the same on every
+    rank), and backed off (the 1st, 2nd, 4th, 8th... disagreement) in
+    case a rank keeps a param alive on purpose."""
+    if not _agreement:
+        return
+    indices, agreed = _agreement.pop()
+    if agreed:
+        for index in indices:
+            _dropped.pop(index).close()
+        return
+    _disagreements[0] += 1
+    n = _disagreements[0]
+    if n & (n - 1) == 0:
+        gc.collect()
 
 
 def forget_all():
-    for p in _registered:
+    """The context is shut down: its params are gone with it."""
+    for p in list(_registered.values()):
+        p.zs.finalizer.detach()
         p._zs_gone = p.zs.name
         p.zs = None
     _registered.clear()
+    _dropped.clear()
+    _agreement.clear()
 
 
 def _attach(p):

@@ -77,6 +77,7 @@ torch's later work on that stream runs after the copy.
 import copy
 import dataclasses
 import warnings
+import weakref
 
 import torch
 
@@ -93,6 +94,7 @@ _running = []  # units whose forward is running now, innermost last (all models)
 # len(_running) before it ran), innermost last.
 _opened = []
 _step = {"open": False}  # the coordinator's step is one per context, whichever model began it
+_ran = []  # HookEngines whose model ran a forward since the last optimizer step
 
 
 class _Unit:
@@ -154,10 +156,47 @@ class _Unit:
                                                             for p in self.params)
 
 
+def _weakly(method):
+    """`method` as a hook that does not keep its object alive. torch keeps
+    a param's hooks in C++, where the garbage collector cannot see them:
+    a bound method there would keep the HookEngine, its units and through
+    them every param and the model alive for ever."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return hook
+
+
 def forget_step():
     """The context is gone: no step is open, no forward runs."""
     _step["open"] = False
     _running.clear()
+    step_done()
+
+
+def stepping_engines(params):
+    """The HookEngines an optimizer step over `params` must end the step
+    of: those whose model ran since the last step, and those that hold
+    `params`. Not every engine alive: a dropped model's engine lives on
+    until its rank's garbage collector reaches it, which happens at
+    different times on different ranks, and ending its step may push its
+    leaf gradients (a collective)."""
+    engines = list(_ran)
+    for p in params:
+        owner = p.zs.owner if is_partitioned(p) else None
+        if owner is not None and owner.engine is not None and all(owner.engine is not e for e in engines):
+            engines.append(owner.engine)
+    return engines
+
+
+def step_done():
+    """An optimizer step ended every running model's step."""
+    for e in _ran:
+        e.ran = False
+    _ran.clear()
 
 
 def _acquire(params, handles=None):
@@ -480,6 +519,7 @@ class HookEngine:
         self._frozen_end_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
         self.units_to_check = True  # which units need hooks (at the root's next forward)
+        self.ran = False  # a forward ran since the last optimizer step (in _ran)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -557,7 +597,7 @@ class HookEngine:
                     self.swept.append(p)
                     self._batches = None
                 else:
-                    p.register_post_accumulate_grad_hook(self._on_grad)
+                    p.register_post_accumulate_grad_hook(_weakly(self._on_grad))
 
     def sweep_after_backward(self, grad):
         """A gradient hook on the root's outputs: the backward has begun;
@@ -608,6 +648,9 @@ class HookEngine:
 
     # -- forward --------------------------------------------------------
     def begin_step(self):
+        if not self.ran:
+            self.ran = True
+            _ran.append(self)
         if not _step["open"]:
             _running.clear()  # left by a forward that raised
             self.take_user_changes()
@@ -755,8 +798,10 @@ class HookEngine:
                 ctx.coord_release(zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
         if _step["open"]:
-            ctx.step_end()
+            token, dropped = _params.dropped_token()
+            agreed = ctx.step_end(token)
             _step["open"] = False
+            _params.note_agreement(dropped, agreed)
 
     def after_step(self):
         """The optimizer changed the shards: drop views of released copies.

@@ -1,9 +1,10 @@
 """A torch optimizer backed by the engine's sharded optimizer."""
 import torch
 
+from . import hooks
 from ._context import get_context
 from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimizer_state_view,
-                      quantizes_frozen, registered_params)
+                      quantizes_frozen, registered_params, settle_dropped)
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
@@ -47,7 +48,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        engines = _hook_engines()
+        engines = hooks.stepping_engines([p for group in self.param_groups for p in group["params"]])
         for e in engines:
             e.before_step()
             adopt_assigned(e.params())  # a param.data = t since the forward
@@ -56,6 +57,9 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.last_result = self._engine.step()
         for e in engines:
             e.after_step()
+        hooks.step_done()
+        del engines  # else they keep dropped models alive through the collector's run
+        settle_dropped()
         return loss
 
     def zero_grad(self, set_to_none=True):
