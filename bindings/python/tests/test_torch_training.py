@@ -20,13 +20,13 @@ def run_ranks(n, mode, timeout=240, extra_env=None):
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ)
+    env["ZS_TIMEOUT_MS"] = "60000"
     env.update(extra_env or {})
     result = tempfile.NamedTemporaryFile(prefix="zs_torch_worker_", suffix=".json", delete=False)
     result.close()
     env["ZS_TEST_RESULT"] = result.name
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    env["ZS_TIMEOUT_MS"] = "60000"
     proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
                            str(HERE / "torch_worker.py"), mode],
                           env=env, capture_output=True, text=True, timeout=timeout)
@@ -341,3 +341,17 @@ def test_dropped_models_give_their_shards_back_on_every_rank(ranks):
     # (on the last rank its collector had not run): the agreement, not
     # construction, let it go.
     assert all(rd["registered_before_training"] == 2 * rd["model_params"] for rd in rounds[1:]), rounds
+
+
+def test_state_dict_on_one_rank_is_an_error_naming_the_fix():
+    """model.state_dict() under `if rank == 0:` (how a save is often
+    guarded) cannot gather: within the collective timeout rank 0 gets a
+    timeout error that names the module, the param and how to save,
+    where before arming state_dict it wrote empty tensors silently."""
+    r = run_ranks(2, "state_dict_on_one_rank", extra_env={"ZS_TIMEOUT_MS": "2000"})
+    assert r["type"] == "ZsTimeoutError", r
+    assert "state_dict() of a partitioned model gathers its params' full values (here tok.weight, of a " \
+           "Embedding)" in r["error"], r["error"]
+    assert "call state_dict() (or save_pretrained) on every rank" in r["error"], r["error"]
+    assert "consolidated_state_dict" in r["error"] and "failed after 2000 ms" in r["error"], r["error"]
+    assert r["seconds"] < 30, r

@@ -869,6 +869,28 @@ def mode_dropped_models(rank, world):
     return {"rounds": rounds}
 
 
+def mode_state_dict_on_one_rank(rank, world):
+    """state_dict() on rank 0 alone (a save under `if rank == 0`): the
+    gather of the full values it needs cannot complete, and rank 0 gets an
+    error naming the module and the fix once the collective timeout
+    (ZS_TIMEOUT_MS) passes, never an empty checkpoint or a hang."""
+    with zt.Init(config={"zero_optimization": {"stage": 3}}):
+        model = TinyGPT()
+    zt.partition_module(model)
+    out = {}
+    if rank == 0:
+        began = time.monotonic()
+        try:
+            model.state_dict()
+            out["error"] = None
+        except zeroshard.ZeroShardError as e:
+            out["error"] = str(e)
+            out["type"] = type(e).__name__
+        out["seconds"] = time.monotonic() - began
+    dist.barrier()
+    return out
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("gloo")
@@ -880,7 +902,8 @@ def main():
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
-              "dropped_models": mode_dropped_models}[mode](rank, world)
+              "dropped_models": mode_dropped_models,
+              "state_dict_on_one_rank": mode_state_dict_on_one_rank}[mode](rank, world)
     zt.shutdown()
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared

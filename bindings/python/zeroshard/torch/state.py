@@ -3,6 +3,8 @@ torch's own module.state_dict() / load_state_dict() on a partitioned
 module (arm_state_dict)."""
 import torch
 
+import zeroshard
+
 from ._context import get_context
 from ._params import is_partitioned
 from .gathered import GatheredParameters
@@ -80,9 +82,19 @@ def _full_values_into_state_dict(module, state_dict, prefix, local_metadata):
            if prefix + name in state_dict and state_dict[prefix + name] is not p]
     if not own:
         return
-    with GatheredParameters([p for _, p in own]):
-        for name, p in own:
-            state_dict[prefix + name] = p.data.detach().clone()
+    try:
+        with GatheredParameters([p for _, p in own]):
+            for name, p in own:
+                state_dict[prefix + name] = p.data.detach().clone()
+    except (zeroshard.ZsTimeoutError, zeroshard.CommError) as e:
+        # The usual cause: a save under `if rank == 0:` (torch.save,
+        # save_pretrained), where the other ranks never come to gather.
+        raise type(e)(f"zeroshard.torch: state_dict() of a partitioned model gathers its params' full values "
+                      f"(here {prefix}{own[0][0]}, of a {type(module).__name__}), a collective over every rank: call "
+                      f"state_dict() (or save_pretrained) on every rank at the same point and write the file "
+                      f"on rank 0 alone (save_pretrained's is_main_process=), or take "
+                      f"zeroshard.torch.consolidated_state_dict(model) on every rank, which keeps the values "
+                      f"on rank 0 only. {e.message}", e.status, e.status_name) from e
 
 
 def _state_dict_into_shards(module, state_dict, prefix, local_metadata, strict, missing_keys,
