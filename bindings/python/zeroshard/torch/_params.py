@@ -16,7 +16,7 @@ collection runs at different times on different ranks, while the engine's
 coordinator must hold the same params on every rank. Each rank notes the
 params it collected; the optimizer step's agreement (zs_step_end_agree)
 compares the notes, and once every rank has collected the same ones each
-destroys them at that same point (see destroy_dropped).
+destroys them at that same point (see settle_dropped).
 """
 import copy
 import gc
@@ -136,7 +136,7 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
     param.zs = ParamState(zparam, name, tuple(data.shape), data.dtype, index)
     _registered[index] = param
     # The finalizer holds the zparam, so the shard outlives the Parameter
-    # until destroy_dropped; it runs inside the garbage collector, so it
+    # until settle_dropped; it runs inside the garbage collector, so it
     # only takes a note.
     param.zs.finalizer = weakref.finalize(param, _dropped.__setitem__, index, zparam)
     param.zs.finalizer.atexit = False
