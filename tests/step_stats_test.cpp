@@ -89,12 +89,12 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     EXPECT_EQ(st.gather_bytes, shard_bytes);
     EXPECT_EQ(st.reduce_scatters, 1u);
     EXPECT_EQ(st.reduce_scatter_bytes, shard_bytes);
-    // The coordinator's check at step_end (32 bytes: the trace's and the
-    // kept list's hashes and their complements), and one
+    // The coordinator's check at step_end (48 bytes: the trace's and the
+    // kept list's hashes and the trainer's token, and their complements), and one
     // all-reduce of 34 floats for the optimizers' agreement check (32), the
     // gradient norm and the overflow count: a ring all-reduce moves
     // 2(n-1)/n of each.
-    EXPECT_EQ(st.allreduce_bytes, 32u + 34u * 4u);
+    EXPECT_EQ(st.allreduce_bytes, 48u + 34u * 4u);
     EXPECT_GT(st.step_seconds, 0.0);
     EXPECT_GT(st.optimizer_seconds, 0.0);
     EXPECT_LT(st.optimizer_seconds, st.step_seconds);
