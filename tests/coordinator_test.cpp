@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "impl/fetch/coordinator.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -263,6 +264,90 @@ TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
     s = stats(ctx);
     EXPECT_EQ(s.demand_fetches, demand);
     EXPECT_EQ(s.trace_invalidations, 1u);
+    zs_context_destroy(ctx);
+  });
+}
+
+void forward_step(zs_context ctx, const Model& m) {
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+  ZS_ASSERT_OK(zs_step_end(ctx));
+}
+
+// A trainer whose steps take turns between kinds: a reference model's
+// inference forward (its own step), the policy's training step, and an
+// inference forward of the policy, which is where the training step's
+// order begins. Each kind is recorded once and then gathered ahead of the
+// trainer, none on demand, once the turns have been seen.
+TEST(Coordinator, StepsThatTakeTurnsBetweenKindsEachGatherAhead) {
+  run_ranks(3, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 0, 0);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model reference = build(ctx), policy = build(ctx);
+    const auto round = [&] {
+      forward_step(ctx, reference);
+      EXPECT_EQ(stats(ctx).trace_length, static_cast<uint64_t>(kLayers));
+      train_step(ctx, policy);
+      EXPECT_EQ(stats(ctx).trace_length, 2u * kLayers);
+      forward_step(ctx, policy);
+      EXPECT_EQ(stats(ctx).trace_length, static_cast<uint64_t>(kLayers));
+    };
+    round();
+    zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.trace_invalidations, 2u) << "the two kinds after the first are new orders";
+    round();  // learns which kind follows which
+    const zs_coord_stats learned = stats(ctx);
+    EXPECT_EQ(learned.trace_invalidations, 2u) << "a kind seen before was recorded again";
+    for (int r = 0; r < 3; ++r) round();
+    s = stats(ctx);
+    EXPECT_EQ(s.demand_fetches, learned.demand_fetches) << "a step gathered on demand after the turns were learned";
+    EXPECT_GT(s.prefetches, learned.prefetches);
+    EXPECT_EQ(s.trace_invalidations, 2u);
+    EXPECT_EQ(s.live_elements, 0u) << "the step end leaves nothing gathered";
+    // A kind never seen: recorded in place of the least recently used once
+    // four are kept; the others stay followed.
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    for (int l = kLayers - 1; l >= 0; --l) use_layer(ctx, reference, l);
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    const zs_coord_stats fourth = stats(ctx);
+    EXPECT_EQ(fourth.trace_invalidations, 3u);
+    train_step(ctx, policy);
+    forward_step(ctx, policy);
+    forward_step(ctx, reference);
+    s = stats(ctx);
+    EXPECT_EQ(s.trace_invalidations, 3u) << "a fourth order pushed out one of three";
+    EXPECT_LE(s.demand_fetches - fourth.demand_fetches, 3u) << "more than one unit per step gathered on demand";
+    zs_context_destroy(ctx);
+  });
+}
+
+// A step that never ends (forwards with gradients on and no optimizer
+// step) is not recorded past Coordinator::kMaxStepUnits units: it gathers
+// on demand from there, and the orders kept before stay followed.
+TEST(Coordinator, AStepTooLongToRecordGathersOnDemandAndKeepsTheOrders) {
+  run_ranks(1, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, config(20000, 1000000000, 0, 0).c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);
+    const zs_coord_stats before = stats(ctx);
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    zs_param unit[1] = {m.biases[0]};
+    for (size_t i = 0; i <= zs::Coordinator::kMaxStepUnits; ++i) {
+      ASSERT_EQ(zs_coord_fetch(ctx, unit, 1), ZS_OK) << zs_last_error();
+      ASSERT_EQ(zs_coord_release(ctx, unit, 1), ZS_OK) << zs_last_error();
+    }
+    ZS_ASSERT_OK(zs_step_end(ctx));
+    zs_coord_stats s = stats(ctx);
+    EXPECT_EQ(s.trace_length, 0u) << "a step past the bound was recorded";
+    EXPECT_EQ(s.trace_invalidations, before.trace_invalidations);
+    train_step(ctx, m);
+    const uint64_t demand = stats(ctx).demand_fetches;
+    train_step(ctx, m);
+    s = stats(ctx);
+    EXPECT_EQ(s.demand_fetches, demand) << "the order kept before the long step is no longer followed";
+    EXPECT_EQ(s.trace_length, 2u * kLayers);
     zs_context_destroy(ctx);
   });
 }

@@ -96,21 +96,33 @@ void Coordinator::step_begin() {
   if (in_step_) fail(Code::InvalidState, "step_begin: the previous step has not ended");
   in_step_ = true;
   current_.clear();
+  step_units_ = 0;
   pos_ = 0;
   prefetched_upto_ = 0;
-  following_ = trace_valid_;
+  following_ = false;
+  // Along the order that came after the last step's the time before (a
+  // trainer's steps repeat, or alternate between kinds), else the last's.
+  uint64_t expect = last_order_;
+  for (const auto& o : orders_)
+    if (o.id == last_order_ && o.next_id != 0) expect = o.next_id;
+  for (size_t i = 0; i < orders_.size(); ++i)
+    if (orders_[i].id == expect) {
+      following_ = true;
+      followed_ = i;
+    }
   if (following_) prefetch_ahead();
 }
 
 size_t Coordinator::next_use(const Param& p) const {
-  for (size_t k = pos_; k < trace_.size(); ++k)
-    for (const auto& q : trace_[k])
+  const auto& units = followed().units;
+  for (size_t k = pos_; k < units.size(); ++k)
+    for (const auto& q : units[k])
       if (q.get() == &p) return k;
-  return trace_.size();
+  return units.size();
 }
 
 // The window ahead of the trainer covers up to prefetch_bucket_size
-// elements of the trace (the next unit always, unless the size is 0: no
+// elements of the followed order (the next unit always, unless the size is 0: no
 // prefetch, as in DeepSpeed), within max_live_parameters. It is refilled,
 // as one coalesced gather, once what is in flight ahead of the trainer
 // drops below half a bucket: a model of many small modules pays one
@@ -119,16 +131,18 @@ void Coordinator::prefetch_ahead() {
   const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
   const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
   if (bucket == 0) return;
-  if (prefetched_upto_ > pos_ && trace_prefix_[prefetched_upto_] - trace_prefix_[pos_] >= bucket / 2) return;
+  const auto& units = followed().units;
+  const auto& prefix = followed().prefix;
+  if (prefetched_upto_ > pos_ && prefix[prefetched_upto_] - prefix[pos_] >= bucket / 2) return;
   ParamList missing;
   std::set<const Param*> queued;
   uint64_t elems = 0;
   size_t upto = prefetched_upto_;
-  for (size_t k = std::max(pos_, prefetched_upto_); k < trace_.size(); ++k) {
-    if (k > pos_ && trace_prefix_[k + 1] - trace_prefix_[pos_] > bucket) break;
+  for (size_t k = std::max(pos_, prefetched_upto_); k < units.size(); ++k) {
+    if (k > pos_ && prefix[k + 1] - prefix[pos_] > bucket) break;
     ParamList unit_missing;
     uint64_t unit_elems = 0;
-    for (const auto& p : trace_[k]) {
+    for (const auto& p : units[k]) {
       settle(ctx_, *p);
       if (p->status() == ParamStatus::NotAvailable && !queued.count(p.get())) {
         unit_missing.push_back(p);
@@ -177,13 +191,17 @@ void Coordinator::fetch(const ParamList& params) {
     return;
   }
   if (in_step_) {
-    current_.push_back(unit);
-    if (following_) {
-      if (pos_ < trace_.size() && same_unit(trace_[pos_], unit)) {
-        ++pos_;
-      } else {
-        following_ = false;  // the order changed: stop prefetching this step
-      }
+    if (++step_units_ <= kMaxStepUnits) {
+      current_.push_back(unit);
+    } else if (!current_.empty()) {  // too long to record (no kept order is this long)
+      current_ = {};
+      following_ = false;
+    }
+    // The step's first unit picks an order if the step began with none.
+    if (following_ || current_.size() == 1) {
+      const bool on = following_ && pos_ < followed().units.size() && same_unit(followed().units[pos_], unit);
+      following_ = on || follow_another(unit);
+      if (following_) ++pos_;  // else an order no kept one has: gather on demand for the rest of the step
     }
   }
   ParamList missing;
@@ -259,8 +277,9 @@ void Coordinator::release(const ParamList& params) {
       const size_t next = next_use(*p);
       // Units up to prefetched_upto_ count on their params being gathered.
       if (next < prefetched_upto_) continue;
-      if (next < trace_.size() && trace_prefix_[next] - trace_prefix_[pos_] <
-                                      static_cast<uint64_t>(ctx_.config().max_reuse_distance)) {
+      const auto& prefix = followed().prefix;
+      if (next < followed().units.size() &&
+          prefix[next] - prefix[pos_] < static_cast<uint64_t>(ctx_.config().max_reuse_distance)) {
         ++stats_.kept_for_reuse;
         continue;
       }
@@ -270,12 +289,58 @@ void Coordinator::release(const ParamList& params) {
 }
 
 void Coordinator::invalidate() {
-  if (trace_valid_) ++stats_.trace_invalidations;
-  trace_valid_ = false;
+  if (!orders_.empty()) ++stats_.trace_invalidations;
+  orders_.clear();
+  last_order_ = 0;
   following_ = false;
-  trace_.clear();
-  trace_prefix_.clear();
   stats_.trace_length = 0;
+}
+
+bool Coordinator::follow_another(const ParamList& unit) {
+  // current_ holds the step so far, `unit` last: another order can only be
+  // told to agree with it while it is recorded.
+  if (current_.size() != pos_ + 1) return false;
+  for (size_t i = 0; i < orders_.size(); ++i) {
+    const auto& units = orders_[i].units;
+    if (units.size() <= pos_ || !same_unit(units[pos_], unit)) continue;
+    if (!std::equal(units.begin(), units.begin() + static_cast<std::ptrdiff_t>(pos_), current_.begin(), same_unit))
+      continue;
+    followed_ = i;
+    prefetched_upto_ = pos_;  // what the other order's window gathered goes back at the step end
+    return true;
+  }
+  return false;
+}
+
+void Coordinator::note_order() {
+  const auto same_as_step = [&](const Order& o) {
+    return o.units.size() == current_.size() && std::equal(o.units.begin(), o.units.end(), current_.begin(), same_unit);
+  };
+  // The followed order, or another the step equals: one that the followed
+  // one begins with (an inference forward following a training step's).
+  size_t at = orders_.size();
+  if (following_ && pos_ == followed().units.size()) at = followed_;
+  for (size_t i = 0; i < orders_.size() && at == orders_.size(); ++i)
+    if (same_as_step(orders_[i])) at = i;
+  if (at == orders_.size()) {
+    // New: recorded, in place of the least recently used once kMaxOrders
+    // are kept.
+    if (!orders_.empty()) ++stats_.trace_invalidations;
+    if (orders_.size() == kMaxOrders) orders_.pop_back();
+    Order o;
+    o.id = ++orders_made_;
+    o.units = std::move(current_);
+    o.prefix.assign(o.units.size() + 1, 0);
+    for (size_t k = 0; k < o.units.size(); ++k) o.prefix[k + 1] = o.prefix[k] + unit_elements(o.units[k]);
+    orders_.push_back(std::move(o));
+    at = orders_.size() - 1;
+  }
+  std::rotate(orders_.begin(), orders_.begin() + static_cast<std::ptrdiff_t>(at),
+              orders_.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  for (auto& o : orders_)
+    if (o.id == last_order_) o.next_id = orders_.front().id;
+  last_order_ = orders_.front().id;
+  stats_.trace_length = orders_.front().units.size();
 }
 
 void Coordinator::drop_all(const std::set<const Param*>& keep) {
@@ -306,21 +371,21 @@ bool Coordinator::step_end(uint64_t token) {
 
   // Every rank must agree on the order, and on the kept params that the
   // next optimizer step gathers again: compared in one collective.
+  // A step too long to record compares its length.
+  const uint64_t order_hash = step_units_ <= kMaxStepUnits ? hash_order(current_) : ~step_units_;
   const ParamList kept = kept_in_order();
-  const std::vector<bool> agree =
-      every_rank_agrees(ctx_, {hash_order(current_), hash_order({kept}), token});
+  const std::vector<bool> agree = every_rank_agrees(ctx_, {order_hash, hash_order({kept}), token});
   agreed_kept_ = agree[1] ? kept : ParamList{};  // else nothing stays gathered across the step
-  const bool agreed = agree[0];
-  const bool matched = trace_valid_ && following_ && pos_ == trace_.size();
-  if (matched && agreed) return agree[2];
-  invalidate();
-  if (!agreed) return agree[2];  // ranks differ: record again next step, everywhere
-  trace_ = current_;
-  trace_prefix_.assign(trace_.size() + 1, 0);
-  for (size_t k = 0; k < trace_.size(); ++k)
-    trace_prefix_[k + 1] = trace_prefix_[k] + unit_elements(trace_[k]);
-  trace_valid_ = !trace_.empty();
-  stats_.trace_length = trace_.size();
+  if (!agree[0]) {
+    invalidate();  // ranks differ: record again next step, everywhere
+  } else if (current_.empty()) {
+    // Nothing recorded (every unit kept, or too long): the orders stay.
+    last_order_ = 0;
+    stats_.trace_length = 0;
+  } else {
+    note_order();
+  }
+  current_.clear();
   return agree[2];
 }
 
@@ -331,9 +396,10 @@ void Coordinator::forget(Param& param) {
     list.erase(std::remove_if(list.begin(), list.end(), is_it), list.end());
     return list.size() != before;
   };
-  bool in_trace = false;
-  for (auto& unit : trace_) in_trace = std::any_of(unit.begin(), unit.end(), is_it) || in_trace;
-  if (in_trace) invalidate();
+  bool in_order = false;
+  for (const auto& o : orders_)
+    for (const auto& unit : o.units) in_order = in_order || std::any_of(unit.begin(), unit.end(), is_it);
+  if (in_order) invalidate();
   for (auto& unit : current_) drop_from(unit);
   current_.erase(std::remove_if(current_.begin(), current_.end(), [](const ParamList& u) { return u.empty(); }),
                  current_.end());

@@ -1,22 +1,28 @@
-// The fetch coordinator: the first step records the order in which the
-// trainer fetches params (one unit per fetch call, leaf groups expanded);
-// later steps follow that trace and gather ahead of the trainer, up to
+// The fetch coordinator: a step records the order in which the trainer
+// fetches params (one unit per fetch call, leaf groups expanded); later
+// steps of the same order follow it and gather ahead of the trainer, up to
 // prefetch_bucket_size elements in flight and max_live_parameters gathered.
+// The last kMaxOrders distinct orders are kept, so a trainer whose steps
+// alternate between kinds (an inference forward of a reference model, then
+// the policy's training step; evaluation between training steps) prefetches
+// in each: a step begins along the order that followed the last one the time
+// before, and moves to another kept order that shares what the step fetched
+// so far when its next unit differs. A step that matches none is recorded.
 // Params of at most param_persistence_threshold elements stay gathered for
 // the step, and across steps: an optimizer step drops every gathered copy
 // and then gathers the kept persistent params again in one coalesced
 // collective (up to model_persistence_threshold elements, in the order they
 // were first kept, a list every rank agreed on at the last step end), so a
 // model of many small params needs no gather per step. A unit whose params
-// are all kept and gathered is no event at all: it is not recorded in the
-// trace, so a trainer may skip fetching it (zeroshard.torch drops such
-// modules' hooks) and the trace stays the same. A param used again within
-// max_reuse_distance elements of the trace is not released in between.
-// Prefetching gathers everything the window adds in one collective. A step whose order differs from the
-// trace on any rank invalidates it on every rank, and the next step records
-// again. A param unregistered (zs_param_destroy) leaves every list here,
-// and a trace that used it is dropped. Each call takes the engine lock
-// itself; stats() reads without it.
+// are all kept and gathered is no event at all: it is not recorded, so a
+// trainer may skip fetching it (zeroshard.torch drops such modules' hooks)
+// and the order stays the same. A param used again within
+// max_reuse_distance elements of the order is not released in between.
+// Prefetching gathers everything the window adds in one collective. A step
+// whose order differs between ranks drops every kept order on every rank.
+// A param unregistered (zs_param_destroy) leaves every list here, and the
+// kept orders are dropped. Each call takes the engine lock itself; stats()
+// reads without it.
 #pragma once
 
 #include <map>
@@ -34,19 +40,23 @@ struct CoordStats {
   uint64_t steps = 0;
   uint64_t fetch_calls = 0;
   uint64_t demand_fetches = 0;  // gathers issued when the trainer asked
-  uint64_t prefetches = 0;      // gathers issued ahead, from the trace
+  uint64_t prefetches = 0;      // gathers issued ahead, along a kept order
   uint64_t blocked_waits = 0;   // fetch calls that found a gather still running
   uint64_t reuse_hits = 0;      // fetch calls satisfied without any gather
   uint64_t kept_for_reuse = 0;  // releases skipped for max_reuse_distance
   uint64_t persistent_params = 0;
   uint64_t live_elements = 0;
   uint64_t peak_live_elements = 0;
-  uint64_t trace_invalidations = 0;
-  uint64_t trace_length = 0;
+  uint64_t trace_invalidations = 0;  // steps that matched no kept order, and kept orders dropped
+  uint64_t trace_length = 0;         // units of the order the last step recorded or followed
 };
 
 class Coordinator : public ParamKeeper {
  public:
+  // A step longer than this is not recorded (a trainer that runs forwards
+  // with gradients on and never ends the step would grow it without end):
+  // it gathers on demand. 64 micro-batches of a 1000-unit model fit.
+  static constexpr size_t kMaxStepUnits = size_t{1} << 18;
   explicit Coordinator(Context& ctx) : ctx_(ctx) {}
   ~Coordinator();
 
@@ -62,7 +72,7 @@ class Coordinator : public ParamKeeper {
   // reference's leaf modules, e.g. all experts of an MoE layer).
   void add_leaf(const ParamList& params);
   // Before an optimizer step rewrites the shards every gathered copy is
-  // stale: drop them all but the trace's persistent params, which stay
+  // stale: drop them all but the agreed kept persistent params, which stay
   // (stale) where they are.
   void on_params_updated();
   // After the shards were rewritten: gather the noted persistent params
@@ -72,8 +82,8 @@ class Coordinator : public ParamKeeper {
   // The counters as of the last call that returned; never waits for one
   // in progress.
   CoordStats stats() const;
-  // Under the engine lock (unregister_param): drop the param from the
-  // trace (which is then invalid), the step's order, the kept and live
+  // Under the engine lock (unregister_param): drop the kept orders that
+  // use the param (all of them), the step's order, the kept and live
   // lists and its leaf group. Every rank unregisters the same params at
   // the same point, so this changes every rank alike.
   void forget(Param& param) override;
@@ -92,21 +102,42 @@ class Coordinator : public ParamKeeper {
   bool persistent(const Param& p) const;
   void prefetch_ahead();
   void adopt(const ParamList& gathered);
+  // Drops every kept order.
   void invalidate();
+  // The step's next unit is not the followed order's: follow another kept
+  // order that agrees with the step so far and has `unit` next, if any.
+  bool follow_another(const ParamList& unit);
+  // The step just ended matched the order followed, or is new: it becomes
+  // the most recent, and the one the previous step's order is followed by.
+  void note_order();
   void release_one_param(Param& p);
   // Releases every param the coordinator holds except those in `keep`.
   void drop_all(const std::set<const Param*>& keep = {});
-  // Index of the next trace unit (from pos_) that uses p, or trace size.
+  // Index of the next unit of the followed order (from pos_) that uses p,
+  // or its size.
   size_t next_use(const Param& p) const;
 
   Context& ctx_;
   bool in_step_ = false;
-  bool trace_valid_ = false;
-  std::vector<ParamList> trace_;      // the recorded order
-  std::vector<uint64_t> trace_prefix_;  // elements before each unit
-  std::vector<ParamList> current_;    // this step's order so far
-  bool following_ = false;  // this step matches the trace so far
-  size_t pos_ = 0;          // next trace unit expected
+  // A recorded order of units, with the elements before each unit.
+  struct Order {
+    uint64_t id = 0;
+    uint64_t next_id = 0;  // the order of the step after this one's, last time (0: none yet)
+    std::vector<ParamList> units;
+    std::vector<uint64_t> prefix;
+  };
+  // Distinct orders a trainer's steps take (train, evaluate, a reference
+  // model's forward): more is rare, and each costs its params' references.
+  static constexpr size_t kMaxOrders = 4;
+  std::vector<Order> orders_;  // most recently used first
+  uint64_t orders_made_ = 0;
+  uint64_t last_order_ = 0;  // id of the order the last step took (0: none)
+  const Order& followed() const { return orders_[followed_]; }
+  std::vector<ParamList> current_;  // this step's order so far
+  uint64_t step_units_ = 0;         // units this step fetched (current_ stops at kMaxStepUnits)
+  bool following_ = false;  // this step matches the followed order so far
+  size_t followed_ = 0;     // its index in orders_
+  size_t pos_ = 0;          // next unit of it expected
   size_t prefetched_upto_ = 0;
   std::map<Param*, std::shared_ptr<Param>> live_;  // gathered by us, not persistent
   // Persistent, until the next optimizer step; each with the order in

@@ -909,12 +909,16 @@ ZS_API zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, siz
 /* Coordinated fetch: trace, prefetch, persistence, leaf groups        */
 /* ------------------------------------------------------------------ */
 
-/* Mark a training step. The first step records the order of coordinated
- * fetches; later steps gather ahead along that trace (config:
- * stage3_prefetch_bucket_size, stage3_max_live_parameters,
- * stage3_param_persistence_threshold, stage3_max_reuse_distance). A step
- * whose order differs on any rank invalidates the trace on every rank and
- * is recorded instead. zs_step_end is collective over the world. */
+/* Mark a step (a training step, or one inference forward). A step records
+ * the order of its coordinated fetches; later steps of the same order
+ * gather ahead along it (config: stage3_prefetch_bucket_size,
+ * stage3_max_live_parameters, stage3_param_persistence_threshold,
+ * stage3_max_reuse_distance). The last 4 distinct orders are kept, so steps
+ * that take turns between kinds (a reference model's forward, then the
+ * policy's training step) each gather ahead. A step whose order differs on
+ * any rank drops the kept orders on every rank and is recorded instead; a
+ * step of more than 2^18 fetches is not recorded. zs_step_end is collective
+ * over the world. */
 ZS_API zs_status zs_step_begin(zs_context ctx);
 ZS_API zs_status zs_step_end(zs_context ctx);
 /* zs_step_end, whose one collective also tells every rank whether all
@@ -952,8 +956,8 @@ typedef struct zs_coord_stats {
   uint64_t persistent_params;
   uint64_t live_elements;  /* gathered by the coordinator now */
   uint64_t peak_live_elements;
-  uint64_t trace_invalidations;
-  uint64_t trace_length;   /* units in the recorded trace */
+  uint64_t trace_invalidations; /* steps recorded while other orders were kept; kept orders dropped */
+  uint64_t trace_length;   /* units of the order the last step recorded or followed */
 } zs_coord_stats;
 #define ZS_COORD_STATS_INIT { sizeof(zs_coord_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
