@@ -236,9 +236,21 @@ void Coordinator::fetch(const ParamList& params) {
 }
 
 bool Coordinator::all_kept(const ParamList& unit) {
-  for (const auto& p : unit) {
+  for (const auto& p : unit)
     if (!kept_.count(p.get())) return false;
-    settle(ctx_, *p);  // a prefetch of it may still be in flight
+  // A kept param is gathered, or its prefetch is in flight, alike on every
+  // rank; whether that prefetch has finished yet differs between ranks, so
+  // it is waited for here: a unit counted as an event on one rank and not
+  // on another would set the ranks following different orders, and their
+  // gathers apart.
+  for (const auto& p : unit) {
+    settle(ctx_, *p);
+    if (p->status() == ParamStatus::Inflight) {
+      const auto wait_begin = Trace::Clock::now();
+      p->inflight()->wait(-1);
+      settle(ctx_, *p);
+      ctx_.comm_stats()->add_wait(std::chrono::duration<double>(Trace::Clock::now() - wait_begin).count());
+    }
     if (p->status() != ParamStatus::Available) return false;
   }
   return !unit.empty();
