@@ -343,6 +343,37 @@ def test_dropped_models_give_their_shards_back_on_every_rank(ranks):
     assert all(rd["registered_before_training"] == 2 * rd["model_params"] for rd in rounds[1:]), rounds
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_forwards_under_no_grad_end_their_own_steps(ranks):
+    """A forward under no_grad (or inference_mode) that begins the step ends
+    it: an evaluation loop with no optimizer gathers ahead from its second
+    forward on and its recorded order stays one forward long (before, the
+    step never ended: every gather was on demand, and the order grew by a
+    forward's units each time); a frozen reference model's no_grad forward
+    taking turns with the policy's training step gathers ahead in both and
+    trains as DDP; a forward that raises leaves its step to the next
+    forward; models dropped with no optimizer step anywhere give their
+    shards back."""
+    r = run_ranks(ranks, "inference_steps")
+    ev = r["eval"]
+    assert ev["max_diff"] <= 1e-5, ev
+    assert ev["steps"] == list(range(1, 13)), ev["steps"]
+    assert len(set(ev["demand"][1:])) == 1, ("a later forward gathered on demand", ev["demand"])
+    assert len(set(ev["trace"])) == 1 and ev["trace"][0] > 0, ev["trace"]
+    assert ev["inference_mode_demand"] == 0, ev
+    assert r["raised"] and "index out of range" in r["raised"], r["raised"]
+    ar = r["after_raise"]
+    assert ar["steps_while_raised"] == 0 and ar["steps_after_next"] == 1 and ar["diff"] <= 1e-5, ar
+    dpo = r["dpo"]
+    for step, (a, b) in enumerate(zip(dpo["ddp"], dpo["zeroshard"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (step, a, b, dpo)
+    assert dpo["demand_after_warmup"] == 0 and dpo["prefetches_after_warmup"] > 0, dpo
+    assert dpo["invalidations_after_warmup"] == 0, dpo
+    dr = r["dropped"]
+    assert dr["registered_before"] > dr["model_params"], dr  # the last rank still held the dropped models
+    assert dr["num_params"] == dr["model_params"] and dr["dropped_left"] == 0, dr
+
+
 def test_state_dict_on_one_rank_is_an_error_naming_the_fix():
     """model.state_dict() under `if rank == 0:` (how a save is often
     guarded) cannot gather: within the collective timeout rank 0 gets a

@@ -869,6 +869,124 @@ def mode_dropped_models(rank, world):
     return {"rounds": rounds}
 
 
+def mode_inference_steps(rank, world):
+    """Forwards under no_grad each end their own step: an evaluation loop
+    gathers ahead after its first forward and its order does not grow; a
+    reference model's no_grad forward taking turns with the policy's
+    training step gathers ahead in both and trains as DDP; a forward that
+    raised leaves its step to the next; a model dropped with no optimizer
+    step anywhere gives its shards back."""
+    import gc
+    cfg = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "stage3_prefetch_bucket_size": 2000, "reduce_bucket_size": 5000}}
+    ctx = zt.get_context(cfg)
+    out = {}
+
+    # An evaluation loop, checked against the same model unsharded.
+    torch.manual_seed(0)
+    plain = TinyGPT()
+    torch.manual_seed(0)
+    with zt.Init(config=cfg):
+        model = TinyGPT()
+    zt.partition_module(model)
+    before = ctx.coord_stats()
+    evals, diffs = [], []
+    with torch.no_grad():
+        for s in range(12):
+            x, y = batch(100 + s, rank)
+            loss = model(x, y)
+            diffs.append(abs(loss.item() - plain(x, y).item()))
+            evals.append(ctx.coord_stats())
+    out["eval"] = {"max_diff": max(diffs), "steps": [c["steps"] - before["steps"] for c in evals],
+                   "demand": [c["demand_fetches"] for c in evals], "trace": [c["trace_length"] for c in evals]}
+    # inference_mode too (Lightning's evaluation loop).
+    with torch.inference_mode():
+        x, y = batch(200, rank)
+        model(x, y)
+    out["eval"]["inference_mode_demand"] = ctx.coord_stats()["demand_fetches"] - evals[-1]["demand_fetches"]
+
+    # A forward that raises under no_grad (an index past the vocabulary on
+    # every rank), then the loop goes on.
+    with torch.no_grad():
+        steps_before = ctx.coord_stats()["steps"]
+        try:
+            model(torch.full((2, SEQ), VOCAB + 5), torch.zeros(2, SEQ, dtype=torch.long))
+            out["raised"] = None
+        except IndexError as e:
+            out["raised"] = str(e)
+        after_raise = ctx.coord_stats()["steps"]
+        x, y = batch(300, rank)
+        loss = model(x, y)
+        out["after_raise"] = {"steps_while_raised": after_raise - steps_before,
+                              "steps_after_next": ctx.coord_stats()["steps"] - steps_before,
+                              "diff": abs(loss.item() - plain(x, y).item())}
+
+    # A frozen reference model's no_grad forward, then the policy's
+    # training step, against DDP with the same reference.
+    def dpo(policy, reference, opt):
+        losses = []
+        for s in range(8):
+            x, y = batch(s, rank)
+            with torch.no_grad():
+                ref = reference(x, y)
+            loss = policy(x, y) + 0.5 * (policy(x, y) - ref) ** 2
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(mean_over_ranks(loss.item()))
+            if s == 2:
+                warm = ctx.coord_stats()
+        return losses, warm
+
+    torch.manual_seed(1)
+    ddp = nn.parallel.DistributedDataParallel(TinyGPT())
+    ddp_ref = TinyGPT().requires_grad_(False)
+    ddp_losses, _ = dpo(ddp, ddp_ref, torch.optim.AdamW(ddp.parameters(), lr=3e-3, foreach=False))
+    torch.manual_seed(1)
+    with zt.Init(config=cfg):
+        policy = TinyGPT()
+        reference = TinyGPT().requires_grad_(False)
+    zt.partition_module(policy)
+    zt.partition_module(reference)
+    zs_losses, warm = dpo(policy, reference, zt.ZeroShardOptimizer(policy.parameters(), lr=3e-3))
+    end = ctx.coord_stats()
+    out["dpo"] = {"ddp": ddp_losses, "zeroshard": zs_losses,
+                  "demand_after_warmup": end["demand_fetches"] - warm["demand_fetches"],
+                  "prefetches_after_warmup": end["prefetches"] - warm["prefetches"],
+                  "invalidations_after_warmup": end["trace_invalidations"] - warm["trace_invalidations"]}
+    del policy, reference, ddp, ddp_ref
+
+    # Models dropped with no optimizer step: the last rank's collector is
+    # off, so only the step ends' agreement (and the collection it asks
+    # for) lets them go.
+    if rank == world - 1:
+        gc.disable()
+    try:
+        gc.collect() if rank != world - 1 else None
+        with zt.Init(config=cfg):
+            dropped = TinyGPT()
+        zt.partition_module(dropped)
+        with torch.no_grad():
+            dropped(*batch(0, rank))
+        del dropped, model, plain
+        if rank == 0:
+            gc.collect()
+        with zt.Init(config=cfg):
+            kept = TinyGPT()
+        zt.partition_module(kept)
+        registered_before = torch.tensor([len(zt._params.registered_params())])
+        dist.all_reduce(registered_before, op=dist.ReduceOp.MAX)
+        with torch.no_grad():
+            for s in range(6):
+                kept(*batch(s, rank))
+        out["dropped"] = {"registered_before": int(registered_before.item()),
+                          "model_params": len(list(kept.parameters())),
+                          "num_params": ctx.memory()["num_params"], "dropped_left": len(zt._params._dropped)}
+    finally:
+        gc.enable()
+    return out
+
+
 def mode_state_dict_on_one_rank(rank, world):
     """state_dict() on rank 0 alone (a save under `if rank == 0`): the
     gather of the full values it needs cannot complete, and rank 0 gets an
@@ -902,7 +1020,7 @@ def main():
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
-              "dropped_models": mode_dropped_models,
+              "dropped_models": mode_dropped_models, "inference_steps": mode_inference_steps,
               "state_dict_on_one_rank": mode_state_dict_on_one_rank}[mode](rank, world)
     zt.shutdown()
     if rank == 0:

@@ -18,7 +18,10 @@ What a forward saves for backward holds gathered params by reference
 
 The root's forward is the scope of a forward: it begins the coordinator's
 step, re-evaluates which units are kept (below), saves by reference, and
-hooks its outputs for the sweep when the backward ends. Code that calls a
+hooks its outputs for the sweep when the backward ends. The optimizer step
+ends the coordinator's step, except that a step a forward under no_grad
+began ends with that forward (an evaluation loop, generate(): see
+_scope_ends). Code that calls a
 partitioned model's submodules without the root's forward (Lightning's
 training_step calling self.net(x); model.encoder(x)) gets the scope two
 ways:
@@ -76,6 +79,7 @@ torch's later work on that stream runs after the copy.
 """
 import copy
 import dataclasses
+import sys
 import warnings
 import weakref
 
@@ -93,7 +97,11 @@ _running = []  # units whose forward is running now, innermost last (all models)
 # Scopes a unit opened because it ran outside any root forward: (unit,
 # len(_running) before it ran), innermost last.
 _opened = []
-_step = {"open": False}  # the coordinator's step is one per context, whichever model began it
+# The coordinator's step is one per context, whichever model began it.
+# "scopes": forwards (roots' and opened scopes) running in it now;
+# "inference": it began under no_grad and no forward with gradients ran in
+# it since, so the forward that began it ends it (see _scope_ends).
+_step = {"open": False, "scopes": 0, "inference": False}
 _ran = []  # HookEngines whose model ran a forward since the last optimizer step
 
 
@@ -172,7 +180,7 @@ def _weakly(method):
 
 def forget_step():
     """The context is gone: no step is open, no forward runs."""
-    _step["open"] = False
+    _step.update(open=False, scopes=0, inference=False)
     _running.clear()
     step_done()
 
@@ -355,6 +363,7 @@ def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         engine.begin_step()
+        _step["scopes"] += 1
         if engine.units_to_check:
             engine.hook_kept_units_only_when_needed()
     saved.push(by_reference=engine is None or engine.saves_by_reference)
@@ -365,6 +374,38 @@ def _root_post_forward(module, inputs, output):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         _sweep_when_backward_ends(engine, output)
+        _scope_ends(output)
+
+
+def _forward_raised(output):
+    """In a post-forward hook: whether the forward raised (torch runs
+    always_call hooks from its `except` clause, with no output)."""
+    return output is None and sys.exc_info()[1] is not None
+
+
+def _scope_ends(output):
+    """A root's forward, or a scope a unit opened, ended. A step that a
+    forward under no_grad began, with no forward with gradients in it
+    since, ends with its outermost forward: no backward or optimizer step
+    will end it (an evaluation loop, generate()), and without an end its
+    order would grow forward by forward and never be followed. A forward
+    that raised leaves it open (the step end is a collective): the next
+    forward under no_grad ends it."""
+    _step["scopes"] = max(0, _step["scopes"] - 1)
+    if _step["scopes"] == 0 and _step["open"] and _step["inference"] and not _forward_raised(output):
+        _end_inference_step()
+
+
+def _end_inference_step():
+    ctx = get_context()
+    for engine in _ran:
+        engine.release_held(ctx)
+    token, dropped = _params.dropped_token()
+    agreed = ctx.step_end(token)
+    _step["open"] = False
+    step_done()
+    _params.note_agreement(dropped, agreed)
+    _params.settle_dropped()  # a dropped model goes at a step end, trained or not
 
 
 def _sweep_when_backward_ends(engine, output):
@@ -384,12 +425,13 @@ def run_as_forward(model, fn, *args, **kwargs):
     validation_step, test_step and predict_step in it). Calls of `model`
     inside fn nest."""
     _root_pre_forward(model, args)
-    output = None
     try:
         output = fn(*args, **kwargs)
-        return output
-    finally:
-        _root_post_forward(model, args, output)
+    except BaseException:
+        _root_post_forward(model, args, None)  # in the except clause: _forward_raised sees it
+        raise
+    _root_post_forward(model, args, output)
+    return output
 
 
 def _other_saved_hooks():
@@ -406,6 +448,7 @@ def _open_scope(unit):
         return
     engine = unit.engine
     engine.begin_step()
+    _step["scopes"] += 1
     saved.push(by_reference=engine.saves_by_reference and not _other_saved_hooks())
     _opened.append((unit, len(_running)))
 
@@ -414,6 +457,7 @@ def _close_scope(output):
     unit, _ = _opened.pop()
     saved.pop()
     _sweep_when_backward_ends(unit.engine, output)
+    _scope_ends(output)
 
 
 def _unit_pre_forward(module, inputs):
@@ -655,7 +699,9 @@ class HookEngine:
             _running.clear()  # left by a forward that raised
             self.take_user_changes()
             get_context().step_begin()
-            _step["open"] = True
+            _step.update(open=True, scopes=0, inference=True)
+        if torch.is_grad_enabled():
+            _step["inference"] = False  # a backward may follow: the optimizer step ends it
 
     def hook_kept_units_only_when_needed(self):
         """Remove the forward hooks of kept units, put them back on the
@@ -787,6 +833,16 @@ class HookEngine:
         for call in list(self.frozen_calls):
             call.end()
         self._frozen_end_queued = False  # a backward that raised never ran its callback
+        self.release_held(ctx)
+        if _step["open"]:
+            token, dropped = _params.dropped_token()
+            agreed = ctx.step_end(token)
+            _step["open"] = False
+            _params.note_agreement(dropped, agreed)
+
+    def release_held(self, ctx):
+        """Release what units still hold at a step's end (what a backward
+        left gathered; a forward that raised)."""
         for unit in self.units:
             unit.pending.clear()
             unit.bwd_held = False
@@ -797,11 +853,6 @@ class HookEngine:
             if held:
                 ctx.coord_release(zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
-        if _step["open"]:
-            token, dropped = _params.dropped_token()
-            agreed = ctx.step_end(token)
-            _step["open"] = False
-            _params.note_agreement(dropped, agreed)
 
     def after_step(self):
         """The optimizer changed the shards: drop views of released copies.
