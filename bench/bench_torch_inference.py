@@ -7,7 +7,7 @@ model on every rank, no communication: the floor), in one run, each in its
 own zsrun launch so that peak RSS figures do not mix.
 
     .venv/bin/python bench/bench_torch_inference.py [--ranks 2] [--layers 8] [--width 512]
-        [--evals 20] [--new-tokens 32] [--package PATH] [--no-deepspeed]
+        [--evals 20] [--new-tokens 32] [--loop 1000] [--package PATH] [--no-deepspeed]
 
 Two phases per engine, both under torch.no_grad():
   eval      --evals forwards with labels (batch --batch x --seq tokens):
@@ -16,6 +16,12 @@ Two phases per engine, both under torch.no_grad():
             --prompt-token prompt: ms per generated token; rank 1 stops
             early (eos_token_id set to what it generates half-way), so the
             ranks stop at different lengths.
+  loop      (zeroshard only) --loop forwards of 50 nn.Linear(320, 320)
+            under no_grad, each weight over the persistence threshold (1e5
+            elements), so gathered every forward, and of 50 nn.Linear(64,
+            64), every param kept gathered: ms per forward, and RSS growth
+            from the first forward to the last (a step that never ended
+            kept every forward's order).
 zeroshard also reports its coordinator's counters (gathers on demand and
 ahead, steps, the recorded order's length). --package runs another
 checkout's bindings/python against the same library as "zeroshard
@@ -113,6 +119,21 @@ def worker(args):
         out["coord_end"] = coord()
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["rss_mib"] = _rss_mib()
+    if args.engine == "zeroshard" and args.loop > 0:
+        import zeroshard.torch as zt
+        for kind, width in (("gathered", 320), ("kept", 64)):
+            with zt.Init(config=ds_config):
+                stack = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(50)])
+            zt.partition_module(stack)
+            x = torch.randn(4, width)
+            with torch.no_grad():
+                stack(x)
+                rss0, t0 = _rss_mib(), time.perf_counter()
+                for _ in range(args.loop - 1):
+                    stack(x)
+                out[f"loop_{kind}_ms"] = (time.perf_counter() - t0) / max(1, args.loop - 1) * 1e3
+            out[f"loop_{kind}_rss_growth_mib"] = _rss_mib() - rss0
+            del stack
     with open(os.environ["ZS_BENCH_OUT"] + f".{rank}", "w") as f:
         json.dump(out, f)
     if args.engine == "zeroshard":
@@ -159,6 +180,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--loop", type=int, default=1000)
     ap.add_argument("--package", default=None, help="another checkout's bindings/python, run as 'zeroshard (before)'")
     ap.add_argument("--no-deepspeed", action="store_true")
     args = ap.parse_args()
@@ -203,6 +225,10 @@ def main():
             c, e = r0["coord_end"], r0["coord_after_eval"]
             row["coord"] = {k: c[k] for k in ("steps", "demand_fetches", "prefetches", "trace_length")}
             row["coord_after_eval"] = {k: e[k] for k in ("steps", "demand_fetches", "prefetches", "trace_length")}
+        for kind in ("gathered", "kept"):
+            if f"loop_{kind}_ms" in r0:
+                row[f"loop_{kind}_ms"] = max(r[f"loop_{kind}_ms"] for r in rows)
+                row[f"loop_{kind}_rss_growth_mib"] = [r[f"loop_{kind}_rss_growth_mib"] for r in rows]
         summary[name] = row
         coord = row.get("coord_after_eval")
         print(f"{name:19s} eval {row['eval_ms']:8.1f} ms/forward | generate {row['generate_ms_per_token']:7.1f} "
@@ -210,7 +236,10 @@ def main():
               f"{'equal' if row['tokens_equal_plain'] else 'DIFFER from'} plain torch's, lengths "
               f"{row['early_stop_lengths']}"
               + (f" | after eval: {coord['steps']} steps, {coord['demand_fetches']} gathers on demand, "
-                 f"{coord['prefetches']} ahead, order {coord['trace_length']} units" if coord else ""), flush=True)
+                 f"{coord['prefetches']} ahead, order {coord['trace_length']} units" if coord else "")
+              + "".join(f" | {args.loop} forwards, {kind}: {row[f'loop_{kind}_ms']:.2f} ms each, RSS "
+                        f"{' '.join(f'{x:+.1f}' for x in row[f'loop_{kind}_rss_growth_mib'])} MiB"
+                        for kind in ("gathered", "kept") if f"loop_{kind}_ms" in row), flush=True)
     ratios = {}
     for name in summary:
         if name == "zeroshard":

@@ -40,7 +40,8 @@ ZS_API zs_status zs_step_end(zs_context h) {
 ZS_API zs_status zs_step_end_agree(zs_context h, uint64_t token, int* same) {
   return with_coordinator(h, [&](Context&, Coordinator& c) {
     if (same == nullptr) fail(Code::InvalidArgument, "same: NULL (where the agreement goes)");
-    *same = c.step_end(token) ? 1 : 0;
+    const std::optional<bool> agreed = c.step_end(token);
+    *same = agreed ? (*agreed ? 1 : 0) : -1;
   });
 }
 

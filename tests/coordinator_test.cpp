@@ -417,6 +417,48 @@ TEST(Coordinator, KeptUnitsAreNoEventsAndStayGatheredAcrossSteps) {
   });
 }
 
+// A quiet step (every unit kept: no fetch recorded, nothing gathered) runs
+// no collective at its end: in a model of small params, whose units are all
+// kept, that would be the only collective of an inference forward. Every
+// 64th quiet step in a row still compares the trainer's token; the others
+// say they compared nothing (-1), alike on every rank, whatever the tokens.
+TEST(Coordinator, QuietStepsEndWithoutACollectiveButEverySixtyFourth) {
+  run_ranks(3, [](const RankEnv& env) {
+    const std::string cfg = config(20000, 1000000000, 100000, 0);  // everything persists
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    train_step(ctx, m);  // gathers: compared
+    const auto allreduce_bytes = [&] {
+      zs_fetch_stats f = ZS_FETCH_STATS_INIT;
+      EXPECT_EQ(zs_context_fetch_stats(ctx, &f), ZS_OK) << zs_last_error();
+      return f.allreduce_bytes_sent;
+    };
+    constexpr uint64_t kEvery = zs::Coordinator::kCompareQuietSteps;
+    for (uint64_t step = 1; step <= 2 * kEvery; ++step) {
+      const uint64_t before = allreduce_bytes();
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);  // kept: no event
+      // One rank's token differs on the compared steps of the second round.
+      const uint64_t token = step > kEvery && env.rank == 1 ? 9 : 5;
+      int same = 7;
+      ZS_ASSERT_OK(zs_step_end_agree(ctx, token, &same));
+      const bool compared = step % kEvery == 0;
+      ASSERT_EQ(same, compared ? (step > kEvery ? 0 : 1) : -1) << "quiet step " << step;
+      ASSERT_EQ(allreduce_bytes() > before, compared) << "quiet step " << step;
+    }
+    // A step that gathers (a model not gathered yet) is compared at once.
+    const Model fresh = build(ctx);
+    ZS_ASSERT_OK(zs_step_begin(ctx));
+    use_layer(ctx, m, 0);
+    use_layer(ctx, fresh, 0);
+    int same = 7;
+    ZS_ASSERT_OK(zs_step_end_agree(ctx, 5, &same));
+    EXPECT_EQ(same, 1);
+    zs_context_destroy(ctx);
+  });
+}
+
 // zs_step_end_agree: the step's one agreement collective also compares
 // the trainer's token; every rank learns the same answer, and the trace
 // is as zs_step_end leaves it.

@@ -97,6 +97,7 @@ void Coordinator::step_begin() {
   in_step_ = true;
   current_.clear();
   step_units_ = 0;
+  step_gathered_ = false;
   pos_ = 0;
   prefetched_upto_ = 0;
   following_ = false;
@@ -159,6 +160,7 @@ void Coordinator::prefetch_ahead() {
   }
   if (!missing.empty()) {
     fetch_params(ctx_, missing);
+    step_gathered_ = true;
     ++stats_.prefetches;
     adopt(missing);
   }
@@ -212,6 +214,7 @@ void Coordinator::fetch(const ParamList& params) {
   }
   if (!missing.empty()) {
     fetch_params(ctx_, missing);
+    step_gathered_ = true;
     ++stats_.demand_fetches;
     gathered = true;
     adopt(missing);
@@ -370,7 +373,7 @@ void Coordinator::drop_all(const std::set<const Param*>& keep) {
   }
 }
 
-bool Coordinator::step_end(uint64_t token) {
+std::optional<bool> Coordinator::step_end(uint64_t token) {
   const Entry entry(*this);
   if (!in_step_) fail(Code::InvalidState, "step_end: no step has begun");
   in_step_ = false;
@@ -381,6 +384,18 @@ bool Coordinator::step_end(uint64_t token) {
   for (const auto& [raw, p] : live_) live.push_back(raw);
   for (Param* p : live) release_one_param(*p);
 
+  // A quiet step (no unit recorded, no gather: every unit kept, as in a
+  // model of small params, or no fetch at all) left the order and the kept
+  // list as the last comparison found them, alike on every rank: its end
+  // runs no collective, which would be a forward's only one in such a
+  // model's inference. Every kCompareQuietSteps-th quiet step in a row
+  // still compares, for the trainer's token.
+  if (step_units_ == 0 && !step_gathered_ && ++quiet_steps_ % kCompareQuietSteps != 0) {
+    last_order_ = 0;
+    stats_.trace_length = 0;
+    return std::nullopt;
+  }
+  quiet_steps_ = 0;
   // Every rank must agree on the order, and on the kept params that the
   // next optimizer step gathers again: compared in one collective.
   // A step too long to record compares its length.

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -63,8 +64,11 @@ class Coordinator : public ParamKeeper {
   void step_begin();
   // Collective over the world. `token` rides along in the step's one
   // agreement collective; the result says whether every rank passed the
-  // same one (a trainer's own agreement at no collective of its own).
-  bool step_end(uint64_t token = 0);
+  // same one (a trainer's own agreement at no collective of its own). A
+  // quiet step (no unit recorded, nothing gathered) runs no collective but
+  // every kCompareQuietSteps-th in a row: nullopt when it ran none.
+  std::optional<bool> step_end(uint64_t token = 0);
+  static constexpr uint64_t kCompareQuietSteps = 64;
   // Blocks until every param of the unit (leaf groups expanded) is gathered.
   void fetch(const ParamList& params);
   void release(const ParamList& params);
@@ -135,6 +139,8 @@ class Coordinator : public ParamKeeper {
   const Order& followed() const { return orders_[followed_]; }
   std::vector<ParamList> current_;  // this step's order so far
   uint64_t step_units_ = 0;         // units this step fetched (current_ stops at kMaxStepUnits)
+  bool step_gathered_ = false;      // this step issued a gather
+  uint64_t quiet_steps_ = 0;        // quiet steps in a row (see step_end)
   bool following_ = false;  // this step matches the followed order so far
   size_t followed_ = 0;     // its index in orders_
   size_t pos_ = 0;          // next unit of it expected

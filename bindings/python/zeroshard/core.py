@@ -1394,13 +1394,14 @@ class Context:
 
     def step_end(self, token=None):
         """End the coordinator's step (collective). With `token` (a 64-bit
-        int), whether every rank passed the same token (zs_step_end_agree)."""
+        int), whether every rank passed the same token (zs_step_end_agree),
+        or None where a quiet step compared nothing."""
         if token is None:
             check(lib.zs_step_end(self._h))
             return None
         same = ffi.new("int*")
         check(lib.zs_step_end_agree(self._h, int(token) & 0xFFFFFFFFFFFFFFFF, same))
-        return bool(same[0])
+        return None if same[0] < 0 else bool(same[0])
 
     def coord_fetch(self, params):
         arr, n, _ = _param_array(params)

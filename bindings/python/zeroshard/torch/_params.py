@@ -178,6 +178,8 @@ def settle_dropped():
     if not _agreement:
         return
     indices, agreed = _agreement.pop()
+    if agreed is None:
+        return  # a quiet step compared nothing: a later step end will
     if agreed:
         for index in indices:
             _dropped.pop(index).close()
