@@ -403,6 +403,12 @@ def _end_inference_step():
     token, dropped = _params.dropped_token()
     agreed = ctx.step_end(token)
     _step["open"] = False
+    if agreed is not None:
+        # Not a quiet step: what it gathered may be kept now, so the next
+        # forward re-evaluates which units go without hooks (a training
+        # loop's optimizer step does so; an inference loop has none).
+        for engine in _ran:
+            engine.units_to_check = True
     step_done()
     _params.note_agreement(dropped, agreed)
     _params.settle_dropped()  # a dropped model goes at a step end, trained or not
