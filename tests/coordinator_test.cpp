@@ -231,11 +231,101 @@ TEST(Coordinator, ReuseDistanceKeepsATiedLayer) {
       const zs_coord_stats st = stats(ctx);
       if (reuse == 0) {
         EXPECT_EQ(st.kept_for_reuse, 0u);
+        EXPECT_EQ(st.live_elements, 0u);
       } else {
-        EXPECT_EQ(st.kept_for_reuse, 4u) << "weight and bias, in each step that follows the trace";
-        EXPECT_GE(st.reuse_hits, 2u);
+        // Weight and bias, between their two uses and from the step's end
+        // into the next step (no gradient was pushed: nothing rewrites
+        // them), in each step that follows the trace.
+        EXPECT_EQ(st.kept_for_reuse, 8u);
+        EXPECT_GE(st.reuse_hits, 3u);
+        EXPECT_EQ(st.live_elements, static_cast<uint64_t>(kRows * kCols + kRows)) << "layer 0, for the next step";
       }
-      EXPECT_EQ(st.live_elements, 0u);
+      zs_context_destroy(ctx);
+    });
+  }
+}
+
+// Forward only, a step each (inference: an evaluation loop, generate()):
+// nothing rewrites the params between steps, so those the next step uses
+// within max_reuse_distance stay gathered across the step end, up to
+// max_live_parameters; a step that pushed a gradient keeps nothing past
+// its end, and a param written between steps is read with its new values.
+void forward_step(zs_context ctx, const Model& m) {
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+  ZS_ASSERT_OK(zs_step_end(ctx));
+}
+
+TEST(Coordinator, ForwardStepsKeepWhatTheNextStepReusesWithinTheReuseDistance) {
+  constexpr uint64_t kLayerElements = kRows * kCols + kRows;
+  constexpr uint64_t kModel = kLayers * kLayerElements;
+  struct Case {
+    int64_t reuse, max_live;
+    uint64_t kept;  // elements gathered across a step end
+  };
+  // The model within the distance; half of it (every param's next use is
+  // the rest of the model away); within it but max_live of 3 layers.
+  for (const Case c : {Case{kModel, 1000000000, kModel}, Case{kModel / 2, 1000000000, 0},
+                       Case{kModel, 3 * kLayerElements, 3 * kLayerElements}}) {
+    run_ranks(3, [c](const RankEnv& env) {
+      const std::string cfg = config(2 * kLayerElements, c.max_live, 0, c.reuse);
+      zs_context ctx = zs::test::make_context(env, cfg.c_str());
+      ASSERT_NE(ctx, nullptr);
+      const Model m = build(ctx);
+      zs_memory_stats mem = ZS_MEMORY_STATS_INIT;
+      for (int s = 0; s < 2; ++s) forward_step(ctx, m);  // records, then follows
+      const zs_coord_stats before = stats(ctx);
+      EXPECT_EQ(before.live_elements, c.kept);
+      for (int s = 0; s < 4; ++s) forward_step(ctx, m);
+      const zs_coord_stats after = stats(ctx);
+      EXPECT_EQ(after.live_elements, c.kept) << "what stays gathered between steps";
+      ZS_ASSERT_OK(zs_context_memory(ctx, &mem));
+      EXPECT_GE(mem.gathered_bytes, 4 * c.kept);  // buffers hold the padding to 3 shards: 3 elements a layer
+      EXPECT_LE(mem.gathered_bytes, 4 * (c.kept + 3 * kLayers));
+      const uint64_t gathers = after.demand_fetches + after.prefetches - before.demand_fetches - before.prefetches;
+      if (c.kept == kModel) {
+        EXPECT_EQ(gathers, 0u) << "a step found the model gathered: no gather";
+        EXPECT_EQ(after.reuse_hits - before.reuse_hits, 4u * kLayers);
+      } else {
+        EXPECT_GT(gathers, 0u);
+        // The window, or the kept params (at most max_live), and the unit
+        // in use and the next, which are gathered whatever max_live says.
+        EXPECT_LE(after.peak_live_elements, std::max<uint64_t>(c.kept, 2 * kLayerElements) + 2 * kLayerElements)
+            << "reuse " << c.reuse << " max_live " << c.max_live;
+      }
+      EXPECT_EQ(after.trace_invalidations, 0u);
+
+      // Layer 3's weight written between steps (the same values on every
+      // rank, as torch's `param.data = t`): the next step reads them.
+      std::vector<float> fresh(kRows * kCols);
+      for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = -static_cast<float>(i);
+      ZS_ASSERT_OK(zs_param_write(m.weights[3], fresh.data(), fresh.size() * 4));
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kLayers; ++l) {
+        if (l != 3) {
+          use_layer(ctx, m, l);
+          continue;
+        }
+        ZS_ASSERT_OK(zs_coord_fetch(ctx, &m.weights[3], 1));
+        void* d = nullptr;
+        ZS_ASSERT_OK(zs_param_data(m.weights[3], &d));
+        for (size_t i = 0; i < fresh.size(); i += 7) ASSERT_EQ(static_cast<float*>(d)[i], fresh[i]);
+        ZS_ASSERT_OK(zs_coord_release(ctx, &m.weights[3], 1));
+      }
+      ZS_ASSERT_OK(zs_step_end(ctx));  // a new order (layer 3 fetched without its bias)
+      for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = expected(3, 0, i);
+      ZS_ASSERT_OK(zs_param_write(m.weights[3], fresh.data(), fresh.size() * 4));
+
+      // A step that pushes a gradient ends in an optimizer step: nothing
+      // stays gathered past its end.
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+      std::vector<float> grad(kRows, 1.0f);
+      ZS_ASSERT_OK(zs_grad_push(m.biases[kLayers - 1], grad.data(), ZS_FLOAT32, grad.size() * 4));
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      EXPECT_EQ(stats(ctx).live_elements, 0u);
+      ZS_ASSERT_OK(zs_context_memory(ctx, &mem));
+      EXPECT_EQ(mem.gathered_bytes, 0u);
       zs_context_destroy(ctx);
     });
   }
@@ -266,12 +356,6 @@ TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
     EXPECT_EQ(s.trace_invalidations, 1u);
     zs_context_destroy(ctx);
   });
-}
-
-void forward_step(zs_context ctx, const Model& m) {
-  ZS_ASSERT_OK(zs_step_begin(ctx));
-  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
-  ZS_ASSERT_OK(zs_step_end(ctx));
 }
 
 // A trainer whose steps take turns between kinds: a reference model's

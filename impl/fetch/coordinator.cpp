@@ -98,6 +98,7 @@ void Coordinator::step_begin() {
   current_.clear();
   step_units_ = 0;
   step_gathered_ = false;
+  step_trained_ = false;
   pos_ = 0;
   prefetched_upto_ = 0;
   following_ = false;
@@ -112,6 +113,41 @@ void Coordinator::step_begin() {
       followed_ = i;
     }
   if (following_) prefetch_ahead();
+}
+
+const Coordinator::Order& Coordinator::after(const Order& o) const {
+  for (const auto& other : orders_)
+    if (other.id == o.next_id) return other;
+  return o;
+}
+
+bool Coordinator::reused_next_step(const Param& p, uint64_t spent) const {
+  const auto reuse = static_cast<uint64_t>(ctx_.config().max_reuse_distance);
+  if (step_trained_) return false;
+  const Order& next = after(followed());
+  for (size_t k = 0; k < next.units.size() && spent + next.prefix[k] < reuse; ++k)
+    for (const auto& q : next.units[k])
+      if (q.get() == &p) return true;
+  return false;
+}
+
+std::set<const Param*> Coordinator::kept_for_next_step() const {
+  const auto reuse = static_cast<uint64_t>(ctx_.config().max_reuse_distance);
+  const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
+  std::set<const Param*> keep;
+  if (orders_.empty()) return keep;
+  // In the next step's order, not live_'s (addresses differ between
+  // ranks), so every rank keeps the same params.
+  const Order& next = after(orders_.front());
+  uint64_t held = 0;
+  for (size_t k = 0; k < next.units.size() && next.prefix[k] < reuse; ++k)
+    for (const auto& p : next.units[k]) {
+      if (!live_.count(p.get()) || keep.count(p.get())) continue;
+      if (held + p->layout.numel > max_live) return keep;
+      held += p->layout.numel;
+      keep.insert(p.get());
+    }
+  return keep;
 }
 
 size_t Coordinator::next_use(const Param& p) const {
@@ -279,7 +315,9 @@ void Coordinator::release_one_param(Param& p) {
 
 void Coordinator::release(const ParamList& params) {
   const Entry entry(*this);
-  for (const auto& p : expand(params)) {
+  const ParamList unit = expand(params);
+  for (const auto& p : unit) step_trained_ = step_trained_ || p->grad_pushed;
+  for (const auto& p : unit) {
     if (kept_.count(p.get())) continue;  // persistent for the step
     if (!live_.count(p.get())) {
       settle(ctx_, *p);
@@ -293,8 +331,11 @@ void Coordinator::release(const ParamList& params) {
       // Units up to prefetched_upto_ count on their params being gathered.
       if (next < prefetched_upto_) continue;
       const auto& prefix = followed().prefix;
-      if (next < followed().units.size() &&
-          prefix[next] - prefix[pos_] < static_cast<uint64_t>(ctx_.config().max_reuse_distance)) {
+      const bool reused = next < followed().units.size()
+                              ? prefix[next] - prefix[pos_] < static_cast<uint64_t>(ctx_.config().max_reuse_distance)
+                              : stats_.live_elements <= static_cast<uint64_t>(ctx_.config().max_live_parameters) &&
+                                    reused_next_step(*p, prefix.back() - prefix[pos_]);
+      if (reused) {
         ++stats_.kept_for_reuse;
         continue;
       }
@@ -379,10 +420,14 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
   in_step_ = false;
   ++stats_.steps;
   // Prefetched units the step never used, and params kept for a reuse that
-  // never came, go back now.
-  std::vector<Param*> live;
-  for (const auto& [raw, p] : live_) live.push_back(raw);
-  for (Param* p : live) release_one_param(*p);
+  // never came, go back now; those the next step uses within
+  // max_reuse_distance stay after a step that pushed no gradient.
+  const auto release_live = [&](const std::set<const Param*>& keep) {
+    std::vector<Param*> live;
+    for (const auto& [raw, p] : live_)
+      if (!keep.count(raw)) live.push_back(raw);
+    for (Param* p : live) release_one_param(*p);
+  };
 
   // A quiet step (no unit recorded, no gather: every unit kept, as in a
   // model of small params, or no fetch at all) left the order and the kept
@@ -391,6 +436,7 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
   // model's inference. Every kCompareQuietSteps-th quiet step in a row
   // still compares, for the trainer's token.
   if (step_units_ == 0 && !step_gathered_ && ++quiet_steps_ % kCompareQuietSteps != 0) {
+    release_live({});
     last_order_ = 0;
     stats_.trace_length = 0;
     return std::nullopt;
@@ -403,6 +449,12 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
   const ParamList kept = kept_in_order();
   const std::vector<bool> agree = every_rank_agrees(ctx_, {order_hash, hash_order({kept}), token});
   agreed_kept_ = agree[1] ? kept : ParamList{};  // else nothing stays gathered across the step
+  // Gradients pushed (by a release's unit, or any param the step fetched,
+  // such as kept units' swept at the backward's end): an optimizer step
+  // follows.
+  for (const auto& unit : current_)
+    for (const auto& p : unit) step_trained_ = step_trained_ || p->grad_pushed;
+  std::set<const Param*> keep;
   if (!agree[0]) {
     invalidate();  // ranks differ: record again next step, everywhere
   } else if (current_.empty()) {
@@ -411,7 +463,9 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
     stats_.trace_length = 0;
   } else {
     note_order();
+    if (!step_trained_) keep = kept_for_next_step();
   }
+  release_live(keep);
   current_.clear();
   return agree[2];
 }

@@ -17,7 +17,12 @@
 // are all kept and gathered is no event at all: it is not recorded, so a
 // trainer may skip fetching it (zeroshard.torch drops such modules' hooks)
 // and the order stays the same. A param used again within
-// max_reuse_distance elements of the order is not released in between.
+// max_reuse_distance elements of the order is not released in between,
+// also across a step end when no gradient was pushed since the optimizer
+// step (inference: a generate() loop's forwards, each a step, find the
+// params of a model within the distance still gathered); a step that
+// pushed gradients ends in an optimizer step that rewrites the shards, so
+// nothing stays gathered past its end.
 // Prefetching gathers everything the window adds in one collective. A step
 // whose order differs between ranks drops every kept order on every rank.
 // A param unregistered (zs_param_destroy) leaves every list here, and the
@@ -120,6 +125,14 @@ class Coordinator : public ParamKeeper {
   // Index of the next unit of the followed order (from pos_) that uses p,
   // or its size.
   size_t next_use(const Param& p) const;
+  // Whether the step expected next uses p before `spent` elements (what
+  // is left of this step) and those of its units before p's reach
+  // max_reuse_distance. Never after a step that pushed gradients.
+  bool reused_next_step(const Param& p, uint64_t spent) const;
+  // The live params the step expected next uses within max_reuse_distance
+  // elements of its start, taken in its order while they fit in
+  // max_live_parameters: what a step end keeps gathered.
+  std::set<const Param*> kept_for_next_step() const;
 
   Context& ctx_;
   bool in_step_ = false;
@@ -134,12 +147,16 @@ class Coordinator : public ParamKeeper {
   // model's forward): more is rare, and each costs its params' references.
   static constexpr size_t kMaxOrders = 4;
   std::vector<Order> orders_;  // most recently used first
+  // The order expected to follow `o`: the one that came after it last
+  // time, else `o` itself (a loop of one kind of step).
+  const Order& after(const Order& o) const;
   uint64_t orders_made_ = 0;
   uint64_t last_order_ = 0;  // id of the order the last step took (0: none)
   const Order& followed() const { return orders_[followed_]; }
   std::vector<ParamList> current_;  // this step's order so far
   uint64_t step_units_ = 0;         // units this step fetched (current_ stops at kMaxStepUnits)
   bool step_gathered_ = false;      // this step issued a gather
+  bool step_trained_ = false;       // a param released this step had a gradient pushed
   uint64_t quiet_steps_ = 0;        // quiet steps in a row (see step_end)
   bool following_ = false;  // this step matches the followed order so far
   size_t followed_ = 0;     // its index in orders_
