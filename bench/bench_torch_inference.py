@@ -23,7 +23,10 @@ Two phases per engine, both under torch.no_grad():
             from the first forward to the last (a step that never ended
             kept every forward's order).
 zeroshard also reports its coordinator's counters (gathers on demand and
-ahead, steps, the recorded order's length). --package runs another
+ahead, steps, the recorded order's length). "zeroshard, reuse 0" runs it
+again with stage3_max_reuse_distance 0: nothing stays gathered from one
+forward to the next (the default, 5e7 elements, keeps a model of up to
+that size gathered across forward-only steps). --package runs another
 checkout's bindings/python against the same library as "zeroshard
 (before)": a before/after comparison. Greedy tokens must equal plain
 torch's on every engine (printed). The last line is one JSON object.
@@ -58,6 +61,8 @@ def worker(args):
                         n_embd=args.width, n_layer=args.layers, n_head=args.heads)
     ds_config = {"train_micro_batch_size_per_gpu": args.batch, "zero_optimization": {"stage": 3},
                  "steps_per_print": 10 ** 9}
+    if args.max_reuse_distance is not None:
+        ds_config["zero_optimization"]["stage3_max_reuse_distance"] = args.max_reuse_distance
     coord = None
     if args.engine == "deepspeed":
         import deepspeed
@@ -142,7 +147,7 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def launch(args, engine, package, tmp):
+def launch(args, engine, package, tmp, extra=()):
     env = dict(os.environ, ZS_BENCH_OUT=os.path.join(tmp, engine.replace(" ", "_")))
     env["PYTHONPATH"] = package + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
@@ -152,7 +157,7 @@ def launch(args, engine, package, tmp):
         env["DS_ACCELERATOR"] = "cpu"
     passed = [a for a in sys.argv[1:] if a not in ("--no-deepspeed",)]
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
-           str(Path(__file__).resolve()), *passed, "--worker", "--engine", engine.split()[0]]
+           str(Path(__file__).resolve()), *passed, *extra, "--worker", "--engine", engine.split()[0].rstrip(",")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     rows = []
     for r in range(args.ranks):
@@ -183,6 +188,7 @@ def main():
     ap.add_argument("--loop", type=int, default=1000)
     ap.add_argument("--package", default=None, help="another checkout's bindings/python, run as 'zeroshard (before)'")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--max-reuse-distance", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -191,19 +197,19 @@ def main():
 
     import tempfile
     ours = str(REPO / "bindings" / "python")
-    engines = [("zeroshard", ours)]
+    engines = [("zeroshard", ours, ()), ("zeroshard, reuse 0", ours, ("--max-reuse-distance", "0"))]
     if args.package:
-        engines.append(("zeroshard (before)", args.package))
+        engines.append(("zeroshard (before)", args.package, ()))
     if not args.no_deepspeed:
-        engines.append(("deepspeed", ours))
-    engines.append(("plain", ours))
+        engines.append(("deepspeed", ours, ()))
+    engines.append(("plain", ours, ()))
     print(f"bench_torch_inference: GPT-2 of {args.layers} layers x {args.width}, vocab {args.vocab}, "
           f"{args.ranks} ranks, {os.environ.get('OMP_NUM_THREADS', max(1, (os.cpu_count() or 1) // args.ranks))} "
           f"thread(s) per rank, load average {os.getloadavg()[0]:.1f}", flush=True)
     results, skipped = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, package in engines:
-            rows, why = launch(args, name, package, tmp)
+        for name, package, extra in engines:
+            rows, why = launch(args, name, package, tmp, extra)
             if rows is None:
                 if name != "deepspeed":
                     sys.exit(f"bench_torch_inference: {name} failed: {why}")
