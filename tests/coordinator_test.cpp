@@ -75,6 +75,13 @@ zs_coord_stats stats(zs_context ctx) {
   return s;
 }
 
+// Bytes this rank sent in all-reduces: the step end's agreement among them.
+uint64_t allreduce_bytes(zs_context ctx) {
+  zs_fetch_stats f = ZS_FETCH_STATS_INIT;
+  EXPECT_EQ(zs_context_fetch_stats(ctx, &f), ZS_OK) << zs_last_error();
+  return f.allreduce_bytes_sent;
+}
+
 std::string config(int64_t prefetch, int64_t max_live, int64_t persistence, int64_t reuse) {
   return "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": " + std::to_string(prefetch) +
          ", \"stage3_max_live_parameters\": " + std::to_string(max_live) +
@@ -276,8 +283,12 @@ TEST(Coordinator, ForwardStepsKeepWhatTheNextStepReusesWithinTheReuseDistance) {
       for (int s = 0; s < 2; ++s) forward_step(ctx, m);  // records, then follows
       const zs_coord_stats before = stats(ctx);
       EXPECT_EQ(before.live_elements, c.kept);
+      const uint64_t reduced = allreduce_bytes(ctx);
       for (int s = 0; s < 4; ++s) forward_step(ctx, m);
       const zs_coord_stats after = stats(ctx);
+      // A step that ran on what the last one kept changed nothing: its end
+      // compares nothing (a step that gathered compares).
+      EXPECT_EQ(allreduce_bytes(ctx) == reduced, c.kept == kModel) << "reuse " << c.reuse << " max_live " << c.max_live;
       EXPECT_EQ(after.live_elements, c.kept) << "what stays gathered between steps";
       ZS_ASSERT_OK(zs_context_memory(ctx, &mem));
       EXPECT_GE(mem.gathered_bytes, 4 * c.kept);  // buffers hold the padding to 3 shards: 3 elements a layer
@@ -294,6 +305,21 @@ TEST(Coordinator, ForwardStepsKeepWhatTheNextStepReusesWithinTheReuseDistance) {
             << "reuse " << c.reuse << " max_live " << c.max_live;
       }
       EXPECT_EQ(after.trace_invalidations, 0u);
+      if (c.kept == kModel) {
+        // Rank 1 stops half-way (a generate() that reached its end token
+        // first): no rank changed anything, none compares, and the next
+        // step still gathers nothing.
+        ZS_ASSERT_OK(zs_step_begin(ctx));
+        for (int l = 0; l < (env.rank == 1 ? kLayers / 2 : kLayers); ++l) use_layer(ctx, m, l);
+        int same = 7;
+        ZS_ASSERT_OK(zs_step_end_agree(ctx, 0, &same));
+        EXPECT_EQ(same, -1);
+        forward_step(ctx, m);
+        const zs_coord_stats later = stats(ctx);
+        EXPECT_EQ(later.demand_fetches + later.prefetches, after.demand_fetches + after.prefetches);
+        EXPECT_EQ(later.live_elements, uint64_t{kModel});
+        EXPECT_EQ(allreduce_bytes(ctx), reduced);
+      }
 
       // Layer 3's weight written between steps (the same values on every
       // rank, as torch's `param.data = t`): the next step reads them.
@@ -513,14 +539,9 @@ TEST(Coordinator, QuietStepsEndWithoutACollectiveButEverySixtyFourth) {
     ASSERT_NE(ctx, nullptr);
     const Model m = build(ctx);
     train_step(ctx, m);  // gathers: compared
-    const auto allreduce_bytes = [&] {
-      zs_fetch_stats f = ZS_FETCH_STATS_INIT;
-      EXPECT_EQ(zs_context_fetch_stats(ctx, &f), ZS_OK) << zs_last_error();
-      return f.allreduce_bytes_sent;
-    };
     constexpr uint64_t kEvery = zs::Coordinator::kCompareQuietSteps;
     for (uint64_t step = 1; step <= 2 * kEvery; ++step) {
-      const uint64_t before = allreduce_bytes();
+      const uint64_t before = allreduce_bytes(ctx);
       ZS_ASSERT_OK(zs_step_begin(ctx));
       for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);  // kept: no event
       // One rank's token differs on the compared steps of the second round.
@@ -529,7 +550,7 @@ TEST(Coordinator, QuietStepsEndWithoutACollectiveButEverySixtyFourth) {
       ZS_ASSERT_OK(zs_step_end_agree(ctx, token, &same));
       const bool compared = step % kEvery == 0;
       ASSERT_EQ(same, compared ? (step > kEvery ? 0 : 1) : -1) << "quiet step " << step;
-      ASSERT_EQ(allreduce_bytes() > before, compared) << "quiet step " << step;
+      ASSERT_EQ(allreduce_bytes(ctx) > before, compared) << "quiet step " << step;
     }
     // A step that gathers (a model not gathered yet) is compared at once.
     const Model fresh = build(ctx);

@@ -99,6 +99,7 @@ void Coordinator::step_begin() {
   step_units_ = 0;
   step_gathered_ = false;
   step_trained_ = false;
+  step_released_ = false;
   pos_ = 0;
   prefetched_upto_ = 0;
   following_ = false;
@@ -311,6 +312,7 @@ void Coordinator::release_one_param(Param& p) {
   stats_.live_elements -= p.layout.numel;
   fresh_.erase(&p);
   live_.erase(it);
+  step_released_ = step_released_ || in_step_;
 }
 
 void Coordinator::release(const ParamList& params) {
@@ -429,16 +431,29 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
     for (Param* p : live) release_one_param(*p);
   };
 
-  // A quiet step (no unit recorded, no gather: every unit kept, as in a
-  // model of small params, or no fetch at all) left the order and the kept
-  // list as the last comparison found them, alike on every rank: its end
-  // runs no collective, which would be a forward's only one in such a
-  // model's inference. Every kCompareQuietSteps-th quiet step in a row
-  // still compares, for the trainer's token.
-  if (step_units_ == 0 && !step_gathered_ && ++quiet_steps_ % kCompareQuietSteps != 0) {
-    release_live({});
-    last_order_ = 0;
-    stats_.trace_length = 0;
+  // Gradients pushed (by a release's unit, or any param the step fetched,
+  // such as kept units' swept at the backward's end): an optimizer step
+  // follows.
+  for (const auto& unit : current_)
+    for (const auto& p : unit) step_trained_ = step_trained_ || p->grad_pushed;
+  // A quiet step left the orders and the kept and live params as the last
+  // comparison found them, alike on every rank, so its end runs no
+  // collective (which would be a forward's only one): one that recorded no
+  // unit and gathered nothing (every unit kept, as in a model of small
+  // params, or no fetch at all), or one that ran on what the last step kept
+  // gathered (nothing gathered or released, no gradient pushed: a
+  // generate() token of a model within max_reuse_distance). It learns no
+  // order. Every kCompareQuietSteps-th quiet step in a row still compares,
+  // for the trainer's token.
+  const bool nothing_recorded = step_units_ == 0 && !step_gathered_;
+  const bool nothing_changed = !step_gathered_ && !step_released_ && !step_trained_;
+  if ((nothing_recorded || nothing_changed) && ++quiet_steps_ % kCompareQuietSteps != 0) {
+    if (nothing_recorded) {
+      release_live({});
+      last_order_ = 0;
+      stats_.trace_length = 0;
+    }
+    current_.clear();
     return std::nullopt;
   }
   quiet_steps_ = 0;
@@ -449,11 +464,6 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
   const ParamList kept = kept_in_order();
   const std::vector<bool> agree = every_rank_agrees(ctx_, {order_hash, hash_order({kept}), token});
   agreed_kept_ = agree[1] ? kept : ParamList{};  // else nothing stays gathered across the step
-  // Gradients pushed (by a release's unit, or any param the step fetched,
-  // such as kept units' swept at the backward's end): an optimizer step
-  // follows.
-  for (const auto& unit : current_)
-    for (const auto& p : unit) step_trained_ = step_trained_ || p->grad_pushed;
   std::set<const Param*> keep;
   if (!agree[0]) {
     invalidate();  // ranks differ: record again next step, everywhere

@@ -70,8 +70,9 @@ class Coordinator : public ParamKeeper {
   // Collective over the world. `token` rides along in the step's one
   // agreement collective; the result says whether every rank passed the
   // same one (a trainer's own agreement at no collective of its own). A
-  // quiet step (no unit recorded, nothing gathered) runs no collective but
-  // every kCompareQuietSteps-th in a row: nullopt when it ran none.
+  // quiet step (nothing gathered, and no unit recorded or nothing released
+  // and no gradient pushed) runs no collective but every
+  // kCompareQuietSteps-th in a row: nullopt when it ran none.
   std::optional<bool> step_end(uint64_t token = 0);
   static constexpr uint64_t kCompareQuietSteps = 64;
   // Blocks until every param of the unit (leaf groups expanded) is gathered.
@@ -157,6 +158,7 @@ class Coordinator : public ParamKeeper {
   uint64_t step_units_ = 0;         // units this step fetched (current_ stops at kMaxStepUnits)
   bool step_gathered_ = false;      // this step issued a gather
   bool step_trained_ = false;       // a param released this step had a gradient pushed
+  bool step_released_ = false;      // this step released a live param
   uint64_t quiet_steps_ = 0;        // quiet steps in a row (see step_end)
   bool following_ = false;  // this step matches the followed order so far
   size_t followed_ = 0;     // its index in orders_
