@@ -13,9 +13,12 @@ Two phases per engine, both under torch.no_grad():
   eval      --evals forwards with labels (batch --batch x --seq tokens):
             median ms per forward after --warmup;
   generate  generate() with the KV cache, greedy, --new-tokens tokens from a
-            --prompt-token prompt: ms per generated token; rank 1 stops
-            early (eos_token_id set to what it generates half-way), so the
-            ranks stop at different lengths.
+            --prompt-token prompt: the slowest rank's generate() time over
+            the longest rank's tokens (the job's time per token); rank 1
+            stops early (eos_token_id set to what it generates half-way),
+            so the ranks stop at different lengths. A sharded rank that
+            stopped keeps running forwards with the others (synced_gpus),
+            so its own time over its own tokens would count them twice.
   loop      (zeroshard only) --loop forwards of 50 nn.Linear(320, 320)
             under no_grad, each weight over the persistence threshold (1e5
             elements), so gathered every forward, and of 50 nn.Linear(64,
@@ -118,7 +121,6 @@ def worker(args):
         elapsed = time.perf_counter() - t0
     out["generated"] = tokens[0, args.prompt_tokens:].tolist()
     out["full"] = full[0, args.prompt_tokens:].tolist()
-    out["generate_ms_per_token"] = elapsed / max(1, tokens.shape[1] - args.prompt_tokens) * 1e3
     out["generate_s"] = elapsed
     if coord is not None:
         out["coord_end"] = coord()
@@ -222,7 +224,8 @@ def main():
     for name, rows in results.items():
         r0 = rows[0]
         row = {"eval_ms": max(r["eval_ms"] for r in rows),
-               "generate_ms_per_token": max(r["generate_ms_per_token"] for r in rows),
+               "generate_ms_per_token": max(r["generate_s"] for r in rows) * 1e3
+                                        / max(1, max(len(r["generated"]) for r in rows)),
                "peak_rss_mib": [r["peak_rss_mib"] for r in rows],
                "tokens_equal_plain": all(r["full"] == plain["full"] for r in rows),
                "early_stop_lengths": [len(r["generated"]) for r in rows],
