@@ -917,15 +917,20 @@ ZS_API zs_status zs_load_safetensors(zs_context ctx, const zs_param* params, siz
  * that take turns between kinds (a reference model's forward, then the
  * policy's training step) each gather ahead. A step whose order differs on
  * any rank drops the kept orders on every rank and is recorded instead; a
- * step of more than 2^18 fetches is not recorded. zs_step_end is collective
- * over the world (a quiet step's: see zs_step_end_agree). */
+ * step of more than 2^18 fetches is not recorded. At the end of a step that
+ * pushed no gradient (an inference forward), what the next step uses within
+ * stage3_max_reuse_distance elements stays gathered, up to
+ * stage3_max_live_parameters. zs_step_end is collective over the world (a
+ * quiet step's: see zs_step_end_agree). */
 ZS_API zs_status zs_step_begin(zs_context ctx);
 ZS_API zs_status zs_step_end(zs_context ctx);
 /* zs_step_end, whose one collective also tells every rank whether all
  * passed the same `token` (*same = 1) or not (0): a trainer's own
- * agreement that costs no collective of its own. A quiet step (no fetch
- * recorded, nothing gathered: every unit's params kept gathered) runs no
- * collective at its end, except every 64th quiet step in a row; where it
+ * agreement that costs no collective of its own. A quiet step (nothing
+ * gathered, and either no fetch recorded, every unit's params kept
+ * gathered, or nothing released and no gradient pushed, running on what the
+ * last step kept) runs no collective at its end, except every 64th quiet
+ * step in a row; where it
  * ran none, *same = -1 (not compared, alike on every rank). zeroshard.torch passes
  * a hash of the params whose models this rank's garbage collector has
  * dropped, and destroys them once every rank has dropped the same ones
