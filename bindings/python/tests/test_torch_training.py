@@ -346,10 +346,11 @@ def test_dropped_models_give_their_shards_back_on_every_rank(ranks):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_forwards_under_no_grad_end_their_own_steps(ranks):
     """A forward under no_grad (or inference_mode) that begins the step ends
-    it: an evaluation loop with no optimizer gathers ahead from its second
-    forward on and its recorded order stays one forward long (before, the
-    step never ended: every gather was on demand, and the order grew by a
-    forward's units each time); a frozen reference model's no_grad forward
+    it: an evaluation loop with no optimizer gathers ahead at its second
+    forward, then nothing (the model stays gathered across its steps, whose
+    ends run no collective), and its recorded order stays one forward long
+    (before, the step never ended: every gather was on demand, and the
+    order grew by a forward's units each time); a frozen reference model's no_grad forward
     taking turns with the policy's training step gathers ahead in both and
     trains as DDP; a forward that raises leaves its step to the next
     forward; models dropped with no optimizer step anywhere give their
@@ -359,6 +360,11 @@ def test_forwards_under_no_grad_end_their_own_steps(ranks):
     assert ev["max_diff"] <= 1e-5, ev
     assert ev["steps"] == list(range(1, 13)), ev["steps"]
     assert len(set(ev["demand"][1:])) == 1, ("a later forward gathered on demand", ev["demand"])
+    # The model is within max_reuse_distance: what the second forward
+    # gathered stays for the third and later ones, whose steps change
+    # nothing and end without a collective.
+    assert len(set(ev["gathers"][1:])) == 1, ("a later forward gathered", ev["gathers"])
+    assert len(set(ev["allreduce"][1:])) == 1, ("a later step end compared", ev["allreduce"])
     assert len(set(ev["trace"])) == 1 and ev["trace"][0] > 0, ev["trace"]
     assert ev["inference_mode_demand"] == 0, ev
     assert r["raised"] and "index out of range" in r["raised"], r["raised"]

@@ -871,11 +871,13 @@ def mode_dropped_models(rank, world):
 
 def mode_inference_steps(rank, world):
     """Forwards under no_grad each end their own step: an evaluation loop
-    gathers ahead after its first forward and its order does not grow; a
-    reference model's no_grad forward taking turns with the policy's
-    training step gathers ahead in both and trains as DDP; a forward that
-    raised leaves its step to the next; a model dropped with no optimizer
-    step anywhere gives its shards back."""
+    gathers ahead after its first forward, keeps the model gathered across
+    steps after its second (within max_reuse_distance) with no collective
+    at a step end, and its order does not grow; a reference model's no_grad
+    forward taking turns with the policy's training step gathers ahead in
+    both and trains as DDP; a forward that raised leaves its step to the
+    next; a model dropped with no optimizer step anywhere gives its shards
+    back."""
     import gc
     cfg = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                  "stage3_prefetch_bucket_size": 2000, "reduce_bucket_size": 5000}}
@@ -896,9 +898,11 @@ def mode_inference_steps(rank, world):
             x, y = batch(100 + s, rank)
             loss = model(x, y)
             diffs.append(abs(loss.item() - plain(x, y).item()))
-            evals.append(ctx.coord_stats())
+            evals.append(dict(ctx.coord_stats(), allreduce=ctx.fetch_stats()["allreduce_bytes_sent"]))
     out["eval"] = {"max_diff": max(diffs), "steps": [c["steps"] - before["steps"] for c in evals],
-                   "demand": [c["demand_fetches"] for c in evals], "trace": [c["trace_length"] for c in evals]}
+                   "demand": [c["demand_fetches"] for c in evals], "trace": [c["trace_length"] for c in evals],
+                   "gathers": [c["demand_fetches"] + c["prefetches"] for c in evals],
+                   "allreduce": [c["allreduce"] for c in evals]}
     # inference_mode too (Lightning's evaluation loop).
     with torch.inference_mode():
         x, y = batch(200, rank)
