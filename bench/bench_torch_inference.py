@@ -149,8 +149,8 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def launch(args, engine, package, tmp, extra=()):
-    env = dict(os.environ, ZS_BENCH_OUT=os.path.join(tmp, engine.replace(" ", "_")))
+def launch(args, name, engine, package, tmp, extra=()):
+    env = dict(os.environ, ZS_BENCH_OUT=os.path.join(tmp, name.replace(" ", "_")))
     env["PYTHONPATH"] = package + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.ranks)))
@@ -159,7 +159,7 @@ def launch(args, engine, package, tmp, extra=()):
         env["DS_ACCELERATOR"] = "cpu"
     passed = [a for a in sys.argv[1:] if a not in ("--no-deepspeed",)]
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
-           str(Path(__file__).resolve()), *passed, *extra, "--worker", "--engine", engine.split()[0].rstrip(",")]
+           str(Path(__file__).resolve()), *passed, *extra, "--worker", "--engine", engine]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     rows = []
     for r in range(args.ranks):
@@ -199,19 +199,21 @@ def main():
 
     import tempfile
     ours = str(REPO / "bindings" / "python")
-    engines = [("zeroshard", ours, ()), ("zeroshard, reuse 0", ours, ("--max-reuse-distance", "0"))]
+    # (row name, --engine, bindings/python to import, extra worker arguments)
+    engines = [("zeroshard", "zeroshard", ours, ()),
+               ("zeroshard, reuse 0", "zeroshard", ours, ("--max-reuse-distance", "0"))]
     if args.package:
-        engines.append(("zeroshard (before)", args.package, ()))
+        engines.append(("zeroshard (before)", "zeroshard", args.package, ()))
     if not args.no_deepspeed:
-        engines.append(("deepspeed", ours, ()))
-    engines.append(("plain", ours, ()))
+        engines.append(("deepspeed", "deepspeed", ours, ()))
+    engines.append(("plain", "plain", ours, ()))
     print(f"bench_torch_inference: GPT-2 of {args.layers} layers x {args.width}, vocab {args.vocab}, "
           f"{args.ranks} ranks, {os.environ.get('OMP_NUM_THREADS', max(1, (os.cpu_count() or 1) // args.ranks))} "
           f"thread(s) per rank, load average {os.getloadavg()[0]:.1f}", flush=True)
     results, skipped = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, package, extra in engines:
-            rows, why = launch(args, name, package, tmp, extra)
+        for name, engine, package, extra in engines:
+            rows, why = launch(args, name, engine, package, tmp, extra)
             if rows is None:
                 if name != "deepspeed":
                     sys.exit(f"bench_torch_inference: {name} failed: {why}")

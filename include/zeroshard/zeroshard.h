@@ -930,8 +930,8 @@ ZS_API zs_status zs_step_end(zs_context ctx);
  * gathered, and either no fetch recorded, every unit's params kept
  * gathered, or nothing released and no gradient pushed, running on what the
  * last step kept) runs no collective at its end, except every 64th quiet
- * step in a row; where it
- * ran none, *same = -1 (not compared, alike on every rank). zeroshard.torch passes
+ * step in a row; where it ran none, *same = -1 (not compared, alike on
+ * every rank). zeroshard.torch passes
  * a hash of the params whose models this rank's garbage collector has
  * dropped, and destroys them once every rank has dropped the same ones
  * (collection times differ between ranks). */

@@ -350,11 +350,11 @@ def test_forwards_under_no_grad_end_their_own_steps(ranks):
     forward, then nothing (the model stays gathered across its steps, whose
     ends run no collective), and its recorded order stays one forward long
     (before, the step never ended: every gather was on demand, and the
-    order grew by a forward's units each time); a frozen reference model's no_grad forward
-    taking turns with the policy's training step gathers ahead in both and
-    trains as DDP; a forward that raises leaves its step to the next
-    forward; models dropped with no optimizer step anywhere give their
-    shards back."""
+    order grew by a forward's units each time); a frozen reference model's
+    no_grad forward taking turns with the policy's training step gathers
+    ahead in both and trains as DDP; a forward that raises leaves its step
+    to the next forward; models dropped with no optimizer step anywhere
+    give their shards back."""
     r = run_ranks(ranks, "inference_steps")
     ev = r["eval"]
     assert ev["max_diff"] <= 1e-5, ev
