@@ -222,6 +222,22 @@ _TORCH_TO_ZS = {torch.float32: zeroshard.FLOAT32, torch.bfloat16: zeroshard.BFLO
                 torch.float16: zeroshard.FLOAT16}
 
 
+def working_dtype(ctx=None):
+    """The dtype floating params are partitioned in under the context's
+    config: torch.bfloat16 with bf16.enabled, torch.float16 with
+    fp16.enabled, else None (each param keeps the dtype it was built in).
+    As under DeepSpeed, whose engine casts the model to the config's
+    16-bit dtype; the optimizer keeps fp32 masters of such params."""
+    ctx = ctx or get_context()
+    cached = getattr(ctx, "_zs_working_dtype", False)
+    if cached is False:
+        config = ctx.config
+        cached = (torch.bfloat16 if config.get("bf16", {}).get("enabled") else
+                  torch.float16 if config.get("fp16", {}).get("enabled") else None)
+        ctx._zs_working_dtype = cached
+    return cached
+
+
 def zs_dtype(dtype):
     try:
         return _TORCH_TO_ZS[dtype]

@@ -5,7 +5,7 @@ import types
 import torch
 
 from . import _context
-from ._context import default_device, get_context
+from ._context import default_device, get_context, working_dtype
 from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
 from .hooks import HookEngine
@@ -17,7 +17,10 @@ def _partition_own(module, dtype, config=None, device=None):
         if not is_partitioned(p):
             # The context is created (or checked) against where this param lives.
             ctx = get_context(config, device=device, like=p.data.device)
-            partition_param(p, name=f"{type(module).__name__}.{name}", dtype=dtype, ctx=ctx)
+            # bf16.enabled / fp16.enabled: floating params in that dtype
+            # unless the caller named one.
+            cast = dtype if dtype is not None or not p.is_floating_point() else working_dtype(ctx)
+            partition_param(p, name=f"{type(module).__name__}.{name}", dtype=cast, ctx=ctx)
     fetch_on_access(module)
     arm_state_dict(module)
 
