@@ -102,6 +102,10 @@ _opened = []
 # "inference": it began under no_grad and no forward with gradients ran in
 # it since, so the forward that began it ends it (see _scope_ends).
 _step = {"open": False, "scopes": 0, "inference": False}
+# fp16 loss scaling: the scale gradients must carry (1.0: none required;
+# set by ZeroShardOptimizer under fp16.enabled), and how many
+# ZeroShardOptimizer.backward calls are running (each scales its loss).
+_loss_scaling = {"scale": 1.0, "scaled_backwards": 0}
 _ran = []  # HookEngines whose model ran a forward since the last optimizer step
 
 
@@ -181,6 +185,7 @@ def _weakly(method):
 def forget_step():
     """The context is gone: no step is open, no forward runs."""
     _step.update(open=False, scopes=0, inference=False)
+    _loss_scaling.update(scale=1.0, scaled_backwards=0)
     _running.clear()
     step_done()
 
@@ -249,6 +254,20 @@ def _release(params, handles=None):
         all_done = handles is not None and len(done) == len(params)
         get_context().coord_release(handles if all_done else zparams(done))
         detach_views([p for p in done if not p.zs.persistent])
+
+
+def _check_scaled_backward():
+    """Under fp16 loss scaling, a gradient autograd produces now must come
+    from ZeroShardOptimizer.backward(loss), which scales the loss: the
+    engine divides every gradient by the scale, so an unscaled backward
+    would train with updates `scale` times too small, silently."""
+    scale = _loss_scaling["scale"]
+    if (scale != 1.0 and _loss_scaling["scaled_backwards"] == 0
+            and torch._C._current_graph_task_id() != -1):
+        raise RuntimeError(
+            f"zeroshard.torch: fp16.enabled scales the loss (loss scale now {scale:g}), so the backward must "
+            "be optimizer.backward(loss) (ZeroShardOptimizer.backward, as DeepSpeed's engine.backward), not "
+            "loss.backward(): the engine divides every gradient by the loss scale")
 
 
 def _take_grad(p):
@@ -659,6 +678,7 @@ class HookEngine:
     def sweep_grads(self):
         """Every swept param's gradient to the engine, one call per dtype."""
         self._sweep_queued = False
+        _check_scaled_backward()
         if self._batches is None:
             by_dtype = {}
             for p in self.swept:
@@ -778,6 +798,7 @@ class HookEngine:
 
     def _on_grad(self, p):
         """p's gradient is complete (for this backward): to the engine."""
+        _check_scaled_backward()
         grad = _take_grad(p)
         if grad is None:
             return

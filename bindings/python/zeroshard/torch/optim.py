@@ -1,8 +1,12 @@
 """A torch optimizer backed by the engine's sharded optimizer."""
+import logging
+
 import torch
 
 from . import hooks
-from ._context import get_context
+from ._context import get_context, working_dtype
+
+_log = logging.getLogger("zeroshard")
 from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimizer_state_view,
                       quantizes_frozen, registered_params, settle_dropped)
 
@@ -15,6 +19,18 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     step(), zero_grad(), state_dict() / load_state_dict(). The state itself
     is sharded: this rank's slice of masters and moments, as fp32 tensors
     on the context's device (CUDA tensors on a GPU context).
+
+    Mixed precision comes from the config, as under DeepSpeed: with
+    bf16.enabled (or fp16.enabled) the params are partitioned in that
+    dtype and this optimizer steps fp32 masters of them, writing the
+    16-bit working shards from the masters. Under fp16.enabled the engine's
+    dynamic loss scaler (loss_scale, initial_scale_power,
+    loss_scale_window, hysteresis, min_loss_scale) needs the loss scaled
+    before the backward: call `optimizer.backward(loss)` (DeepSpeed's
+    engine.backward), not `loss.backward()`, which raises under a scale
+    other than 1. A step whose gradients overflow (inf or NaN) is skipped,
+    logged on rank 0 (logger "zeroshard") and counted in
+    `skipped_steps`; `step_was_skipped` says whether the last one was.
     """
 
     def __init__(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
@@ -34,6 +50,31 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             freeze_untrainable(group["params"], quantize_frozen)
             self._engine.add_group([p.zs.zparam for p in group["params"]], **self._hparams(group))
         self.last_result = None
+        self.skipped_steps = 0
+        self._fp16 = working_dtype() is torch.float16
+        self.sync_loss_scale()
+
+    def sync_loss_scale(self):
+        """The engine's loss scale is what backward scales by and what the
+        gradient hooks require (after a step or a checkpoint load)."""
+        hooks._loss_scaling["scale"] = self._engine.loss_scale if self._fp16 else 1.0
+
+    def backward(self, loss, **kwargs):
+        """loss.backward(**kwargs), the loss first multiplied by the fp16
+        loss scale (1 outside fp16.enabled): DeepSpeed's engine.backward.
+        The engine divides the gradients by the same scale at the step."""
+        scale = self._engine.loss_scale if self._fp16 else 1.0
+        hooks._loss_scaling["scaled_backwards"] += 1
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(**kwargs)
+        finally:
+            hooks._loss_scaling["scaled_backwards"] -= 1
+
+    @property
+    def step_was_skipped(self):
+        """Whether the last step was skipped (gradient overflow under fp16,
+        or inf/NaN gradients): Accelerate's name for it."""
+        return bool(self.last_result and self.last_result["skipped"])
 
     @staticmethod
     def _hparams(group):
@@ -57,10 +98,21 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.last_result = self._engine.step()
         for e in engines:
             e.after_step()
+        attempted = hooks._loss_scaling["scale"]
+        self.sync_loss_scale()
+        if self.last_result["skipped"]:
+            self._note_skipped(attempted)
         hooks.step_done()
         del engines  # else they keep dropped models alive through the collector's run
         settle_dropped()
         return loss
+
+    def _note_skipped(self, attempted):
+        self.skipped_steps += 1
+        if get_context().rank == 0:
+            _log.warning("zeroshard: gradient overflow (inf or NaN): optimizer step skipped at loss scale %g, "
+                         "now %g (%d skipped so far)", attempted, self.last_result["loss_scale"],
+                         self.skipped_steps)
 
     def zero_grad(self, set_to_none=True):
         # Gradients live in the engine's shards, zeroed by every step.
@@ -138,6 +190,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 index += 1
         self._engine.steps = z["steps"]
         self._engine.sync_params()
+        self.sync_loss_scale()
         for e in _hook_engines():
             e.after_step()
 
