@@ -58,7 +58,8 @@ class Init:
         self.dtype = dtype
         self.device = device
         self.config = config if config is not None else config_dict_or_path
-        self._patched = []
+        self._patched = []  # (class, its own __init__, our wrapper of it)
+        self._active = False
         if module is not None and enabled:
             get_context(self.config, device=device, like=_where_built(module))
             for m in module.modules():
@@ -75,6 +76,7 @@ class Init:
                 or _context.device_configured(self.config) or not torch.cuda.is_available()):
             get_context(self.config, device=self.device, like=default_device())
         _context._pending.append((self.config, self.device))
+        self._active = True
         for cls in _all_module_classes():
             self._patch(cls)
         self._orig_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
@@ -97,8 +99,14 @@ class Init:
             del torch.nn.Module.__init_subclass__
         else:
             torch.nn.Module.__init_subclass__ = self._orig_init_subclass
-        for cls, orig in reversed(self._patched):
-            cls.__init__ = orig
+        self._active = False
+        for cls, orig, wrapped in reversed(self._patched):
+            # A class decorator that replaced __init__ after we patched it
+            # (transformers' use_experts_implementation, applied to a class
+            # first defined inside this block) keeps its replacement, which
+            # calls our wrapper: inactive now, that only calls the original.
+            if cls.__dict__.get("__init__") is wrapped:
+                cls.__init__ = orig
         self._patched.clear()
         if exc[0] is None and _context._context is None:
             # Nothing was partitioned: the context still gets this config.
@@ -110,9 +118,12 @@ class Init:
             return
         orig = cls.__dict__["__init__"]
         dtype, config, device = self.dtype, self.config, self.device
+        init = self
 
         @functools.wraps(orig)
         def wrapped(module, *args, **kwargs):
+            if not init._active:
+                return orig(module, *args, **kwargs)
             depth = module.__dict__.get("_zs_init_depth", 0)
             module.__dict__["_zs_init_depth"] = depth + 1
             _params.constructing.append([])  # partitioned params this constructor reads
@@ -125,7 +136,7 @@ class Init:
                 _partition_own(module, dtype, config, device)
 
         cls.__init__ = wrapped
-        self._patched.append((cls, orig))
+        self._patched.append((cls, orig, wrapped))
 
 
 def _where_built(module):
