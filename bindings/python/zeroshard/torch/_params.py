@@ -37,7 +37,7 @@ class ParamState:
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
                  "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen",
-                 "finalizer")
+                 "finalizer", "init_dtype")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -56,6 +56,7 @@ class ParamState:
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
         self.frozen = False  # frozen in the engine (freeze_untrainable): kept as quantized codes
         self.finalizer = None  # notes the zparam in _dropped when Python collects the Parameter
+        self.init_dtype = dtype  # what the module built it in (bf16.enabled casts it to dtype)
         self.device = device if device is not None else torch.device(zparam.device)
 
     def placeholder(self):
@@ -124,6 +125,7 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
                            "config); its values went with that context: build the model again, or load "
                            "its weights from a checkpoint into a new model")
     data = param.data
+    built = data.dtype
     ctx = ctx or get_context(like=data.device)
     if dtype is not None and data.dtype != dtype:
         data = data.to(dtype)
@@ -134,6 +136,7 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
                           data=(data.data_ptr(), data.numel() * data.element_size()), src_rank=src_rank)
     index = next(_indices)
     param.zs = ParamState(zparam, name, tuple(data.shape), data.dtype, index)
+    param.zs.init_dtype = built
     _registered[index] = param
     # The finalizer holds the zparam, so the shard outlives the Parameter
     # until settle_dropped; it runs inside the garbage collector, so it
@@ -339,6 +342,12 @@ def _touch_in_constructor(p):
     with get_context().fetch([p.zs.zparam]) as g:
         g.wait()
     attach_views([p])
+    if p.zs.init_dtype != p.zs.dtype:
+        # Cast by bf16.enabled / fp16.enabled: the constructor initialises
+        # it in the dtype it built it in, as in a model built unpartitioned
+        # and then cast (torch's trunc_normal_ in bf16 saturates erfinv and
+        # clamps values to its bounds); write_back rounds the result.
+        p.data = p.data.to(p.zs.init_dtype)
     frame.append(p)
     if sum(q.zs.zparam.numel for q in frame) > _TOUCH_CAP_ELEMENTS:
         write_back(frame[:-1])
@@ -350,6 +359,18 @@ def write_back(params):
     release them. Collective."""
     if not params:
         return
+    for p in params:
+        # `param.data = t` in the constructor (Hugging Face's init of ViT's
+        # position embeddings: trunc_normal_ of an fp32 copy, cast back):
+        # t's values into the gathered buffer, which the update reads.
+        if p.zs.attached and assigned(p):
+            t = p.data
+            if tuple(t.shape) != p.zs.shape:
+                raise ValueError(f"zeroshard.torch: {p.zs.name or 'a partitioned param'}: param.data was set "
+                                 f"to a tensor of shape {tuple(t.shape)} in a constructor, expected its full "
+                                 f"shape {p.zs.shape}")
+            _attach(p)
+            p.data.copy_(t)
     ctx = get_context()
     ctx.update(zparams(params), 0)
     ctx.release(zparams(params))
@@ -374,7 +395,10 @@ def _deepcopy_partitioned(param, memo):
     for k, v in param.__dict__.items():
         if k not in _NOT_COPIED:
             setattr(result, k, copy.deepcopy(v, memo))
-    partition_param(result, name=param.zs.name, ctx=get_context())
+    # In the param's own dtype: a constructor initialising it may hold it
+    # in the dtype it was built in (_touch_in_constructor).
+    partition_param(result, name=param.zs.name, dtype=param.zs.dtype, ctx=get_context())
+    result.zs.init_dtype = param.zs.init_dtype
     return result
 
 
