@@ -67,6 +67,29 @@ def test_trains_like_ddp(model, world):
     assert r["left_gathered"] == 0, "params left gathered after the step"
 
 
+# Under bf16.enabled: every model of the zoo but "mixed" (whose dtypes are
+# the point) and the persistent twins.
+BF16_MODELS = [m for m in MODELS if m != "mixed" and not m.endswith("_persistent")]
+
+
+@pytest.mark.parametrize("model", BF16_MODELS)
+def test_trains_in_bf16_within_two_percent_of_fp32(model):
+    """The zoo under "bf16": {"enabled": true} on 2 ranks: params bf16, the
+    optimizer's masters fp32, floating buffers as built; each step's loss
+    within 2% of the fp32 DDP run's and not equal to it (so bf16 ran)."""
+    r = zoo(2, tuple(f"{m}@bf16" for m in BF16_MODELS))[f"{model}@bf16"]
+    fp32 = zoo(2)[model]["ddp"]
+    assert r["param_dtypes"] == ["torch.bfloat16"], r
+    assert r["master_dtypes"] == ["torch.float32"], r
+    assert "torch.bfloat16" not in r["buffer_dtypes"], r
+    bf16 = r["zeroshard"]
+    assert len(bf16) == len(fp32) == 10
+    for step, (ref, ours) in enumerate(zip(fp32, bf16)):
+        assert abs(ours - ref) <= 0.02 * abs(ref), (model, step, ref, ours)
+    assert any(a != b for a, b in zip(fp32, bf16)), (model, "the bf16 run equals the fp32 run")
+    assert bf16[-1] < bf16[0], r
+
+
 def test_fetch_on_access_warns_once_naming_module_and_param():
     r = zoo(WORLDS[0])
     # nn.MultiheadAttention reads out_proj's params without calling out_proj.

@@ -341,6 +341,38 @@ def run_model(name, rank):
             "frozen_equal": frozen_equal, "left_gathered": gathered}
 
 
+BF16 = {"bf16": {"enabled": True}}
+
+
+def to_bf16(batch):
+    """A batch's float tensors in bf16 (integer ids stay): the inputs of a
+    bf16 model, as Hugging Face's Trainer casts them under DeepSpeed."""
+    if torch.is_tensor(batch):
+        return batch.bfloat16() if batch.is_floating_point() else batch
+    return type(batch)(to_bf16(b) for b in batch)
+
+
+def run_model_bf16(name, rank):
+    """The model under "bf16": {"enabled": true}: params partitioned as
+    bf16, fp32 masters in the optimizer; the test compares its losses with
+    the fp32 DDP run's of the same model."""
+    from zeroshard.torch._params import optimizer_state_view
+    make, batch, loss_fn, prepare = MODELS[name]
+    with zt.Init(config={**CONFIG, **BF16}):
+        model = build(make)
+    if prepare is not None:
+        prepare(model)
+    zt.partition_module(model)
+    zopt = zt.ZeroShardOptimizer([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01)
+    losses = train(model, zopt, lambda s, r: to_bf16(batch(s, r)), lambda m, x: loss_fn(m, x).float(), rank)
+    trained = [p for g in zopt.param_groups for p in g["params"]]
+    return {"zeroshard": losses,
+            "param_dtypes": sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()}),
+            "master_dtypes": sorted({str(optimizer_state_view(zopt._engine, p.zs.zparam, 0).dtype)
+                                     for p in trained}),
+            "buffer_dtypes": sorted({str(b.dtype) for b in model.buffers() if b.is_floating_point()})}
+
+
 # -- a frozen base with LoRA adapters: gathered memory during backward ---
 WIDE, RANK_R, LAYERS = 256, 4, 6
 # No prefetch and no reuse window: what is gathered is what a unit holds.
@@ -568,6 +600,8 @@ def main():
             result[name] = run_convert(rank)
         elif name == "save_pretrained":
             result[name] = run_save_pretrained(rank, os.environ["ZS_ZOO_DIR"])
+        elif name.endswith("@bf16"):
+            result[name] = run_model_bf16(name[:-len("@bf16")], rank)
         elif name.startswith("lora_memory_"):
             result[name] = run_lora_memory(rank, name[len("lora_memory_"):])
         else:
