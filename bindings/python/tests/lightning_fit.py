@@ -55,6 +55,9 @@ class Regression(pl.LightningModule):
             self.grads_after_backward.append(sorted(n for n, p in self.named_parameters() if p.grad is not None))
 
     def on_train_end(self):
+        self.param_dtypes = sorted({str(p.dtype) for p in self.net.parameters()})
+        opt = self.trainer.strategy.optimizers[0]
+        self.loss_scale = getattr(getattr(opt, "_optimizer", opt), "loss_scale", None)
         # Every param is persistent (under the default threshold): every
         # unit is kept, and runs without the engine's forward hooks.
         if self.partitioned_at_construction:
@@ -171,7 +174,8 @@ def fit(strategy, module=Regression, val=False, **trainer_kwargs):
         extra = {"val_losses": model.val_losses, "memory": model.memory,
                  "alive_after_forward": model.alive_after_forward}
     else:
-        extra = {"grads_after_backward": model.grads_after_backward, "hooked": model.hooked}
+        extra = {"grads_after_backward": model.grads_after_backward, "hooked": model.hooked,
+                 "param_dtypes": model.param_dtypes, "loss_scale": model.loss_scale}
     return trainer, {**extra, "losses": model.losses, "strategy": type(trainer.strategy).__name__,
                      "partitioned_at_construction": getattr(model, "partitioned_at_construction", None),
                      "config_warnings": config_warnings}
@@ -225,6 +229,14 @@ def main():
     trainer, results["ddp_wide"] = fit("ddp", module=Wide, val=True)
     trainer, results["zeroshard_wide"] = fit(zeroshard.lightning.ZeroShardStrategy(config=WIDE_CONFIG),
                                              module=Wide, val=True)
+    # Trainer precisions map to the config's bf16 / fp16 sections, as
+    # DeepSpeedStrategy maps them (16-bit params on fp32 masters).
+    trainer, results["ddp_bf16_mixed"] = fit("ddp", precision="bf16-mixed")
+    for precision in ("bf16-mixed", "bf16-true"):
+        trainer, results[f"zeroshard_{precision}"] = fit("zeroshard", precision=precision)
+    fp16 = zeroshard.lightning.ZeroShardStrategy(initial_scale_power=8, loss_scale_window=4)
+    trainer, results["zeroshard_16-true"] = fit(fp16, precision="16-true")
+    results["zeroshard_16-true"]["effective_config"] = fp16.zs_config
     results["ddp_eval"] = evaluate("ddp")
     results["zeroshard_eval"] = evaluate(zeroshard.lightning.ZeroShardStrategy(config=WIDE_CONFIG))
     if trainer.global_rank == 0:

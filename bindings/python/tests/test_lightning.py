@@ -65,8 +65,7 @@ def test_offload_knobs_map_as_deepspeedstrategy_maps_them():
     ("zero_optimization", False), ("logging_batch_size_per_gpu", 8), ("logging_level", 10),
     ("partition_activations", True), ("cpu_checkpointing", True),
     ("contiguous_memory_optimization", True), ("synchronize_checkpoint_boundary", True),
-    ("exclude_frozen_parameters", True), ("loss_scale", 128), ("initial_scale_power", 8),
-    ("loss_scale_window", 10), ("hysteresis", 4), ("min_loss_scale", 2),
+    ("exclude_frozen_parameters", True),
 ])
 def test_knobs_not_acted_on_are_errors_naming_knob_and_value(knob, value):
     with pytest.raises(zl.UnsupportedKnobError) as e:
@@ -96,9 +95,40 @@ def test_trainer_settings():
         zl.trainer_config(cfg, "32-true", 0.5, "value")
     with pytest.raises(zl.UnsupportedKnobError, match="disagree"):
         zl.trainer_config(dict(cfg, gradient_clipping=1.0), "32-true", 0.5, "norm")
-    for precision in ("16-mixed", "bf16-true", "16-true", "64-true"):
+    for precision in ("64-true", "transformer-engine"):
         with pytest.raises(zl.UnsupportedKnobError, match=f"precision='{precision}'"):
             zl.trainer_config(cfg, precision)
+
+
+def test_precisions_map_to_the_config_as_deepspeedstrategy_maps_them():
+    cfg = zl.config_from_knobs()
+    for precision in ("bf16-mixed", "bf16-true"):
+        assert zl.trainer_config(cfg, precision)["bf16"] == {"enabled": True}
+    knobs = zl.fp16_knobs({"initial_scale_power": 8, "hysteresis": 1})
+    for precision in ("16-mixed", "16-true"):
+        assert zl.trainer_config(cfg, precision, loss_scaling=knobs)["fp16"] == {
+            "enabled": True, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 1000,
+            "hysteresis": 1, "min_loss_scale": 1}
+    for precision in ("32-true", "32"):
+        out = zl.trainer_config(cfg, precision)
+        assert "bf16" not in out and "fp16" not in out
+    # The engine acts on every key the mapping writes: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", zeroshard.ZeroShardConfigWarning)
+        with zeroshard.Context(rank=0, world_size=1, config=zl.trainer_config(cfg, "16-true",
+                                                                              loss_scaling=knobs)) as ctx:
+            assert ctx.inactive_config_keys == []
+    # A config that says otherwise, or knobs that would change nothing, are errors.
+    with pytest.raises(zl.UnsupportedKnobError, match="fp16.enabled is true"):
+        zl.trainer_config(dict(cfg, fp16={"enabled": True}), "bf16-true")
+    with pytest.raises(zl.UnsupportedKnobError, match="bf16.enabled is false"):
+        zl.trainer_config(dict(cfg, bf16={"enabled": False}), "bf16-mixed")
+    with pytest.raises(zl.UnsupportedKnobError, match="initial_scale_power=8: fp16 loss scaling acts only"):
+        zl.trainer_config(cfg, "bf16-mixed", loss_scaling=knobs)
+    with pytest.raises(zl.UnsupportedKnobError, match="would be ignored"):
+        zl.trainer_config(dict(cfg, fp16={"enabled": True}), "16-true", loss_scaling=knobs)
+    # The loss-scaling knobs are the strategy's as DeepSpeedStrategy's.
+    assert zl.config_from_knobs(loss_scale=0, initial_scale_power=8) == cfg
 
 
 def test_module_imports_without_lightning():
@@ -191,6 +221,29 @@ def test_gradient_clipping_is_acted_on(fits):
     assert cfg["gradient_clipping"] == 0.05
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 100
     assert cfg["zero_optimization"]["overlap_comm"] is False
+
+
+def test_trainer_precisions_train_16_bit_params(fits):
+    """bf16-mixed and bf16-true: bf16 params on fp32 masters, inputs cast,
+    no autocast, losses within bf16's tolerance of DDP under bf16 autocast.
+    16-true: fp16 params, the strategy's loss-scaling knobs in the fp16
+    section, the dynamic scale driving Lightning's backward."""
+    ref = fits["ddp_bf16_mixed"]["losses"]
+    for precision in ("bf16-mixed", "bf16-true"):
+        r = fits[f"zeroshard_{precision}"]
+        assert r["param_dtypes"] == ["torch.bfloat16"], r
+        assert r["config_warnings"] == [], r
+        assert len(r["losses"]) == len(ref)
+        for step, (a, b) in enumerate(zip(ref, r["losses"])):
+            assert abs(a - b) <= 0.03 * abs(a) + 1e-3, (precision, step, a, b)
+    r = fits["zeroshard_16-true"]
+    assert r["param_dtypes"] == ["torch.float16"], r
+    fp16 = r["effective_config"]["fp16"]
+    assert fp16["enabled"] and fp16["initial_scale_power"] == 8 and fp16["loss_scale_window"] == 4, fp16
+    # 12 clean steps with a window of 4 double the scale of 2**8 three times.
+    assert r["loss_scale"] == 2.0 ** 11, r
+    for step, (a, b) in enumerate(zip(fits["ddp"]["losses"], r["losses"])):
+        assert abs(a - b) <= 0.03 * abs(a) + 1e-3, (step, a, b)
 
 
 def test_gradient_accumulation_matches_ddp(fits):

@@ -46,7 +46,6 @@ _AIO = ("asynchronous I/O serves NVMe offload, which these knobs do not ask for 
 _PARAM_BUFFERS = ("offloaded parameter shards are read into buffers of their own size; the memory they "
                   "take is bounded by max_in_cpu")
 _ACTIVATIONS = "the engine does not checkpoint or partition activations"
-_FP16 = "fp16 loss scaling is not wired to Lightning's precision plugins yet"
 
 # DeepSpeedStrategy's knobs the engine does not act on: the value that
 # changes nothing (DeepSpeedStrategy's default, except stage) and what
@@ -71,12 +70,12 @@ _INERT_KNOBS = {
     "contiguous_memory_optimization": (False, _ACTIVATIONS),
     "synchronize_checkpoint_boundary": (False, _ACTIVATIONS),
     "exclude_frozen_parameters": (False, "checkpoints hold every parameter, frozen ones included"),
-    "loss_scale": (0, _FP16),
-    "initial_scale_power": (16, _FP16),
-    "loss_scale_window": (1000, _FP16),
-    "hysteresis": (2, _FP16),
-    "min_loss_scale": (1, _FP16),
 }
+# DeepSpeedStrategy's fp16 loss-scaling knobs: the config's fp16 section
+# under precision "16-mixed" / "16-true" (trainer_config), refused at any
+# other precision when set away from their defaults.
+_FP16_KNOBS = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+               "min_loss_scale": 1}
 # Knobs that go into the engine's config.
 _CONFIG_KNOBS = {"overlap_comm": True, "reduce_bucket_size": 200_000_000,
                  "zero_allow_untested_optimizer": True}
@@ -87,8 +86,11 @@ _OFFLOAD_KNOBS = {"offload_parameters": False, "offload_optimizer": False, "offl
 _AIO_KNOBS = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True,
               "thread_count": 1}
 _OFFLOAD_AND_AIO_KNOBS = {**_OFFLOAD_KNOBS, **_AIO_KNOBS}
-# Precisions the strategy runs: fp32 params, optionally under bf16 autocast.
-_PRECISIONS = ("32-true", "32", "bf16-mixed")
+# Trainer precisions and the config section each turns on, as
+# DeepSpeedStrategy maps them: "-mixed" and "-true" alike give 16-bit params
+# with fp32 masters in the optimizer (no autocast, inputs cast).
+_PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16",
+               "16-true": "fp16"}
 
 
 class UnsupportedKnobError(NotImplementedError, ValueError):
@@ -164,7 +166,8 @@ def config_from_knobs(**knobs):
     arguments: the knobs the engine acts on, mapped; any other knob away
     from its default raises UnsupportedKnobError naming it; an unknown name
     raises TypeError."""
-    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS) - set(_OFFLOAD_AND_AIO_KNOBS))
+    unknown = sorted(set(knobs) - set(_INERT_KNOBS) - set(_CONFIG_KNOBS) - set(_OFFLOAD_AND_AIO_KNOBS)
+                     - set(_FP16_KNOBS))
     if unknown:
         raise TypeError(f"ZeroShardStrategy: unknown knob(s) {', '.join(unknown)} (the knobs are those of "
                         "Lightning's DeepSpeedStrategy)")
@@ -189,19 +192,44 @@ def _load_config(config):
         return json.load(f)
 
 
-def trainer_config(config, precision, gradient_clip_val=None, gradient_clip_algorithm=None):
-    """`config` completed with what the Trainer asks for: its gradient
-    clipping (by norm) as gradient_clipping. Precisions and clipping the
-    engine cannot honour raise UnsupportedKnobError."""
+def fp16_knobs(knobs):
+    """DeepSpeedStrategy's loss-scaling knobs among `knobs`, defaults filled in."""
+    return {k: knobs.get(k, default) for k, default in _FP16_KNOBS.items()}
+
+
+def trainer_config(config, precision, gradient_clip_val=None, gradient_clip_algorithm=None, loss_scaling=None):
+    """`config` completed with what the Trainer asks for: its precision as
+    the bf16 or fp16 section (DeepSpeedStrategy's mapping; `loss_scaling`:
+    the strategy's fp16 knobs, fp16_knobs()), its gradient clipping (by
+    norm) as gradient_clipping. Precisions, knobs and clipping the engine
+    cannot honour, or that contradict the config, raise
+    UnsupportedKnobError."""
     config = dict(config)
     precision = str(precision)
     if precision not in _PRECISIONS:
         raise UnsupportedKnobError(
-            f"ZeroShardStrategy: Trainer(precision={precision!r}) is not supported yet: the strategy runs "
-            "fp32 params ('32-true') and bf16 autocast ('bf16-mixed'); "
-            + ("Lightning's GradScaler cannot see the engine's gradient shards"
-               if precision.startswith("16-mixed") else
-               "Lightning converts the model's dtype after the engine has partitioned it"))
+            f"ZeroShardStrategy: Trainer(precision={precision!r}) is not supported: the strategy runs "
+            f"{', '.join(repr(p) for p in _PRECISIONS)} (16-bit params on fp32 masters for the 16-bit ones)")
+    want = _PRECISIONS[precision]
+    loss_scaling = loss_scaling or fp16_knobs({})
+    changed = [f"{k}={v!r}" for k, v in loss_scaling.items() if v != _FP16_KNOBS[k]]
+    enabled = {section: bool((config.get(section) or {}).get("enabled")) for section in ("bf16", "fp16")}
+    if want is not None:
+        other = "fp16" if want == "bf16" else "bf16"
+        if enabled[other] or (want in config and not enabled[want]):
+            raise UnsupportedKnobError(
+                f"ZeroShardStrategy: Trainer(precision={precision!r}) asks for {want}, but the config's "
+                f"{other if enabled[other] else want}.enabled is {str(enabled[other]).lower()}: make them agree")
+        if want not in config:
+            config[want] = {"enabled": True, **(loss_scaling if want == "fp16" else {})}
+        elif want == "fp16" and changed:
+            raise UnsupportedKnobError(
+                f"ZeroShardStrategy: the config's fp16 section replaces the loss-scaling knobs, so "
+                f"{', '.join(changed)} would be ignored: put them in the config")
+    if want != "fp16" and changed:
+        raise UnsupportedKnobError(
+            f"ZeroShardStrategy: {', '.join(changed)}: fp16 loss scaling acts only under "
+            f"Trainer(precision='16-mixed' or '16-true'), not {precision!r}")
     if gradient_clip_val:
         algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm) or "norm")
         if algorithm != "norm":
@@ -314,9 +342,47 @@ def _make_strategy_class():
     pl, DDPStrategy, _ = _lightning()
     TrainerFn = importlib.import_module(pl.__name__ + ".trainer.states").TrainerFn
     import contextlib
-    import types
+
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
 
     from . import torch as zt
+
+    Precision = importlib.import_module(pl.__name__ + ".plugins.precision").Precision
+
+    class ZeroShardPrecision(Precision):
+        """Lightning's precision plugin for the engine: what
+        DeepSpeedPrecision does for DeepSpeed. The 16-bit params come from
+        the config (bf16.enabled / fp16.enabled, set by trainer_config):
+        floating inputs are cast to their dtype, there is no autocast, the
+        backward goes through ZeroShardOptimizer's loss scaling (fp16), and
+        the engine clips by the config's gradient_clipping (Lightning's
+        clipping would see no gradients: they live in the engine)."""
+
+        def __init__(self, precision):
+            super().__init__()
+            self.precision = precision
+            kind = _PRECISIONS.get(precision)
+            self._dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind)
+
+        def convert_input(self, data):
+            if self._dtype is None:
+                return data
+            return apply_to_collection(data, torch.Tensor,
+                                       lambda t: t.to(self._dtype) if t.is_floating_point() else t)
+
+        def backward(self, tensor, model, optimizer, *args, **kwargs):
+            opt = getattr(optimizer, "_optimizer", optimizer)
+            if opt is None:  # manual optimization: the strategy's optimizer
+                opts = model.trainer.strategy.optimizers
+                opt = opts[0] if opts else None
+            if not isinstance(opt, zt.ZeroShardOptimizer):
+                return super().backward(tensor, model, optimizer, *args, **kwargs)
+            with opt.scaled_loss(tensor) as scaled:
+                model.backward(scaled, *args, **kwargs)
+
+        def clip_gradients(self, *args, **kwargs):
+            pass
 
     class ZeroShardStrategy(DDPStrategy):
         """Lightning's DDPStrategy with the zeroshard engine in place of the
@@ -340,7 +406,7 @@ def _make_strategy_class():
                 # DeepSpeedStrategy ignores its knobs when given a config; here
                 # that would be silent, so the two do not mix.
                 config_from_knobs(**knobs)  # unknown names and inert knobs still raise
-                mapped = dict(_CONFIG_KNOBS, **_OFFLOAD_AND_AIO_KNOBS)
+                mapped = dict(_CONFIG_KNOBS, **_OFFLOAD_AND_AIO_KNOBS, **_FP16_KNOBS)
                 given = [f"{k}={v!r}" for k, v in knobs.items() if k in mapped and v != mapped[k]]
                 if given:
                     raise UnsupportedKnobError(f"ZeroShardStrategy: config= replaces the knobs, so "
@@ -348,6 +414,7 @@ def _make_strategy_class():
                 self.zs_config = loaded
             else:
                 self.zs_config = config_from_knobs(**knobs)
+            self.loss_scaling = fp16_knobs(knobs)
             self.load_full_weights = load_full_weights
 
         @classmethod
@@ -361,13 +428,14 @@ def _make_strategy_class():
         def setup_environment(self):
             super().setup_environment()  # the process group, whichever launcher started us
             trainer = self._trainer()
+            precision = str(self.precision_plugin.precision)
             if trainer is not None:
-                self.zs_config = trainer_config(self.zs_config, self.precision_plugin.precision,
-                                                trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-            # The engine clips by the config's gradient_clipping; Lightning's
-            # own clipping would see no gradients (they live in the engine).
-            self.precision_plugin.clip_gradients = types.MethodType(lambda plugin, *a, **k: None,
-                                                                    self.precision_plugin)
+                self.zs_config = trainer_config(self.zs_config, precision, trainer.gradient_clip_val,
+                                                trainer.gradient_clip_algorithm, self.loss_scaling)
+            # The engine casts the model and scales the loss; Lightning's
+            # plugin for this precision (autocast, GradScaler, module.to)
+            # would do it a second time, or to the empty placeholders.
+            self.precision_plugin = ZeroShardPrecision(precision)
             # The context goes where Lightning puts this rank's model
             # (unless the config or ZS_DEVICE names a device).
             try:

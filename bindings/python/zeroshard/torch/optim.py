@@ -1,4 +1,5 @@
 """A torch optimizer backed by the engine's sharded optimizer."""
+import contextlib
 import logging
 
 import torch
@@ -63,10 +64,18 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         """loss.backward(**kwargs), the loss first multiplied by the fp16
         loss scale (1 outside fp16.enabled): DeepSpeed's engine.backward.
         The engine divides the gradients by the same scale at the step."""
+        with self.scaled_loss(loss) as scaled:
+            scaled.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def scaled_loss(self, loss):
+        """The loss times the fp16 loss scale, for a backward run inside the
+        block by other code (Lightning's precision plugin runs the
+        LightningModule's backward hook on it)."""
         scale = self._engine.loss_scale if self._fp16 else 1.0
         hooks._loss_scaling["scaled_backwards"] += 1
         try:
-            (loss * scale if scale != 1.0 else loss).backward(**kwargs)
+            yield loss * scale if scale != 1.0 else loss
         finally:
             hooks._loss_scaling["scaled_backwards"] -= 1
 
