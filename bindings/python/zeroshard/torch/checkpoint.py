@@ -48,6 +48,11 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
         raise TypeError(f"zeroshard.torch.save_checkpoint: client_state must be JSON-serialisable "
                         f"(finite floats): {e}") from None
     engine = None if optimizer is None else optimizer._engine
+    if optimizer is not None:
+        # The groups' hyper-parameters as they stand now (a scheduler
+        # stepped since the last step), as torch's optimizer.state_dict()
+        # holds them: the engine's copy is from the last step.
+        optimizer.sync_hparams()
     return get_context().save_checkpoint(dir, zparams, optimizer=engine, tag=tag, names=names, user_json=user,
                                          timeout_ms=timeout_ms, overwrite=overwrite, progress=progress)
 

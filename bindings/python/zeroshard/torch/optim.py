@@ -102,8 +102,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         for e in engines:
             e.before_step()
             adopt_assigned(e.params())  # a param.data = t since the forward
-        for i, group in enumerate(self.param_groups):
-            self._engine.set_hparams(i, **self._hparams(group))
+        self.sync_hparams()
         self.last_result = self._engine.step()
         for e in engines:
             e.after_step()
@@ -122,6 +121,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             _log.warning("zeroshard: gradient overflow (inf or NaN): optimizer step skipped at loss scale %g, "
                          "now %g (%d skipped so far)", attempted, self.last_result["loss_scale"],
                          self.skipped_steps)
+
+    def sync_hparams(self):
+        """Each param group's hyper-parameters (lr, betas, ...) to the engine."""
+        for i, group in enumerate(self.param_groups):
+            self._engine.set_hparams(i, **self._hparams(group))
 
     def zero_grad(self, set_to_none=True):
         # Gradients live in the engine's shards, zeroed by every step.
