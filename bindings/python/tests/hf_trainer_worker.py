@@ -1,0 +1,166 @@
+"""One rank of the Hugging Face Trainer tests, launched by zsrun or torchrun.
+
+    zsrun -n N -- python3 hf_trainer_worker.py MODE [ENGINE]
+
+The same script as a user's: TrainingArguments with deepspeed= pointing at
+a DeepSpeed JSON full of "auto"s, a small model from a config with random
+weights, a random dataset; `Trainer` is transformers.Trainer under DDP
+(ENGINE ddp) or zeroshard.hf.Trainer (ENGINE zeroshard), the one line that
+differs. Rank 0 writes what the test checks as JSON to $ZS_TEST_RESULT;
+outputs go under $ZS_TEST_DIR.
+
+MODE: causal_lm, classifier, seq2seq (train, evaluate, predict; losses per
+logged step), save (save_model, then from_pretrained unsharded), resume_save
+/ resume_load (save_strategy "steps", then resume_from_checkpoint, maybe at
+another world size).
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import transformers
+
+import zeroshard.hf
+
+VOCAB, SEQ, N = 96, 16, 48
+
+DS_CONFIG = {
+    "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                          "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+}
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, kind, n=N, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, VOCAB, (n, SEQ), generator=g)
+        self.kind = kind
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        x = self.ids[i]
+        if self.kind == "classifier":
+            return {"input_ids": x, "labels": int(x[0] % 3)}
+        if self.kind == "seq2seq":
+            return {"input_ids": x, "labels": x.flip(0)[: SEQ // 2]}
+        return {"input_ids": x, "labels": x}
+
+
+def build(kind):
+    torch.manual_seed(0)
+    if kind == "classifier":
+        return transformers.BertForSequenceClassification(transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3))
+    if kind == "seq2seq":
+        return transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+            dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0))
+
+
+def arguments(engine, out, **extra):
+    kwargs = dict(output_dir=out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                  gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0,
+                  num_train_epochs=2, lr_scheduler_type="linear", warmup_steps=1, logging_steps=1,
+                  save_strategy="no", report_to=[], seed=0, data_seed=0, use_cpu=True,
+                  dataloader_drop_last=True, disable_tqdm=True, eval_strategy="no")
+    kwargs.update(extra)
+    if engine == "zeroshard":
+        kwargs["deepspeed"] = DS_CONFIG
+    return transformers.TrainingArguments(**kwargs)
+
+
+def trainer_class(engine, kind):
+    if kind == "seq2seq":
+        return zeroshard.hf.Seq2SeqTrainer if engine == "zeroshard" else transformers.Seq2SeqTrainer
+    return zeroshard.hf.Trainer if engine == "zeroshard" else transformers.Trainer
+
+
+def losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def mode_train(kind, engine, out):
+    cls = trainer_class(engine, kind)
+    args = arguments(engine, out, eval_strategy="steps", eval_steps=3)
+    if kind == "seq2seq":
+        args = transformers.Seq2SeqTrainingArguments(**{**args.to_dict(), "predict_with_generate": True,
+                                                       "generation_max_length": 6,
+                                                       "deepspeed": args.deepspeed})
+    model = build(kind)
+    trainer = cls(model=model, args=args, train_dataset=Tokens(kind), eval_dataset=Tokens(kind, n=16, seed=1),
+                  callbacks=[transformers.EarlyStoppingCallback(early_stopping_patience=100)]
+                  if kind == "classifier" else None)
+    if kind == "classifier":
+        args.metric_for_best_model = "eval_loss"
+    trainer.train()
+    evaluated = trainer.evaluate()
+    predicted = trainer.predict(Tokens(kind, n=8, seed=2))
+    return {"losses": losses(trainer), "eval_loss": evaluated["eval_loss"],
+            "eval_losses": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
+            "grad_norms": [h.get("grad_norm") for h in trainer.state.log_history if "loss" in h],
+            "lrs": [h.get("learning_rate") for h in trainer.state.log_history if "loss" in h],
+            "predict_shape": list(predicted.predictions.shape
+                                  if not isinstance(predicted.predictions, tuple) else
+                                  predicted.predictions[0].shape),
+            "predictions": (predicted.predictions if not isinstance(predicted.predictions, tuple)
+                            else predicted.predictions[0]).reshape(-1)[:64].tolist() if kind == "seq2seq" else None,
+            "partitioned": all(zeroshard.torch.is_partitioned(p) for p in model.parameters())
+            if engine == "zeroshard" else False}
+
+
+def mode_save(kind, engine, out):
+    args = arguments(engine, out, num_train_epochs=1)
+    model = build(kind)
+    trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind))
+    trainer.train()
+    final = os.path.join(out, "final")
+    trainer.save_model(final)
+    sd = model.state_dict()  # full values (gathered under zeroshard), every rank
+    dist.barrier()
+    back = type(model).from_pretrained(final)
+    same = all(torch.equal(back.state_dict()[k], v) for k, v in sd.items() if k in back.state_dict())
+    return {"files": sorted(os.listdir(final)), "equal": same,
+            "keys_missing": sorted(set(sd) - set(back.state_dict()))}
+
+
+def mode_resume(kind, engine, out, phase):
+    # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
+    args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
+                     gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]))
+    model = build(kind)
+    trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96))
+    if phase == "save":
+        trainer.train()
+    else:
+        trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
+    return {"losses": losses(trainer), "steps": trainer.state.global_step}
+
+
+def main():
+    mode, engine = sys.argv[1], sys.argv[2]
+    out = os.path.join(os.environ["ZS_TEST_DIR"], engine)
+    if mode == "save":
+        result = mode_save("causal_lm", engine, out)
+    elif mode.startswith("resume_"):
+        result = mode_resume("causal_lm", engine, out, mode[len("resume_"):])
+    else:
+        result = mode_train(mode, engine, out)
+    if dist.get_rank() == 0:
+        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
+            json.dump(result, f)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
