@@ -105,7 +105,7 @@ def mode_train(kind, engine, out):
         args.metric_for_best_model = "eval_loss"
     trainer.train()
     evaluated = trainer.evaluate()
-    predicted = trainer.predict(Tokens(kind, n=8, seed=2))
+    predicted = trainer.predict(Tokens(kind, n=24, seed=2))
     return {"losses": losses(trainer), "eval_loss": evaluated["eval_loss"],
             "eval_losses": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
             "grad_norms": [h.get("grad_norm") for h in trainer.state.log_history if "loss" in h],
