@@ -147,10 +147,36 @@ def mode_resume(kind, engine, out, phase):
     return {"losses": losses(trainer), "steps": trainer.state.global_step}
 
 
+def mode_pretrained(engine, out):
+    """args, then from_pretrained, then the Trainer: DeepSpeed's order, in
+    which the model is partitioned as it loads."""
+    args = arguments(engine, out, num_train_epochs=1)
+    directory = os.path.join(os.environ["ZS_TEST_DIR"], "pretrained")
+    if dist.get_rank() == 0 and not os.path.isdir(directory):
+        build("causal_lm").save_pretrained(directory)
+    dist.barrier()
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    partitioned = all(zeroshard.torch.is_partitioned(p) for p in model.parameters())
+    from safetensors.torch import load_file
+    saved = load_file(os.path.join(directory, "model.safetensors"))
+    with (zeroshard.torch.GatheredParameters(list(model.parameters())) if partitioned else contextlib_null()):
+        loaded = all(torch.equal(p.detach(), saved[n]) for n, p in model.named_parameters() if n in saved)
+    trainer = trainer_class(engine, "causal_lm")(model=model, args=args, train_dataset=Tokens("causal_lm"))
+    trainer.train()
+    return {"partitioned_at_load": partitioned, "loaded": loaded, "losses": losses(trainer)}
+
+
+def contextlib_null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
 def main():
     mode, engine = sys.argv[1], sys.argv[2]
     out = os.path.join(os.environ["ZS_TEST_DIR"], engine)
-    if mode == "save":
+    if mode == "pretrained":
+        result = mode_pretrained(engine, out)
+    elif mode == "save":
         result = mode_save("causal_lm", engine, out)
     elif mode.startswith("resume_"):
         result = mode_resume("causal_lm", engine, out, mode[len("resume_"):])

@@ -108,3 +108,14 @@ def test_resume_from_checkpoint_at_another_world_size(tmp_path):
             assert os.path.isdir(os.path.join(directory, engine, "checkpoint-4", "zeroshard"))
     same(results["ddp"][0]["losses"], results["zeroshard"][0]["losses"])
     same(results["ddp"][1]["losses"], results["zeroshard"][1]["losses"])
+
+
+def test_from_pretrained_partitions_at_load_time():
+    """TrainingArguments(deepspeed=...), then from_pretrained, then the
+    Trainer (DeepSpeed's order): the model comes back partitioned, each
+    rank having read its own shards' bytes of model.safetensors, equal to
+    the saved weights, and trains as DDP's plainly loaded copy."""
+    ddp, ours = cached(2, "pretrained", "ddp"), cached(2, "pretrained", "zeroshard")
+    assert ours["partitioned_at_load"] and not ddp["partitioned_at_load"]
+    assert ours["loaded"] and ddp["loaded"]
+    same(ddp["losses"], ours["losses"])
