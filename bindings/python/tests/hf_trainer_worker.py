@@ -166,6 +166,31 @@ def mode_pretrained(engine, out):
     return {"partitioned_at_load": partitioned, "loaded": loaded, "losses": losses(trainer)}
 
 
+def mode_lora(engine, out):
+    """A LoRA adapter (PEFT) on a frozen base loaded by from_pretrained
+    (partitioned at load under zeroshard): only the adapters train."""
+    import peft
+    args = arguments(engine, out, num_train_epochs=1)
+    directory = os.path.join(os.environ["ZS_TEST_DIR"], "pretrained")
+    if dist.get_rank() == 0 and not os.path.isdir(directory):
+        build("causal_lm").save_pretrained(directory)
+    dist.barrier()
+    base = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    torch.manual_seed(1)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
+                                                      lora_dropout=0.0, fan_in_fan_out=True))
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    trainer = trainer_class(engine, "causal_lm")(model=model, args=args, train_dataset=Tokens("causal_lm"))
+    frozen_before = {n: v.clone() for n, v in model.state_dict().items() if "lora_" not in n}
+    trainer.train()
+    frozen_after = model.state_dict()
+    adapter = os.path.join(out, "adapter")
+    trainer.save_model(adapter)
+    return {"losses": losses(trainer), "trainable": trainable,
+            "base_unchanged": all(torch.equal(v, frozen_after[n]) for n, v in frozen_before.items()),
+            "adapter_files": sorted(os.listdir(adapter)) if dist.get_rank() == 0 else None}
+
+
 def contextlib_null():
     import contextlib
     return contextlib.nullcontext()
@@ -174,7 +199,9 @@ def contextlib_null():
 def main():
     mode, engine = sys.argv[1], sys.argv[2]
     out = os.path.join(os.environ["ZS_TEST_DIR"], engine)
-    if mode == "pretrained":
+    if mode == "lora":
+        result = mode_lora(engine, out)
+    elif mode == "pretrained":
         result = mode_pretrained(engine, out)
     elif mode == "save":
         result = mode_save("causal_lm", engine, out)

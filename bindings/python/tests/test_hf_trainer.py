@@ -119,3 +119,15 @@ def test_from_pretrained_partitions_at_load_time():
     assert ours["partitioned_at_load"] and not ddp["partitioned_at_load"]
     assert ours["loaded"] and ddp["loaded"]
     same(ddp["losses"], ours["losses"])
+
+
+def test_peft_lora_on_a_frozen_base_trains_as_ddp():
+    """get_peft_model on a base that from_pretrained partitioned (PEFT sizes
+    its adapters by the params' ds_shape): the adapters train as under DDP,
+    the frozen base is unchanged, save_model writes PEFT's adapter files."""
+    pytest.importorskip("peft")
+    ddp, ours = cached(2, "lora", "ddp"), cached(2, "lora", "zeroshard")
+    assert ours["trainable"] == ddp["trainable"] and ours["trainable"]
+    assert ours["base_unchanged"] and ddp["base_unchanged"]
+    same(ddp["losses"], ours["losses"])
+    assert "adapter_model.safetensors" in ours["adapter_files"], ours

@@ -143,6 +143,10 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
     # only takes a note.
     param.zs.finalizer = weakref.finalize(param, _dropped.__setitem__, index, zparam)
     param.zs.finalizer.atexit = False
+    # The full shape where DeepSpeed keeps it, for libraries that read it
+    # from a partitioned param (PEFT sizes its adapters by it).
+    param.ds_shape = torch.Size(param.zs.shape)
+    param.ds_numel = param.zs.zparam.numel
     param.data = param.zs.placeholder()
     return param
 
