@@ -131,3 +131,21 @@ def test_peft_lora_on_a_frozen_base_trains_as_ddp():
     assert ours["base_unchanged"] and ddp["base_unchanged"]
     same(ddp["losses"], ours["losses"])
     assert "adapter_model.safetensors" in ours["adapter_files"], ours
+
+
+def test_trl_sft_trainer_trains_as_under_ddp():
+    """TRL's SFTTrainer on text (a tokenizer built here, no Hub), through
+    zeroshard.hf.trainer_class(SFTTrainer): the losses of SFTTrainer under
+    DDP."""
+    pytest.importorskip("trl")
+    same(cached(2, "sft", "ddp")["losses"], cached(2, "sft", "zeroshard")["losses"])
+
+
+def test_bf16_training_arguments_train_bf16_params():
+    """TrainingArguments(bf16=True) with "bf16": {"enabled": "auto"}: the
+    engine trains bf16 params on fp32 masters (DeepSpeed's reading of it);
+    DDP runs autocast over fp32 params. Within bf16's tolerance."""
+    ddp, ours = cached(2, "bf16", "ddp"), cached(2, "bf16", "zeroshard")
+    assert ours["dtypes"] == ["torch.bfloat16"] and ddp["dtypes"] == ["torch.float32"]
+    same(ddp["losses"], ours["losses"], rel=0.02)
+    assert ours["losses"] != ddp["losses"]

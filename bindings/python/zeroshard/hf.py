@@ -117,6 +117,11 @@ def resolve_config(config, args, model=None, num_training_steps=None):
     r.fill("scheduler.params.warmup_max_lr", args.learning_rate, "learning_rate")
     r.fill("fp16.enabled", bool(args.fp16 or args.fp16_full_eval), "fp16|fp16_full_eval")
     r.fill("bf16.enabled", bool(args.bf16 or args.bf16_full_eval), "bf16|bf16_full_eval")
+    # TrainingArguments(bf16=True) with no bf16 section: Accelerate's
+    # DeepSpeedPlugin adds one (fp16 likewise), so DeepSpeed trains in bf16.
+    for flag, section in ((args.bf16, "bf16"), (args.fp16, "fp16")):
+        if flag and "bf16" not in r.config and "fp16" not in r.config:
+            r.config[section] = {"enabled": True}
     sized = ["zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
              "zero_optimization.stage3_param_persistence_threshold"]
     if model is not None and any(r.is_auto(k) for k in sized):
