@@ -92,7 +92,8 @@ def losses(trainer):
 
 def mode_train(kind, engine, out):
     cls = trainer_class(engine, kind)
-    args = arguments(engine, out, eval_strategy="steps", eval_steps=3)
+    # The causal LM with gradient checkpointing (recomputed forwards in backward).
+    args = arguments(engine, out, eval_strategy="steps", eval_steps=3, gradient_checkpointing=kind == "causal_lm")
     if kind == "seq2seq":
         args = transformers.Seq2SeqTrainingArguments(**{**args.to_dict(), "predict_with_generate": True,
                                                        "generation_max_length": 6,
