@@ -260,32 +260,15 @@ def _lightning():
                               "(`lightning` or `pytorch_lightning`), which is not installed") from e
 
 
-def _optimizer_kind(opt):
-    import torch
-    if isinstance(opt, torch.optim.AdamW):
-        return "adamw"
-    if isinstance(opt, torch.optim.Adam):
-        return "adam"
-    if isinstance(opt, torch.optim.SGD):
-        return "sgd"
-    raise TypeError(f"ZeroShardStrategy: {type(opt).__name__} has no sharded counterpart "
-                    "(use AdamW, Adam or SGD)")
-
-
 def _convert_optimizer(opt):
     """The engine-backed twin of a torch optimizer, same groups and values."""
     from .torch import ZeroShardOptimizer
-    kind = _optimizer_kind(opt)
-    groups = []
-    for g in opt.param_groups:
-        if g.get("amsgrad") or g.get("maximize"):
-            raise UnsupportedKnobError(f"ZeroShardStrategy: {type(opt).__name__}(amsgrad={g.get('amsgrad')}, "
-                                       f"maximize={g.get('maximize')}) has no sharded counterpart yet")
-        groups.append({"params": g["params"], "lr": g["lr"], "weight_decay": g.get("weight_decay", 0.0),
-                       "betas": g.get("betas", (0.9, 0.999)), "eps": g.get("eps", 1e-8),
-                       "momentum": g.get("momentum", 0.0), "dampening": g.get("dampening", 0.0),
-                       "nesterov": g.get("nesterov", False)})
-    return ZeroShardOptimizer(groups, kind=kind)
+    try:
+        return ZeroShardOptimizer.from_torch(opt)
+    except TypeError as e:
+        raise TypeError(str(e).replace("zeroshard.torch:", "ZeroShardStrategy:")) from None
+    except NotImplementedError as e:
+        raise UnsupportedKnobError(str(e).replace("zeroshard.torch:", "ZeroShardStrategy:")) from None
 
 
 def _to_json(value, where):

@@ -85,6 +85,28 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         or inf/NaN gradients): Accelerate's name for it."""
         return bool(self.last_result and self.last_result["skipped"])
 
+    @classmethod
+    def from_torch(cls, opt):
+        """The engine-backed twin of torch's AdamW, Adam or SGD `opt` (its
+        params partitioned already): the same param groups and values.
+        Other optimizers raise TypeError; options without a sharded
+        counterpart (amsgrad, maximize) NotImplementedError."""
+        kinds = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"))
+        kind = next((k for c, k in kinds if isinstance(opt, c)), None)
+        if kind is None:
+            raise TypeError(f"zeroshard.torch: {type(opt).__name__} has no sharded counterpart (use AdamW, Adam "
+                            "or SGD)")
+        groups = []
+        for g in opt.param_groups:
+            if g.get("amsgrad") or g.get("maximize"):
+                raise NotImplementedError(f"zeroshard.torch: {type(opt).__name__}(amsgrad={g.get('amsgrad')}, "
+                                          f"maximize={g.get('maximize')}) has no sharded counterpart yet")
+            groups.append({"params": g["params"], "lr": g["lr"], "weight_decay": g.get("weight_decay", 0.0),
+                           "betas": g.get("betas", (0.9, 0.999)), "eps": g.get("eps", 1e-8),
+                           "momentum": g.get("momentum", 0.0), "dampening": g.get("dampening", 0.0),
+                           "nesterov": g.get("nesterov", False)})
+        return cls(groups, kind=kind)
+
     @staticmethod
     def _hparams(group):
         return dict(lr=group["lr"], betas=tuple(group["betas"]), eps=group["eps"],

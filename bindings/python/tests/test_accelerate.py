@@ -1,0 +1,98 @@
+"""Accelerate on the engine: `accelerate launch` starting a script written
+against Accelerate (accelerate_worker.py) on 2 CPU ranks, through
+accelerate.Accelerator (DDP) and zeroshard.hf.Accelerator, and
+DeepSpeedPlugin's knobs mapped onto the engine's config."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+accelerate = pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+_runs = {}
+
+
+def launch(engine, *flags):
+    key = (engine, flags)
+    if key in _runs:
+        return _runs[key]
+    if not (REPO / "build" / "lib" / "libzeroshard.so").exists():
+        pytest.skip("libzeroshard is not built")
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
+              "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION"):
+        env.pop(k, None)
+    env["ZS_TIMEOUT_MS"] = "60000"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    with tempfile.TemporaryDirectory(prefix="zs_accelerate_") as scratch:
+        env["ZS_TEST_DIR"] = scratch
+        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
+        # On a host without GPUs, --multi_gpu (or --use_deepspeed) is what
+        # makes accelerate launch start several processes (torchrun); the
+        # script's Accelerator(cpu=True) runs them as CPU ranks.
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", *(flags or ("--multi_gpu",)),
+               str(HERE / "accelerate_worker.py"), engine]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=scratch)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+        with open(result) as f:
+            _runs[key] = json.load(f)
+    return _runs[key]
+
+
+def same(a, b):
+    assert len(a) == len(b) and a
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= 1e-5 * abs(x), (step, x, y, a, b)
+
+
+def test_accelerator_script_trains_as_ddp():
+    """prepare (the torch AdamW and its scheduler converted), accumulate over
+    2 micro-batches, backward, clip_grad_norm_ (the config's clipping),
+    save_state and load_state: the losses of accelerate.Accelerator's DDP,
+    and the same losses again after going back to the saved state."""
+    ddp, ours = launch("ddp"), launch("zeroshard")
+    assert ddp["world"] == ours["world"] == 2 and ddp["type"] == "DistributedType.MULTI_CPU"
+    assert ours["partitioned"] and not ddp["partitioned"]
+    same(ddp["losses"], ours["losses"])
+    same(ours["losses"][6:], ours["again"])
+
+
+def test_accelerate_launch_use_deepspeed_flags_reach_the_engine():
+    """accelerate launch --use_deepspeed --zero_stage 3 with its accumulation
+    and clipping flags: Accelerate's DeepSpeedPlugin from the environment,
+    mapped onto the engine's config (DeepSpeed itself is not started)."""
+    ours = launch("zeroshard_env", "--use_deepspeed", "--zero_stage", "3", "--gradient_accumulation_steps", "2",
+                  "--gradient_clipping", "1.0")
+    cfg = ours["config"]
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_accumulation_steps"] == 2, cfg
+    assert cfg["gradient_clipping"] == 1.0, cfg
+    same(launch("ddp")["losses"], ours["losses"])
+
+
+def test_deepspeed_plugin_knobs_map_or_are_refused():
+    from accelerate import DeepSpeedPlugin
+
+    from zeroshard.hf.accelerator import config_from_plugin
+    cfg = config_from_plugin(DeepSpeedPlugin(zero_stage=3, gradient_clipping=0.5, gradient_accumulation_steps=4,
+                                             offload_optimizer_device="cpu", zero3_save_16bit_model=True),
+                             mixed_precision="bf16")
+    assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert cfg["gradient_clipping"] == 0.5 and cfg["gradient_accumulation_steps"] == 4
+    assert cfg["bf16"] == {"enabled": True}
+    assert "steps_per_print" not in cfg  # Accelerate's inf, which JSON cannot hold
+    with pytest.raises(ValueError, match="zero_stage 2.*ZeRO stage 3"):
+        config_from_plugin(DeepSpeedPlugin(zero_stage=2))
+    with pytest.raises(ValueError, match="set_leaf_modules"):
+        config_from_plugin(DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="MixtralSparseMoeBlock"))

@@ -1,0 +1,233 @@
+"""Accelerate on the engine: the Accelerator the Trainer uses, adapted
+(_accelerator_class), and `zeroshard.hf.Accelerator` for scripts written
+against Accelerate, with DeepSpeedPlugin's knobs (or `accelerate launch
+--use_deepspeed ...`) mapped onto the engine's config."""
+import logging
+import math
+import os
+
+import accelerate
+import torch
+
+from .. import torch as zt
+from .config import _engine_config
+from .pretrained import HfZeroShardConfig
+
+_log = logging.getLogger("zeroshard")
+
+
+def _accelerator_class(base):
+    """Accelerate's Accelerator as the Trainer uses it, with the model left
+    unwrapped (the engine reduces gradients: a DDP wrapper would reduce
+    them again), the backward through the engine's loss scaling, and
+    clipping left to the engine (the config's gradient_clipping)."""
+
+    class ZeroShardAccelerator(base):
+        def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+            if any(zt.is_partitioned(p) for p in model.parameters()):
+                if all(m is not model for m in self._models):
+                    self._models.append(model)
+                return model
+            return super().prepare_model(model, device_placement=device_placement,
+                                         evaluation_mode=evaluation_mode)
+
+        def prepare_optimizer(self, optimizer, device_placement=None):
+            # Placing the optimizer would round-trip every shard through
+            # state_dict(): the engine's state is on its device already.
+            if isinstance(optimizer, zt.ZeroShardOptimizer):
+                device_placement = False
+            return super().prepare_optimizer(optimizer, device_placement=device_placement)
+
+        def backward(self, loss, **kwargs):
+            opt = _engine_optimizer(self._optimizers)
+            if opt is None:
+                return super().backward(loss, **kwargs)
+            kwargs.pop("scale_wrt_gas", None)
+            kwargs.pop("learning_rate", None)
+            # Accelerate's own division for its gradient accumulation (1
+            # under the Trainer, which divides itself).
+            opt.backward(loss / self.gradient_accumulation_steps, **kwargs)
+
+        def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+            opt = _engine_optimizer(self._optimizers)
+            if opt is None:
+                return super().clip_grad_norm_(parameters, max_norm, norm_type)
+            # As under DeepSpeed, the config's gradient_clipping clips (at
+            # the engine's step, which takes the norm); said once if the
+            # call asks for another value.
+            configured = float(zt.get_context().config.get("gradient_clipping") or 0.0)
+            if (not getattr(self, "_zs_clip_noted", False) and math.isfinite(max_norm)
+                    and float(max_norm) != configured):
+                self._zs_clip_noted = True
+                if self.is_main_process:
+                    _log.warning("zeroshard: gradients are clipped by the config's gradient_clipping = %g (at "
+                                 "the engine's step, as under DeepSpeed), not by clip_grad_norm_'s max_norm "
+                                 "= %g: set gradient_clipping to change it", configured, max_norm)
+            return None
+
+        @property
+        def optimizer_step_was_skipped(self):
+            opt = _engine_optimizer(self._optimizers)
+            if opt is None:
+                return super().optimizer_step_was_skipped
+            return opt.step_was_skipped
+
+    ZeroShardAccelerator.__name__ = ZeroShardAccelerator.__qualname__ = f"ZeroShard{base.__name__}"
+    return ZeroShardAccelerator
+
+
+def _engine_optimizer(optimizers):
+    for o in optimizers or ():
+        inner = getattr(o, "optimizer", o)
+        if isinstance(inner, zt.ZeroShardOptimizer):
+            return inner
+    return None
+
+
+def config_from_plugin(plugin, mixed_precision="no"):
+    """The engine's config from Accelerate's DeepSpeedPlugin: the JSON it
+    holds or the one its knobs made (gradient_accumulation_steps,
+    gradient_clipping, zero_stage, offload devices and NVMe paths,
+    zero3_save_16bit_model), with the "auto"s Accelerate fills from the
+    run (clipping 1.0, as Accelerate's DeepSpeed preparation) and the
+    Accelerator's mixed precision as the bf16 / fp16 section."""
+    config = _json_safe(plugin.deepspeed_config)
+    if plugin.enable_msamp:
+        raise ValueError("zeroshard.hf.Accelerator: DeepSpeedPlugin(enable_msamp=True): MS-AMP is not supported")
+    if plugin.transformer_moe_cls_names:
+        raise ValueError("zeroshard.hf.Accelerator: DeepSpeedPlugin(transformer_moe_cls_names=...): name the MoE "
+                         "blocks with zeroshard.torch.set_leaf_modules(model, classes) instead")
+    stage = config.get("zero_optimization", {}).get("stage")
+    if stage not in (3, "auto"):
+        raise ValueError(f"zeroshard.hf.Accelerator: zero_stage {stage!r}: zeroshard partitions parameters, "
+                         "gradients and optimizer state (ZeRO stage 3); set zero_stage=3 (accelerate launch "
+                         "--zero_stage 3)")
+    config["zero_optimization"]["stage"] = 3
+    if config.get("gradient_clipping") == "auto":
+        config["gradient_clipping"] = 1.0
+    if mixed_precision in ("bf16", "fp16") and "bf16" not in config and "fp16" not in config:
+        config[mixed_precision] = {"enabled": True}
+    for section in ("bf16", "fp16"):
+        if (config.get(section) or {}).get("enabled") == "auto":
+            config[section]["enabled"] = mixed_precision == section
+    return config
+
+
+def _json_safe(value):
+    """The plugin's config without what JSON cannot hold or the engine
+    reads as a value (Accelerate's steps_per_print = inf; nvme_path None
+    for a device that is not NVMe)."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()
+                if v is not None and not (isinstance(v, float) and not math.isfinite(v))}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class Accelerator(_accelerator_class(accelerate.Accelerator)):
+    """Accelerate's Accelerator on the zeroshard engine, for scripts written
+    against Accelerate:
+
+        from zeroshard.hf import Accelerator      # was: from accelerate import Accelerator
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config="ds.json", zero_stage=3))
+        model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, data, scheduler)
+
+    The config comes from `zeroshard_config` (a DeepSpeed JSON), a
+    DeepSpeedPlugin, or `accelerate launch --use_deepspeed --zero_stage 3
+    [--deepspeed_config_file ...]` (which Accelerate passes as
+    environment variables); with none, ZeRO-3 defaults. prepare()
+    partitions each model (no DDP wrapper: the engine reduces gradients),
+    turns each torch AdamW / Adam / SGD into the engine's optimizer with the
+    same groups (schedulers follow), and leaves dataloaders to Accelerate.
+    backward() scales the loss under fp16; clipping is the config's
+    gradient_clipping; save_state / load_state keep the engine's sharded
+    checkpoint (any world size) beside Accelerate's own files. With
+    zero3_init_flag (DeepSpeed's default under ZeRO-3), from_pretrained
+    loads partitioned."""
+
+    def __init__(self, *args, zeroshard_config=None, deepspeed_plugin=None, **kwargs):
+        if isinstance(deepspeed_plugin, dict):
+            raise ValueError("zeroshard.hf.Accelerator: several DeepSpeed plugins (a dict) are not supported")
+        from_env = os.environ.pop("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        if zeroshard_config is not None and (deepspeed_plugin is not None or from_env):
+            raise ValueError("zeroshard.hf.Accelerator: give the config once: zeroshard_config= or a "
+                             "DeepSpeedPlugin (or accelerate launch --use_deepspeed), not both")
+        mixed = kwargs.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        mixed = str(getattr(mixed, "value", mixed))
+        if deepspeed_plugin is None and from_env:
+            deepspeed_plugin = accelerate.DeepSpeedPlugin()  # from accelerate launch's variables
+        if deepspeed_plugin is not None:
+            self.zs_config = config_from_plugin(deepspeed_plugin, mixed)
+            kwargs.setdefault("gradient_accumulation_steps",
+                              int(deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps") or 1))
+            zero3_init = deepspeed_plugin.zero3_init_flag
+        else:
+            from .config import _load
+            self.zs_config = _load(zeroshard_config) or {"zero_optimization": {"stage": 3}}
+            zero3_init = True
+        # The engine carries the precision (16-bit params on fp32 masters):
+        # Accelerate's autocast would run over them a second time.
+        kwargs["mixed_precision"] = "no"
+        os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        super().__init__(*args, **kwargs)
+        # DeepSpeed's zero3_init_flag: from_pretrained loads partitioned
+        # while this Accelerator lives.
+        self._zs_pretrained = HfZeroShardConfig(self.zs_config) if zero3_init else None
+
+    def prepare(self, *args, device_placement=None):
+        engine_config = _engine_config(self.zs_config)
+        for obj in args:
+            if isinstance(obj, torch.nn.Module):
+                zt.partition_module(obj, config=engine_config)
+        converted = {}
+        out = []
+        for obj in args:
+            if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, zt.ZeroShardOptimizer):
+                converted[id(obj)] = zt.ZeroShardOptimizer.from_torch(obj)
+                obj = converted[id(obj)]
+            out.append(obj)
+        for obj in out:
+            inner = getattr(obj, "scheduler", obj)
+            if id(getattr(inner, "optimizer", None)) in converted:
+                inner.optimizer = converted[id(inner.optimizer)]
+        return super().prepare(*out, device_placement=device_placement)
+
+    def save_state(self, output_dir=None, **kwargs):
+        """Accelerate's state (schedulers, samplers, RNG, registered objects)
+        and the engine's checkpoint of the prepared model and optimizer
+        (crash-safe, sharded) in output_dir/zeroshard."""
+        model, optimizer = self._engine_pair("save_state")
+        models, optimizers = self._models, self._optimizers
+        self._models, self._optimizers = [], []
+        try:
+            path = super().save_state(output_dir, **kwargs)
+        finally:
+            self._models, self._optimizers = models, optimizers
+        zt.save_checkpoint(os.path.join(path, "zeroshard"), model, optimizer, tag="state", overwrite=True)
+        return path
+
+    def load_state(self, input_dir=None, **kwargs):
+        """save_state's directory back, at any world size."""
+        model, optimizer = self._engine_pair("load_state")
+        models, optimizers = self._models, self._optimizers
+        self._models, self._optimizers = [], []
+        try:
+            super().load_state(input_dir, **kwargs)
+        finally:
+            self._models, self._optimizers = models, optimizers
+        if input_dir is None:  # Accelerate's own choice: its latest automatic checkpoint
+            input_dir = self._latest_state_dir()
+        zt.load_checkpoint(os.path.join(input_dir, "zeroshard"), model, optimizer, tag="state")
+
+    def _latest_state_dir(self):
+        folder = os.path.join(self.project_dir, "checkpoints")
+        return os.path.join(folder, sorted(os.listdir(folder), key=lambda f: int(f.split("_")[-1]))[-1])
+
+    def _engine_pair(self, what):
+        models = [m for m in self._models if any(zt.is_partitioned(p) for p in m.parameters())]
+        opt = _engine_optimizer(self._optimizers)
+        if len(models) != 1 or len(self._optimizers) > 1:
+            raise NotImplementedError(f"zeroshard.hf.Accelerator.{what}: one prepared model and at most one "
+                                      f"optimizer are supported, not {len(models)} and {len(self._optimizers)}")
+        return models[0], opt

@@ -1,0 +1,237 @@
+"""transformers.Trainer (or a subclass of it) on the engine; see the package
+docstring."""
+import os
+
+import torch
+import transformers
+
+from .. import torch as zt
+from ..torch._context import working_dtype
+from .accelerator import _accelerator_class, _engine_optimizer
+from .config import _engine_config, resolve_config
+from .pretrained import _take_over_deepspeed_registration
+from .schedulers import SCHEDULERS
+
+CHECKPOINT_DIR = "zeroshard"  # the engine's checkpoint inside a Trainer checkpoint folder
+SCHEDULER_NAME = "scheduler.pt"
+_OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
+# TrainingArguments.optim values the engine's AdamW stands for: each is
+# AdamW with decoupled weight decay, differing only in torch's kernels.
+_ADAMW_OPTIMS = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_apex_fused"}
+
+
+# TrainingArguments the engine cannot honour with a sharded model, and what
+# to use instead.
+def _refused(args):
+    out = []
+    if args.torch_compile:
+        out.append("torch_compile=True: the engine's gather hooks run around each module's forward, which "
+                   "torch.compile does not keep; leave it False")
+    if args.auto_find_batch_size:
+        out.append("auto_find_batch_size=True: a retry with a smaller batch would rebuild the partitioned model "
+                   "(as under DeepSpeed ZeRO-3); set per_device_train_batch_size")
+    if args.fsdp:
+        out.append(f"fsdp={args.fsdp!r}: zeroshard shards the model itself; leave fsdp unset")
+    if str(getattr(args.optim, "value", args.optim)) not in _ADAMW_OPTIMS | {"sgd"}:
+        out.append(f"optim={getattr(args.optim, 'value', args.optim)!r}: the engine steps AdamW, Adam and SGD on "
+                   "its shards; use optim='adamw_torch' (or an \"optimizer\" section in the config)")
+    return out
+
+
+class ZeroShardTrainerMixin:
+    """The zeroshard engine under a transformers.Trainer (or a subclass):
+    see the module docstring. `zeroshard_config` is the DeepSpeed config
+    when the TrainingArguments carry none (`deepspeed=`)."""
+
+    def __init__(self, model=None, args=None, *rest, zeroshard_config=None, **kwargs):
+        if args is None:
+            args = transformers.TrainingArguments(output_dir="tmp_trainer")
+        source = zeroshard_config if zeroshard_config is not None else args.deepspeed
+        if zeroshard_config is not None and args.deepspeed:
+            raise ValueError("zeroshard.hf.Trainer: give the config once, as TrainingArguments(deepspeed=...) or "
+                             "zeroshard_config=, not both")
+        if kwargs.get("model_init") is not None:
+            raise ValueError("zeroshard.hf.Trainer: model_init (a model rebuilt per run or trial) is not "
+                             "supported: pass the model, built under zeroshard.torch.Init or plainly")
+        args = _detach_deepspeed(args)
+        refused = _refused(args)
+        if refused:
+            raise ValueError("zeroshard.hf.Trainer: these TrainingArguments cannot work with a sharded model:\n- "
+                             + "\n- ".join(refused))
+        config = resolve_config(source if source is not None else {"zero_optimization": {"stage": 3}},
+                                args, model=model)
+        stage = config.get("zero_optimization", {}).get("stage", 3)
+        if stage not in (3, "auto"):
+            raise ValueError(f"zeroshard.hf.Trainer: zero_optimization.stage {stage!r}: zeroshard always "
+                             "partitions parameters, gradients and optimizer state (ZeRO stage 3); set 3")
+        self.zs_config = config
+        if model is not None:
+            zt.partition_module(model, config=_engine_config(config))
+        self._zs_dtype = working_dtype() if model is not None else None
+        super().__init__(model, args, *rest, **kwargs)
+
+    # -- setup --
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        self.accelerator.__class__ = _accelerator_class(type(self.accelerator))
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is not None:
+            return self.optimizer
+        model = self.model if model is None else model
+        section = self.zs_config.get("optimizer")
+        decay = set(self.get_decay_parameter_names(model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if section is not None:
+            kind, hp = _optimizer_from_section(section)
+        else:
+            kind = "sgd" if str(getattr(self.args.optim, "value", self.args.optim)) == "sgd" else "adamw"
+            hp = dict(lr=self.args.learning_rate, betas=(self.args.adam_beta1, self.args.adam_beta2),
+                      eps=self.args.adam_epsilon, weight_decay=self.args.weight_decay)
+        groups = [{"params": [p for n, p in named if n in decay], "weight_decay": hp.get("weight_decay", 0.0)},
+                  {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        self.optimizer = zt.ZeroShardOptimizer(groups, kind=kind, **hp)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        section = self.zs_config.get("scheduler")
+        if self.lr_scheduler is not None or section is None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        config = resolve_config({"scheduler": section}, self.args, num_training_steps=num_training_steps)
+        kind, params = config["scheduler"].get("type"), dict(config["scheduler"].get("params", {}))
+        if kind not in SCHEDULERS:
+            raise ValueError(f"zeroshard.hf: scheduler.type {kind!r} is not supported: zeroshard runs DeepSpeed's "
+                             f"{', '.join(SCHEDULERS)}, or the Trainer's own scheduler (lr_scheduler_type) when "
+                             "the config has no scheduler section")
+        self.lr_scheduler = SCHEDULERS[kind](optimizer or self.optimizer, **params)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def _prepare_input(self, data):
+        data = super()._prepare_input(data)
+        if self._zs_dtype is not None and torch.is_tensor(data) and torch.is_floating_point(data):
+            return data.to(self._zs_dtype)  # as the Trainer casts them for DeepSpeed
+        return data
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
+        # The engine takes the global norm at its step, before clipping.
+        if grad_norm is None and self.optimizer is not None:
+            result = getattr(_engine_optimizer([self.optimizer]), "last_result", None)
+            if result is not None:
+                grad_norm = result["grad_norm"]
+        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
+    # -- saving --
+    def _save(self, output_dir=None, state_dict=None):
+        # torch's state_dict() of a partitioned model gathers it a module at
+        # a time, on every rank (collective); the main process writes it.
+        if state_dict is None:
+            state_dict = self.model.state_dict()
+        if self.args.should_save:
+            super()._save(output_dir, state_dict=state_dict)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        # A checkpoint holds the engine's shards: full weights too only when
+        # the config asks (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
+        zero = self.zs_config.get("zero_optimization", {})
+        gather = zero.get("stage3_gather_16bit_weights_on_model_save", zero.get("gather_16bit_weights_on_model_save"))
+        if _internal_call and not gather:
+            return
+        super().save_model(output_dir, _internal_call=_internal_call)
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        zt.save_checkpoint(os.path.join(output_dir, CHECKPOINT_DIR), self.model,
+                           _engine_optimizer([self.optimizer]), tag="state", overwrite=True)
+        if self.args.should_save and self.lr_scheduler is not None:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        # The weights come with the optimizer's state (_load_optimizer_and_scheduler).
+        if not os.path.isdir(os.path.join(resume_from_checkpoint, CHECKPOINT_DIR)):
+            raise ValueError(f"zeroshard.hf: {resume_from_checkpoint} holds no zeroshard checkpoint "
+                             f"({CHECKPOINT_DIR}/): resume from a checkpoint this Trainer saved")
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
+                           _engine_optimizer([self.optimizer]), tag="state")
+        path = os.path.join(checkpoint, SCHEDULER_NAME)
+        if os.path.isfile(path) and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
+
+    def _load_best_model(self):
+        best = self.state.best_model_checkpoint
+        zt.load_checkpoint(os.path.join(best, CHECKPOINT_DIR), self.model, None, tag="state")
+
+
+def _optimizer_from_section(section):
+    """(kind, hyper-parameters) of the config's "optimizer" section."""
+    kind = str(section.get("type", "")).lower()
+    params = dict(section.get("params", {}))
+    if kind not in _OPTIMIZERS:
+        raise ValueError(f"zeroshard.hf: optimizer.type {section.get('type')!r} is not supported: the engine steps "
+                         "AdamW, Adam and SGD on its shards")
+    # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
+    if kind == "adam" and params.pop("adam_w_mode", True):
+        kind = "adamw"
+    params.pop("torch_adam", None)
+    hp = {}
+    for key in ("lr", "eps", "weight_decay", "momentum", "dampening", "nesterov", "bias_correction"):
+        if key in params:
+            hp[key] = params.pop(key)
+    if "betas" in params:
+        hp["betas"] = tuple(params.pop("betas"))
+    if params:
+        raise ValueError(f"zeroshard.hf: optimizer.params {sorted(params)} are not acted on by the engine's "
+                         f"{kind}; remove them")
+    return _OPTIMIZERS[kind], hp
+
+
+def _detach_deepspeed(args):
+    """Take the DeepSpeed wiring out of `args`, in place (the Trainer and
+    the user's code share the object): no DeepSpeed plugin, no Accelerate
+    mixed precision (the engine's config carries bf16/fp16: Accelerate
+    would add autocast over 16-bit params), and the process state set up
+    again without DeepSpeed. `args.deepspeed` keeps the user's value, and
+    its HfTrainerDeepSpeedConfig lives on with `args` (HfZeroShardConfig's
+    role: later from_pretrained calls load partitioned)."""
+    given = args.deepspeed
+    args.deepspeed = None
+    args.deepspeed_plugin = None
+    args.mixed_precision = "no"
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+    args.__dict__.pop("_setup_devices", None)  # a cached_property: set up again without DeepSpeed
+    args.device  # noqa: B018 (the set-up is the point)
+    args.deepspeed = given
+    _take_over_deepspeed_registration()  # from_pretrained: the engine's path, not DeepSpeed's
+    return args
+
+
+_classes = {}
+
+
+def trainer_class(base):
+    """`base` (transformers.Trainer or a subclass: Seq2SeqTrainer, TRL's
+    SFTTrainer) running on the zeroshard engine."""
+    if base not in _classes:
+        attrs = {"__module__": __name__, "__doc__": f"{base.__name__} on the zeroshard engine."}
+        if issubclass(base, transformers.Seq2SeqTrainer):
+            def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+                # generate() on ranks that stop at different lengths: every
+                # rank runs forwards until all have finished, so their
+                # gathers pair up (DeepSpeed ZeRO-3's synced_gpus).
+                if self.args.world_size > 1:
+                    if not gen_kwargs:  # what the base class would take: evaluate()'s or predict()'s
+                        gen_kwargs = dict(getattr(self, "_gen_kwargs", None) or {})
+                    gen_kwargs.setdefault("synced_gpus", True)
+                return base.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=ignore_keys,
+                                            **gen_kwargs)
+            attrs["prediction_step"] = prediction_step
+        _classes[base] = type(base.__name__, (ZeroShardTrainerMixin, base), attrs)
+    return _classes[base]
+
+
+Trainer = trainer_class(transformers.Trainer)
+Seq2SeqTrainer = trainer_class(transformers.Seq2SeqTrainer)
