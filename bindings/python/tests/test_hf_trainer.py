@@ -149,3 +149,71 @@ def test_bf16_training_arguments_train_bf16_params():
     assert ours["dtypes"] == ["torch.bfloat16"] and ddp["dtypes"] == ["torch.float32"]
     same(ddp["losses"], ours["losses"], rel=0.02)
     assert ours["losses"] != ddp["losses"]
+
+
+# ---- in one process ---------------------------------------------------------
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    monkeypatch.setenv("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "ZS_LAUNCHER"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_auto_values_resolve_and_mismatches_are_named(one_rank, tmp_path):
+    import zeroshard.hf
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3,
+                                          gradient_accumulation_steps=2, max_grad_norm=0.5, learning_rate=1e-4,
+                                          use_cpu=True, report_to=[])
+    cfg = zeroshard.hf.resolve_config(
+        {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+         "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                   "weight_decay": "auto"}},
+         "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                           "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+         "bf16": {"enabled": "auto"}}, args, num_training_steps=100)
+    assert cfg["train_micro_batch_size_per_gpu"] == 3 and cfg["train_batch_size"] == 6
+    assert cfg["gradient_accumulation_steps"] == 2 and cfg["gradient_clipping"] == 0.5
+    assert cfg["optimizer"]["params"] == {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    assert cfg["scheduler"]["params"]["total_num_steps"] == 100 and cfg["bf16"]["enabled"] is False
+    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8 vs hf per_device_train_batch_size=3"):
+        zeroshard.hf.resolve_config({"train_micro_batch_size_per_gpu": 8}, args)
+
+
+def test_arguments_and_keys_that_cannot_act_are_named(one_rank, tmp_path):
+    import zeroshard
+    import zeroshard.hf
+    from zeroshard.hf.config import not_acted_on
+    found = {k for k, _, _ in not_acted_on({"wall_clock_breakdown": True, "tensorboard": {"enabled": True},
+                                             "wandb": {"enabled": False}, "steps_per_print": 10,
+                                             "data_types": {"grad_accum_dtype": "bf16"}})}
+    assert found == {"wall_clock_breakdown", "tensorboard", "data_types"}
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], optim="adafactor",
+                                          deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(ValueError, match="optim='adafactor'.*adamw_torch"):
+        zeroshard.hf.Trainer(model=torch.nn.Linear(2, 2), args=args)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          deepspeed={"zero_optimization": {"stage": 2}})
+    with pytest.raises(ValueError, match="stage 2.*ZeRO stage 3"):
+        zeroshard.hf.Trainer(model=torch.nn.Linear(2, 2), args=args)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          deepspeed={"zero_optimization": {"stage": 3}, "wall_clock_breakdown": True})
+    with pytest.warns(zeroshard.ZeroShardConfigWarning, match="wall_clock_breakdown = true"):
+        zeroshard.hf.Trainer(model=torch.nn.Linear(2, 2), args=args)
+    zeroshard.torch.shutdown()
+
+
+@pytest.mark.parametrize("warmup_type", ["log", "linear"])
+def test_deepspeed_schedulers_step_as_deepspeed(warmup_type):
+    lr_schedules = pytest.importorskip("deepspeed.runtime.lr_schedules")
+    from zeroshard.hf import WarmupDecayLR, WarmupLR
+    for ours_cls, ds_cls, extra in ((WarmupLR, lr_schedules.WarmupLR, {}),
+                                    (WarmupDecayLR, lr_schedules.WarmupDecayLR, {"total_num_steps": 12})):
+        opts = [torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0) for _ in range(2)]
+        kw = dict(warmup_min_lr=0.01, warmup_max_lr=0.1, warmup_num_steps=5, warmup_type=warmup_type, **extra)
+        ours, ref = ours_cls(opts[0], **kw), ds_cls(opts[1], **kw)
+        for _ in range(14):
+            assert opts[0].param_groups[0]["lr"] == pytest.approx(opts[1].param_groups[0]["lr"], rel=1e-12)
+            ours.step()
+            ref.step()

@@ -10,7 +10,7 @@ import accelerate
 import torch
 
 from .. import torch as zt
-from .config import _engine_config
+from .config import _engine_config, warn_not_acted_on
 from .pretrained import HfZeroShardConfig
 
 _log = logging.getLogger("zeroshard")
@@ -171,6 +171,7 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         kwargs["mixed_precision"] = "no"
         os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
         super().__init__(*args, **kwargs)
+        warn_not_acted_on(self.zs_config, self.process_index)
         # DeepSpeed's zero3_init_flag: from_pretrained loads partitioned
         # while this Accelerator lives.
         self._zs_pretrained = HfZeroShardConfig(self.zs_config) if zero3_init else None

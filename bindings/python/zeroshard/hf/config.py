@@ -138,3 +138,49 @@ def resolve_sized_autos(config_json, hf_config):
     if hidden is not None:
         _fill_sized(r, hidden)
     return r.config
+
+
+# DeepSpeed's reporting and its own activation checkpointing: what each asks
+# for, when the value asks for anything.
+_NOT_ACTED = {
+    "wall_clock_breakdown": "the engine's step timings are in optimizer.step_stats(), not DeepSpeed's breakdown",
+    "tensorboard": "DeepSpeed's monitors are not run: use TrainingArguments(report_to=...)",
+    "wandb": "DeepSpeed's monitors are not run: use TrainingArguments(report_to=...)",
+    "csv_monitor": "DeepSpeed's monitors are not run: use TrainingArguments(report_to=...)",
+    "comet": "DeepSpeed's monitors are not run: use TrainingArguments(report_to=...)",
+    "flops_profiler": "DeepSpeed's flops profiler is not run",
+    "comms_logger": "the engine's collectives are in optimizer.wire_stats(), not DeepSpeed's comms logger",
+    "activation_checkpointing": "DeepSpeed's activation checkpointing serves models that call "
+                                "deepspeed.checkpointing; use gradient_checkpointing=True",
+    "data_types": "gradients are accumulated in fp32 shards",
+}
+
+
+def _asks(key, value):
+    if isinstance(value, dict):
+        if key == "data_types":
+            return value.get("grad_accum_dtype") not in (None, "fp32", "float32")
+        return bool(value.get("enabled", bool(value))) if key != "activation_checkpointing" else bool(value)
+    return bool(value)
+
+
+def not_acted_on(config):
+    """(key, value, reason) for each top-level key of a DeepSpeed JSON that
+    neither the engine nor the Hugging Face side acts on and whose value
+    asks for something (a monitor enabled, DeepSpeed's wall-clock
+    breakdown, its activation checkpointing, a 16-bit accumulation dtype).
+    Keys unknown here but to DeepSpeed are the engine's to name."""
+    return [(k, v, _NOT_ACTED[k]) for k, v in config.items() if k in _NOT_ACTED and _asks(k, v)]
+
+
+def warn_not_acted_on(config, rank):
+    """One ZeroShardConfigWarning (on rank 0) naming not_acted_on(config)."""
+    found = not_acted_on(config)
+    if found and rank == 0:
+        import warnings
+
+        from ..errors import ZeroShardConfigWarning
+        keys = [{"key": k, "value": v, "reason": why} for k, v, why in found]
+        warnings.warn(ZeroShardConfigWarning("\n".join(
+            f"zeroshard: config key {k} = {json.dumps(v)} is accepted but not acted on under the Hugging Face "
+            f"Trainer or Accelerate: {why}" for k, v, why in found), keys), stacklevel=3)

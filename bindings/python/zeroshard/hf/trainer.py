@@ -8,7 +8,7 @@ import transformers
 from .. import torch as zt
 from ..torch._context import working_dtype
 from .accelerator import _accelerator_class, _engine_optimizer
-from .config import _engine_config, resolve_config
+from .config import _engine_config, resolve_config, warn_not_acted_on
 from .pretrained import _take_over_deepspeed_registration
 from .schedulers import SCHEDULERS
 
@@ -65,6 +65,7 @@ class ZeroShardTrainerMixin:
             raise ValueError(f"zeroshard.hf.Trainer: zero_optimization.stage {stage!r}: zeroshard always "
                              "partitions parameters, gradients and optimizer state (ZeRO stage 3); set 3")
         self.zs_config = config
+        warn_not_acted_on(config, args.process_index)
         if model is not None:
             zt.partition_module(model, config=_engine_config(config))
         self._zs_dtype = working_dtype() if model is not None else None
