@@ -11,7 +11,6 @@ under $ZS_TEST_DIR.
 """
 import json
 import logging
-import math
 import os
 import sys
 
