@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "impl/common/reduce.h"
 #include "impl/device/buffer.h"
@@ -11,7 +12,9 @@
 namespace zs::collectives {
 namespace {
 
-// Sums and reductions of 16-bit floats run in fp32; u8 stays bytes.
+// Sums and reductions of 16-bit floats run in fp32; u8 stays bytes. A
+// reduce-scatter of 16-bit floats carries 16-bit partial sums
+// (reduce_scatter_16); the other reductions carry fp32 between ranks.
 size_t wire_elem(DType dtype) { return dtype == DType::U8 ? 1 : 4; }
 
 void reduce_into(void* dst, const void* src, size_t count, DType dtype, ReduceOp op) {
@@ -105,6 +108,39 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
   }
 }
 
+// 16-bit floats: the ring carries 16-bit partial sums, half of fp32's bytes
+// (what communication_data_type bf16/fp16 asks for, and what NCCL's bf16
+// reductions move); each hop adds in fp32 and rounds its partial sum once.
+// Max and min are exact either way.
+void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
+                       ReduceOp op) {
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  const size_t bytes = count * dtype_size(dtype);
+  const auto* base = static_cast<const uint8_t*>(send);
+  auto block = [n, base, bytes](int b) { return base + static_cast<size_t>((b + n) % n) * bytes; };
+  if (n == 1) {
+    if (recv != send) std::memmove(recv, send, bytes);
+    return;
+  }
+  const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
+  Buffer incoming(bytes), partial(bytes);
+  std::vector<float> sum(count), own(count);
+  const int right = (me + 1) % n;
+  const int left = (me + n - 1) % n;
+  for (int step = 0; step < n - 1; ++step) {
+    const bool last = step == n - 2;
+    const auto index = static_cast<uint32_t>(step);
+    p2p.recv(left, index, incoming.data(), bytes);
+    p2p.send(right, index, step == 0 ? block(me - 1) : partial.data(), bytes);
+    p2p.wait();
+    widen_to_f32(incoming.data(), dtype, sum.data(), count);
+    widen_to_f32(block(me - step - 2), dtype, own.data(), count);
+    reduce_f32_into(sum.data(), own.data(), sum.data(), count, op, last ? scale : 1.0f);
+    narrow_from_f32(sum.data(), dtype, last ? recv : partial.data(), count);
+  }
+}
+
 }  // namespace
 
 void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
@@ -179,6 +215,10 @@ void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t coun
   if (count == 0) return;
   if (dtype == DType::F32) {
     reduce_scatter_f32(p2p, static_cast<const float*>(send), static_cast<float*>(recv), count, op);
+    return;
+  }
+  if (dtype == DType::BF16 || dtype == DType::F16) {
+    reduce_scatter_16(p2p, send, recv, count, dtype, op);
     return;
   }
   const int n = p2p.size();

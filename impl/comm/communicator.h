@@ -46,7 +46,8 @@ class Communicator {
   // Many all-gathers as one operation (the param fetch path).
   virtual void allgather_coalesced(const std::vector<GatherSegment>& segments) = 0;
   // send holds count * size() elements; this rank receives block rank().
-  // 16-bit floats are reduced in fp32.
+  // 16-bit floats are summed in fp32, hop by hop; the partial sums cross
+  // the wire in their 16 bits (half the bytes of fp32).
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     check_reduction("reduce-scatter", dtype, op);
     do_reduce_scatter(send, recv, count, dtype, op);
