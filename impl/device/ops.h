@@ -19,6 +19,10 @@ kernels::WorkDtype work_dtype(DType t);
 
 // dst[i] = widen(src[i]) / divisor (divisor 1: no division).
 void widen_scaled(Device& dev, const void* src, DType dtype, float* dst, size_t n, float divisor);
+// dst[i] = round_to(dst_dtype, widen(src[i]) / divisor): a gradient into a
+// 16-bit reduction bucket, the same division as widen_scaled's, rounded once.
+void narrow_scaled(Device& dev, const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n,
+                   float divisor);
 void add_f32(Device& dev, float* dst, const float* src, size_t n);  // dst += src
 // A gradient shard's write (kernels::store_sum_squares' modes) that also
 // takes the sum of squares of the written values: on the host into *sumsq,
