@@ -185,12 +185,24 @@ TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {
                    "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
                    "zero_optimization.sub_group_size", "zero_optimization.round_robin_gradients",
                    "zero_optimization.stage3_module_granularity_threshold",
-                   "zero_optimization.zenflow", "bfloat16.enabled", "communication_data_type",
-                   "prescale_gradients", "gradient_predivide_factor"}));
+                   "zero_optimization.zenflow", "prescale_gradients", "gradient_predivide_factor"}));
   EXPECT_EQ(keys[0].value, "2");
   EXPECT_NE(keys[0].reason.find("stage 3"), std::string::npos);
-  EXPECT_EQ(keys[9].value, "\"BF16\"");
   EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32"})").empty());
+}
+
+// bf16.enabled, fp16.enabled and communication_data_type set the dtype
+// gradients are reduced in; under qgZ, which quantizes from fp32, a 16-bit
+// communication_data_type changes nothing.
+TEST(InactiveConfig, CommunicationDtypeActsUnlessQgzQuantizes) {
+  EXPECT_TRUE(inactive(R"({"bf16": {"enabled": true}, "communication_data_type": "bf16"})").empty());
+  EXPECT_TRUE(inactive(R"({"fp16": {"enabled": true}, "communication_data_type": "FP16"})").empty());
+  const auto keys = inactive(R"({"communication_data_type": "bf16",
+      "zero_optimization": {"zero_quantized_gradients": true}})");
+  EXPECT_EQ(paths(keys), (Paths{"communication_data_type"}));
+  EXPECT_NE(keys[0].reason.find("qgZ quantizes"), std::string::npos);
+  EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32",
+      "zero_optimization": {"zero_quantized_gradients": true}})").empty());
 }
 
 // ---- the C API

@@ -5,8 +5,11 @@
 // nothing today. Each rule names a canonical key, the value at which the
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
-// param and model persistence, MiCS, hpZ, qwZ, qgZ and its LoCo, fp16 loss scaling, clipping,
-// device) have no rule. When the engine starts to act on a key, delete its
+// param and model persistence, MiCS, hpZ, qwZ, qgZ and its LoCo, fp16 loss
+// scaling, clipping, device, and bf16.enabled / fp16.enabled /
+// communication_data_type, which set the dtype gradients are reduced in)
+// have no rule. bf16.enabled also makes zeroshard.torch partition floating
+// params as bf16; through the C ABI the caller registers the dtype. When the engine starts to act on a key, delete its
 // rule here and its case in tests/inactive_config_test.cpp.
 //
 // Deliberately without a rule:
@@ -85,8 +88,6 @@ const std::vector<Rule>& rules() {
        "parameters are always gathered with all-gather"},
       {"zero_optimization.allgather_sequential", false, kDeepSpeedOnly},
       {"zero_optimization.module_granularity_threshold", 0, kDeepSpeedOnly},
-      {"bf16.enabled", false,
-       "each parameter keeps the dtype it is registered with (register bfloat16 params for bf16)"},
       {"bf16.immediate_grad_update", false, kDeepSpeedOnly},
       {"bf16.check_grad_overflow", true, kDeepSpeedOnly},
       {"bf16.bf16_master_weights_and_grads", false,
@@ -196,9 +197,11 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
     return c.zero_quantized_gradients || v == (qgz_bits ? Json(4) : Json(256))
                ? nullptr
                : "gradients are reduced unquantized (zero_quantized_gradients is false)";
+  // The reducer's wire dtype (grad/reducer.h), except under qgZ.
   if (k == "communication_data_type")
-    return c.communication_data_type == "fp32" ? nullptr
-                                               : "gradients are reduced in fp32";
+    return c.zero_quantized_gradients && c.communication_data_type != "fp32"
+               ? "qgZ quantizes the gradients from fp32 (zero_quantized_gradients is on)"
+               : nullptr;
   if (const Rule* rule = rule_for(k)) return v == rule->agrees ? nullptr : rule->reason;
   return nullptr;
 }

@@ -10,6 +10,19 @@
 
 namespace zs {
 
+DType gradient_wire_dtype(const Config& c) {
+  if (c.zero_quantized_gradients) return DType::F32;
+  if (c.communication_data_type == "fp32") return DType::F32;
+  if (c.communication_data_type == "bf16") return DType::BF16;
+  if (c.communication_data_type == "fp16") return DType::F16;
+  if (c.bf16) return DType::BF16;
+  if (c.fp16) return DType::F16;
+  return DType::F32;
+}
+
+GradReducer::GradReducer(Context& ctx)
+    : ctx_(ctx), wire_(gradient_wire_dtype(ctx.config())), loco_(ctx) {}
+
 void GradReducer::set_accumulation_steps(int steps) {
   const auto held = ctx_.lock();
   if (steps < 1) fail(Code::InvalidArgument, "accumulation steps ", steps, ": expected >= 1");
@@ -25,7 +38,7 @@ GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& grou
     const auto per_block = static_cast<uint64_t>(ctx_.config().reduce_bucket_size) / g;
     b.group = group;
     b.capacity = std::max<uint64_t>({per_block, shard_numel, 1});
-    b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * sizeof(float));
+    b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * dtype_size(wire_));
   }
   return b;
 }
@@ -117,16 +130,20 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
   const uint64_t offset = b.used;
   const size_t elem = dtype_size(dtype);
+  const size_t wire = dtype_size(wire_);
   const auto moved = onto_device(ctx_.device(), grad, bytes);
-  auto* blocks = static_cast<float*>(b.data->data());
+  auto* blocks = static_cast<uint8_t*>(b.data->data());
   for (int r = 0; r < p.group->size(); ++r) {
     const uint64_t first = static_cast<uint64_t>(r) * p.layout.shard_numel;
     const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, p.layout.shard_numel);
-    float* dst = blocks + static_cast<uint64_t>(r) * b.capacity + offset;
-    ops::widen_scaled(dev, static_cast<const uint8_t*>(grad) + first * elem, dtype, dst, valid,
-                      grad_divisor_);
+    uint8_t* dst = blocks + (static_cast<uint64_t>(r) * b.capacity + offset) * wire;
+    const uint8_t* src = static_cast<const uint8_t*>(grad) + first * elem;
+    if (wire_ == DType::F32)
+      ops::widen_scaled(dev, src, dtype, reinterpret_cast<float*>(dst), valid, grad_divisor_);
+    else
+      ops::narrow_scaled(dev, src, dtype, dst, wire_, valid, grad_divisor_);
     if (valid < p.layout.shard_numel)  // padding
-      dev.zero(dst + valid, (p.layout.shard_numel - valid) * sizeof(float));
+      dev.zero(dst + valid * wire, (p.layout.shard_numel - valid) * wire);
   }
   // The caller may reuse its gradient memory once we return.
   if (dev.is_cuda()) dev.synchronize();
@@ -139,7 +156,7 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
 bool GradReducer::direct_route(const Param& p) const {
   const Config& c = ctx_.config();
   const auto g = static_cast<uint64_t>(p.group->size());
-  return !ctx_.device()->is_cuda() && g > 1 && p.layout.numel % g == 0 &&
+  return !ctx_.device()->is_cuda() && wire_ == DType::F32 && g > 1 && p.layout.numel % g == 0 &&
          p.layout.numel * 4 >= static_cast<uint64_t>(c.reduce_bucket_size) &&
          !c.zero_quantized_gradients;
 }
@@ -202,21 +219,22 @@ void GradReducer::flush(Bucket& b) {
   // buffer (device copies must not overlap).
   const auto& devp = ctx_.device();
   const int g = b.group->size();
+  const size_t wire = dtype_size(wire_);
   auto data = std::shared_ptr<Buffer>(std::move(b.data));
   if (b.used < b.capacity && g > 1 && !devp->is_cuda()) {
-    auto* blocks = static_cast<float*>(data->data());
+    auto* blocks = static_cast<uint8_t*>(data->data());
     for (int r = 1; r < g; ++r) {
       const auto rank = static_cast<uint64_t>(r);
-      devp->copy(blocks + rank * b.used, blocks + rank * b.capacity, b.used * sizeof(float));
+      devp->copy(blocks + rank * b.used * wire, blocks + rank * b.capacity * wire, b.used * wire);
     }
   } else if (b.used < b.capacity && g > 1) {
-    auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * sizeof(float));
+    auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * wire);
     std::vector<ops::Copy> copies;
-    const auto* from = static_cast<const float*>(data->data());
-    auto* to = static_cast<float*>(packed->data());
+    const auto* from = static_cast<const uint8_t*>(data->data());
+    auto* to = static_cast<uint8_t*>(packed->data());
     for (int r = 0; r < g; ++r)
-      copies.push_back({to + static_cast<uint64_t>(r) * b.used,
-                        from + static_cast<uint64_t>(r) * b.capacity, b.used * sizeof(float)});
+      copies.push_back({to + static_cast<uint64_t>(r) * b.used * wire,
+                        from + static_cast<uint64_t>(r) * b.capacity * wire, b.used * wire});
     ops::copy_many(*devp, copies);
     data = std::move(packed);
   }
@@ -293,18 +311,24 @@ void GradReducer::flush(Bucket& b) {
                         add_into_shards(static_cast<const float*>(mine.data()));
                       });
   } else {
+    const DType wire_dtype = wire_;
     w = group->submit(
         params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
                      params),
-        [data, used, devp, quantized, spec, add_into_shards, e = errs.hop1,
-         feedback](Communicator& comm) {
+        [data, used, devp, quantized, spec, add_into_shards, e = errs.hop1, feedback,
+         wire_dtype](Communicator& comm) {
           Buffer mine(devp, used * sizeof(float));
           if (quantized) {
             quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),
                                          static_cast<float*>(mine.data()), used, spec,
                                          feedback(e));
-          } else {
+          } else if (wire_dtype == DType::F32) {
             comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+          } else {
+            // 16-bit on the wire, widened once into the fp32 shards' sum.
+            Buffer narrow(devp, used * dtype_size(wire_dtype));
+            comm.reduce_scatter(data->data(), narrow.data(), used, wire_dtype, ReduceOp::Avg);
+            ops::cast_to_f32(*devp, narrow.data(), wire_dtype, static_cast<float*>(mine.data()), used);
           }
           add_into_shards(static_cast<const float*>(mine.data()));
         });

@@ -1,14 +1,15 @@
 // Gradient reduction: full gradients handed over by the trainer are packed
-// into buckets laid out rank-major (block r holds every bucketed param's
+// into buckets (of gradient_wire_dtype's elements) laid out rank-major (block r holds every bucketed param's
 // shard r), so one reduce-scatter per bucket leaves each rank exactly its
 // shards, averaged over the group (with qgZ, quantized over an all-to-all:
 // quantized_reduce.h); the group thread then sums them into the fp32
 // gradient shards, taking each shard's sum of squares as it writes it
-// (partition/grad_shard.h). Buckets go out as they fill, overlapping the
+// (partition/grad_shard.h). Accumulation is fp32 whatever the wire dtype
+// (DeepSpeed's ZeRO-3 accumulates bf16 gradients in bf16). Buckets go out as they fill, overlapping the
 // trainer's backward.
 //
 // A large gradient (at least a quarter of reduce_bucket_size, its numel a
-// multiple of the group size, fp32 reduction on a host context) gains
+// multiple of the group size, an fp32 wire on a host context) gains
 // nothing from a bucket: it is reduce-scattered alone, laid out as it
 // comes (block r is shard r), straight into the gradient shard when that
 // holds no current gradient. The route depends on the param and the config
@@ -37,7 +38,7 @@ namespace zs {
 
 class GradReducer : public ParamKeeper {
  public:
-  explicit GradReducer(Context& ctx) : ctx_(ctx), loco_(ctx) {}
+  explicit GradReducer(Context& ctx);
 
   void push(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes);
   // push() of params[i]'s gradient grads[i] (bytes[i] bytes) in order, a
@@ -78,7 +79,7 @@ class GradReducer : public ParamKeeper {
     std::vector<uint64_t> offsets;  // of each param's shard within a block
     uint64_t used = 0;              // elements per block so far
     uint64_t capacity = 0;          // elements per block
-    std::unique_ptr<Buffer> data;  // group size * capacity floats
+    std::unique_ptr<Buffer> data;  // group size * capacity elements of wire_
   };
   // Under the engine lock: check the gradient, then take() it.
   uint64_t checked_take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
@@ -99,6 +100,8 @@ class GradReducer : public ParamKeeper {
   void wait_pending();  // every bucket in flight, errors rethrown
 
   Context& ctx_;
+  // The dtype buckets hold and the reduce-scatter moves (gradient_wire_dtype).
+  const DType wire_;
   float grad_divisor_ = 1.0f;
   std::map<const Group*, Bucket> open_;
   // Reductions on their group's thread (overlap_comm), oldest first; at
@@ -117,6 +120,11 @@ class GradReducer : public ParamKeeper {
   std::set<const Param*> touched_set_;
   LocoErrors loco_;  // used with zeropp_loco_param and qgZ
 };
+
+// The dtype gradients are reduce-scattered in: communication_data_type,
+// else DeepSpeed's default (the 16-bit dtype under bf16.enabled or
+// fp16.enabled, else fp32). qgZ quantizes from fp32 whatever it says.
+DType gradient_wire_dtype(const Config& config);
 
 // The context's gradient reducer, created on first use.
 inline GradReducer& grads(Context& ctx) { return ctx.attachment<GradReducer>(); }

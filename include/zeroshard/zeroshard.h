@@ -586,7 +586,9 @@ ZS_API zs_status zs_param_freeze(zs_param param);
  * may reuse the buffer on return. A full bucket (reduce_bucket_size
  * elements) is reduce-scattered and averaged over the param's group in the
  * background (overlap_comm) and summed into this rank's fp32 gradient
- * shard. Collective over the group: members push the same params in the
+ * shard. The bucket and the wire hold the dtype communication_data_type
+ * names, by default (DeepSpeed's) bf16 under bf16.enabled, fp16 under
+ * fp16.enabled, else fp32; qgZ quantizes from fp32. Collective over the group: members push the same params in the
  * same order. BUFFER_SIZE if grad_bytes is not numel * dtype size. grad
  * may be host or CUDA memory; on a CUDA context the engine's stream runs
  * after work queued on the legacy default stream (PyTorch's default), so a

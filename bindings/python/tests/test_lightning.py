@@ -123,7 +123,7 @@ def test_precisions_map_to_the_config_as_deepspeedstrategy_maps_them():
         zl.trainer_config(dict(cfg, fp16={"enabled": True}), "bf16-true")
     with pytest.raises(zl.UnsupportedKnobError, match="bf16.enabled is false"):
         zl.trainer_config(dict(cfg, bf16={"enabled": False}), "bf16-mixed")
-    with pytest.raises(zl.UnsupportedKnobError, match="initial_scale_power=8: fp16 loss scaling acts only"):
+    with pytest.raises(zl.UnsupportedKnobError, match="initial_scale_power=8, hysteresis=1: fp16 loss scaling acts only"):
         zl.trainer_config(cfg, "bf16-mixed", loss_scaling=knobs)
     with pytest.raises(zl.UnsupportedKnobError, match="would be ignored"):
         zl.trainer_config(dict(cfg, fp16={"enabled": True}), "16-true", loss_scaling=knobs)
