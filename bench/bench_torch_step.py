@@ -6,6 +6,7 @@ run, each engine in its own zsrun launch so that peak RSS figures do not mix.
     .venv/bin/python bench/bench_torch_step.py [--models wide fine] [--ranks 2]
         [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
         [--zs-config '{"reduce_bucket_size": 2e7}'] [--identity-ab [--ab-reps 5] [--ab-same]]
+        [--dtype fp32|bf16 [--ds-own-init]]
 
 Models (--models, any of):
   wide  a stack of --wide-depth nn.Linear(--wide-width, --wide-width) layers
@@ -33,6 +34,35 @@ the bench says which. DeepSpeed is skipped, with the reason printed, when it
 cannot start. --zs-config adds zero_optimization keys for zeroshard alone.
 The environment reaches every
 engine (e.g. ZS_HOST_CACHE_MB, MALLOC_MMAP_THRESHOLD_).
+
+--dtype bf16 (default fp32, whose output and JSON line are unchanged):
+mixed precision, as each engine does it. zeroshard with "bf16": {"enabled":
+true} (params partitioned as bf16, fp32 master shards in the optimizer,
+gradients reduced in bf16 unless communication_data_type says fp32);
+DeepSpeed ZeRO-3 with the same key; both get their float inputs cast to
+bf16 by the script, as DeepSpeed wants. DDP keeps fp32 params and runs its
+forward under torch.autocast("cpu", dtype=torch.bfloat16). The models
+compute their loss in fp32 from the bf16 activations (.float(): a no-op in
+fp32), so that losses are compared at more than bf16's 8 bits. DeepSpeed's
+zero.Init makes torch's tensor constructors return bf16, so its
+initialisers draw in bf16: another random stream, and torch's CPU bf16
+uniform_ is biased (about half a grid step negative); the bench has it
+draw in fp32 and round, as zeroshard does, so that the engines start from
+the same weights (--ds-own-init: its own draws). Printed besides the
+figures above: bytes on the wire per step and rank (the median of the steps
+after --warmup, the larger rank) -- zeroshard: counted,
+optimizer.wire_stats() deltas (gathers, reduce-scatters, all-reduces,
+others, sent and received); DDP: computed, not counted, a ring all-reduce
+of its fp32 grads, P x 4 B x 2(N-1)/N; DeepSpeed: computed, not counted,
+from the sizes and dtypes of the buffers it hands its comm backend in the
+step (wrapped), as a ring sends them ((N-1)/N of a gather's or
+reduce-scatter's buffer, 2(N-1)/N of an all-reduce's) -- each checked
+against what fp32 and bf16 gradients' reduce-scatter would move; every
+engine's loss curve; zeroshard's losses against DeepSpeed's, the relative
+difference per step and its maximum, within bf16 tolerance or not (2%).
+The JSON line gains "dtype", per model "wire_bytes_per_step" and
+"zeroshard_vs_deepspeed_losses" (null without a DeepSpeed run). DeepSpeed
+is skipped, with the reason printed, if its bf16 cannot run.
 
 --identity-ab: what collective identities cost a training step (issue 13's
 target: at most 2%), both sides in the same run. After the engines above,
@@ -90,7 +120,7 @@ def build_model(args):
             def forward(self, x, y):
                 for layer in self.layers:
                     x = x + F.gelu(layer(x))
-                return F.mse_loss(x, y)
+                return F.mse_loss(x.float(), y.float())  # fp32: a no-op; bf16: the loss in fp32
 
         return Wide(args.wide_width, args.wide_depth)
     if args.model == "fine":
@@ -102,7 +132,7 @@ def build_model(args):
             def forward(self, x, y):
                 for layer in self.layers:
                     x = x + 0.05 * layer(x).tanh()
-                return F.mse_loss(x, y)
+                return F.mse_loss(x.float(), y.float())  # fp32: a no-op; bf16: the loss in fp32
 
         return Fine(args.fine_layers)
     gpt = load_gpt_example()
@@ -176,6 +206,93 @@ def torch_step(forward, opt):
     return step
 
 
+WIRE_KINDS = ("gather", "reduce_scatter", "allreduce", "other")
+
+
+class DeepSpeedTally:
+    """The buffers DeepSpeed hands its comm backend (deepspeed.comm's cdb),
+    by kind: the bytes of each all-gather's gathered buffer, each
+    reduce-scatter's input, each all-reduce's tensor, in their dtypes, and
+    what a ring would send per rank for them ((N-1)/N of the buffer for a
+    gather or a reduce-scatter, 2(N-1)/N for an all-reduce; a broadcast:
+    the tensor). Computed from sizes and dtypes, not counted on the wire
+    (gloo's own algorithms may move other amounts)."""
+
+    # Each wrapped method of the backend (deepspeed/comm/torch.py), its kind,
+    # and the argument that holds the logical buffer, by name and position: a
+    # gather's output, a reduce-scatter's input, an all-reduce's or a
+    # broadcast's tensor(s).
+    WRAPPED = {"all_gather_into_tensor": ("gather", "output_tensor", 0),
+               "all_gather": ("gather", "tensor_list", 0),
+               "all_gather_base": ("gather", "output_tensor", 0),
+               "all_gather_coalesced": ("gather", "output_tensors", 0),
+               "reduce_scatter_tensor": ("reduce_scatter", "input_tensor", 1),
+               "reduce_scatter": ("reduce_scatter", "input_list", 1),
+               "all_reduce": ("allreduce", "tensor", 0), "all_reduce_coalesced": ("allreduce", "tensors", 0),
+               "broadcast": ("other", "tensor", 0), "reduce": ("other", "tensor", 0)}
+
+    def __init__(self, world):
+        from deepspeed.comm import comm
+        self.world = world
+        self.counts = {f"{k}_{what}": 0 for k in WIRE_KINDS for what in ("buffer_bytes", "bytes_sent", "calls")}
+        self.dtypes = {k: set() for k in WIRE_KINDS}
+        for name, spec in self.WRAPPED.items():
+            original = getattr(comm.cdb, name, None)
+            if original is not None:
+                setattr(comm.cdb, name, self._wrap(original, *spec))
+
+    def _wrap(self, original, kind, argument, position):
+        def counted(*a, **kw):
+            self._add(kind, kw[argument] if argument in kw else a[position] if len(a) > position else None)
+            return original(*a, **kw)
+        return counted
+
+    def _add(self, kind, buffer):
+        import torch
+        buffer = [buffer] if torch.is_tensor(buffer) else [t for t in buffer or () if torch.is_tensor(t)]
+        nbytes = sum(t.numel() * t.element_size() for t in buffer)
+        share = (self.world - 1) / self.world
+        sent = nbytes * (2 * share if kind == "allreduce" else share if kind != "other" else 1)
+        self.counts[f"{kind}_buffer_bytes"] += nbytes
+        self.counts[f"{kind}_bytes_sent"] += int(round(sent))
+        self.counts[f"{kind}_calls"] += 1
+        self.dtypes[kind].update(str(t.dtype).replace("torch.", "") for t in buffer)
+
+    def snapshot(self):
+        return dict(self.counts)
+
+
+def fp32_draws_init(deepspeed):
+    """deepspeed.zero.Init, but floating params drawn in fp32 and rounded to
+    the config's dtype as each module's constructor returns, before they
+    are partitioned: what zeroshard.torch.Init does. DeepSpeed's own makes
+    its tensor constructors return bf16 tensors, so initialisers draw in
+    bf16: another random stream (torch's bf16 uniform_ is not its fp32
+    uniform_ rounded), and the engines would start from other weights."""
+    from deepspeed.runtime.zero.partition_parameters import DeepSpeedTensorOverride
+
+    class Fp32DrawsInit(deepspeed.zero.Init):
+        def __init__(self, **kw):
+            super().__init__(tensor_overrides=[DeepSpeedTensorOverride.device], **kw)
+
+        def _post_init_method(self, module):
+            for p in module.parameters(recurse=False):
+                if p.is_floating_point() and not hasattr(p, "ds_id"):
+                    p.data = p.data.to(self.dtype)
+            super()._post_init_method(module)
+    return Fp32DrawsInit
+
+
+def autocast_bf16(forward):
+    """DDP's bf16: its forward under torch.autocast, params and grads fp32."""
+    import torch
+
+    def run(x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(x, y)
+    return run
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -183,6 +300,8 @@ def worker(args):
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     hp = dict(lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     notes = {}
+    bf16 = args.dtype == "bf16"
+    wire_snapshot = None  # bf16 mode: the engine's wire counters (zeroshard) or DeepSpeedTally's
     if args.engine == "deepspeed":
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
@@ -190,6 +309,10 @@ def worker(args):
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = batches(args, rank, world)
+    if bf16 and args.engine != "ddp":
+        # bf16.enabled casts the model, not its inputs: float inputs are the
+        # script's to cast, under DeepSpeed as under zeroshard.
+        data = [tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in xy) for xy in data]
     rss_before_model = rss_now()
 
     torch.manual_seed(0)
@@ -199,7 +322,10 @@ def worker(args):
         opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
         notes["optimizer"] = "torch.optim.AdamW(fused=True)"
 
-        step = torch_step(ddp, opt)
+        step = torch_step(autocast_bf16(ddp) if bf16 else ddp, opt)
+        if bf16:
+            notes["mixed_precision"] = "torch.autocast('cpu', dtype=torch.bfloat16) over the forward"
+            notes["param_dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
 
         def state_bytes():
             seen = set()
@@ -213,6 +339,8 @@ def worker(args):
         import zeroshard.torch as zt
         config = {"zero_optimization": {"stage": 3, **json.loads(args.zs_config)},
                   "train_micro_batch_size_per_gpu": args.batch}
+        if bf16:
+            config["bf16"] = {"enabled": True}
         zt.init_context(config=config, device="cpu")
         with zt.Init(config=config, device="cpu"):
             model = build_model(args)
@@ -220,6 +348,10 @@ def worker(args):
         opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
         notes["optimizer"] = "ZeroShardOptimizer(kind='adamw')"
         notes["ZS_COLLECTIVE_CHECK_MS"] = os.environ.get("ZS_COLLECTIVE_CHECK_MS", "unset")
+        if bf16:
+            notes["mixed_precision"] = "bf16.enabled"
+            notes["param_dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+            wire_snapshot = lambda: {k: v for k, v in opt.wire_stats().items() if k != "size"}  # noqa: E731
 
         step = torch_step(model, opt)
 
@@ -245,8 +377,17 @@ def worker(args):
         config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
                   "zero_optimization": {"stage": 3}, "steps_per_print": 10 ** 9,
                   "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False}
-        with deepspeed.zero.Init(config_dict_or_path=config):
-            model = build_model(args)
+        if bf16:
+            config["bf16"] = {"enabled": True}
+        if bf16 and not args.ds_own_init:
+            with fp32_draws_init(deepspeed)(config_dict_or_path=config):
+                model = build_model(args)
+            notes["initial_values"] = "drawn in fp32, rounded to bf16 (as zeroshard)"
+        else:
+            with deepspeed.zero.Init(config_dict_or_path=config):
+                model = build_model(args)
+            if bf16:
+                notes["initial_values"] = "drawn in bf16 (DeepSpeed's zero.Init)"
         opt = None
         if args.ds_optimizer in ("auto", "cpuadam"):
             try:
@@ -261,6 +402,15 @@ def worker(args):
             opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
             notes["optimizer"] = "torch.optim.AdamW(fused=True)"
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+        if bf16:
+            notes["mixed_precision"] = "bf16.enabled"
+            notes["param_dtype"] = str(next(model.parameters()).ds_tensor.dtype).replace("torch.", "")
+            notes["communication_data_type"] = str(engine.communication_data_type).replace("torch.", "")
+            # What its gathers have to fetch: the params above
+            # stage3_param_persistence_threshold (the rest stay whole).
+            notes["gathered_params"] = sum(p.ds_numel for p in model.parameters() if not p.ds_persist)
+            tally = DeepSpeedTally(world)
+            wire_snapshot = tally.snapshot
 
         def step(x, y):
             loss = engine(x, y)
@@ -287,6 +437,7 @@ def worker(args):
                   (math.prod(p.zs.shape) if getattr(p, "zs", None) is not None else p.numel())
                   for p in model.parameters())
     losses, times, state = [], [], None
+    wire_steps, wire_prev = [], wire_snapshot() if wire_snapshot else None
     for i, (x, y) in enumerate(data):
         t0 = time.perf_counter()
         loss = step(x, y)
@@ -297,6 +448,12 @@ def worker(args):
         t = torch.tensor([loss.item()], dtype=torch.float64)
         dist.all_reduce(t)
         losses.append(t.item() / world)
+        if wire_snapshot:
+            # Everything the engine moved from this step's start to the next
+            # one's (a prefetch for the next step falls in this one).
+            now = wire_snapshot()
+            wire_steps.append({k: now[k] - wire_prev[k] for k in now})
+            wire_prev = now
         if rank == 0:
             print(f"  {args.engine:9s} {args.model} step {i:3d}  loss {losses[-1]:.6f}  "
                   f"{times[-1] * 1e3:8.1f} ms", file=sys.stderr, flush=True)
@@ -306,6 +463,10 @@ def worker(args):
             "rss_before_model_bytes": rss_before_model, "rss_after_build_bytes": rss_after_build,
             "peak_rss_bytes": peak_rss(), "median_step_s": statistics.median(times[args.warmup:]),
             "notes": notes}
+    if bf16:
+        mine["wire_per_step"] = wire_steps
+        if args.engine == "deepspeed":
+            notes["wire_dtypes"] = {k: sorted(v) for k, v in tally.dtypes.items() if v}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -350,7 +511,9 @@ def launch(args, model, engine, identities=None):
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
            "--lr", str(args.lr), "--wide-width", str(args.wide_width), "--wide-depth", str(args.wide_depth),
            "--fine-layers", str(args.fine_layers), "--ds-optimizer", args.ds_optimizer,
-           "--zs-config", args.zs_config]
+           "--zs-config", args.zs_config, "--dtype", args.dtype]
+    if args.ds_own_init:
+        cmd.append("--ds-own-init")
     t0 = time.perf_counter()
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -395,6 +558,108 @@ def describe(r):
             + " ".join(f"{p['peak_rss_bytes'] / MIB:.0f}" for p in pr)
             + f" MiB (before model {max(p['rss_before_model_bytes'] for p in pr) / MIB:.0f}) "
             f"| final loss {r['losses'][-1]:.6f}")
+
+
+BF16_LOSS_TOLERANCE = 0.02  # relative, per step: zeroshard's bf16 losses against DeepSpeed's
+
+
+def wire_medians(r, args):
+    """Per kind, the median over the steps after --warmup of each rank's
+    per-step wire figures (bf16 mode), the larger rank's."""
+    out = {}
+    for p in r["per_rank"]:
+        steps = p["wire_per_step"][args.warmup:]
+        for k in steps[0]:
+            out[k] = max(out.get(k, 0), statistics.median(s[k] for s in steps))
+    return out
+
+
+def wire_of(engine, r, args):
+    """bf16 mode: bytes on the wire per step and rank, how they were had,
+    and the figures they are checked against (P = params, N = ranks)."""
+    n, params = args.ranks, r["params"]
+    share = (n - 1) / n
+    notes = r["per_rank"][0]["notes"]
+    if engine == "ddp":
+        grad_bytes = 4 if notes.get("param_dtype") == "float32" else 2
+        sent = params * grad_bytes * 2 * share
+        return {"how": f"computed, not counted: the gradient all-reduce of a ring, P x {grad_bytes} B "
+                       f"({notes.get('param_dtype')} grads: autocast leaves params and grads fp32) x 2(N-1)/N",
+                "allreduce_bytes_sent": sent, "allreduce_bytes_received": sent,
+                "total_bytes_sent": sent, "total_bytes_received": sent}
+    m = wire_medians(r, args)
+    rs_fp32 = params * 4 * share  # what fp32 gradients would send through a reduce-scatter
+    if engine == "zeroshard":
+        out = {"how": "counted: optimizer.wire_stats() deltas per step (sent and received by this rank)"}
+        out.update({k: m[k] for k in sorted(m) if k.endswith(("_sent", "_received"))})
+        out["total_bytes_sent"] = sum(v for k, v in m.items() if k.endswith("_bytes_sent"))
+        out["total_bytes_received"] = sum(v for k, v in m.items() if k.endswith("_bytes_received"))
+        out["full_bf16_gathers"] = m["gather_bytes_received"] / (params * 2 * share)
+    else:
+        out = {"how": "computed, not counted: the bytes of the buffers DeepSpeed hands its comm backend per "
+                      "step, in their dtypes, as a ring sends them per rank ((N-1)/N of a gather's or a "
+                      "reduce-scatter's buffer, 2(N-1)/N of an all-reduce's)",
+               "dtypes": notes.get("wire_dtypes"), "communication_data_type": notes.get("communication_data_type")}
+        out.update({k: m[k] for k in sorted(m)})
+        out["total_bytes_sent"] = sum(v for k, v in m.items() if k.endswith("_bytes_sent"))
+        gathered = notes.get("gathered_params") or params
+        out["full_bf16_gathers"] = m["gather_buffer_bytes"] / (gathered * 2)
+        out["gathered_params"] = gathered
+    out["reduce_scatter_over_fp32_grads"] = m["reduce_scatter_bytes_sent"] / rs_fp32
+    out["bf16_grads_reduce_scatter_bytes"] = params * 2 * share
+    out["fp32_grads_reduce_scatter_bytes"] = rs_fp32
+    return out
+
+
+def describe_wire(engine, w):
+    mib = lambda k: f"{w.get(k, 0) / MIB:.1f}"  # noqa: E731
+    if engine == "ddp":
+        return f"{w['how']} = {mib('allreduce_bytes_sent')} MiB"
+    rs = (f"reduce-scatter {mib('reduce_scatter_bytes_sent')} MiB (x{w['reduce_scatter_over_fp32_grads']:.2f} "
+          f"of fp32 grads' P x 4 B x (N-1)/N = {w['fp32_grads_reduce_scatter_bytes'] / MIB:.1f} MiB; bf16's: "
+          f"{w['bf16_grads_reduce_scatter_bytes'] / MIB:.1f} MiB)")
+    if engine == "zeroshard":
+        quantized = sum(v for k, v in w.items() if k.startswith("quantized_") and k.endswith("_sent"))
+        return (f"{w['how']}: gather {mib('gather_bytes_sent')} MiB sent, {mib('gather_bytes_received')} MiB "
+                f"received ({w['full_bf16_gathers']:.2f} bf16 gathers of the whole model), {rs}, all-reduce "
+                f"{mib('allreduce_bytes_sent')} MiB, other {mib('other_bytes_sent')} MiB"
+                + (f", quantized {quantized / MIB:.1f} MiB" if quantized else "")
+                + f"; total {mib('total_bytes_sent')} MiB sent, {mib('total_bytes_received')} MiB received")
+    dtypes = w.get("dtypes") or {}
+    return (f"{w['how']}: gather {mib('gather_bytes_sent')} MiB ({'/'.join(dtypes.get('gather', []))}, "
+            f"{w['gather_calls']:.0f} calls, {w['full_bf16_gathers']:.2f} bf16 gathers of its "
+            f"{w['gathered_params'] / 1e6:.1f}M gathered params), {rs} "
+            f"[{'/'.join(dtypes.get('reduce_scatter', []))}, {w['reduce_scatter_calls']:.0f} calls], all-reduce "
+            f"{mib('allreduce_bytes_sent')} MiB, other {mib('other_bytes_sent')} MiB; total "
+            f"{mib('total_bytes_sent')} MiB sent")
+
+
+def bf16_report(args, model, results, row):
+    """bf16 mode: wire bytes, loss curves, zeroshard's losses against DeepSpeed's."""
+    n = args.ranks
+    print(f"[{model}] bytes on the wire per step, per rank, median of the steps after warm-up (the larger "
+          f"rank; P = {results['zeroshard']['params'] / 1e6:.1f}M params, N = {n}):", flush=True)
+    row["wire_bytes_per_step"] = {}
+    for engine, r in results.items():
+        w = wire_of(engine, r, args)
+        row["wire_bytes_per_step"][engine] = w
+        print(f"[{model}]   {engine:9s} {describe_wire(engine, w)}", flush=True)
+    for engine, r in results.items():
+        print(f"[{model}] loss curve {engine:9s} " + " ".join(f"{v:.5f}" for v in r["losses"]), flush=True)
+    ds = results.get("deepspeed")
+    if ds is None:
+        print(f"[{model}] zeroshard vs deepspeed losses: no DeepSpeed run to compare with", flush=True)
+        row["zeroshard_vs_deepspeed_losses"] = None
+        return
+    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(results["zeroshard"]["losses"], ds["losses"])]
+    worst = max(rel)
+    within = worst <= BF16_LOSS_TOLERANCE
+    row["zeroshard_vs_deepspeed_losses"] = {"rel_diff_per_step": rel, "max_rel_diff": worst,
+                                            "tolerance": BF16_LOSS_TOLERANCE, "within_tolerance": within}
+    print(f"[{model}] zeroshard vs deepspeed losses (both bf16): relative difference per step "
+          + " ".join(f"{v:.2e}" for v in rel) + f"; max {worst:.2e}: "
+          + (f"within bf16 tolerance ({BF16_LOSS_TOLERANCE:.0%})" if within
+             else f"OUTSIDE bf16 tolerance ({BF16_LOSS_TOLERANCE:.0%})"), flush=True)
 
 
 def nearest_rank(values, q):
@@ -465,6 +730,11 @@ def main():
     ap.add_argument("--wide-depth", type=int, default=7)
     ap.add_argument("--fine-layers", type=int, default=200)
     ap.add_argument("--ds-optimizer", choices=["auto", "cpuadam", "torch"], default="auto")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: zeroshard and DeepSpeed with bf16.enabled, DDP under torch.autocast")
+    ap.add_argument("--ds-own-init", action="store_true",
+                    help="--dtype bf16: leave DeepSpeed's zero.Init drawing initial values in bf16 "
+                         "(default: drawn in fp32 and rounded, as zeroshard, so the engines start alike)")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--zs-config", default="{}",
                     help='more zero_optimization keys for zeroshard only, as JSON: \'{"reduce_bucket_size": 2e7}\'')
@@ -482,6 +752,8 @@ def main():
         ap.error("--ab-reps must be at least 1")
     if args.ab_same and not args.identity_ab:
         ap.error("--ab-same goes with --identity-ab")
+    if args.ds_own_init and args.dtype != "bf16":
+        ap.error("--ds-own-init goes with --dtype bf16")
 
     where = tree()
     print(f"bench_torch_step: {args.ranks} ranks, {args.steps} steps ({args.warmup} warm-up), "
@@ -489,6 +761,13 @@ def main():
           f"per rank, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; commit {where['commit']}"
           f"{' with ' + str(len(where['changed_files'])) + ' engine/binding files changed' if where['changed_files'] else ''}"
           ". Each engine runs in its own launch.", flush=True)
+    if args.dtype == "bf16":
+        print("dtype bf16: zeroshard and DeepSpeed with \"bf16\": {\"enabled\": true} (bf16 params, fp32 "
+              "masters, inputs cast to bf16), DDP with torch.autocast(\"cpu\", dtype=torch.bfloat16) over the "
+              "forward (fp32 params). Initial values: drawn in fp32 by every engine, rounded to bf16 by "
+              "zeroshard and DeepSpeed" + (" (DeepSpeed: --ds-own-init, its zero.Init's own bf16 draws)"
+                                           if args.ds_own_init else "")
+              + "; losses computed in fp32 from the bf16 activations.", flush=True)
     summary = []
     for model in args.models:
         results, skipped = {}, {}
@@ -501,7 +780,8 @@ def main():
                 if engine != "deepspeed":
                     sys.exit(f"bench_torch_step: {engine} on the {model} model failed: {why}")
                 skipped[engine] = why
-                print(f"[{model}] deepspeed skipped: it could not start ({why.splitlines()[0]}); its output "
+                print(f"[{model}] deepspeed skipped{' (bf16)' if args.dtype == 'bf16' else ''}: it could not start "
+                      f"({why.splitlines()[0]}); its output "
                       f"ended:\n{why}", flush=True)
                 continue
             results[engine] = r
@@ -534,6 +814,8 @@ def main():
                   f"params+grads+optim x{ratios['state_bytes']:.3f}, peak RSS x{ratios['peak_rss']:.2f}; "
                   f"losses agree to {diff:.2e} abs ({rel:.2e} rel, worst of {len(zs['losses'])} steps)",
                   flush=True)
+        if args.dtype == "bf16":
+            bf16_report(args, model, results, row)
         if args.identity_ab:
             row["identity_ab"] = identity_ab(args, model)
         summary.append(row)
@@ -543,8 +825,11 @@ def main():
     targets = {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0, "peak_rss_over_ddp_wide": 0.6}
     if args.identity_ab:
         targets["identities_on_over_off"] = 1.02
-    print(json.dumps({"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup,
-                      "zs_config": json.loads(args.zs_config),
+    head = {"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup}
+    if args.dtype == "bf16":
+        head["dtype"] = "bf16"  # fp32 runs keep the JSON they always had
+        targets["zeroshard_vs_deepspeed_loss_rel_diff"] = BF16_LOSS_TOLERANCE
+    print(json.dumps({**head, "zs_config": json.loads(args.zs_config),
                       "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0], "tree": where,
                       "targets": targets, "results": summary}))
 
