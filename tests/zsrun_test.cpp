@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/multirank.h"
+
 #ifndef ZS_ZSRUN_PATH
 #error "compile with -DZS_ZSRUN_PATH='\"/path/to/zsrun\"'"
 #endif
@@ -479,6 +481,31 @@ TEST(Zsrun, RanksIgnoringSigtermAreKilledAfterTheGrace) {
     pid_t pid = std::atoi(slurp(dir.file("pid." + std::to_string(k))).c_str());
     ASSERT_GT(pid, 0);
     EXPECT_TRUE(group_gone(pid)) << "rank " << k;
+  }
+}
+
+// kill -9 of zsrun: its ranks, each in its own process group, end with it
+// (parent-death signal) instead of running on as orphans.
+TEST(Zsrun, RanksDieWhenZsrunIsKilled) {
+  TempDir dir;
+  Zsrun z({"-n", "2", "--", "sh", "-c", "echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60"});
+  std::vector<pid_t> pids;
+  for (int k = 0; k < 2; ++k) {
+    const std::string f = dir.file("pid." + std::to_string(k));
+    for (int i = 0; i < 200 && slurp(f).empty(); ++i) usleep(20000);
+    pids.push_back(std::atoi(slurp(f).c_str()));
+    ASSERT_GT(pids.back(), 0) << "rank " << k << " did not start";
+  }
+  ASSERT_EQ(kill(z.pid(), SIGKILL), 0);
+  z.wait();
+  for (int k = 0; k < 2; ++k) {
+    bool ended = false;
+    for (int i = 0; i < 150 && !ended; ++i) {
+      ended = zs::test::process_gone(pids[static_cast<size_t>(k)]);
+      if (!ended) usleep(20000);
+    }
+    EXPECT_TRUE(ended) << "rank " << k << " (pid " << pids[static_cast<size_t>(k)] << ") outlived zsrun";
+    if (!ended) kill(pids[static_cast<size_t>(k)], SIGKILL);
   }
 }
 

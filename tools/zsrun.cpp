@@ -9,7 +9,8 @@
 // it can launch any program (a C trainer, python, a test binary).
 //
 // Process model
-//   * Each rank is fork+execvp'd into its own process group (setpgid(0,0)).
+//   * Each rank is fork+execvp'd into its own process group (setpgid(0,0)),
+//     and dies with zsrun (PR_SET_PDEATHSIG): no rank outlives a killed zsrun.
 //     A terminal's Ctrl-C is delivered to the foreground group only, i.e. to
 //     zsrun, which forwards it once; without this every rank would get the
 //     signal twice (once from the tty, once from zsrun).
@@ -513,6 +514,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
 
   // Signals stay blocked across fork so the child cannot run our handler
   // (which writes into zsrun's self-pipe) before it resets the dispositions.
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     errorf("cannot fork rank %d: %s", r.index, strerror(errno));
@@ -522,6 +524,13 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   }
   if (pid == 0) {
     setpgid(0, 0);
+#ifdef PR_SET_PDEATHSIG
+    // zsrun gone (kill -9 included), the rank goes too: in its own process
+    // group nothing else tells it, and an orphan trains on into the
+    // checkpoint directory the next job uses. zsrun may have died already.
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != launcher) _exit(kExitInternal);
+#endif
     // exec keeps ignored dispositions (we ignore SIGPIPE), so reset them.
     for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);

@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +23,15 @@
 namespace zs::test {
 
 int free_port() { return zs::bench::free_port(); }
+
+bool process_gone(int pid) {
+  if (kill(pid, 0) < 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || (close + 2 < line.size() && line[close + 2] == 'Z');
+}
 zs_context_options rank_options(const RankEnv& env, const char* config_json, int timeout_ms) {
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = env.rank;

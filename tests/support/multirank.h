@@ -26,6 +26,10 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
 // A free TCP port on 127.0.0.1.
 int free_port();
 
+// Whether process `pid` has ended: gone, or a zombie (whoever reaps orphans
+// may not have yet).
+bool process_gone(int pid);
+
 // Context options for a rank of run_ranks (explicit rank/world, loopback
 // store, short timeout).
 zs_context_options rank_options(const RankEnv& env, const char* config_json = nullptr,
