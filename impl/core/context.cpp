@@ -18,6 +18,7 @@
 #include "impl/comm/cuda/nccl_communicator.h"
 #endif
 #include "impl/common/env.h"
+#include "impl/core/launcher_watch.h"
 
 namespace zs {
 namespace {
@@ -143,6 +144,7 @@ void Context::wait_for_every_rank() {
 }
 
 void Context::connect(const ContextOptions& options) {
+  watch_launcher();
   if (ranks_.world_size == 1) {
     // No sockets, unless NCCL was asked for by name: then even a world of
     // one runs it (through a store in this process), which is how NCCL is
