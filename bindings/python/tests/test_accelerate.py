@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import ranks_env
+
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -26,14 +28,7 @@ def launch(engine, *flags):
         return _runs[key]
     if not (REPO / "build" / "lib" / "libzeroshard.so").exists():
         pytest.skip("libzeroshard is not built")
-    env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
-              "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION"):
-        env.pop(k, None)
-    env["ZS_TIMEOUT_MS"] = "60000"
-    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env = ranks_env()
     with tempfile.TemporaryDirectory(prefix="zs_accelerate_") as scratch:
         env["ZS_TEST_DIR"] = scratch
         env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")

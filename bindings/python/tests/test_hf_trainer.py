@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import ranks_env
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -24,14 +26,7 @@ def run(n, mode, engine, directory=None, launcher="zsrun", timeout=600):
     """Rank 0's result of `mode` through `engine` on n ranks."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
-              "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION"):
-        env.pop(k, None)
-    env["ZS_TIMEOUT_MS"] = "60000"
-    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env = ranks_env()
     with tempfile.TemporaryDirectory(prefix="zs_hf_") as scratch:
         env["ZS_TEST_DIR"] = directory or scratch
         env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")

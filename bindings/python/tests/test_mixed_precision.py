@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import ranks_env
+
 torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
@@ -21,10 +23,7 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 def run_ranks(n, mode, timeout=300):
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    env = dict(os.environ)
-    env["ZS_TIMEOUT_MS"] = "60000"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env = ranks_env()
     with tempfile.TemporaryDirectory(prefix="zs_precision_") as directory:
         env["ZS_TEST_DIR"] = directory
         env["ZS_TEST_RESULT"] = result = os.path.join(directory, "result.json")

@@ -1,0 +1,24 @@
+"""The environment a test gives the ranks it launches (zsrun, torchrun,
+accelerate launch): a fresh job's, whatever the test process inherited."""
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+# Variables of an enclosing job or launch, which would mislead a new one.
+_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
+              "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION")
+
+
+def ranks_env(**extra):
+    """os.environ without an enclosing job's variables, with the test
+    workers and the package importable, the in-tree library, a 60 s engine
+    timeout, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["ZS_TIMEOUT_MS"] = "60000"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env.update(extra)
+    return env
