@@ -41,6 +41,11 @@ class Init:
     or `device=` arguments of its layers) stays on that GPU. With
     `device="cuda"`, params built on the host are registered from host
     memory and live on the GPU from then on.
+
+    Dtype: with the config's bf16.enabled (fp16.enabled) floating params
+    are partitioned as bf16 (fp16), as DeepSpeed casts the model; `dtype`
+    names another. Constructors initialise such params in the dtype they
+    built them in, rounded once.
     """
 
     def __init__(self, module=None, config=None, config_dict_or_path=None, remote_device=None,
