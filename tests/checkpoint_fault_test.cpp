@@ -312,6 +312,69 @@ TEST(CheckpointFault, FlippedByteAndTruncatedFileAreNamed) {
   fs::remove_all(dir);
 }
 
+// The loop "load latest, train, save every step" (default tags: step-N)
+// killed at each point of a save: before it, during rank 1's or rank 0's
+// write, after the manifest, and between the commit and `latest` moving.
+// The resumed job loads the newest committed step (step-2 once the save
+// committed, though `latest` still names step-1), and its next save's tag
+// is new: it never trips on the save that was cut off.
+struct CutSave {
+  const char* name;
+  int victim;          // rank killed (-1: every rank, before the save)
+  const char* phase;   // the progress phase at which it dies
+  bool committed;      // step-2 was committed before the kill
+};
+
+void die_at_phase(void* user, const char* phase, uint64_t, uint64_t) {
+  const auto* c = static_cast<const std::pair<const CutSave*, int>*>(user);
+  if (c->first->victim == c->second && std::strcmp(phase, c->first->phase) == 0) raise(SIGKILL);
+}
+
+TEST(CheckpointFault, ResumingFromLatestNeverTripsOnTheSaveThatWasCutOff) {
+  const CutSave cuts[] = {{"before the save", -1, "", false},
+                          {"during rank 1's write", 1, "write", false},
+                          {"during rank 0's write", 0, "write", false},
+                          {"after the manifest", 0, "manifest", false},
+                          {"between the commit and latest", 0, "rename", true}};
+  for (const CutSave& cut : cuts) {
+    SCOPED_TRACE(cut.name);
+    const std::string dir = zs::test::make_temp_dir("ckpt_resume");
+    // The job: steps 1 and 2, each saved; killed at the cut.
+    fork_ranks(2, [&](const RankEnv& env) {
+      // A short timeout: the ranks left wait for the one killed.
+      CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, 0, 3000);
+      zs::test::train_ckpt_model(m, 1);
+      EXPECT_EQ(save(m, dir, nullptr, 3000), ZS_OK) << zs_last_error();
+      zs::test::train_ckpt_model(m, 1);
+      zs::test::write_floats(dir + ".step2." + std::to_string(env.rank), zs::test::full_values(m));
+      if (cut.victim == -1) raise(SIGKILL);
+      std::pair<const CutSave*, int> at{&cut, env.rank};
+      (void)save(m, dir, nullptr, 2000, die_at_phase, &at);  // fails on the ranks left
+      destroy_ckpt_model(m);
+    });
+    EXPECT_EQ(read_text(dir + "/latest"), "step-1");  // the cut save never moved it
+    // The resumed job: load latest, train a step, save under the default tag.
+    fork_ranks(2, [&](const RankEnv& env) {
+      CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
+      ASSERT_EQ(load(m, dir), ZS_OK) << zs_last_error();
+      int64_t step = -1;
+      ASSERT_EQ(zs_optimizer_get_step(m.opt, &step), ZS_OK);
+      EXPECT_EQ(step, cut.committed ? 2 : 1);
+      if (cut.committed) {
+        const auto want = zs::test::read_floats(dir + ".step2." + std::to_string(env.rank));
+        EXPECT_TRUE(zs::test::bitwise_equal(zs::test::full_values(m), want)) << "step-2 was not what loaded";
+      }
+      zs::test::train_ckpt_model(m, 1);
+      EXPECT_EQ(save(m, dir, nullptr, 5000), ZS_OK) << zs_last_error();
+      destroy_ckpt_model(m);
+    });
+    EXPECT_EQ(read_text(dir + "/latest"), cut.committed ? "step-3" : "step-2");
+    EXPECT_EQ(zs_checkpoint_verify(dir.c_str(), nullptr, nullptr, nullptr), ZS_OK) << zs_last_error();
+    fs::remove_all(dir);
+    for (int r = 0; r < 2; ++r) fs::remove(dir + ".step2." + std::to_string(r));
+  }
+}
+
 TEST(CheckpointFault, AFullDiskIsACleanErrorAndLosesNothing) {
   // The kernel refuses writes past RLIMIT_FSIZE on rank 1 (EFBIG), as it
   // refuses them on a full disk (ENOSPC): a real failed write() mid-file.

@@ -123,6 +123,24 @@ void sync_dir(const std::string& path) {
   if (rc != 0) io_fail("cannot fsync directory", path, err);
 }
 
+std::vector<std::string> list_dir(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) io_fail("cannot open directory", path, errno);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
+int64_t mtime_ns(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) io_fail("cannot stat", path, errno);
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 void remove_tree(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
@@ -130,15 +148,7 @@ void remove_tree(const std::string& path) {
     io_fail("cannot stat", path, errno);
   }
   if (S_ISDIR(st.st_mode)) {
-    DIR* d = ::opendir(path.c_str());
-    if (d == nullptr) io_fail("cannot open directory", path, errno);
-    std::vector<std::string> names;
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-    for (const auto& n : names) remove_tree(join(path, n));
+    for (const auto& n : list_dir(path)) remove_tree(join(path, n));
     if (::rmdir(path.c_str()) != 0 && errno != ENOENT) io_fail("cannot remove directory", path, errno);
   } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     io_fail("cannot remove", path, errno);

@@ -52,6 +52,10 @@ std::string read_text(const std::string& path);
 // Write text durably under path: temp file, fsync, rename, fsync the dir.
 void write_text_atomic(const std::string& path, const std::string& text);
 std::string join(const std::string& dir, const std::string& name);
+// The names in a directory ("." and ".." left out).
+std::vector<std::string> list_dir(const std::string& path);
+// A file's modification time in nanoseconds since the epoch (Io if missing).
+int64_t mtime_ns(const std::string& path);
 std::string parent_dir(const std::string& path);
 
 }  // namespace zs::ckpt

@@ -73,7 +73,8 @@ json Manifest::to_json() const {
           {"world_size", world_size}, {"topology", topology},
           {"step", step},             {"block_bytes", block_bytes},
           {"optimizer", optimizer},   {"files", files_j},
-          {"params", params_j},       {"user", user}};
+          {"params", params_j},       {"user", user},
+          {"moves_latest", moves_latest}};
 }
 
 namespace {
@@ -133,6 +134,8 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
     m.optimizer = j.at("optimizer");
     at = "user";
     m.user = j.at("user");
+    at = "moves_latest";
+    m.moves_latest = j.contains("moves_latest") && j.at("moves_latest").get<bool>();
     at = "files";
     const auto& files = j.at("files");
     if (!files.is_array()) fail(Code::Io, where, ": files is a JSON ", files.type_name(), ", not an array");
@@ -257,6 +260,34 @@ const ParamEntry* Manifest::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+// The newest checkpoint in dir (not `current`) whose save was to move
+// `latest` and whose manifest was written after `latest` was: "" if none.
+// Partial saves (".<tag>.partial") and unreadable manifests do not count.
+std::string committed_after_latest(const std::string& dir, const std::string& current) {
+  const int64_t latest_time = mtime_ns(join(dir, kLatest));
+  std::string best;
+  int64_t best_time = latest_time;
+  for (const std::string& name : list_dir(dir)) {
+    if (name.empty() || name[0] == '.' || name == current || name == kLatest) continue;
+    const std::string manifest = join(join(dir, name), kManifest);
+    if (!exists(manifest)) continue;
+    const int64_t t = mtime_ns(manifest);
+    if (t <= best_time) continue;
+    try {
+      if (!Manifest::read(join(dir, name)).moves_latest) continue;
+    } catch (const Error&) {
+      continue;
+    }
+    best = name;
+    best_time = t;
+  }
+  return best;
+}
+
+}  // namespace
+
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& tag) {
   if (path.empty()) fail(Code::InvalidArgument, "checkpoint path is empty");
   if (!tag.empty()) {
@@ -276,7 +307,13 @@ std::string resolve_checkpoint_dir(const std::string& path, const std::string& t
   const std::string d = join(path, t);
   if (!exists(join(d, kManifest)))
     fail(Code::Io, "'", latest, "' names '", t, "', but ", join(d, kManifest), " is missing");
-  return d;
+  const std::string newer = committed_after_latest(path, t);
+  if (newer.empty()) return d;
+  std::fprintf(stderr,
+               "zeroshard: checkpoint '%s' in '%s' was committed after '%s' (naming '%s') was last "
+               "written: its save was cut off before moving it; loading '%s'\n",
+               newer.c_str(), path.c_str(), kLatest, t.c_str(), newer.c_str());
+  return join(path, newer);
 }
 
 }  // namespace zs::ckpt

@@ -80,6 +80,10 @@ struct Manifest {
   std::vector<FileEntry> files;
   uint64_t block_bytes = kBlockBytes;
   nlohmann::json user = nlohmann::json::object();
+  // The save was to move dir/latest to it (SaveOptions::update_latest):
+  // one committed after dir/latest was last written is the resume point
+  // (resolve_checkpoint_dir). Absent (false) in older manifests.
+  bool moves_latest = false;
 
   nlohmann::json to_json() const;
   // Checks every field and the consistency of chunks (Code::Io naming the
@@ -94,7 +98,12 @@ struct Manifest {
 };
 
 // Which checkpoint directory `path` names: itself when it holds a
-// manifest, else path/tag, else path/<contents of path/latest>.
+// manifest, else path/tag, else path/<contents of path/latest>, unless a
+// checkpoint whose save was to move `latest` was committed after `latest`
+// was last written (the save was cut off between its commit and `latest`):
+// then the newest such one, said on stderr. So "load latest, train, save
+// every step" resumes from the last committed step, and its next save's
+// tag is new, whenever the job was killed.
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& tag);
 
 // "rank-00001-of-00004.safetensors"

@@ -212,6 +212,7 @@ void reshard(const std::string& path, const std::string& tag, const std::string&
   ChunkReader reader(dir, m);
   reader.check_sizes();
   Manifest out = m;
+  out.moves_latest = false;  // a checkpoint of its own, wherever it is written, never a cut-off save
   out.world_size = world;
   out.topology = {{"world_size", world}, {"resharded_from", m.topology}};
   out.files.clear();

@@ -314,7 +314,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     prepare(dir, tag, o.overwrite, &partial);
     try {
       Local l = write_local(ctx, params, opt, join(partial, file_name), o, name_of);
-      const Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
+      Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
+      m.moves_latest = o.update_latest;
       commit(dir, tag, partial, m, o);
     } catch (...) {
       try { remove_tree(partial); } catch (const Error&) {}
@@ -410,7 +411,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      const Manifest m = build_manifest(ctx, params, opt, tag, user, ranks, name_of);
+      Manifest m = build_manifest(ctx, params, opt, tag, user, ranks, name_of);
+      m.moves_latest = o.update_latest;
       commit(dir, tag, partial, m, o);
     } catch (const Error& e) {
       status = status_of(e);
