@@ -183,6 +183,32 @@ TEST_P(ReduceScatterRing, Fp32SumsInRingOrderBitwise) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, ReduceScatterRing, ::testing::Values(1, 2, 3, 5));
 
+// An fp16 Avg reduce-scatter divides each term by n before the ring sums
+// it (NCCL's PreMulSum): 49152 on every rank averages to 49152, where
+// partial sums of the undivided terms (98304) overflow to inf; every partial
+// sum of 49152 / n (n = 2, 3, 4) is exact in fp16.
+class ReduceScatter16 : public ::testing::TestWithParam<int> {};
+TEST_P(ReduceScatter16, Fp16AvgDoesNotOverflowWhereTheMeanFits) {
+  run_ranks(GetParam(), [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env);
+    zs_group world = nullptr;
+    ZS_ASSERT_OK(zs_context_group(&world, ctx, ZS_GROUP_WORLD));
+    const size_t count = 5;
+    std::vector<float> full(count * static_cast<size_t>(env.world));
+    for (size_t i = 0; i < full.size(); ++i) full[i] = i % 2 == 0 ? 49152.0f : -49152.0f;
+    auto send = encode(full, ZS_FLOAT16);
+    std::vector<uint8_t> recv(count * 2);
+    zs_work w = nullptr;
+    ZS_ASSERT_OK(zs_reduce_scatter(&w, world, send.data(), recv.data(), count, ZS_FLOAT16, ZS_AVG));
+    wait_ok(w);
+    for (size_t i = 0; i < count; ++i)
+      EXPECT_EQ(decode(recv, ZS_FLOAT16, i), full[static_cast<size_t>(env.rank) * count + i]) << i;
+    zs_group_destroy(world);
+    zs_context_destroy(ctx);
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ReduceScatter16, ::testing::Values(2, 3, 4));
+
 TEST(Collectives, Uint8SumAndAvgRefused) {
   run_ranks(2, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env);

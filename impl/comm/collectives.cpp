@@ -111,7 +111,13 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
 // 16-bit floats: the ring carries 16-bit partial sums, half of fp32's bytes
 // (what communication_data_type bf16/fp16 asks for, and what NCCL's bf16
 // reductions move); each hop adds in fp32 and rounds its partial sum once.
-// Max and min are exact either way.
+// An fp16 Avg divides every term by n before it joins the sum, as NCCL does
+// for floats (PreMulSum) and DeepSpeed before its reduce-scatter: the
+// partial sums stay within the terms' range, so the sum overflows only
+// where the mean would, not at n - 1 terms of a loss-scaled gradient. bf16
+// has fp32's range and divides the sum once at the end: dividing each term
+// first would round each of them (8 bits) for no gain. Max and min are
+// exact either way.
 void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
                        ReduceOp op) {
   const int n = p2p.size();
@@ -123,20 +129,31 @@ void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t c
     if (recv != send) std::memmove(recv, send, bytes);
     return;
   }
-  const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
+  const bool pre = op == ReduceOp::Avg && dtype == DType::F16;
+  const float scale = 1.0f / static_cast<float>(n);
   Buffer incoming(bytes), partial(bytes);
   std::vector<float> sum(count), own(count);
+  if (pre) {  // the first block sent is a term too
+    widen_to_f32(block(me - 1), dtype, own.data(), count);
+    for (size_t i = 0; i < count; ++i) own[i] *= scale;
+    narrow_from_f32(own.data(), dtype, partial.data(), count);
+  }
   const int right = (me + 1) % n;
   const int left = (me + n - 1) % n;
   for (int step = 0; step < n - 1; ++step) {
     const bool last = step == n - 2;
     const auto index = static_cast<uint32_t>(step);
     p2p.recv(left, index, incoming.data(), bytes);
-    p2p.send(right, index, step == 0 ? block(me - 1) : partial.data(), bytes);
+    p2p.send(right, index, step == 0 && !pre ? block(me - 1) : partial.data(), bytes);
     p2p.wait();
     widen_to_f32(incoming.data(), dtype, sum.data(), count);
     widen_to_f32(block(me - step - 2), dtype, own.data(), count);
-    reduce_f32_into(sum.data(), own.data(), sum.data(), count, op, last ? scale : 1.0f);
+    if (pre) {
+      for (size_t i = 0; i < count; ++i) sum[i] += own[i] * scale;
+    } else {
+      reduce_f32_into(sum.data(), own.data(), sum.data(), count, op,
+                      last && op == ReduceOp::Avg ? scale : 1.0f);
+    }
     narrow_from_f32(sum.data(), dtype, last ? recv : partial.data(), count);
   }
 }

@@ -47,7 +47,9 @@ class Communicator {
   virtual void allgather_coalesced(const std::vector<GatherSegment>& segments) = 0;
   // send holds count * size() elements; this rank receives block rank().
   // 16-bit floats are summed in fp32, hop by hop; the partial sums cross
-  // the wire in their 16 bits (half the bytes of fp32).
+  // the wire in their 16 bits (half the bytes of fp32); an fp16 Avg
+  // divides each term by size() first (NCCL's PreMulSum) so that they
+  // cannot overflow where the mean does not.
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     check_reduction("reduce-scatter", dtype, op);
     do_reduce_scatter(send, recv, count, dtype, op);

@@ -414,7 +414,10 @@ ZS_API zs_status zs_group_world_rank(zs_group group, int group_rank, int* world_
 ZS_API zs_status zs_allgather(zs_work* out, zs_group group, const void* send,
                               void* recv, size_t count, zs_dtype dtype);
 /* send holds recv_count * group_size elements; member i receives the
- * reduction of block i. bf16/fp16 are summed in fp32. */
+ * reduction of block i. bf16/fp16 are summed in fp32 at each hop, the
+ * partial sums passed on in their 16 bits (half the bytes of fp32); an
+ * fp16 AVG divides each term by the group size before summing, as NCCL
+ * does, so that it overflows only where the mean would. */
 ZS_API zs_status zs_reduce_scatter(zs_work* out, zs_group group, const void* send,
                                    void* recv, size_t recv_count, zs_dtype dtype,
                                    zs_reduce_op op);
