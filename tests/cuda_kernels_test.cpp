@@ -559,6 +559,40 @@ TEST_F(CudaKernels, CastToF32ScaledIsWidenThenDivide) {
         }
 }
 
+// Any working dtype into any other: widen, a true division, one rounding
+// (the CPU's ops::narrow_scaled loop over the shared conversions), bit for
+// bit; a NaN out of a division may be the GPU's canonical one.
+TEST_F(CudaKernels, CastScaledIsWidenDivideRoundOnce) {
+  for (WorkDtype st : kDtypes)
+    for (WorkDtype dt : kDtypes)
+      for (float divisor : {1.0f, 2.0f, 3.0f, 1e-3f})
+        for (size_t n : {size_t{1}, size_t{7}, size_t{65536}, size_t{1000003}})
+          for (size_t off : {0, 1}) {
+            const std::string what = std::string("cast_scaled ") + dtype_name(st) + " -> " +
+                                     dtype_name(dt) + " divisor=" + std::to_string(divisor) +
+                                     " n=" + std::to_string(n) + " off=" + std::to_string(off);
+            const size_t ss = dsize(st), ds_ = dsize(dt);
+            const std::vector<uint8_t> src = work_patterns(st, n, 80);
+            std::vector<uint8_t> ref_bytes(n * ds_);
+            for (size_t k = 0; k < n; ++k) {
+              const float x = load_work1(src.data(), st, k);
+              store_work1(ref_bytes.data(), dt, k, divisor == 1.0f ? x : x / divisor);
+            }
+            Dev<uint8_t> ds((n + off) * ss, stream_);
+            Dev<uint8_t> dd((n + off) * ds_, stream_);
+            ds.put(src, off * ss);
+            ok(cu::cast_scaled(ds.at(off * ss), st, dd.at(off * ds_), dt, n, divisor, s()), what);
+            const std::vector<uint8_t> got = dd.get(n * ds_, off * ds_);
+            std::vector<float> g(n), ref(n);  // widening is exact: equal floats, equal bits
+            for (size_t k = 0; k < n; ++k) {
+              g[k] = load_work1(got.data(), dt, k);
+              ref[k] = load_work1(ref_bytes.data(), dt, k);
+            }
+            const size_t i = first_float_diff(g, ref, divisor != 1.0f);
+            EXPECT_EQ(i, kNone) << what << ": " << float_diff_msg(g, ref, i);
+          }
+}
+
 TEST_F(CudaKernels, AddToF32AllPatternsMatchesCpu) {
   for (WorkDtype t : kDtypes)
     for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{65536}, size_t{1000003}})
@@ -725,6 +759,9 @@ TEST_F(CudaKernels, BadArgumentsAreInvalidValueAndEnqueueNothing) {
   EXPECT_EQ(cu::cast_from_f32(nullptr, wb.at(0), WorkDtype::BF16, 4, s()), inval);
   EXPECT_EQ(cu::cast_to_f32(wb.at(0), WorkDtype::BF16, nullptr, 4, s()), inval);
   EXPECT_EQ(cu::cast_to_f32_scaled(nullptr, WorkDtype::F16, a.at(0), 4, 2.0f, s()), inval);
+  EXPECT_EQ(cu::cast_scaled(nullptr, WorkDtype::F32, wb.at(0), WorkDtype::BF16, 4, 2.0f, s()), inval);
+  EXPECT_EQ(cu::cast_scaled(a.at(0), WorkDtype::F32, wb.at(0), static_cast<WorkDtype>(9), 4, 2.0f, s()),
+            inval);
   EXPECT_EQ(cu::add_to_f32(wb.at(0), static_cast<WorkDtype>(9), a.at(0), 4, s()), inval);
   EXPECT_EQ(cu::add_f32(a.at(0), nullptr, 4, s()), inval);
   // n == 0: nothing to do, pointers unchecked.

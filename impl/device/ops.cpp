@@ -59,19 +59,7 @@ void narrow_scaled(Device& dev, const void* src, DType src_dtype, void* dst, DTy
     dev.copy(dst, src, n * dtype_size(dst_dtype));
     return;
   }
-  if (dev.is_cuda()) {
-    // Through fp32 in chunks: the two kernels compute the host loop's values.
-    constexpr size_t kChunk = size_t{1} << 20;
-    Buffer wide(dev.shared_from_this(), std::min(n, kChunk) * sizeof(float));
-    auto* w = static_cast<float*>(wide.data());
-    for (size_t at = 0; at < n; at += kChunk) {
-      const size_t m = std::min(kChunk, n - at);
-      widen_scaled(dev, static_cast<const uint8_t*>(src) + at * dtype_size(src_dtype), src_dtype, w, m,
-                   divisor);
-      cast_from_f32(dev, w, dst_dtype, static_cast<uint8_t*>(dst) + at * dtype_size(dst_dtype), m);
-    }
-    return;
-  }
+  ZS_ON_CUDA(dev, cast_scaled, src, work_dtype(src_dtype), dst, work_dtype(dst_dtype), n, divisor)
   const auto st = work_dtype(src_dtype), dt = work_dtype(dst_dtype);
   for (size_t i = 0; i < n; ++i) {
     const float x = kernels::load_work1(src, st, i);

@@ -40,6 +40,25 @@ struct ToF32Op {
   }
 };
 
+// Narrow: dst = round_to(D, widen(src) / divisor), one rounding (a gradient
+// into a 16-bit reduction bucket).
+template <WorkDtype S, WorkDtype D, bool Divide>
+struct CastScaledOp {
+  const void* src;
+  void* dst;
+  float divisor;
+  template <int V>
+  __device__ __forceinline__ void run(size_t i) const {
+    float a[V];
+    detail::ld_work<S, V>(src, i, a);
+    if constexpr (Divide) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) a[k] = f_div(a[k], divisor);
+    }
+    detail::st_work<D, V>(dst, i, a);
+  }
+};
+
 template <WorkDtype T>
 struct AddToOp {
   const void* src;
@@ -126,6 +145,26 @@ int cast_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream
 int cast_to_f32_scaled(const void* src, WorkDtype t, float* dst, size_t n, float divisor,
                        void* stream) {
   return to_f32(src, t, dst, n, divisor, divisor != 1.0f, stream);
+}
+
+// divisor 1 skips the division, as cast_to_f32_scaled does.
+int cast_scaled(const void* src, WorkDtype st, void* dst, WorkDtype dt, size_t n, float divisor,
+                void* stream) {
+  if (n == 0) return 0;
+  if (!src || !dst || !detail::valid_dtype(st) || !detail::valid_dtype(dt)) return kInvalid;
+  const bool vec4 = detail::aligned(src, detail::vec4_align(st)) &&
+                    detail::aligned(dst, detail::vec4_align(dt));
+  const bool divide = divisor != 1.0f;
+  return detail::with_dtype(st, [&](auto s) {
+    return detail::with_dtype(dt, [&](auto d) {
+      constexpr WorkDtype S = decltype(s)::value, D = decltype(d)::value;
+      if (divide)
+        return detail::launch_elementwise(CastScaledOp<S, D, true>{src, dst, divisor}, n, vec4,
+                                          stream);
+      return detail::launch_elementwise(CastScaledOp<S, D, false>{src, dst, divisor}, n, vec4,
+                                        stream);
+    });
+  });
 }
 
 int add_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream) {

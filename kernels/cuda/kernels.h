@@ -69,6 +69,11 @@ int cast_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream
 // 1/divisor (divisor 1 gives widen exactly).
 int cast_to_f32_scaled(const void* src, WorkDtype t, float* dst, size_t n, float divisor,
                        void* stream);
+// dst[i] = round_to(dt, widen(src[i]) / divisor): any working dtype into any
+// other, rounded once (a gradient into a 16-bit reduction bucket); the
+// same division as cast_to_f32_scaled (divisor 1: none).
+int cast_scaled(const void* src, WorkDtype st, void* dst, WorkDtype dt, size_t n, float divisor,
+                void* stream);
 // dst[i] = dst[i] + widen(src[i]), for gradient accumulation.
 int add_to_f32(const void* src, WorkDtype t, float* dst, size_t n, void* stream);
 // dst[i] = dst[i] + src[i].
