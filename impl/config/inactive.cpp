@@ -8,9 +8,11 @@
 // param and model persistence, MiCS, hpZ, qwZ, qgZ and its LoCo, fp16 loss
 // scaling, clipping, device, and bf16.enabled / fp16.enabled /
 // communication_data_type, which set the dtype gradients are reduced in)
-// have no rule. bf16.enabled also makes zeroshard.torch partition floating
-// params as bf16; through the C ABI the caller registers the dtype. When the engine starts to act on a key, delete its
-// rule here and its case in tests/inactive_config_test.cpp.
+// have no rule (communication_data_type only while qgZ, which quantizes
+// from fp32, is off). bf16.enabled also makes zeroshard.torch partition
+// floating params as bf16; through the C ABI the caller registers the
+// dtype. When the engine starts to act on a key, delete its rule here and
+// its case in tests/inactive_config_test.cpp.
 //
 // Deliberately without a rule:
 // - zero_allow_untested_optimizer: the engine runs only its own optimizers,

@@ -387,7 +387,9 @@ void GradReducer::reset_error_feedback() {
 
 // MiCS: shard groups reduced within themselves; replicas hold the same
 // shard positions, so one all-reduce across each replica group completes
-// the average over the world.
+// the average over the world. It stays fp32 whatever the wire dtype: it
+// averages the fp32 shards once per step (not per micro-step), and a
+// 16-bit copy would round the accumulated gradients a second time.
 void GradReducer::replica_average() {
   const auto& replica = ctx_.mics_replica_group();
   if (!replica || replica->size() == 1) return;

@@ -1,12 +1,16 @@
 // Gradient reduction: full gradients handed over by the trainer are packed
-// into buckets (of gradient_wire_dtype's elements) laid out rank-major (block r holds every bucketed param's
-// shard r), so one reduce-scatter per bucket leaves each rank exactly its
-// shards, averaged over the group (with qgZ, quantized over an all-to-all:
-// quantized_reduce.h); the group thread then sums them into the fp32
+// into buckets of gradient_wire_dtype's elements (reduce_bucket_size counts
+// elements, as in DeepSpeed: a 16-bit bucket takes half the memory), laid
+// out rank-major (block r holds every bucketed param's shard r), so one
+// reduce-scatter per bucket leaves each rank exactly its shards, averaged
+// over the group (with qgZ, quantized from fp32 buckets over an
+// all-to-all: quantized_reduce.h); the group thread then sums them into the fp32
 // gradient shards, taking each shard's sum of squares as it writes it
-// (partition/grad_shard.h). Accumulation is fp32 whatever the wire dtype
-// (DeepSpeed's ZeRO-3 accumulates bf16 gradients in bf16). Buckets go out as they fill, overlapping the
-// trainer's backward.
+// (partition/grad_shard.h). Accumulation is fp32 whatever the wire dtype,
+// on purpose: DeepSpeed's ZeRO-3 accumulates bf16 gradients in bf16, which
+// rounds every micro-step's sum to 8 bits; fp32 shards cost 4 bytes per
+// element of this rank's shard only. Buckets go out as they fill,
+// overlapping the trainer's backward.
 //
 // A large gradient (at least a quarter of reduce_bucket_size, its numel a
 // multiple of the group size, an fp32 wire on a host context) gains
@@ -122,8 +126,10 @@ class GradReducer : public ParamKeeper {
 };
 
 // The dtype gradients are reduce-scattered in: communication_data_type,
-// else DeepSpeed's default (the 16-bit dtype under bf16.enabled or
-// fp16.enabled, else fp32). qgZ quantizes from fp32 whatever it says.
+// else DeepSpeed's default (its engine.communication_data_type: the 16-bit
+// dtype under bf16.enabled or fp16.enabled, else fp32), so that a DeepSpeed
+// config moves the same bytes here as there (half of fp32's in 16 bits).
+// qgZ quantizes from fp32 whatever it says.
 DType gradient_wire_dtype(const Config& config);
 
 // The context's gradient reducer, created on first use.

@@ -284,7 +284,7 @@ ZS_API zs_status zs_context_unused_config_keys(zs_context ctx, const char** json
  * section (every key under NVMe offload, else the keys off their default),
  * ZeRO++ quantization switched on, and the options the engine never reads
  * set away from the value that agrees with what it does (stage other than
- * 3, sub_group_size, bf16.enabled, ...). A key at its default is not
+ * 3, sub_group_size, prescale_gradients, ...). A key at its default is not
  * listed, so the effective config (zs_context_config_json) lists nothing.
  * Computed once when the context is created; bindings warn with it once per
  * context. Pointer owned by the context, valid until it is destroyed. */
