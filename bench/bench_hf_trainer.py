@@ -67,13 +67,15 @@ import argparse
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from rss import peak_rss, rss_now
+
 
 T_START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
@@ -115,18 +117,6 @@ def ds_config(optimizer_section):
 # ---------------------------------------------------------------------------
 # worker: one engine, one rank (launched by zsrun)
 # ---------------------------------------------------------------------------
-
-def rss_now():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
 
 def describe_optimizer(opt):
     """The chain of optimizer wrappers down to the one that steps, e.g.

@@ -79,12 +79,13 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rss import peak_rss, rss_now
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
@@ -94,18 +95,6 @@ ENGINES = ("zeroshard", "ddp", "deepspeed")
 # ---------------------------------------------------------------------------
 # worker: one engine, one model, one rank (launched by zsrun)
 # ---------------------------------------------------------------------------
-
-def rss_now():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
 
 def build_model(args):
     import torch.nn as nn
