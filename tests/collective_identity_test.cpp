@@ -235,3 +235,68 @@ TEST(CollectiveIdentity, ALateRankIsNotAMismatch) {
 }
 
 }  // namespace
+
+// A rank that is late by more than ZS_STRAGGLER_WARN_MS is named, with the
+// collective, by the ranks that wait for it, long before the timeout; the
+// collective then completes as usual, and the late rank warns of nothing.
+TEST(StragglerWarning, WaitingRanksNameTheRankThatHasNotArrived) {
+  run_ranks(3, [](const RankEnv& env) {
+    setenv("ZS_STRAGGLER_WARN_MS", "800", 1);
+    const std::string log = capture_stderr(env);
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = make_param(ctx, "late.weight", {4096});
+    if (env.rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    const Outcome o = fetch_one(ctx, p);
+    EXPECT_EQ(o.status, ZS_OK) << o.message;
+    const std::string text = read_file(log);
+    if (env.rank == 2) {
+      EXPECT_FALSE(contains(text, "warning")) << text;
+    } else {
+      EXPECT_TRUE(contains(text, "zeroshard: warning: rank " + std::to_string(env.rank) +
+                                     " of group")) << text;
+      EXPECT_TRUE(contains(text, "1 of 3 ranks have not arrived: rank 2")) << text;
+      EXPECT_TRUE(contains(text, "late.weight")) << text;
+      EXPECT_FALSE(contains(text, "rank 0 (")) << text;
+    }
+    ZS_EXPECT_OK(zs_release(ctx, &p, 1));
+    zs_param_destroy(p);
+    EXPECT_EQ(zs_context_destroy(ctx), ZS_OK) << zs_last_error();
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
+// In a sub-group the straggler is named by its group rank and its world
+// rank; a wait in which everyone has arrived (here: none, the late rank is
+// not in the group) warns of nothing.
+TEST(StragglerWarning, SubGroupNamesWorldRanks) {
+  run_ranks(3, [](const RankEnv& env) {
+    setenv("ZS_STRAGGLER_WARN_MS", "800", 1);
+    const std::string log = capture_stderr(env);
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    zs_group group = nullptr;
+    const int ranks[2] = {1, 2};
+    ZS_ASSERT_OK(zs_group_create(&group, ctx, ranks, 2));
+    if (env.rank != 0) {
+      if (env.rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      std::vector<float> x(1000, 1.0f);
+      zs_work w = nullptr;
+      ZS_ASSERT_OK(zs_allreduce(&w, group, x.data(), x.data(), x.size(), ZS_FLOAT32, ZS_SUM));
+      ZS_EXPECT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+      EXPECT_EQ(x[999], 2.0f);
+      zs_work_destroy(w);
+      const std::string text = read_file(log);
+      if (env.rank == 1) {
+        EXPECT_TRUE(contains(text, "rank 0 (world rank 1) of group")) << text;
+        EXPECT_TRUE(contains(text, "rank 1 (world rank 2)")) << text;
+        EXPECT_TRUE(contains(text, "all-reduce (1000 x float32, sum)")) << text;
+      } else {
+        EXPECT_FALSE(contains(text, "warning")) << text;
+      }
+    }
+    zs_group_destroy(group);
+    EXPECT_EQ(zs_context_destroy(ctx), ZS_OK) << zs_last_error();
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -89,14 +90,23 @@ std::chrono::milliseconds collective_check_after() {
   return std::chrono::milliseconds(env_int("ZS_COLLECTIVE_CHECK_MS", 500));
 }
 
+std::chrono::milliseconds straggler_warn_after(std::chrono::milliseconds timeout) {
+  const long long fallback = std::min<long long>(30000, timeout.count() / 3);
+  return std::chrono::milliseconds(std::max<long long>(0, env_int("ZS_STRAGGLER_WARN_MS", static_cast<int>(fallback))));
+}
+
 CollectiveWatch::CollectiveWatch(std::string group, int rank, int size,
                                  std::shared_ptr<Store> store,
-                                 std::chrono::milliseconds check_after)
+                                 std::chrono::milliseconds check_after,
+                                 std::chrono::milliseconds warn_after,
+                                 std::vector<int> world_ranks)
     : group_(std::move(group)),
       rank_(rank),
       size_(size),
       store_(std::move(store)),
-      check_after_(check_after) {
+      check_after_(check_after),
+      warn_after_(warn_after),
+      world_ranks_(std::move(world_ranks)) {
   if (store_ && size_ > 1) thread_ = std::thread([this] { loop(); });
 }
 
@@ -122,6 +132,7 @@ void CollectiveWatch::begin(CollectiveIdentity id) {
   e->done = false;
   running_ = true;
   began_ = std::chrono::steady_clock::now();
+  next_warn_ = warn_after_;
   verdict_.clear();
 }
 
@@ -187,17 +198,26 @@ void CollectiveWatch::loop() {
     cv_.wait_for(lock, kTick);
     if (stop_) break;
     if (!running_ || !verdict_.empty() || count_ == 0) continue;
-    if (std::chrono::steady_clock::now() - began_ < check_after_) continue;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - began_);
+    if (waited < check_after_) continue;
     const CollectiveIdentity mine = newest_locked().id;
     const uint64_t seq = mine.seq;
     const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
+    // Peers publish once their own wait passes check_after: name stragglers
+    // only after they have had that long and a tick more to do so.
+    const bool warn = warn_after_.count() > 0 && waited >= next_warn_ &&
+                      waited >= check_after_ + 2 * kTick;
+    if (warn) next_warn_ = waited * 2;
     lock.unlock();
     std::string verdict;
+    std::vector<std::string> absent;
     try {
-      verdict = compare_notes(mine, notes);
+      verdict = compare_notes(mine, notes, &absent);
     } catch (const std::exception&) {
       // The store is gone or slow: the collective's own timeout still holds.
     }
+    if (warn && verdict.empty()) warn_straggler(mine, waited, absent);
     lock.lock();
     if (!notes.empty()) published_seq_ = seq;
     if (verdict.empty() || !running_ || count_ == 0 || newest_locked().id.seq != seq)
@@ -215,17 +235,51 @@ void CollectiveWatch::loop() {
   }
 }
 
+std::string CollectiveWatch::who(int rank) const {
+  std::string s = "rank " + std::to_string(rank);
+  if (rank >= 0 && static_cast<size_t>(rank) < world_ranks_.size() && world_ranks_[rank] != rank)
+    s += " (world rank " + std::to_string(world_ranks_[rank]) + ")";
+  return s;
+}
+
+void CollectiveWatch::warn_straggler(const CollectiveIdentity& mine,
+                                     std::chrono::milliseconds waited,
+                                     const std::vector<std::string>& absent) const {
+  if (absent.empty()) return;  // everyone is here: slow, not straggling
+  std::string names;
+  for (size_t i = 0; i < absent.size(); ++i) names += (i ? "; " : "") + absent[i];
+  std::fprintf(stderr,
+               "zeroshard: warning: %s of group '%s' has waited %.1f s in %s: %zu of %d "
+               "ranks have not arrived: %s\n",
+               who(rank_).c_str(), group_.c_str(), waited.count() / 1000.0,
+               mine.describe().c_str(), absent.size(), size_, names.c_str());
+  std::fflush(stderr);
+}
+
 std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
-                                          const std::string& notes) {
+                                          const std::string& notes,
+                                          std::vector<std::string>* absent) {
   if (!notes.empty()) store_->set(notes_key(rank_), std::vector<char>(notes.begin(), notes.end()));
   const uint64_t seq = mine.seq;
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_ || !store_->check(notes_key(peer))) continue;
+    if (peer == rank_) continue;
+    if (!store_->check(notes_key(peer))) {
+      absent->push_back(who(peer) + " (no report from it in this group yet: computing, stuck or gone)");
+      continue;
+    }
     const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
     if (!theirs.failed.empty())
       return "rank " + std::to_string(peer) + " of group '" + group_ +
              "' stopped first: " + theirs.failed;
     const auto it = theirs.by_seq.find(seq);
+    if (it == theirs.by_seq.end() && theirs.latest < seq) {
+      const auto last = theirs.by_seq.find(theirs.latest);
+      absent->push_back(who(peer) + (last == theirs.by_seq.end()
+                                         ? std::string()
+                                         : std::string(" (last reported ") +
+                                               (last->second.done ? "finishing " : "waiting in ") +
+                                               last->second.text + ")"));
+    }
     if (it == theirs.by_seq.end() || it->second.hash == mine.hash) continue;
     const std::string my_side = "rank " + std::to_string(rank_) + " runs " + mine.describe();
     const std::string their_side = "rank " + std::to_string(peer) +

@@ -11,6 +11,13 @@
 // reported in both ranks' words and the wait is cut short. Ranks that agree
 // never touch the store, so the check costs a hash and a ring-buffer slot per
 // collective.
+//
+// A wait that passes `warn_after` is a straggler's: the waiting rank names,
+// on stderr, the peers whose notes do not show them at this collective yet
+// (each waiting peer publishes its notes after `check_after`, so the silent
+// ones are those still computing, stuck, or dead), with the collective and
+// how long it has waited; again at twice that wait, four times, ... so a
+// hang is attributed long before the collective's timeout ends it.
 #pragma once
 
 #include <chrono>
@@ -22,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "impl/comm/store.h"
 
@@ -50,8 +58,13 @@ class CollectiveWatch {
   // store: the group's own (prefixed) store; null disables the watcher
   // (the history is still kept). check_after: how long a collective may
   // wait before its rank compares notes with its peers.
+  // warn_after: when a wait is reported as a straggler's (0: never).
+  // world_ranks: each group rank's world rank, for the warning's words
+  // (empty: the group is the world).
   CollectiveWatch(std::string group, int rank, int size, std::shared_ptr<Store> store,
-                  std::chrono::milliseconds check_after);
+                  std::chrono::milliseconds check_after,
+                  std::chrono::milliseconds warn_after = std::chrono::milliseconds(0),
+                  std::vector<int> world_ranks = {});
   ~CollectiveWatch();
   CollectiveWatch(const CollectiveWatch&) = delete;
   CollectiveWatch& operator=(const CollectiveWatch&) = delete;
@@ -84,13 +97,22 @@ class CollectiveWatch {
   // Publishes this rank's notes (unless empty) and compares `mine`, the
   // collective waiting now, with what the peers ran at its sequence number;
   // returns a verdict or "".
-  std::string compare_notes(const CollectiveIdentity& mine, const std::string& notes);
+  // `absent` gets the peers whose notes do not show them at `mine`, each
+  // with where it last reported.
+  std::string compare_notes(const CollectiveIdentity& mine, const std::string& notes,
+                            std::vector<std::string>* absent);
+  // "rank 2" or "rank 2 (world rank 5)".
+  std::string who(int rank) const;
+  void warn_straggler(const CollectiveIdentity& mine, std::chrono::milliseconds waited,
+                      const std::vector<std::string>& absent) const;
   std::string notes_locked() const;
 
   const std::string group_;
   const int rank_, size_;
   const std::shared_ptr<Store> store_;
   const std::chrono::milliseconds check_after_;
+  const std::chrono::milliseconds warn_after_;
+  const std::vector<int> world_ranks_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -104,6 +126,7 @@ class CollectiveWatch {
   bool running_ = false;  // a collective is in progress
   std::chrono::steady_clock::time_point began_;
   uint64_t published_seq_ = UINT64_MAX;
+  std::chrono::milliseconds next_warn_{0};  // of the current wait
   std::function<void()> abort_;
   std::string verdict_;
   std::string interruption_;
@@ -114,5 +137,8 @@ class CollectiveWatch {
 // How long a collective waits before the ranks compare identities:
 // ZS_COLLECTIVE_CHECK_MS, 500 by default; 0 turns identities off.
 std::chrono::milliseconds collective_check_after();
+// When a waiting collective names its stragglers: ZS_STRAGGLER_WARN_MS, by
+// default a third of the collective timeout, at most 30 s; 0 turns it off.
+std::chrono::milliseconds straggler_warn_after(std::chrono::milliseconds timeout);
 
 }  // namespace zs

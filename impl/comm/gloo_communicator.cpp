@@ -66,7 +66,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         timeout_(timeout),
         checks_(collective_check_after().count() > 0),
         watch_(name_, ctx_->rank, ctx_->size, checks_ ? std::move(store) : nullptr,
-               collective_check_after()),
+               collective_check_after(), straggler_warn_after(timeout_), world_ranks),
         heartbeat_(std::move(heartbeat)),
         members_(std::move(world_ranks)) {
     // A stopped peer keeps its sockets open: only its silence tells.
