@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "impl/checkpoint/dir_lock.h"
 #include "impl/checkpoint/file_io.h"
 #include "impl/checkpoint/format.h"
 #include "impl/checkpoint/shard_io.h"
@@ -237,9 +238,11 @@ Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>&
 
 // Rank 0, before anyone writes: the target is free (or may be replaced),
 // and an empty partial directory is ready.
-void prepare(const std::string& dir, const std::string& tag, bool overwrite, std::string* partial) {
+void prepare(Context& ctx, const std::string& dir, const std::string& tag, bool overwrite,
+             std::string* partial) {
   make_dir(dir);
   if (!is_dir(dir)) fail(Code::Io, "checkpoint directory '", dir, "' is not a directory");
+  hold_checkpoint_dir(ctx, dir);
   const std::string target = join(dir, tag);
   if (exists(target) && !overwrite)
     fail(Code::InvalidArgument, "checkpoint '", target,
@@ -311,7 +314,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
 
   if (!store) {  // a world of one: nothing to agree on
     std::string partial;
-    prepare(dir, tag, o.overwrite, &partial);
+    prepare(ctx, dir, tag, o.overwrite, &partial);
     try {
       Local l = write_local(ctx, params, opt, join(partial, file_name), o, name_of);
       Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
@@ -332,7 +335,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (rank == 0) {
     std::string status = "ok";
     try {
-      prepare(dir, tag, o.overwrite, &partial);
+      prepare(ctx, dir, tag, o.overwrite, &partial);
     } catch (const Error& e) {
       status = status_of(e);
     }
