@@ -378,6 +378,47 @@ TEST(Zsrun, SignalDeathMapsTo128PlusSignal) {
   EXPECT_NE(r.err.find("zsrun: rank 0 killed by signal SIGKILL"), std::string::npos) << r.err;
 }
 
+// --restarts: a failed job starts again with TORCHELASTIC_RESTART_COUNT
+// counting the attempts and TORCHELASTIC_MAX_RESTARTS the limit; it ends
+// at the first attempt that succeeds, or with the last failure's status.
+TEST(Zsrun, RestartsBringAFailedJobBack) {
+  const std::string script =
+      "echo \"attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS world $WORLD_SIZE\"; "
+      "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 7; fi; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then sleep 30; fi";
+  Result r = run({"-n", "2", "--restarts", "3", "--no-prefix", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_LT(r.seconds, 20.0);
+  for (const char* a : {"attempt 0 of 3 world 2", "attempt 1 of 3 world 2", "attempt 2 of 3 world 2"})
+    EXPECT_NE(r.out.find(a), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("attempt 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("zsrun: restart 1 of 3: starting the job again with 2 ranks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zsrun: restart 2 of 3"), std::string::npos) << r.err;
+
+  Result spent = run({"-n", "2", "--restarts", "1", "--", "sh", "-c", "exit 4"});
+  EXPECT_EQ(spent.status, 4) << spent.err;
+  EXPECT_NE(spent.err.find("restart 1 of 1"), std::string::npos) << spent.err;
+  EXPECT_EQ(spent.err.find("restart 2"), std::string::npos) << spent.err;
+}
+
+// With --min-nproc, a rank killed by a SIGKILL zsrun did not send is lost:
+// the next attempt runs without it. A timeout is never restarted.
+TEST(Zsrun, MinNprocShrinksAfterALostRankAndTimeoutsAreNotRestarted) {
+  const std::string script =
+      "echo \"attempt $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE\"; "
+      "if [ \"$RANK\" = 2 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then kill -KILL $$; fi; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 30; fi";
+  Result r = run({"-n", "3", "--restarts", "2", "--min-nproc", "2", "--no-prefix", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("attempt 1 world 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("restart 1 of 2: starting the job again with 2 ranks (a rank killed by SIGKILL is lost)"),
+            std::string::npos) << r.err;
+
+  Result t = run({"-n", "1", "--restarts", "2", "--timeout-s", "0.3", "--", "sleep", "30"});
+  EXPECT_EQ(t.status, 124) << t.err;
+  EXPECT_EQ(t.err.find("restart"), std::string::npos) << t.err;
+}
+
 TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
   struct Case {
     std::vector<std::string> args;
@@ -401,6 +442,10 @@ TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
        "both 29511"},
       {{"-n", "2", "--timeout-s", "-1", "--", "true"}, "'-1'"},
       {{"-n", "2", "--timeout-s", "soon", "--", "true"}, "'soon'"},
+      {{"-n", "2", "--restarts", "-1", "--", "true"}, "'-1'"},
+      {{"-n", "2", "--restarts", "many", "--", "true"}, "'many'"},
+      {{"-n", "2", "--restarts", "1", "--min-nproc", "3", "--", "true"}, "--min-nproc 3 is more than -n 2"},
+      {{"-n", "2", "--min-nproc", "1", "--", "true"}, "needs --restarts"},
   };
   for (const Case& c : cases) {
     std::string joined;

@@ -3,7 +3,7 @@
 // whole job down when one rank fails.
 //
 //   zsrun -n N [--master-addr A] [--master-port P] [--timeout-s T]
-//         [--no-prefix] -- CMD ARGS...
+//         [--restarts R [--min-nproc M]] [--no-prefix] -- CMD ARGS...
 //
 // Standalone on purpose: POSIX only, no dependency on the engine library, so
 // it can launch any program (a C trainer, python, a test binary).
@@ -24,6 +24,15 @@
 //     too, so zsrun leaves no orphans behind. On Linux zsrun is also a child
 //     subreaper, so those orphans are reparented to, and reaped by, zsrun
 //     rather than an init that may never reap them (containers).
+//
+// Restarts (--restarts R, torchrun's --max-restarts): when a rank fails, the
+// whole job is torn down and started again, up to R times, with
+// TORCHELASTIC_RESTART_COUNT counting the attempts; the trainer resumes from
+// its latest checkpoint. A rank killed by SIGKILL that zsrun did not send
+// (the OOM killer, a lost device, an operator) is a rank that cannot come
+// back: with --min-nproc M the next attempt runs that many ranks fewer, never
+// fewer than M (torchrun's elastic --nnodes=MIN:MAX, per rank on one host).
+// Not restarted: a timeout, a signal to zsrun, an internal error.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -173,7 +182,9 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free one
   int store_port = 0;   // 0: pick a free one, other than master_port
-  double timeout_s = 0;  // 0: none
+  double timeout_s = 0;  // 0: none, else per attempt
+  long restarts = 0;     // attempts after the first
+  long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
   bool prefix = true;
   std::vector<char*> command;  // argv of the ranks, null-terminated
 };
@@ -193,6 +204,12 @@ const char kUsage[] =
     "  --master-port P          MASTER_PORT (default: a free TCP port)\n"
     "  --store-port P           ZS_STORE_PORT (default: another free TCP port)\n"
     "  --timeout-s T            terminate the job after T seconds, exit 124\n"
+    "  --restarts R             start the job again, up to R times, when a rank\n"
+    "                           fails (TORCHELASTIC_RESTART_COUNT says which\n"
+    "                           attempt; the trainer resumes from its checkpoint)\n"
+    "  --min-nproc M            with --restarts: a rank killed by a SIGKILL that\n"
+    "                           zsrun did not send is lost, and the next attempt\n"
+    "                           runs without it, with at least M ranks\n"
     "  --no-prefix              pass output through without '[rank K] '\n"
     "  -h, --help               show this help\n"
     "\n"
@@ -280,6 +297,14 @@ Options parse_args(int argc, char** argv) {
       const char* v = value(arg, "--timeout-s");
       if (!parse_seconds(v, &opt.timeout_s) || opt.timeout_s <= 0)
         usage_error("--timeout-s expects a positive number of seconds, got '%s'", v);
+    } else if (is(arg, "--restarts") || is(arg, "--max-restarts")) {
+      const char* v = value(arg, is(arg, "--restarts") ? "--restarts" : "--max-restarts");
+      if (!parse_long(v, &opt.restarts) || opt.restarts < 0)
+        usage_error("--restarts expects an integer >= 0, got '%s'", v);
+    } else if (is(arg, "--min-nproc")) {
+      const char* v = value(arg, "--min-nproc");
+      if (!parse_long(v, &opt.min_nproc) || opt.min_nproc < 1)
+        usage_error("--min-nproc expects a positive integer, got '%s'", v);
     } else if (arg == "--no-prefix") {
       opt.prefix = false;
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -291,6 +316,11 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (!have_n) usage_error("missing required option -n N");
+  if (opt.min_nproc > opt.nranks)
+    usage_error("--min-nproc %ld is more than -n %ld", opt.min_nproc, opt.nranks);
+  if (opt.min_nproc > 0 && opt.restarts == 0)
+    usage_error("--min-nproc %ld needs --restarts R: it says how small a restarted job may be",
+                opt.min_nproc);
   if (opt.master_port != 0 && opt.store_port == opt.master_port)
     usage_error("--store-port and --master-port are both %d: the engine's store and torch's "
                 "need a port each", opt.master_port);
@@ -335,9 +365,12 @@ int pick_free_port_other_than(int other) {
 // poll loop reads, so all real work happens outside signal context.
 
 int g_sigpipe[2] = {-1, -1};
+// The first signal zsrun received other than SIGCHLD: no restart after it.
+volatile sig_atomic_t g_signalled = 0;
 
 extern "C" void on_signal(int sig) {
   int saved = errno;
+  if (sig != SIGCHLD && g_signalled == 0) g_signalled = sig;
   unsigned char b = static_cast<unsigned char>(sig);
   ssize_t r = write(g_sigpipe[1], &b, 1);  // full pipe: a wakeup is pending anyway
   (void)r;
@@ -368,9 +401,16 @@ double seconds_since(Clock::time_point t) {
 
 class Launcher {
  public:
-  explicit Launcher(Options opt) : opt_(std::move(opt)) {}
+  // nranks: this attempt's world size; attempt: 0 for the first launch.
+  Launcher(const Options& opt, long nranks, long attempt)
+      : opt_(opt), nranks_(nranks), attempt_(attempt) {}
 
   int run();
+  // Whether the job ended because a rank failed (not a timeout, a signal to
+  // zsrun or an internal error): what --restarts brings back.
+  bool rank_failed() const { return rank_failed_; }
+  // Ranks killed by a SIGKILL zsrun did not send.
+  long lost() const { return lost_; }
 
  private:
   bool spawn_all();
@@ -386,7 +426,11 @@ class Launcher {
   bool all_reaped() const;
   bool leftovers();
 
-  Options opt_;
+  const Options& opt_;
+  const long nranks_;
+  const long attempt_;
+  bool rank_failed_ = false;
+  long lost_ = 0;
   std::vector<Rank> ranks_;
   int master_port_ = 0;
   int store_port_ = 0;
@@ -450,8 +494,8 @@ std::vector<std::string> Launcher::base_environment() {
   // A job secret per launch: only these ranks can join the store and pair
   // with each other (a user's own ZS_JOB_SECRET is kept).
   if (!have_secret) env.push_back("ZS_JOB_SECRET=" + random_hex(32));
-  auto n = std::to_string(opt_.nranks);
-  // A single node, one role, no restarts: the static torchrun layout.
+  auto n = std::to_string(nranks_);
+  // A single node, one role: the static torchrun layout.
   env.push_back("WORLD_SIZE=" + n);
   env.push_back("LOCAL_WORLD_SIZE=" + n);
   env.push_back("ROLE_WORLD_SIZE=" + n);
@@ -462,8 +506,8 @@ std::vector<std::string> Launcher::base_environment() {
   env.push_back("MASTER_PORT=" + std::to_string(master_port_));
   env.push_back("ZS_STORE_PORT=" + std::to_string(store_port_));
   env.push_back("TORCHELASTIC_RUN_ID=zsrun-" + std::to_string(getpid()));
-  env.push_back("TORCHELASTIC_RESTART_COUNT=0");
-  env.push_back("TORCHELASTIC_MAX_RESTARTS=0");
+  env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt_));
+  env.push_back("TORCHELASTIC_MAX_RESTARTS=" + std::to_string(opt_.restarts));
   env.push_back("ZS_LAUNCHER=zsrun");
   // N ranks each spawning one OpenMP thread per core would oversubscribe the
   // machine N-fold; torchrun makes the same default.
@@ -473,7 +517,7 @@ std::vector<std::string> Launcher::base_environment() {
 
 bool Launcher::spawn_all() {
   std::vector<std::string> base = base_environment();
-  ranks_.resize(static_cast<size_t>(opt_.nranks));
+  ranks_.resize(static_cast<size_t>(nranks_));
   for (size_t k = 0; k < ranks_.size(); ++k) {
     Rank& r = ranks_[k];
     r.index = static_cast<int>(k);
@@ -648,6 +692,7 @@ void Launcher::on_exit(Rank& r, int status) {
   }
   // Deaths after we started tearing the job down are our doing, not news.
   if (code == 0 || terminating_) return;
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) ++lost_;
   errorf("rank %d %s", r.index, how.c_str());
   if (first_failure_code_ < 0) first_failure_code_ = code;
   start_termination();
@@ -753,7 +798,7 @@ int Launcher::run() {
     reap();
     auto now = Clock::now();
     if (opt_.timeout_s > 0 && !terminating_ && seconds_since(start_) >= opt_.timeout_s) {
-      errorf("timed out after %g s; terminating %ld ranks", opt_.timeout_s, opt_.nranks);
+      errorf("timed out after %g s; terminating %ld ranks", opt_.timeout_s, nranks_);
       timed_out_ = true;
       start_termination();
     }
@@ -842,7 +887,9 @@ int Launcher::run() {
   reap();
   close(g_sigpipe[0]);
   close(g_sigpipe[1]);
+  g_sigpipe[0] = g_sigpipe[1] = -1;  // a signal between attempts writes nowhere
   if (internal_error) return internal_error;
+  rank_failed_ = first_failure_code_ >= 0 && !timed_out_ && received_signal_ == 0;
   if (first_failure_code_ >= 0) return first_failure_code_;
   if (timed_out_) return kExitTimeout;
   if (received_signal_) return 128 + received_signal_;
@@ -860,7 +907,19 @@ int main(int argc, char** argv) {
       if (nfd >= 0 && nfd != fd) close(nfd);  // unreachable unless racing
     }
   }
-  Options opt = parse_args(argc, argv);
-  Launcher launcher(std::move(opt));
-  return launcher.run();
+  const Options opt = parse_args(argc, argv);
+  long nranks = opt.nranks;
+  for (long attempt = 0;; ++attempt) {
+    Launcher launcher(opt, nranks, attempt);
+    const int code = launcher.run();
+    if (code == 0 || !launcher.rank_failed() || attempt >= opt.restarts || g_signalled != 0)
+      return code;
+    long next = nranks;
+    if (opt.min_nproc > 0 && launcher.lost() > 0)
+      next = std::max(opt.min_nproc, nranks - launcher.lost());
+    errorf("restart %ld of %ld: starting the job again with %ld rank%s%s", attempt + 1,
+           opt.restarts, next, next == 1 ? "" : "s",
+           next < nranks ? " (a rank killed by SIGKILL is lost)" : "");
+    nranks = next;
+  }
 }
