@@ -279,12 +279,15 @@ ZS_API zs_status zs_context_unused_config_keys(zs_context ctx, const char** json
 /* The config keys the engine accepts but does not act on yet, as a JSON
  * array of {"key": path as written, "value": value as written, "reason":
  * what the engine does instead}, in the order parsed; "[]" when none.
- * Listed: offload_param / offload_optimizer with a device other than "none"
- * (and every key of that section, and the legacy cpu_offload flags), the aio
- * section (every key under NVMe offload, else the keys off their default),
- * ZeRO++ quantization switched on, and the options the engine never reads
- * set away from the value that agrees with what it does (stage other than
- * 3, sub_group_size, prescale_gradients, ...). A key at its default is not
+ * Listed: options the engine never reads, set away from the value that
+ * agrees with what it does (a stage other than 3, prescale_gradients,
+ * bf16_optimizer_states, DeepSpeed implementation switches, ...); keys of
+ * an offload section that its device does not use (NVMe keys under "cpu",
+ * pin_memory, ratio other than 1); sub_group_size without NVMe optimizer
+ * offload; the aio section tuned without NVMe offload, and use_gds; ZeRO++
+ * shapes and LoCo while their quantization is off; communication_data_type
+ * under qgZ (it quantizes from fp32); zenflow. The rules, one
+ * place: impl/config/inactive.cpp. A key at its default is not
  * listed, so the effective config (zs_context_config_json) lists nothing.
  * Computed once when the context is created; bindings warn with it once per
  * context. Pointer owned by the context, valid until it is destroyed. */
