@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "bench/engine_check.h"
-#include "impl/comm/collective_label.h"
-#include "impl/comm/collective_watch.h"
+#include "impl/comm/transport/collective_label.h"
+#include "impl/comm/transport/collective_watch.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "bench/engine_check.h"
-#include "impl/comm/quantized_reduce.h"
+#include "impl/comm/algo/quantized_reduce.h"
 #include "kernels/quant.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"

@@ -1,9 +1,9 @@
-// Cross-memory reads (impl/comm/cross_memory.h) between real processes: a
+// Cross-memory reads (impl/comm/transport/cross_memory.h) between real processes: a
 // peer's nonce and message read out of it, what is refused, and the
 // collectives giving the same bits over cross memory, over TCP, and with
 // one rank that turned cross memory off (its pairs fall back, the rest
 // keep it).
-#include "impl/comm/cross_memory.h"
+#include "impl/comm/transport/cross_memory.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

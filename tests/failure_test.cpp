@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "impl/comm/store.h"
+#include "impl/comm/store/store.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;

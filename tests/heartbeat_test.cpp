@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "impl/comm/heartbeat.h"
-#include "impl/comm/store.h"
+#include "impl/comm/transport/heartbeat.h"
+#include "impl/comm/store/store.h"
 #include "tests/support/ckpt_model.h"
 #include "tests/support/multirank.h"
 

@@ -135,7 +135,7 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
 }
 
 TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
-  // qwZ (impl/fetch/gather.cpp), qgZ (impl/comm/quantized_reduce.h) and
+  // qwZ (impl/fetch/gather.cpp), qgZ (impl/comm/algo/quantized_reduce.h) and
   // frozen-weight quantization (impl/partition/freeze.h) all act.
   EXPECT_TRUE(inactive(R"({"zero_optimization": {"zero_quantized_weights": true,
       "zero_quantized_gradients": true, "zero_quantized_nontrainable_weights": true,

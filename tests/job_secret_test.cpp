@@ -9,8 +9,8 @@
 #include <chrono>
 #include <string>
 
-#include "impl/comm/job_secret.h"
-#include "impl/comm/store.h"
+#include "impl/comm/store/job_secret.h"
+#include "impl/comm/store/store.h"
 #include "impl/common/error.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/multirank.h"

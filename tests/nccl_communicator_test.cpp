@@ -20,9 +20,9 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/expect_error.h"
-#include "impl/comm/cuda/nccl_communicator.h"
-#include "impl/comm/nccl_library.h"
-#include "impl/comm/store.h"
+#include "impl/comm/transport/cuda/nccl_communicator.h"
+#include "impl/comm/transport/nccl_library.h"
+#include "impl/comm/store/store.h"
 #include "impl/common/error.h"
 
 namespace zs {

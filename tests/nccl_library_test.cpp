@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/expect_error.h"
-#include "impl/comm/nccl_library.h"
+#include "impl/comm/transport/nccl_library.h"
 #include "impl/common/error.h"
 
 namespace zs {

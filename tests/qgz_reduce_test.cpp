@@ -1,5 +1,5 @@
 // ZeRO++ qgZ on real processes: with zero_quantized_gradients the gradient
-// shards are, bitwise, what the algorithm of impl/comm/quantized_reduce.h
+// shards are, bitwise, what the algorithm of impl/comm/algo/quantized_reduce.h
 // computes from every rank's bucket (each destination block quantized,
 // dequantized, summed in rank order, divided), and within its documented
 // bound of the exact average; on 1, 2, 3 and 5 ranks, odd numels, int4 and

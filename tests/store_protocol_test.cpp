@@ -1,4 +1,4 @@
-// The TCP store's request decoding (impl/comm/store_protocol.h), the part of
+// The TCP store's request decoding (impl/comm/store/store_protocol.h), the part of
 // the server that reads a peer's bytes; tests/fuzz/store_request_fuzz.cpp
 // fuzzes the same functions.
 #include <cstring>
@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "impl/comm/store.h"
-#include "impl/comm/store_protocol.h"
+#include "impl/comm/store/store.h"
+#include "impl/comm/store/store_protocol.h"
 
 namespace zs::store_protocol {
 namespace {

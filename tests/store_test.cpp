@@ -24,7 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/expect_error.h"
-#include "impl/comm/store.h"
+#include "impl/comm/store/store.h"
 #include "impl/common/error.h"
 
 namespace zs {

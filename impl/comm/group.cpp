@@ -1,6 +1,6 @@
 #include "impl/comm/group.h"
 
-#include "impl/comm/collective_label.h"
+#include "impl/comm/transport/collective_label.h"
 #include "impl/common/no_sigpipe.h"
 
 namespace zs {

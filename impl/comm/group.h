@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "impl/comm/communicator.h"
+#include "impl/comm/algo/communicator.h"
 #include "impl/comm/work.h"
 
 namespace zs {

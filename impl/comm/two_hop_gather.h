@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "impl/comm/communicator.h"
+#include "impl/comm/algo/communicator.h"
 #include "impl/comm/group.h"
 #include "impl/comm/work.h"
 #include "impl/device/buffer.h"

@@ -99,7 +99,7 @@ struct Config {
   // once, and is gathered as them (partition/freeze.h).
   bool zero_quantized_nontrainable_weights = false;
   // ZeRO++ qgZ: reduce gradients as block-quantized codes over an
-  // all-to-all (impl/comm/quantized_reduce.h); zeroshard's own keys pick the
+  // all-to-all (impl/comm/algo/quantized_reduce.h); zeroshard's own keys pick the
   // codes' width (4, as ZeRO++, or 8) and the elements per scale.
   bool zero_quantized_gradients = false;
   int64_t zero_quantized_gradients_bits = 4;

@@ -8,14 +8,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "impl/comm/gloo_communicator.h"
-#include "impl/comm/heartbeat.h"
-#include "impl/comm/local_communicator.h"
-#include "impl/comm/nccl_library.h"
-#include "impl/comm/staged_communicator.h"
-#include "impl/comm/timed_communicator.h"
+#include "impl/comm/transport/gloo_communicator.h"
+#include "impl/comm/transport/heartbeat.h"
+#include "impl/comm/transport/local_communicator.h"
+#include "impl/comm/transport/nccl_library.h"
+#include "impl/comm/transport/staged_communicator.h"
+#include "impl/comm/transport/timed_communicator.h"
 #ifdef ZS_WITH_CUDA
-#include "impl/comm/cuda/nccl_communicator.h"
+#include "impl/comm/transport/cuda/nccl_communicator.h"
 #endif
 #include "impl/common/env.h"
 #include "impl/core/launcher_watch.h"

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "impl/comm/bootstrap.h"
-#include "impl/comm/comm_stats.h"
+#include "impl/comm/transport/comm_stats.h"
 #include "impl/comm/group.h"
-#include "impl/comm/store.h"
+#include "impl/comm/store/store.h"
 #include "impl/common/trace.h"
 #include "impl/config/config.h"
 #include "impl/core/ledger.h"

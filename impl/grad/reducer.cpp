@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "impl/comm/quantized_reduce.h"
+#include "impl/comm/algo/quantized_reduce.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
 #include "kernels/optim.h"

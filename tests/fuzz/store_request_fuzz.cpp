@@ -1,5 +1,5 @@
 // libFuzzer target: the TCP store server's handling of the bytes a peer
-// sends (impl/comm/store_protocol.h), as Server::process and Server::handle
+// sends (impl/comm/store/store_protocol.h), as Server::process and Server::handle
 // use it: the input is a byte stream cut into frames by next_frame, each
 // body decoded by decode_request, and what decodes applied to a key-value
 // map as the server does (ADD parses the stored counter).
@@ -18,8 +18,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "impl/comm/store.h"
-#include "impl/comm/store_protocol.h"
+#include "impl/comm/store/store.h"
+#include "impl/comm/store/store_protocol.h"
 
 namespace {
 

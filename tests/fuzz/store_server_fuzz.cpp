@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "impl/comm/store.h"
-#include "impl/comm/store_protocol.h"
+#include "impl/comm/store/store.h"
+#include "impl/comm/store/store_protocol.h"
 #include "impl/common/error.h"
 
 namespace {

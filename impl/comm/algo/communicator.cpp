@@ -1,0 +1,26 @@
+#include "impl/comm/algo/communicator.h"
+
+#include "impl/common/error.h"
+
+namespace zs {
+
+void check_reduction(const char* what, DType dtype, ReduceOp op) {
+  if (dtype == DType::U8 && op == ReduceOp::Avg)
+    fail(Code::NotSupported, what, ": ZS_AVG is not defined for ZS_UINT8");
+}
+
+void check_root(const char* what, int root, int size) {
+  if (root < 0 || root >= size)
+    fail(Code::InvalidArgument, what, ": root ", root, " is out of range [0, ", size, ")");
+}
+
+void Communicator::scatter(const std::vector<const void*>& inputs, void* recv,
+                           size_t bytes_per_rank, int root) {
+  check_root("scatter", root, size());
+  if (rank() == root && inputs.size() != static_cast<size_t>(size()))
+    fail(Code::InvalidArgument, "scatter: the root has ", inputs.size(),
+         " inputs, expected one per member (", size(), ")");
+  do_scatter(inputs, recv, bytes_per_rank, root);
+}
+
+}  // namespace zs

@@ -1,0 +1,517 @@
+#include "impl/comm/transport/gloo_communicator.h"
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "impl/comm/transport/collective_label.h"
+#include "impl/comm/transport/collective_watch.h"
+#include "impl/comm/algo/collectives.h"
+#include "impl/comm/transport/cross_memory.h"
+#include "impl/comm/transport/heartbeat.h"
+#include "impl/comm/store/job_secret.h"
+#include "impl/comm/algo/point_to_point.h"
+#include "impl/common/no_sigpipe.h"
+
+namespace zs {
+namespace {
+
+// Slots of our point-to-point algorithms: prefix, the collective's 32-bit
+// tag, the message's index within it. A cross-memory read's
+// acknowledgement goes in the slot of its message's index with kAckBit set.
+constexpr uint64_t kSlotPrefix = 0xA0;
+constexpr uint32_t kAckBit = 1u << 23;
+
+// Exposes our store to gloo's rendezvous.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  explicit StoreAdapter(zs::Store& s) : store_(s) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override { return store_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    store_.wait(keys);
+  }
+
+ private:
+  zs::Store& store_;
+};
+
+using UBuf = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+// Every collective is its own set of point-to-point messages (the
+// algorithms in collectives.h), in slots derived from the collective's
+// identity (see collective_watch.h): ranks that disagree on what they run
+// use different slots, so they never read each other's bytes and Gloo never
+// sees a size it did not expect. Their waits are cut short by the watch
+// when it finds the disagreement.
+class GlooCommunicator final : public Communicator, private PointToPoint {
+ public:
+  bool runs_on_any_thread() const override { return true; }
+  GlooCommunicator(std::string name, std::shared_ptr<gloo::rendezvous::Context> ctx,
+                   std::chrono::milliseconds timeout, std::shared_ptr<Store> store,
+                   std::shared_ptr<Heartbeat> heartbeat, std::vector<int> world_ranks)
+      : name_(std::move(name)),
+        ctx_(std::move(ctx)),
+        timeout_(timeout),
+        checks_(collective_check_after().count() > 0),
+        watch_(name_, ctx_->rank, ctx_->size, checks_ ? std::move(store) : nullptr,
+               collective_check_after(), straggler_warn_after(timeout_), world_ranks),
+        heartbeat_(std::move(heartbeat)),
+        members_(std::move(world_ranks)) {
+    // A stopped peer keeps its sockets open: only its silence tells.
+    if (heartbeat_)
+      silenced_ = heartbeat_->watch(members_, [this](const std::string& why) { watch_.interrupt(why); });
+  }
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+
+  void allgather(const void* send, void* recv, size_t bytes) override {
+    run("all-gather", [&] { return std::to_string(bytes) + " bytes per rank"; }, 0,
+        [&] { collectives::all_gather(*this, {GatherSegment{send, recv, bytes}}); });
+  }
+
+  void allgather_coalesced(const std::vector<GatherSegment>& segments) override {
+    size_t total = 0;
+    uint64_t sizes = 0xcbf29ce484222325ull;
+    for (const auto& s : segments) {
+      total += s.bytes;
+      sizes = (sizes ^ s.bytes) * 0x100000001b3ull;
+    }
+    run("coalesced all-gather",
+        [&] {
+          return std::to_string(segments.size()) +
+                 (segments.size() == 1 ? " segment, " : " segments, ") + std::to_string(total) +
+                 " bytes per rank";
+        },
+        sizes, [&] { collectives::all_gather(*this, segments); });
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp op) override {
+    run("reduce-scatter", [&] { return elements(count, dtype, op) + " per rank"; }, 0,
+        [&] { collectives::reduce_scatter(*this, send, recv, count, dtype, op); });
+  }
+
+  void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
+                    ReduceOp op) override {
+    run("all-reduce", [&] { return elements(count, dtype, op); }, 0,
+        [&] { collectives::all_reduce(*this, send, recv, count, dtype, op); });
+  }
+
+  void alltoall(const void* send, void* recv, size_t bytes) override {
+    run("all-to-all", [&] { return std::to_string(bytes) + " bytes per rank"; }, 0,
+        [&] { collectives::all_to_all(*this, send, recv, bytes); });
+  }
+
+  void do_broadcast(void* buf, size_t bytes, int root) override {
+    run("broadcast",
+        [&] { return std::to_string(bytes) + " bytes from rank " + std::to_string(root); }, 0,
+        [&] { collectives::broadcast(*this, buf, bytes, root); });
+  }
+
+  void do_scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes,
+                  int root) override {
+    run("scatter",
+        [&] { return std::to_string(bytes) + " bytes per rank from rank " + std::to_string(root); },
+        0, [&] { collectives::scatter(*this, inputs, recv, bytes, root); });
+  }
+
+  void barrier() override {
+    run("barrier", [] { return std::string(); }, 0, [&] { collectives::barrier(*this); });
+  }
+
+  // Every member proves the job secret to every peer over their pair, on a
+  // fresh challenge from that peer: a process that connected to a rank's
+  // listener before the real peer did (a stranger, or a rank of another
+  // job) cannot, and the group fails naming the pair instead of adopting
+  // it. The proof says from whom to whom, so it cannot be replayed.
+  void prove_pairs(const std::string& secret) {
+    const int n = size(), me = rank();
+    auto context = [&](int from, int to) {
+      return "pair of group " + name_ + " from rank " + std::to_string(from) + " to rank " +
+             std::to_string(to);
+    };
+    const std::string mine = make_challenge();
+    std::vector<std::string> theirs(static_cast<size_t>(n), std::string(kChallengeBytes, '\0'));
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      recv(peer, 0, theirs[static_cast<size_t>(peer)].data(), kChallengeBytes);
+      send(peer, 0, mine.data(), kChallengeBytes);
+    }
+    wait();
+    std::vector<std::string> proofs(static_cast<size_t>(n)),
+        answers(static_cast<size_t>(n), std::string(kProofBytes, '\0'));
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto p = static_cast<size_t>(peer);
+      proofs[p] = job_proof(secret, context(me, peer), theirs[p]);
+      recv(peer, 1, answers[p].data(), kProofBytes);
+      send(peer, 1, proofs[p].data(), kProofBytes);
+    }
+    wait();
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      if (!proofs_equal(answers[static_cast<size_t>(peer)],
+                        job_proof(secret, context(peer, me), mine)))
+        fail(Code::Bootstrap, "the connection to rank ", peer, " of group '", name_,
+             "' failed the job-secret check: the process at its other end is not rank ", peer,
+             " of this job, or was started with another ZS_JOB_SECRET; the group is not used");
+    }
+  }
+
+  // The group's first collective, #0 (the trainer's are numbered from 1):
+  // the job-secret proof when there is a secret, then the cross-memory
+  // check.
+  void check_pairs(const std::string& secret) {
+    seq_ = UINT64_MAX;  // run() counts it up to 0
+    run("check of the group's connections", [] { return std::string(); }, 0, [&] {
+      if (!secret.empty()) prove_pairs(secret);
+      connect_cross_memory();
+    });
+  }
+
+  // Which pairs can read each other's memory (cross_memory.h): every
+  // member tells every peer where its nonce is, tries reading each peer's,
+  // and the two ends of a pair tell each other what they found; a pair
+  // uses cross-memory reads only when both ends can. (Messages 2 and 3:
+  // the job-secret proof's are 0 and 1.)
+  void connect_cross_memory() {
+    const int n = size(), me = rank();
+    const auto count = static_cast<size_t>(n);
+    nonce_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    const CrossMemoryHello mine = cross_memory_hello(&nonce_);
+    std::vector<CrossMemoryHello> theirs(count);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      recv(peer, 2, &theirs[static_cast<size_t>(peer)], sizeof(CrossMemoryHello));
+      send(peer, 2, &mine, sizeof(CrossMemoryHello));
+    }
+    wait();
+    std::vector<uint8_t> reach(count, 0), reached(count, 0);
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      const auto p = static_cast<size_t>(peer);
+      reach[p] = cross_memory_reaches(mine, theirs[p]) ? 1 : 0;
+      recv(peer, 3, &reached[p], 1);
+      send(peer, 3, &reach[p], 1);
+    }
+    wait();
+    peer_pid_.assign(count, 0);
+    peer_epoch_at_.assign(count, 0);
+    for (size_t p = 0; p < count; ++p) {
+      if (!reach[p] || !reached[p]) continue;
+      peer_pid_[p] = static_cast<pid_t>(theirs[p].pid);
+      peer_epoch_at_[p] = theirs[p].epoch_at;
+    }
+  }
+
+ private:
+  static std::string elements(size_t count, DType dtype, ReduceOp op) {
+    static const char* kOps[] = {"sum", "avg", "max", "min"};
+    return std::to_string(count) + " x " + dtype_name(dtype) + ", " +
+           kOps[static_cast<int>(op) & 3];
+  }
+
+  // PointToPoint over Gloo's unbound buffers: one buffer per message. A
+  // large message to a peer that can read our memory goes as its address
+  // instead; the peer copies it out (cross_memory_read) and acknowledges,
+  // and our wait() returns only after that acknowledgement, so the
+  // memory stays valid for as long as the peer reads it.
+  //
+  // A post that throws (Gloo refuses one to a pair that already failed)
+  // first releases everything posted before it: the exception unwinds the
+  // collective's frames, freeing the memory those messages point into,
+  // before run() gets to abandon them.
+  void send(int peer, uint32_t index, const void* data, size_t bytes) override {
+    posting([&] {
+      if (by_cross_memory(peer, bytes)) {
+        auto& out = cm_sends_.emplace_back();
+        out.where = {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
+        post_send(peer, index, &out.where, sizeof(out.where));
+        acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
+        acks_.back()->recv(peer, slot(index | kAckBit));
+        return;
+      }
+      post_send(peer, index, data, bytes);
+    });
+  }
+  void recv(int peer, uint32_t index, void* data, size_t bytes) override {
+    posting([&] {
+      if (by_cross_memory(peer, bytes)) {
+        auto& in = cm_recvs_.emplace_back();
+        in.peer = peer;
+        in.index = index;
+        in.dst = data;
+        in.bytes = bytes;
+        post_recv(peer, index, &in.where, sizeof(in.where));
+        return;
+      }
+      post_recv(peer, index, data, bytes);
+    });
+  }
+  template <typename Fn>
+  void posting(Fn&& post) {
+    try {
+      post();
+    } catch (...) {
+      release_after_failure();
+      throw;
+    }
+  }
+  void wait() override {
+    try {
+      // Every message and address posted to us arrives whatever we do
+      // next (the peers posted them before waiting), so reading and
+      // acknowledging only after all of them cannot deadlock.
+      for (auto& b : recvs_) wait_recv(*b);
+      for (auto& in : cm_recvs_) {
+        read_peer(in);
+        post_send(in.peer, in.index | kAckBit, &in.ack, 1);
+      }
+      for (auto& b : acks_) wait_recv(*b);  // the peers have read what we sent
+      for (auto& b : sends_) wait_send(*b);
+    } catch (...) {
+      release_after_failure();
+      throw;
+    }
+    clear_posted();
+  }
+
+  struct Where {
+    uint64_t address = 0;
+    uint64_t bytes = 0;
+    uint64_t epoch = 0;  // the sender's cross_memory_epoch() when it posted
+  };
+  struct CrossMemorySend {
+    Where where;
+    uint8_t ack = 0;
+  };
+  struct CrossMemoryRecv {
+    int peer = 0;
+    uint32_t index = 0;
+    void* dst = nullptr;
+    size_t bytes = 0;
+    Where where;
+    uint8_t ack = 1;
+  };
+
+  bool by_cross_memory(int peer, size_t bytes) const {
+    return bytes >= kCrossMemoryMinBytes && static_cast<size_t>(peer) < peer_pid_.size() &&
+           peer_pid_[static_cast<size_t>(peer)] != 0;
+  }
+  void post_send(int peer, uint32_t index, const void* data, size_t bytes) {
+    sends_.push_back(ctx_->createUnboundBuffer(const_cast<void*>(data), bytes));
+    sends_.back()->send(peer, slot(index));
+  }
+  void post_recv(int peer, uint32_t index, void* data, size_t bytes) {
+    recvs_.push_back(ctx_->createUnboundBuffer(data, bytes));
+    recvs_.back()->recv(peer, slot(index));
+  }
+  void read_peer(const CrossMemoryRecv& in) {
+    if (in.where.bytes != in.bytes)
+      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer, " sent ", in.where.bytes,
+           " bytes where rank ", rank(), " expected ", in.bytes);
+    const auto p = static_cast<size_t>(in.peer);
+    const auto pid = static_cast<pid_t>(peer_pid_[p]);
+    uint64_t epoch = 0;
+    if (!cross_memory_read(pid, in.dst, in.where.address, in.bytes) ||
+        !cross_memory_read(pid, &epoch, peer_epoch_at_[p], sizeof(epoch))) {
+      const int err = errno;
+      fail(Code::Comm, op_, " on group '", name_, "': reading ", in.bytes, " bytes from rank ",
+           in.peer, "'s memory failed: ", std::strerror(err),
+           " (ZS_CROSS_MEMORY=0 sends everything over TCP)");
+    }
+    // Read after the bytes: unchanged, the sender had not given the
+    // collective up (and freed its memory) before we were done.
+    if (epoch != in.where.epoch)
+      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer,
+           " abandoned the collective while its memory was being read");
+  }
+  void clear_posted() {
+    acks_.clear();
+    recvs_.clear();
+    sends_.clear();
+    cm_sends_.clear();
+    cm_recvs_.clear();
+  }
+
+  // A failed wait or post leaves messages to live peers in flight, which Gloo's
+  // thread still reads and writes in memory the collective frees as the
+  // error unwinds. Closing the pairs (under each pair's lock) ends that
+  // first; the group is unusable after a failure anyway. Ranks that
+  // disagree exchange nothing, and keep their pairs so that their peers
+  // reach the same verdict instead of seeing a closed connection.
+  void release_after_failure() {
+    cross_memory_abandon();  // before anything posted can be freed
+    if (watch_.verdict().empty()) ctx_->closeConnections();
+    clear_posted();
+  }
+
+  uint64_t slot(uint32_t index) const {
+    return (kSlotPrefix << 56) | (static_cast<uint64_t>(tag_) << 24) | (index & 0xffffffu);
+  }
+
+  // Runs one collective under its identity: the watch records it, its tag
+  // keys every message, and Gloo's exceptions become ours. With the check
+  // off (ZS_COLLECTIVE_CHECK_MS=0) the tag is the sequence number alone, as
+  // before identities existed: what their cost is measured against.
+  template <typename Detail, typename Fn>
+  void run(const char* what, Detail&& detail, uint64_t extra, Fn&& fn) {
+    ++seq_;
+    op_ = what;
+    if (checks_) {
+      CollectiveIdentity id = make_identity(seq_, what, detail(), extra);
+      tag_ = static_cast<uint32_t>(id.hash ^ (id.hash >> 32));
+      watch_.begin(std::move(id));
+    } else {
+      tag_ = static_cast<uint32_t>(seq_);
+    }
+    try {
+      fn();
+    } catch (const zs::Error& e) {
+      abandon();
+      report(e.what());
+      throw;
+    } catch (const std::exception& e) {
+      abandon();
+      const std::string msg = e.what();
+      const bool timed_out = msg.find("imed out") != std::string::npos ||
+                             msg.find("imeout") != std::string::npos;
+      const std::string full =
+          std::string(what) + " on group '" + name_ + "' (rank " + std::to_string(rank()) +
+          " of " + std::to_string(size()) + ") failed" +
+          (timed_out ? " after " + std::to_string(timeout_.count()) + " ms" : std::string()) +
+          ": " + msg + (timed_out ? watch_.whereabouts() : std::string());
+      report(full);
+      throw Error(timed_out ? Code::Timeout : Code::Comm, full);
+    }
+    watch_.end(true);
+  }
+
+  // A failed collective's buffers go (Gloo holds them only weakly).
+  void abandon() {
+    watch_.end(false);
+    cross_memory_abandon();  // peers may hold addresses of what unwinds now
+    clear_posted();
+  }
+
+  // The flight recorder: on the first failure, this rank's last collectives
+  // on the group go to stderr, so the ranks' logs show where they parted.
+  void report(const std::string& why) {
+    if (reported_) return;
+    reported_ = true;
+    std::fprintf(stderr,
+                 "zeroshard: rank %d of group '%s' stopped: %s\nits last collectives on the "
+                 "group, oldest first:\n%s",
+                 rank(), name_.c_str(), why.c_str(), watch_.history().c_str());
+  }
+
+  // Arms the watch to cut this wait short, then asks the heartbeat: a
+  // member already silent ends the wait at once (Gloo keeps an abort that
+  // comes before the wait), one that falls silent later through silenced_.
+  void arm(std::function<void()> abort) {
+    watch_.set_abort(std::move(abort));
+    if (!heartbeat_) return;
+    if (const std::string why = heartbeat_->silence(members_); !why.empty()) watch_.interrupt(why);
+  }
+  void wait_recv(gloo::transport::UnboundBuffer& b) {
+    arm([&b] { b.abortWaitRecv(); });
+    const bool done = b.waitRecv(nullptr, timeout_);
+    watch_.set_abort(nullptr);
+    if (!done) aborted("receive");
+  }
+  void wait_send(gloo::transport::UnboundBuffer& b) {
+    arm([&b] { b.abortWaitSend(); });
+    const bool done = b.waitSend(nullptr, timeout_);
+    watch_.set_abort(nullptr);
+    if (!done) aborted("send");
+  }
+  [[noreturn]] void aborted(const char* which) {
+    const std::string verdict = watch_.verdict();
+    if (!verdict.empty()) fail(Code::Comm, verdict);
+    const std::string silent = watch_.interruption();
+    const std::string& label = CollectiveLabelScope::current();
+    if (!silent.empty())
+      fail(Code::Comm, silent, "; this ", op_,
+           label.empty() ? " on group '" + name_ + "'" : " for '" + label + "'",
+           " cannot complete");
+    fail(Code::Comm, which, " on group '", name_, "' was aborted");
+  }
+
+  std::string name_;
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::chrono::milliseconds timeout_;
+  const bool checks_;
+  CollectiveWatch watch_;
+  const std::shared_ptr<Heartbeat> heartbeat_;
+  const std::vector<int> members_;  // world ranks, by group rank
+  std::unique_ptr<Heartbeat::Subscription> silenced_;  // before watch_ goes
+  const char* op_ = "";
+  uint64_t seq_ = 0;
+  uint32_t tag_ = 0;
+  bool reported_ = false;
+  std::vector<UBuf> sends_, recvs_, acks_;  // posted since the last wait
+  // Cross-memory messages posted since the last wait (deques: the posted
+  // buffers point into them).
+  std::deque<CrossMemorySend> cm_sends_;
+  std::deque<CrossMemoryRecv> cm_recvs_;
+  std::vector<pid_t> peer_pid_;  // by group rank: 0 unless the pair reads by cross memory
+  std::vector<uint64_t> peer_epoch_at_;  // where each such peer's abandon count is
+  uint64_t nonce_ = 0;           // read back by the peers to prove the pair
+};
+
+}  // namespace
+
+std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& host) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    SigpipeBlockedScope no_sigpipe;  // the device's loop thread writes too
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    fail(Code::Bootstrap, "cannot create the TCP transport on host '", host, "': ", e.what(),
+         " (set ZS_SOCKET_HOST or transport_host to an address of this machine)");
+  }
+}
+
+std::unique_ptr<Communicator> make_gloo_communicator(
+    const std::string& group_name, int rank, int size, Store& store,
+    const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
+    std::shared_ptr<Store> watch_store, std::shared_ptr<Heartbeat> heartbeat,
+    std::vector<int> world_ranks) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  StoreAdapter adapter(store);
+  auto dev = device;
+  try {
+    ctx->connectFullMesh(adapter, dev);
+  } catch (const zs::Error& e) {
+    fail(e.code(), "connecting group '", group_name, "' (rank ", rank, " of ", size,
+         "): ", e.what());
+  } catch (const std::exception& e) {
+    fail(Code::Comm, "connecting group '", group_name, "' (rank ", rank, " of ", size,
+         "): ", e.what());
+  }
+  if (heartbeat && world_ranks.size() != static_cast<size_t>(size))
+    fail(Code::Internal, "group '", group_name, "': ", world_ranks.size(),
+         " world ranks given for ", size, " members");
+  auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
+                                                 std::move(watch_store), std::move(heartbeat),
+                                                 std::move(world_ranks));
+  comm->check_pairs(job_secret());
+  return comm;
+}
+
+}  // namespace zs
