@@ -1,0 +1,397 @@
+// The TCP store's server (tcp_store_server.h).
+#include "impl/comm/store/tcp_store_server.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "impl/comm/store/job_secret.h"
+#include "impl/common/error.h"
+
+
+namespace zs::tcp_wire {
+
+Server::Server(const std::string& host, int port, std::string secret) : secret_(std::move(secret)) {
+  const std::string where = endpoint(host.empty() ? "*" : host, port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  AddrInfo ai;
+  const std::string service = std::to_string(port);
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &ai.list);
+  if (rc != 0) {
+    fail(Code::Bootstrap, "cannot resolve store host '", host, "' to serve on ", where, ": ",
+         rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc));
+  }
+  int err = 0;
+  for (addrinfo* a = ai.list; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+      listen_fd_ = fd;
+      break;
+    }
+    err = errno;
+    close(fd);
+  }
+  if (listen_fd_ < 0) {
+    fail(Code::Bootstrap, "cannot bind store server to ", where, ": ", std::strerror(err),
+         err == EADDRINUSE ? " (another process holds that port: an earlier job's rank 0, or "
+                             "another program; choose a free port)"
+                           : "");
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  if (pipe2(stop_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(listen_fd_);
+    fail(Code::Bootstrap, "store server on ", where, ": cannot create a pipe: ", std::strerror(e));
+  }
+  read_buf_.resize(kReadChunk);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Server::~Server() {
+  const char byte = 1;
+  // The pipe is empty and non-blocking, so this write cannot block or fail.
+  [[maybe_unused]] ssize_t n = write(stop_pipe_[1], &byte, 1);
+  thread_.join();
+  close(listen_fd_);
+  close(stop_pipe_[0]);
+  close(stop_pipe_[1]);
+}
+
+void Server::loop() {
+  std::vector<pollfd> fds;
+  std::vector<int> dead;
+  for (;;) {
+    fds.clear();
+    fds.push_back({stop_pipe_[0], POLLIN, 0});
+    const auto now = Clock::now();
+    const bool accepting = now >= accept_paused_until_;
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // poll skips a negative fd
+    for (const auto& entry : conns_) {
+      const Conn& c = entry.second;
+      const short events = c.out_pos < c.out.size() ? POLLIN | POLLOUT : POLLIN;
+      fds.push_back({entry.first, events, 0});
+    }
+    const int wait_ms =
+        accepting ? -1
+                  : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         accept_paused_until_ - now).count()) + 1;
+    if (poll(fds.data(), fds.size(), wait_ms) < 0) {
+      if (errno == EINTR) continue;
+      break;  // not expected with valid fds; closing below fails clients fast
+    }
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents & POLLIN) accept_all();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = conns_.find(fds[i].fd);
+      if (it == conns_.end() || it->second.dead) continue;
+      Conn& c = it->second;
+      if (fds[i].revents & POLLOUT) {
+        flush(c);
+        if (c.in_pos < c.in.size()) ready_.push_back(c.fd);  // resume held-back requests
+      }
+      if (!c.dead && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) read_from(c);
+    }
+    while (!ready_.empty()) {
+      auto it = conns_.find(ready_.front());
+      ready_.pop_front();
+      if (it != conns_.end() && !it->second.dead) process(it->second);
+    }
+    dead.clear();
+    for (const auto& entry : conns_) {
+      if (entry.second.dead) dead.push_back(entry.first);
+    }
+    for (int fd : dead) drop(fd);
+  }
+  for (const auto& entry : conns_) close(entry.first);
+  conns_.clear();
+}
+
+void Server::accept_all() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      return;  // EAGAIN: drained
+    }
+    set_nodelay(fd);
+    conns_[fd].fd = fd;
+    clients_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Server::read_from(Conn& c) {
+  const ssize_t n = recv(c.fd, read_buf_.data(), read_buf_.size(), 0);
+  if (n == 0) {
+    c.dead = true;
+    return;
+  }
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c.dead = true;
+    return;
+  }
+  try {
+    c.in.append(read_buf_.data(), static_cast<size_t>(n));
+    process(c);
+  } catch (const std::bad_alloc&) {
+    c.dead = true;  // one oversized client must not take the server down
+  }
+  // Unparsed input is below one frame unless the client pipelines requests
+  // behind a parked one; bound that too.
+  if (c.in.size() - c.in_pos > 4 + kMaxRequestBytes) c.dead = true;
+}
+
+void Server::process(Conn& c) {
+  while (!c.dead && !c.parked && c.out.size() - c.out_pos < kMaxPendingOutput) {
+    size_t len = 0;
+    const auto frame =
+        store_protocol::next_frame(c.in.data() + c.in_pos, c.in.size() - c.in_pos, &len);
+    if (frame == store_protocol::Frame::Bad) {
+      c.dead = true;
+      break;
+    }
+    if (frame == store_protocol::Frame::Incomplete) break;
+    const char* body = c.in.data() + c.in_pos + 4;
+    c.in_pos += 4 + len;
+    if (!handle(c, body, len)) c.dead = true;
+  }
+  if (c.in_pos == c.in.size()) {
+    c.in.clear();
+    c.in_pos = 0;
+  } else if (c.in_pos > c.in.size() / 2) {
+    c.in.erase(0, c.in_pos);
+    c.in_pos = 0;
+  }
+}
+
+// Handles one request; false if it is malformed.
+bool Server::handle(Conn& c, const char* body, size_t n) {
+  store_protocol::Request req;
+  if (!store_protocol::decode_request(body, n, &req)) return false;
+  if (!c.greeted && req.cmd != Cmd::Hello) {
+    if (strangers_dropped_++ < kStrangersLogged)
+      std::fprintf(stderr, "zeroshard store on port %d: dropped a connection that did not start "
+                   "with the zeroshard handshake (a stranger, or another program)\n", port_);
+    return false;
+  }
+  if (c.greeted && !c.trusted && req.cmd != Cmd::Auth) {
+    if (strangers_dropped_++ < kStrangersLogged)
+      std::fprintf(stderr, "zeroshard store on port %d: dropped a connection (\"%s\") that did "
+                   "not prove the job secret\n", port_, c.who.c_str());
+    return false;
+  }
+  switch (req.cmd) {
+    case Cmd::Set: {
+      std::string& key = req.keys[0];
+      const auto old = data_.find(key);
+      const size_t replaced = old == data_.end() ? 0 : key.size() + old->second.size();
+      if (stored_bytes_ - replaced + key.size() + req.value.size() > kMaxStoredBytes) {
+        const std::string msg = "SET of " + std::to_string(key.size() + req.value.size()) +
+                                " bytes would take the store past its limit of " +
+                                std::to_string(kMaxStoredBytes) + " bytes (it holds " +
+                                std::to_string(stored_bytes_) + ")";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      stored_bytes_ += key.size() + req.value.size() - replaced;
+      data_.insert_or_assign(key, std::move(req.value));
+      reply(c, Status::Ok, nullptr, 0);
+      wake(key);
+      return true;
+    }
+    case Cmd::Hello: {
+      if (c.greeted) return false;
+      c.greeted = true;
+      c.who = std::move(req.who);
+      std::string answer(kStoreMagic, kStoreMagicBytes);
+      if (secret_.empty()) {
+        c.trusted = true;
+      } else {
+        c.challenge = make_challenge();
+        answer += c.challenge;
+      }
+      reply(c, Status::Ok, answer.data(), answer.size());
+      return true;
+    }
+    case Cmd::Auth: {
+      if (c.trusted) return false;
+      if (!proofs_equal(req.value, job_proof(secret_, "store client " + c.who, c.challenge))) {
+        if (strangers_dropped_++ < kStrangersLogged)
+          std::fprintf(stderr, "zeroshard store on port %d: dropped a connection (\"%s\") whose "
+                       "job secret is not this job's\n", port_, c.who.c_str());
+        return false;
+      }
+      c.trusted = true;
+      reply(c, Status::Ok, nullptr, 0);
+      return true;
+    }
+    case Cmd::Get: {
+      std::string& key = req.keys[0];
+      const auto it = data_.find(key);
+      if (it != data_.end()) {
+        reply(c, Status::Ok, it->second.data(), it->second.size());
+      } else {
+        waiters_[key].push_back(c.fd);
+        c.parked = true;
+        c.parked_get = true;
+        c.get_key = std::move(key);
+      }
+      return true;
+    }
+    case Cmd::Wait: {
+      std::unordered_set<std::string> missing;
+      for (std::string& key : req.keys) {
+        if (data_.count(key) == 0) missing.insert(std::move(key));
+      }
+      if (missing.empty()) {
+        reply(c, Status::Ok, nullptr, 0);
+      } else {
+        for (const std::string& key : missing) waiters_[key].push_back(c.fd);
+        c.parked = true;
+        c.parked_get = false;
+        c.missing = std::move(missing);
+      }
+      return true;
+    }
+    case Cmd::Add: {
+      const std::string& key = req.keys[0];
+      const int64_t delta = req.delta;
+      int64_t value = 0;
+      const auto it = data_.find(key);
+      if (it != data_.end() && !store_detail::parse_int64(it->second, &value)) {
+        const std::string msg = "it holds " + std::to_string(it->second.size()) +
+                                " bytes that are not a decimal integer";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      if (__builtin_add_overflow(value, delta, &value)) {
+        const std::string msg = it->second + " plus " + std::to_string(delta) + " overflows int64";
+        reply(c, Status::Error, msg.data(), msg.size());
+        return true;
+      }
+      std::string text = std::to_string(value);
+      stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
+      data_.insert_or_assign(key, std::move(text));
+      std::string out;
+      put_u64(out, static_cast<uint64_t>(value));
+      reply(c, Status::Ok, out.data(), out.size());
+      wake(key);
+      return true;
+    }
+    case Cmd::Check: {
+      const char found = data_.count(req.keys[0]) ? 1 : 0;
+      reply(c, Status::Ok, &found, 1);
+      return true;
+    }
+  }
+  return false;
+}
+
+void Server::reply(Conn& c, Status status, const char* data, size_t n) {
+  c.out.push_back(static_cast<char>(status));
+  put_u64(c.out, n);
+  c.out.append(data, n);
+  flush(c);
+}
+
+void Server::flush(Conn& c) {
+  while (c.out_pos < c.out.size()) {
+    const ssize_t n = send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
+      return;
+    }
+    c.out_pos += static_cast<size_t>(n);
+  }
+  c.out.clear();
+  c.out_pos = 0;
+}
+
+// Answers the requests parked on key, which has just been written.
+void Server::wake(const std::string& key) {
+  const auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  const std::vector<int> fds = std::move(it->second);
+  waiters_.erase(it);
+  const std::string& value = data_.at(key);
+  for (int fd : fds) {
+    const auto ci = conns_.find(fd);
+    if (ci == conns_.end() || ci->second.dead || !ci->second.parked) continue;
+    Conn& w = ci->second;
+    if (w.parked_get) {
+      if (w.get_key != key) continue;
+      w.parked = false;
+      w.get_key.clear();
+      reply(w, Status::Ok, value.data(), value.size());
+    } else {
+      if (w.missing.erase(key) == 0 || !w.missing.empty()) continue;
+      w.parked = false;
+      reply(w, Status::Ok, nullptr, 0);
+    }
+    ready_.push_back(fd);  // it may have pipelined more requests
+  }
+}
+
+void Server::drop(int fd) {
+  const auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (c.parked) {
+    std::vector<std::string> keys(c.missing.begin(), c.missing.end());
+    if (c.parked_get) keys.push_back(c.get_key);
+    for (const std::string& key : keys) {
+      const auto w = waiters_.find(key);
+      if (w == waiters_.end()) continue;
+      w->second.erase(std::remove(w->second.begin(), w->second.end(), fd), w->second.end());
+      if (w->second.empty()) waiters_.erase(w);
+    }
+  }
+  // Only a connection that proved itself may announce a rank's departure.
+  const std::string gone = c.who.empty() || !c.trusted ? std::string() : gone_key(c.who);
+  close(fd);
+  conns_.erase(it);
+  clients_.fetch_sub(1, std::memory_order_relaxed);
+  if (!gone.empty() && data_.find(gone) == data_.end()) {
+    stored_bytes_ += gone.size() + 1;
+    data_.emplace(gone, "1");
+    wake(gone);
+  }
+}
+
+}  // namespace zs::tcp_wire
