@@ -25,28 +25,10 @@ namespace {
 
 std::atomic<uint64_t> g_next_context_id{1};
 
-// Topology rules that need the local world size, checked (like the config's
-// own) before any socket opens.
-void check_hierarchy(const Config& c, const RankInfo& r) {
-  if (!c.mics_hierarchical_params_gather || c.mics_shard_size <= r.local_world_size) return;
-  if (c.mics_shard_size % r.local_world_size != 0 || r.world_size % r.local_world_size != 0)
-    fail(Code::InvalidConfig, "zero_optimization.mics_hierarchical_params_gather: mics_shard_size ",
-         c.mics_shard_size, " must be a multiple of the local world size ", r.local_world_size,
-         " (whole nodes per shard group)");
-}
-
 std::chrono::milliseconds resolve_timeout(int timeout_ms) {
   if (timeout_ms < 0) fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0");
   if (timeout_ms > 0) return std::chrono::milliseconds(timeout_ms);
   return std::chrono::milliseconds(env_int("ZS_TIMEOUT_MS", 300000));
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
-  os << "]";
-  return os.str();
 }
 
 std::string inactive_json(const std::vector<InactiveKey>& keys) {
@@ -78,7 +60,20 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   } else {
     ctx->config_ = parse_config("{}", world);
   }
-  check_hierarchy(ctx->config_, ctx->ranks_);
+  TopologyShape shape;
+  shape.rank = ctx->ranks_.rank;
+  shape.world_size = ctx->ranks_.world_size;
+  shape.local_world_size = ctx->ranks_.local_world_size;
+  shape.mics_shard_size = static_cast<int>(ctx->config_.mics_shard_size);
+  shape.mics_hierarchical = ctx->config_.mics_hierarchical_params_gather;
+  shape.hpz_partition_size = static_cast<int>(ctx->config_.zero_hpz_partition_size);
+  shape.quantized_gradients = ctx->config_.zero_quantized_gradients;
+  Topology::check(shape);
+  Context* raw = ctx.get();
+  ctx->topology_ = std::make_unique<Topology>(
+      shape, [raw](const std::string& name, int id, const std::vector<int>& ranks) {
+        return raw->make_group(name, id, ranks);
+      });
   ctx->config_json_ = config_to_json(ctx->config_);
   ctx->unused_keys_json_ = nlohmann::json(ctx->config_.unused_keys).dump();
   ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
@@ -87,7 +82,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   ctx->connect(options);
-  ctx->build_topology();
+  ctx->topology_->build();
   ctx->wait_for_every_rank();
   return ctx;
 }
@@ -150,7 +145,7 @@ void Context::connect(const ContextOptions& options) {
     // one runs it (through a store in this process), which is how NCCL is
     // proved on a machine with one GPU.
     if (nccl_for_one_) store_ = make_memory_store(timeout_);
-    world_ = make_group("world", next_group_id_++, {0});
+    topology_->make_world();
     return;
   }
   // Read before any socket opens: a bad value fails every rank alike.
@@ -184,10 +179,8 @@ void Context::connect(const ContextOptions& options) {
         store->interrupt(why + ", and it serves the store");
       });
   }
-  std::vector<int> all(static_cast<size_t>(ranks_.world_size));
-  for (int i = 0; i < ranks_.world_size; ++i) all[static_cast<size_t>(i)] = i;
   agree_on_backend();
-  world_ = make_group("world", next_group_id_++, all);
+  topology_->make_world();
   if (heartbeat_) heartbeat_->start(*store_);
 }
 
@@ -319,106 +312,14 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
                                          record_async_error(c, m + note);
                                          return note;
                                        });
-  all_groups_.push_back(group);
   return group;
 }
 
 std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
-  if (ranks.empty()) fail(Code::InvalidArgument, "a group needs at least one rank");
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    if (sorted[i] < 0 || sorted[i] >= ranks_.world_size)
-      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
-           " is out of range for world size ", ranks_.world_size);
-    if (i > 0 && sorted[i] == sorted[i - 1])
-      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
-           " appears twice");
-  }
+  topology_->validate_group(ranks);
   check_async_error();
   const auto held = lock();
-  const int id = next_group_id_++;
-  return make_group("group" + std::to_string(id) + rank_list(ranks), id, ranks);
-}
-
-std::shared_ptr<Group> Context::create_partition_family(
-    const std::string& kind, const std::vector<std::vector<int>>& families) {
-  std::shared_ptr<Group> mine;
-  for (size_t k = 0; k < families.size(); ++k) {
-    const int id = next_group_id_++;  // consumed on every rank, so ids agree
-    const auto& ranks = families[k];
-    if (std::find(ranks.begin(), ranks.end(), ranks_.rank) == ranks.end()) continue;
-    mine = make_group(kind + std::to_string(k) + rank_list(ranks), id, ranks);
-  }
-  return mine;
-}
-
-void Context::build_topology() {
-  const int world = ranks_.world_size;
-  partition_ = world_;
-  const auto mics = static_cast<int>(config_.mics_shard_size);
-  if (mics > 0) {
-    std::vector<std::vector<int>> shards(static_cast<size_t>(world / mics));
-    std::vector<std::vector<int>> replicas(static_cast<size_t>(mics));
-    for (int r = 0; r < world; ++r) {
-      shards[static_cast<size_t>(r / mics)].push_back(r);
-      replicas[static_cast<size_t>(r % mics)].push_back(r);
-    }
-    mics_shard_ = create_partition_family("mics_shard", shards);
-    mics_replica_ = create_partition_family("mics_replica", replicas);
-    partition_ = mics_shard_;
-    build_mics_hierarchy();
-  }
-  const auto hpz = static_cast<int>(config_.zero_hpz_partition_size);
-  if (hpz > 1) {
-    std::vector<std::vector<int>> nodes(static_cast<size_t>(world / hpz));
-    for (int r = 0; r < world; ++r) nodes[static_cast<size_t>(r / hpz)].push_back(r);
-    hpz_ = create_partition_family("hpz", nodes);
-  }
-  build_qgz_hierarchy();
-}
-
-// qgZ's two hops (ZeRO++): within each node, then among the ranks at the
-// same local position. Only where the world is whole nodes of more than
-// one rank and the gradients are reduced over the world (not MiCS); any
-// other topology uses the single all-to-all, which works everywhere.
-void Context::build_qgz_hierarchy() {
-  const int world = ranks_.world_size;
-  const int local = ranks_.local_world_size;
-  if (!config_.zero_quantized_gradients || config_.mics_shard_size > 0) return;
-  if (local <= 1 || local >= world || world % local != 0) return;
-  std::vector<std::vector<int>> intra(static_cast<size_t>(world / local)),
-      inter(static_cast<size_t>(local));
-  for (int r = 0; r < world; ++r) {
-    intra[static_cast<size_t>(r / local)].push_back(r);
-    inter[static_cast<size_t>(r % local)].push_back(r);
-  }
-  qgz_intra_ = create_partition_family("qgz_intra", intra);
-  qgz_inter_ = create_partition_family("qgz_inter", inter);
-}
-
-// Two hops for a shard group that spans nodes: first among the ranks at
-// the same local position on each node, then within the node. Needs whole
-// nodes in every shard group; a shard group inside one node gathers flat.
-void Context::build_mics_hierarchy() {
-  if (!config_.mics_hierarchical_params_gather) return;
-  const int world = ranks_.world_size;
-  const auto shard = static_cast<int>(config_.mics_shard_size);
-  const int local = ranks_.local_world_size;
-  if (shard <= local) return;
-  std::vector<std::vector<int>> inter, intra;
-  for (int base = 0; base < world; base += shard) {
-    for (int l = 0; l < local; ++l) {
-      inter.emplace_back();
-      for (int r = base + l; r < base + shard; r += local) inter.back().push_back(r);
-    }
-    for (int node = base; node < base + shard; node += local) {
-      intra.emplace_back();
-      for (int l = 0; l < local; ++l) intra.back().push_back(node + l);
-    }
-  }
-  mics_inter_ = create_partition_family("mics_inter", inter);
-  mics_intra_ = create_partition_family("mics_intra", intra);
+  return topology_->create_group(ranks);
 }
 
 void Context::record_async_error(Code code, const std::string& message) {
@@ -545,8 +446,7 @@ Context::Attachment* Context::find_locked(std::type_index type) {
 
 Context::~Context() {
   while (!attachments_.empty()) attachments_.pop_back();
-  for (auto& weak : all_groups_)
-    if (auto g = weak.lock()) g->shutdown("the context was destroyed");
+  if (topology_) topology_->shutdown("the context was destroyed");
   // From here this rank's silence is no failure of its peers'.
   if (heartbeat_) heartbeat_->leave();
   finalize_store();

@@ -23,6 +23,7 @@
 #include "impl/comm/transport/comm_stats.h"
 #include "impl/comm/group.h"
 #include "impl/comm/store/store.h"
+#include "impl/comm/topology.h"
 #include "impl/common/trace.h"
 #include "impl/config/config.h"
 #include "impl/core/ledger.h"
@@ -96,24 +97,26 @@ class Context {
     return std::unique_lock<std::recursive_mutex>(mu_);
   }
 
-  const std::shared_ptr<Group>& world() const { return world_; }
+  // The groups (comm/topology.h): the world, and what the config cuts.
+  const Topology& topology() const { return *topology_; }
+  const std::shared_ptr<Group>& world() const { return topology_->world(); }
   // The rendezvous store (null in a world of one): for agreements that must
   // name a rank that never answered (checkpoint commit), which a timed-out
   // collective cannot.
   const std::shared_ptr<Store>& store() const { return store_; }
-  const std::shared_ptr<Group>& partition_group() const { return partition_; }
-  const std::shared_ptr<Group>& mics_shard_group() const { return mics_shard_; }
-  const std::shared_ptr<Group>& mics_replica_group() const { return mics_replica_; }
-  const std::shared_ptr<Group>& hpz_group() const { return hpz_; }
+  const std::shared_ptr<Group>& partition_group() const { return topology_->partition(); }
+  const std::shared_ptr<Group>& mics_shard_group() const { return topology_->mics_shard(); }
+  const std::shared_ptr<Group>& mics_replica_group() const { return topology_->mics_replica(); }
+  const std::shared_ptr<Group>& hpz_group() const { return topology_->hpz(); }
   // MiCS hierarchical gather: same local rank across nodes, and one node,
   // both within this rank's shard group (null unless configured).
-  const std::shared_ptr<Group>& mics_inter_group() const { return mics_inter_; }
-  const std::shared_ptr<Group>& mics_intra_group() const { return mics_intra_; }
+  const std::shared_ptr<Group>& mics_inter_group() const { return topology_->mics_inter(); }
+  const std::shared_ptr<Group>& mics_intra_group() const { return topology_->mics_intra(); }
   // qgZ across nodes: this rank's node, and the ranks at its local position
   // on every node (null unless zero_quantized_gradients spans several whole
   // nodes of LOCAL_WORLD_SIZE ranks without MiCS).
-  const std::shared_ptr<Group>& qgz_intra_group() const { return qgz_intra_; }
-  const std::shared_ptr<Group>& qgz_inter_group() const { return qgz_inter_; }
+  const std::shared_ptr<Group>& qgz_intra_group() const { return topology_->qgz_intra(); }
+  const std::shared_ptr<Group>& qgz_inter_group() const { return topology_->qgz_inter(); }
 
   // A sub-group of world ranks; collective over the world (every rank
   // calls with the same list, in the same order of calls).
@@ -192,7 +195,6 @@ class Context {
   void choose_device(const ContextOptions& options);
   void agree_on_backend();
   void check_store_is_fresh(const ContextOptions& options);
-  void build_topology();
   void wait_for_every_rank();
   // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
   // group's connect, the ready round), so that a member that is stopped or
@@ -201,11 +203,8 @@ class Context {
   // Without heartbeats fn runs as is (its store timeout bounds it).
   void rendezvous_with(const std::vector<int>& ranks, const std::string& what,
                        const std::function<void()>& fn);
-  void build_mics_hierarchy();
-  void build_qgz_hierarchy();
-  // The member group of a partition of the world into rank lists.
-  std::shared_ptr<Group> create_partition_family(const std::string& kind,
-                                                 const std::vector<std::vector<int>>& families);
+  // Topology's MakeGroup: connects one group over this context's store,
+  // transport and heartbeat.
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
   void finalize_store();
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
@@ -232,11 +231,7 @@ class Context {
   Backend backend_ = Backend::Gloo;
   bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too
   bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)
-  int next_group_id_ = 0;
-  std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
-  std::shared_ptr<Group> mics_inter_, mics_intra_;
-  std::shared_ptr<Group> qgz_intra_, qgz_inter_;
-  std::vector<std::weak_ptr<Group>> all_groups_;
+  std::unique_ptr<Topology> topology_;
 
   mutable std::mutex error_mu_;
   Code async_code_ = Code::Ok;

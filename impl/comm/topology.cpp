@@ -1,0 +1,148 @@
+#include "impl/comm/topology.h"
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+#include "impl/common/error.h"
+
+namespace zs {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+void Topology::check(const TopologyShape& s) {
+  if (!s.mics_hierarchical || s.mics_shard_size <= s.local_world_size) return;
+  if (s.mics_shard_size % s.local_world_size != 0 || s.world_size % s.local_world_size != 0)
+    fail(Code::InvalidConfig, "zero_optimization.mics_hierarchical_params_gather: mics_shard_size ",
+         s.mics_shard_size, " must be a multiple of the local world size ", s.local_world_size,
+         " (whole nodes per shard group)");
+}
+
+Topology::Topology(TopologyShape shape, MakeGroup make) : shape_(shape), make_(std::move(make)) {}
+
+std::shared_ptr<Group> Topology::make(const std::string& name, const std::vector<int>& ranks) {
+  const int id = next_id_++;
+  auto group = make_(name, id, ranks);
+  all_.push_back(group);
+  return group;
+}
+
+void Topology::make_world() {
+  std::vector<int> all(static_cast<size_t>(shape_.world_size));
+  for (int i = 0; i < shape_.world_size; ++i) all[static_cast<size_t>(i)] = i;
+  world_ = make("world", all);
+}
+
+void Topology::validate_group(const std::vector<int>& ranks) const {
+  if (ranks.empty()) fail(Code::InvalidArgument, "a group needs at least one rank");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= shape_.world_size)
+      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
+           " is out of range for world size ", shape_.world_size);
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
+           " appears twice");
+  }
+}
+
+std::shared_ptr<Group> Topology::create_group(const std::vector<int>& ranks) {
+  validate_group(ranks);
+  return make("group" + std::to_string(next_id_) + rank_list(ranks), ranks);
+}
+
+std::shared_ptr<Group> Topology::family(const std::string& kind,
+                                        const std::vector<std::vector<int>>& lists) {
+  std::shared_ptr<Group> mine;
+  for (size_t k = 0; k < lists.size(); ++k) {
+    const auto& ranks = lists[k];
+    if (std::find(ranks.begin(), ranks.end(), shape_.rank) == ranks.end()) {
+      ++next_id_;  // consumed on every rank, so ids agree
+      continue;
+    }
+    mine = make(kind + std::to_string(k) + rank_list(ranks), ranks);
+  }
+  return mine;
+}
+
+void Topology::build() {
+  const int world = shape_.world_size;
+  partition_ = world_;
+  const int mics = shape_.mics_shard_size;
+  if (mics > 0) {
+    std::vector<std::vector<int>> shards(static_cast<size_t>(world / mics));
+    std::vector<std::vector<int>> replicas(static_cast<size_t>(mics));
+    for (int r = 0; r < world; ++r) {
+      shards[static_cast<size_t>(r / mics)].push_back(r);
+      replicas[static_cast<size_t>(r % mics)].push_back(r);
+    }
+    mics_shard_ = family("mics_shard", shards);
+    mics_replica_ = family("mics_replica", replicas);
+    partition_ = mics_shard_;
+    build_mics_hierarchy();
+  }
+  const int hpz = shape_.hpz_partition_size;
+  if (hpz > 1) {
+    std::vector<std::vector<int>> nodes(static_cast<size_t>(world / hpz));
+    for (int r = 0; r < world; ++r) nodes[static_cast<size_t>(r / hpz)].push_back(r);
+    hpz_ = family("hpz", nodes);
+  }
+  build_qgz_hierarchy();
+}
+
+// qgZ's two hops (ZeRO++): within each node, then among the ranks at the
+// same local position. Only where the world is whole nodes of more than
+// one rank and the gradients are reduced over the world (not MiCS); any
+// other topology uses the single all-to-all, which works everywhere.
+void Topology::build_qgz_hierarchy() {
+  const int world = shape_.world_size;
+  const int local = shape_.local_world_size;
+  if (!shape_.quantized_gradients || shape_.mics_shard_size > 0) return;
+  if (local <= 1 || local >= world || world % local != 0) return;
+  std::vector<std::vector<int>> intra(static_cast<size_t>(world / local)),
+      inter(static_cast<size_t>(local));
+  for (int r = 0; r < world; ++r) {
+    intra[static_cast<size_t>(r / local)].push_back(r);
+    inter[static_cast<size_t>(r % local)].push_back(r);
+  }
+  qgz_intra_ = family("qgz_intra", intra);
+  qgz_inter_ = family("qgz_inter", inter);
+}
+
+// Two hops for a shard group that spans nodes: first among the ranks at
+// the same local position on each node, then within the node. Needs whole
+// nodes in every shard group; a shard group inside one node gathers flat.
+void Topology::build_mics_hierarchy() {
+  if (!shape_.mics_hierarchical) return;
+  const int world = shape_.world_size;
+  const int shard = shape_.mics_shard_size;
+  const int local = shape_.local_world_size;
+  if (shard <= local) return;
+  std::vector<std::vector<int>> inter, intra;
+  for (int base = 0; base < world; base += shard) {
+    for (int l = 0; l < local; ++l) {
+      inter.emplace_back();
+      for (int r = base + l; r < base + shard; r += local) inter.back().push_back(r);
+    }
+    for (int node = base; node < base + shard; node += local) {
+      intra.emplace_back();
+      for (int l = 0; l < local; ++l) intra.back().push_back(node + l);
+    }
+  }
+  mics_inter_ = family("mics_inter", inter);
+  mics_intra_ = family("mics_intra", intra);
+}
+
+void Topology::shutdown(const std::string& why) {
+  for (auto& weak : all_)
+    if (auto g = weak.lock()) g->shutdown(why);
+}
+
+}  // namespace zs

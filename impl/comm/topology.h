@@ -1,0 +1,88 @@
+// The groups a context runs, and how they are cut from the world:
+// - the world;
+// - MiCS (mics_shard_size): shard groups that partition params, replica
+//   groups that average gradients across them, and, with
+//   mics_hierarchical_params_gather, the two hops of a shard group that spans
+//   nodes (same local rank across nodes, then within the node);
+// - hpZ (zero_hpz_partition_size): the groups that hold secondary shards;
+// - qgZ across whole nodes: within each node, then the ranks at each local
+//   position.
+// Every rank cuts the same families in the same order and consumes a group
+// id for each family member, joined or not, so ids agree without talking.
+// How one group is connected (store, transport, heartbeat) is the caller's
+// MakeGroup, so the cutting runs and is tested without processes.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "impl/comm/group.h"
+
+namespace zs {
+
+// What the cutting depends on: the ranks and the topology keys of the config.
+struct TopologyShape {
+  int rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int mics_shard_size = 0;  // 0: no MiCS
+  bool mics_hierarchical = false;
+  int hpz_partition_size = 0;  // <= 1: no hpZ
+  bool quantized_gradients = false;
+};
+
+class Topology {
+ public:
+  // Connects one group: its name, id (the same on every rank) and world ranks.
+  using MakeGroup =
+      std::function<std::shared_ptr<Group>(const std::string& name, int id, const std::vector<int>& ranks)>;
+
+  // Rules that need the local world size (whole nodes per hierarchical
+  // shard group), checked before any socket opens: InvalidConfig.
+  static void check(const TopologyShape& shape);
+
+  Topology(TopologyShape shape, MakeGroup make);
+  // The world group (id 0), first; then build() cuts the rest from it.
+  void make_world();
+  void build();
+  // InvalidArgument naming the list unless it is distinct world ranks.
+  void validate_group(const std::vector<int>& ranks) const;
+  // A sub-group of world ranks (validated).
+  std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
+  // Shuts every group made here down (the context is going).
+  void shutdown(const std::string& why);
+
+  const std::shared_ptr<Group>& world() const { return world_; }
+  // Where params are partitioned: the world, or this rank's MiCS shard group.
+  const std::shared_ptr<Group>& partition() const { return partition_; }
+  const std::shared_ptr<Group>& mics_shard() const { return mics_shard_; }
+  const std::shared_ptr<Group>& mics_replica() const { return mics_replica_; }
+  const std::shared_ptr<Group>& hpz() const { return hpz_; }
+  const std::shared_ptr<Group>& mics_inter() const { return mics_inter_; }
+  const std::shared_ptr<Group>& mics_intra() const { return mics_intra_; }
+  const std::shared_ptr<Group>& qgz_intra() const { return qgz_intra_; }
+  const std::shared_ptr<Group>& qgz_inter() const { return qgz_inter_; }
+
+ private:
+  // This rank's member of a partition of the world into rank lists (null
+  // when it is in none); an id is consumed for every list.
+  std::shared_ptr<Group> family(const std::string& kind, const std::vector<std::vector<int>>& lists);
+  std::shared_ptr<Group> make(const std::string& name, const std::vector<int>& ranks);
+  void build_mics_hierarchy();
+  void build_qgz_hierarchy();
+
+  const TopologyShape shape_;
+  const MakeGroup make_;
+  int next_id_ = 0;
+  std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
+  std::shared_ptr<Group> mics_inter_, mics_intra_;
+  std::shared_ptr<Group> qgz_intra_, qgz_inter_;
+  std::vector<std::weak_ptr<Group>> all_;
+};
+
+// "[0,1,2]", for group names and messages.
+std::string rank_list(const std::vector<int>& ranks);
+
+}  // namespace zs
