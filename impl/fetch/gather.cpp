@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "impl/comm/two_hop_gather.h"
@@ -35,48 +36,72 @@ const std::shared_ptr<Group>& common_group(Context& ctx, const ParamList& params
   return group;
 }
 
-// The fetch layer's state per context: the params holding an hpZ
-// secondary shard; and, for a param being unregistered, its gather waited
-// out and its full buffer freed.
+// The fetch layer's state per context, under the engine lock: each
+// param's hpZ secondary shard (this rank's slice of it within the
+// intra-node group: `held` once a gather left it, counted in the ledger;
+// `pending` while that gather is in flight); and, for a param being
+// unregistered, its gather waited out, its full buffer and secondary freed.
 struct FetchState : ParamKeeper {
+  struct Secondary {
+    std::weak_ptr<Param> param;  // tells a live param from a reused address
+    BufferPtr held, pending;
+  };
   explicit FetchState(Context& c) : ctx(c) {}
-  void forget(Param& p) override { release_when_done(ctx, p); }
+  void forget(Param& p) override {
+    release_when_done(ctx, p);
+    if (Secondary* s = find(p)) {
+      if (s->held) ctx.ledger().sub(Held::Secondary, s->held->bytes());
+      secondaries.erase(&p);
+    }
+  }
+  Secondary* find(const Param& p) {
+    const auto it = secondaries.find(&p);
+    if (it == secondaries.end()) return nullptr;
+    if (it->second.param.lock().get() != &p) {  // a param destroyed unregistered
+      if (it->second.held) ctx.ledger().sub(Held::Secondary, it->second.held->bytes());
+      secondaries.erase(it);
+      return nullptr;
+    }
+    return &it->second;
+  }
   Context& ctx;
-  std::vector<std::weak_ptr<Param>> secondaries;
+  std::unordered_map<const Param*, Secondary> secondaries;
 };
+
+// The param's secondary shard, or null.
+BufferPtr secondary_of(Context& ctx, const Param& p) {
+  auto* state = ctx.find_attachment<FetchState>();
+  FetchState::Secondary* s = state ? state->find(p) : nullptr;
+  return s ? s->held : nullptr;
+}
 
 }  // namespace
 
-void track_secondary(Context& ctx, const std::shared_ptr<Param>& param) {
-  const auto held = ctx.lock();
-  ctx.attachment<FetchState>().secondaries.push_back(param);
-  ctx.ledger().add(Held::Secondary, param->secondary->bytes());
-}
-
 void drop_secondaries(Context& ctx) {
   const auto held = ctx.lock();
-  auto* tracked = ctx.find_attachment<FetchState>();
-  if (tracked == nullptr) return;
-  for (auto& weak : tracked->secondaries) {
-    auto p = weak.lock();
-    if (!p || !p->secondary) continue;
-    ctx.ledger().sub(Held::Secondary, p->secondary->bytes());
-    p->secondary.reset();
+  auto* state = ctx.find_attachment<FetchState>();
+  if (state == nullptr) return;
+  for (auto it = state->secondaries.begin(); it != state->secondaries.end();) {
+    FetchState::Secondary& s = it->second;
+    if (s.held) ctx.ledger().sub(Held::Secondary, s.held->bytes());
+    s.held.reset();
+    // One still in flight is kept: its gather's settle makes it the new one.
+    it = s.pending ? std::next(it) : state->secondaries.erase(it);
   }
-  tracked->secondaries.clear();
 }
 
 ParamStatus settle(Context& ctx, Param& p) {
   const auto held = ctx.lock();
-  switch (p.settle(ctx.ledger())) {
-    case Param::Settled::Available:
-      if (p.pending_secondary) {
-        p.secondary = std::move(p.pending_secondary);
-        track_secondary(ctx, p.shared_from_this());
-      }
-      break;
-    case Param::Settled::Failed: p.pending_secondary.reset(); break;
-    case Param::Settled::Unchanged: break;
+  const Param::Settled settled = p.settle(ctx.ledger());
+  auto* state = settled == Param::Settled::Unchanged ? nullptr : ctx.find_attachment<FetchState>();
+  FetchState::Secondary* s = state ? state->find(p) : nullptr;
+  if (s && s->pending) {
+    if (settled == Param::Settled::Available) {
+      if (s->held) ctx.ledger().sub(Held::Secondary, s->held->bytes());
+      s->held = std::move(s->pending);
+      ctx.ledger().add(Held::Secondary, s->held->bytes());
+    }
+    s->pending.reset();
   }
   return p.status();
 }
@@ -179,7 +204,12 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
   const auto& hpz = ctx.hpz_group();
   const bool hpz_route = hpz && group == ctx.partition_group();
   bool from_secondary = hpz_route;
-  for (const auto& p : params) from_secondary = from_secondary && p->secondary != nullptr;
+  std::vector<BufferPtr> secondaries;
+  for (const auto& p : params) {
+    if (!from_secondary) break;
+    secondaries.push_back(secondary_of(ctx, *p));
+    from_secondary = secondaries.back() != nullptr;
+  }
   // Each param's shard for this gather: resident while the gather is set
   // up (it keeps its own references after that), or, offloaded, a buffer
   // its group thread reads back first (read_backs).
@@ -220,8 +250,8 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     const auto h = static_cast<uint64_t>(hpz->size());
     for (size_t i = 0; i < n; ++i) {
       const uint64_t slice = (params[i]->layout.numel + h - 1) / h * params[i]->elem_bytes();
-      segments.push_back({params[i]->secondary->data(), fulls[i]->data(), slice});
-      keep.push_back(params[i]->secondary);
+      segments.push_back({secondaries[i]->data(), fulls[i]->data(), slice});
+      keep.push_back(secondaries[i]);
     }
     ctx.ledger().count(Fetched::HpzGather);
     work = hpz->submit(what + " from hpZ secondary shards",
@@ -275,10 +305,13 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       const auto h = static_cast<uint64_t>(hpz->size());
       const uint64_t slice_numel = (p.layout.numel + h - 1) / h;
       const uint64_t first = static_cast<uint64_t>(hpz->rank()) * slice_numel;
-      p.pending_secondary = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
-      keep.push_back(p.pending_secondary);
+      FetchState& state = ctx.attachment<FetchState>();
+      if (!state.find(p)) state.secondaries[&p].param = p.shared_from_this();
+      FetchState::Secondary& secondary = state.secondaries[&p];
+      secondary.pending = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
+      keep.push_back(secondary.pending);
       const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, slice_numel);
-      slices.push_back({p.pending_secondary->data(),
+      slices.push_back({secondary.pending->data(),
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }

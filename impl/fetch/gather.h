@@ -53,9 +53,9 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank);
 // traffic; the shard_version moves on. A torch `param.data = t`.
 void write_param(Context& ctx, Param& param, const void* data, size_t bytes);
 
-// hpZ: the params holding a secondary shard are remembered; every one is
-// dropped when the shards change (optimizer step, GatheredParameters update).
-void track_secondary(Context& ctx, const std::shared_ptr<Param>& param);
+// hpZ: every param's secondary shard (this rank's slice of it within the
+// intra-node group, left by the step's first gather) is dropped when the
+// shards change (optimizer step, GatheredParameters update).
 void drop_secondaries(Context& ctx);
 
 // The full data of an AVAILABLE param, or InvalidState naming its status.

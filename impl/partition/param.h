@@ -89,10 +89,7 @@ class Param : public std::enable_shared_from_this<Param> {
   void release(Ledger& ledger);
 
   GradShardPtr grad;  // fp32 gradient shard, from the first push on (grad_shard.h)
-  // hpZ: this rank's slice of the full param within the intra-node group,
-  // left by the step's first gather and dropped by the optimizer step.
-  BufferPtr secondary;
-  BufferPtr pending_secondary;  // filled by an in-flight gather
+  // (hpZ's secondary shard is the fetch layer's: fetch/gather.cpp.)
   bool unregistered = false;        // destroyed by the trainer; others may still hold it
   // Bumped whenever the shard is rewritten by anything but the optimizer
   // (update_params): an optimizer keeping a separate fp32 master re-reads

@@ -107,10 +107,6 @@ void unregister_param(Context& ctx, Param& p) {
   ctx.each_attachment<ParamKeeper>([&](ParamKeeper& keeper) { keeper.forget(p); });
   p.unregistered = true;
   auto& ledger = ctx.ledger();
-  if (p.secondary) {
-    ledger.sub(Held::Secondary, p.secondary->bytes());
-    p.secondary.reset();
-  }
   retire_shard(ctx, p);
   ledger.sub(Held::Unsharded, p.full_bytes());
   ledger.count_param(-1);

@@ -39,8 +39,8 @@ class ParamKeeper : public Context::Attachment {
 };
 
 // Under the engine lock: every ParamKeeper forgets the param, then it is
-// marked unregistered, its hpZ secondary shard dropped and the memory
-// counters updated. Others holding the param (a coordinator's trace) see
+// marked unregistered and the memory counters updated (fetch/ drops its
+// hpZ secondary shard as it forgets it). Others holding the param (a coordinator's trace) see
 // the mark.
 void unregister_param(Context& ctx, Param& param);
 
