@@ -99,6 +99,7 @@ class TcpStore final : public Store {
   const int wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   std::atomic<uint64_t> interrupts_{0};
   uint64_t call_interrupts_ = 0;
+  uint64_t requests_ = 0;  // round trips made (under mu_), for ZS_STORE_STATS
   std::mutex why_mu_;
   std::string why_;
 };
@@ -120,6 +121,9 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, millisecon
 }
 
 TcpStore::~TcpStore() {
+  if (store_stats_wanted())
+    std::fprintf(stderr, "zeroshard: store stats: client '%s' made %llu requests\n", who_.c_str(),
+                 static_cast<unsigned long long>(requests_));
   disconnect_locked();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -324,6 +328,7 @@ void TcpStore::prove_locked(const std::string& challenge, Clock::time_point dead
 bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
                         const std::string& what, std::string* payload) {
   call_interrupts_ = interrupts_.load();
+  ++requests_;
   if (fd_ < 0) connect_locked(deadline);
   std::string frame;
   frame.reserve(4 + body.size());

@@ -81,6 +81,9 @@ Server::Server(const std::string& host, int port, std::string secret) : secret_(
 }
 
 Server::~Server() {
+  if (store_stats_wanted())
+    std::fprintf(stderr, "zeroshard: store stats: server on port %d handled %llu requests, %d clients at most\n",
+                 port_, static_cast<unsigned long long>(requests_), peak_clients_);
   const char byte = 1;
   // The pipe is empty and non-blocking, so this write cannot block or fail.
   [[maybe_unused]] ssize_t n = write(stop_pipe_[1], &byte, 1);
@@ -215,6 +218,8 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
                    "not prove the job secret\n", port_, c.who.c_str());
     return false;
   }
+  ++requests_;
+  peak_clients_ = std::max(peak_clients_, clients_.load(std::memory_order_relaxed));
   switch (req.cmd) {
     case Cmd::Set: {
       std::string& key = req.keys[0];

@@ -64,6 +64,8 @@ class Server {
   std::atomic<int> clients_{0};
   size_t stored_bytes_ = 0;  // keys and values held
   uint64_t strangers_dropped_ = 0;
+  uint64_t requests_ = 0;  // handled, from trusted clients (ZS_STORE_STATS)
+  int peak_clients_ = 0;
   const std::string secret_;
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;

@@ -11,12 +11,20 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "impl/comm/store/store.h"
 #include "impl/comm/store/store_protocol.h"
 
 namespace zs::tcp_wire {
+
+// ZS_STORE_STATS=1: the server and each client print, when they go, how
+// many requests they handled or made (bench_scale reads them).
+inline bool store_stats_wanted() {
+  const char* v = std::getenv("ZS_STORE_STATS");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
