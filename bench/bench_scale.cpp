@@ -407,7 +407,18 @@ int main(int argc, char** argv) {
                 w, z.create_s, z.store_server, z.store_per_rank, z.hb_total, z.hb_per_rank, z.sockets, z.rss,
                 z.name_dead_s, z.all_named ? "" : " (NOT by every rank)", z.allreduce_us,
                 z.error.empty() ? "" : ("  ERROR: " + z.error).c_str());
-    if (torch) {
+    // A torch rank holds ~0.5 GiB resident (libtorch): past what this
+    // machine holds, the torch side is skipped, and said so.
+    const double torch_gib = 0.5 * w, have_gib = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                                     static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
+    if (torch && torch_gib > 0.6 * have_gib) {
+      std::printf("torch     %5d ranks: skipped (about %.0f GiB resident; this machine has %.0f GiB)\n", w,
+                  torch_gib, have_gib);
+      Row skipped;  // -1: not measured
+      skipped.world = w;
+      skipped.create_s = skipped.allreduce_us = skipped.sockets = skipped.rss = -1;
+      torch_rows.push_back(skipped);
+    } else if (torch) {
       const Row t = run_torch(w, python);
       torch_rows.push_back(t);
       std::printf("torch     %5d ranks: create %.2f s (python start and import included), %.1f sockets/rank, "

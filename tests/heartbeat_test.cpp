@@ -552,3 +552,72 @@ TEST(Heartbeat, BeatsWithoutTheJobSecretAreDropped) {
 }
 
 }  // namespace
+
+namespace {
+
+// Light ranks: N heartbeats in this process over one memory store, each on
+// its own UDP socket, as N processes would run them.
+std::vector<std::unique_ptr<zs::Heartbeat>> light_ranks(int n, zs::Store& store,
+                                                        std::chrono::milliseconds period,
+                                                        std::chrono::milliseconds limit) {
+  std::vector<std::unique_ptr<zs::Heartbeat>> hbs;
+  for (int r = 0; r < n; ++r) hbs.push_back(std::make_unique<zs::Heartbeat>(r, n, "127.0.0.1", store, period, limit));
+  for (auto& hb : hbs) hb->start(store);
+  return hbs;
+}
+
+}  // namespace
+
+// Past kFullMeshPeers peers each rank beats to ceil(log2 N) others, so the
+// world's datagrams grow as N log N (not N^2); a rank that dies is still
+// named by every other rank, those that do not watch it through the reports
+// relayed to them, within the limit and a few hops.
+TEST(HeartbeatScale, BeatsGrowAsNLogNAndADeadRankIsNamedByEveryRank) {
+  using namespace std::chrono_literals;
+  const auto period = 100ms, limit = 1000ms;
+  for (int n : {8, 32}) {
+    SCOPED_TRACE("world of " + std::to_string(n));
+    auto store = zs::make_memory_store(10s);
+    auto hbs = light_ranks(n, *store, period, limit);
+    const size_t fan = n - 1 <= zs::Heartbeat::kFullMeshPeers ? n - 1 : 5;  // log2(32)
+    for (const auto& hb : hbs) EXPECT_EQ(hb->targets().size(), fan);
+    std::this_thread::sleep_for(300ms);
+    uint64_t before = 0, after = 0;
+    for (const auto& hb : hbs) before += hb->datagrams_sent();
+    const auto t0 = Clock::now();
+    std::this_thread::sleep_for(1s);
+    for (const auto& hb : hbs) after += hb->datagrams_sent();
+    const double periods = std::chrono::duration<double>(Clock::now() - t0) / period;
+    const double per_rank_per_period = static_cast<double>(after - before) / n / periods;
+    // A beat per target per period (a late tick sends fewer, never more).
+    EXPECT_LE(per_rank_per_period, fan * 1.2) << per_rank_per_period;
+    EXPECT_GE(per_rank_per_period, fan * 0.5) << per_rank_per_period;
+    std::vector<int> all;
+    for (int r = 0; r < n; ++r) all.push_back(r);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(hbs[r]->silence(all), "") << "rank " << r << " before any death";
+
+    const int victim = n - 1;
+    hbs[victim].reset();  // its beats stop, as a dead (or stopped) process's do
+    const auto died = Clock::now();
+    std::vector<std::string> named(n);
+    int missing = n - 1;
+    while (missing > 0 && Clock::now() - died < 3 * limit + 2s) {
+      std::this_thread::sleep_for(20ms);
+      for (int r = 0; r < victim; ++r)
+        if (named[r].empty() && !(named[r] = hbs[r]->silence({victim})).empty()) --missing;
+    }
+    EXPECT_EQ(missing, 0);
+    int reported = 0;
+    for (int r = 0; r < victim; ++r) {
+      EXPECT_NE(named[r].find("rank " + std::to_string(victim) + " "), std::string::npos) << named[r];
+      reported += named[r].find("reported by rank") != std::string::npos;
+    }
+    // Beyond the full mesh most ranks do not watch it: they were told.
+    if (n - 1 > zs::Heartbeat::kFullMeshPeers) {
+      EXPECT_GE(reported, n - 1 - 5);
+    }
+    // Nobody else is named.
+    std::vector<int> others(all.begin(), all.end() - 1);
+    for (int r = 0; r < victim; ++r) EXPECT_EQ(hbs[r]->silence(others), "") << "rank " << r;
+  }
+}

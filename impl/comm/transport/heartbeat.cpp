@@ -22,12 +22,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A beat: "ZSHB", flags (bit 0: goodbye), 3 zero bytes, rank (u32), 4 zero
-// bytes, the sender's epoch (u64), its sequence number (u64), then a 16-byte
-// MAC of the first 32 bytes (zero without a secret). Little-endian.
-constexpr size_t kSignedBytes = 32;
+// A beat: "ZSHB", flags (bit 0: goodbye), 3 zero bytes, rank (u32), the
+// number of reports (u32), the sender's epoch (u64), its sequence number
+// (u64); then each report (rank, its monitor, milliseconds since that
+// monitor confirmed the silence: u32 each); then a 16-byte MAC of all that
+// (zero without a secret). Little-endian.
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kReportBytes = 12;
+constexpr size_t kMaxReports = 32;
 constexpr size_t kMacBytes = 16;
-constexpr size_t kBeatBytes = kSignedBytes + kMacBytes;
+constexpr size_t kMaxBeatBytes = kHeaderBytes + kMaxReports * kReportBytes + kMacBytes;
 constexpr char kMagic[4] = {'Z', 'S', 'H', 'B'};
 constexpr unsigned char kGoodbye = 1;
 
@@ -115,6 +119,14 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
   peers_.resize(static_cast<size_t>(world_));
+  if (world_ - 1 <= kFullMeshPeers) {
+    for (int r = 0; r < world_; ++r)
+      if (r != rank_) targets_.push_back(r);
+  } else {
+    for (int d = 1; d < world_; d *= 2) targets_.push_back((rank_ + d) % world_);
+    std::sort(targets_.begin(), targets_.end());
+    targets_.erase(std::unique(targets_.begin(), targets_.end()), targets_.end());
+  }
   try {
     const std::string mine = std::string(name) + " " + port + " " + std::to_string(epoch_);
     store.set(key_of(rank_), std::vector<char>(mine.begin(), mine.end()));
@@ -126,12 +138,23 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
 }
 
 void Heartbeat::start(Store& store) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_; ++r) keys.push_back(key_of(r));
-  store.wait(keys);
+  // Only the ranks this one beats to and those that beat to it (whose
+  // targets include it): O(log N) addresses per rank.
   std::vector<Peer> peers(static_cast<size_t>(world_));
+  std::vector<int> known = targets_;
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
+    bool monitors_me = world_ - 1 <= kFullMeshPeers;
+    for (int d = 1; d < world_ && !monitors_me; d *= 2) monitors_me = (r + d) % world_ == rank_;
+    peers[static_cast<size_t>(r)].monitored = monitors_me;
+    if (monitors_me) known.push_back(r);
+  }
+  std::sort(known.begin(), known.end());
+  known.erase(std::unique(known.begin(), known.end()), known.end());
+  std::vector<std::string> keys;
+  for (int r : known) keys.push_back(key_of(r));
+  store.wait(keys);
+  for (int r : known) {
     Peer& p = peers[static_cast<size_t>(r)];
     const std::vector<char> raw = store.get(key_of(r));
     std::istringstream in(std::string(raw.begin(), raw.end()));
@@ -181,47 +204,98 @@ std::string Heartbeat::mac(const char* data, size_t bytes) const {
   return std::string(reinterpret_cast<const char*>(full), kMacBytes);
 }
 
+bool Heartbeat::reported_locked(const Peer& p, Clock::time_point now) const {
+  return p.reported_by >= 0 && now - p.confirmed < 3 * period_;
+}
+
+std::vector<Heartbeat::Report> Heartbeat::reports_locked(Clock::time_point now) const {
+  std::vector<Report> out;
+  if (world_ - 1 <= kFullMeshPeers) return out;  // every rank judges every other itself
+  for (int r = 0; r < world_ && out.size() < kMaxReports; ++r) {
+    const Peer& p = peers_[static_cast<size_t>(r)];
+    if (r == rank_ || p.departed) continue;
+    if (p.monitored && p.silent > limit_) {
+      out.push_back({r, rank_, 0});
+    } else if (!p.monitored && reported_locked(p, now)) {
+      const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.confirmed);
+      out.push_back({r, p.reported_by, static_cast<uint32_t>(age.count())});
+    }
+  }
+  return out;
+}
+
 void Heartbeat::send_beats(bool goodbye) {
   std::lock_guard<std::mutex> lock(send_mu_);
-  char beat[kBeatBytes] = {};
+  std::vector<Report> reports;
+  if (!goodbye) {
+    std::lock_guard<std::mutex> held(mu_);
+    reports = reports_locked(Clock::now());
+  }
+  char beat[kMaxBeatBytes] = {};
   std::memcpy(beat, kMagic, sizeof kMagic);
   beat[4] = static_cast<char>(goodbye ? kGoodbye : 0);
   put_le(beat + 8, static_cast<uint64_t>(rank_), 4);
+  put_le(beat + 12, reports.size(), 4);
   put_le(beat + 16, epoch_, 8);
   put_le(beat + 24, ++seq_, 8);
-  if (!secret_.empty()) std::memcpy(beat + kSignedBytes, mac(beat, kSignedBytes).data(), kMacBytes);
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+  size_t n = kHeaderBytes;
+  for (const Report& r : reports) {
+    put_le(beat + n, static_cast<uint64_t>(r.rank), 4);
+    put_le(beat + n + 4, static_cast<uint64_t>(r.by), 4);
+    put_le(beat + n + 8, r.age_ms, 4);
+    n += kReportBytes;
+  }
+  if (!secret_.empty()) std::memcpy(beat + n, mac(beat, n).data(), kMacBytes);
+  n += kMacBytes;
+  for (int r : targets_) {
     const Peer& p = peers_[static_cast<size_t>(r)];  // addr is set once, before the thread
     if (p.addr.empty()) continue;  // leave() before start()
     // Best effort: a lost beat is one of the eight a limit spans.
-    (void)sendto(fd_, beat, sizeof beat, MSG_DONTWAIT,
-                 reinterpret_cast<const sockaddr*>(p.addr.data()),
+    (void)sendto(fd_, beat, n, MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(p.addr.data()),
                  static_cast<socklen_t>(p.addr.size()));
+    sent_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
-void Heartbeat::receive(Clock::time_point now) {
-  char beat[kBeatBytes + 1];
+bool Heartbeat::receive(Clock::time_point now) {
+  char beat[kMaxBeatBytes + 1];
+  bool news = false;
   for (;;) {
     const ssize_t n = recv(fd_, beat, sizeof beat, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return;  // drained (or an ICMP error from a peer gone: nothing to read)
-    if (static_cast<size_t>(n) != kBeatBytes || std::memcmp(beat, kMagic, sizeof kMagic) != 0)
+    if (n < 0) return news;  // drained (or an ICMP error from a peer gone: nothing to read)
+    if (static_cast<size_t>(n) < kHeaderBytes + kMacBytes || std::memcmp(beat, kMagic, sizeof kMagic) != 0)
       continue;
-    const uint64_t rank = get_le(beat + 8, 4);
+    const uint64_t rank = get_le(beat + 8, 4), count = get_le(beat + 12, 4);
     if (rank >= static_cast<uint64_t>(world_) || rank == static_cast<uint64_t>(rank_)) continue;
+    if (count > kMaxReports) continue;
+    const size_t signed_bytes = kHeaderBytes + count * kReportBytes;
+    if (static_cast<size_t>(n) != signed_bytes + kMacBytes) continue;
     if (!secret_.empty() &&
-        sodium_memcmp(mac(beat, kSignedBytes).data(), beat + kSignedBytes, kMacBytes) != 0)
+        sodium_memcmp(mac(beat, signed_bytes).data(), beat + signed_bytes, kMacBytes) != 0)
       continue;  // not from a process that knows the job secret
     const uint64_t epoch = get_le(beat + 16, 8), seq = get_le(beat + 24, 8);
     std::lock_guard<std::mutex> lock(mu_);
     Peer& p = peers_[static_cast<size_t>(rank)];
-    if (epoch != p.epoch || seq <= p.last_seq) continue;  // another context, or a replay
+    // Unknown (not a monitor: its address was never read), another
+    // context, or a replay.
+    if (p.addr.empty() || epoch != p.epoch || seq <= p.last_seq) continue;
     p.last_seq = seq;
     p.heard = now;
     p.silent = Clock::duration::zero();
     if (static_cast<unsigned char>(beat[4]) & kGoodbye) p.departed = true;
+    for (uint64_t i = 0; i < count; ++i) {
+      const char* r = beat + kHeaderBytes + i * kReportBytes;
+      const uint64_t who = get_le(r, 4), by = get_le(r + 4, 4), age = get_le(r + 8, 4);
+      if (who >= static_cast<uint64_t>(world_) || who == static_cast<uint64_t>(rank_)) continue;
+      Peer& q = peers_[static_cast<size_t>(who)];
+      if (q.monitored || q.departed) continue;  // judged here, by its own beats
+      const auto confirmed = now - std::chrono::milliseconds(age);
+      if (q.reported_by >= 0 && confirmed <= q.confirmed) continue;  // not fresher
+      news = news || !reported_locked(q, now);
+      q.confirmed = confirmed;
+      q.reported_by = static_cast<int>(by);
+    }
   }
 }
 
@@ -251,22 +325,30 @@ void Heartbeat::loop() {
     // of our own (load, or this process stopped) a tick counts two periods.
     const auto tick = std::min<Clock::duration>(now - last, 2 * period_);
     last = now;
-    bool any_silent = false;
+    bool any_silent = false, newly_silent = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (int r = 0; r < world_; ++r) {
         Peer& p = peers_[static_cast<size_t>(r)];
-        if (r != rank_ && !p.departed) p.silent += tick;
+        if (r != rank_ && !p.departed && p.monitored) p.silent += tick;
       }
     }
-    receive(now);  // what peers sent while we waited (or stalled) clears them
+    // What peers sent while we waited (or stalled) clears them.
+    const bool told = receive(now);
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (int r = 0; r < world_; ++r) {
-        const Peer& p = peers_[static_cast<size_t>(r)];
-        if (r != rank_ && !p.departed && p.silent > limit_) any_silent = true;
+        Peer& p = peers_[static_cast<size_t>(r)];
+        if (r == rank_ || p.departed) continue;
+        const bool silent = p.monitored ? p.silent > limit_ : reported_locked(p, now);
+        newly_silent = newly_silent || (silent && !p.was_silent);
+        p.was_silent = silent;
+        any_silent = any_silent || silent;
       }
     }
+    // A silence found or told goes on at once, not a period later: it
+    // crosses the world in O(log N) hops of network latency.
+    if (sending && (newly_silent || told) && world_ - 1 > kFullMeshPeers) send_beats(false);
     if (!any_silent) continue;
     std::lock_guard<std::mutex> held(watchers_mu_);
     for (const Watcher& w : watchers_) {
@@ -286,7 +368,16 @@ std::string Heartbeat::silence(const std::vector<int>& ranks) const {
   for (int r : ranks) {
     if (r == rank_ || r < 0 || r >= world_) continue;
     const Peer& p = peers_[static_cast<size_t>(r)];
-    if (p.departed || p.silent <= limit_) continue;
+    if (p.departed) continue;
+    if (!p.monitored) {
+      if (!reported_locked(p, now)) continue;
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%.1f", std::chrono::duration<double>(limit_).count());
+      return "rank " + std::to_string(r) + " has sent no heartbeat for over " + limit +
+             " s (reported by rank " + std::to_string(p.reported_by) +
+             ", which watches it): it is stopped or hung (alive but not running), or it died";
+    }
+    if (p.silent <= limit_) continue;
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f",
                   std::chrono::duration<double>(now - p.heard).count());

@@ -13,10 +13,22 @@
 // they sent meanwhile before judging. A peer that is merely busy keeps
 // beating, since its heartbeat thread runs beside its work.
 //
+// Past kFullMeshPeers peers, a rank beats only to the ranks 1, 2, 4, ...
+// after it (ceil(log2 N) of them) and judges only the ranks that beat to
+// it (its monitors' view of a rank: those 1, 2, 4, ... before it). A rank
+// that finds one it monitors silent lists it in every beat it sends, with
+// how long ago that was confirmed, and sends at once; every rank relays
+// what it was told the same way, so a silence reaches every rank in
+// O(log N) hops of network latency, and the messages a world sends grow
+// as N log N instead of N^2. A report stands while fresh (its confirmation
+// younger than three periods): a rank heard again by its monitors is no
+// longer reported and, a few periods later, no longer named.
+//
 // Nothing here blocks a collective: waits ask silence() when they start and
 // are cut short through watch() while they run.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -71,6 +83,14 @@ class Heartbeat {
   // is no failure) and stops sending; it goes on listening until destroyed.
   void leave();
 
+  // Up to this many peers, every rank beats to every other (all judged
+  // directly, as before the sparse scheme).
+  static constexpr int kFullMeshPeers = 8;
+  // The ranks this one beats to, ascending.
+  const std::vector<int>& targets() const { return targets_; }
+  // Datagrams sent so far (beats, relayed reports, goodbyes).
+  uint64_t datagrams_sent() const { return sent_.load(std::memory_order_relaxed); }
+
  private:
   struct Peer {
     std::string host;  // as published, for messages
@@ -80,6 +100,18 @@ class Heartbeat {
     std::chrono::steady_clock::time_point heard;  // last valid datagram (or start)
     std::chrono::steady_clock::duration silent{};  // this thread's running time since
     bool departed = false;
+    bool monitored = false;  // beats to this rank: judged here directly
+    bool was_silent = false;  // at the last check (the heartbeat thread's)
+    // Another rank's report that this one is silent: when its monitor last
+    // confirmed it (none: the epoch), and which monitor.
+    std::chrono::steady_clock::time_point confirmed{};
+    int reported_by = -1;
+  };
+  // A rank reported silent: who, by which monitor, how long ago confirmed.
+  struct Report {
+    int rank;
+    int by;
+    uint32_t age_ms;
   };
   struct Watcher {
     std::vector<int> ranks;
@@ -88,10 +120,17 @@ class Heartbeat {
 
   void loop();
   void send_beats(bool goodbye);
-  void receive(std::chrono::steady_clock::time_point now);
+  // Returns whether a report arrived of a rank not reported before.
+  bool receive(std::chrono::steady_clock::time_point now);
+  // What this rank reports (under mu_): the monitored peers silent past the
+  // limit, and the fresh reports it was told.
+  std::vector<Report> reports_locked(std::chrono::steady_clock::time_point now) const;
+  bool reported_locked(const Peer& p, std::chrono::steady_clock::time_point now) const;
   std::string mac(const char* data, size_t bytes) const;
 
   const int rank_, world_;
+  std::vector<int> targets_;  // set in the constructor
+  std::atomic<uint64_t> sent_{0};
   const std::chrono::milliseconds period_, limit_;
   const std::string secret_;
   uint64_t epoch_ = 0;
