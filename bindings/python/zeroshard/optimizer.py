@@ -1,0 +1,140 @@
+"""The engine's optimizer: Optimizer and its hyperparameters."""
+from ._ffi import ffi, lib
+from .errors import check
+from ._dlpack import dlpack_from_pointer
+from ._handle import _Owned
+from ._types import FLOAT32
+from ._util import _address, _new_struct
+from .param import Param, _param_array
+
+
+_HPARAM_DEFAULTS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, momentum=0.0,
+                        dampening=0.0, nesterov=False, bias_correction=True)
+
+
+def _hparams(hp):
+    h = _new_struct("zs_optim_hparams")
+    h.lr = float(hp["lr"])
+    beta1, beta2 = hp["betas"]
+    h.beta1, h.beta2 = float(beta1), float(beta2)
+    h.eps = float(hp["eps"])
+    h.weight_decay = float(hp["weight_decay"])
+    h.momentum = float(hp["momentum"])
+    h.dampening = float(hp["dampening"])
+    h.nesterov = 1 if hp["nesterov"] else 0
+    h.bias_correction = 1 if hp["bias_correction"] else 0
+    return h
+
+
+class Optimizer(_Owned):
+    """A sharded optimizer (AdamW, Adam or SGD) over this rank's shards."""
+    _destroy_name = "zs_optimizer_destroy"
+
+    def __init__(self, ctx, handle, kind):
+        super().__init__(ctx, handle)
+        self.kind = kind
+        self._groups = []  # hyper-parameters per group index, as last set
+
+    def add_group(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                  momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True):
+        """Add a parameter group with its hyper-parameters; returns its index."""
+        hp = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                  momentum=momentum, dampening=dampening, nesterov=bool(nesterov),
+                  bias_correction=bool(bias_correction))
+        arr, n, keep = _param_array(params)
+        index = ffi.new("int*")
+        check(lib.zs_optimizer_add_group(self._h, arr, n, _hparams(hp), index))
+        i = int(index[0])
+        while len(self._groups) <= i:
+            self._groups.append(dict(_HPARAM_DEFAULTS))
+        self._groups[i] = hp
+        return i
+
+    @property
+    def num_groups(self):
+        return len(self._groups)
+
+    def hparams(self, group):
+        """The hyper-parameters of a group as this object last set them."""
+        return dict(self._groups[group])
+
+    def set_hparams(self, group, lr=None, betas=None, eps=None, weight_decay=None,
+                    momentum=None, dampening=None, nesterov=None, bias_correction=None):
+        """Change a group's hyper-parameters (group -1: every group). Keywords
+        left None keep the group's current value."""
+        given = dict(lr=lr, betas=None if betas is None else tuple(betas), eps=eps,
+                     weight_decay=weight_decay, momentum=momentum, dampening=dampening,
+                     nesterov=None if nesterov is None else bool(nesterov),
+                     bias_correction=None if bias_correction is None else bool(bias_correction))
+        group = int(group)
+        complete = all(v is not None for v in given.values())
+        if group == -1 and not complete and self._groups:
+            targets = list(range(len(self._groups)))
+        else:
+            targets = [group]
+        for g in targets:
+            base = self._groups[g] if 0 <= g < len(self._groups) else _HPARAM_DEFAULTS
+            hp = {k: (base[k] if v is None else v) for k, v in given.items()}
+            check(lib.zs_optimizer_set_hparams(self._h, g, _hparams(hp)))
+            if g == -1:
+                self._groups = [dict(hp) for _ in self._groups]
+            elif 0 <= g < len(self._groups):
+                self._groups[g] = hp
+
+    def set_lr(self, group, lr):
+        """Set the learning rate of a group (-1: every group)."""
+        group = int(group)
+        check(lib.zs_optimizer_set_lr(self._h, group, float(lr)))
+        for i, hp in enumerate(self._groups):
+            if group in (-1, i):
+                hp["lr"] = float(lr)
+
+    def step(self):
+        """One optimizer step (collective over the world)."""
+        r = _new_struct("zs_step_result")
+        check(lib.zs_optimizer_step(self._h, r))
+        self._ctx.release_lent()
+        return {"skipped": bool(r.skipped), "grad_norm": float(r.grad_norm),
+                "loss_scale": float(r.loss_scale), "step": int(r.step)}
+
+    @property
+    def loss_scale(self):
+        out = ffi.new("double*")
+        check(lib.zs_optimizer_loss_scale(self._h, out))
+        return float(out[0])
+
+    @property
+    def steps(self):
+        out = ffi.new("int64_t*")
+        check(lib.zs_optimizer_get_step(self._h, out))
+        return int(out[0])
+
+    @steps.setter
+    def steps(self, value):
+        check(lib.zs_optimizer_set_step(self._h, int(value)))
+
+    def state_ptr(self, param, slot):
+        """(address, numel) of this rank's fp32 shard of a param's optimizer
+        state: slot 0 master, 1 exp_avg / momentum, 2 exp_avg_sq."""
+        if not isinstance(param, Param):
+            raise TypeError("param: expected a Param, got %s" % type(param).__name__)
+        data = ffi.new("float**")
+        n = ffi.new("uint64_t*")
+        check(lib.zs_optimizer_state_data(self._h, param._h, int(slot), data, n))
+        return _address(data[0]), int(n[0])
+
+    def state_dlpack(self, param, slot):
+        """A DLPack capsule over the fp32 state shard of state_ptr (no copy,
+        on the param's device, writable); the tensor keeps this optimizer
+        object alive but is valid only while it (and the param) are open."""
+        addr, n = self.state_ptr(param, slot)
+        return dlpack_from_pointer(addr, (n,), FLOAT32, (param.device_type, param.device_id),
+                                   owner=self)
+
+    def sync_params(self):
+        """Rewrite the working (16-bit) shards from the fp32 masters."""
+        check(lib.zs_optimizer_sync_params(self._h))
+
+    def __repr__(self):
+        return "<zeroshard.Optimizer %s, %d groups%s>" % (self.kind, len(self._groups),
+                                                         " closed" if self._closed else "")
