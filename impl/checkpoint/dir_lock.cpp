@@ -157,9 +157,26 @@ void hold_checkpoint_dir(Context& ctx, const std::string& dir) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string tmp = write_temp(path, text + "\n");
     // link() creates the name only if it is absent: two jobs cannot both win.
-    const int linked = ::link(tmp.c_str(), path.c_str());
-    const int err = errno;
+    int linked = ::link(tmp.c_str(), path.c_str());
+    int err = errno;
     ::unlink(tmp.c_str());
+    if (linked != 0 && (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS)) {
+      // A filesystem without hard links: O_EXCL creates it only if absent
+      // too (a reader may see it empty for a moment: judged by its age).
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      err = errno;
+      linked = fd >= 0 ? 0 : -1;
+      if (fd >= 0) {
+        const std::string line = text + "\n";
+        const bool wrote = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+        ::fsync(fd);
+        ::close(fd);
+        if (!wrote) {
+          ::unlink(path.c_str());
+          fail(Code::Io, "cannot write the checkpoint lock '", path, "'");
+        }
+      }
+    }
     if (linked == 0) {
       sync_dir(dir);
       locks.add(path, text);
