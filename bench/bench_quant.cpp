@@ -8,6 +8,29 @@
 //
 //   build/bin/bench_quant [--mib 256 (model size in its dtype)] [--iters 3]
 //                         [--dtype bf16|fp32] [--rate 1gbit] [--link auto|veth|lo|loopback]
+//                         [--topology 1x2|2x2]
+//
+// On a namespaced link (veth, lo) every rank runs with ZS_CROSS_MEMORY=0:
+// the engine's same-host path (process_vm_readv between ranks whose
+// /proc/sys/kernel/random/boot_id match -- network namespaces share it, so
+// it would fool the engine) would otherwise carry the big messages and the
+// link nothing. The link's own byte counters (IF's rx/tx bytes in /proc/net/dev,
+// read in rank 0's namespace: /sys/class/net shows the host's namespace) around the timed iterations) are printed next
+// to the engine's (zs_context_fetch_stats, rank 0), with a WARNING where the
+// link carried far less than the engine sent (the link was bypassed).
+//
+// --topology 2x2: 2 "nodes" (network namespaces joined by the rate-limited
+// veth) x 2 ranks each (local_world_size 2; ranks of a node reach each other
+// over their namespace's unlimited loopback). ZS_CROSS_MEMORY is read per
+// process and a pair uses the path when both allow it and share a boot id,
+// so it cannot be on inside a node and off across: it is off everywhere,
+// intra-node bytes cross lo. Modes: none, qwZ, qgZ (hierarchical: intra-node
+// then inter-node hop), qwZ+qgZ, +LoCo, and hpZ (zero_hpz_partition_size 2:
+// secondary shards within a node, the forward/backward gathers stay on the
+// node) alone and with qwZ+qgZ -- quantization on the inter-node hop only.
+// Caveat: this bench takes no optimizer step, so hpZ's secondary shards made
+// by the warm-up's gather stay valid and the timed gathers are intra-node
+// only; a training step would pay one primary (inter-node) gather per step.
 //
 // The link (--link auto tries them in this order):
 //   veth      rank 0 in a new user + network namespace, rank 1 in a second
@@ -47,19 +70,23 @@ struct Args {
   std::string dtype = "bf16";
   std::string rate = "1gbit";
   std::string link = "auto";
+  std::string topology = "1x2";
 };
 
 struct Mode {
   const char* name;
   int qwz, qgz;  // bits, 0: off
   bool loco;
+  int hpz;  // zero_hpz_partition_size (2x2 only)
 };
 const Mode kModes[] = {
-    {"unquantized", 0, 0, false},
-    {"qwZ int8", 8, 0, false},
-    {"qgZ int4", 0, 4, false},
-    {"qwZ int8 + qgZ int4", 8, 4, false},
-    {"qwZ int8 + qgZ int4 + LoCo", 8, 4, true},
+    {"unquantized", 0, 0, false, 1},
+    {"qwZ int8", 8, 0, false, 1},
+    {"qgZ int4", 0, 4, false, 1},
+    {"qwZ int8 + qgZ int4", 8, 4, false, 1},
+    {"qwZ int8 + qgZ int4 + LoCo", 8, 4, true, 1},
+    {"hpZ 2", 0, 0, false, 2},              // 2x2 only
+    {"hpZ 2 + qwZ int8 + qgZ int4", 8, 4, false, 2},  // 2x2 only
 };
 constexpr int kNumModes = sizeof(kModes) / sizeof(kModes[0]);
 
@@ -70,13 +97,56 @@ struct Result {
   double reduce_s[kNumModes] = {};
   double median_s[kNumModes] = {};
   double model_bytes = 0;
+  int num_modes = 5;
+  // Over the timed iterations, rank 0: its link interface's counters (its
+  // namespace's) and the engine's bytes sent / received (all kinds).
+  double link_tx[kNumModes] = {}, link_rx[kNumModes] = {};
+  double eng_sent[kNumModes] = {}, eng_recv[kNumModes] = {};
 };
 
 // Where rank r listens and how to reach rank 0 (the store).
 struct Net {
-  std::string addr[2] = {"127.0.0.1", "127.0.0.1"};
+  std::string addr[4] = {"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1"};
   int port_base = 0;  // mode k's store listens on port_base + k
+  int world = 2, local = 1;  // ranks, ranks per node
+  std::string ifname;  // rank's link interface whose counters are read ("": none)
 };
+
+// The interface's counter in this process's network namespace: from
+// /proc/net/dev, which follows the reader's namespace (the /sys/class/net
+// the brief names shows the namespace /sys was mounted in, the host's, so
+// its statistics read nothing for zsq0 inside ours).
+double read_counter(const std::string& ifname, const char* which) {
+  if (ifname.empty()) return 0;
+  FILE* f = std::fopen("/proc/net/dev", "r");
+  if (!f) return 0;
+  char line[512];
+  double v = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    char* colon = std::strchr(line, ':');
+    if (!colon) continue;
+    *colon = 0;
+    const char* name = line;
+    while (*name == ' ') ++name;
+    if (ifname != name) continue;
+    unsigned long long c[16] = {};
+    if (std::sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &c[0], &c[1], &c[2], &c[3], &c[4],
+                    &c[5], &c[6], &c[7], &c[8]) == 9)
+      v = static_cast<double>(std::strcmp(which, "rx_bytes") == 0 ? c[0] : c[8]);  // rx bytes, tx bytes
+  }
+  std::fclose(f);
+  return v;
+}
+
+void engine_bytes(zs_context ctx, double* sent, double* recv) {
+  zs_fetch_stats st = ZS_FETCH_STATS_INIT;
+  CHECK(zs_context_fetch_stats(ctx, &st));
+  *sent = static_cast<double>(st.gather_bytes_sent + st.quantized_gather_bytes_sent + st.reduce_scatter_bytes_sent +
+                              st.quantized_reduce_bytes_sent + st.allreduce_bytes_sent + st.other_bytes_sent);
+  *recv = static_cast<double>(st.gather_bytes_received + st.quantized_gather_bytes_received +
+                              st.reduce_scatter_bytes_received + st.quantized_reduce_bytes_received +
+                              st.allreduce_bytes_received + st.other_bytes_received);
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -97,15 +167,15 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
       R"(, "zero_quantized_weights_bits": )" + std::to_string(m.qwz ? m.qwz : 8) +
       R"(, "zero_quantized_gradients": )" + (m.qgz ? "true" : "false") +
       R"(, "zero_quantized_gradients_bits": )" + std::to_string(m.qgz ? m.qgz : 4) +
-      R"(, "zeropp_loco_param": )" + loco + "}}";
+      R"(, "zeropp_loco_param": )" + loco + R"(, "zero_hpz_partition_size": )" + std::to_string(m.hpz) + "}}";
   setenv("ZS_SOCKET_HOST", net.addr[rank].c_str(), 1);
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = rank;
-  o.world_size = 2;
+  o.world_size = net.world;
   o.store_host = net.addr[0].c_str();
   o.store_port = net.port_base + k;
-  o.local_rank = 0;  // a node each: the link is what joins them
-  o.local_world_size = 1;
+  o.local_rank = rank % net.local;  // 1x2: a node each, the link is what joins them
+  o.local_world_size = net.local;
   o.config_json = cfg.c_str();
   o.device = "cpu";
   zs_context ctx;
@@ -162,6 +232,9 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
   };
   once();  // warm-up: first touch of the buffers
   std::vector<double> t, g, r;
+  double s0, r0, s1, r1;
+  engine_bytes(ctx, &s0, &r0);
+  const double tx0 = read_counter(net.ifname, "tx_bytes"), rx0 = read_counter(net.ifname, "rx_bytes");
   for (int it = 0; it < a.iters; ++it) {
     t.push_back(once());
     g.push_back(tg);
@@ -169,6 +242,11 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
   }
   // The fastest iteration and its halves: on a shared machine other
   // processes only ever add time. The median is kept for the record.
+  out->link_tx[k] = read_counter(net.ifname, "tx_bytes") - tx0;
+  out->link_rx[k] = read_counter(net.ifname, "rx_bytes") - rx0;
+  engine_bytes(ctx, &s1, &r1);
+  out->eng_sent[k] = s1 - s0;
+  out->eng_recv[k] = r1 - r0;
   const size_t best = static_cast<size_t>(std::min_element(t.begin(), t.end()) - t.begin());
   out->step_s[k] = t[best];
   out->gather_s[k] = g[best];
@@ -224,9 +302,11 @@ double probe_link(int rank, const Net& net) {
   return 0;
 }
 
+// The probe runs between rank 0 and the first rank of the other node.
 void run_all_modes(int rank, const Net& net, const Args& a, Result* out) {
-  out->link_gbit = probe_link(rank, net);
-  for (int k = 0; k < kNumModes; ++k) run_mode(rank, net, k, a, out);
+  if (rank == 0 || rank == net.world - net.local) out->link_gbit = probe_link(rank == 0 ? 0 : 1, net);
+  out->num_modes = net.world == 4 ? kNumModes : 5;
+  for (int k = 0; k < out->num_modes; ++k) run_mode(rank, net, k, a, out);
 }
 
 bool write_file(const char* path, const std::string& text) {
@@ -263,10 +343,14 @@ constexpr int kNoNamespaces = 3;
 // both ranks run from here, rank 0's results go to `out_fd`.
 int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
   if (!enter_namespaces()) return kNoNamespaces;
+  // The bytes must cross the link: no same-host memory path (see the header).
+  setenv("ZS_CROSS_MEMORY", "0", 1);
+  const bool two_nodes = a.topology == "2x2";
   const bool veth = allow_veth && sh("ip link add name zsq0 type veth peer name zsq1");
   std::string link;
   Net net;
   net.port_base = 29400;
+  if (two_nodes) net.world = 4, net.local = 2;
   int ready[2], go[2];
   if (pipe(ready) != 0 || pipe(go) != 0) return 1;
   const pid_t peer = fork();
@@ -279,9 +363,23 @@ int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
                     tbf("zsq1", a)))
       _exit(1);
     Net n = net;
-    if (veth) n.addr[0] = "10.77.0.1", n.addr[1] = "10.77.0.2";
+    if (veth && two_nodes)
+      n.addr[0] = n.addr[1] = "10.77.0.1", n.addr[2] = n.addr[3] = "10.77.0.2";
+    else if (veth)
+      n.addr[0] = "10.77.0.1", n.addr[1] = "10.77.0.2";
+    n.ifname = veth ? "zsq1" : "lo";
+    int me = 1;
+    pid_t sib = -1;
+    if (two_nodes) {  // ranks 2 (here) and 3 (a child) on this node
+      me = 2;
+      sib = fork();
+      if (sib == 0) me = 3;
+    }
     Result r;
-    run_all_modes(1, n, a, &r);
+    run_all_modes(me, n, a, &r);
+    if (me == 3) _exit(0);
+    int sst = 0;
+    if (sib > 0 && (waitpid(sib, &sst, 0) != sib || !WIFEXITED(sst) || WEXITSTATUS(sst) != 0)) _exit(1);
     _exit(0);
   }
   char c = 0;
@@ -293,10 +391,15 @@ int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
   if (veth) {
     ok = sh("ip link set zsq1 netns " + std::to_string(peer) + " && ip link set lo up && " +
             "ip addr add 10.77.0.1/24 dev zsq0 && ip link set zsq0 up && " + tbf("zsq0", a));
-    net.addr[0] = "10.77.0.1", net.addr[1] = "10.77.0.2";
+    if (two_nodes)
+      net.addr[0] = net.addr[1] = "10.77.0.1", net.addr[2] = net.addr[3] = "10.77.0.2";
+    else
+      net.addr[0] = "10.77.0.1", net.addr[1] = "10.77.0.2";
+    net.ifname = "zsq0";
     link = "veth";
   } else {
-    ok = allow_lo && sh("ip link set lo up && ip link set lo mtu 1500 && " + tbf("lo", a));
+    ok = allow_lo && !two_nodes && sh("ip link set lo up && ip link set lo mtu 1500 && " + tbf("lo", a));
+    net.ifname = "lo";
     link = "lo";
   }
   c = ok ? 'G' : 'X';
@@ -304,10 +407,23 @@ int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
     waitpid(peer, nullptr, 0);
     return kNoNamespaces;
   }
+  pid_t sib = -1;
+  if (two_nodes) {  // rank 1: node 0's second rank, same namespace
+    sib = fork();
+    if (sib == 0) {
+      Result r1;
+      run_all_modes(1, net, a, &r1);
+      _exit(0);
+    }
+  }
   Result r;
   run_all_modes(0, net, a, &r);
   int st = 0;
   waitpid(peer, &st, 0);
+  if (sib > 0) {
+    int sst = 0;
+    if (waitpid(sib, &sst, 0) != sib || !WIFEXITED(sst) || WEXITSTATUS(sst) != 0) st = 1 << 8;
+  }
   char name[8] = {};
   std::snprintf(name, sizeof name, "%s", link.c_str());
   if (write(out_fd, name, sizeof name) != sizeof name || write(out_fd, &r, sizeof r) != sizeof r) return 1;
@@ -350,9 +466,10 @@ int main(int argc, char** argv) {
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--rate") a.rate = v;
     else if (k == "--link") a.link = v;
+    else if (k == "--topology") a.topology = v;
     else {
       std::fprintf(stderr, "unknown option %s\nusage: bench_quant [--mib M] [--iters I] [--dtype bf16|fp32] "
-                   "[--rate 1gbit] [--link auto|veth|lo|loopback]\n", k.c_str());
+                   "[--rate 1gbit] [--link auto|veth|lo|loopback] [--topology 1x2|2x2]\n", k.c_str());
       return 2;
     }
   }
@@ -361,9 +478,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_quant: --mib and --iters >= 1, --dtype bf16 or fp32, --link auto, veth, lo or loopback\n");
     return 2;
   }
+  if (a.topology != "1x2" && a.topology != "2x2") {
+    std::fprintf(stderr, "bench_quant: --topology 1x2 or 2x2\n");
+    return 2;
+  }
   Result res;
   std::string link;
   bool done = false;
+  if (a.topology == "2x2") {
+    if (!run_in_namespaces(a, true, false, &link, &res)) {
+      std::fprintf(stderr, "bench_quant: --topology 2x2 needs network namespaces and a veth pair (unshare, ip, tc)\n");
+      return 1;
+    }
+    done = true;
+  }
   if (a.link == "auto" || a.link == "veth") done = run_in_namespaces(a, true, a.link == "auto", &link, &res);
   if (!done && a.link == "lo") done = run_in_namespaces(a, false, true, &link, &res);
   if (!done) {
@@ -394,34 +522,71 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const char* how = link == "veth"  ? "two network namespaces joined by a veth pair, tbf on each end"
-                    : link == "lo" ? "one network namespace, tbf on its loopback (both directions share it)"
-                                   : "plain loopback, no rate limit";
+  const bool two = a.topology == "2x2";
+  const char* how = two ? "2 nodes (network namespaces) joined by a veth pair, tbf on each end, 2 ranks per node on "
+                          "its loopback"
+                    : link == "veth" ? "two network namespaces joined by a veth pair, tbf on each end"
+                    : link == "lo"   ? "one network namespace, tbf on its loopback (both directions share it)"
+                                     : "plain loopback, no rate limit";
+  const bool cma_off = link != "loopback";
+  const char* ifname = link == "veth" ? "zsq0" : link == "lo" ? "lo" : "";
   std::printf("one step's communication (gather every param, release, push + sync every gradient) of a "
-              "%.0f MiB %s model on 2 ranks, %s link (%s%s; plain TCP measured %.2f Gbit/s), "
+              "%.0f MiB %s model on %d ranks (topology %s), %s link (%s%s; plain TCP measured %.2f Gbit/s), "
               "fastest of %d:\n",
-              res.model_bytes / (1 << 20), a.dtype.c_str(), link.c_str(), how,
+              res.model_bytes / (1 << 20), a.dtype.c_str(), two ? 4 : 2, a.topology.c_str(), link.c_str(), how,
               link == "loopback" ? "" : (", rate " + a.rate).c_str(), res.link_gbit, a.iters);
+  std::printf("same-host memory path (ZS_CROSS_MEMORY): %s\n",
+              cma_off ? "OFF on every rank, so the bytes cross the link"
+                      : "on (plain loopback; ranks may read each other's memory)");
+  if (cma_off)
+    std::printf("bytes over the %d timed iterations, rank 0: link %s tx/rx (its namespace's counters) against the "
+                "engine's sent/received (zs_context_fetch_stats, all kinds)%s\n",
+                a.iters, ifname,
+                two ? "; on 2x2 the engine's figure counts both hops, zsq0 only node 0's inter-node bytes" : "");
   std::string json = "{\"bench\":\"quant\",\"link\":\"" + link + "\",\"rate\":\"" +
                      (link == "loopback" ? std::string("none") : a.rate) + "\",\"dtype\":\"" + a.dtype +
                      "\",\"model_mib\":" + std::to_string(static_cast<int>(res.model_bytes / (1 << 20))) +
-                     ",\"tcp_gbit\":" + std::to_string(res.link_gbit) + ",\"modes\":[";
-  char buf[512];
-  for (int k = 0; k < kNumModes; ++k) {
+                     ",\"tcp_gbit\":" + std::to_string(res.link_gbit) + ",\"topology\":\"" + a.topology +
+                     "\",\"cross_memory\":" + (cma_off ? "false" : "true") + ",\"link_if\":\"" + ifname +
+                     "\",\"iters\":" + std::to_string(a.iters) + ",\"modes\":[";
+  char buf[1024];
+  int bypassed = 0;
+  for (int k = 0; k < res.num_modes; ++k) {
     const double base = res.step_s[0];
     std::printf("  %-28s step %8.1f ms (gathers %8.1f, gradients %8.1f; median step %8.1f)  %5.2fx "
                 "faster than unquantized\n",
                 kModes[k].name, res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
                 res.median_s[k] * 1e3, base / res.step_s[k]);
+    if (cma_off) {
+      const double mib = 1 << 20;
+      std::printf("  %-28s   link %s tx %9.1f MiB rx %9.1f MiB | engine sent %9.1f MiB received %9.1f MiB | "
+                  "link tx / engine sent %.3f\n",
+                  "", ifname, res.link_tx[k] / mib, res.link_rx[k] / mib, res.eng_sent[k] / mib,
+                  res.eng_recv[k] / mib, res.eng_sent[k] > 0 ? res.link_tx[k] / res.eng_sent[k] : 0.0);
+      // 1x2: every byte rank 0 sends crosses its link (>= 1 with headers).
+      // 2x2: about half of them do (the inter-node hop), less under hpZ.
+      const double floor = two ? 0.1 : 0.5;
+      if (res.eng_sent[k] > (1 << 20) && res.link_tx[k] < floor * res.eng_sent[k]) {
+        std::printf("  WARNING: %s: link %s carried %.1f MiB, far below the engine's %.1f MiB sent: the link "
+                    "was bypassed\n",
+                    kModes[k].name, ifname, res.link_tx[k] / mib, res.eng_sent[k] / mib);
+        ++bypassed;
+      }
+    }
     std::snprintf(buf, sizeof buf,
-                  "%s{\"mode\":\"%s\",\"qwz_bits\":%d,\"qgz_bits\":%d,\"loco\":%s,\"step_ms\":%.1f,"
-                  "\"gather_ms\":%.1f,\"reduce_ms\":%.1f,\"median_step_ms\":%.1f,\"speedup\":%.3f}",
+                  "%s{\"mode\":\"%s\",\"qwz_bits\":%d,\"qgz_bits\":%d,\"loco\":%s,\"hpz\":%d,\"step_ms\":%.1f,"
+                  "\"gather_ms\":%.1f,\"reduce_ms\":%.1f,\"median_step_ms\":%.1f,\"speedup\":%.3f,"
+                  "\"link_tx_bytes\":%.0f,\"link_rx_bytes\":%.0f,\"engine_sent_bytes\":%.0f,"
+                  "\"engine_received_bytes\":%.0f}",
                   k ? "," : "", kModes[k].name, kModes[k].qwz, kModes[k].qgz, kModes[k].loco ? "true" : "false",
-                  res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3, res.median_s[k] * 1e3,
-                  base / res.step_s[k]);
+                  kModes[k].hpz, res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
+                  res.median_s[k] * 1e3, base / res.step_s[k], res.link_tx[k], res.link_rx[k], res.eng_sent[k],
+                  res.eng_recv[k]);
     json += buf;
   }
-  json += "]}";
+  json += "],\"bypassed_modes\":" + std::to_string(bypassed);
+
+  json += "}";
   std::printf("%s\n", json.c_str());
   return 0;
 }
