@@ -35,6 +35,17 @@ import zeroshard
 
 _context = None
 _pending = []  # (config, device) of the Init blocks entered before the context exists
+# Called in order, with no argument, once shutdown() closed the context: the
+# modules that keep state of the context register here (on_shutdown), so
+# that this module imports none of them.
+_shutdown_callbacks = []
+
+
+def on_shutdown(fn):
+    """Call fn() after shutdown() closed the context (every later shutdown,
+    in registration order). Returns fn."""
+    _shutdown_callbacks.append(fn)
+    return fn
 
 
 def _free_port():
@@ -212,10 +223,8 @@ def shutdown():
             _context.close()
         finally:
             _context = None
-            from ._params import forget_all  # a cycle at import time
-            from .hooks import forget_step
-            forget_all()
-            forget_step()
+            for fn in list(_shutdown_callbacks):
+                fn()
 
 
 _TORCH_TO_ZS = {torch.float32: zeroshard.FLOAT32, torch.bfloat16: zeroshard.BFLOAT16,

@@ -29,7 +29,7 @@ import torch.utils.dlpack
 
 import zeroshard
 
-from ._context import get_context, zs_dtype
+from ._context import get_context, on_shutdown, zs_dtype
 
 
 class ParamState:
@@ -197,6 +197,7 @@ def settle_dropped():
         gc.collect()
 
 
+@on_shutdown
 def forget_all():
     """The context is shut down: its params are gone with it."""
     for p in list(_registered.values()):
@@ -391,7 +392,6 @@ _NOT_COPIED = ("zs", "_post_accumulate_grad_hooks", "_backward_hooks")
 def _deepcopy_partitioned(param, memo):
     """An independent partitioned copy of `param`, with its values.
     Collective: every rank copies the same params in the same order."""
-    from .gathered import GatheredParameters  # a cycle at import time
     with GatheredParameters([param]):
         full = param.data.detach().clone()
     result = type(param)(full, param.requires_grad)
@@ -443,3 +443,50 @@ def _module_apply(module, fn, *args, **kwargs):
 
 
 torch.nn.Module._apply = _module_apply
+
+
+class GatheredParameters:
+    """Gather `params` for the block. With modifier_rank set, what that rank
+    changed in them is broadcast to every rank and re-partitioned on exit;
+    with None, changes are discarded. Collective.
+
+        with GatheredParameters(model.fc.weight, modifier_rank=0):
+            if rank == 0:
+                model.fc.weight.fill_(1.0)
+    """
+
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        if not isinstance(params, (list, tuple)):
+            params = [params]
+        self.params = [p for p in params if is_partitioned(p)]
+        self.modifier_rank = modifier_rank
+        self.enabled = enabled and bool(self.params)
+        self._fetched = []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        ctx = get_context()
+        status = [p.zs.zparam.status for p in self.params]
+        self._fetched = [p for p, s in zip(self.params, status) if s == "NOT_AVAILABLE"]
+        if self._fetched:
+            with ctx.fetch(zparams(self._fetched)) as g:
+                g.wait()
+        # Persistent params the coordinator is gathering again after an
+        # optimizer step: wait for that gather (they stay the coordinator's).
+        inflight = [p for p, s in zip(self.params, status) if s == "INFLIGHT"]
+        if inflight:
+            ctx.coord_fetch(zparams(inflight))
+        attach_views(self.params)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        ctx = get_context()
+        if self.modifier_rank is not None and exc[0] is None:
+            ctx.update(zparams(self.params), self.modifier_rank)
+        if self._fetched:
+            ctx.release(zparams(self._fetched))
+            detach_views(self._fetched)
+        return False

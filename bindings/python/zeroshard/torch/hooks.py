@@ -88,7 +88,7 @@ import torch
 import zeroshard
 
 from . import _params, saved
-from ._context import get_context
+from ._context import get_context, on_shutdown
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
                       registered_params, zparams)
@@ -182,6 +182,7 @@ def _weakly(method):
     return hook
 
 
+@on_shutdown
 def forget_step():
     """The context is gone: no step is open, no forward runs."""
     _step.update(open=False, scopes=0, inference=False)
