@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link
 # or a page missing from the nav. Into build/site, which git ignores.
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir build/site
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 ctest --test-dir build --output-on-failure -j"${CTEST_JOBS:-2}"
 ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" .venv/bin/python -m pytest -q bindings/python/tests
 # From its folder, so that cargo reads bindings/rust/.cargo/config.toml.
