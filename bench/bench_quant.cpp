@@ -339,12 +339,19 @@ std::string tbf(const std::string& dev, const Args& a) {
 
 constexpr int kNoNamespaces = 3;
 
+bool cross_memory_forced_on() {
+  const char* e = std::getenv("ZS_CROSS_MEMORY");
+  return e && std::atoi(e) != 0;
+}
+
 // Inside the namespace (a child of main): the veth pair, else tbf on lo;
 // both ranks run from here, rank 0's results go to `out_fd`.
 int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
   if (!enter_namespaces()) return kNoNamespaces;
   // The bytes must cross the link: no same-host memory path (see the header).
-  setenv("ZS_CROSS_MEMORY", "0", 1);
+  // ZS_CROSS_MEMORY=1 set by the caller is kept: it shows the bypass (the
+  // WARNING lines).
+  if (!cross_memory_forced_on()) setenv("ZS_CROSS_MEMORY", "0", 1);
   const bool two_nodes = a.topology == "2x2";
   const bool veth = allow_veth && sh("ip link add name zsq0 type veth peer name zsq1");
   std::string link;
@@ -528,7 +535,8 @@ int main(int argc, char** argv) {
                     : link == "veth" ? "two network namespaces joined by a veth pair, tbf on each end"
                     : link == "lo"   ? "one network namespace, tbf on its loopback (both directions share it)"
                                      : "plain loopback, no rate limit";
-  const bool cma_off = link != "loopback";
+  const bool cma_off = link != "loopback" && !cross_memory_forced_on();
+  const bool counted = link != "loopback";
   const char* ifname = link == "veth" ? "zsq0" : link == "lo" ? "lo" : "";
   std::printf("one step's communication (gather every param, release, push + sync every gradient) of a "
               "%.0f MiB %s model on %d ranks (topology %s), %s link (%s%s; plain TCP measured %.2f Gbit/s), "
@@ -537,8 +545,9 @@ int main(int argc, char** argv) {
               link == "loopback" ? "" : (", rate " + a.rate).c_str(), res.link_gbit, a.iters);
   std::printf("same-host memory path (ZS_CROSS_MEMORY): %s\n",
               cma_off ? "OFF on every rank, so the bytes cross the link"
-                      : "on (plain loopback; ranks may read each other's memory)");
-  if (cma_off)
+              : counted ? "ON (ZS_CROSS_MEMORY=1 from the environment: the engine may bypass the link)"
+                        : "on (plain loopback; ranks may read each other's memory)");
+  if (counted)
     std::printf("bytes over the %d timed iterations, rank 0: link %s tx/rx (its namespace's counters) against the "
                 "engine's sent/received (zs_context_fetch_stats, all kinds)%s\n",
                 a.iters, ifname,
@@ -557,7 +566,7 @@ int main(int argc, char** argv) {
                 "faster than unquantized\n",
                 kModes[k].name, res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
                 res.median_s[k] * 1e3, base / res.step_s[k]);
-    if (cma_off) {
+    if (counted) {
       const double mib = 1 << 20;
       std::printf("  %-28s   link %s tx %9.1f MiB rx %9.1f MiB | engine sent %9.1f MiB received %9.1f MiB | "
                   "link tx / engine sent %.3f\n",
