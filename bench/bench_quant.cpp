@@ -113,8 +113,8 @@ struct Net {
 };
 
 // The interface's counter in this process's network namespace: from
-// /proc/net/dev, which follows the reader's namespace (the /sys/class/net
-// the brief names shows the namespace /sys was mounted in, the host's, so
+// /proc/net/dev, which follows the reader's namespace (/sys/class/net
+// shows the namespace /sys was mounted in, the host's, so
 // its statistics read nothing for zsq0 inside ours).
 double read_counter(const std::string& ifname, const char* which) {
   if (ifname.empty()) return 0;
