@@ -95,7 +95,7 @@ def test_zsrun_min_nproc_brings_the_job_back_without_the_lost_rank():
 def test_without_restarts_the_job_fails_with_the_rank_that_died():
     code, lines, out = run("zsrun", 3, KILL_AT)
     assert code == 128 + 9, out
-    assert "restart" not in out, out
+    assert "zsrun: restart" not in out, out
     assert [l["step"] for l in lines] == list(range(KILL_AT)), out
 
 
