@@ -32,7 +32,7 @@ def run(launcher, n, kill_at, *flags, timeout=300):
             cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, *worker]
         proc = subprocess.run(cmd, env=ranks_env(ZS_HEARTBEAT_MS="200"), capture_output=True, text=True,
                               timeout=timeout)
-        return proc.returncode, mean_over_ranks(log), proc.stdout[-4000:] + proc.stderr[-8000:]
+        return proc.returncode, mean_over_ranks(log), proc.stdout + proc.stderr
 
 
 def mean_over_ranks(log):
