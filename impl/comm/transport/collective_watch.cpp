@@ -61,6 +61,13 @@ PeerNotes parse_notes(const std::vector<char>& raw) {
   return out;
 }
 
+// "finishing #11 ..." or "waiting in #12 ...": the peer's newest note, or "".
+std::string last_report(const PeerNotes& notes) {
+  const auto it = notes.by_seq.find(notes.latest);
+  if (it == notes.by_seq.end()) return "";
+  return (it->second.done ? "finishing " : "waiting in ") + it->second.text;
+}
+
 }  // namespace
 
 std::string CollectiveIdentity::describe() const {
@@ -213,7 +220,7 @@ void CollectiveWatch::loop() {
     std::string verdict;
     std::vector<std::string> absent;
     try {
-      verdict = compare_notes(mine, notes, &absent);
+      verdict = compare_notes(mine, notes, warn ? &absent : nullptr);
     } catch (const std::exception&) {
       // The store is gone or slow: the collective's own timeout still holds.
     }
@@ -264,7 +271,7 @@ std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     if (!store_->check(notes_key(peer))) {
-      absent->push_back(who(peer) + " (no report from it in this group yet: computing, stuck or gone)");
+      if (absent) absent->push_back(who(peer) + " (no report from it in this group yet: computing, stuck or gone)");
       continue;
     }
     const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
@@ -272,13 +279,9 @@ std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
       return "rank " + std::to_string(peer) + " of group '" + group_ +
              "' stopped first: " + theirs.failed;
     const auto it = theirs.by_seq.find(seq);
-    if (it == theirs.by_seq.end() && theirs.latest < seq) {
-      const auto last = theirs.by_seq.find(theirs.latest);
-      absent->push_back(who(peer) + (last == theirs.by_seq.end()
-                                         ? std::string()
-                                         : std::string(" (last reported ") +
-                                               (last->second.done ? "finishing " : "waiting in ") +
-                                               last->second.text + ")"));
+    if (absent && it == theirs.by_seq.end() && theirs.latest < seq) {
+      const std::string last = last_report(theirs);
+      absent->push_back(who(peer) + (last.empty() ? "" : " (last reported " + last + ")"));
     }
     if (it == theirs.by_seq.end() || it->second.hash == mine.hash) continue;
     const std::string my_side = "rank " + std::to_string(rank_) + " runs " + mine.describe();
@@ -303,11 +306,8 @@ std::string CollectiveWatch::whereabouts() {
                " never waited in a collective of this group long enough to report";
         continue;
       }
-      const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
-      const auto it = theirs.by_seq.find(theirs.latest);
-      if (it == theirs.by_seq.end()) continue;
-      out += "; rank " + std::to_string(peer) + " last reported " +
-             (it->second.done ? "finishing " : "waiting in ") + it->second.text;
+      const std::string last = last_report(parse_notes(store_->get(notes_key(peer))));
+      if (!last.empty()) out += "; rank " + std::to_string(peer) + " last reported " + last;
     }
   } catch (const std::exception&) {
     return "";

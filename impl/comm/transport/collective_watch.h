@@ -97,8 +97,8 @@ class CollectiveWatch {
   // Publishes this rank's notes (unless empty) and compares `mine`, the
   // collective waiting now, with what the peers ran at its sequence number;
   // returns a verdict or "".
-  // `absent` gets the peers whose notes do not show them at `mine`, each
-  // with where it last reported.
+  // `absent` (unless null) gets the peers whose notes do not show them at
+  // `mine`, each with where it last reported.
   std::string compare_notes(const CollectiveIdentity& mine, const std::string& notes,
                             std::vector<std::string>* absent);
   // "rank 2" or "rank 2 (world rank 5)".
