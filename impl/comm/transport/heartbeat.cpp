@@ -46,6 +46,16 @@ uint64_t get_le(const char* p, int bytes) {
 
 std::string key_of(int rank) { return "zs/heartbeat/" + std::to_string(rank); }
 
+// The ranks 1, 2, 4, ... after `rank` (step +1) or before it (step -1),
+// ascending: whom a rank of a sparse world beats to, or who beats to it.
+std::vector<int> power_of_two_peers(int rank, int world, int step) {
+  std::vector<int> out;
+  for (int d = 1; d < world; d *= 2) out.push_back(((rank + step * d) % world + world) % world);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 addrinfo* resolve(const std::string& host, const char* port, int flags) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -119,13 +129,11 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
   peers_.resize(static_cast<size_t>(world_));
-  if (world_ - 1 <= kFullMeshPeers) {
+  if (full_mesh()) {
     for (int r = 0; r < world_; ++r)
       if (r != rank_) targets_.push_back(r);
   } else {
-    for (int d = 1; d < world_; d *= 2) targets_.push_back((rank_ + d) % world_);
-    std::sort(targets_.begin(), targets_.end());
-    targets_.erase(std::unique(targets_.begin(), targets_.end()), targets_.end());
+    targets_ = power_of_two_peers(rank_, world_, +1);
   }
   try {
     const std::string mine = std::string(name) + " " + port + " " + std::to_string(epoch_);
@@ -141,14 +149,10 @@ void Heartbeat::start(Store& store) {
   // Only the ranks this one beats to and those that beat to it (whose
   // targets include it): O(log N) addresses per rank.
   std::vector<Peer> peers(static_cast<size_t>(world_));
+  const std::vector<int> monitors = full_mesh() ? targets_ : power_of_two_peers(rank_, world_, -1);
+  for (int r : monitors) peers[static_cast<size_t>(r)].monitored = true;
   std::vector<int> known = targets_;
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    bool monitors_me = world_ - 1 <= kFullMeshPeers;
-    for (int d = 1; d < world_ && !monitors_me; d *= 2) monitors_me = (r + d) % world_ == rank_;
-    peers[static_cast<size_t>(r)].monitored = monitors_me;
-    if (monitors_me) known.push_back(r);
-  }
+  known.insert(known.end(), monitors.begin(), monitors.end());
   std::sort(known.begin(), known.end());
   known.erase(std::unique(known.begin(), known.end()), known.end());
   std::vector<std::string> keys;
@@ -210,7 +214,7 @@ bool Heartbeat::reported_locked(const Peer& p, Clock::time_point now) const {
 
 std::vector<Heartbeat::Report> Heartbeat::reports_locked(Clock::time_point now) const {
   std::vector<Report> out;
-  if (world_ - 1 <= kFullMeshPeers) return out;  // every rank judges every other itself
+  if (full_mesh()) return out;  // every rank judges every other itself
   for (int r = 0; r < world_ && out.size() < kMaxReports; ++r) {
     const Peer& p = peers_[static_cast<size_t>(r)];
     if (r == rank_ || p.departed) continue;
@@ -348,7 +352,7 @@ void Heartbeat::loop() {
     }
     // A silence found or told goes on at once, not a period later: it
     // crosses the world in O(log N) hops of network latency.
-    if (sending && (newly_silent || told) && world_ - 1 > kFullMeshPeers) send_beats(false);
+    if (sending && (newly_silent || told) && !full_mesh()) send_beats(false);
     if (!any_silent) continue;
     std::lock_guard<std::mutex> held(watchers_mu_);
     for (const Watcher& w : watchers_) {

@@ -86,6 +86,7 @@ class Heartbeat {
   // Up to this many peers, every rank beats to every other (all judged
   // directly, as before the sparse scheme).
   static constexpr int kFullMeshPeers = 8;
+  bool full_mesh() const { return world_ - 1 <= kFullMeshPeers; }
   // The ranks this one beats to, ascending.
   const std::vector<int>& targets() const { return targets_; }
   // Datagrams sent so far (beats, relayed reports, goodbyes).
