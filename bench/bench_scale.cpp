@@ -40,17 +40,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/engine_check.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 double mono_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
@@ -131,33 +127,33 @@ std::map<std::string, std::string> parse_kv(const std::string& line) {
     _exit(1);
   }
   zs_group world_group = nullptr;
-  zs_context_group(&world_group, ctx, ZS_GROUP_WORLD);
+  CHECK(zs_context_group(&world_group, ctx, ZS_GROUP_WORLD));
   zs_work w = nullptr;
-  zs_barrier(&w, world_group);
-  zs_work_wait(w, ZS_WAIT_FOREVER);
+  CHECK(zs_barrier(&w, world_group));
+  CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
   zs_work_destroy(w);
   const double ready = mono_s();
   std::vector<double> lat;
   float x = 1.0f;
   for (int i = 0; i < 50; ++i) {
     const auto t0 = Clock::now();
-    zs_allreduce(&w, world_group, &x, &x, 1, ZS_FLOAT32, ZS_SUM);
-    zs_work_wait(w, ZS_WAIT_FOREVER);
+    CHECK(zs_allreduce(&w, world_group, &x, &x, 1, ZS_FLOAT32, ZS_SUM));
+    CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
     zs_work_destroy(w);
     lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     x = 1.0f;
   }
   char line[256];
   std::snprintf(line, sizeof line, "rank=%d ready=%.6f allreduce_us=%.1f sockets=%d rss_mib=%.1f", rank,
-                ready, median(lat), sockets_open(), rss_mib());
+                ready, zs::bench::median(lat), sockets_open(), rss_mib());
   send_line(out, line);
   char go = 0;
   if (read(in, &go, 1) != 1) _exit(1);
   if (rank == world - 1) {
     for (;;) pause();  // the victim: alive, beating, never arriving
   }
-  zs_barrier(&w, world_group);
-  const zs_status s = zs_work_wait(w, ZS_WAIT_FOREVER);
+  CHECK(zs_barrier(&w, world_group));
+  const zs_status s = zs_work_wait(w, ZS_WAIT_FOREVER);  // fails: the last rank is killed
   const double failed = mono_s();
   const std::string why = s == ZS_OK ? "" : zs_last_error();
   const std::string dead = std::to_string(world - 1);
