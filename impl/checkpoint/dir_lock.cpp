@@ -84,6 +84,9 @@ std::string describe(const json& h) {
          h.value("since", "?") + ")";
 }
 
+// How long another host's lock may go unrefreshed before it counts as stale.
+int stale_after_s() { return env_int("ZS_CHECKPOINT_LOCK_STALE_S", 120); }
+
 // Why the holder is gone, or "" while it may be alive.
 std::string gone_because(const json& holder, const json& me, double age_s) {
   if (holder.value("boot_id", "") == me.value("boot_id", "")) {
@@ -93,7 +96,7 @@ std::string gone_because(const json& holder, const json& me, double age_s) {
     return "";
   }
   if (holder.value("host", "") == me.value("host", "")) return "its host has rebooted since";
-  const int stale_s = env_int("ZS_CHECKPOINT_LOCK_STALE_S", 120);
+  const int stale_s = stale_after_s();
   if (age_s > stale_s)
     return "it has not refreshed the lock for " + std::to_string(static_cast<int>(age_s)) +
            " s (ZS_CHECKPOINT_LOCK_STALE_S=" + std::to_string(stale_s) + ")";
@@ -196,7 +199,7 @@ void hold_checkpoint_dir(Context& ctx, const std::string& dir) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) continue;  // removed meanwhile: try again
     const double age_s = std::difftime(std::time(nullptr), st.st_mtime);
-    const std::string why = holder.empty() ? (age_s > env_int("ZS_CHECKPOINT_LOCK_STALE_S", 120)
+    const std::string why = holder.empty() ? (age_s > stale_after_s()
                                                   ? std::string("it is unreadable and old")
                                                   : std::string())
                                            : gone_because(holder, me, age_s);

@@ -306,12 +306,15 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
       const uint64_t slice_numel = (p.layout.numel + h - 1) / h;
       const uint64_t first = static_cast<uint64_t>(hpz->rank()) * slice_numel;
       FetchState& state = ctx.attachment<FetchState>();
-      if (!state.find(p)) state.secondaries[&p].param = p.shared_from_this();
-      FetchState::Secondary& secondary = state.secondaries[&p];
-      secondary.pending = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
-      keep.push_back(secondary.pending);
+      FetchState::Secondary* secondary = state.find(p);
+      if (!secondary) {
+        secondary = &state.secondaries[&p];
+        secondary->param = p.shared_from_this();
+      }
+      secondary->pending = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
+      keep.push_back(secondary->pending);
       const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, slice_numel);
-      slices.push_back({secondary.pending->data(),
+      slices.push_back({secondary->pending->data(),
                         static_cast<const uint8_t*>(fulls[i]->data()) + first * p.elem_bytes(),
                         valid * p.elem_bytes()});
     }
