@@ -109,6 +109,7 @@ TEST(Frozen, Int4AndOtherBlockSizes) {
 // qwZ on as well: a frozen param's packet travels as it is, a trainable
 // one's shard is quantized at each gather; both come out alike.
 TEST(Frozen, WithQwzFrozenAndTrainableParamsGatherAlike) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(3, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, frozen_config(R"(, "zero_quantized_weights": true)").c_str());
     ASSERT_NE(ctx, nullptr);

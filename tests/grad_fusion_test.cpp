@@ -200,6 +200,7 @@ class GradFusion : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GradFusion, NormAndShardsAsIfZeroedAndReadAgain) {
   const Case c = GetParam();
+  const zs::test::QuantizeWithinHost quantize_within_host;  // the qgZ cases quantize here too
   run_ranks(c.world, [c](const RankEnv& env) {
     Model m;
     make_model(m, env, c.config);

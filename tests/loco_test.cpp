@@ -300,21 +300,26 @@ void run_loco(const RankEnv& env, int local, int bits, double beta, int reset, i
 }
 
 TEST(LocoQgz, TwoRanksInt4) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(2, [](const RankEnv& env) { run_loco(env, 2, 4, 0.8, 1024, 4); });
 }
 TEST(LocoQgz, ThreeRanksInt8) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(3, [](const RankEnv& env) { run_loco(env, 3, 8, 0.8, 1024, 4); });
 }
 TEST(LocoQgz, TwoNodesOfTwoKeepAnErrorPerHop) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(4, [](const RankEnv& env) { run_loco(env, 2, 4, 0.8, 1024, 3); });
 }
 // reset_T 2: the errors are zero again before steps 2, 4, ...
 TEST(LocoQgz, ResetTZeroesTheErrors) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(2, [](const RankEnv& env) { run_loco(env, 2, 4, 0.5, 2, 5); });
 }
 
 // The errors are not checkpointed: a load zeroes them (README, ZeRO++ LoCo).
 TEST(LocoQgz, CheckpointLoadZeroesTheErrors) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   char tmpl[] = "/tmp/zs_loco_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -450,12 +455,15 @@ void loco_tracks_unquantized(int local, const std::string& topology) {
 }
 
 TEST(LocoTopology, MicsTracksTheUnquantizedRunOnEveryRank) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   loco_tracks_unquantized(4, R"("mics_shard_size": 2)");
 }
 TEST(LocoTopology, HpzTracksTheUnquantizedRunOnEveryRank) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   loco_tracks_unquantized(4, R"("zero_hpz_partition_size": 2)");
 }
 TEST(LocoTopology, HpzOverTwoNodesTracksTheUnquantizedRunOnEveryRank) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   loco_tracks_unquantized(2, R"("zero_hpz_partition_size": 2)");
 }
 

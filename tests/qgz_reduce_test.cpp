@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -172,19 +173,23 @@ void bitwise_and_bound(const RankEnv& env, int bits, int block) {
 class QgzWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(QgzWorld, Int4IsTheAlgorithmBitwiseAndWithinTheBound) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(GetParam(), [](const RankEnv& env) { bitwise_and_bound(env, 4, 256); });
 }
 
 TEST_P(QgzWorld, Int8) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(GetParam(), [](const RankEnv& env) { bitwise_and_bound(env, 8, 256); });
 }
 
 // One context per run_ranks: each gets its own store port.
 TEST_P(QgzWorld, Int4BlocksOfTwo) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(GetParam(), [](const RankEnv& env) { bitwise_and_bound(env, 4, 2); });
 }
 
 TEST_P(QgzWorld, Int8BlocksOf2048) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(GetParam(), [](const RankEnv& env) { bitwise_and_bound(env, 8, 2048); });
 }
 
@@ -212,6 +217,7 @@ TEST(Qgz, SmallBucketsStayWithinTheBound) {
 // Every rank a "node" of its own (LOCAL_WORLD_SIZE 1): the single-hop
 // all-to-all serves any topology.
 TEST(Qgz, OneRankPerNodeGivesTheSameBits) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(3, [](const RankEnv& env) {
     const std::string cfg = qgz_config(4, 256);
     zs_context_options o = zs::test::rank_options(env, cfg.c_str());
@@ -237,9 +243,11 @@ std::vector<float> roundtrip(const std::vector<float>& x, k::QuantSpec s, std::v
 }
 
 // The two hops across whole nodes (quantized_reduce.h): each node's sum of
-// its ranks' dequantized blocks for `me`, in local order, requantized;
-// those summed in node order and divided by the world.
-Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world, int local, k::QuantSpec s) {
+// its ranks' dequantized blocks for `me` (or, with exact_hop1, of the
+// blocks themselves: a node that is one host), in local order,
+// requantized; those summed in node order and divided by the world.
+Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world, int local, k::QuantSpec s,
+                           bool exact_hop1 = false) {
   const int nodes = world / local;
   Expected e;
   std::vector<float> acc;
@@ -248,7 +256,11 @@ Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world
     std::vector<float> partial;
     for (int l = 0; l < local; ++l) {
       const auto x = block_of(node * local + l, me, numels, world);
-      const auto d = roundtrip(x, s, &sc);
+      auto d = x;
+      if (exact_hop1)
+        sc.assign(x.size(), 0.0);
+      else
+        d = roundtrip(x, s, &sc);
       if (partial.empty()) {
         partial = d;
         if (acc.empty()) {
@@ -283,8 +295,14 @@ Expected expected_two_hops(int me, const std::vector<int64_t>& numels, int world
 
 // LOCAL_WORLD_SIZE below the world: whole nodes take the two hops (2 and 3
 // nodes, the odd count included); a world that is not whole nodes takes the
-// single all-to-all.
-void nodes_of(const RankEnv& env, int local, int bits, const std::string& extra = "") {
+// single all-to-all. Either every hop quantizes (the test holds
+// QuantizeWithinHost), or each node plays a host of its own and the hop
+// within it stays exact; with hosts that are not whole nodes, the single
+// all-to-all quantizes every pair.
+enum class Hosts { One, PerNode };
+void nodes_of(const RankEnv& env, int local, int bits, Hosts hosts = Hosts::One,
+              const std::string& extra = "") {
+  if (hosts == Hosts::PerNode) zs::test::play_host(env.rank / local);
   const std::string cfg = qgz_config(bits, 256, extra);
   zs_context_options o = zs::test::rank_options(env, cfg.c_str());
   o.local_rank = env.rank % local;
@@ -293,22 +311,77 @@ void nodes_of(const RankEnv& env, int local, int bits, const std::string& extra 
   ASSERT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
   const k::QuantSpec s{bits, 256};
   const auto got = reduce(ctx, env.rank, kNumels);
-  const std::string what = std::to_string(env.world) + " ranks, " + std::to_string(local) + " per node";
+  const bool exact_hop1 = hosts == Hosts::PerNode;
+  const std::string what = std::to_string(env.world) + " ranks, " + std::to_string(local) + " per node" +
+                           (exact_hop1 ? ", a host per node" : "");
   if (env.world % local == 0)
-    check(got, expected_two_hops(env.rank, kNumels, env.world, local, s), true, what);
+    check(got, expected_two_hops(env.rank, kNumels, env.world, local, s, exact_hop1), true, what);
   else
     check(got, expected_for(env.rank, kNumels, env.world, s), true, what);
   zs_context_destroy(ctx);
 }
 
-TEST(QgzNodes, TwoNodesOfTwo) { run_ranks(4, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
-TEST(QgzNodes, ThreeNodesOfTwo) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
-TEST(QgzNodes, TwoNodesOfThreeInt8) { run_ranks(6, [](const RankEnv& env) { nodes_of(env, 3, 8); }); }
-// hpZ's node groups beside qgZ's (hpZ changes only the gathers).
-TEST(QgzNodes, TwoNodesOfTwoWithHpz) {
-  run_ranks(4, [](const RankEnv& env) { nodes_of(env, 2, 4, R"(, "zero_hpz_partition_size": 2)"); });
+// All ranks on one host (no override): the gradients travel as an fp32
+// reduce-scatter, nothing is quantized, the result is the exact average to
+// fp32 rounding, and the context lists zero_quantized_gradients among the
+// keys it does not act on, saying why.
+TEST(QgzHosts, OneHostQuantizesNothingAndSaysSo) {
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qgz_config(4, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    const char* keys = nullptr;
+    ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
+    EXPECT_NE(std::string(keys).find(R"("key":"zero_optimization.zero_quantized_gradients")"),
+              std::string::npos) << keys;
+    EXPECT_NE(std::string(keys).find("every rank of this job is on one host"), std::string::npos) << keys;
+    const auto got = reduce(ctx, env.rank, kNumels);
+    Expected e = expected_for(env.rank, kNumels, env.world, {4, 256});
+    // fp32's rounding of the sum of 3 terms and of the division, no codes.
+    e.bound.assign(e.exact.size(), 0x1p-149);
+    for (int r = 0; r < env.world; ++r) {
+      const auto x = block_of(r, env.rank, kNumels, env.world);
+      for (size_t i = 0; i < x.size(); ++i) e.bound[i] += 4 * 0x1p-24 * std::fabs(double{x[i]});
+    }
+    check(got, e, false, "one host");
+    zs_fetch_stats st = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
+    EXPECT_EQ(st.quantized_reduce_bytes_sent, 0u);
+    EXPECT_GT(st.reduce_scatter_bytes_sent, 0u);
+    zs_context_destroy(ctx);
+  });
 }
-TEST(QgzNodes, NotWholeNodesTakesOneHop) { run_ranks(5, [](const RankEnv& env) { nodes_of(env, 2, 4); }); }
+
+class QgzNodes : public ::testing::TestWithParam<Hosts> {
+ protected:
+  // Every hop quantizes when all ranks are one host.
+  void SetUp() override {
+    if (GetParam() == Hosts::One) everywhere_ = std::make_unique<zs::test::QuantizeWithinHost>();
+  }
+  std::unique_ptr<zs::test::QuantizeWithinHost> everywhere_;
+};
+
+TEST_P(QgzNodes, TwoNodesOfTwo) {
+  run_ranks(4, [h = GetParam()](const RankEnv& env) { nodes_of(env, 2, 4, h); });
+}
+TEST_P(QgzNodes, ThreeNodesOfTwo) {
+  run_ranks(6, [h = GetParam()](const RankEnv& env) { nodes_of(env, 2, 4, h); });
+}
+TEST_P(QgzNodes, TwoNodesOfThreeInt8) {
+  run_ranks(6, [h = GetParam()](const RankEnv& env) { nodes_of(env, 3, 8, h); });
+}
+// hpZ's node groups beside qgZ's (hpZ changes only the gathers).
+TEST_P(QgzNodes, TwoNodesOfTwoWithHpz) {
+  run_ranks(4, [h = GetParam()](const RankEnv& env) {
+    nodes_of(env, 2, 4, h, R"(, "zero_hpz_partition_size": 2)");
+  });
+}
+TEST_P(QgzNodes, NotWholeNodesTakesOneHop) {
+  run_ranks(5, [h = GetParam()](const RankEnv& env) { nodes_of(env, 2, 4, h); });
+}
+INSTANTIATE_TEST_SUITE_P(Hosts, QgzNodes, ::testing::Values(Hosts::One, Hosts::PerNode),
+                         [](const ::testing::TestParamInfo<Hosts>& i) {
+                           return std::string(i.param == Hosts::One ? "AllOneHost" : "AHostPerNode");
+                         });
 
 // MiCS: quantized within each shard group, then the exact fp32 all-reduce
 // across replicas; the average of two shard groups' results is within the
@@ -352,6 +425,7 @@ TEST(Qgz, MicsShardGroupsThenReplicaAverage) {
 // owner (NaN in each of its elements), so an overflow check sees it; the
 // other blocks stay finite.
 TEST(Qgz, InfPoisonsItsBlockOnTheOwner) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(2, [](const RankEnv& env) {
     const std::string cfg = qgz_config(4, 256);
     zs_context ctx = zs::test::make_context(env, cfg.c_str());

@@ -64,9 +64,62 @@ void qwz_roundtrip(const RankEnv& env, int bits, int block, const std::vector<in
   ZS_EXPECT_OK(zs_context_destroy(ctx));
 }
 
+// Quantizing pays only between hosts (Context::quantizes). All ranks on one
+// host: the gather is exact, no quantized bytes move, and the context lists
+// zero_quantized_weights among the keys it does not act on, saying why.
+TEST(QwzHosts, OneHostGathersExactAndSaysSo) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
+    ASSERT_NE(ctx, nullptr);
+    const char* keys = nullptr;
+    ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
+    EXPECT_NE(std::string(keys).find(R"("key":"zero_optimization.zero_quantized_weights")"),
+              std::string::npos) << keys;
+    EXPECT_NE(std::string(keys).find("every rank of this job is on one host"), std::string::npos) << keys;
+    auto ps = register_all(ctx, {257, 100003}, 17);
+    fetch_all(ctx, ps);
+    for (const auto& p : ps) EXPECT_EQ(gathered(p), p.values) << p.name << ": not exact on one host";
+    zs_fetch_stats st = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
+    EXPECT_EQ(st.quantized_gather_bytes_sent, 0u);
+    release_all(ctx, ps);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    ZS_EXPECT_OK(zs_context_destroy(ctx));
+  });
+}
+
+// Two hosts of two ranks (ZS_HOST_ID): the world gather spans hosts and is
+// quantized, bitwise dequantize(quantize(shard)) on every rank, and no key
+// is listed as inactive; MiCS shard groups of two, each within a host,
+// gather exact.
+TEST(QwzHosts, TwoHostsQuantizeWhatCrossesThem) {
+  run_ranks(4, [](const RankEnv& env) {
+    zs::test::play_host(env.rank / 2);
+    qwz_roundtrip(env, 8, 256, {7, 257, 100003});
+  });
+  run_ranks(4, [](const RankEnv& env) {
+    zs::test::play_host(env.rank / 2);
+    zs_context ctx = zs::test::make_context(env, qwz_config(8, 256, R"(, "mics_shard_size": 2)").c_str());
+    ASSERT_NE(ctx, nullptr);
+    const char* keys = nullptr;
+    ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
+    EXPECT_EQ(std::string(keys), "[]");
+    auto ps = register_all(ctx, {257, 100003}, 17);
+    fetch_all(ctx, ps);
+    for (const auto& p : ps) EXPECT_EQ(gathered(p), p.values) << p.name << ": a MiCS group within a host";
+    zs_fetch_stats st = ZS_FETCH_STATS_INIT;
+    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
+    EXPECT_EQ(st.quantized_gather_bytes_sent, 0u);
+    release_all(ctx, ps);
+    for (auto& p : ps) zs_param_destroy(p.handle);
+    ZS_EXPECT_OK(zs_context_destroy(ctx));
+  });
+}
+
 class QwzWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(QwzWorld, Int8GatherIsDequantizedShardsWithinBoundOnEveryRank) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(GetParam(), [](const RankEnv& env) {
     qwz_roundtrip(env, 8, 256, {1, 7, 255, 257, 1000003});
   }, 180);
@@ -76,6 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, QwzWorld, ::testing::Values(1, 2, 3, 5, 8));
 
 // One run_ranks per context: each gets a fresh store port.
 TEST(Qwz, Int4AndOtherBlockSizes) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 256, {0, 1, 7, 255, 257, 100003}); });
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 4, 2048, {7, 4099}); });
   run_ranks(3, [](const RankEnv& env) { qwz_roundtrip(env, 8, 2, {7, 1001}); });
@@ -96,6 +150,7 @@ void PrintTo(const SmallCase& c, std::ostream* os) {
 class QwzSmallParams : public ::testing::TestWithParam<SmallCase> {};
 
 TEST_P(QwzSmallParams, TravelExactAndCountAsFullPrecisionBytes) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   const SmallCase c = GetParam();
   run_ranks(c.ranks, [c](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, qwz_config(c.bits, c.block).c_str());
@@ -154,6 +209,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A NaN or inf in one shard poisons its block on every rank alike.
 TEST(Qwz, NonFiniteValuesReachEveryRankAlike) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(3, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
     ASSERT_NE(ctx, nullptr);
@@ -188,6 +244,7 @@ TEST(Qwz, NonFiniteValuesReachEveryRankAlike) {
 // hpZ: the first gather of a step is quantized over the world; the later
 // ones come from the secondary shards, exact copies of what it left.
 TEST(Qwz, HpzSecondaryGathersReturnTheQuantizedForwardValues) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(4, [](const RankEnv& env) {
     const std::string cfg = qwz_config(8, 256, R"(, "zero_hpz_partition_size": 2)");
     zs_context ctx = zs::test::make_context(env, cfg.c_str());
@@ -212,6 +269,7 @@ TEST(Qwz, HpzSecondaryGathersReturnTheQuantizedForwardValues) {
 }
 
 TEST(Qwz, MicsShardGroupsQuantize) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   run_ranks(4, [](const RankEnv& env) {
     qwz_roundtrip(env, 8, 256, {1, 7, 257, 10007}, R"(, "mics_shard_size": 2)", 2);
   });
@@ -240,8 +298,14 @@ void qwz_hierarchical(int shard) {
   });
 }
 
-TEST(Qwz, MicsHierarchicalTwoHopsQuantize) { qwz_hierarchical(4); }
-TEST(Qwz, MicsHierarchicalOverThreeNodesQuantize) { qwz_hierarchical(6); }
+TEST(Qwz, MicsHierarchicalTwoHopsQuantize) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
+  qwz_hierarchical(4);
+}
+TEST(Qwz, MicsHierarchicalOverThreeNodesQuantize) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
+  qwz_hierarchical(6);
+}
 
 // zs_param_update with rank 1 as the modifier (the gathered params hold
 // its writes), then each rank's shard equals its slice of want[j].

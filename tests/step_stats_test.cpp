@@ -136,6 +136,7 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
 class FetchStatsBytes : public ::testing::TestWithParam<int> {};
 
 TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
+  const zs::test::QuantizeWithinHost quantize_within_host;
   const int world = GetParam();
   struct Case {
     const char* name;

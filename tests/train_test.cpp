@@ -13,6 +13,7 @@
 #include "examples/c/mlp_model.h"
 #include "impl/common/dtype.h"
 #include "impl/partition/seeded_init.h"
+#include "tests/support/multirank.h"
 #include "tests/support/train_mlp_run.h"
 
 namespace {
@@ -126,6 +127,7 @@ double mean_last(const std::vector<double>& v, size_t k) {
 // per step, 1% over the last 10 steps; int4: 8% over the last 10), with
 // hpZ, MiCS and bf16 too, and the model still learns.
 TEST(Train, QuantizedWeightGathersTrackTheUnquantizedCurve) {
+  const zs::test::QuantizeWithinHost quantize_within_host;  // the ranks share this host
   struct Case {
     int ranks;
     const char* args;
@@ -159,6 +161,7 @@ TEST(Train, QuantizedWeightGathersTrackTheUnquantizedCurve) {
 // within 10% per step and 3% over the last 10), on odd rank counts, with
 // qwZ, hpZ, MiCS and bf16 too, and the model still learns.
 TEST(Train, QuantizedGradientsTrackTheUnquantizedCurve) {
+  const zs::test::QuantizeWithinHost quantize_within_host;  // the ranks share this host
   struct Case {
     int ranks;
     const char* args;
@@ -224,11 +227,13 @@ void expect_loco_tracks_the_unquantized_curve(int ranks, const std::string& topo
 }
 
 TEST(Train, LocoInt4TracksTheUnquantizedCurveAtLeastAsWell) {
+  const zs::test::QuantizeWithinHost quantize_within_host;  // the ranks share this host
   for (int ranks : {2, 3}) expect_loco_tracks_the_unquantized_curve(ranks, "");
 }
 
 // The same with MiCS shard groups and with hpZ secondary shards, on 4 ranks.
 TEST(Train, LocoInt4WithMicsAndHpzTracksTheUnquantizedCurve) {
+  const zs::test::QuantizeWithinHost quantize_within_host;  // the ranks share this host
   for (const char* topology : {"--mics 2", "--hpz 2"}) expect_loco_tracks_the_unquantized_curve(4, topology);
 }
 

@@ -58,6 +58,32 @@ std::shared_ptr<Group> Topology::create_group(const std::vector<int>& ranks) {
   return make("group" + std::to_string(next_id_) + rank_list(ranks), ranks);
 }
 
+void Topology::set_hosts(const std::vector<std::string>& hosts) {
+  if (hosts.size() != static_cast<size_t>(shape_.world_size))
+    fail(Code::InvalidArgument, "set_hosts: ", hosts.size(), " hosts for a world of ",
+         shape_.world_size);
+  std::vector<std::string> seen;
+  host_of_.assign(hosts.size(), 0);
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto it = std::find(seen.begin(), seen.end(), hosts[r]);
+    if (hosts[r].empty() || it == seen.end()) {
+      host_of_[r] = static_cast<int>(seen.size());
+      seen.push_back(hosts[r].empty() ? "?" + std::to_string(r) : hosts[r]);
+    } else {
+      host_of_[r] = static_cast<int>(it - seen.begin());
+    }
+  }
+  host_count_ = static_cast<int>(seen.size());
+}
+
+bool Topology::spans_hosts(const Group& group) const {
+  if (host_of_.empty()) return false;
+  const auto& ranks = group.world_ranks();
+  for (const int r : ranks)
+    if (host_of_[static_cast<size_t>(r)] != host_of_[static_cast<size_t>(ranks.front())]) return true;
+  return false;
+}
+
 std::shared_ptr<Group> Topology::family(const std::string& kind,
                                         const std::vector<std::vector<int>>& lists) {
   std::shared_ptr<Group> mine;

@@ -54,6 +54,16 @@ class Topology {
   // Shuts every group made here down (the context is going).
   void shutdown(const std::string& why);
 
+  // Every world rank's host (transport/host_id.h), learned once the world
+  // is connected. InvalidArgument unless there is one per world rank.
+  void set_hosts(const std::vector<std::string>& hosts);
+  // How many distinct hosts the world spans (1 before set_hosts).
+  int host_count() const { return host_count_; }
+  // Whether some two members of `group` are on different hosts: what
+  // decides whether its traffic is worth quantizing. A rank whose host is
+  // unknown ("") counts as a host of its own.
+  bool spans_hosts(const Group& group) const;
+
   const std::shared_ptr<Group>& world() const { return world_; }
   // Where params are partitioned: the world, or this rank's MiCS shard group.
   const std::shared_ptr<Group>& partition() const { return partition_; }
@@ -80,6 +90,8 @@ class Topology {
   std::shared_ptr<Group> mics_inter_, mics_intra_;
   std::shared_ptr<Group> qgz_intra_, qgz_inter_;
   std::vector<std::weak_ptr<Group>> all_;
+  std::vector<int> host_of_;  // world rank -> index of its host; empty: one host
+  int host_count_ = 1;
 };
 
 // "[0,1,2]", for group names and messages.

@@ -10,6 +10,7 @@
 
 #include "impl/comm/transport/gloo_communicator.h"
 #include "impl/comm/transport/heartbeat.h"
+#include "impl/comm/transport/host_id.h"
 #include "impl/comm/transport/local_communicator.h"
 #include "impl/comm/transport/nccl_library.h"
 #include "impl/comm/transport/staged_communicator.h"
@@ -79,6 +80,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
   ctx->inactive_keys_json_ = inactive_json(ctx->inactive_keys_);
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
+  ctx->host_ = host_id();  // a malformed ZS_HOST_ID is refused before any socket opens
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   ctx->connect(options);
@@ -98,10 +100,17 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
 // ranks started with different configs (a bucket size, fp16 or clipping on
 // one rank only) all fail here, naming each differing key with both values,
 // instead of training on with silently different numbers.
+//
+// The ready also carries the rank's host (host_id.h), and the verdict every
+// rank's, in rank order: how each group learns whether it spans hosts,
+// without a request more.
 void Context::wait_for_every_rank() {
-  if (!store_ || ranks_.world_size == 1) return;
+  if (!store_ || ranks_.world_size == 1) {
+    learn_hosts(std::vector<std::string>(static_cast<size_t>(ranks_.world_size), host_));
+    return;
+  }
   const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
-  store_->set("zs/ready/" + std::to_string(ranks_.rank), as_bytes(config_json_));
+  store_->set("zs/ready/" + std::to_string(ranks_.rank), as_bytes(host_ + "\n" + config_json_));
   std::vector<std::string> keys;
   std::vector<int> all;
   keys.reserve(static_cast<size_t>(ranks_.world_size));
@@ -113,12 +122,15 @@ void Context::wait_for_every_rank() {
   constexpr int kRanksShown = 4;
   constexpr size_t kKeysShown = 6;
   if (ranks_.rank == 0) {
-    std::string verdict;
+    std::string verdict, hosts = host_;
     int differing = 0;
     for (int r = 1; r < ranks_.world_size; ++r) {
-      const std::vector<char> theirs = store_->get(keys[static_cast<size_t>(r)]);
-      const auto diffs =
-          config_differences(std::string(theirs.begin(), theirs.end()), config_json_, "rank 0");
+      const std::vector<char> ready = store_->get(keys[static_cast<size_t>(r)]);
+      const std::string theirs(ready.begin(), ready.end());
+      const size_t cut = theirs.find('\n');
+      hosts += "\n" + theirs.substr(0, cut);
+      const auto diffs = config_differences(
+          cut == std::string::npos ? std::string() : theirs.substr(cut + 1), config_json_, "rank 0");
       if (diffs.empty()) continue;
       if (++differing > kRanksShown) continue;
       verdict += (verdict.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has ";
@@ -128,14 +140,43 @@ void Context::wait_for_every_rank() {
     }
     if (differing > kRanksShown)
       verdict += "; and " + std::to_string(differing - kRanksShown) + " more ranks";
-    store_->set("zs/config_verdict", as_bytes(verdict.empty() ? std::string("ok") : verdict));
+    store_->set("zs/config_verdict", as_bytes(verdict.empty() ? "ok\n" + hosts : verdict));
   }
   store_->wait({"zs/config_verdict"});
   const std::vector<char> v = store_->get("zs/config_verdict");
   const std::string verdict(v.begin(), v.end());
-  if (verdict != "ok")
+  if (verdict.rfind("ok\n", 0) != 0)
     fail(Code::InvalidConfig,
          "the ranks' effective configs differ (every rank must be given the same config): ", verdict);
+  std::vector<std::string> hosts;
+  for (size_t at = 3; at <= verdict.size();) {
+    const size_t end = std::min(verdict.find('\n', at), verdict.size());
+    hosts.push_back(verdict.substr(at, end - at));
+    at = end + 1;
+  }
+  learn_hosts(hosts);
+}
+
+// Quantizing (qwZ, qgZ) pays only on traffic that crosses hosts; where the
+// whole job is on one host a quantization key the config sets moves nothing
+// and is listed with the inactive keys, saying why.
+void Context::learn_hosts(const std::vector<std::string>& hosts) {
+  topology_->set_hosts(hosts);
+  quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
+  if (ranks_.world_size == 1 || quantize_within_host_ || topology_->host_count() > 1) return;
+  const std::string why =
+      "every rank of this job is on one host, where traffic moves at memory speed and is not "
+      "worth quantizing (ZS_QUANTIZE_WITHIN_HOST=1 quantizes it anyway)";
+  for (const char* key : {"zero_quantized_weights", "zero_quantized_gradients"}) {
+    const bool on = std::string(key) == "zero_quantized_weights" ? config_.zero_quantized_weights
+                                                                  : config_.zero_quantized_gradients;
+    if (on) inactive_keys_.push_back({std::string("zero_optimization.") + key, "true", why});
+  }
+  inactive_keys_json_ = inactive_json(inactive_keys_);
+}
+
+bool Context::quantizes(const Group& group) const {
+  return quantize_within_host_ || topology_->spans_hosts(group);
 }
 
 void Context::connect(const ContextOptions& options) {

@@ -97,6 +97,11 @@ class Context {
     return std::unique_lock<std::recursive_mutex>(mu_);
   }
 
+  // Whether what `group` sends is worth quantizing (ZeRO++ qwZ, qgZ): when
+  // it spans hosts, or everywhere with ZS_QUANTIZE_WITHIN_HOST=1. Traffic
+  // within a host moves at memory speed; quantizing it only loses precision.
+  bool quantizes(const Group& group) const;
+
   // The groups (comm/topology.h): the world, and what the config cuts.
   const Topology& topology() const { return *topology_; }
   const std::shared_ptr<Group>& world() const { return topology_->world(); }
@@ -207,6 +212,8 @@ class Context {
   // transport and heartbeat.
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
   void finalize_store();
+  // Every world rank's host, in rank order (wait_for_every_rank).
+  void learn_hosts(const std::vector<std::string>& hosts);
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
   std::string departed_note();
 
@@ -218,6 +225,8 @@ class Context {
   std::vector<InactiveKey> inactive_keys_;
   std::string inactive_keys_json_;
   std::chrono::milliseconds timeout_{300000};
+  std::string host_;  // comm/transport/host_id.h
+  bool quantize_within_host_ = false;  // ZS_QUANTIZE_WITHIN_HOST
   bool tcp_store_ = false;
   std::string store_address_;  // host:port of the TCP store, for messages
   bool store_joined_ = false;  // the store passed check_store_is_fresh

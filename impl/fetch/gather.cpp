@@ -222,9 +222,11 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
     }
   const bool hierarchical = ctx.mics_inter_group() && group == ctx.mics_shard_group();
   // qwZ: gathers from the primary shards (forward; every gather without
-  // hpZ) travel quantized, but for params too small to gain from it;
+  // hpZ) travel quantized, but for params too small to gain from it, and
+  // for groups within one host (Context::quantizes: every member must end
+  // with the same values, so the choice is the group's, not each pair's);
   // hpZ's secondary gathers stay exact.
-  const bool qwz = !exact && !alias && ctx.config().zero_quantized_weights;
+  const bool qwz = !exact && !alias && ctx.config().zero_quantized_weights && ctx.quantizes(*group);
   const kernels::QuantSpec spec = weight_quant_spec(ctx.config());
 
   const auto& dev = ctx.device();
@@ -391,7 +393,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     for (const auto& p : params) comm.broadcast(p->full()->data(), p->full_bytes(), modifier_rank);
   });
   std::vector<ops::Copy> copies;
-  const bool qwz = ctx.config().zero_quantized_weights;
+  const bool qwz = ctx.config().zero_quantized_weights && ctx.quantizes(*group);
   const kernels::QuantSpec spec = weight_quant_spec(ctx.config());
   for (size_t i = 0; i < params.size(); ++i) {
     Param* p = params[i].get();

@@ -23,7 +23,8 @@ using ParamList = std::vector<std::shared_ptr<Param>>;
 // primary shards (plain or MiCS) travel block-quantized and come back
 // within the bound of kernels/quant.h, the same bits on every rank; hpZ's
 // gathers from secondary shards stay exact (those shards hold what the
-// quantized gather left), and so do a group of one and a param whose
+// quantized gather left), and so do a group of one, a group within one
+// host (Context::quantizes), and a param whose
 // shard is not larger than its packet (worth_quantizing, quant_packet.h:
 // it travels exact, in fewer bytes). `exact` asks for the params' own
 // values whatever the config (a consolidated export).

@@ -27,7 +27,10 @@ LocoErrors::Buffers LocoErrors::for_bucket(const Group* group,
     key.push_back(static_cast<uintptr_t>(offsets[i]));
   }
   Entry& e = entries_[key];
-  if (!e.buffers.hop1) e.buffers = {make(hop1_floats), make(hop2_floats)};
+  if (!e.made) {  // (a hop that is not quantized has no buffer)
+    e.buffers = {make(hop1_floats), make(hop2_floats)};
+    e.made = true;
+  }
   e.used = true;
   return e.buffers;
 }

@@ -51,6 +51,7 @@ class LocoErrors {
  private:
   struct Entry {
     Buffers buffers;
+    bool made = false;
     bool used = false;
   };
   std::shared_ptr<Buffer> make(size_t floats);

@@ -158,7 +158,7 @@ bool GradReducer::direct_route(const Param& p) const {
   const auto g = static_cast<uint64_t>(p.group->size());
   return !ctx_.device()->is_cuda() && wire_ == DType::F32 && g > 1 && p.layout.numel % g == 0 &&
          p.layout.numel * 4 >= static_cast<uint64_t>(c.reduce_bucket_size) &&
-         !c.zero_quantized_gradients;
+         !(c.zero_quantized_gradients && ctx_.quantizes(*p.group));
 }
 
 uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const void* grad,
@@ -253,10 +253,12 @@ void GradReducer::flush(Bucket& b) {
     shards.push_back(p->grad);
     sizes.push_back(p->layout.shard_numel);
   }
-  // qgZ: quantized codes over an all-to-all instead of the fp32 ring; a
-  // group of one moves nothing and stays exact. Across whole nodes, two
-  // hops (quantized_reduce.h), each on its own group's thread.
-  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1;
+  // qgZ: quantized codes over an all-to-all instead of the fp32 ring where
+  // the group spans hosts (Context::quantizes); a group of one, or within
+  // one host, stays exact. Across whole nodes, two hops (quantized_reduce.h),
+  // each on its own group's thread; the first, within a node, is exact when
+  // the node is one host: only traffic between hosts is quantized.
+  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1 && ctx_.quantizes(*group);
   const kernels::QuantSpec spec{static_cast<int>(ctx_.config().zero_quantized_gradients_bits),
                                 static_cast<size_t>(ctx_.config().zero_quantized_gradients_block_size)};
   // The first write since the step assigns (the shard holds an old
@@ -276,12 +278,13 @@ void GradReducer::flush(Bucket& b) {
   const auto& intra = ctx_.qgz_intra_group();
   const auto& inter = ctx_.qgz_inter_group();
   const bool two_hops = quantized && intra && inter && group.get() == ctx_.world().get();
+  const bool exact_hop1 = two_hops && !ctx_.quantizes(*intra);
   // LoCo: this bucket's errors, one per element each hop sends (the
   // tasks hold them, and only their own group's thread touches them).
   const bool loco = quantized && ctx_.config().zeropp_loco;
   const auto gu = static_cast<size_t>(g) * used;
   const LocoErrors::Buffers errs =
-      loco ? loco_.for_bucket(group.get(), params, offsets, used, gu,
+      loco ? loco_.for_bucket(group.get(), params, offsets, used, exact_hop1 ? 0 : gu,
                               two_hops ? static_cast<size_t>(inter->size()) * used : 0)
            : LocoErrors::Buffers{};
   const auto beta = static_cast<float>(ctx_.config().zeropp_loco_err_beta);
@@ -293,13 +296,16 @@ void GradReducer::flush(Bucket& b) {
     const std::string what = params_label("quantized gradient all-to-all of", params);
     const int nodes = inter->size();
     auto partial = std::make_shared<Buffer>(devp, used * static_cast<uint64_t>(nodes) * sizeof(float));
-    auto first = intra->submit(what + " (qgZ hop 1: within the node)",
-                               [data, partial, used, nodes, devp, spec, e = errs.hop1,
-                                feedback](Communicator& c) {
-                                 qgz_within_node(c, devp, static_cast<const float*>(data->data()),
-                                                 static_cast<float*>(partial->data()), used, nodes,
-                                                 spec, feedback(e));
-                               });
+    auto first = intra->submit(
+        what + (exact_hop1 ? " (qgZ hop 1: within the node, full precision)" : " (qgZ hop 1: within the node)"),
+        [data, partial, used, nodes, devp, spec, exact_hop1, e = errs.hop1, feedback](Communicator& c) {
+          const auto* send = static_cast<const float*>(data->data());
+          auto* sums = static_cast<float*>(partial->data());
+          if (exact_hop1)
+            sum_within_node(c, devp, send, sums, used, nodes);
+          else
+            qgz_within_node(c, devp, send, sums, used, nodes, spec, feedback(e));
+        });
     w = inter->submit(what + " (qgZ hop 2: across nodes)",
                       [first, partial, used, g, devp, spec, add_into_shards, e = errs.hop2,
                        feedback](Communicator& c) {

@@ -32,6 +32,23 @@ bool process_gone(int pid) {
   const auto close = line.rfind(')');
   return close == std::string::npos || (close + 2 < line.size() && line[close + 2] == 'Z');
 }
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* v = std::getenv(name)) {
+    had_ = true;
+    old_ = v;
+  }
+  setenv(name, value, 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_)
+    setenv(name_.c_str(), old_.c_str(), 1);
+  else
+    unsetenv(name_.c_str());
+}
+
+void play_host(int host) { setenv("ZS_HOST_ID", ("test-host-" + std::to_string(host)).c_str(), 1); }
+
 zs_context_options rank_options(const RankEnv& env, const char* config_json, int timeout_ms) {
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = env.rank;

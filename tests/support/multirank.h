@@ -23,6 +23,31 @@ struct RankEnv {
 void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s = 90,
                const std::vector<int>& killed = {});
 
+// Sets an environment variable while it lives (the ranks run_ranks forks
+// inherit it), then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// ZeRO++ quantizes only what crosses hosts (Context::quantizes), and a
+// test's ranks share one host: a test of the quantized collectives holds
+// one of these so that they quantize here too.
+struct QuantizeWithinHost : ScopedEnv {
+  QuantizeWithinHost() : ScopedEnv("ZS_QUANTIZE_WITHIN_HOST", "1") {}
+};
+
+// In a rank's body, before its context: this rank plays host `host`
+// (ZS_HOST_ID), as if the ranks of one machine were on several.
+void play_host(int host);
+
 // A free TCP port on 127.0.0.1.
 int free_port();
 

@@ -51,6 +51,16 @@ void sum_packets(Device& dev, const std::shared_ptr<Device>& devp, const uint8_t
   }
 }
 
+// Hop 1's send order: to local peer l the blocks of ranks node * local + l,
+// node by node.
+std::vector<const float*> blocks_by_local_peer(const float* send, size_t count, size_t local,
+                                               size_t nodes) {
+  std::vector<const float*> blocks;
+  for (size_t l = 0; l < local; ++l)
+    for (size_t node = 0; node < nodes; ++node) blocks.push_back(send + (node * local + l) * count);
+  return blocks;
+}
+
 std::vector<size_t> in_order(size_t n) {
   std::vector<size_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = i;
@@ -99,10 +109,7 @@ void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   const auto local = static_cast<size_t>(intra.size());
   const auto n_nodes = static_cast<size_t>(nodes);
   const size_t packet = quantized_block_bytes(count, s);
-  // To local peer l: the blocks of ranks node * local + l, node by node.
-  std::vector<const float*> blocks;
-  for (size_t l = 0; l < local; ++l)
-    for (size_t node = 0; node < n_nodes; ++node) blocks.push_back(send + (node * local + l) * count);
+  const auto blocks = blocks_by_local_peer(send, count, local, n_nodes);
   Buffer outgoing(devp, packet * blocks.size(), true), incoming(devp, packet * blocks.size());
   pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   intra.alltoall(outgoing.data(), incoming.data(), packet * n_nodes);
@@ -113,6 +120,32 @@ void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
     std::vector<size_t> which;
     for (size_t l = 0; l < local; ++l) which.push_back(l * n_nodes + node);
     sum_packets(dev, devp, in, which, count, s, partial + node * count);
+  }
+  dev.synchronize();
+}
+
+void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
+                     float* partial, size_t count, int nodes) {
+  if (count == 0) return;
+  Device& dev = *devp;
+  const auto local = static_cast<size_t>(intra.size());
+  const auto n_nodes = static_cast<size_t>(nodes);
+  const size_t block = count * sizeof(float);
+  const auto blocks = blocks_by_local_peer(send, count, local, n_nodes);
+  Buffer outgoing(devp, block * blocks.size()), incoming(devp, block * blocks.size());
+  std::vector<ops::Copy> copies;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    copies.push_back({static_cast<uint8_t*>(outgoing.data()) + i * block, blocks[i], block});
+  ops::copy_many(dev, copies);
+  dev.synchronize();  // the transport reads outgoing next
+  intra.alltoall(outgoing.data(), incoming.data(), block * n_nodes);
+  // From local peer l: block [l][node]; the node's sum for each node, in
+  // local order.
+  const auto* in = static_cast<const float*>(incoming.data());
+  for (size_t node = 0; node < n_nodes; ++node) {
+    float* acc = partial + node * count;
+    dev.copy(acc, in + node * count, block);
+    for (size_t l = 1; l < local; ++l) ops::add_f32(dev, acc, in + (l * n_nodes + node) * count, count);
   }
   dev.synchronize();
 }

@@ -75,6 +75,12 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
 void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
                      float* partial, size_t count, int nodes, const kernels::QuantSpec& s,
                      const ErrorFeedback& ef = {});
+// Hop 1 at full precision, for a node whose ranks share a host (memory
+// speed: Context::quantizes): the same blocks to the same peers as fp32,
+// summed in local order. Only hop 2 quantizes then, once, and the bound
+// above loses its sum_r s_r term.
+void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, const float* send,
+                     float* partial, size_t count, int nodes);
 // Hop 2 on the group of this local position (size nodes): out gets count
 // floats, the average over `world` ranks.
 void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "impl/comm/transport/host_id.h"
 #include "impl/common/env.h"
 
 namespace zs {
@@ -30,7 +31,7 @@ CrossMemoryHello cross_memory_hello(const uint64_t* nonce) {
   CrossMemoryHello h{};
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  std::strncpy(h.host, boot.c_str(), sizeof(h.host) - 1);
+  std::strncpy(h.host, host_id().c_str(), sizeof(h.host) - 1);
   h.pid = static_cast<int64_t>(getpid());
   h.nonce_at = reinterpret_cast<uint64_t>(nonce);
   h.nonce = *nonce;

@@ -4,6 +4,8 @@
 // it per pair when both ends proved they can read each other (a nonce read
 // back from the other's memory: same host, same pid namespace, ptrace
 // allowed); otherwise, and with ZS_CROSS_MEMORY=0, the pair stays on TCP.
+// Ranks of different hosts (host_id.h: another network namespace counts as
+// another host) are not tried.
 #pragma once
 
 #include <sys/types.h>
@@ -22,7 +24,7 @@ bool cross_memory_allowed();
 
 // What a rank tells each peer so that the peer can try reading it.
 struct CrossMemoryHello {
-  char host[40];  // boot id: ranks on other hosts are not tried
+  char host[64];  // host_id.h: ranks on other hosts are not tried
   int64_t pid;
   uint64_t nonce_at;  // address of the nonce in the sender
   uint64_t nonce;
