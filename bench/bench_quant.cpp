@@ -1,7 +1,7 @@
-// ZeRO++ on a slow link: the time of one training step's communication (the
-// forward's gathers of every param, then push + sync of its gradients) on 2
-// ranks joined by a rate-limited link, unquantized against qwZ, qgZ, both,
-// and both with LoCo. Prints figures and ratios, never pass/fail on time:
+// ZeRO++ on a slow link: the time of one training step (the forward's
+// gather of every param, the backward's, push + sync of every gradient, and
+// an SGD step) on 2 ranks joined by a rate-limited link, unquantized against
+// qwZ, qgZ, both, and both with LoCo. Prints figures and ratios, never pass/fail on time:
 // each mode's fastest of --iters steps (other processes on a shared
 // machine only add time; the median is printed beside it) and, first, the
 // link's rate as measured by 32 MiB of plain TCP.
@@ -10,27 +10,26 @@
 //                         [--dtype bf16|fp32] [--rate 1gbit] [--link auto|veth|lo|loopback]
 //                         [--topology 1x2|2x2]
 //
-// On a namespaced link (veth, lo) every rank runs with ZS_CROSS_MEMORY=0:
-// the engine's same-host path (process_vm_readv between ranks whose
-// /proc/sys/kernel/random/boot_id match -- network namespaces share it, so
-// it would fool the engine) would otherwise carry the big messages and the
-// link nothing. The link's own byte counters (IF's rx/tx bytes in /proc/net/dev,
-// read in rank 0's namespace: /sys/class/net shows the host's namespace) around the timed iterations) are printed next
-// to the engine's (zs_context_fetch_stats, rank 0), with a WARNING where the
-// link carried far less than the engine sent (the link was bypassed).
+// Each "node" is a network namespace, which the engine takes for a host of
+// its own (comm/transport/host_id.h): ranks of one node read each other's
+// memory (ZS_CROSS_MEMORY) and do not quantize what they send each other;
+// ranks of different nodes talk over the link and quantize. On the lo link,
+// where both ranks share one namespace, each rank is told it is a host of
+// its own (ZS_HOST_ID), so the same holds. The link's own byte counters (IF's rx/tx
+// bytes in /proc/net/dev, read in rank 0's namespace: /sys/class/net shows
+// the host's namespace) around the timed iterations are printed next to the
+// engine's (zs_context_fetch_stats, rank 0), with a WARNING where the link
+// carried far less than the engine sent (the link was bypassed).
 //
-// --topology 2x2: 2 "nodes" (network namespaces joined by the rate-limited
+// --topology 2x2: 2 nodes (network namespaces joined by the rate-limited
 // veth) x 2 ranks each (local_world_size 2; ranks of a node reach each other
-// over their namespace's unlimited loopback). ZS_CROSS_MEMORY is read per
-// process and a pair uses the path when both allow it and share a boot id,
-// so it cannot be on inside a node and off across: it is off everywhere,
-// intra-node bytes cross lo. Modes: none, qwZ, qgZ (hierarchical: intra-node
-// then inter-node hop), qwZ+qgZ, +LoCo, and hpZ (zero_hpz_partition_size 2:
-// secondary shards within a node, the forward/backward gathers stay on the
-// node) alone and with qwZ+qgZ -- quantization on the inter-node hop only.
-// Caveat: this bench takes no optimizer step, so hpZ's secondary shards made
-// by the warm-up's gather stay valid and the timed gathers are intra-node
-// only; a training step would pay one primary (inter-node) gather per step.
+// through memory, or their namespace's unlimited loopback). Modes: none,
+// qwZ, qgZ (two hops: within the node, then across), qwZ+qgZ, +LoCo, and
+// hpZ (zero_hpz_partition_size 2: secondary shards within a node, so the
+// backward's gathers stay on the node) alone and with qwZ+qgZ. Each
+// quantized mode runs twice: as the engine chooses (quantize only what
+// crosses hosts: qgZ's hop within the node goes fp32) and with
+// ZS_QUANTIZE_WITHIN_HOST=1 (quantize every pair).
 //
 // The link (--link auto tries them in this order):
 //   veth      rank 0 in a new user + network namespace, rank 1 in a second
@@ -78,17 +77,23 @@ struct Mode {
   int qwz, qgz;  // bits, 0: off
   bool loco;
   int hpz;  // zero_hpz_partition_size (2x2 only)
+  bool everywhere;  // ZS_QUANTIZE_WITHIN_HOST=1: quantize every pair (2x2 only)
 };
 const Mode kModes[] = {
-    {"unquantized", 0, 0, false, 1},
-    {"qwZ int8", 8, 0, false, 1},
-    {"qgZ int4", 0, 4, false, 1},
-    {"qwZ int8 + qgZ int4", 8, 4, false, 1},
-    {"qwZ int8 + qgZ int4 + LoCo", 8, 4, true, 1},
-    {"hpZ 2", 0, 0, false, 2},              // 2x2 only
-    {"hpZ 2 + qwZ int8 + qgZ int4", 8, 4, false, 2},  // 2x2 only
+    {"unquantized", 0, 0, false, 1, false},
+    {"qwZ int8", 8, 0, false, 1, false},
+    {"qgZ int4", 0, 4, false, 1, false},
+    {"qwZ int8 + qgZ int4", 8, 4, false, 1, false},
+    {"qwZ int8 + qgZ int4 + LoCo", 8, 4, true, 1, false},
+    // 2x2 only: on 1x2 every pair crosses hosts, so "everywhere" is the same.
+    {"qgZ int4, every pair", 0, 4, false, 1, true},
+    {"qwZ int8 + qgZ int4, every pair", 8, 4, false, 1, true},
+    {"hpZ 2", 0, 0, false, 2, false},
+    {"hpZ 2 + qwZ int8 + qgZ int4", 8, 4, false, 2, false},
+    {"hpZ 2 + qwZ + qgZ, every pair", 8, 4, false, 2, true},
 };
 constexpr int kNumModes = sizeof(kModes) / sizeof(kModes[0]);
+constexpr int kModesOn1x2 = 5;
 
 struct Result {
   double link_gbit = 0;  // measured by probe_link (0: not measured)
@@ -97,7 +102,7 @@ struct Result {
   double reduce_s[kNumModes] = {};
   double median_s[kNumModes] = {};
   double model_bytes = 0;
-  int num_modes = 5;
+  int num_modes = kModesOn1x2;
   // Over the timed iterations, rank 0: its link interface's counters (its
   // namespace's) and the engine's bytes sent / received (all kinds).
   double link_tx[kNumModes] = {}, link_rx[kNumModes] = {};
@@ -109,6 +114,7 @@ struct Net {
   std::string addr[4] = {"127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1"};
   int port_base = 0;  // mode k's store listens on port_base + k
   int world = 2, local = 1;  // ranks, ranks per node
+  bool host_per_node = false;  // nodes share a namespace: ZS_HOST_ID tells them apart
   std::string ifname;  // rank's link interface whose counters are read ("": none)
 };
 
@@ -169,6 +175,11 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
       R"(, "zero_quantized_gradients_bits": )" + std::to_string(m.qgz ? m.qgz : 4) +
       R"(, "zeropp_loco_param": )" + loco + R"(, "zero_hpz_partition_size": )" + std::to_string(m.hpz) + "}}";
   setenv("ZS_SOCKET_HOST", net.addr[rank].c_str(), 1);
+  if (m.everywhere)
+    setenv("ZS_QUANTIZE_WITHIN_HOST", "1", 1);
+  else
+    unsetenv("ZS_QUANTIZE_WITHIN_HOST");
+  if (net.host_per_node) setenv("ZS_HOST_ID", ("bench-node-" + std::to_string(rank / net.local)).c_str(), 1);
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = rank;
   o.world_size = net.world;
@@ -213,22 +224,34 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
     bytes += static_cast<double>(2048 * 2048 * es);
   }
   out->model_bytes = bytes;
+  // SGD: the step is cheap, and it changes the shards, so the next step's
+  // forward gathers from the primary shards again (under hpZ too).
+  zs_optimizer opt;
+  CHECK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 1e-3;
+  CHECK(zs_optimizer_add_group(opt, ps.data(), ps.size(), &hp, nullptr));
   double tg = 0, tr = 0;
-  auto once = [&] {
-    const double t0 = now_s();
+  auto gather_all = [&] {
     zs_gather g;
     CHECK(zs_fetch(&g, ctx, ps.data(), ps.size()));
     CHECK(zs_gather_wait(g, ZS_WAIT_FOREVER));
     CHECK(zs_gather_destroy(g));
     CHECK(zs_release(ctx, ps.data(), ps.size()));
+  };
+  auto once = [&] {
+    const double t0 = now_s();
+    gather_all();  // forward
+    gather_all();  // backward (hpZ: from the secondary shards)
     const double t1 = now_s();
     for (size_t i = 0; i < ps.size(); ++i)
       CHECK(zs_grad_push(ps[i], grads[i].data(), dtype, grads[i].size()));
     CHECK(zs_grad_sync(ctx));
     const double t2 = now_s();
+    CHECK(zs_optimizer_step(opt, nullptr));
     tg = t1 - t0;
     tr = t2 - t1;
-    return t2 - t0;
+    return now_s() - t0;
   };
   once();  // warm-up: first touch of the buffers
   std::vector<double> t, g, r;
@@ -252,6 +275,7 @@ void run_mode(int rank, const Net& net, int k, const Args& a, Result* out) {
   out->gather_s[k] = g[best];
   out->reduce_s[k] = r[best];
   out->median_s[k] = median(t);
+  CHECK(zs_optimizer_destroy(opt));
   for (auto p : ps) CHECK(zs_param_destroy(p));
   CHECK(zs_context_destroy(ctx));
 }
@@ -305,7 +329,7 @@ double probe_link(int rank, const Net& net) {
 // The probe runs between rank 0 and the first rank of the other node.
 void run_all_modes(int rank, const Net& net, const Args& a, Result* out) {
   if (rank == 0 || rank == net.world - net.local) out->link_gbit = probe_link(rank == 0 ? 0 : 1, net);
-  out->num_modes = net.world == 4 ? kNumModes : 5;
+  out->num_modes = net.world == 4 ? kNumModes : kModesOn1x2;
   for (int k = 0; k < out->num_modes; ++k) run_mode(rank, net, k, a, out);
 }
 
@@ -339,19 +363,10 @@ std::string tbf(const std::string& dev, const Args& a) {
 
 constexpr int kNoNamespaces = 3;
 
-bool cross_memory_forced_on() {
-  const char* e = std::getenv("ZS_CROSS_MEMORY");
-  return e && std::atoi(e) != 0;
-}
-
 // Inside the namespace (a child of main): the veth pair, else tbf on lo;
 // both ranks run from here, rank 0's results go to `out_fd`.
 int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
   if (!enter_namespaces()) return kNoNamespaces;
-  // The bytes must cross the link: no same-host memory path (see the header).
-  // ZS_CROSS_MEMORY=1 set by the caller is kept: it shows the bypass (the
-  // WARNING lines).
-  if (!cross_memory_forced_on()) setenv("ZS_CROSS_MEMORY", "0", 1);
   const bool two_nodes = a.topology == "2x2";
   const bool veth = allow_veth && sh("ip link add name zsq0 type veth peer name zsq1");
   std::string link;
@@ -407,6 +422,7 @@ int host_ranks(const Args& a, int out_fd, bool allow_veth, bool allow_lo) {
   } else {
     ok = allow_lo && !two_nodes && sh("ip link set lo up && ip link set lo mtu 1500 && " + tbf("lo", a));
     net.ifname = "lo";
+    net.host_per_node = true;  // one namespace: each rank a host of its own
     link = "lo";
   }
   c = ok ? 'G' : 'X';
@@ -507,6 +523,7 @@ int main(int argc, char** argv) {
                   "running on plain loopback, with no rate limit\n");
     link = "loopback";
     Net net;
+    net.host_per_node = true;  // so that quantization acts between the two
     struct One {
       Result r;
     } one;
@@ -517,7 +534,7 @@ int main(int argc, char** argv) {
     done = zs::bench::fork_ranks_collect(2, &one, [&](int r, One* mine) {
       mine->r.link_gbit = probe_link(r, probe);
       // A fresh port per mode (each context owns its store).
-      for (int k = 0; k < kNumModes; ++k) {
+      for (int k = 0; k < kModesOn1x2; ++k) {
         Net n = net;
         n.port_base = ports[k] - k;
         run_mode(r, n, k, a, &mine->r);
@@ -535,18 +552,18 @@ int main(int argc, char** argv) {
                     : link == "veth" ? "two network namespaces joined by a veth pair, tbf on each end"
                     : link == "lo"   ? "one network namespace, tbf on its loopback (both directions share it)"
                                      : "plain loopback, no rate limit";
-  const bool cma_off = link != "loopback" && !cross_memory_forced_on();
   const bool counted = link != "loopback";
   const char* ifname = link == "veth" ? "zsq0" : link == "lo" ? "lo" : "";
-  std::printf("one step's communication (gather every param, release, push + sync every gradient) of a "
+  std::printf("one step (the forward's and the backward's gather of every param, push + sync of every gradient, "
+              "an SGD step) of a "
               "%.0f MiB %s model on %d ranks (topology %s), %s link (%s%s; plain TCP measured %.2f Gbit/s), "
               "fastest of %d:\n",
               res.model_bytes / (1 << 20), a.dtype.c_str(), two ? 4 : 2, a.topology.c_str(), link.c_str(), how,
               link == "loopback" ? "" : (", rate " + a.rate).c_str(), res.link_gbit, a.iters);
-  std::printf("same-host memory path (ZS_CROSS_MEMORY): %s\n",
-              cma_off ? "OFF on every rank, so the bytes cross the link"
-              : counted ? "ON (ZS_CROSS_MEMORY=1 from the environment: the engine may bypass the link)"
-                        : "on (plain loopback; ranks may read each other's memory)");
+  std::printf("hosts as the engine sees them: %s; ranks of one node read each other's memory, and do not "
+              "quantize what they send each other unless the mode says every pair\n",
+              link == "veth" ? "a node per network namespace (boot id + namespace)"
+                             : "a host per rank (ZS_HOST_ID: the ranks share a namespace)");
   if (counted)
     std::printf("bytes over the %d timed iterations, rank 0: link %s tx/rx (its namespace's counters) against the "
                 "engine's sent/received (zs_context_fetch_stats, all kinds)%s\n",
@@ -556,19 +573,19 @@ int main(int argc, char** argv) {
                      (link == "loopback" ? std::string("none") : a.rate) + "\",\"dtype\":\"" + a.dtype +
                      "\",\"model_mib\":" + std::to_string(static_cast<int>(res.model_bytes / (1 << 20))) +
                      ",\"tcp_gbit\":" + std::to_string(res.link_gbit) + ",\"topology\":\"" + a.topology +
-                     "\",\"cross_memory\":" + (cma_off ? "false" : "true") + ",\"link_if\":\"" + ifname +
+                     "\",\"hosts\":\"" + (link == "veth" ? "namespaces" : "ZS_HOST_ID") + "\",\"link_if\":\"" + ifname +
                      "\",\"iters\":" + std::to_string(a.iters) + ",\"modes\":[";
   char buf[1024];
   int bypassed = 0;
   for (int k = 0; k < res.num_modes; ++k) {
     const double base = res.step_s[0];
-    std::printf("  %-28s step %8.1f ms (gathers %8.1f, gradients %8.1f; median step %8.1f)  %5.2fx "
+    std::printf("  %-32s step %8.1f ms (gathers %8.1f, gradients %8.1f; median step %8.1f)  %5.2fx "
                 "faster than unquantized\n",
                 kModes[k].name, res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
                 res.median_s[k] * 1e3, base / res.step_s[k]);
     if (counted) {
       const double mib = 1 << 20;
-      std::printf("  %-28s   link %s tx %9.1f MiB rx %9.1f MiB | engine sent %9.1f MiB received %9.1f MiB | "
+      std::printf("  %-32s   link %s tx %9.1f MiB rx %9.1f MiB | engine sent %9.1f MiB received %9.1f MiB | "
                   "link tx / engine sent %.3f\n",
                   "", ifname, res.link_tx[k] / mib, res.link_rx[k] / mib, res.eng_sent[k] / mib,
                   res.eng_recv[k] / mib, res.eng_sent[k] > 0 ? res.link_tx[k] / res.eng_sent[k] : 0.0);
@@ -583,12 +600,13 @@ int main(int argc, char** argv) {
       }
     }
     std::snprintf(buf, sizeof buf,
-                  "%s{\"mode\":\"%s\",\"qwz_bits\":%d,\"qgz_bits\":%d,\"loco\":%s,\"hpz\":%d,\"step_ms\":%.1f,"
+                  "%s{\"mode\":\"%s\",\"qwz_bits\":%d,\"qgz_bits\":%d,\"loco\":%s,\"hpz\":%d,"
+                  "\"every_pair\":%s,\"step_ms\":%.1f,"
                   "\"gather_ms\":%.1f,\"reduce_ms\":%.1f,\"median_step_ms\":%.1f,\"speedup\":%.3f,"
                   "\"link_tx_bytes\":%.0f,\"link_rx_bytes\":%.0f,\"engine_sent_bytes\":%.0f,"
                   "\"engine_received_bytes\":%.0f}",
                   k ? "," : "", kModes[k].name, kModes[k].qwz, kModes[k].qgz, kModes[k].loco ? "true" : "false",
-                  kModes[k].hpz, res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
+                  kModes[k].hpz, kModes[k].everywhere ? "true" : "false", res.step_s[k] * 1e3, res.gather_s[k] * 1e3, res.reduce_s[k] * 1e3,
                   res.median_s[k] * 1e3, base / res.step_s[k], res.link_tx[k], res.link_rx[k], res.eng_sent[k],
                   res.eng_recv[k]);
     json += buf;

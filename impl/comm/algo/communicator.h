@@ -60,8 +60,13 @@ class Communicator {
   }
   // send and recv hold bytes_per_rank * size(): block j of send goes to
   // member j, block i of recv comes from member i (ZeRO++ qgZ's exchange).
-  // send and recv must not overlap.
-  virtual void alltoall(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  // send and recv must not overlap. `payload` only says, for the stats,
+  // whether the blocks are quantized packets or fp32 (qgZ's exact hop
+  // within a host).
+  enum class Payload { Quantized, Exact };
+  void alltoall(const void* send, void* recv, size_t bytes_per_rank, Payload payload = Payload::Quantized) {
+    do_alltoall(send, recv, bytes_per_rank, payload);
+  }
   void broadcast(void* buf, size_t bytes, int root) {
     check_root("broadcast", root, size());
     do_broadcast(buf, bytes, root);
@@ -77,6 +82,7 @@ class Communicator {
                                  ReduceOp op) = 0;
   virtual void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                             ReduceOp op) = 0;
+  virtual void do_alltoall(const void* send, void* recv, size_t bytes_per_rank, Payload payload) = 0;
   virtual void do_broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void do_scatter(const std::vector<const void*>& inputs, void* recv,
                           size_t bytes_per_rank, int root) = 0;

@@ -138,7 +138,7 @@ void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
     copies.push_back({static_cast<uint8_t*>(outgoing.data()) + i * block, blocks[i], block});
   ops::copy_many(dev, copies);
   dev.synchronize();  // the transport reads outgoing next
-  intra.alltoall(outgoing.data(), incoming.data(), block * n_nodes);
+  intra.alltoall(outgoing.data(), incoming.data(), block * n_nodes, Communicator::Payload::Exact);
   // From local peer l: block [l][node]; the node's sum for each node, in
   // local order.
   const auto* in = static_cast<const float*>(incoming.data());

@@ -110,7 +110,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         [&] { collectives::all_reduce(*this, send, recv, count, dtype, op); });
   }
 
-  void alltoall(const void* send, void* recv, size_t bytes) override {
+  void do_alltoall(const void* send, void* recv, size_t bytes, Payload) override {
     run("all-to-all", [&] { return std::to_string(bytes) + " bytes per rank"; }, 0,
         [&] { collectives::all_to_all(*this, send, recv, bytes); });
   }

@@ -140,12 +140,12 @@ class StagedCommunicator final : public Communicator {
     s.finish();
   }
 
-  void alltoall(const void* send, void* recv, size_t bytes) override {
+  void do_alltoall(const void* send, void* recv, size_t bytes, Payload payload) override {
     Staging s = staging();
     s.add(send, bytes * n(), true, false);
     s.add(recv, bytes * n(), false, true);
     s.place();
-    inner_->alltoall(s.get(send), s.get(recv), bytes);
+    inner_->alltoall(s.get(send), s.get(recv), bytes, payload);
     s.finish();
   }
 

@@ -44,12 +44,12 @@ class TimedCommunicator final : public Communicator {
     const uint64_t b = 2 * count * dtype_size(dtype) * moved() / size_or_1();
     timed(CommKind::AllReduce, "all-reduce", b, b, [&] { inner_->allreduce(send, recv, count, dtype, op); });
   }
-  // The engine's one all-to-all is qgZ's quantized gradient reduction,
-  // which replaces the reduce-scatter.
-  void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
+  // The engine's all-to-all is qgZ's gradient reduction, which replaces the
+  // reduce-scatter: quantized, or fp32 on its hop within a host.
+  void do_alltoall(const void* send, void* recv, size_t bytes_per_rank, Payload payload) override {
     const uint64_t b = bytes_per_rank * moved();
-    timed(CommKind::QuantizedReduce, "all-to-all", b, b,
-          [&] { inner_->alltoall(send, recv, bytes_per_rank); });
+    timed(payload == Payload::Exact ? CommKind::ReduceScatter : CommKind::QuantizedReduce, "all-to-all", b, b,
+          [&] { inner_->alltoall(send, recv, bytes_per_rank, payload); });
   }
   void do_broadcast(void* buf, size_t bytes, int root) override {
     const bool from_me = rank() == root;

@@ -262,7 +262,7 @@ class NcclCommunicator final : public Communicator {
 
   // Grouped sends and receives (ncclSend/ncclRecv, in every NCCL the
   // loader accepts); our own block is a device copy on the same stream.
-  void alltoall(const void* send, void* recv, size_t bytes) override {
+  void do_alltoall(const void* send, void* recv, size_t bytes, Payload) override {
     usable("all-to-all");
     if (bytes == 0) return;
     const auto* in = static_cast<const char*>(send);
