@@ -9,7 +9,8 @@
 // the process's), so several contexts per process would measure something
 // no job runs. Per world size it prints, for zeroshard:
 //   create_s       fork of the first rank to the last rank's world group ready
-//   store_server   requests rank 0's store handled, and per rank (ZS_STORE_STATS)
+//   store_server   requests rank 0's store handled, and per rank, and the bytes
+//                  its replies carried (ZS_STORE_STATS)
 //   heartbeat      UDP datagrams per second, total and per rank, with every
 //                  rank idle (the machine's UDP counter, /proc/net/snmp)
 //   sockets        file descriptors that are sockets, per rank (mean)
@@ -178,6 +179,7 @@ struct Row {
   double hb_total = 0, hb_per_rank = 0;
   long long store_server = -1;
   double store_per_rank = 0;
+  double store_mib = -1;  // what rank 0's store replied
   bool all_named = false;
   std::string error;
 };
@@ -263,6 +265,8 @@ Row run_zeroshard(int world) {
       unsigned long long v = 0;
       if (const char* at = std::strstr(line.c_str(), "handled "); at && std::sscanf(at, "handled %llu", &v) == 1)
         row.store_server = static_cast<long long>(v);
+      if (const char* at = std::strstr(line.c_str(), "replied "); at && std::sscanf(at, "replied %llu", &v) == 1)
+        row.store_mib = static_cast<double>(v) / (1 << 20);
       if (const char* at = std::strstr(line.c_str(), "' made "); at && std::sscanf(at, "' made %llu", &v) == 1) {
         client_sum += static_cast<long long>(v);
         ++clients;
@@ -397,10 +401,11 @@ int main(int argc, char** argv) {
   for (int w : sizes) {
     const Row z = run_zeroshard(w);
     zs_rows.push_back(z);
-    std::printf("zeroshard %5d ranks: create %.2f s, store %lld requests on rank 0 (%.1f per rank), "
+    std::printf("zeroshard %5d ranks: create %.2f s, store %lld requests on rank 0 (%.1f per rank, %.2f MiB "
+                "replied), "
                 "heartbeats %.0f/s (%.1f per rank), %.1f sockets/rank, %.1f MiB/rank, dead rank named in "
                 "%.2f s%s, all-reduce %.0f us%s\n",
-                w, z.create_s, z.store_server, z.store_per_rank, z.hb_total, z.hb_per_rank, z.sockets, z.rss,
+                w, z.create_s, z.store_server, z.store_per_rank, z.store_mib, z.hb_total, z.hb_per_rank, z.sockets, z.rss,
                 z.name_dead_s, z.all_named ? "" : " (NOT by every rank)", z.allreduce_us,
                 z.error.empty() ? "" : ("  ERROR: " + z.error).c_str());
     // A torch rank holds ~0.5 GiB resident (libtorch): past what this
@@ -430,9 +435,11 @@ int main(int argc, char** argv) {
   std::printf("{\"bench\": \"scale\", \"ranks\": [");
   for (size_t i = 0; i < sizes.size(); ++i) std::printf("%s%d", i ? ", " : "", sizes[i]);
   std::printf("], \"zeroshard\": {\"create_s\": %s, \"store_server_requests\": %s, \"store_requests_per_rank\": %s, "
+              "\"store_server_replied_mib\": %s, "
               "\"heartbeat_per_s\": %s, \"heartbeat_per_s_per_rank\": %s, \"sockets_per_rank\": %s, "
               "\"rss_mib_per_rank\": %s, \"name_dead_s\": %s, \"allreduce_us\": %s}",
               list(zs_rows, &Row::create_s, 3).c_str(), store.c_str(), list(zs_rows, &Row::store_per_rank, 1).c_str(),
+              list(zs_rows, &Row::store_mib, 2).c_str(),
               list(zs_rows, &Row::hb_total, 0).c_str(), list(zs_rows, &Row::hb_per_rank, 1).c_str(),
               list(zs_rows, &Row::sockets, 1).c_str(), list(zs_rows, &Row::rss, 1).c_str(),
               list(zs_rows, &Row::name_dead_s, 3).c_str(), list(zs_rows, &Row::allreduce_us, 0).c_str());

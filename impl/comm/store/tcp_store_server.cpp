@@ -82,8 +82,11 @@ Server::Server(const std::string& host, int port, std::string secret) : secret_(
 
 Server::~Server() {
   if (store_stats_wanted())
-    std::fprintf(stderr, "zeroshard: store stats: server on port %d handled %llu requests, %d clients at most\n",
-                 port_, static_cast<unsigned long long>(requests_), peak_clients_);
+    std::fprintf(stderr,
+                 "zeroshard: store stats: server on port %d handled %llu requests, replied %llu bytes, %d "
+                 "clients at most\n",
+                 port_, static_cast<unsigned long long>(requests_), static_cast<unsigned long long>(replied_bytes_),
+                 peak_clients_);
   const char byte = 1;
   // The pipe is empty and non-blocking, so this write cannot block or fail.
   [[maybe_unused]] ssize_t n = write(stop_pipe_[1], &byte, 1);
@@ -328,6 +331,7 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
 }
 
 void Server::reply(Conn& c, Status status, const char* data, size_t n) {
+  replied_bytes_ += 1 + 8 + n;
   c.out.push_back(static_cast<char>(status));
   put_u64(c.out, n);
   c.out.append(data, n);

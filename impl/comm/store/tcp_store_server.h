@@ -65,6 +65,7 @@ class Server {
   size_t stored_bytes_ = 0;  // keys and values held
   uint64_t strangers_dropped_ = 0;
   uint64_t requests_ = 0;  // handled, from trusted clients (ZS_STORE_STATS)
+  uint64_t replied_bytes_ = 0;  // what the replies carried, framing included (ZS_STORE_STATS)
   int peak_clients_ = 0;
   const std::string secret_;
   int stop_pipe_[2] = {-1, -1};
