@@ -1,5 +1,7 @@
-// The fp16 loss scaler against the reference's rules: hysteresis absorbs
-// overflows before the scale halves, the window doubles it, the floor holds.
+// The fp16 loss scaler against DeepSpeed's rules (runtime/fp16/loss_scaler.py
+// DynamicLossScaler.update_scale): hysteresis absorbs overflows before the
+// scale halves, the (window + 1)-th clean step doubles it, the floor holds
+// and an overflow at the floor is reported.
 #include <gtest/gtest.h>
 
 #include "impl/optim/loss_scaler.h"
@@ -38,25 +40,43 @@ TEST(LossScaler, HysteresisAbsorbsOverflowsBeforeBackoff) {
   EXPECT_EQ(s.scale(), 256.0);
 }
 
-TEST(LossScaler, GrowsAfterAWindowOfCleanSteps) {
+// DeepSpeed doubles when (iter - last_overflow_iter - 1) is a positive
+// multiple of the window: at the fourth clean step after an overflow with a
+// window of 3, then every third.
+TEST(LossScaler, GrowsAtTheStepAfterAWindowOfCleanSteps) {
   zs::LossScaler s(dynamic(4, 3, 1));
   s.update(true);  // iter 0 overflows: 16 -> 8
   EXPECT_EQ(s.scale(), 8.0);
-  s.update(false);
-  s.update(false);
+  for (int i = 0; i < 3; ++i) s.update(false);
   EXPECT_EQ(s.scale(), 8.0);
-  s.update(false);  // three clean steps since the overflow
+  s.update(false);  // the fourth clean step
   EXPECT_EQ(s.scale(), 16.0);
   s.update(false);
   s.update(false);
+  EXPECT_EQ(s.scale(), 16.0);
   s.update(false);
   EXPECT_EQ(s.scale(), 32.0);
 }
 
-TEST(LossScaler, NeverBelowTheMinimum) {
+TEST(LossScaler, FromTheStartTheWindowPlusOneThStepDoubles) {
+  zs::LossScaler s(dynamic(4, 3, 2));
+  for (int i = 0; i < 3; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 16.0);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 32.0);
+}
+
+TEST(LossScaler, NeverBelowTheMinimumAndAnOverflowThereIsReported) {
   zs::LossScaler s(dynamic(2, 1000, 1, 2.0));
-  for (int i = 0; i < 10; ++i) s.update(true);
+  EXPECT_FALSE(s.update(true));  // 4 -> 2, the floor
   EXPECT_EQ(s.scale(), 2.0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(s.update(true)) << "an overflow at the floor, with no hysteresis left";
+    EXPECT_EQ(s.scale(), 2.0);
+  }
+  zs::LossScaler h(dynamic(1, 1000, 2, 2.0));  // starts at the floor, hysteresis 2
+  EXPECT_FALSE(h.update(true));  // absorbed
+  EXPECT_TRUE(h.update(true));
 }
 
 TEST(LossScaler, WindowGrowthRestoresHysteresis) {
@@ -64,7 +84,8 @@ TEST(LossScaler, WindowGrowthRestoresHysteresis) {
   s.update(true);  // absorbed (hysteresis 2 -> 1)
   EXPECT_EQ(s.scale(), 256.0);
   s.update(false);
-  s.update(false);  // window: scale doubles, hysteresis back to 2
+  s.update(false);
+  s.update(false);  // window + 1: scale doubles, hysteresis back to 2
   EXPECT_EQ(s.scale(), 512.0);
   s.update(true);  // absorbed again thanks to the restored hysteresis
   EXPECT_EQ(s.scale(), 512.0);

@@ -340,4 +340,39 @@ TEST(Optimizer, Fp16OverflowSkipsTheStepOnEveryRank) {
   });
 }
 
+// fp16: an overflow with the scale already at min_loss_scale and no
+// hysteresis left cannot be absorbed: as DeepSpeed ends the run there, the
+// step fails on every rank alike, naming the floor, and the params and the
+// scale stay as they were (the step was skipped).
+TEST(Optimizer, Fp16OverflowAtTheMinimumScaleFailsTheStepOnEveryRank) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(
+        env, R"({"fp16": {"enabled": true, "initial_scale_power": 2, "hysteresis": 1, "min_loss_scale": 2}})");
+    zs_param p = make_param(ctx, ZS_FLOAT16, "w");
+    zs_optimizer opt = unit_sgd(ctx, p);
+    ASSERT_NE(opt, nullptr);
+    const auto before = gathered(ctx, p, ZS_FLOAT16);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::vector<float> g = grad_of(0);
+      if (env.rank == 1) g[3] = INFINITY;
+      ASSERT_EQ(zs_grad_push(p, g.data(), ZS_FLOAT32, g.size() * 4), ZS_OK);
+      zs_step_result r = ZS_STEP_RESULT_INIT;
+      const zs_status st = zs_optimizer_step(opt, &r);
+      if (attempt == 0) {  // 4 -> 2: the floor
+        ZS_ASSERT_OK(st);
+        EXPECT_EQ(r.loss_scale, 2.0);
+        continue;
+      }
+      EXPECT_EQ(st, ZS_ERR_INVALID_STATE);
+      EXPECT_NE(std::string(zs_last_error()).find("already at min_loss_scale (2)"), std::string::npos)
+          << zs_last_error();
+    }
+    double scale = 0.0;
+    ZS_ASSERT_OK(zs_optimizer_loss_scale(opt, &scale));
+    EXPECT_EQ(scale, 2.0);
+    EXPECT_EQ(gathered(ctx, p, ZS_FLOAT16), before) << "a skipped step changed the param";
+    zs_context_destroy(ctx);
+  });
+}
+
 }  // namespace

@@ -26,10 +26,12 @@ void LossScaler::set_state(const State& s) {
   last_overflow_iter_ = s.last_overflow_iter;
 }
 
-void LossScaler::update(bool overflow) {
-  if (!dynamic_) return;
+bool LossScaler::update(bool overflow) {
+  if (!dynamic_) return false;
+  bool exhausted = false;
   if (overflow) {
     if (cfg_.hysteresis == 1 || hysteresis_left_ == 1) {
+      exhausted = scale_ == cfg_.min_scale;
       scale_ = std::max(scale_ / 2.0, cfg_.min_scale);
     } else {
       --hysteresis_left_;
@@ -37,12 +39,16 @@ void LossScaler::update(bool overflow) {
     last_overflow_iter_ = iter_;
   } else {
     if (cfg_.consecutive_hysteresis) hysteresis_left_ = cfg_.hysteresis;
-    if ((iter_ - last_overflow_iter_) % cfg_.window == 0) {
+    // DeepSpeed's count: the steps since the last overflow, less one, so
+    // the scale doubles at the (window + 1)-th clean step, then every window.
+    const int64_t stable = iter_ - last_overflow_iter_ - 1;
+    if (stable > 0 && stable % cfg_.window == 0) {
       if (!cfg_.consecutive_hysteresis) hysteresis_left_ = cfg_.hysteresis;
       scale_ *= 2.0;
     }
   }
   ++iter_;
+  return exhausted;
 }
 
 }  // namespace zs

@@ -1,7 +1,9 @@
-// fp16 loss scaling with the reference's knobs. Dynamic (loss_scale 0): an
-// overflowing step halves the scale once `hysteresis` overflows have been
-// absorbed (never below min_loss_scale); loss_scale_window clean steps in a
-// row double it. Static (loss_scale > 0): the scale never changes.
+// fp16 loss scaling with DeepSpeed's knobs and rules. Dynamic (loss_scale
+// 0): an overflowing step halves the scale once `hysteresis` overflows
+// have been absorbed (never below min_loss_scale); the (window + 1)-th
+// clean step after an overflow (or the start) doubles it, and every
+// loss_scale_window clean steps after that. Static (loss_scale > 0): the
+// scale never changes.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,10 @@ class LossScaler {
   explicit LossScaler(const LossScalerConfig& c);
   double scale() const { return scale_; }
   bool dynamic() const { return dynamic_; }
-  // Record the outcome of one step.
-  void update(bool overflow);
+  // Record the outcome of one step. True when the step overflowed with the
+  // scale already at min_loss_scale and no hysteresis left: nothing can
+  // absorb it (DeepSpeed ends the run there; the optimizer fails the step).
+  bool update(bool overflow);
 
   // What a checkpoint keeps: the scale and where the hysteresis and the
   // growth window stand.

@@ -635,7 +635,7 @@ StepResult Optimizer::step() {
     if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);
     ++step_;
   }
-  scaler_.update(r.skipped);
+  const bool scale_exhausted = scaler_.update(r.skipped);
   grads(ctx_).end_step();
   // New shards are in place once the step returns.
   ctx_.device()->synchronize();
@@ -644,6 +644,12 @@ StepResult Optimizer::step() {
   r.loss_scale = scaler_.scale();
   r.step = step_;
   record_step_stats(step_begin, update_seconds);
+  // Every rank saw the same overflow, so every rank fails here alike.
+  if (scale_exhausted)
+    fail(Code::InvalidState, "fp16: the gradients overflowed again with the loss scale already at "
+         "min_loss_scale (", scaler_.scale(), ") and no hysteresis left, so the step was skipped and no "
+         "later step can succeed (DeepSpeed ends the run here too); lower fp16.min_loss_scale, or find "
+         "what overflows (bf16 has fp32's range)");
   return r;
 }
 
