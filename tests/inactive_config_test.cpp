@@ -134,6 +134,18 @@ TEST(InactiveConfig, LegacyCpuOffloadFlags) {
   EXPECT_TRUE(inactive(R"({"zero_optimization": {"cpu_offload": false}})").empty());
 }
 
+// ZeRO-1/2 options of DeepSpeed 0.19.8 load, and are listed away from
+// the value at which they change nothing here.
+TEST(InactiveConfig, ZeroOneTwoOptionsLoadAndAreListedAwayFromTheirDefault) {
+  EXPECT_TRUE(inactive(R"({"zero_optimization": {"parameter_alignment": false,
+      "compute_grad_norm": true}})").empty());
+  const auto keys = inactive(R"({"zero_optimization": {"parameter_alignment": true,
+      "compute_grad_norm": false}})");
+  EXPECT_EQ(paths(keys), (Paths{"zero_optimization.parameter_alignment",
+                                "zero_optimization.compute_grad_norm"}));
+  EXPECT_NE(keys[1].reason.find("always computed"), std::string::npos);
+}
+
 TEST(InactiveConfig, QuantizationListedOnlyWhenOn) {
   // qwZ (impl/fetch/gather.cpp), qgZ (impl/comm/algo/quantized_reduce.h) and
   // frozen-weight quantization (impl/partition/freeze.h) all act.

@@ -456,7 +456,7 @@ void skip_zero_extras(Section& zero) {
         "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear",
         "pipeline_loading_checkpoint", "override_module_apply",
         "log_trace_cache_warnings", "enable_sanity_checks",
-        "save_muon_momentum_buffer_in_memory"}) {
+        "save_muon_momentum_buffer_in_memory", "parameter_alignment", "compute_grad_norm"}) {
     zero.skip({key}, Kind::Bool);
   }
   zero.skip({"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"},
