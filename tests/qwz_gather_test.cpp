@@ -71,19 +71,8 @@ TEST(QwzHosts, OneHostGathersExactAndSaysSo) {
   run_ranks(2, [](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, qwz_config(8, 256).c_str());
     ASSERT_NE(ctx, nullptr);
-    const char* keys = nullptr;
-    ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
-    EXPECT_NE(std::string(keys).find(R"("key":"zero_optimization.zero_quantized_weights")"),
-              std::string::npos) << keys;
-    EXPECT_NE(std::string(keys).find("every rank of this job is on one host"), std::string::npos) << keys;
-    auto ps = register_all(ctx, {257, 100003}, 17);
-    fetch_all(ctx, ps);
-    for (const auto& p : ps) EXPECT_EQ(gathered(p), p.values) << p.name << ": not exact on one host";
-    zs_fetch_stats st = ZS_FETCH_STATS_INIT;
-    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
-    EXPECT_EQ(st.quantized_gather_bytes_sent, 0u);
-    release_all(ctx, ps);
-    for (auto& p : ps) zs_param_destroy(p.handle);
+    expect_listed_as_one_host(ctx, "zero_quantized_weights");
+    expect_exact_gathers(ctx, {257, 100003}, "one host");
     ZS_EXPECT_OK(zs_context_destroy(ctx));
   });
 }
@@ -104,14 +93,7 @@ TEST(QwzHosts, TwoHostsQuantizeWhatCrossesThem) {
     const char* keys = nullptr;
     ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
     EXPECT_EQ(std::string(keys), "[]");
-    auto ps = register_all(ctx, {257, 100003}, 17);
-    fetch_all(ctx, ps);
-    for (const auto& p : ps) EXPECT_EQ(gathered(p), p.values) << p.name << ": a MiCS group within a host";
-    zs_fetch_stats st = ZS_FETCH_STATS_INIT;
-    ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
-    EXPECT_EQ(st.quantized_gather_bytes_sent, 0u);
-    release_all(ctx, ps);
-    for (auto& p : ps) zs_param_destroy(p.handle);
+    expect_exact_gathers(ctx, {257, 100003}, "a MiCS group within a host");
     ZS_EXPECT_OK(zs_context_destroy(ctx));
   });
 }

@@ -155,4 +155,27 @@ inline void release_all(zs_context ctx, const std::vector<P>& ps) {
   ZS_ASSERT_OK(zs_release(ctx, hs.data(), hs.size()));
 }
 
+// On one host the engine quantizes nothing and lists the quantization key
+// (`key`, e.g. "zero_quantized_weights") among the inactive ones, saying why.
+inline void expect_listed_as_one_host(zs_context ctx, const std::string& key) {
+  const char* keys = nullptr;
+  ZS_ASSERT_OK(zs_context_inactive_config_keys(ctx, &keys));
+  const std::string json(keys);
+  EXPECT_NE(json.find("\"key\":\"zero_optimization." + key + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("every rank of this job is on one host"), std::string::npos) << json;
+}
+
+// Registers params of these sizes, gathers them, and expects the registered
+// values back bitwise, with no quantized byte sent (`why` says why exact).
+inline void expect_exact_gathers(zs_context ctx, const std::vector<int64_t>& numels, const char* why) {
+  auto ps = register_all(ctx, numels, 17);
+  fetch_all(ctx, ps);
+  for (const auto& p : ps) EXPECT_EQ(gathered(p), p.values) << p.name << ": not exact (" << why << ")";
+  zs_fetch_stats st = ZS_FETCH_STATS_INIT;
+  ZS_ASSERT_OK(zs_context_fetch_stats(ctx, &st));
+  EXPECT_EQ(st.quantized_gather_bytes_sent, 0u) << why;
+  release_all(ctx, ps);
+  for (auto& p : ps) zs_param_destroy(p.handle);
+}
+
 }  // namespace zs::test::quant
