@@ -246,6 +246,44 @@ TEST_P(StoreSemantics, WaitTimeoutNamesOnlyMissingKeys) {
   EXPECT_NE(msg.find("200 ms"), std::string::npos) << msg;
 }
 
+// set_many / get_many: values in the order asked, a get that waits for
+// keys another client sets later, a timeout naming only the missing keys,
+// and lists longer than one request holds (kMaxWaitKeys: 1,024).
+TEST_P(StoreSemantics, ManyKeysAtOnce) {
+  store_->set_many({}, {});
+  EXPECT_TRUE(store_->get_many({}).empty());
+  store_->set_many({"x", "y", "x"}, {bytes("1"), bytes(""), bytes("3")});
+  auto got = store_->get_many({"y", "x", "x"});
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(text(got[0]), "");
+  EXPECT_EQ(text(got[1]), "3");
+  EXPECT_EQ(text(got[2]), "3");
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    peer_->set_many({"late1", "late2"}, {bytes("a"), bytes("b")});
+  });
+  got = store_->get_many({"x", "late2", "late1"});
+  setter.join();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(text(got[1]), "b");
+  EXPECT_EQ(text(got[2]), "a");
+  std::vector<std::string> keys;
+  std::vector<std::vector<char>> values;
+  for (int i = 0; i < 2500; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    values.push_back(bytes(std::to_string(i * 7)));
+  }
+  peer_->set_many(keys, values);
+  got = store_->get_many(keys);
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); i += 499) EXPECT_EQ(text(got[i]), std::to_string(i * 7));
+  error_of(Code::InvalidArgument, [&] { store_->set_many({"a", "b"}, {bytes("1")}); });
+  set_timeout(200ms);
+  const std::string msg = error_of(Code::Timeout, [&] { store_->get_many({"x", "never"}); });
+  EXPECT_NE(msg.find(quoted("never")), std::string::npos) << msg;
+  EXPECT_EQ(msg.find(quoted("x")), std::string::npos) << msg;
+}
+
 TEST_P(StoreSemantics, BinaryKeysAndValuesRoundTrip) {
   std::vector<char> all(512);
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(i);

@@ -19,11 +19,12 @@ class PrefixStore final : public Store {
     base_->set(prefix_ + key, value);
   }
   std::vector<char> get(const std::string& key) override { return base_->get(prefix_ + key); }
-  void wait(const std::vector<std::string>& keys) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const std::string& key : keys) full.push_back(prefix_ + key);
-    base_->wait(full);
+  void wait(const std::vector<std::string>& keys) override { base_->wait(prefixed(keys)); }
+  void set_many(const std::vector<std::string>& keys, const std::vector<std::vector<char>>& values) override {
+    base_->set_many(prefixed(keys), values);
+  }
+  std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys) override {
+    return base_->get_many(prefixed(keys));
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return base_->add(prefix_ + key, delta);
@@ -32,6 +33,13 @@ class PrefixStore final : public Store {
   void interrupt(const std::string& why) override { base_->interrupt(why); }
 
  private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& key : keys) full.push_back(prefix_ + key);
+    return full;
+  }
+
   std::shared_ptr<Store> base_;
   std::string prefix_;
 };

@@ -29,6 +29,13 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // True if the key exists now; never blocks for it.
   virtual bool check(const std::string& key) = 0;
+  // Several keys at once: set_many writes keys[i] = values[i]; get_many
+  // blocks until every key exists (or the timeout passes) and returns
+  // their values in order. The TCP store sends one request per
+  // kMaxWaitKeys keys (a rank meeting N peers makes O(1) requests, not N);
+  // the defaults here call set and get once per key.
+  virtual void set_many(const std::vector<std::string>& keys, const std::vector<std::vector<char>>& values);
+  virtual std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys);
   // Clients connected to the server this process runs (its own client
   // included), or -1 when it runs none: how rank 0 knows that no peer
   // needs the store any more, dead ones included.

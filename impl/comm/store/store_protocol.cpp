@@ -65,6 +65,7 @@ bool decode_request(const char* body, size_t n, Request* out) {
   uint8_t cmd = 0;
   if (!r.u8(&cmd)) return false;
   out->keys.clear();
+  out->values.clear();
   out->value.clear();
   out->who.clear();
   out->delta = 0;
@@ -94,8 +95,23 @@ bool decode_request(const char* body, size_t n, Request* out) {
       out->keys.emplace_back();
       return r.key(&out->keys[0]) && r.done();
     }
-    case Cmd::Wait: {
-      out->cmd = Cmd::Wait;
+    case Cmd::SetMany: {
+      out->cmd = Cmd::SetMany;
+      uint32_t count = 0;
+      if (!r.u32(&count) || count > kMaxWaitKeys) return false;
+      for (uint32_t i = 0; i < count; ++i) {
+        out->keys.emplace_back();
+        out->values.emplace_back();
+        uint64_t len = 0;
+        if (!r.key(&out->keys.back()) || !r.u64(&len) || len > Store::kMaxValueBytes ||
+            !r.bytes(len, &out->values.back()))
+          return false;
+      }
+      return r.done();
+    }
+    case Cmd::Wait:
+    case Cmd::GetMany: {
+      out->cmd = static_cast<Cmd>(cmd);
       uint32_t count = 0;
       if (!r.u32(&count) || count > kMaxWaitKeys) return false;
       out->keys.reserve(count);
@@ -153,6 +169,27 @@ std::string encode_wait(const std::string* keys, size_t count) {
   return body;
 }
 
+std::string encode_get_many(const std::string* keys, size_t count) {
+  std::string body = encode_wait(keys, count);
+  body[0] = static_cast<char>(Cmd::GetMany);
+  return body;
+}
+
+size_t set_many_entry_bytes(const std::string& key, size_t value_bytes) {
+  return 4 + key.size() + 8 + value_bytes;
+}
+
+std::string encode_set_many(const std::string* keys, const std::vector<char>* values, size_t count) {
+  std::string body(1, static_cast<char>(Cmd::SetMany));
+  put_u32(body, static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    put_key(body, keys[i]);
+    put_u64(body, values[i].size());
+    body.append(values[i].data(), values[i].size());
+  }
+  return body;
+}
+
 std::string encode_add(const std::string& key, int64_t delta) {
   std::string body(1, static_cast<char>(Cmd::Add));
   put_key(body, key);
@@ -173,6 +210,12 @@ std::string encode_request(const Request& r) {
     case Cmd::Set: return encode_set(r.keys.at(0), r.value.data(), r.value.size());
     case Cmd::Get: return encode_get(r.keys.at(0));
     case Cmd::Wait: return encode_wait(r.keys.data(), r.keys.size());
+    case Cmd::GetMany: return encode_get_many(r.keys.data(), r.keys.size());
+    case Cmd::SetMany: {
+      std::vector<std::vector<char>> values;
+      for (const std::string& v : r.values) values.emplace_back(v.begin(), v.end());
+      return encode_set_many(r.keys.data(), values.data(), r.keys.size());
+    }
     case Cmd::Add: return encode_add(r.keys.at(0), r.delta);
     case Cmd::Check: return encode_check(r.keys.at(0));
   }

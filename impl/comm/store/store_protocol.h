@@ -13,6 +13,9 @@
 //     SET   u32 key_length, key, u64 value_length, value
 //     GET   u32 key_length, key          (answered once the key exists)
 //     WAIT  u32 count, count x (u32 key_length, key)   (answered once all exist)
+//     SETS  u32 count, count x (u32 key_length, key, u64 value_length, value)
+//     GETS  u32 count, count x (u32 key_length, key)   (answered once all
+//           exist: count x (u64 value_length, value), in the order asked)
 //     ADD   u32 key_length, key, i64 delta           (reply: i64 new value)
 //     CHECK u32 key_length, key                      (reply: u8 0 or 1)
 //   reply: u8 status (0 ok, 1 error), u64 payload_length, payload
@@ -29,7 +32,9 @@
 
 namespace zs::store_protocol {
 
-enum class Cmd : uint8_t { Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6, Auth = 7 };
+enum class Cmd : uint8_t {
+  Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6, Auth = 7, SetMany = 8, GetMany = 9
+};
 
 constexpr size_t kAuthProofBytes = 32;  // HMAC-SHA-256 (job_secret.h)
 
@@ -44,6 +49,8 @@ constexpr size_t kStoreMagicBytes = sizeof kStoreMagic - 1;
 // went away.
 constexpr size_t kMaxClientName = 64;
 
+// Keys of one WAIT, GETS or SETS (a SETS is also bounded by
+// kMaxRequestBytes in all; clients split longer lists).
 constexpr size_t kMaxWaitKeys = 1024;
 // Largest request body: SET with the largest key and value.
 constexpr size_t kMaxRequestBytes = 1 + 4 + Store::kMaxKeyBytes + 8 + Store::kMaxValueBytes;
@@ -55,13 +62,14 @@ void put_u32(std::string& b, uint32_t v);
 void put_u64(std::string& b, uint64_t v);
 uint64_t load_le(const char* p, int n);
 
-// One decoded request. keys: one key for SET, GET, ADD and CHECK; WAIT's
-// keys in the order sent (repeats kept).
+// One decoded request. keys: one key for SET, GET, ADD and CHECK; WAIT's,
+// GETS' and SETS' keys in the order sent (repeats kept); values: SETS'.
 struct Request {
   Cmd cmd = Cmd::Check;
   std::vector<std::string> keys;  // HELLO: none
   std::string who;    // HELLO: the client's name (may be empty)
   std::string value;  // SET; AUTH: the proof
+  std::vector<std::string> values;  // SETS, one per key
   int64_t delta = 0;  // ADD
 };
 
@@ -77,6 +85,10 @@ std::string encode_auth(const std::string& proof);
 std::string encode_set(const std::string& key, const char* value, size_t n);
 std::string encode_get(const std::string& key);
 std::string encode_wait(const std::string* keys, size_t count);
+std::string encode_get_many(const std::string* keys, size_t count);
+std::string encode_set_many(const std::string* keys, const std::vector<char>* values, size_t count);
+// Bytes one key and value add to a SETS body.
+size_t set_many_entry_bytes(const std::string& key, size_t value_bytes);
 std::string encode_add(const std::string& key, int64_t delta);
 std::string encode_check(const std::string& key);
 std::string encode_request(const Request& r);

@@ -59,6 +59,8 @@ class TcpStore final : public Store {
   void wait(const std::vector<std::string>& keys) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key) override;
+  void set_many(const std::vector<std::string>& keys, const std::vector<std::vector<char>>& values) override;
+  std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys) override;
   int clients_connected() const override { return server_ ? server_->clients() : -1; }
   void interrupt(const std::string& why) override;
 
@@ -437,6 +439,71 @@ void TcpStore::wait(const std::vector<std::string>& keys) {
            " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
     }
   }
+}
+
+void TcpStore::set_many(const std::vector<std::string>& keys, const std::vector<std::vector<char>>& values) {
+  if (keys.size() != values.size())
+    fail(Code::InvalidArgument, "set_many: ", keys.size(), " keys but ", values.size(), " values");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    store_detail::check_key("set", keys[i]);
+    store_detail::check_value(keys[i], values[i].size());
+  }
+  const std::string what = "set of " + std::to_string(keys.size()) + " key(s)";
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  // As many pairs per request as kMaxWaitKeys and kMaxRequestBytes allow.
+  for (size_t first = 0; first < keys.size();) {
+    size_t count = 0, bytes = 1 + 4;
+    while (first + count < keys.size() && count < kMaxWaitKeys) {
+      const size_t more = store_protocol::set_many_entry_bytes(keys[first + count], values[first + count].size());
+      if (count > 0 && bytes + more > kMaxRequestBytes) break;
+      bytes += more;
+      ++count;
+    }
+    const std::string body = store_protocol::encode_set_many(keys.data() + first, values.data() + first, count);
+    std::string reply;
+    if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
+    first += count;
+  }
+}
+
+std::vector<std::vector<char>> TcpStore::get_many(const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) store_detail::check_key("get", key);
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  const auto deadline = start + timeout_;
+  const std::string what = "get of " + std::to_string(keys.size()) + " key(s)";
+  std::vector<std::vector<char>> values;
+  values.reserve(keys.size());
+  for (size_t first = 0; first < keys.size(); first += kMaxWaitKeys) {
+    const size_t count = std::min(kMaxWaitKeys, keys.size() - first);
+    const std::string body = store_protocol::encode_get_many(keys.data() + first, count);
+    std::string reply;
+    if (!exchange(body, deadline, what, &reply)) {
+      const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
+      fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ", timeout_.count(),
+           " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
+    }
+    // count x (u64 length, value), every length checked against what is left.
+    size_t at = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const bool room = reply.size() - at >= 8;
+      const uint64_t len = room ? load_le(reply.data() + at, 8) : 0;
+      if (!room || len > reply.size() - at - 8) {
+        disconnect_locked();
+        fail(Code::Bootstrap, what, ": store at ", where_, " sent a malformed reply (", reply.size(),
+             " bytes for ", count, " values)");
+      }
+      values.emplace_back(reply.begin() + static_cast<std::ptrdiff_t>(at + 8),
+                          reply.begin() + static_cast<std::ptrdiff_t>(at + 8 + len));
+      at += 8 + len;
+    }
+    if (at != reply.size()) {
+      disconnect_locked();
+      fail(Code::Bootstrap, what, ": store at ", where_, " sent ", reply.size() - at, " bytes too many");
+    }
+  }
+  return values;
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {

@@ -281,21 +281,29 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
       }
       return true;
     }
-    case Cmd::Wait: {
+    case Cmd::Wait:
+    case Cmd::GetMany: {
       std::unordered_set<std::string> missing;
-      for (std::string& key : req.keys) {
-        if (data_.count(key) == 0) missing.insert(std::move(key));
+      for (const std::string& key : req.keys) {
+        if (data_.count(key) == 0) missing.insert(key);
       }
       if (missing.empty()) {
-        reply(c, Status::Ok, nullptr, 0);
+        if (req.cmd == Cmd::GetMany)
+          reply_values(c, req.keys);
+        else
+          reply(c, Status::Ok, nullptr, 0);
       } else {
         for (const std::string& key : missing) waiters_[key].push_back(c.fd);
         c.parked = true;
         c.parked_get = false;
         c.missing = std::move(missing);
+        if (req.cmd == Cmd::GetMany) c.get_many = std::move(req.keys);
       }
       return true;
     }
+    case Cmd::SetMany:
+      set_many(c, req.keys, req.values);
+      return true;
     case Cmd::Add: {
       const std::string& key = req.keys[0];
       const int64_t delta = req.delta;
@@ -328,6 +336,54 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
     }
   }
   return false;
+}
+
+void Server::reply_values(Conn& c, const std::vector<std::string>& keys) {
+  size_t total = 0;
+  for (const std::string& key : keys) total += 8 + data_.at(key).size();
+  if (total > kMaxReplyPayload) {
+    const std::string msg = "GETS of " + std::to_string(keys.size()) + " keys would reply " +
+                            std::to_string(total) + " bytes, more than the limit of " +
+                            std::to_string(kMaxReplyPayload) + ": ask for fewer keys at a time";
+    reply(c, Status::Error, msg.data(), msg.size());
+    return;
+  }
+  std::string out;
+  out.reserve(total);
+  for (const std::string& key : keys) {
+    const std::string& value = data_.at(key);
+    put_u64(out, value.size());
+    out += value;
+  }
+  reply(c, Status::Ok, out.data(), out.size());
+}
+
+void Server::set_many(Conn& c, const std::vector<std::string>& keys, std::vector<std::string>& values) {
+  // Counted as if no key were replaced but those stored now, each once:
+  // at worst a request that repeats a key is refused a little early.
+  size_t adds = 0, replaced = 0;
+  std::unordered_set<std::string> seen;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    adds += keys[i].size() + values[i].size();
+    const auto old = data_.find(keys[i]);
+    if (old != data_.end() && seen.insert(keys[i]).second) replaced += keys[i].size() + old->second.size();
+  }
+  if (stored_bytes_ - replaced + adds > kMaxStoredBytes) {
+    const std::string msg = "SETS of " + std::to_string(keys.size()) + " keys (" + std::to_string(adds) +
+                            " bytes) would take the store past its limit of " +
+                            std::to_string(kMaxStoredBytes) + " bytes (it holds " +
+                            std::to_string(stored_bytes_) + ")";
+    reply(c, Status::Error, msg.data(), msg.size());
+    return;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto old = data_.find(keys[i]);
+    stored_bytes_ += keys[i].size() + values[i].size() -
+                     (old == data_.end() ? 0 : keys[i].size() + old->second.size());
+    data_.insert_or_assign(keys[i], std::move(values[i]));
+  }
+  reply(c, Status::Ok, nullptr, 0);
+  for (const std::string& key : keys) wake(key);
 }
 
 void Server::reply(Conn& c, Status status, const char* data, size_t n) {
@@ -371,7 +427,13 @@ void Server::wake(const std::string& key) {
     } else {
       if (w.missing.erase(key) == 0 || !w.missing.empty()) continue;
       w.parked = false;
-      reply(w, Status::Ok, nullptr, 0);
+      if (w.get_many.empty()) {
+        reply(w, Status::Ok, nullptr, 0);
+      } else {
+        const std::vector<std::string> keys = std::move(w.get_many);
+        w.get_many.clear();
+        reply_values(w, keys);
+      }
     }
     ready_.push_back(fd);  // it may have pipelined more requests
   }

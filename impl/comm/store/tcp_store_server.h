@@ -39,11 +39,13 @@ class Server {
     std::string out;  // reply bytes not yet sent start at out_pos
     size_t out_pos = 0;
     bool dead = false;
-    // A parked request: GET of get_key, or WAIT for the keys in missing.
+    // A parked request: GET of get_key, or WAIT (or GETS, whose keys in
+    // the order asked are get_many) for the keys in missing.
     bool parked = false;
     bool parked_get = false;
     std::string get_key;
     std::unordered_set<std::string> missing;
+    std::vector<std::string> get_many;
   };
 
   void loop();
@@ -52,6 +54,10 @@ class Server {
   void process(Conn& c);
   bool handle(Conn& c, const char* body, size_t n);
   void reply(Conn& c, Status status, const char* data, size_t n);
+  // GETS' answer: each key's value, in order (every key exists).
+  void reply_values(Conn& c, const std::vector<std::string>& keys);
+  // SETS: every pair, or none when they would pass kMaxStoredBytes.
+  void set_many(Conn& c, const std::vector<std::string>& keys, std::vector<std::string>& values);
   void flush(Conn& c);
   void wake(const std::string& key);
   void drop(int fd);

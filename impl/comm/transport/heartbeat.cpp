@@ -157,10 +157,11 @@ void Heartbeat::start(Store& store) {
   known.erase(std::unique(known.begin(), known.end()), known.end());
   std::vector<std::string> keys;
   for (int r : known) keys.push_back(key_of(r));
-  store.wait(keys);
-  for (int r : known) {
+  const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
+  for (size_t i = 0; i < known.size(); ++i) {
+    const int r = known[i];
     Peer& p = peers[static_cast<size_t>(r)];
-    const std::vector<char> raw = store.get(key_of(r));
+    const std::vector<char>& raw = addresses[i];
     std::istringstream in(std::string(raw.begin(), raw.end()));
     std::string peer_port;
     in >> p.host >> peer_port >> p.epoch;
