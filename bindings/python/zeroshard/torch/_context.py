@@ -39,6 +39,13 @@ _pending = []  # (config, device) of the Init blocks entered before the context 
 # modules that keep state of the context register here (on_shutdown), so
 # that this module imports none of them.
 _shutdown_callbacks = []
+# What the modules above this one keep of the context (hooks.HookState), by
+# class (context_state): one object of each, made on first use, for the
+# context in `_context` or, while there is none, for the one get_context()
+# creates next (a forward's hooks note their step before they create the
+# context). Each owner drops its own in an on_shutdown callback
+# (drop_context_state), and says there what outlives the context.
+_context_state = {}
 
 
 def on_shutdown(fn):
@@ -46,6 +53,23 @@ def on_shutdown(fn):
     in registration order). Returns fn."""
     _shutdown_callbacks.append(fn)
     return fn
+
+
+def context_state(cls):
+    """The context's `cls` object, made by cls() on first use: the state a
+    module keeps of the process's context, or before there is a context,
+    of the next one created (the two are one object). It lasts until its
+    owner drops it (drop_context_state, from an on_shutdown callback)."""
+    state = _context_state.get(cls)
+    if state is None:
+        state = _context_state[cls] = cls()
+    return state
+
+
+def drop_context_state(cls):
+    """Forget the context's `cls` object (the next context_state(cls) makes
+    a new one); returns it, or None when none was made."""
+    return _context_state.pop(cls, None)
 
 
 def _free_port():

@@ -70,7 +70,9 @@ gathered inside it is a read of the module that called it.
 
 The hooks are plain functions that find their state on the module
 (`_zs_unit`, `_zs_hooks`), so `copy.deepcopy` of a hooked model gives a
-hooked copy with its own units and partitioned params.
+hooked copy with its own units and partitioned params. What they share
+across models (the forwards running, the scopes opened, the coordinator's
+step, fp16 loss scaling) is the context's: its HookState (hook_state()).
 
 On a GPU context gradients are handed over as CUDA pointers, without a copy
 to the host: the engine's stream is a blocking stream, so its copy runs
@@ -88,25 +90,45 @@ import torch
 import zeroshard
 
 from . import _params, saved
-from ._context import get_context, on_shutdown
+from ._context import context_state, drop_context_state, get_context, on_shutdown
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
                       registered_params, zparams)
 
-_running = []  # units whose forward is running now, innermost last (all models)
-# Scopes a unit opened because it ran outside any root forward: (unit,
-# len(_running) before it ran), innermost last.
-_opened = []
-# The coordinator's step is one per context, whichever model began it.
-# "scopes": forwards (roots' and opened scopes) running in it now;
-# "inference": it began under no_grad and no forward with gradients ran in
-# it since, so the forward that began it ends it (see _scope_ends).
-_step = {"open": False, "scopes": 0, "inference": False}
-# fp16 loss scaling: the scale gradients must carry (1.0: none required;
-# set by ZeroShardOptimizer under fp16.enabled), and how many
-# ZeroShardOptimizer.backward calls are running (each scales its loss).
-_loss_scaling = {"scale": 1.0, "scaled_backwards": 0}
-_ran = []  # HookEngines whose model ran a forward since the last optimizer step
+class HookState:
+    """What the hooks of every model keep of one context: one object per
+    context (hook_state()), made on first use, before the context itself
+    when a forward's hooks run first (it is then the state of the context
+    they create), and dropped when shutdown() closes the context
+    (forget_step)."""
+
+    __slots__ = ("running", "opened", "step_open", "scopes", "inference", "loss_scale",
+                 "scaled_backwards", "ran")
+
+    def __init__(self):
+        self.running = []  # units whose forward is running now, innermost last (all models)
+        # Scopes a unit opened because it ran outside any root forward: (unit,
+        # len(running) before it ran), innermost last.
+        self.opened = []
+        # The coordinator's step is one per context, whichever model began it.
+        # scopes: forwards (roots' and opened scopes) running in it now;
+        # inference: it began under no_grad and no forward with gradients ran in
+        # it since, so the forward that began it ends it (see _scope_ends).
+        self.step_open = False
+        self.scopes = 0
+        self.inference = False
+        # fp16 loss scaling: the scale gradients must carry (1.0: none required;
+        # set by ZeroShardOptimizer under fp16.enabled), and how many
+        # ZeroShardOptimizer.backward calls are running (each scales its loss).
+        self.loss_scale = 1.0
+        self.scaled_backwards = 0
+        self.ran = []  # HookEngines whose model ran a forward since the last optimizer step
+
+
+def hook_state():
+    """The HookState of the process's context (of the next one created
+    while there is none)."""
+    return context_state(HookState)
 
 
 class _Unit:
@@ -184,11 +206,15 @@ def _weakly(method):
 
 @on_shutdown
 def forget_step():
-    """The context is gone: no step is open, no forward runs."""
-    _step.update(open=False, scopes=0, inference=False)
-    _loss_scaling.update(scale=1.0, scaled_backwards=0)
-    _running.clear()
-    step_done()
+    """The context is gone: no step is open, no forward runs. Its state goes
+    with it, but for the scopes forwards opened: those forwards still run
+    (shutdown() inside one), and their post-hooks close them, so the next
+    context's state has them."""
+    state = drop_context_state(HookState)
+    if state is not None:
+        _forget_ran(state)
+        if state.opened:
+            hook_state().opened = state.opened
 
 
 def stepping_engines(params):
@@ -198,7 +224,7 @@ def stepping_engines(params):
     until its rank's garbage collector reaches it, which happens at
     different times on different ranks, and ending its step may push its
     leaf gradients (a collective)."""
-    engines = list(_ran)
+    engines = list(hook_state().ran)
     for p in params:
         owner = p.zs.owner if is_partitioned(p) else None
         if owner is not None and owner.engine is not None and all(owner.engine is not e for e in engines):
@@ -208,9 +234,13 @@ def stepping_engines(params):
 
 def step_done():
     """An optimizer step ended every running model's step."""
-    for e in _ran:
+    _forget_ran(hook_state())
+
+
+def _forget_ran(state):
+    for e in state.ran:
         e.ran = False
-    _ran.clear()
+    state.ran.clear()
 
 
 def _acquire(params, handles=None):
@@ -262,8 +292,9 @@ def _check_scaled_backward():
     from ZeroShardOptimizer.backward(loss), which scales the loss: the
     engine divides every gradient by the scale, so an unscaled backward
     would train with updates `scale` times too small, silently."""
-    scale = _loss_scaling["scale"]
-    if (scale != 1.0 and _loss_scaling["scaled_backwards"] == 0
+    state = hook_state()
+    scale = state.loss_scale
+    if (scale != 1.0 and state.scaled_backwards == 0
             and torch._C._current_graph_task_id() != -1):
         raise RuntimeError(
             f"zeroshard.torch: fp16.enabled scales the loss (loss scale now {scale:g}), so the backward must "
@@ -383,7 +414,7 @@ def _root_pre_forward(module, inputs):
     engine = module.__dict__.get("_zs_hooks")
     if engine is not None:
         engine.begin_step()
-        _step["scopes"] += 1
+        hook_state().scopes += 1
         if engine.units_to_check:
             engine.hook_kept_units_only_when_needed()
     saved.push(by_reference=engine is None or engine.saves_by_reference)
@@ -411,25 +442,26 @@ def _scope_ends(output):
     order would grow forward by forward and never be followed. A forward
     that raised leaves it open (the step end is a collective): the next
     forward under no_grad ends it."""
-    _step["scopes"] = max(0, _step["scopes"] - 1)
-    if _step["scopes"] == 0 and _step["open"] and _step["inference"] and not _forward_raised(output):
-        _end_inference_step()
+    state = hook_state()
+    state.scopes = max(0, state.scopes - 1)
+    if state.scopes == 0 and state.step_open and state.inference and not _forward_raised(output):
+        _end_inference_step(state)
 
 
-def _end_inference_step():
+def _end_inference_step(state):
     ctx = get_context()
-    for engine in _ran:
+    for engine in state.ran:
         engine.release_held(ctx)
     token, dropped = _params.dropped_token()
     agreed = ctx.step_end(token)
-    _step["open"] = False
+    state.step_open = False
     if agreed is not None:
         # Not a quiet step: what it gathered may be kept now, so the next
         # forward re-evaluates which units go without hooks (a training
         # loop's optimizer step does so; an inference loop has none).
-        for engine in _ran:
+        for engine in state.ran:
             engine.units_to_check = True
-    step_done()
+    _forget_ran(state)
     _params.note_agreement(dropped, agreed)
     _params.settle_dropped()  # a dropped model goes at a step end, trained or not
 
@@ -474,13 +506,14 @@ def _open_scope(unit):
         return
     engine = unit.engine
     engine.begin_step()
-    _step["scopes"] += 1
+    state = hook_state()
+    state.scopes += 1
     saved.push(by_reference=engine.saves_by_reference and not _other_saved_hooks())
-    _opened.append((unit, len(_running)))
+    state.opened.append((unit, len(state.running)))
 
 
 def _close_scope(output):
-    unit, _ = _opened.pop()
+    unit, _ = hook_state().opened.pop()
     saved.pop()
     _sweep_when_backward_ends(unit.engine, output)
     _scope_ends(output)
@@ -492,13 +525,14 @@ def _unit_pre_forward(module, inputs):
         _open_scope(unit)
     if unit.params:
         _acquire_unit(unit, "forward")
-    _running.append(unit)
+    hook_state().running.append(unit)
 
 
 def _unit_post_forward(module, inputs, kwargs, output):
     unit = _live_unit(module)
-    if _running and _running[-1] is unit:
-        _running.pop()
+    running = hook_state().running
+    if running and running[-1] is unit:
+        running.pop()
     try:
         if not unit.params:
             return
@@ -526,7 +560,8 @@ def _unit_post_forward(module, inputs, kwargs, output):
     finally:
         # The scope this forward opened (not one a forward of the same
         # module nested in it finds open).
-        if _opened and _opened[-1][0] is unit and len(_running) <= _opened[-1][1]:
+        state = hook_state()
+        if state.opened and state.opened[-1][0] is unit and len(state.running) <= state.opened[-1][1]:
             _close_scope(output)
 
 
@@ -553,8 +588,9 @@ def _strip_hooks(module, hooks=_HOOKS):
 
 
 def _forward_access(p):
-    if _running and p.zs.engine is not None:
-        _running[-1].engine.fetch_on_access(_running[-1], p)
+    running = hook_state().running
+    if running and p.zs.engine is not None:
+        running[-1].engine.fetch_on_access(running[-1], p)
 
 
 _params.on_forward_access = _forward_access
@@ -589,7 +625,7 @@ class HookEngine:
         self._frozen_end_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
         self.units_to_check = True  # which units need hooks (at the root's next forward)
-        self.ran = False  # a forward ran since the last optimizer step (in _ran)
+        self.ran = False  # a forward ran since the last optimizer step (in HookState.ran)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -719,16 +755,17 @@ class HookEngine:
 
     # -- forward --------------------------------------------------------
     def begin_step(self):
+        state = hook_state()
         if not self.ran:
             self.ran = True
-            _ran.append(self)
-        if not _step["open"]:
-            _running.clear()  # left by a forward that raised
+            state.ran.append(self)
+        if not state.step_open:
+            state.running.clear()  # left by a forward that raised
             self.take_user_changes()
-            get_context().step_begin()
-            _step.update(open=True, scopes=0, inference=True)
+            get_context().step_begin()  # creates the context whose state this is, if none exists yet
+            state.step_open, state.scopes, state.inference = True, 0, True
         if torch.is_grad_enabled():
-            _step["inference"] = False  # a backward may follow: the optimizer step ends it
+            state.inference = False  # a backward may follow: the optimizer step ends it
 
     def hook_kept_units_only_when_needed(self):
         """Remove the forward hooks of kept units, put them back on the
@@ -862,10 +899,11 @@ class HookEngine:
             call.end()
         self._frozen_end_queued = False  # a backward that raised never ran its callback
         self.release_held(ctx)
-        if _step["open"]:
+        state = hook_state()
+        if state.step_open:
             token, dropped = _params.dropped_token()
             agreed = ctx.step_end(token)
-            _step["open"] = False
+            state.step_open = False
             _params.note_agreement(dropped, agreed)
 
     def release_held(self, ctx):

@@ -58,7 +58,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     def sync_loss_scale(self):
         """The engine's loss scale is what backward scales by and what the
         gradient hooks require (after a step or a checkpoint load)."""
-        hooks._loss_scaling["scale"] = self._engine.loss_scale if self._fp16 else 1.0
+        hooks.hook_state().loss_scale = self._engine.loss_scale if self._fp16 else 1.0
 
     def backward(self, loss, **kwargs):
         """loss.backward(**kwargs), the loss first multiplied by the fp16
@@ -73,11 +73,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         block by other code (Lightning's precision plugin runs the
         LightningModule's backward hook on it)."""
         scale = self._engine.loss_scale if self._fp16 else 1.0
-        hooks._loss_scaling["scaled_backwards"] += 1
+        hooks.hook_state().scaled_backwards += 1
         try:
             yield loss * scale if scale != 1.0 else loss
         finally:
-            hooks._loss_scaling["scaled_backwards"] -= 1
+            hooks.hook_state().scaled_backwards -= 1  # looked up again: shutdown() in the block drops the state
 
     @property
     def step_was_skipped(self):
@@ -128,7 +128,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.last_result = self._engine.step()
         for e in engines:
             e.after_step()
-        attempted = hooks._loss_scaling["scale"]
+        attempted = hooks.hook_state().loss_scale
         self.sync_loss_scale()
         if self.last_result["skipped"]:
             self._note_skipped(attempted)
