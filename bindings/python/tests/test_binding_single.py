@@ -256,6 +256,24 @@ def test_dlpack_tensor_survives_release_and_close(ctx):
     assert np.array_equal(t.numpy().ravel(), data)
 
 
+def test_dlpack_does_not_depend_on_shared_ctypes_pythonapi(ctx):
+    """Another module may set the argtypes of ctypes.pythonapi's shared
+    PyCapsule functions (dill, which torch.utils.data imports, does); the
+    binding's capsules must not care."""
+    shared = ctypes.pythonapi.PyCapsule_New
+    saved = (shared.argtypes, shared.restype)
+    shared.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)  # as dill sets them
+    shared.restype = ctypes.py_object
+    try:
+        p = ctx.register("w", "fp32", (4, 4), init="from_all", data=np.arange(16, dtype=np.float32))
+        fetched(ctx, [p])
+        t = torch.utils.dlpack.from_dlpack(p.to_dlpack())
+        assert t.flatten().tolist() == list(range(16))
+        ctx.release([p])
+    finally:
+        shared.argtypes, shared.restype = saved
+
+
 def test_unconsumed_capsules_are_freed(ctx):
     p = ctx.register("w", "fp32", (1024,), init="uniform")
     fetched(ctx, [p])
