@@ -25,6 +25,7 @@
 #include "impl/comm/transport/heartbeat.h"
 #include "impl/comm/store/store.h"
 #include "tests/support/ckpt_model.h"
+#include "tests/support/counting_store.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -577,8 +578,12 @@ TEST(HeartbeatScale, BeatsGrowAsNLogNAndADeadRankIsNamedByEveryRank) {
   const auto period = 100ms, limit = 1000ms;
   for (int n : {8, 32}) {
     SCOPED_TRACE("world of " + std::to_string(n));
-    auto store = zs::make_memory_store(10s);
-    auto hbs = light_ranks(n, *store, period, limit);
+    auto memory = zs::make_memory_store(10s);
+    zs::test::CountingStore store(*memory);
+    auto hbs = light_ranks(n, store, period, limit);
+    // Each rank publishes its address and reads its peers' in one call
+    // each, whatever the world size.
+    EXPECT_EQ(store.calls.load(), 2u * static_cast<uint64_t>(n));
     const size_t fan = n - 1 <= zs::Heartbeat::kFullMeshPeers ? n - 1 : 5;  // log2(32)
     for (const auto& hb : hbs) EXPECT_EQ(hb->targets().size(), fan);
     std::this_thread::sleep_for(300ms);

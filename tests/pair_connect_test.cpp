@@ -19,59 +19,17 @@
 
 #include "impl/comm/store/store.h"
 #include "impl/comm/transport/gloo_communicator.h"
+#include "tests/support/counting_store.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-// One rank's view of the shared store, counting its calls and what it reads.
-class CountingStore final : public zs::Store {
- public:
-  explicit CountingStore(zs::Store& inner) : inner_(inner) {}
-  void set(const std::string& key, const std::vector<char>& value) override {
-    ++calls;
-    inner_.set(key, value);
-  }
-  std::vector<char> get(const std::string& key) override {
-    ++calls;
-    auto v = inner_.get(key);
-    bytes_read += v.size();
-    return v;
-  }
-  void wait(const std::vector<std::string>& keys) override {
-    ++calls;
-    inner_.wait(keys);
-  }
-  int64_t add(const std::string& key, int64_t delta) override {
-    ++calls;
-    return inner_.add(key, delta);
-  }
-  bool check(const std::string& key) override {
-    ++calls;
-    return inner_.check(key);
-  }
-  void set_many(const std::vector<std::string>& keys, const std::vector<std::vector<char>>& values) override {
-    ++calls;
-    inner_.set_many(keys, values);
-  }
-  std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys) override {
-    ++calls;
-    auto vs = inner_.get_many(keys);
-    for (const auto& v : vs) bytes_read += v.size();
-    return vs;
-  }
-
-  uint64_t calls = 0, bytes_read = 0;
-
- private:
-  zs::Store& inner_;
-};
-
 TEST(PairConnect, TwoStoreCallsPerRankReadingOnlyTheAddressesMeantForIt) {
   for (const int n : {2, 5, 12}) {
     auto shared = zs::make_memory_store(20s);
-    std::vector<std::unique_ptr<CountingStore>> views;
-    for (int r = 0; r < n; ++r) views.push_back(std::make_unique<CountingStore>(*shared));
+    std::vector<std::unique_ptr<zs::test::CountingStore>> views;
+    for (int r = 0; r < n; ++r) views.push_back(std::make_unique<zs::test::CountingStore>(*shared));
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::thread> ranks;
     for (int r = 0; r < n; ++r)
@@ -87,7 +45,7 @@ TEST(PairConnect, TwoStoreCallsPerRankReadingOnlyTheAddressesMeantForIt) {
     for (auto& t : ranks) t.join();
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r << " of " << n;
-      const CountingStore& v = *views[static_cast<size_t>(r)];
+      const zs::test::CountingStore& v = *views[static_cast<size_t>(r)];
       // Two calls whatever the world size, and one address per peer (a
       // socket address and a sequence number: well under 256 bytes).
       EXPECT_EQ(v.calls, 2u) << "rank " << r << " of " << n;

@@ -118,14 +118,21 @@ void Context::wait_for_every_rank() {
     keys.push_back("zs/ready/" + std::to_string(r));
     all.push_back(r);
   }
-  rendezvous_with(all, "context creation (every rank's ready)", [&] { store_->wait(keys); });
+  // Rank 0 reads every ready in one request; the others only wait for them.
+  std::vector<std::vector<char>> readies;
+  rendezvous_with(all, "context creation (every rank's ready)", [&] {
+    if (ranks_.rank == 0)
+      readies = store_->get_many(keys);
+    else
+      store_->wait(keys);
+  });
   constexpr int kRanksShown = 4;
   constexpr size_t kKeysShown = 6;
   if (ranks_.rank == 0) {
     std::string verdict, hosts = host_;
     int differing = 0;
     for (int r = 1; r < ranks_.world_size; ++r) {
-      const std::vector<char> ready = store_->get(keys[static_cast<size_t>(r)]);
+      const std::vector<char>& ready = readies[static_cast<size_t>(r)];
       const std::string theirs(ready.begin(), ready.end());
       const size_t cut = theirs.find('\n');
       hosts += "\n" + theirs.substr(0, cut);

@@ -17,8 +17,6 @@ namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(100);
 
-std::string notes_key(int rank) { return "watch/rank" + std::to_string(rank); }
-
 std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
@@ -69,6 +67,14 @@ std::string last_report(const PeerNotes& notes) {
 }
 
 }  // namespace
+
+std::string CollectiveWatch::notes_key(int rank) { return "watch/rank" + std::to_string(rank); }
+
+std::vector<std::vector<char>> CollectiveWatch::all_notes() {
+  std::vector<std::string> keys;
+  for (int member = 0; member < size_; ++member) keys.push_back(notes_key(member));
+  return store_->get_many(keys);
+}
 
 std::string CollectiveIdentity::describe() const {
   std::string s = "#" + std::to_string(seq) + " " + op;
@@ -268,13 +274,14 @@ std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
                                           std::vector<std::string>* absent) {
   if (!notes.empty()) store_->set(notes_key(rank_), std::vector<char>(notes.begin(), notes.end()));
   const uint64_t seq = mine.seq;
+  const auto all = all_notes();
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    if (!store_->check(notes_key(peer))) {
+    if (all[static_cast<size_t>(peer)].empty()) {
       if (absent) absent->push_back(who(peer) + " (no report from it in this group yet: computing, stuck or gone)");
       continue;
     }
-    const PeerNotes theirs = parse_notes(store_->get(notes_key(peer)));
+    const PeerNotes theirs = parse_notes(all[static_cast<size_t>(peer)]);
     if (!theirs.failed.empty())
       return "rank " + std::to_string(peer) + " of group '" + group_ +
              "' stopped first: " + theirs.failed;
@@ -299,14 +306,15 @@ std::string CollectiveWatch::whereabouts() {
   if (!store_) return "";
   std::string out;
   try {
+    const auto all = all_notes();
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      if (!store_->check(notes_key(peer))) {
+      if (all[static_cast<size_t>(peer)].empty()) {
         out += "; rank " + std::to_string(peer) +
                " never waited in a collective of this group long enough to report";
         continue;
       }
-      const std::string last = last_report(parse_notes(store_->get(notes_key(peer))));
+      const std::string last = last_report(parse_notes(all[static_cast<size_t>(peer)]));
       if (!last.empty()) out += "; rank " + std::to_string(peer) + " last reported " + last;
     }
   } catch (const std::exception&) {

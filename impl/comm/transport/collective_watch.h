@@ -85,6 +85,11 @@ class CollectiveWatch {
   std::string interruption() const;
   // What each peer last published, for a timeout's message (store I/O).
   std::string whereabouts();
+  // The store key of a member's notes. The group's connect publishes every
+  // member's as empty with its pair addresses (gloo_communicator.cpp), so
+  // once any member has connected, every member's notes key exists and the
+  // watch reads them all in one request (get_many).
+  static std::string notes_key(int rank);
   // This rank's last collectives, oldest first, one per line.
   std::string history() const;
 
@@ -103,6 +108,9 @@ class CollectiveWatch {
                             std::vector<std::string>* absent);
   // "rank 2" or "rank 2 (world rank 5)".
   std::string who(int rank) const;
+  // Every member's notes, in group order, in one store request; empty for
+  // a member that never waited long enough to publish.
+  std::vector<std::vector<char>> all_notes();
   void warn_straggler(const CollectiveIdentity& mine, std::chrono::milliseconds waited,
                       const std::vector<std::string>& absent) const;
   std::string notes_locked() const;

@@ -38,7 +38,9 @@ constexpr uint32_t kAckBit = 1u << 23;
 // addresses meant for it (N^2 bytes in all), in two requests per 1,024
 // peers. Every address comes before any connect, so a member that never
 // comes is found in a store read (which a heartbeat can cut short, naming
-// it), not in a pair's connect that waits on a peer stuck behind it.
+// it), not in a pair's connect that waits on a peer stuck behind it. The
+// same write publishes this rank's empty collective-watch notes, so that
+// every member's exist once any member has connected.
 class PairwiseContext final : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
@@ -57,6 +59,8 @@ class PairwiseContext final : public gloo::rendezvous::Context {
       theirs.push_back(key(peer, rank));
       addresses.push_back(pairs->createPair(peer)->address().bytes());
     }
+    mine.push_back(CollectiveWatch::notes_key(rank));
+    addresses.emplace_back();
     store.set_many(mine, addresses);
     const auto remote = store.get_many(theirs);
     for (size_t i = 0; i < peers.size(); ++i) pairs->getPair(peers[i])->connect(remote[i]);
