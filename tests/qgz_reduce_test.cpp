@@ -367,6 +367,20 @@ TEST(QgzHosts, OneHostQuantizesNothingAndSaysSo) {
   });
 }
 
+// Ranks that disagree on ZS_QUANTIZE_WITHIN_HOST would quantize different
+// traffic: every rank's context creation fails, naming it.
+TEST(QgzHosts, RanksThatDisagreeOnQuantizingWithinAHostAreRefused) {
+  run_ranks(2, [](const RankEnv& env) {
+    if (env.rank == 1) setenv("ZS_QUANTIZE_WITHIN_HOST", "1", 1);
+    const std::string cfg = qgz_config(4, 256);
+    zs_context_options o = zs::test::rank_options(env, cfg.c_str());
+    zs_context ctx = nullptr;
+    EXPECT_EQ(zs_context_create(&ctx, &o), ZS_ERR_INVALID_CONFIG);
+    EXPECT_NE(std::string(zs_last_error()).find("ZS_QUANTIZE_WITHIN_HOST=1 (rank 0: 0)"), std::string::npos)
+        << zs_last_error();
+  });
+}
+
 class QgzNodes : public ::testing::TestWithParam<Hosts> {
  protected:
   // Every hop quantizes when all ranks are one host.

@@ -80,7 +80,9 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
   ctx->inactive_keys_json_ = inactive_json(ctx->inactive_keys_);
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
-  ctx->host_ = host_id();  // a malformed ZS_HOST_ID is refused before any socket opens
+  // Malformed values are refused before any socket opens.
+  ctx->host_ = host_id();
+  ctx->quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   ctx->connect(options);
@@ -101,16 +103,20 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
 // one rank only) all fail here, naming each differing key with both values,
 // instead of training on with silently different numbers.
 //
-// The ready also carries the rank's host (host_id.h), and the verdict every
-// rank's, in rank order: how each group learns whether it spans hosts,
-// without a request more.
+// The ready also carries the rank's host (host_id.h) and its
+// ZS_QUANTIZE_WITHIN_HOST, and the verdict every rank's host, in rank
+// order: how each group learns whether it spans hosts, without a request
+// more. Ranks that disagree on ZS_QUANTIZE_WITHIN_HOST would quantize
+// different traffic, so they fail here as differing configs do.
 void Context::wait_for_every_rank() {
   if (!store_ || ranks_.world_size == 1) {
     learn_hosts(std::vector<std::string>(static_cast<size_t>(ranks_.world_size), host_));
     return;
   }
   const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
-  store_->set("zs/ready/" + std::to_string(ranks_.rank), as_bytes(host_ + "\n" + config_json_));
+  const std::string quantize = quantize_within_host_ ? "1" : "0";
+  store_->set("zs/ready/" + std::to_string(ranks_.rank),
+              as_bytes(host_ + "\n" + quantize + "\n" + config_json_));
   std::vector<std::string> keys;
   std::vector<int> all;
   keys.reserve(static_cast<size_t>(ranks_.world_size));
@@ -133,11 +139,18 @@ void Context::wait_for_every_rank() {
     int differing = 0;
     for (int r = 1; r < ranks_.world_size; ++r) {
       const std::vector<char>& ready = readies[static_cast<size_t>(r)];
+      // host \n ZS_QUANTIZE_WITHIN_HOST \n config
       const std::string theirs(ready.begin(), ready.end());
       const size_t cut = theirs.find('\n');
+      const size_t cut2 = cut == std::string::npos ? cut : theirs.find('\n', cut + 1);
       hosts += "\n" + theirs.substr(0, cut);
-      const auto diffs = config_differences(
-          cut == std::string::npos ? std::string() : theirs.substr(cut + 1), config_json_, "rank 0");
+      auto diffs = config_differences(
+          cut2 == std::string::npos ? std::string() : theirs.substr(cut2 + 1), config_json_, "rank 0");
+      const std::string their_quantize =
+          cut2 == std::string::npos ? std::string("?") : theirs.substr(cut + 1, cut2 - cut - 1);
+      if (their_quantize != quantize)
+        diffs.insert(diffs.begin(), "environment ZS_QUANTIZE_WITHIN_HOST=" + their_quantize +
+                                        " (rank 0: " + quantize + ")");
       if (diffs.empty()) continue;
       if (++differing > kRanksShown) continue;
       verdict += (verdict.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has ";
@@ -169,16 +182,15 @@ void Context::wait_for_every_rank() {
 // and is listed with the inactive keys, saying why.
 void Context::learn_hosts(const std::vector<std::string>& hosts) {
   topology_->set_hosts(hosts);
-  quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
   if (ranks_.world_size == 1 || quantize_within_host_ || topology_->host_count() > 1) return;
   const std::string why =
       "every rank of this job is on one host, where traffic moves at memory speed and is not "
       "worth quantizing (ZS_QUANTIZE_WITHIN_HOST=1 quantizes it anyway)";
-  for (const char* key : {"zero_quantized_weights", "zero_quantized_gradients"}) {
-    const bool on = std::string(key) == "zero_quantized_weights" ? config_.zero_quantized_weights
-                                                                  : config_.zero_quantized_gradients;
-    if (on) inactive_keys_.push_back({std::string("zero_optimization.") + key, "true", why});
-  }
+  const std::pair<const char*, bool> keys[] = {
+      {"zero_optimization.zero_quantized_weights", config_.zero_quantized_weights},
+      {"zero_optimization.zero_quantized_gradients", config_.zero_quantized_gradients}};
+  for (const auto& [key, on] : keys)
+    if (on) inactive_keys_.push_back({key, "true", why});
   inactive_keys_json_ = inactive_json(inactive_keys_);
 }
 
