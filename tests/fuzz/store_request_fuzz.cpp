@@ -2,7 +2,8 @@
 // sends (impl/comm/store/store_protocol.h), as Server::process and Server::handle
 // use it: the input is a byte stream cut into frames by next_frame, each
 // body decoded by decode_request, and what decodes applied to a key-value
-// map as the server does (ADD parses the stored counter).
+// map as the server does (ADD parses the stored counter; SETS writes every
+// pair; GETS, like WAIT, only reads).
 //
 // A finding is a crash, a sanitizer report, or a broken property: a body
 // that decodes must be re-encoded by the client's encoder to exactly the
@@ -35,6 +36,9 @@ void apply_request(const sp::Request& r, std::unordered_map<std::string, std::st
     case sp::Cmd::Set:
       data.insert_or_assign(r.keys[0], r.value);
       break;
+    case sp::Cmd::SetMany:
+      for (size_t i = 0; i < r.keys.size(); ++i) data.insert_or_assign(r.keys[i], r.values[i]);
+      break;
     case sp::Cmd::Add: {
       int64_t value = 0;
       const auto it = data.find(r.keys[0]);
@@ -45,6 +49,7 @@ void apply_request(const sp::Request& r, std::unordered_map<std::string, std::st
     }
     case sp::Cmd::Get:
     case sp::Cmd::Wait:
+    case sp::Cmd::GetMany:
     case sp::Cmd::Check:
       for (const std::string& k : r.keys) (void)data.count(k);
       break;
@@ -75,13 +80,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
       const size_t keys = req.keys.size();
       const bool keys_ok = req.cmd == sp::Cmd::Hello  ? keys == 0 && req.who.size() <= sp::kMaxClientName
                            : req.cmd == sp::Cmd::Auth ? keys == 0 && req.value.size() == sp::kAuthProofBytes
-                           : req.cmd == sp::Cmd::Wait ? keys <= sp::kMaxWaitKeys
-                                                      : keys == 1;
+                           : req.cmd == sp::Cmd::Wait || req.cmd == sp::Cmd::GetMany ? keys <= sp::kMaxWaitKeys
+                           : req.cmd == sp::Cmd::SetMany ? keys <= sp::kMaxWaitKeys && req.values.size() == keys
+                                                         : keys == 1;
       if (!keys_ok) finding("decoded request has a wrong number of keys", pos);
       for (const std::string& k : req.keys) {
         if (k.size() > zs::Store::kMaxKeyBytes) finding("decoded key over the limit", pos);
       }
       if (req.value.size() > zs::Store::kMaxValueBytes) finding("decoded value over the limit", pos);
+      for (const std::string& v : req.values) {
+        if (v.size() > zs::Store::kMaxValueBytes) finding("decoded value over the limit", pos);
+      }
+      if (req.cmd != sp::Cmd::SetMany && !req.values.empty())
+        finding("values on a request other than SETS", pos);
       if (req.cmd != sp::Cmd::Set && req.cmd != sp::Cmd::Auth && !req.value.empty())
         finding("value on a request other than SET and AUTH", pos);
       const std::string again = sp::encode_request(req);
