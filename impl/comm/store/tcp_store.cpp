@@ -85,6 +85,10 @@ class TcpStore final : public Store {
                 std::string* payload);
   std::string missing_keys(const std::vector<std::string>& keys);
   [[noreturn]] void fail_timeout(const std::string& what, Clock::time_point start);
+  // A wait or get of many keys timed out in its request for keys[first,
+  // first + count): Timeout naming those of them still missing.
+  [[noreturn]] void fail_timeout_missing(const std::string& what, Clock::time_point start,
+                                         const std::vector<std::string>& keys, size_t first, size_t count);
   [[noreturn]] void fail_interrupted(const std::string& what);
 
   std::unique_ptr<Server> server_;  // declared first: destroyed after the client is closed
@@ -365,6 +369,14 @@ bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
   return true;
 }
 
+void TcpStore::fail_timeout_missing(const std::string& what, Clock::time_point start,
+                                    const std::vector<std::string>& keys, size_t first, size_t count) {
+  const int64_t elapsed = elapsed_ms(start);  // before missing_keys' own round trips
+  const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
+  fail(Code::Timeout, what, ": timed out after ", elapsed, " ms (timeout ", timeout_.count(),
+       " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
+}
+
 void TcpStore::fail_timeout(const std::string& what, Clock::time_point start) {
   fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ",
        timeout_.count(), " ms) on store at ", where_);
@@ -432,12 +444,7 @@ void TcpStore::wait(const std::vector<std::string>& keys) {
     const std::string body = store_protocol::encode_wait(keys.data() + first, count);
     std::string reply;
     const std::string what = "wait for " + std::to_string(keys.size()) + " key(s)";
-    if (!exchange(body, deadline, what, &reply)) {
-      const int64_t elapsed = elapsed_ms(start);
-      const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
-      fail(Code::Timeout, what, ": timed out after ", elapsed, " ms (timeout ", timeout_.count(),
-           " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
-    }
+    if (!exchange(body, deadline, what, &reply)) fail_timeout_missing(what, start, keys, first, count);
   }
 }
 
@@ -479,11 +486,7 @@ std::vector<std::vector<char>> TcpStore::get_many(const std::vector<std::string>
     const size_t count = std::min(kMaxWaitKeys, keys.size() - first);
     const std::string body = store_protocol::encode_get_many(keys.data() + first, count);
     std::string reply;
-    if (!exchange(body, deadline, what, &reply)) {
-      const std::vector<std::string> chunk(keys.begin() + first, keys.begin() + first + count);
-      fail(Code::Timeout, what, ": timed out after ", elapsed_ms(start), " ms (timeout ", timeout_.count(),
-           " ms) on store at ", where_, "; missing: ", missing_keys(chunk));
-    }
+    if (!exchange(body, deadline, what, &reply)) fail_timeout_missing(what, start, keys, first, count);
     // count x (u64 length, value), every length checked against what is left.
     size_t at = 0;
     for (size_t i = 0; i < count; ++i) {
