@@ -52,6 +52,30 @@ void expect_ids_agree(const TopologyShape& shape) {
   }
 }
 
+// Hosts: counted in order of first appearance, an unknown one ("") as a
+// host of its own; a group spans hosts when two members differ.
+TEST(Topology, HostsDecideWhichGroupsSpanHosts) {
+  TopologyShape s;
+  s.world_size = 6;
+  s.local_world_size = 6;
+  auto [t, m] = cut(s, 0);
+  EXPECT_EQ(t->host_count(), 1);
+  EXPECT_FALSE(t->spans_hosts(*t->world())) << "before set_hosts";
+  t->set_hosts({"a", "a", "b", "b", "", ""});
+  EXPECT_EQ(t->host_count(), 4);
+  EXPECT_TRUE(t->spans_hosts(*t->world()));
+  const auto group = [](std::vector<int> ranks) { return Group("g", std::move(ranks), -1, nullptr, nullptr); };
+  EXPECT_FALSE(t->spans_hosts(group({0, 1})));
+  EXPECT_FALSE(t->spans_hosts(group({3, 2})));
+  EXPECT_TRUE(t->spans_hosts(group({1, 2})));
+  EXPECT_TRUE(t->spans_hosts(group({4, 5}))) << "two unknown hosts are not one";
+  EXPECT_FALSE(t->spans_hosts(group({4})));
+  t->set_hosts(std::vector<std::string>(6, "same"));
+  EXPECT_EQ(t->host_count(), 1);
+  EXPECT_FALSE(t->spans_hosts(*t->world()));
+  EXPECT_THROW(t->set_hosts({"a"}), Error);
+}
+
 TEST(Topology, WorldOnlyByDefault) {
   TopologyShape s;
   s.world_size = 5;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 
 #include "impl/common/error.h"
@@ -62,18 +63,19 @@ void Topology::set_hosts(const std::vector<std::string>& hosts) {
   if (hosts.size() != static_cast<size_t>(shape_.world_size))
     fail(Code::InvalidArgument, "set_hosts: ", hosts.size(), " hosts for a world of ",
          shape_.world_size);
-  std::vector<std::string> seen;
+  // Indexes in order of first appearance; an unknown host ("") is one of its own.
+  std::unordered_map<std::string, int> index;
   host_of_.assign(hosts.size(), 0);
+  host_count_ = 0;
   for (size_t r = 0; r < hosts.size(); ++r) {
-    auto it = std::find(seen.begin(), seen.end(), hosts[r]);
-    if (hosts[r].empty() || it == seen.end()) {
-      host_of_[r] = static_cast<int>(seen.size());
-      seen.push_back(hosts[r].empty() ? "?" + std::to_string(r) : hosts[r]);
-    } else {
-      host_of_[r] = static_cast<int>(it - seen.begin());
+    if (hosts[r].empty()) {
+      host_of_[r] = host_count_++;
+      continue;
     }
+    const auto [it, added] = index.emplace(hosts[r], host_count_);
+    if (added) ++host_count_;
+    host_of_[r] = it->second;
   }
-  host_count_ = static_cast<int>(seen.size());
 }
 
 bool Topology::spans_hosts(const Group& group) const {
