@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "impl/comm/algo/mesh_peers.h"
 #include "impl/comm/transport/gloo_communicator.h"
 #include "impl/comm/transport/heartbeat.h"
 #include "impl/comm/transport/host_id.h"
@@ -83,6 +85,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   // Malformed values are refused before any socket opens.
   ctx->host_ = host_id();
   ctx->quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
+  ctx->full_mesh_max_ = ctx->groups_full_mesh_max_ = full_mesh_max_from_env();
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   ctx->connect(options);
@@ -103,20 +106,53 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
 // one rank only) all fail here, naming each differing key with both values,
 // instead of training on with silently different numbers.
 //
-// The ready also carries the rank's host (host_id.h) and its
-// ZS_QUANTIZE_WITHIN_HOST, and the verdict every rank's host, in rank
-// order: how each group learns whether it spans hosts, without a request
-// more. Ranks that disagree on ZS_QUANTIZE_WITHIN_HOST would quantize
-// different traffic, so they fail here as differing configs do.
+// The ready also carries the rank's host (host_id.h) and the environment
+// variables every rank must agree on (ready_environment), and the verdict
+// every rank's host, in rank order: how each group learns whether it spans
+// hosts, without a request more. Ranks that disagree on such a variable
+// (ZS_QUANTIZE_WITHIN_HOST would quantize different traffic) fail here as
+// differing configs do.
+namespace {
+
+// "NAME=value NAME=value", as ready_environment writes it, by name.
+std::map<std::string, std::string> parse_environment(const std::string& text) {
+  std::map<std::string, std::string> vars;
+  std::istringstream in(text);
+  for (std::string item; in >> item;) {
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) vars[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return vars;
+}
+
+}  // namespace
+
+std::string Context::ready_environment() const {
+  return std::string("ZS_QUANTIZE_WITHIN_HOST=") + (quantize_within_host_ ? "1" : "0") +
+         " ZS_FULL_MESH_MAX=" + std::to_string(full_mesh_max_);
+}
+
+std::vector<std::string> Context::environment_differences(const std::string& theirs,
+                                                          const std::string& mine) {
+  const auto a = parse_environment(theirs), b = parse_environment(mine);
+  std::vector<std::string> diffs;
+  for (const auto& [name, value] : b) {
+    const auto it = a.find(name);
+    const std::string their = it == a.end() ? "?" : it->second;
+    if (their != value) diffs.push_back("environment " + name + "=" + their + " (rank 0: " + value + ")");
+  }
+  return diffs;
+}
+
 void Context::wait_for_every_rank() {
   if (!store_ || ranks_.world_size == 1) {
     learn_hosts(std::vector<std::string>(static_cast<size_t>(ranks_.world_size), host_));
     return;
   }
   const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
-  const std::string quantize = quantize_within_host_ ? "1" : "0";
+  const std::string environment = ready_environment();
   store_->set("zs/ready/" + std::to_string(ranks_.rank),
-              as_bytes(host_ + "\n" + quantize + "\n" + config_json_));
+              as_bytes(host_ + "\n" + environment + "\n" + config_json_));
   std::vector<std::string> keys;
   std::vector<int> all;
   keys.reserve(static_cast<size_t>(ranks_.world_size));
@@ -139,18 +175,16 @@ void Context::wait_for_every_rank() {
     int differing = 0;
     for (int r = 1; r < ranks_.world_size; ++r) {
       const std::vector<char>& ready = readies[static_cast<size_t>(r)];
-      // host \n ZS_QUANTIZE_WITHIN_HOST \n config
+      // host \n environment \n config
       const std::string theirs(ready.begin(), ready.end());
       const size_t cut = theirs.find('\n');
       const size_t cut2 = cut == std::string::npos ? cut : theirs.find('\n', cut + 1);
       hosts += "\n" + theirs.substr(0, cut);
       auto diffs = config_differences(
           cut2 == std::string::npos ? std::string() : theirs.substr(cut2 + 1), config_json_, "rank 0");
-      const std::string their_quantize =
-          cut2 == std::string::npos ? std::string("?") : theirs.substr(cut + 1, cut2 - cut - 1);
-      if (their_quantize != quantize)
-        diffs.insert(diffs.begin(), "environment ZS_QUANTIZE_WITHIN_HOST=" + their_quantize +
-                                        " (rank 0: " + quantize + ")");
+      const auto env_diffs = environment_differences(
+          cut2 == std::string::npos ? std::string() : theirs.substr(cut + 1, cut2 - cut - 1), environment);
+      diffs.insert(diffs.begin(), env_diffs.begin(), env_diffs.end());
       if (diffs.empty()) continue;
       if (++differing > kRanksShown) continue;
       verdict += (verdict.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has ";
@@ -310,17 +344,26 @@ void Context::check_store_is_fresh(const ContextOptions& options) {
 }
 
 // Every rank must run the same backend, or the first collective would hang:
-// each compares its choice with rank 0's through the store.
+// each compares its choice with rank 0's through the store. Groups connect
+// by rank 0's ZS_FULL_MESH_MAX (which pairs, which algorithms), so that a
+// rank given another value still connects and fails in the ready round
+// with the others, naming it, instead of leaving them waiting for pairs.
 void Context::agree_on_backend() {
   const char mine = backend_ == Backend::Nccl ? 'n' : 'g';
   const std::string key = "zs/backend";
-  if (ranks_.rank == 0) store_->set(key, {mine});
+  if (ranks_.rank == 0) {
+    const std::string value = mine + std::to_string(full_mesh_max_);
+    store_->set(key, std::vector<char>(value.begin(), value.end()));
+  }
   const auto theirs = store_->get(key);
-  if (theirs.size() != 1 || theirs[0] != mine)
+  if (theirs.empty() || theirs[0] != mine)
     fail(Code::Bootstrap, "rank ", ranks_.rank, " would run its collectives over ",
          mine == 'n' ? "nccl" : "gloo", " but rank 0 over ",
          !theirs.empty() && theirs[0] == 'n' ? "nccl" : "gloo",
          ": give every rank the same device kind and backend (ZS_BACKEND)");
+  groups_full_mesh_max_ = std::atoi(std::string(theirs.begin() + 1, theirs.end()).c_str());
+  if (groups_full_mesh_max_ < 1)
+    fail(Code::Bootstrap, "rank 0's ZS_FULL_MESH_MAX as read from the store is not a number >= 1");
 }
 
 std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
@@ -355,7 +398,7 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
     if (!comm)
       rendezvous_with(ranks, "creating group '" + name + "'", [&] {
         comm = make_gloo_communicator(name, my, size, *prefixed, transport_, timeout_, prefixed,
-                                      heartbeat_, ranks);
+                                      heartbeat_, ranks, groups_full_mesh_max_);
       });
     // Buffers on the other side of the backend (GPU memory for Gloo, host
     // scalars for NCCL) are staged; a CPU context has nothing to stage.

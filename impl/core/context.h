@@ -201,6 +201,12 @@ class Context {
   void agree_on_backend();
   void check_store_is_fresh(const ContextOptions& options);
   void wait_for_every_rank();
+  // The environment variables every rank must agree on, as "NAME=value ..."
+  // (posted in the ready round), and which of rank 0's (mine) another
+  // rank's (theirs) differs from, each as "environment NAME=theirs (rank 0: mine)".
+  std::string ready_environment() const;
+  static std::vector<std::string> environment_differences(const std::string& theirs,
+                                                          const std::string& mine);
   // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
   // group's connect, the ready round), so that a member that is stopped or
   // dead ends it within the heartbeat limit with Code::Comm naming that
@@ -227,6 +233,8 @@ class Context {
   std::chrono::milliseconds timeout_{300000};
   std::string host_;  // comm/transport/host_id.h
   bool quantize_within_host_ = false;  // ZS_QUANTIZE_WITHIN_HOST
+  int full_mesh_max_ = 0;              // ZS_FULL_MESH_MAX (mesh_peers.h), this rank's
+  int groups_full_mesh_max_ = 0;       // rank 0's: what every group connects by
   bool tcp_store_ = false;
   std::string store_address_;  // host:port of the TCP store, for messages
   bool store_joined_ = false;  // the store passed check_store_is_fresh

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "impl/comm/algo/sparse_collectives.h"
 #include "impl/common/reduce.h"
 #include "impl/device/buffer.h"
 
@@ -160,7 +161,39 @@ void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t c
 
 }  // namespace
 
+namespace {
+
+// Past the full mesh: every segment's part packed into one block, gathered
+// in log N rounds (sparse::rotated_all_gather), then unpacked in place.
+void sparse_all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
+  const int n = p2p.size();
+  const int me = p2p.rank();
+  size_t block = 0;
+  for (const auto& s : segments) block += s.bytes;
+  if (block == 0) return;
+  Buffer all(block * static_cast<size_t>(n));
+  auto* base = static_cast<uint8_t*>(all.data());
+  size_t off = 0;
+  for (const auto& s : segments) {
+    if (s.bytes > 0) std::memcpy(base + off, s.send, s.bytes);
+    off += s.bytes;
+  }
+  sparse::rotated_all_gather(p2p, base, block);
+  for (int i = 0; i < n; ++i) {
+    const auto member = static_cast<size_t>((me + i) % n);
+    const uint8_t* src = base + static_cast<size_t>(i) * block;
+    for (const auto& s : segments) {
+      auto* dst = static_cast<uint8_t*>(s.recv) + member * s.bytes;
+      if (s.bytes > 0 && dst != s.send) std::memcpy(dst, src, s.bytes);
+      src += s.bytes;
+    }
+  }
+}
+
+}  // namespace
+
 void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
+  if (!p2p.full_mesh()) return sparse_all_gather(p2p, segments);
   const int n = p2p.size();
   const int me = p2p.rank();
   std::vector<const GatherSegment*> small;
@@ -256,7 +289,23 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
   const int me = p2p.rank();
   const size_t elem = wire_elem(dtype);
   const size_t bytes = count * elem;
-  if (bytes <= kDirectAllReduceBytes) {
+  if (!p2p.full_mesh() && bytes * static_cast<size_t>(n) <= kSparseGatherReduceBytes) {
+    // Everyone's vector gathered in log N rounds, reduced in member order
+    // as below: the same bits as the full mesh.
+    Buffer all(bytes * static_cast<size_t>(n));
+    auto* base = static_cast<uint8_t*>(all.data());
+    widen(send, dtype, base, count);
+    sparse::rotated_all_gather(p2p, base, bytes);
+    auto vector_of = [&](int member) {
+      return base + static_cast<size_t>((member - me + n) % n) * bytes;
+    };
+    Buffer acc(bytes);
+    std::memcpy(acc.data(), vector_of(0), bytes);
+    for (int r = 1; r < n; ++r) reduce_into(acc.data(), vector_of(r), count, dtype, op);
+    finish(acc.data(), dtype, op, n, recv, count);
+    return;
+  }
+  if (p2p.full_mesh() && bytes <= kDirectAllReduceBytes) {
     // Everyone's vector to everyone; each member reduces in rank order, so
     // all compute bitwise the same result.
     Buffer all(bytes * static_cast<size_t>(n));
@@ -288,8 +337,23 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
     off += c;
   }
   ring_reduce_blocks(p2p, base, offsets, counts, dtype, op);
-  constexpr uint32_t kGatherIndex = 1u << 20;  // after the ring's steps
   const auto mine = static_cast<size_t>(me);
+  constexpr uint32_t kGatherIndex = 1u << 20;  // after the ring's steps
+  if (!p2p.full_mesh()) {
+    // The reduced blocks to everyone in log N rounds, each padded to the
+    // largest.
+    const size_t largest = *std::max_element(counts.begin(), counts.end()) * elem;
+    Buffer all(largest * members);
+    auto* gathered = static_cast<uint8_t*>(all.data());
+    std::memcpy(gathered, base + offsets[mine] * elem, counts[mine] * elem);
+    sparse::rotated_all_gather(p2p, gathered, largest, kGatherIndex);
+    for (size_t i = 1; i < members; ++i) {
+      const size_t member = (mine + i) % members;
+      std::memcpy(base + offsets[member] * elem, gathered + i * largest, counts[member] * elem);
+    }
+    finish(base, dtype, op, n, recv, count);
+    return;
+  }
   for (int peer = 0; peer < n; ++peer) {
     if (peer == me) continue;
     const auto p = static_cast<size_t>(peer);
@@ -302,6 +366,7 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
 }
 
 void all_to_all(PointToPoint& p2p, const void* send, void* recv, size_t bytes_per_rank) {
+  if (!p2p.full_mesh()) return sparse::all_to_all(p2p, send, recv, bytes_per_rank);
   if (bytes_per_rank == 0) return;
   const int me = p2p.rank();
   const auto* in = static_cast<const uint8_t*>(send);
@@ -317,6 +382,7 @@ void all_to_all(PointToPoint& p2p, const void* send, void* recv, size_t bytes_pe
 }
 
 void broadcast(PointToPoint& p2p, void* buf, size_t bytes, int root) {
+  if (!p2p.full_mesh()) return sparse::broadcast(p2p, buf, bytes, root);
   if (bytes == 0) return;
   if (p2p.rank() == root) {
     for (int peer = 0; peer < p2p.size(); ++peer)
@@ -329,6 +395,7 @@ void broadcast(PointToPoint& p2p, void* buf, size_t bytes, int root) {
 
 void scatter(PointToPoint& p2p, const std::vector<const void*>& inputs, void* recv, size_t bytes,
              int root) {
+  if (!p2p.full_mesh()) return sparse::scatter(p2p, inputs, recv, bytes, root);
   if (bytes == 0) return;
   if (p2p.rank() == root) {
     for (int peer = 0; peer < p2p.size(); ++peer)
@@ -342,6 +409,7 @@ void scatter(PointToPoint& p2p, const std::vector<const void*>& inputs, void* re
 }
 
 void barrier(PointToPoint& p2p) {
+  if (!p2p.full_mesh()) return sparse::barrier(p2p);
   // One byte to and from every peer: nobody leaves before all arrived.
   std::vector<uint8_t> in(static_cast<size_t>(p2p.size()));
   const uint8_t out = 1;

@@ -1,5 +1,6 @@
 // Collective algorithms written against PointToPoint: any transport that
-// can post and wait for messages runs them. Each is one collective; the
+// can post and wait for messages runs them. A group past the full mesh
+// runs those of sparse_collectives.h instead (each entry point below picks). Each is one collective; the
 // caller gives it its identity (the transport's message keys) and
 // arguments Communicator has checked (communicator.h: dtype and op, root). Reductions
 // run in fp32 for every float dtype (u8 stays bytes), and every member ends
@@ -28,7 +29,12 @@ void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t coun
 // Up to kDirectAllReduceBytes (in fp32): everyone's vector to everyone,
 // reduced in rank order; beyond: ring reduce-scatter, then the blocks to
 // everyone.
+// Past the full mesh (PointToPoint::full_mesh()): up to
+// kSparseGatherReduceBytes gathered (every member's vector, size() of them)
+// everyone's vector in log N rounds, reduced in rank order; beyond: the
+// ring, then the blocks in log N rounds. Both give the full mesh's bits.
 constexpr size_t kDirectAllReduceBytes = 64 * 1024;
+constexpr size_t kSparseGatherReduceBytes = 4 << 20;
 void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
                 ReduceOp op);
 

@@ -14,6 +14,7 @@
 #include "impl/comm/transport/collective_label.h"
 #include "impl/comm/transport/collective_watch.h"
 #include "impl/comm/algo/collectives.h"
+#include "impl/comm/algo/mesh_peers.h"
 #include "impl/comm/transport/cross_memory.h"
 #include "impl/comm/transport/heartbeat.h"
 #include "impl/comm/store/job_secret.h"
@@ -40,21 +41,20 @@ constexpr uint32_t kAckBit = 1u << 23;
 // comes is found in a store read (which a heartbeat can cut short, naming
 // it), not in a pair's connect that waits on a peer stuck behind it. The
 // same write publishes this rank's empty collective-watch notes, so that
-// every member's exist once any member has connected.
+// every member's exist once any member has connected. Past the full mesh
+// only the pairs to `peers` (mesh_peers.h) are made: 2 log N of them.
 class PairwiseContext final : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
 
-  void connect_pairs(zs::Store& store, const std::shared_ptr<gloo::transport::Device>& dev) {
+  void connect_pairs(zs::Store& store, const std::shared_ptr<gloo::transport::Device>& dev,
+                     const std::vector<int>& peers) {
     auto pairs = dev->createContext(rank, size);
     pairs->setTimeout(getTimeout());
     const auto key = [](int from, int to) { return "pair/" + std::to_string(from) + "/" + std::to_string(to); };
-    std::vector<int> peers;
     std::vector<std::string> mine, theirs;
     std::vector<std::vector<char>> addresses;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      peers.push_back(peer);
+    for (const int peer : peers) {
       mine.push_back(key(rank, peer));
       theirs.push_back(key(peer, rank));
       addresses.push_back(pairs->createPair(peer)->address().bytes());
@@ -81,16 +81,20 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
  public:
   bool runs_on_any_thread() const override { return true; }
   GlooCommunicator(std::string name, std::shared_ptr<gloo::rendezvous::Context> ctx,
-                   std::chrono::milliseconds timeout, std::shared_ptr<Store> store,
-                   std::shared_ptr<Heartbeat> heartbeat, std::vector<int> world_ranks)
+                   std::vector<int> peers, std::chrono::milliseconds timeout,
+                   std::shared_ptr<Store> store, std::shared_ptr<Heartbeat> heartbeat,
+                   std::vector<int> world_ranks)
       : name_(std::move(name)),
         ctx_(std::move(ctx)),
+        peers_(std::move(peers)),
+        connected_(static_cast<size_t>(ctx_->size), false),
         timeout_(timeout),
         checks_(collective_check_after().count() > 0),
         watch_(name_, ctx_->rank, ctx_->size, checks_ ? std::move(store) : nullptr,
                collective_check_after(), straggler_warn_after(timeout_), world_ranks),
         heartbeat_(std::move(heartbeat)),
         members_(std::move(world_ranks)) {
+    for (const int p : peers_) connected_[static_cast<size_t>(p)] = true;
     // A stopped peer keeps its sockets open: only its silence tells.
     if (heartbeat_)
       silenced_ = heartbeat_->watch(members_, [this](const std::string& why) { watch_.interrupt(why); });
@@ -98,6 +102,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
+  bool full_mesh() const override { return peers_.size() + 1 == static_cast<size_t>(size()); }
 
   void allgather(const void* send, void* recv, size_t bytes) override {
     run("all-gather", [&] { return std::to_string(bytes) + " bytes per rank"; }, 0,
@@ -167,24 +172,21 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     };
     const std::string mine = make_challenge();
     std::vector<std::string> theirs(static_cast<size_t>(n), std::string(kChallengeBytes, '\0'));
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
+    for (const int peer : peers_) {
       recv(peer, 0, theirs[static_cast<size_t>(peer)].data(), kChallengeBytes);
       send(peer, 0, mine.data(), kChallengeBytes);
     }
     wait();
     std::vector<std::string> proofs(static_cast<size_t>(n)),
         answers(static_cast<size_t>(n), std::string(kProofBytes, '\0'));
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
+    for (const int peer : peers_) {
       const auto p = static_cast<size_t>(peer);
       proofs[p] = job_proof(secret, context(me, peer), theirs[p]);
       recv(peer, 1, answers[p].data(), kProofBytes);
       send(peer, 1, proofs[p].data(), kProofBytes);
     }
     wait();
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
+    for (const int peer : peers_) {
       if (!proofs_equal(answers[static_cast<size_t>(peer)],
                         job_proof(secret, context(peer, me), mine)))
         fail(Code::Bootstrap, "the connection to rank ", peer, " of group '", name_,
@@ -210,20 +212,17 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // uses cross-memory reads only when both ends can. (Messages 2 and 3:
   // the job-secret proof's are 0 and 1.)
   void connect_cross_memory() {
-    const int n = size(), me = rank();
-    const auto count = static_cast<size_t>(n);
+    const auto count = static_cast<size_t>(size());
     nonce_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     const CrossMemoryHello mine = cross_memory_hello(&nonce_);
     std::vector<CrossMemoryHello> theirs(count);
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
+    for (const int peer : peers_) {
       recv(peer, 2, &theirs[static_cast<size_t>(peer)], sizeof(CrossMemoryHello));
       send(peer, 2, &mine, sizeof(CrossMemoryHello));
     }
     wait();
     std::vector<uint8_t> reach(count, 0), reached(count, 0);
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == me) continue;
+    for (const int peer : peers_) {
       const auto p = static_cast<size_t>(peer);
       reach[p] = cross_memory_reaches(mine, theirs[p]) ? 1 : 0;
       recv(peer, 3, &reached[p], 1);
@@ -333,11 +332,20 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     return bytes >= kCrossMemoryMinBytes && static_cast<size_t>(peer) < peer_pid_.size() &&
            peer_pid_[static_cast<size_t>(peer)] != 0;
   }
+  // An algorithm that messages a member this one has no pair with is a bug
+  // (sparse_collectives.h names whom each may message); Gloo would crash.
+  void check_connected(int peer) const {
+    if (peer < 0 || peer >= size() || !connected_[static_cast<size_t>(peer)])
+      fail(Code::Internal, op_, " on group '", name_, "': rank ", rank(), " has no pair with rank ",
+           peer, " (", peers_.size(), " pairs of ", size() - 1, " possible)");
+  }
   void post_send(int peer, uint32_t index, const void* data, size_t bytes) {
+    check_connected(peer);
     sends_.push_back(ctx_->createUnboundBuffer(const_cast<void*>(data), bytes));
     sends_.back()->send(peer, slot(index));
   }
   void post_recv(int peer, uint32_t index, void* data, size_t bytes) {
+    check_connected(peer);
     recvs_.push_back(ctx_->createUnboundBuffer(data, bytes));
     recvs_.back()->recv(peer, slot(index));
   }
@@ -377,7 +385,8 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // reach the same verdict instead of seeing a closed connection.
   void release_after_failure() {
     cross_memory_abandon();  // before anything posted can be freed
-    if (watch_.verdict().empty()) ctx_->closeConnections();
+    if (watch_.verdict().empty())
+      for (const int p : peers_) ctx_->getPair(p)->close();
     clear_posted();
   }
 
@@ -474,6 +483,8 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   std::string name_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  const std::vector<int> peers_;  // the members with a pair, by group rank
+  std::vector<bool> connected_;   // by group rank
   std::chrono::milliseconds timeout_;
   const bool checks_;
   CollectiveWatch watch_;
@@ -512,11 +523,12 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& group_name, int rank, int size, Store& store,
     const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
     std::shared_ptr<Store> watch_store, std::shared_ptr<Heartbeat> heartbeat,
-    std::vector<int> world_ranks) {
+    std::vector<int> world_ranks, int full_mesh_max) {
   auto ctx = std::make_shared<PairwiseContext>(rank, size);
   ctx->setTimeout(timeout);
+  std::vector<int> peers = mesh_peers(rank, size, full_mesh_max);
   try {
-    ctx->connect_pairs(store, device);
+    ctx->connect_pairs(store, device, peers);
   } catch (const zs::Error& e) {
     fail(e.code(), "connecting group '", group_name, "' (rank ", rank, " of ", size,
          "): ", e.what());
@@ -527,7 +539,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(
   if (heartbeat && world_ranks.size() != static_cast<size_t>(size))
     fail(Code::Internal, "group '", group_name, "': ", world_ranks.size(),
          " world ranks given for ", size, " members");
-  auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), timeout,
+  auto comm = std::make_unique<GlooCommunicator>(group_name, std::move(ctx), std::move(peers), timeout,
                                                  std::move(watch_store), std::move(heartbeat),
                                                  std::move(world_ranks));
   comm->check_pairs(job_secret());

@@ -1,5 +1,6 @@
 // Collectives over Gloo's TCP transport: the CPU backend PyTorch uses.
-// A group's members connect a full mesh through the rendezvous store; all
+// A group's members connect through the rendezvous store, every pair up to
+// full_mesh_max members and 2 log N pairs each beyond (mesh_peers.h); all
 // groups of a process share one transport device.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "impl/comm/algo/communicator.h"
+#include "impl/comm/algo/mesh_peers.h"
 #include "impl/comm/store/store.h"
 
 namespace gloo::transport {
@@ -32,6 +34,6 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& group_name, int rank, int size, Store& store,
     const std::shared_ptr<gloo::transport::Device>& device, std::chrono::milliseconds timeout,
     std::shared_ptr<Store> watch_store = nullptr, std::shared_ptr<Heartbeat> heartbeat = nullptr,
-    std::vector<int> world_ranks = {});
+    std::vector<int> world_ranks = {}, int full_mesh_max = kDefaultFullMeshMax);
 
 }  // namespace zs
