@@ -3,6 +3,7 @@
 // with torch.distributed's Gloo group at the same sizes.
 //
 //   build/bin/bench_scale [--ranks 8,16,32,64] [--python .venv/bin/python] [--no-torch]
+//   ZS_FULL_MESH_MAX=8 build/bin/bench_scale ...   (groups past 8 ranks: 2 log N pairs a rank)
 //
 // Ranks are processes (fork, one context each, over loopback): a context is
 // one per process by design (its heartbeat, store client and transport are
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "bench/engine_check.h"
+#include "impl/comm/algo/mesh_peers.h"
 #include "tests/support/bench_util.h"
 #include "zeroshard/zeroshard.h"
 
@@ -395,8 +397,14 @@ int main(int argc, char** argv) {
     std::printf("torch side skipped: %s is not executable (--python)\n", python.c_str());
     torch = false;
   }
-  std::printf("bench_scale: processes over loopback on %ld cores; heartbeat period %s ms\n",
-              sysconf(_SC_NPROCESSORS_ONLN), std::getenv("ZS_HEARTBEAT_MS") ? std::getenv("ZS_HEARTBEAT_MS") : "250");
+  // Groups past ZS_FULL_MESH_MAX members connect 2 log N pairs a rank
+  // (mesh_peers.h); run with ZS_FULL_MESH_MAX=8 to see that at these sizes.
+  const char* mesh_env = std::getenv("ZS_FULL_MESH_MAX");
+  const std::string full_mesh_max = mesh_env && *mesh_env ? mesh_env : std::to_string(zs::kDefaultFullMeshMax);
+  std::printf("bench_scale: processes over loopback on %ld cores; heartbeat period %s ms; full mesh up to %s "
+              "ranks (ZS_FULL_MESH_MAX)\n",
+              sysconf(_SC_NPROCESSORS_ONLN), std::getenv("ZS_HEARTBEAT_MS") ? std::getenv("ZS_HEARTBEAT_MS") : "250",
+              full_mesh_max.c_str());
   std::vector<Row> zs_rows, torch_rows;
   for (int w : sizes) {
     const Row z = run_zeroshard(w);
@@ -432,7 +440,7 @@ int main(int argc, char** argv) {
   std::string store = "[";
   for (size_t i = 0; i < zs_rows.size(); ++i) store += (i ? ", " : "") + std::to_string(zs_rows[i].store_server);
   store += "]";
-  std::printf("{\"bench\": \"scale\", \"ranks\": [");
+  std::printf("{\"bench\": \"scale\", \"full_mesh_max\": %s, \"ranks\": [", full_mesh_max.c_str());
   for (size_t i = 0; i < sizes.size(); ++i) std::printf("%s%d", i ? ", " : "", sizes[i]);
   std::printf("], \"zeroshard\": {\"create_s\": %s, \"store_server_requests\": %s, \"store_requests_per_rank\": %s, "
               "\"store_server_replied_mib\": %s, "

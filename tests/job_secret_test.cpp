@@ -50,7 +50,7 @@ TEST(JobSecret, StoreServesOnlyClientsThatProveIt) {
   EXPECT_NE(msg.find("ZS_JOB_SECRET"), std::string::npos) << msg;
   // The impostor named itself "rank 2" and was dropped: that is not rank 2
   // leaving the job.
-  EXPECT_FALSE(server->check(zs::gone_key("rank 2")));
+  EXPECT_FALSE(server->check(zs::kGoneKey));
 
   unsetenv("ZS_JOB_SECRET");
   msg = bootstrap_error([&] { zs::make_tcp_store("127.0.0.1", port, false, 2000ms); });

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -515,17 +516,23 @@ std::string Context::silence(std::vector<int> ranks) const {
 }
 
 // Which ranks' store connections closed (they died, or left), to name them
-// in a failed collective's message. The store may see a close a moment
-// after the transport does, so it looks a few times before giving up.
+// in a failed collective's message: one read of the store's list of
+// departures (kGoneKey), whatever the world size. The store may see a close
+// a moment after the transport does, so it looks a few times before giving up.
 std::string Context::departed_note() {
   if (!tcp_store_ || !store_) return "";
   for (int attempt = 0; attempt < 5; ++attempt) {
-    std::string gone;
-    int count = 0;
+    std::set<int> gone;
     try {
-      for (int r = 0; r < ranks_.world_size; ++r) {
-        if (r == ranks_.rank || !store_->check(gone_key("rank " + std::to_string(r)))) continue;
-        gone += (count++ ? ", " : "") + std::to_string(r);
+      if (store_->check(kGoneKey)) {
+        const std::vector<char> list = store_->get(kGoneKey);
+        std::istringstream lines(std::string(list.begin(), list.end()));
+        for (std::string who; std::getline(lines, who);) {
+          int r = -1;
+          if (std::sscanf(who.c_str(), "rank %d", &r) == 1 && r >= 0 && r < ranks_.world_size &&
+              r != ranks_.rank)
+            gone.insert(r);
+        }
       }
     } catch (const Error&) {
       return ranks_.rank == 0 ? ""
@@ -533,9 +540,13 @@ std::string Context::departed_note() {
     } catch (const std::exception&) {
       return "";  // only a note: the failure itself is reported either way
     }
-    if (count > 0)
-      return std::string("; rank") + (count > 1 ? "s " : " ") + gone + (count > 1 ? " are" : " is") +
+    if (!gone.empty()) {
+      std::string names;
+      for (const int r : gone) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      const bool many = gone.size() > 1;
+      return std::string("; rank") + (many ? "s " : " ") + names + (many ? " are" : " is") +
              " gone (its connection to the store closed: the process died or exited)";
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return "";

@@ -75,12 +75,12 @@ class Store {
 // holds back other threads' calls on that object until it returns.
 //
 // `who` names this client to the server ("rank 2", at most 64 bytes): when
-// its connection closes, the server sets the key gone_key(who), which is how
-// a peer tells which rank died.
+// its connection closes, the server appends who and a newline to the key
+// kGoneKey, which is how a peer tells which ranks died (in one request).
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       std::chrono::milliseconds timeout,
                                       int* bound_port = nullptr, const std::string& who = "");
-inline std::string gone_key(const std::string& who) { return "zs/gone/" + who; }
+inline constexpr char kGoneKey[] = "zs/gone";
 
 // File store: one file per key in dir (created if missing), written
 // atomically (temp + rename); add() is serialised with flock.

@@ -45,8 +45,8 @@ constexpr size_t kAuthProofBytes = 32;  // HMAC-SHA-256 (job_secret.h)
 constexpr char kStoreMagic[] = "zeroshard-store/1";
 constexpr size_t kStoreMagicBytes = sizeof kStoreMagic - 1;
 // A client may name itself in its Hello ("rank 2"); when its connection
-// closes, the server sets gone_key(name), so peers can tell which rank
-// went away.
+// closes, the server appends the name to kGoneKey (store.h), so peers can
+// tell which ranks went away.
 constexpr size_t kMaxClientName = 64;
 
 // Keys of one WAIT, GETS or SETS (a SETS is also bounded by

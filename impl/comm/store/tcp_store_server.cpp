@@ -453,16 +453,19 @@ void Server::drop(int fd) {
       if (w->second.empty()) waiters_.erase(w);
     }
   }
-  // Only a connection that proved itself may announce a rank's departure.
-  const std::string gone = c.who.empty() || !c.trusted ? std::string() : gone_key(c.who);
+  // Only a connection that proved itself may announce a rank's departure:
+  // its name joins the list under kGoneKey, one per line, so a peer reads
+  // every departure in one request.
+  const std::string who = c.who.empty() || !c.trusted ? std::string() : c.who;
   close(fd);
   conns_.erase(it);
   clients_.fetch_sub(1, std::memory_order_relaxed);
-  if (!gone.empty() && data_.find(gone) == data_.end()) {
-    stored_bytes_ += gone.size() + 1;
-    data_.emplace(gone, "1");
-    wake(gone);
-  }
+  if (who.empty()) return;
+  auto [list, added] = data_.try_emplace(kGoneKey);
+  if (added) stored_bytes_ += std::strlen(kGoneKey);
+  list->second.append(who).push_back('\n');
+  stored_bytes_ += who.size() + 1;
+  wake(kGoneKey);
 }
 
 }  // namespace zs::tcp_wire
