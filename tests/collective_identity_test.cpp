@@ -218,6 +218,28 @@ TEST(CollectiveIdentity, EveryRankIsToldWhenOneOfThreeDiffers) {
   });
 }
 
+// Past the full mesh each rank reads only its pair peers' notes (2 log N,
+// not N): of 8 ranks with ZS_FULL_MESH_MAX=2, rank 3 alone differs; its
+// neighbours find it, and the verdict reaches every rank, once, naming both
+// params, well before the timeout.
+TEST(CollectiveIdentity, EveryRankPastTheFullMeshIsToldWhenOneDiffers) {
+  const zs::test::ScopedEnv sparse("ZS_FULL_MESH_MAX", "2");
+  run_ranks(8, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, kTimeoutMs);
+    ASSERT_NE(ctx, nullptr);
+    zs_param a = make_param(ctx, "a", {300});
+    zs_param b = make_param(ctx, "b", {300});
+    const Outcome o = fetch_one(ctx, env.rank == 3 ? b : a);
+    EXPECT_EQ(o.status, ZS_ERR_COMM) << o.message;
+    EXPECT_LT(o.seconds, 6.0) << o.message;
+    EXPECT_TRUE(contains(o.message, "param 'a'") && contains(o.message, "param 'b'")) << o.message;
+    const size_t first = o.message.find("stopped first");
+    EXPECT_TRUE(first == std::string::npos || o.message.find("stopped first", first + 1) == std::string::npos)
+        << o.message;
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  }, 60);
+}
+
 // Agreeing ranks whose collective is merely slow (one rank arrives 1.5 s
 // late) are not told anything: the check compares identities, not time.
 TEST(CollectiveIdentity, ALateRankIsNotAMismatch) {

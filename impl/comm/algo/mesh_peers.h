@@ -12,8 +12,10 @@
 
 namespace zs {
 
-// ZS_FULL_MESH_MAX's default: 64 members, 66 sockets a rank.
-constexpr int kDefaultFullMeshMax = 64;
+// ZS_FULL_MESH_MAX's default, 32 members (34 sockets a rank): where the
+// two met in bench_scale's one-float all-reduce (18 ms full mesh, 17 ms
+// sparse at 32 ranks; 8 and 12 ms at 16; 65 and 19 ms at 64).
+constexpr int kDefaultFullMeshMax = 32;
 
 // ZS_FULL_MESH_MAX (a whole number >= 1), else the default; a malformed
 // value throws Code::Bootstrap naming it. Every rank must use the same.

@@ -16,6 +16,7 @@ namespace zs {
 namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(100);
+constexpr char kStoppedFirst[] = "' stopped first: ";
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -70,9 +71,11 @@ std::string last_report(const PeerNotes& notes) {
 
 std::string CollectiveWatch::notes_key(int rank) { return "watch/rank" + std::to_string(rank); }
 
-std::vector<std::vector<char>> CollectiveWatch::all_notes() {
+std::vector<std::vector<char>> CollectiveWatch::notes_of(std::vector<int>& members) {
+  if (members.empty())
+    for (int member = 0; member < size_; ++member) members.push_back(member);
   std::vector<std::string> keys;
-  for (int member = 0; member < size_; ++member) keys.push_back(notes_key(member));
+  for (const int member : members) keys.push_back(notes_key(member));
   return store_->get_many(keys);
 }
 
@@ -112,14 +115,15 @@ CollectiveWatch::CollectiveWatch(std::string group, int rank, int size,
                                  std::shared_ptr<Store> store,
                                  std::chrono::milliseconds check_after,
                                  std::chrono::milliseconds warn_after,
-                                 std::vector<int> world_ranks)
+                                 std::vector<int> world_ranks, std::vector<int> neighbours)
     : group_(std::move(group)),
       rank_(rank),
       size_(size),
       store_(std::move(store)),
       check_after_(check_after),
       warn_after_(warn_after),
-      world_ranks_(std::move(world_ranks)) {
+      world_ranks_(std::move(world_ranks)),
+      neighbours_(std::move(neighbours)) {
   if (store_ && size_ > 1) thread_ = std::thread([this] { loop(); });
 }
 
@@ -274,17 +278,23 @@ std::string CollectiveWatch::compare_notes(const CollectiveIdentity& mine,
                                           std::vector<std::string>* absent) {
   if (!notes.empty()) store_->set(notes_key(rank_), std::vector<char>(notes.begin(), notes.end()));
   const uint64_t seq = mine.seq;
-  const auto all = all_notes();
-  for (int peer = 0; peer < size_; ++peer) {
+  // A straggler warning names everyone absent: it reads every member.
+  std::vector<int> members = absent ? std::vector<int>() : neighbours_;
+  const auto read = notes_of(members);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int peer = members[i];
     if (peer == rank_) continue;
-    if (all[static_cast<size_t>(peer)].empty()) {
+    if (read[i].empty()) {
       if (absent) absent->push_back(who(peer) + " (no report from it in this group yet: computing, stuck or gone)");
       continue;
     }
-    const PeerNotes theirs = parse_notes(all[static_cast<size_t>(peer)]);
+    const PeerNotes theirs = parse_notes(read[i]);
+    // A verdict passed on from a neighbour is passed on as it is: it names
+    // the rank that stopped first.
     if (!theirs.failed.empty())
-      return "rank " + std::to_string(peer) + " of group '" + group_ +
-             "' stopped first: " + theirs.failed;
+      return theirs.failed.find(kStoppedFirst) != std::string::npos
+                 ? theirs.failed
+                 : "rank " + std::to_string(peer) + " of group '" + group_ + kStoppedFirst + theirs.failed;
     const auto it = theirs.by_seq.find(seq);
     if (absent && it == theirs.by_seq.end() && theirs.latest < seq) {
       const std::string last = last_report(theirs);
@@ -306,7 +316,8 @@ std::string CollectiveWatch::whereabouts() {
   if (!store_) return "";
   std::string out;
   try {
-    const auto all = all_notes();
+    std::vector<int> everyone;
+    const auto all = notes_of(everyone);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       if (all[static_cast<size_t>(peer)].empty()) {

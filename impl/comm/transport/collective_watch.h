@@ -61,10 +61,16 @@ class CollectiveWatch {
   // warn_after: when a wait is reported as a straggler's (0: never).
   // world_ranks: each group rank's world rank, for the warning's words
   // (empty: the group is the world).
+  // neighbours: the members whose notes it reads on every check (empty:
+  // all). A group past the full mesh gives its pair peers (mesh_peers.h),
+  // so that a check costs each rank 2 log N notes, not N: a disagreement
+  // shows between some two neighbours on the ring, and a verdict passes
+  // on to everyone in log N checks. Straggler warnings and a timeout's
+  // whereabouts still read every member's, at their rarer times.
   CollectiveWatch(std::string group, int rank, int size, std::shared_ptr<Store> store,
                   std::chrono::milliseconds check_after,
                   std::chrono::milliseconds warn_after = std::chrono::milliseconds(0),
-                  std::vector<int> world_ranks = {});
+                  std::vector<int> world_ranks = {}, std::vector<int> neighbours = {});
   ~CollectiveWatch();
   CollectiveWatch(const CollectiveWatch&) = delete;
   CollectiveWatch& operator=(const CollectiveWatch&) = delete;
@@ -108,9 +114,10 @@ class CollectiveWatch {
                             std::vector<std::string>* absent);
   // "rank 2" or "rank 2 (world rank 5)".
   std::string who(int rank) const;
-  // Every member's notes, in group order, in one store request; empty for
-  // a member that never waited long enough to publish.
-  std::vector<std::vector<char>> all_notes();
+  // The notes of `members` (all of them when empty), in that order, in one
+  // store request; empty for a member that never waited long enough to
+  // publish. Returns the members read.
+  std::vector<std::vector<char>> notes_of(std::vector<int>& members);
   void warn_straggler(const CollectiveIdentity& mine, std::chrono::milliseconds waited,
                       const std::vector<std::string>& absent) const;
   std::string notes_locked() const;
@@ -121,6 +128,7 @@ class CollectiveWatch {
   const std::chrono::milliseconds check_after_;
   const std::chrono::milliseconds warn_after_;
   const std::vector<int> world_ranks_;
+  const std::vector<int> neighbours_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
