@@ -384,10 +384,21 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // first; the group is unusable after a failure anyway. Ranks that
   // disagree exchange nothing, and keep their pairs so that their peers
   // reach the same verdict instead of seeing a closed connection.
+  //
+  // Kept pairs may still be finishing a send or receive to an agreeing peer
+  // (past the full mesh, rounds run until the verdict arrives): Gloo's
+  // thread signals a buffer's completion under the buffer's own lock, so
+  // each buffer's lock is taken (abortWait*) before it is freed, and a
+  // completion already signalled happens before the free.
   void release_after_failure() {
     cross_memory_abandon();  // before anything posted can be freed
-    if (watch_.verdict().empty())
+    if (watch_.verdict().empty()) {
       for (const int p : peers_) ctx_->getPair(p)->close();
+    } else {
+      for (auto& b : sends_) b->abortWaitSend();
+      for (auto& b : recvs_) b->abortWaitRecv();
+      for (auto& b : acks_) b->abortWaitRecv();
+    }
     clear_posted();
   }
 
