@@ -16,6 +16,7 @@ namespace zs {
 namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(100);
+constexpr auto kMaxCheckGap = std::chrono::milliseconds(1000);
 constexpr char kStoppedFirst[] = "' stopped first: ";
 
 std::string one_line(std::string s) {
@@ -150,6 +151,7 @@ void CollectiveWatch::begin(CollectiveIdentity id) {
   running_ = true;
   began_ = std::chrono::steady_clock::now();
   next_warn_ = warn_after_;
+  next_check_ = check_after_;
   verdict_.clear();
 }
 
@@ -218,14 +220,19 @@ void CollectiveWatch::loop() {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - began_);
     if (waited < check_after_) continue;
-    const CollectiveIdentity mine = newest_locked().id;
-    const uint64_t seq = mine.seq;
-    const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
     // Peers publish once their own wait passes check_after: name stragglers
     // only after they have had that long and a tick more to do so.
     const bool warn = warn_after_.count() > 0 && waited >= next_warn_ &&
                       waited >= check_after_ + 2 * kTick;
+    if (!warn && waited < next_check_) continue;
+    // Checks space out as the wait lengthens (a quarter of it, one tick to
+    // kMaxCheckGap): a long wait of the whole job (a slow rank, a save)
+    // costs the store a check per rank every second, not every tick.
+    next_check_ = waited + std::clamp<std::chrono::milliseconds>(waited / 4, kTick, kMaxCheckGap);
     if (warn) next_warn_ = waited * 2;
+    const CollectiveIdentity mine = newest_locked().id;
+    const uint64_t seq = mine.seq;
+    const std::string notes = published_seq_ == seq ? std::string() : notes_locked();
     lock.unlock();
     std::string verdict;
     std::vector<std::string> absent;

@@ -142,7 +142,8 @@ class CollectiveWatch {
   bool running_ = false;  // a collective is in progress
   std::chrono::steady_clock::time_point began_;
   uint64_t published_seq_ = UINT64_MAX;
-  std::chrono::milliseconds next_warn_{0};  // of the current wait
+  std::chrono::milliseconds next_warn_{0};   // of the current wait
+  std::chrono::milliseconds next_check_{0};  // of the current wait
   std::function<void()> abort_;
   std::string verdict_;
   std::string interruption_;
