@@ -34,7 +34,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -53,18 +52,6 @@ using Clock = std::chrono::steady_clock;
 
 double mono_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
-int sockets_open() {
-  int n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  while (dirent* e = readdir(d)) {
-    char link[64] = {};
-    const std::string path = std::string("/proc/self/fd/") + e->d_name;
-    if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::strncmp(link, "socket:", 7) == 0) ++n;
-  }
-  closedir(d);
-  return n;
-}
 
 double rss_mib() {
   std::ifstream f("/proc/self/statm");
@@ -148,7 +135,7 @@ std::map<std::string, std::string> parse_kv(const std::string& line) {
   }
   char line[256];
   std::snprintf(line, sizeof line, "rank=%d ready=%.6f allreduce_us=%.1f sockets=%d rss_mib=%.1f", rank,
-                ready, zs::bench::median(lat), sockets_open(), rss_mib());
+                ready, zs::bench::median(lat), zs::bench::sockets_open(), rss_mib());
   send_line(out, line);
   char go = 0;
   if (read(in, &go, 1) != 1) _exit(1);

@@ -10,7 +10,6 @@
 // with, so an algorithm that strays fails here.
 #include <gtest/gtest.h>
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include "impl/comm/store/store.h"
 #include "impl/comm/transport/gloo_communicator.h"
 #include "kernels/convert.h"
+#include "tests/support/bench_util.h"
 #include "tests/support/counting_store.h"
 #include "tests/support/multirank.h"
 
@@ -258,30 +258,16 @@ TEST(SparseMesh, ResultsAreRightOnEveryMember) {
   }
 }
 
-// Sockets this process holds open.
-int sockets_open() {
-  int n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  while (dirent* e = readdir(d)) {
-    const std::string path = std::string("/proc/self/fd/") + e->d_name;
-    char link[64] = {};
-    if (readlink(path.c_str(), link, sizeof link - 1) > 0 && std::strncmp(link, "socket:", 7) == 0) ++n;
-  }
-  closedir(d);
-  return n;
-}
-
 // 8 processes through the C ABI: the world group gathers, reduces (past
 // the gather-reduce size too) and broadcasts right under the ZS_FULL_MESH_MAX
 // a rank is started with; writes how many sockets its context opened.
 void eight_ranks(const zs::test::RankEnv& env, const std::string& sockets_file) {
-  const int before = sockets_open();
+  const int before = zs::bench::sockets_open();
   zs_context ctx = zs::test::make_context(env);
   ASSERT_NE(ctx, nullptr);
   zs_group world = nullptr;
   ZS_ASSERT_OK(zs_context_group(&world, ctx, ZS_GROUP_WORLD));
-  const int opened = sockets_open() - before;
+  const int opened = zs::bench::sockets_open() - before;
   const auto w = static_cast<size_t>(env.world);
   const auto wait = [](zs_work work) {
     ZS_ASSERT_OK(zs_work_wait(work, 30000));

@@ -46,6 +46,16 @@ void finish(void* wire, DType dtype, ReduceOp op, int members, void* recv, size_
   narrow_from_f32(f, dtype, recv, count);
 }
 
+// Every member's vector (vector_of(m), wire elements) reduced in rank order
+// into member 0's, so that all members compute bitwise the same result, then
+// finished into recv. Member 0's vector is overwritten.
+template <typename VectorOf>
+void reduce_in_rank_order(VectorOf vector_of, int n, size_t count, DType dtype, ReduceOp op, void* recv) {
+  void* acc = vector_of(0);
+  for (int member = 1; member < n; ++member) reduce_into(acc, vector_of(member), count, dtype, op);
+  finish(acc, dtype, op, n, recv, count);
+}
+
 // Ring reduce-scatter over n blocks of acc (wire elements), block b at
 // offsets[b] with counts[b] elements. After n-1 steps block rank() holds the
 // full reduction: each step sends the block just accumulated to the right
@@ -296,13 +306,9 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
     auto* base = static_cast<uint8_t*>(all.data());
     widen(send, dtype, base, count);
     sparse::rotated_all_gather(p2p, base, bytes);
-    auto vector_of = [&](int member) {
-      return base + static_cast<size_t>((member - me + n) % n) * bytes;
-    };
-    Buffer acc(bytes);
-    std::memcpy(acc.data(), vector_of(0), bytes);
-    for (int r = 1; r < n; ++r) reduce_into(acc.data(), vector_of(r), count, dtype, op);
-    finish(acc.data(), dtype, op, n, recv, count);
+    reduce_in_rank_order(
+        [&](int member) { return base + static_cast<size_t>((member - me + n) % n) * bytes; }, n, count,
+        dtype, op, recv);
     return;
   }
   if (p2p.full_mesh() && bytes <= kDirectAllReduceBytes) {
@@ -317,9 +323,8 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
       p2p.send(peer, 0, base + static_cast<size_t>(me) * bytes, bytes);
     }
     p2p.wait();
-    for (int r = 1; r < n; ++r)
-      reduce_into(base, base + static_cast<size_t>(r) * bytes, count, dtype, op);
-    finish(base, dtype, op, n, recv, count);
+    reduce_in_rank_order([&](int member) { return base + static_cast<size_t>(member) * bytes; }, n,
+                         count, dtype, op, recv);
     return;
   }
   // Ring reduce-scatter into n nearly equal blocks, then each member sends

@@ -92,7 +92,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         checks_(collective_check_after().count() > 0),
         watch_(name_, ctx_->rank, ctx_->size, checks_ ? std::move(store) : nullptr,
                collective_check_after(), straggler_warn_after(timeout_), world_ranks,
-               peers_.size() + 1 == static_cast<size_t>(ctx_->size) ? std::vector<int>() : peers_),
+               full_mesh() ? std::vector<int>() : peers_),
         heartbeat_(std::move(heartbeat)),
         members_(std::move(world_ranks)) {
     for (const int p : peers_) connected_[static_cast<size_t>(p)] = true;
