@@ -1,8 +1,13 @@
-// The engine lock is the engine's own: a blocking call holds it, and the
-// status queries (memory, fetch and coordinator counters, the async error)
-// answer from another thread without waiting for that call. Rank 1 joins
-// rank 0's blocking gather only after rank 0's queries have returned, so
-// a query that waited for the lock would leave rank 1 waiting in vain.
+// The engine lock (impl/core/engine_lock.h) is the engine's own and not
+// recursive: a second take on the thread that holds it fails, naming both
+// callers, where a plain mutex would deadlock; a progress callback that
+// calls back into the engine gets that error and the save goes on.
+//
+// A blocking call holds it, and the status queries (memory, fetch and
+// coordinator counters, the async error) answer from another thread without
+// waiting for that call. Rank 1 joins rank 0's blocking gather only after
+// rank 0's queries have returned, so a query that waited for the lock would
+// leave rank 1 waiting in vain.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "impl/common/error.h"
+#include "impl/core/engine_lock.h"
+#include "tests/support/ckpt_model.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
@@ -91,4 +99,102 @@ TEST(EngineLock, StatusQueriesDoNotWaitForABlockingFetch) {
     ZS_ASSERT_OK(zs_context_destroy(ctx));
   });
   std::remove(signal.c_str());
+}
+
+TEST(EngineLock, ASecondTakeOnTheHoldingThreadFailsNamingBothWhereAMutexWouldDeadlock) {
+  zs::EngineLock lock;
+  EXPECT_FALSE(lock.held_by_this_thread());
+  EXPECT_THROW(lock.expect_held("settle_locked"), zs::Error);
+  {
+    auto outer = lock.take("step");
+    EXPECT_TRUE(lock.held_by_this_thread());
+    lock.expect_held("settle_locked");  // what the entry point calls checks, and passes
+    try {
+      const auto inner = lock.take("sync");
+      ADD_FAILURE() << "a second take on the holding thread was granted";
+    } catch (const zs::Error& e) {
+      EXPECT_EQ(e.code(), zs::Code::InvalidState);
+      const std::string m = e.what();
+      EXPECT_NE(m.find("sync needs the engine lock"), std::string::npos) << m;
+      EXPECT_NE(m.find("holds already for step"), std::string::npos) << m;
+    }
+    // Another thread is neither the holder nor let in while the hold lasts.
+    std::atomic<bool> entered{false};
+    zs::Code other_code = zs::Code::Ok;
+    std::thread other([&] {
+      try {
+        lock.expect_held("release_one");
+      } catch (const zs::Error& e) {
+        other_code = e.code();
+      }
+      const auto held = lock.take("fetch");
+      entered = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(entered.load()) << "another thread took the lock while it was held";
+    EXPECT_EQ(other_code, zs::Code::Internal) << "expect_held passed on a thread that does not hold it";
+    auto moved = std::move(outer);  // the hold moves with its guard
+    EXPECT_TRUE(lock.held_by_this_thread());
+    {
+      const auto released = std::move(moved);
+    }
+    other.join();
+    EXPECT_TRUE(entered.load());
+  }
+  EXPECT_FALSE(lock.held_by_this_thread());
+  const auto again = lock.take("step");  // free again once every guard is gone
+  EXPECT_TRUE(lock.held_by_this_thread());
+}
+
+namespace {
+
+struct CallbackProbe {
+  zs_optimizer opt = nullptr;
+  zs_context ctx = nullptr;
+  int calls = 0;
+  zs_status reentry = ZS_OK;
+  std::string reentry_message;
+  zs_status memory = ZS_ERR_INTERNAL;
+};
+
+void probe_from_progress(void* user, const char*, uint64_t, uint64_t) {
+  auto* probe = static_cast<CallbackProbe*>(user);
+  if (probe->calls++ > 0) return;
+  int64_t step = 0;
+  probe->reentry = zs_optimizer_get_step(probe->opt, &step);
+  probe->reentry_message = zs_last_error();
+  zs_memory_stats m = ZS_MEMORY_STATS_INIT;
+  probe->memory = zs_context_memory(probe->ctx, &m);
+}
+
+}  // namespace
+
+TEST(EngineLock, AProgressCallbackThatCallsBackIntoTheEngineIsRefusedAndTheSaveGoesOn) {
+  const std::string dir = zs::test::make_temp_dir("engine_lock_callback");
+  run_ranks(2, [&](const RankEnv& env) {
+    auto m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
+    zs::test::train_ckpt_model(m, 2);
+    CallbackProbe probe;
+    probe.opt = m.opt;
+    probe.ctx = m.ctx;
+    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+    o.tag = "t";
+    o.progress = probe_from_progress;
+    o.progress_user = &probe;
+    ZS_ASSERT_OK(zs_checkpoint_save(m.ctx, m.params.data(), m.params.size(), m.opt, dir.c_str(), &o));
+    EXPECT_GT(probe.calls, 1);
+    EXPECT_EQ(probe.reentry, ZS_ERR_INVALID_STATE) << probe.reentry_message;
+    EXPECT_NE(probe.reentry_message.find("which this thread holds already for save"), std::string::npos)
+        << probe.reentry_message;
+    EXPECT_EQ(probe.memory, ZS_OK) << "a status query takes no lock, so a callback may make it";
+    // The engine is whole: the same call outside the callback answers, and
+    // the checkpoint loads.
+    int64_t step = -1;
+    ZS_ASSERT_OK(zs_optimizer_get_step(m.opt, &step));
+    EXPECT_EQ(step, 2);
+    zs_checkpoint_load_options lo = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+    lo.tag = "t";
+    ZS_ASSERT_OK(zs_checkpoint_load(m.ctx, m.params.data(), m.params.size(), m.opt, dir.c_str(), &lo, nullptr));
+    zs::test::destroy_ckpt_model(m);
+  });
 }

@@ -54,21 +54,21 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     if (p->layout.numel == 0) continue;
     const bool mine = p->status() == ParamStatus::Available;  // the caller's gather: leave it
     if (!mine) {
-      auto work = fetch_params(ctx, {p}, false, /*exact=*/true);  // never the qwZ values
+      auto work = fetch_params_locked(ctx, {p}, false, /*exact=*/true);  // never the qwZ values
       work->wait(-1);
-      settle(ctx, *p);
+      settle_locked(ctx, *p);
     }
     if (writer && error.empty()) {
       try {
         host.resize(p->full_bytes());
-        ctx.device()->copy(host.data(), available_data(ctx, *p, "export")->data(), host.size());
+        ctx.device()->copy(host.data(), available_data_locked(ctx, *p, "export")->data(), host.size());
         ctx.device()->synchronize();
         f.write_all(host.data(), host.size());
       } catch (const Error& e) {
         note(e);
       }
     }
-    if (!mine) release_params(ctx, {p});
+    if (!mine) release_params_locked(ctx, {p});
     done += p->full_bytes();
     if (progress) progress(done, total);
   }

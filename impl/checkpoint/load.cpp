@@ -167,7 +167,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       writing.emplace_back(ctx, *sp, ShardAccess::Write);
       items.push_back({&p, &e, work_src, p.dtype, writing.back().data()});
       if (!opt || !opt->has_state(p, 0)) continue;
-      if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state(p, 0, nullptr)});
+      if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state_locked(p, 0, nullptr)});
       for (int slot = 1; slot < 3; ++slot) {
         const std::string s = state_name(opt->kind(), slot);
         const bool saved = e.states.count(s) > 0;
@@ -226,8 +226,8 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   if (opt) {
     const auto& groups = opt_j.at("groups");
     for (size_t g = 0; g < opt->num_groups(); ++g)
-      opt->set_hparams(static_cast<int>(g), hparams_from_json(groups[g].at("hparams"), "checkpoint"));
-    opt->set_steps(steps);
+      opt->set_hparams_locked(static_cast<int>(g), hparams_from_json(groups[g].at("hparams"), "checkpoint"));
+    opt->set_steps_locked(steps);
     opt->scaler().set_state(scaler);
   }
   for (const auto& s : staged)

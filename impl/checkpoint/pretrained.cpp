@@ -176,7 +176,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     };
     writing.emplace_back(ctx, p, ShardAccess::Write);
     scatter(full, p.shard_bytes(), writing.back().data());
-    if (master) scatter(full32, p.layout.shard_numel * sizeof(float), opt->state(p, 0, nullptr));
+    if (master) scatter(full32, p.layout.shard_numel * sizeof(float), opt->state_locked(p, 0, nullptr));
     ++loaded;
     done += p.full_bytes();
     if (o.progress) o.progress(done, total);
@@ -251,7 +251,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, s.host.get(), n);
       staged.push_back(std::move(s));
       if (opt && p.dtype != DType::F32 && opt->has_state(p, 0)) {
-        Staged m{opt->state(p, 0, nullptr), p.layout.shard_numel * sizeof(float),
+        Staged m{opt->state_locked(p, 0, nullptr), p.layout.shard_numel * sizeof(float),
                  std::unique_ptr<char[]>(new char[p.layout.shard_numel * sizeof(float)])};
         std::memset(m.host.get(), 0, m.bytes);
         if (n > 0) std::memcpy(m.host.get(), f32.data(), n * sizeof(float));

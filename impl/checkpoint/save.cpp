@@ -134,7 +134,7 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
           return std::shared_ptr<const void>(copy, copy->data());
         };
       } else {
-        add(state_name(opt->kind(), slot), DType::F32, opt->state(p, slot, nullptr));
+        add(state_name(opt->kind(), slot), DType::F32, opt->state_locked(p, slot, nullptr));
       }
     }
   }
@@ -178,7 +178,7 @@ json optimizer_json(const Optimizer& opt, const NameOf& name_of) {
   auto& scaler = const_cast<Optimizer&>(opt).scaler();
   const auto st = scaler.state();
   return {{"kind", optim_kind_name(opt.kind())},
-          {"steps", opt.steps()},
+          {"steps", opt.steps_locked()},
           {"groups", groups},
           {"loss_scaler", {{"dynamic", scaler.dynamic()}, {"scale", st.scale},
                            {"hysteresis_left", st.hysteresis_left}, {"iter", st.iter},
@@ -196,7 +196,7 @@ Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>&
   m.topology = {{"world_size", m.world_size},
                 {"mics_shard_size", cfg.mics_shard_size},
                 {"zero_hpz_partition_size", cfg.zero_hpz_partition_size}};
-  m.step = opt ? opt->steps() : 0;
+  m.step = opt ? opt->steps_locked() : 0;
   m.optimizer = opt ? optimizer_json(*opt, name_of) : json(nullptr);
   m.user = user;
   for (const auto& p : params) {
@@ -292,7 +292,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
   const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
   for (const auto& p : params) writes_shard(ctx, *p);
-  const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps() : 0) : o.tag;
+  const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps_locked() : 0) : o.tag;
   check_tag(tag);
   json user = json::object();
   if (!o.user_json.empty()) {

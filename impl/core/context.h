@@ -26,6 +26,7 @@
 #include "impl/comm/topology.h"
 #include "impl/common/trace.h"
 #include "impl/config/config.h"
+#include "impl/core/engine_lock.h"
 #include "impl/core/ledger.h"
 #include "impl/device/device.h"
 
@@ -86,16 +87,19 @@ class Context {
   // Where this context's shards, gathers, gradients and optimizer state live.
   const std::shared_ptr<Device>& device() const { return device_; }
   Backend backend() const { return backend_; }
-  // The engine lock, held while the returned guard lives; no mutex is
-  // handed out. Taken by the engine's own entry points (register_param,
-  // fetch_params, the reducer, the coordinator, the optimizer ...), never by
-  // capi/: each object locks what it must. Recursive, because entry points
-  // call each other (an optimizer step syncs gradients and re-gathers
-  // params). Held for a whole optimizer step or blocking fetch; the status
-  // queries (memory_snapshot, counters_snapshot, async_error) never take it.
-  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() {
-    return std::unique_lock<std::recursive_mutex>(mu_);
+  // The engine lock (engine_lock.h), held while the returned guard lives.
+  // Taken once by each engine entry point (register_param, fetch_params,
+  // the reducer, the coordinator, the optimizer ...), never by capi/: each
+  // object locks what it must. Not recursive: what an entry point calls
+  // under its hold checks it (expect_locked) rather than taking it again.
+  // Held for a whole optimizer step or blocking fetch; the status queries
+  // (memory_snapshot, counters_snapshot, async_error) never take it. `who`
+  // names the caller in the error a second take on one thread gets.
+  [[nodiscard]] EngineLock::Guard lock(const char* who = __builtin_FUNCTION()) {
+    return engine_lock_.take(who);
   }
+  // Fails (Code::Internal) unless the calling thread holds the lock.
+  void expect_locked(const char* who = __builtin_FUNCTION()) const { engine_lock_.expect_held(who); }
 
   // Whether what `group` sends is worth quantizing (ZeRO++ qwZ, qgZ): when
   // it spans hosts, or everywhere with ZS_QUANTIZE_WITHIN_HOST=1. Traffic
@@ -254,7 +258,7 @@ class Context {
   Code async_code_ = Code::Ok;
   std::string async_message_;
 
-  std::recursive_mutex mu_;
+  EngineLock engine_lock_;
   Ledger ledger_;
   std::shared_ptr<CommStats> comm_stats_ = std::make_shared<CommStats>();
   std::shared_ptr<Trace> trace_;

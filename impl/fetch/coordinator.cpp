@@ -181,7 +181,7 @@ void Coordinator::prefetch_ahead() {
     ParamList unit_missing;
     uint64_t unit_elems = 0;
     for (const auto& p : units[k]) {
-      settle(ctx_, *p);
+      settle_locked(ctx_, *p);
       if (p->status() == ParamStatus::NotAvailable && !queued.count(p.get())) {
         unit_missing.push_back(p);
         unit_elems += p->layout.numel;
@@ -196,7 +196,7 @@ void Coordinator::prefetch_ahead() {
     upto = k + 1;
   }
   if (!missing.empty()) {
-    fetch_params(ctx_, missing);
+    fetch_params_locked(ctx_, missing);
     step_gathered_ = true;
     ++stats_.prefetches;
     adopt(missing);
@@ -246,11 +246,11 @@ void Coordinator::fetch(const ParamList& params) {
   ParamList missing;
   bool waited = false, gathered = false;
   for (const auto& p : unit) {
-    settle(ctx_, *p);
+    settle_locked(ctx_, *p);
     if (p->status() == ParamStatus::NotAvailable) missing.push_back(p);
   }
   if (!missing.empty()) {
-    fetch_params(ctx_, missing);
+    fetch_params_locked(ctx_, missing);
     step_gathered_ = true;
     ++stats_.demand_fetches;
     gathered = true;
@@ -263,7 +263,7 @@ void Coordinator::fetch(const ParamList& params) {
     if (p->status() != ParamStatus::Inflight) continue;
     if (!p->inflight()->done()) waited = true;
     p->inflight()->wait(-1);
-    settle(ctx_, *p);
+    settle_locked(ctx_, *p);
   }
   if (waited) {  // the trainer stood still for its params: exposed communication
     const auto wait_end = Trace::Clock::now();
@@ -284,11 +284,11 @@ bool Coordinator::all_kept(const ParamList& unit) {
   // on another would set the ranks following different orders, and their
   // gathers apart.
   for (const auto& p : unit) {
-    settle(ctx_, *p);
+    settle_locked(ctx_, *p);
     if (p->status() == ParamStatus::Inflight) {
       const auto wait_begin = Trace::Clock::now();
       p->inflight()->wait(-1);
-      settle(ctx_, *p);
+      settle_locked(ctx_, *p);
       ctx_.comm_stats()->add_wait(std::chrono::duration<double>(Trace::Clock::now() - wait_begin).count());
     }
     if (p->status() != ParamStatus::Available) return false;
@@ -322,7 +322,7 @@ void Coordinator::release(const ParamList& params) {
   for (const auto& p : unit) {
     if (kept_.count(p.get())) continue;  // persistent for the step
     if (!live_.count(p.get())) {
-      settle(ctx_, *p);
+      settle_locked(ctx_, *p);
       if (p->status() != ParamStatus::Available)
         fail(Code::InvalidState, "release: ", p->describe(), " is ", param_status_name(p->status()),
              ", it was not fetched through the coordinator");
@@ -511,7 +511,7 @@ void Coordinator::forget(Param& param) {
 }
 
 void Coordinator::on_params_updated() {
-  const Entry entry(*this);
+  const Entry entry(*this, Entry::UnderCallersHold);
   // The kept list is the same on every rank (step_end compared it), so the
   // noted params and their order are too.
   refresh_.clear();
@@ -528,12 +528,12 @@ void Coordinator::on_params_updated() {
 }
 
 void Coordinator::refresh_persistent() {
-  const Entry entry(*this);
+  const Entry entry(*this, Entry::UnderCallersHold);
   ParamList todo, fresh;  // fresh: not gathered now, so a new buffer
   for (const auto& p : refresh_) {
     if (p->unregistered) continue;
     if (p->status() == ParamStatus::Inflight) p->inflight()->wait(-1);  // a prefetch the step overtook
-    settle(ctx_, *p);
+    settle_locked(ctx_, *p);
     // A group of one gathers by aliasing the shard, which the step rewrote.
     if (p->status() == ParamStatus::Available && p->full_aliases_shard()) continue;
     todo.push_back(p);
@@ -544,11 +544,11 @@ void Coordinator::refresh_persistent() {
   // Waited for, so that the step returns with every gathered copy current:
   // a trainer that reads a persistent param right after the step (an EMA,
   // a log) sees the new values, never a gather in progress.
-  auto work = fetch_params(ctx_, todo, /*into_gathered=*/true);
+  auto work = fetch_params_locked(ctx_, todo, /*into_gathered=*/true);
   ++stats_.prefetches;
   adopt(fresh);
   work->wait(-1);
-  for (const auto& p : todo) settle(ctx_, *p);
+  for (const auto& p : todo) settle_locked(ctx_, *p);
 }
 
 void Coordinator::publish() {
@@ -564,7 +564,7 @@ CoordStats Coordinator::stats() const {
 }
 
 void shards_rewritten(Context& ctx, const ParamList& params) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   for (const auto& p : params) ++p->shard_version;
   drop_secondaries(ctx);
   if (Coordinator* coord = coordinator_if_any(ctx)) {

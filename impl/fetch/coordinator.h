@@ -83,11 +83,12 @@ class Coordinator : public ParamKeeper {
   void add_leaf(const ParamList& params);
   // Before an optimizer step rewrites the shards every gathered copy is
   // stale: drop them all but the agreed kept persistent params, which stay
-  // (stale) where they are.
+  // (stale) where they are. Under the caller's hold of the engine lock.
   void on_params_updated();
   // After the shards were rewritten: gather the noted persistent params
   // again, into the buffers they have (one coalesced gather, waited for;
   // collective like the step), so views of them stay valid and current.
+  // Under the caller's hold.
   void refresh_persistent();
   // The counters as of the last call that returned; never waits for one
   // in progress.
@@ -99,13 +100,21 @@ class Coordinator : public ParamKeeper {
   void forget(Param& param) override;
 
  private:
-  // An entry point's hold on the engine lock; on leaving, it publishes the
-  // counters for stats().
+  // An entry point's hold on the engine lock, or for one that runs under
+  // its caller's hold (UnderCallersHold), a check of it; on leaving, it
+  // publishes the counters for stats().
   struct Entry {
-    explicit Entry(Coordinator& c) : coord(c), held(c.ctx_.lock()) {}
+    enum Hold { Take, UnderCallersHold };
+    explicit Entry(Coordinator& c, Hold hold = Take, const char* who = __builtin_FUNCTION())
+        : coord(c) {
+      if (hold == Take)
+        held.emplace(c.ctx_.lock(who));
+      else
+        c.ctx_.expect_locked(who);
+    }
     ~Entry() { coord.publish(); }
     Coordinator& coord;
-    std::unique_lock<std::recursive_mutex> held;
+    std::optional<EngineLock::Guard> held;
   };
   void publish();
   ParamList expand(const ParamList& params) const;
@@ -191,7 +200,8 @@ class Coordinator : public ParamKeeper {
 // pretrained load, the optimizer's masters written back): `params` move to
 // a new shard_version (a 16-bit param's fp32 master re-reads the values that
 // changed before its next update), secondary shards and gathered copies are
-// dropped, and persistent params are gathered again. Takes the engine lock.
+// dropped, and persistent params are gathered again. Under the caller's
+// hold of the engine lock.
 void shards_rewritten(Context& ctx, const ParamList& params);
 
 // The context's fetch coordinator, created on first use; null until then.

@@ -78,7 +78,7 @@ BufferPtr secondary_of(Context& ctx, const Param& p) {
 }  // namespace
 
 void drop_secondaries(Context& ctx) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   auto* state = ctx.find_attachment<FetchState>();
   if (state == nullptr) return;
   for (auto it = state->secondaries.begin(); it != state->secondaries.end();) {
@@ -92,6 +92,11 @@ void drop_secondaries(Context& ctx) {
 
 ParamStatus settle(Context& ctx, Param& p) {
   const auto held = ctx.lock();
+  return settle_locked(ctx, p);
+}
+
+ParamStatus settle_locked(Context& ctx, Param& p) {
+  ctx.expect_locked();
   const Param::Settled settled = p.settle(ctx.ledger());
   auto* state = settled == Param::Settled::Unchanged ? nullptr : ctx.find_attachment<FetchState>();
   FetchState::Secondary* s = state ? state->find(p) : nullptr;
@@ -185,12 +190,18 @@ QuantSlot quant_slot(const std::shared_ptr<Device>& dev, const Param& p, const S
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered,
                                    bool exact) {
   const auto held = ctx.lock();
+  return fetch_params_locked(ctx, params, into_gathered, exact);
+}
+
+std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
+                                          bool into_gathered, bool exact) {
+  ctx.expect_locked();
   ctx.check_async_error();
   ctx.attachment<FetchState>();  // so that unregister_param lets go of what we gather
   const auto& group = common_group(ctx, params, "fetch");
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
-    settle(ctx, p);
+    settle_locked(ctx, p);
     const bool again = into_gathered && p.status() == ParamStatus::Available && !p.full_aliases_shard();
     if (p.status() != ParamStatus::NotAvailable && !again)
       fail(Code::InvalidState, "fetch: params[", i, "] ", p.describe(), " is ",
@@ -335,30 +346,35 @@ std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool i
 }
 
 void release_one(Context& ctx, Param& p) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   p.release(ctx.ledger());
 }
 
 void release_when_done(Context& ctx, Param& p) {
-  const auto held = ctx.lock();
-  settle(ctx, p);
+  ctx.expect_locked();
+  settle_locked(ctx, p);
   if (p.status() == ParamStatus::Inflight) {
     try {
       p.inflight()->wait(-1);
     } catch (const Error&) {
       // Recorded as the context's async error; settle frees the buffer.
     }
-    settle(ctx, p);
+    settle_locked(ctx, p);
   }
   if (p.status() == ParamStatus::Available) release_one(ctx, p);
 }
 
 void release_params(Context& ctx, const ParamList& params) {
   const auto held = ctx.lock();
+  release_params_locked(ctx, params);
+}
+
+void release_params_locked(Context& ctx, const ParamList& params) {
+  ctx.expect_locked();
   common_group(ctx, params, "release");
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
-    settle(ctx, p);
+    settle_locked(ctx, p);
     if (p.status() != ParamStatus::Available)
       fail(Code::InvalidState, "release: params[", i, "] ", p.describe(), " is ",
            param_status_name(p.status()),
@@ -370,7 +386,12 @@ void release_params(Context& ctx, const ParamList& params) {
 
 BufferPtr available_data(Context& ctx, Param& p, const char* what) {
   const auto held = ctx.lock();
-  settle(ctx, p);
+  return available_data_locked(ctx, p, what);
+}
+
+BufferPtr available_data_locked(Context& ctx, Param& p, const char* what) {
+  ctx.expect_locked();
+  settle_locked(ctx, p);
   if (p.status() != ParamStatus::Available)
     fail(Code::InvalidState, what, ": ", p.describe(), " is ", param_status_name(p.status()),
          p.status() == ParamStatus::NotAvailable ? ": fetch it and wait for the gather first"
@@ -385,7 +406,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   if (modifier_rank < 0 || modifier_rank >= group->size())
     fail(Code::InvalidArgument, "update: modifier_rank ", modifier_rank,
          " is out of range for group '", group->name(), "' of size ", group->size());
-  for (const auto& p : params) available_data(ctx, *p, "update");
+  for (const auto& p : params) available_data_locked(ctx, *p, "update");
   drop_secondaries(ctx);  // the shards are about to change
   std::vector<ShardAccess> writing;
   for (const auto& p : params) writing.emplace_back(ctx, *p, ShardAccess::Write);
@@ -423,7 +444,7 @@ void write_param(Context& ctx, Param& p, const void* data, size_t bytes) {
     fail(Code::BufferSize, "write: ", p.describe(), ": data_bytes is ", bytes, ", expected ",
          p.full_bytes(), " (", p.layout.numel, " elements of ", dtype_name(p.dtype), ")");
   if (data == nullptr && bytes > 0) fail(Code::InvalidArgument, "write: data is NULL");
-  if (settle(ctx, p) == ParamStatus::Inflight)
+  if (settle_locked(ctx, p) == ParamStatus::Inflight)
     fail(Code::InvalidState, "write: ", p.describe(), " is INFLIGHT: wait for its gather first");
   Device& dev = *ctx.device();
   const size_t elem = p.elem_bytes();

@@ -30,17 +30,25 @@ using ParamList = std::vector<std::shared_ptr<Param>>;
 // values whatever the config (a consolidated export).
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params,
                                    bool into_gathered = false, bool exact = false);
+// A function with a `_locked` twin takes the engine lock; the twin is for a
+// caller that holds it already (context.h: the lock is not recursive).
+// Those without one run under their caller's hold.
+std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
+                                          bool into_gathered = false, bool exact = false);
 
 // If an in-flight gather finished: AVAILABLE on success, back to
 // NOT_AVAILABLE (buffer freed) on failure. Returns the status it leaves.
 ParamStatus settle(Context& ctx, Param& param);
+ParamStatus settle_locked(Context& ctx, Param& param);
 
 // Free the full data of AVAILABLE params; all-or-nothing.
 void release_params(Context& ctx, const ParamList& params);
+void release_params_locked(Context& ctx, const ParamList& params);
+// Under the caller's hold of the engine lock.
 void release_one(Context& ctx, Param& param);
 // Wait out an in-flight gather (a failure is already the context's async
 // error), then release the param if it ended up gathered. What
-// unregister_param does for the fetch layer.
+// unregister_param does for the fetch layer. Under the caller's hold.
 void release_when_done(Context& ctx, Param& param);
 
 // GatheredParameters' exit: broadcast the full data from group rank
@@ -56,11 +64,13 @@ void write_param(Context& ctx, Param& param, const void* data, size_t bytes);
 
 // hpZ: every param's secondary shard (this rank's slice of it within the
 // intra-node group, left by the step's first gather) is dropped when the
-// shards change (optimizer step, GatheredParameters update).
+// shards change (optimizer step, GatheredParameters update). Under the
+// caller's hold.
 void drop_secondaries(Context& ctx);
 
 // The full data of an AVAILABLE param, or InvalidState naming its status.
 // Shared, so the buffer outlives a release racing the caller's read.
 BufferPtr available_data(Context& ctx, Param& param, const char* what);
+BufferPtr available_data_locked(Context& ctx, Param& param, const char* what);
 
 }  // namespace zs

@@ -372,6 +372,11 @@ void GradReducer::wait_pending() {
 
 void GradReducer::sync() {
   const auto held = ctx_.lock();
+  sync_locked();
+}
+
+void GradReducer::sync_locked() {
+  ctx_.expect_locked();
   for (auto& [group, bucket] : open_) flush(bucket);
   open_.clear();
   auto pending = std::move(pending_);
@@ -387,7 +392,7 @@ void GradReducer::sync() {
 }
 
 void GradReducer::reset_error_feedback() {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   loco_.clear();
 }
 
@@ -447,7 +452,7 @@ void GradReducer::replica_average() {
 }
 
 void GradReducer::forget(Param& param) {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   if (touched_set_.erase(&param) != 0)
     touched_.erase(std::remove_if(touched_.begin(), touched_.end(),
                                   [&](const auto& p) { return p.get() == &param; }),
@@ -474,7 +479,7 @@ float* GradReducer::shard_data(Param& param) {
 }
 
 void GradReducer::end_step() {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   for (const auto& p : touched_) {
     if (p->grad) {
       p->grad->current = false;

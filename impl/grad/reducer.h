@@ -59,8 +59,11 @@ class GradReducer : public ParamKeeper {
                   size_t bytes);
   // The highest ticket that, with every lower one, is no longer read.
   uint64_t released();
-  // Flush, wait, and (MiCS) average across the replica groups.
+  // Flush, wait, and (MiCS) average across the replica groups. sync_locked
+  // is for a caller that holds the engine lock (the optimizer's step: the
+  // lock is not recursive).
   void sync();
+  void sync_locked();
   void set_accumulation_steps(int steps);
   // The param's fp32 gradient shard, or null before its first push; an
   // old gradient (none pushed since the last step) is zeroed first. The
@@ -68,6 +71,7 @@ class GradReducer : public ParamKeeper {
   float* shard_data(Param& param);
   // After an optimizer step: every gradient shard becomes old (its next
   // write assigns, and it reads as zeros until then), with no pass over them.
+  // Under the caller's hold of the engine lock, as are the next two.
   void end_step();
   // A param being unregistered (unregister_param calls this): the reducer
   // forgets it, and its gradient shard is freed and uncounted. A bucket

@@ -218,6 +218,11 @@ std::vector<int> Optimizer::group_indices(int group) const {
 
 void Optimizer::set_hparams(int group, const Hparams& hp) {
   const auto held = ctx_.lock();
+  set_hparams_locked(group, hp);
+}
+
+void Optimizer::set_hparams_locked(int group, const Hparams& hp) {
+  ctx_.expect_locked();
   check_hparams(hp);
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp = hp;
 }
@@ -336,7 +341,7 @@ void Optimizer::update_swapped(float grad_scale) {
 }
 
 void Optimizer::flush_state_views() {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   for (auto it = views_.begin(); it != views_.end();) {
     swap_->write_slot(it->first.first, it->first.second, it->second.data());
     ctx_.ledger().sub(Held::Optimizer, it->second.size() * sizeof(float));
@@ -345,13 +350,13 @@ void Optimizer::flush_state_views() {
 }
 
 bool Optimizer::state_swapped(const Param& p, int slot) {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   const Slot* s = find_slot(p);
   return s != nullptr && slot >= 0 && slot <= 2 && s->swapped[slot];
 }
 
 void Optimizer::copy_swapped_state(const Param& p, int slot, float* dst) {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   const Slot* s = find_slot(p);
   if (s == nullptr || slot < 0 || slot > 2 || !s->swapped[slot])
     fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(), " is not on NVMe");
@@ -382,7 +387,7 @@ bool Optimizer::has_state(const Param& p, int slot) const {
 }
 
 float* Optimizer::ensure_state(const Param& p, int slot, uint64_t* numel) {
-  const auto held = ctx_.lock();
+  ctx_.expect_locked();
   Slot* s = find_slot(p);
   if (swap_ && s != nullptr && slot == 1 && kind_ == OptimKind::Sgd) {
     s->swapped[1] = true;  // its place in the file is reserved from the start
@@ -390,11 +395,16 @@ float* Optimizer::ensure_state(const Param& p, int slot, uint64_t* numel) {
     s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
     ctx_.ledger().add(Held::Optimizer, s->state1->bytes());
   }
-  return state(p, slot, numel);
+  return state_locked(p, slot, numel);
 }
 
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
   const auto held = ctx_.lock();
+  return state_locked(p, slot, numel);
+}
+
+float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
+  ctx_.expect_locked();
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
       if (s.param.get() != &p) continue;
@@ -410,7 +420,7 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
       }
       if (slot == 0 && s.master_is_shard) {  // a fixed address for the caller: see zs_param_shard_data
         if (numel) *numel = p.layout.shard_numel;
-        return static_cast<float*>(keep_shard_in_memory(ctx_, *s.param));
+        return static_cast<float*>(keep_shard_in_memory_locked(ctx_, *s.param));
       }
       const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
       if (p.frozen && !s.master && !s.master_is_shard)
@@ -429,6 +439,11 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
 
 void Optimizer::set_steps(int64_t s) {
   const auto held = ctx_.lock();
+  set_steps_locked(s);
+}
+
+void Optimizer::set_steps_locked(int64_t s) {
+  ctx_.expect_locked();
   if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
   step_ = s;
   // A restored state: every param as if updated at each of those steps.
@@ -498,6 +513,11 @@ double Optimizer::loss_scale() const {
 
 int64_t Optimizer::steps() const {
   const auto held = ctx_.lock();
+  return steps_locked();
+}
+
+int64_t Optimizer::steps_locked() const {
+  ctx_.expect_locked();
   return step_;
 }
 
@@ -541,7 +561,7 @@ StepResult Optimizer::step() {
   zs::Group& world = *ctx_.world();
   const bool fused_agreement = agreement_fusable(world.size());
   if (!fused_agreement) check_agreement(world, description);
-  grads(ctx_).sync();
+  grads(ctx_).sync_locked();
 
   // Sum of squares per partition group (each group's shards cover its
   // params once), and whether any rank saw inf/NaN. A shard not written

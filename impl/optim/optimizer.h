@@ -44,8 +44,13 @@ class Optimizer {
   Optimizer(Context& ctx, OptimKind kind);
   ~Optimizer();
   int add_group(const std::vector<std::shared_ptr<Param>>& params, const Hparams& hp);
+  // A method with a `_locked` twin takes the engine lock; the twin is for
+  // a caller that holds it already (a checkpoint's save or load: the lock
+  // is not recursive). Those marked "under the caller's hold" have none.
+  //
   // group -1: all groups.
   void set_hparams(int group, const Hparams& hp);
+  void set_hparams_locked(int group, const Hparams& hp);
   void set_lr(int group, double lr);
   StepResult step();
   double loss_scale() const;
@@ -53,7 +58,9 @@ class Optimizer {
   // NVMe is read into a host copy that stays valid, and is written back,
   // until the next step, sync_params or flush_state_views.
   float* state(const Param& p, int slot, uint64_t* numel);
+  float* state_locked(const Param& p, int slot, uint64_t* numel);
   // Writes the host copies state() made of NVMe state back and frees them.
+  // Under the caller's hold, as are the next two.
   void flush_state_views();
   // Whether slot `slot` of p lives in the swap file (read it with
   // copy_swapped_state, a param at a time, rather than state()).
@@ -64,7 +71,9 @@ class Optimizer {
   // The swap file's bytes (0 unless the state is on NVMe).
   uint64_t swapped_bytes() const { return swap_ ? swap_->file_bytes() : 0; }
   int64_t steps() const;
+  int64_t steps_locked() const;
   void set_steps(int64_t s);
+  void set_steps_locked(int64_t s);
   // Rewrite 16-bit working shards from the masters (after a state load).
   void sync_params();
   uint64_t context_id() const { return ctx_id_; }
@@ -78,7 +87,7 @@ class Optimizer {
   std::vector<std::shared_ptr<Param>> group_params(size_t group) const;
   bool has_state(const Param& p, int slot) const;
   // Allocates slot 1 (SGD momentum switched on after add_group) so a
-  // checkpoint's buffer can be loaded into it.
+  // checkpoint's buffer can be loaded into it. Under the caller's hold.
   float* ensure_state(const Param& p, int slot, uint64_t* numel);
   LossScaler& scaler() { return scaler_; }
 

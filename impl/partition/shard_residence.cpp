@@ -187,7 +187,7 @@ bool params_offloaded(Context& ctx) {
 
 ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
     : ctx_(&ctx), param_(&param), write_(intent == Write) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   if (param.packet) {  // a frozen param kept quantized
     param_ = nullptr;  // nothing cached, nothing to release
     if (intent == ReadInGather) {
@@ -236,7 +236,6 @@ ShardAccess::ShardAccess(ShardAccess&& other) noexcept
 ShardAccess::~ShardAccess() {
   if (packed_param_ != nullptr) repack();
   if (param_ == nullptr) return;
-  const auto held = ctx_->lock();
   if (ParamSwap* swap = swap_of(*ctx_, *param_)) swap->release(*param_, write_);
 }
 
@@ -244,7 +243,6 @@ ShardAccess::~ShardAccess() {
 // nothing changed: requantizing dequantized values may move a scale by an
 // ulp, and a load or update that rewrites the same values must not drift.
 void ShardAccess::repack() noexcept {
-  const auto held = ctx_->lock();
   Param& p = *packed_param_;
   try {
     Device& dev = *ctx_->device();
@@ -262,7 +260,7 @@ void ShardAccess::repack() noexcept {
 }
 
 void store_shard_as_packet(Context& ctx, Param& param, const kernels::QuantSpec& spec) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   if (param.packet) return;
   auto packet = std::make_shared<Buffer>(ctx.device(),
                                          quant_packet(param.layout.shard_numel, spec).bytes);
@@ -306,6 +304,11 @@ void retire_shard(Context& ctx, Param& param) {
 
 void* keep_shard_in_memory(Context& ctx, Param& param) {
   const auto held = ctx.lock();
+  return keep_shard_in_memory_locked(ctx, param);
+}
+
+void* keep_shard_in_memory_locked(Context& ctx, Param& param) {
+  ctx.expect_locked();
   if (param.packet)
     fail(Code::InvalidState, param.describe(), " is frozen and kept as int", param.packet_spec.bits,
          " codes (zero_quantized_nontrainable_weights): it has no shard of ",
@@ -315,7 +318,7 @@ void* keep_shard_in_memory(Context& ctx, Param& param) {
 }
 
 void trim_shard_cache(Context& ctx) {
-  const auto held = ctx.lock();
+  ctx.expect_locked();
   if (auto* swap = ctx.find_attachment<ParamSwap>()) swap->trim();
 }
 

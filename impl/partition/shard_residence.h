@@ -36,7 +36,8 @@ namespace zs {
 // context refuses either (NotSupported, at the first registration).
 bool params_offloaded(Context& ctx);
 
-// Scoped use of a shard's bytes: makes the shard resident (reading it from
+// Scoped use of a shard's bytes, made and ended under the hold of the
+// engine lock that an entry point took: makes the shard resident (reading it from
 // the swap file if it was dropped), keeps it resident until destroyed, and
 // then, if it was taken for writing, marks it changed. Destroying the last
 // access of a param lets the cache trim itself.
@@ -90,6 +91,7 @@ void place_new_shard(Context& ctx, Param& param);
 // A frozen param under zero_quantized_nontrainable_weights: its shard is
 // quantized once, now (from memory or the swap file), into a packet that
 // replaces it for good; the shard's memory (or swap region) is let go.
+// Under the caller's hold of the engine lock.
 void store_shard_as_packet(Context& ctx, Param& param, const kernels::QuantSpec& spec);
 
 // At unregistration: the shard leaves the cache and the memory stats. Its
@@ -100,12 +102,15 @@ void retire_shard(Context& ctx, Param& param);
 // param's life: an offloaded shard is read back and leaves the swap file's
 // care for good (its region is not reused). Returns the shard's bytes.
 void* keep_shard_in_memory(Context& ctx, Param& param);
+// The same, for a caller that holds the engine lock (context.h: it is not
+// recursive).
+void* keep_shard_in_memory_locked(Context& ctx, Param& param);
 
 // Brings the cache back within max_in_cpu, writing changed shards back
 // first; throws the swap file's I/O error (the shard that failed stays
 // cached and changed: nothing is lost). A ShardAccess that ends trims too,
 // but leaves a failed write-back to the next trim, which retries it and
-// reports its error.
+// reports its error. Under the caller's hold.
 void trim_shard_cache(Context& ctx);
 
 }  // namespace zs

@@ -56,6 +56,11 @@
  *    zs_work_wait / zs_work_test wait only for their own collective. A
  *    group's worker thread never takes the engine lock, so waiting on a
  *    collective while another thread holds that lock cannot deadlock.
+ *  - Callbacks (zs_progress_fn) run on the calling thread while its call
+ *    holds the engine lock, which is not recursive: from a callback, the
+ *    status queries and calls on other contexts answer; a call that needs
+ *    this context's lock fails with ZS_ERR_INVALID_STATE, naming the call
+ *    in progress, instead of deadlocking.
  */
 #ifndef ZEROSHARD_ZEROSHARD_H
 #define ZEROSHARD_ZEROSHARD_H
@@ -759,7 +764,7 @@ ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
  * safetensors file per rank (README, "Checkpoints"). */
 
 /* Progress of a long save, load, verify or export, called on the calling
- * thread: phase is "write", "read", "verify", "export", "reshard" (done/total count
+ * thread under the engine lock (see the top of this file): phase is "write", "read", "verify", "export", "reshard" (done/total count
  * bytes) or "manifest", "rename", "latest", "done" (0, 0). */
 typedef void (*zs_progress_fn)(void* user, const char* phase, uint64_t done, uint64_t total);
 
