@@ -944,10 +944,10 @@ ZS_API zs_status zs_step_end(zs_context ctx);
  * gathered, or nothing released and no gradient pushed, running on what the
  * last step kept) runs no collective at its end, except every 64th quiet
  * step in a row; where it ran none, *same = -1 (not compared, alike on
- * every rank). zeroshard.torch passes
- * a hash of the params whose models this rank's garbage collector has
- * dropped, and destroys them once every rank has dropped the same ones
- * (collection times differ between ranks). */
+ * every rank). For what every rank must do at the same step but learns
+ * at different times: pass a hash of it (say, of the params a garbage
+ * collector dropped, whose timing differs between ranks) and act once
+ * *same is 1. */
 ZS_API zs_status zs_step_end_agree(zs_context ctx, uint64_t token, int* same);
 
 /* A module's params before it runs: blocks until all are AVAILABLE
