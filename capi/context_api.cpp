@@ -48,6 +48,7 @@ ZS_API zs_status zs_context_create(zs_context* out, const zs_context_options* op
 ZS_API zs_status zs_context_destroy(zs_context h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
+    context_of(h, "ctx")->refuse_reentry("zs_context_destroy");  // from a callback of its own call
     uint64_t id = 0;
     auto obj = take_handle(Kind::Context, reinterpret_cast<uintptr_t>(h), &id);
     if (!obj) context_of(h, "ctx");  // throws the right message

@@ -77,6 +77,7 @@ ZS_API zs_status zs_param_destroy(zs_param h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto r = param_of(h, "param");
+    r.ctx->refuse_reentry("zs_param_destroy");  // before the handle is given up
     if (!take_handle(Kind::Param, reinterpret_cast<uintptr_t>(h), nullptr)) param_of(h, "param");
     unregister_param(*r.ctx, *r.obj);
   });
@@ -162,6 +163,7 @@ ZS_API zs_status zs_gather_destroy(zs_gather h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto g = gather_of(h, "gather");
+    g.ctx->refuse_reentry("zs_gather_destroy");  // before the handle is given up
     take_handle(Kind::Gather, reinterpret_cast<uintptr_t>(h), nullptr);
     try {
       g.obj->work->wait(-1);

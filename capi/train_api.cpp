@@ -110,6 +110,7 @@ ZS_API zs_status zs_optimizer_destroy(zs_optimizer h) {
   if (h == nullptr) return ZS_OK;
   return guarded([&] {
     auto r = optimizer_of(h, "opt");
+    r.ctx->refuse_reentry("zs_optimizer_destroy");  // before the handle is given up
     take_handle(Kind::Optimizer, reinterpret_cast<uintptr_t>(h), nullptr);
     r.obj.reset();  // frees its state under the engine lock
   });

@@ -151,10 +151,14 @@ namespace {
 struct CallbackProbe {
   zs_optimizer opt = nullptr;
   zs_context ctx = nullptr;
+  zs_param param = nullptr;
   int calls = 0;
   zs_status reentry = ZS_OK;
   std::string reentry_message;
   zs_status memory = ZS_ERR_INTERNAL;
+  // Destroys (a garbage collector running in the callback): each refused
+  // before it gives its handle up.
+  zs_status param_destroy = ZS_OK, optimizer_destroy = ZS_OK, context_destroy = ZS_OK;
 };
 
 void probe_from_progress(void* user, const char*, uint64_t, uint64_t) {
@@ -165,6 +169,9 @@ void probe_from_progress(void* user, const char*, uint64_t, uint64_t) {
   probe->reentry_message = zs_last_error();
   zs_memory_stats m = ZS_MEMORY_STATS_INIT;
   probe->memory = zs_context_memory(probe->ctx, &m);
+  probe->param_destroy = zs_param_destroy(probe->param);
+  probe->optimizer_destroy = zs_optimizer_destroy(probe->opt);
+  probe->context_destroy = zs_context_destroy(probe->ctx);
 }
 
 }  // namespace
@@ -177,6 +184,7 @@ TEST(EngineLock, AProgressCallbackThatCallsBackIntoTheEngineIsRefusedAndTheSaveG
     CallbackProbe probe;
     probe.opt = m.opt;
     probe.ctx = m.ctx;
+    probe.param = m.params[0];
     zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
     o.tag = "t";
     o.progress = probe_from_progress;
@@ -187,6 +195,11 @@ TEST(EngineLock, AProgressCallbackThatCallsBackIntoTheEngineIsRefusedAndTheSaveG
     EXPECT_NE(probe.reentry_message.find("which this thread holds already for save"), std::string::npos)
         << probe.reentry_message;
     EXPECT_EQ(probe.memory, ZS_OK) << "a status query takes no lock, so a callback may make it";
+    EXPECT_EQ(probe.param_destroy, ZS_ERR_INVALID_STATE);
+    EXPECT_EQ(probe.optimizer_destroy, ZS_ERR_INVALID_STATE);
+    EXPECT_EQ(probe.context_destroy, ZS_ERR_INVALID_STATE);
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    ZS_EXPECT_OK(zs_param_get_info(m.params[0], &info));  // the refused destroy kept the handle
     // The engine is whole: the same call outside the callback answers, and
     // the checkpoint loads.
     int64_t step = -1;

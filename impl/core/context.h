@@ -100,6 +100,10 @@ class Context {
   }
   // Fails (Code::Internal) unless the calling thread holds the lock.
   void expect_locked(const char* who = __builtin_FUNCTION()) const { engine_lock_.expect_held(who); }
+  // Fails (Code::InvalidState) when the calling thread holds the lock: for
+  // a call that must refuse before it changes anything (EngineLock).
+  void refuse_reentry(const char* who) const { engine_lock_.refuse_reentry(who); }
+  bool locked_by_this_thread() const noexcept { return engine_lock_.held_by_this_thread(); }
 
   // Whether what `group` sends is worth quantizing (ZeRO++ qwZ, qgZ): when
   // it spans hosts, or everywhere with ZS_QUANTIZE_WITHIN_HOST=1. Traffic

@@ -4,10 +4,15 @@
 
 namespace zs {
 
-EngineLock::Guard EngineLock::take(const char* who) {
+void EngineLock::refuse_reentry(const char* who) const {
+  // holder_ is read only by the thread that holds mu_, which wrote it.
   if (held_by_this_thread())
     fail(Code::InvalidState, who, " needs the engine lock, which this thread holds already for ",
          holder_, ": the engine is not re-entrant (a callback may not call back into it)");
+}
+
+EngineLock::Guard EngineLock::take(const char* who) {
+  refuse_reentry(who);
   mu_.lock();
   owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   holder_ = who;

@@ -37,6 +37,10 @@ class EngineLock {
   // Takes the lock for `who`; fails (Code::InvalidState) when this thread
   // holds it already, naming `who` and the holder.
   [[nodiscard]] Guard take(const char* who);
+  // The check take() makes first, for a call that must refuse before it
+  // changes anything (a destroy gives its handle up before it takes the
+  // lock): fails (Code::InvalidState) when this thread holds the lock.
+  void refuse_reentry(const char* who) const;
   // Fails (Code::Internal) unless this thread holds the lock: what runs
   // under an entry point's hold checks it instead of taking it again.
   void expect_held(const char* who) const;

@@ -82,7 +82,10 @@ Optimizer::Optimizer(Context& ctx, OptimKind kind)
 }
 
 Optimizer::~Optimizer() {
-  const auto held = ctx_.lock();
+  // A destructor must not throw. The C ABI never drops an optimizer under
+  // the hold, but were the last reference to go there, the hold is ours.
+  std::optional<EngineLock::Guard> held;
+  if (!ctx_.locked_by_this_thread()) held.emplace(ctx_.lock());
   for (const auto& g : groups_)
     for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
   for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));

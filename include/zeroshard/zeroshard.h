@@ -60,7 +60,10 @@
  *    holds the engine lock, which is not recursive: from a callback, the
  *    status queries and calls on other contexts answer; a call that needs
  *    this context's lock fails with ZS_ERR_INVALID_STATE, naming the call
- *    in progress, instead of deadlocking.
+ *    in progress, instead of deadlocking. A destroy (param, gather,
+ *    optimizer, the context) made there is refused the same way and its
+ *    handle stays valid: a garbage collector that runs in a callback
+ *    loses nothing.
  */
 #ifndef ZEROSHARD_ZEROSHARD_H
 #define ZEROSHARD_ZEROSHARD_H
