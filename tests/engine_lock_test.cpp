@@ -120,7 +120,7 @@ TEST(EngineLock, ASecondTakeOnTheHoldingThreadFailsNamingBothWhereAMutexWouldDea
     }
     // Another thread is neither the holder nor let in while the hold lasts.
     std::atomic<bool> entered{false};
-    zs::Code other_code = zs::Code::Ok;
+    std::atomic<zs::Code> other_code{zs::Code::Ok};
     std::thread other([&] {
       try {
         lock.expect_held("release_one");
@@ -132,7 +132,7 @@ TEST(EngineLock, ASecondTakeOnTheHoldingThreadFailsNamingBothWhereAMutexWouldDea
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     EXPECT_FALSE(entered.load()) << "another thread took the lock while it was held";
-    EXPECT_EQ(other_code, zs::Code::Internal) << "expect_held passed on a thread that does not hold it";
+    EXPECT_EQ(other_code.load(), zs::Code::Internal) << "expect_held passed on a thread that does not hold it";
     auto moved = std::move(outer);  // the hold moves with its guard
     EXPECT_TRUE(lock.held_by_this_thread());
     {
