@@ -52,7 +52,6 @@ using Clock = std::chrono::steady_clock;
 
 double mono_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
-
 double rss_mib() {
   std::ifstream f("/proc/self/statm");
   long pages = 0, resident = 0;
