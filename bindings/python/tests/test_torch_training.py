@@ -124,6 +124,7 @@ def test_params_saved_for_backward_by_reference_free_their_buffers():
     edges = r["edges"]
     assert edges["read_equals_weight_t"] and edges["released_after_read"], edges
     assert "blocks.1.out.weight was modified in place" in edges["in_place_error"], edges
+    assert "is partitioned and not gathered now, so mul_" in edges["released_in_place_error"], edges
 
 
 def test_submodule_called_without_the_root_opens_the_forward_scope():

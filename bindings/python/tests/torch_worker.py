@@ -574,17 +574,24 @@ def saved_view_edges(model, sd, rank):
     from zeroshard.torch import saved
 
     w = model.blocks[0].fc.weight
-    assert w.numel() == 0  # released after the step
+    assert w.untyped_storage().nbytes() == 0  # released after the step
     view = saved._SavedView.__new__(saved._SavedView)
     view.param, view.offset, view.version = w, 0, w._version
     view.size, view.stride = torch.Size(w.zs.shape[::-1]), (1, w.zs.shape[1])
     read = saved._unpack(view)  # collective: every rank reads it
     edges = {"read_equals_weight_t": rank != 0 or torch.equal(read, sd["blocks.0.fc.weight"].t()),
-             "released_after_read": w.numel() == 0 and w.zs.holds == 0}
+             "released_after_read": w.untyped_storage().nbytes() == 0 and w.zs.holds == 0}
     x, y = batch(0, rank)
     loss = model(x, y)
-    with torch.no_grad():
-        model.blocks[1].out.weight.mul_(1.0)  # bumps its version, as any in-place change
+    w1 = model.blocks[1].out.weight
+    try:
+        with torch.no_grad():
+            w1.mul_(1.0)  # released: no values to change
+        edges["released_in_place_error"] = ""
+    except RuntimeError as e:
+        edges["released_in_place_error"] = str(e)
+    with zt.GatheredParameters([w1], modifier_rank=0), torch.no_grad():
+        w1.mul_(1.0)  # bumps its version, as any in-place change
     try:
         loss.backward()
         edges["in_place_error"] = ""

@@ -335,7 +335,7 @@ def run_model(name, rank):
                 frozen_equal = False
     # Persistent params stay gathered across steps by design; no other does.
     gathered = sum(1 for p in model.parameters()
-                   if zt.is_partitioned(p) and p.data.numel() > 0 and not p.zs.persistent)
+                   if zt.is_partitioned(p) and p.untyped_storage().nbytes() > 0 and not p.zs.persistent)
     return {"reference": "single process" if ddp is None else "ddp", "ddp": ref_losses, "zeroshard": zs_losses,
             "trainable": trainable, "warnings": notes,
             "frozen_equal": frozen_equal, "left_gathered": gathered}
@@ -437,7 +437,7 @@ class WideLoRA(nn.Module):
     def _sample(self, grad):
         if hasattr(self.layers[0].base.weight, "zs"):
             gathered = zt.get_context().memory()["gathered_bytes"]
-            frozen = sum(1 for layer in self.layers if layer.base.weight.data.numel() > 0)
+            frozen = sum(1 for layer in self.layers if layer.base.weight.untyped_storage().nbytes() > 0)
             self.samples.append((gathered, frozen))
 
 
@@ -474,7 +474,7 @@ def run_lora_memory(rank, mode, steps=4):
         loss = F.mse_loss(model(x), y)
         loss.backward()
         after.append((ctx.memory()["gathered_bytes"],
-                      sum(1 for layer in model.layers if layer.base.weight.data.numel() > 0)))
+                      sum(1 for layer in model.layers if layer.base.weight.untyped_storage().nbytes() > 0)))
         during.append(max(model.samples))
         zopt.step()
         zopt.zero_grad()
@@ -483,7 +483,7 @@ def run_lora_memory(rank, mode, steps=4):
     layer_bytes = (base.weight.zs.zparam.numel + base.bias.zs.zparam.numel) * 4
     return {"ddp": ref_losses, "zeroshard": losses, "during": during, "after": after,
             "layer_bytes": layer_bytes, "peak_gathered_bytes": ctx.memory()["peak_gathered_bytes"],
-            "left_gathered": sum(1 for p in model.parameters() if p.data.numel() > 0)}
+            "left_gathered": sum(1 for p in model.parameters() if p.untyped_storage().nbytes() > 0)}
 
 
 def run_deepcopy(rank):

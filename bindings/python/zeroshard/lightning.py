@@ -330,6 +330,7 @@ def _make_strategy_class():
     from lightning_utilities.core.apply_func import apply_to_collection
 
     from . import torch as zt
+    from .torch.init import hide_partitioned_from_ddp
 
     Precision = importlib.import_module(pl.__name__ + ".plugins.precision").Precision
 
@@ -449,6 +450,11 @@ def _make_strategy_class():
             return model
 
         def setup(self, trainer):
+            # Outside fit, DDPStrategy broadcasts every param from C++
+            # (_sync_module_states): params partitioned in configure_model
+            # are skipped there, as DDP skips them when fitting.
+            if self.model is not None:
+                hide_partitioned_from_ddp(self.model)
             super().setup(trainer)
             # DDPStrategy wraps the model only to fit (validate, test and
             # predict have no gradients to reduce); a model built under Init

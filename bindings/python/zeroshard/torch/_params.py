@@ -1,10 +1,12 @@
 """Partitioned torch Parameters.
 
 A partitioned nn.Parameter keeps its Python identity (optimisers, hooks and
-user code hold it), but its .data is an empty tensor while only the shard
-exists, and a zero-copy view of the engine's gathered buffer (DLPack) while
-it is gathered. Both are on the context's device (a CUDA tensor on a GPU
-context). Its engine state lives in `param.zs`.
+user code hold it) and its model shape at all times (param_type.py): while
+only the shard exists its .data is a storage-less tensor of that shape and
+its values are refused by name; while it is gathered, .data is a zero-copy
+view of the engine's gathered buffer (DLPack). Both are on the context's
+device (a CUDA tensor on a GPU context). Its engine state lives in
+`param.zs`.
 
 `copy.deepcopy` of a partitioned Parameter (nn.TransformerEncoder clones
 its layer that way, under Init or after) gives an independent partitioned
@@ -29,6 +31,7 @@ import torch.utils.dlpack
 
 import zeroshard
 
+from . import param_type
 from ._context import get_context, on_shutdown, zs_dtype
 
 
@@ -37,7 +40,7 @@ class ParamState:
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
                  "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen",
-                 "finalizer", "init_dtype")
+                 "finalizer", "init_dtype", "released", "gathered_cls", "released_cls")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -58,10 +61,9 @@ class ParamState:
         self.finalizer = None  # notes the zparam in _dropped when Python collects the Parameter
         self.init_dtype = dtype  # what the module built it in (bf16.enabled casts it to dtype)
         self.device = device if device is not None else torch.device(zparam.device)
-
-    def placeholder(self):
-        """The empty .data of a param that is not gathered."""
-        return torch.empty(0, dtype=self.dtype, device=self.device)
+        # The .data of the param while it is not gathered: its shape, 0 bytes.
+        self.released = param_type.storage_less_like(shape, dtype, self.device)
+        self.gathered_cls = self.released_cls = None  # its classes (param_type.classes_for)
 
     def __deepcopy__(self, memo):
         raise TypeError("zeroshard.torch: a param's engine state is not copied on its own; "
@@ -147,7 +149,8 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
     # from a partitioned param (PEFT sizes its adapters by it).
     param.ds_shape = torch.Size(param.zs.shape)
     param.ds_numel = param.zs.zparam.numel
-    param.data = param.zs.placeholder()
+    param.zs.gathered_cls, param.zs.released_cls = param_type.classes_for(type(param))
+    param_type.mark_released(param)
     return param
 
 
@@ -203,6 +206,10 @@ def forget_all():
     for p in list(_registered.values()):
         p.zs.finalizer.detach()
         p._zs_gone = p.zs.name
+        # An ordinary empty tensor again, as it was before partitioning
+        # (partition_param refuses it by _zs_gone).
+        p.__class__ = param_type.unpartitioned_class(p)
+        p.data = torch.empty(0, dtype=p.zs.dtype, device=p.zs.device)
         p.zs = None
     _registered.clear()
     _dropped.clear()
@@ -212,7 +219,7 @@ def forget_all():
 def _attach(p):
     z = p.zs
     full = torch.utils.dlpack.from_dlpack(z.zparam.to_dlpack())
-    p.data = full.view(z.shape)
+    param_type.mark_gathered(p, full.view(z.shape))
     z.view_ptr = p.data_ptr()
     z.attached = True
 
@@ -233,17 +240,17 @@ def detach_views(params):
         z = p.zs
         if z.attached and z.zparam.status != "AVAILABLE":
             if p.data_ptr() == z.view_ptr:
-                p.data = z.placeholder()
+                param_type.mark_released(p)
             z.attached = False
 
 
 def assigned(p):
     """Whether user code set `p.data` to a tensor of its own since the
-    engine last set it (a view, or the empty placeholder)."""
+    engine last set it (a view, or the storage-less released tensor)."""
     z = p.zs
     if z.attached:
         return p.data_ptr() != z.view_ptr
-    return p.numel() != 0
+    return p.untyped_storage().nbytes() != 0
 
 
 def adopt_assigned(params):
@@ -256,7 +263,7 @@ def adopt_assigned(params):
         if p.zs is None or not assigned(p):
             continue
         z = p.zs
-        t = p.data
+        t = param_type.raw_data(p)
         if tuple(t.shape) != z.shape:
             raise ValueError(f"zeroshard.torch: {z.name or 'a partitioned param'}: param.data was set to "
                              f"a tensor of shape {tuple(t.shape)}, expected its full shape {z.shape}")
@@ -264,7 +271,7 @@ def adopt_assigned(params):
         if z.attached:
             _attach(p)  # the gathered buffer holds t's values now
         else:
-            p.data = z.placeholder()
+            param_type.mark_released(p)
         done.append(p)
     return done
 
@@ -394,7 +401,7 @@ def _deepcopy_partitioned(param, memo):
     Collective: every rank copies the same params in the same order."""
     with GatheredParameters([param]):
         full = param.data.detach().clone()
-    result = type(param)(full, param.requires_grad)
+    result = param_type.unpartitioned_class(param)(full, param.requires_grad)
     memo[id(param)] = result
     for k, v in param.__dict__.items():
         if k not in _NOT_COPIED:
@@ -426,13 +433,13 @@ _torch_module_apply = torch.nn.Module._apply
 def _module_apply(module, fn, *args, **kwargs):
     """nn.Module._apply (behind .to(), .half(), .cuda(), ...) refuses to
     convert a partitioned param to another dtype or device, naming it:
-    the engine holds its shards, so converting the empty placeholder
+    the engine holds its shards, so converting what the param shows
     would silently leave the engine's dtype in place."""
     for name, p in module.__dict__.get("_parameters", {}).items():
         z = getattr(p, "zs", None)
         if z is None:
             continue
-        probe = fn(z.placeholder())
+        probe = fn(torch.empty(0, dtype=z.dtype, device=z.device))
         if probe.dtype != z.dtype or probe.device != z.device:
             raise RuntimeError(
                 f"zeroshard.torch: {type(module).__name__}.{name} is partitioned as {z.dtype} on {z.device}; "

@@ -178,8 +178,21 @@ def partition_module(module, dtype=None, config=None, device=None):
         engine = HookEngine(module)
         engine.install()
         module._zs_hooks = engine
+    hide_partitioned_from_ddp(module)
     _sync_generate(module)
     return module
+
+
+def hide_partitioned_from_ddp(module):
+    """torch's DDP and its _sync_module_states (Lightning's validate/test
+    setup) broadcast every param from C++, where a released param's values
+    cannot be refused by name (its storage holds 0 bytes: the read would
+    crash). The engine keeps partitioned params identical across ranks and
+    reduces their gradients itself, so they are listed where DDP skips
+    params (_ddp_params_and_buffers_to_ignore); buffers still sync."""
+    names = [n for n, p in module.named_parameters() if is_partitioned(p)]
+    ignored = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
+    module._ddp_params_and_buffers_to_ignore = ignored + [n for n in names if n not in set(ignored)]
 
 
 def _sync_generate(model):
