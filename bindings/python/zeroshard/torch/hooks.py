@@ -575,6 +575,16 @@ def _live_unit(module):
     return unit
 
 
+# torch.compile: the hooks gather, release and hand gradients over through
+# the engine's C ABI, which dynamo cannot trace, so each is a deliberate
+# graph break at a unit boundary (as FSDP2's hooks are outside
+# torchtitan's compiled blocks): dynamo runs them as they are and compiles
+# the module code between them, which sees ordinary Parameters of fixed
+# shapes (param_type.py) and so compiles once (compile.py).
+_root_pre_forward = torch.compiler.disable(_root_pre_forward)
+_root_post_forward = torch.compiler.disable(_root_post_forward)
+_unit_pre_forward = torch.compiler.disable(_unit_pre_forward)
+_unit_post_forward = torch.compiler.disable(_unit_post_forward)
 _HOOKS = (_root_pre_forward, _root_post_forward, _unit_pre_forward, _unit_post_forward)
 
 

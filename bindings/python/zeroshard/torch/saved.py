@@ -64,6 +64,12 @@ def _unpack(s):
     return read_gathered(p, lambda: _view(p, s))
 
 
+# torch.compile: dynamo may meet the hooks while it traces an op that saves
+# for backward; they read the engine's state, so they run as they are.
+_pack = torch.compiler.disable(_pack)
+_unpack = torch.compiler.disable(_unpack)
+
+
 def _view(p, s):
     return p.as_strided(s.size, s.stride, p.storage_offset() + s.offset)
 
