@@ -233,6 +233,39 @@ def contextlib_null():
     return contextlib.nullcontext()
 
 
+def mode_compiled(engine, out):
+    """TrainingArguments(torch_compile=True): the GPT-2 compiled (whole,
+    as Accelerate compiles it) over one epoch."""
+    model = build("causal_lm")
+    args = arguments(engine, out, torch_compile=True, num_train_epochs=1)
+    trainer = trainer_class(engine, "causal_lm")(model=model, args=args, train_dataset=Tokens("causal_lm"))
+    trainer.train()
+    compiled = trainer.model_wrapped is not model and hasattr(trainer.model_wrapped, "_orig_mod")
+    return {"losses": losses(trainer), "compiled": compiled,
+            "partitioned": all(zeroshard.torch.is_partitioned(p) for p in model.parameters())
+            if engine == "zeroshard" else False}
+
+
+def mode_resize(engine, out):
+    """model.resize_token_embeddings(VOCAB + 7) (the new rows drawn from the
+    old rows' mean and covariance, HF's default), then training: on a
+    model from_pretrained partitioned under zeroshard, unsharded under DDP."""
+    model = build("causal_lm")
+    model.save_pretrained(os.path.join(out, "base"))
+    args = arguments(engine, out, num_train_epochs=1)
+    torch.manual_seed(0)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(out, "base"))
+    torch.manual_seed(1)
+    loaded.resize_token_embeddings(VOCAB + 7)
+    shapes = {n: list(p.shape) for n, p in loaded.named_parameters()}
+    trainer = trainer_class(engine, "causal_lm")(model=loaded, args=args, train_dataset=Tokens("causal_lm"))
+    trainer.train()
+    return {"losses": losses(trainer), "shapes": shapes,
+            "vocab": loaded.config.vocab_size,
+            "partitioned": all(zeroshard.torch.is_partitioned(p) for p in loaded.parameters())
+            if engine == "zeroshard" else False}
+
+
 def main():
     mode, engine = sys.argv[1], sys.argv[2]
     out = os.path.join(os.environ["ZS_TEST_DIR"], engine)
@@ -244,6 +277,10 @@ def main():
         result = mode_lora(engine, out)
     elif mode == "pretrained":
         result = mode_pretrained(engine, out)
+    elif mode == "compiled":
+        result = mode_compiled(engine, out)
+    elif mode == "resize":
+        result = mode_resize(engine, out)
     elif mode == "save":
         result = mode_save("causal_lm", engine, out)
     elif mode.startswith("resume_"):

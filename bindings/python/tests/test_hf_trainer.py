@@ -81,6 +81,23 @@ def test_trainer_on_three_ranks_under_torchrun():
     same(ddp["eval_losses"], ours["eval_losses"])
 
 
+def test_torch_compile_trains_as_ddp_compiled():
+    """TrainingArguments(torch_compile=True) is accepted and acts: the
+    partitioned model is compiled and trains as DDP's compiled model."""
+    ddp, ours = cached(2, "compiled", "ddp"), cached(2, "compiled", "zeroshard")
+    assert ours["partitioned"] and ours["compiled"] and ddp["compiled"], (ours, ddp)
+    same(ddp["losses"], ours["losses"])
+
+
+def test_resize_token_embeddings_then_training_as_unsharded():
+    """resize_token_embeddings on a model from_pretrained partitioned: the
+    new shapes everywhere, and training equal to the same resize under DDP."""
+    ddp, ours = cached(2, "resize", "ddp"), cached(2, "resize", "zeroshard")
+    assert ours["partitioned"], ours
+    assert ours["shapes"] == ddp["shapes"] and ours["vocab"] == ddp["vocab"] == 96 + 7, (ours, ddp)
+    same(ddp["losses"], ours["losses"])
+
+
 def test_save_model_writes_what_from_pretrained_reads():
     r = cached(2, "save", "zeroshard")
     assert "model.safetensors" in r["files"] and "config.json" in r["files"], r

@@ -33,6 +33,7 @@ For a Trainer subclass of another library (TRL's SFTTrainer):
 from .accelerator import Accelerator
 from .config import resolve_config
 from .pretrained import HfZeroShardConfig
+from . import resize  # noqa: F401 -- resize_token_embeddings on partitioned models
 from .schedulers import WarmupDecayLR, WarmupLR
 from .trainer import Seq2SeqTrainer, Trainer, trainer_class
 

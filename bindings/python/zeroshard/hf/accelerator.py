@@ -16,6 +16,20 @@ from .pretrained import HfZeroShardConfig
 _log = logging.getLogger("zeroshard")
 
 
+def _compiled(accelerator, model):
+    """TrainingArguments(torch_compile=True) (Accelerate's dynamo plugin):
+    the partitioned model compiled as Accelerate compiles any model, whole
+    or per region (its use_regional_compilation). The engine's hooks are
+    graph breaks at unit boundaries (zeroshard.torch.hooks)."""
+    from accelerate.utils import DynamoBackend, compile_regions, is_compiled_module
+    plugin = accelerator.state.dynamo_plugin
+    if plugin.backend == DynamoBackend.NO or is_compiled_module(model):
+        return model
+    if plugin.use_regional_compilation:
+        return compile_regions(model, **plugin.to_kwargs())
+    return torch.compile(model, **plugin.to_kwargs())
+
+
 def _accelerator_class(base):
     """Accelerate's Accelerator as the Trainer uses it, with the model left
     unwrapped (the engine reduces gradients: a DDP wrapper would reduce
@@ -27,7 +41,7 @@ def _accelerator_class(base):
             if any(zt.is_partitioned(p) for p in model.parameters()):
                 if all(m is not model for m in self._models):
                     self._models.append(model)
-                return model
+                return _compiled(self, model)
             return super().prepare_model(model, device_placement=device_placement,
                                          evaluation_mode=evaluation_mode)
 

@@ -24,9 +24,6 @@ _ADAMW_OPTIMS = {"adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xl
 # to use instead.
 def _refused(args):
     out = []
-    if args.torch_compile:
-        out.append("torch_compile=True: the engine's gather hooks run around each module's forward, which "
-                   "torch.compile does not keep; leave it False")
     if args.auto_find_batch_size:
         out.append("auto_find_batch_size=True: a retry with a smaller batch would rebuild the partitioned model "
                    "(as under DeepSpeed ZeRO-3); set per_device_train_batch_size")

@@ -154,6 +154,30 @@ def partition_param(param, name="", dtype=None, src_rank=0, ctx=None):
     return param
 
 
+def repartition(param, data):
+    """Register `param` anew with `data`, a full value of another shape
+    (rank 0's values; Hugging Face's resize_token_embeddings sets
+    `embedding.weight.data` to a tensor of the new vocabulary size): its
+    old shard is destroyed and the Parameter keeps its identity, hooks and
+    place in its model. Collective: every rank, the same params in the same
+    order. Before an optimizer is built over it (its state is by shape)."""
+    old = param.zs
+    ctx = get_context()
+    old.finalizer.detach()
+    _registered.pop(old.index, None)
+    param.zs = None
+    param.__class__ = param_type.unpartitioned_class(param)
+    param.data = data
+    partition_param(param, name=old.name, dtype=old.dtype, ctx=ctx)
+    new = param.zs
+    new.init_dtype = old.init_dtype
+    # Its place in the hooks: the same units, and the gradient hook it carries.
+    for attr in ("owner", "engine", "grad_hook", "leaf", "persistent"):
+        setattr(new, attr, getattr(old, attr))
+    old.zparam.close()
+    return param
+
+
 def registered_params():
     """The partitioned Parameters alive now, in registration order."""
     return list(_registered.values())  # indices only grow: insertion order is theirs

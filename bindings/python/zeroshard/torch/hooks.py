@@ -757,6 +757,14 @@ class HookEngine:
         engine._adopt_units()
         return engine
 
+    def params_replaced(self):
+        """Params of this model were registered anew (_params.repartition):
+        each unit's engine handles are built again."""
+        for unit in self.units:
+            unit._handles = None
+        self._params = None
+        self._batches = None
+
     def remove(self):
         for m in self.model.modules():
             _strip_hooks(m)

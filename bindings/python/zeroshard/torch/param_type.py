@@ -42,7 +42,7 @@ _METADATA = {
     "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
     "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "new_empty_strided",
     "dim_order", "is_inference", "is_conj", "is_neg", "_is_zerotensor", "is_nested", "is_quantized",
-    "is_sparse", "is_mkldnn", "is_meta",
+    "is_sparse", "is_mkldnn", "is_meta", "_has_compatible_shallow_copy_type",
 }
 # Views: their result is released too (a ReleasedTensor).
 _VIEWS = {

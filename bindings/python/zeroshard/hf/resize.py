@@ -1,0 +1,47 @@
+"""Hugging Face's resize_token_embeddings on a partitioned model.
+
+transformers reads the old embedding's (and an untied head's) values to
+copy and to draw the new rows from their mean and covariance, then sets
+`weight.data` to a tensor of the new vocabulary size. On a partitioned
+model the values live in the engine's shards, so the call runs with those
+params gathered, and each param whose value it replaced is registered
+anew at its new shape (rank 0's values: the new rows are random). The
+params keep their identity, their hooks and their place in the model; as
+under DeepSpeed, resize before the optimizer is built. Collective.
+"""
+import transformers
+
+from .. import torch as zt
+from ..torch import _params, param_type
+
+_original = transformers.PreTrainedModel.resize_token_embeddings
+
+
+def _embedding_params(model):
+    found = []
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is None:
+            continue
+        for p in module.parameters(recurse=False):
+            if zt.is_partitioned(p) and all(p is not q for q in found):
+                found.append(p)
+    return found
+
+
+def resize_token_embeddings(self, *args, **kwargs):
+    params = _embedding_params(self)
+    if not params:
+        return _original(self, *args, **kwargs)
+    with zt.GatheredParameters(params):
+        result = _original(self, *args, **kwargs)
+        replaced = [(p, param_type.raw_data(p)) for p in params if _params.assigned(p)]
+    for p, data in replaced:
+        _params.repartition(p, data.detach().contiguous())
+    engine = getattr(self, "_zs_hooks", None)
+    if engine is not None and replaced:
+        engine.params_replaced()
+    return result
+
+
+resize_token_embeddings.__doc__ = (_original.__doc__ or "") + "\n\n(zeroshard: " + __doc__.splitlines()[0] + ")"
+transformers.PreTrainedModel.resize_token_embeddings = resize_token_embeddings
