@@ -16,7 +16,7 @@ REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 
-def run_ranks(n, mode, timeout=240, extra_env=None):
+def run_ranks(n, mode, timeout=240, extra_env=None, worker="torch_worker.py"):
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ)
@@ -28,7 +28,7 @@ def run_ranks(n, mode, timeout=240, extra_env=None):
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
-                           str(HERE / "torch_worker.py"), mode],
+                           str(HERE / worker), mode],
                           env=env, capture_output=True, text=True, timeout=timeout)
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr

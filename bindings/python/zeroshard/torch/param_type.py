@@ -78,6 +78,23 @@ def _wrap_released(result, state):
     return result
 
 
+def _released_view(func, t, args, kwargs):
+    """A view of a released tensor: torch checks a view's bounds against
+    its storage (0 bytes), so the view's geometry comes from a meta tensor
+    like t, and the result is a storage-less tensor of that geometry."""
+    z = _state_of(args)
+    with _DisableSubclass():
+        meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        out = func(meta, *args[1:], **kwargs)
+
+        def released(m):
+            r = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=t.device)
+            r.untyped_storage().resize_(0)
+            return r
+        out = type(out)(released(m) for m in out) if isinstance(out, (tuple, list)) else released(out)
+    return _wrap_released(out, z)
+
+
 def _state_of(args):
     for a in args:
         z = getattr(a, "zs", None) or getattr(a, "_zs_of", None) if isinstance(a, torch.Tensor) else None
@@ -137,9 +154,7 @@ class _Released:
             with _DisableSubclass():
                 return func(*args, **kwargs)
         if name in _VIEWS:
-            with _DisableSubclass():
-                result = func(*args, **kwargs)
-            return _wrap_released(result, _state_of(args))
+            return _released_view(func, this, args, kwargs)
         z = _state_of(args)
         if name in _CONVERSIONS and this is not None and not _converts(func, this, args, kwargs):
             return args[0]
