@@ -230,8 +230,8 @@ def forget_all():
     for p in list(_registered.values()):
         p.zs.finalizer.detach()
         p._zs_gone = p.zs.name
-        # An ordinary empty tensor again, as it was before partitioning
-        # (partition_param refuses it by _zs_gone).
+        # Its values went with the context: an ordinary empty tensor from
+        # now on, which partition_param refuses by _zs_gone.
         p.__class__ = param_type.unpartitioned_class(p)
         p.data = torch.empty(0, dtype=p.zs.dtype, device=p.zs.device)
         p.zs = None

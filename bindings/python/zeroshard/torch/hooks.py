@@ -90,6 +90,7 @@ import torch
 import zeroshard
 
 from . import _params, saved
+from .compile import engine_call
 from ._context import context_state, drop_context_state, get_context, on_shutdown
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
@@ -575,16 +576,11 @@ def _live_unit(module):
     return unit
 
 
-# torch.compile: the hooks gather, release and hand gradients over through
-# the engine's C ABI, which dynamo cannot trace, so each is a deliberate
-# graph break at a unit boundary (as FSDP2's hooks are outside
-# torchtitan's compiled blocks): dynamo runs them as they are and compiles
-# the module code between them, which sees ordinary Parameters of fixed
-# shapes (param_type.py) and so compiles once (compile.py).
-_root_pre_forward = torch.compiler.disable(_root_pre_forward)
-_root_post_forward = torch.compiler.disable(_root_post_forward)
-_unit_pre_forward = torch.compiler.disable(_unit_pre_forward)
-_unit_post_forward = torch.compiler.disable(_unit_post_forward)
+# torch.compile: graph breaks at unit boundaries (compile.py).
+_root_pre_forward = engine_call(_root_pre_forward)
+_root_post_forward = engine_call(_root_post_forward)
+_unit_pre_forward = engine_call(_unit_pre_forward)
+_unit_post_forward = engine_call(_unit_post_forward)
 _HOOKS = (_root_pre_forward, _root_post_forward, _unit_pre_forward, _unit_post_forward)
 
 

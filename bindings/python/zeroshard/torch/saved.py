@@ -21,6 +21,7 @@ backward is an error, not silently different gradients.
 import torch
 
 from . import _params
+from .compile import engine_call
 
 
 class _SavedView:
@@ -66,8 +67,8 @@ def _unpack(s):
 
 # torch.compile: dynamo may meet the hooks while it traces an op that saves
 # for backward; they read the engine's state, so they run as they are.
-_pack = torch.compiler.disable(_pack)
-_unpack = torch.compiler.disable(_unpack)
+_pack = engine_call(_pack)
+_unpack = engine_call(_unpack)
 
 
 def _view(p, s):
