@@ -46,9 +46,12 @@ class Regression(pl.LightningModule):
 
     def training_step(self, batch, idx):
         x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
-        self.losses.append(float(self.all_gather(loss.detach()).mean()))
-        return loss
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def on_train_batch_end(self, outputs, batch, idx):
+        # Here, not in training_step: compiled, dynamo would trace the
+        # all_gather (torch.compile of a LightningModule compiles its steps).
+        self.losses.append(float(self.all_gather(outputs["loss"].detach()).mean()))
 
     def on_after_backward(self):
         if self.partitioned_at_construction:
@@ -154,9 +157,14 @@ def seeded_data():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
 
 
-def fit(strategy, module=Regression, val=False, **trainer_kwargs):
+def fit(strategy, module=Regression, val=False, compiled=False, **trainer_kwargs):
     data = seeded_data()
     model = module()
+    fitted = model
+    if compiled:
+        # Lightning unwraps the compiled module and compiles its forward
+        # and steps (lightning.pytorch.utilities.compile.from_compiled).
+        fitted = torch.compile(model)
     if val:
         trainer_kwargs.update(limit_val_batches=2, num_sanity_val_steps=1, val_check_interval=4)
         data = {"train_dataloaders": data, "val_dataloaders": data}
@@ -165,9 +173,12 @@ def fit(strategy, module=Regression, val=False, **trainer_kwargs):
     trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy=strategy, max_epochs=1,
                          enable_progress_bar=False, enable_checkpointing=False, logger=False,
                          enable_model_summary=False, use_distributed_sampler=True, **trainer_kwargs)
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(model, **data)
+        trainer.fit(fitted, **data)
+    graphs = counters["stats"]["unique_graphs"] - graphs
     config_warnings = [str(w.message) for w in caught
                        if issubclass(w.category, zeroshard.ZeroShardConfigWarning)]
     if module is Wide:
@@ -178,7 +189,7 @@ def fit(strategy, module=Regression, val=False, **trainer_kwargs):
                  "param_dtypes": model.param_dtypes, "loss_scale": model.loss_scale}
     return trainer, {**extra, "losses": model.losses, "strategy": type(trainer.strategy).__name__,
                      "partitioned_at_construction": getattr(model, "partitioned_at_construction", None),
-                     "config_warnings": config_warnings}
+                     "config_warnings": config_warnings, "graphs_compiled": graphs}
 
 
 def evaluate(strategy):
@@ -208,6 +219,7 @@ def main():
     results = {}
     trainer, results["ddp"] = fit("ddp")
     trainer, results["zeroshard"] = fit("zeroshard")  # by name, from Lightning's registry
+    trainer, results["zeroshard_compiled"] = fit("zeroshard", compiled=True)  # trainer.fit(torch.compile(m))
     trainer, results["ddp_clip"] = fit("ddp", gradient_clip_val=0.05)
     # Lightning's own accumulation: backward per batch (the loss divided by
     # 2), the optimizer step every second batch.

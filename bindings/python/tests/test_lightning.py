@@ -190,7 +190,7 @@ def fits(lightning, tmp_path_factory):
         env.pop(k, None)
     env["ZS_TIMEOUT_MS"] = "60000"
     proc = subprocess.run([sys.executable, str(HERE / "lightning_fit.py")], env=env, cwd=str(HERE),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("{")][-1])
 
@@ -206,6 +206,11 @@ def test_fit_matches_lightning_ddp(fits):
     assert fits["zeroshard"]["strategy"] == "ZeroShardStrategy"  # Trainer(strategy="zeroshard")
     _same_losses(fits["ddp"], fits["zeroshard"])
     assert fits["zeroshard"]["config_warnings"] == []
+    # trainer.fit(torch.compile(module)) under the strategy: compiled, the same losses.
+    assert fits["zeroshard_compiled"]["strategy"] == "ZeroShardStrategy"
+    assert fits["zeroshard_compiled"]["partitioned_at_construction"] is True
+    assert fits["zeroshard_compiled"]["graphs_compiled"] > 0 and fits["zeroshard"]["graphs_compiled"] == 0
+    _same_losses(fits["zeroshard"], fits["zeroshard_compiled"])
 
 
 def test_configure_model_partitions_at_construction(fits):
