@@ -133,6 +133,9 @@ def mode_compile(rank, world):
         if moe:
             zt.set_leaf_modules(model, [tw.MoE])
         zt.partition_module(model)
+        # Each compiled block is one gather unit: no hooks inside it.
+        out[name]["hooks_inside_blocks"] = sum(1 for blk in blocks_of(model) for m in blk.modules()
+                                               if m is not blk and "_zs_unit" in m.__dict__)
         losses, recompiles = train(model, model, rank, world, moe)
         out[name]["block"] = losses
         out[name]["block_recompiles"] = recompiles

@@ -146,6 +146,7 @@ class _Unit:
         self.open_calls = 0      # frozen unit: its forwards whose backward began and has not ended
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
+        self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
         self._handles = None
 
     def handles(self):
@@ -161,6 +162,7 @@ class _Unit:
         unit = _Unit(copy.deepcopy(self.module, memo), self.name,
                      [copy.deepcopy(p, memo) for p in self.params], self.leaf)
         unit.armed = self.armed  # the copied module carries copies of the same hooks
+        unit.inner_leaf = [copy.deepcopy(p, memo) for p in self.inner_leaf]
         memo[id(self)] = unit
         return unit
 
@@ -650,7 +652,13 @@ class HookEngine:
         if inside_leaf:
             return
         leaf = getattr(module, "_zs_leaf", False)
-        own = list(module.parameters(recurse=leaf)) + list(getattr(module, "_zs_external", []))
+        # A whole unit: its subtree's params fetched and released together,
+        # no hooks inside it. A leaf module is one; so is a block compiled
+        # before partitioning (compiled_block), whose graph would otherwise
+        # break at every submodule's hooks.
+        whole = leaf or (module is not self.model and compiled_block(module))
+        subtree = list(module.modules()) if whole else [module]
+        own = list(module.parameters(recurse=whole)) + [p for m in subtree for p in getattr(m, "_zs_external", [])]
         params = []
         for p in own:
             if is_partitioned(p) and all(p is not q for q in params):  # tensors: identity
@@ -659,12 +667,16 @@ class HookEngine:
         # it reads of a module it does not call is then fetched with the
         # innermost module that read it, and released when that one ends.
         unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
+        if whole and not leaf:
+            # Leaf modules inside it keep their gradients until the step
+            # (ranks may route to different experts), the rest push theirs.
+            unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
         unit.arm()
         fetch_on_access(module)
         for child in module.children():
-            self._walk(child, names, inside_leaf=leaf)
+            self._walk(child, names, inside_leaf=whole)
 
     def _adopt_units(self):
         """Make this engine the one of its units: owners, leaf groups,
@@ -681,7 +693,7 @@ class HookEngine:
                 p.zs.persistent = p.zs.zparam.numel <= threshold
                 if p.zs.owner is None or p.zs.owner.engine is not self or unit.leaf:
                     p.zs.owner = unit
-                if unit.leaf:
+                if unit.leaf or any(p is q for q in unit.inner_leaf):
                     p.zs.leaf = True
                     if all(p is not q for q in self.leaf_params):
                         self.leaf_params.append(p)
@@ -940,6 +952,15 @@ class HookEngine:
         into the buffers the views show."""
         detach_views([p for p in registered_params() if p.zs is not None])
         self.units_to_check = True
+
+
+def compiled_block(module):
+    """Whether `module` was compiled on its own before its model was
+    partitioned (`block.compile()`, or a torch.compile'd module put in its
+    place): it becomes one gather unit, fetched around the compiled call,
+    as FSDP2's fully_shard(block) with torchtitan's per-block compile."""
+    return (module.__dict__.get("_compiled_call_impl") is not None
+            or isinstance(module, torch._dynamo.eval_frame.OptimizedModule))
 
 
 def set_leaf_modules(model, leaf_classes):
