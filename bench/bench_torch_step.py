@@ -7,6 +7,7 @@ run, each engine in its own zsrun launch so that peak RSS figures do not mix.
         [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
         [--zs-config '{"reduce_bucket_size": 2e7}'] [--identity-ab [--ab-reps 5] [--ab-same]]
         [--dtype fp32|bf16 [--ds-own-init]]
+    .venv/bin/python bench/bench_torch_step.py --compile --models gpt [--gpt-dim 256 --gpt-layers 6]
 
 Models (--models, any of):
   wide  a stack of --wide-depth nn.Linear(--wide-width, --wide-width) layers
@@ -90,6 +91,7 @@ from rss import peak_rss, rss_now
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 ENGINES = ("zeroshard", "ddp", "deepspeed")
+WORKER_ENGINES = ENGINES + ("fsdp2",)  # fsdp2: --compile's side by side
 
 
 # ---------------------------------------------------------------------------
@@ -125,7 +127,12 @@ def build_model(args):
 
         return Fine(args.fine_layers)
     gpt = load_gpt_example()
-    return gpt.GPT(gpt_vocab(), 128, 4, 4, 64)
+    return gpt.GPT(gpt_vocab(), args.gpt_dim, args.gpt_heads, args.gpt_layers, 64)
+
+
+def blocks_of(model):
+    """The repeated blocks --compile compiles one by one (torchtitan's recipe)."""
+    return list(getattr(model, "blocks", None) or model.layers)
 
 
 def load_gpt_example():
@@ -305,7 +312,34 @@ def worker(args):
     rss_before_model = rss_now()
 
     torch.manual_seed(0)
-    if args.engine == "ddp":
+    if args.engine == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        model = build_model(args)
+        if args.compiled:
+            for blk in blocks_of(model):
+                blk.compile()  # before fully_shard: its hooks stay outside the graphs (torchtitan)
+        mesh = init_device_mesh("cpu", (world,))
+        for blk in blocks_of(model):
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), foreach=True, **hp)
+        notes["optimizer"] = "torch.optim.AdamW(foreach=True) on DTensor shards"
+        step = torch_step(model, opt)
+
+        def local(ts):
+            return [t.to_local() if hasattr(t, "to_local") else t for t in ts if t is not None]
+
+        def state_bytes():
+            seen = set()
+            params = storage_bytes(local(model.parameters()), seen)
+            grads = storage_bytes(local(p.grad for p in model.parameters()), seen)
+            return params, grads, storage_bytes(local(optimizer_state_tensors(opt)), seen)
+
+        def zero_grad():
+            opt.zero_grad(set_to_none=True)
+        step_breakdown = None
+    elif args.engine == "ddp":
         model = build_model(args)
         ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
         opt = torch.optim.AdamW(model.parameters(), fused=True, **hp)
@@ -333,6 +367,9 @@ def worker(args):
         zt.init_context(config=config, device="cpu")
         with zt.Init(config=config, device="cpu"):
             model = build_model(args)
+        if args.compiled:
+            for blk in blocks_of(model):
+                blk.compile()  # the same recipe as FSDP2's: the engine's hooks are graph breaks around them
         zt.partition_module(model)
         opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
         notes["optimizer"] = "ZeroShardOptimizer(kind='adamw')"
@@ -451,6 +488,7 @@ def worker(args):
     mine = {"rank": rank, "param_bytes": state[0], "grad_bytes": state[1], "optimizer_bytes": state[2],
             "rss_before_model_bytes": rss_before_model, "rss_after_build_bytes": rss_after_build,
             "peak_rss_bytes": peak_rss(), "median_step_s": statistics.median(times[args.warmup:]),
+            "first_step_s": times[0],
             "notes": notes}
     if bf16:
         mine["wire_per_step"] = wire_steps
@@ -459,7 +497,8 @@ def worker(args):
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        print(json.dumps({"engine": args.engine, "model": args.model, "ranks": world, "params": nparams,
+        print(json.dumps({"engine": args.engine, "compiled": args.compiled, "model": args.model, "ranks": world,
+                          "params": nparams, "first_step_s": max(r["first_step_s"] for r in everyone),
                           "losses": losses, "step_times_s": times,
                           "median_step_s": max(r["median_step_s"] for r in everyone),
                           "per_rank": everyone}), flush=True)
@@ -479,7 +518,7 @@ def worker(args):
 # driver
 # ---------------------------------------------------------------------------
 
-def launch(args, model, engine, identities=None):
+def launch(args, model, engine, identities=None, compiled=False):
     """identities: None leaves ZS_COLLECTIVE_CHECK_MS as the environment has
     it; True unsets it (identities on, at the engine's default) unless it
     holds a non-zero value; False sets it to 0 (off)."""
@@ -500,7 +539,10 @@ def launch(args, model, engine, identities=None):
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
            "--lr", str(args.lr), "--wide-width", str(args.wide_width), "--wide-depth", str(args.wide_depth),
            "--fine-layers", str(args.fine_layers), "--ds-optimizer", args.ds_optimizer,
-           "--zs-config", args.zs_config, "--dtype", args.dtype]
+           "--zs-config", args.zs_config, "--dtype", args.dtype, "--gpt-dim", str(args.gpt_dim),
+           "--gpt-layers", str(args.gpt_layers), "--gpt-heads", str(args.gpt_heads)]
+    if compiled:
+        cmd.append("--compiled")
     if args.ds_own_init:
         cmd.append("--ds-own-init")
     t0 = time.perf_counter()
@@ -704,10 +746,57 @@ def identity_ab(args, model):
     return out
 
 
+def compile_side_by_side(args, where):
+    """--compile: zeroshard and FSDP2, eager and compiled, one launch each."""
+    summary = []
+    for model in args.models:
+        runs = {}
+        for engine in ("zeroshard", "fsdp2"):
+            for compiled in (False, True):
+                r, why = launch(args, model, engine, compiled=compiled)
+                name = f"{engine}{' compiled' if compiled else ''}"
+                if r is None:
+                    sys.exit(f"bench_torch_step: {name} on the {model} model failed: {why}")
+                runs[name] = r
+                # The first step's time beyond a steady step: compilation
+                # (and, eager, first-touch allocation).
+                print(f"[{model}] {name:18s} {describe(r)}  first step {r['first_step_s']:.2f} s "
+                      f"(compile and warm-up {r['first_step_s'] - r['median_step_s']:.2f} s)", flush=True)
+        ref = runs["zeroshard"]["losses"]
+        row = {"model": model, "params": runs["zeroshard"]["params"], "ranks": args.ranks,
+               "runs": {k: {"median_step_s": r["median_step_s"], "first_step_s": r["first_step_s"],
+                            "peak_rss_bytes_per_rank": [p["peak_rss_bytes"] for p in r["per_rank"]],
+                            "max_loss_rel_diff_vs_zeroshard_eager":
+                                max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(r["losses"], ref)),
+                            "losses": r["losses"]} for k, r in runs.items()}}
+        ratios = {}
+        for a, b in (("zeroshard compiled", "zeroshard"), ("fsdp2 compiled", "fsdp2"),
+                     ("zeroshard compiled", "fsdp2 compiled"), ("zeroshard", "fsdp2")):
+            ratios[f"{a} / {b}"] = {"step_time": runs[a]["median_step_s"] / runs[b]["median_step_s"],
+                                    "peak_rss": peak_of(runs[a]) / peak_of(runs[b])}
+            print(f"[{model}] {a} / {b}: step time x{ratios[f'{a} / {b}']['step_time']:.2f}, "
+                  f"peak RSS x{ratios[f'{a} / {b}']['peak_rss']:.2f}", flush=True)
+        for k, r in row["runs"].items():
+            print(f"[{model}] {k:18s} losses agree with zeroshard eager to "
+                  f"{r['max_loss_rel_diff_vs_zeroshard_eager']:.2e} rel", flush=True)
+        row["ratios"] = ratios
+        summary.append(row)
+    print("targets (not asserted): zeroshard compiled <= 0.9x zeroshard eager, and faster than FSDP2 "
+          "compiled. Figures are from whatever else the machine was running.", flush=True)
+    print(json.dumps({"bench": "torch_step_compile", "ranks": args.ranks, "steps": args.steps,
+                      "warmup": args.warmup, "gpt": {"dim": args.gpt_dim, "layers": args.gpt_layers,
+                                                     "heads": args.gpt_heads},
+                      "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0], "tree": where,
+                      "targets": {"zeroshard_compiled_over_eager": 0.9,
+                                  "zeroshard_compiled_over_fsdp2_compiled": 1.0},
+                      "results": summary}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--engine", choices=WORKER_ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=["wide", "fine", "gpt"], help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="+", choices=["wide", "fine", "gpt"], default=["wide", "fine"])
     ap.add_argument("--ranks", type=int, default=2)
@@ -725,6 +814,12 @@ def main():
                     help="--dtype bf16: leave DeepSpeed's zero.Init drawing initial values in bf16 "
                          "(default: drawn in fp32 and rounded, as zeroshard, so the engines start alike)")
     ap.add_argument("--no-deepspeed", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="zeroshard and FSDP2, each eager and with every block compiled (block.compile() before "
+                         "partitioning / fully_shard), instead of the engines side by side")
+    ap.add_argument("--gpt-dim", type=int, default=128)
+    ap.add_argument("--gpt-layers", type=int, default=4)
+    ap.add_argument("--gpt-heads", type=int, default=4)
     ap.add_argument("--zs-config", default="{}",
                     help='more zero_optimization keys for zeroshard only, as JSON: \'{"reduce_bucket_size": 2e7}\'')
     ap.add_argument("--identity-ab", action="store_true",
@@ -757,6 +852,8 @@ def main():
               "zeroshard and DeepSpeed" + (" (DeepSpeed: --ds-own-init, its zero.Init's own bf16 draws)"
                                            if args.ds_own_init else "")
               + "; losses computed in fp32 from the bf16 activations.", flush=True)
+    if args.compile:
+        return compile_side_by_side(args, where)
     summary = []
     for model in args.models:
         results, skipped = {}, {}
