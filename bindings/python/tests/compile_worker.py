@@ -4,12 +4,9 @@
 
 Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
-import json
 import os
-import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
@@ -76,10 +73,14 @@ MODELS = {
 }
 
 
-def build(cls, threshold):
+def build(cls, threshold, compile_blocks=None):
+    """`cls` built under Init and partitioned; compile_blocks(model): the
+    blocks to compile before partitioning (torchtitan's order)."""
     torch.manual_seed(0)
     with zt.Init(config={"zero_optimization": {"stage": 3, "param_persistence_threshold": threshold}}):
         model = cls()
+    for blk in compile_blocks(model) if compile_blocks else ():
+        blk.compile()
     if cls is MoEGPT:
         zt.set_leaf_modules(model, [tw.MoE])
     zt.partition_module(model)
@@ -117,32 +118,22 @@ def mode_compile(rank, world):
         del eager
         torch._dynamo.reset()
         counters.clear()
-        model = build(cls, threshold)
-        losses, recompiles = train(model, torch.compile(model), rank, world, moe)
-        out[name]["whole"] = losses
-        out[name]["whole_recompiles"] = recompiles
-        out[name]["whole_graphs"] = counters["stats"]["unique_graphs"]
-        del model
-        torch._dynamo.reset()
-        counters.clear()
-        torch.manual_seed(0)
-        with zt.Init(config={"zero_optimization": {"stage": 3, "param_persistence_threshold": threshold}}):
-            model = cls()
-        for blk in blocks_of(model):
-            blk.compile()  # before partitioning, as torchtitan compiles before fully_shard
-        if moe:
-            zt.set_leaf_modules(model, [tw.MoE])
-        zt.partition_module(model)
-        # Each compiled block is one gather unit: no hooks inside it.
-        out[name]["hooks_inside_blocks"] = sum(1 for blk in blocks_of(model) for m in blk.modules()
-                                               if m is not blk and "_zs_unit" in m.__dict__)
-        losses, recompiles = train(model, model, rank, world, moe)
-        out[name]["block"] = losses
-        out[name]["block_recompiles"] = recompiles
-        out[name]["block_graphs"] = counters["stats"]["unique_graphs"]
-        del model
-        torch._dynamo.reset()
-        counters.clear()
+        for how in ("whole", "block"):
+            if how == "whole":
+                model = build(cls, threshold)
+                run = torch.compile(model)
+            else:
+                model = run = build(cls, threshold, compile_blocks=blocks_of)
+                # Each compiled block is one gather unit: no hooks inside it.
+                out[name]["hooks_inside_blocks"] = sum(1 for blk in blocks_of(model) for m in blk.modules()
+                                                       if m is not blk and "_zs_unit" in m.__dict__)
+            losses, recompiles = train(model, run, rank, world, moe)
+            out[name][how] = losses
+            out[name][f"{how}_recompiles"] = recompiles
+            out[name][f"{how}_graphs"] = counters["stats"]["unique_graphs"]
+            del model, run
+            torch._dynamo.reset()
+            counters.clear()
     return out
 
 
@@ -194,24 +185,10 @@ def mode_param_type(rank, world):
             out[name] = str(e)
     with zt.GatheredParameters([w]):
         gathered = w.detach().clone()
-    with zt.GatheredParameters([reference.lm.lm_head.weight]):
-        pass
     out["gathered_equal"] = torch.equal(gathered, reference.lm.lm_head.weight.detach())
     out["module_to_noop"] = model.to(torch.float32) is model
     return out
 
 
-def main():
-    mode = sys.argv[1]
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    result = {"compile": mode_compile, "fullgraph": mode_fullgraph, "param_type": mode_param_type}[mode](rank, world)
-    zt.shutdown()
-    if rank == 0:
-        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
-            json.dump(result, f)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    tw.run_mode({"compile": mode_compile, "fullgraph": mode_fullgraph, "param_type": mode_param_type})

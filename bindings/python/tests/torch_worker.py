@@ -1046,11 +1046,23 @@ def mode_stock_optimizer(rank, world):
     return out
 
 
-def main():
+def run_mode(modes):
+    """Run modes[argv[1]] on this rank; rank 0 writes its result."""
     mode = sys.argv[1]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = {"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
+    result = modes[mode](rank, world)
+    zt.shutdown()
+    if rank == 0:
+        # To a file: a result line of tens of KiB on the ranks' shared
+        # stdout can be split by the other rank's output.
+        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def main():
+    run_mode({"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
               "moe_without_leaf": mode_moe_without_leaf,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
@@ -1059,14 +1071,7 @@ def main():
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
               "dropped_models": mode_dropped_models, "inference_steps": mode_inference_steps,
               "state_dict_on_one_rank": mode_state_dict_on_one_rank,
-              "stock_optimizer": mode_stock_optimizer}[mode](rank, world)
-    zt.shutdown()
-    if rank == 0:
-        # To a file: a result line of tens of KiB on the ranks' shared
-        # stdout can be split by the other rank's output.
-        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
-            json.dump(result, f)
-    dist.destroy_process_group()
+              "stock_optimizer": mode_stock_optimizer})
 
 
 if __name__ == "__main__":
