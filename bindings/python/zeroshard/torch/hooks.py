@@ -715,7 +715,7 @@ class HookEngine:
         them (once per param; frozen params when they are unfrozen): swept
         when the backward ends, or pushed by a hook of their own."""
         for p in params:
-            if p.requires_grad and p.zs.grad_hook is not self:
+            if p.zs.grad_hook is not self and p.requires_grad:
                 p.zs.grad_hook = self
                 if id(p) in self._sweepable:
                     self.swept.append(p)

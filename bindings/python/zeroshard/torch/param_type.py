@@ -128,11 +128,22 @@ def _converts(func, t, args, kwargs):
     return out.dtype != t.dtype or out.device != t.device
 
 
+# Properties that never return a tensor of the param's storage: answered
+# first (the hooks read requires_grad and shape of released params every step).
+_PLAIN_GETTERS = frozenset(getattr(torch.Tensor, n).__get__ for n in (
+    "requires_grad", "shape", "dtype", "device", "ndim", "is_leaf", "grad_fn", "_version", "is_cuda",
+    "is_cpu", "is_meta", "layout", "grad", "_base", "itemsize", "nbytes", "names", "is_sparse",
+    "is_quantized", "_backward_hooks", "_post_accumulate_grad_hooks"))
+
+
 class _Released:
     """What released params and their views do with torch functions."""
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _PLAIN_GETTERS:
+            with _DisableSubclass():
+                return func(*args)
         kwargs = kwargs or {}
         name = _name(func)
         with _DisableSubclass():
