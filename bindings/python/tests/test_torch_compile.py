@@ -37,7 +37,7 @@ def test_params_report_their_model_shapes_and_refuse_values_by_name():
     assert r["gathered_equal"] and r["module_to_noop"], r
 
 
-@pytest.mark.parametrize("ranks,models", [(2, ["gpt", "llama", "moe"]), (3, ["gpt", "moe", "gpt_checkpointed"])])
+@pytest.mark.parametrize("ranks,models", [(2, ["gpt", "llama", "moe"]), (3, ["gpt", "llama", "moe", "gpt_checkpointed"])])
 def test_compiled_whole_and_per_block_train_as_eager(ranks, models):
     r = run(ranks, "compile", models)
     for name in models:
