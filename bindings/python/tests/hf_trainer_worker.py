@@ -251,16 +251,36 @@ def mode_resize(engine, out):
     old rows' mean and covariance, HF's default), then training: on a
     model from_pretrained partitioned under zeroshard, unsharded under DDP."""
     model = build("causal_lm")
-    model.save_pretrained(os.path.join(out, "base"))
+    # A folder per rank: ranks writing one folder at once race (torch.distributed
+    # is not up yet to order them); the weights are the same (seeded).
+    mine = os.path.join(out, "rank" + os.environ.get("RANK", "0"))
+    model.save_pretrained(os.path.join(mine, "base"))
     args = arguments(engine, out, num_train_epochs=1)
     torch.manual_seed(0)
-    loaded = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(out, "base"))
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(mine, "base"))
     torch.manual_seed(1)
     loaded.resize_token_embeddings(VOCAB + 7)
     shapes = {n: list(p.shape) for n, p in loaded.named_parameters()}
     trainer = trainer_class(engine, "causal_lm")(model=loaded, args=args, train_dataset=Tokens("causal_lm"))
     trainer.train()
-    return {"losses": losses(trainer), "shapes": shapes,
+    # An untied head (Llama): transformers replaces the head module.
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=False))
+    if dist.get_rank() == 0:  # the Trainer started torch.distributed: rank 0 writes
+        llama.save_pretrained(os.path.join(out, "llama"))
+    dist.barrier()
+    llama = transformers.LlamaForCausalLM.from_pretrained(os.path.join(out, "llama"))
+    torch.manual_seed(2)
+    llama.resize_token_embeddings(VOCAB + 5)
+    untied = {n: list(p.shape) for n, p in llama.named_parameters() if "embed" in n or "lm_head" in n}
+    if engine == "zeroshard":
+        zeroshard.torch.partition_module(llama)
+    ids = Tokens("causal_lm")[0]["input_ids"][None]
+    with torch.no_grad():
+        untied_loss = float(llama(input_ids=ids, labels=ids).loss)
+    return {"losses": losses(trainer), "shapes": shapes, "untied_shapes": untied, "untied_loss": untied_loss,
+            "untied_partitioned": all(zeroshard.torch.is_partitioned(p) for p in llama.parameters()),
             "vocab": loaded.config.vocab_size,
             "partitioned": all(zeroshard.torch.is_partitioned(p) for p in loaded.parameters())
             if engine == "zeroshard" else False}

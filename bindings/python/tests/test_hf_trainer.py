@@ -96,6 +96,11 @@ def test_resize_token_embeddings_then_training_as_unsharded():
     assert ours["partitioned"], ours
     assert ours["shapes"] == ddp["shapes"] and ours["vocab"] == ddp["vocab"] == 96 + 7, (ours, ddp)
     same(ddp["losses"], ours["losses"])
+    # An untied head (a Llama): transformers replaces the head module; it
+    # is partitioned with rank 0's values, and the model gives DDP's loss.
+    assert ours["untied_partitioned"] and ours["untied_shapes"] == ddp["untied_shapes"], (ours, ddp)
+    assert ours["untied_shapes"]["lm_head.weight"] == [96 + 5, 32], ours
+    same([ddp["untied_loss"]], [ours["untied_loss"]])
 
 
 def test_save_model_writes_what_from_pretrained_reads():

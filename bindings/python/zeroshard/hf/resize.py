@@ -32,12 +32,25 @@ def resize_token_embeddings(self, *args, **kwargs):
     params = _embedding_params(self)
     if not params:
         return _original(self, *args, **kwargs)
+    engine = getattr(self, "_zs_hooks", None)
     with zt.GatheredParameters(params):
         result = _original(self, *args, **kwargs)
         replaced = [(p, param_type.raw_data(p)) for p in params if _params.assigned(p)]
     for p, data in replaced:
         _params.repartition(p, data.detach().contiguous())
-    engine = getattr(self, "_zs_hooks", None)
+    # An untied head is replaced by a new module (transformers builds it
+    # unpartitioned): partitioned here, rank 0's values, as from_pretrained
+    # would have. Its hooks come with partition_module (the Trainer's
+    # prepare); a model whose hooks are installed has no unit for it.
+    new = [(m, n) for m in (self.get_input_embeddings(), self.get_output_embeddings()) if m is not None
+           for n, p in m.named_parameters(recurse=False) if not zt.is_partitioned(p)]
+    if new and engine is not None:
+        raise RuntimeError(
+            f"zeroshard.torch: resize_token_embeddings replaced {type(new[0][0]).__name__} with a new module "
+            f"(an untied output head) after partition_module installed the model's hooks, so it would have "
+            f"no gather unit: resize before partition_module (before the Trainer or Accelerator prepares it)")
+    for module, name in new:
+        _params.partition_param(getattr(module, name), name=f"{type(module).__name__}.{name}")
     if engine is not None and replaced:
         engine.params_replaced()
     return result

@@ -249,8 +249,14 @@ def _refuse_stock_optimizer(optimizer, args, kwargs):
     same). Refused at its first step, naming it and what works."""
     if isinstance(optimizer, ZeroShardOptimizer):
         return
+    # Checked again only when its params change (add_param_group) or a
+    # step found partitioned ones: DDP's optimizers pay one count a step.
+    count = sum(len(g["params"]) for g in optimizer.param_groups)
+    if optimizer.__dict__.get("_zs_checked_params") == count:
+        return
     trained = [p for g in optimizer.param_groups for p in g["params"] if is_partitioned(p) and p.requires_grad]
     if not trained:
+        optimizer.__dict__["_zs_checked_params"] = count
         return
     names = ", ".join(p.zs.name or str(tuple(p.shape)) for p in trained[:3]) + (", ..." if len(trained) > 3 else "")
     raise RuntimeError(

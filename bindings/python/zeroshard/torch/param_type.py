@@ -96,10 +96,12 @@ def _released_view(func, t, args, kwargs):
 
 
 def _state_of(args):
+    """The ParamState of the first released param (or view of one) in args."""
     for a in args:
-        z = getattr(a, "zs", None) or getattr(a, "_zs_of", None) if isinstance(a, torch.Tensor) else None
-        if z is not None:
-            return z
+        if isinstance(a, torch.Tensor):
+            z = getattr(a, "zs", None) or getattr(a, "_zs_of", None)
+            if z is not None:
+                return z
     return None
 
 
@@ -152,8 +154,7 @@ class _Released:
             # the next step): an ordinary tensor until then.
             if this is not None and not _storage_less(this) and isinstance(this, _Released):
                 return func(*args, **kwargs)
-        base = name.split(".")[0] if "." in name else None
-        if base is not None:  # a property: every getter and setter reads metadata only
+        if "." in name:  # a property ("data.__get__"): every getter and setter reads metadata only
             with _DisableSubclass():
                 result = func(*args, **kwargs)
             return _wrap_released(result, _state_of(args))
@@ -200,8 +201,8 @@ _classes = {}  # the class a module built a param as -> (gathered class, release
 
 def classes_for(cls):
     """(Partitioned<cls>, Released<cls>) for a Parameter class."""
-    for built, pair in _classes.items():
-        if cls in pair:
+    for pair in _classes.values():
+        if cls in pair:  # already a partitioned class
             return pair
     pair = _classes.get(cls)
     if pair is None:
@@ -223,13 +224,6 @@ def storage_less_like(shape, dtype, device):
     return t
 
 
-def make_partitioned(param):
-    """Give `param` the partitioned type (gathered variant); its current
-    class is what it was built as."""
-    gathered, _ = classes_for(type(param))
-    param.__class__ = gathered
-
-
 def mark_gathered(param, data):
     """`param` shows `data` (the gathered buffer's view) from now on."""
     param.__class__ = param.zs.gathered_cls
@@ -241,10 +235,6 @@ def mark_released(param):
     param.__class__ = param.zs.gathered_cls
     param.data = param.zs.released
     param.__class__ = param.zs.released_cls
-
-
-def is_released(param):
-    return isinstance(param, _Released)
 
 
 def unpartitioned_class(param):
