@@ -17,11 +17,13 @@ from ..torch import _params, param_type
 _original = transformers.PreTrainedModel.resize_token_embeddings
 
 
+def _embedding_modules(model):
+    return [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+
+
 def _embedding_params(model):
     found = []
-    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
-        if module is None:
-            continue
+    for module in _embedding_modules(model):
         for p in module.parameters(recurse=False):
             if zt.is_partitioned(p) and all(p is not q for q in found):
                 found.append(p)
@@ -42,7 +44,7 @@ def resize_token_embeddings(self, *args, **kwargs):
     # unpartitioned): partitioned here, rank 0's values, as from_pretrained
     # would have. Its hooks come with partition_module (the Trainer's
     # prepare); a model whose hooks are installed has no unit for it.
-    new = [(m, n) for m in (self.get_input_embeddings(), self.get_output_embeddings()) if m is not None
+    new = [(m, n) for m in _embedding_modules(self)
            for n, p in m.named_parameters(recurse=False) if not zt.is_partitioned(p)]
     if new and engine is not None:
         raise RuntimeError(

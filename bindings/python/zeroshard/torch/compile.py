@@ -12,10 +12,13 @@ which dynamo cannot trace, so each is a deliberate graph break at a unit
 boundary, as FSDP2's hooks stay outside torchtitan's compiled blocks:
 
 - `torch.compile(model)`: one graph per stretch of code between units;
-- `block.compile()` before or after partitioning: the block's own code
-  between its units' hooks;
-- `fullgraph=True` on a block with no hook inside it (a leaf module,
-  set_leaf_modules: one gather unit, fetched around the compiled call).
+- `block.compile()` before partitioning: the block is one gather unit
+  (compiled_block), fetched around the compiled call with no hook inside,
+  so its graph has no break;
+- `block.compile()` after partitioning: the block's own code between its
+  submodules' hooks;
+- `fullgraph=True` on a block with no hook inside it (compiled before
+  partitioning, or a leaf module: set_leaf_modules).
 """
 import torch
 
@@ -24,3 +27,12 @@ def engine_call(fn):
     """`fn` (a hook that calls the engine) runs as it is under torch.compile:
     a graph break where it is called, nothing of it traced."""
     return torch.compiler.disable(fn)
+
+
+def compiled_block(module):
+    """Whether `module` was compiled on its own before its model was
+    partitioned (`block.compile()`, or a torch.compile'd module put in its
+    place): it becomes one gather unit, fetched around the compiled call,
+    as FSDP2's fully_shard(block) with torchtitan's per-block compile."""
+    return (module.__dict__.get("_compiled_call_impl") is not None
+            or isinstance(module, torch._dynamo.eval_frame.OptimizedModule))

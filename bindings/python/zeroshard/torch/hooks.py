@@ -90,7 +90,7 @@ import torch
 import zeroshard
 
 from . import _params, saved
-from .compile import engine_call
+from .compile import compiled_block, engine_call
 from ._context import context_state, drop_context_state, get_context, on_shutdown
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
@@ -952,15 +952,6 @@ class HookEngine:
         into the buffers the views show."""
         detach_views([p for p in registered_params() if p.zs is not None])
         self.units_to_check = True
-
-
-def compiled_block(module):
-    """Whether `module` was compiled on its own before its model was
-    partitioned (`block.compile()`, or a torch.compile'd module put in its
-    place): it becomes one gather unit, fetched around the compiled call,
-    as FSDP2's fully_shard(block) with torchtitan's per-block compile."""
-    return (module.__dict__.get("_compiled_call_impl") is not None
-            or isinstance(module, torch._dynamo.eval_frame.OptimizedModule))
 
 
 def set_leaf_modules(model, leaf_classes):

@@ -190,9 +190,10 @@ def hide_partitioned_from_ddp(module):
     crash). The engine keeps partitioned params identical across ranks and
     reduces their gradients itself, so they are listed where DDP skips
     params (_ddp_params_and_buffers_to_ignore); buffers still sync."""
-    names = [n for n, p in module.named_parameters() if is_partitioned(p)]
     ignored = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
-    module._ddp_params_and_buffers_to_ignore = ignored + [n for n in names if n not in set(ignored)]
+    known = set(ignored)
+    module._ddp_params_and_buffers_to_ignore = ignored + [
+        n for n, p in module.named_parameters() if is_partitioned(p) and n not in known]
 
 
 def _sync_generate(model):

@@ -88,9 +88,7 @@ def _released_view(func, t, args, kwargs):
         out = func(meta, *args[1:], **kwargs)
 
         def released(m):
-            r = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=t.device)
-            r.untyped_storage().resize_(0)
-            return r
+            return storage_less_like(m.shape, m.dtype, t.device, m.stride())
         out = type(out)(released(m) for m in out) if isinstance(out, (tuple, list)) else released(out)
     return _wrap_released(out, z)
 
@@ -216,10 +214,12 @@ def classes_for(cls):
     return pair
 
 
-def storage_less_like(shape, dtype, device):
-    """A tensor of `shape` whose storage holds 0 bytes: what a released
-    param's .data is (made once per param)."""
-    t = torch.empty(shape, dtype=dtype, device=device)
+def storage_less_like(shape, dtype, device, stride=None):
+    """A tensor of `shape` (contiguous, or `stride`) whose storage holds 0
+    bytes: what a released param's .data is (made once per param), and its
+    views."""
+    t = (torch.empty(shape, dtype=dtype, device=device) if stride is None else
+         torch.empty_strided(shape, stride, dtype=dtype, device=device))
     t.untyped_storage().resize_(0)
     return t
 
