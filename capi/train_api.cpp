@@ -1,5 +1,6 @@
 // Training: gradient hand-over and the sharded optimizer.
 #include "capi/handles.h"
+#include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
 
 using namespace zs;
@@ -20,6 +21,15 @@ Hparams to_hparams(const zs_optim_hparams* h) {
   hp.nesterov = o.nesterov != 0;
   hp.bias_correction = o.bias_correction != 0;
   return hp;
+}
+
+void fill_result(zs_step_result* out, const StepResult& r) {
+  SizedOut<zs_step_result> result(out, "result", /*nullable=*/true);
+  if (!result) return;
+  result->skipped = r.skipped ? 1 : 0;
+  result->grad_norm = r.grad_norm;
+  result->loss_scale = r.loss_scale;
+  result->step = r.step;
 }
 
 template <typename Fn>
@@ -96,6 +106,24 @@ ZS_API zs_status zs_grad_shard_data(zs_param h, float** data, uint64_t* shard_nu
   });
 }
 
+ZS_API zs_status zs_grad_pushed(zs_param h, int* pushed) {
+  return guarded([&] {
+    checked_out(pushed, "pushed");
+    auto r = param_of(h, "param");
+    const auto held = r.ctx->lock();
+    *pushed = r.obj->grad_pushed ? 1 : 0;
+  });
+}
+
+ZS_API zs_status zs_grad_clip_norm(zs_context h, const zs_param* params, size_t n, double max_norm,
+                                   double* total_norm) {
+  return guarded([&] {
+    checked_out(total_norm, "total_norm");
+    auto ctx = context_of(h, "ctx");
+    *total_norm = clip_grad_norm(*ctx, params_of(ctx, params, n, "params"), max_norm);
+  });
+}
+
 ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context h, zs_optimizer_kind kind) {
   return guarded([&] {
     checked_out(out, "out");
@@ -136,14 +164,27 @@ ZS_API zs_status zs_optimizer_set_lr(zs_optimizer h, int group, double lr) {
 }
 
 ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result_out) {
-  return with_optimizer(h, [&](Context&, Optimizer& o) {
-    SizedOut<zs_step_result> result(result_out, "result", /*nullable=*/true);
-    const StepResult r = o.step();
-    if (!result) return;
-    result->skipped = r.skipped ? 1 : 0;
-    result->grad_norm = r.grad_norm;
-    result->loss_scale = r.loss_scale;
-    result->step = r.step;
+  return with_optimizer(h, [&](Context&, Optimizer& o) { fill_result(result_out, o.step()); });
+}
+
+ZS_API zs_status zs_optimizer_step_begin(zs_optimizer h, zs_step_result* result) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { fill_result(result, o.step_begin()); });
+}
+
+ZS_API zs_status zs_optimizer_step_end(zs_optimizer h, zs_step_result* result) {
+  return with_optimizer(h, [&](Context&, Optimizer& o) { fill_result(result, o.step_end()); });
+}
+
+ZS_API zs_status zs_optimizer_named_state(zs_optimizer h, zs_param param, const char* name, int create,
+                                          float** data, uint64_t* shard_numel) {
+  return guarded([&] {
+    checked_out(data, "data");
+    *data = nullptr;
+    if (name == nullptr) fail(Code::InvalidArgument, "name is NULL");
+    auto r = optimizer_of(h, "opt");
+    auto p = param_of(param, "param");
+    if (p.ctx != r.ctx) fail(Code::InvalidArgument, "param belongs to another context");
+    *data = r.obj->named_state(*p.obj, name, create != 0, shard_numel);
   });
 }
 

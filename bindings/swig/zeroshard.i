@@ -27,6 +27,7 @@
  *    (their zs_xxx_init), so `size` is right for this header.
  * Functions handing out pointers into engine memory (zs_param_data,
  * zs_param_shard_data, zs_grad_shard_data, zs_optimizer_state_data,
+ * zs_optimizer_named_state,
  * zs_param_to_dlpack) and the checkpoint and safetensors functions (their
  * name lists and progress callbacks) are not wrapped: use zs_param_copy_to /
  * zs_param_write for data. Nor is zs_grad_push_many (an array of buffers):
@@ -174,6 +175,7 @@ ZS_DEFAULTS(zs_step_stats)
 %ignore zs_grad_push_borrowed;
 %ignore zs_grad_released;
 %ignore zs_optimizer_state_data;
+%ignore zs_optimizer_named_state;
 %ignore zs_param_to_dlpack;
 %ignore zs_checkpoint_save_options;
 %ignore zs_checkpoint_load_options;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -81,6 +82,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   // back from the swap file, written back when the cache drops them).
   std::vector<ShardAccess> writing;
   json opt_j;
+  std::map<const Param*, std::set<std::string>> named_kept;  // an external optimizer's states, by param
   int64_t steps = 0;  // of opt_j, read with the rest before anything changes
   LossScaler::State scaler;
   std::string error;
@@ -168,6 +170,17 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       items.push_back({&p, &e, work_src, p.dtype, writing.back().data()});
       if (!opt || !opt->has_state(p, 0)) continue;
       if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state_locked(p, 0, nullptr)});
+      if (opt->kind() == OptimKind::External) {
+        // The caller's named states become the saved ones: each made here
+        // (zeros until the staged copy lands), others dropped once loaded.
+        std::set<std::string>& kept = named_kept[&p];
+        for (const auto& [state, chunks] : e.states) {
+          if (state == kParam || state == kMaster) continue;
+          kept.insert(state);
+          items.push_back({&p, &e, state, DType::F32, opt->named_state_locked(p, state, true, nullptr)});
+        }
+        continue;
+      }
       for (int slot = 1; slot < 3; ++slot) {
         const std::string s = state_name(opt->kind(), slot);
         const bool saved = e.states.count(s) > 0;
@@ -234,6 +247,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
     if (s.bytes > 0) ctx.device()->copy(s.dst, s.host, s.bytes);
   ctx.device()->synchronize();
   if (opt) opt->flush_state_views();  // state on NVMe goes back to the swap file
+  for (const auto& [p, kept] : named_kept) opt->keep_named_states_locked(*p, kept);
   shards_rewritten(ctx, params);
   // qgZ's LoCo errors are not saved: start from zero, as at a reset_T boundary.
   grads(ctx).reset_error_feedback();

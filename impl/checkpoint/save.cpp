@@ -137,6 +137,8 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
         add(state_name(opt->kind(), slot), DType::F32, opt->state_locked(p, slot, nullptr));
       }
     }
+    for (const auto& name : opt->named_states(p))  // an external optimizer's, under their names
+      add(name, DType::F32, opt->named_state_locked(p, name, false, nullptr));
   }
   std::map<std::string, std::string> meta{{"format", kFormatName},
                                           {"rank", std::to_string(ctx.ranks().rank)},

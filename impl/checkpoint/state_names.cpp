@@ -15,6 +15,7 @@ const char* optim_kind_name(OptimKind kind) {
     case OptimKind::AdamW: return "adamw";
     case OptimKind::Adam: return "adam";
     case OptimKind::Sgd: return "sgd";
+    case OptimKind::External: return "external";
   }
   return "?";
 }
@@ -23,7 +24,8 @@ OptimKind parse_optim_kind(const std::string& s, const std::string& where) {
   if (s == "adamw") return OptimKind::AdamW;
   if (s == "adam") return OptimKind::Adam;
   if (s == "sgd") return OptimKind::Sgd;
-  fail(Code::Io, where, ": optimizer kind '", s, "': expected adamw, adam or sgd");
+  if (s == "external") return OptimKind::External;
+  fail(Code::Io, where, ": optimizer kind '", s, "': expected adamw, adam, sgd or external");
 }
 
 nlohmann::json hparams_to_json(const Hparams& h) {

@@ -478,9 +478,10 @@ float* GradReducer::shard_data(Param& param) {
   return static_cast<float*>(g.data());
 }
 
-void GradReducer::end_step() {
+void GradReducer::end_step(const std::set<const Param*>& stepped) {
   ctx_.expect_locked();
   for (const auto& p : touched_) {
+    if (!stepped.count(p.get())) continue;
     if (p->grad) {
       p->grad->current = false;
       p->grad->sum_known = false;

@@ -69,10 +69,13 @@ class GradReducer : public ParamKeeper {
   // old gradient (none pushed since the last step) is zeroed first. The
   // caller may write through it, so its sum of squares is forgotten.
   float* shard_data(Param& param);
-  // After an optimizer step: every gradient shard becomes old (its next
-  // write assigns, and it reads as zeros until then), with no pass over them.
-  // Under the caller's hold of the engine lock, as are the next two.
-  void end_step();
+  // After an optimizer step over `stepped`: their gradient shards become
+  // old (the next write assigns, and they read as zeros until then), with
+  // no pass over them. Others keep accumulating, as torch's .grad of a
+  // param no optimizer steps does (a second optimizer over other params
+  // steps them next). Under the caller's hold of the engine lock, as are
+  // the next two.
+  void end_step(const std::set<const Param*>& stepped);
   // A param being unregistered (unregister_param calls this): the reducer
   // forgets it, and its gradient shard is freed and uncounted. A bucket
   // still in flight holds the shard itself.

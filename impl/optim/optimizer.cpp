@@ -1,5 +1,6 @@
 #include "impl/optim/optimizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "impl/fetch/coordinator.h"
 #include "impl/optim/agreement.h"
 #include "impl/device/ops.h"
+#include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
 #include "impl/partition/shard_residence.h"
 #include "kernels/optim.h"
@@ -32,44 +34,20 @@ LossScalerConfig scaler_config(const Config& c) {
   return s;
 }
 
-// Sum of squares and finiteness of gradient shards, in their order: the sum
-// each shard's last write took where it is known, else read from the shard.
-// Added in the order one ops::sum_squares_and_finite over every shard adds
-// them, so the value has the same bits whichever way each sum was found.
-void grad_sum_squares(Device& dev, const std::vector<const Param*>& params, double* sum,
-                      bool* finite) {
-  auto range = [](const Param* p) {
-    return ops::Range{static_cast<const float*>(p->grad->data()), p->layout.shard_numel};
-  };
-  std::vector<ops::Range> unknown;
-  for (const Param* p : params)
-    if (!p->grad->sum_known) unknown.push_back(range(p));
-  if (unknown.size() == params.size()) {  // one pass (one synchronisation on a GPU)
-    ops::sum_squares_and_finite(dev, unknown, sum, finite);
-    return;
-  }
-  *sum = 0.0;
-  *finite = true;
-  for (const Param* p : params) {
-    double s = p->grad->sumsq;
-    // Finite squares cannot overflow a double sum: it is finite exactly
-    // when every element is (as sum_squares_and_finite decides on the host).
-    bool f = std::isfinite(s);
-    if (!p->grad->sum_known) ops::sum_squares_and_finite(dev, {range(p)}, &s, &f);
-    *sum += s;
-    if (!f) *finite = false;
-  }
-}
-
 }  // namespace
 
 Optimizer::Optimizer(Context& ctx, OptimKind kind)
     : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind), scaler_(scaler_config(ctx.config())),
       last_totals_(ctx.comm_stats()->totals()), last_step_end_(Trace::Clock::now()) {
-  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 2)
+  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 3)
     fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
-         ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1) or ZS_OPTIM_SGD (2)");
+         ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1), ZS_OPTIM_SGD (2) or ZS_OPTIM_EXTERNAL (3)");
   const std::string& where = ctx.config().offload_optimizer.device;
+  if (kind == OptimKind::External && where == "nvme")
+    fail(Code::NotSupported, "zero_optimization.offload_optimizer.device \"nvme\" with an external optimizer "
+         "(the caller's update rule, e.g. a torch optimizer on the shards): its state is the caller's, in "
+         "memory. Use the engine's AdamW, Adam or SGD (ZeroShardOptimizer) for state on NVMe, or "
+         "offload_optimizer.device \"none\"");
   if (where != "none" && ctx.device()->is_cuda())
     fail(Code::NotSupported, "zero_optimization.offload_optimizer.device \"", where,
          "\" on a CUDA context (", ctx.device()->ref().str(),
@@ -100,6 +78,7 @@ uint64_t Optimizer::state_bytes(const Slot& s) const {
   if (s.master) b += s.master->bytes();
   if (s.state1) b += s.state1->bytes();
   if (s.state2) b += s.state2->bytes();
+  for (const auto& [name, buf] : s.named) b += buf->bytes();
   return b;
 }
 
@@ -196,10 +175,11 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
                        static_cast<float*>(s.master->data()), n);
       s.master_of_version = p->shard_version;
     }
+    const bool moments = kind_ != OptimKind::External;  // an external one's are named, the caller's
     const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
-    if (needs_momentum)
+    if (moments && needs_momentum)
       s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
-    if (kind_ != OptimKind::Sgd)
+    if (moments && kind_ != OptimKind::Sgd)
       s.state2 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
     ctx_.ledger().add(Held::Optimizer, state_bytes(s));
     group.slots.push_back(std::move(s));
@@ -440,6 +420,61 @@ float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
   fail(Code::InvalidArgument, p.describe(), " is in no group of this optimizer");
 }
 
+float* Optimizer::named_state(const Param& p, const std::string& name, bool create, uint64_t* numel) {
+  const auto held = ctx_.lock();
+  return named_state_locked(p, name, create, numel);
+}
+
+float* Optimizer::named_state_locked(const Param& p, const std::string& name, bool create, uint64_t* numel) {
+  ctx_.expect_locked();
+  if (kind_ != OptimKind::External)
+    fail(Code::InvalidArgument, "named optimizer state '", name, "': only an external optimizer "
+         "(ZS_OPTIM_EXTERNAL) keeps named state; this one's is slots 0 (master), 1 and 2");
+  // Checkpoints keep it as "<name>/<param name>" beside "param" and "master".
+  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 127; });
+  if (name.empty() || name.size() > 128 || !printable || name.find('/') != std::string::npos ||
+      name == "param" || name == "master")
+    fail(Code::InvalidArgument, "named optimizer state '", name, "': expected 1 to 128 printable characters "
+         "without spaces or '/', other than \"param\" and \"master\"");
+  Slot* s = find_slot(p);
+  if (s == nullptr) fail(Code::InvalidArgument, p.describe(), " is in no group of this optimizer");
+  if (p.frozen && s->master == nullptr && !s->master_is_shard)
+    fail(Code::InvalidState, "named optimizer state '", name, "' of ", p.describe(),
+         ": the param was frozen when it joined the optimizer, which keeps no state for it");
+  if (numel) *numel = p.layout.shard_numel;
+  auto it = s->named.find(name);
+  if (it == s->named.end()) {
+    if (!create) return nullptr;
+    auto buf = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
+    ctx_.device()->synchronize();  // zeros before the caller reads them
+    ctx_.ledger().add(Held::Optimizer, buf->bytes());
+    it = s->named.emplace(name, std::move(buf)).first;
+  }
+  return static_cast<float*>(it->second->data());
+}
+
+std::vector<std::string> Optimizer::named_states(const Param& p) {
+  ctx_.expect_locked();
+  std::vector<std::string> out;
+  if (const Slot* s = find_slot(p))
+    for (const auto& [name, buf] : s->named) out.push_back(name);
+  return out;
+}
+
+void Optimizer::keep_named_states_locked(const Param& p, const std::set<std::string>& keep) {
+  ctx_.expect_locked();
+  Slot* s = find_slot(p);
+  if (s == nullptr) return;
+  for (auto it = s->named.begin(); it != s->named.end();) {
+    if (keep.count(it->first)) {
+      ++it;
+      continue;
+    }
+    ctx_.ledger().sub(Held::Optimizer, it->second->bytes());
+    it = s->named.erase(it);
+  }
+}
+
 void Optimizer::set_steps(int64_t s) {
   const auto held = ctx_.lock();
   set_steps_locked(s);
@@ -530,7 +565,7 @@ std::vector<std::string> Optimizer::describe() const {
     const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact text
     return std::string(buf, r.ptr);
   };
-  static const char* const kKinds[] = {"adamw", "adam", "sgd"};
+  static const char* const kKinds[] = {"adamw", "adam", "sgd", "external"};
   std::vector<std::string> t{std::string("kind=") + kKinds[static_cast<int>(kind_)],
                              "groups=" + std::to_string(groups_.size())};
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -553,9 +588,10 @@ std::vector<std::string> Optimizer::describe() const {
   return t;
 }
 
-StepResult Optimizer::step() {
-  const auto held = ctx_.lock();
-  const auto step_begin = Trace::Clock::now();
+Optimizer::OpenStep Optimizer::begin_locked() {
+  ctx_.expect_locked();
+  OpenStep open;
+  open.begin = Trace::Clock::now();
   ctx_.check_async_error();
   if (swap_) flush_state_views();  // what a checkpoint load or the caller wrote into them
   // The ranks' optimizers must agree before anything changes; the check
@@ -627,46 +663,42 @@ StepResult Optimizer::step() {
     total += v;
   }
 
-  StepResult r;
-  double update_seconds = 0.0;
+  StepResult& r = open.result;
   const double scale = scaler_.scale();
   r.grad_norm = std::sqrt(total) / scale;
   if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
-  } else {
-    double grad_scale = 1.0 / scale;
-    const double clip = ctx_.config().gradient_clipping;
-    if (clip > 0.0) {
-      const double coef = clip / (r.grad_norm + 1e-6);
-      if (coef < 1.0) grad_scale *= coef;
-    }
-    // Gathered copies the coordinator kept are stale from here on.
-    if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
-    drop_secondaries(ctx_);
-    const auto update_begin = Trace::Clock::now();
-    if (swap_) {
-      update_swapped(static_cast<float>(grad_scale));
-    } else {
-      for (auto& g : groups_)
-        for (auto& s : g.slots) update(g, s, static_cast<float>(grad_scale));
-    }
-    ctx_.device()->synchronize();
-    trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file
-    const auto update_end = Trace::Clock::now();
-    update_seconds = std::chrono::duration<double>(update_end - update_begin).count();
-    if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);
-    ++step_;
+    return open;
   }
+  open.grad_scale = 1.0 / scale;
+  const double clip = ctx_.config().gradient_clipping;
+  if (clip > 0.0) {
+    const double coef = clip / (r.grad_norm + 1e-6);
+    if (coef < 1.0) open.grad_scale *= coef;
+  }
+  // Gathered copies the coordinator kept are stale from here on.
+  if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
+  drop_secondaries(ctx_);
+  return open;
+}
+
+StepResult Optimizer::finish_locked(const OpenStep& open, double update_seconds) {
+  ctx_.expect_locked();
+  StepResult r = open.result;
+  if (!r.skipped) ++step_;
   const bool scale_exhausted = scaler_.update(r.skipped);
-  grads(ctx_).end_step();
+  std::set<const Param*> stepped;
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots) stepped.insert(s.param.get());
+  grads(ctx_).end_step(stepped);
   // New shards are in place once the step returns.
   ctx_.device()->synchronize();
   // Persistent params go out again now, to be gathered by the next forward.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();
   r.loss_scale = scaler_.scale();
   r.step = step_;
-  record_step_stats(step_begin, update_seconds);
+  record_step_stats(open.begin, update_seconds);
   // Every rank saw the same overflow, so every rank fails here alike.
   if (scale_exhausted)
     fail(Code::InvalidState, "fp16: the gradients overflowed again with the loss scale already at "
@@ -674,6 +706,97 @@ StepResult Optimizer::step() {
          "later step can succeed (DeepSpeed ends the run here too); lower fp16.min_loss_scale, or find "
          "what overflows (bf16 has fp32's range)");
   return r;
+}
+
+StepResult Optimizer::step() {
+  const auto held = ctx_.lock();
+  if (kind_ == OptimKind::External)
+    fail(Code::InvalidState, "an external optimizer (the caller's update rule) steps by "
+         "zs_optimizer_step_begin, the caller's update, then zs_optimizer_step_end");
+  const OpenStep open = begin_locked();
+  double update_seconds = 0.0;
+  if (!open.result.skipped) {
+    const auto update_begin = Trace::Clock::now();
+    const auto grad_scale = static_cast<float>(open.grad_scale);
+    if (swap_) {
+      update_swapped(grad_scale);
+    } else {
+      for (auto& g : groups_)
+        for (auto& s : g.slots) update(g, s, grad_scale);
+    }
+    ctx_.device()->synchronize();
+    trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file
+    const auto update_end = Trace::Clock::now();
+    update_seconds = std::chrono::duration<double>(update_end - update_begin).count();
+    if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);
+  }
+  return finish_locked(open, update_seconds);
+}
+
+StepResult Optimizer::step_begin() {
+  const auto held = ctx_.lock();
+  if (kind_ != OptimKind::External)
+    fail(Code::InvalidState, "step_begin/step_end are for an external optimizer (ZS_OPTIM_EXTERNAL); "
+         "this one's update is the engine's: zs_optimizer_step");
+  if (open_)
+    fail(Code::InvalidState, "step_begin: the previous step_begin has had no step_end yet");
+  OpenStep open = begin_locked();
+  if (!open.result.skipped) {
+    Device& dev = *ctx_.device();
+    // The caller's update sees the gradients as the built-in ones do:
+    // unscaled and clipped, in place; and 16-bit masters as fresh.
+    const auto divisor = static_cast<float>(1.0 / open.grad_scale);
+    for (auto& g : groups_)
+      for (auto& s : g.slots) {
+        Param& p = *s.param;
+        const uint64_t n = p.layout.shard_numel;
+        if (n == 0 || !p.grad || !p.grad_pushed) continue;
+        if (divisor != 1.0f) {
+          auto* grad = static_cast<float*>(p.grad->data());
+          ops::widen_scaled(dev, grad, DType::F32, grad, n, divisor);
+          p.grad->sum_known = false;
+        }
+        if (s.master && s.master_of_version != p.shard_version) {
+          const ShardAccess shard(ctx_, p, ShardAccess::Read);
+          ops::refresh_master(dev, shard.data(), p.dtype, static_cast<float*>(s.master->data()), n);
+          s.master_of_version = p.shard_version;
+        }
+      }
+    dev.synchronize();
+  }
+  open.update_begin = Trace::Clock::now();
+  open_ = open;
+  return open.result;
+}
+
+StepResult Optimizer::step_end() {
+  const auto held = ctx_.lock();
+  if (!open_) fail(Code::InvalidState, "step_end without a step_begin before it");
+  const OpenStep open = *open_;
+  open_.reset();
+  double update_seconds = 0.0;
+  if (!open.result.skipped) {
+    Device& dev = *ctx_.device();
+    // The caller updated the masters: 16-bit working shards from them.
+    for (auto& g : groups_)
+      for (auto& s : g.slots) {
+        Param& p = *s.param;
+        if (p.layout.shard_numel == 0 || !p.grad || !p.grad_pushed) continue;
+        if (s.master) {
+          const ShardAccess shard(ctx_, p, ShardAccess::Write);
+          ops::cast_from_f32(dev, static_cast<const float*>(s.master->data()), p.dtype, shard.data(),
+                             p.layout.shard_numel);
+          s.master_of_version = p.shard_version;
+        }
+        ++s.updates;
+      }
+    dev.synchronize();
+    trim_shard_cache(ctx_);
+    const auto update_end = Trace::Clock::now();
+    update_seconds = std::chrono::duration<double>(update_end - open.update_begin).count();
+    if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", open.update_begin, update_end);
+  }
+  return finish_locked(open, update_seconds);
 }
 
 }  // namespace zs

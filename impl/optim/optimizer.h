@@ -9,10 +9,21 @@
 // 16-bit params and every moment in a swap file (swapped_state.h) and
 // steps it sub-group by sub-group, bit for bit as in memory. On a CUDA
 // context both are refused (NotSupported) until the host-side step exists.
+//
+// External: the update rule is the caller's (a torch optimizer stepping the
+// shards). The engine keeps the fp32 masters of 16-bit params and runs the
+// step around the caller's update: step_begin syncs the gradients, takes
+// the global norm, skips on overflow, unscales and clips the gradient
+// shards in place; the caller then updates the masters (slot 0) from them;
+// step_end writes the working shards from the masters and closes the step.
+// The caller's per-element state lives in named slots (named_state), which
+// checkpoints save and reshard as they do the built-in moments.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,7 +35,7 @@
 
 namespace zs {
 
-enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2 };
+enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2, External = 3 };
 
 struct Hparams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
@@ -53,7 +64,23 @@ class Optimizer {
   void set_hparams_locked(int group, const Hparams& hp);
   void set_lr(int group, double lr);
   StepResult step();
+  // The two halves of an External optimizer's step (see the top): between
+  // them the caller writes the masters and named states, nothing else. A
+  // skipped step (overflow) still needs its step_end, which updates nothing.
+  StepResult step_begin();
+  StepResult step_end();
+  bool step_open() const { return open_.has_value(); }
   double loss_scale() const;
+  // An External optimizer's named per-param state: shard_numel fp32
+  // elements (zeros when made), created on first request when `create`,
+  // else null if absent. Saved and loaded by checkpoints under `name`.
+  float* named_state(const Param& p, const std::string& name, bool create, uint64_t* numel);
+  float* named_state_locked(const Param& p, const std::string& name, bool create, uint64_t* numel);
+  // The names of p's named states, in order, and dropping those not in
+  // `keep` (a checkpoint load: the state becomes the saved one). Under the
+  // caller's hold.
+  std::vector<std::string> named_states(const Param& p);
+  void keep_named_states_locked(const Param& p, const std::set<std::string>& keep);
   // Checkpoint access to a param's state (slot 0 master, 1, 2). State on
   // NVMe is read into a host copy that stays valid, and is written back,
   // until the next step, sync_params or flush_state_views.
@@ -106,6 +133,14 @@ class Optimizer {
     bool swapped[3] = {false, false, false};
     size_t index = 0;
     bool sgd_first = false;  // this step's SGD first_step, kept across sub-groups
+    std::map<std::string, BufferPtr> named;  // External: the caller's state by name
+  };
+  // What step_begin left for step_end (and step() between its halves).
+  struct OpenStep {
+    Trace::Clock::time_point begin;
+    StepResult result;
+    double grad_scale = 1.0;  // unscale times clip
+    Trace::Clock::time_point update_begin;  // External: the caller's update from here
   };
   struct Group {
     Hparams hp;
@@ -116,6 +151,11 @@ class Optimizer {
   std::vector<std::string> describe() const;
   void record_step_stats(Trace::Clock::time_point step_begin, double update_seconds);
   std::vector<int> group_indices(int group) const;
+  // The halves of every step, under the hold: begin syncs, agrees, takes
+  // the norm and decides skip and scale; finish counts the step, closes
+  // the gradients and records the stats.
+  OpenStep begin_locked();
+  StepResult finish_locked(const OpenStep& open, double update_seconds);
   void update(const Group& g, Slot& s, float grad_scale);
   void update_swapped(float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
@@ -132,6 +172,7 @@ class Optimizer {
   std::map<std::pair<size_t, int>, std::vector<float>> views_;  // (index, slot) -> host copy
   CommTotals last_totals_;  // the context's collectives as of the previous step's end
   Trace::Clock::time_point last_step_end_;
+  std::optional<OpenStep> open_;  // External: between step_begin and step_end
 };
 
 }  // namespace zs

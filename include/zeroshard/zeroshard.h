@@ -666,6 +666,23 @@ ZS_API zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
  * to take the norm from the shard as the caller leaves it. */
 ZS_API zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel);
 
+/* *pushed = 1 when a gradient was pushed to the param since the last
+ * optimizer step (its shard then holds this step's gradient), else 0: a
+ * param without one is left alone by the step, as torch skips a param
+ * whose .grad is None. Local. */
+ZS_API zs_status zs_grad_pushed(zs_param param, int* pushed);
+
+/* torch.nn.utils.clip_grad_norm_ over params' gradient shards:
+ * zs_grad_sync, the L2 norm of the averaged gradients (over each param's
+ * partition group, every element once) into *total_norm, and when it
+ * exceeds max_norm (>= 0) every shard scaled by max_norm / (norm + 1e-6).
+ * A gradient that is not finite gives an inf norm and scales nothing (the
+ * step skips). Collective over the world: the same params in the same
+ * order on every rank. NOT_SUPPORTED under fp16.enabled, whose shards carry
+ * the loss scale until the step (use gradient_clipping). */
+ZS_API zs_status zs_grad_clip_norm(zs_context ctx, const zs_param* params, size_t num_params,
+                                   double max_norm, double* total_norm);
+
 /* ------------------------------------------------------------------ */
 /* Training: sharded optimizer                                         */
 /* ------------------------------------------------------------------ */
@@ -674,6 +691,12 @@ typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAMW = 0, /* decoupled weight decay */
   ZS_OPTIM_ADAM = 1,  /* weight decay as L2 added to the gradient */
   ZS_OPTIM_SGD = 2,    /* momentum, dampening, Nesterov */
+  /* The caller's update rule (a torch optimizer on the shards): the engine
+   * keeps fp32 masters of 16-bit params (slot 0; an fp32 param's is its
+   * shard) and named per-param state (zs_optimizer_named_state), and steps
+   * by zs_optimizer_step_begin, the caller's update of the masters, then
+   * zs_optimizer_step_end. Hyper-parameters are the caller's too. */
+  ZS_OPTIM_EXTERNAL = 3,
   ZS_OPTIM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_OPTIM_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_optimizer_kind;
@@ -734,9 +757,38 @@ ZS_API zs_status zs_step_result_init(zs_step_result* result, size_t size);
 /* One optimizer step, collective over the world: zs_grad_sync, global norm,
  * overflow check (a step with inf/NaN gradients is skipped on every rank),
  * clipping, the update of every group's master shards, the rewrite of the
- * working-dtype shards; then the gradient shards count as zeros (the next
- * push overwrites them, see zs_grad_shard_data). result may be NULL. */
+ * working-dtype shards; then the gradient shards of its params count as
+ * zeros (the next push overwrites them, see zs_grad_shard_data); those of
+ * params it does not hold keep accumulating, as torch's .grad of a param
+ * no optimizer steps does (so two optimizers over disjoint params each step
+ * their own). result may be NULL. */
 ZS_API zs_status zs_optimizer_step(zs_optimizer opt, zs_step_result* result);
+
+/* The step of a ZS_OPTIM_EXTERNAL optimizer in two halves, collective
+ * as zs_optimizer_step. step_begin: zs_grad_sync, the global norm, the
+ * overflow check (result->skipped: every rank skips alike), then each
+ * gradient shard of a param with a gradient this step (zs_grad_pushed) is
+ * unscaled (fp16) and clipped (gradient_clipping) in place, and 16-bit
+ * masters are refreshed from shards rewritten since (zs_param_write...).
+ * The caller then updates the masters (zs_optimizer_state_data slot 0)
+ * from the gradient shards (zs_grad_shard_data), using its named states,
+ * and nothing else of the engine, unless the step was skipped. step_end
+ * writes 16-bit working shards from the masters, counts the step, marks the
+ * gradient shards old and fills result (step, loss_scale). Each needs the
+ * other: a second step_begin, or a step_end without one, is INVALID_STATE,
+ * as is zs_optimizer_step on this kind or step_begin on another. */
+ZS_API zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);
+ZS_API zs_status zs_optimizer_step_end(zs_optimizer opt, zs_step_result* result);
+
+/* A ZS_OPTIM_EXTERNAL optimizer's state of param under `name` (1-128
+ * printable characters, no spaces or '/', not "param" or "master"):
+ * shard_numel fp32 elements in the context's device memory, zeros when
+ * made. create 1: made on the first call; 0: *data is NULL if absent.
+ * Checkpoints save it as state `name` of the param and load it at any
+ * world size (a load replaces the named states with the saved ones).
+ * Local. INVALID_ARGUMENT on another kind or for a param not held. */
+ZS_API zs_status zs_optimizer_named_state(zs_optimizer opt, zs_param param, const char* name, int create,
+                                          float** data, uint64_t* shard_numel);
 
 /* The current loss scale (1.0 unless fp16 is enabled). */
 ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);

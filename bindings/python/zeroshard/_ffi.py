@@ -294,6 +294,7 @@ typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAMW = 0,
   ZS_OPTIM_ADAM = 1,
   ZS_OPTIM_SGD = 2,
+  ZS_OPTIM_EXTERNAL = 3,
   ZS_OPTIM_KIND_ENUM_MIN_ = -2147483648,
   ZS_OPTIM_KIND_ENUM_MAX_ = 2147483647
 } zs_optimizer_kind;
@@ -332,6 +333,13 @@ zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, fl
 zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
 zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 zs_status zs_optimizer_sync_params(zs_optimizer opt);
+zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);
+zs_status zs_optimizer_step_end(zs_optimizer opt, zs_step_result* result);
+zs_status zs_optimizer_named_state(zs_optimizer opt, zs_param param, const char* name, int create,
+                                   float** data, uint64_t* shard_numel);
+zs_status zs_grad_pushed(zs_param param, int* pushed);
+zs_status zs_grad_clip_norm(zs_context ctx, const zs_param* params, size_t num_params, double max_norm,
+                            double* total_norm);
 
 /* Checkpoints */
 typedef void (*zs_progress_fn)(void* user, const char* phase, uint64_t done, uint64_t total);

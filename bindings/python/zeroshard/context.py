@@ -358,6 +358,17 @@ class Context:
         check(lib.zs_grad_sync(self._h))
         self.release_lent()
 
+    def clip_grad_norm(self, params, max_norm):
+        """Sync the gradients, return the L2 norm of params' averaged
+        gradients and scale their shards by max_norm / (norm + 1e-6) when it
+        exceeds max_norm (zs_grad_clip_norm). Collective."""
+        from .param import _param_array
+        arr, n, keep = _param_array(params)
+        out = ffi.new("double*")
+        check(lib.zs_grad_clip_norm(self._h, arr, n, float(max_norm), out))
+        self.release_lent()
+        return float(out[0])
+
     def set_accumulation_steps(self, n):
         check(lib.zs_grad_set_accumulation_steps(self._h, int(n)))
 
@@ -440,7 +451,8 @@ class Context:
         check(lib.zs_load_safetensors(self._h, arr, n, opt, os.fsencode(path), o))
 
     def optimizer(self, kind="adamw"):
-        """A sharded optimizer: "adamw", "adam" or "sgd"."""
+        """A sharded optimizer: "adamw", "adam" or "sgd", or "external" (the
+        caller's update rule between step_begin and step_end)."""
         k = _code(kind, _OPTIM_BY_NAME, "optimizer kind")
         out = ffi.new("zs_optimizer*")
         check(lib.zs_optimizer_create(out, self._h, k))

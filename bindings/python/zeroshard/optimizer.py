@@ -94,8 +94,42 @@ class Optimizer(_Owned):
         r = _new_struct("zs_step_result")
         check(lib.zs_optimizer_step(self._h, r))
         self._ctx.release_lent()
+        return self._result(r)
+
+    @staticmethod
+    def _result(r):
         return {"skipped": bool(r.skipped), "grad_norm": float(r.grad_norm),
                 "loss_scale": float(r.loss_scale), "step": int(r.step)}
+
+    def step_begin(self):
+        """An external optimizer's step, first half (collective): gradients
+        synced, unscaled and clipped in place; "skipped" says whether the
+        caller must leave the masters alone this time."""
+        r = _new_struct("zs_step_result")
+        check(lib.zs_optimizer_step_begin(self._h, r))
+        self._ctx.release_lent()
+        return self._result(r)
+
+    def step_end(self):
+        """Second half: 16-bit working shards from the masters, the step
+        counted, the gradients consumed."""
+        r = _new_struct("zs_step_result")
+        check(lib.zs_optimizer_step_end(self._h, r))
+        return self._result(r)
+
+    def named_state_dlpack(self, param, name, create=True):
+        """A DLPack capsule over an external optimizer's state `name` of a
+        param (shard_numel fp32 elements, zeros when made), or None when
+        absent and not created. Saved by checkpoints under its name."""
+        if not isinstance(param, Param):
+            raise TypeError("param: expected a Param, got %s" % type(param).__name__)
+        data = ffi.new("float**")
+        n = ffi.new("uint64_t*")
+        check(lib.zs_optimizer_named_state(self._h, param._h, str(name).encode(), 1 if create else 0, data, n))
+        addr = _address(data[0])
+        if not addr and not create:
+            return None
+        return dlpack_from_pointer(addr, (int(n[0]),), FLOAT32, (param.device_type, param.device_id), owner=self)
 
     @property
     def loss_scale(self):

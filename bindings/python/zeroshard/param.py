@@ -212,6 +212,13 @@ class Param(_Owned):
         check(lib.zs_grad_shard_data(self._h, data, n))
         return _address(data[0])
 
+    @property
+    def grad_pushed(self):
+        """Whether a gradient was pushed since the last optimizer step."""
+        out = ffi.new("int*")
+        check(lib.zs_grad_pushed(self._h, out))
+        return bool(out[0])
+
     def grad_shard_dlpack(self):
         """A DLPack capsule over the fp32 gradient shard (shard_numel
         elements, on the param's device, no copy), or None before the first

@@ -73,6 +73,7 @@ const zs_optimizer_kind = Cint
 const ZS_OPTIM_ADAMW = Cint(0)
 const ZS_OPTIM_ADAM = Cint(1)
 const ZS_OPTIM_SGD = Cint(2)
+const ZS_OPTIM_EXTERNAL = Cint(3)
 
 # Opaque handles.
 const zs_context = Ptr{Cvoid}
@@ -453,6 +454,16 @@ zs_optimizer_set_step(opt, step) =
     ccall((:zs_optimizer_set_step, libzeroshard), zs_status, (zs_optimizer, Int64), opt, step)
 zs_optimizer_sync_params(opt) =
     ccall((:zs_optimizer_sync_params, libzeroshard), zs_status, (zs_optimizer,), opt)
+zs_optimizer_step_begin(opt, result) =
+    ccall((:zs_optimizer_step_begin, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
+zs_optimizer_step_end(opt, result) =
+    ccall((:zs_optimizer_step_end, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
+zs_optimizer_named_state(opt, param, name, create, data, shard_numel) =
+    ccall((:zs_optimizer_named_state, libzeroshard), zs_status, (zs_optimizer, zs_param, Cstring, Cint, Ptr{Ptr{Cfloat}}, Ptr{UInt64}), opt, param, name, create, data, shard_numel)
+zs_grad_pushed(param, pushed) =
+    ccall((:zs_grad_pushed, libzeroshard), zs_status, (zs_param, Ptr{Cint}), param, pushed)
+zs_grad_clip_norm(ctx, params, num_params, max_norm, total_norm) =
+    ccall((:zs_grad_clip_norm, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, Cdouble, Ptr{Cdouble}), ctx, params, num_params, max_norm, total_norm)
 zs_checkpoint_save_options_init(options, size) =
     ccall((:zs_checkpoint_save_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_save_options}, Csize_t), options, size)
 zs_checkpoint_save(ctx, params, num_params, opt, dir, options) =

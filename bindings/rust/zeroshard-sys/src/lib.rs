@@ -101,6 +101,7 @@ c_enum!(zs_optimizer_kind {
     ZS_OPTIM_ADAMW = 0,
     ZS_OPTIM_ADAM = 1,
     ZS_OPTIM_SGD = 2,
+    ZS_OPTIM_EXTERNAL = 3,
     ZS_OPTIM_KIND_ENUM_MIN_ = i32::MIN,
     ZS_OPTIM_KIND_ENUM_MAX_ = i32::MAX,
 });
@@ -592,6 +593,24 @@ extern "C" {
     pub fn zs_optimizer_get_step(opt: zs_optimizer, step: *mut i64) -> zs_status;
     pub fn zs_optimizer_set_step(opt: zs_optimizer, step: i64) -> zs_status;
     pub fn zs_optimizer_sync_params(opt: zs_optimizer) -> zs_status;
+    pub fn zs_optimizer_step_begin(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
+    pub fn zs_optimizer_step_end(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
+    pub fn zs_optimizer_named_state(
+        opt: zs_optimizer,
+        param: zs_param,
+        name: *const c_char,
+        create: c_int,
+        data: *mut *mut f32,
+        shard_numel: *mut u64,
+    ) -> zs_status;
+    pub fn zs_grad_pushed(param: zs_param, pushed: *mut c_int) -> zs_status;
+    pub fn zs_grad_clip_norm(
+        ctx: zs_context,
+        params: *const zs_param,
+        num_params: usize,
+        max_norm: f64,
+        total_norm: *mut f64,
+    ) -> zs_status;
     pub fn zs_checkpoint_save_options_init(
         options: *mut zs_checkpoint_save_options,
         size: usize,
