@@ -393,14 +393,3 @@ def test_state_dict_on_one_rank_is_an_error_naming_the_fix():
     assert "call state_dict() (or save_pretrained) on every rank" in r["error"], r["error"]
     assert "consolidated_state_dict" in r["error"] and "failed after 2000 ms" in r["error"], r["error"]
     assert r["seconds"] < 30, r
-
-
-def test_a_stock_torch_optimizer_over_partitioned_params_is_refused_by_name():
-    """It would train nothing (no values, gradients in the engine): refused
-    at its first step, naming it, the params and ZeroShardOptimizer. One
-    over unpartitioned params only is untouched."""
-    r = run_ranks(2, "stock_optimizer")
-    for name, cls in (("rmsprop", "RMSprop"), ("adamw", "AdamW")):
-        assert f"{cls} steps" in r[name] and "partitioned params" in r[name], r
-        assert "ZeroShardOptimizer.from_torch" in r[name] and "would train nothing" in r[name], r
-    assert r["plain_stepped"] == [0.0, 0.0, 0.0], r

@@ -1020,32 +1020,6 @@ def mode_state_dict_on_one_rank(rank, world):
     return out
 
 
-def mode_stock_optimizer(rank, world):
-    """A stock torch optimizer over a partitioned model is refused at its
-    first step, by name; one over unpartitioned params only steps them."""
-    torch.manual_seed(0)
-    with zt.Init(config={"zero_optimization": {"stage": 3}}):
-        model = TinyGPT()
-    zt.partition_module(model)
-    extra = nn.Parameter(torch.ones(3))  # not partitioned
-    out = {}
-    for name, opt in (("rmsprop", torch.optim.RMSprop(model.parameters(), lr=1e-3)),
-                      ("adamw", torch.optim.AdamW(list(model.parameters()) + [extra], lr=1e-3))):
-        x, y = batch(0, rank)
-        model(x, y).backward()
-        try:
-            opt.step()
-            out[name] = ""
-        except RuntimeError as e:
-            out[name] = str(e)
-        zt.ZeroShardOptimizer(model.parameters()).zero_grad()
-    plain = torch.optim.SGD([extra], lr=0.5)
-    (extra * 2).sum().backward()
-    plain.step()
-    out["plain_stepped"] = extra.tolist()
-    return out
-
-
 def run_mode(modes):
     """Run modes[argv[1]] on this rank; rank 0 writes its result."""
     mode = sys.argv[1]
@@ -1070,8 +1044,7 @@ def main():
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
               "dropped_models": mode_dropped_models, "inference_steps": mode_inference_steps,
-              "state_dict_on_one_rank": mode_state_dict_on_one_rank,
-              "stock_optimizer": mode_stock_optimizer})
+              "state_dict_on_one_rank": mode_state_dict_on_one_rank})
 
 
 if __name__ == "__main__":

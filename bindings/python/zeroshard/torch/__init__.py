@@ -1,6 +1,7 @@
 """zeroshard for PyTorch: partition an nn.Module's parameters across ranks,
 gather them just in time for forward and backward, and train them with the
-engine's sharded optimizer.
+engine's sharded optimizer or any torch optimizer (stepped on the shards:
+shard_optim).
 
     import zeroshard.torch as zt
     with zt.Init(config=ds_config):
@@ -16,13 +17,16 @@ from .gathered import GatheredParameters
 from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
 from .init import Init, partition_module
 from .optim import ZeroShardOptimizer
+from .muon import Muon, muon_param_groups
+from .shard_optim import clip_grad_norm_, register_optimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict
 
 __all__ = [
-    "GatheredParameters", "Init", "ZeroShardOptimizer", "consolidated_state_dict", "current_context",
+    "GatheredParameters", "Init", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
+    "current_context",
     "export_safetensors", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
-    "partition_module",
+    "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint",
     "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "unset_leaf_modules",
 ]

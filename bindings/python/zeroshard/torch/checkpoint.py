@@ -1,4 +1,5 @@
-"""Checkpoints of a partitioned torch model and its ZeroShardOptimizer.
+"""Checkpoints of a partitioned torch model and its optimizer (a
+ZeroShardOptimizer, or any torch optimizer stepping the shards).
 
     zt.save_checkpoint("ckpt", model, optimizer, client_state={"epoch": 3})
     client_state = zt.load_checkpoint("ckpt", model, optimizer)
@@ -13,7 +14,8 @@ import json
 
 from ._context import get_context
 from ._params import is_partitioned
-from .optim import _hook_engines
+from .optim import ZeroShardOptimizer, _hook_engines
+from . import shard_optim
 
 
 def _named_params(model, what):
@@ -23,6 +25,19 @@ def _named_params(model, what):
         raise ValueError(f"zeroshard.torch.{what}: params {plain[:5]}{' ...' if len(plain) > 5 else ''} are not "
                          "partitioned (zeroshard.torch.Init or partition_module first)")
     return [n for n, _ in named], [p.zs.zparam for _, p in named]
+
+
+def _param_names(model):
+    return [(p, n) for n, p in model.named_parameters()]
+
+
+def _engine_of(optimizer):
+    """The engine optimizer whose state a checkpoint holds: a
+    ZeroShardOptimizer's, or the external one a torch optimizer steps
+    the shards through."""
+    if isinstance(optimizer, ZeroShardOptimizer):
+        return optimizer._engine
+    return shard_optim.stepper(optimizer).engine
 
 
 def _persistent_buffers(model):
@@ -40,15 +55,19 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
     Collective: every rank calls it. client_state must be JSON-serialisable;
     persistent buffers are kept in it as lists. Returns the directory."""
     names, zparams = _named_params(model, "save_checkpoint")
+    user = {"client_state": client_state,
+            "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
+                        for n, b in _persistent_buffers(model)}}
+    stock = optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer)
+    if stock:  # a torch optimizer on the shards: its state beside the engine's
+        user["torch_optimizer"] = shard_optim.checkpoint_state(optimizer, _param_names(model))
     try:
-        user = json.dumps({"client_state": client_state,
-                           "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
-                                       for n, b in _persistent_buffers(model)}}, allow_nan=False)
+        user = json.dumps(user, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise TypeError(f"zeroshard.torch.save_checkpoint: client_state must be JSON-serialisable "
                         f"(finite floats): {e}") from None
-    engine = None if optimizer is None else optimizer._engine
-    if optimizer is not None:
+    engine = None if optimizer is None else _engine_of(optimizer)
+    if optimizer is not None and not stock:
         # The groups' hyper-parameters as they stand now (a scheduler
         # stepped since the last step), as torch's optimizer.state_dict()
         # holds them: the engine's copy is from the last step.
@@ -65,7 +84,7 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     import torch
 
     names, zparams = _named_params(model, "load_checkpoint")
-    engine = None if optimizer is None else optimizer._engine
+    engine = None if optimizer is None else _engine_of(optimizer)
     info = get_context().load_checkpoint(path, zparams, optimizer=engine, tag=tag, names=names, strict=strict,
                                          progress=progress)
     user = json.loads(info["user_json"]) if info["user_json"] else {}
@@ -76,7 +95,13 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
                 buffers[n].copy_(torch.tensor(saved["values"], dtype=buffers[n].dtype))
         elif strict:
             raise KeyError(f"zeroshard.torch.load_checkpoint: the checkpoint has buffer {n!r}, the model does not")
-    if optimizer is not None:
+    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+        saved = user.get("torch_optimizer")
+        if saved is None:
+            raise ValueError(f"zeroshard.torch.load_checkpoint: {info['dir']} holds no torch optimizer's state (it was "
+                             f"saved with a ZeroShardOptimizer or none)")
+        shard_optim.restore_state(optimizer, saved, _param_names(model))
+    elif optimizer is not None:
         for group, hp in zip(optimizer.param_groups, optimizer._engine._groups):
             group["lr"] = hp["lr"]
             group["betas"] = tuple(hp["betas"])
@@ -100,7 +125,7 @@ def load_pretrained(model, path, optimizer=None, strict=True, from_rank0=False, 
     own shards (every rank must see the files), or with from_rank0 only rank
     0 reads, one full tensor at a time, and the engine scatters. Collective."""
     names, zparams = _named_params(model, "load_pretrained")
-    engine = None if optimizer is None else optimizer._engine
+    engine = None if optimizer is None else _engine_of(optimizer)
     get_context().load_safetensors(path, zparams, optimizer=engine, names=names, strict=strict,
                                    from_rank0=from_rank0, progress=progress)
     for e in _hook_engines():

@@ -3,7 +3,6 @@ import contextlib
 import logging
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import hooks
 from ._context import get_context, working_dtype
@@ -107,6 +106,16 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                            "momentum": g.get("momentum", 0.0), "dampening": g.get("dampening", 0.0),
                            "nesterov": g.get("nesterov", False)})
         return cls(groups, kind=kind)
+
+    @classmethod
+    def twin_of(cls, opt):
+        """from_torch(opt) when the engine's AdamW, Adam or SGD does what
+        `opt` does (the same update, fused in C++ over the shards), else
+        None: `opt` then steps the shards itself (zeroshard.torch.shard_optim)."""
+        try:
+            return cls.from_torch(opt)
+        except (TypeError, NotImplementedError):
+            return None
 
     @staticmethod
     def _hparams(group):
@@ -239,33 +248,3 @@ def _hook_engines():
         if p.zs.owner.engine not in engines:
             engines.append(p.zs.owner.engine)
     return engines
-
-
-
-def _refuse_stock_optimizer(optimizer, args, kwargs):
-    """A torch optimizer other than ZeroShardOptimizer stepping partitioned
-    params: they hold no values outside a gather and their gradients are
-    in the engine, so it would train nothing, silently (every loss the
-    same). Refused at its first step, naming it and what works."""
-    if isinstance(optimizer, ZeroShardOptimizer):
-        return
-    # Checked again only when its params change (add_param_group) or a
-    # step found partitioned ones: DDP's optimizers pay one count a step.
-    count = sum(len(g["params"]) for g in optimizer.param_groups)
-    if optimizer.__dict__.get("_zs_checked_params") == count:
-        return
-    trained = [p for g in optimizer.param_groups for p in g["params"] if is_partitioned(p) and p.requires_grad]
-    if not trained:
-        optimizer.__dict__["_zs_checked_params"] = count
-        return
-    names = ", ".join(p.zs.name or str(tuple(p.shape)) for p in trained[:3]) + (", ..." if len(trained) > 3 else "")
-    raise RuntimeError(
-        f"zeroshard.torch: {type(optimizer).__name__} steps {len(trained)} partitioned params ({names}), whose "
-        f"values and gradients live in the engine's shards: it would train nothing. Step them with "
-        f"zeroshard.torch.ZeroShardOptimizer(model.parameters(), kind='adamw'|'adam'|'sgd', ...), or "
-        f"ZeroShardOptimizer.from_torch(optimizer) for a torch AdamW, Adam or SGD (the same groups and "
-        f"hyper-parameters); other torch optimizers do not run on the shards yet")
-
-
-# Every torch optimizer's step runs this first (torch's global step pre-hooks).
-register_optimizer_step_pre_hook(_refuse_stock_optimizer)
