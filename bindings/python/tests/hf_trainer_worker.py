@@ -120,6 +120,62 @@ def mode_train(kind, engine, out):
             if engine == "zeroshard" else False}
 
 
+def mode_optim(optim, engine, out):
+    """TrainingArguments(optim=...) naming a torch optimizer other than AdamW
+    (transformers' Adafactor, torch's RMSprop): under zeroshard it steps the
+    shards (Adafactor each tensor whole, on its owner rank)."""
+    args = arguments(engine, out, optim=optim, num_train_epochs=1)
+    trainer = trainer_class(engine, "causal_lm")(model=build("causal_lm"), args=args,
+                                                 train_dataset=Tokens("causal_lm"))
+    trainer.train()
+    return {"losses": losses(trainer), "optimizer": type(trainer.optimizer.optimizer
+                                                         if hasattr(trainer.optimizer, "optimizer")
+                                                         else trainer.optimizer).__name__,
+            "grad_norms": [h.get("grad_norm") for h in trainer.state.log_history if "loss" in h]}
+
+
+MUON_SECTION = {"type": "Muon", "params": {"lr": "auto", "muon_lr": 0.02, "momentum": 0.9, "betas": "auto",
+                                           "eps": "auto", "weight_decay": "auto", "ns_method": "gram"}}
+
+
+def mode_muon_config(engine, out):
+    """DeepSpeed's Muon from the JSON ("optimizer": {"type": "Muon", ...})
+    under zeroshard; under DDP the Trainer gets DeepSpeed's own
+    MuonWithAuxAdam over the same groups (the Trainer's decay groups, each
+    split into Muon and AdamW halves by DeepSpeed's rule)."""
+    args = arguments(engine, out, num_train_epochs=1)
+    model = build("causal_lm")
+    optimizers = (None, None)
+    if engine == "zeroshard":
+        args.deepspeed = dict(DS_CONFIG, optimizer=MUON_SECTION)
+        args = transformers.TrainingArguments(**{**args.to_dict(), "deepspeed": args.deepspeed})
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+        torch.compiler.set_stance("force_eager")  # DeepSpeed compiles its Muon update: eager, the same math
+        decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+        hidden = {id(p) for g in zeroshard.torch.muon_param_groups(model) if g["use_muon"] for p in g["params"]}
+        groups = []
+        for names_decay in (True, False):
+            for use_muon in (True, False):
+                params = [p for n, p in model.named_parameters()
+                          if (n in decay) is names_decay and (id(p) in hidden) is use_muon]
+                wd = args.weight_decay if names_decay else 0.0
+                if params:
+                    groups.append(dict(params=params, use_muon=True, lr=0.02, momentum=0.9, weight_decay=wd,
+                                       ns_method="gram") if use_muon else
+                                  dict(params=params, use_muon=False, lr=args.learning_rate, weight_decay=wd,
+                                       betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon))
+        optimizers = (MuonWithAuxAdam(groups), None)
+    trainer = trainer_class(engine, "causal_lm")(model=model, args=args, train_dataset=Tokens("causal_lm"),
+                                                 optimizers=optimizers)
+    trainer.train()
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    return {"losses": losses(trainer), "optimizer": type(opt).__name__,
+            "grad_norms": [h.get("grad_norm") for h in trainer.state.log_history if "loss" in h],
+            "muon_groups": sum(1 for g in opt.param_groups if g["use_muon"])}
+
+
 def mode_save(kind, engine, out):
     args = arguments(engine, out, num_train_epochs=1)
     model = build(kind)
@@ -303,6 +359,10 @@ def main():
         result = mode_resize(engine, out)
     elif mode == "save":
         result = mode_save("causal_lm", engine, out)
+    elif mode == "muon_config":
+        result = mode_muon_config(engine, out)
+    elif mode.startswith("optim_"):
+        result = mode_optim(mode[len("optim_"):], engine, out)
     elif mode.startswith("resume_"):
         result = mode_resume("causal_lm", engine, out, mode[len("resume_"):])
     else:

@@ -72,6 +72,19 @@ class Regression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
 
 
+class RmsRegression(Regression):
+    """configure_optimizers returns a torch optimizer the engine has no twin
+    of: under zeroshard it steps the shards as it is."""
+
+    def configure_optimizers(self):
+        return torch.optim.RMSprop(self.parameters(), lr=3e-3, momentum=0.5)
+
+    def on_train_end(self):
+        super().on_train_end()
+        opt = self.trainer.strategy.optimizers[0]
+        self.optimizer_class = type(getattr(opt, "_optimizer", opt)).__name__
+
+
 class Wide(pl.LightningModule):
     """Several 256x256 layers, reached from training_step and
     validation_step through self.net, not through the LightningModule's own
@@ -186,7 +199,8 @@ def fit(strategy, module=Regression, val=False, compiled=False, **trainer_kwargs
                  "alive_after_forward": model.alive_after_forward}
     else:
         extra = {"grads_after_backward": model.grads_after_backward, "hooked": model.hooked,
-                 "param_dtypes": model.param_dtypes, "loss_scale": model.loss_scale}
+                 "param_dtypes": model.param_dtypes, "loss_scale": model.loss_scale,
+                 "optimizer_class": getattr(model, "optimizer_class", None)}
     return trainer, {**extra, "losses": model.losses, "strategy": type(trainer.strategy).__name__,
                      "partitioned_at_construction": getattr(model, "partitioned_at_construction", None),
                      "config_warnings": config_warnings, "graphs_compiled": graphs}
@@ -225,6 +239,9 @@ def main():
     # 2), the optimizer step every second batch.
     trainer, results["ddp_accumulate"] = fit("ddp", accumulate_grad_batches=2)
     trainer, results["zeroshard_accumulate"] = fit("zeroshard", accumulate_grad_batches=2)
+    # configure_optimizers returning RMSprop, clipped by gradient_clip_val.
+    trainer, results["ddp_rmsprop"] = fit("ddp", module=RmsRegression, gradient_clip_val=0.05)
+    trainer, results["zeroshard_rmsprop"] = fit("zeroshard", module=RmsRegression, gradient_clip_val=0.05)
     knobs = zeroshard.lightning.ZeroShardStrategy(reduce_bucket_size=100, overlap_comm=False)
     trainer, results["zeroshard_clip"] = fit(knobs, gradient_clip_val=0.05)
     results["zeroshard_clip"]["effective_config"] = knobs.zs_config

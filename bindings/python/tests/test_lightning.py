@@ -228,6 +228,14 @@ def test_gradient_clipping_is_acted_on(fits):
     assert cfg["zero_optimization"]["overlap_comm"] is False
 
 
+def test_configure_optimizers_returning_a_torch_optimizer_steps_the_shards(fits):
+    """RMSprop from configure_optimizers (no engine twin) steps the shards as
+    it is, clipped by gradient_clip_val: Lightning DDP's losses."""
+    assert fits["zeroshard_rmsprop"]["optimizer_class"] == "RMSprop"
+    assert fits["zeroshard_rmsprop"]["partitioned_at_construction"] is True
+    _same_losses(fits["ddp_rmsprop"], fits["zeroshard_rmsprop"])
+
+
 def test_trainer_precisions_train_16_bit_params(fits):
     """bf16-mixed and bf16-true: bf16 params on fp32 masters, inputs cast,
     no autocast, losses within bf16's tolerance of DDP under bf16 autocast.

@@ -20,8 +20,11 @@ engine does not act on are warned about (zeroshard.ZeroShardConfigWarning).
 The model is partitioned as it is built: modules created in the
 LightningModule's `configure_model` hook run under zeroshard.torch.Init, so
 no rank ever holds the whole model; the rest is partitioned at setup. The
-optimizer from `configure_optimizers` (AdamW, Adam or SGD) is replaced by
-its engine-backed twin with the same groups and hyper-parameters.
+optimizer from `configure_optimizers` is replaced by its engine-backed
+twin with the same groups and hyper-parameters when it is a torch AdamW,
+Adam or SGD; any other torch optimizer steps the shards as it is
+(zeroshard.torch.shard_optim), clipped by gradient_clip_val (the config's
+gradient_clipping) at its step.
 
 Importing this module imports Lightning when it is installed (to register
 the strategy); without Lightning it imports all the same, and
@@ -261,14 +264,11 @@ def _lightning():
 
 
 def _convert_optimizer(opt):
-    """The engine-backed twin of a torch optimizer, same groups and values."""
+    """The engine-backed twin of a torch AdamW, Adam or SGD (same groups and
+    values); any other torch optimizer as it is: it steps the shards
+    (zeroshard.torch.shard_optim)."""
     from .torch import ZeroShardOptimizer
-    try:
-        return ZeroShardOptimizer.from_torch(opt)
-    except TypeError as e:
-        raise TypeError(str(e).replace("zeroshard.torch:", "ZeroShardStrategy:")) from None
-    except NotImplementedError as e:
-        raise UnsupportedKnobError(str(e).replace("zeroshard.torch:", "ZeroShardStrategy:")) from None
+    return ZeroShardOptimizer.twin_of(opt) or opt
 
 
 def _to_json(value, where):

@@ -10,6 +10,7 @@ import accelerate
 import torch
 
 from .. import torch as zt
+from ..torch import shard_optim
 from .config import _engine_config, warn_not_acted_on
 from .pretrained import HfZeroShardConfig
 
@@ -48,7 +49,7 @@ def _accelerator_class(base):
         def prepare_optimizer(self, optimizer, device_placement=None):
             # Placing the optimizer would round-trip every shard through
             # state_dict(): the engine's state is on its device already.
-            if isinstance(optimizer, zt.ZeroShardOptimizer):
+            if isinstance(optimizer, zt.ZeroShardOptimizer) or _shard_stepped(optimizer):
                 device_placement = False
             return super().prepare_optimizer(optimizer, device_placement=device_placement)
 
@@ -64,6 +65,10 @@ def _accelerator_class(base):
 
         def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
             opt = _engine_optimizer(self._optimizers)
+            if opt is None and _stock_optimizer(self._optimizers) is not None:
+                # A torch optimizer on the shards: torch's clip, by the
+                # global norm of the engine's gradient shards.
+                return zt.clip_grad_norm_(parameters, max_norm, norm_type)
             if opt is None:
                 return super().clip_grad_norm_(parameters, max_norm, norm_type)
             # As under DeepSpeed, the config's gradient_clipping clips (at
@@ -83,7 +88,9 @@ def _accelerator_class(base):
         def optimizer_step_was_skipped(self):
             opt = _engine_optimizer(self._optimizers)
             if opt is None:
-                return super().optimizer_step_was_skipped
+                stock = _stock_optimizer(self._optimizers)
+                result = stock is not None and shard_optim.stepper(stock).last_result
+                return bool(result and result["skipped"]) if stock is not None else super().optimizer_step_was_skipped
             return opt.step_was_skipped
 
     ZeroShardAccelerator.__name__ = ZeroShardAccelerator.__qualname__ = f"ZeroShard{base.__name__}"
@@ -96,6 +103,27 @@ def _engine_optimizer(optimizers):
         if isinstance(inner, zt.ZeroShardOptimizer):
             return inner
     return None
+
+
+def _shard_stepped(optimizer):
+    """Whether a torch optimizer (not the engine's) steps partitioned params."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return (not isinstance(inner, zt.ZeroShardOptimizer)
+            and any(zt.is_partitioned(p) for g in inner.param_groups for p in g["params"]))
+
+
+def _stock_optimizer(optimizers):
+    """The first torch optimizer stepping partitioned params on the shards."""
+    for o in optimizers or ():
+        if _shard_stepped(o):
+            return getattr(o, "optimizer", o)
+    return None
+
+
+def checkpoint_optimizer(optimizers):
+    """The optimizer a checkpoint holds: the engine's, else a torch one
+    stepping the shards."""
+    return _engine_optimizer(optimizers) or _stock_optimizer(optimizers)
 
 
 def config_from_plugin(plugin, mixed_precision="no"):
@@ -199,8 +227,9 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         out = []
         for obj in args:
             if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, zt.ZeroShardOptimizer):
-                converted[id(obj)] = zt.ZeroShardOptimizer.from_torch(obj)
-                obj = converted[id(obj)]
+                twin = zt.ZeroShardOptimizer.twin_of(obj)  # else it steps the shards as it is
+                if twin is not None:
+                    converted[id(obj)] = obj = twin
             out.append(obj)
         for obj in out:
             inner = getattr(obj, "scheduler", obj)
@@ -241,7 +270,7 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
 
     def _engine_pair(self, what):
         models = [m for m in self._models if any(zt.is_partitioned(p) for p in m.parameters())]
-        opt = _engine_optimizer(self._optimizers)
+        opt = checkpoint_optimizer(self._optimizers)
         if len(models) != 1 or len(self._optimizers) > 1:
             raise NotImplementedError(f"zeroshard.hf.Accelerator.{what}: one prepared model and at most one "
                                       f"optimizer are supported, not {len(models)} and {len(self._optimizers)}")

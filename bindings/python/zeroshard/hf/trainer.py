@@ -7,7 +7,8 @@ import transformers
 
 from .. import torch as zt
 from ..torch._context import working_dtype
-from .accelerator import _accelerator_class, _engine_optimizer
+from ..torch import shard_optim
+from .accelerator import _accelerator_class, checkpoint_optimizer
 from .config import _engine_config, resolve_config, warn_not_acted_on
 from .pretrained import _take_over_deepspeed_registration
 from .schedulers import SCHEDULERS
@@ -29,9 +30,6 @@ def _refused(args):
                    "(as under DeepSpeed ZeRO-3); set per_device_train_batch_size")
     if args.fsdp:
         out.append(f"fsdp={args.fsdp!r}: zeroshard shards the model itself; leave fsdp unset")
-    if str(getattr(args.optim, "value", args.optim)) not in _ADAMW_OPTIMS | {"sgd"}:
-        out.append(f"optim={getattr(args.optim, 'value', args.optim)!r}: the engine steps AdamW, Adam and SGD on "
-                   "its shards; use optim='adamw_torch' (or an \"optimizer\" section in the config)")
     return out
 
 
@@ -80,16 +78,32 @@ class ZeroShardTrainerMixin:
         section = self.zs_config.get("optimizer")
         decay = set(self.get_decay_parameter_names(model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        optim = str(getattr(self.args.optim, "value", self.args.optim))
         if section is not None:
             kind, hp = _optimizer_from_section(section)
-        else:
-            kind = "sgd" if str(getattr(self.args.optim, "value", self.args.optim)) == "sgd" else "adamw"
+        elif optim in _ADAMW_OPTIMS or optim == "sgd":
+            kind = "sgd" if optim == "sgd" else "adamw"
             hp = dict(lr=self.args.learning_rate, betas=(self.args.adam_beta1, self.args.adam_beta2),
                       eps=self.args.adam_epsilon, weight_decay=self.args.weight_decay)
-        groups = [{"params": [p for n, p in named if n in decay], "weight_decay": hp.get("weight_decay", 0.0)},
+        else:
+            kind = None  # the Trainer's own choice of torch optimizer, stepping the shards
+            cls, hp = self.get_optimizer_cls_and_kwargs(self.args, model)
+        weight_decay = hp.get("weight_decay", self.args.weight_decay if kind is None else 0.0)
+        groups = [{"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
-        self.optimizer = zt.ZeroShardOptimizer(groups, kind=kind, **hp)
+        if kind == "muon":
+            # DeepSpeed splits each group into its Muon and AdamW halves, by
+            # the param's name and shape (zeroshard.torch.muon_param_groups).
+            hidden = {id(p) for g in zt.muon_param_groups(model) if g["use_muon"] for p in g["params"]}
+            groups = [dict(g, params=[p for p in g["params"] if (id(p) in hidden) is use], use_muon=use)
+                      for g in groups for use in (True, False)]
+            self.optimizer = zt.Muon([g for g in groups if g["params"]], **hp)
+            return self.optimizer
+        if kind is None:
+            self.optimizer = cls(groups, **hp)
+        else:
+            self.optimizer = zt.ZeroShardOptimizer(groups, kind=kind, **hp)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps, optimizer=None):
@@ -115,7 +129,9 @@ class ZeroShardTrainerMixin:
     def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
         # The engine takes the global norm at its step, before clipping.
         if grad_norm is None and self.optimizer is not None:
-            result = getattr(_engine_optimizer([self.optimizer]), "last_result", None)
+            opt = checkpoint_optimizer([self.optimizer])
+            result = getattr(opt if isinstance(opt, zt.ZeroShardOptimizer) else shard_optim.stepper(opt),
+                             "last_result", None)
             if result is not None:
                 grad_norm = result["grad_norm"]
         return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
@@ -140,7 +156,7 @@ class ZeroShardTrainerMixin:
 
     def _save_optimizer_and_scheduler(self, output_dir):
         zt.save_checkpoint(os.path.join(output_dir, CHECKPOINT_DIR), self.model,
-                           _engine_optimizer([self.optimizer]), tag="state", overwrite=True)
+                           checkpoint_optimizer([self.optimizer]), tag="state", overwrite=True)
         if self.args.should_save and self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
@@ -154,7 +170,7 @@ class ZeroShardTrainerMixin:
         if checkpoint is None:
             return
         zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
-                           _engine_optimizer([self.optimizer]), tag="state")
+                           checkpoint_optimizer([self.optimizer]), tag="state")
         path = os.path.join(checkpoint, SCHEDULER_NAME)
         if os.path.isfile(path) and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
@@ -168,9 +184,11 @@ def _optimizer_from_section(section):
     """(kind, hyper-parameters) of the config's "optimizer" section."""
     kind = str(section.get("type", "")).lower()
     params = dict(section.get("params", {}))
+    if kind == "muon":
+        return "muon", _muon_params(params)
     if kind not in _OPTIMIZERS:
         raise ValueError(f"zeroshard.hf: optimizer.type {section.get('type')!r} is not supported: the engine steps "
-                         "AdamW, Adam and SGD on its shards")
+                         "AdamW, Adam and SGD on its shards, and Muon (with its AdamW) as DeepSpeed does")
     # DeepSpeed's "Adam" decouples weight decay unless adam_w_mode is false.
     if kind == "adam" and params.pop("adam_w_mode", True):
         kind = "adamw"
@@ -185,6 +203,30 @@ def _optimizer_from_section(section):
         raise ValueError(f"zeroshard.hf: optimizer.params {sorted(params)} are not acted on by the engine's "
                          f"{kind}; remove them")
     return _OPTIMIZERS[kind], hp
+
+
+# DeepSpeed 0.19's Muon keys (optimizer.params of "type": "Muon") and the
+# zeroshard.torch.Muon keyword each becomes.
+_MUON_KEYS = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay", "ns_method": "ns_method",
+              "betas": "betas", "eps": "eps", "muon_lr": "muon_lr", "adam_lr": "adam_lr"}
+
+
+def _muon_params(params):
+    if params.pop("per_head_muon", False):
+        raise ValueError("zeroshard.hf: optimizer.params.per_head_muon = true is not supported yet: Muon "
+                         "orthogonalizes each matrix whole; remove it")
+    if not params.pop("adam_w_mode", True):
+        raise ValueError("zeroshard.hf: optimizer.params.adam_w_mode = false with Muon: its AdamW half decouples "
+                         "weight decay (DeepSpeed's default); remove it")
+    params.pop("torch_adam", None)  # which AdamW kernel DeepSpeed picks: the same update
+    unknown = sorted(set(params) - set(_MUON_KEYS))
+    if unknown:
+        raise ValueError(f"zeroshard.hf: optimizer.params {unknown} are not acted on by Muon; it takes "
+                         f"{sorted(_MUON_KEYS)}")
+    hp = {_MUON_KEYS[k]: v for k, v in params.items()}
+    if "betas" in hp:
+        hp["betas"] = tuple(hp["betas"])
+    return hp
 
 
 def _detach_deepspeed(args):
