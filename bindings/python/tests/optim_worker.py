@@ -80,6 +80,8 @@ OPTIMIZERS = {
     "groups": (lambda m: [torch.optim.AdamW([{"params": matrices(m), "weight_decay": 0.1},
                                             {"params": others(m), "weight_decay": 0.0, "lr": 1e-2}], lr=3e-3)],
                None, None),
+    # Params that join after two steps (add_param_group): they step from then on.
+    "added_group": (lambda m: [torch.optim.AdamW(matrices(m), lr=3e-3)], None, None),
     # Whole-tensor update rules: Muon on the matrices (AdamW on the rest, the
     # usual recipe: two optimizers, each stepping its own params), Adafactor.
     "muon": (lambda m: [torch.optim.Muon(matrices(m), lr=2e-2, weight_decay=0.1),
@@ -119,9 +121,15 @@ class Fp32Muon(torch.optim.Muon):
             muon._zeropower_via_newtonschulz = bf16
 
 
-def run(model, opts, clip, sched, rank):
+# name -> what joins the first optimizer after two steps
+GROWN = {"added_group": lambda m: {"params": others(m), "lr": 1e-2, "weight_decay": 0.0}}
+
+
+def run(model, opts, clip, sched, rank, grow=None):
     losses = []
     for s in range(STEPS):
+        if grow is not None and s == 2:
+            opts[0].add_param_group(grow(model.module if hasattr(model, "module") else model))
         x, y = batch(s, rank)
         loss = model(x, y)
         loss.backward()
@@ -153,7 +161,7 @@ def mode_stock_vs_ddp(rank, world):
         torch.manual_seed(0)
         ddp = nn.parallel.DistributedDataParallel(OddGPT())
         opts = make(ddp.module)
-        ddp_losses = run(ddp, opts, clip, [sched(o) for o in opts] if sched else [], rank)
+        ddp_losses = run(ddp, opts, clip, [sched(o) for o in opts] if sched else [], rank, GROWN.get(name))
         reference = {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
 
         torch.manual_seed(0)
@@ -162,7 +170,7 @@ def mode_stock_vs_ddp(rank, world):
         zt.partition_module(model)
         opts = make(model)
         initial = full_params(model)
-        zs_losses = run(model, opts, clip, [sched(o) for o in opts] if sched else [], rank)
+        zs_losses = run(model, opts, clip, [sched(o) for o in opts] if sched else [], rank, GROWN.get(name))
         full = full_params(model)
         if rank == 0:
             diff = max(float((full[n] - reference[n]).abs().max()) for n in reference)

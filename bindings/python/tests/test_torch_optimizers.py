@@ -13,7 +13,7 @@ from test_torch_training import run_ranks
 torch = pytest.importorskip("torch")
 
 ELEMENTWISE = ["adam", "adamw_clipped", "sgd_nesterov", "rmsprop_sched", "adagrad", "adadelta", "adamax", "nadam",
-               "radam", "asgd", "rprop", "groups"]
+               "radam", "asgd", "rprop", "groups", "added_group"]
 WHOLE = ["muon", "muon_clipped", "muon_fp32", "adafactor"]
 
 
@@ -39,7 +39,8 @@ def test_stock_optimizers_equal_ddp(ranks):
     """Every optimizer, 5 steps on 2 and 3 ranks (padded shards), equal to
     DDP within 1e-5: a clip_grad_norm_ (the global norm), an LR scheduler,
     param groups with their own hyper-parameters, and Muon with AdamW as
-    two optimizers over disjoint params. At 2 ranks the sums are the same
+    two optimizers over disjoint params, params that join by
+    add_param_group after two steps. At 2 ranks the sums are the same
     as gloo's, so elementwise ones match bit for bit."""
     r = run_ranks(ranks, "stock_vs_ddp", worker="optim_worker.py", timeout=600)
     assert sorted(r) == sorted(ELEMENTWISE + WHOLE), r.keys()
