@@ -123,6 +123,29 @@ void sgd(float* p, float* buf, const float* g, size_t n, const SgdC& c, void* w,
   }
 }
 
+// Master and moments in their own dtypes (F32 or BF16): widened, updated
+// in fp32 as above, rounded once on store.
+void adam_mixed(void* p, WorkDtype pt, void* m, void* v, WorkDtype st, const float* g, size_t n,
+                const AdamC& c) {
+  for (size_t i = 0; i < n; ++i) {
+    float pi = load_work1(p, pt, i), mi = load_work1(m, st, i), vi = load_work1(v, st, i);
+    adam_elem(pi, mi, vi, g[i], c);
+    store_work1(m, st, i, mi);
+    store_work1(v, st, i, vi);
+    store_work1(p, pt, i, pi);
+  }
+}
+
+void sgd_mixed(void* p, WorkDtype pt, void* buf, WorkDtype st, const float* g, size_t n, const SgdC& c) {
+  for (size_t i = 0; i < n; ++i) {
+    float pi = load_work1(p, pt, i);
+    float bi = c.has_mom && !c.first ? load_work1(buf, st, i) : 0.0f;
+    sgd_elem(pi, &bi, g[i], c);
+    if (c.has_mom) store_work1(buf, st, i, bi);
+    store_work1(p, pt, i, pi);
+  }
+}
+
 double sumsq(const float* x, size_t n) {
   double s = 0.0;
   for (size_t i = 0; i < n; ++i) s = d_add(s, d_square(x[i]));
@@ -191,11 +214,14 @@ struct Impl {
   void (*from_f32)(const float*, void*, WorkDtype, size_t);
   void (*to_f32)(const void*, WorkDtype, float*, size_t);
   void (*add_to)(const void*, WorkDtype, float*, size_t);
+  void (*adam_mixed)(void*, WorkDtype, void*, void*, WorkDtype, const float*, size_t, const AdamC&);
+  void (*sgd_mixed)(void*, WorkDtype, void*, WorkDtype, const float*, size_t, const SgdC&);
 };
 
 const Impl kScalarImpl = {scalar_impl::adam,     scalar_impl::sgd,         scalar_impl::sumsq,
                           scalar_impl::store_sumsq, scalar_impl::finite,   scalar_impl::scale,
-                          scalar_impl::from_f32, scalar_impl::to_f32,      scalar_impl::add_to};
+                          scalar_impl::from_f32, scalar_impl::to_f32,      scalar_impl::add_to,
+                          scalar_impl::adam_mixed, scalar_impl::sgd_mixed};
 
 }  // namespace
 }  // namespace zs::kernels
@@ -359,6 +385,65 @@ void sgd_step_scalar(float* master, float* momentum_buf, const float* grad, size
   require(!c.has_mom || momentum_buf, "sgd_step: momentum != 0 needs a momentum buffer");
   scalar_impl::sgd(master, c.has_mom ? momentum_buf : nullptr, grad, n, c, working,
                    working_dtype);
+}
+
+namespace {
+void require_mixed_dtypes(WorkDtype master_dtype, WorkDtype state_dtype, const char* kernel) {
+  const auto ok = [](WorkDtype t) { return t == WorkDtype::F32 || t == WorkDtype::BF16; };
+  if (!ok(master_dtype) || !ok(state_dtype))
+    throw std::invalid_argument(std::string(kernel) + ": master and state dtypes must be F32 or BF16");
+}
+}  // namespace
+
+void adam_step_mixed(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
+                     WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
+                     float grad_scale) {
+  if (n == 0) return;
+  require(master && exp_avg && exp_avg_sq && grad, "adam_step_mixed: null master, state or grad");
+  require_mixed_dtypes(master_dtype, state_dtype, "adam_step_mixed");
+  const AdamC c = adam_consts(h, grad_scale);
+  const Impl* I = impl();
+  parallel_for(n, kGrain, [&](size_t b, size_t e) {
+    I->adam_mixed(work_at(master, master_dtype, b), master_dtype, work_at(exp_avg, state_dtype, b),
+                  work_at(exp_avg_sq, state_dtype, b), state_dtype, grad + b, e - b, c);
+  });
+}
+
+void adam_step_mixed_scalar(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
+                            WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
+                            float grad_scale) {
+  if (n == 0) return;
+  require(master && exp_avg && exp_avg_sq && grad, "adam_step_mixed: null master, state or grad");
+  require_mixed_dtypes(master_dtype, state_dtype, "adam_step_mixed");
+  scalar_impl::adam_mixed(master, master_dtype, exp_avg, exp_avg_sq, state_dtype, grad, n,
+                          adam_consts(h, grad_scale));
+}
+
+void sgd_step_mixed(void* master, WorkDtype master_dtype, void* momentum_buf, WorkDtype state_dtype,
+                    const float* grad, size_t n, const SgdHyper& h, float grad_scale) {
+  if (n == 0) return;
+  require(master && grad, "sgd_step_mixed: null master or grad");
+  require_mixed_dtypes(master_dtype, state_dtype, "sgd_step_mixed");
+  const SgdC c = sgd_consts(h, grad_scale);
+  require(!c.has_mom || momentum_buf, "sgd_step_mixed: momentum != 0 needs a momentum buffer");
+  const Impl* I = impl();
+  parallel_for(n, kGrain, [&](size_t b, size_t e) {
+    I->sgd_mixed(work_at(master, master_dtype, b), master_dtype,
+                 c.has_mom ? work_at(momentum_buf, state_dtype, b) : nullptr, state_dtype, grad + b,
+                 e - b, c);
+  });
+}
+
+void sgd_step_mixed_scalar(void* master, WorkDtype master_dtype, void* momentum_buf,
+                           WorkDtype state_dtype, const float* grad, size_t n, const SgdHyper& h,
+                           float grad_scale) {
+  if (n == 0) return;
+  require(master && grad, "sgd_step_mixed: null master or grad");
+  require_mixed_dtypes(master_dtype, state_dtype, "sgd_step_mixed");
+  const SgdC c = sgd_consts(h, grad_scale);
+  require(!c.has_mom || momentum_buf, "sgd_step_mixed: momentum != 0 needs a momentum buffer");
+  scalar_impl::sgd_mixed(master, master_dtype, c.has_mom ? momentum_buf : nullptr, state_dtype, grad,
+                         n, c);
 }
 
 namespace {
@@ -742,6 +827,58 @@ void sgd(float* p, float* buf, const float* g, size_t n, const SgdC& c, void* w,
     scalar_impl::sgd(p + i, buf ? buf + i : nullptr, g + i, n - i, c, work_at(w, t, i), t);
 }
 
+// adam and sgd with the master and moments in their own dtypes (F32 or
+// BF16): the same operations between a widening load and a rounding store.
+void adam_mixed(void* p, WorkDtype pt, void* m, void* v, WorkDtype st, const float* g, size_t n,
+                const AdamC& c) {
+  const VF gscale = set1(c.gscale), decay = set1(c.decay), wd = set1(c.wd), w1 = set1(c.w1),
+           omw1 = set1(c.omw1), b2 = set1(c.b2), omb2 = set1(c.omb2), bc2s = set1(c.bc2s),
+           eps = set1(c.eps), nstep = set1(c.nstep);
+  size_t i = 0;
+  for (; i + W <= n; i += W) {
+    VF gi = mul(ld(g + i), gscale);
+    VF pi = ld_work(p, pt, i);
+    if (c.has_wd) {
+      if (c.adamw)
+        pi = mul(pi, decay);
+      else
+        gi = add(gi, mul(wd, pi));
+    }
+    VF mi = ld_work(m, st, i);
+    mi = c.lerp_small ? add(mi, mul(w1, sub(gi, mi))) : sub(gi, mul(sub(gi, mi), omw1));
+    const VF vi = add(mul(ld_work(v, st, i), b2), mul(mul(omb2, gi), gi));
+    const VF denom = add(dvd(vsqrt(vi), bc2s), eps);
+    pi = add(pi, dvd(mul(nstep, mi), denom));
+    st_work(m, st, i, mi);
+    st_work(v, st, i, vi);
+    st_work(p, pt, i, pi);
+  }
+  if (i < n)
+    scalar_impl::adam_mixed(work_at(p, pt, i), pt, work_at(m, st, i), work_at(v, st, i), st, g + i,
+                            n - i, c);
+}
+
+void sgd_mixed(void* p, WorkDtype pt, void* buf, WorkDtype st, const float* g, size_t n, const SgdC& c) {
+  const VF gscale = set1(c.gscale), wd = set1(c.wd), mom = set1(c.mom), omd = set1(c.omd),
+           nlr = set1(c.nlr);
+  size_t i = 0;
+  for (; i + W <= n; i += W) {
+    VF gi = mul(ld(g + i), gscale);
+    VF pi = ld_work(p, pt, i);
+    if (c.has_wd) gi = add(gi, mul(wd, pi));
+    if (c.has_mom) {
+      const VF b = c.first ? gi : add(mul(ld_work(buf, st, i), mom), mul(omd, gi));
+      st_work(buf, st, i, b);
+      gi = c.nesterov ? add(gi, mul(mom, b)) : b;
+    }
+    pi = add(pi, mul(nlr, gi));
+    st_work(p, pt, i, pi);
+  }
+  if (i < n)
+    scalar_impl::sgd_mixed(work_at(p, pt, i), pt, buf ? work_at(buf, st, i) : nullptr, st, g + i,
+                           n - i, c);
+}
+
 // Sources for sumsq_of: floats read, or floats written by store_sum_squares.
 struct Loaded {
   const float* x;
@@ -808,7 +945,8 @@ void add_to(const void* src, WorkDtype t, float* dst, size_t n) {
   if (i < n) scalar_impl::add_to(work_at(src, t, i), t, dst + i, n - i);
 }
 
-const Impl kImpl = {adam, sgd, sumsq, store_sumsq, finite, scale, from_f32, to_f32, add_to};
+const Impl kImpl = {adam,   sgd,    sumsq,  store_sumsq, finite,    scale,
+                    from_f32, to_f32, add_to, adam_mixed,  sgd_mixed};
 
 }  // namespace ZS_NS
 }  // namespace

@@ -1,5 +1,6 @@
 // CPU numeric kernels of the sharded optimizer: AdamW / Adam / SGD updates on
-// fp32 master shards, and the reductions and casts of the gradient path.
+// fp32 master shards (or bf16 masters and moments: the _mixed variants), and
+// the reductions and casts of the gradient path.
 //
 // Every kernel is vectorised (AVX-512F, AVX2+FMA+F16C, scalar fallback; the
 // path is chosen once at first use, ZS_SIMD=scalar|avx2|avx512 forces one)
@@ -60,7 +61,28 @@ void adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gr
 void sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, const SgdHyper& h,
               float grad_scale, void* working, WorkDtype working_dtype);
 
+// The same updates over a master and moments kept in fp32 or bf16 (DeepSpeed's
+// bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states):
+// master_dtype and state_dtype are WorkDtype::F32 or BF16 (F16 throws
+// std::invalid_argument). Per element: the master and moments are widened
+// to fp32 (exact), the fp32 update above runs on them unchanged, and each
+// is stored back in its dtype, rounded once (to nearest even, as
+// cast_from_f32). A bf16 master is the param's working shard itself, so
+// there is no separate working write-back. With both dtypes F32 the
+// results equal adam_step / sgd_step's without a working copy.
+void adam_step_mixed(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
+                     WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
+                     float grad_scale);
+void sgd_step_mixed(void* master, WorkDtype master_dtype, void* momentum_buf, WorkDtype state_dtype,
+                    const float* grad, size_t n, const SgdHyper& h, float grad_scale);
+
 // Reference scalar versions: one thread, plain loops, the same results.
+void adam_step_mixed_scalar(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
+                            WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
+                            float grad_scale);
+void sgd_step_mixed_scalar(void* master, WorkDtype master_dtype, void* momentum_buf,
+                           WorkDtype state_dtype, const float* grad, size_t n, const SgdHyper& h,
+                           float grad_scale);
 void adam_step_scalar(float* master, float* exp_avg, float* exp_avg_sq, const float* grad,
                       size_t n, const AdamHyper& h, float grad_scale, void* working,
                       WorkDtype working_dtype);

@@ -110,6 +110,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
           fail(Code::InvalidArgument, "checkpoint '", result.dir, "' holds param '", e.name,
                "', which is not among the ", params.size(), " params being loaded (load non-strict to skip it)");
     if (opt) {
+      opt->expect_no_open_step("checkpoint load");
       if (m.optimizer.is_null())
         fail(Code::InvalidArgument, "checkpoint '", result.dir, "' was saved without an optimizer");
       opt_j = m.optimizer;
@@ -169,7 +170,13 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
       writing.emplace_back(ctx, *sp, ShardAccess::Write);
       items.push_back({&p, &e, work_src, p.dtype, writing.back().data()});
       if (!opt || !opt->has_state(p, 0)) continue;
-      if (p.dtype != DType::F32) items.push_back({&p, &e, f32_src, DType::F32, opt->state_locked(p, 0, nullptr)});
+      // An fp32 master of its own (a 16-bit param's): the saved master, or
+      // the saved param widened. Where the shard is the master (fp32, or
+      // bf16 under bf16_master_weights_and_grads) the working shard above
+      // is all: a bf16 param's saved shard is its saved master rounded to
+      // bf16 (a step or sync_params writes it so).
+      if (!opt->master_in_shard(p))
+        items.push_back({&p, &e, f32_src, DType::F32, opt->state_locked(p, 0, nullptr)});
       if (opt->kind() == OptimKind::External) {
         // The caller's named states become the saved ones: each made here
         // (zeros until the staged copy lands), others dropped once loaded.
@@ -187,7 +194,11 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
         if (!saved && opt->has_state(p, slot))
           fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", e.name, "' has no ", s,
                " state, which this optimizer keeps");
-        if (saved) items.push_back({&p, &e, s, DType::F32, opt->ensure_state(p, slot, nullptr)});
+        if (saved) {  // cast from the saved dtype to the slot's (fp32 <-> bf16) as read
+          DType dtype = DType::F32;
+          void* dst = opt->ensure_state(p, slot, &dtype, nullptr);
+          items.push_back({&p, &e, s, dtype, dst});
+        }
       }
     }
     uint64_t total = 0, done = 0;

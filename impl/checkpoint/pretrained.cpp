@@ -135,7 +135,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
   for (size_t i = 0; i < params.size(); ++i) {
     if (!present[i]) continue;
     Param& p = *params[i];
-    const bool master = opt && p.dtype != DType::F32 && opt->has_state(p, 0);
+    const bool master = opt && !opt->master_in_shard(p) && opt->has_state(p, 0);
     // rank 0: the full tensor, padded, in the param's dtype (and fp32)
     std::vector<char> full, full32;
     if (root) {
@@ -250,7 +250,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       if (t->dtype == p.dtype && !raw.empty()) std::memcpy(s.host.get(), raw.data(), raw.size());
       else ops::cast_from_f32(*host_device(), f32.data(), p.dtype, s.host.get(), n);
       staged.push_back(std::move(s));
-      if (opt && p.dtype != DType::F32 && opt->has_state(p, 0)) {
+      if (opt && !opt->master_in_shard(p) && opt->has_state(p, 0)) {
         Staged m{opt->state_locked(p, 0, nullptr), p.layout.shard_numel * sizeof(float),
                  std::unique_ptr<char[]>(new char[p.layout.shard_numel * sizeof(float)])};
         std::memset(m.host.get(), 0, m.bytes);

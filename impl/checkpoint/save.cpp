@@ -125,7 +125,9 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
     if (opt == nullptr) continue;
     for (int slot = 0; slot < 3; ++slot) {
       if (!opt->has_state(p, slot)) continue;
-      if (slot == 0 && p.dtype == DType::F32) continue;  // the master is the shard
+      // The master is the shard (an fp32 param, or a bf16 one under
+      // bf16_master_weights_and_grads): "param" holds it.
+      if (slot == 0 && opt->master_in_shard(p)) continue;
       if (opt->state_swapped(p, slot)) {  // read from the swap file at its turn, a param at a time
         add(state_name(opt->kind(), slot), DType::F32, nullptr);
         sources.back().open = [opt, slot, param = params[i]]() -> std::shared_ptr<const void> {
@@ -133,8 +135,10 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
           opt->copy_swapped_state(*param, slot, copy->data());
           return std::shared_ptr<const void>(copy, copy->data());
         };
-      } else {
-        add(state_name(opt->kind(), slot), DType::F32, opt->state_locked(p, slot, nullptr));
+      } else {  // in its dtype: fp32, or bf16 under bf16_optimizer_states
+        DType dtype = DType::F32;
+        const void* data = opt->state_raw_locked(p, slot, &dtype, nullptr);
+        add(state_name(opt->kind(), slot), dtype, data);
       }
     }
     for (const auto& name : opt->named_states(p))  // an external optimizer's, under their names
@@ -293,6 +297,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   const uint64_t seq = ctx.attachment<SaveCounter>().next++;
   if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
   const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
+  if (opt) opt->expect_no_open_step("checkpoint save");
   for (const auto& p : params) writes_shard(ctx, *p);
   const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps_locked() : 0) : o.tag;
   check_tag(tag);

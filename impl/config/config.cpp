@@ -520,8 +520,8 @@ void parse_bf16(Section& bf16, Config& c) {
   bf16.read({"enabled"}, c.bf16);
   bf16.skip({"immediate_grad_update"}, Kind::Bool);
   bf16.skip({"check_grad_overflow"}, Kind::Bool);
-  bf16.skip({"bf16_master_weights_and_grads"}, Kind::Bool);
-  bf16.skip({"bf16_optimizer_states"}, Kind::Bool);
+  bf16.read({"bf16_master_weights_and_grads"}, c.bf16_master_weights_and_grads);
+  bf16.read({"bf16_optimizer_states"}, c.bf16_optimizer_states);
   bf16.reject_unknown();
 }
 
@@ -585,6 +585,22 @@ void check_precision(const Config& c) {
   if (c.bf16 && c.fp16) {
     fail(Code::InvalidConfig,
          "bf16.enabled (true) and fp16.enabled (true): expected at most one of them");
+  }
+  // DeepSpeed's rules (runtime/config.py, base_optimizer.py): bf16 masters
+  // and states are bf16 training's options, and bf16 states need bf16
+  // masters.
+  if (c.bf16_master_weights_and_grads && !c.bf16) {
+    fail(Code::InvalidConfig, "bf16.bf16_master_weights_and_grads (true) needs bf16.enabled (true), "
+         "which is ", c.fp16 ? "off (fp16.enabled is on)" : "off");
+  }
+  if (c.bf16_optimizer_states && !c.bf16) {
+    fail(Code::InvalidConfig, "bf16.bf16_optimizer_states (true) needs bf16.enabled (true), which is ",
+         c.fp16 ? "off (fp16.enabled is on)" : "off");
+  }
+  if (c.bf16_optimizer_states && !c.bf16_master_weights_and_grads) {
+    fail(Code::InvalidConfig, "bf16.bf16_optimizer_states (true) needs "
+         "bf16.bf16_master_weights_and_grads (true), which is off: bf16 optimizer states go with "
+         "bf16 master weights (as in DeepSpeed)");
   }
 }
 
@@ -843,7 +859,9 @@ std::string config_to_json(const Config& c) {
   Json j;
   j["zero_optimization"] = zero_to_json(c);
   j["aio"] = aio_to_json(c.aio);
-  j["bf16"] = Json{{"enabled", c.bf16}};
+  j["bf16"] = Json{{"enabled", c.bf16},
+                   {"bf16_master_weights_and_grads", c.bf16_master_weights_and_grads},
+                   {"bf16_optimizer_states", c.bf16_optimizer_states}};
   j["fp16"] = fp16_to_json(c);
   j["gradient_clipping"] = c.gradient_clipping;
   j["zero_allow_untested_optimizer"] = c.zero_allow_untested_optimizer;

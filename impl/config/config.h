@@ -114,6 +114,20 @@ struct Config {
   AioConfig aio;
   // precision
   bool bf16 = false;
+  // bf16.bf16_master_weights_and_grads (needs bf16.enabled): a bf16 param
+  // has no fp32 master; the optimizer steps its bf16 shard in place (fp32
+  // math per element, one round to bf16 on store), 4 bytes per shard
+  // element less. Acts on the master weights only: gradient shards stay
+  // fp32 on purpose (impl/grad/reducer.h: bf16 accumulation would round
+  // every micro-step's sum to 8 bits; fp32 shards cost 4 bytes per element
+  // of this rank's shard, 2 more than bf16 ones). fp32 and fp16 params keep
+  // fp32 masters.
+  bool bf16_master_weights_and_grads = false;
+  // bf16.bf16_optimizer_states (needs bf16_master_weights_and_grads): the
+  // moments of bf16 params (Adam's exp_avg and exp_avg_sq, SGD's momentum)
+  // are kept in bf16, read as fp32, updated in fp32 and rounded once on
+  // store: 2 bytes per element and moment instead of 4.
+  bool bf16_optimizer_states = false;
   bool fp16 = false;
   double loss_scale = 0.0;  // 0: dynamic
   int64_t initial_scale_power = 16;

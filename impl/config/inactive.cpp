@@ -6,9 +6,10 @@
 // engine's behaviour and the key agree (usually DeepSpeed's default), and
 // what the engine does instead. Keys the engine reads (buckets, prefetch,
 // param and model persistence, MiCS, hpZ, qwZ, qgZ and its LoCo, fp16 loss
-// scaling, clipping, device, and bf16.enabled / fp16.enabled /
-// communication_data_type, which set the dtype gradients are reduced in)
-// have no rule (communication_data_type only while qgZ, which quantizes
+// scaling, clipping, device, bf16.enabled / fp16.enabled /
+// communication_data_type, which set the dtype gradients are reduced in,
+// and bf16.bf16_master_weights_and_grads / bf16.bf16_optimizer_states,
+// which set the dtypes of the optimizer's masters and moments) have no rule (communication_data_type only while qgZ, which quantizes
 // from fp32, is off). bf16.enabled also makes zeroshard.torch partition
 // floating params as bf16; through the C ABI the caller registers the
 // dtype. When the engine starts to act on a key, delete its rule here and
@@ -96,9 +97,6 @@ const std::vector<Rule>& rules() {
       {"zero_optimization.module_granularity_threshold", 0, kDeepSpeedOnly},
       {"bf16.immediate_grad_update", false, kDeepSpeedOnly},
       {"bf16.check_grad_overflow", true, kDeepSpeedOnly},
-      {"bf16.bf16_master_weights_and_grads", false,
-       "16-bit parameters always have fp32 master weights and gradients"},
-      {"bf16.bf16_optimizer_states", false, "optimizer state is always fp32"},
       {"fp16.auto_cast", false, "the engine does not cast the model's inputs"},
       {"fp16.fp16_master_weights_and_grads", false,
        "16-bit parameters always have fp32 master weights and gradients"},

@@ -127,6 +127,26 @@ void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad
                     work_dtype(working_dtype));
 }
 
+void adam_step_mixed(Device& dev, void* master, DType master_dtype, void* exp_avg, void* exp_avg_sq,
+                     DType state_dtype, const float* grad, size_t n, const kernels::AdamHyper& h,
+                     float grad_scale) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, adam_step_mixed, master, work_dtype(master_dtype), exp_avg, exp_avg_sq,
+             work_dtype(state_dtype), grad, n, h, grad_scale)
+  kernels::adam_step_mixed(master, work_dtype(master_dtype), exp_avg, exp_avg_sq,
+                           work_dtype(state_dtype), grad, n, h, grad_scale);
+}
+
+void sgd_step_mixed(Device& dev, void* master, DType master_dtype, void* momentum_buf,
+                    DType state_dtype, const float* grad, size_t n, const kernels::SgdHyper& h,
+                    float grad_scale) {
+  if (n == 0) return;
+  ZS_ON_CUDA(dev, sgd_step_mixed, master, work_dtype(master_dtype), momentum_buf,
+             work_dtype(state_dtype), grad, n, h, grad_scale)
+  kernels::sgd_step_mixed(master, work_dtype(master_dtype), momentum_buf, work_dtype(state_dtype),
+                          grad, n, h, grad_scale);
+}
+
 void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, double* sum,
                             bool* finite) {
   *sum = 0.0;

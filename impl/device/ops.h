@@ -51,6 +51,16 @@ void adam_step(Device& dev, float* master, float* exp_avg, float* exp_avg_sq, co
 void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad, size_t n,
               const kernels::SgdHyper& h, float grad_scale, void* working, DType working_dtype);
 
+// The steps over a master and moments each in F32 or BF16
+// (kernels::adam_step_mixed / sgd_step_mixed): a bf16 master is the param's
+// working shard, stepped in place.
+void adam_step_mixed(Device& dev, void* master, DType master_dtype, void* exp_avg, void* exp_avg_sq,
+                     DType state_dtype, const float* grad, size_t n, const kernels::AdamHyper& h,
+                     float grad_scale);
+void sgd_step_mixed(Device& dev, void* master, DType master_dtype, void* momentum_buf,
+                    DType state_dtype, const float* grad, size_t n, const kernels::SgdHyper& h,
+                    float grad_scale);
+
 // Block quantization (kernels/quant.h) of n elements of a float dtype.
 void quantize(Device& dev, const void* src, DType dtype, size_t n, const kernels::QuantSpec& s,
               uint8_t* codes, float* scales);

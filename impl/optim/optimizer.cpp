@@ -37,12 +37,25 @@ LossScalerConfig scaler_config(const Config& c) {
 }  // namespace
 
 Optimizer::Optimizer(Context& ctx, OptimKind kind)
-    : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind), scaler_(scaler_config(ctx.config())),
+    : ctx_(ctx), ctx_id_(ctx.id()), kind_(kind),
+      bf16_masters_(ctx.config().bf16 && ctx.config().bf16_master_weights_and_grads),
+      bf16_states_(ctx.config().bf16 && ctx.config().bf16_optimizer_states),
+      scaler_(scaler_config(ctx.config())),
       last_totals_(ctx.comm_stats()->totals()), last_step_end_(Trace::Clock::now()) {
   if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 3)
     fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
          ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1), ZS_OPTIM_SGD (2) or ZS_OPTIM_EXTERNAL (3)");
   const std::string& where = ctx.config().offload_optimizer.device;
+  if (kind == OptimKind::External && bf16_masters_)
+    fail(Code::NotSupported, "bf16.bf16_master_weights_and_grads (true) with an external optimizer "
+         "(the caller's update rule, e.g. a torch optimizer on the shards): the caller steps fp32 masters "
+         "(slot 0), which this key removes. Use the engine's AdamW, Adam or SGD (ZeroShardOptimizer), "
+         "which step bf16 masters in place, or set bf16_master_weights_and_grads false");
+  if (bf16_states_ && where == "nvme")
+    fail(Code::NotSupported, "bf16.bf16_optimizer_states (true) with zero_optimization.offload_optimizer."
+         "device \"nvme\": the swap file holds fp32 moments. Keep the state in memory (offload_optimizer."
+         "device \"none\"), or set bf16_optimizer_states false (bf16_master_weights_and_grads alone "
+         "works on NVMe)");
   if (kind == OptimKind::External && where == "nvme")
     fail(Code::NotSupported, "zero_optimization.offload_optimizer.device \"nvme\" with an external optimizer "
          "(the caller's update rule, e.g. a torch optimizer on the shards): its state is the caller's, in "
@@ -129,11 +142,12 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
         continue;
       }
       if (p->dtype == DType::F32) s.master_is_shard = true;  // the master is the shard
+      else if (p->dtype == DType::BF16 && bf16_masters_) s.master_is_working = true;  // likewise
       else s.swapped[0] = true;
       s.master_of_version = p->shard_version;
       s.swapped[1] = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
       s.swapped[2] = kind_ != OptimKind::Sgd;
-      specs.push_back({s.index, p->layout.shard_numel, p->dtype != DType::F32});
+      specs.push_back({s.index, p->layout.shard_numel, s.swapped[0]});
       by_index[s.index] = p.get();
       group.slots.push_back(std::move(s));
     }
@@ -168,6 +182,9 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     const uint64_t n = p->layout.shard_numel;
     if (p->dtype == DType::F32) {
       s.master_is_shard = true;
+    } else if (p->dtype == DType::BF16 && bf16_masters_) {
+      s.master_is_working = true;  // the bf16 shard is the master: nothing to copy
+      if (bf16_states_) s.state_dtype = DType::BF16;
     } else {
       s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float));
       const ShardAccess shard(ctx_, *p, ShardAccess::Read);
@@ -177,10 +194,11 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     }
     const bool moments = kind_ != OptimKind::External;  // an external one's are named, the caller's
     const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
+    const size_t esize = dtype_size(s.state_dtype);
     if (moments && needs_momentum)
-      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
+      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
     if (moments && kind_ != OptimKind::Sgd)
-      s.state2 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
+      s.state2 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
     ctx_.ledger().add(Held::Optimizer, state_bytes(s));
     group.slots.push_back(std::move(s));
   }
@@ -223,6 +241,37 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   // refused): the param stays.
   if (n == 0 || !p.grad || !p.grad_pushed) return;
   const ShardAccess shard(ctx_, p, ShardAccess::Write);
+  const auto& hp = g.hp;
+  const auto* grad = static_cast<const float*>(p.grad->data());
+  if (s.master_is_working || s.state_dtype != DType::F32) {
+    // bf16 masters (and maybe bf16 moments): the shard is stepped in place.
+    if (!s.master_is_working)
+      fail(Code::Internal, "optimizer: ", p.describe(), " has bf16 moments but an fp32 master");
+    void* master = shard.data();
+    const size_t esize = dtype_size(s.state_dtype);
+    if (kind_ == OptimKind::Sgd) {
+      bool first = s.updates == 0;
+      if (hp.momentum > 0.0 && !s.state1) {  // as below
+        s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
+        ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
+        first = true;
+      }
+      kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
+                          static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
+                          hp.nesterov, first};
+      ops::sgd_step_mixed(*ctx_.device(), master, p.dtype, s.state1 ? s.state1->data() : nullptr,
+                          s.state_dtype, grad, n, h, grad_scale);
+    } else {
+      kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
+                           static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
+                           static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                           hp.bias_correction, s.updates + 1};
+      ops::adam_step_mixed(*ctx_.device(), master, p.dtype, s.state1->data(), s.state2->data(),
+                           s.state_dtype, grad, n, h, grad_scale);
+    }
+    ++s.updates;
+    return;
+  }
   auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
   if (!s.master_is_shard && s.master_of_version != p.shard_version) {
     // The shard was rewritten since (GatheredParameters, a param.data
@@ -231,9 +280,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     ops::refresh_master(*ctx_.device(), shard.data(), p.dtype, master, n);
     s.master_of_version = p.shard_version;
   }
-  const auto* grad = static_cast<const float*>(p.grad->data());
   void* working = s.master_is_shard ? nullptr : shard.data();
-  const auto& hp = g.hp;
   if (kind_ == OptimKind::Sgd) {
     bool first = s.updates == 0;
     if (hp.momentum > 0.0 && !s.state1) {
@@ -285,6 +332,36 @@ void Optimizer::update_swapped(float grad_scale) {
         shard.reset();
         shard.emplace(ctx_, p, ShardAccess::Write);
         shard_of = &p;
+      }
+      if (s.master_is_working) {
+        // bf16 masters: the shard is stepped in place, the moments (fp32)
+        // come from the swap file.
+        void* master = static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
+        const float* grad = static_cast<const float*>(p.grad->data()) + pc.begin;
+        if (kind_ == OptimKind::Sgd) {
+          if (pc.begin == 0) {
+            s.sgd_first = s.updates == 0;
+            if (hp.momentum > 0.0 && !s.swapped[1]) {
+              s.swapped[1] = true;
+              s.sgd_first = true;
+            }
+          }
+          kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
+                              static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
+                              hp.nesterov, s.sgd_first};
+          ops::sgd_step_mixed(dev, master, p.dtype, s.swapped[1] ? v.state(pc, 1) : nullptr, DType::F32,
+                              grad, pc.count, h, grad_scale);
+        } else {
+          kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
+                               static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
+                               static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                               hp.bias_correction, s.updates + 1};
+          ops::adam_step_mixed(dev, master, p.dtype, v.state(pc, 1), v.state(pc, 2), DType::F32, grad,
+                               pc.count, h, grad_scale);
+        }
+        if (last) ++s.updates;
+        changed = true;
+        continue;
       }
       float* master = f32 ? static_cast<float*>(shard->data()) + pc.begin : v.master(pc);
       void* working = f32 ? nullptr : static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
@@ -365,20 +442,30 @@ bool Optimizer::has_state(const Param& p, int slot) const {
   auto* s = const_cast<Optimizer*>(this)->find_slot(p);
   if (s == nullptr || slot < 0 || slot > 2) return false;
   if (s->swapped[slot]) return true;
-  return slot == 0 ? s->master != nullptr || s->master_is_shard
+  return slot == 0 ? s->master != nullptr || s->master_is_shard || s->master_is_working
                    : slot == 1 ? s->state1 != nullptr : s->state2 != nullptr;
 }
 
-float* Optimizer::ensure_state(const Param& p, int slot, uint64_t* numel) {
+bool Optimizer::master_in_shard(const Param& p) const {
+  const auto* s = const_cast<Optimizer*>(this)->find_slot(p);
+  return s != nullptr && (s->master_is_shard || s->master_is_working);
+}
+
+DType Optimizer::state_dtype(const Param& p) const {
+  const auto* s = const_cast<Optimizer*>(this)->find_slot(p);
+  return s != nullptr ? s->state_dtype : DType::F32;
+}
+
+void* Optimizer::ensure_state(const Param& p, int slot, DType* dtype, uint64_t* numel) {
   ctx_.expect_locked();
   Slot* s = find_slot(p);
   if (swap_ && s != nullptr && slot == 1 && kind_ == OptimKind::Sgd) {
     s->swapped[1] = true;  // its place in the file is reserved from the start
   } else if (s != nullptr && slot == 1 && !s->state1 && kind_ == OptimKind::Sgd) {
-    s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
+    s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * dtype_size(s->state_dtype), true);
     ctx_.ledger().add(Held::Optimizer, s->state1->bytes());
   }
-  return state_locked(p, slot, numel);
+  return state_raw_locked(p, slot, dtype, numel);
 }
 
 float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
@@ -388,6 +475,22 @@ float* Optimizer::state(const Param& p, int slot, uint64_t* numel) {
 
 float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
   ctx_.expect_locked();
+  DType dtype = DType::F32;
+  void* data = state_raw_locked(p, slot, &dtype, numel);
+  if (dtype == DType::F32) return static_cast<float*>(data);
+  if (slot == 0)
+    fail(Code::InvalidState, "optimizer state slot 0 (master) of ", p.describe(),
+         ": with bf16.bf16_master_weights_and_grads a bf16 param keeps no fp32 master; its bf16 shard "
+         "is the master (read or write it as the param's shard, e.g. zs_param_shard_data)");
+  fail(Code::InvalidState, "optimizer state slot ", slot, " of ", p.describe(),
+       " is kept in bf16 (bf16.bf16_optimizer_states is true), so it cannot be handed out as fp32 "
+       "(float*); checkpoints save and load it (zs_checkpoint_save / zs_checkpoint_load), or set "
+       "bf16_optimizer_states false for fp32 moments");
+}
+
+void* Optimizer::state_raw_locked(const Param& p, int slot, DType* dtype, uint64_t* numel) {
+  ctx_.expect_locked();
+  if (dtype) *dtype = DType::F32;
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
       if (s.param.get() != &p) continue;
@@ -401,12 +504,13 @@ float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
         if (numel) *numel = p.layout.shard_numel;
         return it->second.data();
       }
-      if (slot == 0 && s.master_is_shard) {  // a fixed address for the caller: see zs_param_shard_data
+      if (slot == 0 && (s.master_is_shard || s.master_is_working)) {  // a fixed address for the caller: see zs_param_shard_data
         if (numel) *numel = p.layout.shard_numel;
-        return static_cast<float*>(keep_shard_in_memory_locked(ctx_, *s.param));
+        if (dtype) *dtype = p.dtype;
+        return keep_shard_in_memory_locked(ctx_, *s.param);
       }
       const BufferPtr* buf = slot == 0 ? &s.master : slot == 1 ? &s.state1 : slot == 2 ? &s.state2 : nullptr;
-      if (p.frozen && !s.master && !s.master_is_shard)
+      if (p.frozen && !s.master && !s.master_is_shard && !s.master_is_working)
         fail(Code::InvalidState, "optimizer state slot ", slot, " of ", p.describe(),
              ": the param was frozen when it joined the optimizer, which keeps no state for it");
       if (buf == nullptr || !*buf)
@@ -414,7 +518,8 @@ float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
              ": this optimizer has slots 0 (master)", s.state1 || s.swapped[1] ? ", 1" : "",
              s.state2 || s.swapped[2] ? ", 2" : "");
       if (numel) *numel = p.layout.shard_numel;
-      return static_cast<float*>((*buf)->data());
+      if (dtype) *dtype = slot == 0 ? DType::F32 : s.state_dtype;
+      return (*buf)->data();
     }
   }
   fail(Code::InvalidArgument, p.describe(), " is in no group of this optimizer");
@@ -438,7 +543,7 @@ float* Optimizer::named_state_locked(const Param& p, const std::string& name, bo
          "without spaces or '/', other than \"param\" and \"master\"");
   Slot* s = find_slot(p);
   if (s == nullptr) fail(Code::InvalidArgument, p.describe(), " is in no group of this optimizer");
-  if (p.frozen && s->master == nullptr && !s->master_is_shard)
+  if (p.frozen && s->master == nullptr && !s->master_is_shard && !s->master_is_working)
     fail(Code::InvalidState, "named optimizer state '", name, "' of ", p.describe(),
          ": the param was frozen when it joined the optimizer, which keeps no state for it");
   if (numel) *numel = p.layout.shard_numel;
@@ -482,6 +587,7 @@ void Optimizer::set_steps(int64_t s) {
 
 void Optimizer::set_steps_locked(int64_t s) {
   ctx_.expect_locked();
+  expect_no_open_step("set_step");
   if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
   step_ = s;
   // A restored state: every param as if updated at each of those steps.
@@ -489,8 +595,15 @@ void Optimizer::set_steps_locked(int64_t s) {
     for (auto& slot : g.slots) slot.updates = s;
 }
 
+void Optimizer::expect_no_open_step(const char* what) const {
+  if (open_)
+    fail(Code::InvalidState, what, ": the optimizer is between step_begin and step_end (its masters may be "
+         "half updated, its gradients unscaled); call step_end first");
+}
+
 void Optimizer::sync_params() {
   const auto held = ctx_.lock();
+  expect_no_open_step("sync_params");
   if (swap_) {
     flush_state_views();
     swap_->for_each([&](const SwappedState::View& v) {
@@ -498,7 +611,7 @@ void Optimizer::sync_params() {
         const auto [gi, si] = slot_at_[pc.slot];
         Slot& s = groups_[gi].slots[si];
         Param& p = *s.param;
-        if (p.dtype == DType::F32) continue;
+        if (!s.swapped[0]) continue;  // the master is the shard (fp32, or bf16 masters)
         const ShardAccess shard(ctx_, p, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), v.master(pc), p.dtype,
                            static_cast<char*>(shard.data()) + pc.begin * p.elem_bytes(), pc.count);
@@ -665,6 +778,8 @@ Optimizer::OpenStep Optimizer::begin_locked() {
 
   StepResult& r = open.result;
   const double scale = scaler_.scale();
+  r.loss_scale = scale;  // what the last backward was scaled by (step_end gives the next one)
+  r.step = step_;
   r.grad_norm = std::sqrt(total) / scale;
   if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
     r.skipped = true;

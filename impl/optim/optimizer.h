@@ -1,6 +1,7 @@
 // The sharded optimizer: state sized to this rank's shards, fp32 masters
-// for 16-bit params, parameter groups with their own hyper-parameters, and
-// the step that turns synced gradient shards into updated param shards.
+// for 16-bit params (or none: bf16 masters, below), parameter groups with
+// their own hyper-parameters, and the step that turns synced gradient
+// shards into updated param shards.
 // Each call takes the engine lock itself.
 //
 // Where the state lives (offload_optimizer.device): "none" and "cpu" keep
@@ -9,6 +10,21 @@
 // 16-bit params and every moment in a swap file (swapped_state.h) and
 // steps it sub-group by sub-group, bit for bit as in memory. On a CUDA
 // context both are refused (NotSupported) until the host-side step exists.
+//
+// bf16.bf16_master_weights_and_grads: a bf16 param keeps no fp32 master;
+// its bf16 working shard is the master, stepped in place (each element
+// widened, updated in fp32, rounded once to bf16 on store: the *_mixed
+// kernels), so it is its slot 0 as an fp32 param's shard is its own
+// (master_in_shard). bf16.bf16_optimizer_states (which needs the former)
+// also keeps a bf16 param's moments in bf16 (state_dtype): read as fp32,
+// updated in fp32, rounded once on store. Both act on bf16 params only:
+// fp32 and fp16 params keep fp32 masters and moments. The gradient shards
+// stay fp32 either way (impl/grad/reducer.h says why). Per element of a bf16
+// param's shard, AdamW keeps 12 bytes (fp32 master + 2 fp32 moments), 8
+// with bf16 masters, 4 with bf16 states too. On NVMe the masters key acts
+// (no master in the swap file); bf16 states there are refused at creation
+// (the swap file holds fp32 arrays). An External optimizer is refused under
+// bf16_master_weights_and_grads: its caller steps fp32 masters (slot 0).
 //
 // External: the update rule is the caller's (a torch optimizer stepping the
 // shards). The engine keeps the fp32 masters of 16-bit params and runs the
@@ -70,6 +86,9 @@ class Optimizer {
   StepResult step_begin();
   StepResult step_end();
   bool step_open() const { return open_.has_value(); }
+  // InvalidState naming `what` while a step is open (a checkpoint, a state
+  // restore would see half-updated masters).
+  void expect_no_open_step(const char* what) const;
   double loss_scale() const;
   // An External optimizer's named per-param state: shard_numel fp32
   // elements (zeros when made), created on first request when `create`,
@@ -83,9 +102,20 @@ class Optimizer {
   void keep_named_states_locked(const Param& p, const std::set<std::string>& keep);
   // Checkpoint access to a param's state (slot 0 master, 1, 2). State on
   // NVMe is read into a host copy that stays valid, and is written back,
-  // until the next step, sync_params or flush_state_views.
+  // until the next step, sync_params or flush_state_views. float* only:
+  // a bf16 slot (slot 0 of a bf16 param whose shard is its master, a bf16
+  // moment) is InvalidState naming the config key; state_raw_locked hands
+  // out any slot with its dtype (slot 0 of a master_in_shard param: the
+  // shard itself, in the param's dtype).
   float* state(const Param& p, int slot, uint64_t* numel);
   float* state_locked(const Param& p, int slot, uint64_t* numel);
+  void* state_raw_locked(const Param& p, int slot, DType* dtype, uint64_t* numel);
+  // Whether p's slot 0 is its own shard: an fp32 param, or a bf16 param
+  // under bf16.bf16_master_weights_and_grads (no separate master to save
+  // or load).
+  bool master_in_shard(const Param& p) const;
+  // The dtype of p's slot 1 and 2 (F32, or BF16 under bf16_optimizer_states).
+  DType state_dtype(const Param& p) const;
   // Writes the host copies state() made of NVMe state back and frees them.
   // Under the caller's hold, as are the next two.
   void flush_state_views();
@@ -114,8 +144,9 @@ class Optimizer {
   std::vector<std::shared_ptr<Param>> group_params(size_t group) const;
   bool has_state(const Param& p, int slot) const;
   // Allocates slot 1 (SGD momentum switched on after add_group) so a
-  // checkpoint's buffer can be loaded into it. Under the caller's hold.
-  float* ensure_state(const Param& p, int slot, uint64_t* numel);
+  // checkpoint's buffer can be loaded into it; *dtype receives the slot's
+  // dtype (as state_raw_locked). Under the caller's hold.
+  void* ensure_state(const Param& p, int slot, DType* dtype, uint64_t* numel);
   LossScaler& scaler() { return scaler_; }
 
  private:
@@ -125,7 +156,11 @@ class Optimizer {
     // An fp32 param's master is its shard, reached through a ShardAccess
     // (it may be offloaded), so `master` stays null.
     bool master_is_shard = false;
+    // bf16_master_weights_and_grads: a bf16 param's master is its bf16
+    // working shard (no `master` buffer; stepped in place).
+    bool master_is_working = false;
     BufferPtr state1, state2;  // Adam: exp_avg, exp_avg_sq; SGD: momentum
+    DType state_dtype = DType::F32;  // of state1 and state2 (BF16 under bf16_optimizer_states)
     uint64_t master_of_version = 0;  // the param's shard_version the master was read from
     int64_t updates = 0;  // steps that updated this param (Adam's bias correction, as torch's per-param step)
     // On NVMe: which of master, state 1, state 2 the swap file holds for
@@ -164,6 +199,8 @@ class Optimizer {
   Context& ctx_;
   const uint64_t ctx_id_;
   const OptimKind kind_;
+  const bool bf16_masters_;  // bf16.bf16_master_weights_and_grads
+  const bool bf16_states_;   // bf16.bf16_optimizer_states
   std::vector<Group> groups_;
   LossScaler scaler_;
   int64_t step_ = 0;

@@ -289,7 +289,7 @@ ZS_API zs_status zs_context_unused_config_keys(zs_context ctx, const char** json
  * what the engine does instead}, in the order parsed; "[]" when none.
  * Listed: options the engine never reads, set away from the value that
  * agrees with what it does (a stage other than 3, prescale_gradients,
- * bf16_optimizer_states, DeepSpeed implementation switches, ...); keys of
+ * fp16_master_weights_and_grads, DeepSpeed implementation switches, ...); keys of
  * an offload section that its device does not use (NVMe keys under "cpu",
  * pin_memory, ratio other than 1); sub_group_size without NVMe optimizer
  * offload; the aio section tuned without NVMe offload, and use_gds; ZeRO++
@@ -695,7 +695,9 @@ typedef enum zs_optimizer_kind {
    * keeps fp32 masters of 16-bit params (slot 0; an fp32 param's is its
    * shard) and named per-param state (zs_optimizer_named_state), and steps
    * by zs_optimizer_step_begin, the caller's update of the masters, then
-   * zs_optimizer_step_end. Hyper-parameters are the caller's too. */
+   * zs_optimizer_step_end. Hyper-parameters are the caller's too.
+   * NOT_SUPPORTED under bf16.bf16_master_weights_and_grads (no fp32
+   * masters to step). */
   ZS_OPTIM_EXTERNAL = 3,
   ZS_OPTIM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_OPTIM_KIND_ENUM_MAX_ = 0x7fffffff
@@ -720,7 +722,13 @@ ZS_API zs_status zs_optim_hparams_init(zs_optim_hparams* hparams, size_t size);
 
 /* An optimizer over params of ctx; its state is sized to this rank's
  * shards. Mixed precision follows the config: with bf16 or fp16 params the
- * engine keeps fp32 master shards; with fp16 it runs the loss scaler
+ * engine keeps fp32 master shards, except that under
+ * bf16.bf16_master_weights_and_grads a bf16 param's bf16 shard is its
+ * master (stepped in place in fp32 math, rounded once to bf16; gradient
+ * shards stay fp32), and bf16.bf16_optimizer_states also keeps its moments
+ * in bf16; ZS_OPTIM_EXTERNAL under bf16_master_weights_and_grads, and
+ * bf16_optimizer_states with "nvme" below, are NOT_SUPPORTED. With fp16 it
+ * runs the loss scaler
  * (fp16.loss_scale, initial_scale_power, loss_scale_window, hysteresis,
  * min_loss_scale); gradient_clipping clips the global norm. With
  * zero_optimization.offload_optimizer.device "nvme" the masters of 16-bit
@@ -800,7 +808,11 @@ ZS_API zs_status zs_optimizer_loss_scale(zs_optimizer opt, double* scale);
  * host copy, valid (and written back to the swap file) until the next
  * step, zs_optimizer_sync_params or checkpoint save/load of the optimizer.
  * INVALID_ARGUMENT for a param the optimizer does not hold or a slot it
- * does not have. */
+ * does not have. INVALID_STATE, naming the config key, for a slot that is
+ * not fp32: slot 0 of a bf16 param under bf16.bf16_master_weights_and_grads
+ * (its shard is the master: zs_param_shard_data) and slots 1 and 2 of a
+ * bf16 param under bf16.bf16_optimizer_states (checkpoints save and load
+ * them). */
 ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, float** data,
                                          uint64_t* shard_numel);
 /* Optimizer steps taken (bias correction uses it), and restoring it. After

@@ -44,6 +44,18 @@ int adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gra
 int sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, const SgdHyper& h,
              float grad_scale, void* working, WorkDtype working_dtype, void* stream);
 
+// kernels::adam_step_mixed / sgd_step_mixed: the master and moments each in
+// F32 or BF16 (widened, updated in fp32, rounded once on store); a bf16
+// master is the working shard itself. Bit-identical to
+// kernels::adam_step_mixed_scalar / sgd_step_mixed_scalar. Another dtype, a
+// null pointer with n > 0 or bias_correction with step < 1:
+// cudaErrorInvalidValue.
+int adam_step_mixed(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
+                    WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
+                    float grad_scale, void* stream);
+int sgd_step_mixed(void* master, WorkDtype master_dtype, void* momentum_buf, WorkDtype state_dtype,
+                   const float* grad, size_t n, const SgdHyper& h, float grad_scale, void* stream);
+
 // *out = sum of x[i]^2 in double (each square exact), written to device
 // memory. Deterministic: a fixed decomposition that depends only on n (not
 // on the device, the pointer's alignment or timing), two passes, no

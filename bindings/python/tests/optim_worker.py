@@ -361,6 +361,41 @@ def OddGPTInit():
     return [p.detach() for p in OddGPT().parameters()]
 
 
+def mode_bf16_states(rank, world):
+    """DeepSpeed's bf16.bf16_master_weights_and_grads and bf16_optimizer_states
+    through zeroshard.torch: the engine's AdamW steps bf16 masters with bf16
+    moments (optimizer bytes per shard element 12 -> 4) and trains as the
+    fp32-master run within bf16 roundings; a torch optimizer on the shards
+    (which steps fp32 masters) is refused naming the key."""
+    out = {}
+    for name, extra in (("fp32_masters", {}),
+                        ("bf16_states", {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True})):
+        config = dict(CONFIG, bf16=dict({"enabled": True}, **extra))
+        torch.manual_seed(0)
+        with zt.Init(config=config):
+            model = OddGPT()
+        zt.partition_module(model)
+        opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", lr=3e-3)
+        losses = []
+        for s in range(STEPS):
+            loss = model(*batch(s, rank))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(mean_over_ranks(loss.item()))
+        mem = zt.get_context().memory()
+        out[name] = {"losses": losses, "optimizer_bytes": mem["optimizer_bytes"], "shard_bytes": mem["shard_bytes"]}
+        if extra:
+            try:
+                torch.optim.RMSprop(model.parameters(), lr=1e-3).step()
+                out["stock"] = ""
+            except Exception as e:  # the engine's NotSupportedError
+                out["stock"] = f"{type(e).__name__}: {e}"
+        del model, opt
+        zt.shutdown()  # the next config makes a new context
+    return out
+
+
 def mode_refused(rank, world):
     """Optimizers that cannot run on shards are refused at their first
     step, by name; nothing changes."""
@@ -401,7 +436,8 @@ def mode_refused(rank, world):
 def main():
     run_mode({"stock_vs_ddp": mode_stock_vs_ddp, "ckpt_save": mode_ckpt_save, "ckpt_load": mode_ckpt_load,
               "state_dict_roundtrip": mode_state_dict_roundtrip, "refused": mode_refused,
-              "bf16_stock_vs_engine": mode_bf16_stock_vs_engine, "muon_vs_deepspeed": mode_muon_vs_deepspeed})
+              "bf16_stock_vs_engine": mode_bf16_stock_vs_engine, "muon_vs_deepspeed": mode_muon_vs_deepspeed,
+              "bf16_states": mode_bf16_states})
 
 
 if __name__ == "__main__":

@@ -116,3 +116,19 @@ def test_zeroshard_muon_equals_deepspeeds_muon(ranks):
     assert r["gram"]["muon_params"] > 0 and r["gram"]["moved"] > 1e-3, r
     assert r["gram"]["param_diff"] <= (0.0 if ranks == 2 else 1e-5), r
     assert r["standard"]["param_diff"] <= (0.0 if ranks == 2 else 3e-3), r
+
+
+def test_deepspeed_bf16_master_and_state_keys_act_through_zeroshard_torch():
+    """bf16.bf16_master_weights_and_grads + bf16_optimizer_states (DeepSpeed
+    0.19 keys): the engine's AdamW keeps no fp32 master and bf16 moments,
+    optimizer bytes a third of the fp32-master run's (4 of 12 bytes per
+    shard element), the same losses within bf16 roundings; a torch
+    optimizer on the shards, which steps fp32 masters, is refused naming the
+    key."""
+    r = run_ranks(2, "bf16_states", worker="optim_worker.py")
+    fp32, bf16 = r["fp32_masters"], r["bf16_states"]
+    assert bf16["optimizer_bytes"] * 3 == fp32["optimizer_bytes"], r
+    assert fp32["optimizer_bytes"] == 12 * fp32["shard_bytes"] // 2, r  # bf16 shards: 2 bytes an element
+    for a, b in zip(fp32["losses"], bf16["losses"]):
+        assert abs(a - b) <= 2 ** -6 * abs(a), r
+    assert "bf16_master_weights_and_grads" in r["stock"] and "NotSupportedError" in r["stock"], r

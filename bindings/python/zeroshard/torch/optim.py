@@ -5,6 +5,7 @@ import logging
 import torch
 
 from . import hooks
+from ..errors import InvalidArgumentError
 from ._context import get_context, working_dtype
 
 _log = logging.getLogger("zeroshard")
@@ -200,8 +201,10 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                 for slot in slots:
                     try:
                         view = optimizer_state_view(self._engine, p.zs.zparam, slot)
-                    except Exception:
-                        continue  # e.g. SGD without momentum has no buffer
+                    except InvalidArgumentError:
+                        continue  # a slot this optimizer does not keep (SGD without momentum)
+                    # (bf16 slots, under bf16_optimizer_states, raise: save them with
+                    # zeroshard.torch.save_checkpoint, which keeps their dtype.)
                     per[slot] = view.clone()
                 shards[index[id(p)]] = per
         return {"state": {}, "param_groups": groups,
