@@ -124,6 +124,7 @@ class ShardStepper:
         self._open = None     # the step under way: [(param, class, data)] to restore
         self._engines = []
         self._views = {}      # id(param) -> (master view, grad address, grad view)
+        self._full = {}       # whole-tensor params this rank owns: id(param) -> its full master, in a step
         self.last_result = None
         self.sync(optimizer)
 

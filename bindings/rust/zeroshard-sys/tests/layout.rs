@@ -136,6 +136,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_OPTIM_ADAMW,
         ZS_OPTIM_ADAM,
         ZS_OPTIM_SGD,
+        ZS_OPTIM_EXTERNAL,
         ZS_OPTIM_KIND_ENUM_MIN_,
         ZS_OPTIM_KIND_ENUM_MAX_,
     );
