@@ -87,11 +87,13 @@ def _accelerator_class(base):
         @property
         def optimizer_step_was_skipped(self):
             opt = _engine_optimizer(self._optimizers)
-            if opt is None:
-                stock = _stock_optimizer(self._optimizers)
-                result = stock is not None and shard_optim.stepper(stock).last_result
-                return bool(result and result["skipped"]) if stock is not None else super().optimizer_step_was_skipped
-            return opt.step_was_skipped
+            if opt is not None:
+                return opt.step_was_skipped
+            stock = _stock_optimizer(self._optimizers)
+            if stock is None:
+                return super().optimizer_step_was_skipped
+            result = shard_optim.stepper(stock).last_result  # None before the first step
+            return bool(result and result["skipped"])
 
     ZeroShardAccelerator.__name__ = ZeroShardAccelerator.__qualname__ = f"ZeroShard{base.__name__}"
     return ZeroShardAccelerator
