@@ -205,10 +205,9 @@ def _optimizer_from_section(section):
     return _OPTIMIZERS[kind], hp
 
 
-# DeepSpeed 0.19's Muon keys (optimizer.params of "type": "Muon") and the
-# zeroshard.torch.Muon keyword each becomes.
-_MUON_KEYS = {"lr": "lr", "momentum": "momentum", "weight_decay": "weight_decay", "ns_method": "ns_method",
-              "betas": "betas", "eps": "eps", "muon_lr": "muon_lr", "adam_lr": "adam_lr"}
+# DeepSpeed 0.19's Muon keys (optimizer.params of "type": "Muon"): each is
+# zeroshard.torch.Muon's keyword of the same name.
+_MUON_KEYS = ("lr", "momentum", "weight_decay", "ns_method", "betas", "eps", "muon_lr", "adam_lr")
 
 
 def _muon_params(params):
@@ -223,7 +222,7 @@ def _muon_params(params):
     if unknown:
         raise ValueError(f"zeroshard.hf: optimizer.params {unknown} are not acted on by Muon; it takes "
                          f"{sorted(_MUON_KEYS)}")
-    hp = {_MUON_KEYS[k]: v for k, v in params.items()}
+    hp = dict(params)
     if "betas" in hp:
         hp["betas"] = tuple(hp["betas"])
     return hp

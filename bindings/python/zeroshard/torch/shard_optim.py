@@ -51,6 +51,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 import zeroshard
 from . import hooks
 from ._context import get_context, working_dtype
+from .optim import ZeroShardOptimizer
 from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimizer_state_view, quantizes_frozen,
                       settle_dropped)
 from .param_type import mark_gathered, raw_data, storage_less_like
@@ -389,7 +390,6 @@ def _nested(optimizer):
 
 
 def _before_step(optimizer, args, kwargs):
-    from .optim import ZeroShardOptimizer
     if isinstance(optimizer, ZeroShardOptimizer) or not _holds_partitioned(optimizer) or _nested(optimizer):
         return None
     refused = _registered(type(optimizer), _REFUSED)
@@ -465,7 +465,6 @@ def _load_state_dict(self, state_dict):
     """torch's Optimizer.load_state_dict, with partitioned params showing
     the dtype their state steps in (fp32: the masters) while it casts the
     loaded state to each param's dtype and device."""
-    from .optim import ZeroShardOptimizer
     if isinstance(self, ZeroShardOptimizer) or not _holds_partitioned(self):
         return _torch_load_state_dict(self, state_dict)
     shown = []
@@ -547,6 +546,12 @@ def checkpoint_state(optimizer, names):
                 kept[str(key)] = {"named": True}
             elif whole and isinstance(value, dict) and "named" in value:
                 kept[str(key)] = value
+            elif not whole and isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == valid > 0:
+                # Per element but not fp32: rank 0's copy in the JSON would
+                # lose every other rank's elements.
+                raise NotImplementedError(
+                    f"zeroshard.torch.save_checkpoint: state {key!r} of {p.zs.name} is a {value.dtype} tensor of "
+                    f"this rank's shard size; the engine saves per-element state in float32 only")
             else:
                 enc = _encode(value)
                 if enc is None:
@@ -555,24 +560,9 @@ def checkpoint_state(optimizer, names):
                 kept[str(key)] = enc
         if kept:
             state[name_of[id(p)]] = kept
-    # On shards, entries that are not per-element must agree across ranks
-    # (they are rank 0's in the file): step counts do, as every rank steps
-    # every param that had a gradient.
-    _check_odd_state(optimizer, s)
+    # On shards, the other entries are rank 0's in the file: step counts
+    # agree across ranks, as every rank steps every param that had a gradient.
     return {"class": _class_name(type(optimizer)), "param_groups": groups, "state": state}
-
-
-def _check_odd_state(optimizer, s):
-    for p in s.params:
-        if s.whole(p):
-            continue
-        valid = p.zs.zparam.shard_valid
-        for key, value in optimizer.state.get(p, {}).items():
-            if isinstance(value, torch.Tensor) and value.numel() == valid and valid > 0 and not _per_element(
-                    value, valid):
-                raise NotImplementedError(
-                    f"zeroshard.torch.save_checkpoint: state {key!r} of {p.zs.name} is a {value.dtype} tensor of "
-                    f"this rank's shard size; the engine saves per-element state in float32 only")
 
 
 def _numel(shape):
