@@ -20,6 +20,9 @@ Hparams to_hparams(const zs_optim_hparams* h) {
   hp.dampening = o.dampening;
   hp.nesterov = o.nesterov != 0;
   hp.bias_correction = o.bias_correction != 0;
+  hp.use_muon = o.use_muon;
+  hp.ns_method = o.ns_method;
+  hp.ns_steps = o.ns_steps;
   return hp;
 }
 

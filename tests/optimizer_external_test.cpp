@@ -625,8 +625,8 @@ TEST(OptimizerExternal, MisuseGivesClearStatuses) {
     ASSERT_NE(adamw, nullptr);
 
     zs_optimizer bad = nullptr;
-    expect_error(zs_optimizer_create(&bad, ctx, static_cast<zs_optimizer_kind>(4)), ZS_ERR_INVALID_ARGUMENT,
-                 "ZS_OPTIM_EXTERNAL (3)");
+    expect_error(zs_optimizer_create(&bad, ctx, static_cast<zs_optimizer_kind>(5)), ZS_ERR_INVALID_ARGUMENT,
+                 "ZS_OPTIM_MUON (4)");
     expect_error(zs_optimizer_step(ext, nullptr), ZS_ERR_INVALID_STATE, "zs_optimizer_step_begin");
     expect_error(zs_optimizer_step_end(ext, nullptr), ZS_ERR_INVALID_STATE, "without a step_begin");
     expect_error(zs_optimizer_step_begin(adamw, nullptr), ZS_ERR_INVALID_STATE, "ZS_OPTIM_EXTERNAL");

@@ -189,7 +189,7 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
         continue;
       }
       for (int slot = 1; slot < 3; ++slot) {
-        const std::string s = state_name(opt->kind(), slot);
+        const std::string s = state_name(*opt, p, slot);
         const bool saved = e.states.count(s) > 0;
         if (!saved && opt->has_state(p, slot))
           fail(Code::InvalidArgument, "checkpoint '", result.dir, "': param '", e.name, "' has no ", s,

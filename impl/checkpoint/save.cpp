@@ -129,7 +129,7 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
       // bf16_master_weights_and_grads): "param" holds it.
       if (slot == 0 && opt->master_in_shard(p)) continue;
       if (opt->state_swapped(p, slot)) {  // read from the swap file at its turn, a param at a time
-        add(state_name(opt->kind(), slot), DType::F32, nullptr);
+        add(state_name(*opt, p, slot), DType::F32, nullptr);
         sources.back().open = [opt, slot, param = params[i]]() -> std::shared_ptr<const void> {
           auto copy = std::make_shared<std::vector<float>>(param->layout.shard_numel);
           opt->copy_swapped_state(*param, slot, copy->data());
@@ -138,7 +138,7 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
       } else {  // in its dtype: fp32, or bf16 under bf16_optimizer_states
         DType dtype = DType::F32;
         const void* data = opt->state_raw_locked(p, slot, &dtype, nullptr);
-        add(state_name(opt->kind(), slot), dtype, data);
+        add(state_name(*opt, p, slot), dtype, data);
       }
     }
     for (const auto& name : opt->named_states(p))  // an external optimizer's, under their names

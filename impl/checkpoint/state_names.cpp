@@ -4,9 +4,9 @@
 
 namespace zs::ckpt {
 
-std::string state_name(OptimKind kind, int slot) {
+std::string state_name(const Optimizer& opt, const Param& p, int slot) {
   if (slot == 0) return kMaster;
-  if (slot == 1) return kind == OptimKind::Sgd ? "momentum" : "exp_avg";
+  if (slot == 1) return opt.kind() == OptimKind::Sgd || opt.steps_muon(p) ? "momentum" : "exp_avg";
   return "exp_avg_sq";
 }
 
@@ -16,6 +16,7 @@ const char* optim_kind_name(OptimKind kind) {
     case OptimKind::Adam: return "adam";
     case OptimKind::Sgd: return "sgd";
     case OptimKind::External: return "external";
+    case OptimKind::Muon: return "muon";
   }
   return "?";
 }
@@ -25,14 +26,16 @@ OptimKind parse_optim_kind(const std::string& s, const std::string& where) {
   if (s == "adam") return OptimKind::Adam;
   if (s == "sgd") return OptimKind::Sgd;
   if (s == "external") return OptimKind::External;
-  fail(Code::Io, where, ": optimizer kind '", s, "': expected adamw, adam, sgd or external");
+  if (s == "muon") return OptimKind::Muon;
+  fail(Code::Io, where, ": optimizer kind '", s, "': expected adamw, adam, sgd, external or muon");
 }
 
 nlohmann::json hparams_to_json(const Hparams& h) {
   return {{"lr", h.lr},         {"beta1", h.beta1},       {"beta2", h.beta2},
           {"eps", h.eps},       {"weight_decay", h.weight_decay},
           {"momentum", h.momentum}, {"dampening", h.dampening},
-          {"nesterov", h.nesterov}, {"bias_correction", h.bias_correction}};
+          {"nesterov", h.nesterov}, {"bias_correction", h.bias_correction},
+          {"use_muon", h.use_muon}, {"ns_method", h.ns_method}, {"ns_steps", h.ns_steps}};
 }
 
 Hparams hparams_from_json(const nlohmann::json& j, const std::string& where) {
@@ -47,6 +50,10 @@ Hparams hparams_from_json(const nlohmann::json& j, const std::string& where) {
     h.dampening = j.at("dampening").get<double>();
     h.nesterov = j.at("nesterov").get<bool>();
     h.bias_correction = j.at("bias_correction").get<bool>();
+    // Absent from checkpoints written before ZS_OPTIM_MUON: the defaults.
+    h.use_muon = j.value("use_muon", h.use_muon);
+    h.ns_method = j.value("ns_method", h.ns_method);
+    h.ns_steps = j.value("ns_steps", h.ns_steps);
   } catch (const nlohmann::json::exception& e) {
     fail(Code::Io, where, ": hyper-parameters: ", e.what());
   }

@@ -16,8 +16,9 @@ namespace zs::ckpt {
 inline constexpr const char* kParam = "param";    // working dtype shard
 inline constexpr const char* kMaster = "master";  // fp32 master (16-bit params)
 
-// Slot 0 "master", 1 "exp_avg" (Adam) / "momentum" (SGD), 2 "exp_avg_sq".
-std::string state_name(OptimKind kind, int slot);
+// p's slot 0 "master", 1 "exp_avg" (Adam) / "momentum" (SGD, a Muon
+// param), 2 "exp_avg_sq".
+std::string state_name(const Optimizer& opt, const Param& p, int slot);
 const char* optim_kind_name(OptimKind kind);
 OptimKind parse_optim_kind(const std::string& s, const std::string& where);
 nlohmann::json hparams_to_json(const Hparams& h);

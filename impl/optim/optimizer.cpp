@@ -10,6 +10,7 @@
 
 #include "impl/fetch/coordinator.h"
 #include "impl/optim/agreement.h"
+#include "impl/optim/muon_step.h"
 #include "impl/device/ops.h"
 #include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
@@ -42,15 +43,24 @@ Optimizer::Optimizer(Context& ctx, OptimKind kind)
       bf16_states_(ctx.config().bf16 && ctx.config().bf16_optimizer_states),
       scaler_(scaler_config(ctx.config())),
       last_totals_(ctx.comm_stats()->totals()), last_step_end_(Trace::Clock::now()) {
-  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 3)
+  if (static_cast<int>(kind) < 0 || static_cast<int>(kind) > 4)
     fail(Code::InvalidArgument, "optimizer kind ", static_cast<int>(kind),
-         ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1), ZS_OPTIM_SGD (2) or ZS_OPTIM_EXTERNAL (3)");
+         ": expected ZS_OPTIM_ADAMW (0), ZS_OPTIM_ADAM (1), ZS_OPTIM_SGD (2), ZS_OPTIM_EXTERNAL (3) or "
+         "ZS_OPTIM_MUON (4)");
   const std::string& where = ctx.config().offload_optimizer.device;
   if (kind == OptimKind::External && bf16_masters_)
     fail(Code::NotSupported, "bf16.bf16_master_weights_and_grads (true) with an external optimizer "
          "(the caller's update rule, e.g. a torch optimizer on the shards): the caller steps fp32 masters "
          "(slot 0), which this key removes. Use the engine's AdamW, Adam or SGD (ZeroShardOptimizer), "
          "which step bf16 masters in place, or set bf16_master_weights_and_grads false");
+  if (kind == OptimKind::Muon && bf16_masters_)
+    fail(Code::NotSupported, "bf16.bf16_master_weights_and_grads (true) with ZS_OPTIM_MUON: Muon's "
+         "Newton-Schulz iteration runs on fp32 masters, which this key removes; set "
+         "bf16_master_weights_and_grads false (bf16 params keep fp32 masters)");
+  if (kind == OptimKind::Muon && where == "nvme")
+    fail(Code::NotSupported, "zero_optimization.offload_optimizer.device \"nvme\" with ZS_OPTIM_MUON: "
+         "the step on the swap file is element-wise and Muon's is not; use offload_optimizer.device "
+         "\"none\", or AdamW for state on NVMe");
   if (bf16_states_ && where == "nvme")
     fail(Code::NotSupported, "bf16.bf16_optimizer_states (true) with zero_optimization.offload_optimizer."
          "device \"nvme\": the swap file holds fp32 moments. Keep the state in memory (offload_optimizer."
@@ -101,6 +111,17 @@ void Optimizer::check_hparams(const Hparams& hp) const {
   };
   if (!(hp.lr >= 0.0)) bad("lr", hp.lr, ">= 0");
   if (!(hp.weight_decay >= 0.0)) bad("weight_decay", hp.weight_decay, ">= 0");
+  const Hparams defaults;
+  if (kind_ != OptimKind::Muon) {
+    if (hp.use_muon != defaults.use_muon) bad("use_muon", hp.use_muon, "-1 (it is read by ZS_OPTIM_MUON only)");
+    if (hp.ns_method != defaults.ns_method) bad("ns_method", hp.ns_method, "0 (it is read by ZS_OPTIM_MUON only)");
+    if (hp.ns_steps != defaults.ns_steps) bad("ns_steps", hp.ns_steps, "5 (it is read by ZS_OPTIM_MUON only)");
+  } else {
+    if (hp.use_muon < -1 || hp.use_muon > 1) bad("use_muon", hp.use_muon, "1 (Muon), 0 (AdamW) or -1 (by shape)");
+    if (hp.ns_method != 0 && hp.ns_method != 1) bad("ns_method", hp.ns_method, "0 (gram) or 1 (standard)");
+    if (hp.ns_steps < 1 || hp.ns_steps > 100) bad("ns_steps", hp.ns_steps, "in [1, 100]");
+    if (!(hp.momentum >= 0.0 && hp.momentum < 1.0)) bad("momentum", hp.momentum, "in [0, 1) (Muon's)");
+  }
   if (kind_ == OptimKind::Sgd) {
     if (!(hp.momentum >= 0.0)) bad("momentum", hp.momentum, ">= 0");
     if (hp.nesterov && (hp.momentum <= 0.0 || hp.dampening != 0.0))
@@ -180,6 +201,14 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       continue;
     }
     const uint64_t n = p->layout.shard_numel;
+    if (kind_ == OptimKind::Muon) {
+      const bool matrix = p->shape.size() >= 2;
+      if (hp.use_muon == 1 && !matrix)
+        fail(Code::InvalidArgument, "optimizer group with use_muon 1: ", p->describe(), " has ",
+             p->shape.size(), " dims, and Muon steps matrices (2 or more dims); put it in a group "
+             "with use_muon 0 (AdamW) or -1 (by shape)");
+      s.muon = hp.use_muon == 1 || (hp.use_muon == -1 && matrix);
+    }
     if (p->dtype == DType::F32) {
       s.master_is_shard = true;
     } else if (p->dtype == DType::BF16 && bf16_masters_) {
@@ -197,7 +226,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     const size_t esize = dtype_size(s.state_dtype);
     if (moments && needs_momentum)
       s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
-    if (moments && kind_ != OptimKind::Sgd)
+    if (moments && kind_ != OptimKind::Sgd && !s.muon)
       s.state2 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
     ctx_.ledger().add(Held::Optimizer, state_bytes(s));
     group.slots.push_back(std::move(s));
@@ -225,6 +254,11 @@ void Optimizer::set_hparams(int group, const Hparams& hp) {
 void Optimizer::set_hparams_locked(int group, const Hparams& hp) {
   ctx_.expect_locked();
   check_hparams(hp);
+  for (int g : group_indices(group))
+    if (hp.use_muon != groups_[static_cast<size_t>(g)].hp.use_muon)
+      fail(Code::InvalidArgument, "optimizer group ", g, ": use_muon ", hp.use_muon, " (was ",
+           groups_[static_cast<size_t>(g)].hp.use_muon,
+           "): which params step Muon is fixed when the group is added (its state differs)");
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp = hp;
 }
 
@@ -264,7 +298,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     } else {
       kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                            static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                           static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                           static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
                            hp.bias_correction, s.updates + 1};
       ops::adam_step_mixed(*ctx_.device(), master, p.dtype, s.state1->data(), s.state2->data(),
                            s.state_dtype, grad, n, h, grad_scale);
@@ -301,11 +335,48 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   }
   kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                        static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                       static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                       static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
                        hp.bias_correction, s.updates + 1};
   ops::adam_step(*ctx_.device(), master, static_cast<float*>(s.state1->data()),
                  static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working, p.dtype);
   ++s.updates;
+}
+
+void Optimizer::update_muon(float grad_scale) {
+  Device& dev = *ctx_.device();
+  std::vector<MuonParam> params;
+  std::vector<Slot*> slots;
+  std::vector<ShardAccess> shards;
+  size_t count = 0;
+  for (auto& g : groups_)
+    for (auto& s : g.slots) count += s.muon ? 1 : 0;
+  shards.reserve(count);
+  for (auto& g : groups_)
+    for (auto& s : g.slots) {
+      Param& p = *s.param;
+      if (!s.muon || p.layout.shard_numel == 0 || !p.grad || !p.grad_pushed) continue;
+      shards.emplace_back(ctx_, p, ShardAccess::Write);
+      const ShardAccess& shard = shards.back();
+      auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
+      if (!s.master_is_shard && s.master_of_version != p.shard_version) {  // as update()
+        ops::refresh_master(dev, shard.data(), p.dtype, master, p.layout.shard_numel);
+        s.master_of_version = p.shard_version;
+      }
+      const Hparams& hp = g.hp;
+      params.push_back({&p, master, static_cast<float*>(s.state1->data()),
+                        static_cast<const float*>(p.grad->data()), static_cast<float>(hp.lr),
+                        static_cast<float>(hp.momentum), static_cast<float>(hp.weight_decay),
+                        static_cast<NsMethod>(hp.ns_method), hp.ns_steps});
+      slots.push_back(&s);
+    }
+  muon_step(ctx_, params, grad_scale);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& s = *slots[i];
+    if (!s.master_is_shard)
+      ops::cast_from_f32(dev, static_cast<const float*>(s.master->data()), s.param->dtype, shards[i].data(),
+                         s.param->layout.shard_numel);
+    ++s.updates;
+  }
 }
 
 // update() over the swap file: sub-group by sub-group, each param's part
@@ -354,7 +425,7 @@ void Optimizer::update_swapped(float grad_scale) {
         } else {
           kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                                static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                               static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                               static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
                                hp.bias_correction, s.updates + 1};
           ops::adam_step_mixed(dev, master, p.dtype, v.state(pc, 1), v.state(pc, 2), DType::F32, grad,
                                pc.count, h, grad_scale);
@@ -386,7 +457,7 @@ void Optimizer::update_swapped(float grad_scale) {
       } else {
         kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
                              static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                             static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW,
+                             static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
                              hp.bias_correction, s.updates + 1};
         ops::adam_step(dev, master, v.state(pc, 1), v.state(pc, 2), grad, pc.count, h, grad_scale,
                        working, p.dtype);
@@ -444,6 +515,13 @@ bool Optimizer::has_state(const Param& p, int slot) const {
   if (s->swapped[slot]) return true;
   return slot == 0 ? s->master != nullptr || s->master_is_shard || s->master_is_working
                    : slot == 1 ? s->state1 != nullptr : s->state2 != nullptr;
+}
+
+bool Optimizer::steps_muon(const Param& p) const {
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots)
+      if (s.param.get() == &p) return s.muon;
+  return false;
 }
 
 bool Optimizer::master_in_shard(const Param& p) const {
@@ -678,7 +756,7 @@ std::vector<std::string> Optimizer::describe() const {
     const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact text
     return std::string(buf, r.ptr);
   };
-  static const char* const kKinds[] = {"adamw", "adam", "sgd", "external"};
+  static const char* const kKinds[] = {"adamw", "adam", "sgd", "external", "muon"};
   std::vector<std::string> t{std::string("kind=") + kKinds[static_cast<int>(kind_)],
                              "groups=" + std::to_string(groups_.size())};
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -697,6 +775,9 @@ std::vector<std::string> Optimizer::describe() const {
     t.push_back(p + "dampening=" + num(h.dampening));
     t.push_back(p + "nesterov=" + std::to_string(h.nesterov));
     t.push_back(p + "bias_correction=" + std::to_string(h.bias_correction));
+    t.push_back(p + "use_muon=" + std::to_string(h.use_muon));
+    t.push_back(p + "ns_method=" + std::to_string(h.ns_method));
+    t.push_back(p + "ns_steps=" + std::to_string(h.ns_steps));
   }
   return t;
 }
@@ -837,7 +918,9 @@ StepResult Optimizer::step() {
       update_swapped(grad_scale);
     } else {
       for (auto& g : groups_)
-        for (auto& s : g.slots) update(g, s, grad_scale);
+        for (auto& s : g.slots)
+          if (!s.muon) update(g, s, grad_scale);
+      if (kind_ == OptimKind::Muon) update_muon(grad_scale);
     }
     ctx_.device()->synchronize();
     trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file

@@ -26,6 +26,14 @@
 // (the swap file holds fp32 arrays). An External optimizer is refused under
 // bf16_master_weights_and_grads: its caller steps fp32 masters (slot 0).
 //
+// Muon: DeepSpeed 0.19's Muon with its auxiliary AdamW. A group's
+// use_muon picks, at add_group, which of its params step Muon (matrices:
+// momentum on the shard, the whole update orthogonalized on an owner rank,
+// muon_step.h; lr, momentum, weight_decay, ns_method, ns_steps; slot 1 is
+// the momentum) and which step AdamW (bias corrected, decoupled decay;
+// lr, beta1, beta2, eps, weight_decay; slots 1 and 2). Refused, as External
+// is, under bf16_master_weights_and_grads and with state on NVMe.
+//
 // External: the update rule is the caller's (a torch optimizer stepping the
 // shards). The engine keeps the fp32 masters of 16-bit params and runs the
 // step around the caller's update: step_begin syncs the gradients, takes
@@ -51,12 +59,18 @@
 
 namespace zs {
 
-enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2, External = 3 };
+enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2, External = 3, Muon = 4 };
 
 struct Hparams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false, bias_correction = true;
+  // Muon only (the defaults on every other kind): whether the group's
+  // params step Muon (1), AdamW (0), or by shape (-1: 2 or more dims Muon);
+  // the Newton-Schulz method (NsMethod) and its steps.
+  int use_muon = -1;
+  int ns_method = 0;
+  int ns_steps = 5;
 };
 
 struct StepResult {
@@ -114,6 +128,9 @@ class Optimizer {
   // under bf16.bf16_master_weights_and_grads (no separate master to save
   // or load).
   bool master_in_shard(const Param& p) const;
+  // Whether p steps Muon (a Muon optimizer's matrix): its slot 1 is Muon's
+  // momentum and it has no slot 2.
+  bool steps_muon(const Param& p) const;
   // The dtype of p's slot 1 and 2 (F32, or BF16 under bf16_optimizer_states).
   DType state_dtype(const Param& p) const;
   // Writes the host copies state() made of NVMe state back and frees them.
@@ -168,6 +185,7 @@ class Optimizer {
     bool swapped[3] = {false, false, false};
     size_t index = 0;
     bool sgd_first = false;  // this step's SGD first_step, kept across sub-groups
+    bool muon = false;       // a Muon optimizer's matrix (steps_muon)
     std::map<std::string, BufferPtr> named;  // External: the caller's state by name
   };
   // What step_begin left for step_end (and step() between its halves).
@@ -192,6 +210,8 @@ class Optimizer {
   OpenStep begin_locked();
   StepResult finish_locked(const OpenStep& open, double update_seconds);
   void update(const Group& g, Slot& s, float grad_scale);
+  // The Muon slots of every group, one collective pass (muon_step.h).
+  void update_muon(float grad_scale);
   void update_swapped(float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
   Slot* find_slot(const Param& p);

@@ -699,6 +699,21 @@ typedef enum zs_optimizer_kind {
    * NOT_SUPPORTED under bf16.bf16_master_weights_and_grads (no fp32
    * masters to step). */
   ZS_OPTIM_EXTERNAL = 3,
+  /* DeepSpeed 0.19's Muon with its auxiliary AdamW. A group's use_muon
+   * (fixed at zs_optimizer_add_group) says which of its params step Muon:
+   * 1 all (each needs 2 or more dims), 0 none, -1 those of 2 or more dims.
+   * A Muon param's momentum moves toward the gradient on each rank's shard
+   * (slot 1; momentum is Muon's beta, e.g. 0.95); the Nesterov update of the
+   * whole matrix (dim 0 by the rest) is orthogonalized on one owner rank
+   * by ns_steps Newton-Schulz steps (ns_method 0 "gram", 1 "standard"; fp32
+   * GEMMs: OpenBLAS on a CPU context, cuBLAS on a CUDA one), owners
+   * balanced by flops; then each rank's master shard decays by
+   * lr * weight_decay and moves by -lr times its part of the result, scaled
+   * by sqrt(max(1, rows / cols)). The other params step AdamW (lr, beta1,
+   * beta2, eps, weight_decay; slots 1 and 2). NOT_SUPPORTED under
+   * bf16.bf16_master_weights_and_grads and with offload_optimizer.device
+   * "nvme". */
+  ZS_OPTIM_MUON = 4,
   ZS_OPTIM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_OPTIM_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_optimizer_kind;
@@ -711,10 +726,14 @@ typedef struct zs_optim_hparams {
   double momentum, dampening; /* SGD */
   int nesterov;               /* SGD */
   int bias_correction;        /* Adam(W), default 1 */
+  /* ZS_OPTIM_MUON only; any other kind refuses values but the defaults. */
+  int use_muon;  /* 1 Muon, 0 AdamW, -1 (default) by shape: 2 or more dims Muon */
+  int ns_method; /* Newton-Schulz: 0 (default) "gram", 1 "standard" */
+  int ns_steps;  /* Newton-Schulz steps, 1..100, default 5 */
 } zs_optim_hparams;
 
 #define ZS_OPTIM_HPARAMS_INIT \
-  { sizeof(zs_optim_hparams), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0, 1 }
+  { sizeof(zs_optim_hparams), 1e-3, 0.9, 0.999, 1e-8, 0.01, 0.0, 0.0, 0, 1, -1, 0, 5 }
 
 /* ZS_OPTIM_HPARAMS_INIT for languages without C macros: its values into the
  * first `size` bytes of *hparams (pass sizeof *hparams). */

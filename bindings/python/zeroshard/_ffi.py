@@ -295,6 +295,7 @@ typedef enum zs_optimizer_kind {
   ZS_OPTIM_ADAM = 1,
   ZS_OPTIM_SGD = 2,
   ZS_OPTIM_EXTERNAL = 3,
+  ZS_OPTIM_MUON = 4,
   ZS_OPTIM_KIND_ENUM_MIN_ = -2147483648,
   ZS_OPTIM_KIND_ENUM_MAX_ = 2147483647
 } zs_optimizer_kind;
@@ -307,6 +308,9 @@ typedef struct zs_optim_hparams {
   double momentum, dampening;
   int nesterov;
   int bias_correction;
+  int use_muon;
+  int ns_method;
+  int ns_steps;
 } zs_optim_hparams;
 zs_status zs_optim_hparams_init(zs_optim_hparams* hparams, size_t size);
 

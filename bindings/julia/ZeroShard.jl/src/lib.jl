@@ -74,6 +74,7 @@ const ZS_OPTIM_ADAMW = Cint(0)
 const ZS_OPTIM_ADAM = Cint(1)
 const ZS_OPTIM_SGD = Cint(2)
 const ZS_OPTIM_EXTERNAL = Cint(3)
+const ZS_OPTIM_MUON = Cint(4)
 
 # Opaque handles.
 const zs_context = Ptr{Cvoid}
@@ -196,6 +197,9 @@ mutable struct zs_optim_hparams
     dampening::Cdouble
     nesterov::Cint
     bias_correction::Cint
+    use_muon::Cint
+    ns_method::Cint
+    ns_steps::Cint
     zs_optim_hparams() = new()  # filled by zs_optim_hparams_init
 end
 

@@ -102,6 +102,7 @@ c_enum!(zs_optimizer_kind {
     ZS_OPTIM_ADAM = 1,
     ZS_OPTIM_SGD = 2,
     ZS_OPTIM_EXTERNAL = 3,
+    ZS_OPTIM_MUON = 4,
     ZS_OPTIM_KIND_ENUM_MIN_ = i32::MIN,
     ZS_OPTIM_KIND_ENUM_MAX_ = i32::MAX,
 });
@@ -243,6 +244,9 @@ pub struct zs_optim_hparams {
     pub dampening: f64,
     pub nesterov: c_int,
     pub bias_correction: c_int,
+    pub use_muon: c_int,
+    pub ns_method: c_int,
+    pub ns_steps: c_int,
 }
 
 #[repr(C)]

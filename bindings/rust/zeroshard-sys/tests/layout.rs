@@ -63,7 +63,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_param_info { size, name, dtype, ndim, shape, numel, shard_numel, padded_numel,
             shard_offset, shard_valid, status, device_type, device_id }
         zs_optim_hparams { size, lr, beta1, beta2, eps, weight_decay, momentum, dampening,
-            nesterov, bias_correction }
+            nesterov, bias_correction, use_muon, ns_method, ns_steps }
         zs_step_result { size, skipped, grad_norm, loss_scale, step }
         zs_checkpoint_save_options { size, tag, user_json, timeout_ms, overwrite, update_latest,
             names, progress, progress_user }
@@ -137,6 +137,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_OPTIM_ADAM,
         ZS_OPTIM_SGD,
         ZS_OPTIM_EXTERNAL,
+        ZS_OPTIM_MUON,
         ZS_OPTIM_KIND_ENUM_MIN_,
         ZS_OPTIM_KIND_ENUM_MAX_,
     );

@@ -69,7 +69,7 @@ pub use context::{
 };
 pub use error::{Error, Result, Status};
 pub use group::{Group, Work};
-pub use optimizer::{Hparams, Optimizer, OptimizerKind, StepResult};
+pub use optimizer::{Hparams, NsMethod, Optimizer, OptimizerKind, StepResult};
 pub use param::{as_bytes, Gather, Gathered, Init, Param, ParamInfo, ParamSpec};
 pub use types::{DType, Device, Element, GroupKind, Half16, ParamStatus, ReduceOp};
 pub use zeroshard_sys as sys;

@@ -14,6 +14,18 @@ pub enum OptimizerKind {
     AdamW,
     Adam,
     Sgd,
+    /// DeepSpeed 0.19's Muon with its auxiliary AdamW (`ZS_OPTIM_MUON`):
+    /// matrices step Muon, the rest AdamW, as each group's `use_muon` says.
+    Muon,
+}
+
+/// Muon's Newton-Schulz iteration (`ns_method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NsMethod {
+    /// On the small Gram matrix (DeepSpeed's default).
+    Gram,
+    /// The quintic step on the matrix itself.
+    Standard,
 }
 
 /// `zs_optim_hparams`; `Hparams::default()` is the header's
@@ -29,6 +41,11 @@ pub struct Hparams {
     pub dampening: f64,
     pub nesterov: bool,
     pub bias_correction: bool,
+    /// `OptimizerKind::Muon` only: `Some(true)` the group steps Muon,
+    /// `Some(false)` AdamW, `None` by shape (2 or more dims: Muon).
+    pub use_muon: Option<bool>,
+    pub ns_method: NsMethod,
+    pub ns_steps: i32,
 }
 
 impl Default for Hparams {
@@ -44,6 +61,12 @@ impl Default for Hparams {
             dampening: h.dampening,
             nesterov: h.nesterov != 0,
             bias_correction: h.bias_correction != 0,
+            use_muon: match h.use_muon {
+                -1 => None,
+                v => Some(v != 0),
+            },
+            ns_method: if h.ns_method == 1 { NsMethod::Standard } else { NsMethod::Gram },
+            ns_steps: h.ns_steps,
         }
     }
 }
@@ -60,6 +83,12 @@ impl Hparams {
         h.dampening = self.dampening;
         h.nesterov = self.nesterov as i32;
         h.bias_correction = self.bias_correction as i32;
+        h.use_muon = self.use_muon.map_or(-1, |m| m as i32);
+        h.ns_method = match self.ns_method {
+            NsMethod::Gram => 0,
+            NsMethod::Standard => 1,
+        };
+        h.ns_steps = self.ns_steps;
         h
     }
 }
@@ -92,6 +121,7 @@ impl<'c> Optimizer<'c> {
             OptimizerKind::AdamW => sys::ZS_OPTIM_ADAMW,
             OptimizerKind::Adam => sys::ZS_OPTIM_ADAM,
             OptimizerKind::Sgd => sys::ZS_OPTIM_SGD,
+            OptimizerKind::Muon => sys::ZS_OPTIM_MUON,
         };
         let mut h = ptr::null_mut();
         // SAFETY: a live context and an out pointer.

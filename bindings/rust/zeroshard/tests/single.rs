@@ -187,6 +187,49 @@ fn optimizer_steps_and_refuses_while_views_are_alive() {
 }
 
 #[test]
+fn muon_orthogonalizes_matrices_and_steps_vectors_with_adamw() {
+    let ctx = world_of_one();
+    let w = from_all(&ctx, "w", &[0.0f32; 16], &[4, 4]);
+    let b = from_all(&ctx, "b", &[1.0f32, -1.0], &[2]);
+    let mut opt = Optimizer::new(&ctx, OptimizerKind::Muon).unwrap();
+    let hp = Hparams {
+        lr: 0.1,
+        weight_decay: 0.0,
+        momentum: 0.0,
+        ..Hparams::default()
+    };
+    assert!(hp.use_muon.is_none() && hp.ns_steps == 5, "defaults from the library");
+    opt.add_group(&[&w, &b], &hp).unwrap();
+    // A gradient of 3 I: normalized it is I / 2, and each Newton-Schulz
+    // step maps every singular value s to 3.4445 s - 4.7750 s^3 + 2.0315 s^5.
+    let mut g = [0.0f32; 16];
+    for i in 0..4 {
+        g[i * 5] = 3.0;
+    }
+    w.grad_push(&g, DType::F32).unwrap();
+    b.grad_push(&[2.0f32, -0.5], DType::F32).unwrap();
+    opt.step().unwrap();
+    let mut s = 0.5f64;
+    for _ in 0..5 {
+        s = 3.4445 * s - 4.7750 * s.powi(3) + 2.0315 * s.powi(5);
+    }
+    let master = opt.state(&w, 0).unwrap().to_vec();
+    for (i, m) in master.iter().enumerate() {
+        let want = if i % 5 == 0 { -0.1 * s } else { 0.0 };
+        assert!((*m as f64 - want).abs() < 1e-5, "w[{i}] = {m}, want {want}");
+    }
+    // The vector steps AdamW: first step lr * sign(g).
+    let bias = opt.state(&b, 0).unwrap().to_vec();
+    assert!((bias[0] - 0.9).abs() < 1e-5 && (bias[1] + 0.9).abs() < 1e-5, "{bias:?}");
+    // Muon's fields on another kind are refused, naming the field.
+    let mut adamw = Optimizer::new(&ctx, OptimizerKind::AdamW).unwrap();
+    let e = adamw
+        .add_group(&[&b], &Hparams { ns_steps: 3, ..Hparams::default() })
+        .unwrap_err();
+    assert!(e.message.contains("ns_steps"), "{e}");
+}
+
+#[test]
 fn collectives_in_a_world_of_one() {
     let ctx = world_of_one();
     let world = ctx.group(GroupKind::World).unwrap();
