@@ -171,7 +171,7 @@ def mode_muon_config(engine, out):
                                                  optimizers=optimizers)
     trainer.train()
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    return {"losses": losses(trainer), "optimizer": type(opt).__name__,
+    return {"losses": losses(trainer), "optimizer": type(opt).__name__, "kind": getattr(opt, "kind", None),
             "grad_norms": [h.get("grad_norm") for h in trainer.state.log_history if "loss" in h],
             "muon_groups": sum(1 for g in opt.param_groups if g["use_muon"])}
 

@@ -320,13 +320,16 @@ def mode_muon_vs_deepspeed(rank, world):
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
     torch.compiler.set_stance("force_eager")  # DeepSpeed compiles its Muon update; eager here (the same math)
     out = {}
-    for method in ("gram", "standard"):
+    for method, engine in (("gram", False), ("standard", False), ("gram", True)):
         settings = dict(weight_decay=0.1)
         torch.manual_seed(0)
         with zt.Init(config=CONFIG):
             model = OddGPT()
         zt.partition_module(model)
         opt = zt.Muon(zt.muon_param_groups(model, **settings), muon_lr=0.02, adam_lr=3e-3, ns_method=method)
+        if engine:  # the engine's Muon (ZS_OPTIM_MUON), the fast path
+            opt = zt.ZeroShardOptimizer.from_torch(opt)
+            assert opt.kind == "muon", opt.kind
         for s in range(STEPS):
             model(*batch(s, rank)).backward()
             opt.step()
@@ -347,7 +350,7 @@ def mode_muon_vs_deepspeed(rank, world):
             ropt.step()
             ropt.zero_grad()
         if rank == 0:
-            out[method] = {"param_diff": max(float((full[n] - p.detach()).abs().max())
+            out["engine" if engine else method] = {"param_diff": max(float((full[n] - p.detach()).abs().max())
                                              for n, p in ref.named_parameters()),
                            "moved": min(float((p.detach() - q).abs().max()) for (n, p), q in
                                         zip(ref.named_parameters(), OddGPTInit())),

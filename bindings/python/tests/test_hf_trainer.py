@@ -90,12 +90,13 @@ def test_optim_argument_names_a_torch_optimizer_that_trains_as_ddp():
 
 def test_deepspeed_muon_config_trains_as_deepspeeds_muon_under_ddp():
     """"optimizer": {"type": "Muon", ...} in the DeepSpeed JSON ("auto"s
-    resolved from the arguments): zeroshard.torch.Muon over the Trainer's
-    groups split as DeepSpeed splits them; the Trainer under DDP gets
-    DeepSpeed's own MuonWithAuxAdam over the same groups: the same losses
-    and gradient norms."""
+    resolved from the arguments): the engine's Muon (ZS_OPTIM_MUON, "gram"
+    Newton-Schulz in C++) over the Trainer's groups split as DeepSpeed
+    splits them; the Trainer under DDP gets DeepSpeed's own MuonWithAuxAdam
+    over the same groups: the same losses and gradient norms."""
     ddp, ours = run(2, "muon_config", "ddp"), run(2, "muon_config", "zeroshard")
-    assert ddp["optimizer"] == "MuonWithAuxAdam" and ours["optimizer"] == "Muon"
+    assert ddp["optimizer"] == "MuonWithAuxAdam", ddp
+    assert ours["optimizer"] == "ZeroShardOptimizer" and ours["kind"] == "muon", ours
     assert ours["muon_groups"] == ddp["muon_groups"] == 1  # the hidden matrices (all decayed)
     same(ddp["losses"], ours["losses"])
     same(ddp["grad_norms"], ours["grad_norms"], rel=1e-4)

@@ -21,7 +21,7 @@ _INIT_BY_NAME = {"zeros": 0, "from_rank": 1, "from_all": 2, "normal": 3, "unifor
 _OP_BY_NAME = {"sum": 0, "avg": 1, "mean": 1, "max": 2, "min": 3}
 _GROUP_BY_NAME = {"world": 0, "partition": 1, "mics_shard": 2, "mics_replica": 3, "hpz": 4,
                   "mics_inter": 5, "mics_intra": 6}
-_OPTIM_BY_NAME = {"adamw": 0, "adam": 1, "sgd": 2, "external": 3}
+_OPTIM_BY_NAME = {"adamw": 0, "adam": 1, "sgd": 2, "external": 3, "muon": 4}
 _PARAM_STATUS = {0: "NOT_AVAILABLE", 1: "INFLIGHT", 2: "AVAILABLE"}
 
 

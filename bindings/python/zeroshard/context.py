@@ -422,7 +422,9 @@ class Context:
                     optimizer._groups[i] = dict(
                         lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
                         weight_decay=h["weight_decay"], momentum=h["momentum"], dampening=h["dampening"],
-                        nesterov=bool(h["nesterov"]), bias_correction=bool(h["bias_correction"]))
+                        nesterov=bool(h["nesterov"]), bias_correction=bool(h["bias_correction"]),
+                        use_muon=None if h.get("use_muon", -1) == -1 else bool(h["use_muon"]),
+                        ns_method=("gram", "standard")[h.get("ns_method", 0)], ns_steps=h.get("ns_steps", 5))
         return out
 
     def export_safetensors(self, out_file, params, names=None, progress=None):
@@ -451,8 +453,10 @@ class Context:
         check(lib.zs_load_safetensors(self._h, arr, n, opt, os.fsencode(path), o))
 
     def optimizer(self, kind="adamw"):
-        """A sharded optimizer: "adamw", "adam" or "sgd", or "external" (the
-        caller's update rule between step_begin and step_end)."""
+        """A sharded optimizer: "adamw", "adam", "sgd", "muon" (DeepSpeed's
+        Muon with its AdamW, each group's use_muon saying which), or
+        "external" (the caller's update rule between step_begin and
+        step_end)."""
         k = _code(kind, _OPTIM_BY_NAME, "optimizer kind")
         out = ffi.new("zs_optimizer*")
         check(lib.zs_optimizer_create(out, self._h, k))

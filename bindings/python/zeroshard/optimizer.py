@@ -9,7 +9,9 @@ from .param import Param, _param_array
 
 
 _HPARAM_DEFAULTS = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, momentum=0.0,
-                        dampening=0.0, nesterov=False, bias_correction=True)
+                        dampening=0.0, nesterov=False, bias_correction=True, use_muon=None,
+                        ns_method="gram", ns_steps=5)
+_NS_METHODS = {"gram": 0, "standard": 1}
 
 
 def _hparams(hp):
@@ -23,11 +25,21 @@ def _hparams(hp):
     h.dampening = float(hp["dampening"])
     h.nesterov = 1 if hp["nesterov"] else 0
     h.bias_correction = 1 if hp["bias_correction"] else 0
+    # Muon's (kind "muon"; the defaults on any other kind): use_muon None
+    # means by shape (2 or more dims step Muon).
+    use_muon = hp.get("use_muon")
+    h.use_muon = -1 if use_muon is None else int(bool(use_muon))
+    method = hp.get("ns_method", "gram")
+    if method not in _NS_METHODS:
+        raise ValueError(f"ns_method {method!r}: expected one of {tuple(_NS_METHODS)}")
+    h.ns_method = _NS_METHODS[method]
+    h.ns_steps = int(hp.get("ns_steps", 5))
     return h
 
 
 class Optimizer(_Owned):
-    """A sharded optimizer (AdamW, Adam or SGD) over this rank's shards."""
+    """A sharded optimizer (AdamW, Adam, SGD or Muon with its AdamW) over
+    this rank's shards."""
     _destroy_name = "zs_optimizer_destroy"
 
     def __init__(self, ctx, handle, kind):
@@ -36,11 +48,15 @@ class Optimizer(_Owned):
         self._groups = []  # hyper-parameters per group index, as last set
 
     def add_group(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                  momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True):
-        """Add a parameter group with its hyper-parameters; returns its index."""
+                  momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True, use_muon=None,
+                  ns_method="gram", ns_steps=5):
+        """Add a parameter group with its hyper-parameters; returns its index.
+        use_muon, ns_method and ns_steps are kind "muon"'s (momentum is then
+        Muon's, betas and eps its AdamW's)."""
         hp = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                   momentum=momentum, dampening=dampening, nesterov=bool(nesterov),
-                  bias_correction=bool(bias_correction))
+                  bias_correction=bool(bias_correction), use_muon=use_muon, ns_method=ns_method,
+                  ns_steps=int(ns_steps))
         arr, n, keep = _param_array(params)
         index = ffi.new("int*")
         check(lib.zs_optimizer_add_group(self._h, arr, n, _hparams(hp), index))
@@ -59,22 +75,25 @@ class Optimizer(_Owned):
         return dict(self._groups[group])
 
     def set_hparams(self, group, lr=None, betas=None, eps=None, weight_decay=None,
-                    momentum=None, dampening=None, nesterov=None, bias_correction=None):
+                    momentum=None, dampening=None, nesterov=None, bias_correction=None, ns_method=None,
+                    ns_steps=None):
         """Change a group's hyper-parameters (group -1: every group). Keywords
-        left None keep the group's current value."""
+        left None keep the group's current value (use_muon is fixed when the
+        group is added)."""
         given = dict(lr=lr, betas=None if betas is None else tuple(betas), eps=eps,
                      weight_decay=weight_decay, momentum=momentum, dampening=dampening,
                      nesterov=None if nesterov is None else bool(nesterov),
-                     bias_correction=None if bias_correction is None else bool(bias_correction))
+                     bias_correction=None if bias_correction is None else bool(bias_correction),
+                     ns_method=ns_method, ns_steps=None if ns_steps is None else int(ns_steps))
         group = int(group)
-        complete = all(v is not None for v in given.values())
-        if group == -1 and not complete and self._groups:
+        if group == -1 and self._groups:  # each group from its own values (use_muon differs)
             targets = list(range(len(self._groups)))
         else:
             targets = [group]
         for g in targets:
             base = self._groups[g] if 0 <= g < len(self._groups) else _HPARAM_DEFAULTS
             hp = {k: (base[k] if v is None else v) for k, v in given.items()}
+            hp["use_muon"] = base["use_muon"]
             check(lib.zs_optimizer_set_hparams(self._h, g, _hparams(hp)))
             if g == -1:
                 self._groups = [dict(hp) for _ in self._groups]

@@ -98,7 +98,10 @@ class ZeroShardTrainerMixin:
             hidden = {id(p) for g in zt.muon_param_groups(model) if g["use_muon"] for p in g["params"]}
             groups = [dict(g, params=[p for p in g["params"] if (id(p) in hidden) is use], use_muon=use)
                       for g in groups for use in (True, False)]
-            self.optimizer = zt.Muon([g for g in groups if g["params"]], **hp)
+            muon = zt.Muon([g for g in groups if g["params"]], **hp)
+            # The engine's Muon (C++, fp32 Newton-Schulz on the BLAS) where it
+            # runs the same method; "standard" (bf16) steps as torch code.
+            self.optimizer = zt.ZeroShardOptimizer.twin_of(muon) or muon
             return self.optimizer
         if kind is None:
             self.optimizer = cls(groups, **hp)

@@ -111,6 +111,8 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
             group["dampening"] = hp["dampening"]
             group["nesterov"] = hp["nesterov"]
             group["bias_correction"] = hp["bias_correction"]
+            group["ns_method"] = hp["ns_method"]
+            group["ns_steps"] = hp["ns_steps"]
         optimizer.sync_loss_scale()  # the loss scaler's state came with it
     # The shards changed: views of gathered copies are stale.
     for e in _hook_engines():

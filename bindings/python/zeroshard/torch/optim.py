@@ -14,7 +14,9 @@ from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimi
 
 
 class ZeroShardOptimizer(torch.optim.Optimizer):
-    """AdamW, Adam or SGD on the engine's fp32 master shards.
+    """AdamW, Adam, SGD or Muon (kind "muon": DeepSpeed's Muon with its
+    AdamW, groups tagged "use_muon" as zeroshard.torch.muon_param_groups
+    tags them) on the engine's fp32 master shards.
 
     A torch.optim.Optimizer as far as user code and LR schedulers can tell:
     param_groups with their hyper-parameters (read again at every step),
@@ -36,9 +38,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params, kind="adamw", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True):
+                 momentum=0.0, dampening=0.0, nesterov=False, bias_correction=True, use_muon=None,
+                 ns_method="gram", ns_steps=5):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                        dampening=dampening, nesterov=nesterov, bias_correction=bias_correction)
+                        dampening=dampening, nesterov=nesterov, bias_correction=bias_correction,
+                        use_muon=use_muon, ns_method=ns_method, ns_steps=ns_steps)
         super().__init__(params, defaults)
         self.kind = kind
         self._engine = get_context().optimizer(kind)
@@ -88,10 +92,15 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
 
     @classmethod
     def from_torch(cls, opt):
-        """The engine-backed twin of torch's AdamW, Adam or SGD `opt` (its
-        params partitioned already): the same param groups and values.
-        Other optimizers raise TypeError; options without a sharded
-        counterpart (amsgrad, maximize) NotImplementedError."""
+        """The engine-backed twin of torch's AdamW, Adam or SGD, or of
+        zeroshard.torch.Muon with "gram" Newton-Schulz, `opt` (its params
+        partitioned already): the same param groups and values. Other
+        optimizers raise TypeError; options without a sharded counterpart
+        (amsgrad, maximize; Muon's bf16 "standard" iteration, which the
+        engine runs in fp32) NotImplementedError."""
+        from .muon import Muon
+        if isinstance(opt, Muon):
+            return cls._from_muon(opt)
         kinds = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"))
         kind = next((k for c, k in kinds if isinstance(opt, c)), None)
         if kind is None:
@@ -109,6 +118,18 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         return cls(groups, kind=kind)
 
     @classmethod
+    def _from_muon(cls, opt):
+        groups = []
+        for g in opt.param_groups:
+            if g["ns_method"] != "gram":
+                raise NotImplementedError(f"zeroshard.torch: Muon(ns_method={g['ns_method']!r}) iterates in bf16 "
+                                          "as DeepSpeed's does; the engine's Muon runs \"gram\" in fp32")
+            groups.append({"params": g["params"], "lr": g["lr"], "weight_decay": g["weight_decay"],
+                           "betas": tuple(g["betas"]), "eps": g["eps"], "momentum": g["momentum"],
+                           "use_muon": bool(g["use_muon"]), "ns_method": "gram", "ns_steps": g["ns_steps"]})
+        return cls(groups, kind="muon")
+
+    @classmethod
     def twin_of(cls, opt):
         """from_torch(opt) when the engine's AdamW, Adam or SGD does what
         `opt` does (the same update, fused in C++ over the shards), else
@@ -123,7 +144,8 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         return dict(lr=group["lr"], betas=tuple(group["betas"]), eps=group["eps"],
                     weight_decay=group["weight_decay"], momentum=group["momentum"],
                     dampening=group["dampening"], nesterov=group["nesterov"],
-                    bias_correction=group["bias_correction"])
+                    bias_correction=group["bias_correction"], use_muon=group["use_muon"],
+                    ns_method=group["ns_method"], ns_steps=group["ns_steps"])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -158,7 +180,9 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     def sync_hparams(self):
         """Each param group's hyper-parameters (lr, betas, ...) to the engine."""
         for i, group in enumerate(self.param_groups):
-            self._engine.set_hparams(i, **self._hparams(group))
+            hp = self._hparams(group)
+            del hp["use_muon"]  # fixed when the group was added
+            self._engine.set_hparams(i, **hp)
 
     def zero_grad(self, set_to_none=True):
         # Gradients live in the engine's shards, zeroed by every step.
