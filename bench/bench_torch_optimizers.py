@@ -35,7 +35,15 @@ Runs (--optimizers picks; each engine its own launch, 2 ranks by default):
            ddp        the same two optimizers under DDP (every rank runs
                       Newton-Schulz on every matrix: torch's Muon is not
                       distributed)
-           deepspeed  DeepSpeed ZeRO-3 with "optimizer": {"type": "Muon"}:
+           deepspeed  DeepSpeed ZeRO-3 with "optimizer": {"type": "Muon"} (below)
+  dsmuon   zeroshard  the engine's own Muon (ZS_OPTIM_MUON, C++): DeepSpeed's Muon
+                      with its AdamW (zt.Muon's groups, ZeroShardOptimizer.from_torch),
+                      momentum on the shards, "gram" Newton-Schulz in fp32 on
+                      OpenBLAS on owner ranks
+           ddp        zeroshard.torch.Muon (DeepSpeed's update, torch code) under DDP
+           deepspeed  DeepSpeed ZeRO-3 with "optimizer": {"type": "Muon"},
+                      ns_method "gram" (fp32 on a CPU), otherwise as below
+  (muon)   deepspeed  DeepSpeed ZeRO-3 with "optimizer": {"type": "Muon"}:
                       its MuonWithAuxAdam, use_muon tagged by deepspeed.initialize
                       (2-D and no "embed"/"lm_head" in the name: the same split),
                       ns_method "standard" (the Newton-Schulz torch's Muon runs),
@@ -110,8 +118,8 @@ from rss import peak_rss, rss_now
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 RUNS = (("rmsprop", "zeroshard"), ("rmsprop", "ddp"), ("muon", "zeroshard"), ("muon", "ddp"),
-        ("muon", "deepspeed"))
-LOSS_TOLERANCE = {"rmsprop": 1e-5, "muon": 1e-3}  # zeroshard vs DDP, relative, per step
+        ("muon", "deepspeed"), ("dsmuon", "zeroshard"), ("dsmuon", "ddp"), ("dsmuon", "deepspeed"))
+LOSS_TOLERANCE = {"rmsprop": 1e-5, "muon": 1e-3, "dsmuon": 1e-4}  # zeroshard vs DDP, relative, per step
 DS_LOSS_TOLERANCE = 1e-3  # zeroshard's Muon vs DeepSpeed's (another Muon code), relative, per step
 
 
@@ -224,6 +232,13 @@ def make_optimizers(args, model):
     import torch
     if args.optimizer == "rmsprop":
         return {"rmsprop": torch.optim.RMSprop(model.parameters(), lr=args.rmsprop_lr, alpha=0.99, eps=1e-8)}
+    if args.optimizer == "dsmuon":
+        import zeroshard.torch as zt
+        opt = zt.Muon(zt.muon_param_groups(model, weight_decay=args.weight_decay), muon_lr=args.muon_lr,
+                      adam_lr=args.adam_lr, momentum=0.95, betas=(0.9, 0.95), eps=1e-8, ns_method="gram")
+        if args.engine == "zeroshard":
+            opt = zt.ZeroShardOptimizer.from_torch(opt)  # the engine's Muon
+        return {"dsmuon": opt}
     named = list(model.named_parameters())
     hidden = [p for n, p in named if is_hidden_matrix(n, p)]
     rest = [p for n, p in named if not is_hidden_matrix(n, p)]
@@ -400,7 +415,8 @@ def worker(args):
                       "optimizer": {"type": "Muon", "params": {
                           "muon_lr": args.muon_lr, "adam_lr": args.adam_lr, "lr": args.adam_lr, "momentum": 0.95,
                           "weight_decay": args.weight_decay, "betas": [0.9, 0.95], "eps": 1e-8,
-                          "ns_method": "standard", "torch_adam": True}}}
+                          "ns_method": "gram" if args.optimizer == "dsmuon" else "standard",
+                          "torch_adam": True}}}
             notes["config"] = config
             with deepspeed.zero.Init(config_dict_or_path=config):
                 model = build_model(args)
@@ -650,8 +666,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", choices=["zeroshard", "ddp", "deepspeed"], help=argparse.SUPPRESS)
-    ap.add_argument("--optimizer", choices=["rmsprop", "muon"], help=argparse.SUPPRESS)
-    ap.add_argument("--optimizers", nargs="+", choices=["rmsprop", "muon"], default=["rmsprop", "muon"])
+    ap.add_argument("--optimizer", choices=["rmsprop", "muon", "dsmuon"], help=argparse.SUPPRESS)
+    ap.add_argument("--optimizers", nargs="+", choices=["rmsprop", "muon", "dsmuon"],
+                    default=["rmsprop", "muon", "dsmuon"])
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="steps per run, --warmup of them first")
@@ -805,14 +822,17 @@ def compare(args, results):
               flush=True)
 
     print("", flush=True)
-    for opt in ("rmsprop", "muon"):
+    for opt in ("rmsprop", "muon", "dsmuon"):
         a, b = f"{opt} zeroshard", f"{opt} ddp"
         if a in results and b in results:
             ratio(a, b)
             losses(a, b, LOSS_TOLERANCE[opt], True)
-    if "muon zeroshard" in results and "muon deepspeed" in results:
-        ratio("muon zeroshard", "muon deepspeed")
-        losses("muon zeroshard", "muon deepspeed", DS_LOSS_TOLERANCE, False)
+    for opt in ("muon", "dsmuon"):
+        if f"{opt} zeroshard" in results and f"{opt} deepspeed" in results:
+            ratio(f"{opt} zeroshard", f"{opt} deepspeed")
+            losses(f"{opt} zeroshard", f"{opt} deepspeed", DS_LOSS_TOLERANCE, False)
+    if "dsmuon zeroshard" in results and "muon zeroshard" in results:
+        ratio("dsmuon zeroshard", "muon zeroshard")  # the engine's Muon / torch's on owner ranks
     return ratios, checks
 
 
