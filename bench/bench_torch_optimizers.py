@@ -40,6 +40,8 @@ Runs (--optimizers picks; each engine its own launch, 2 ranks by default):
                       with its AdamW (zt.Muon's groups, ZeroShardOptimizer.from_torch),
                       momentum on the shards, "gram" Newton-Schulz in fp32 on
                       OpenBLAS on owner ranks
+  zeroshard_torch     zeroshard.torch.Muon as torch code: whole matrices on owner
+                      ranks through the step hooks (zeroshard.torch.shard_optim)
            ddp        zeroshard.torch.Muon (DeepSpeed's update, torch code) under DDP
            deepspeed  DeepSpeed ZeRO-3 with "optimizer": {"type": "Muon"},
                       ns_method "gram" (fp32 on a CPU), otherwise as below
@@ -118,7 +120,9 @@ from rss import peak_rss, rss_now
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 RUNS = (("rmsprop", "zeroshard"), ("rmsprop", "ddp"), ("muon", "zeroshard"), ("muon", "ddp"),
-        ("muon", "deepspeed"), ("dsmuon", "zeroshard"), ("dsmuon", "ddp"), ("dsmuon", "deepspeed"))
+        ("muon", "deepspeed"), ("dsmuon", "zeroshard"), ("dsmuon", "zeroshard_torch"), ("dsmuon", "ddp"),
+        ("dsmuon", "deepspeed"))
+ZS_ENGINES = ("zeroshard", "zeroshard_torch")  # zeroshard_torch: zt.Muon as torch code on owner ranks
 LOSS_TOLERANCE = {"rmsprop": 1e-5, "muon": 1e-3, "dsmuon": 1e-4}  # zeroshard vs DDP, relative, per step
 DS_LOSS_TOLERANCE = 1e-3  # zeroshard's Muon vs DeepSpeed's (another Muon code), relative, per step
 
@@ -237,7 +241,7 @@ def make_optimizers(args, model):
         opt = zt.Muon(zt.muon_param_groups(model, weight_decay=args.weight_decay), muon_lr=args.muon_lr,
                       adam_lr=args.adam_lr, momentum=0.95, betas=(0.9, 0.95), eps=1e-8, ns_method="gram")
         if args.engine == "zeroshard":
-            opt = zt.ZeroShardOptimizer.from_torch(opt)  # the engine's Muon
+            opt = zt.ZeroShardOptimizer.from_torch(opt)  # the engine's Muon (zeroshard_torch keeps zt.Muon)
         return {"dsmuon": opt}
     named = list(model.named_parameters())
     hidden = [p for n, p in named if is_hidden_matrix(n, p)]
@@ -379,7 +383,7 @@ def worker(args):
     probe = None
     torch.manual_seed(0)
     try:
-        if args.engine == "zeroshard":
+        if args.engine in ZS_ENGINES:
             import zeroshard.torch as zt
             config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": args.batch}
             zt.init_context(config=config, device="cpu")
@@ -474,7 +478,7 @@ def worker(args):
     except Exception as e:  # noqa: BLE001
         return worker_failed(args, rank, world, f"step {len(losses)}", e)
 
-    if args.engine == "zeroshard":
+    if args.engine in ZS_ENGINES:
         notes["ledger_end"] = zt.get_context().memory()
     mine = {"rank": rank, "setup_s": setup_s, "first_step_s": times[0], "rss_before_model_bytes": rss_before_model,
             "rss_after_build_bytes": rss_after_build,
@@ -501,7 +505,7 @@ def worker(args):
     if args.engine == "deepspeed":
         sys.stdout.flush()
         os._exit(0)  # DeepSpeed's CPU engine can abort in its teardown once everything is measured
-    if args.engine == "zeroshard":
+    if args.engine in ZS_ENGINES:
         del model, opts
         zt.shutdown()
     dist.destroy_process_group()
@@ -523,7 +527,7 @@ def measure_state(args, model, opts, notes):
     """Optimizer state bytes of this rank, after the first step, and how."""
     import torch
     out = {}
-    if args.engine == "zeroshard":
+    if args.engine in ZS_ENGINES:
         import zeroshard.torch as zt
         ledger = zt.get_context().memory()
         held = zs_torch_held_state(opts)
@@ -665,7 +669,7 @@ def step_parts(r, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--engine", choices=["zeroshard", "ddp", "deepspeed"], help=argparse.SUPPRESS)
+    ap.add_argument("--engine", choices=["zeroshard", "zeroshard_torch", "ddp", "deepspeed"], help=argparse.SUPPRESS)
     ap.add_argument("--optimizer", choices=["rmsprop", "muon", "dsmuon"], help=argparse.SUPPRESS)
     ap.add_argument("--optimizers", nargs="+", choices=["rmsprop", "muon", "dsmuon"],
                     default=["rmsprop", "muon", "dsmuon"])
@@ -831,8 +835,9 @@ def compare(args, results):
         if f"{opt} zeroshard" in results and f"{opt} deepspeed" in results:
             ratio(f"{opt} zeroshard", f"{opt} deepspeed")
             losses(f"{opt} zeroshard", f"{opt} deepspeed", DS_LOSS_TOLERANCE, False)
-    if "dsmuon zeroshard" in results and "muon zeroshard" in results:
-        ratio("dsmuon zeroshard", "muon zeroshard")  # the engine's Muon / torch's on owner ranks
+    if "dsmuon zeroshard" in results and "dsmuon zeroshard_torch" in results:
+        ratio("dsmuon zeroshard", "dsmuon zeroshard_torch")  # the engine's Muon / the same update as torch code
+        losses("dsmuon zeroshard", "dsmuon zeroshard_torch", DS_LOSS_TOLERANCE, False)
     return ratios, checks
 
 
