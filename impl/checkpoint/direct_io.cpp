@@ -10,6 +10,7 @@
 #include <new>
 
 #include "impl/common/error.h"
+#include "impl/common/memory_tally.h"
 
 namespace zs::ckpt {
 namespace {
@@ -32,13 +33,21 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : bytes_(bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, kDirectAlign, align_up(bytes)) != 0) throw std::bad_alloc();
   p_ = static_cast<char*>(p);
+  memory_tally::add(MemKind::IoStaging, align_up(bytes));
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(p_); }
+void AlignedBuffer::release() noexcept {
+  if (p_ == nullptr) return;
+  std::free(p_);
+  memory_tally::sub(MemKind::IoStaging, align_up(bytes_));
+  p_ = nullptr;
+}
+
+AlignedBuffer::~AlignedBuffer() { release(); }
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   if (this != &o) {
-    std::free(p_);
+    release();
     p_ = o.p_, bytes_ = o.bytes_;
     o.p_ = nullptr, o.bytes_ = 0;
   }

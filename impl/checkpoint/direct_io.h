@@ -36,6 +36,7 @@ class AlignedBuffer {
   size_t size() const { return bytes_; }
 
  private:
+  void release() noexcept;  // frees and uncounts (memory_tally.h: IoStaging)
   char* p_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -76,6 +76,7 @@ uint64_t staging_offset(const ParamEntry& e, const std::string& state, uint64_t 
 LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                 const std::string& path, const LoadOptions& o) {
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   LoadResult result;
   std::vector<Staged> staged;
   // Shards resident until the staged copies land in them (offload: read

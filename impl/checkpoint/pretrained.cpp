@@ -169,7 +169,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
       std::vector<const void*> inputs;
       if (root)
         for (int r = 0; r < p.group->size(); ++r) inputs.push_back(src.data() + static_cast<size_t>(r) * shard_bytes);
-      Out out{dst, std::make_unique<Buffer>(ctx.device(), shard_bytes)};
+      Out out{dst, std::make_unique<Buffer>(ctx.device(), shard_bytes, MemKind::IoStaging)};
       void* recv = out.staged->data();
       p.group->run("load_pretrained " + p.describe(), [&](Communicator& c) { c.scatter(inputs, recv, shard_bytes, 0); });
       outs.push_back(std::move(out));
@@ -193,6 +193,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
 size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                        const std::string& path, const PretrainedOptions& o) {
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  const memory_tally::PhaseScope phase(MemPhase::Construction);  // a model's weights coming in
   if (o.from_rank0 && ctx.ranks().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
   std::vector<Staged> staged;
   std::vector<ShardAccess> writing;  // shards resident until the copies land

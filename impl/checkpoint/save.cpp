@@ -292,6 +292,7 @@ void commit(const std::string& dir, const std::string& tag, const std::string& p
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& o) {
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   // Numbered first, so a rank that refuses the call below still keeps its
   // numbering in step with the others for the saves that follow.
   const uint64_t seq = ctx.attachment<SaveCounter>().next++;

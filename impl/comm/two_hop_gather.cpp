@@ -33,8 +33,8 @@ std::shared_ptr<Work> submit_two_hop_gather(Group& inter, Group& intra,
   std::vector<Place> places, quantized_places;
   auto keep = std::move(gather.keep);
   for (const auto& u : gather.units) {
-    auto t1 = std::make_shared<Buffer>(dev, u.bytes * static_cast<size_t>(nodes));
-    auto t2 = std::make_shared<Buffer>(dev, u.bytes * static_cast<size_t>(nodes * local));
+    auto t1 = std::make_shared<Buffer>(dev, u.bytes * static_cast<size_t>(nodes), MemKind::CommStaging);
+    auto t2 = std::make_shared<Buffer>(dev, u.bytes * static_cast<size_t>(nodes * local), MemKind::CommStaging);
     keep.push_back(t1);
     keep.push_back(t2);
     hop1.push_back({u.send, t1->data(), u.bytes, u.quantized});

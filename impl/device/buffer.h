@@ -12,16 +12,17 @@ namespace zs {
 
 class Buffer {
  public:
-  Buffer(std::shared_ptr<Device> device, size_t bytes, bool zero = false)
-      : device_(std::move(device)), bytes_(bytes) {
+  // `kind`: what the bytes are for (memory_tally.h).
+  Buffer(std::shared_ptr<Device> device, size_t bytes, MemKind kind, bool zero = false)
+      : device_(std::move(device)), bytes_(bytes), kind_(kind) {
     if (bytes == 0) return;
-    data_ = device_->alloc(bytes);
+    data_ = device_->alloc(bytes, kind);
     if (zero) device_->zero(data_, bytes);
   }
   // Host memory.
-  explicit Buffer(size_t bytes, bool zero = false) : Buffer(host_device(), bytes, zero) {}
+  Buffer(size_t bytes, MemKind kind, bool zero = false) : Buffer(host_device(), bytes, kind, zero) {}
   ~Buffer() {
-    if (data_) device_->free(data_, bytes_);
+    if (data_) device_->free(data_, bytes_, kind_);
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -36,6 +37,7 @@ class Buffer {
   std::shared_ptr<Device> device_;
   void* data_ = nullptr;
   size_t bytes_;
+  MemKind kind_;
 };
 
 using BufferPtr = std::shared_ptr<Buffer>;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "impl/common/memory_tally.h"
 #include "impl/device/pool.h"
 
 namespace zs {
@@ -47,13 +48,35 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // Memory on this device from its caching pool (OutOfMemory names the
   // size and the device). Blocks are aligned to 256 bytes on CUDA, 64 on
-  // the host.
-  void* alloc(size_t bytes) { return pool_->alloc(bytes); }
-  void free(void* p, size_t bytes) { pool_->free(p, bytes); }
+  // the host. `kind` says what it is for (memory_tally.h): free with the
+  // kind and size it was allocated with.
+  void* alloc(size_t bytes, MemKind kind) {
+    void* p = pool_->alloc(bytes);
+    memory_tally::add(kind, pool_->size_class(bytes == 0 ? 1 : bytes));
+    return p;
+  }
+  void free(void* p, size_t bytes, MemKind kind) {
+    pool_->free(p, bytes);
+    memory_tally::sub(kind, pool_->size_class(bytes == 0 ? 1 : bytes));
+  }
   // Host memory for staging this device's data through a host transport
   // (pinned on CUDA so copies are DMA; the plain host pool otherwise).
-  void* staging_alloc(size_t bytes) { return staging_->alloc(bytes); }
-  void staging_free(void* p, size_t bytes) { staging_->free(p, bytes); }
+  void* staging_alloc(size_t bytes, MemKind kind) {
+    void* p = staging_->alloc(bytes);
+    memory_tally::add(kind, staging_->size_class(bytes == 0 ? 1 : bytes));
+    return p;
+  }
+  void staging_free(void* p, size_t bytes, MemKind kind) {
+    staging_->free(p, bytes);
+    memory_tally::sub(kind, staging_->size_class(bytes == 0 ? 1 : bytes));
+  }
+  // The bytes this device's pools hand out now (the staging pool too when
+  // it is a pool of its own): what the tally's pooled kinds add up to.
+  uint64_t pools_used_bytes() const {
+    uint64_t used = pool_->stats().used_bytes;
+    if (staging_ != pool_) used += staging_->stats().used_bytes;
+    return used;
+  }
   PoolStats pool_stats() const { return pool_->stats(); }
   void trim() {
     pool_->trim();

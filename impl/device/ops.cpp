@@ -157,7 +157,7 @@ void sum_squares_and_finite(Device& dev, const std::vector<Range>& ranges, doubl
     // One slot per range on the device, summed on the host in range order
     // (the same order as the CPU path), after one synchronisation.
     const size_t k = ranges.size();
-    Buffer sums(dev.device_shared(), k * sizeof(double) + k * sizeof(int));
+    Buffer sums(dev.device_shared(), k * sizeof(double) + k * sizeof(int), MemKind::Scratch);
     auto* dsum = static_cast<double*>(sums.data());
     auto* dflag = reinterpret_cast<int*>(dsum + k);
     dev.bind_thread();

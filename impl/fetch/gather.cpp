@@ -176,8 +176,8 @@ QuantSlot quant_slot(const std::shared_ptr<Device>& dev, const Param& p, const S
                      std::vector<BufferPtr>& keep) {
   const kernels::QuantSpec spec = shard.packed() ? p.packet_spec : qwz;
   const size_t packet = quant_packet(p.layout.shard_numel, spec).bytes;
-  BufferPtr send = shard.packed() ? shard.buffer() : std::make_shared<Buffer>(dev, packet);
-  auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members));
+  BufferPtr send = shard.packed() ? shard.buffer() : std::make_shared<Buffer>(dev, packet, MemKind::CommStaging);
+  auto recv = std::make_shared<Buffer>(dev, packet * static_cast<size_t>(members), MemKind::CommStaging);
   keep.push_back(send);
   keep.push_back(recv);
   return {shard.packed() ? nullptr : shard.data(), send->data(),
@@ -197,6 +197,9 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
                                           bool into_gathered, bool exact) {
   ctx.expect_locked();
   ctx.check_async_error();
+  // A fetch is the forward's until gradients arrive (a backward's recompute
+  // or re-gather stays the backward's).
+  if (memory_tally::phase() != MemPhase::Backward) memory_tally::set_phase(MemPhase::Forward);
   ctx.attachment<FetchState>();  // so that unregister_param lets go of what we gather
   const auto& group = common_group(ctx, params, "fetch");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -249,7 +252,7 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
       continue;
     }
     fulls.push_back(alias ? p->shard
-                          : std::make_shared<Buffer>(dev, full_numel(ctx, *p) * p->elem_bytes()));
+                          : std::make_shared<Buffer>(dev, full_numel(ctx, *p) * p->elem_bytes(), MemKind::Gathered));
   }
 
   // Segments keep the buffers alive until the group thread is done with
@@ -324,7 +327,7 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
         secondary = &state.secondaries[&p];
         secondary->param = p.shared_from_this();
       }
-      secondary->pending = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), true);
+      secondary->pending = std::make_shared<Buffer>(dev, slice_numel * p.elem_bytes(), MemKind::Secondary, true);
       keep.push_back(secondary->pending);
       const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, slice_numel);
       slices.push_back({secondary->pending->data(),

@@ -4,7 +4,7 @@ namespace zs {
 
 std::shared_ptr<Buffer> LocoErrors::make(size_t floats) {
   if (floats == 0) return nullptr;
-  auto b = std::make_shared<Buffer>(ctx_.device(), floats * sizeof(float), true);
+  auto b = std::make_shared<Buffer>(ctx_.device(), floats * sizeof(float), MemKind::Grads, true);
   ctx_.ledger().add(Held::LocoErrors, b->bytes());
   return b;
 }

@@ -38,7 +38,7 @@ GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& grou
     const auto per_block = static_cast<uint64_t>(ctx_.config().reduce_bucket_size) / g;
     b.group = group;
     b.capacity = std::max<uint64_t>({per_block, shard_numel, 1});
-    b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * dtype_size(wire_));
+    b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * dtype_size(wire_), MemKind::ReduceBuckets);
   }
   return b;
 }
@@ -66,7 +66,7 @@ std::unique_ptr<Buffer> onto_device(const std::shared_ptr<Device>& devp, const v
                                     size_t bytes) {
   const DeviceRef where = pointer_location(grad);
   if (bytes == 0 || (!where.is_cuda() && !devp->is_cuda()) || where == devp->ref()) return nullptr;
-  auto moved = std::make_unique<Buffer>(devp, bytes);
+  auto moved = std::make_unique<Buffer>(devp, bytes, MemKind::ReduceBuckets);
   copy_between(moved->data(), grad, bytes);
   grad = moved->data();
   return moved;
@@ -116,10 +116,11 @@ uint64_t GradReducer::released() {
 
 uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                            size_t bytes, bool borrowed) {
+  memory_tally::set_phase(MemPhase::Backward);  // gradients arriving: the backward's bytes
   Param& p = *param;
   Device& dev = *ctx_.device();
   if (!p.grad) {  // not zeroed: not current until its first write, which assigns
-    p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float));
+    p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float), MemKind::Grads);
     ctx_.ledger().add(Held::Grads, p.grad->bytes());
   }
   if (touched_set_.insert(&p).second) touched_.push_back(param);
@@ -174,7 +175,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
   const float* src = static_cast<const float*>(grad);
   if (!borrowed) {
     const auto moved = onto_device(devp, grad, bytes);  // a CUDA gradient: to host memory first
-    copy = std::make_shared<Buffer>(devp, numel * sizeof(float));
+    copy = std::make_shared<Buffer>(devp, numel * sizeof(float), MemKind::ReduceBuckets);
     ops::widen_scaled(*devp, grad, dtype, static_cast<float*>(copy->data()), numel, grad_divisor_);
     src = static_cast<const float*>(copy->data());
   }
@@ -190,7 +191,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
         std::unique_ptr<Buffer> mine;
         auto* out = static_cast<float*>(s.data());
         if (s.current) {
-          mine = std::make_unique<Buffer>(devp, n * sizeof(float));
+          mine = std::make_unique<Buffer>(devp, n * sizeof(float), MemKind::ReduceBuckets);
           out = static_cast<float*>(mine->data());
         }
         comm.reduce_scatter(src, out, n, DType::F32, ReduceOp::Avg);
@@ -228,7 +229,7 @@ void GradReducer::flush(Bucket& b) {
       devp->copy(blocks + rank * b.used * wire, blocks + rank * b.capacity * wire, b.used * wire);
     }
   } else if (b.used < b.capacity && g > 1) {
-    auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * wire);
+    auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * wire, MemKind::ReduceBuckets);
     std::vector<ops::Copy> copies;
     const auto* from = static_cast<const uint8_t*>(data->data());
     auto* to = static_cast<uint8_t*>(packed->data());
@@ -295,7 +296,7 @@ void GradReducer::flush(Bucket& b) {
   if (two_hops) {
     const std::string what = params_label("quantized gradient all-to-all of", params);
     const int nodes = inter->size();
-    auto partial = std::make_shared<Buffer>(devp, used * static_cast<uint64_t>(nodes) * sizeof(float));
+    auto partial = std::make_shared<Buffer>(devp, used * static_cast<uint64_t>(nodes) * sizeof(float), MemKind::ReduceBuckets);
     auto first = intra->submit(
         what + (exact_hop1 ? " (qgZ hop 1: within the node, full precision)" : " (qgZ hop 1: within the node)"),
         [data, partial, used, nodes, devp, spec, exact_hop1, e = errs.hop1, feedback](Communicator& c) {
@@ -310,7 +311,7 @@ void GradReducer::flush(Bucket& b) {
                       [first, partial, used, g, devp, spec, add_into_shards, e = errs.hop2,
                        feedback](Communicator& c) {
                         first->wait(-1);
-                        Buffer mine(devp, used * sizeof(float));
+                        Buffer mine(devp, used * sizeof(float), MemKind::ReduceBuckets);
                         qgz_across_nodes(c, devp, static_cast<const float*>(partial->data()),
                                          static_cast<float*>(mine.data()), used, g, spec,
                                          feedback(e));
@@ -323,7 +324,7 @@ void GradReducer::flush(Bucket& b) {
                      params),
         [data, used, devp, quantized, spec, add_into_shards, e = errs.hop1, feedback,
          wire_dtype](Communicator& comm) {
-          Buffer mine(devp, used * sizeof(float));
+          Buffer mine(devp, used * sizeof(float), MemKind::ReduceBuckets);
           if (quantized) {
             quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),
                                          static_cast<float*>(mine.data()), used, spec,
@@ -332,7 +333,7 @@ void GradReducer::flush(Bucket& b) {
             comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
           } else {
             // 16-bit on the wire, widened once into the fp32 shards' sum.
-            Buffer narrow(devp, used * dtype_size(wire_dtype));
+            Buffer narrow(devp, used * dtype_size(wire_dtype), MemKind::ReduceBuckets);
             comm.reduce_scatter(data->data(), narrow.data(), used, wire_dtype, ReduceOp::Avg);
             ops::cast_to_f32(*devp, narrow.data(), wire_dtype, static_cast<float*>(mine.data()), used);
           }
@@ -421,7 +422,7 @@ void GradReducer::replica_average() {
   }
   if (total == 0) return;
   replica->run("MiCS replica gradient all-reduce", [&](Communicator& comm) {
-    Buffer flat(ctx_.device(), total * sizeof(float));
+    Buffer flat(ctx_.device(), total * sizeof(float), MemKind::ReduceBuckets);
     auto* f = static_cast<float*>(flat.data());
     std::vector<ops::Copy> in, out;
     uint64_t off = 0;

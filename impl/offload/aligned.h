@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "impl/common/memory_tally.h"
+
 namespace zs {
 
 inline constexpr uint64_t kIoAlign = 4096;
@@ -21,8 +23,9 @@ class AlignedBuffer {
   explicit AlignedBuffer(uint64_t bytes) : bytes_(align_up(bytes)) {
     if (bytes_ == 0) return;
     if (posix_memalign(&data_, kIoAlign, bytes_) != 0) throw std::bad_alloc();
+    memory_tally::add(MemKind::IoStaging, bytes_);
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { release(); }
   AlignedBuffer(AlignedBuffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
     o.data_ = nullptr;
     o.bytes_ = 0;
@@ -31,6 +34,14 @@ class AlignedBuffer {
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
     return *this;
+  }
+  // Frees now (counted out of memory_tally's IoStaging).
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    std::free(data_);
+    memory_tally::sub(MemKind::IoStaging, bytes_);
+    data_ = nullptr;
+    bytes_ = 0;
   }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;

@@ -53,13 +53,13 @@ void step_bucket(Context& ctx, const std::vector<const MuonParam*>& bucket, floa
     const float g_weight = (1.0f - m.beta) * grad_scale;
     blas::scal(dev, n, m.beta, m.momentum);
     blas::axpy(dev, n, g_weight, m.grad, 1, m.momentum, 1);
-    shard[i] = std::make_shared<Buffer>(dev.device_shared(), n * sizeof(float));
+    shard[i] = std::make_shared<Buffer>(dev.device_shared(), n * sizeof(float), MemKind::Scratch);
     auto* update = static_cast<float*>(shard[i]->data());
     dev.copy(update, m.momentum, n * sizeof(float));
     blas::scal(dev, n, m.beta, update);
     blas::axpy(dev, n, g_weight, m.grad, 1, update, 1);
     if (size > 1) {
-      whole[i] = std::make_shared<Buffer>(dev.device_shared(), n * size * sizeof(float));
+      whole[i] = std::make_shared<Buffer>(dev.device_shared(), n * size * sizeof(float), MemKind::Scratch);
       segments.push_back({update, whole[i]->data(), n * sizeof(float)});
     } else {
       whole[i] = shard[i];

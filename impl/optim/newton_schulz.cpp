@@ -38,7 +38,7 @@ struct Scratch {
   Device& dev;
   std::vector<BufferPtr> held;
   float* take(size_t n) {
-    held.push_back(std::make_shared<Buffer>(dev.device_shared(), n * sizeof(float)));
+    held.push_back(std::make_shared<Buffer>(dev.device_shared(), n * sizeof(float), MemKind::Scratch));
     return static_cast<float*>(held.back()->data());
   }
 };

@@ -215,7 +215,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       s.master_is_working = true;  // the bf16 shard is the master: nothing to copy
       if (bf16_states_) s.state_dtype = DType::BF16;
     } else {
-      s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float));
+      s.master = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), MemKind::Masters);
       const ShardAccess shard(ctx_, *p, ShardAccess::Read);
       ops::cast_to_f32(*ctx_.device(), shard.data(), p->dtype,
                        static_cast<float*>(s.master->data()), n);
@@ -225,9 +225,9 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     const bool needs_momentum = kind_ != OptimKind::Sgd || hp.momentum > 0.0;
     const size_t esize = dtype_size(s.state_dtype);
     if (moments && needs_momentum)
-      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
+      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, MemKind::OptimizerState, true);
     if (moments && kind_ != OptimKind::Sgd && !s.muon)
-      s.state2 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
+      s.state2 = std::make_shared<Buffer>(ctx_.device(), n * esize, MemKind::OptimizerState, true);
     ctx_.ledger().add(Held::Optimizer, state_bytes(s));
     group.slots.push_back(std::move(s));
   }
@@ -286,7 +286,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     if (kind_ == OptimKind::Sgd) {
       bool first = s.updates == 0;
       if (hp.momentum > 0.0 && !s.state1) {  // as below
-        s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, true);
+        s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, MemKind::OptimizerState, true);
         ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
         first = true;
       }
@@ -320,7 +320,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     if (hp.momentum > 0.0 && !s.state1) {
       // Momentum switched on after the group was made (set_hparams): the
       // buffer starts now, from this step's gradient, as torch's does.
-      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), true);
+      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), MemKind::OptimizerState, true);
       ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
       first = true;
     }
@@ -540,7 +540,8 @@ void* Optimizer::ensure_state(const Param& p, int slot, DType* dtype, uint64_t* 
   if (swap_ && s != nullptr && slot == 1 && kind_ == OptimKind::Sgd) {
     s->swapped[1] = true;  // its place in the file is reserved from the start
   } else if (s != nullptr && slot == 1 && !s->state1 && kind_ == OptimKind::Sgd) {
-    s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * dtype_size(s->state_dtype), true);
+    s->state1 = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * dtype_size(s->state_dtype),
+                                         MemKind::OptimizerState, true);
     ctx_.ledger().add(Held::Optimizer, s->state1->bytes());
   }
   return state_raw_locked(p, slot, dtype, numel);
@@ -628,7 +629,8 @@ float* Optimizer::named_state_locked(const Param& p, const std::string& name, bo
   auto it = s->named.find(name);
   if (it == s->named.end()) {
     if (!create) return nullptr;
-    auto buf = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), true);
+    auto buf = std::make_shared<Buffer>(ctx_.device(), p.layout.shard_numel * sizeof(float), MemKind::OptimizerState,
+                                        true);
     ctx_.device()->synchronize();  // zeros before the caller reads them
     ctx_.ledger().add(Held::Optimizer, buf->bytes());
     it = s->named.emplace(name, std::move(buf)).first;
@@ -784,6 +786,7 @@ std::vector<std::string> Optimizer::describe() const {
 
 Optimizer::OpenStep Optimizer::begin_locked() {
   ctx_.expect_locked();
+  memory_tally::set_phase(MemPhase::Step);  // until the next fetch
   OpenStep open;
   open.begin = Trace::Clock::now();
   ctx_.check_async_error();

@@ -32,7 +32,7 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
         inputs.push_back(src);
         continue;
       }
-      tails.push_back(std::make_unique<Buffer>(shard_bytes, true));
+      tails.push_back(std::make_unique<Buffer>(shard_bytes, MemKind::Scratch, true));
       if (valid > 0) copy_between(tails.back()->data(), src, valid * p.elem_bytes());
       inputs.push_back(tails.back()->data());
     }
@@ -47,6 +47,7 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
 }  // namespace
 
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
+  memory_tally::set_phase(MemPhase::Construction);
   const auto held = ctx.lock();
   ctx.check_async_error();
   auto group = spec.group ? spec.group : ctx.partition_group();
@@ -54,7 +55,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
     fail(Code::InvalidArgument, "param '", spec.name, "': this rank is not a member of group '",
          group->name(), "'");
   auto p = std::make_shared<Param>(ctx.id(), spec.name, spec.dtype, spec.shape, group);
-  p->shard = std::make_shared<Buffer>(ctx.device(), p->shard_bytes(), true);
+  p->shard = std::make_shared<Buffer>(ctx.device(), p->shard_bytes(), MemKind::Shards, true);
   const size_t elem = p->elem_bytes();
   switch (spec.init) {
     case InitKind::Zeros: break;
@@ -81,7 +82,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
     {
       // Values are generated on the host (the same on any device and world
       // size), then moved to the device.
-      Buffer host(p->shard_bytes());
+      Buffer host(p->shard_bytes(), MemKind::Scratch);
       fill_seeded(host.data(), p->dtype, p->layout.shard_offset, p->layout.shard_valid,
                   spec.init == InitKind::Normal ? SeededDist::Normal : SeededDist::Uniform,
                   spec.seed, spec.a, spec.b);

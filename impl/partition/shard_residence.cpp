@@ -57,7 +57,7 @@ class ParamSwap : public ParamKeeper {
   BufferPtr acquire(Param& p) {
     if (!p.shard) {
       trim();  // make room first, and report an earlier write-back's error
-      auto b = std::make_shared<Buffer>(ctx_.device(), p.shard_bytes());
+      auto b = std::make_shared<Buffer>(ctx_.device(), p.shard_bytes(), MemKind::Shards);
       read_back(p, b)();
       p.shard = std::move(b);
       p.shard_dirty = false;
@@ -196,7 +196,7 @@ ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
       return;
     }
     Device& dev = *ctx.device();
-    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes());
+    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes(), MemKind::Shards);
     unpack_quantized(dev, param.packet->data(), param.dtype, param.layout.shard_numel,
                      param.packet_spec, buffer_->data());
     dev.synchronize();
@@ -212,7 +212,7 @@ ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
   if (swap == nullptr) {
     buffer_ = param.shard;
   } else if (intent == ReadInGather && !param.shard) {
-    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes());
+    buffer_ = std::make_shared<Buffer>(ctx.device(), param.shard_bytes(), MemKind::Shards);
     read_back_ = swap->read_back(param, buffer_);
     param_ = nullptr;  // nothing acquired, nothing to release
   } else {
@@ -262,8 +262,8 @@ void ShardAccess::repack() noexcept {
 void store_shard_as_packet(Context& ctx, Param& param, const kernels::QuantSpec& spec) {
   ctx.expect_locked();
   if (param.packet) return;
-  auto packet = std::make_shared<Buffer>(ctx.device(),
-                                         quant_packet(param.layout.shard_numel, spec).bytes);
+  auto packet = std::make_shared<Buffer>(ctx.device(), quant_packet(param.layout.shard_numel, spec).bytes,
+                                         MemKind::Shards);
   {
     const ShardAccess shard(ctx, param, ShardAccess::Read);
     pack_quantized(*ctx.device(), shard.data(), param.dtype, param.layout.shard_numel, spec,

@@ -396,6 +396,68 @@ ZS_API zs_status zs_cuda_device_count(int* count, const char** reason);
 
 ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
+/* Every byte the engine allocates, by what it is for (process-wide: the
+ * caching pools are). Device memory is counted at the size the pool hands
+ * out, so the kinds other than ZS_MEM_IO_STAGING add up to
+ * zs_memory_pools_in_use; ZS_MEM_IO_STAGING is aligned host memory of
+ * checkpoint and NVMe I/O, outside the pools. Idle pool blocks are not in
+ * any kind (zs_memory_stats' host_cache_bytes and device_cache_bytes). */
+typedef enum zs_memory_kind {
+  ZS_MEM_SHARDS = 0,          /* this rank's param shards (packed frozen ones too) */
+  ZS_MEM_MASTERS = 1,         /* fp32 masters of 16-bit params */
+  ZS_MEM_OPTIMIZER_STATE = 2, /* moments, momentum, an external optimizer's named state */
+  ZS_MEM_GRADS = 3,           /* fp32 gradient shards, qgZ LoCo error feedback */
+  ZS_MEM_GATHERED = 4,        /* full params gathered for compute */
+  ZS_MEM_HPZ_SECONDARY = 5,   /* hpZ secondary shards */
+  ZS_MEM_REDUCE_BUCKETS = 6,  /* gradient buckets and copies on their way to the reduce-scatter */
+  ZS_MEM_COMM_STAGING = 7,    /* transport staging, quantized packets, two-hop temporaries */
+  ZS_MEM_SCRATCH = 8,         /* temporaries of a step or a registration */
+  ZS_MEM_IO_STAGING = 9,      /* aligned host buffers of checkpoint and NVMe I/O */
+  ZS_MEM_UNTAGGED = 10,       /* an allocation no kind names (stays 0: a bug otherwise) */
+  ZS_MEM_KIND_COUNT = 11,
+  ZS_MEM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_MEM_KIND_ENUM_MAX_ = 0x7fffffff
+} zs_memory_kind;
+
+/* The phase whose peaks the engine's allocations raise. The engine follows
+ * it by itself: registering params is CONSTRUCTION (a pretrained load
+ * too), a fetch FORWARD until a gradient is pushed (BACKWARD, whose fetches
+ * stay BACKWARD), an optimizer step STEP until the next fetch, a checkpoint
+ * save or load CHECKPOINT (the phase before it resumes after).
+ * zs_memory_set_phase overrides it (a trainer with gradient accumulation
+ * marks its forwards). */
+typedef enum zs_memory_phase {
+  ZS_PHASE_NOW = -1, /* zs_memory_by_kind: what is held now */
+  ZS_PHASE_CONSTRUCTION = 0,
+  ZS_PHASE_FORWARD = 1,
+  ZS_PHASE_BACKWARD = 2,
+  ZS_PHASE_STEP = 3,
+  ZS_PHASE_CHECKPOINT = 4,
+  ZS_PHASE_COUNT = 5,
+  ZS_PHASE_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_PHASE_ENUM_MAX_ = 0x7fffffff
+} zs_memory_phase;
+
+/* Bytes by kind: bytes[k] for kind k < capacity (the rest not written);
+ * *num_kinds (may be NULL) receives ZS_MEM_KIND_COUNT. phase ZS_PHASE_NOW:
+ * what each kind holds now, *total (may be NULL) their sum; a phase: the
+ * most each kind held in it since the process started or
+ * zs_memory_reset_peaks, *total the most all kinds held together then.
+ * Local; never waits for the engine lock. INVALID_ARGUMENT for another
+ * phase, or bytes NULL with capacity > 0. */
+ZS_API zs_status zs_memory_by_kind(zs_context ctx, zs_memory_phase phase, uint64_t* bytes, size_t capacity,
+                                   size_t* num_kinds, uint64_t* total);
+/* The bytes the caching pools of ctx's device (and the host's) hand out now
+ * and have not had back: what the kinds but ZS_MEM_IO_STAGING add up to. */
+ZS_API zs_status zs_memory_pools_in_use(zs_context ctx, uint64_t* bytes);
+ZS_API zs_status zs_memory_get_phase(zs_context ctx, zs_memory_phase* phase);
+ZS_API zs_status zs_memory_set_phase(zs_context ctx, zs_memory_phase phase);
+/* Every phase's peaks start again from what is held now. */
+ZS_API zs_status zs_memory_reset_peaks(zs_context ctx);
+/* "shards", "masters", ... ; "construction", "forward", ... ; NULL out of range. */
+ZS_API const char* zs_memory_kind_name(zs_memory_kind kind);
+ZS_API const char* zs_memory_phase_name(zs_memory_phase phase);
+
 /* ------------------------------------------------------------------ */
 /* Groups                                                              */
 /* ------------------------------------------------------------------ */

@@ -201,6 +201,41 @@ zs_status zs_context_device(zs_context ctx, zs_device_type* type, int* device_id
                             const char** backend);
 zs_status zs_cuda_device_count(int* count, const char** reason);
 zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
+typedef enum zs_memory_kind {
+  ZS_MEM_SHARDS = 0,
+  ZS_MEM_MASTERS = 1,
+  ZS_MEM_OPTIMIZER_STATE = 2,
+  ZS_MEM_GRADS = 3,
+  ZS_MEM_GATHERED = 4,
+  ZS_MEM_HPZ_SECONDARY = 5,
+  ZS_MEM_REDUCE_BUCKETS = 6,
+  ZS_MEM_COMM_STAGING = 7,
+  ZS_MEM_SCRATCH = 8,
+  ZS_MEM_IO_STAGING = 9,
+  ZS_MEM_UNTAGGED = 10,
+  ZS_MEM_KIND_COUNT = 11,
+  ZS_MEM_KIND_ENUM_MIN_ = -2147483648,
+  ZS_MEM_KIND_ENUM_MAX_ = 2147483647
+} zs_memory_kind;
+typedef enum zs_memory_phase {
+  ZS_PHASE_NOW = -1,
+  ZS_PHASE_CONSTRUCTION = 0,
+  ZS_PHASE_FORWARD = 1,
+  ZS_PHASE_BACKWARD = 2,
+  ZS_PHASE_STEP = 3,
+  ZS_PHASE_CHECKPOINT = 4,
+  ZS_PHASE_COUNT = 5,
+  ZS_PHASE_ENUM_MIN_ = -2147483648,
+  ZS_PHASE_ENUM_MAX_ = 2147483647
+} zs_memory_phase;
+zs_status zs_memory_by_kind(zs_context ctx, zs_memory_phase phase, uint64_t* bytes, size_t capacity,
+                            size_t* num_kinds, uint64_t* total);
+zs_status zs_memory_pools_in_use(zs_context ctx, uint64_t* bytes);
+zs_status zs_memory_get_phase(zs_context ctx, zs_memory_phase* phase);
+zs_status zs_memory_set_phase(zs_context ctx, zs_memory_phase phase);
+zs_status zs_memory_reset_peaks(zs_context ctx);
+const char* zs_memory_kind_name(zs_memory_kind kind);
+const char* zs_memory_phase_name(zs_memory_phase phase);
 
 /* Groups */
 zs_status zs_context_group(zs_group* out, zs_context ctx, zs_group_kind kind);

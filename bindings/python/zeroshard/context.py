@@ -231,6 +231,45 @@ class Context:
         check(lib.zs_context_memory(self._h, s))
         return _struct_dict(s, "zs_memory_stats")
 
+    def memory_by_kind(self, phase=None):
+        """Bytes the engine holds by kind ("shards", "masters", ...), now
+        (phase None) or the most each held in a phase ("construction",
+        "forward", "backward", "step", "checkpoint"), with "total": the sum
+        now, or the most all kinds held together in the phase
+        (zs_memory_by_kind; process-wide)."""
+        code = lib.ZS_PHASE_NOW if phase is None else _memory_phase_code(phase)
+        n = int(lib.ZS_MEM_KIND_COUNT)
+        values = ffi.new("uint64_t[]", n)
+        total = ffi.new("uint64_t*")
+        check(lib.zs_memory_by_kind(self._h, code, values, n, ffi.NULL, total))
+        out = {ffi.string(lib.zs_memory_kind_name(k)).decode(): int(values[k]) for k in range(n)}
+        out["total"] = int(total[0])
+        return out
+
+    def memory_pools_in_use(self):
+        """Bytes the engine's caching pools hand out now: what every kind
+        of memory_by_kind but io_staging adds up to."""
+        out = ffi.new("uint64_t*")
+        check(lib.zs_memory_pools_in_use(self._h, out))
+        return int(out[0])
+
+    @property
+    def memory_phase(self):
+        """The phase the engine's allocations count toward (it follows
+        registration, fetches, gradient pushes, steps and checkpoints by
+        itself); settable by name."""
+        out = ffi.new("zs_memory_phase*")
+        check(lib.zs_memory_get_phase(self._h, out))
+        return ffi.string(lib.zs_memory_phase_name(out[0])).decode()
+
+    @memory_phase.setter
+    def memory_phase(self, phase):
+        check(lib.zs_memory_set_phase(self._h, _memory_phase_code(phase)))
+
+    def reset_memory_peaks(self):
+        """Every phase's peaks start again from what is held now."""
+        check(lib.zs_memory_reset_peaks(self._h))
+
     def fetch_stats(self):
         s = _new_struct("zs_fetch_stats")
         check(lib.zs_context_fetch_stats(self._h, s))
@@ -463,3 +502,12 @@ class Context:
         name = kind if isinstance(kind, str) else {v: n for n, v in _OPTIM_BY_NAME.items()}.get(
             k, str(k))
         return Optimizer(self, out[0], name)
+
+
+MEMORY_PHASES = ("construction", "forward", "backward", "step", "checkpoint")
+
+
+def _memory_phase_code(phase):
+    if phase not in MEMORY_PHASES:
+        raise ValueError(f"memory phase {phase!r}: expected one of {MEMORY_PHASES}")
+    return MEMORY_PHASES.index(phase)

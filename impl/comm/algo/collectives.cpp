@@ -66,7 +66,7 @@ void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_
   const int me = p2p.rank();
   const size_t elem = wire_elem(dtype);
   const size_t largest = *std::max_element(counts.begin(), counts.end());
-  Buffer incoming(std::max<size_t>(largest * elem, 1));
+  Buffer incoming(std::max<size_t>(largest * elem, 1), MemKind::CommStaging);
   const int right = (me + 1) % n;
   const int left = (me + n - 1) % n;
   auto block = [n](int b) { return static_cast<size_t>(((b % n) + n) % n); };
@@ -102,9 +102,9 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
   const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
   const bool recv_apart = at(recv + count) <= at(send) || at(recv) >= at(send + n * count);
   std::unique_ptr<Buffer> incoming;  // what arrives, on the steps before the last
-  if (n > 2 || !recv_apart) incoming = std::make_unique<Buffer>(bytes);
+  if (n > 2 || !recv_apart) incoming = std::make_unique<Buffer>(bytes, MemKind::CommStaging);
   std::unique_ptr<Buffer> partial;  // the sum so far, sent on at the next step
-  if (n > 2) partial = std::make_unique<Buffer>(bytes);
+  if (n > 2) partial = std::make_unique<Buffer>(bytes, MemKind::CommStaging);
   const int right = (me + 1) % n;
   const int left = (me + n - 1) % n;
   for (int step = 0; step < n - 1; ++step) {
@@ -142,7 +142,7 @@ void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t c
   }
   const bool pre = op == ReduceOp::Avg && dtype == DType::F16;
   const float scale = 1.0f / static_cast<float>(n);
-  Buffer incoming(bytes), partial(bytes);
+  Buffer incoming(bytes, MemKind::CommStaging), partial(bytes, MemKind::CommStaging);
   std::vector<float> sum(count), own(count);
   if (pre) {  // the first block sent is a term too
     widen_to_f32(block(me - 1), dtype, own.data(), count);
@@ -181,7 +181,7 @@ void sparse_all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segm
   size_t block = 0;
   for (const auto& s : segments) block += s.bytes;
   if (block == 0) return;
-  Buffer all(block * static_cast<size_t>(n));
+  Buffer all(block * static_cast<size_t>(n), MemKind::CommStaging);
   auto* base = static_cast<uint8_t*>(all.data());
   size_t off = 0;
   for (const auto& s : segments) {
@@ -222,8 +222,8 @@ void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
   // Packed small segments: one send buffer, one staging area per peer.
   std::unique_ptr<Buffer> pack, staging;
   if (packed_bytes > 0) {
-    pack = std::make_unique<Buffer>(packed_bytes);
-    staging = std::make_unique<Buffer>(packed_bytes * static_cast<size_t>(n));
+    pack = std::make_unique<Buffer>(packed_bytes, MemKind::CommStaging);
+    staging = std::make_unique<Buffer>(packed_bytes * static_cast<size_t>(n), MemKind::CommStaging);
     size_t off = 0;
     for (const auto* s : small) {
       std::memcpy(static_cast<uint8_t*>(pack->data()) + off, s->send, s->bytes);
@@ -283,7 +283,7 @@ void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t coun
   }
   const int n = p2p.size();
   const size_t elem = wire_elem(dtype);
-  Buffer acc(count * elem * static_cast<size_t>(n));
+  Buffer acc(count * elem * static_cast<size_t>(n), MemKind::CommStaging);
   widen(send, dtype, acc.data(), count * static_cast<size_t>(n));
   std::vector<size_t> offsets, counts(static_cast<size_t>(n), count);
   for (int b = 0; b < n; ++b) offsets.push_back(static_cast<size_t>(b) * count);
@@ -302,7 +302,7 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
   if (!p2p.full_mesh() && bytes * static_cast<size_t>(n) <= kSparseGatherReduceBytes) {
     // Everyone's vector gathered in log N rounds, reduced in member order
     // as below: the same bits as the full mesh.
-    Buffer all(bytes * static_cast<size_t>(n));
+    Buffer all(bytes * static_cast<size_t>(n), MemKind::CommStaging);
     auto* base = static_cast<uint8_t*>(all.data());
     widen(send, dtype, base, count);
     sparse::rotated_all_gather(p2p, base, bytes);
@@ -314,7 +314,7 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
   if (p2p.full_mesh() && bytes <= kDirectAllReduceBytes) {
     // Everyone's vector to everyone; each member reduces in rank order, so
     // all compute bitwise the same result.
-    Buffer all(bytes * static_cast<size_t>(n));
+    Buffer all(bytes * static_cast<size_t>(n), MemKind::CommStaging);
     auto* base = static_cast<uint8_t*>(all.data());
     widen(send, dtype, base + static_cast<size_t>(me) * bytes, count);
     for (int peer = 0; peer < n; ++peer) {
@@ -329,7 +329,7 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
   }
   // Ring reduce-scatter into n nearly equal blocks, then each member sends
   // its reduced block to every peer.
-  Buffer acc(bytes);
+  Buffer acc(bytes, MemKind::CommStaging);
   auto* base = static_cast<uint8_t*>(acc.data());
   widen(send, dtype, base, count);
   std::vector<size_t> offsets, counts;
@@ -348,7 +348,7 @@ void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, D
     // The reduced blocks to everyone in log N rounds, each padded to the
     // largest.
     const size_t largest = *std::max_element(counts.begin(), counts.end()) * elem;
-    Buffer all(largest * members);
+    Buffer all(largest * members, MemKind::CommStaging);
     auto* gathered = static_cast<uint8_t*>(all.data());
     std::memcpy(gathered, base + offsets[mine] * elem, counts[mine] * elem);
     sparse::rotated_all_gather(p2p, gathered, largest, kGatherIndex);

@@ -41,7 +41,7 @@ void sum_packets(Device& dev, const std::shared_ptr<Device>& devp, const uint8_t
                  const std::vector<size_t>& which, size_t count, const kernels::QuantSpec& s,
                  float* acc) {
   const size_t packet = quantized_block_bytes(count, s), scales = scale_bytes(count, s);
-  Buffer one(devp, count * sizeof(float));
+  Buffer one(devp, count * sizeof(float), MemKind::CommStaging);
   auto* tmp = static_cast<float*>(one.data());
   for (size_t k = 0; k < which.size(); ++k) {
     const uint8_t* p = packets + which[k] * packet;
@@ -87,13 +87,13 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
   check_spec(s);
   const size_t packet = quantized_block_bytes(count, s);
   // Zeroed, so the bytes that round the codes up to 4 are defined on the wire.
-  Buffer outgoing(devp, packet * n, true), incoming(devp, packet * n);
+  Buffer outgoing(devp, packet * n, MemKind::CommStaging, true), incoming(devp, packet * n, MemKind::CommStaging);
   std::vector<const float*> blocks;
   for (size_t j = 0; j < n; ++j) blocks.push_back(send + j * count);
   pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   comm.alltoall(outgoing.data(), incoming.data(), packet);
   // Sum in rank order, then one true division: the same bits every run.
-  Buffer sum(devp, count * sizeof(float));
+  Buffer sum(devp, count * sizeof(float), MemKind::CommStaging);
   auto* acc = static_cast<float*>(sum.data());
   sum_packets(dev, devp, static_cast<const uint8_t*>(incoming.data()), in_order(n), count, s, acc);
   ops::widen_scaled(dev, acc, DType::F32, out, count, static_cast<float>(n));
@@ -110,7 +110,7 @@ void qgz_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   const auto n_nodes = static_cast<size_t>(nodes);
   const size_t packet = quantized_block_bytes(count, s);
   const auto blocks = blocks_by_local_peer(send, count, local, n_nodes);
-  Buffer outgoing(devp, packet * blocks.size(), true), incoming(devp, packet * blocks.size());
+  Buffer outgoing(devp, packet * blocks.size(), MemKind::CommStaging, true), incoming(devp, packet * blocks.size(), MemKind::CommStaging);
   pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   intra.alltoall(outgoing.data(), incoming.data(), packet * n_nodes);
   // From local peer l: packet [l][node]; the node's sum for each node, in
@@ -132,7 +132,7 @@ void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   const auto n_nodes = static_cast<size_t>(nodes);
   const size_t block = count * sizeof(float);
   const auto blocks = blocks_by_local_peer(send, count, local, n_nodes);
-  Buffer outgoing(devp, block * blocks.size()), incoming(devp, block * blocks.size());
+  Buffer outgoing(devp, block * blocks.size(), MemKind::CommStaging), incoming(devp, block * blocks.size(), MemKind::CommStaging);
   std::vector<ops::Copy> copies;
   for (size_t i = 0; i < blocks.size(); ++i)
     copies.push_back({static_cast<uint8_t*>(outgoing.data()) + i * block, blocks[i], block});
@@ -160,10 +160,10 @@ void qgz_across_nodes(Communicator& inter, const std::shared_ptr<Device>& devp,
   const size_t packet = quantized_block_bytes(count, s);
   std::vector<const float*> blocks;
   for (size_t node = 0; node < nodes; ++node) blocks.push_back(partial + node * count);
-  Buffer outgoing(devp, packet * nodes, true), incoming(devp, packet * nodes);
+  Buffer outgoing(devp, packet * nodes, MemKind::CommStaging, true), incoming(devp, packet * nodes, MemKind::CommStaging);
   pack(dev, blocks, count, s, static_cast<uint8_t*>(outgoing.data()), ef);
   inter.alltoall(outgoing.data(), incoming.data(), packet);
-  Buffer sum(devp, count * sizeof(float));
+  Buffer sum(devp, count * sizeof(float), MemKind::CommStaging);
   auto* acc = static_cast<float*>(sum.data());
   sum_packets(dev, devp, static_cast<const uint8_t*>(incoming.data()), in_order(nodes), count, s,
               acc);

@@ -45,14 +45,14 @@ void all_to_all(PointToPoint& p2p, const void* send, void* recv, size_t bytes_pe
   auto* out = static_cast<uint8_t*>(recv);
   // Slot i: the block that still has i members to go (it starts here as
   // the block for member me + i, and arrives with slot i intact).
-  Buffer slots(members * bytes_per_rank);
+  Buffer slots(members * bytes_per_rank, MemKind::CommStaging);
   auto* slot = static_cast<uint8_t*>(slots.data());
   for (size_t i = 0; i < members; ++i)
     std::memcpy(slot + i * bytes_per_rank,
                 in + static_cast<size_t>((me + static_cast<int>(i)) % n) * bytes_per_rank,
                 bytes_per_rank);
-  Buffer outgoing(members / 2 * bytes_per_rank + bytes_per_rank);
-  Buffer incoming(members / 2 * bytes_per_rank + bytes_per_rank);
+  Buffer outgoing(members / 2 * bytes_per_rank + bytes_per_rank, MemKind::CommStaging);
+  Buffer incoming(members / 2 * bytes_per_rank + bytes_per_rank, MemKind::CommStaging);
   auto* pack = static_cast<uint8_t*>(outgoing.data());
   auto* unpack = static_cast<uint8_t*>(incoming.data());
   uint32_t round = 0;
@@ -119,7 +119,7 @@ void scatter(PointToPoint& p2p, const std::vector<const void*>& inputs, void* re
   const TreePlace t = tree_place(p2p, root);
   // The blocks of this member's subtree, in distance order from it.
   const auto held = static_cast<size_t>(std::min(t.span, n - t.v));
-  Buffer blocks(held * bytes);
+  Buffer blocks(held * bytes, MemKind::CommStaging);
   auto* base = static_cast<uint8_t*>(blocks.data());
   if (t.v == 0) {
     for (size_t j = 0; j < held; ++j)

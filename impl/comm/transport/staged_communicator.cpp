@@ -15,9 +15,9 @@ class Staging {
   ~Staging() {
     if (!base_) return;
     if (backend_ == BackendMemory::Host)
-      dev_.staging_free(base_, total_);
+      dev_.staging_free(base_, total_, MemKind::CommStaging);
     else
-      dev_.free(base_, total_);
+      dev_.free(base_, total_, MemKind::CommStaging);
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -39,7 +39,8 @@ class Staging {
       total_ += (e.bytes + 255) / 256 * 256;
     }
     if (total_ == 0) return;
-    base_ = backend_ == BackendMemory::Host ? dev_.staging_alloc(total_) : dev_.alloc(total_);
+    base_ = backend_ == BackendMemory::Host ? dev_.staging_alloc(total_, MemKind::CommStaging)
+                                          : dev_.alloc(total_, MemKind::CommStaging);
     for (auto& [p, e] : entries_)
       if (e.input) dev_.copy(at(e), p, e.bytes);
     dev_.synchronize();

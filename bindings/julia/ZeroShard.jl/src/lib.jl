@@ -76,6 +76,29 @@ const ZS_OPTIM_SGD = Cint(2)
 const ZS_OPTIM_EXTERNAL = Cint(3)
 const ZS_OPTIM_MUON = Cint(4)
 
+const zs_memory_kind = Cint
+const ZS_MEM_SHARDS = Cint(0)
+const ZS_MEM_MASTERS = Cint(1)
+const ZS_MEM_OPTIMIZER_STATE = Cint(2)
+const ZS_MEM_GRADS = Cint(3)
+const ZS_MEM_GATHERED = Cint(4)
+const ZS_MEM_HPZ_SECONDARY = Cint(5)
+const ZS_MEM_REDUCE_BUCKETS = Cint(6)
+const ZS_MEM_COMM_STAGING = Cint(7)
+const ZS_MEM_SCRATCH = Cint(8)
+const ZS_MEM_IO_STAGING = Cint(9)
+const ZS_MEM_UNTAGGED = Cint(10)
+const ZS_MEM_KIND_COUNT = Cint(11)
+
+const zs_memory_phase = Cint
+const ZS_PHASE_NOW = Cint(-1)
+const ZS_PHASE_CONSTRUCTION = Cint(0)
+const ZS_PHASE_FORWARD = Cint(1)
+const ZS_PHASE_BACKWARD = Cint(2)
+const ZS_PHASE_STEP = Cint(3)
+const ZS_PHASE_CHECKPOINT = Cint(4)
+const ZS_PHASE_COUNT = Cint(5)
+
 # Opaque handles.
 const zs_context = Ptr{Cvoid}
 const zs_group = Ptr{Cvoid}
@@ -351,6 +374,20 @@ zs_cuda_device_count(count, reason) =
     ccall((:zs_cuda_device_count, libzeroshard), zs_status, (Ptr{Cint}, Ptr{Ptr{Cchar}}), count, reason)
 zs_context_memory(ctx, stats) =
     ccall((:zs_context_memory, libzeroshard), zs_status, (zs_context, Ref{zs_memory_stats}), ctx, stats)
+zs_memory_by_kind(ctx, phase, bytes, capacity, num_kinds, total) =
+    ccall((:zs_memory_by_kind, libzeroshard), zs_status, (zs_context, zs_memory_phase, Ptr{UInt64}, Csize_t, Ptr{Csize_t}, Ptr{UInt64}), ctx, phase, bytes, capacity, num_kinds, total)
+zs_memory_pools_in_use(ctx, bytes) =
+    ccall((:zs_memory_pools_in_use, libzeroshard), zs_status, (zs_context, Ptr{UInt64}), ctx, bytes)
+zs_memory_get_phase(ctx, phase) =
+    ccall((:zs_memory_get_phase, libzeroshard), zs_status, (zs_context, Ptr{zs_memory_phase}), ctx, phase)
+zs_memory_set_phase(ctx, phase) =
+    ccall((:zs_memory_set_phase, libzeroshard), zs_status, (zs_context, zs_memory_phase), ctx, phase)
+zs_memory_reset_peaks(ctx) =
+    ccall((:zs_memory_reset_peaks, libzeroshard), zs_status, (zs_context,), ctx)
+zs_memory_kind_name(kind) =
+    ccall((:zs_memory_kind_name, libzeroshard), Ptr{Cchar}, (zs_memory_kind,), kind)
+zs_memory_phase_name(phase) =
+    ccall((:zs_memory_phase_name, libzeroshard), Ptr{Cchar}, (zs_memory_phase,), phase)
 zs_context_group(out_, ctx, kind) =
     ccall((:zs_context_group, libzeroshard), zs_status, (Ptr{zs_group}, zs_context, zs_group_kind), out_, ctx, kind)
 zs_group_create(out_, ctx, ranks, num_ranks) =

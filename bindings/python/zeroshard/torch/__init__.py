@@ -16,6 +16,7 @@ from ._params import is_partitioned
 from .gathered import GatheredParameters
 from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
 from .init import Init, partition_module
+from .memory import format_memory_report, memory_report
 from .optim import ZeroShardOptimizer
 from .muon import Muon, muon_param_groups
 from .shard_optim import clip_grad_norm_, register_optimizer
@@ -24,9 +25,9 @@ from .state import consolidated_state_dict, load_consolidated_state_dict
 __all__ = [
     "GatheredParameters", "Init", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
-    "export_safetensors", "get_context",
+    "export_safetensors", "format_memory_report", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
-    "muon_param_groups", "partition_module", "register_optimizer",
+    "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint",
     "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "unset_leaf_modules",
 ]

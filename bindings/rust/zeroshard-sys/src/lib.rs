@@ -97,6 +97,35 @@ c_enum!(zs_group_kind {
     ZS_GROUP_KIND_ENUM_MAX_ = i32::MAX,
 });
 
+c_enum!(zs_memory_kind {
+    ZS_MEM_SHARDS = 0,
+    ZS_MEM_MASTERS = 1,
+    ZS_MEM_OPTIMIZER_STATE = 2,
+    ZS_MEM_GRADS = 3,
+    ZS_MEM_GATHERED = 4,
+    ZS_MEM_HPZ_SECONDARY = 5,
+    ZS_MEM_REDUCE_BUCKETS = 6,
+    ZS_MEM_COMM_STAGING = 7,
+    ZS_MEM_SCRATCH = 8,
+    ZS_MEM_IO_STAGING = 9,
+    ZS_MEM_UNTAGGED = 10,
+    ZS_MEM_KIND_COUNT = 11,
+    ZS_MEM_KIND_ENUM_MIN_ = i32::MIN,
+    ZS_MEM_KIND_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_memory_phase {
+    ZS_PHASE_NOW = -1,
+    ZS_PHASE_CONSTRUCTION = 0,
+    ZS_PHASE_FORWARD = 1,
+    ZS_PHASE_BACKWARD = 2,
+    ZS_PHASE_STEP = 3,
+    ZS_PHASE_CHECKPOINT = 4,
+    ZS_PHASE_COUNT = 5,
+    ZS_PHASE_ENUM_MIN_ = i32::MIN,
+    ZS_PHASE_ENUM_MAX_ = i32::MAX,
+});
+
 c_enum!(zs_optimizer_kind {
     ZS_OPTIM_ADAMW = 0,
     ZS_OPTIM_ADAM = 1,
@@ -446,6 +475,20 @@ extern "C" {
     ) -> zs_status;
     pub fn zs_cuda_device_count(count: *mut c_int, reason: *mut *const c_char) -> zs_status;
     pub fn zs_context_memory(ctx: zs_context, stats: *mut zs_memory_stats) -> zs_status;
+    pub fn zs_memory_by_kind(
+        ctx: zs_context,
+        phase: zs_memory_phase,
+        bytes: *mut u64,
+        capacity: usize,
+        num_kinds: *mut usize,
+        total: *mut u64,
+    ) -> zs_status;
+    pub fn zs_memory_pools_in_use(ctx: zs_context, bytes: *mut u64) -> zs_status;
+    pub fn zs_memory_get_phase(ctx: zs_context, phase: *mut zs_memory_phase) -> zs_status;
+    pub fn zs_memory_set_phase(ctx: zs_context, phase: zs_memory_phase) -> zs_status;
+    pub fn zs_memory_reset_peaks(ctx: zs_context) -> zs_status;
+    pub fn zs_memory_kind_name(kind: zs_memory_kind) -> *const c_char;
+    pub fn zs_memory_phase_name(phase: zs_memory_phase) -> *const c_char;
     pub fn zs_context_group(out: *mut zs_group, ctx: zs_context, kind: zs_group_kind) -> zs_status;
     pub fn zs_group_create(
         out: *mut zs_group,

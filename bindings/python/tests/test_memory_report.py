@@ -1,0 +1,41 @@
+"""zt.memory_report(): the engine's bytes by kind add up to what its pools
+hand out, nothing is untagged, the kinds match the ledger, and each phase of
+a training step (construction, forward, backward, step, checkpoint) shows
+its own peak; on 1, 2 and 3 ranks with bf16 params."""
+import tempfile
+
+import pytest
+
+from test_torch_training import run_ranks
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_memory_report_accounts_for_every_engine_byte(ranks):
+    with tempfile.TemporaryDirectory(prefix="zs_memory_") as directory:
+        r = run_ranks(ranks, "report", worker="memory_worker.py", extra_env={"ZS_TEST_DIR": directory})
+    for when, rep in r["reports"].items():
+        engine = rep["engine"]
+        pooled = engine["total"] - engine["io_staging"]
+        assert abs(pooled - rep["pools_in_use"]) <= rep["pools_in_use"] / 100, (when, rep)
+        assert engine["untagged"] == 0, (when, engine)
+        assert rep["torch_and_rest"] is not None and rep["process_rss"] > engine["total"], (when, rep)
+    built, saved = r["reports"]["built"], r["reports"]["saved"]
+    assert built["phase"] == "construction" and built["engine"]["shards"] > 0, built
+    assert r["reports"]["backward 0"]["phase"] == "backward", r["reports"]["backward 0"]
+    assert r["reports"]["step 1"]["phase"] == "step", r["reports"]["step 1"]
+    # The kinds are the ledger's logical bytes rounded up to pool size classes.
+    ledger = r["ledger"]
+    assert ledger["shard_bytes"] <= saved["engine"]["shards"] <= ledger["shard_bytes"] * 1.15, (ledger, saved)
+    assert ledger["grad_bytes"] <= saved["engine"]["grads"] <= ledger["grad_bytes"] * 1.15, (ledger, saved)
+    state = saved["engine"]["masters"] + saved["engine"]["optimizer_state"]
+    assert ledger["optimizer_bytes"] <= state <= ledger["optimizer_bytes"] * 1.15, (ledger, saved)
+    peaks = saved["peaks"]
+    if ranks > 1:
+        assert peaks["forward"]["gathered"] > 0 and peaks["backward"]["reduce_buckets"] > 0, peaks
+    assert peaks["backward"]["grads"] > 0 and peaks["step"]["masters"] > 0, peaks
+    assert peaks["checkpoint"]["io_staging"] > 0 and saved["engine"]["io_staging"] == 0, peaks
+    for phase, p in peaks.items():
+        assert p["total"] >= max(v for k, v in p.items() if k != "total"), (phase, p)
+    assert "shards" in r["text"] and "checkpoint" in r["text"] and "process RSS" in r["text"], r["text"]
