@@ -12,6 +12,8 @@ use, bytes free but kept).
 Each variant is one zsrun launch (its own processes, so peaks do not mix):
 
   ddp            torch DDP (gloo), AdamW(foreach=False), as train_gpt --ddp
+  fsdp2          torch FSDP2: fully_shard on every block, then the model;
+                 AdamW(foreach=False) over its DTensor shards
   default        zeroshard as train_gpt runs it (the engine's defaults)
   host_cache_0   ZS_HOST_CACHE_MB=0: no idle host blocks kept
   bucket_2e7     zero_optimization.reduce_bucket_size = 2e7 elements
@@ -21,7 +23,12 @@ Each variant is one zsrun launch (its own processes, so peaks do not mix):
   ddp:VAR=VALUE  DDP with that environment, e.g. "ddp:MALLOC_MMAP_THRESHOLD_=1048576"
 
 Prints, per variant, the per-rank peak RSS and what it consists of, the
-ratio to DDP's peak, and per phase the highest RSS seen. The last line is one
+ratio to DDP's and FSDP2's peaks, per phase the highest RSS seen, and for
+zeroshard its memory report (zt.memory_report(): the engine's bytes by
+kind, now and the peak of each phase) beside the RSS. With --vocab 50257,
+--dim 768 --layers 12 is GPT-2 small's shape (163M params: the head is not
+tied to the embedding here, 124M when it is), --dim 1024 --layers 24
+--heads 16 GPT-2 medium's (406M; 355M tied). The last line is one
 JSON object. Memory figures from a machine others share are still each
 process's own (RSS); the median step time (steps after the first) is
 printed too, but on a shared machine it is only indicative.
@@ -41,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 PRESETS = {
     "ddp": ({}, {}),
+    "fsdp2": ({}, {}),
     "default": ({}, {}),
     "host_cache_0": ({"ZS_HOST_CACHE_MB": "0"}, {}),
     "bucket_2e7": ({}, {"reduce_bucket_size": 20000000}),
@@ -129,13 +137,23 @@ def worker(args):
     rss_before = sampler.note()
     sampler.phase = "build"
     torch.manual_seed(0)
-    make = lambda: train_gpt.GPT(len(chars), args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
+    vocab = max(args.vocab, len(chars))  # token ids are the corpus's characters; a larger vocab sizes the tables
+    make = lambda: train_gpt.GPT(vocab, args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
     if args.model == "wide":
         sys.path.insert(0, str(REPO / "bench"))
         import bench_torch_step
         make = lambda: bench_torch_step.build_model(args)  # noqa: E731
     zt = None
-    if args.engine == "ddp":
+    if args.engine == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        module = make()
+        for blk in module.blocks:
+            fully_shard(blk)
+        model = fully_shard(module)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=False)
+        nparams = sum(p.numel() for p in module.parameters())
+        largest = max(p.numel() for p in module.parameters())
+    elif args.engine == "ddp":
         module = make()
         model = torch.nn.parallel.DistributedDataParallel(module)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=False)
@@ -191,14 +209,20 @@ def worker(args):
     sampler.stop_flag = True
     sampler.join()
     unsharded = nparams * 4
-    if zt is None:
+    report = None
+    if args.engine == "fsdp2":
+        shard = unsharded // world
+        state = {"param_bytes": shard, "grad_bytes": shard, "optimizer_bytes": 2 * shard}
+    elif zt is None:
         state = {"param_bytes": unsharded, "grad_bytes": unsharded, "optimizer_bytes": 2 * unsharded}
     else:
         m = zt.get_context().memory()
         state = {"param_bytes": m["shard_bytes"], "grad_bytes": m["grad_bytes"],
                  "optimizer_bytes": m["optimizer_bytes"]}
+        report = zt.memory_report()
     mine = {"rank": rank, "rss_before_model": rss_before, "peak_rss": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss * 1024, "phase_peaks": sampler.peaks, "steps": steps, **state}
+        resource.RUSAGE_SELF).ru_maxrss * 1024, "phase_peaks": sampler.peaks, "steps": steps, **state,
+            "memory_report": report}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
@@ -225,10 +249,10 @@ def launch(args, name):
     env.update(env_add)
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
            str(Path(__file__).resolve()), "--worker", "--engine",
-           "ddp" if name == "ddp" or name.startswith("ddp:") else "zeroshard",
+           "ddp" if name == "ddp" or name.startswith("ddp:") else "fsdp2" if name == "fsdp2" else "zeroshard",
            "--zero-config", json.dumps(cfg), "--steps", str(args.steps), "--dim", str(args.dim),
            "--layers", str(args.layers), "--heads", str(args.heads), "--batch", str(args.batch),
-           "--ctx", str(args.ctx), "--model", args.model, "--wide-width", str(args.wide_width),
+           "--ctx", str(args.ctx), "--vocab", str(args.vocab), "--model", args.model, "--wide-width", str(args.wide_width),
            "--wide-depth", str(args.wide_depth)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -251,6 +275,7 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=0, help="embedding rows (0: the corpus's characters)")
     ap.add_argument("--model", choices=["gpt", "wide"], default="gpt",
                     help="gpt: the GPT example; wide: bench_torch_step.py's Linear stack")
     ap.add_argument("--wide-width", type=int, default=4096)
@@ -268,7 +293,7 @@ def main():
           f"x ctx {args.ctx} per rank, {args.ranks} ranks, {args.steps} steps; load average "
           f"{os.getloadavg()[0]:.1f} (a shared machine: RSS is per process, times only indicative)", flush=True)
     results = []
-    ddp_peak = None
+    ddp_peak = fsdp2_peak = None
     for name in args.variants:
         r = launch(args, name)
         results.append(r)
@@ -276,6 +301,8 @@ def main():
         peak = max(p["peak_rss"] for p in pr)
         if name == "ddp":
             ddp_peak = peak
+        if name == "fsdp2":
+            fsdp2_peak = peak
         if name.startswith("ddp:") and "ddp" not in args.variants:
             ddp_peak = ddp_peak or peak
         p0 = max(pr, key=lambda p: p["peak_rss"])
@@ -288,6 +315,7 @@ def main():
         print(f"\n[{name}] {r['params'] / 1e6:.1f}M params; peak RSS/rank "
               + " ".join(f"{p['peak_rss'] / MIB:.0f}" for p in pr) + " MiB"
               + (f" = {peak / ddp_peak:.2f}x DDP's" if ddp_peak and name != "ddp" else "")
+              + (f", {peak / fsdp2_peak:.2f}x FSDP2's" if fsdp2_peak and name != "fsdp2" else "")
               + f"; highest in '{phase[0]}'"
               + (f"; median step after the first {r['median_step_s']:.2f} s" if times else ""), flush=True)
         print(f"  before the model {p0['rss_before_model'] / MIB:.0f} MiB; params+grads+AdamW {state / MIB:.0f} MiB "
@@ -304,6 +332,15 @@ def main():
                   f"(mmapped {h['mmapped'] / MIB:.0f}), free but kept {h['free_kept'] / MIB:.0f} MiB", flush=True)
         print("  highest RSS per phase (MiB): " + ", ".join(
             f"{k} {v / MIB:.0f}" for k, v in p0["phase_peaks"].items()), flush=True)
+        rep = p0.get("memory_report")
+        if rep:
+            sys.path.insert(0, str(REPO / "bindings" / "python"))
+            from zeroshard.torch.memory import format_memory_report
+            print("  " + format_memory_report(rep).replace("\n", "\n  "), flush=True)
+            beyond = rep["engine"]["total"] - state
+            print(f"  engine bytes now beyond the state (params+grads+AdamW): {beyond / MIB:.0f} MiB "
+                  f"({beyond / max(state, 1):.1%} of the state); peak total over phases "
+                  f"{max(p['total'] for p in rep['peaks'].values()) / MIB:.0f} MiB", flush=True)
     print(json.dumps({"bench": "torch_memory", "ranks": args.ranks, "steps": args.steps,
                       "model": {"dim": args.dim, "layers": args.layers, "heads": args.heads, "batch": args.batch,
                                 "ctx": args.ctx}, "results": results}))
