@@ -220,6 +220,7 @@ def worker(args):
         state = {"param_bytes": m["shard_bytes"], "grad_bytes": m["grad_bytes"],
                  "optimizer_bytes": m["optimizer_bytes"]}
         report = zt.memory_report()
+        report["text"] = zt.format_memory_report(report)
     mine = {"rank": rank, "rss_before_model": rss_before, "peak_rss": resource.getrusage(
         resource.RUSAGE_SELF).ru_maxrss * 1024, "phase_peaks": sampler.peaks, "steps": steps, **state,
             "memory_report": report}
@@ -334,9 +335,7 @@ def main():
             f"{k} {v / MIB:.0f}" for k, v in p0["phase_peaks"].items()), flush=True)
         rep = p0.get("memory_report")
         if rep:
-            sys.path.insert(0, str(REPO / "bindings" / "python"))
-            from zeroshard.torch.memory import format_memory_report
-            print("  " + format_memory_report(rep).replace("\n", "\n  "), flush=True)
+            print("  " + rep["text"].replace("\n", "\n  "), flush=True)
             beyond = rep["engine"]["total"] - state
             print(f"  engine bytes now beyond the state (params+grads+AdamW): {beyond / MIB:.0f} MiB "
                   f"({beyond / max(state, 1):.1%} of the state); peak total over phases "
