@@ -11,13 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # clang and libclang-rt-14-dev: the libFuzzer targets of scripts/sanitize.sh
-# (ASan, UBSan and TSan come with g++). libopenblas-dev: the host GEMM of
-# the engine's Muon (impl/device/blas.h). liburing-dev: the NVMe swapper; fio:
+# (ASan, UBSan and TSan come with g++). libopenblas0: the host GEMM of
+# the engine's Muon (impl/device/blas.h, loaded at run time). liburing-dev: the NVMe swapper; fio:
 # the baseline bench/bench_swapper measures it against. iproute2 (ip, tc):
 # bench/bench_quant's rate-limited veth link between two network namespaces.
 packages=(cmake g++ make pkg-config libgloo-dev nlohmann-json3-dev libdlpack-dev
           libgtest-dev googletest python3-venv libxxhash-dev libsodium-dev swig clang libclang-rt-14-dev
-          liburing-dev libopenblas-dev fio iproute2)
+          liburing-dev libopenblas0 fio iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,12 @@
 #include "impl/device/blas.h"
 
-#include <cblas.h>
+#include <dlfcn.h>
 
 #include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "impl/common/error.h"
 #include "kernels/parallel.h"
@@ -14,21 +18,83 @@
 namespace zs::blas {
 namespace {
 
-// BLAS takes int sizes (OpenBLAS built with 32-bit integers).
-blasint checked_int(int64_t v, const char* what) {
+// The host BLAS, loaded with dlopen on first use rather than linked: the
+// threaded OpenBLAS starts a worker thread when it loads, and a process
+// that forks its ranks (zsrun's tests, a trainer's data loaders) must have
+// none of the engine's yet. ZS_BLAS_LIBRARY names another library with the
+// same cblas_* calls (MKL's libmkl_rt, BLIS); else OpenBLAS by its soname.
+// Declared here (cblas.h's prototypes; row-major 101, no-trans 111, trans
+// 112), so the build needs no BLAS headers.
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+struct Api {
+  void (*sgemm)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                int) = nullptr;
+  void (*saxpy)(int, float, const float*, int, float*, int) = nullptr;
+  void (*sscal)(int, float, float*, int) = nullptr;
+  float (*snrm2)(int, const float*, int) = nullptr;
+  void (*set_threads)(int) = nullptr;  // OpenBLAS's own; absent elsewhere
+};
+
+const Api& api() {
+  static std::once_flag once;
+  static Api a;
+  static std::string error;
+  std::call_once(once, [] {
+    const char* env = std::getenv("ZS_BLAS_LIBRARY");
+    const std::vector<std::string> tried =
+        env != nullptr && *env != '\0' ? std::vector<std::string>{env}
+                                       : std::vector<std::string>{"libopenblas.so.0", "libopenblas.so"};
+    // OpenBLAS sizes its thread pool as it loads: to the engine's threads
+    // unless the user chose.
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr)
+      ::setenv("OPENBLAS_NUM_THREADS", std::to_string(kernels::num_threads()).c_str(), 0);
+    void* lib = nullptr;
+    std::string path, why;
+    for (const auto& t : tried) {
+      lib = ::dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib != nullptr) {
+        path = t;
+        break;
+      }
+      const char* e = ::dlerror();
+      why += (why.empty() ? "" : "; ") + t + ": " + (e ? e : "not found");
+    }
+    if (lib == nullptr) {
+      error = "no host BLAS for the engine's matrix work (Muon's Newton-Schulz): " + why +
+              ". Install OpenBLAS (apt-get install libopenblas0) or set ZS_BLAS_LIBRARY to a library "
+              "with the cblas_* calls";
+      return;
+    }
+    auto bind = [&](const char* name, auto* out) {
+      *out = reinterpret_cast<std::remove_pointer_t<decltype(out)>>(::dlsym(lib, name));
+      if (*out == nullptr && error.empty()) error = "the BLAS library '" + path + "' has no " + name;
+    };
+    bind("cblas_sgemm", &a.sgemm);
+    bind("cblas_saxpy", &a.saxpy);
+    bind("cblas_sscal", &a.sscal);
+    bind("cblas_snrm2", &a.snrm2);
+    a.set_threads = reinterpret_cast<void (*)(int)>(::dlsym(lib, "openblas_set_num_threads"));
+  });
+  if (!error.empty()) fail(Code::NotSupported, error);
+  return a;
+}
+
+// BLAS takes int sizes (LP64).
+int checked_int(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX)
     fail(Code::InvalidArgument, "blas: ", what, " = ", v, " is out of range for BLAS (0..", INT_MAX, ")");
-  return static_cast<blasint>(v);
+  return static_cast<int>(v);
 }
 
 // OpenBLAS's threads follow the engine's kernel threads (kernels::
 // num_threads: ZS_NUM_THREADS, else the CPUs this process may use), so
-// ranks sharing a host do not each start one per core.
-void match_threads() {
+// ranks sharing a host do not each use every core.
+void match_threads(const Api& a) {
   static int set = 0;
   const int want = kernels::num_threads();
-  if (want != set) {
-    openblas_set_num_threads(want);
+  if (a.set_threads != nullptr && want != set) {
+    a.set_threads(want);
     set = want;
   }
 }
@@ -45,10 +111,11 @@ void gemm(Device& dev, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   }
 #endif
   (void)dev;
-  match_threads();
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              checked_int(m, "m"), checked_int(n, "n"), checked_int(k, "k"), alpha, a,
-              checked_int(lda, "lda"), b, checked_int(ldb, "ldb"), beta, c, checked_int(ldc, "ldc"));
+  const Api& blas = api();
+  match_threads(blas);
+  blas.sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, checked_int(m, "m"),
+             checked_int(n, "n"), checked_int(k, "k"), alpha, a, checked_int(lda, "lda"), b,
+             checked_int(ldb, "ldb"), beta, c, checked_int(ldc, "ldc"));
 }
 
 void axpy(Device& dev, size_t n, float alpha, const float* x, int64_t incx, float* y, int64_t incy) {
@@ -60,7 +127,7 @@ void axpy(Device& dev, size_t n, float alpha, const float* x, int64_t incx, floa
   }
 #endif
   (void)dev;
-  cblas_saxpy(checked_int(static_cast<int64_t>(n), "n"), alpha, x, checked_int(incx, "incx"), y,
+  api().saxpy(checked_int(static_cast<int64_t>(n), "n"), alpha, x, checked_int(incx, "incx"), y,
               checked_int(incy, "incy"));
 }
 
@@ -73,7 +140,7 @@ void scal(Device& dev, size_t n, float alpha, float* x) {
   }
 #endif
   (void)dev;
-  cblas_sscal(checked_int(static_cast<int64_t>(n), "n"), alpha, x, 1);
+  api().sscal(checked_int(static_cast<int64_t>(n), "n"), alpha, x, 1);
 }
 
 float nrm2(Device& dev, size_t n, const float* x) {
@@ -82,7 +149,7 @@ float nrm2(Device& dev, size_t n, const float* x) {
   if (dev.is_cuda()) return cublas_snrm2(dev, static_cast<int64_t>(n), x);
 #endif
   (void)dev;
-  return cblas_snrm2(checked_int(static_cast<int64_t>(n), "n"), x, 1);
+  return api().snrm2(checked_int(static_cast<int64_t>(n), "n"), x, 1);
 }
 
 }  // namespace zs::blas

@@ -1,10 +1,12 @@
 // fp32 dense linear algebra on whichever device holds the memory: OpenBLAS
-// (cblas) on the host, cuBLAS on the device's engine stream. The engine's
-// matrix work (Muon's Newton-Schulz iteration, impl/optim/muon.h) is written
-// once against these calls. Matrices are row-major; pointers are memory of
-// `dev`. cuBLAS is loaded with dlopen on first use (as NCCL is: one build
-// runs on every machine), from ZS_CUBLAS_LIBRARY or the usual sonames; its
-// absence is NotSupported naming what was tried.
+// (its cblas_* calls) on the host, cuBLAS on the device's engine stream. The
+// engine's matrix work (Muon's Newton-Schulz iteration, impl/optim/
+// newton_schulz.h) is written once against these calls. Matrices are
+// row-major; pointers are memory of `dev`. Both libraries are loaded with
+// dlopen on first use, as NCCL is: one build runs on every machine, and a
+// process that never steps Muon never starts OpenBLAS's threads. The host
+// one is ZS_BLAS_LIBRARY or libopenblas.so.0, cuBLAS ZS_CUBLAS_LIBRARY or
+// the usual sonames; a missing one is NotSupported naming what was tried.
 #pragma once
 
 #include <cstddef>

@@ -50,26 +50,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // size and the device). Blocks are aligned to 256 bytes on CUDA, 64 on
   // the host. `kind` says what it is for (memory_tally.h): free with the
   // kind and size it was allocated with.
-  void* alloc(size_t bytes, MemKind kind) {
-    void* p = pool_->alloc(bytes);
-    memory_tally::add(kind, pool_->size_class(bytes == 0 ? 1 : bytes));
-    return p;
-  }
-  void free(void* p, size_t bytes, MemKind kind) {
-    pool_->free(p, bytes);
-    memory_tally::sub(kind, pool_->size_class(bytes == 0 ? 1 : bytes));
-  }
+  void* alloc(size_t bytes, MemKind kind) { return tallied_alloc(*pool_, bytes, kind); }
+  void free(void* p, size_t bytes, MemKind kind) { tallied_free(*pool_, p, bytes, kind); }
   // Host memory for staging this device's data through a host transport
   // (pinned on CUDA so copies are DMA; the plain host pool otherwise).
-  void* staging_alloc(size_t bytes, MemKind kind) {
-    void* p = staging_->alloc(bytes);
-    memory_tally::add(kind, staging_->size_class(bytes == 0 ? 1 : bytes));
-    return p;
-  }
-  void staging_free(void* p, size_t bytes, MemKind kind) {
-    staging_->free(p, bytes);
-    memory_tally::sub(kind, staging_->size_class(bytes == 0 ? 1 : bytes));
-  }
+  void* staging_alloc(size_t bytes, MemKind kind) { return tallied_alloc(*staging_, bytes, kind); }
+  void staging_free(void* p, size_t bytes, MemKind kind) { tallied_free(*staging_, p, bytes, kind); }
   // The bytes this device's pools hand out now (the staging pool too when
   // it is a pool of its own): what the tally's pooled kinds add up to.
   uint64_t pools_used_bytes() const {
@@ -98,6 +84,17 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual bool owns_pointer(const void* p) const = 0;
 
  protected:
+  // Counted at the size class the pool hands out (what its used_bytes counts).
+  static void* tallied_alloc(CachingPool& pool, size_t bytes, MemKind kind) {
+    void* p = pool.alloc(bytes);
+    memory_tally::add(kind, pool.size_class(bytes == 0 ? 1 : bytes));
+    return p;
+  }
+  static void tallied_free(CachingPool& pool, void* p, size_t bytes, MemKind kind) {
+    pool.free(p, bytes);
+    memory_tally::sub(kind, pool.size_class(bytes == 0 ? 1 : bytes));
+  }
+
   std::shared_ptr<CachingPool> pool_;
   std::shared_ptr<CachingPool> staging_;
 };

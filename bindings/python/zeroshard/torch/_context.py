@@ -33,6 +33,8 @@ import torch.distributed as dist
 
 import zeroshard
 
+from ._malloc import fix_mmap_threshold
+
 _context = None
 _pending = []  # (config, device) of the Init blocks entered before the context exists
 # Called in order, with no argument, once shutdown() closed the context: the
@@ -103,6 +105,7 @@ def init_context(config=None, timeout_ms=0, **kwargs):
         if port is not None:
             kwargs["store_port"] = port
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
+    fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)
     return _context
 
 

@@ -92,6 +92,7 @@ import zeroshard
 from . import _params, saved
 from .compile import compiled_block, engine_call
 from ._context import context_state, drop_context_state, get_context, on_shutdown
+from ._malloc import trim_after_step
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
                       registered_params, zparams)
@@ -238,6 +239,7 @@ def stepping_engines(params):
 def step_done():
     """An optimizer step ended every running model's step."""
     _forget_ran(hook_state())
+    trim_after_step()
 
 
 def _forget_ran(state):

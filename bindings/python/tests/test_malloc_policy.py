@@ -1,0 +1,80 @@
+"""ZS_MALLOC_MMAP_THRESHOLD and ZS_MALLOC_TRIM (zeroshard/torch/_malloc.py):
+glibc's mmap threshold fixed when asked, so a freed large block leaves the
+process instead of staying in an arena; left alone when not asked; a bad
+value named. Each case in a fresh interpreter (the setting is per process)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+PROBE = r"""
+import ctypes, json, os, sys
+from zeroshard.torch._malloc import fix_mmap_threshold, trim_after_step
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+applied = fix_mmap_threshold()
+# A freed 8 MiB mapping raises glibc's own threshold to 8 MiB; a 2 MiB block
+# then comes from the arena unless the threshold is fixed.
+libc.free(libc.malloc(8 << 20))
+before = libc.mallinfo2().hblkhd
+p = libc.malloc(2 << 20)
+mapped = libc.mallinfo2().hblkhd - before
+libc.free(p)
+trim_after_step()
+print(json.dumps({"applied": applied, "mapped": mapped}))
+"""
+
+
+def probe(**env):
+    e = dict(os.environ)
+    for k in ("MALLOC_MMAP_THRESHOLD_", "ZS_MALLOC_MMAP_THRESHOLD", "ZS_MALLOC_TRIM"):
+        e.pop(k, None)
+    e.update(env)
+    e["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    return subprocess.run([sys.executable, "-c", PROBE], env=e, capture_output=True, text=True, timeout=120)
+
+
+def test_left_to_glibc_unless_asked():
+    import json
+    r = probe()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out == {"applied": None, "mapped": 0}, out
+
+
+def test_a_fixed_threshold_maps_large_blocks_of_their_own():
+    import json
+    r = probe(ZS_MALLOC_MMAP_THRESHOLD="1048576", ZS_MALLOC_TRIM="1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["applied"] == 1048576 and out["mapped"] >= 2 << 20, out
+
+
+def test_glibcs_own_variable_is_left_to_act():
+    import json
+    r = probe(MALLOC_MMAP_THRESHOLD_="1048576", ZS_MALLOC_MMAP_THRESHOLD="4194304")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["applied"] is None and out["mapped"] >= 2 << 20, out
+
+
+def test_a_bad_value_is_named():
+    r = probe(ZS_MALLOC_MMAP_THRESHOLD="lots")
+    assert r.returncode != 0 and "ZS_MALLOC_MMAP_THRESHOLD='lots'" in r.stderr, r.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))

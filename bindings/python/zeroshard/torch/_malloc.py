@@ -1,0 +1,70 @@
+"""glibc's malloc and a training step's large, short-lived tensors.
+
+glibc serves a block of at least its mmap threshold (128 KiB at first) with
+a mapping of its own, unmapped on free; smaller ones come from its arenas,
+where a freed block stays resident for reuse. It also raises the threshold
+to the size of each mapped block freed, up to 32 MiB, so after the first
+step the full-size gradients and activations of every later step come from
+the arenas and stay there once freed: 1.1 GiB "free but kept" per rank at
+406M (bench/bench_torch_memory.py), on top of what torch and the engine use.
+A fixed threshold (mallopt(M_MMAP_THRESHOLD), which also turns the raising
+off) keeps every block at or above it a mapping of its own, returned to the
+system when torch frees it, at the cost of page faults on every such block.
+
+Off unless asked, as the trade-off is the user's (406M GPT, 2 ranks, peak
+RSS per rank, median step; docs/memory.md):
+ZS_MALLOC_MMAP_THRESHOLD=1048576 5463 -> 4810 MiB, 15.5 -> 21.9 s;
+ZS_MALLOC_TRIM=1 (malloc_trim after every optimizer step instead) 5181 MiB,
+18.8 s. 0 or unset leaves glibc's own behaviour, as does glibc's
+MALLOC_MMAP_THRESHOLD_ when set (it acts by itself).
+"""
+import ctypes
+import os
+
+_M_MMAP_THRESHOLD = -3  # malloc.h
+_DEFAULT = 0  # off unless asked: see the trade-off in docs/memory.md
+_applied = None
+
+
+def fix_mmap_threshold():
+    """Apply the threshold once per process; returns it (None: left alone)."""
+    global _applied
+    if _applied is not None:
+        return _applied or None
+    _applied = 0
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
+        return None
+    text = os.environ.get("ZS_MALLOC_MMAP_THRESHOLD", str(_DEFAULT))
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"ZS_MALLOC_MMAP_THRESHOLD={text!r}: expected a number of bytes (0: glibc's own)") from None
+    if value <= 0:
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None  # not glibc
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    if mallopt(_M_MMAP_THRESHOLD, min(value, 2 ** 31 - 1)) == 1:
+        _applied = value
+    return _applied or None
+
+
+_trim = None
+
+
+def trim_after_step():
+    """malloc_trim(0) when ZS_MALLOC_TRIM is 1 (an optimizer step ended)."""
+    global _trim
+    if _trim is None:
+        _trim = False
+        if os.environ.get("ZS_MALLOC_TRIM", "0") == "1":
+            try:
+                _trim = ctypes.CDLL("libc.so.6").malloc_trim
+                _trim.argtypes = [ctypes.c_size_t]
+            except (OSError, AttributeError):
+                _trim = False
+    if _trim:
+        _trim(0)
