@@ -347,14 +347,38 @@ void Optimizer::update_muon(float grad_scale) {
   std::vector<MuonParam> params;
   std::vector<Slot*> slots;
   std::vector<ShardAccess> shards;
-  size_t count = 0;
+  // Which Muon params step: those with a gradient this step. The step is
+  // collective, so every rank must agree; a param that got a gradient on
+  // some ranks only is named on every rank alike (one all-reduce of
+  // [pushed, -pushed] with Max gives each flag's max and min).
+  std::vector<Slot*> muon;
   for (auto& g : groups_)
-    for (auto& s : g.slots) count += s.muon ? 1 : 0;
-  shards.reserve(count);
+    for (auto& s : g.slots)
+      if (s.muon && s.param->layout.shard_numel > 0) muon.push_back(&s);
+  std::vector<float> flags(2 * muon.size());
+  for (size_t i = 0; i < muon.size(); ++i) {
+    const Param& p = *muon[i]->param;
+    flags[2 * i] = p.grad && p.grad_pushed ? 1.0f : 0.0f;
+    flags[2 * i + 1] = -flags[2 * i];
+  }
+  zs::Group& world = *ctx_.world();
+  if (world.size() > 1 && !flags.empty())
+    world.run("Muon gradient agreement", [&](Communicator& c) {
+      c.allreduce(flags.data(), flags.data(), flags.size(), DType::F32, ReduceOp::Max);
+    });
+  for (size_t i = 0; i < muon.size(); ++i)
+    if (flags[2 * i] != -flags[2 * i + 1])
+      fail(Code::InvalidState, "Muon step: ", muon[i]->param->describe(), " got a gradient on some ranks and "
+           "not on others; its step is collective over its partition group (push a gradient, zeros if "
+           "need be, on every rank)");
+  shards.reserve(muon.size());
+  size_t next = 0;
   for (auto& g : groups_)
     for (auto& s : g.slots) {
       Param& p = *s.param;
-      if (!s.muon || p.layout.shard_numel == 0 || !p.grad || !p.grad_pushed) continue;
+      if (next < muon.size() && muon[next] == &s) ++next;
+      else continue;
+      if (!p.grad || !p.grad_pushed) continue;
       shards.emplace_back(ctx_, p, ShardAccess::Write);
       const ShardAccess& shard = shards.back();
       auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
