@@ -1,14 +1,12 @@
 #include "impl/device/blas.h"
 
-#include <dlfcn.h>
-
 #include <climits>
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "impl/common/error.h"
+#include "impl/device/dynamic_library.h"
 #include "kernels/parallel.h"
 
 #ifdef ZS_WITH_CUDA
@@ -41,40 +39,25 @@ const Api& api() {
   static Api a;
   static std::string error;
   std::call_once(once, [] {
-    const char* env = std::getenv("ZS_BLAS_LIBRARY");
-    const std::vector<std::string> tried =
-        env != nullptr && *env != '\0' ? std::vector<std::string>{env}
-                                       : std::vector<std::string>{"libopenblas.so.0", "libopenblas.so"};
     // OpenBLAS sizes its thread pool as it loads: to the engine's threads
     // unless the user chose.
     if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr)
       ::setenv("OPENBLAS_NUM_THREADS", std::to_string(kernels::num_threads()).c_str(), 0);
-    void* lib = nullptr;
-    std::string path, why;
-    for (const auto& t : tried) {
-      lib = ::dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) {
-        path = t;
-        break;
-      }
-      const char* e = ::dlerror();
-      why += (why.empty() ? "" : "; ") + t + ": " + (e ? e : "not found");
-    }
-    if (lib == nullptr) {
-      error = "no host BLAS for the engine's matrix work (Muon's Newton-Schulz): " + why +
+    const DynamicLibrary lib = open_first("ZS_BLAS_LIBRARY", {"libopenblas.so.0", "libopenblas.so"});
+    if (lib.handle == nullptr) {
+      error = "no host BLAS for the engine's matrix work (Muon's Newton-Schulz): " + lib.tried +
               ". Install OpenBLAS (apt-get install libopenblas0) or set ZS_BLAS_LIBRARY to a library "
               "with the cblas_* calls";
       return;
     }
-    auto bind = [&](const char* name, auto* out) {
-      *out = reinterpret_cast<std::remove_pointer_t<decltype(out)>>(::dlsym(lib, name));
-      if (*out == nullptr && error.empty()) error = "the BLAS library '" + path + "' has no " + name;
+    auto need = [&](const char* name, auto* out) {
+      if (!lib.bind(name, out) && error.empty()) error = "the BLAS library '" + lib.path + "' has no " + name;
     };
-    bind("cblas_sgemm", &a.sgemm);
-    bind("cblas_saxpy", &a.saxpy);
-    bind("cblas_sscal", &a.sscal);
-    bind("cblas_snrm2", &a.snrm2);
-    a.set_threads = reinterpret_cast<void (*)(int)>(::dlsym(lib, "openblas_set_num_threads"));
+    need("cblas_sgemm", &a.sgemm);
+    need("cblas_saxpy", &a.saxpy);
+    need("cblas_sscal", &a.sscal);
+    need("cblas_snrm2", &a.snrm2);
+    lib.bind("openblas_set_num_threads", &a.set_threads);  // OpenBLAS's own: may be absent
   });
   if (!error.empty()) fail(Code::NotSupported, error);
   return a;

@@ -1,15 +1,12 @@
 #include "impl/device/cuda/cublas_library.h"
 
-#include <dlfcn.h>
-
 #include <climits>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "impl/common/error.h"
+#include "impl/device/dynamic_library.h"
 
 namespace zs {
 namespace {
@@ -30,47 +27,27 @@ struct Api {
   Status (*snrm2)(Handle, int, const float*, int, float*) = nullptr;
 };
 
-template <typename F>
-void bind(void* lib, const char* name, F* out, const std::string& path) {
-  *out = reinterpret_cast<F>(::dlsym(lib, name));
-  if (*out == nullptr) fail(Code::NotSupported, "cuBLAS '", path, "' has no ", name);
-}
-
 const Api& api() {
   static std::once_flag once;
   static Api a;
   static std::string error;
   std::call_once(once, [] {
-    std::vector<std::string> tried;
-    const char* env = std::getenv("ZS_CUBLAS_LIBRARY");
-    if (env != nullptr && *env != '\0') tried.push_back(env);
-    else tried = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    void* lib = nullptr;
-    std::string path, why;
-    for (const auto& t : tried) {
-      lib = ::dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) {
-        path = t;
-        break;
-      }
-      const char* e = ::dlerror();
-      why += (why.empty() ? "" : "; ") + t + ": " + (e ? e : "not found");
-    }
-    if (lib == nullptr) {
-      error = "cuBLAS could not be loaded (" + why +
+    const DynamicLibrary lib =
+        open_first("ZS_CUBLAS_LIBRARY", {"libcublas.so.13", "libcublas.so.12", "libcublas.so"});
+    if (lib.handle == nullptr) {
+      error = "cuBLAS could not be loaded (" + lib.tried +
               "); set ZS_CUBLAS_LIBRARY to libcublas.so's path (pip's nvidia-cublas wheel has one)";
       return;
     }
-    try {
-      bind(lib, "cublasCreate_v2", &a.create, path);
-      bind(lib, "cublasSetStream_v2", &a.set_stream, path);
-      bind(lib, "cublasSgemm_v2", &a.sgemm, path);
-      bind(lib, "cublasSaxpy_v2", &a.saxpy, path);
-      bind(lib, "cublasSscal_v2", &a.sscal, path);
-      bind(lib, "cublasSnrm2_v2", &a.snrm2, path);
-    } catch (const Error& e) {
-      error = e.what();
-    }
+    auto need = [&](const char* name, auto* out) {
+      if (!lib.bind(name, out) && error.empty()) error = "cuBLAS '" + lib.path + "' has no " + name;
+    };
+    need("cublasCreate_v2", &a.create);
+    need("cublasSetStream_v2", &a.set_stream);
+    need("cublasSgemm_v2", &a.sgemm);
+    need("cublasSaxpy_v2", &a.saxpy);
+    need("cublasSscal_v2", &a.sscal);
+    need("cublasSnrm2_v2", &a.snrm2);
   });
   if (!error.empty()) fail(Code::NotSupported, error);
   return a;
