@@ -306,14 +306,7 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
     ++s.updates;
     return;
   }
-  auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
-  if (!s.master_is_shard && s.master_of_version != p.shard_version) {
-    // The shard was rewritten since (GatheredParameters, a param.data
-    // assignment): where its values changed they are the truth, not the
-    // old master; where they did not, the master keeps its precision.
-    ops::refresh_master(*ctx_.device(), shard.data(), p.dtype, master, n);
-    s.master_of_version = p.shard_version;
-  }
+  float* master = fp32_master(s, shard);
   void* working = s.master_is_shard ? nullptr : shard.data();
   if (kind_ == OptimKind::Sgd) {
     bool first = s.updates == 0;
@@ -342,6 +335,19 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   ++s.updates;
 }
 
+float* Optimizer::fp32_master(Slot& s, const ShardAccess& shard) {
+  Param& p = *s.param;
+  auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
+  if (!s.master_is_shard && s.master_of_version != p.shard_version) {
+    // The shard was rewritten since (GatheredParameters, a param.data
+    // assignment): where its values changed they are the truth, not the
+    // old master; where they did not, the master keeps its precision.
+    ops::refresh_master(*ctx_.device(), shard.data(), p.dtype, master, p.layout.shard_numel);
+    s.master_of_version = p.shard_version;
+  }
+  return master;
+}
+
 void Optimizer::update_muon(float grad_scale) {
   Device& dev = *ctx_.device();
   std::vector<MuonParam> params;
@@ -351,13 +357,13 @@ void Optimizer::update_muon(float grad_scale) {
   // collective, so every rank must agree; a param that got a gradient on
   // some ranks only is named on every rank alike (one all-reduce of
   // [pushed, -pushed] with Max gives each flag's max and min).
-  std::vector<Slot*> muon;
+  std::vector<std::pair<const Group*, Slot*>> muon;
   for (auto& g : groups_)
     for (auto& s : g.slots)
-      if (s.muon && s.param->layout.shard_numel > 0) muon.push_back(&s);
+      if (s.muon && s.param->layout.shard_numel > 0) muon.emplace_back(&g, &s);
   std::vector<float> flags(2 * muon.size());
   for (size_t i = 0; i < muon.size(); ++i) {
-    const Param& p = *muon[i]->param;
+    const Param& p = *muon[i].second->param;
     flags[2 * i] = p.grad && p.grad_pushed ? 1.0f : 0.0f;
     flags[2 * i + 1] = -flags[2 * i];
   }
@@ -368,31 +374,22 @@ void Optimizer::update_muon(float grad_scale) {
     });
   for (size_t i = 0; i < muon.size(); ++i)
     if (flags[2 * i] != -flags[2 * i + 1])
-      fail(Code::InvalidState, "Muon step: ", muon[i]->param->describe(), " got a gradient on some ranks and "
+      fail(Code::InvalidState, "Muon step: ", muon[i].second->param->describe(), " got a gradient on some ranks and "
            "not on others; its step is collective over its partition group (push a gradient, zeros if "
            "need be, on every rank)");
   shards.reserve(muon.size());
-  size_t next = 0;
-  for (auto& g : groups_)
-    for (auto& s : g.slots) {
-      Param& p = *s.param;
-      if (next < muon.size() && muon[next] == &s) ++next;
-      else continue;
-      if (!p.grad || !p.grad_pushed) continue;
-      shards.emplace_back(ctx_, p, ShardAccess::Write);
-      const ShardAccess& shard = shards.back();
-      auto* master = static_cast<float*>(s.master_is_shard ? shard.data() : s.master->data());
-      if (!s.master_is_shard && s.master_of_version != p.shard_version) {  // as update()
-        ops::refresh_master(dev, shard.data(), p.dtype, master, p.layout.shard_numel);
-        s.master_of_version = p.shard_version;
-      }
-      const Hparams& hp = g.hp;
-      params.push_back({&p, master, static_cast<float*>(s.state1->data()),
-                        static_cast<const float*>(p.grad->data()), static_cast<float>(hp.lr),
-                        static_cast<float>(hp.momentum), static_cast<float>(hp.weight_decay),
-                        static_cast<NsMethod>(hp.ns_method), hp.ns_steps});
-      slots.push_back(&s);
-    }
+  for (const auto& [g, sp] : muon) {
+    Slot& s = *sp;
+    Param& p = *s.param;
+    if (!p.grad || !p.grad_pushed) continue;
+    shards.emplace_back(ctx_, p, ShardAccess::Write);
+    const Hparams& hp = g->hp;
+    params.push_back({&p, fp32_master(s, shards.back()), static_cast<float*>(s.state1->data()),
+                      static_cast<const float*>(p.grad->data()), static_cast<float>(hp.lr),
+                      static_cast<float>(hp.momentum), static_cast<float>(hp.weight_decay),
+                      static_cast<NsMethod>(hp.ns_method), hp.ns_steps});
+    slots.push_back(&s);
+  }
   muon_step(ctx_, params, grad_scale);
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& s = *slots[i];
@@ -542,10 +539,8 @@ bool Optimizer::has_state(const Param& p, int slot) const {
 }
 
 bool Optimizer::steps_muon(const Param& p) const {
-  for (const auto& g : groups_)
-    for (const auto& s : g.slots)
-      if (s.param.get() == &p) return s.muon;
-  return false;
+  const auto* s = const_cast<Optimizer*>(this)->find_slot(p);
+  return s != nullptr && s->muon;
 }
 
 bool Optimizer::master_in_shard(const Param& p) const {

@@ -56,6 +56,7 @@
 #include "impl/optim/loss_scaler.h"
 #include "impl/optim/swapped_state.h"
 #include "impl/partition/param.h"
+#include "impl/partition/shard_residence.h"
 
 namespace zs {
 
@@ -212,6 +213,9 @@ class Optimizer {
   void update(const Group& g, Slot& s, float grad_scale);
   // The Muon slots of every group, one collective pass (muon_step.h).
   void update_muon(float grad_scale);
+  // s's fp32 master (an fp32 param's shard itself), refreshed first from a
+  // 16-bit shard rewritten since the master was read.
+  float* fp32_master(Slot& s, const ShardAccess& shard);
   void update_swapped(float grad_scale);
   uint64_t state_bytes(const Slot& s) const;
   Slot* find_slot(const Param& p);
