@@ -2,7 +2,8 @@
 (examples/python/train_gpt.py) on one GPU through zeroshard (a world of one,
 params, gradients and optimizer state in the engine's GPU memory) next to
 plain PyTorch on the same model (torch.optim.AdamW, fused when available,
-else foreach), measured in the same run; and the engine's AdamW step next to
+else foreach) and FSDP2 in a world of one over NCCL, measured in the same
+run, with each one's peak GPU memory; and the engine's AdamW step next to
 torch's fused AdamW on one big fp32 param.
 
     /usr/bin/python3 bench/bench_gpu_step.py [--steps 30] [--warmup 5] [--dim 512 ...]
@@ -98,10 +99,14 @@ def bench_models(args, device, gpt_module):
         opt.zero_grad(set_to_none=True)
         return loss
 
+    torch.cuda.reset_peak_memory_stats()
     torch_losses, torch_times = time_steps(torch_step, data, args.warmup)
+    torch_peak = torch.cuda.max_memory_allocated()
     model = opt = None  # free the GPU memory before the next run
     gc.collect()
     torch.cuda.empty_cache()
+
+    fsdp = bench_fsdp2(args, device, make, data) if args.fsdp2 else None
 
     # zeroshard: a world of one on this GPU.
     config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": args.batch}
@@ -119,8 +124,14 @@ def bench_models(args, device, gpt_module):
         zopt.zero_grad()
         return loss
 
+    torch.cuda.reset_peak_memory_stats()
+    ctx.reset_memory_peaks()
     zs_losses, zs_times = time_steps(zs_step, data, args.warmup)
-    info = {"backend": ctx.backend, "memory": ctx.memory(), "coord": ctx.coord_stats()}
+    # torch's allocator holds activations and gradients; the engine's pool
+    # holds shards, masters, moments and gathered params.
+    engine_peak = max(ctx.memory_by_kind(phase)["total"] for phase in ("forward", "backward", "step"))
+    info = {"backend": ctx.backend, "memory": ctx.memory(), "coord": ctx.coord_stats(),
+            "zs_peak_bytes": torch.cuda.max_memory_allocated() + engine_peak}
     zmodel = zopt = None
     zt.shutdown()
     gc.collect()
@@ -129,7 +140,41 @@ def bench_models(args, device, gpt_module):
     return {"params": n_params, "torch_optimizer": opt_kind,
             "torch_step_s": statistics.median(torch_times), "zs_step_s": statistics.median(zs_times),
             "torch_losses": torch_losses, "zs_losses": zs_losses, "loss_max_rel_diff": max(diffs),
-            **info}
+            "torch_peak_bytes": torch_peak, "fsdp2": fsdp, **info}
+
+
+def bench_fsdp2(args, device, make, data):
+    """FSDP2 in a world of one over NCCL on the same GPU: fully_shard per
+    block, then the root, fused AdamW, the same weights and batches."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    torch.manual_seed(0)
+    model = make().to(device)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt, _ = torch_adamw(model.parameters(), args.lr, 0.01)
+
+    def step(x, y):
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    losses, times = time_steps(step, data, args.warmup)
+    peak = torch.cuda.max_memory_allocated()
+    model = opt = None
+    dist.destroy_process_group()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"step_s": statistics.median(times), "losses": losses, "peak_bytes": peak}
 
 
 def bench_adamw(args, device):
@@ -193,6 +238,8 @@ def main():
     ap.add_argument("--backend", choices=["gloo", "nccl"], default=None)
     ap.add_argument("--adamw-numel", type=int, default=64 * 2**20,
                     help="elements of the big param of the AdamW comparison (0: skip it)")
+    ap.add_argument("--no-fsdp2", dest="fsdp2", action="store_false",
+                    help="skip FSDP2 (a world of one over NCCL)")
     ap.add_argument("--corpus", default=str(REPO / "examples" / "python" / "data" / "corpus.txt"))
     args = ap.parse_args()
 
@@ -218,6 +265,9 @@ def main():
     ms = lambda s: s * 1e3  # noqa: E731
     rows = [("GPT step, zeroshard", ms(m["zs_step_s"])),
             (f"GPT step, torch (AdamW {m['torch_optimizer']})", ms(m["torch_step_s"]))]
+    f = m["fsdp2"]
+    if f:
+        rows.append(("GPT step, FSDP2 (world of one, NCCL)", ms(f["step_s"])))
     if a:
         rows += [("AdamW, zeroshard step (sync + norm + update)", ms(a["zs_adamw_step_s"])),
                  (f"AdamW, torch {a['torch_adamw_kind']} step", ms(a["torch_adamw_s"])),
@@ -228,13 +278,25 @@ def main():
         print(f"  {label:<48s} {value:9.3f} ms")
     ratio = m["zs_step_s"] / m["torch_step_s"]
     print(f"  zeroshard / torch step: x{ratio:.2f}; losses agree to {m['loss_max_rel_diff']:.1e} (relative)")
+    mib = lambda b: b / 2**20  # noqa: E731
+    print(f"  peak GPU memory: zeroshard {mib(m['zs_peak_bytes']):.0f} MiB (torch allocator + engine), "
+          f"torch {mib(m['torch_peak_bytes']):.0f} MiB"
+          + (f", FSDP2 {mib(f['peak_bytes']):.0f} MiB" if f else ""))
+    if f:
+        fdiff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(f["losses"], m["torch_losses"]))
+        print(f"  zeroshard / FSDP2 step: x{m['zs_step_s'] / f['step_s']:.2f}; "
+              f"FSDP2 losses agree with torch to {fdiff:.1e}")
     result = {"bench": "gpu_step", "device": name, "backend": m["backend"], "params": m["params"],
               "batch": args.batch, "ctx": args.ctx, "steps": args.steps, "warmup": args.warmup,
               "gpt_step_ms": ms(m["zs_step_s"]), "torch_step_ms": ms(m["torch_step_s"]),
               "ratio_to_torch": ratio, "torch_optimizer": m["torch_optimizer"],
               "loss_max_rel_diff": m["loss_max_rel_diff"],
               "device_system_allocs": m["memory"]["device_system_allocs"],
-              "device_reuses": m["memory"]["device_reuses"]}
+              "device_reuses": m["memory"]["device_reuses"],
+              "zs_peak_mib": mib(m["zs_peak_bytes"]), "torch_peak_mib": mib(m["torch_peak_bytes"])}
+    if f:
+        result.update({"fsdp2_step_ms": ms(f["step_s"]), "ratio_to_fsdp2": m["zs_step_s"] / f["step_s"],
+                       "fsdp2_peak_mib": mib(f["peak_bytes"])})
     if a:
         result.update({"adamw_numel": a["adamw_numel"], "zs_adamw_ms": ms(a["zs_adamw_step_s"]),
                        "torch_adamw_ms": ms(a["torch_adamw_s"]), "torch_adamw_kind": a["torch_adamw_kind"],

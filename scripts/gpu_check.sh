@@ -7,7 +7,7 @@
 #      world of one over NCCL and two ranks sharing the GPU over staged
 #      Gloo, and the Python GPT example;
 #   3. the GPU benchmarks (kernels against a device-to-device copy, the GPT
-#      step against plain PyTorch); each prints one JSON object last.
+#      step against plain PyTorch and FSDP2); each prints one JSON object last.
 # Logs go to $OUT (or gpu-check-out/) when set. Exits nonzero if any part
 # failed, after running every part.
 set -uo pipefail
@@ -19,17 +19,24 @@ export LD_LIBRARY_PATH="$carry/lib:${LD_LIBRARY_PATH:-}"
 export ZS_TEST_BIN_DIR="$carry/bin" ZEROSHARD_LIBRARY="$carry/lib/libzeroshard.so"
 export PYTHONUNBUFFERED=1
 failed=()
-step() {  # step NAME COMMAND...: run, log to $out/NAME.log, remember failures
-  local name=$1
-  shift
-  echo "== $name: $*"
-  if "$@" >"$out/$name.log" 2>&1; then
+# step NAME SECONDS COMMAND...: run under a time limit, log to
+# $out/NAME.log, remember failures. The limits add up to under 8 minutes
+# (the device time of a session is 15), so a rerun fits.
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc=0
+  shift 2
+  echo "== $name (limit ${limit}s): $*"
+  # bash -c so that the exported functions below (mlp, gpt) run too.
+  timeout --kill-after=5 "$limit" bash -c '"$@"' "$name" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [ $rc -eq 0 ]; then
     tail -n 3 "$out/$name.log"
   else
-    echo "FAILED ($name), last lines:"
+    [ $rc -eq 124 ] && echo "TIMED OUT after ${limit}s ($name)"
+    echo "FAILED ($name, status $rc), last lines:"
     tail -n 30 "$out/$name.log"
     failed+=("$name")
   fi
+  echo "   ($((SECONDS - t0)) s)"
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -41,7 +48,7 @@ python3 -c "import cffi" 2>/dev/null || eval "$(bash scripts/gpu_build_cffi.sh)"
 export PYTHONPATH="$PWD/bindings/python:${PYTHONPATH:-}"
 
 gpu_tests='CudaKernels*:CudaEngine*:Nccl*:Device*'
-step gpu-tests bash -c "
+step gpu-tests 120 bash -c "
   fails=0
   for t in \$('$carry/bin/zs_tests' --gtest_list_tests --gtest_filter='$gpu_tests' |
               awk '/^[^ ]/ {suite=\$1} /^  / {print suite \$1}'); do
@@ -51,11 +58,13 @@ step gpu-tests bash -c "
   [ \$fails -eq 0 ]"
 
 mlp() { "$carry/bin/zsrun" -n "$1" --no-prefix -- "$carry/bin/train_mlp" --steps 50 "${@:2}"; }
-step mlp-cpu mlp 1 --device cpu
-step mlp-cuda-nccl env ZS_BACKEND=nccl "$carry/bin/zsrun" -n 1 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda
-step mlp-cpu-2 mlp 2 --device cpu
-step mlp-cuda-2-staged env ZS_BACKEND=gloo "$carry/bin/zsrun" -n 2 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda:0
-step mlp-compare python3 - "$out" <<'PY'
+export carry
+export -f mlp
+step mlp-cpu 30 mlp 1 --device cpu
+step mlp-cuda-nccl 30 env ZS_BACKEND=nccl "$carry/bin/zsrun" -n 1 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda
+step mlp-cpu-2 30 mlp 2 --device cpu
+step mlp-cuda-2-staged 30 env ZS_BACKEND=gloo "$carry/bin/zsrun" -n 2 --no-prefix -- "$carry/bin/train_mlp" --steps 50 --device cuda:0
+step mlp-compare 10 python3 - "$out" <<'PY'
 import re, sys
 out = sys.argv[1]
 def losses(name):
@@ -71,9 +80,10 @@ assert worst <= 1e-5, worst
 PY
 
 gpt() { "$carry/bin/zsrun" -n 1 --no-prefix -- python3 examples/python/train_gpt.py --steps 20 "$@"; }
-step gpt-cpu gpt --device cpu
-step gpt-cuda gpt --device cuda
-step gpt-compare python3 - "$out" <<'PY'
+export -f gpt
+step gpt-cpu 40 gpt --device cpu
+step gpt-cuda 30 gpt --device cuda
+step gpt-compare 10 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
 def losses(name):  # the example's last line is a JSON object with every step's loss
@@ -84,10 +94,10 @@ rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print(f"GPT on CUDA: {len(b)} losses, max relative difference to the CPU: {rel:.3g}")
 assert rel <= 1e-4, rel
 PY
-step python-gpu-tests python3 -m pytest -q bindings/python/tests/test_cuda.py
+step python-gpu-tests 90 python3 -m pytest -q bindings/python/tests/test_cuda.py
 
-step bench-kernels "$carry/bin/bench_gpu_kernels"
-step bench-gpt-step python3 bench/bench_gpu_step.py
+step bench-kernels 30 "$carry/bin/bench_gpu_kernels"
+step bench-gpt-step 60 python3 bench/bench_gpu_step.py --steps 20
 
 echo "== summary"
 for f in bench-kernels bench-gpt-step; do tail -n 1 "$out/$f.log"; done

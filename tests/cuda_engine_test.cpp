@@ -186,6 +186,75 @@ TEST(CudaEngine, OptimizerStepsEqualTheCpu) {
   }
 }
 
+// Muon on a CUDA context (Newton-Schulz through cuBLAS, momentum and the
+// auxiliary AdamW in the device kernels) leaves the shards the CPU context
+// leaves through the host BLAS, for both Newton-Schulz methods; a 2-D
+// matrix of odd sides steps Muon, a 1-D bias steps AdamW.
+TEST(CudaEngine, MuonStepsEqualTheCpu) {
+  REQUIRE_GPU();
+  for (int method : {0, 1}) {
+    std::vector<std::vector<float>> masters(2);
+    for (int d = 0; d < 2; ++d) {
+      zs_context ctx = nullptr;
+      if (d == 0) {
+        zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
+        o.rank = 0;
+        o.world_size = 1;
+        o.device = "cpu";
+        ZS_ASSERT_OK(zs_context_create(&ctx, &o));
+      } else {
+        ctx = cuda_context();
+      }
+      const int64_t shapes[2][2] = {{37, 53}, {53, 1}};
+      zs_param ps[2];
+      for (int k = 0; k < 2; ++k) {
+        zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+        po.name = k == 0 ? "w" : "bias";
+        po.dtype = ZS_FLOAT32;
+        po.ndim = k == 0 ? 2 : 1;
+        po.shape = shapes[k];
+        po.init = ZS_INIT_NORMAL;
+        po.seed = 11 + k;
+        po.b = 0.5;
+        ZS_ASSERT_OK(zs_param_register(&ps[k], ctx, &po));
+      }
+      zs_optimizer opt;
+      ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_MUON));
+      zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+      hp.lr = 2e-2;
+      hp.weight_decay = 0.1;
+      hp.ns_method = method;
+      ZS_ASSERT_OK(zs_optimizer_add_group(opt, ps, 2, &hp, nullptr));
+      for (int step = 0; step < 3; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          const size_t n = k == 0 ? 37 * 53 : 53;
+          const auto grad = ramp(n, 0.1f * static_cast<float>(step + 1 + k));
+          ZS_ASSERT_OK(zs_grad_push(ps[k], grad.data(), ZS_FLOAT32, n * 4));
+        }
+        zs_step_result r = ZS_STEP_RESULT_INIT;
+        ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+      }
+      for (int k = 0; k < 2; ++k) {
+        float* master = nullptr;
+        uint64_t numel = 0;
+        ZS_ASSERT_OK(zs_optimizer_state_data(opt, ps[k], 0, &master, &numel));
+        const size_t at = masters[d].size();
+        masters[d].resize(at + numel);
+        ASSERT_EQ(cudaMemcpy(masters[d].data() + at, master, numel * 4, cudaMemcpyDefault), cudaSuccess);
+      }
+      zs_optimizer_destroy(opt);
+      zs_context_destroy(ctx);
+    }
+    ASSERT_EQ(masters[0].size(), masters[1].size());
+    double worst = 0, moved = 0;
+    for (size_t i = 0; i < masters[0].size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(masters[0][i]) - masters[1][i]));
+    for (float v : masters[0]) moved += std::fabs(v);
+    EXPECT_GT(moved, 0.0);
+    EXPECT_LE(worst, 1e-5) << "ns_method " << method;
+  }
+}
+
 #endif  // ZS_WITH_CUDA
 
 void expect_same_losses(const zs::test::ExampleRun& cpu, const zs::test::ExampleRun& gpu) {
