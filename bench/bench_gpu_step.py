@@ -129,9 +129,14 @@ def bench_models(args, device, gpt_module):
     zs_losses, zs_times = time_steps(zs_step, data, args.warmup)
     # torch's allocator holds activations and gradients; the engine's pool
     # holds shards, masters, moments and gathered params.
-    engine_peak = max(ctx.memory_by_kind(phase)["total"] for phase in ("forward", "backward", "step"))
+    by_phase = {phase: ctx.memory_by_kind(phase) for phase in ("forward", "backward", "step")}
+    peak_phase = max(by_phase, key=lambda phase: by_phase[phase]["total"])
     info = {"backend": ctx.backend, "memory": ctx.memory(), "coord": ctx.coord_stats(),
-            "zs_peak_bytes": torch.cuda.max_memory_allocated() + engine_peak}
+            "zs_torch_peak_bytes": torch.cuda.max_memory_allocated(),
+            "zs_engine_peak_bytes": by_phase[peak_phase]["total"],
+            "zs_engine_peak_phase": peak_phase,
+            "zs_engine_peak_kinds": {k: v for k, v in by_phase[peak_phase].items() if v and k != "total"}}
+    info["zs_peak_bytes"] = info["zs_torch_peak_bytes"] + info["zs_engine_peak_bytes"]
     zmodel = zopt = None
     zt.shutdown()
     gc.collect()
@@ -282,6 +287,9 @@ def main():
     print(f"  peak GPU memory: zeroshard {mib(m['zs_peak_bytes']):.0f} MiB (torch allocator + engine), "
           f"torch {mib(m['torch_peak_bytes']):.0f} MiB"
           + (f", FSDP2 {mib(f['peak_bytes']):.0f} MiB" if f else ""))
+    print(f"    zeroshard: torch allocator {mib(m['zs_torch_peak_bytes']):.0f} MiB + engine "
+          f"{mib(m['zs_engine_peak_bytes']):.0f} MiB at its {m['zs_engine_peak_phase']} peak: "
+          + ", ".join(f"{k} {mib(v):.0f}" for k, v in m["zs_engine_peak_kinds"].items()))
     if f:
         fdiff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(f["losses"], m["torch_losses"]))
         print(f"  zeroshard / FSDP2 step: x{m['zs_step_s'] / f['step_s']:.2f}; "
@@ -293,7 +301,10 @@ def main():
               "loss_max_rel_diff": m["loss_max_rel_diff"],
               "device_system_allocs": m["memory"]["device_system_allocs"],
               "device_reuses": m["memory"]["device_reuses"],
-              "zs_peak_mib": mib(m["zs_peak_bytes"]), "torch_peak_mib": mib(m["torch_peak_bytes"])}
+              "zs_peak_mib": mib(m["zs_peak_bytes"]), "torch_peak_mib": mib(m["torch_peak_bytes"]),
+              "zs_torch_allocator_peak_mib": mib(m["zs_torch_peak_bytes"]),
+              "zs_engine_peak_mib": mib(m["zs_engine_peak_bytes"]),
+              "zs_engine_peak_kinds_mib": {k: round(mib(v), 1) for k, v in m["zs_engine_peak_kinds"].items()}}
     if f:
         result.update({"fsdp2_step_ms": ms(f["step_s"]), "ratio_to_fsdp2": m["zs_step_s"] / f["step_s"],
                        "fsdp2_peak_mib": mib(f["peak_bytes"])})

@@ -104,7 +104,12 @@ ZS_HD inline int quant_code(float x, float scale, int qmax) {
   return static_cast<int>(quant_round(x, scale, static_cast<float>(qmax)));
 }
 
-ZS_HD inline float quant_value(int q, float scale) { return f_mul(static_cast<float>(q), scale); }
+// A NaN scale comes back quieted with its sign and payload, as x86's
+// multiply (the AVX2 path) gives it; a GPU's multiply would give its
+// canonical 0x7fffffff instead.
+ZS_HD inline float quant_value(int q, float scale) {
+  return scale == scale ? f_mul(static_cast<float>(q), scale) : bits_float(float_bits(scale) | 0x00400000u);
+}
 
 // LoCo error feedback (quantize_with_error below): the error kept for the
 // next step from the old error e, the compensated value x = g + e and its

@@ -300,4 +300,42 @@ TEST(CudaEngine, TwoRanksShareOneGpuOverStagedGloo) {
   EXPECT_NE(gpu.json.find("\"backend\":\"gloo\""), std::string::npos) << gpu.json;
 }
 
+// Ranks handed one GPU with no backend named run Gloo (NCCL would refuse
+// them: "Duplicate GPU detected"); NCCL named for them is refused up front,
+// naming the ranks that share.
+TEST(CudaEngine, RanksSharingOneGpuWithNoBackendNamedRunGloo) {
+  REQUIRE_GPU();
+  for (int world : {2, 3}) {
+    zs::test::run_ranks(world, [](const zs::test::RankEnv& env) {
+      unsetenv("ZS_BACKEND");
+      zs_context_options o = zs::test::rank_options(env);
+      o.device = "cuda:0";
+      zs_context ctx = nullptr;
+      ASSERT_EQ(zs_context_create(&ctx, &o), ZS_OK) << zs_last_error();
+      const char* backend = nullptr;
+      ZS_ASSERT_OK(zs_context_device(ctx, nullptr, nullptr, &backend));
+      EXPECT_STREQ(backend, "gloo");
+      zs_group g;
+      ZS_ASSERT_OK(zs_context_group(&g, ctx, ZS_GROUP_WORLD));
+      float one = 1.0f;
+      zs_work w;
+      ZS_ASSERT_OK(zs_allreduce(&w, g, &one, &one, 1, ZS_FLOAT32, ZS_SUM));
+      ZS_ASSERT_OK(zs_work_wait(w, ZS_WAIT_FOREVER));
+      ZS_ASSERT_OK(zs_work_destroy(w));
+      EXPECT_EQ(one, static_cast<float>(env.world));
+      zs_group_destroy(g);
+      zs_context_destroy(ctx);
+    });
+  }
+  zs::test::run_ranks(2, [](const zs::test::RankEnv& env) {
+    zs_context_options o = zs::test::rank_options(env);
+    o.device = "cuda:0";
+    o.backend = "nccl";
+    zs_context ctx = nullptr;
+    EXPECT_EQ(zs_context_create(&ctx, &o), ZS_ERR_BOOTSTRAP);
+    EXPECT_NE(std::string(zs_last_error()).find("ranks 0 and 1 share GPU"), std::string::npos)
+        << zs_last_error();
+  });
+}
+
 }  // namespace

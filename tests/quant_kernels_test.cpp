@@ -211,6 +211,13 @@ TEST(QuantKernels, NonFiniteValuesPoisonTheirBlockOnly) {
         check(src, t, x.size(), s, r, std::string(dname(t)) + " non-finite");
         EXPECT_TRUE(std::isnan(r.scales[1]));
         for (size_t b : {size_t{0}, size_t{2}, size_t{3}}) EXPECT_TRUE(std::isfinite(r.scales[b]));
+        // The poisoned block dequantizes to the scale's own NaN, bit for
+        // bit: a GPU's multiply would give its canonical NaN (0x7fffffff)
+        // instead of 0x7fc00000 and the CUDA kernel would differ.
+        const auto poison = encode({bits_float(0x7fc00000u)}, t);
+        for (size_t i = 256; i < 512; ++i)
+          ASSERT_EQ(0, std::memcmp(&r.deq[i * esize(t)], poison.data(), esize(t)))
+              << dname(t) << " element " << i;
       }
 }
 

@@ -24,6 +24,7 @@
 #endif
 #include "impl/common/env.h"
 #include "impl/core/launcher_watch.h"
+#include "impl/core/shared_gpus.h"
 
 namespace zs {
 namespace {
@@ -335,6 +336,7 @@ void Context::choose_device(const ContextOptions& options) {
   }
   if (backend.empty()) {
     backend_ = ref.is_cuda() && nccl_available(nullptr) ? Backend::Nccl : Backend::Gloo;
+    backend_defaulted_ = true;
   } else if (backend == "gloo") {
     backend_ = Backend::Gloo;
   } else if (backend == "nccl") {
@@ -378,20 +380,49 @@ void Context::check_store_is_fresh(const ContextOptions& options) {
 // by rank 0's ZS_FULL_MESH_MAX (which pairs, which algorithms), so that a
 // rank given another value still connects and fails in the ready round
 // with the others, naming it, instead of leaving them waiting for pairs.
+//
+// NCCL refuses two ranks on one GPU, so each rank posts its GPU (host and
+// PCI bus id) and rank 0, where it defaulted to NCCL, turns to Gloo for
+// every rank when two share one; a rank that also defaulted follows it,
+// one that named NCCL is refused with the pair that share.
 void Context::agree_on_backend() {
-  const char mine = backend_ == Backend::Nccl ? 'n' : 'g';
+  char mine = backend_ == Backend::Nccl ? 'n' : 'g';
   const std::string key = "zs/backend";
+  const std::string gpu = device_->is_cuda() ? host_ + "#" + cuda_device_pci_bus_id(device_->ref().ordinal) : "-";
+  store_->set("zs/gpu/" + std::to_string(ranks_.rank), std::vector<char>(gpu.begin(), gpu.end()));
+  std::string shared;
   if (ranks_.rank == 0) {
-    const std::string value = mine + std::to_string(full_mesh_max_);
+    if (mine == 'n') {
+      std::vector<std::string> keys, gpus;
+      for (int r = 0; r < ranks_.world_size; ++r) keys.push_back("zs/gpu/" + std::to_string(r));
+      for (const auto& v : store_->get_many(keys)) gpus.emplace_back(v.begin(), v.end());
+      shared = first_shared_gpu(gpus);
+      if (!shared.empty() && backend_defaulted_) {
+        backend_ = Backend::Gloo;
+        mine = 'g';
+      }
+    }
+    const std::string value = mine + std::to_string(full_mesh_max_) + "\n" + shared;
     store_->set(key, std::vector<char>(value.begin(), value.end()));
   }
-  const auto theirs = store_->get(key);
+  const auto raw = store_->get(key);
+  const std::string theirs(raw.begin(), raw.end());
+  const size_t cut = theirs.find('\n');
+  if (ranks_.rank != 0) shared = cut == std::string::npos ? "" : theirs.substr(cut + 1);
+  if (!theirs.empty() && theirs[0] == 'g' && mine == 'n' && backend_defaulted_ && !shared.empty()) {
+    backend_ = Backend::Gloo;
+    mine = 'g';
+  }
+  if (mine == 'n' && !shared.empty())
+    fail(Code::Bootstrap, "NCCL cannot run two ranks on one GPU, and ", shared,
+         ": give each rank its own GPU (LOCAL_RANK picks it), or run Gloo (ZS_BACKEND=gloo), which "
+         "stages GPU memory through pinned host memory");
   if (theirs.empty() || theirs[0] != mine)
     fail(Code::Bootstrap, "rank ", ranks_.rank, " would run its collectives over ",
          mine == 'n' ? "nccl" : "gloo", " but rank 0 over ",
          !theirs.empty() && theirs[0] == 'n' ? "nccl" : "gloo",
          ": give every rank the same device kind and backend (ZS_BACKEND)");
-  groups_full_mesh_max_ = std::atoi(std::string(theirs.begin() + 1, theirs.end()).c_str());
+  groups_full_mesh_max_ = std::atoi(theirs.substr(1, cut == std::string::npos ? std::string::npos : cut - 1).c_str());
   if (groups_full_mesh_max_ < 1)
     fail(Code::Bootstrap, "rank 0's ZS_FULL_MESH_MAX as read from the store is not a number >= 1");
 }

@@ -255,6 +255,7 @@ class Context {
   std::shared_ptr<Device> device_;
   Backend backend_ = Backend::Gloo;
   bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too
+  bool backend_defaulted_ = false;  // neither the options nor ZS_BACKEND named one
   bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)
   std::unique_ptr<Topology> topology_;
 

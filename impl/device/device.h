@@ -113,6 +113,10 @@ int cuda_device_count(const char** why = nullptr);
 std::shared_ptr<Device> cuda_device(int ordinal);
 // The device a DeviceRef names.
 std::shared_ptr<Device> open_device(const DeviceRef& ref);
+// The PCI bus id of a CUDA device ("0000:3c:00.0"): what tells two ranks
+// on one host that they were handed the same GPU, whatever each one's
+// CUDA_VISIBLE_DEVICES numbers it. Empty where it cannot be read.
+std::string cuda_device_pci_bus_id(int ordinal);
 
 }  // namespace zs
 

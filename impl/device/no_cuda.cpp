@@ -16,6 +16,8 @@ std::shared_ptr<Device> cuda_device(int ordinal) {
        ": this build of zeroshard has no CUDA support (configured without nvcc)");
 }
 
+std::string cuda_device_pci_bus_id(int) { return {}; }
+
 DeviceRef pointer_location(const void*) { return {}; }
 
 void copy_between(void* dst, const void* src, size_t bytes) {

@@ -152,6 +152,16 @@ std::shared_ptr<Device> cuda_device(int ordinal) {
   return d;
 }
 
+std::string cuda_device_pci_bus_id(int ordinal) {
+  if (cuda_device_count() == 0) return {};
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 DeviceRef pointer_location(const void* p) {
   if (p == nullptr || cuda_device_count() == 0) return {};
   cudaPointerAttributes attr{};
