@@ -98,9 +98,13 @@ step python-gpu-tests 90 python3 -m pytest -q bindings/python/tests/test_cuda.py
 
 step bench-kernels 30 "$carry/bin/bench_gpu_kernels"
 step bench-gpt-step 60 python3 bench/bench_gpu_step.py --steps 20
+# The memory side at 300M params (24 blocks of 1024): zeroshard's peak
+# (torch's allocator and the engine's pools) against torch and FSDP2.
+step bench-gpt-step-300m 100 python3 bench/bench_gpu_step.py --dim 1024 --layers 24 --heads 16 --batch 8 \
+  --steps 5 --warmup 2 --adamw-numel 0
 
 echo "== summary"
-for f in bench-kernels bench-gpt-step; do tail -n 1 "$out/$f.log"; done
+for f in bench-kernels bench-gpt-step bench-gpt-step-300m; do tail -n 1 "$out/$f.log"; done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]}"
   exit 1

@@ -249,10 +249,11 @@ TEST(Device, BadDeviceAndBackendNameTheValue) {
 }
 
 // Params of 64 KiB and more come from the host pool: after the first
-// fetch/release cycle, later cycles reuse its blocks.
+// fetch/release cycle, later cycles reuse its blocks. On the host by name:
+// where a GPU is visible, a context without a device takes it.
 TEST(Device, FetchReleaseCyclesReuseThePool) {
   run_ranks(2, [](const RankEnv& env) {
-    zs_context ctx = zs::test::make_context(env);
+    zs_context ctx = zs::test::make_context(env, R"({"device": "cpu"})");
     const int64_t shape[1] = {100003};
     zs_param p;
     zs_param_options po = ZS_PARAM_OPTIONS_INIT;
@@ -281,12 +282,13 @@ TEST(Device, FetchReleaseCyclesReuseThePool) {
 }
 
 // Every collective through the staging wrapper (what GPU memory over Gloo
-// takes), on host memory, against the values the plain path gives.
+// takes), on host memory, against the values the plain path gives; on the
+// host by name, where ZS_STAGE_ALL (a test switch) means something.
 TEST(Device, StagedCollectivesOnRealRanks) {
   setenv("ZS_STAGE_ALL", "1", 1);
   for (int world : {2, 3}) {
     run_ranks(world, [](const RankEnv& env) {
-      zs_context ctx = zs::test::make_context(env);
+      zs_context ctx = zs::test::make_context(env, R"({"device": "cpu"})");
       zs_group g;
       ZS_ASSERT_OK(zs_context_group(&g, ctx, ZS_GROUP_WORLD));
       const int n = env.world;
