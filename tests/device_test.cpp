@@ -351,6 +351,7 @@ TEST(Device, StagedCollectivesOnRealRanks) {
         zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
         o.rank = 0;
         o.world_size = 1;
+        o.device = "cpu";  // its shard is read with memcpy below
         ZS_ASSERT_OK(zs_context_create(&solo, &o));
         zs_param q;
         zs_param_options po = ZS_PARAM_OPTIONS_INIT;
