@@ -855,6 +855,12 @@ Config parse_config_file(const std::string& path, int world_size) {
   return parse_config(text, world_size);
 }
 
+bool Config::given(const std::string& canonical) const {
+  for (const auto& w : written)
+    if (w.canonical == canonical) return true;
+  return false;
+}
+
 std::string config_to_json(const Config& c) {
   Json j;
   j["zero_optimization"] = zero_to_json(c);

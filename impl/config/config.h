@@ -149,6 +149,9 @@ struct Config {
   std::vector<std::string> unused_keys;
   // Every key given a value, in the order the parser read them.
   std::vector<WrittenKey> written;
+  // Whether the input gave `canonical` ("zero_optimization.
+  // reduce_bucket_size") a value: not absent, not "auto".
+  bool given(const std::string& canonical) const;
 };
 
 // Parse a DeepSpeed JSON text. world_size > 0 also checks the topology

@@ -87,6 +87,12 @@ class Context {
   // Where this context's shards, gathers, gradients and optimizer state live.
   const std::shared_ptr<Device>& device() const { return device_; }
   Backend backend() const { return backend_; }
+  // The median gather unit of the order the last step took, in elements
+  // (0 until the coordinator has one): the model's block, which sizes the
+  // prefetch and reuse windows and the reduce buckets where the config
+  // leaves them out. Alike on every rank: the ranks agree on the order.
+  uint64_t typical_unit() const { return typical_unit_; }
+  void set_typical_unit(uint64_t elements) { typical_unit_ = elements; }
   // The engine lock (engine_lock.h), held while the returned guard lives.
   // Taken once by each engine entry point (register_param, fetch_params,
   // the reducer, the coordinator, the optimizer ...), never by capi/: each
@@ -254,6 +260,7 @@ class Context {
   std::shared_ptr<void> store_server_watch_;
   std::shared_ptr<Device> device_;
   Backend backend_ = Backend::Gloo;
+  std::atomic<uint64_t> typical_unit_{0};
   bool nccl_for_one_ = false;  // NCCL named explicitly: groups of one use it too
   bool backend_defaulted_ = false;  // neither the options nor ZS_BACKEND named one
   bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)

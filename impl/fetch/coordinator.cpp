@@ -159,6 +159,27 @@ size_t Coordinator::next_use(const Param& p) const {
   return units.size();
 }
 
+// The windows of a step. A key the config sets is taken as it is; one it
+// leaves out (or "auto") fits the model, as FSDP2 gathers a block and
+// prefetches the next: prefetch 2 typical units (refilled at half, so one
+// to two units ahead), reuse 1 (the forward's last block stays for the
+// backward's first), live at most the largest unit and 2 typical ones; a
+// typical unit is the median of the order's units. DeepSpeed's defaults
+// (5e7, 5e7, 1e9 elements) kept several blocks of a GPT-2 medium, and its
+// 206 MiB head, gathered at once. Units are the same on every rank, and so
+// are the windows. Between steps (kept_for_next_step: evaluation,
+// generate()) the config's values hold either way.
+Coordinator::Windows Coordinator::windows(const Order& o) const {
+  const Config& c = ctx_.config();
+  const auto pick = [&c](const char* key, int64_t configured, uint64_t fitted) {
+    return c.given(key) || fitted == 0 ? static_cast<uint64_t>(configured) : fitted;
+  };
+  return {pick("zero_optimization.prefetch_bucket_size", c.prefetch_bucket_size, 2 * o.typical_unit),
+          pick("zero_optimization.max_reuse_distance", c.max_reuse_distance, o.typical_unit),
+          pick("zero_optimization.max_live_parameters", c.max_live_parameters,
+               o.largest_unit + 2 * o.typical_unit)};
+}
+
 // The window ahead of the trainer covers up to prefetch_bucket_size
 // elements of the followed order (the next unit always, unless the size is 0: no
 // prefetch, as in DeepSpeed), within max_live_parameters. It is refilled,
@@ -166,8 +187,8 @@ size_t Coordinator::next_use(const Param& p) const {
 // drops below half a bucket: a model of many small modules pays one
 // collective per half bucket, not one per module.
 void Coordinator::prefetch_ahead() {
-  const auto bucket = static_cast<uint64_t>(ctx_.config().prefetch_bucket_size);
-  const auto max_live = static_cast<uint64_t>(ctx_.config().max_live_parameters);
+  const Windows w = windows(followed());
+  const uint64_t bucket = w.prefetch, max_live = w.max_live;
   if (bucket == 0) return;
   const auto& units = followed().units;
   const auto& prefix = followed().prefix;
@@ -334,7 +355,7 @@ void Coordinator::release(const ParamList& params) {
       if (next < prefetched_upto_) continue;
       const auto& prefix = followed().prefix;
       const bool reused = next < followed().units.size()
-                              ? prefix[next] - prefix[pos_] < static_cast<uint64_t>(ctx_.config().max_reuse_distance)
+                              ? prefix[next] - prefix[pos_] < windows(followed()).reuse
                               : stats_.live_elements <= static_cast<uint64_t>(ctx_.config().max_live_parameters) &&
                                     reused_next_step(*p, prefix.back() - prefix[pos_]);
       if (reused) {
@@ -389,7 +410,16 @@ void Coordinator::note_order() {
     o.id = ++orders_made_;
     o.units = std::move(current_);
     o.prefix.assign(o.units.size() + 1, 0);
-    for (size_t k = 0; k < o.units.size(); ++k) o.prefix[k + 1] = o.prefix[k] + unit_elements(o.units[k]);
+    std::vector<uint64_t> sizes;
+    for (size_t k = 0; k < o.units.size(); ++k) {
+      sizes.push_back(unit_elements(o.units[k]));
+      o.prefix[k + 1] = o.prefix[k] + sizes.back();
+    }
+    if (!sizes.empty()) {
+      std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(sizes.size() / 2), sizes.end());
+      o.typical_unit = sizes[sizes.size() / 2];
+      o.largest_unit = *std::max_element(sizes.begin(), sizes.end());
+    }
     orders_.push_back(std::move(o));
     at = orders_.size() - 1;
   }
@@ -399,6 +429,7 @@ void Coordinator::note_order() {
     if (o.id == last_order_) o.next_id = orders_.front().id;
   last_order_ = orders_.front().id;
   stats_.trace_length = orders_.front().units.size();
+  ctx_.set_typical_unit(orders_.front().typical_unit);
 }
 
 void Coordinator::drop_all(const std::set<const Param*>& keep) {

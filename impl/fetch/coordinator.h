@@ -152,7 +152,16 @@ class Coordinator : public ParamKeeper {
     uint64_t next_id = 0;  // the order of the step after this one's, last time (0: none yet)
     std::vector<ParamList> units;
     std::vector<uint64_t> prefix;
+    uint64_t typical_unit = 0;  // the median unit's elements
+    uint64_t largest_unit = 0;
   };
+  // The windows of one step along an order, in elements (windows()).
+  struct Windows {
+    uint64_t prefetch;  // ahead of the trainer
+    uint64_t reuse;     // a released param whose next use is nearer stays
+    uint64_t max_live;  // what prefetching may bring the live set to
+  };
+  Windows windows(const Order& o) const;
   // Distinct orders a trainer's steps take (train, evaluate, a reference
   // model's forward): more is rare, and each costs its params' references.
   static constexpr size_t kMaxOrders = 4;

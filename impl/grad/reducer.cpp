@@ -29,13 +29,27 @@ void GradReducer::set_accumulation_steps(int steps) {
   grad_divisor_ = static_cast<float>(steps);
 }
 
+// Elements of one bucket (all ranks' blocks): reduce_bucket_size where the
+// config sets it; else a typical gather unit of the model once the
+// coordinator has seen one (a block's gradient, which FSDP2 reduces at
+// once), at most the default. Two buckets are out at a time (one reducing,
+// one filling): at the default's 80 MB a 162M GPT held 200 MiB of them at
+// the backward's peak (bench/bench_torch_memory.py). Alike on every rank.
+uint64_t GradReducer::bucket_elements() const {
+  const Config& c = ctx_.config();
+  const auto configured = static_cast<uint64_t>(c.reduce_bucket_size);
+  const uint64_t unit = ctx_.typical_unit();
+  if (c.given("zero_optimization.reduce_bucket_size") || unit == 0) return configured;
+  return std::min(unit, configured);
+}
+
 GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& group,
                                               uint64_t shard_numel) {
   Bucket& b = open_[group.get()];
   if (b.data && b.used + shard_numel > b.capacity) flush(b);
   if (!b.data) {
     const auto g = static_cast<uint64_t>(group->size());
-    const auto per_block = static_cast<uint64_t>(ctx_.config().reduce_bucket_size) / g;
+    const auto per_block = bucket_elements() / g;
     b.group = group;
     b.capacity = std::max<uint64_t>({per_block, shard_numel, 1});
     b.data = std::make_unique<Buffer>(ctx_.device(), b.capacity * g * dtype_size(wire_), MemKind::ReduceBuckets);
@@ -158,7 +172,7 @@ bool GradReducer::direct_route(const Param& p) const {
   const Config& c = ctx_.config();
   const auto g = static_cast<uint64_t>(p.group->size());
   return !ctx_.device()->is_cuda() && wire_ == DType::F32 && g > 1 && p.layout.numel % g == 0 &&
-         p.layout.numel * 4 >= static_cast<uint64_t>(c.reduce_bucket_size) &&
+         p.layout.numel * 4 >= bucket_elements() &&
          !(c.zero_quantized_gradients && ctx_.quantizes(*p.group));
 }
 

@@ -103,6 +103,7 @@ class GradReducer : public ParamKeeper {
   uint64_t reduce_direct(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                          size_t bytes, bool borrowed);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
+  uint64_t bucket_elements() const;
   void flush(Bucket& bucket);
   // A reduction now on its group's thread: waited for at once without
   // overlap_comm, else tracked, the oldest waited for past kMaxInFlight.

@@ -1,12 +1,17 @@
 """One rank of test_memory_report.py, launched by zsrun:
 
-    zsrun -n N -- python3 memory_worker.py report
+    zsrun -n N -- python3 memory_worker.py report|construction
 
-A partitioned model with bf16 params (fp32 masters) trained 2 steps with the
-engine's AdamW and saved: zt.memory_report() taken at each point. Rank 0
-writes JSON to $ZS_TEST_RESULT.
+report: a partitioned model with bf16 params (fp32 masters) trained 2
+steps with the engine's AdamW and saved: zt.memory_report() taken at each
+point. construction: a model of CONSTRUCTION_LAYERS Linear layers built
+under zt.Init while a thread samples the process's RSS: the most it rose
+by, and the engine's construction peak. Rank 0 writes JSON to
+$ZS_TEST_RESULT.
 """
 import os
+import threading
+import time
 
 import torch
 
@@ -38,5 +43,50 @@ def mode_report(rank, world):
             "ledger": {k: ledger[k] for k in ("shard_bytes", "grad_bytes", "optimizer_bytes")}}
 
 
+
+CONSTRUCTION_LAYERS, CONSTRUCTION_WIDTH = 12, 2048  # 16 MiB a layer, 192 MiB in all
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssPeak(threading.Thread):
+    """The highest RSS seen, polled every half millisecond."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak = rss_bytes()
+        self.running = True
+
+    def run(self):
+        while self.running:
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.0005)
+
+
+def mode_construction(rank, world):
+    zt.init_context(config=CONFIG)
+    ctx = zt.get_context()
+    ctx.reset_memory_peaks()
+    layer = torch.nn.Linear(8, 8)  # torch's first-layer set-up, outside the measure
+    del layer
+    before = rss_bytes()
+    sampler = RssPeak()
+    sampler.start()
+    with zt.Init(config=CONFIG):
+        model = torch.nn.Sequential(*[torch.nn.Linear(CONSTRUCTION_WIDTH, CONSTRUCTION_WIDTH, bias=False)
+                                      for _ in range(CONSTRUCTION_LAYERS)])
+    sampler.running = False
+    sampler.join()
+    shard_bytes = ctx.memory()["shard_bytes"]
+    assert all(p.ds_numel == CONSTRUCTION_WIDTH ** 2 for p in model.parameters())
+    return {"rss_rise": sampler.peak - before, "shard_bytes": shard_bytes,
+            "engine_construction_peak": ctx.memory_by_kind("construction")["total"],
+            "layer_bytes": CONSTRUCTION_WIDTH ** 2 * 4,
+            "model_bytes": CONSTRUCTION_LAYERS * CONSTRUCTION_WIDTH ** 2 * 4}
+
+
 if __name__ == "__main__":
-    run_mode({"report": mode_report})
+    run_mode({"report": mode_report, "construction": mode_construction})

@@ -39,3 +39,19 @@ def test_memory_report_accounts_for_every_engine_byte(ranks):
     for phase, p in peaks.items():
         assert p["total"] >= max(v for k, v in p.items() if k != "total"), (phase, p)
     assert "shards" in r["text"] and "checkpoint" in r["text"] and "process RSS" in r["text"], r["text"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_construction_under_init_never_holds_the_model(ranks):
+    """zt.Init partitions each module as its constructor returns: a rank's
+    RSS rises by its share of the model and a layer or two in flight, never
+    by the whole model (192 MiB here, built as 12 layers of 16 MiB)."""
+    r = run_ranks(ranks, "construction", worker="memory_worker.py")
+    share = r["model_bytes"] // ranks
+    assert share <= r["shard_bytes"] <= share * 1.05, r
+    # Materialising the model first would rise by the model and the shards.
+    bound = share + 3 * r["layer_bytes"] + 24 * 2**20
+    assert bound < r["model_bytes"], r
+    assert r["rss_rise"] <= bound, (r, bound)
+    # The engine itself holds the shards and no full layer at any point.
+    assert r["engine_construction_peak"] <= r["shard_bytes"] * 1.1 + r["layer_bytes"], r

@@ -52,19 +52,24 @@ def fix_mmap_threshold():
     return _applied or None
 
 
-_trim = None
+_malloc_trim = None
+
+
+def trim():
+    """Give glibc's free heap pages back to the system (malloc_trim(0));
+    nothing where the C library is not glibc."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+            _malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
 
 
 def trim_after_step():
-    """malloc_trim(0) when ZS_MALLOC_TRIM is 1 (an optimizer step ended)."""
-    global _trim
-    if _trim is None:
-        _trim = False
-        if os.environ.get("ZS_MALLOC_TRIM", "0") == "1":
-            try:
-                _trim = ctypes.CDLL("libc.so.6").malloc_trim
-                _trim.argtypes = [ctypes.c_size_t]
-            except (OSError, AttributeError):
-                _trim = False
-    if _trim:
-        _trim(0)
+    """trim() when ZS_MALLOC_TRIM is 1 (an optimizer step ended)."""
+    if os.environ.get("ZS_MALLOC_TRIM", "0") == "1":
+        trim()
