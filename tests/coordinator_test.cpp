@@ -219,6 +219,50 @@ TEST(Coordinator, MaxLiveParametersBoundsWhatIsGathered) {
   });
 }
 
+// Windows left out of the config fit the model: prefetch two typical
+// units ahead, keep one across the turn, live at most the largest unit and
+// two typical ones (a layer of 4224 elements here); DeepSpeed's values
+// given in the config gather the whole model at once.
+// A training step: the backward pushes each layer's gradients before its
+// release (a step that pushed none keeps params across its end).
+void trained_step(zs_context ctx, const Model& m) {
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
+  const std::vector<float> grad(kRows * kCols, 0.5f);
+  for (int l = kLayers - 1; l >= 0; --l) {
+    zs_param unit[2] = {m.weights[l], m.biases[l]};
+    ZS_ASSERT_OK(zs_coord_fetch(ctx, unit, 2));
+    ZS_ASSERT_OK(zs_grad_push(unit[0], grad.data(), ZS_FLOAT32, kRows * kCols * 4));
+    ZS_ASSERT_OK(zs_grad_push(unit[1], grad.data(), ZS_FLOAT32, kRows * 4));
+    ZS_ASSERT_OK(zs_coord_release(ctx, unit, 2));
+  }
+  ZS_ASSERT_OK(zs_step_end(ctx));
+}
+
+TEST(Coordinator, WindowsLeftOutFitTheModelsUnits) {
+  const std::string given = config(50000000, 1000000000, 0, 50000000);
+  for (const std::string& cfg :
+       {std::string(R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})"), given}) {
+    run_ranks(2, [&cfg, &given](const RankEnv& env) {
+      const uint64_t unit = kRows * kCols + kRows;
+      zs_context ctx = zs::test::make_context(env, cfg.c_str());
+      ASSERT_NE(ctx, nullptr);
+      const Model m = build(ctx);
+      for (int s = 0; s < 4; ++s) trained_step(ctx, m);
+      const zs_coord_stats st = stats(ctx);
+      EXPECT_GT(st.prefetches, 0u);
+      EXPECT_EQ(st.trace_invalidations, 0u);
+      if (cfg == given) {
+        EXPECT_GE(st.peak_live_elements, kLayers * unit) << "the given windows hold every layer";
+      } else {
+        // The unit in use, and prefetching that stops at 3 units live.
+        EXPECT_LE(st.peak_live_elements, 4 * unit);
+      }
+      zs_context_destroy(ctx);
+    });
+  }
+}
+
 // Tied weights: layer 0 is used again two units later. Within the reuse
 // distance it stays gathered in between; with distance 0 it is released.
 TEST(Coordinator, ReuseDistanceKeepsATiedLayer) {
