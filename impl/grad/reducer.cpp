@@ -30,9 +30,10 @@ void GradReducer::set_accumulation_steps(int steps) {
 }
 
 // Elements of one bucket (all ranks' blocks): reduce_bucket_size where the
-// config sets it; else a typical gather unit of the model once the
-// coordinator has seen one (a block's gradient, which FSDP2 reduces at
-// once), at most the default. Two buckets are out at a time (one reducing,
+// config sets it; else two typical gather units of the model once the
+// coordinator has seen one (a unit's gradient, which FSDP2 reduces at once,
+// with room for its shards' padding and the next unit's first params), at
+// most the default. Two buckets are out at a time (one reducing,
 // one filling): at the default's 80 MB a 162M GPT held 200 MiB of them at
 // the backward's peak (bench/bench_torch_memory.py). Alike on every rank.
 uint64_t GradReducer::bucket_elements() const {
@@ -40,7 +41,7 @@ uint64_t GradReducer::bucket_elements() const {
   const auto configured = static_cast<uint64_t>(c.reduce_bucket_size);
   const uint64_t unit = ctx_.typical_unit();
   if (c.given("zero_optimization.reduce_bucket_size") || unit == 0) return configured;
-  return std::min(unit, configured);
+  return std::min(2 * unit, configured);
 }
 
 GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& group,
@@ -128,15 +129,21 @@ uint64_t GradReducer::released() {
   return borrowed_.empty() ? tickets_ : borrowed_.front().first - 1;
 }
 
+// The ledger counts a param's gradient shard once, from its first push on,
+// through the steps that free and make it again: grad_bytes is the state a
+// step holds, as params and optimizer state are; the memory report's
+// "grads" is what is allocated now.
+void GradReducer::make_grad_shard(Param& p) {
+  p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float), MemKind::Grads);
+  if (!p.grad_released) ctx_.ledger().add(Held::Grads, p.grad->bytes());
+}
+
 uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                            size_t bytes, bool borrowed) {
   memory_tally::set_phase(MemPhase::Backward);  // gradients arriving: the backward's bytes
   Param& p = *param;
   Device& dev = *ctx_.device();
-  if (!p.grad) {  // not zeroed: not current until its first write, which assigns
-    p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float), MemKind::Grads);
-    ctx_.ledger().add(Held::Grads, p.grad->bytes());
-  }
+  if (!p.grad) make_grad_shard(p);  // not zeroed: not current until its first write, which assigns
   if (touched_set_.insert(&p).second) touched_.push_back(param);
   p.grad_pushed = true;
   if (p.layout.numel == 0) return 0;
@@ -427,6 +434,7 @@ void GradReducer::replica_average() {
     // A shard with no gradient since the step holds an old one: it goes
     // in as the zeros it stands for (every replica's is zero, or current
     // where a rank read it through shard_data).
+    if (!p->grad) make_grad_shard(*p);  // freed by the last step: zeros, as below
     if (!p->grad->current) {
       dev.zero(p->grad->data(), p->grad->bytes());
       p->grad->current = true;
@@ -473,13 +481,15 @@ void GradReducer::forget(Param& param) {
                                   [&](const auto& p) { return p.get() == &param; }),
                    touched_.end());
   loco_.clear();  // layouts holding it are gone; keys must not meet its address again
-  if (!param.grad) return;
-  ctx_.ledger().sub(Held::Grads, param.grad->bytes());
+  if (!param.grad && !param.grad_released) return;
+  ctx_.ledger().sub(Held::Grads, param.layout.shard_numel * sizeof(float));
   param.grad.reset();
+  param.grad_released = false;
 }
 
 float* GradReducer::shard_data(Param& param) {
   const auto held = ctx_.lock();
+  if (!param.grad && param.grad_released) make_grad_shard(param);  // zeros since the step: zeroed below
   if (!param.grad) return nullptr;
   wait_pending();  // no write of the group thread races with ours below
   GradShard& g = *param.grad;
@@ -497,9 +507,14 @@ void GradReducer::end_step(const std::set<const Param*>& stepped) {
   ctx_.expect_locked();
   for (const auto& p : touched_) {
     if (!stepped.count(p.get())) continue;
+    // A stepped gradient is dead until the next backward writes it, as
+    // torch's zero_grad(set_to_none=True) drops .grad: its memory goes back
+    // for the forward's gathers and activations instead of sitting out the
+    // forward (785 MiB a rank at 406M on 2 ranks). The next push makes it
+    // again; the pool hands the same blocks back.
     if (p->grad) {
-      p->grad->current = false;
-      p->grad->sum_known = false;
+      p->grad.reset();
+      p->grad_released = true;
     }
     p->grad_pushed = false;
   }

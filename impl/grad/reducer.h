@@ -104,6 +104,8 @@ class GradReducer : public ParamKeeper {
                          size_t bytes, bool borrowed);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   uint64_t bucket_elements() const;
+  // A fresh fp32 gradient shard for p, counted in the ledger.
+  void make_grad_shard(Param& p);
   void flush(Bucket& bucket);
   // A reduction now on its group's thread: waited for at once without
   // overlap_comm, else tracked, the oldest waited for past kMaxInFlight.

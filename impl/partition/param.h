@@ -88,7 +88,10 @@ class Param : public std::enable_shared_from_this<Param> {
   // AVAILABLE -> NOT_AVAILABLE, the buffer dropped.
   void release(Ledger& ledger);
 
-  GradShardPtr grad;  // fp32 gradient shard, from the first push on (grad_shard.h)
+  GradShardPtr grad;  // fp32 gradient shard, from a push to the step's end (grad_shard.h)
+  // The optimizer step freed `grad` (GradReducer::end_step): the shard
+  // stands for zeros, and zs_grad_shard_data makes it again.
+  bool grad_released = false;
   // (hpZ's secondary shard is the fetch layer's: fetch/gather.cpp.)
   bool unregistered = false;        // destroyed by the trainer; others may still hold it
   // Bumped whenever the shard is rewritten by anything but the optimizer

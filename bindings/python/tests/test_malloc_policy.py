@@ -1,7 +1,9 @@
 """ZS_MALLOC_MMAP_THRESHOLD and ZS_MALLOC_TRIM (zeroshard/torch/_malloc.py):
 glibc's mmap threshold fixed when asked, so a freed large block leaves the
-process instead of staying in an arena; left alone when not asked; a bad
-value named. Each case in a fresh interpreter (the setting is per process)."""
+process instead of staying in an arena; left alone when not asked; the
+free heap a backward leaves goes back to the system before the optimizer
+step unless ZS_MALLOC_TRIM=0; a bad value named. Each case in a fresh
+interpreter (the setting is per process)."""
 import os
 import subprocess
 import sys
@@ -14,7 +16,7 @@ REPO = HERE.parents[2]
 
 PROBE = r"""
 import ctypes, json, os, sys
-from zeroshard.torch._malloc import fix_mmap_threshold, trim_after_step
+from zeroshard.torch._malloc import fix_mmap_threshold
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -32,19 +34,44 @@ before = libc.mallinfo2().hblkhd
 p = libc.malloc(2 << 20)
 mapped = libc.mallinfo2().hblkhd - before
 libc.free(p)
-trim_after_step()
 print(json.dumps({"applied": applied, "mapped": mapped}))
 """
 
+# 64 blocks of 2 MiB from the arena (glibc's threshold raised past them by a
+# freed 8 MiB mapping), written and freed: the heap keeps them resident
+# (a block at the top of the heap is kept too: a 1 MiB one stays in use
+# above them) until trim_after_backward gives the pages back.
+TRIM_PROBE = r"""
+import ctypes, json, os
+from zeroshard.torch._malloc import trim_after_backward
 
-def probe(**env):
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+libc.free(libc.malloc(8 << 20))
+blocks = [libc.malloc(2 << 20) for _ in range(64)]
+top = libc.malloc(1 << 20)
+for b in blocks:
+    ctypes.memset(b, 1, 2 << 20)
+for b in blocks:
+    libc.free(b)
+freed = rss()
+trim_after_backward()
+print(json.dumps({"returned": freed - rss()}))
+"""
+
+
+def probe(code=PROBE, **env):
     e = dict(os.environ)
     for k in ("MALLOC_MMAP_THRESHOLD_", "ZS_MALLOC_MMAP_THRESHOLD", "ZS_MALLOC_TRIM"):
         e.pop(k, None)
     e.update(env)
     e["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    return subprocess.run([sys.executable, "-c", PROBE], env=e, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
 
 
 def test_left_to_glibc_unless_asked():
@@ -57,7 +84,7 @@ def test_left_to_glibc_unless_asked():
 
 def test_a_fixed_threshold_maps_large_blocks_of_their_own():
     import json
-    r = probe(ZS_MALLOC_MMAP_THRESHOLD="1048576", ZS_MALLOC_TRIM="1")
+    r = probe(ZS_MALLOC_MMAP_THRESHOLD="1048576")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["applied"] == 1048576 and out["mapped"] >= 2 << 20, out
@@ -74,6 +101,18 @@ def test_glibcs_own_variable_is_left_to_act():
 def test_a_bad_value_is_named():
     r = probe(ZS_MALLOC_MMAP_THRESHOLD="lots")
     assert r.returncode != 0 and "ZS_MALLOC_MMAP_THRESHOLD='lots'" in r.stderr, r.stderr
+
+
+def test_the_heap_a_backward_freed_goes_back_before_the_step_unless_turned_off():
+    import json
+    on = probe(TRIM_PROBE)
+    assert on.returncode == 0, on.stderr
+    assert json.loads(on.stdout.splitlines()[-1])["returned"] >= 100 << 20, on.stdout
+    off = probe(TRIM_PROBE, ZS_MALLOC_TRIM="0")
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout.splitlines()[-1])["returned"] < 16 << 20, off.stdout
+    bad = probe(TRIM_PROBE, ZS_MALLOC_TRIM="yes")
+    assert bad.returncode != 0 and "ZS_MALLOC_TRIM='yes'" in bad.stderr, bad.stderr
 
 
 if __name__ == "__main__":

@@ -13,10 +13,16 @@ system when torch frees it, at the cost of page faults on every such block.
 
 Off unless asked, as the trade-off is the user's (406M GPT, 2 ranks, peak
 RSS per rank, median step; docs/memory.md):
-ZS_MALLOC_MMAP_THRESHOLD=1048576 5463 -> 4810 MiB, 15.5 -> 21.9 s;
-ZS_MALLOC_TRIM=1 (malloc_trim after every optimizer step instead) 5181 MiB,
-18.8 s. 0 or unset leaves glibc's own behaviour, as does glibc's
-MALLOC_MMAP_THRESHOLD_ when set (it acts by itself).
+ZS_MALLOC_MMAP_THRESHOLD=1048576 5463 -> 4810 MiB, 15.5 -> 21.9 s. 0 or
+unset leaves glibc's own behaviour, as does glibc's MALLOC_MMAP_THRESHOLD_
+when set (it acts by itself).
+
+Once a backward has ended, its activations are dead but resident as glibc's
+free heap while the optimizer step runs, whose state and gradients are the
+engine's peak: the step is then the rank's highest point. So before each
+optimizer step the free heap pages go back to the system (malloc_trim(0),
+which keeps the heap's layout: the next forward faults the pages in again).
+ZS_MALLOC_TRIM=0 turns that off.
 """
 import ctypes
 import os
@@ -69,7 +75,12 @@ def trim():
         _malloc_trim(0)
 
 
-def trim_after_step():
-    """trim() when ZS_MALLOC_TRIM is 1 (an optimizer step ended)."""
-    if os.environ.get("ZS_MALLOC_TRIM", "0") == "1":
+def trim_after_backward():
+    """trim() unless ZS_MALLOC_TRIM is 0 (a backward ended, an optimizer
+    step follows)."""
+    value = os.environ.get("ZS_MALLOC_TRIM", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back before each "
+                         "optimizer step, the default) or 0 (glibc keeps them)")
+    if value == "1":
         trim()

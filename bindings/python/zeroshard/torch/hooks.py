@@ -92,7 +92,7 @@ import zeroshard
 from . import _params, saved
 from .compile import compiled_block, engine_call
 from ._context import context_state, drop_context_state, get_context, on_shutdown
-from ._malloc import trim_after_step
+from ._malloc import trim_after_backward
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
                       registered_params, zparams)
@@ -239,7 +239,6 @@ def stepping_engines(params):
 def step_done():
     """An optimizer step ended every running model's step."""
     _forget_ran(hook_state())
-    trim_after_step()
 
 
 def _forget_ran(state):
@@ -914,6 +913,7 @@ class HookEngine:
         gathered, end the coordinator's step. Called by the optimizer;
         collective."""
         ctx = get_context()
+        trim_after_backward()  # the activations' heap, before the step's peak (_malloc.py)
         self.sweep_grads()
         for p in self.leaf_params:
             if not p.requires_grad:
