@@ -43,16 +43,17 @@ def memory_report():
     ctx = get_context()
     stats = ctx.memory()
     engine = ctx.memory_by_kind()
+    on_gpu = stats["device_bytes"] > 0 or ctx.device.startswith("cuda")
     report = {
         "engine": engine,
         "peaks": {phase: ctx.memory_by_kind(phase) for phase in MEMORY_PHASES},
         "pools_in_use": ctx.memory_pools_in_use(),
-        "pool_idle": stats["host_cache_bytes"] + stats["device_cache_bytes"],
+        # On a CPU context the device's pool is the host pool: counted once.
+        "pool_idle": stats["host_cache_bytes"] + (stats["device_cache_bytes"] if on_gpu else 0),
         "phase": ctx.memory_phase,
         "process_rss": _rss_now(),
         "process_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
-    on_gpu = stats["device_bytes"] > 0 or ctx.device.startswith("cuda")
     if on_gpu and torch.cuda.is_available():
         report["cuda"] = {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
                           "peak_allocated": torch.cuda.max_memory_allocated()}
