@@ -71,6 +71,17 @@ def time_steps(step, data, warmup):
     return losses, times
 
 
+def training_step(model, opt):
+    """step(x, y): forward, backward and a torch optimizer's step."""
+    def step(x, y):
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def torch_adamw(params, lr, weight_decay):
     import torch
     try:
@@ -92,15 +103,8 @@ def bench_models(args, device, gpt_module):
     n_params = sum(p.numel() for p in model.parameters())
     opt, opt_kind = torch_adamw(model.parameters(), args.lr, 0.01)
 
-    def torch_step(x, y):
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
     torch.cuda.reset_peak_memory_stats()
-    torch_losses, torch_times = time_steps(torch_step, data, args.warmup)
+    torch_losses, torch_times = time_steps(training_step(model, opt), data, args.warmup)
     torch_peak = torch.cuda.max_memory_allocated()
     model = opt = None  # free the GPU memory before the next run
     gc.collect()
@@ -165,15 +169,8 @@ def bench_fsdp2(args, device, make, data):
     fully_shard(model)
     opt, _ = torch_adamw(model.parameters(), args.lr, 0.01)
 
-    def step(x, y):
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
     torch.cuda.reset_peak_memory_stats()
-    losses, times = time_steps(step, data, args.warmup)
+    losses, times = time_steps(training_step(model, opt), data, args.warmup)
     peak = torch.cuda.max_memory_allocated()
     model = opt = None
     dist.destroy_process_group()
