@@ -28,6 +28,11 @@ struct Out {
   std::string text;
 };
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
 Out run(const std::string& args) {
   const std::string cmd = std::string(ZS_BIN_DIR) + "/zsckpt " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
@@ -59,6 +64,18 @@ TEST(Zsckpt, InspectVerifyExportReshard) {
     ZS_ASSERT_OK(zs_export_safetensors(m.ctx, m.params.data(), m.params.size(), live.c_str(), &eo));
     EXPECT_EQ(zs_export_safetensors(m.ctx, m.params.data(), m.params.size(), "/nonexistent/x.safetensors", &eo),
               ZS_ERR_IO);  // every rank, not only the writer
+    // A gather still in flight (a prefetch of a step left open) is waited
+    // for, not refused; the file is the same.
+    zs_gather inflight = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&inflight, m.ctx, m.params.data(), 1));
+    const std::string again = dir + "/live_again.safetensors";
+    ZS_ASSERT_OK(zs_export_safetensors(m.ctx, m.params.data(), m.params.size(), again.c_str(), &eo));
+    ZS_ASSERT_OK(zs_gather_wait(inflight, ZS_WAIT_FOREVER));
+    ZS_ASSERT_OK(zs_gather_destroy(inflight));
+    ZS_ASSERT_OK(zs_release(m.ctx, m.params.data(), 1));
+    if (env.rank == 0) {
+      EXPECT_EQ(file_bytes(again), file_bytes(live));
+    }
     zs::test::destroy_ckpt_model(m);
   });
   Out o = run("inspect " + dir);

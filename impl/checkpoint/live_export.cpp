@@ -14,9 +14,19 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   if (out.empty()) fail(Code::InvalidArgument, "export: the output file name is empty");
   const NameOf name_of = checkpoint_names(params, names, "export");
-  for (const auto& p : params)
-    if (p->status() == ParamStatus::Inflight)
-      fail(Code::InvalidState, "export: ", p->describe(), " is being gathered; wait for it first");
+  // A gather still in flight is waited for, not refused: the coordinator
+  // prefetches ahead of a step the trainer may leave open (an evaluation
+  // forward just before the export), and every rank issued it alike. A
+  // failed one is the context's async error, raised below.
+  for (const auto& p : params) {
+    settle_locked(ctx, *p);
+    if (p->status() != ParamStatus::Inflight) continue;
+    try {
+      p->inflight()->wait(-1);
+    } catch (const Error&) {
+    }
+    settle_locked(ctx, *p);
+  }
   ctx.check_async_error();
   std::vector<StTensor> tensors;
   std::map<std::string, std::shared_ptr<Param>> by_name;

@@ -88,9 +88,9 @@ class Context {
   const std::shared_ptr<Device>& device() const { return device_; }
   Backend backend() const { return backend_; }
   // The median gather unit of the order the last step took, in elements
-  // (0 until the coordinator has one): the model's block, which sizes the
-  // prefetch and reuse windows and the reduce buckets where the config
-  // leaves them out. Alike on every rank: the ranks agree on the order.
+  // (0 until the coordinator has one): a Linear layer, or a block where a
+  // block is one unit, which sizes the reduce buckets where the config
+  // leaves them out (the coordinator's windows read its orders' own). Alike on every rank: the ranks agree on the order.
   uint64_t typical_unit() const { return typical_unit_; }
   void set_typical_unit(uint64_t elements) { typical_unit_ = elements; }
   // The engine lock (engine_lock.h), held while the returned guard lives.

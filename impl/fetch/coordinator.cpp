@@ -169,15 +169,20 @@ size_t Coordinator::next_use(const Param& p) const {
 // 206 MiB head, gathered at once. Units are the same on every rank, and so
 // are the windows. Between steps (kept_for_next_step: evaluation,
 // generate()) the config's values hold either way.
+Coordinator::Coordinator(Context& ctx)
+    : ctx_(ctx),
+      prefetch_given_(ctx.config().given("zero_optimization.prefetch_bucket_size")),
+      reuse_given_(ctx.config().given("zero_optimization.max_reuse_distance")),
+      live_given_(ctx.config().given("zero_optimization.max_live_parameters")) {}
+
 Coordinator::Windows Coordinator::windows(const Order& o) const {
   const Config& c = ctx_.config();
-  const auto pick = [&c](const char* key, int64_t configured, uint64_t fitted) {
-    return c.given(key) || fitted == 0 ? static_cast<uint64_t>(configured) : fitted;
+  const auto pick = [](bool given, int64_t configured, uint64_t fitted) {
+    return given || fitted == 0 ? static_cast<uint64_t>(configured) : fitted;
   };
-  return {pick("zero_optimization.prefetch_bucket_size", c.prefetch_bucket_size, 2 * o.typical_unit),
-          pick("zero_optimization.max_reuse_distance", c.max_reuse_distance, o.typical_unit),
-          pick("zero_optimization.max_live_parameters", c.max_live_parameters,
-               o.largest_unit + 2 * o.typical_unit)};
+  return {pick(prefetch_given_, c.prefetch_bucket_size, 2 * o.typical_unit),
+          pick(reuse_given_, c.max_reuse_distance, o.typical_unit),
+          pick(live_given_, c.max_live_parameters, o.largest_unit + 2 * o.typical_unit)};
 }
 
 // The window ahead of the trainer covers up to prefetch_bucket_size

@@ -63,7 +63,7 @@ class Coordinator : public ParamKeeper {
   // with gradients on and never ends the step would grow it without end):
   // it gathers on demand. 64 micro-batches of a 1000-unit model fit.
   static constexpr size_t kMaxStepUnits = size_t{1} << 18;
-  explicit Coordinator(Context& ctx) : ctx_(ctx) {}
+  explicit Coordinator(Context& ctx);
   ~Coordinator();
 
   void step_begin();
@@ -162,6 +162,8 @@ class Coordinator : public ParamKeeper {
     uint64_t max_live;  // what prefetching may bring the live set to
   };
   Windows windows(const Order& o) const;
+  // Which windows the config gives (read once: windows() runs per release).
+  bool prefetch_given_ = false, reuse_given_ = false, live_given_ = false;
   // Distinct orders a trainer's steps take (train, evaluate, a reference
   // model's forward): more is rare, and each costs its params' references.
   static constexpr size_t kMaxOrders = 4;

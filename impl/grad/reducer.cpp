@@ -21,7 +21,10 @@ DType gradient_wire_dtype(const Config& c) {
 }
 
 GradReducer::GradReducer(Context& ctx)
-    : ctx_(ctx), wire_(gradient_wire_dtype(ctx.config())), loco_(ctx) {}
+    : ctx_(ctx),
+      wire_(gradient_wire_dtype(ctx.config())),
+      loco_(ctx),
+      bucket_given_(ctx.config().given("zero_optimization.reduce_bucket_size")) {}
 
 void GradReducer::set_accumulation_steps(int steps) {
   const auto held = ctx_.lock();
@@ -40,7 +43,7 @@ uint64_t GradReducer::bucket_elements() const {
   const Config& c = ctx_.config();
   const auto configured = static_cast<uint64_t>(c.reduce_bucket_size);
   const uint64_t unit = ctx_.typical_unit();
-  if (c.given("zero_optimization.reduce_bucket_size") || unit == 0) return configured;
+  if (bucket_given_ || unit == 0) return configured;
   return std::min(2 * unit, configured);
 }
 

@@ -133,6 +133,7 @@ class GradReducer : public ParamKeeper {
   std::vector<std::shared_ptr<Param>> touched_;  // params with grads, in push order
   std::set<const Param*> touched_set_;
   LocoErrors loco_;  // used with zeropp_loco_param and qgZ
+  const bool bucket_given_;  // the config sets reduce_bucket_size (bucket_elements)
 };
 
 // The dtype gradients are reduce-scattered in: communication_data_type,
