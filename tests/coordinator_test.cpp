@@ -49,7 +49,9 @@ Model build(zs_context ctx) {
   return m;
 }
 
-void use_layer(zs_context ctx, const Model& m, int l) {
+// Fetch layer l, check its values, push its gradients when asked (a
+// backward's use), release it.
+void use_layer(zs_context ctx, const Model& m, int l, bool push_grads = false) {
   zs_param unit[2] = {m.weights[l], m.biases[l]};
   ZS_ASSERT_OK(zs_coord_fetch(ctx, unit, 2));
   for (int k = 0; k < 2; ++k) {
@@ -57,15 +59,21 @@ void use_layer(zs_context ctx, const Model& m, int l) {
     ZS_ASSERT_OK(zs_param_data(unit[k], &d));
     const uint64_t n = k == 0 ? kRows * kCols : kRows;
     for (uint64_t i = 0; i < n; i += 13) ASSERT_EQ(static_cast<float*>(d)[i], expected(l, k, i));
+    if (push_grads) {
+      const std::vector<float> grad(n, 0.5f);
+      ZS_ASSERT_OK(zs_grad_push(unit[k], grad.data(), ZS_FLOAT32, n * 4));
+    }
   }
   ZS_ASSERT_OK(zs_coord_release(ctx, unit, 2));
 }
 
-// Forward through the layers, backward in reverse.
-void train_step(zs_context ctx, const Model& m) {
+// Forward through the layers, backward in reverse; push_grads: the
+// backward pushes gradients (a step that pushed none keeps params across
+// its end).
+void train_step(zs_context ctx, const Model& m, bool push_grads = false) {
   ZS_ASSERT_OK(zs_step_begin(ctx));
   for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
-  for (int l = kLayers - 1; l >= 0; --l) use_layer(ctx, m, l);
+  for (int l = kLayers - 1; l >= 0; --l) use_layer(ctx, m, l, push_grads);
   ZS_ASSERT_OK(zs_step_end(ctx));
 }
 
@@ -223,22 +231,6 @@ TEST(Coordinator, MaxLiveParametersBoundsWhatIsGathered) {
 // units ahead, keep one across the turn, live at most the largest unit and
 // two typical ones (a layer of 4224 elements here); DeepSpeed's values
 // given in the config gather the whole model at once.
-// A training step: the backward pushes each layer's gradients before its
-// release (a step that pushed none keeps params across its end).
-void trained_step(zs_context ctx, const Model& m) {
-  ZS_ASSERT_OK(zs_step_begin(ctx));
-  for (int l = 0; l < kLayers; ++l) use_layer(ctx, m, l);
-  const std::vector<float> grad(kRows * kCols, 0.5f);
-  for (int l = kLayers - 1; l >= 0; --l) {
-    zs_param unit[2] = {m.weights[l], m.biases[l]};
-    ZS_ASSERT_OK(zs_coord_fetch(ctx, unit, 2));
-    ZS_ASSERT_OK(zs_grad_push(unit[0], grad.data(), ZS_FLOAT32, kRows * kCols * 4));
-    ZS_ASSERT_OK(zs_grad_push(unit[1], grad.data(), ZS_FLOAT32, kRows * 4));
-    ZS_ASSERT_OK(zs_coord_release(ctx, unit, 2));
-  }
-  ZS_ASSERT_OK(zs_step_end(ctx));
-}
-
 TEST(Coordinator, WindowsLeftOutFitTheModelsUnits) {
   const std::string given = config(50000000, 1000000000, 0, 50000000);
   for (const std::string& cfg :
@@ -248,7 +240,7 @@ TEST(Coordinator, WindowsLeftOutFitTheModelsUnits) {
       zs_context ctx = zs::test::make_context(env, cfg.c_str());
       ASSERT_NE(ctx, nullptr);
       const Model m = build(ctx);
-      for (int s = 0; s < 4; ++s) trained_step(ctx, m);
+      for (int s = 0; s < 4; ++s) train_step(ctx, m, /*push_grads=*/true);
       const zs_coord_stats st = stats(ctx);
       EXPECT_GT(st.prefetches, 0u);
       EXPECT_EQ(st.trace_invalidations, 0u);
