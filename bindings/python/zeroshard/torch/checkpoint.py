@@ -13,9 +13,9 @@ from_pretrained reads. client_state is JSON (no pickle anywhere).
 import json
 
 from ._context import get_context
-from ._params import is_partitioned
+from ._params import is_partitioned, optimizer_state_view
 from .optim import ZeroShardOptimizer, _hook_engines
-from . import shard_optim
+from . import deepspeed_checkpoint, shard_optim
 
 
 def _named_params(model, what):
@@ -83,6 +83,9 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     (tag, else its `latest`). Collective. Returns the client_state."""
     import torch
 
+    ds_dir = deepspeed_checkpoint.find(path, tag)
+    if ds_dir is not None:
+        return _load_deepspeed(ds_dir, model, optimizer, strict)
     names, zparams = _named_params(model, "load_checkpoint")
     engine = None if optimizer is None else _engine_of(optimizer)
     info = get_context().load_checkpoint(path, zparams, optimizer=engine, tag=tag, names=names, strict=strict,
@@ -118,6 +121,66 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     for e in _hook_engines():
         e.after_step()
     return user.get("client_state")
+
+
+def _load_deepspeed(tagdir, model, optimizer, strict):
+    """A DeepSpeed ZeRO checkpoint into the partitioned model: each rank
+    reads its own shards' elements of the fp32 masters (and of the Adam
+    moments, with a ZeroShardOptimizer), then the step count and each
+    group's hyper-parameters. Returns the client_state (DeepSpeed's
+    counters and scheduler state under "deepspeed")."""
+    import torch
+
+    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+        raise TypeError(f"zeroshard.torch.load_checkpoint: {tagdir} is a DeepSpeed checkpoint; its optimizer state "
+                        f"loads into a ZeroShardOptimizer, not a {type(optimizer).__name__} (pass optimizer=None for "
+                        f"the weights only)")
+    ckpt = deepspeed_checkpoint.DeepSpeedCheckpoint(tagdir)
+    named = list(model.named_parameters())
+    _named_params(model, "load_checkpoint")  # every param partitioned
+    ours = {n for n, _ in named}
+    theirs = set(ckpt.names())
+    if strict and ours != theirs:
+        raise KeyError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} and the model differ: "
+                       f"missing from the checkpoint {sorted(ours - theirs)[:5]}, not in the model "
+                       f"{sorted(theirs - ours)[:5]}")
+    engine = None if optimizer is None else optimizer._engine
+    if engine is not None and not ckpt.has("exp_avg"):
+        raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} holds no Adam moments "
+                         f"(an optimizer other than Adam/AdamW, or saved before its first step)")
+    for name, p in named:
+        if name not in theirs:
+            continue
+        z = p.zs.zparam
+        if ckpt.numel(name) != z.numel:
+            raise ValueError(f"zeroshard.torch.load_checkpoint: {name} has {ckpt.numel(name)} elements in DeepSpeed "
+                             f"checkpoint {tagdir}, {z.numel} in the model")
+        begin, count = z.shard_offset, z.shard_valid
+        master = ckpt.read(name, "param", begin, count)
+        with torch.no_grad():
+            shard = torch.utils.dlpack.from_dlpack(z.shard_dlpack())
+            shard[:count].copy_(master)  # the working dtype, rounded once
+            if engine is not None and not ckpt.frozen(name) and not p.zs.frozen:
+                for slot, state in ((0, "param"), (1, "exp_avg"), (2, "exp_avg_sq")):
+                    view = optimizer_state_view(engine, z, slot)
+                    view[:count].copy_(master if slot == 0 else ckpt.read(name, state, begin, count))
+    if engine is not None:
+        saved = ckpt.param_groups
+        if len(saved) != len(optimizer.param_groups):
+            raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} has {len(saved)} param "
+                             f"groups, the optimizer {len(optimizer.param_groups)}")
+        for group, hp in zip(optimizer.param_groups, saved):
+            for k in ("lr", "eps", "weight_decay", "bias_correction"):
+                if k in hp:
+                    group[k] = hp[k]
+            if "betas" in hp:
+                group["betas"] = tuple(hp["betas"])
+        engine.steps = ckpt.step()
+        optimizer.sync_hparams()
+        engine.sync_params()
+    for e in _hook_engines():
+        e.after_step()
+    return ckpt.client_state()
 
 
 def load_pretrained(model, path, optimizer=None, strict=True, from_rank0=False, progress=None):

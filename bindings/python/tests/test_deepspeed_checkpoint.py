@@ -1,0 +1,132 @@
+"""DeepSpeed checkpoints resumed by zeroshard.torch: DeepSpeed itself
+(DS_ACCELERATOR=cpu, 2 ranks) trains the GPT example 3 steps with AdamW and
+WarmupLR, saves with engine.save_checkpoint and trains 2 more; zeroshard
+loads the saved directory at another world size and trains the same 2
+steps. fp32 runs: the losses equal DeepSpeed's continuation (1e-6). Every
+run: each rank's loaded fp32 masters equal DeepSpeed's own zero_to_fp32
+consolidation bit for bit. ZeRO-1, 2 and 3; fp32 and bf16 (DeepSpeed's CPU
+accelerator refuses fp16, so no fp16 run is made here: its files have the
+fp32 run's layout). Files are read with weights_only=True; one holding
+another class is refused, naming it."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+pytest.importorskip("safetensors")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+ZSRUN = REPO / "build" / "bin" / "zsrun"
+WORKER = HERE / "ds_ckpt_worker.py"
+
+
+def launch(n, *args, timeout=300):
+    if not ZSRUN.exists():
+        pytest.skip(f"{ZSRUN} is not built")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", ZS_TIMEOUT_MS="60000")
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable, str(WORKER), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """DeepSpeed checkpoints, made once per (stage, dtype) asked for."""
+    root = tmp_path_factory.mktemp("deepspeed")
+    cache = {}
+
+    def get(stage, dtype):
+        if (stage, dtype) not in cache:
+            path = root / f"zero{stage}_{dtype}"
+            launch(2, "deepspeed", str(path), str(stage), dtype)
+            cache[stage, dtype] = path
+        return cache[stage, dtype]
+    return get
+
+
+def resume(path, ranks, dtype):
+    out = launch(ranks, "zeroshard", str(path), dtype)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.mark.parametrize("stage,dtype,ranks", [(3, "fp32", 3), (2, "fp32", 1), (1, "bf16", 3), (3, "bf16", 1)])
+def test_resume_continues_as_deepspeed(made, stage, dtype, ranks):
+    path = made(stage, dtype)
+    theirs = json.loads((path / "continuation.json").read_text())["losses"]
+    r = resume(path, ranks, dtype)
+    assert r["master_max_diff"] == 0.0, r
+    assert r["steps"] == 5 and r["global_steps"] == 3 and r["zero_stage"] == stage and r["dp_world_size"] == 2, r
+    assert r["client"] == {"epoch": 7}, r
+    # fp32: the same numbers. bf16: the model computes in bf16, and each
+    # rank's loss is rounded to bf16 over its own rows (3 on DeepSpeed's
+    # ranks, 2 or 6 here) before the mean: a few bf16 ulps (1/128 relative).
+    tol = 1e-6 if dtype == "fp32" else 3 / 128
+    for a, b in zip(theirs, r["losses"]):
+        assert abs(a - b) <= tol * abs(a), (theirs, r["losses"])
+
+
+def test_a_file_holding_another_class_is_refused(made, tmp_path):
+    import shutil
+    from zeroshard.torch import deepspeed_checkpoint
+
+    src = made(3, "fp32")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    tagdir = dst / (dst / "latest").read_text().strip()
+    victim = tagdir / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": Evil()}, victim)
+    with pytest.raises(ValueError, match=r"zero_pp_rank_1_mp_rank_00_optim_states.pt holds __builtin__.getattr, "
+                                         r"test_deepspeed_checkpoint.Evil, which cannot be read .*weights_only"):
+        deepspeed_checkpoint.DeepSpeedCheckpoint(tagdir)
+    assert not Evil.ran
+    victim.unlink()
+    with pytest.raises(ValueError, match=r"optimizer files for ranks \[0\], expected 0..0|model state files"):
+        deepspeed_checkpoint.DeepSpeedCheckpoint(tagdir)
+
+
+def test_finds_deepspeed_directories_only(made, tmp_path):
+    from zeroshard.torch import deepspeed_checkpoint
+
+    src = made(3, "fp32")
+    tag = (src / "latest").read_text().strip()
+    assert deepspeed_checkpoint.find(src) == src / tag
+    assert deepspeed_checkpoint.find(src, tag) == src / tag
+    assert deepspeed_checkpoint.find(src / tag) == src / tag
+    assert deepspeed_checkpoint.find(tmp_path) is None  # empty: the engine's own loader reports it
+
+
+class Evil:
+    """Unpickling it would run code (a weights-only load must not)."""
+    ran = False
+
+    def __reduce__(self):
+        return (Evil._run, ())
+
+    @staticmethod
+    def _run():
+        Evil.ran = True
+        return Evil()
+
+
+def test_safe_load_never_runs_pickled_code(tmp_path):
+    from zeroshard.torch import deepspeed_checkpoint
+
+    f = tmp_path / "x.pt"
+    torch.save({"a": torch.ones(2), "b": Evil()}, f)
+    with pytest.raises(ValueError, match="cannot be read without running pickled code"):
+        deepspeed_checkpoint.safe_load(f)
+    assert not Evil.ran
+    # a plain pickle (no torch zip) is named as such
+    g = tmp_path / "y.pt"
+    g.write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises((ValueError, Exception), match="not a torch zip checkpoint|zip"):
+        deepspeed_checkpoint.safe_load(g)
