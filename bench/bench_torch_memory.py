@@ -144,15 +144,33 @@ def worker(args):
         import bench_torch_step
         make = lambda: bench_torch_step.build_model(args)  # noqa: E731
     zt = None
-    if args.engine == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    ds_engine = None
+    if args.engine in ("fsdp2", "fsdp2_offload"):
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        policy = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if args.engine == "fsdp2_offload" else {}
         module = make()
         for blk in module.blocks:
-            fully_shard(blk)
-        model = fully_shard(module)
+            fully_shard(blk, **policy)
+        model = fully_shard(module, **policy)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=False)
         nparams = sum(p.numel() for p in module.parameters())
         largest = max(p.numel() for p in module.parameters())
+    elif args.engine == "deepspeed":
+        # DeepSpeed ZeRO-3 (DS_ACCELERATOR=cpu, gloo): the model built under
+        # its zero.Init, its own AdamW; args.zero_config goes into its
+        # zero_optimization section (offload_param / offload_optimizer).
+        import deepspeed
+        ds_config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+                     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
+                     "zero_optimization": {"stage": 3, **json.loads(args.zero_config)}}
+        deepspeed.init_distributed(dist_backend="gloo")
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            module = make()
+        ds_engine, opt, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                                    config=ds_config)
+        model = ds_engine
+        nparams = sum(p.ds_numel for p in module.parameters())
+        largest = max(p.ds_numel for p in module.parameters())
     elif args.engine == "ddp":
         module = make()
         model = torch.nn.parallel.DistributedDataParallel(module)
@@ -187,15 +205,21 @@ def worker(args):
         loss = model(x, y)
         row["after_forward"] = sampler.note()
         sampler.phase = f"backward {step}"
-        loss.backward()
+        if ds_engine is not None:
+            ds_engine.backward(loss)
+        else:
+            loss.backward()
         row["after_backward"] = sampler.note()
         if zt is not None:
             m = zt.get_context().memory()
             row["gathered_after_backward"] = m["gathered_bytes"]
             row["host_cache_after_backward"] = m["host_cache_bytes"]
         sampler.phase = f"step {step}"
-        opt.step()
-        opt.zero_grad()
+        if ds_engine is not None:
+            ds_engine.step()
+        else:
+            opt.step()
+            opt.zero_grad()
         row["after_step"] = sampler.note()
         row["step_s"] = time.perf_counter() - t0
         row["heap_after_step"] = heap()
@@ -210,7 +234,7 @@ def worker(args):
     sampler.join()
     unsharded = nparams * 4
     report = None
-    if args.engine == "fsdp2":
+    if args.engine in ("fsdp2", "fsdp2_offload", "deepspeed"):
         shard = unsharded // world
         state = {"param_bytes": shard, "grad_bytes": shard, "optimizer_bytes": 2 * shard}
     elif zt is None:
