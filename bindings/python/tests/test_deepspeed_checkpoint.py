@@ -102,6 +102,13 @@ def test_finds_deepspeed_directories_only(made, tmp_path):
     assert deepspeed_checkpoint.find(src, tag) == src / tag
     assert deepspeed_checkpoint.find(src / tag) == src / tag
     assert deepspeed_checkpoint.find(tmp_path) is None  # empty: the engine's own loader reports it
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "mp_rank_00_model_states.pt").write_bytes((src / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+                                                      .read_bytes())
+    assert deepspeed_checkpoint.find(bare) == bare
+    with pytest.raises(ValueError, match="holds model states but no zero_pp_rank_"):
+        deepspeed_checkpoint.DeepSpeedCheckpoint(bare)
 
 
 class Evil:

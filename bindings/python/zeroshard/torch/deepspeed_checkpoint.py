@@ -101,7 +101,8 @@ def find(path, tag=None):
     else:
         candidates = [path]
     for c in candidates:
-        if c.is_dir() and any(_OPTIM_FILE.match(f.name) for f in c.iterdir()):
+        if c.is_dir() and any(_OPTIM_FILE.match(f.name) or f.name.endswith("_model_states.pt")
+                              for f in c.iterdir()):
             return c
     return None
 
@@ -149,6 +150,10 @@ class DeepSpeedCheckpoint:
                                      f"({f.name}): tensor/pipeline-parallel checkpoints are not read")
                 files[int(m.group(2))] = f
         self.world = len(files)
+        if not files:
+            raise ValueError(f"zeroshard: DeepSpeed checkpoint {self.dir} holds model states but no "
+                             f"zero_pp_rank_*_mp_rank_00_optim_states.pt: a run without ZeRO, or a copy that left "
+                             f"them out; its fp32 masters are in those files")
         if sorted(files) != list(range(self.world)):
             raise ValueError(f"zeroshard: DeepSpeed checkpoint {self.dir}: optimizer files for ranks {sorted(files)}, "
                              f"expected 0..{self.world - 1}")
