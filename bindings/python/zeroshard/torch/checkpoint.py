@@ -15,7 +15,7 @@ import json
 from ._context import get_context
 from ._params import is_partitioned, optimizer_state_view
 from .optim import ZeroShardOptimizer, _hook_engines
-from . import deepspeed_checkpoint, shard_optim
+from . import dcp_checkpoint, deepspeed_checkpoint, shard_optim
 
 
 def _named_params(model, what):
@@ -86,6 +86,14 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     ds_dir = deepspeed_checkpoint.find(path, tag)
     if ds_dir is not None:
         return _load_deepspeed(ds_dir, model, optimizer, strict)
+    if dcp_checkpoint.find(path if tag is None else f"{path}/{tag}"):
+        _named_params(model, "load_checkpoint")  # every param partitioned
+        if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+            raise TypeError(f"zeroshard.torch.load_checkpoint: {path} is a torch DCP checkpoint; its optimizer state "
+                            f"loads into a ZeroShardOptimizer, not a {type(optimizer).__name__} (pass "
+                            f"optimizer=None for the weights only)")
+        return dcp_checkpoint.load(path if tag is None else f"{path}/{tag}", model, optimizer, strict,
+                                   optimizer_state_view, _hook_engines)
     names, zparams = _named_params(model, "load_checkpoint")
     engine = None if optimizer is None else _engine_of(optimizer)
     info = get_context().load_checkpoint(path, zparams, optimizer=engine, tag=tag, names=names, strict=strict,
@@ -203,3 +211,20 @@ def export_safetensors(model, path, progress=None):
     a time and written by rank 0. Collective."""
     names, zparams = _named_params(model, "export_safetensors")
     get_context().export_safetensors(path, zparams, names=names, progress=progress)
+
+
+def export_dcp(path, model, optimizer=None, client_state=None):
+    """The partitioned model (and a ZeroShardOptimizer's AdamW state) as a
+    torch Distributed Checkpoint directory in get_state_dict's layout
+    ({"model": ..., "optim": ...}, client_state's entries beside them):
+    FSDP2 resumes it with dcp.load and set_state_dict. Collective."""
+    _named_params(model, "export_dcp")
+    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+        raise TypeError(f"zeroshard.torch.export_dcp: writes a ZeroShardOptimizer's state, not a "
+                        f"{type(optimizer).__name__}'s")
+    if optimizer is not None and optimizer.kind not in ("adamw", "adam"):
+        raise ValueError(f"zeroshard.torch.export_dcp: DCP's layout here is torch AdamW's; optimizer kind "
+                         f"{optimizer.kind!r} is not written")
+    if optimizer is not None:
+        optimizer.sync_hparams()
+    dcp_checkpoint.save(path, model, optimizer, client_state, optimizer_state_view)

@@ -1,0 +1,259 @@
+"""torch Distributed Checkpoint (DCP) directories in and out: what FSDP2 users
+save with dcp.save({"model": msd, "optim": osd, ...}) where
+msd, osd = get_state_dict(model, optimizer).
+
+In: zt.load_checkpoint(path, model, optimizer) calls load() when `path`
+holds DCP's `.metadata`. The model's params are found by their qualified
+names under one top-level key (the one whose entries end in every name;
+"model" by convention), Adam's moments and step under the other
+(`<key>.state.<name>.exp_avg`), each group's hyper-parameters under its
+`param_groups`. Every rank reads whole tensors through torch's own DCP
+reader, a batch of at most 256 MiB at a time, and keeps its shard's
+elements: memory is bounded by the batch, not the model.
+
+Out: save() writes a DCP directory FSDP2's dcp.load + set_state_dict read:
+the same keys get_state_dict gives (model, optim with state and
+param_groups), each param and moment a row-split of the full tensor, every
+rank writing the rows it gathers, one param at a time.
+"""
+import warnings
+from pathlib import Path
+
+import torch
+
+BATCH_BYTES = 256 << 20
+_ADAM = ("exp_avg", "exp_avg_sq")
+_HPARAMS = ("lr", "betas", "eps", "weight_decay")
+
+
+def find(path):
+    """True if `path` is a DCP checkpoint directory."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def _metadata(path):
+    from torch.distributed.checkpoint import FileSystemReader
+    return FileSystemReader(str(path)).read_metadata()
+
+
+def _read(path, wanted):
+    """dcp.load of a flat {key: preallocated tensor or None} on this rank
+    alone (no collective: every rank reads what it asks for)."""
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no_dist's deprecation note
+        dcp.load(wanted, checkpoint_id=str(path), no_dist=True)
+    return wanted
+
+
+def _layout(md, names):
+    """(model prefix, optimizer prefix or None) from the keys' paths."""
+    paths = md.planner_data or {k: tuple(k.split(".")) for k in md.state_dict_metadata}
+    model_prefixes, optim_prefixes = {}, {}
+    name_set = set(names)
+    for key, path in paths.items():
+        if len(path) == 2 and path[1] in name_set:
+            model_prefixes.setdefault(path[0], set()).add(path[1])
+        if len(path) == 4 and path[1] == "state" and path[2] in name_set:
+            optim_prefixes.setdefault(path[0], set()).add(path[2])
+    model = [p for p, found in model_prefixes.items() if found]
+    if not model:
+        raise KeyError("zeroshard.torch.load_checkpoint: no key of this DCP checkpoint is '<prefix>.<param name>' for "
+                       f"the model's params (e.g. 'model.{names[0]}'): saved from another model?")
+    model.sort(key=lambda p: -len(model_prefixes[p]))
+    if len(model) > 1 and len(model_prefixes[model[0]]) == len(model_prefixes[model[1]]):
+        raise KeyError(f"zeroshard.torch.load_checkpoint: the DCP checkpoint holds the model's params under several "
+                       f"keys ({sorted(model)}): which is the model is ambiguous")
+    optim = max(optim_prefixes, key=lambda p: len(optim_prefixes[p])) if optim_prefixes else None
+    return model[0], optim, paths
+
+
+def _nested(paths, values, skip):
+    """Rebuild the nesting (dicts; lists where the path holds an index) of
+    the entries whose top-level key is not in skip."""
+    out = {}
+    for key, value in values.items():
+        path = paths[key]
+        if path[0] in skip:
+            continue
+        node = out
+        for i, part in enumerate(path[:-1]):
+            nxt = [] if isinstance(path[i + 1], int) else {}
+            if isinstance(node, list):
+                while len(node) <= part:
+                    node.append(None)
+                if node[part] is None:
+                    node[part] = nxt
+                node = node[part]
+            else:
+                node = node.setdefault(part, nxt)
+        last = path[-1]
+        if isinstance(node, list):
+            while len(node) <= last:
+                node.append(None)
+            node[last] = value
+        else:
+            node[last] = value
+    return out
+
+
+def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
+    """A DCP checkpoint into the partitioned model (and a ZeroShardOptimizer).
+    Returns the checkpoint's other top-level entries (e.g. a scheduler's
+    state saved beside model and optim), nested as saved."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    md = _metadata(path)
+    named = list(model.named_parameters())
+    names = [n for n, _ in named]
+    mprefix, oprefix, paths = _layout(md, names)
+    meta = md.state_dict_metadata
+    engine = None if optimizer is None else optimizer._engine
+    if engine is not None and oprefix is None:
+        raise ValueError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} holds no optimizer state "
+                         f"('<prefix>.state.<param name>.exp_avg'): pass optimizer=None for the weights alone")
+    theirs = {paths[k][1] for k in meta if paths[k][0] == mprefix and len(paths[k]) == 2}
+    if strict and set(names) != theirs:
+        raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} and the model differ: missing from "
+                       f"the checkpoint {sorted(set(names) - theirs)[:5]}, not in the model "
+                       f"{sorted(theirs - set(names))[:5]}")
+    # One batch of whole tensors at a time: (param, kind, key).
+    todo = []
+    for name, p in named:
+        if name not in theirs:
+            continue
+        key = f"{mprefix}.{name}"
+        shape = tuple(meta[key].size)
+        if shape != tuple(p.zs.shape):
+            raise ValueError(f"zeroshard.torch.load_checkpoint: {name} is {list(shape)} in DCP checkpoint {path}, "
+                             f"{list(p.zs.shape)} in the model")
+        todo.append((p, "param", key))
+        if engine is not None and not p.zs.frozen:
+            for k in _ADAM:
+                okey = f"{oprefix}.state.{name}.{k}"
+                if okey not in meta:
+                    raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} has no {okey} (an "
+                                   f"optimizer other than Adam/AdamW, or saved before its first step)")
+                todo.append((p, k, okey))
+    slot = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2}
+    i = 0
+    while i < len(todo):
+        batch, size = [], 0
+        while i < len(todo) and (not batch or size + todo[i][0].zs.zparam.numel * 4 <= BATCH_BYTES):
+            batch.append(todo[i])
+            size += todo[i][0].zs.zparam.numel * 4
+            i += 1
+        got = _read(path, {key: torch.empty(tuple(meta[key].size), dtype=torch.float32) for _, _, key in batch})
+        with torch.no_grad():
+            for p, kind, key in batch:
+                z = p.zs.zparam
+                mine = got[key].reshape(-1)[z.shard_offset:z.shard_offset + z.shard_valid]
+                if kind == "param":
+                    shard = torch.utils.dlpack.from_dlpack(z.shard_dlpack())
+                    shard[:z.shard_valid].copy_(mine)
+                if engine is not None and not p.zs.frozen:
+                    optimizer_state_view(engine, z, slot[kind])[:z.shard_valid].copy_(mine)
+    others = [k for k in meta if paths[k][0] not in (mprefix, oprefix)]
+    small = {k: None if isinstance(meta[k], BytesStorageMetadata) else torch.empty(tuple(meta[k].size),
+                                                                                 dtype=meta[k].properties.dtype)
+             for k in others if isinstance(meta[k], (BytesStorageMetadata, TensorStorageMetadata))}
+    if engine is not None:
+        groups = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
+        steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta]
+        got = _read(path, {**{k: None for k in groups}, **{k: torch.empty(()) for k in steps[:1]}, **small})
+        saved = _nested(paths, {k: got[k] for k in groups}, ())[oprefix]["param_groups"]
+        by_name = {n: g for g in saved for n in g.get("params", [])}
+        for group in optimizer.param_groups:
+            first = next((n for n, p in named if any(p is q for q in group["params"])), None)
+            hp = by_name.get(first)
+            if hp is None:
+                raise KeyError(f"zeroshard.torch.load_checkpoint: no param group of DCP checkpoint {path} holds "
+                               f"{first!r}")
+            for k in _HPARAMS:
+                if k in hp:
+                    group[k] = tuple(hp[k]) if k == "betas" else hp[k]
+        if steps:
+            engine.steps = int(got[steps[0]].item())
+        optimizer.sync_hparams()
+        engine.sync_params()
+    else:
+        got = _read(path, small) if small else {}
+    for e in hook_engines():
+        e.after_step()
+    return _nested(paths, {k: got[k] for k in small}, (mprefix, oprefix))
+
+
+def _full(flat_shard, z, world):
+    """The full flat values of a param's state from every rank's padded
+    shard (torch.distributed all-gather: ranks hold equal, consecutive
+    shards under plain ZeRO-3)."""
+    import torch.distributed as dist
+    padded = torch.zeros(z.shard_numel, dtype=torch.float32)
+    padded[:z.shard_valid].copy_(flat_shard[:z.shard_valid])
+    out = torch.empty(z.shard_numel * world, dtype=torch.float32)
+    dist.all_gather_into_tensor(out, padded)
+    return out[:z.numel]
+
+
+def _rows(full, shape, mesh):
+    """This rank's row block of a full tensor, as torch.chunk splits it
+    (what Shard(0) means), wrapped as a DTensor of the full shape."""
+    from torch.distributed.tensor import DTensor, Shard
+    t = full.reshape(shape)
+    if t.dim() == 0:
+        return t.clone()
+    rank, world = mesh.get_local_rank(), mesh.size()
+    per = -(-t.shape[0] // world)
+    local = t[min(rank * per, t.shape[0]):min((rank + 1) * per, t.shape[0])].clone()
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=t.shape, stride=t.stride())
+
+
+def save(path, model, optimizer, client_state, optimizer_state_view):
+    """Writes a DCP directory of {"model": ..., "optim": ...} (and the
+    client_state's entries as further top-level keys) in get_state_dict's
+    layout: an FSDP2 model and torch AdamW load it with dcp.load and
+    set_state_dict. Collective; needs torch.distributed initialised."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("zeroshard.torch.export_dcp: torch.distributed is not initialised (DCP writes through "
+                           "its process group: dist.init_process_group('gloo') first)")
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    engine = None if optimizer is None else optimizer._engine
+    named = list(model.named_parameters())
+    msd, state = {}, {}
+    with torch.no_grad():
+        for name, p in named:
+            z = p.zs.zparam
+            if z.shard_offset != dist.get_rank() * z.shard_numel or z.padded_numel != z.shard_numel * world:
+                raise NotImplementedError(f"zeroshard.torch.export_dcp: {name}'s shards are not one per rank in "
+                                          f"rank order (MiCS or hpZ partitioning): not written to DCP yet")
+            if engine is not None and not p.zs.frozen:
+                master = optimizer_state_view(engine, z, 0)
+            else:
+                master = torch.utils.dlpack.from_dlpack(z.shard_dlpack()).float()
+            msd[name] = _rows(_full(master, z, world), p.zs.shape, mesh)
+            if engine is not None and not p.zs.frozen:
+                state[name] = {"step": torch.tensor(float(engine.steps)),
+                               **{k: _rows(_full(optimizer_state_view(engine, z, s), z, world), p.zs.shape, mesh)
+                                  for s, k in ((1, "exp_avg"), (2, "exp_avg_sq"))}}
+    out = {"model": msd}
+    if engine is not None:
+        cls = torch.optim.AdamW if optimizer.kind == "adamw" else torch.optim.Adam
+        defaults = {k: v for k, v in cls([torch.zeros(1)]).param_groups[0].items() if k != "params"}
+        groups = []
+        for group in optimizer.param_groups:
+            members = [n for n, p in named if any(p is q for q in group["params"])]
+            g = dict(defaults, lr=group["lr"], betas=tuple(group["betas"]), eps=group["eps"],
+                     weight_decay=group["weight_decay"], initial_lr=group.get("initial_lr", group["lr"]))
+            g["params"] = members
+            groups.append(g)
+        out["optim"] = {"state": state, "param_groups": groups}
+    for k, v in (client_state or {}).items():
+        if k in out:
+            raise ValueError(f"zeroshard.torch.export_dcp: client_state key {k!r} is taken by the model or optimizer")
+        out[k] = v
+    dcp.save(out, checkpoint_id=str(path))
