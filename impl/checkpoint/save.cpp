@@ -97,14 +97,16 @@ struct Local {
   FileEntry file;
   // per param: state -> this rank's chunk (absent: nothing to write)
   std::vector<std::map<std::string, Chunk>> chunks;
+  // What the rank file holds, in order; each points at its chunk above
+  // (std::map nodes do not move).
+  std::vector<ShardSource> sources;
 };
 
-Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
-                  const std::string& path, const SaveOptions& o, const NameOf& name_of) {
-  Local l;
+// This rank's sources: every shard it writes and, with opt, their state.
+void collect_sources(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                     const NameOf& name_of, Local& l) {
   l.chunks.resize(params.size());
-  std::vector<ShardSource> sources;
-  // Chunk pointers into the maps stay valid: std::map nodes do not move.
+  std::vector<ShardSource>& sources = l.sources;
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = *params[i];
     if (!writes_shard(ctx, p) || p.layout.shard_valid == 0) continue;
@@ -144,17 +146,19 @@ Local write_local(Context& ctx, const std::vector<std::shared_ptr<Param>>& param
     for (const auto& name : opt->named_states(p))  // an external optimizer's, under their names
       add(name, DType::F32, opt->named_state_locked(p, name, false, nullptr));
   }
+}
+
+// Writes the sources into this rank's file at path.
+void write_local(Local& l, const RankInfo& ranks, Device& device, const std::string& path,
+                 const PhaseProgress& on_progress) {
   std::map<std::string, std::string> meta{{"format", kFormatName},
-                                          {"rank", std::to_string(ctx.ranks().rank)},
-                                          {"world_size", std::to_string(ctx.ranks().world_size)}};
+                                          {"rank", std::to_string(ranks.rank)},
+                                          {"world_size", std::to_string(ranks.world_size)}};
   Progress progress;
-  if (o.progress) progress = [&](uint64_t d, uint64_t t) { o.progress("write", d, t); };
-  l.file = write_shard_file(path, sources, *ctx.device(), meta, progress);
-  // Host copies of state on NVMe (state()) are not needed any more.
-  if (opt) opt->flush_state_views();
-  l.file.name = rank_file_name(ctx.ranks().rank, ctx.ranks().world_size);
-  l.file.rank = ctx.ranks().rank;
-  return l;
+  if (on_progress) progress = [&](uint64_t d, uint64_t t) { on_progress("write", d, t); };
+  l.file = write_shard_file(path, l.sources, device, meta, progress);
+  l.file.name = rank_file_name(ranks.rank, ranks.world_size);
+  l.file.rank = ranks.rank;
 }
 
 json local_to_json(const Local& l, const std::string& fp) {
@@ -191,28 +195,48 @@ json optimizer_json(const Optimizer& opt, const NameOf& name_of) {
                            {"last_overflow_iter", st.last_overflow_iter}}}};
 }
 
-Manifest build_manifest(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
-                        const Optimizer* opt, const std::string& tag, const json& user,
-                        const std::vector<json>& ranks, const NameOf& name_of) {
-  Manifest m;
-  m.engine_version = ZS_ENGINE_VERSION;
-  m.tag = tag;
-  m.world_size = ctx.ranks().world_size;
+// What a manifest records of the engine besides the chunks, taken while the
+// engine lock is held: an asynchronous save commits after training moved on.
+struct Snapshot {
+  int world_size = 1;
+  json topology;
+  uint64_t step = 0;
+  json optimizer;  // null without one
+  std::vector<ParamEntry> params;  // name, dtype, shape, numel; no chunks yet
+};
+
+Snapshot snapshot(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, const Optimizer* opt,
+                  const NameOf& name_of) {
+  Snapshot s;
+  s.world_size = ctx.ranks().world_size;
   const auto& cfg = ctx.config();
-  m.topology = {{"world_size", m.world_size},
+  s.topology = {{"world_size", s.world_size},
                 {"mics_shard_size", cfg.mics_shard_size},
                 {"zero_hpz_partition_size", cfg.zero_hpz_partition_size}};
-  m.step = opt ? opt->steps_locked() : 0;
-  m.optimizer = opt ? optimizer_json(*opt, name_of) : json(nullptr);
-  m.user = user;
+  s.step = opt ? opt->steps_locked() : 0;
+  s.optimizer = opt ? optimizer_json(*opt, name_of) : json(nullptr);
   for (const auto& p : params) {
     ParamEntry e;
     e.name = name_of.at(p.get());
     e.dtype = p->dtype;
     e.shape = p->shape;
     e.numel = p->layout.numel;
-    m.params.push_back(std::move(e));
+    s.params.push_back(std::move(e));
   }
+  return s;
+}
+
+Manifest build_manifest(const Snapshot& s, const std::string& tag, const json& user,
+                        const std::vector<json>& ranks) {
+  Manifest m;
+  m.engine_version = ZS_ENGINE_VERSION;
+  m.tag = tag;
+  m.world_size = s.world_size;
+  m.topology = s.topology;
+  m.step = s.step;
+  m.optimizer = s.optimizer;
+  m.user = user;
+  m.params = s.params;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const json& j = ranks[r];
     FileEntry f;
@@ -287,69 +311,47 @@ void commit(const std::string& dir, const std::string& tag, const std::string& p
   }
 }
 
-}  // namespace
 
-std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
-                 const std::string& dir, const SaveOptions& o) {
-  const auto held = ctx.lock();  // the engine's state stays still while it is read or written
-  const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
-  // Numbered first, so a rank that refuses the call below still keeps its
-  // numbering in step with the others for the saves that follow.
-  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
-  if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
-  const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
-  if (opt) opt->expect_no_open_step("checkpoint save");
-  for (const auto& p : params) writes_shard(ctx, *p);
-  const std::string tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps_locked() : 0) : o.tag;
-  check_tag(tag);
-  json user = json::object();
-  if (!o.user_json.empty()) {
-    try {
-      user = json::parse(o.user_json);
-    } catch (const json::exception& e) {
-      fail(Code::InvalidArgument, "checkpoint user_json is not valid JSON: ", e.what());
-    }
-  }
-  ctx.check_async_error();
-  ctx.device()->synchronize();
+// One save after the engine's part is taken: this rank's sources (live
+// memory, or staged host copies), the manifest's snapshot, and what the
+// ranks agree through the store. run() writes and commits it.
+struct Job {
+  std::string dir, tag, partial, file_name, fp, key;
+  json user;
+  Snapshot snap;
+  Local local;
+  SaveOptions options;
+  std::chrono::milliseconds timeout{0};
+  Clock::time_point start;
+  std::shared_ptr<Store> store;  // null in a world of one
+  std::shared_ptr<Device> device;  // where the sources' bytes are
+  bool prepared = false;  // rank 0 made the partial directory already
+};
 
+// Rank 0 prepares (unless done), every rank writes its file, rank 0
+// gathers the others' chunks and commits. Throws on any rank's failure.
+void run(Context& ctx, Job& job) {
+  const SaveOptions& o = job.options;
   const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
-  const auto timeout = o.timeout.count() > 0 ? o.timeout : ctx.timeout();
-  const std::string fp = fingerprint(params, opt, name_of);
-  const std::string file_name = rank_file_name(rank, world);
-  const std::shared_ptr<Store> store = world > 1 ? ctx.store() : nullptr;
-  if (world > 1 && !store) fail(Code::Internal, "checkpoint save: no rendezvous store in a world of ", world);
-
+  Store* store = job.store.get();
   if (!store) {  // a world of one: nothing to agree on
-    std::string partial;
-    prepare(ctx, dir, tag, o.overwrite, &partial);
     try {
-      Local l = write_local(ctx, params, opt, join(partial, file_name), o, name_of);
-      Manifest m = build_manifest(ctx, params, opt, tag, user, {local_to_json(l, fp)}, name_of);
+      if (!job.prepared) prepare(ctx, job.dir, job.tag, o.overwrite, &job.partial);
+      write_local(job.local, ctx.ranks(), *job.device, join(job.partial, job.file_name), o.progress);
+      Manifest m = build_manifest(job.snap, job.tag, job.user, {local_to_json(job.local, job.fp)});
       m.moves_latest = o.update_latest;
-      commit(dir, tag, partial, m, o);
+      commit(job.dir, job.tag, job.partial, m, o);
     } catch (...) {
-      try { remove_tree(partial); } catch (const Error&) {}
+      try { remove_tree(job.partial); } catch (const Error&) {}
       throw;
     }
-    if (o.progress) o.progress("done", 0, 0);
-    return join(dir, tag);
+    return;
   }
-
-  const std::string key = "zs/ckpt/" + std::to_string(seq) + "/";
-  const auto start = Clock::now();
-  // rank 0 prepares
-  std::string partial = join(dir, "." + tag + ".partial");
-  if (rank == 0) {
-    std::string status = "ok";
-    try {
-      prepare(ctx, dir, tag, o.overwrite, &partial);
-    } catch (const Error& e) {
-      status = status_of(e);
-    }
-    put(*store, key + "begin", status);
-    if (status != "ok") throw_status(status, "");
-  } else {
+  const std::string& key = job.key;
+  const auto start = job.start;
+  const auto timeout = job.timeout;
+  const std::string& partial = job.partial;
+  if (rank != 0) {
     const std::string status =
         wait_key(*store, key + "begin", start + timeout, "waiting for rank 0 to start the save", timeout);
     if (status != "ok") throw_status(status, "checkpoint save failed on rank 0: ");
@@ -357,7 +359,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   // every rank writes its file
   json mine;
   try {
-    mine = local_to_json(write_local(ctx, params, opt, join(partial, file_name), o, name_of), fp);
+    write_local(job.local, ctx.ranks(), *job.device, join(partial, job.file_name), o.progress);
+    mine = local_to_json(job.local, job.fp);
   } catch (const Error& e) {
     mine = {{"ok", false}, {"error", status_of(e)}};
   }
@@ -405,7 +408,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
           if (!j.at("ok").get<bool>())
             throw_status(j.at("error").get<std::string>(),
                          "checkpoint save failed on rank " + std::to_string(r) + ": ");
-          if (j.at("fingerprint").get<std::string>() != fp)
+          if (j.at("fingerprint").get<std::string>() != job.fp)
             fail(Code::InvalidArgument, "checkpoint save: rank ", r,
                  " saves other params (names, dtypes, shapes or optimizer kind) than rank 0");
         }
@@ -422,9 +425,9 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      Manifest m = build_manifest(ctx, params, opt, tag, user, ranks, name_of);
+      Manifest m = build_manifest(job.snap, job.tag, job.user, ranks);
       m.moves_latest = o.update_latest;
-      commit(dir, tag, partial, m, o);
+      commit(job.dir, job.tag, partial, m, o);
     } catch (const Error& e) {
       status = status_of(e);
       try { remove_tree(partial); } catch (const Error&) {}
@@ -451,8 +454,65 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     }
     if (status != "ok") throw_status(status, "");
   }
+}
+
+}  // namespace
+
+std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                 const std::string& dir, const SaveOptions& o) {
+  const auto held = ctx.lock();  // the engine's state stays still while it is read or written
+  const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
+  // Numbered first, so a rank that refuses the call below still keeps its
+  // numbering in step with the others for the saves that follow.
+  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
+  if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
+  const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
+  if (opt) opt->expect_no_open_step("checkpoint save");
+  for (const auto& p : params) writes_shard(ctx, *p);
+  Job job;
+  job.dir = dir;
+  job.tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps_locked() : 0) : o.tag;
+  check_tag(job.tag);
+  job.user = json::object();
+  if (!o.user_json.empty()) {
+    try {
+      job.user = json::parse(o.user_json);
+    } catch (const json::exception& e) {
+      fail(Code::InvalidArgument, "checkpoint user_json is not valid JSON: ", e.what());
+    }
+  }
+  ctx.check_async_error();
+  ctx.device()->synchronize();
+
+  const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
+  job.options = o;
+  job.timeout = o.timeout.count() > 0 ? o.timeout : ctx.timeout();
+  job.fp = fingerprint(params, opt, name_of);
+  job.file_name = rank_file_name(rank, world);
+  job.store = world > 1 ? ctx.store() : nullptr;
+  if (world > 1 && !job.store) fail(Code::Internal, "checkpoint save: no rendezvous store in a world of ", world);
+  job.snap = snapshot(ctx, params, opt, name_of);
+  job.device = ctx.device();
+  job.key = "zs/ckpt/" + std::to_string(seq) + "/";
+  job.start = Clock::now();
+  job.partial = join(dir, "." + job.tag + ".partial");
+  collect_sources(ctx, params, opt, name_of, job.local);
+  if (job.store && rank == 0) {  // rank 0 prepares; the others wait for its word in run()
+    std::string status = "ok";
+    try {
+      prepare(ctx, dir, job.tag, o.overwrite, &job.partial);
+    } catch (const Error& e) {
+      status = status_of(e);
+    }
+    put(*job.store, job.key + "begin", status);
+    if (status != "ok") throw_status(status, "");
+    job.prepared = true;
+  }
+  run(ctx, job);
+  // Host copies of state on NVMe (state()) are not needed any more.
+  if (opt) opt->flush_state_views();
   if (o.progress) o.progress("done", 0, 0);
-  return join(dir, tag);
+  return join(dir, job.tag);
 }
 
 }  // namespace zs::ckpt
