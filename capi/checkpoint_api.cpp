@@ -5,6 +5,7 @@
 #include "impl/checkpoint/live_export.h"
 #include "impl/checkpoint/load.h"
 #include "impl/checkpoint/offline.h"
+#include "impl/checkpoint/pending_save.h"
 #include "impl/checkpoint/pretrained.h"
 #include "impl/checkpoint/save.h"
 
@@ -74,8 +75,13 @@ ZS_API zs_status zs_checkpoint_save(zs_context h, const zs_param* params, size_t
     so.update_latest = o.update_latest != 0;
     so.names = names_of(o.names, n);
     so.progress = phase_progress(o.progress, o.progress_user);
+    so.async_save = o.async_save != 0;
     ckpt::save(*ctx, list, op, dir, so);
   });
+}
+
+ZS_API zs_status zs_checkpoint_wait(zs_context h) {
+  return guarded([&] { ckpt::wait_for_pending_save(*context_of(h, "ctx")); });
 }
 
 ZS_API zs_status zs_checkpoint_load(zs_context h, const zs_param* params, size_t n, zs_optimizer opt,

@@ -224,6 +224,64 @@ TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
   fs::remove_all(dir);
 }
 
+TEST(CheckpointFault, KilledDuringAnAsynchronousWriteLeavesLatestValid) {
+  // Every rank killed at random times after its asynchronous save returned
+  // (the background write and commit in flight, training going on), and
+  // once after the wait: latest always names a whole checkpoint.
+  const std::string dir = zs::test::make_temp_dir("ckpt_async_kill");
+  run_ranks(2, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig);
+    ASSERT_NE(m.ctx, nullptr);
+    zs::test::train_ckpt_model(m, 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    ZS_ASSERT_OK(save(m, dir, "good", 5000));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (env.rank == 0) write_text(dir + "/save_ms", std::to_string(ms));
+    zs::test::destroy_ckpt_model(m);
+  });
+  const double save_ms = std::stod(read_text(dir + "/save_ms"));
+  std::mt19937 rng(99);
+  int committed = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::string tag = "attempt-" + std::to_string(i);
+    const std::string staged = dir + "/staged-" + std::to_string(i);
+    const std::string waited = dir + "/waited-" + std::to_string(i);
+    const bool after_wait = i == 5;
+    // Within the time a synchronous save takes: most kills land mid-write.
+    const int delay_us = std::uniform_int_distribution<int>(0, static_cast<int>(save_ms * 1000))(rng);
+    fork_ranks(2, [&](const RankEnv& env) {
+      CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig, 20000);
+      if (m.ctx == nullptr) return;
+      zs::test::train_ckpt_model(m, 2);
+      zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+      o.tag = tag.c_str();
+      o.timeout_ms = 20000;
+      o.async_save = 1;
+      const zs_status s = zs_checkpoint_save(m.ctx, m.params.data(), m.params.size(), m.opt, dir.c_str(), &o);
+      if (env.rank == 0) write_text(staged, s == ZS_OK ? "ok" : zs_last_error());
+      zs::test::train_ckpt_model(m, 2);  // training goes on beside the write
+      const zs_status w = zs_checkpoint_wait(m.ctx);
+      if (env.rank == 0) write_text(waited, w == ZS_OK ? "ok" : zs_last_error());
+      std::this_thread::sleep_for(std::chrono::seconds(30));  // killed before this ends
+    }, [&](const std::vector<pid_t>& pids) {
+      const std::string& marker = after_wait ? waited : staged;
+      while (!fs::exists(marker)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (!after_wait) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      for (pid_t p : pids) kill(p, SIGKILL);
+    });
+    EXPECT_EQ(read_text(staged), "ok");
+    if (after_wait) {
+      EXPECT_EQ(read_text(waited), "ok") << "the asynchronous save before the last kill failed";
+    }
+    expect_consistent(dir, after_wait ? std::string("killed after the wait")
+                                      : "killed " + std::to_string(delay_us) + " us after the save returned");
+    committed += fs::exists(dir + "/" + tag);
+  }
+  EXPECT_GT(committed, 0);  // at least the one killed after its wait
+  std::printf("asynchronous saves killed: 6, of which had committed: %d\n", committed);
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointFault, ARankThatNeverSavesIsNamedWithinTheTimeout) {
   const std::string dir = zs::test::make_temp_dir("ckpt_missing");
   run_ranks(3, [&](const RankEnv& env) {

@@ -8,6 +8,7 @@
 
 #include "impl/checkpoint/format.h"
 #include "impl/checkpoint/json_text.h"
+#include "impl/checkpoint/pending_save.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
 #include "impl/device/ops.h"
@@ -75,6 +76,7 @@ uint64_t staging_offset(const ParamEntry& e, const std::string& state, uint64_t 
 
 LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                 const std::string& path, const LoadOptions& o) {
+  wait_for_pending_save(ctx);  // it may be writing the checkpoint asked for
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   LoadResult result;

@@ -9,6 +9,7 @@
 #include "impl/checkpoint/dir_lock.h"
 #include "impl/checkpoint/file_io.h"
 #include "impl/checkpoint/format.h"
+#include "impl/checkpoint/pending_save.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
 #include "impl/partition/shard_residence.h"
@@ -325,8 +326,36 @@ struct Job {
   Clock::time_point start;
   std::shared_ptr<Store> store;  // null in a world of one
   std::shared_ptr<Device> device;  // where the sources' bytes are
-  bool prepared = false;  // rank 0 made the partial directory already
+  std::shared_ptr<void> staged;  // asynchronous: the host copies the sources point at
 };
+
+// An asynchronous save's host copies of every source (device memory, NVMe
+// state read back), so training may change the originals from now on.
+void stage(Context& ctx, Job& job) {
+  auto padded = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  uint64_t total = 0;
+  for (const auto& s : job.local.sources) total += padded(s.numel * dtype_size(s.dtype));
+  const auto host = host_device();
+  char* base = static_cast<char*>(host->alloc(total, MemKind::IoStaging));
+  job.staged = std::shared_ptr<void>(base, [host, total](void* p) { host->free(p, total, MemKind::IoStaging); });
+  Device& device = *ctx.device();
+  uint64_t at = 0;
+  for (auto& s : job.local.sources) {
+    const uint64_t bytes = s.numel * dtype_size(s.dtype);
+    if (s.open) {
+      const std::shared_ptr<const void> opened = s.open();
+      device.copy(base + at, opened.get(), bytes);
+      device.synchronize();  // before `opened` lets its memory go
+    } else {
+      device.copy(base + at, s.data, bytes);
+    }
+    s.data = base + at;
+    s.open = nullptr;
+    at += padded(bytes);
+  }
+  device.synchronize();
+  job.device = host;
+}
 
 // Rank 0 prepares (unless done), every rank writes its file, rank 0
 // gathers the others' chunks and commits. Throws on any rank's failure.
@@ -336,7 +365,6 @@ void run(Context& ctx, Job& job) {
   Store* store = job.store.get();
   if (!store) {  // a world of one: nothing to agree on
     try {
-      if (!job.prepared) prepare(ctx, job.dir, job.tag, o.overwrite, &job.partial);
       write_local(job.local, ctx.ranks(), *job.device, join(job.partial, job.file_name), o.progress);
       Manifest m = build_manifest(job.snap, job.tag, job.user, {local_to_json(job.local, job.fp)});
       m.moves_latest = o.update_latest;
@@ -460,6 +488,7 @@ void run(Context& ctx, Job& job) {
 
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& o) {
+  wait_for_pending_save(ctx);  // its error surfaces here, before this save starts
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   // Numbered first, so a rank that refuses the call below still keeps its
@@ -469,7 +498,8 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
   if (opt) opt->expect_no_open_step("checkpoint save");
   for (const auto& p : params) writes_shard(ctx, *p);
-  Job job;
+  const auto shared_job = std::make_shared<Job>();
+  Job& job = *shared_job;
   job.dir = dir;
   job.tag = o.tag.empty() ? "step-" + std::to_string(opt ? opt->steps_locked() : 0) : o.tag;
   check_tag(job.tag);
@@ -497,7 +527,11 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   job.start = Clock::now();
   job.partial = join(dir, "." + job.tag + ".partial");
   collect_sources(ctx, params, opt, name_of, job.local);
-  if (job.store && rank == 0) {  // rank 0 prepares; the others wait for its word in run()
+  // Rank 0 prepares, here even for an asynchronous save (the directory's
+  // lock is taken on the caller's thread); the others wait for its word in run().
+  if (!job.store) {
+    prepare(ctx, dir, job.tag, o.overwrite, &job.partial);
+  } else if (rank == 0) {
     std::string status = "ok";
     try {
       prepare(ctx, dir, job.tag, o.overwrite, &job.partial);
@@ -506,7 +540,14 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     }
     put(*job.store, job.key + "begin", status);
     if (status != "ok") throw_status(status, "");
-    job.prepared = true;
+  }
+  if (o.async_save) {
+    stage(ctx, job);
+    if (opt) opt->flush_state_views();
+    if (o.progress) o.progress("staged", 0, 0);
+    job.options.progress = nullptr;  // no caller's callback from the background thread
+    ctx.attachment<PendingSave>().start(join(dir, job.tag), [&ctx, shared_job] { run(ctx, *shared_job); });
+    return join(dir, job.tag);
   }
   run(ctx, job);
   // Host copies of state on NVMe (state()) are not needed any more.

@@ -26,7 +26,10 @@ struct SaveOptions {
   // The names params are saved under, one per param (e.g. a framework's
   // qualified names); empty: their registration names.
   std::vector<std::string> names;
-  PhaseProgress progress;
+  PhaseProgress progress;  // asynchronous: not called after save returns
+  // Return once this rank's shards are staged in host memory; the write
+  // and commit run in the background (pending_save.h).
+  bool async_save = false;
 };
 
 // Every rank of the world calls it with the same params (names unique) in
@@ -35,7 +38,8 @@ struct SaveOptions {
 // dir/latest replaced by rename. A rank that fails or never arrives within
 // the timeout makes every rank fail with a message naming it; dir/<tag>
 // and dir/latest are then as they were. Caller holds ctx.lock().
-// Returns the checkpoint's directory.
+// Waits first for an asynchronous save in flight. Returns the checkpoint's
+// directory.
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& options);
 

@@ -926,11 +926,15 @@ typedef struct zs_checkpoint_save_options {
   const char* const* names; /* num_params names to save under (e.g. a
                                framework's qualified names); NULL: each
                                param's registration name */
-  zs_progress_fn progress; /* may be NULL */
+  zs_progress_fn progress; /* may be NULL; with async_save, not called
+                              after zs_checkpoint_save returns */
   void* progress_user;
+  int async_save;        /* 1: return once this rank's shards are staged in
+                            host memory; the write and commit run in the
+                            background (see zs_checkpoint_wait) */
 } zs_checkpoint_save_options;
 #define ZS_CHECKPOINT_SAVE_OPTIONS_INIT \
-  { sizeof(zs_checkpoint_save_options), NULL, NULL, 0, 0, 1, NULL, NULL, NULL }
+  { sizeof(zs_checkpoint_save_options), NULL, NULL, 0, 0, 1, NULL, NULL, NULL, 0 }
 /* ZS_CHECKPOINT_SAVE_OPTIONS_INIT for languages without C macros: its values into the
  * first `size` bytes of *options (pass sizeof *options). */
 ZS_API zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* options, size_t size);
@@ -945,6 +949,14 @@ ZS_API zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* opt
 ZS_API zs_status zs_checkpoint_save(zs_context ctx, const zs_param* params, size_t num_params,
                                     zs_optimizer opt, const char* dir,
                                     const zs_checkpoint_save_options* options);
+
+/* Waits for ctx's asynchronous save in flight (options->async_save), if
+ * any, and returns its status: an error names the checkpoint
+ * ("asynchronous checkpoint save of '<dir>/<tag>' failed: ..."). The next
+ * save, a load and zs_context_destroy wait for it too (the destroy prints
+ * an error nobody collected on stderr). A kill during the background write
+ * leaves the previous checkpoint and latest as they were. */
+ZS_API zs_status zs_checkpoint_wait(zs_context ctx);
 
 typedef struct zs_checkpoint_load_options {
   size_t size;      /* sizeof(zs_checkpoint_load_options) */

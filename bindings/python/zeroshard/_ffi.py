@@ -393,12 +393,14 @@ typedef struct zs_checkpoint_save_options {
   const char* const* names;
   zs_progress_fn progress;
   void* progress_user;
+  int async_save;
 } zs_checkpoint_save_options;
 zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* options, size_t size);
 
 zs_status zs_checkpoint_save(zs_context ctx, const zs_param* params, size_t num_params,
                              zs_optimizer opt, const char* dir,
                              const zs_checkpoint_save_options* options);
+zs_status zs_checkpoint_wait(zs_context ctx);
 
 typedef struct zs_checkpoint_load_options {
   size_t size;

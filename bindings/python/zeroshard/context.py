@@ -412,12 +412,14 @@ class Context:
         check(lib.zs_grad_set_accumulation_steps(self._h, int(n)))
 
     def save_checkpoint(self, dir, params, optimizer=None, tag=None, names=None, user_json=None,
-                        timeout_ms=0, overwrite=False, update_latest=True, progress=None):
+                        timeout_ms=0, overwrite=False, update_latest=True, progress=None, async_save=False):
         """Save params (and the optimizer's state) into dir/tag, crash-safe;
         collective over the world (README, "Checkpoints"). names: what each
         param is saved under (default: registration names). user_json: text
         kept as is. progress(phase, done, total) is called on this thread.
-        Returns the checkpoint directory."""
+        async_save: return once this rank's shards are staged in host memory
+        and write in the background (wait_checkpoint; the next save, a load
+        and close wait too). Returns the checkpoint directory."""
         arr, n, keep = _param_array(params)
         o = _new_struct("zs_checkpoint_save_options")
         held = []
@@ -428,11 +430,17 @@ class Context:
         o.update_latest = 1 if update_latest else 0
         o.names = _name_array(names, n, held)
         o.progress, o.progress_user = _progress_callback(progress, held)
+        o.async_save = 1 if async_save else 0
         opt = ffi.NULL if optimizer is None else optimizer._h
         check(lib.zs_checkpoint_save(self._h, arr, n, opt, os.fsencode(dir), o))
         if tag is None:
             tag = "step-%d" % (optimizer.steps if optimizer is not None else 0)
         return os.path.join(dir, tag)
+
+    def wait_checkpoint(self):
+        """Wait for the asynchronous save in flight (if any); raises its
+        error, which names the checkpoint."""
+        check(lib.zs_checkpoint_wait(self._h))
 
     def load_checkpoint(self, path, params, optimizer=None, tag=None, names=None, strict=True,
                         progress=None):

@@ -245,6 +245,7 @@ mutable struct zs_checkpoint_save_options
     names::Ptr{Ptr{Cchar}}
     progress::zs_progress_fn
     progress_user::Ptr{Cvoid}
+    async_save::Cint
     zs_checkpoint_save_options() = new()  # filled by zs_checkpoint_save_options_init
 end
 
@@ -509,6 +510,8 @@ zs_checkpoint_save_options_init(options, size) =
     ccall((:zs_checkpoint_save_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_save_options}, Csize_t), options, size)
 zs_checkpoint_save(ctx, params, num_params, opt, dir, options) =
     ccall((:zs_checkpoint_save, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t, zs_optimizer, Cstring, Ref{zs_checkpoint_save_options}), ctx, params, num_params, opt, dir, options)
+zs_checkpoint_wait(ctx) =
+    ccall((:zs_checkpoint_wait, libzeroshard), zs_status, (zs_context,), ctx)
 zs_checkpoint_load_options_init(options, size) =
     ccall((:zs_checkpoint_load_options_init, libzeroshard), zs_status, (Ref{zs_checkpoint_load_options}, Csize_t), options, size)
 zs_checkpoint_info_init(info, size) =

@@ -11,7 +11,8 @@ shard_optim).
     loss = model(x).loss; loss.backward(); optimizer.step()
 """
 from ._context import current_context, get_context, init_context, shutdown
-from .checkpoint import export_dcp, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint
+from .checkpoint import (export_dcp, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint,
+                         wait_checkpoint)
 from ._params import is_partitioned
 from .gathered import GatheredParameters
 from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
@@ -25,7 +26,7 @@ from .state import consolidated_state_dict, load_consolidated_state_dict
 __all__ = [
     "GatheredParameters", "Init", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
-    "export_dcp", "export_safetensors", "format_memory_report", "get_context",
+    "export_dcp", "export_safetensors", "format_memory_report", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint",

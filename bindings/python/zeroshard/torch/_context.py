@@ -247,6 +247,7 @@ def shutdown():
     global _context
     if _context is not None:
         try:
+            _context.wait_checkpoint()  # an asynchronous save's error is raised, not only printed
             _context.close()
         finally:
             _context = None

@@ -49,11 +49,15 @@ def _persistent_buffers(model):
 
 
 def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, overwrite=False,
-                    timeout_ms=0, progress=None):
+                    timeout_ms=0, progress=None, async_save=False):
     """Save the model's params (and the optimizer's state) into dir/tag
     (default tag "step-<optimizer steps>"), and point dir/latest at it.
     Collective: every rank calls it. client_state must be JSON-serialisable;
-    persistent buffers are kept in it as lists. Returns the directory."""
+    persistent buffers are kept in it as lists. async_save=True returns once
+    this rank's shards are staged in host memory; the write and commit run
+    in the background until wait_checkpoint(), the next save, a load or
+    shutdown, which raise its error naming the checkpoint. Returns the
+    directory."""
     names, zparams = _named_params(model, "save_checkpoint")
     user = {"client_state": client_state,
             "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
@@ -73,7 +77,14 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
         # holds them: the engine's copy is from the last step.
         optimizer.sync_hparams()
     return get_context().save_checkpoint(dir, zparams, optimizer=engine, tag=tag, names=names, user_json=user,
-                                         timeout_ms=timeout_ms, overwrite=overwrite, progress=progress)
+                                         timeout_ms=timeout_ms, overwrite=overwrite, progress=progress,
+                                         async_save=async_save)
+
+
+def wait_checkpoint():
+    """Wait for the asynchronous save in flight (save_checkpoint's
+    async_save), if any; raises its error, naming the checkpoint."""
+    get_context().wait_checkpoint()
 
 
 def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress=None):

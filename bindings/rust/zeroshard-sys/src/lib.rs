@@ -305,6 +305,7 @@ pub struct zs_checkpoint_save_options {
     pub names: *const *const c_char,
     pub progress: zs_progress_fn,
     pub progress_user: *mut c_void,
+    pub async_save: c_int,
 }
 
 #[repr(C)]
@@ -670,6 +671,7 @@ extern "C" {
         dir: *const c_char,
         options: *const zs_checkpoint_save_options,
     ) -> zs_status;
+    pub fn zs_checkpoint_wait(ctx: zs_context) -> zs_status;
     pub fn zs_checkpoint_load_options_init(
         options: *mut zs_checkpoint_load_options,
         size: usize,

@@ -66,7 +66,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
             nesterov, bias_correction, use_muon, ns_method, ns_steps }
         zs_step_result { size, skipped, grad_norm, loss_scale, step }
         zs_checkpoint_save_options { size, tag, user_json, timeout_ms, overwrite, update_latest,
-            names, progress, progress_user }
+            names, progress, progress_user, async_save }
         zs_checkpoint_load_options { size, tag, strict, names, progress, progress_user }
         zs_checkpoint_info { size, step, bytes_read, dir, user_json }
         zs_checkpoint_export_options { size, tag, fp32, progress, progress_user }
@@ -574,7 +574,7 @@ fn init_functions_give_the_macros_values() {
     assert_eq!(r.loss_scale, 1.0);
     let s = zs_checkpoint_save_options::new();
     assert_eq!(s.size, size_of::<zs_checkpoint_save_options>());
-    assert_eq!((s.overwrite, s.update_latest), (0, 1));
+    assert_eq!((s.overwrite, s.update_latest, s.async_save), (0, 1, 0));
     assert!(s.tag.is_null() && s.names.is_null() && s.progress.is_none());
     assert_eq!(zs_checkpoint_load_options::new().strict, 1);
     let l = zs_safetensors_load_options::new();
