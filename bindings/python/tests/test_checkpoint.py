@@ -145,3 +145,41 @@ def test_hf_sharded_pretrained_weights_load_into_a_partitioned_gpt2(tmp_path):
     r = run(3, "pretrained", str(tmp_path))
     assert r["logits_equal"]
     assert all(math.isfinite(x) for x in r["after"])  # and trains on from there
+
+
+def test_core_async_save_holds_the_state_at_the_call(tmp_path):
+    """save_checkpoint(async_save=True) returns with the state staged; a
+    step after it does not reach the checkpoint; wait_checkpoint raises the
+    background's error naming the checkpoint."""
+    with zs.Context(rank=0, world_size=1) as ctx:
+        w = ctx.register("w", "float32", (33, 7), init="normal", seed=5)
+        opt = ctx.optimizer("adamw")
+        opt.add_group([w], lr=0.1)
+
+        def step():
+            w.push_grad(torch.ones(w.numel, dtype=torch.float32).numpy(), "float32")
+            opt.step()
+
+        def values():
+            g = ctx.fetch([w])
+            g.wait()
+            v = torch.frombuffer(bytearray(w.copy_to()), dtype=torch.float32).clone()
+            ctx.release([w])
+            return v
+
+        step()
+        at_call = values()
+        where = ctx.save_checkpoint(str(tmp_path), [w], optimizer=opt, async_save=True)
+        step()  # while the write may still run
+        ctx.wait_checkpoint()
+        assert where == str(tmp_path / "step-1")
+        assert not torch.equal(values(), at_call)
+        ctx.load_checkpoint(str(tmp_path), [w], optimizer=opt)
+        assert torch.equal(values(), at_call) and opt.steps == 1
+        # A background failure surfaces at the wait, naming the checkpoint.
+        (tmp_path / "latest").unlink()
+        (tmp_path / "latest").mkdir()  # latest cannot be written now
+        ctx.save_checkpoint(str(tmp_path), [w], optimizer=opt, tag="third", async_save=True)
+        with pytest.raises(zs.ZeroShardError, match=r"asynchronous checkpoint save of '.*third' failed"):
+            ctx.wait_checkpoint()
+        ctx.wait_checkpoint()  # collected once
