@@ -1,10 +1,13 @@
-"""The largest GPT each engine trains a step of on this machine: 2 ranks,
-GPT-2's vocabulary (50257, head untied), batch 2 x ctx 128 per rank, fp32,
-AdamW, one step each try.
+"""The largest GPT each engine trains on this machine: 2 ranks, GPT-2's
+vocabulary (50257, head untied), batch 2 x ctx 128 per rank, fp32, AdamW,
+--steps optimizer steps each try (default 2: the second step is training's
+steady state, AdamW's moments held through forward and backward; an engine
+that makes them lazily at its first step shows a lower first-step peak).
 
     .venv/bin/python bench/bench_largest_model.py [--budget-gib G]
         [--variants zeroshard zeroshard_cpu zeroshard_nvme fsdp2 fsdp2_offload deepspeed deepspeed_offload]
-        [--start-params 1.5e8] [--max-params 6e9] [--grid 1.25] [--nvme-dir DIR] [--try-timeout 2400]
+        [--start-params 1.5e8] [--max-params 6e9] [--grid 1.25] [--steps 2] [--nvme-dir DIR]
+        [--try-timeout 2400]
 
 Variants (each try is one zsrun launch of bench_torch_memory.py's worker,
 its own processes):
@@ -154,7 +157,7 @@ def try_one(args, name, shape, budget):
     env.update(env_add)
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", "2", "--no-prefix", "--", sys.executable,
            str(REPO / "bench" / "bench_torch_memory.py"), "--worker", "--engine", engine,
-           "--zero-config", json.dumps(zero_cfg), "--steps", "1", "--dim", str(dim), "--layers", str(layers),
+           "--zero-config", json.dumps(zero_cfg), "--steps", str(args.steps), "--dim", str(dim), "--layers", str(layers),
            "--heads", str(heads), "--batch", str(BATCH), "--ctx", str(CTX), "--vocab", str(VOCAB)]
     page = os.sysconf("SC_PAGE_SIZE")
     t0 = time.monotonic()
@@ -196,7 +199,7 @@ def try_one(args, name, shape, budget):
     row.update({"result": result, "peak_rss": peak, "seconds": round(seconds, 1), "detail": detail})
     if report:
         row["rank_peak_rss"] = [p["peak_rss"] for p in report["per_rank"]]
-        row["step_s"] = max(p["steps"][-1]["step_s"] for p in report["per_rank"])
+        row["step_s"] = max(p["steps"][-1]["step_s"] for p in report["per_rank"])  # the last step's
     return row
 
 
@@ -247,6 +250,7 @@ def main():
     ap.add_argument("--start-params", type=float, default=1.5e8)
     ap.add_argument("--max-params", type=float, default=6e9)
     ap.add_argument("--grid", type=float, default=1.25, help="each size this many times the last")
+    ap.add_argument("--steps", type=int, default=2, help="optimizer steps a try must complete")
     ap.add_argument("--nvme-dir", default=str(REPO / "build" / "largest_model_nvme"))
     ap.add_argument("--try-timeout", type=int, default=2400, help="seconds a try may take")
     args = ap.parse_args()
@@ -258,7 +262,7 @@ def main():
     if budget > avail:
         sys.exit(f"bench_largest_model: --budget-gib {args.budget_gib} is above the {avail / GIB:.1f} GiB available")
     shapes = grid(args.start_params, args.max_params, args.grid)
-    print(f"bench_largest_model: 2 ranks, batch {BATCH} x ctx {CTX}, vocab {VOCAB}; budget {budget / GIB:.1f} GiB "
+    print(f"bench_largest_model: 2 ranks, batch {BATCH} x ctx {CTX}, vocab {VOCAB}, {args.steps} steps; budget {budget / GIB:.1f} GiB "
           f"summed RSS ({avail / GIB:.1f} GiB available); {len(shapes)} sizes from "
           f"{count_params(*shapes[0][:2]) / 1e6:.0f}M to {count_params(*shapes[-1][:2]) / 1e6:.0f}M; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -278,13 +282,13 @@ def main():
                          "shape": list(shapes[good]) if good >= 0 else None,
                          "first_failure": tried.get(bad), "tries": [tried[k] for k in sorted(tried)]}
     base = largest.get("fsdp2", {}).get("params")
-    print("\nlargest model that trains a step:", flush=True)
+    print(f"\nlargest model that trains {args.steps} steps:", flush=True)
     for name, r in largest.items():
         fail = r["first_failure"]
         print(f"  {name:<18} {r['params'] / 1e6:7.0f}M" + (f" = {r['params'] / base:.2f}x FSDP2's" if base else "")
               + (f"; next size {fail['params'] / 1e6:.0f}M: {fail['result']}" if fail else "; the grid's top"),
               flush=True)
-    print(json.dumps({"bench": "largest_model", "budget_bytes": budget, "grid": args.grid,
+    print(json.dumps({"bench": "largest_model", "budget_bytes": budget, "grid": args.grid, "steps": args.steps,
                       "batch": BATCH, "ctx": CTX, "vocab": VOCAB,
                       "largest": {k: {"params": v["params"], "shape": v["shape"]} for k, v in largest.items()},
                       "ratio_to_fsdp2": {k: v["params"] / base for k, v in largest.items()} if base else None,
