@@ -54,7 +54,11 @@ def fit(epochs, init_seed=None, ckpt_path=None, save_to=None):
     if save_to is not None:  # the engine's context lives as long as the fit: save within it
         callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=save_to, filename="epoch1", save_top_k=-1,
                                                       save_on_train_epoch_end=True))
-    trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy="zeroshard", max_epochs=epochs,
+    strategy = "zeroshard"
+    if save_to is not None and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
+        from zeroshard.lightning import ZeroShardStrategy
+        strategy = ZeroShardStrategy(async_checkpoint=True)  # written in the background, waited at the fit's end
+    trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy=strategy, max_epochs=epochs,
                          enable_progress_bar=False, enable_checkpointing=save_to is not None, logger=False,
                          enable_model_summary=False, use_distributed_sampler=True, callbacks=callbacks)
     trainer.fit(model, data, ckpt_path=ckpt_path)

@@ -331,10 +331,13 @@ def test_validate_test_predict_without_fit_and_after_it(fits):
     assert ours["after_fit"]["val"] != ours["before_fit"]["val"]
 
 
-def test_checkpoint_saves_and_resumes_through_the_engine(lightning, tmp_path):
+@pytest.mark.parametrize("async_checkpoint", [False, True])
+def test_checkpoint_saves_and_resumes_through_the_engine(lightning, tmp_path, async_checkpoint):
     # ModelCheckpoint after epoch 1 and fit(ckpt_path=...) into a
-    # fresh model: epoch 2's losses are those of the fit that never stopped.
+    # fresh model: epoch 2's losses are those of the fit that never stopped;
+    # with async_checkpoint the save was written in the background.
     env = dict(os.environ)
+    env["ZS_TEST_ASYNC_CHECKPOINT"] = "1" if async_checkpoint else "0"
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
               "ZS_LAUNCHER", "SLURM_PROCID", "SLURM_NTASKS"):

@@ -378,7 +378,12 @@ def _make_strategy_class():
 
         def __init__(self, accelerator=None, config=None, load_full_weights=False, parallel_devices=None,
                      cluster_environment=None, precision_plugin=None, process_group_backend=None,
-                     timeout=None, **knobs):
+                     timeout=None, async_checkpoint=False, **knobs):
+            # async_checkpoint: a save returns once the shards are staged in
+            # host memory and writes in the background; removing an older
+            # checkpoint (ModelCheckpoint's top-k) waits for it, so the
+            # newest whole checkpoint is never the one deleted.
+            self.async_checkpoint = bool(async_checkpoint)
             ddp_kwargs = {}
             if timeout is not None:
                 ddp_kwargs["timeout"] = timeout
@@ -523,7 +528,13 @@ def _make_strategy_class():
                 raise TypeError("ZeroShardStrategy.save_checkpoint: storage_options are not supported")
             rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
             zt.save_checkpoint(str(filepath), self.lightning_module, self._engine_optimizer(),
-                               client_state=_to_json(rest, "checkpoint"), tag="checkpoint", overwrite=True)
+                               client_state=_to_json(rest, "checkpoint"), tag="checkpoint", overwrite=True,
+                               async_save=self.async_checkpoint)
+
+        def remove_checkpoint(self, filepath):
+            if self.async_checkpoint and zt.current_context() is not None:
+                zt.wait_checkpoint()  # the save in flight is durable before an older one goes
+            super().remove_checkpoint(filepath)
 
         def load_checkpoint(self, checkpoint_path, weights_only=None):
             if self.load_full_weights:
