@@ -5,14 +5,21 @@
 //   zsckpt verify  PATH [--tag T]
 //   zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]
 //   zsckpt reshard PATH OUT_DIR --world N [--tag T]
+//   zsckpt import  SRC OUT_DIR [--tag T]
 //
 // PATH is a checkpoint directory (it holds manifest.json) or a directory of
 // them, where --tag picks one and `latest` is the default. A progress bar
 // goes to stderr when it is a terminal. Exit status: 0 done, 1 the
 // checkpoint failed (the message names the file and tensor), 2 bad usage.
+// import reads a DeepSpeed ZeRO checkpoint directory or a torch DCP one
+// (FSDP2's) into OUT_DIR/<tag>: their files need torch, so it runs
+// `python -m zeroshard.convert` with $ZS_PYTHON (default python3).
+#include <dlfcn.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -29,7 +36,8 @@ int usage() {
                "usage: zsckpt inspect PATH [--tag T] [--json]\n"
                "       zsckpt verify  PATH [--tag T]\n"
                "       zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]\n"
-               "       zsckpt reshard PATH OUT_DIR --world N [--tag T]\n");
+               "       zsckpt reshard PATH OUT_DIR --world N [--tag T]\n"
+               "       zsckpt import  SRC OUT_DIR [--tag T]   (DeepSpeed or torch DCP; needs Python, torch)\n");
   return 2;
 }
 
@@ -188,6 +196,27 @@ int main(int argc, char** argv) {
     if (s != ZS_OK) return failed(s);
     std::printf("wrote %s for %d ranks\n", pos[1].c_str(), world);
     return 0;
+  }
+  if (cmd == "import" && pos.size() == 2) {
+    const char* env = std::getenv("ZS_PYTHON");
+    const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+    std::vector<std::string> args{python, "-m", "zeroshard.convert", pos[0], pos[1]};
+    if (t != nullptr) args.insert(args.end(), {"--tag", tag});
+    std::vector<char*> argv_out;
+    for (auto& a : args) argv_out.push_back(a.data());
+    argv_out.push_back(nullptr);
+    // The converter loads the library this tool runs on, unless told otherwise.
+    Dl_info self{};
+    if (std::getenv("ZEROSHARD_LIBRARY") == nullptr &&
+        dladdr(reinterpret_cast<void*>(&zs_checkpoint_verify), &self) != 0 && self.dli_fname != nullptr)
+      setenv("ZEROSHARD_LIBRARY", self.dli_fname, 1);
+    std::fflush(stdout);
+    execvp(python.c_str(), argv_out.data());
+    std::fprintf(stderr,
+                 "zsckpt: import: cannot run '%s' (%s): reading DeepSpeed and DCP files needs Python with torch "
+                 "and the zeroshard package; set ZS_PYTHON to that interpreter\n",
+                 python.c_str(), std::strerror(errno));
+    return 1;
   }
   return usage();
 }

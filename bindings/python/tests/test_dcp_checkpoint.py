@@ -84,3 +84,18 @@ zt.shutdown()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "KEYERROR" in proc.stdout and "missing from the checkpoint ['blocks.2." in proc.stdout, proc.stdout
     assert "RUNTIMEERROR" in proc.stdout and "torch.distributed is not initialised" in proc.stdout, proc.stdout
+
+
+def test_fsdp2_checkpoint_imported_offline_resumes_alike(fsdp2_saved, tmp_path):
+    """python -m zeroshard.convert (what zsckpt import runs): the DCP
+    directory as a zeroshard checkpoint, resumed at 3 ranks as FSDP2's own."""
+    path, theirs = fsdp2_saved
+    out = tmp_path / "imported"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "zeroshard.convert", str(path), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = launch(3, "zeroshard_load", out)
+    assert r["extra"] == {"epoch": 7} and r["steps"] == 3, r
+    assert close(theirs["losses"], r["losses"]), (theirs, r)

@@ -111,7 +111,7 @@ class _Flat:
     """Tensors that read as one flat vector (a rank's sub-groups)."""
 
     def __init__(self, parts):
-        self.parts = [p.reshape(-1) for p in parts]
+        self.parts = [p.detach().reshape(-1) for p in parts]  # fp32_flat_groups were saved requiring grad
         self.starts = []
         n = 0
         for p in self.parts:
