@@ -22,11 +22,12 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 _runs = {}
 
 
-def run(n, mode, engine, directory=None, launcher="zsrun", timeout=600):
+def run(n, mode, engine, directory=None, launcher="zsrun", timeout=600, extra_env=None):
     """Rank 0's result of `mode` through `engine` on n ranks."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
     env = ranks_env()
+    env.update(extra_env or {})
     with tempfile.TemporaryDirectory(prefix="zs_hf_") as scratch:
         env["ZS_TEST_DIR"] = directory or scratch
         env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
@@ -153,6 +154,24 @@ def test_resume_from_checkpoint_at_another_world_size(tmp_path):
             assert os.path.isdir(os.path.join(directory, engine, "checkpoint-4", "zeroshard"))
     same(results["ddp"][0]["losses"], results["zeroshard"][0]["losses"])
     same(results["ddp"][1]["losses"], results["zeroshard"][1]["losses"])
+
+
+def test_async_checkpoint_resumes_as_the_synchronous_one(tmp_path):
+    """zeroshard.hf.Trainer(async_checkpoint=True): the step-4 checkpoint is
+    written in the background while training goes on, and resuming it at 3
+    ranks gives the losses a synchronous checkpoint's resume gives."""
+    results = {}
+    for mode in ("sync", "async"):
+        directory = str(tmp_path / mode)
+        os.makedirs(directory)
+        env = {"ZS_TEST_ASYNC_CHECKPOINT": "1" if mode == "async" else "0"}
+        first = run(2, "resume_save", "zeroshard", directory, extra_env=env)
+        resumed = run(3, "resume_load", "zeroshard", directory)
+        assert first["steps"] == resumed["steps"] == 8
+        assert os.path.isfile(os.path.join(directory, "zeroshard", "checkpoint-4", "zeroshard", "latest"))
+        results[mode] = (first, resumed)
+    same(results["sync"][0]["losses"], results["async"][0]["losses"])
+    same(results["sync"][1]["losses"], results["async"][1]["losses"])
 
 
 def test_from_pretrained_partitions_at_load_time():

@@ -38,7 +38,11 @@ class ZeroShardTrainerMixin:
     see the module docstring. `zeroshard_config` is the DeepSpeed config
     when the TrainingArguments carry none (`deepspeed=`)."""
 
-    def __init__(self, model=None, args=None, *rest, zeroshard_config=None, **kwargs):
+    def __init__(self, model=None, args=None, *rest, zeroshard_config=None, async_checkpoint=False, **kwargs):
+        # async_checkpoint: each checkpoint's engine state is written in the
+        # background (zt.save_checkpoint(async_save=True)); rotating old
+        # checkpoints out (save_total_limit) and the end of train() wait for it.
+        self.async_checkpoint = bool(async_checkpoint)
         if args is None:
             args = transformers.TrainingArguments(output_dir="tmp_trainer")
         source = zeroshard_config if zeroshard_config is not None else args.deepspeed
@@ -157,9 +161,33 @@ class ZeroShardTrainerMixin:
             return
         super().save_model(output_dir, _internal_call=_internal_call)
 
+    def _save_checkpoint(self, model, trial):
+        if not (self.async_checkpoint and self.args.save_total_limit):
+            return super()._save_checkpoint(model, trial)
+        # The Trainer deletes the oldest checkpoints right after a save: not
+        # before this one is durable, so the newest whole one always stays.
+        import transformers.trainer as hf_trainer
+        rotate = hf_trainer.rotate_checkpoints
+
+        def rotate_once_written(*args, **kwargs):
+            zt.wait_checkpoint()
+            return rotate(*args, **kwargs)
+        hf_trainer.rotate_checkpoints = rotate_once_written
+        try:
+            return super()._save_checkpoint(model, trial)
+        finally:
+            hf_trainer.rotate_checkpoints = rotate
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        if self.async_checkpoint and zt.current_context() is not None:
+            zt.wait_checkpoint()  # the last checkpoint is durable when train() returns
+        return result
+
     def _save_optimizer_and_scheduler(self, output_dir):
         zt.save_checkpoint(os.path.join(output_dir, CHECKPOINT_DIR), self.model,
-                           checkpoint_optimizer([self.optimizer]), tag="state", overwrite=True)
+                           checkpoint_optimizer([self.optimizer]), tag="state", overwrite=True,
+                           async_save=self.async_checkpoint)
         if self.args.should_save and self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
