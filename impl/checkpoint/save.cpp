@@ -312,7 +312,6 @@ void commit(const std::string& dir, const std::string& tag, const std::string& p
   }
 }
 
-
 // One save after the engine's part is taken: this rank's sources (live
 // memory, or staged host copies), the manifest's snapshot, and what the
 // ranks agree through the store. run() writes and commits it.
