@@ -95,6 +95,8 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     import torch
 
     ds_dir = deepspeed_checkpoint.find(path, tag)
+    if ds_dir is not None or dcp_checkpoint.find(path if tag is None else f"{path}/{tag}"):
+        get_context().wait_checkpoint()  # as the engine's own load does
     if ds_dir is not None:
         return _load_deepspeed(ds_dir, model, optimizer, strict)
     if dcp_checkpoint.find(path if tag is None else f"{path}/{tag}"):
