@@ -121,17 +121,15 @@ void expect_consistent(const std::string& dir, const std::string& why) {
   }
 }
 
-}  // namespace
-
-TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
-  const std::string dir = zs::test::make_temp_dir("ckpt_kill");
-  // The good checkpoint, and how long a save takes.
+// The good checkpoint (2 ranks, one step; its full values in good.bin),
+// and how long its save took, in ms.
+double save_good_checkpoint(const std::string& dir, int timeout_ms) {
   run_ranks(2, [&](const RankEnv& env) {
     CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig);
     ASSERT_NE(m.ctx, nullptr);
     zs::test::train_ckpt_model(m, 1);
     const auto t0 = std::chrono::steady_clock::now();
-    ZS_ASSERT_OK(save(m, dir, "good", 2000));
+    ZS_ASSERT_OK(save(m, dir, "good", timeout_ms));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const auto v = zs::test::full_values(m);
     if (env.rank == 0) {
@@ -140,7 +138,14 @@ TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
     }
     zs::test::destroy_ckpt_model(m);
   });
-  const double save_ms = std::stod(read_text(dir + "/save_ms"));
+  return std::stod(read_text(dir + "/save_ms"));
+}
+
+}  // namespace
+
+TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
+  const std::string dir = zs::test::make_temp_dir("ckpt_kill");
+  const double save_ms = save_good_checkpoint(dir, 2000);
 
   // Killed from inside the save: rank 0 makes 2 write calls per piece... then
   // manifest, rename, latest, done; rank 1 its write calls, then done.
@@ -229,17 +234,7 @@ TEST(CheckpointFault, KilledDuringAnAsynchronousWriteLeavesLatestValid) {
   // (the background write and commit in flight, training going on), and
   // once after the wait: latest always names a whole checkpoint.
   const std::string dir = zs::test::make_temp_dir("ckpt_async_kill");
-  run_ranks(2, [&](const RankEnv& env) {
-    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW, kBig);
-    ASSERT_NE(m.ctx, nullptr);
-    zs::test::train_ckpt_model(m, 1);
-    const auto t0 = std::chrono::steady_clock::now();
-    ZS_ASSERT_OK(save(m, dir, "good", 5000));
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (env.rank == 0) write_text(dir + "/save_ms", std::to_string(ms));
-    zs::test::destroy_ckpt_model(m);
-  });
-  const double save_ms = std::stod(read_text(dir + "/save_ms"));
+  const double save_ms = save_good_checkpoint(dir, 5000);
   std::mt19937 rng(99);
   int committed = 0;
   for (int i = 0; i < 6; ++i) {
