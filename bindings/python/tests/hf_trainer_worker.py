@@ -196,7 +196,9 @@ def mode_resume(kind, engine, out, phase):
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
                      gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]))
     model = build(kind)
-    extra = {"async_checkpoint": True} if os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1" else {}
+    extra = {}
+    if engine == "zeroshard" and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
+        extra["async_checkpoint"] = True
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
     if phase == "save":
         trainer.train()
