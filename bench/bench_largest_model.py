@@ -116,17 +116,24 @@ def grid(start, stop, ratio):
     return out
 
 
-def session_rss(sid, page):
-    """Resident bytes of every process in session `sid`."""
-    total = 0
+def session_pids(sid):
+    """The pids of every process in session `sid`."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            if int(stat.rsplit(")", 1)[1].split()[3]) != sid:
-                continue
+                if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:
+                    yield int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def session_rss(sid, page):
+    """Resident bytes of every process in session `sid`."""
+    total = 0
+    for pid in session_pids(sid):
+        try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * page
         except (OSError, ValueError, IndexError):
@@ -204,14 +211,10 @@ def try_one(args, name, shape, budget):
 
 
 def kill_session(sid):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in session_pids(sid):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:
-                    os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
             continue
 
 

@@ -121,6 +121,15 @@ void expect_consistent(const std::string& dir, const std::string& why) {
   }
 }
 
+// fork_ranks' parent: SIGKILL to every rank delay_us after `marker` appears.
+std::function<void(const std::vector<pid_t>&)> kill_all_after(std::string marker, int delay_us) {
+  return [marker = std::move(marker), delay_us](const std::vector<pid_t>& pids) {
+    while (!fs::exists(marker)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    for (pid_t p : pids) kill(p, SIGKILL);
+  };
+}
+
 // The good checkpoint (2 ranks, one step; its full values in good.bin),
 // and how long its save took, in ms.
 double save_good_checkpoint(const std::string& dir, int timeout_ms) {
@@ -194,12 +203,7 @@ TEST(CheckpointFault, KilledRanksDuringSaveLeaveThePreviousOneLoadable) {
       const zs_status s = save(m, dir, tag.c_str(), after_save ? 20000 : 700);
       if (env.rank == 0) write_text(saved, s == ZS_OK ? "ok" : zs_last_error());
       std::this_thread::sleep_for(std::chrono::seconds(30));  // killed before this ends
-    }, [&](const std::vector<pid_t>& pids) {
-      const std::string& marker = after_save ? saved : ready;
-      while (!fs::exists(marker)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (!after_save) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-      for (pid_t p : pids) kill(p, SIGKILL);
-    });
+    }, kill_all_after(after_save ? saved : ready, after_save ? 0 : delay_us));
     if (after_save) {
       EXPECT_EQ(read_text(saved), "ok") << "the save before the last kill failed";
     }
@@ -258,12 +262,7 @@ TEST(CheckpointFault, KilledDuringAnAsynchronousWriteLeavesLatestValid) {
       const zs_status w = zs_checkpoint_wait(m.ctx);
       if (env.rank == 0) write_text(waited, w == ZS_OK ? "ok" : zs_last_error());
       std::this_thread::sleep_for(std::chrono::seconds(30));  // killed before this ends
-    }, [&](const std::vector<pid_t>& pids) {
-      const std::string& marker = after_wait ? waited : staged;
-      while (!fs::exists(marker)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (!after_wait) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-      for (pid_t p : pids) kill(p, SIGKILL);
-    });
+    }, kill_all_after(after_wait ? waited : staged, after_wait ? 0 : delay_us));
     EXPECT_EQ(read_text(staged), "ok");
     if (after_wait) {
       EXPECT_EQ(read_text(waited), "ok") << "the asynchronous save before the last kill failed";

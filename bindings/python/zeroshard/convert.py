@@ -44,22 +44,9 @@ def _dcp(path):
     meta = md.state_dict_metadata
     names = [p[1] for k, p in paths.items() if p[0] == mprefix and len(p) == 2]
     shapes = {n: tuple(meta[f"{mprefix}.{n}"].size) for n in names}
-    groups, step, others = [], 0, {}
-    if oprefix is not None:
-        keys = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
-        got = dcp._read(path, {k: None for k in keys})
-        for g in dcp._nested(paths, got, ())[oprefix]["param_groups"]:
-            groups.append((list(g.get("params", [])), g))
-        steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta]
-        if steps:
-            step = int(dcp._read(path, {steps[0]: torch.empty(())})[steps[0]].item())
-    else:
-        groups = [(names, {})]
-    rest = [k for k in meta if paths[k][0] not in (mprefix, oprefix)]
-    if rest:
-        got = dcp._read(path, {k: None if not hasattr(meta[k], "size") else
-                               torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype) for k in rest})
-        others = dcp._nested(paths, got, (mprefix, oprefix))
+    saved, step, others = dcp._extras(path, meta, paths, mprefix, oprefix, names, True)
+    groups = [(list(g.get("params", [])), g) for g in saved] if oprefix is not None else [(names, {})]
+    step = step or 0
 
     def read(name, state):
         key = f"{mprefix}.{name}" if state == "param" else f"{oprefix}.state.{name}.{state}"

@@ -95,18 +95,17 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     import torch
 
     ds_dir = deepspeed_checkpoint.find(path, tag)
-    if ds_dir is not None or dcp_checkpoint.find(path if tag is None else f"{path}/{tag}"):
-        get_context().wait_checkpoint()  # as the engine's own load does
-    if ds_dir is not None:
-        return _load_deepspeed(ds_dir, model, optimizer, strict)
-    if dcp_checkpoint.find(path if tag is None else f"{path}/{tag}"):
+    dcp_dir = None if ds_dir is not None else path if tag is None else f"{path}/{tag}"
+    if ds_dir is not None or dcp_checkpoint.find(dcp_dir):
         _named_params(model, "load_checkpoint")  # every param partitioned
         if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
-            raise TypeError(f"zeroshard.torch.load_checkpoint: {path} is a torch DCP checkpoint; its optimizer state "
-                            f"loads into a ZeroShardOptimizer, not a {type(optimizer).__name__} (pass "
-                            f"optimizer=None for the weights only)")
-        return dcp_checkpoint.load(path if tag is None else f"{path}/{tag}", model, optimizer, strict,
-                                   optimizer_state_view, _hook_engines)
+            raise TypeError(f"zeroshard.torch.load_checkpoint: {path} is a {'DeepSpeed' if ds_dir else 'torch DCP'} "
+                            f"checkpoint; its optimizer state loads into a ZeroShardOptimizer, not a "
+                            f"{type(optimizer).__name__} (pass optimizer=None for the weights only)")
+        get_context().wait_checkpoint()  # as the engine's own load does
+        if ds_dir is not None:
+            return _load_deepspeed(ds_dir, model, optimizer, strict)
+        return dcp_checkpoint.load(dcp_dir, model, optimizer, strict, optimizer_state_view, _hook_engines)
     names, zparams = _named_params(model, "load_checkpoint")
     engine = None if optimizer is None else _engine_of(optimizer)
     info = get_context().load_checkpoint(path, zparams, optimizer=engine, tag=tag, names=names, strict=strict,
@@ -152,13 +151,8 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
     counters and scheduler state under "deepspeed")."""
     import torch
 
-    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
-        raise TypeError(f"zeroshard.torch.load_checkpoint: {tagdir} is a DeepSpeed checkpoint; its optimizer state "
-                        f"loads into a ZeroShardOptimizer, not a {type(optimizer).__name__} (pass optimizer=None for "
-                        f"the weights only)")
     ckpt = deepspeed_checkpoint.DeepSpeedCheckpoint(tagdir)
     named = list(model.named_parameters())
-    _named_params(model, "load_checkpoint")  # every param partitioned
     ours = {n for n, _ in named}
     theirs = set(ckpt.names())
     if strict and ours != theirs:

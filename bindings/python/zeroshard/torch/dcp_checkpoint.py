@@ -91,18 +91,35 @@ def _nested(paths, values, skip):
         if isinstance(node, list):
             while len(node) <= last:
                 node.append(None)
-            node[last] = value
-        else:
-            node[last] = value
+        node[last] = value
     return out
+
+
+def _extras(path, meta, paths, mprefix, oprefix, names, with_optimizer):
+    """One read of what is not the model's or its moments' tensors: the
+    saved param groups and step (with_optimizer; [] and None without), and
+    the other top-level entries, nested as saved."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    small = {k: None if isinstance(meta[k], BytesStorageMetadata) else torch.empty(tuple(meta[k].size),
+                                                                                 dtype=meta[k].properties.dtype)
+             for k in meta if paths[k][0] not in (mprefix, oprefix)
+             and isinstance(meta[k], (BytesStorageMetadata, TensorStorageMetadata))}
+    groups, steps = [], []
+    if with_optimizer and oprefix is not None:
+        groups = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
+        steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta][:1]
+    wanted = {**{k: None for k in groups}, **{k: torch.empty(()) for k in steps}, **small}
+    got = _read(path, wanted) if wanted else {}
+    saved = _nested(paths, {k: got[k] for k in groups}, ())[oprefix]["param_groups"] if groups else []
+    step = int(got[steps[0]].item()) if steps else None
+    return saved, step, _nested(paths, {k: got[k] for k in small}, (mprefix, oprefix))
 
 
 def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
     """A DCP checkpoint into the partitioned model (and a ZeroShardOptimizer).
     Returns the checkpoint's other top-level entries (e.g. a scheduler's
     state saved beside model and optim), nested as saved."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-
     md = _metadata(path)
     named = list(model.named_parameters())
     names = [n for n, _ in named]
@@ -153,15 +170,8 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
                     shard[:z.shard_valid].copy_(mine)
                 if engine is not None and not p.zs.frozen:
                     optimizer_state_view(engine, z, slot[kind])[:z.shard_valid].copy_(mine)
-    others = [k for k in meta if paths[k][0] not in (mprefix, oprefix)]
-    small = {k: None if isinstance(meta[k], BytesStorageMetadata) else torch.empty(tuple(meta[k].size),
-                                                                                 dtype=meta[k].properties.dtype)
-             for k in others if isinstance(meta[k], (BytesStorageMetadata, TensorStorageMetadata))}
+    saved, step, others = _extras(path, meta, paths, mprefix, oprefix, names, engine is not None)
     if engine is not None:
-        groups = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
-        steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta]
-        got = _read(path, {**{k: None for k in groups}, **{k: torch.empty(()) for k in steps[:1]}, **small})
-        saved = _nested(paths, {k: got[k] for k in groups}, ())[oprefix]["param_groups"]
         by_name = {n: g for g in saved for n in g.get("params", [])}
         for group in optimizer.param_groups:
             first = next((n for n, p in named if any(p is q for q in group["params"])), None)
@@ -172,15 +182,13 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
             for k in _HPARAMS:
                 if k in hp:
                     group[k] = tuple(hp[k]) if k == "betas" else hp[k]
-        if steps:
-            engine.steps = int(got[steps[0]].item())
+        if step is not None:
+            engine.steps = step
         optimizer.sync_hparams()
         engine.sync_params()
-    else:
-        got = _read(path, small) if small else {}
     for e in hook_engines():
         e.after_step()
-    return _nested(paths, {k: got[k] for k in small}, (mprefix, oprefix))
+    return others
 
 
 def _full(flat_shard, z, world):
