@@ -136,7 +136,7 @@ def _from_pretrained_partitioned(cls, path, config_json, *model_args, **kwargs):
                          "zeroshard config registered: the engine places, partitions and reads the model's "
                          "safetensors weights itself; leave them unset")
     hub = {k: kwargs.pop(k) for k in _HUB_KEYS if k in kwargs}
-    for k in _IGNORED_LOADING:
+    for k in _REFUSED_LOADING + _IGNORED_LOADING:  # the refused ones unset (None, False): as if not given
         kwargs.pop(k, None)
     config = kwargs.pop("config", None)
     if config is None or isinstance(config, (str, os.PathLike)):
@@ -176,6 +176,7 @@ def _from_pretrained_partitioned(cls, path, config_json, *model_args, **kwargs):
             model.generation_config = transformers.GenerationConfig.from_pretrained(path, **hub)
         except OSError:
             pass
+    model.config.name_or_path = os.fspath(path)  # as from_pretrained records it (TRL loads its reference model by it)
     model.eval()
     return model
 

@@ -1,6 +1,9 @@
 """transformers.Trainer (or a subclass of it) on the engine; see the package
 docstring."""
+import inspect
 import os
+import types
+import typing
 
 import torch
 import transformers
@@ -10,7 +13,7 @@ from ..torch._context import working_dtype
 from ..torch import shard_optim
 from .accelerator import _accelerator_class, checkpoint_optimizer
 from .config import _engine_config, resolve_config, warn_not_acted_on
-from .pretrained import _take_over_deepspeed_registration
+from .pretrained import HfZeroShardConfig, _take_over_deepspeed_registration
 from .schedulers import SCHEDULERS
 
 CHECKPOINT_DIR = "zeroshard"  # the engine's checkpoint inside a Trainer checkpoint folder
@@ -38,37 +41,54 @@ class ZeroShardTrainerMixin:
     see the module docstring. `zeroshard_config` is the DeepSpeed config
     when the TrainingArguments carry none (`deepspeed=`)."""
 
-    def __init__(self, model=None, args=None, *rest, zeroshard_config=None, async_checkpoint=False, **kwargs):
+    def __init__(self, *args, zeroshard_config=None, async_checkpoint=False, **kwargs):
         # async_checkpoint: each checkpoint's engine state is written in the
         # background (zt.save_checkpoint(async_save=True)); rotating old
         # checkpoints out (save_total_limit) and the end of train() wait for it.
         self.async_checkpoint = bool(async_checkpoint)
-        if args is None:
-            args = transformers.TrainingArguments(output_dir="tmp_trainer")
-        source = zeroshard_config if zeroshard_config is not None else args.deepspeed
-        if zeroshard_config is not None and args.deepspeed:
+        # The arguments by the base class's own signature: TRL's trainers
+        # put reward_funcs or ref_model second, and take the model as a path.
+        call = _bind(super().__init__, type(self).__name__, args, kwargs)
+        model = call.arguments.get("model")
+        targs = call.arguments.get("args")
+        if targs is None:
+            targs = call.arguments["args"] = _default_arguments(super().__init__)
+        source = zeroshard_config if zeroshard_config is not None else targs.deepspeed
+        if zeroshard_config is not None and targs.deepspeed:
             raise ValueError("zeroshard.hf.Trainer: give the config once, as TrainingArguments(deepspeed=...) or "
                              "zeroshard_config=, not both")
-        if kwargs.get("model_init") is not None:
+        if call.arguments.get("model_init") is not None:
             raise ValueError("zeroshard.hf.Trainer: model_init (a model rebuilt per run or trial) is not "
                              "supported: pass the model, built under zeroshard.torch.Init or plainly")
-        args = _detach_deepspeed(args)
-        refused = _refused(args)
+        targs = _detach_deepspeed(targs)
+        refused = _refused(targs)
         if refused:
             raise ValueError("zeroshard.hf.Trainer: these TrainingArguments cannot work with a sharded model:\n- "
                              + "\n- ".join(refused))
+        by_path = isinstance(model, (str, os.PathLike))
         config = resolve_config(source if source is not None else {"zero_optimization": {"stage": 3}},
-                                args, model=model)
+                                targs, model=_config_holder(model, targs) if by_path else model)
         stage = config.get("zero_optimization", {}).get("stage", 3)
         if stage not in (3, "auto"):
             raise ValueError(f"zeroshard.hf.Trainer: zero_optimization.stage {stage!r}: zeroshard always "
                              "partitions parameters, gradients and optimizer state (ZeRO stage 3); set 3")
         self.zs_config = config
-        warn_not_acted_on(config, args.process_index)
-        if model is not None:
-            zt.partition_module(model, config=_engine_config(config))
-        self._zs_dtype = working_dtype() if model is not None else None
-        super().__init__(model, args, *rest, **kwargs)
+        warn_not_acted_on(config, targs.process_index)
+        engine_config = _engine_config(config)
+        if model is not None and not by_path:
+            zt.partition_module(model, config=engine_config)
+        # Models the base class loads from a path (the policy, TRL's
+        # reference and reward models) load partitioned, each rank reading
+        # its own shards, while it is set up.
+        self._zs_loading = HfZeroShardConfig(config)
+        for frozen in _frozen_models(call.arguments):
+            frozen_model(frozen, engine_config)
+        super().__init__(*call.args, **call.kwargs)
+        if by_path:  # loaded partitioned by the base class: the engine's hooks now
+            zt.partition_module(self.model, config=engine_config)
+        for frozen in _frozen_models(vars(self)):
+            frozen_model(frozen, engine_config)
+        self._zs_dtype = working_dtype() if self.model is not None else None
 
     # -- setup --
     def create_accelerator_and_postprocess(self):
@@ -277,6 +297,59 @@ def _detach_deepspeed(args):
     args.deepspeed = given
     _take_over_deepspeed_registration()  # from_pretrained: the engine's path, not DeepSpeed's
     return args
+
+
+def _bind(init, name, args, kwargs):
+    """`args`/`kwargs` bound to `init`'s parameters (the base trainer's)."""
+    try:
+        return inspect.signature(init).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name}: {e}") from None
+
+
+def _default_arguments(init):
+    """The arguments the base trainer's signature names (TRL's DPOConfig,
+    GRPOConfig, ...), made with their defaults, when none are given."""
+    annotation = inspect.signature(init).parameters.get("args")
+    annotation = annotation.annotation if annotation is not None else None
+    for cls in (typing.get_args(annotation) or (annotation,)):
+        if isinstance(cls, type) and issubclass(cls, transformers.TrainingArguments):
+            return cls(output_dir="tmp_trainer")
+    return transformers.TrainingArguments(output_dir="tmp_trainer")
+
+
+def _config_holder(path, args):
+    """An object with the `.config` of the model at `path`, for the sized
+    "auto"s (the model itself is loaded by the base trainer)."""
+    init = dict(getattr(args, "model_init_kwargs", None) or {})
+    hub = {k: init[k] for k in ("revision", "cache_dir", "token", "trust_remote_code") if k in init}
+    return types.SimpleNamespace(config=transformers.AutoConfig.from_pretrained(os.fspath(path), **hub))
+
+
+# The arguments and attributes of TRL's trainers that hold models used for
+# inference only: the reference model (DPO, KTO, GRPO with beta > 0) and
+# reward models (GRPO, RLOO: reward_funcs; PPO-style: reward_model).
+_INFERENCE_ONLY = ("ref_model", "reward_model", "reward_funcs", "value_model")
+
+
+def _frozen_models(named):
+    for key in _INFERENCE_ONLY:
+        value = named.get(key)
+        for m in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(m, torch.nn.Module):
+                yield m
+
+
+def frozen_model(module, config):
+    """An inference-only model (a reference or reward model) on the
+    engine: partitioned in the policy's context if it is not yet, its
+    params frozen (no gradients, so no gradient shards; not given to the
+    optimizer, so no optimizer state) and in eval mode. Its gathers pair
+    with the policy's in the same context."""
+    zt.partition_module(module, config=config)  # hooks too for one loaded partitioned
+    module.requires_grad_(False)
+    module.eval()
+    return module
 
 
 _classes = {}

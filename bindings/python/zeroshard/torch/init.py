@@ -127,7 +127,10 @@ class Init:
             # first defined inside this block) keeps its replacement, which
             # calls our wrapper: inactive now, that only calls the original.
             if cls.__dict__.get("__init__") is wrapped:
-                cls.__init__ = orig
+                if orig is None:
+                    del cls.__init__  # inherited again
+                else:
+                    cls.__init__ = orig
         self._patched.clear()
         if exc[0] is None and _context._context is None:
             # Nothing was partitioned: the context still gets this config.
@@ -135,9 +138,17 @@ class Init:
         return False
 
     def _patch(self, cls):
-        if "__init__" not in cls.__dict__:
-            return
-        orig = cls.__dict__["__init__"]
+        orig = cls.__dict__.get("__init__")
+        if orig is None:
+            # A constructor a module class inherits from a mixin that is no
+            # module (transformers' GenericForSequenceClassification, whose
+            # __init__ calls post_init): wrapped on the class itself, or its
+            # weights' initialisation would run after partitioning.
+            owner = next((c for c in cls.__mro__ if "__init__" in c.__dict__), None)
+            if owner is None or issubclass(owner, torch.nn.Module):
+                return
+            orig = owner.__dict__["__init__"]
+        inherited = "__init__" not in cls.__dict__
         dtype, config, device = self.dtype, self.config, self.device
         init = self
 
@@ -157,7 +168,7 @@ class Init:
                 _partition_own(module, dtype, config, device)
 
         cls.__init__ = wrapped
-        self._patched.append((cls, orig, wrapped))
+        self._patched.append((cls, None if inherited else orig, wrapped))
 
 
 def _where_built(module):

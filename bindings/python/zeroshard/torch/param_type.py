@@ -165,12 +165,12 @@ class _Released:
                 return func(*args, **kwargs)
         if name in _VIEWS:
             return _released_view(func, this, args, kwargs)
-        z = _state_of(args)
+        z = _state_of((*args, *kwargs.values()))  # torch.nn.init passes the tensor by keyword
         if name in _CONVERSIONS and this is not None and not _converts(func, this, args, kwargs):
             return args[0]
         if name == "copy_" and len(args) >= 2 and z is not None and _state_of(args[1:2]) is z:
             return args[0]  # a released param copied onto itself (load_state_dict after our pre-hook)
-        t = next((a for a in args if isinstance(a, _Released) and _storage_less(a)), this)
+        t = next((a for a in (*args, *kwargs.values()) if isinstance(a, _Released) and _storage_less(a)), this)
         raise _refuse(func, z, t)
 
 
