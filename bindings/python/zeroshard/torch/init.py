@@ -1,6 +1,5 @@
 """Partitioning modules: as they are built (Init), or afterwards."""
 import functools
-import types
 
 import torch
 
@@ -9,6 +8,7 @@ from ._context import default_device, get_context, working_dtype
 from ._malloc import trim
 from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
+from . import generation
 from .hooks import HookEngine
 from .state import arm_state_dict
 
@@ -206,7 +206,7 @@ def partition_module(module, dtype=None, config=None, device=None):
         engine.install()
         module._zs_hooks = engine
     hide_partitioned_from_ddp(module)
-    _sync_generate(module)
+    generation.install(module)
     return module
 
 
@@ -221,31 +221,3 @@ def hide_partitioned_from_ddp(module):
     known = set(ignored)
     module._ddp_params_and_buffers_to_ignore = ignored + [
         n for n, p in module.named_parameters() if is_partitioned(p) and n not in known]
-
-
-def _sync_generate(model):
-    """Hugging Face generate() on a partitioned model: ranks that finish
-    early keep running forwards (dummy steps) until every rank has, so their
-    gathers stay paired (HF's synced_gpus, which HF turns on by itself only
-    for DeepSpeed and FSDP). The ranks agree through the engine, so
-    torch.distributed need not be initialised."""
-    if not callable(getattr(type(model), "_has_unfinished_sequences", None)):
-        return
-    model.generate = types.MethodType(_generate_synced, model)
-    model._has_unfinished_sequences = types.MethodType(_unfinished_on_any_rank, model)
-
-
-def _generate_synced(model, *args, **kwargs):
-    if kwargs.get("synced_gpus") is None:
-        kwargs["synced_gpus"] = get_context().world_size > 1
-    return type(model).generate(model, *args, **kwargs)
-
-
-def _unfinished_on_any_rank(model, this_peer_finished, synced_gpus, device=None):
-    if not synced_gpus:
-        return not this_peer_finished
-    ctx = get_context()
-    flag = torch.tensor([0.0 if this_peer_finished else 1.0], dtype=torch.float32, device=ctx.device)
-    with ctx.group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
-        work.wait()
-    return flag.item() > 0.0
