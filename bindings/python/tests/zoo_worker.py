@@ -568,7 +568,8 @@ def run_save_pretrained(rank, directory):
 def run_generate(rank):
     """HF generate() with a KV cache under no_grad; ranks stop at different
     lengths (max_new_tokens differs) without a hang, and every rank's tokens
-    equal the unsharded model's."""
+    equal the unsharded model's: gathered whole for the call (the default
+    when the params fit) and gathered per forward (zs_gather=False)."""
     reference = build(hf_gpt2)
     with zt.Init(config=CONFIG):
         model = build(hf_gpt2)
@@ -580,8 +581,11 @@ def run_generate(rank):
     kw = dict(max_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)
     with torch.no_grad():
         ours = model.generate(prompt, **kw)
+        released_after = not any(p.zs.attached for p in model.parameters())
+        per_forward = model.generate(prompt, zs_gather=False, **kw)
         ref = reference.generate(prompt, **kw)
-    mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1])}
+    mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1]),
+            "per_forward_equal": bool(torch.equal(per_forward, ref)), "released_after": released_after}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return {"ranks": every}

@@ -52,7 +52,7 @@ class ZeroShardTrainerMixin:
         model = call.arguments.get("model")
         targs = call.arguments.get("args")
         if targs is None:
-            targs = call.arguments["args"] = _default_arguments(super().__init__)
+            targs = call.arguments["args"] = _arguments_class(super().__init__)(output_dir="tmp_trainer")
         source = zeroshard_config if zeroshard_config is not None else targs.deepspeed
         if zeroshard_config is not None and targs.deepspeed:
             raise ValueError("zeroshard.hf.Trainer: give the config once, as TrainingArguments(deepspeed=...) or "
@@ -88,6 +88,12 @@ class ZeroShardTrainerMixin:
             zt.partition_module(self.model, config=engine_config)
         for frozen in _frozen_models(vars(self)):
             frozen_model(frozen, engine_config)
+        for m in (self.model, *_frozen_models(vars(self))):
+            _declare_fused_head(m)
+        # TRL's ds3_gather_for_generation (True by default): generate() in
+        # the loop gathers the policy whole when it fits; False: per forward.
+        if getattr(targs, "ds3_gather_for_generation", True) is False and self.model is not None:
+            zt.set_generation_gather(self.model, False)
         self._zs_dtype = working_dtype() if self.model is not None else None
 
     # -- setup --
@@ -307,15 +313,16 @@ def _bind(init, name, args, kwargs):
         raise TypeError(f"{name}: {e}") from None
 
 
-def _default_arguments(init):
-    """The arguments the base trainer's signature names (TRL's DPOConfig,
-    GRPOConfig, ...), made with their defaults, when none are given."""
+def _arguments_class(init):
+    """The arguments class the base trainer's signature names (TRL's
+    DPOConfig, GRPOConfig, ...; else TrainingArguments), made with its
+    defaults when no arguments are given, as the base trainer would."""
     annotation = inspect.signature(init).parameters.get("args")
     annotation = annotation.annotation if annotation is not None else None
     for cls in (typing.get_args(annotation) or (annotation,)):
         if isinstance(cls, type) and issubclass(cls, transformers.TrainingArguments):
-            return cls(output_dir="tmp_trainer")
-    return transformers.TrainingArguments(output_dir="tmp_trainer")
+            return cls
+    return transformers.TrainingArguments
 
 
 def _config_holder(path, args):
@@ -338,6 +345,20 @@ def _frozen_models(named):
         for m in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(m, torch.nn.Module):
                 yield m
+
+
+def _declare_fused_head(model):
+    """TRL's fused LM head (add_fused_lm_head, an instance `forward`) reads
+    the output embedding's weight inside the model's own forward without
+    calling its module: declared an external param of the model, it is
+    fetched with the model's forward (as TRL gathers it under DeepSpeed)."""
+    if "forward" not in vars(model) or not callable(getattr(model, "get_output_embeddings", None)):
+        return
+    head = model.get_output_embeddings()
+    if head is not None and head is not model:
+        for p in head.parameters(recurse=False):
+            if zt.is_partitioned(p):
+                zt.register_external_parameter(model, p)
 
 
 def frozen_model(module, config):

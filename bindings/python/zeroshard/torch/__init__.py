@@ -15,6 +15,7 @@ from .checkpoint import (export_dcp, export_safetensors, load_checkpoint, load_p
                          wait_checkpoint)
 from ._params import is_partitioned
 from .gathered import GatheredParameters
+from .generation import set_generation_gather
 from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
 from .init import Init, partition_module
 from .memory import format_memory_report, memory_report
@@ -22,13 +23,14 @@ from .optim import ZeroShardOptimizer
 from .muon import Muon, muon_param_groups
 from .shard_optim import clip_grad_norm_, register_optimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict
+from .weight_stream import full_weights
 
 __all__ = [
     "GatheredParameters", "Init", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
-    "export_dcp", "export_safetensors", "format_memory_report", "wait_checkpoint", "get_context",
+    "export_dcp", "export_safetensors", "format_memory_report", "full_weights", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
-    "save_checkpoint",
+    "save_checkpoint", "set_generation_gather",
     "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "unset_leaf_modules",
 ]

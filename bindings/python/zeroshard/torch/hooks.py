@@ -79,6 +79,7 @@ to the host: the engine's stream is a blocking stream, so its copy runs
 after the backward kernels queued on torch's (legacy) default stream, and
 torch's later work on that stream runs after the copy.
 """
+import contextlib
 import copy
 import dataclasses
 import sys
@@ -594,6 +595,30 @@ def _strip_hooks(module, hooks=_HOOKS):
             del d[k]
             module._forward_hooks_always_called.pop(k, None)
             module._forward_hooks_with_kwargs.pop(k, None)
+
+
+@contextlib.contextmanager
+def hooks_suspended(model):
+    """The engine's forward hooks taken off `model`'s modules for the block
+    and put back in their places after (its params must be gathered: a
+    forward then reads them as an unsharded model's; generation.py)."""
+    taken = []
+    for m in model.modules():
+        if any(fn in _HOOKS for d in (m._forward_pre_hooks, m._forward_hooks) for fn in d.values()):
+            taken.append((m, dict(m._forward_pre_hooks), dict(m._forward_hooks),
+                          dict(m._forward_hooks_always_called), dict(m._forward_hooks_with_kwargs)))
+            _strip_hooks(m)
+    try:
+        yield model
+    finally:
+        for m, pre, post, always, with_kwargs in taken:
+            for hooks, before in ((m._forward_pre_hooks, pre), (m._forward_hooks, post)):
+                added = [(k, fn) for k, fn in hooks.items() if k not in before]  # the block's own, kept after ours
+                hooks.clear()
+                hooks.update(before)
+                hooks.update(added)
+            m._forward_hooks_always_called.update(always)
+            m._forward_hooks_with_kwargs.update(with_kwargs)
 
 
 def _forward_access(p):

@@ -1,0 +1,106 @@
+"""TRL's trainers through zeroshard.hf.trainer_class on real ranks
+(trl_worker.py): DPO equal to DDP per logged step (fp32), GRPO's rewards
+and losses equal to DDP's with completions ending at different lengths on
+different ranks, KTO / Reward / RLOO trained, reference models partitioned
+frozen, and the full-weight stream reassembling the model within its bound."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launch_env import ranks_env
+
+pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+ZSRUN = REPO / "build" / "bin" / "zsrun"
+_runs = {}
+TRAINERS = {"zeroshard": ["dpo", "grpo", "kto", "reward", "rloo", "weights"], "ddp": ["dpo", "grpo"]}
+
+
+def results(engine):
+    """Rank 0's results of every trainer of `engine` (one launch each)."""
+    if engine in _runs:
+        return _runs[engine]
+    if not ZSRUN.exists():
+        pytest.skip(f"{ZSRUN} is not built")
+    env = ranks_env()
+    with tempfile.TemporaryDirectory(prefix="zs_trl_") as scratch:
+        env["ZS_TEST_DIR"] = scratch
+        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
+        worker = [str(HERE / "trl_worker.py"), engine, *TRAINERS[engine]]
+        if engine == "ddp":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
+        else:
+            cmd = [str(ZSRUN), "-n", "2", "--no-prefix", "--", sys.executable, *worker]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+        with open(result) as f:
+            _runs[engine] = json.load(f)
+    return _runs[engine]
+
+
+def same(a, b, rel=1e-5):
+    assert len(a) == len(b) and a, (a, b)
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert abs(x - y) <= rel * max(abs(x), 1e-12), (step, x, y, a, b)
+
+
+def test_dpo_from_a_path_trains_as_ddp_with_a_frozen_partitioned_reference():
+    ours, ddp = results("zeroshard")["dpo"], results("ddp")["dpo"]
+    same(ddp["loss"], ours["loss"])
+    same(ddp["grad_norm"], ours["grad_norm"])
+    ref = ours["ref"]
+    # TRL built the reference model from the path: partitioned, frozen, no
+    # gradients, this rank's half of its bytes, none of it in the optimizer.
+    assert ref["partitioned"] and ref["trainable"] == 0 and ref["grads"] == 0, ref
+    assert ref["shard_bytes"] * 2 == ref["full_bytes"], ref
+    assert ours["optimized"] == ours["policy_params"], ours
+
+
+def test_grpo_with_a_reference_model_samples_and_trains_as_ddp():
+    ours, ddp = results("zeroshard")["grpo"], results("ddp")["grpo"]
+    assert ours["finite"] and len(ours["loss"]) == 3, ours
+    assert ours["reward"][0] == ddp["reward"][0], (ours, ddp)
+    assert ours["reward"] == ddp["reward"], (ours, ddp)
+    same(ddp["loss"], ours["loss"], rel=1e-4)
+    # Completions ended at different lengths (ranks' generate() calls end
+    # apart) in some step, and nothing hung.
+    assert any(lo < hi for lo, hi in zip(ours["completions/min_length"], ours["completions/max_length"])), ours
+    assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"], ours
+
+
+@pytest.mark.parametrize("name", ["kto", "reward", "rloo"])
+def test_other_trl_trainers_train(name):
+    out = results("zeroshard")[name]
+    assert out["finite"] and len(out["loss"]) == 3, out
+    if name == "kto":  # a reference model given as a plain module: partitioned frozen by the trainer
+        assert out["ref"]["partitioned"] and out["ref"]["trainable"] == 0, out
+
+
+def test_full_weights_reassemble_the_model_within_the_bound():
+    out = results("zeroshard")["weights"]
+    assert out["equal"] and out["names"], out
+    assert 0 < out["peak_extra"] <= out["bound"] < out["model_bytes"], out
+
+
+def test_trainer_arguments_are_bound_by_the_base_signature():
+    """Positional arguments go where the base trainer's signature puts
+    them; an unknown one is a TypeError naming the trainer, before anything
+    is built; without args, the trainer's own config class."""
+    import transformers
+
+    import zeroshard.hf
+    from zeroshard.hf.trainer import _arguments_class
+    cls = zeroshard.hf.trainer_class(trl.GRPOTrainer)
+    with pytest.raises(TypeError, match="GRPOTrainer: .*'bogus'"):
+        cls("some/model", None, bogus=1)
+    assert _arguments_class(trl.DPOTrainer.__init__) is trl.DPOConfig
+    assert _arguments_class(trl.GRPOTrainer.__init__) is trl.GRPOConfig
+    assert _arguments_class(transformers.Trainer.__init__) is transformers.TrainingArguments
