@@ -16,9 +16,14 @@ Two phases per engine, both under torch.no_grad():
             --prompt-token prompt: the slowest rank's generate() time over
             the longest rank's tokens (the job's time per token); rank 1
             stops early (eos_token_id set to what it generates half-way),
-            so the ranks stop at different lengths. A sharded rank that
-            stopped keeps running forwards with the others (synced_gpus),
-            so its own time over its own tokens would count them twice.
+            so the ranks stop at different lengths. zeroshard's
+            generate() gathers the model whole for the call when it fits
+            (python.md, "Generation and weight sync"): no collective per
+            token, each rank stops by itself. "zeroshard, per forward"
+            (zs_gather=False) and DeepSpeed gather per forward: a sharded
+            rank that stopped keeps running forwards with the others
+            (synced_gpus), so its own time over its own tokens would count
+            them twice.
   loop      (zeroshard only) --loop forwards of 50 nn.Linear(320, 320)
             under no_grad, each weight over the persistence threshold (1e5
             elements), so gathered every forward, and of 50 nn.Linear(64,
@@ -29,7 +34,7 @@ zeroshard also reports its coordinator's counters (gathers on demand and
 ahead, steps, the recorded order's length). "zeroshard, reuse 0" runs it
 again with stage3_max_reuse_distance 0: nothing stays gathered from one
 forward to the next (the default, 5e7 elements, keeps a model of up to
-that size gathered across forward-only steps). --package runs another
+that size gathered across forward-only steps), and generates per forward. --package runs another
 checkout's bindings/python against the same library as "zeroshard
 (before)": a before/after comparison. Greedy tokens must equal plain
 torch's on every engine (printed). The last line is one JSON object.
@@ -110,8 +115,10 @@ def worker(args):
 
     prompt = torch.randint(0, args.vocab, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(7))
     kw = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0, use_cache=True)
-    if world > 1 and args.engine != "plain":
-        kw["synced_gpus"] = True
+    if world > 1 and args.engine == "deepspeed":
+        kw["synced_gpus"] = True  # zeroshard's generate() chooses it itself
+    if args.engine == "zeroshard" and args.zs_gather == "off":
+        kw["zs_gather"] = False  # per forward: each token's forward gathers, ranks paired (synced_gpus)
     with torch.no_grad():
         full = gen(prompt, **kw)  # greedy: the same tokens on every rank
         if rank == 1:  # stops half-way, at a token it is about to produce
@@ -191,6 +198,7 @@ def main():
     ap.add_argument("--package", default=None, help="another checkout's bindings/python, run as 'zeroshard (before)'")
     ap.add_argument("--no-deepspeed", action="store_true")
     ap.add_argument("--max-reuse-distance", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--zs-gather", choices=("auto", "off"), default="auto", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -201,7 +209,8 @@ def main():
     ours = str(REPO / "bindings" / "python")
     # (row name, --engine, bindings/python to import, extra worker arguments)
     engines = [("zeroshard", "zeroshard", ours, ()),
-               ("zeroshard, reuse 0", "zeroshard", ours, ("--max-reuse-distance", "0"))]
+               ("zeroshard, per forward", "zeroshard", ours, ("--zs-gather", "off")),
+               ("zeroshard, reuse 0", "zeroshard", ours, ("--max-reuse-distance", "0", "--zs-gather", "off"))]
     if args.package:
         engines.append(("zeroshard (before)", "zeroshard", args.package, ()))
     if not args.no_deepspeed:
@@ -242,7 +251,7 @@ def main():
                 row[f"loop_{kind}_rss_growth_mib"] = [r[f"loop_{kind}_rss_growth_mib"] for r in rows]
         summary[name] = row
         coord = row.get("coord_after_eval")
-        print(f"{name:19s} eval {row['eval_ms']:8.1f} ms/forward | generate {row['generate_ms_per_token']:7.1f} "
+        print(f"{name:22s} eval {row['eval_ms']:8.1f} ms/forward | generate {row['generate_ms_per_token']:7.1f} "
               f"ms/token | peak RSS/rank {' '.join(f'{x:.0f}' for x in row['peak_rss_mib'])} MiB | tokens "
               f"{'equal' if row['tokens_equal_plain'] else 'DIFFER from'} plain torch's, lengths "
               f"{row['early_stop_lengths']}"

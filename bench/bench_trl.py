@@ -5,7 +5,7 @@ deepspeed=) and DeepSpeed ZeRO-3 (TRL's X with the same JSON,
 DS_ACCELERATOR=cpu), in one run, each engine and trainer in its own zsrun
 launch of --ranks ranks.
 
-    .venv/bin/python bench/bench_trl.py [--ranks 2] [--steps 3] [--trainers grpo dpo]
+    .venv/bin/python bench/bench_trl.py [--ranks 2] [--steps 5] [--trainers grpo dpo]
         [--engines zeroshard ddp deepspeed] [--layers 8] [--hidden 512] [--completion 64]
 
 The script is the user's: a Llama (hidden --hidden, --layers layers,
@@ -103,7 +103,7 @@ def worker(args):
         def reward(completions, **_):
             return [float(c.count("w7")) for c in completions]
         cls = trl.GRPOTrainer
-        kwargs = dict(reward_funcs=reward, args=trl.GRPOConfig(**common, num_generations=4,
+        kwargs = dict(reward_funcs=reward, args=trl.GRPOConfig(**common, num_generations=4, beta=0.04,
                                                                 max_completion_length=args.completion))
     else:
         data = Dataset.from_list([{"prompt": sentence(16), "chosen": sentence(12), "rejected": sentence(20)}
@@ -148,7 +148,7 @@ def worker(args):
               "startup_s": marks["begin"][0] - T_START, "steps_s": steps, "generation": generation,
               "peak_rss_bytes": peak_rss(), "ref_model_bytes": ref_bytes,
               "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-              "params": sum(p.numel() for p in trainer.model.parameters())}
+              "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters())}
     world = int(os.environ.get("WORLD_SIZE", "1"))
     with open(os.path.join(args.out_dir, f"r-{args.engine}-{args.trainer}-{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -216,7 +216,7 @@ def main():
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="optimizer steps (the first not timed)")
+    ap.add_argument("--steps", type=int, default=5, help="optimizer steps (the first not timed)")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--completion", type=int, default=64, help="GRPO's max_completion_length")

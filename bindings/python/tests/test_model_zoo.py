@@ -111,7 +111,7 @@ def test_deepcopy_of_a_partitioned_model_is_independent():
 def test_generate_with_ranks_stopping_at_different_lengths(world):
     ranks = zoo(world)["generate"]["ranks"]
     assert [r["length"] for r in ranks] == [4 + 3 + 4 * k for k in range(world)], ranks
-    assert all(r["equal"] and r["per_forward_equal"] and r["released_after"] for r in ranks), ranks
+    assert all(r["equal"] and r["per_forward_equal"] and r["released_after"] and r["peft_equal"] for r in ranks), ranks
 
 
 @pytest.mark.parametrize("world", WORLDS)

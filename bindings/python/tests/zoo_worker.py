@@ -569,7 +569,8 @@ def run_generate(rank):
     """HF generate() with a KV cache under no_grad; ranks stop at different
     lengths (max_new_tokens differs) without a hang, and every rank's tokens
     equal the unsharded model's: gathered whole for the call (the default
-    when the params fit) and gathered per forward (zs_gather=False)."""
+    when the params fit) and gathered per forward (zs_gather=False), and
+    with a LoRA adapter on it."""
     reference = build(hf_gpt2)
     with zt.Init(config=CONFIG):
         model = build(hf_gpt2)
@@ -584,8 +585,24 @@ def run_generate(rank):
         released_after = not any(p.zs.attached for p in model.parameters())
         per_forward = model.generate(prompt, zs_gather=False, **kw)
         ref = reference.generate(prompt, **kw)
+    # A LoRA adapter on a model loaded partitioned, then partition_module
+    # of the PEFT model (TRL's order with a peft_config): PEFT's generate()
+    # calls the base model's, which is the one that gathers (both ways).
+    import peft
+    lora = peft.LoraConfig(r=4, target_modules=["c_attn"])
+    with zt.Init(config=CONFIG):
+        base = build(hf_gpt2)
+    with torch.no_grad():
+        adapted = peft.get_peft_model(base, lora)
+        zt.partition_module(adapted)
+        adapted.eval()
+        plain_adapted = peft.get_peft_model(reference, lora)
+        adapted_ref = plain_adapted.generate(input_ids=prompt, **kw)
+        peft_equal = all(torch.equal(adapted.generate(input_ids=prompt, zs_gather=mode, **kw), adapted_ref)
+                         for mode in ("auto", False))
     mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1]),
-            "per_forward_equal": bool(torch.equal(per_forward, ref)), "released_after": released_after}
+            "per_forward_equal": bool(torch.equal(per_forward, ref)), "released_after": released_after,
+            "peft_equal": peft_equal}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return {"ranks": every}

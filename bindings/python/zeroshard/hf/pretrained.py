@@ -1,5 +1,6 @@
 """from_pretrained partitioned at load time: DeepSpeed's HfDeepSpeedConfig
 and is_deepspeed_zero3_enabled for the engine."""
+import contextlib
 import json
 import logging
 import os
@@ -35,6 +36,19 @@ class HfZeroShardConfig:
 
 def _register(holder):
     _zero3[0] = weakref.ref(holder)
+
+
+@contextlib.contextmanager
+def loading_partitioned(config):
+    """from_pretrained loads partitioned with `config` (a resolved DeepSpeed
+    JSON) inside the block; the registration before it is back after."""
+    _take_over_deepspeed_registration()
+    before = _zero3[0]
+    holder = HfZeroShardConfig(config)
+    try:
+        yield holder
+    finally:
+        _zero3[0] = before
 
 
 def _keep_given_config():

@@ -13,7 +13,7 @@ from ..torch._context import working_dtype
 from ..torch import shard_optim
 from .accelerator import _accelerator_class, checkpoint_optimizer
 from .config import _engine_config, resolve_config, warn_not_acted_on
-from .pretrained import HfZeroShardConfig, _take_over_deepspeed_registration
+from .pretrained import _take_over_deepspeed_registration, loading_partitioned
 from .schedulers import SCHEDULERS
 
 CHECKPOINT_DIR = "zeroshard"  # the engine's checkpoint inside a Trainer checkpoint folder
@@ -77,13 +77,13 @@ class ZeroShardTrainerMixin:
         engine_config = _engine_config(config)
         if model is not None and not by_path:
             zt.partition_module(model, config=engine_config)
-        # Models the base class loads from a path (the policy, TRL's
-        # reference and reward models) load partitioned, each rank reading
-        # its own shards, while it is set up.
-        self._zs_loading = HfZeroShardConfig(config)
         for frozen in _frozen_models(call.arguments):
             frozen_model(frozen, engine_config)
-        super().__init__(*call.args, **call.kwargs)
+        # Models the base class loads from a path (the policy, TRL's
+        # reference and reward models) load partitioned, each rank reading
+        # its own shards.
+        with loading_partitioned(config):
+            super().__init__(*call.args, **call.kwargs)
         if by_path:  # loaded partitioned by the base class: the engine's hooks now
             zt.partition_module(self.model, config=engine_config)
         for frozen in _frozen_models(vars(self)):
@@ -335,8 +335,9 @@ def _config_holder(path, args):
 
 # The arguments and attributes of TRL's trainers that hold models used for
 # inference only: the reference model (DPO, KTO, GRPO with beta > 0) and
-# reward models (GRPO, RLOO: reward_funcs; PPO-style: reward_model).
-_INFERENCE_ONLY = ("ref_model", "reward_model", "reward_funcs", "value_model")
+# reward models (GRPO, RLOO: reward_funcs; PPO-style: reward_model). PPO's
+# value_model trains: it is not one.
+_INFERENCE_ONLY = ("ref_model", "reward_model", "reward_funcs")
 
 
 def _frozen_models(named):

@@ -36,11 +36,19 @@ FIT_FRACTION = 0.5  # of the device's available memory the gathered params may t
 
 def install(model):
     """generate() and its stopping test on `model` (a Hugging Face
-    generation model) as described in the module docstring."""
-    if not callable(getattr(type(model), "_has_unfinished_sequences", None)):
-        return
+    generation model, or a PEFT model's base model, whose generate() PEFT's
+    calls) as described in the module docstring."""
+    if not _generates(model):
+        base = getattr(model, "get_base_model", None)
+        model = base() if callable(base) else None
+        if model is None or not _generates(model):
+            return
     model.generate = types.MethodType(_generate, model)
     model._has_unfinished_sequences = types.MethodType(_unfinished_on_any_rank, model)
+
+
+def _generates(model):
+    return callable(getattr(type(model), "_has_unfinished_sequences", None))
 
 
 def set_generation_gather(model, mode="auto"):
@@ -48,7 +56,9 @@ def set_generation_gather(model, mode="auto"):
     in half the available memory, agreed by all ranks), True (whole), False
     (module by module, per decode step)."""
     _check(mode)
-    model.__dict__["_zs_generation_gather"] = mode
+    base = getattr(model, "get_base_model", None)
+    target = model if _generates(model) or not callable(base) else base()
+    target.__dict__["_zs_generation_gather"] = mode
     return model
 
 
