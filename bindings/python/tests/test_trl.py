@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 _runs = {}
-TRAINERS = {"zeroshard": ["dpo", "grpo", "kto", "reward", "rloo", "weights"], "ddp": ["dpo", "grpo"]}
+TRAINERS = {"zeroshard": ["dpo", "grpo", "grpo_reward_model", "kto", "reward", "rloo", "weights"],
+            "ddp": ["dpo", "grpo"]}
 
 
 def results(engine):
@@ -76,12 +77,14 @@ def test_grpo_with_a_reference_model_samples_and_trains_as_ddp():
     assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"], ours
 
 
-@pytest.mark.parametrize("name", ["kto", "reward", "rloo"])
+@pytest.mark.parametrize("name", ["kto", "reward", "rloo", "grpo_reward_model"])
 def test_other_trl_trainers_train(name):
     out = results("zeroshard")[name]
     assert out["finite"] and len(out["loss"]) == 3, out
-    if name == "kto":  # a reference model given as a plain module: partitioned frozen by the trainer
-        assert out["ref"]["partitioned"] and out["ref"]["trainable"] == 0, out
+    frozen = {"kto": "ref", "grpo_reward_model": "reward_model"}.get(name)
+    if frozen:  # a reference model given as a module, a reward model as a path: partitioned frozen
+        facts = out[frozen]
+        assert facts["partitioned"] and facts["trainable"] == 0 and facts["grads"] == 0, out
 
 
 def test_full_weights_reassemble_the_model_within_the_bound():

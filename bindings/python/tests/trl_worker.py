@@ -14,6 +14,7 @@ TRAINER: dpo (the policy as a path: TRL loads it and its reference model),
 grpo (the policy as a module, a reference model for beta > 0, completions
 ending at different lengths on different ranks), kto (a reference model
 given as a module), reward (a sequence classifier loaded by TRL), rloo,
+grpo_reward_model (zeroshard only: a reward model as a path),
 weights (the trained policy streamed by zeroshard.torch.full_weights into a
 plain model).
 """
@@ -136,6 +137,20 @@ def run_grpo(path):
     out = logged(trainer, "loss", "reward", "kl", "completions/min_length", "completions/max_length")
     if ENGINE == "zeroshard":
         out["ref"] = frozen_facts(trainer.ref_model)
+    return out
+
+
+def run_grpo_reward_model(path):
+    """GRPO scored by a reward model given as a path (TRL loads a sequence
+    classifier from it, partitioned; frozen beside the policy)."""
+    g = torch.Generator().manual_seed(5)
+    data = Dataset.from_list([{"prompt": sentence(g, 4)} for _ in range(16)])
+    args = arguments(trl.GRPOConfig, "grpo_rm", num_generations=2, max_completion_length=8)
+    trainer = trainer_class(trl.GRPOTrainer)(model=path, reward_funcs=[count_w1, path], args=args,
+                                             train_dataset=data)
+    trainer.train()
+    out = logged(trainer, "loss", "reward")
+    out["reward_model"] = frozen_facts(trainer.reward_funcs[1])
     return out
 
 
