@@ -322,19 +322,27 @@ def first_error_lines(text, n=14):
     return head + "\n" + "\n".join(block)
 
 
-def launch(args, engine, config_path, out_dir):
+def launch_env(ranks, engine, warnings="ignore::FutureWarning"):
+    """The environment of one engine's zsrun launch of `ranks` ranks: a
+    fresh job's (no enclosing launch's variables), the in-tree package and
+    library, cores / ranks kernel threads per rank unless set, DeepSpeed on
+    its CPU accelerator."""
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
               "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION"):
         env.pop(k, None)
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    threads = str(max(1, (os.cpu_count() or 1) // args.ranks))
-    env.setdefault("OMP_NUM_THREADS", threads)
+    env.setdefault("PYTHONWARNINGS", warnings)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
     if engine == "deepspeed":
         env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+def launch(args, engine, config_path, out_dir):
+    env = launch_env(args.ranks, engine)
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--",
            sys.executable, str(Path(__file__).resolve()), "--worker", "--engine", engine,
            "--model-size", args.model_size, "--steps", str(args.steps), "--warmup", str(args.warmup),

@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_hf_trainer import ds_config, first_error_lines, git_commit
+from bench_hf_trainer import ds_config, first_error_lines, git_commit, launch_env
 from rss import peak_rss
 
 T_START = time.perf_counter()
@@ -165,17 +165,7 @@ def worker(args):
 # ---------------------------------------------------------------------------
 
 def launch(args, engine, trainer, config_path, out_dir):
-    env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
-              "ZS_LAUNCHER", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_MIXED_PRECISION"):
-        env.pop(k, None)
-    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.ranks)))
-    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
-    if engine == "deepspeed":
-        env["DS_ACCELERATOR"] = "cpu"
+    env = launch_env(args.ranks, engine, warnings="ignore")
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
            str(Path(__file__).resolve()), "--worker", "--engine", engine, "--trainer", trainer,
            "--steps", str(args.steps), "--layers", str(args.layers), "--hidden", str(args.hidden),
