@@ -27,8 +27,10 @@ the engine's sharded, crash-safe checkpoint in <checkpoint>/zeroshard and
 resume at any world size; save_model writes model.safetensors and the
 config, which from_pretrained reads unsharded.
 
-For a Trainer subclass of another library (TRL's SFTTrainer):
-`zeroshard.hf.trainer_class(SFTTrainer)`.
+For a Trainer subclass of another library, whatever its signature (TRL's
+SFTTrainer, DPOTrainer, GRPOTrainer, ...): `zeroshard.hf.trainer_class(X)`;
+the model may be a path, loaded partitioned, and reference and reward
+models are partitioned frozen beside it (trainer.py).
 """
 from .accelerator import Accelerator
 from .config import resolve_config

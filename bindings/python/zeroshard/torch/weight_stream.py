@@ -15,8 +15,9 @@ DEFAULT_MAX_BYTES = 256 << 20
 
 
 def full_weights(model, max_bytes=DEFAULT_MAX_BYTES, buffers=True):
-    """(name, full tensor) for every param of `model` (each name of a tied
-    one), then its persistent buffers (`buffers`), in state_dict order.
+    """(name, full tensor) for every param of `model` in named_parameters
+    order (each name of a tied one), then its persistent buffers
+    (`buffers`): the keys of its state_dict.
 
     Params are gathered in consecutive batches of at most `max_bytes` (a
     param larger than that alone: the bound is then its size) and released
