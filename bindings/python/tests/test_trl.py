@@ -100,10 +100,49 @@ def test_trainer_arguments_are_bound_by_the_base_signature():
     import transformers
 
     import zeroshard.hf
-    from zeroshard.hf.trainer import _arguments_class
+    from zeroshard.hf.trainer import _arguments_class, _init_signature
     cls = zeroshard.hf.trainer_class(trl.GRPOTrainer)
     with pytest.raises(TypeError, match="GRPOTrainer: .*'bogus'"):
         cls("some/model", None, bogus=1)
-    assert _arguments_class(trl.DPOTrainer.__init__) is trl.DPOConfig
-    assert _arguments_class(trl.GRPOTrainer.__init__) is trl.GRPOConfig
-    assert _arguments_class(transformers.Trainer.__init__) is transformers.TrainingArguments
+
+    def signature(base):
+        return _init_signature(base.__mro__)
+    assert _arguments_class(signature(trl.DPOTrainer)) is trl.DPOConfig
+    assert _arguments_class(signature(trl.GRPOTrainer)) is trl.GRPOConfig
+    assert _arguments_class(signature(transformers.Trainer)) is transformers.TrainingArguments
+
+    class PassThrough(trl.DPOTrainer):  # as TRL's experimental BEMA DPOTrainer
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+    call = signature(PassThrough).bind_partial("policy", None, "the args")
+    assert call.arguments["model"] == "policy" and call.arguments["args"] == "the args"
+    # Every trainer of the pinned TRL (and its experimental ones): the model
+    # and the arguments found by name, the arguments' class a
+    # TrainingArguments.
+    trainers = _trl_trainers()
+    assert len(trainers) >= 15, trainers
+    for base in trainers:
+        sig = signature(base)
+        call = sig.bind_partial(model="m", args="a")
+        assert call.arguments["model"] == "m" and call.arguments["args"] == "a", base
+        assert issubclass(_arguments_class(sig), transformers.TrainingArguments), base
+
+
+def _trl_trainers():
+    import importlib
+    import pkgutil
+
+    import transformers
+    import trl.experimental
+    found = {}
+    names = ["trl"] + [f"trl.experimental.{m.name}" for m in pkgutil.iter_modules(trl.experimental.__path__)]
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an optional dependency of an experimental trainer
+            continue
+        for attr in dir(module):
+            obj = getattr(module, attr, None)
+            if isinstance(obj, type) and issubclass(obj, transformers.Trainer) and obj is not transformers.Trainer:
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return list(found.values())

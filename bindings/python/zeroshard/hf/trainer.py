@@ -48,11 +48,13 @@ class ZeroShardTrainerMixin:
         self.async_checkpoint = bool(async_checkpoint)
         # The arguments by the base class's own signature: TRL's trainers
         # put reward_funcs or ref_model second, and take the model as a path.
-        call = _bind(super().__init__, type(self).__name__, args, kwargs)
+        mro = type(self).__mro__
+        signature = _init_signature(mro[mro.index(ZeroShardTrainerMixin) + 1:])
+        call = _bind(signature, type(self).__name__, args, kwargs)
         model = call.arguments.get("model")
         targs = call.arguments.get("args")
         if targs is None:
-            targs = call.arguments["args"] = _arguments_class(super().__init__)(output_dir="tmp_trainer")
+            targs = call.arguments["args"] = _arguments_class(signature)(output_dir="tmp_trainer")
         source = zeroshard_config if zeroshard_config is not None else targs.deepspeed
         if zeroshard_config is not None and targs.deepspeed:
             raise ValueError("zeroshard.hf.Trainer: give the config once, as TrainingArguments(deepspeed=...) or "
@@ -305,19 +307,35 @@ def _detach_deepspeed(args):
     return args
 
 
-def _bind(init, name, args, kwargs):
-    """`args`/`kwargs` bound to `init`'s parameters (the base trainer's)."""
+def _init_signature(bases):
+    """The signature that names the base trainer's parameters (without
+    self): the first __init__ along `bases` (its MRO) that is not a bare
+    (*args, **kwargs) pass-through (TRL's experimental BEMA DPOTrainer)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    for cls in bases:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        if any(p.kind in named for p in params):
+            return inspect.Signature(params)
+    return inspect.signature(transformers.Trainer.__init__).replace(
+        parameters=list(inspect.signature(transformers.Trainer.__init__).parameters.values())[1:])
+
+
+def _bind(signature, name, args, kwargs):
+    """`args`/`kwargs` bound to the base trainer's `signature`."""
     try:
-        return inspect.signature(init).bind_partial(*args, **kwargs)
+        return signature.bind_partial(*args, **kwargs)
     except TypeError as e:
         raise TypeError(f"{name}: {e}") from None
 
 
-def _arguments_class(init):
+def _arguments_class(signature):
     """The arguments class the base trainer's signature names (TRL's
     DPOConfig, GRPOConfig, ...; else TrainingArguments), made with its
     defaults when no arguments are given, as the base trainer would."""
-    annotation = inspect.signature(init).parameters.get("args")
+    annotation = signature.parameters.get("args")
     annotation = annotation.annotation if annotation is not None else None
     for cls in (typing.get_args(annotation) or (annotation,)):
         if isinstance(cls, type) and issubclass(cls, transformers.TrainingArguments):
@@ -334,10 +352,10 @@ def _config_holder(path, args):
 
 
 # The arguments and attributes of TRL's trainers that hold models used for
-# inference only: the reference model (DPO, KTO, GRPO with beta > 0) and
-# reward models (GRPO, RLOO: reward_funcs; PPO-style: reward_model). PPO's
-# value_model trains: it is not one.
-_INFERENCE_ONLY = ("ref_model", "reward_model", "reward_funcs")
+# inference only: the reference model (DPO, KTO, GRPO with beta > 0),
+# reward models (GRPO, RLOO: reward_funcs; PPO-style: reward_model) and the
+# teacher of distillation (GKD, GOLD). PPO's value_model trains: not one.
+_INFERENCE_ONLY = ("ref_model", "reward_model", "reward_funcs", "teacher_model")
 
 
 def _frozen_models(named):
