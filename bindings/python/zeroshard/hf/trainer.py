@@ -79,7 +79,8 @@ class ZeroShardTrainerMixin:
         engine_config = _engine_config(config)
         if model is not None and not by_path:
             zt.partition_module(model, config=engine_config)
-        for frozen in _frozen_models(call.arguments):
+        given = list(_frozen_models(call.arguments))
+        for frozen in given:
             frozen_model(frozen, engine_config)
         # Models the base class loads from a path (the policy, TRL's
         # reference and reward models) load partitioned, each rank reading
@@ -89,9 +90,10 @@ class ZeroShardTrainerMixin:
         if by_path:  # loaded partitioned by the base class: the engine's hooks now
             zt.partition_module(self.model, config=engine_config)
         for frozen in _frozen_models(vars(self)):
-            frozen_model(frozen, engine_config)
-        for m in (self.model, *_frozen_models(vars(self))):
-            _declare_fused_head(m)
+            if all(frozen is not m for m in given):  # built by the base class from a path
+                frozen_model(frozen, engine_config)
+            _declare_fused_head(frozen)
+        _declare_fused_head(self.model)
         # TRL's ds3_gather_for_generation (True by default): generate() in
         # the loop gathers the policy whole when it fits; False: per forward.
         if getattr(targs, "ds3_gather_for_generation", True) is False and self.model is not None:
@@ -319,8 +321,7 @@ def _init_signature(bases):
         params = list(inspect.signature(init).parameters.values())[1:]
         if any(p.kind in named for p in params):
             return inspect.Signature(params)
-    return inspect.signature(transformers.Trainer.__init__).replace(
-        parameters=list(inspect.signature(transformers.Trainer.__init__).parameters.values())[1:])
+    raise TypeError(f"zeroshard.hf.trainer_class: {bases[0].__name__} is not a transformers.Trainer subclass")
 
 
 def _bind(signature, name, args, kwargs):

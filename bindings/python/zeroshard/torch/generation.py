@@ -38,13 +38,20 @@ def install(model):
     """generate() and its stopping test on `model` (a Hugging Face
     generation model, or a PEFT model's base model, whose generate() PEFT's
     calls) as described in the module docstring."""
-    if not _generates(model):
-        base = getattr(model, "get_base_model", None)
-        model = base() if callable(base) else None
-        if model is None or not _generates(model):
-            return
-    model.generate = types.MethodType(_generate, model)
-    model._has_unfinished_sequences = types.MethodType(_unfinished_on_any_rank, model)
+    model = _generating_model(model)
+    if model is not None:
+        model.generate = types.MethodType(_generate, model)
+        model._has_unfinished_sequences = types.MethodType(_unfinished_on_any_rank, model)
+
+
+def _generating_model(model):
+    """`model` if it is a Hugging Face generation model, else its PEFT base
+    model if that is one, else None."""
+    if _generates(model):
+        return model
+    base = getattr(model, "get_base_model", None)
+    base = base() if callable(base) else None
+    return base if base is not None and _generates(base) else None
 
 
 def _generates(model):
@@ -56,9 +63,8 @@ def set_generation_gather(model, mode="auto"):
     in half the available memory, agreed by all ranks), True (whole), False
     (module by module, per decode step)."""
     _check(mode)
-    base = getattr(model, "get_base_model", None)
-    target = model if _generates(model) or not callable(base) else base()
-    target.__dict__["_zs_generation_gather"] = mode
+    target = _generating_model(model)
+    (model if target is None else target).__dict__["_zs_generation_gather"] = mode
     return model
 
 
@@ -81,14 +87,10 @@ def _generate(model, *args, zs_gather=None, **kwargs):
     return type(model).generate(model, *args, **kwargs)
 
 
-def bytes_to_gather(model):
-    """The bytes gathering every partitioned param of `model` would add."""
-    seen, total = set(), 0
-    for p in model.parameters():
-        if is_partitioned(p) and not p.zs.attached and id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
+def bytes_to_gather(params):
+    """The bytes gathering `params` (each once) would add: those of the
+    partitioned ones not gathered now."""
+    return sum(p.numel() * p.element_size() for p in params if is_partitioned(p) and not p.zs.attached)
 
 
 def available_bytes(device):
@@ -108,20 +110,21 @@ def available_bytes(device):
 def _gather_whole(model, mode, ctx):
     if mode is False:
         return False
-    fits = mode is True or bytes_to_gather(model) <= FIT_FRACTION * available_bytes(ctx.device)
+    fits = mode is True or bytes_to_gather(model.parameters()) <= FIT_FRACTION * available_bytes(ctx.device)
     if ctx.world_size == 1:
         return fits
-    flag = torch.tensor([1.0 if fits else 0.0], dtype=torch.float32, device=ctx.device)
-    with ctx.group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
-        work.wait()
-    return int(flag.item()) == ctx.world_size
+    return _ranks_with(fits, ctx) == ctx.world_size
 
 
 def _unfinished_on_any_rank(model, this_peer_finished, synced_gpus, device=None):
     if not synced_gpus:
         return not this_peer_finished
-    ctx = get_context()
-    flag = torch.tensor([0.0 if this_peer_finished else 1.0], dtype=torch.float32, device=ctx.device)
-    with ctx.group("world") as world, world.allreduce(flag, flag, 1, "fp32", "sum") as work:
+    return _ranks_with(not this_peer_finished, get_context()) > 0
+
+
+def _ranks_with(flag, ctx):
+    """How many ranks pass a true `flag` (one all-reduce; collective)."""
+    count = torch.tensor([1.0 if flag else 0.0], dtype=torch.float32, device=ctx.device)
+    with ctx.group("world") as world, world.allreduce(count, count, 1, "fp32", "sum") as work:
         work.wait()
-    return flag.item() > 0.0
+    return int(count.item())

@@ -9,7 +9,8 @@ without ever holding the full model on a rank.
 Collective: every rank iterates the stream to its end (the gathers pair),
 whichever ranks use what they get.
 """
-from ._params import GatheredParameters, is_partitioned
+from ._params import GatheredParameters
+from .generation import bytes_to_gather
 
 DEFAULT_MAX_BYTES = 256 << 20
 
@@ -35,7 +36,7 @@ def full_weights(model, max_bytes=DEFAULT_MAX_BYTES, buffers=True):
         cost = 0
         if id(p) not in seen:
             seen.add(id(p))
-            cost = p.numel() * p.element_size() if is_partitioned(p) and not p.zs.attached else 0
+            cost = bytes_to_gather([p])
         if batch and size + cost > max_bytes:
             yield from _gathered(batch)
             batch, size = [], 0
