@@ -1,6 +1,9 @@
 """The environment a test gives the ranks it launches (zsrun, torchrun,
 accelerate launch): a fresh job's, whatever the test process inherited."""
+import json
 import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -22,3 +25,19 @@ def ranks_env(**extra):
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     env.update(extra)
     return env
+
+
+def rank0_result(cmd, prefix, timeout):
+    """Run the launch `cmd` with ranks_env() in a scratch directory
+    ($ZS_TEST_DIR) and return (rank 0's JSON result, which it writes to
+    $ZS_TEST_RESULT, and the launch's stderr); a launch that fails or writes
+    no result fails the test with its output."""
+    env = ranks_env()
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        env["ZS_TEST_DIR"] = scratch
+        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+        assert os.path.exists(result), "rank 0 wrote no result\n" + proc.stdout[-4000:] + proc.stderr[-8000:]
+        with open(result) as f:
+            return json.load(f), proc.stderr

@@ -2,16 +2,12 @@
 bf16.enabled and fp16.enabled in zeroshard.torch (precision_worker.py), and
 torch.autocast over a zeroshard model. The model zoo under bf16 is in
 test_model_zoo.py."""
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from launch_env import ranks_env
+from launch_env import rank0_result
 
 torch = pytest.importorskip("torch")
 
@@ -23,17 +19,8 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 def run_ranks(n, mode, timeout=300):
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    env = ranks_env()
-    with tempfile.TemporaryDirectory(prefix="zs_precision_") as directory:
-        env["ZS_TEST_DIR"] = directory
-        env["ZS_TEST_RESULT"] = result = os.path.join(directory, "result.json")
-        proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
-                               str(HERE / "precision_worker.py"), mode],
-                              env=env, capture_output=True, text=True, timeout=timeout)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert os.path.exists(result), "rank 0 wrote no result\n" + proc.stdout + proc.stderr
-        with open(result) as f:
-            return json.load(f), proc.stderr
+    return rank0_result([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
+                         str(HERE / "precision_worker.py"), mode], "zs_precision_", timeout)
 
 
 def relative(a, b):

@@ -3,16 +3,12 @@
 and losses equal to DDP's with completions ending at different lengths on
 different ranks, KTO / Reward / RLOO trained, reference models partitioned
 frozen, and the full-weight stream reassembling the model within its bound."""
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from launch_env import ranks_env
+from launch_env import rank0_result
 
 pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
@@ -31,19 +27,12 @@ def results(engine):
         return _runs[engine]
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    env = ranks_env()
-    with tempfile.TemporaryDirectory(prefix="zs_trl_") as scratch:
-        env["ZS_TEST_DIR"] = scratch
-        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
-        worker = [str(HERE / "trl_worker.py"), engine, *TRAINERS[engine]]
-        if engine == "ddp":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
-        else:
-            cmd = [str(ZSRUN), "-n", "2", "--no-prefix", "--", sys.executable, *worker]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-        with open(result) as f:
-            _runs[engine] = json.load(f)
+    worker = [str(HERE / "trl_worker.py"), engine, *TRAINERS[engine]]
+    if engine == "ddp":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
+    else:
+        cmd = [str(ZSRUN), "-n", "2", "--no-prefix", "--", sys.executable, *worker]
+    _runs[engine], _ = rank0_result(cmd, "zs_trl_", 900)
     return _runs[engine]
 
 
