@@ -743,7 +743,7 @@ TEST(ConfigRoundTrip, DefaultsSurvive) {
 
 TEST(ConfigRoundTrip, EveryFieldSurvives) {
   Config c;
-  c.stage = 2;
+  c.stage = 3;  // below 3 the persistence thresholds are the whole model (apply_stage)
   c.reduce_bucket_size = 123;
   c.allgather_bucket_size = 456;
   c.overlap_comm = false;

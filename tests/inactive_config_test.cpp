@@ -13,7 +13,9 @@
 
 namespace {
 
+using zs::Config;
 using zs::InactiveKey;
+using zs::parse_config;
 
 std::vector<InactiveKey> inactive(const std::string& json) {
   return zs::inactive_keys(zs::parse_config(json, 0));
@@ -193,14 +195,37 @@ TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {
       "communication_data_type": "BF16", "prescale_gradients": true,
       "gradient_predivide_factor": 2.0})");
   EXPECT_EQ(paths(keys),
-            (Paths{"zero_optimization.stage", "zero_optimization.allgather_bucket_size",
+            (Paths{"zero_optimization.allgather_bucket_size",
                    "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
-                   "zero_optimization.sub_group_size", "zero_optimization.round_robin_gradients",
+                   "zero_optimization.sub_group_size",
+                   "zero_optimization.stage3_model_persistence_threshold",
+                   "zero_optimization.round_robin_gradients",
                    "zero_optimization.stage3_module_granularity_threshold",
                    "zero_optimization.zenflow", "prescale_gradients", "gradient_predivide_factor"}));
-  EXPECT_EQ(keys[0].value, "2");
-  EXPECT_NE(keys[0].reason.find("stage 3"), std::string::npos);
+  EXPECT_NE(keys[4].reason.find("only at ZeRO stage 3"), std::string::npos);
   EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32"})").empty());
+}
+
+// Stages 1 and 2 act: every param persistent (whole on every rank), which
+// overrides the stage-3 windows; stage 0 runs as 2 and says so.
+TEST(InactiveConfig, StagesBelowThreeKeepParamsWholeAndListStageThreeKeys) {
+  for (int stage : {1, 2}) {
+    const std::string text = R"({"zero_optimization": {"stage": )" + std::to_string(stage) + "}}";
+    EXPECT_TRUE(inactive(text).empty()) << text;
+    const Config c = parse_config(text, 0);
+    EXPECT_EQ(c.param_persistence_threshold, INT64_MAX);
+    EXPECT_EQ(c.model_persistence_threshold, INT64_MAX);
+    EXPECT_EQ(parse_config(zs::config_to_json(c), 0).stage, stage);
+  }
+  const auto zero = inactive(R"({"zero_optimization": {"stage": 0}})");
+  EXPECT_EQ(paths(zero), (Paths{"zero_optimization.stage"}));
+  EXPECT_NE(zero[0].reason.find("runs as stage 2"), std::string::npos);
+  const auto windows = inactive(R"({"zero_optimization": {"stage": 2,
+      "stage3_param_persistence_threshold": 10, "stage3_max_live_parameters": 5,
+      "stage3_max_reuse_distance": 5, "stage3_prefetch_bucket_size": 5}})");
+  EXPECT_EQ(windows.size(), 4u);
+  const Config three = parse_config(R"({"zero_optimization": {"stage": 3}})", 0);
+  EXPECT_EQ(three.param_persistence_threshold, 100000);
 }
 
 // bf16.enabled, fp16.enabled and communication_data_type set the dtype

@@ -579,6 +579,19 @@ void parse_top(Section& top, Config& c) {
   top.collect_unknown();
 }
 
+// ZeRO stages below 3 keep every parameter whole on each rank, as
+// DeepSpeed's stages 1 and 2 do: each param is persistent (gathered at its
+// first use, kept, and refreshed in place by the step's gather), so no
+// forward or backward gathers, while gradients and optimizer state stay
+// sharded. Stage 1 thereby shards gradients too (DeepSpeed's all-reduces
+// them whole): the same numbers, less memory. inactive.cpp lists the
+// stage-3 keys this overrides.
+void apply_stage(Config& c) {
+  if (c.stage >= 3) return;
+  c.param_persistence_threshold = INT64_MAX;
+  c.model_persistence_threshold = INT64_MAX;
+}
+
 // ---- checks across options
 
 void check_precision(const Config& c) {
@@ -811,6 +824,7 @@ Config parse_config(const std::string& json_text, int world_size) {
   std::set<std::string> unused;
   Section top(doc, "", "", unused, c.written);
   parse_top(top, c);
+  apply_stage(c);
   check_precision(c);
   check_partial_offload(c);
   check_topology(c, world_size);

@@ -65,8 +65,6 @@ struct Rule {
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> kRules = {
-      {"zero_optimization.stage", 3,
-       "the engine always partitions parameters, gradients and optimizer state (ZeRO stage 3)"},
       {"zero_optimization.allgather_bucket_size", 500000000,
        "parameter gathers are sized by prefetch_bucket_size (a ZeRO-1/2 option)"},
       {"zero_optimization.contiguous_gradients", true,
@@ -206,6 +204,17 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
     return c.zero_quantized_gradients && c.communication_data_type != "fp32"
                ? "qgZ quantizes the gradients from fp32 (zero_quantized_gradients is on)"
                : nullptr;
+  // Stages 1 and 2 act (config.cpp, apply_stage); stage 0 runs as 2.
+  if (k == "zero_optimization.stage")
+    return v == 0 ? "stage 0 (no ZeRO) runs as stage 2: parameters whole on every rank, gradients "
+                    "and optimizer state sharded; the same numbers as unsharded training"
+                  : nullptr;
+  if (c.stage < 3 && (k == "zero_optimization.param_persistence_threshold" ||
+                      k == "zero_optimization.model_persistence_threshold" ||
+                      k == "zero_optimization.max_live_parameters" ||
+                      k == "zero_optimization.max_reuse_distance" ||
+                      k == "zero_optimization.prefetch_bucket_size"))
+    return "read only at ZeRO stage 3: below it every parameter stays gathered on every rank";
   if (const Rule* rule = rule_for(k)) return v == rule->agrees ? nullptr : rule->reason;
   return nullptr;
 }

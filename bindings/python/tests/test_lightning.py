@@ -61,7 +61,7 @@ def test_offload_knobs_map_as_deepspeedstrategy_maps_them():
     ("max_in_cpu", 10), ("optimizer_buffer_count", 8), ("pin_memory", True), ("block_size", 4096),
     ("queue_depth", 32), ("single_submit", True), ("overlap_events", False), ("thread_count", 4),
     ("sub_group_size", 10**9), ("contiguous_gradients", False), ("allgather_partitions", False),
-    ("reduce_scatter", False), ("allgather_bucket_size", 5 * 10**8), ("stage", 2),
+    ("reduce_scatter", False), ("allgather_bucket_size", 5 * 10**8),
     ("zero_optimization", False), ("logging_batch_size_per_gpu", 8), ("logging_level", 10),
     ("partition_activations", True), ("cpu_checkpointing", True),
     ("contiguous_memory_optimization", True), ("synchronize_checkpoint_boundary", True),

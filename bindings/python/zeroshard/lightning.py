@@ -11,7 +11,7 @@ with their devices, nvme_path, max_in_cpu, optimizer_buffer_count, and
 sub_group_size and the aio knobs under NVMe offload; the Trainer's
 gradient_clip_val becomes gradient_clipping); every other knob set away from
 its default (pin_memory, the parameter buffer pool, remote_device,
-activation checkpointing, stage other than 3, an NVMe or aio knob without
+activation checkpointing, an NVMe or aio knob without
 NVMe offload, ...) is an error naming the knob and its value, never
 silently ignored. `config` (a dict or a path to
 DeepSpeed JSON) replaces the knobs, as in DeepSpeedStrategy; keys of it the
@@ -56,7 +56,6 @@ _ACTIVATIONS = "the engine does not checkpoint or partition activations"
 _INERT_KNOBS = {
     "zero_optimization": (True, "zeroshard always shards parameters, gradients and optimizer "
                                 "state; use DDPStrategy for unsharded training"),
-    "stage": (3, "zeroshard always partitions parameters, gradients and optimizer state (ZeRO stage 3)"),
     "remote_device": (None, "zeroshard.torch.Init places shards by the offload knobs "
                             "(offload_parameters, offload_params_device), not by remote_device"),
     "pin_memory": (False, _PIN),
@@ -80,7 +79,9 @@ _INERT_KNOBS = {
 _FP16_KNOBS = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                "min_loss_scale": 1}
 # Knobs that go into the engine's config.
-_CONFIG_KNOBS = {"overlap_comm": True, "reduce_bucket_size": 200_000_000,
+# stage: 1 and 2 keep params whole on every rank (docs/config.md); 3 unless
+# given, where DeepSpeedStrategy's default is 2.
+_CONFIG_KNOBS = {"stage": 3, "overlap_comm": True, "reduce_bucket_size": 200_000_000,
                  "zero_allow_untested_optimizer": True}
 # Offload knobs with DeepSpeedStrategy's defaults: mapped by _offload_config.
 _OFFLOAD_KNOBS = {"offload_parameters": False, "offload_optimizer": False, "offload_params_device": "cpu",
@@ -178,7 +179,7 @@ def config_from_knobs(**knobs):
     values = dict(_CONFIG_KNOBS, **{k: v for k, v in knobs.items() if k in _CONFIG_KNOBS})
     zero_offload, aio, _ = _offload_config(knobs)
     config = {"zero_allow_untested_optimizer": values["zero_allow_untested_optimizer"],
-              "zero_optimization": {"stage": 3, "overlap_comm": values["overlap_comm"],
+              "zero_optimization": {"stage": values["stage"], "overlap_comm": values["overlap_comm"],
                                     "reduce_bucket_size": values["reduce_bucket_size"], **zero_offload}}
     if aio is not None:
         config["aio"] = aio

@@ -141,12 +141,10 @@ def config_from_plugin(plugin, mixed_precision="no"):
     if plugin.transformer_moe_cls_names:
         raise ValueError("zeroshard.hf.Accelerator: DeepSpeedPlugin(transformer_moe_cls_names=...): name the MoE "
                          "blocks with zeroshard.torch.set_leaf_modules(model, classes) instead")
-    stage = config.get("zero_optimization", {}).get("stage")
-    if stage not in (3, "auto"):
-        raise ValueError(f"zeroshard.hf.Accelerator: zero_stage {stage!r}: zeroshard partitions parameters, "
-                         "gradients and optimizer state (ZeRO stage 3); set zero_stage=3 (accelerate launch "
-                         "--zero_stage 3)")
-    config["zero_optimization"]["stage"] = 3
+    # Stages 1 and 2 keep params whole on every rank, 3 partitions them
+    # (docs/config.md); "auto" is 3.
+    if config.get("zero_optimization", {}).get("stage") == "auto":
+        config["zero_optimization"]["stage"] = 3
     if config.get("gradient_clipping") == "auto":
         config["gradient_clipping"] = 1.0
     if mixed_precision in ("bf16", "fp16") and "bf16" not in config and "fp16" not in config:

@@ -70,10 +70,6 @@ class ZeroShardTrainerMixin:
         by_path = isinstance(model, (str, os.PathLike))
         config = resolve_config(source if source is not None else {"zero_optimization": {"stage": 3}},
                                 targs, model=_config_holder(model, targs) if by_path else model)
-        stage = config.get("zero_optimization", {}).get("stage", 3)
-        if stage not in (3, "auto"):
-            raise ValueError(f"zeroshard.hf.Trainer: zero_optimization.stage {stage!r}: zeroshard always "
-                             "partitions parameters, gradients and optimizer state (ZeRO stage 3); set 3")
         self.zs_config = config
         warn_not_acted_on(config, targs.process_index)
         engine_config = _engine_config(config)
