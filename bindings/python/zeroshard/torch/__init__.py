@@ -14,6 +14,7 @@ from ._context import current_context, get_context, init_context, shutdown
 from .checkpoint import (export_dcp, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint,
                          wait_checkpoint)
 from ._params import is_partitioned
+from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
 from .gathered import GatheredParameters
 from .generation import set_generation_gather
 from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
@@ -26,9 +27,9 @@ from .state import consolidated_state_dict, load_consolidated_state_dict
 from .weight_stream import full_weights
 
 __all__ = [
-    "GatheredParameters", "Init", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
+    "CPUOffloadPolicy", "GatheredParameters", "Init", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
-    "export_dcp", "export_safetensors", "format_memory_report", "full_weights", "wait_checkpoint", "get_context",
+    "export_dcp", "export_safetensors", "format_memory_report", "full_weights", "fully_shard", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint", "set_generation_gather",

@@ -149,6 +149,13 @@ class _Unit:
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
         self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
+        # fully_shard (fully_shard.py): kept gathered from the forward to the
+        # backward (reshard_after_forward=False), from the backward to the
+        # step's end (set_reshard_after_backward(False)); held by unshard().
+        self.keep_for_backward = False
+        self.keep_after_backward = False
+        self.kept_after_backward = False
+        self.user_hold = False
         self._handles = None
 
     def handles(self):
@@ -541,6 +548,8 @@ def _unit_post_forward(module, inputs, kwargs, output):
     try:
         if not unit.params:
             return
+        if _kept_for_backward(unit, output):
+            return
         _release(unit.params, unit.handles())
         if not torch.is_grad_enabled():
             return
@@ -568,6 +577,27 @@ def _unit_post_forward(module, inputs, kwargs, output):
         state = hook_state()
         if state.opened and state.opened[-1][0] is unit and len(state.running) <= state.opened[-1][1]:
             _close_scope(output)
+
+
+def _kept_for_backward(unit, output):
+    """A unit fully_shard'd with reshard_after_forward=False (the root by
+    default) keeps its forward's hold for its backward, which then gathers
+    nothing: the hold goes once its params' gradients have come
+    (_grad_arrived). Only a unit with params that take a gradient and an
+    output that needs one; a second forward before that backward
+    (activation checkpointing's) gives its own hold back as usual."""
+    if not (unit.keep_for_backward and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
+        return False
+    pending = {p for p in unit.params if p.requires_grad}
+    if not pending or not _output_tensors(output, []):
+        return False
+    engine = unit.engine
+    unit.pending = pending
+    engine._hook_grads(pending)
+    unit.bwd_held = True
+    for p in pending:
+        engine.waiting.setdefault(p, []).append(unit)
+    return True
 
 
 def _live_unit(module):
@@ -682,6 +712,9 @@ class HookEngine:
         # no hooks inside it. A leaf module is one; so is a block compiled
         # before partitioning (compiled_block), whose graph would otherwise
         # break at every submodule's hooks.
+        if self.model.__dict__.get("_zs_fsdp") is not None:
+            self._walk_sharded(module, names)
+            return
         whole = leaf or (module is not self.model and compiled_block(module))
         subtree = list(module.modules()) if whole else [module]
         own = list(module.parameters(recurse=whole)) + [p for m in subtree for p in getattr(m, "_zs_external", [])]
@@ -703,6 +736,38 @@ class HookEngine:
         fetch_on_access(module)
         for child in module.children():
             self._walk(child, names, inside_leaf=whole)
+
+    def _walk_sharded(self, module, names):
+        """fully_shard's units (fully_shard.py): a fully_shard'd module
+        fetches the params of its subtree but those of the fully_shard'd
+        modules inside it, whose units are their own; the modules between
+        carry no hooks, as in a compiled block."""
+        own, subtree, inner = [], [], []
+
+        def collect(m):
+            subtree.append(m)
+            own.extend(m.parameters(recurse=False))
+            own.extend(getattr(m, "_zs_external", []))
+            for child in m.children():
+                if child.__dict__.get("_zs_fsdp") is not None:
+                    inner.append(child)
+                else:
+                    collect(child)
+
+        collect(module)
+        params = []
+        for p in own:
+            if is_partitioned(p) and all(p is not q for q in params):
+                params.append(p)
+        unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf=False)
+        unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
+        unit.keep_for_backward = module.__dict__["_zs_fsdp"].keeps_for_backward(module is self.model)
+        module.__dict__["_zs_unit"] = unit
+        self.units.append(unit)
+        unit.arm()
+        fetch_on_access(module)
+        for child in inner:
+            self._walk_sharded(child, names)
 
     def _adopt_units(self):
         """Make this engine the one of its units: owners, leaf groups,
@@ -907,6 +972,9 @@ class HookEngine:
             unit.pending.discard(p)
             if unit.bwd_held and not unit.pending:
                 unit.bwd_held = False
+                if unit.keep_after_backward and not unit.kept_after_backward:
+                    unit.kept_after_backward = True  # until the step's end (release_held)
+                    continue
                 _release(unit.params, unit.handles())
 
     def open_frozen_call(self, call):
@@ -966,6 +1034,7 @@ class HookEngine:
             unit.pending.clear()
             unit.bwd_held = False
             unit.open_calls = 0
+            unit.kept_after_backward = unit.user_hold = False
             held = [p for p in unit.params if p.zs.holds > 0]
             for p in held:
                 p.zs.holds = 0

@@ -10,13 +10,15 @@ from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
 from . import generation
 from .hooks import HookEngine
+from .input_cast import cast_inputs_to
 from .state import arm_state_dict
 
 
 def _partition_own(module, dtype, config=None, device=None):
     freed = 0  # bytes of host memory the full params held
     for name, p in module.named_parameters(recurse=False):
-        if not is_partitioned(p):
+        # fully_shard's ignored_params stay whole and unmanaged.
+        if not is_partitioned(p) and not getattr(p, "_zs_ignored", False):
             # The context is created (or checked) against where this param lives.
             ctx = get_context(config, device=device, like=p.data.device)
             # bf16.enabled / fp16.enabled: floating params in that dtype
@@ -191,16 +193,25 @@ def _all_module_classes():
     return seen
 
 
-def partition_module(module, dtype=None, config=None, device=None):
+def partition_module(module, dtype=None, config=None, device=None, cast_forward_inputs=True):
     """Partition a built module's params (values from rank 0) and install
     the fetch/release/gradient hooks. Returns the module. Collective.
 
     Without `device`, a new context is created on the device of the
     module's params (see Init); params on a GPU other than the context's
-    raise RuntimeError."""
-    get_context(config, device=device, like=_where_built(module))
+    raise RuntimeError.
+
+    Under bf16.enabled / fp16.enabled (and `dtype` bf16/fp16) the root's
+    floating inputs are cast to that dtype at each forward, as FSDP2's
+    MixedPrecisionPolicy does (input_cast.py); cast_forward_inputs=False
+    leaves them as they come."""
+    ctx = get_context(config, device=device, like=_where_built(module))
     for m in module.modules():
         _partition_own(m, dtype, config, device)
+    working = dtype if dtype is not None else working_dtype(ctx)
+    if cast_forward_inputs and working in (torch.bfloat16, torch.float16) \
+            and module.__dict__.get("_zs_fsdp") is None:  # fully_shard casts by its policy
+        cast_inputs_to(module, working)
     if getattr(module, "_zs_hooks", None) is None:
         engine = HookEngine(module)
         engine.install()
