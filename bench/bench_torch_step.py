@@ -1,7 +1,10 @@
 """PyTorch step benchmark: the same model trained through zeroshard
 (zeroshard.torch: Init, partition_module, ZeroShardOptimizer), torch DDP
-(gloo) and DeepSpeed ZeRO-3 on the CPU (DS_ACCELERATOR=cpu, gloo), in one
-run, each engine in its own zsrun launch so that peak RSS figures do not mix.
+(gloo), FSDP2 (torch's fully_shard on each block, then the root; a stock
+AdamW), the same FSDP2 script with zeroshard.torch's fully_shard ("fully_shard":
+one import changed) and DeepSpeed ZeRO-3 on the CPU (DS_ACCELERATOR=cpu,
+gloo), in one run, each engine in its own zsrun launch so that peak RSS
+figures do not mix.
 
     .venv/bin/python bench/bench_torch_step.py [--models wide fine] [--ranks 2]
         [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
@@ -90,8 +93,10 @@ from rss import peak_rss, rss_now
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
-ENGINES = ("zeroshard", "ddp", "deepspeed")
-WORKER_ENGINES = ENGINES + ("fsdp2",)  # fsdp2: --compile's side by side
+# fully_shard: the FSDP2 script with zeroshard.torch's fully_shard (one
+# import changed), a stock torch AdamW stepping the engine's shards.
+ENGINES = ("zeroshard", "ddp", "fsdp2", "fully_shard", "deepspeed")
+WORKER_ENGINES = ENGINES
 
 
 # ---------------------------------------------------------------------------
@@ -312,25 +317,35 @@ def worker(args):
     rss_before_model = rss_now()
 
     torch.manual_seed(0)
-    if args.engine == "fsdp2":
+    if args.engine in ("fsdp2", "fully_shard"):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        if args.engine == "fsdp2":
+            import torch.distributed.fsdp as api
+        else:
+            import zeroshard.torch as api
         model = build_model(args)
         if args.compiled:
             for blk in blocks_of(model):
                 blk.compile()  # before fully_shard: its hooks stay outside the graphs (torchtitan)
         mesh = init_device_mesh("cpu", (world,))
+        mp = api.MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None)
         for blk in blocks_of(model):
-            fully_shard(blk, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            api.fully_shard(blk, mesh=mesh, mp_policy=mp)
+        api.fully_shard(model, mesh=mesh, mp_policy=mp)
         opt = torch.optim.AdamW(model.parameters(), foreach=True, **hp)
-        notes["optimizer"] = "torch.optim.AdamW(foreach=True) on DTensor shards"
+        notes["optimizer"] = ("torch.optim.AdamW(foreach=True) on DTensor shards" if args.engine == "fsdp2" else
+                              "torch.optim.AdamW(foreach=True) on the engine's shards")
+        if bf16:
+            notes["mixed_precision"] = "MixedPrecisionPolicy(param_dtype=torch.bfloat16)"
         step = torch_step(model, opt)
 
         def local(ts):
             return [t.to_local() if hasattr(t, "to_local") else t for t in ts if t is not None]
 
         def state_bytes():
+            if args.engine == "fully_shard":
+                m = api.get_context().memory()
+                return m["shard_bytes"], m["grad_bytes"], m["optimizer_bytes"]
             seen = set()
             params = storage_bytes(local(model.parameters()), seen)
             grads = storage_bytes(local(p.grad for p in model.parameters()), seen)
@@ -874,6 +889,14 @@ def main():
             note = r["per_rank"][0]["notes"].get("optimizer", "")
             print(f"[{model}] {engine:9s} {describe(r)}  [{note}]", flush=True)
         zs, ddp, ds = results["zeroshard"], results["ddp"], results.get("deepspeed")
+        if "fully_shard" in results and "fsdp2" in results:
+            a, b = results["fully_shard"], results["fsdp2"]
+            row_fs = {"step_time": a["median_step_s"] / b["median_step_s"], "peak_rss": peak_of(a) / peak_of(b),
+                      "max_loss_rel_diff": max(abs(x - y) / max(abs(y), 1e-30)
+                                               for x, y in zip(a["losses"], b["losses"]))}
+            print(f"[{model}] fully_shard/fsdp2 (the same script, one import changed): step time "
+                  f"x{row_fs['step_time']:.2f}, peak RSS x{row_fs['peak_rss']:.2f}; losses agree to "
+                  f"{row_fs['max_loss_rel_diff']:.2e} rel", flush=True)
         row = {"model": model, "params": zs["params"], "ranks": args.ranks,
                "engines": {e: {"median_step_s": r["median_step_s"], "state_bytes_per_rank": state_of(r),
                                "peak_rss_bytes_per_rank": [p["peak_rss_bytes"] for p in r["per_rank"]],
@@ -886,7 +909,9 @@ def main():
                                "losses": r["losses"], "final_loss": r["losses"][-1]}
                            for e, r in results.items()},
                "skipped": skipped}
-        for other_name, other in (("ddp", ddp), ("deepspeed", ds)):
+        if "fully_shard" in results and "fsdp2" in results:
+            row["fully_shard_over_fsdp2"] = row_fs
+        for other_name, other in (("ddp", ddp), ("fsdp2", results.get("fsdp2")), ("deepspeed", ds)):
             if other is None:
                 continue
             diff = max(abs(a - b) for a, b in zip(zs["losses"], other["losses"]))
@@ -905,10 +930,12 @@ def main():
         if args.identity_ab:
             row["identity_ab"] = identity_ab(args, model)
         summary.append(row)
-    print("targets (not asserted): step <= 1.1x DDP and <= DeepSpeed; peak RSS <= 0.6x DDP on the wide model"
+    print("targets (not asserted): step <= 1.1x DDP, <= DeepSpeed and <= 0.8x FSDP2; peak RSS <= 0.6x DDP on the "
+          "wide model and <= 0.7x FSDP2"
           + ("; identities on/off <= 1.02" if args.identity_ab else "")
           + ". Figures are from whatever else the machine was running.", flush=True)
-    targets = {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0, "peak_rss_over_ddp_wide": 0.6}
+    targets = {"step_over_ddp": 1.1, "step_over_deepspeed": 1.0, "peak_rss_over_ddp_wide": 0.6,
+               "step_over_fsdp2": 0.8, "peak_rss_over_fsdp2": 0.7}
     if args.identity_ab:
         targets["identities_on_over_off"] = 1.02
     head = {"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup}

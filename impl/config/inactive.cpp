@@ -95,7 +95,10 @@ const std::vector<Rule>& rules() {
       {"zero_optimization.module_granularity_threshold", 0, kDeepSpeedOnly},
       {"bf16.immediate_grad_update", false, kDeepSpeedOnly},
       {"bf16.check_grad_overflow", true, kDeepSpeedOnly},
-      {"fp16.auto_cast", false, "the engine does not cast the model's inputs"},
+      {"fp16.auto_cast", false,
+       "the engine never sees the model's inputs: a binding casts them (zeroshard.torch casts "
+       "floating inputs to the 16-bit dtype at the root's forward whatever this key says; "
+       "partition_module(cast_forward_inputs=False) leaves them)"},
       {"fp16.fp16_master_weights_and_grads", false,
        "16-bit parameters always have fp32 master weights and gradients"},
       {"prescale_gradients", false, "gradients are averaged once, in the reduce-scatter"},

@@ -5,7 +5,9 @@
 A script written against Accelerate (prepare, accumulate, backward,
 clip_grad_norm_, save_state / load_state): ENGINE ddp runs it on
 accelerate.Accelerator (DDP on CPU ranks), zeroshard on
-zeroshard.hf.Accelerator with a DeepSpeedPlugin, zeroshard_env on
+zeroshard.hf.Accelerator with a DeepSpeedPlugin, zeroshard_fsdp on it with
+Accelerate's FSDP2 plugin (fully_shard per GPT2Block, then the model),
+zeroshard_env on
 zeroshard.hf.Accelerator() with the plugin made from `accelerate launch
 --use_deepspeed` variables. Rank 0 writes JSON to $ZS_TEST_RESULT.
 """
@@ -34,6 +36,10 @@ def main():
                           "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
                           "train_micro_batch_size_per_gpu": "auto"}, zero_stage=3)
         acc = zeroshard.hf.Accelerator(deepspeed_plugin=plugin, cpu=True)
+    elif engine == "zeroshard_fsdp":
+        plugin = accelerate.FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["GPT2Block"])
+        acc = zeroshard.hf.Accelerator(fsdp_plugin=plugin, gradient_accumulation_steps=2, cpu=True)
     else:
         acc = zeroshard.hf.Accelerator(cpu=True)
     model = build("causal_lm")
@@ -66,7 +72,9 @@ def main():
     result = {"losses": losses, "again": again, "lr": sched.get_last_lr(), "world": acc.num_processes,
               "batches": len(batches), "type": str(acc.distributed_type),
               "partitioned": all(zeroshard.torch.is_partitioned(p) for p in model.parameters()),
-              "config": getattr(acc, "zs_config", None)}
+              "config": getattr(acc, "zs_config", None), "model_type": type(acc.unwrap_model(model)).__name__,
+              "fsdp_units": sorted(type(m).__name__ for m in model.modules() if "_zs_fsdp" in m.__dict__),
+              "optimizer": type(getattr(opt, "optimizer", opt)).__name__}
     if acc.is_main_process:
         with open(os.environ["ZS_TEST_RESULT"], "w") as f:
             json.dump(result, f)

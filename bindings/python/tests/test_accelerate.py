@@ -63,6 +63,19 @@ def test_accelerator_script_trains_as_ddp():
     same(ours["losses"][6:], ours["again"])
 
 
+def test_fsdp2_plugin_routes_to_fully_shard_and_trains_as_ddp():
+    """Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2,
+    transformer-based wrap)): each GPT2Block and then the model fully_shard'd
+    by zeroshard, the torch AdamW kept (stepping the shards): DDP's losses,
+    and again after save_state / load_state."""
+    ddp, ours = launch("ddp"), launch("zeroshard_fsdp")
+    assert ours["partitioned"] and ours["model_type"] == "FSDPGPT2LMHeadModel", ours
+    assert ours["fsdp_units"] == ["FSDPGPT2Block", "FSDPGPT2Block", "FSDPGPT2LMHeadModel"], ours
+    assert ours["optimizer"] == "AdamW"
+    same(ddp["losses"], ours["losses"])
+    same(ours["losses"][6:], ours["again"])
+
+
 def test_accelerate_launch_use_deepspeed_flags_reach_the_engine():
     """accelerate launch --use_deepspeed --zero_stage 3 with its accumulation
     and clipping flags: Accelerate's DeepSpeedPlugin from the environment,

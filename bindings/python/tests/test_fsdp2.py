@@ -98,5 +98,10 @@ def test_arguments_the_engine_cannot_map_are_named():
         zt.fully_shard(meta)
     with pytest.raises(NotImplementedError, match="set_custom_all_gather is not supported"):
         zt.ZeroShardFSDPModule.set_custom_all_gather(model, None)
+    # Accelerate's FSDP plugin routes FSDP2 only (fsdp_version=2).
+    accelerate = pytest.importorskip("accelerate")
+    from zeroshard.hf.accelerator import fsdp_settings
+    with pytest.raises(ValueError, match="fsdp_version=2"):
+        fsdp_settings(accelerate.FullyShardedDataParallelPlugin(fsdp_version=1))
     # torch's own policy classes: a script's objects work unchanged.
     assert zt.MixedPrecisionPolicy is torch.distributed.fsdp.MixedPrecisionPolicy

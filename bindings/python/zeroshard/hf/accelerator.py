@@ -155,6 +155,47 @@ def config_from_plugin(plugin, mixed_precision="no"):
     return config
 
 
+def fsdp_settings(plugin, mixed_precision="no"):
+    """What fully_shard takes from Accelerate's FullyShardedDataParallelPlugin
+    (fsdp_version=2): the plugin, its reshard_after_forward, offload policy
+    and mixed precision policy (from the Accelerator's mixed_precision when
+    it sets none, as Accelerate does). What FSDP2 under Accelerate would do
+    and the engine cannot is refused by name."""
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"zeroshard.hf.Accelerator: FullyShardedDataParallelPlugin(fsdp_version="
+                         f"{plugin.fsdp_version}): zeroshard serves FSDP2's API; set fsdp_version=2 "
+                         "(accelerate launch --fsdp_version 2)")
+    if plugin.activation_checkpointing:
+        raise NotImplementedError("zeroshard.hf.Accelerator: the FSDP plugin's activation_checkpointing is not "
+                                  "applied; enable it on the model (model.gradient_checkpointing_enable())")
+    if plugin.cpu_ram_efficient_loading:
+        raise NotImplementedError("zeroshard.hf.Accelerator: the FSDP plugin's cpu_ram_efficient_loading is not "
+                                  "applied; load partitioned instead (zeroshard.hf from_pretrained under a "
+                                  "zeroshard config: no rank holds more than one module whole)")
+    if plugin.mixed_precision_policy is None and mixed_precision in ("bf16", "fp16"):
+        plugin.set_mixed_precision(mixed_precision)
+    return plugin
+
+
+def fully_shard_by_plugin(model, plugin):
+    """fully_shard each module the plugin's auto-wrap policy picks (deepest
+    first, as Accelerate's fsdp2_prepare_model), then the model."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
+    plugin.set_auto_wrap_policy(model)
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    ignored = {p for m in plugin.ignored_modules or () for p in m.parameters()}
+    kwargs = dict(reshard_after_forward=plugin.reshard_after_forward,
+                  offload_policy=plugin.cpu_offload if plugin.cpu_offload is not None else zt.OffloadPolicy(),
+                  mp_policy=plugin.mixed_precision_policy or zt.MixedPrecisionPolicy(),
+                  ignored_params=ignored or None)
+    if policy is not None:
+        for module in get_module_children_bottom_up(model)[:-1]:
+            if policy(module):
+                zt.fully_shard(module, **kwargs)
+    zt.fully_shard(model, **kwargs)
+    return model
+
+
 def _json_safe(value):
     """The plugin's config without what JSON cannot hold or the engine
     reads as a value (Accelerate's steps_per_print = inf; nvme_path None
@@ -188,18 +229,31 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
     zero3_init_flag (DeepSpeed's default under ZeRO-3), from_pretrained
     loads partitioned."""
 
-    def __init__(self, *args, zeroshard_config=None, deepspeed_plugin=None, **kwargs):
+    def __init__(self, *args, zeroshard_config=None, deepspeed_plugin=None, fsdp_plugin=None, **kwargs):
         if isinstance(deepspeed_plugin, dict):
             raise ValueError("zeroshard.hf.Accelerator: several DeepSpeed plugins (a dict) are not supported")
         from_env = os.environ.pop("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        if zeroshard_config is not None and (deepspeed_plugin is not None or from_env):
-            raise ValueError("zeroshard.hf.Accelerator: give the config once: zeroshard_config= or a "
-                             "DeepSpeedPlugin (or accelerate launch --use_deepspeed), not both")
+        fsdp_from_env = os.environ.pop("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        given = [name for name, on in (("zeroshard_config=", zeroshard_config is not None),
+                                       ("a DeepSpeedPlugin (or accelerate launch --use_deepspeed)",
+                                        deepspeed_plugin is not None or from_env),
+                                       ("an FSDP plugin (or accelerate launch --use_fsdp)",
+                                        fsdp_plugin is not None or fsdp_from_env)) if on]
+        if len(given) > 1:
+            raise ValueError(f"zeroshard.hf.Accelerator: give the config once: {' and '.join(given)} were both "
+                             "given")
         mixed = kwargs.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         mixed = str(getattr(mixed, "value", mixed))
         if deepspeed_plugin is None and from_env:
             deepspeed_plugin = accelerate.DeepSpeedPlugin()  # from accelerate launch's variables
-        if deepspeed_plugin is not None:
+        if fsdp_plugin is None and fsdp_from_env:
+            fsdp_plugin = accelerate.FullyShardedDataParallelPlugin()  # likewise
+        self._zs_fsdp = None
+        if fsdp_plugin is not None:
+            self._zs_fsdp = fsdp_settings(fsdp_plugin, mixed)
+            self.zs_config = {"zero_optimization": {"stage": 3}}  # fully_shard makes the context
+            zero3_init = False
+        elif deepspeed_plugin is not None:
             self.zs_config = config_from_plugin(deepspeed_plugin, mixed)
             kwargs.setdefault("gradient_accumulation_steps",
                               int(deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps") or 1))
@@ -219,6 +273,13 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         self._zs_pretrained = HfZeroShardConfig(self.zs_config) if zero3_init else None
 
     def prepare(self, *args, device_placement=None):
+        if self._zs_fsdp is not None:
+            # FSDP2's route: fully_shard as Accelerate's plugin would wrap,
+            # the torch optimizer kept, stepping the shards (shard_optim).
+            for obj in args:
+                if isinstance(obj, torch.nn.Module) and not any(zt.is_partitioned(p) for p in obj.parameters()):
+                    fully_shard_by_plugin(obj, self._zs_fsdp)
+            return super().prepare(*args, device_placement=device_placement)
         engine_config = _engine_config(self.zs_config)
         for obj in args:
             if isinstance(obj, torch.nn.Module):
