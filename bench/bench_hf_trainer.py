@@ -80,7 +80,14 @@ from rss import peak_rss, rss_now
 T_START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
-ENGINES = ("zeroshard", "ddp", "deepspeed")
+# fsdp2: transformers.Trainer with TrainingArguments(fsdp="full_shard auto_wrap",
+# fsdp_config={"version": 2, ...}): Accelerate's FSDP2 plugin, fully_shard per
+# GPT2Block; fully_shard: the same arguments to zeroshard.hf.Trainer, which
+# fully_shards with zeroshard.torch.fully_shard.
+ENGINES = ("zeroshard", "ddp", "fsdp2", "fully_shard", "deepspeed")
+FSDP2_ARGS = dict(fsdp="full_shard auto_wrap",
+                  fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"],
+                               "reshard_after_forward": True})
 MODELS = {
     "base": dict(n_embd=768, n_layer=12, n_head=12),
     "small": dict(n_embd=256, n_layer=2, n_head=4),
@@ -174,7 +181,7 @@ def worker(args):
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     import torch.distributed as dist
     import transformers
-    if args.engine == "zeroshard":
+    if args.engine in ("zeroshard", "fully_shard"):
         import zeroshard.hf
         import zeroshard.torch as zt
         Trainer = zeroshard.hf.Trainer  # the one line that differs
@@ -223,7 +230,8 @@ def worker(args):
         learning_rate=args.lr, weight_decay=0.01, max_grad_norm=1.0, max_steps=args.steps,
         lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to=[], seed=0, data_seed=0,
         use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, ddp_backend="gloo",
-        deepspeed=args.ds_config if args.engine in ("zeroshard", "deepspeed") else None)
+        deepspeed=args.ds_config if args.engine in ("zeroshard", "deepspeed") else None,
+        **(FSDP2_ARGS if args.engine in ("fsdp2", "fully_shard") else {}))
     marks["arguments"] = time.perf_counter() - T_START
 
     torch.manual_seed(0)
@@ -270,7 +278,7 @@ def worker(args):
             "marks_s": marks, "train_s": train_s, "train_runtime_s": result.metrics.get("train_runtime")}
     notes = {"optimizer": describe_optimizer(trainer.optimizer), "optim_arg": str(getattr(targs.optim, "value",
                                                                                           targs.optim))}
-    if args.engine == "zeroshard":
+    if args.engine in ("zeroshard", "fully_shard"):
         eo = engine_optimizer(trainer.optimizer)
         if eo is not None:
             st = eo.step_stats()
@@ -290,7 +298,7 @@ def worker(args):
                                                            if "loss" in h],
                           "notes": notes, "per_rank": everyone}), flush=True)
     dist.barrier()
-    if args.engine == "zeroshard":
+    if args.engine in ("zeroshard", "fully_shard"):
         zt.shutdown()
     # torch's Gloo worker thread can abort a finalising interpreter, and
     # DeepSpeed's CPU engine its teardown, once all is measured.
@@ -499,11 +507,13 @@ def main():
             print(f"optimizer {e}: {results[e]['optimizer']}")
     ratios = {}
     zs = results.get("zeroshard")
-    for other in ("ddp", "deepspeed"):
+    pairs = [("zeroshard", zs, other) for other in ("ddp", "fsdp2", "deepspeed")]
+    pairs.append(("fully_shard", results.get("fully_shard"), "fsdp2"))
+    for name, zs, other in pairs:
         o = results.get(other)
         if zs is None or o is None:
             continue
-        ratios[f"zeroshard_over_{other}"] = q = {
+        ratios[f"{name}_over_{other}"] = q = {
             "samples_per_s": zs["samples_per_s"] / o["samples_per_s"],
             "peak_rss": zs["peak_rss_bytes"] / o["peak_rss_bytes"],
             "forward_backward": zs["phases_median_s"]["forward_backward"] / o["phases_median_s"]["forward_backward"],
@@ -511,7 +521,7 @@ def main():
             "startup": zs["startup_s"] / o["startup_s"],
             "losses": loss_agreement(zs["losses"], o["losses"])}
         agree = q["losses"]
-        print(f"zeroshard/{other}: samples/s x{q['samples_per_s']:.3f}, peak RSS x{q['peak_rss']:.3f}, "
+        print(f"{name}/{other}: samples/s x{q['samples_per_s']:.3f}, peak RSS x{q['peak_rss']:.3f}, "
               f"CPU s/step x{q['cpu_s_per_step']:.3f}, startup x{q['startup']:.2f}; losses "
               + (f"agree to {agree['max_rel_diff']:.2e} rel ({agree['max_abs_diff']:.2e} abs, worst of "
                  f"{len(zs['losses'])} steps)" if agree else "not comparable"), flush=True)

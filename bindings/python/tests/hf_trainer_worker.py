@@ -68,7 +68,11 @@ def build(kind):
         attn_pdrop=0.0))
 
 
-def arguments(engine, out, **extra):
+# The blocks an FSDP2 script's fsdp_config wraps, by model kind.
+BLOCKS = {"causal_lm": "GPT2Block", "classifier": "BertLayer", "seq2seq": "T5Block"}
+
+
+def arguments(engine, out, kind="causal_lm", **extra):
     kwargs = dict(output_dir=out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
                   gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0,
                   num_train_epochs=2, lr_scheduler_type="linear", warmup_steps=1, logging_steps=1,
@@ -77,13 +81,17 @@ def arguments(engine, out, **extra):
     kwargs.update(extra)
     if engine == "zeroshard":
         kwargs["deepspeed"] = DS_CONFIG
+    elif engine == "zeroshard_fsdp2":  # an FSDP2 Trainer script's arguments
+        kwargs.update(fsdp="full_shard auto_wrap",
+                      fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": [BLOCKS[kind]]})
     return transformers.TrainingArguments(**kwargs)
 
 
 def trainer_class(engine, kind):
+    ours = engine.startswith("zeroshard")
     if kind == "seq2seq":
-        return zeroshard.hf.Seq2SeqTrainer if engine == "zeroshard" else transformers.Seq2SeqTrainer
-    return zeroshard.hf.Trainer if engine == "zeroshard" else transformers.Trainer
+        return zeroshard.hf.Seq2SeqTrainer if ours else transformers.Seq2SeqTrainer
+    return zeroshard.hf.Trainer if ours else transformers.Trainer
 
 
 def losses(trainer):
@@ -93,7 +101,8 @@ def losses(trainer):
 def mode_train(kind, engine, out):
     cls = trainer_class(engine, kind)
     # The causal LM with gradient checkpointing (recomputed forwards in backward).
-    args = arguments(engine, out, eval_strategy="steps", eval_steps=3, gradient_checkpointing=kind == "causal_lm")
+    args = arguments(engine, out, kind, eval_strategy="steps", eval_steps=3,
+                     gradient_checkpointing=kind == "causal_lm")
     if kind == "seq2seq":
         args = transformers.Seq2SeqTrainingArguments(**{**args.to_dict(), "predict_with_generate": True,
                                                        "generation_max_length": 6,
@@ -117,7 +126,8 @@ def mode_train(kind, engine, out):
             "predictions": (predicted.predictions if not isinstance(predicted.predictions, tuple)
                             else predicted.predictions[0]).reshape(-1)[:64].tolist() if kind == "seq2seq" else None,
             "partitioned": all(zeroshard.torch.is_partitioned(p) for p in model.parameters())
-            if engine == "zeroshard" else False}
+            if engine.startswith("zeroshard") else False,
+            "fsdp_units": sorted(type(m).__name__ for m in model.modules() if "_zs_fsdp" in m.__dict__)}
 
 
 def mode_optim(optim, engine, out):
@@ -302,7 +312,8 @@ def mode_compiled(engine, out):
     compiled = trainer.model_wrapped is not model and hasattr(trainer.model_wrapped, "_orig_mod")
     return {"losses": losses(trainer), "compiled": compiled,
             "partitioned": all(zeroshard.torch.is_partitioned(p) for p in model.parameters())
-            if engine == "zeroshard" else False}
+            if engine.startswith("zeroshard") else False,
+            "fsdp_units": sorted(type(m).__name__ for m in model.modules() if "_zs_fsdp" in m.__dict__)}
 
 
 def mode_resize(engine, out):

@@ -75,6 +75,20 @@ def test_trainer_with_a_deepspeed_json_trains_as_ddp(kind):
     assert ours["predictions"] == ddp["predictions"]
 
 
+def test_fsdp2_trainer_arguments_train_as_ddp():
+    """An FSDP2 Trainer script (fsdp="full_shard auto_wrap", fsdp_config
+    version 2 wrapping GPT2Block) on zeroshard.hf.Trainer: each block and
+    then the model fully_shard'd by zeroshard, the Trainer's torch AdamW
+    stepping the shards, gradient checkpointing and evaluation as in the
+    DeepSpeed run: DDP's losses, evaluation losses and norms."""
+    ddp, ours = cached(2, "causal_lm", "ddp"), cached(2, "causal_lm", "zeroshard_fsdp2")
+    assert ours["partitioned"]
+    assert ours["fsdp_units"] == ["FSDPGPT2Block", "FSDPGPT2Block", "FSDPGPT2LMHeadModel"], ours
+    same(ddp["losses"], ours["losses"])
+    same(ddp["eval_losses"], ours["eval_losses"])
+    same(ddp["grad_norms"], ours["grad_norms"], rel=1e-4)
+
+
 def test_optim_argument_names_a_torch_optimizer_that_trains_as_ddp():
     """TrainingArguments(optim="adafactor"): the Trainer's own torch optimizer
     (transformers' Adafactor, a whole-tensor rule: each param on its owner

@@ -11,7 +11,7 @@ import transformers
 from .. import torch as zt
 from ..torch._context import working_dtype
 from ..torch import shard_optim
-from .accelerator import _accelerator_class, checkpoint_optimizer
+from .accelerator import _accelerator_class, checkpoint_optimizer, fsdp_settings, fully_shard_by_plugin
 from .config import _engine_config, resolve_config, warn_not_acted_on
 from .pretrained import _take_over_deepspeed_registration, loading_partitioned
 from .schedulers import SCHEDULERS
@@ -31,8 +31,6 @@ def _refused(args):
     if args.auto_find_batch_size:
         out.append("auto_find_batch_size=True: a retry with a smaller batch would rebuild the partitioned model "
                    "(as under DeepSpeed ZeRO-3); set per_device_train_batch_size")
-    if args.fsdp:
-        out.append(f"fsdp={args.fsdp!r}: zeroshard shards the model itself; leave fsdp unset")
     return out
 
 
@@ -62,19 +60,29 @@ class ZeroShardTrainerMixin:
         if call.arguments.get("model_init") is not None:
             raise ValueError("zeroshard.hf.Trainer: model_init (a model rebuilt per run or trial) is not "
                              "supported: pass the model, built under zeroshard.torch.Init or plainly")
+        if targs.fsdp and source is not None:
+            raise ValueError("zeroshard.hf.Trainer: TrainingArguments(fsdp=...) and a DeepSpeed config "
+                             "(deepspeed= or zeroshard_config=): give one")
         targs = _detach_deepspeed(targs)
         refused = _refused(targs)
         if refused:
             raise ValueError("zeroshard.hf.Trainer: these TrainingArguments cannot work with a sharded model:\n- "
                              + "\n- ".join(refused))
         by_path = isinstance(model, (str, os.PathLike))
-        config = resolve_config(source if source is not None else {"zero_optimization": {"stage": 3}},
-                                targs, model=_config_holder(model, targs) if by_path else model)
+        # FSDP2's route (fsdp=..., fsdp_config={"version": 2}): fully_shard as
+        # Accelerate's plugin would wrap, the Trainer's own torch optimizer.
+        self._zs_fsdp = _fsdp_route(targs) if targs.fsdp else None
+        if self._zs_fsdp is not None:
+            config = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save":
+                                            "FULL" in str(self._zs_fsdp.state_dict_type)}}
+        else:
+            config = resolve_config(source if source is not None else {"zero_optimization": {"stage": 3}},
+                                    targs, model=_config_holder(model, targs) if by_path else model)
+            warn_not_acted_on(config, targs.process_index)
         self.zs_config = config
-        warn_not_acted_on(config, targs.process_index)
         engine_config = _engine_config(config)
         if model is not None and not by_path:
-            zt.partition_module(model, config=engine_config)
+            self._partition(model, engine_config)
         given = list(_frozen_models(call.arguments))
         for frozen in given:
             frozen_model(frozen, engine_config)
@@ -84,7 +92,7 @@ class ZeroShardTrainerMixin:
         with loading_partitioned(config):
             super().__init__(*call.args, **call.kwargs)
         if by_path:  # loaded partitioned by the base class: the engine's hooks now
-            zt.partition_module(self.model, config=engine_config)
+            self._partition(self.model, engine_config)
         for frozen in _frozen_models(vars(self)):
             if all(frozen is not m for m in given):  # built by the base class from a path
                 frozen_model(frozen, engine_config)
@@ -97,6 +105,12 @@ class ZeroShardTrainerMixin:
         self._zs_dtype = working_dtype() if self.model is not None else None
 
     # -- setup --
+    def _partition(self, model, engine_config):
+        if self._zs_fsdp is not None:
+            fully_shard_by_plugin(model, self._zs_fsdp)
+        else:
+            zt.partition_module(model, config=engine_config)
+
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
         self.accelerator.__class__ = _accelerator_class(type(self.accelerator))
@@ -104,6 +118,8 @@ class ZeroShardTrainerMixin:
     def create_optimizer(self, model=None):
         if self.optimizer is not None:
             return self.optimizer
+        if self._zs_fsdp is not None:  # as under FSDP2: the Trainer's torch optimizer, stepping the shards
+            return super().create_optimizer(model)
         model = self.model if model is None else model
         section = self.zs_config.get("optimizer")
         decay = set(self.get_decay_parameter_names(model))
@@ -283,6 +299,18 @@ def _muon_params(params):
     if "betas" in hp:
         hp["betas"] = tuple(hp["betas"])
     return hp
+
+
+def _fsdp_route(args):
+    """TrainingArguments(fsdp=..., fsdp_config=...): the plugin the Trainer
+    would give Accelerate (FSDP2 only), for fully_shard_by_plugin, taken out
+    of `args` so that the base Trainer's Accelerator is a plain one."""
+    from accelerate import FullyShardedDataParallelPlugin
+    mixed = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    plugin = fsdp_settings(FullyShardedDataParallelPlugin(**args.fsdp_plugin_args), mixed)
+    args.fsdp_plugin_args = None
+    os.environ.pop("ACCELERATE_USE_FSDP", None)
+    return plugin
 
 
 def _detach_deepspeed(args):
