@@ -179,6 +179,22 @@ def whisper_bf16(rank, world):
     return out
 
 
+def wrong_order(rank, world):
+    """fully_shard on a block after its root: a named error, nothing changed."""
+    model = TinyGPT()
+    zt.fully_shard(model)
+    try:
+        zt.fully_shard(model.blocks[0])
+        message = "no error"
+    except ValueError as e:
+        message = str(e)
+    x, y = batch(0, rank)
+    loss = model(x, y)  # the model still trains as it was
+    loss.backward()
+    zt.shutdown()
+    return {"error": message, "loss": loss.item()}
+
+
 def _train(model, opt, rank):
     losses = []
     for step in range(STEPS):
@@ -197,7 +213,7 @@ def main():
     torch.set_num_threads(1)
     result = {}
     for variant in sys.argv[1:]:
-        if variant in ("stages", "whisper_bf16"):
+        if variant in ("stages", "whisper_bf16", "wrong_order"):
             result[variant] = globals()[variant](rank, world)
         else:
             ours, theirs = fsdp_script(zt, variant, rank, world), fsdp_script(torch_fsdp, variant, rank, world)

@@ -35,7 +35,8 @@ def assert_equal_to_fsdp2(result, tol):
 
 
 def test_two_ranks_equal_fsdp2_and_stages_equal_ddp():
-    r = launch(2, "default", "accumulate", "keep_after_forward", "bf16", "stages", "whisper_bf16")
+    r = launch(2, "default", "accumulate", "keep_after_forward", "bf16", "stages", "whisper_bf16", "wrong_order")
+    assert "call fully_shard on the inner modules first" in r["wrong_order"]["error"], r["wrong_order"]
     for variant in ("default", "accumulate", "keep_after_forward"):
         assert_equal_to_fsdp2(r[variant], 1e-5)
         # get_model_state_dict's full state: the trained weights, elementwise.

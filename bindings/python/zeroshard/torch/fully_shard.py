@@ -50,6 +50,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from . import _context
 from ._context import get_context, working_dtype
+from ._params import is_partitioned
 from .init import partition_module
 from .hooks import _acquire, _release
 from .input_cast import cast_inputs_to, cast_outputs_to
@@ -104,6 +105,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         raise NotImplementedError("zeroshard.torch.fully_shard: the module's params are on the meta device; "
                                   "build it on its device (or under zeroshard.torch.Init, which never holds "
                                   "more than one module whole) and then call fully_shard")
+    _check_not_inside_a_root(module)
     ctx = _context_for(module, mesh, reshard_after_forward, mp_policy, offload_policy, device)
     for p in ignored_params or ():
         p._zs_ignored = True
@@ -119,6 +121,19 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     partition_module(module)
     _become_fsdp(module)
     return module
+
+
+def _check_not_inside_a_root(module):
+    """An outer module fully_shard'd (or partitioned) already holds this
+    one's params in its units: FSDP2's order is inner modules first, the
+    root last."""
+    inside = set(map(id, module.modules()))
+    for p in module.parameters():
+        engine = p.zs.engine if is_partitioned(p) else None
+        if engine is not None and id(engine.model) not in inside:
+            raise ValueError(f"zeroshard.torch.fully_shard: {type(module).__name__} is inside "
+                             f"{type(engine.model).__name__}, which was fully_shard'd (or partitioned) "
+                             "already: call fully_shard on the inner modules first and on the root last")
 
 
 def _context_for(module, mesh, reshard_after_forward, mp_policy, offload_policy, device):
@@ -220,8 +235,7 @@ class ZeroShardFSDPModule:
         return _Done() if async_op else None
 
     def reshard(self):
-        """Drop what unshard() gathered (and a unit kept gathered after its
-        forward by reshard_after_forward=False)."""
+        """Drop what unshard() gathered."""
         unit = self.__dict__["_zs_unit"]
         if unit.user_hold:
             unit.user_hold = False
