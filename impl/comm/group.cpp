@@ -101,6 +101,7 @@ void Group::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
       if (broken_code_ != Code::Ok) {
+        task.fn = nullptr;
         task.work->complete(broken_code_, broken_message_);
         continue;
       }
@@ -111,6 +112,10 @@ void Group::loop() {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
     }
+    // What the task holds (a reduce bucket it sent, buffers it filled) goes
+    // before the work says it is done: a waiter that then reads the memory
+    // report, or frees what it counts on, sees those bytes given back.
+    task.fn = nullptr;
     task.work->complete(code, std::move(message));
   }
 }
