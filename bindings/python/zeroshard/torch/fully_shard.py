@@ -33,6 +33,9 @@ the first call from what it asks):
   None: param_dtype's); output_dtype casts each unit's floating outputs;
   cast_forward_inputs casts each unit's floating inputs to param_dtype.
   One param_dtype and reduce_dtype per process.
+- device: the shards live where FSDP2 puts them: on the mesh's device
+  type, by default torch.cuda's current GPU when there is one, else the
+  host; a model built on the host is registered from host memory.
 - offload_policy: CPUOffloadPolicy keeps shards, gradients and optimizer
   state in host memory, where a CPU context keeps them already (pin_memory
   then has no device to pin for); a CUDA context refuses it by name.
@@ -106,7 +109,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
                                   "build it on its device (or under zeroshard.torch.Init, which never holds "
                                   "more than one module whole) and then call fully_shard")
     _check_not_inside_a_root(module)
-    ctx = _context_for(module, mesh, reshard_after_forward, mp_policy, offload_policy, device)
+    _context_for(mesh, reshard_after_forward, mp_policy, offload_policy)
     for p in ignored_params or ():
         p._zs_ignored = True
     module.__dict__["_zs_fsdp"] = _Spec(reshard_after_forward, mp_policy)
@@ -136,7 +139,7 @@ def _check_not_inside_a_root(module):
                              "already: call fully_shard on the inner modules first and on the root last")
 
 
-def _context_for(module, mesh, reshard_after_forward, mp_policy, offload_policy, device):
+def _context_for(mesh, reshard_after_forward, mp_policy, offload_policy):
     """The context, made from what this call asks if none exists yet; an
     existing one must agree with it (one config per process)."""
     import torch.distributed as dist
@@ -174,10 +177,15 @@ def _context_for(module, mesh, reshard_after_forward, mp_policy, offload_policy,
         config["bf16"] = {"enabled": True}
     if reduce is not None:
         config["communication_data_type"] = _DTYPE_NAMES[reduce]
+    # Where FSDP2 puts the shards: the mesh's device type, by default the
+    # accelerator's (torch.cuda's current GPU when there is one); a model
+    # built on the host is registered from host memory into it.
+    kind = mesh.device_type if mesh is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    where = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
     if _context._context is None:
-        ctx = get_context(config, like=device)
+        ctx = get_context(config, device=where)
     else:
-        ctx = get_context(like=device)
+        ctx = get_context(device=where)
         _check_agrees(ctx, config, mesh, reshard_after_forward)
     if isinstance(offload_policy, CPUOffloadPolicy) and ctx.device != "cpu":
         raise NotImplementedError(f"zeroshard.torch.fully_shard: CPUOffloadPolicy on a {ctx.device} context: "
