@@ -9,8 +9,6 @@ torch's fully_shard and with zeroshard's, on the same data; "stages" runs
 DDP beside DeepSpeed configs of ZeRO stages 1, 2 and 3. Rank 0 writes
 {variant: result} as JSON to $ZS_TEST_RESULT.
 """
-import json
-import os
 import sys
 
 import torch
@@ -22,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 
 import zeroshard.torch as zt
+from launch_env import write_rank0_result
 
 # Big enough that the fc/out/qkv weights (> 1e5 elements) are gathered and
 # released per unit, not kept whole as the engine keeps small params.
@@ -223,9 +222,7 @@ def main():
                 # The largest elementwise difference over the full state dicts.
                 ours["state_max_diff"] = max(float((a[k] - b[k]).abs().max()) for k in a if k in b)
             result[variant] = {"torch": theirs, "zeroshard": ours}
-    if rank == 0:
-        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
-            json.dump(result, f)
+    write_rank0_result(rank, result)
     dist.destroy_process_group()
 
 

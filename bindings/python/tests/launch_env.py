@@ -41,3 +41,11 @@ def rank0_result(cmd, prefix, timeout):
         assert os.path.exists(result), "rank 0 wrote no result\n" + proc.stdout[-4000:] + proc.stderr[-8000:]
         with open(result) as f:
             return json.load(f), proc.stderr
+
+
+def write_rank0_result(rank, result):
+    """In a launched worker: rank 0 writes `result` as JSON to the file
+    $ZS_TEST_RESULT names (rank0_result reads it)."""
+    if rank == 0:
+        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
+            json.dump(result, f)

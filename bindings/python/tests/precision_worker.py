@@ -9,7 +9,6 @@ zeroshard model against DDP under the same autocast). Rank 0 writes what
 the test checks as JSON to the file $ZS_TEST_RESULT names; checkpoints go
 under $ZS_TEST_DIR.
 """
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import zeroshard.torch as zt
+from launch_env import write_rank0_result
 from zeroshard.torch._params import optimizer_state_view
 from torch_worker import TinyGPT, batch, mean_over_ranks
 
@@ -186,9 +186,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"bf16": mode_bf16, "fp16": mode_fp16, "autocast": mode_autocast}[mode](rank, world)
     zt.shutdown()
-    if rank == 0:
-        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
-            json.dump(result, f)
+    write_rank0_result(rank, result)
     dist.destroy_process_group()
 
 
