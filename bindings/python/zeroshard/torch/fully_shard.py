@@ -55,7 +55,7 @@ from . import _context
 from ._context import get_context, working_dtype
 from ._params import is_partitioned
 from .init import partition_module
-from .hooks import _acquire, _release
+from .hooks import _acquire_unit, _release
 from .input_cast import cast_inputs_to, cast_outputs_to
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
@@ -64,11 +64,10 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "f
 class _Spec:
     """What fully_shard(module, ...) asked for that the hooks read."""
 
-    __slots__ = ("reshard_after_forward", "mp_policy")
+    __slots__ = ("reshard_after_forward",)
 
-    def __init__(self, reshard_after_forward, mp_policy):
+    def __init__(self, reshard_after_forward):
         self.reshard_after_forward = reshard_after_forward
-        self.mp_policy = mp_policy
 
     def keeps_for_backward(self, is_root):
         """Whether the unit stays gathered from its forward to its backward."""
@@ -112,7 +111,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     _context_for(mesh, reshard_after_forward, mp_policy, offload_policy)
     for p in ignored_params or ():
         p._zs_ignored = True
-    module.__dict__["_zs_fsdp"] = _Spec(reshard_after_forward, mp_policy)
+    module.__dict__["_zs_fsdp"] = _Spec(reshard_after_forward)
     _cast_hooks(module, mp_policy)
     # The calls inside this one were roots until now: their hooks make way
     # for this module's, which cover their units.
@@ -238,7 +237,7 @@ class ZeroShardFSDPModule:
         an async_op=True call returns has nothing left to wait for."""
         unit = self.__dict__["_zs_unit"]
         if not unit.user_hold:
-            _acquire(unit.params, unit.handles())
+            _acquire_unit(unit, "unshard()")
             unit.user_hold = True
         return _Done() if async_op else None
 
@@ -278,13 +277,13 @@ class ZeroShardFSDPModule:
             raise TypeError(f"set_is_last_backward: expected a bool, got {is_last_backward!r}")
 
     def set_modules_to_forward_prefetch(self, modules):
-        _check_prefetch(self, modules, "forward")
+        _check_prefetch(modules, "forward")
 
     def set_modules_to_backward_prefetch(self, modules):
-        _check_prefetch(self, modules, "backward")
+        _check_prefetch(modules, "backward")
 
 
-def _check_prefetch(owner, modules, which):
+def _check_prefetch(modules, which):
     for m in modules:
         if m.__dict__.get("_zs_fsdp") is None:
             raise ValueError(f"zeroshard.torch: set_modules_to_{which}_prefetch: {type(m).__name__} was not "

@@ -591,12 +591,9 @@ def _kept_for_backward(unit, output):
     pending = {p for p in unit.params if p.requires_grad}
     if not pending or not _output_tensors(output, []):
         return False
-    engine = unit.engine
     unit.pending = pending
-    engine._hook_grads(pending)
-    unit.bwd_held = True
-    for p in pending:
-        engine.waiting.setdefault(p, []).append(unit)
+    unit.engine._hook_grads(pending)
+    unit.engine.fetch_for_backward(unit, gathered=True)
     return True
 
 
@@ -699,7 +696,10 @@ class HookEngine:
         # First, so that the step begins before any unit fetches.
         self.model.register_forward_pre_hook(_root_pre_forward)
         names = {m: n for n, m in self.model.named_modules()}
-        self._walk(self.model, names, inside_leaf=False)
+        if self.model.__dict__.get("_zs_fsdp") is not None:
+            self._walk_sharded(self.model, names)
+        else:
+            self._walk(self.model, names, inside_leaf=False)
         # Last, and also when the forward raises: pops what the pre-hook pushed.
         self.model.register_forward_hook(_root_post_forward, always_call=True)
         self._adopt_units()
@@ -712,28 +712,13 @@ class HookEngine:
         # no hooks inside it. A leaf module is one; so is a block compiled
         # before partitioning (compiled_block), whose graph would otherwise
         # break at every submodule's hooks.
-        if self.model.__dict__.get("_zs_fsdp") is not None:
-            self._walk_sharded(module, names)
-            return
         whole = leaf or (module is not self.model and compiled_block(module))
         subtree = list(module.modules()) if whole else [module]
         own = list(module.parameters(recurse=whole)) + [p for m in subtree for p in getattr(m, "_zs_external", [])]
-        params = []
-        for p in own:
-            if is_partitioned(p) and all(p is not q for q in params):  # tensors: identity
-                params.append(p)
         # Every module has a unit, with no params if it owns none: a param
         # it reads of a module it does not call is then fetched with the
         # innermost module that read it, and released when that one ends.
-        unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
-        if whole and not leaf:
-            # Leaf modules inside it keep their gradients until the step
-            # (ranks may route to different experts), the rest push theirs.
-            unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
-        module.__dict__["_zs_unit"] = unit
-        self.units.append(unit)
-        unit.arm()
-        fetch_on_access(module)
+        self._add_unit(module, names, own, leaf, subtree if whole and not leaf else ())
         for child in module.children():
             self._walk(child, names, inside_leaf=whole)
 
@@ -755,19 +740,27 @@ class HookEngine:
                     collect(child)
 
         collect(module)
+        unit = self._add_unit(module, names, own, False, subtree)
+        unit.keep_for_backward = module.__dict__["_zs_fsdp"].keeps_for_backward(module is self.model)
+        for child in inner:
+            self._walk_sharded(child, names)
+
+    def _add_unit(self, module, names, own, leaf, subtree):
+        """`module`'s unit, fetching the partitioned params of `own` (each
+        once), with its hooks armed. Leaf modules in `subtree` (a whole
+        unit's modules) keep their gradients until the step (ranks may
+        route to different experts); the rest push theirs."""
         params = []
         for p in own:
-            if is_partitioned(p) and all(p is not q for q in params):
+            if is_partitioned(p) and all(p is not q for q in params):  # tensors: identity
                 params.append(p)
-        unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf=False)
+        unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
         unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
-        unit.keep_for_backward = module.__dict__["_zs_fsdp"].keeps_for_backward(module is self.model)
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
         unit.arm()
         fetch_on_access(module)
-        for child in inner:
-            self._walk_sharded(child, names)
+        return unit
 
     def _adopt_units(self):
         """Make this engine the one of its units: owners, leaf groups,
@@ -943,10 +936,13 @@ class HookEngine:
         _acquire([p])
 
     # -- backward -------------------------------------------------------
-    def fetch_for_backward(self, unit):
+    def fetch_for_backward(self, unit, gathered=False):
+        """Hold `unit`'s params for its backward until their gradients come
+        (gathered: the forward's hold is kept for it)."""
         if not unit.bwd_held:
             unit.bwd_held = True
-            _acquire_unit(unit, "backward")
+            if not gathered:
+                _acquire_unit(unit, "backward")
             if not unit.leaf:  # leaf units hold their params until the step
                 for p in unit.pending:
                     self.waiting.setdefault(p, []).append(unit)
