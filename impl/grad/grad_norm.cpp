@@ -74,11 +74,7 @@ double clip_grad_norm(Context& ctx, const std::vector<std::shared_ptr<Param>>& p
   if (coef >= 1.0) return norm;
   const auto divisor = static_cast<float>(1.0 / coef);
   for (const auto& group : order)
-    for (const Param* cp : with_grad.at(group.get())) {
-      auto* g = static_cast<float*>(cp->grad->data());
-      ops::widen_scaled(*ctx.device(), g, DType::F32, g, cp->layout.shard_numel, divisor);
-      cp->grad->sum_known = false;
-    }
+    for (const Param* cp : with_grad.at(group.get())) cp->grad->divide(*ctx.device(), divisor);
   ctx.device()->synchronize();
   return norm;
 }

@@ -137,7 +137,7 @@ uint64_t GradReducer::released() {
 // step holds, as params and optimizer state are; the memory report's
 // "grads" is what is allocated now.
 void GradReducer::make_grad_shard(Param& p) {
-  p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel * sizeof(float), MemKind::Grads);
+  p.grad = std::make_shared<GradShard>(ctx_.device(), p.layout.shard_numel, p.grad_sink);
   if (!p.grad_released) ctx_.ledger().add(Held::Grads, p.grad->bytes());
 }
 
@@ -207,23 +207,23 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
   const uint64_t n = p.layout.shard_numel;
   GradShardPtr shard = p.grad;
   // The first write since the step reduces straight into the shard;
-  // later ones (accumulation) into a shard-sized buffer added on.
+  // later ones (accumulation), and any into a shard that goes to its sink,
+  // into a shard-sized buffer stored from.
   auto w = p.group->submit(
       params_label("gradient reduce-scatter of", {param}),
       [src, copy, shard, n, after, devp](Communicator& comm) {
         GradShard& s = *shard;
         std::unique_ptr<Buffer> mine;
-        auto* out = static_cast<float*>(s.data());
-        if (s.current) {
+        float* out = nullptr;
+        if (s.writes_in_place()) {
+          out = static_cast<float*>(s.data());
+        } else {
           mine = std::make_unique<Buffer>(devp, n * sizeof(float), MemKind::ReduceBuckets);
           out = static_cast<float*>(mine->data());
         }
         comm.reduce_scatter(src, out, n, DType::F32, ReduceOp::Avg);
         if (after != 1.0f) kernels::scale_inplace(out, n, after);  // host memory: direct_route
-        const auto mode = s.current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
-        s.sum_known = ops::store_sum_squares(*devp, static_cast<float*>(s.data()), out, n, mode,
-                                             &s.sumsq);
-        s.current = true;
+        s.store(*devp, out);
       });
   uint64_t ticket = 0;
   if (borrowed && ctx_.config().overlap_comm) {
@@ -273,11 +273,7 @@ void GradReducer::flush(Bucket& b) {
   // its gradient sat in this bucket has none: its block still goes through
   // the collective (the peers' layout has it), and its result is dropped.
   std::vector<GradShardPtr> shards;
-  std::vector<uint64_t> sizes;
-  for (const auto& p : params) {
-    shards.push_back(p->grad);
-    sizes.push_back(p->layout.shard_numel);
-  }
+  for (const auto& p : params) shards.push_back(p->grad);
   // qgZ: quantized codes over an all-to-all instead of the fp32 ring where
   // the group spans hosts (Context::quantizes); a group of one, or within
   // one host, stays exact. Across whole nodes, two hops (quantized_reduce.h),
@@ -289,15 +285,9 @@ void GradReducer::flush(Bucket& b) {
   // The first write since the step assigns (the shard holds an old
   // gradient, not zeros), later ones add; each leaves the sum of squares
   // of the whole shard as it now stands.
-  auto add_into_shards = [shards, sizes, offsets, devp](const float* src) {
-    for (size_t i = 0; i < shards.size(); ++i) {
-      if (!shards[i]) continue;
-      GradShard& shard = *shards[i];
-      const auto mode = shard.current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
-      shard.sum_known = ops::store_sum_squares(*devp, static_cast<float*>(shard.data()),
-                                               src + offsets[i], sizes[i], mode, &shard.sumsq);
-      shard.current = true;
-    }
+  auto add_into_shards = [shards, offsets, devp](const float* src) {
+    for (size_t i = 0; i < shards.size(); ++i)
+      if (shards[i]) shards[i]->store(*devp, src + offsets[i]);
     devp->synchronize();
   };
   const auto& intra = ctx_.qgz_intra_group();
@@ -438,6 +428,7 @@ void GradReducer::replica_average() {
     // in as the zeros it stands for (every replica's is zero, or current
     // where a rank read it through shard_data).
     if (!p->grad) make_grad_shard(*p);  // freed by the last step: zeros, as below
+    p->grad->load();  // from its sink, if there: the average is put away again below
     if (!p->grad->current) {
       dev.zero(p->grad->data(), p->grad->bytes());
       p->grad->current = true;
@@ -474,6 +465,7 @@ void GradReducer::replica_average() {
       }
     }
     dev.synchronize();
+    for (const auto& p : params) p->grad->put_away();
   });
 }
 
@@ -496,6 +488,7 @@ float* GradReducer::shard_data(Param& param) {
   if (!param.grad) return nullptr;
   wait_pending();  // no write of the group thread races with ours below
   GradShard& g = *param.grad;
+  g.hold();  // the caller writes through the pointer: in memory until the step
   if (!g.current) {
     Device& dev = *ctx_.device();
     dev.zero(g.data(), g.bytes());

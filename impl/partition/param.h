@@ -89,6 +89,9 @@ class Param : public std::enable_shared_from_this<Param> {
   void release(Ledger& ledger);
 
   GradShardPtr grad;  // fp32 gradient shard, from a push to the step's end (grad_shard.h)
+  // Where its gradient shards live between writes: set by an optimizer
+  // whose state is on NVMe, null otherwise (grad_shard.h).
+  std::shared_ptr<GradSink> grad_sink;
   // The optimizer step freed `grad` (GradReducer::end_step): the shard
   // stands for zeros, and zs_grad_shard_data makes it again.
   bool grad_released = false;

@@ -1,0 +1,71 @@
+#include "impl/partition/grad_shard.h"
+
+#include "impl/common/error.h"
+#include "impl/device/ops.h"
+
+namespace zs {
+
+GradShard::GradShard(std::shared_ptr<Device> device, uint64_t numel, std::shared_ptr<GradSink> sink)
+    : device_(std::move(device)), numel_(numel), sink_(std::move(sink)) {
+  if (!sink_) ensure_memory();
+}
+
+void GradShard::ensure_memory() {
+  if (!mem_) mem_ = std::make_unique<Buffer>(device_, bytes(), MemKind::Grads);
+}
+
+void* GradShard::data() const {
+  if (in_sink_)
+    fail(Code::Internal, "gradient shard of ", numel_, " elements read in memory while it is in its swap file");
+  return mem_ ? mem_->data() : nullptr;
+}
+
+void GradShard::load() {
+  ensure_memory();
+  if (!in_sink_) return;
+  sink_->read(static_cast<float*>(mem_->data()), numel_);
+  in_sink_ = false;
+}
+
+void GradShard::hold() {
+  load();
+  held_ = true;
+}
+
+void GradShard::put_away() {
+  if (!sink_ || held_ || in_sink_ || !mem_) return;
+  sink_->write(static_cast<const float*>(mem_->data()), numel_);
+  mem_.reset();
+  in_sink_ = true;
+}
+
+void GradShard::store(Device& dev, const float* src) {
+  if (current) load();  // accumulation: the sum so far, from the sink if there
+  else ensure_memory();
+  const auto mode = current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
+  sum_known = ops::store_sum_squares(dev, static_cast<float*>(mem_->data()), src, numel_, mode, &sumsq);
+  current = true;
+  if (sink_ && !held_) {
+    dev.synchronize();
+    put_away();
+  }
+}
+
+void GradShard::divide(Device& dev, float divisor) {
+  const bool from_sink = in_sink_;
+  load();
+  auto* g = static_cast<float*>(mem_->data());
+  ops::widen_scaled(dev, g, DType::F32, g, numel_, divisor);
+  if (!from_sink) {
+    sum_known = false;
+    return;
+  }
+  // Back to the sink, whose values are read by the step without a pass of
+  // their own: their sum of squares is taken now.
+  bool finite = true;
+  ops::sum_squares_and_finite(dev, {ops::Range{g, numel_}}, &sumsq, &finite);
+  sum_known = true;
+  put_away();
+}
+
+}  // namespace zs
