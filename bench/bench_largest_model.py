@@ -17,7 +17,8 @@ its own processes):
                      CPU-only machine the shards are in host memory already: the
                      engine keeps them where they are, so this is zeroshard's figure)
   zeroshard_nvme     offload_param and offload_optimizer "nvme" under --nvme-dir
-                     (parameter shards and AdamW state in swap files; max_in_cpu 0,
+                     (parameter shards, AdamW state and gradient shards in swap
+                     files; ZS_NVME_GRADS from the caller's environment; max_in_cpu 0,
                      sub_group_size 2e7, 3 buffers)
   fsdp2              fully_shard on every block, then the model; AdamW over its shards
   fsdp2_offload      the same with CPUOffloadPolicy()
@@ -32,7 +33,8 @@ kills the try the moment the sum passes the budget: a try either trains
 its step within the budget or is refused, and the machine never swaps or
 meets the kernel's OOM killer. NVMe tries also watch the free space under
 --nvme-dir and stop 2 GiB before it runs out; a size whose swap files
-cannot fit (12 bytes a param: shards 4, AdamW moments 8) is not tried.
+cannot fit (16 bytes a param: shards 4, AdamW moments 8, gradients 4)
+is not tried.
 
 The search walks a grid of model sizes (each --grid times the last; the
 width grows with the size, 64-wide heads, the depth makes up the count):
@@ -57,7 +59,9 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
 MIB = 2 ** 20
 VOCAB, CTX, BATCH = 50257, 128, 2
-NVME_BYTES_PER_PARAM = 12  # parameter shards 4 + AdamW moments 8, over all ranks
+# Parameter shards 4 + AdamW moments 8 + gradient shards 4 (in memory
+# under ZS_NVME_GRADS=0), over all ranks.
+NVME_BYTES_PER_PARAM = 12 if os.environ.get("ZS_NVME_GRADS") == "0" else 16
 
 
 def nvme_section(path):

@@ -91,6 +91,10 @@ Optimizer::~Optimizer() {
   for (const auto& g : groups_)
     for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
   for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
+  // New gradient shards stay in memory; those in the swap file keep it.
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots)
+      if (s.grad_sink && s.param->grad_sink == s.grad_sink) s.param->grad_sink.reset();
   if (swap_) {
     ctx_.ledger().sub(Held::Optimizer, swap_->buffer_bytes());
     ctx_.ledger().sub(Held::Nvme, swap_->file_bytes());
@@ -191,6 +195,13 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
     if (after >= before) ctx_.ledger().add(Held::Optimizer, after - before);
     else ctx_.ledger().sub(Held::Optimizer, before - after);
     ctx_.ledger().add(Held::Nvme, swap_->file_bytes() - file_before);  // the file only grows
+    // Gradient shards made from now on live in the file between writes
+    // (one already made stays in memory until the step frees it).
+    for (Slot& s : group.slots)
+      if (by_index.count(s.index)) {
+        s.grad_sink = swap_->grad_sink(s.index);
+        s.param->grad_sink = s.grad_sink;
+      }
     groups_.push_back(std::move(group));
     return static_cast<int>(groups_.size()) - 1;
   }
@@ -412,6 +423,11 @@ void Optimizer::update_swapped(float grad_scale) {
   std::optional<ShardAccess> shard;
   const Param* shard_of = nullptr;
   swap_->for_each([&](const SwappedState::View& v) {
+    // A gradient in the swap file came in with the moments; one made
+    // before the optimizer (or held by a caller) is in memory.
+    auto grad_of = [&v](const Param& p, const SwappedState::Piece& pc) {
+      return p.grad->in_sink() ? v.grad(pc) : static_cast<const float*>(p.grad->data()) + pc.begin;
+    };
     bool changed = false;
     const Hparams& hp = groups_[static_cast<size_t>(v.sg.group)].hp;
     for (const auto& pc : v.sg.pieces) {
@@ -430,7 +446,7 @@ void Optimizer::update_swapped(float grad_scale) {
         // bf16 masters: the shard is stepped in place, the moments (fp32)
         // come from the swap file.
         void* master = static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
-        const float* grad = static_cast<const float*>(p.grad->data()) + pc.begin;
+        const float* grad = grad_of(p, pc);
         if (kind_ == OptimKind::Sgd) {
           if (pc.begin == 0) {
             s.sgd_first = s.updates == 0;
@@ -462,7 +478,7 @@ void Optimizer::update_swapped(float grad_scale) {
         ops::refresh_master(dev, working, p.dtype, master, pc.count);
         if (last) s.master_of_version = p.shard_version;
       }
-      const float* grad = static_cast<const float*>(p.grad->data()) + pc.begin;
+      const float* grad = grad_of(p, pc);
       if (kind_ == OptimKind::Sgd) {
         if (pc.begin == 0) {
           s.sgd_first = s.updates == 0;

@@ -9,10 +9,40 @@
 #include <optional>
 #include <system_error>
 
+#include "impl/common/env.h"
 #include "impl/common/error.h"
 
 namespace zs {
 namespace {
+
+// A slot's gradient shard in the file: one run per piece, in the shard's
+// order. Its I/O is the swapper's synchronous path, which keeps the runs'
+// partly shared blocks whole (one staging lock).
+class SwappedGrads final : public GradSink {
+ public:
+  struct Run {
+    uint64_t offset, begin, count;  // bytes in the file; elements of the shard
+  };
+  SwappedGrads(std::shared_ptr<Swapper> swapper, std::vector<Run> runs, uint64_t numel)
+      : swapper_(std::move(swapper)), runs_(std::move(runs)), numel_(numel) {}
+  void write(const float* src, uint64_t n) override {
+    check(n);
+    for (const Run& r : runs_) swapper_->write(r.offset, src + r.begin, r.count * sizeof(float));
+  }
+  void read(float* dst, uint64_t n) override {
+    check(n);
+    for (const Run& r : runs_) swapper_->read(r.offset, dst + r.begin, r.count * sizeof(float));
+  }
+
+ private:
+  void check(uint64_t n) const {
+    if (n != numel_)
+      fail(Code::Internal, "gradient swap of ", n, " elements for a slot of ", numel_, " in ", swapper_->path());
+  }
+  std::shared_ptr<Swapper> swapper_;
+  std::vector<Run> runs_;
+  uint64_t numel_;
+};
 
 std::string swap_file_name(int rank) {
   // Unique per process and per optimizer, so contexts and runs sharing a
@@ -29,7 +59,8 @@ SwappedState::SwappedState(const Config& c, int rank, int arrays)
       arrays_(arrays),
       buffer_count_(static_cast<size_t>(c.offload_optimizer.buffer_count)),
       pipeline_read_(c.offload_optimizer.pipeline_read),
-      pipeline_write_(c.offload_optimizer.pipeline_write) {
+      pipeline_write_(c.offload_optimizer.pipeline_write),
+      grads_(env_int("ZS_NVME_GRADS", 1) != 0) {
   const std::string& dir = c.offload_optimizer.nvme_path;
   if (buffer_count_ < 1)
     fail(Code::InvalidConfig, "zero_optimization.offload_optimizer.buffer_count = 0: expected >= 1 "
@@ -40,7 +71,7 @@ SwappedState::SwappedState(const Config& c, int rank, int arrays)
   o.dir = dir;
   o.file_name = swap_file_name(rank);
   o.aio = c.aio;
-  swapper_ = std::make_unique<Swapper>(o);
+  swapper_ = std::make_shared<Swapper>(o);
 }
 
 SwappedState::~SwappedState() = default;
@@ -103,6 +134,8 @@ void SwappedState::add_group(int group, const std::vector<SlotSpec>& slots, cons
       sg.state_at[k] = at;
       at += align_up(sg.elements * sizeof(float));
     }
+    sg.grads_at = at;
+    if (grads_) at += align_up(sg.elements * sizeof(float));
     sg.bytes = at;
     total += at;
     largest = std::max(largest, at);
@@ -162,8 +195,8 @@ void SwappedState::for_each(const std::function<bool(const View&)>& fn) {
       // The next one comes in while this one steps (needs a second buffer).
       if (pipeline_read_ && nb > 1 && i + 1 < n) read(i + 1);
       const bool changed = fn(View{sgs_[i], buffers_[b].data()});
-      if (changed) {
-        const auto w = swapper_->write_async(sgs_[i].offset, buffers_[b].data(), sgs_[i].bytes);
+      if (changed) {  // the state, not the gradients (read only)
+        const auto w = swapper_->write_async(sgs_[i].offset, buffers_[b].data(), sgs_[i].grads_at);
         if (pipeline_write_) writing[b] = w;
         else swapper_->wait(w);
       }
@@ -204,6 +237,20 @@ void SwappedState::write_slot(size_t slot, int array, const float* src) {
     const uint64_t pos = array == 0 ? static_cast<uint64_t>(p.master_pos) : p.pos;
     swapper_->write(sg.offset + sg.state_at[array] + pos * sizeof(float), src + p.begin, p.count * sizeof(float));
   }
+}
+
+std::shared_ptr<GradSink> SwappedState::grad_sink(size_t slot) const {
+  if (!grads_) return nullptr;
+  std::vector<SwappedGrads::Run> runs;
+  uint64_t numel = 0;
+  if (auto it = where_.find(slot); it != where_.end())
+    for (const auto& [i, k] : it->second) {
+      const SubGroup& sg = sgs_[i];
+      const Piece& p = sg.pieces[k];
+      runs.push_back({sg.offset + sg.grads_at + p.pos * sizeof(float), p.begin, p.count});
+      numel += p.count;
+    }
+  return std::make_shared<SwappedGrads>(swapper_, std::move(runs), numel);
 }
 
 }  // namespace zs

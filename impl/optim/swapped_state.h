@@ -10,6 +10,12 @@
 // while the next steps. An fp32 param's master is its shard (in memory, or
 // in the param swap file under parameter offload: partition/
 // shard_residence.h), so only its moments are swapped here.
+//
+// The gradient shards live here too (ZS_NVME_GRADS=0: in memory): each
+// sub-group's region ends with its gradients, written by the reducer as
+// each shard is reduced (grad_sink(): partition/grad_shard.h) and read by
+// the step with the moments; a step writes back the state before them
+// only.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@
 #include "impl/config/config.h"
 #include "impl/offload/aligned.h"
 #include "impl/offload/swapper.h"
+#include "impl/partition/grad_shard.h"
 
 namespace zs {
 
@@ -42,6 +49,7 @@ class SwappedState {
     uint64_t offset = 0;  // of the region in the file
     uint64_t bytes = 0;   // of the region (aligned)
     uint64_t state_at[3] = {0, 0, 0};  // byte offset in the region of masters, state 1, state 2
+    uint64_t grads_at = 0;     // of the gradients (the region's end without them)
   };
   // A sub-group in memory, as a step sees it.
   struct View {
@@ -53,6 +61,9 @@ class SwappedState {
     }
     float* state(const Piece& p, int k) const {
       return reinterpret_cast<float*>(base + sg.state_at[k]) + p.pos;
+    }
+    const float* grad(const Piece& p) const {
+      return reinterpret_cast<const float*>(base + sg.grads_at) + p.pos;
     }
   };
   struct SlotSpec {
@@ -76,6 +87,10 @@ class SwappedState {
   // One slot's array (0 masters, 1, 2 moments) to and from memory.
   void read_slot(size_t slot, int array, float* dst);
   void write_slot(size_t slot, int array, const float* src);
+  // Whether gradient shards live in the file, and a slot's place for
+  // them: a sink that outlives this object (it shares the file).
+  bool holds_grads() const { return grads_; }
+  std::shared_ptr<GradSink> grad_sink(size_t slot) const;
 
   uint64_t buffer_bytes() const;  // host memory held for the pipeline
   uint64_t file_bytes() const { return swapper_->size(); }
@@ -89,7 +104,8 @@ class SwappedState {
   const int arrays_;
   const size_t buffer_count_;
   const bool pipeline_read_, pipeline_write_;
-  std::unique_ptr<Swapper> swapper_;
+  const bool grads_;
+  std::shared_ptr<Swapper> swapper_;
   std::vector<SubGroup> sgs_;
   std::map<size_t, std::vector<std::pair<size_t, size_t>>> where_;  // slot -> (sub-group, piece)
   std::vector<AlignedBuffer> buffers_;

@@ -87,37 +87,42 @@ void destroy_ckpt_model(CkptModel& m) {
   m = CkptModel{};
 }
 
+void push_ckpt_grads(CkptModel& m, int micro) {
+  int64_t step = 0;
+  ASSERT_EQ(zs_optimizer_get_step(m.opt, &step), ZS_OK);
+  const float weight = 1.0f + 0.25f * static_cast<float>(micro);
+  for (zs_param p : m.params) {
+    zs_param_info info = ZS_PARAM_INFO_INIT;
+    ASSERT_EQ(zs_param_get_info(p, &info), ZS_OK);
+    const int64_t n = static_cast<int64_t>(info.numel);
+    zs_gather g = nullptr;
+    ASSERT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
+    ASSERT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
+    zs_gather_destroy(g);
+    const std::vector<float> w = full_of(p, m.dtype, n);
+    ASSERT_EQ(zs_release(m.ctx, &p, 1), ZS_OK);
+    // This rank's samples of a global batch of 12: the mean of
+    // (w - t_i) * (1 + 0.1 i) + 0.05 sin(3 w), t_i a per-sample target.
+    std::vector<float> grad(static_cast<size_t>(n), 0.0f);
+    int count = 0;
+    for (int i = m.rank; i < 12; i += m.world) {
+      ++count;
+      for (int64_t j = 0; j < n; ++j) {
+        const float t = std::sin(0.37f * static_cast<float>(j) + static_cast<float>(i) +
+                                 0.1f * static_cast<float>(step));
+        const float wj = w[static_cast<size_t>(j)];
+        grad[static_cast<size_t>(j)] += (wj - t) * (1.0f + 0.1f * static_cast<float>(i)) + 0.05f * std::sin(3.0f * wj);
+      }
+    }
+    for (auto& x : grad) x = x * weight / static_cast<float>(count);
+    if (n == 0) continue;
+    ASSERT_EQ(zs_grad_push(p, grad.data(), ZS_FLOAT32, grad.size() * 4), ZS_OK) << zs_last_error();
+  }
+}
+
 void train_ckpt_model(CkptModel& m, int steps) {
   for (int k = 0; k < steps; ++k) {
-    int64_t step = 0;
-    ASSERT_EQ(zs_optimizer_get_step(m.opt, &step), ZS_OK);
-    for (zs_param p : m.params) {
-      zs_param_info info = ZS_PARAM_INFO_INIT;
-      ASSERT_EQ(zs_param_get_info(p, &info), ZS_OK);
-      const int64_t n = static_cast<int64_t>(info.numel);
-      zs_gather g = nullptr;
-      ASSERT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
-      ASSERT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
-      zs_gather_destroy(g);
-      const std::vector<float> w = full_of(p, m.dtype, n);
-      ASSERT_EQ(zs_release(m.ctx, &p, 1), ZS_OK);
-      // This rank's samples of a global batch of 12: the mean of
-      // (w - t_i) * (1 + 0.1 i) + 0.05 sin(3 w), t_i a per-sample target.
-      std::vector<float> grad(static_cast<size_t>(n), 0.0f);
-      int count = 0;
-      for (int i = m.rank; i < 12; i += m.world) {
-        ++count;
-        for (int64_t j = 0; j < n; ++j) {
-          const float t = std::sin(0.37f * static_cast<float>(j) + static_cast<float>(i) +
-                                   0.1f * static_cast<float>(step));
-          const float wj = w[static_cast<size_t>(j)];
-          grad[static_cast<size_t>(j)] += (wj - t) * (1.0f + 0.1f * static_cast<float>(i)) + 0.05f * std::sin(3.0f * wj);
-        }
-      }
-      for (auto& x : grad) x /= static_cast<float>(count);
-      if (n == 0) continue;
-      ASSERT_EQ(zs_grad_push(p, grad.data(), ZS_FLOAT32, grad.size() * 4), ZS_OK) << zs_last_error();
-    }
+    push_ckpt_grads(m, 0);
     zs_step_result r = ZS_STEP_RESULT_INIT;
     ASSERT_EQ(zs_optimizer_step(m.opt, &r), ZS_OK) << zs_last_error();
     ASSERT_FALSE(r.skipped);

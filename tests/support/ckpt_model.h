@@ -29,6 +29,9 @@ void destroy_ckpt_model(CkptModel& m);
 // steps optimizer steps; gradients depend on the full params and on the
 // global step number, so runs agree for any world size.
 void train_ckpt_model(CkptModel& m, int steps);
+// One micro-step's gradients of every param (train_ckpt_model's, times
+// 1 + micro / 4), pushed; no step.
+void push_ckpt_grads(CkptModel& m, int micro);
 // Full values of every param, as fp32, concatenated in param order.
 std::vector<float> full_values(CkptModel& m);
 // Every optimizer state slot the optimizer has for each param (through
