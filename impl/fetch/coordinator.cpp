@@ -14,6 +14,14 @@ uint64_t unit_elements(const ParamList& unit) {
   return n;
 }
 
+uint64_t median_unit(const std::vector<ParamList>& units) {
+  std::vector<uint64_t> sizes;
+  for (const auto& u : units) sizes.push_back(unit_elements(u));
+  if (sizes.empty()) return 0;
+  std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(sizes.size() / 2), sizes.end());
+  return sizes[sizes.size() / 2];
+}
+
 bool same_unit(const ParamList& a, const ParamList& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
@@ -258,6 +266,11 @@ void Coordinator::fetch(const ParamList& params) {
   if (in_step_) {
     if (++step_units_ <= kMaxStepUnits) {
       current_.push_back(unit);
+      // Before the first order is kept, the units so far stand for the
+      // model (the reducer sizes its bucket from them): the first backward
+      // would otherwise fill reduce_bucket_size's buckets (200 MiB a rank
+      // at 162M), whose blocks the pool keeps as its bound ever after.
+      if (orders_.empty()) ctx_.set_typical_unit(median_unit(current_));
     } else if (!current_.empty()) {  // too long to record (no kept order is this long)
       current_ = {};
       following_ = false;
