@@ -15,9 +15,10 @@ void GradShard::ensure_memory() {
 }
 
 void* GradShard::data() const {
-  if (in_sink_)
-    fail(Code::Internal, "gradient shard of ", numel_, " elements read in memory while it is in its swap file");
-  return mem_ ? mem_->data() : nullptr;
+  if (!mem_)
+    fail(Code::Internal, "gradient shard of ", numel_, " elements read in memory while ",
+         in_sink_ ? "it is in its swap file" : "it has no memory yet (never written)");
+  return mem_->data();
 }
 
 void GradShard::load() {

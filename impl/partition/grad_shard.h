@@ -46,8 +46,8 @@ class GradShard {
 
   uint64_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * sizeof(float); }
-  // The values in memory. A shard in its sink has none: Internal error
-  // (load() or hold() first).
+  // The values in memory. A shard in its sink, or one with a sink never
+  // written, has none: Internal error (load() or hold() first).
   void* data() const;
   // Whether the values are in the sink, not in memory.
   bool in_sink() const { return in_sink_; }
