@@ -186,7 +186,6 @@ class Optimizer {
     bool swapped[3] = {false, false, false};
     size_t index = 0;
     std::shared_ptr<GradSink> grad_sink;  // its gradients' place in the swap file, set on the param
-
     bool sgd_first = false;  // this step's SGD first_step, kept across sub-groups
     bool muon = false;       // a Muon optimizer's matrix (steps_muon)
     std::map<std::string, BufferPtr> named;  // External: the caller's state by name

@@ -87,9 +87,8 @@ class SwappedState {
   // One slot's array (0 masters, 1, 2 moments) to and from memory.
   void read_slot(size_t slot, int array, float* dst);
   void write_slot(size_t slot, int array, const float* src);
-  // Whether gradient shards live in the file, and a slot's place for
-  // them: a sink that outlives this object (it shares the file).
-  bool holds_grads() const { return grads_; }
+  // A slot's place for its gradient shards: a sink that outlives this
+  // object (it shares the file); null under ZS_NVME_GRADS=0.
   std::shared_ptr<GradSink> grad_sink(size_t slot) const;
 
   uint64_t buffer_bytes() const;  // host memory held for the pipeline
