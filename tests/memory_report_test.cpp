@@ -84,7 +84,7 @@ TEST_P(MemoryReport, EveryByteInAKindAndEachPhaseItsPeak) {
     ASSERT_EQ(zs_memory_reset_peaks(ctx), ZS_OK);
     const Report before = report(ctx, ZS_PHASE_NOW);
     std::vector<zs_param> ps;
-    uint64_t shard_classes = 0, grad_classes = 0, master_classes = 0, gathered_bytes = 0;
+    uint64_t shard_classes = 0, grad_classes = 0, master_classes = 0, gathered_bytes = 0, cached_grad_classes = 0;
     for (size_t k = 0; k < 3; ++k) {
       std::vector<uint16_t> init(static_cast<size_t>(kSizes[k]));
       for (size_t i = 0; i < init.size(); ++i)
@@ -105,6 +105,7 @@ TEST_P(MemoryReport, EveryByteInAKindAndEachPhaseItsPeak) {
       shard_classes += size_class(shard * 2);
       gathered_bytes += static_cast<uint64_t>(kSizes[k]) * 2;
       grad_classes += size_class(shard * 4);
+      if (shard * 4 >= (64u << 10)) cached_grad_classes += size_class(shard * 4);  // the pool's smallest cached block
       master_classes += size_class(shard * 4);
     }
     EXPECT_EQ(phase_of(ctx), ZS_PHASE_CONSTRUCTION);
@@ -140,9 +141,18 @@ TEST_P(MemoryReport, EveryByteInAKindAndEachPhaseItsPeak) {
       ASSERT_EQ(zs_grad_sync(ctx), ZS_OK) << zs_last_error();
       expect_accounted(ctx, "gradients pushed");
       EXPECT_EQ(report(ctx, ZS_PHASE_NOW).kinds[ZS_MEM_GRADS] - before.kinds[ZS_MEM_GRADS], grad_classes);
+      zs_memory_stats before_step = ZS_MEMORY_STATS_INIT, after_step = ZS_MEMORY_STATS_INIT;
+      ASSERT_EQ(zs_context_memory(ctx, &before_step), ZS_OK);
       ASSERT_EQ(zs_optimizer_step(opt, nullptr), ZS_OK) << zs_last_error();
       EXPECT_EQ(phase_of(ctx), ZS_PHASE_STEP);
       expect_accounted(ctx, "after the step");
+      // The gradients the step freed went back to the system, not into the
+      // pool's idle blocks (where they stayed resident through the forward).
+      ASSERT_EQ(zs_context_memory(ctx, &after_step), ZS_OK);
+      EXPECT_EQ(report(ctx, ZS_PHASE_NOW).kinds[ZS_MEM_GRADS], before.kinds[ZS_MEM_GRADS]);
+      EXPECT_LT(after_step.host_cache_bytes, before_step.host_cache_bytes + cached_grad_classes)
+          << "idle host blocks " << before_step.host_cache_bytes << " -> " << after_step.host_cache_bytes
+          << " across the step: its freed gradients (" << cached_grad_classes << " bytes) kept";
     }
     zs_checkpoint_save_options so = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
     so.tag = "mem";

@@ -27,6 +27,13 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
+  // Frees the memory now, past the pool's cache (memory nothing asks for
+  // again soon); data() is null after.
+  void free_to_system() {
+    if (data_) device_->free_to_system(data_, bytes_, kind_);
+    data_ = nullptr;
+  }
+
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device& device() const { return *device_; }

@@ -52,6 +52,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // kind and size it was allocated with.
   void* alloc(size_t bytes, MemKind kind) { return tallied_alloc(*pool_, bytes, kind); }
   void free(void* p, size_t bytes, MemKind kind) { tallied_free(*pool_, p, bytes, kind); }
+  // free() past the pool's cache: straight back to the system.
+  void free_to_system(void* p, size_t bytes, MemKind kind) { tallied_free(*pool_, p, bytes, kind, false); }
   // Host memory for staging this device's data through a host transport
   // (pinned on CUDA so copies are DMA; the plain host pool otherwise).
   void* staging_alloc(size_t bytes, MemKind kind) { return tallied_alloc(*staging_, bytes, kind); }
@@ -90,8 +92,8 @@ class Device : public std::enable_shared_from_this<Device> {
     memory_tally::add(kind, pool.size_class(bytes == 0 ? 1 : bytes));
     return p;
   }
-  static void tallied_free(CachingPool& pool, void* p, size_t bytes, MemKind kind) {
-    pool.free(p, bytes);
+  static void tallied_free(CachingPool& pool, void* p, size_t bytes, MemKind kind, bool cache = true) {
+    pool.free(p, bytes, cache);
     memory_tally::sub(kind, pool.size_class(bytes == 0 ? 1 : bytes));
   }
 

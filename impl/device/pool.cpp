@@ -76,14 +76,14 @@ void* CachingPool::alloc(size_t bytes) {
   return p;
 }
 
-void CachingPool::free(void* p, size_t bytes) {
+void CachingPool::free(void* p, size_t bytes, bool cache) {
   if (!p) return;
   if (bytes == 0) bytes = 1;
   const size_t size = size_class(bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.used_bytes -= size;
-    if (size >= min_cached_ && stats_.idle_bytes + size <= idle_limit_) {
+    if (cache && size >= min_cached_ && stats_.idle_bytes + size <= idle_limit_) {
       idle_.emplace(size, p);
       stats_.idle_bytes += size;
       return;

@@ -46,7 +46,9 @@ class CachingPool {
   CachingPool& operator=(const CachingPool&) = delete;
 
   void* alloc(size_t bytes);  // never null; OutOfMemory names bytes and the backend
-  void free(void* p, size_t bytes);
+  // cache false: straight back to the system allocator, whatever its size
+  // (memory nothing will ask for again soon).
+  void free(void* p, size_t bytes, bool cache = true);
   void trim();  // returns every idle block
   PoolStats stats() const;
 

@@ -505,10 +505,15 @@ void GradReducer::end_step(const std::set<const Param*>& stepped) {
     if (!stepped.count(p.get())) continue;
     // A stepped gradient is dead until the next backward writes it, as
     // torch's zero_grad(set_to_none=True) drops .grad: its memory goes back
-    // for the forward's gathers and activations instead of sitting out the
-    // forward (785 MiB a rank at 406M on 2 ranks). The next push makes it
-    // again; the pool hands the same blocks back.
+    // instead of sitting out the forward (785 MiB a rank at 406M on 2
+    // ranks); the next push makes it again. On the host past the pool's
+    // cache: kept idle there, the blocks stayed resident through the
+    // forward, which cannot use them (a trainer's activations come from
+    // malloc), and the backward's peak held them beside the activations
+    // (docs/memory.md). On a GPU the pool keeps them (a cudaFree
+    // synchronizes the device).
     if (p->grad) {
+      if (!ctx_.device()->is_cuda()) p->grad->free_to_system();
       p->grad.reset();
       p->grad_released = true;
     }

@@ -929,11 +929,11 @@ StepResult Optimizer::finish_locked(const OpenStep& open, double update_seconds)
   grads(ctx_).end_step(stepped);
   // New shards are in place once the step returns.
   ctx_.device()->synchronize();
-  // ZS_HOST_TRIM=1: the host pools' idle blocks go back to the system
-  // after each step, so the freed gradients do not stay resident through
-  // the forward; the next gathers fault their pages in again. 162M GPT,
-  // 2 ranks: peak RSS 2530 -> 2430 MiB a rank, step 5.9 -> 6.7 s (two
-  // alternating pairs): off unless asked.
+  // ZS_HOST_TRIM=1: every idle block of the host pools goes back to the
+  // system after each step (the freed gradients do anyway: end_step), the
+  // gathered params' too, whose pages the next forward faults in again.
+  // 406M GPT, 2 ranks: no lower peak than the gradients alone, step 6.1
+  // -> 8.6 s (docs/memory.md): off unless asked.
   if (!ctx_.device()->is_cuda() && env_int("ZS_HOST_TRIM", 0) != 0) ctx_.device()->trim();
   // Persistent params go out again now, to be gathered by the next forward.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();

@@ -52,6 +52,11 @@ void GradShard::store(Device& dev, const float* src) {
   }
 }
 
+void GradShard::free_to_system() {
+  if (mem_) mem_->free_to_system();
+  mem_.reset();
+}
+
 void GradShard::divide(Device& dev, float divisor) {
   const bool from_sink = in_sink_;
   load();

@@ -69,6 +69,9 @@ class GradShard {
   // Divides every value by `divisor` wherever it is (clip_grad_norm); the
   // sum of squares is taken again when the values go back to the sink.
   void divide(Device& dev, float divisor);
+  // The memory straight back to the system, past the pool's cache; the
+  // shard has no values after (it is being dropped).
+  void free_to_system();
 
   bool current = false;  // written since the last step; if not, the bytes mean zeros
   // sumsq is the sum of squares, in double, of the values as they stand

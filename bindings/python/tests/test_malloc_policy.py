@@ -1,9 +1,10 @@
 """ZS_MALLOC_MMAP_THRESHOLD and ZS_MALLOC_TRIM (zeroshard/torch/_malloc.py):
 glibc's mmap threshold fixed when asked, so a freed large block leaves the
 process instead of staying in an arena; left alone when not asked; the
-free heap a backward leaves goes back to the system before the optimizer
-step unless ZS_MALLOC_TRIM=0; a bad value named. Each case in a fresh
-interpreter (the setting is per process)."""
+free heap goes back to the system as each unit's backward ends and before
+the optimizer step unless ZS_MALLOC_TRIM=0 (a model's backward counted on
+one rank); a bad value named. Each case in a fresh interpreter (the
+setting is per process)."""
 import os
 import subprocess
 import sys
@@ -38,14 +39,14 @@ print(json.dumps({"applied": applied, "mapped": mapped}))
 """
 
 # 64 blocks of 2 MiB from the arena, written and freed: the heap keeps them
-# resident until trim_after_backward gives the pages back. The probe fixes
+# resident until trim_when_freed gives the pages back. The probe fixes
 # glibc's thresholds itself (the mmap threshold above the blocks, the trim
 # threshold past them) so that the layout the interpreter's imports left
 # cannot decide the case: with glibc's defaults a freed run that happens to
 # border the top of the heap is trimmed by free() already.
 TRIM_PROBE = r"""
 import ctypes, json, os
-from zeroshard.torch._malloc import trim_after_backward
+from zeroshard.torch._malloc import trim_when_freed
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -63,7 +64,7 @@ for b in blocks:
 for b in blocks:
     libc.free(b)
 freed = rss()
-trim_after_backward()
+trim_when_freed()
 print(json.dumps({"kept": freed - start, "returned": freed - rss()}))
 """
 
@@ -119,6 +120,46 @@ def test_the_heap_a_backward_freed_goes_back_before_the_step_unless_turned_off()
     assert json.loads(off.stdout.splitlines()[-1])["returned"] < 16 << 20, off.stdout
     bad = probe(TRIM_PROBE, ZS_MALLOC_TRIM="yes")
     assert bad.returncode != 0 and "ZS_MALLOC_TRIM='yes'" in bad.stderr, bad.stderr
+
+
+# One rank, three Linear units (each over the persistence threshold, so
+# released after its backward): the trims a backward and a step make.
+BACKWARD_PROBE = r"""
+import json, sys
+import torch
+import zeroshard.torch as zt
+from zeroshard.torch import _malloc
+
+calls = [0]
+real = _malloc.trim
+def counted():
+    calls[0] += 1
+    real()
+_malloc.trim = counted
+zt.init_context(rank=0, world_size=1, file_store_path=sys.argv[1])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512), torch.nn.Tanh(),
+                            torch.nn.Linear(512, 512))
+zt.partition_module(model)
+opt = zt.ZeroShardOptimizer(model.parameters(), lr=0.1)
+model(torch.randn(8, 512)).pow(2).mean().backward()
+backward = calls[0]
+opt.step()
+print(json.dumps({"backward": backward, "step": calls[0] - backward}))
+"""
+
+
+def test_the_heap_goes_back_as_each_units_backward_ends(tmp_path):
+    import json
+    pytest.importorskip("torch")
+    on = probe(BACKWARD_PROBE.replace("sys.argv[1]", repr(str(tmp_path / "store_on"))), ZS_DEVICE="cpu")
+    assert on.returncode == 0, on.stderr
+    out = json.loads(on.stdout.splitlines()[-1])
+    assert out["backward"] >= 3 and out["step"] == 1, out
+    off = probe(BACKWARD_PROBE.replace("sys.argv[1]", repr(str(tmp_path / "store_off"))), ZS_DEVICE="cpu",
+                ZS_MALLOC_TRIM="0")
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout.splitlines()[-1]) == {"backward": 0, "step": 0}, off.stdout
 
 
 if __name__ == "__main__":

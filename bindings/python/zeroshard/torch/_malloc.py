@@ -17,12 +17,18 @@ ZS_MALLOC_MMAP_THRESHOLD=1048576 5463 -> 4810 MiB, 15.5 -> 21.9 s. 0 or
 unset leaves glibc's own behaviour, as does glibc's MALLOC_MMAP_THRESHOLD_
 when set (it acts by itself).
 
-Once a backward has ended, its activations are dead but resident as glibc's
-free heap while the optimizer step runs, whose state and gradients are the
-engine's peak: the step is then the rank's highest point. So before each
-optimizer step the free heap pages go back to the system (malloc_trim(0),
-which keeps the heap's layout: the next forward faults the pages in again).
-ZS_MALLOC_TRIM=0 turns that off.
+A backward frees the activations as it goes, but glibc keeps their pages
+as free heap, while the engine's gradient shards grow beside them (from
+its own pool: blocks of 1 MiB and more are mappings of their own, see
+impl/device/host_device.cpp), so the backward's end held the gradients
+and the forward's activations at once; and once a backward has ended its
+activations are dead but resident while the optimizer step runs. So the
+free heap pages go back to the system (malloc_trim(0), which keeps the
+heap's layout: the next forward faults the pages in again) as each unit's
+backward ends and before each optimizer step. With the engine giving the
+freed gradients back after each step (impl/grad/reducer.cpp), 406M GPT,
+2 ranks: peak RSS 4852-5010 -> 4155 MiB a rank, step 7.4 -> 8.2 s
+(docs/memory.md). ZS_MALLOC_TRIM=0 turns both off.
 """
 import ctypes
 import os
@@ -75,12 +81,12 @@ def trim():
         _malloc_trim(0)
 
 
-def trim_after_backward():
-    """trim() unless ZS_MALLOC_TRIM is 0 (a backward ended, an optimizer
-    step follows)."""
+def trim_when_freed():
+    """trim() unless ZS_MALLOC_TRIM is 0: a unit's backward ended (its
+    activations are freed), or the backward did (an optimizer step follows)."""
     value = os.environ.get("ZS_MALLOC_TRIM", "1")
     if value not in ("0", "1"):
-        raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back before each "
-                         "optimizer step, the default) or 0 (glibc keeps them)")
+        raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back as each unit's "
+                         "backward ends and before each optimizer step, the default) or 0 (glibc keeps them)")
     if value == "1":
         trim()

@@ -93,7 +93,7 @@ import zeroshard
 from . import _params, saved
 from .compile import compiled_block, engine_call
 from ._context import context_state, drop_context_state, get_context, on_shutdown
-from ._malloc import trim_after_backward
+from ._malloc import trim_when_freed
 from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
                       freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
                       registered_params, zparams)
@@ -972,6 +972,7 @@ class HookEngine:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue
                 _release(unit.params, unit.handles())
+                trim_when_freed()  # its activations' heap, as the gradients grow (_malloc.py)
 
     def open_frozen_call(self, call):
         """A frozen unit's backward began (_FrozenCall): whatever no input
@@ -1002,7 +1003,7 @@ class HookEngine:
         gathered, end the coordinator's step. Called by the optimizer;
         collective."""
         ctx = get_context()
-        trim_after_backward()  # the activations' heap, before the step's peak (_malloc.py)
+        trim_when_freed()  # the activations' heap, before the step's peak (_malloc.py)
         self.sweep_grads()
         for p in self.leaf_params:
             if not p.requires_grad:
