@@ -27,7 +27,7 @@ free heap pages go back to the system (malloc_trim(0), which keeps the
 heap's layout: the next forward faults the pages in again) as each unit's
 backward ends and before each optimizer step. With the engine giving the
 freed gradients back after each step (impl/grad/reducer.cpp), 406M GPT,
-2 ranks: peak RSS 4852-5010 -> 4155 MiB a rank, step 7.4 -> 8.2 s
+2 ranks: peak RSS 5001-5230 -> 4154-4159 MiB a rank, step 7.9 -> 8.8 s
 (docs/memory.md). ZS_MALLOC_TRIM=0 turns both off.
 """
 import ctypes
