@@ -4,7 +4,8 @@
 # least twice this machine's RAM, for a few steps on 2 local ranks: parameter
 # shards and optimizer state live on NVMe (one swap file per rank and kind
 # under the offload directory, offload_param and offload_optimizer "nvme"),
-# gradient shards in memory, each block's forward recomputed in backward;
+# gradient shards there too (with the optimizer state), each block's forward
+# recomputed in backward;
 # the same batch every step, so that a few steps show the loss falling
 # (AdamW at lr 3e-6: at 3e-5 the 29-block stack overshoots, 4.42 -> 7.11).
 # Prints each step's loss and time, each rank's memory and peak RSS, and
@@ -12,8 +13,9 @@
 #
 #   scripts/big_model_demo.sh [offload dir, default build/demo/offload] [steps, default 3]
 #
-# Needs about 12 bytes per param of free disk under the offload directory
-# (shards 4, moments 8) and says so, without running, when there is less.
+# Needs about 16 bytes per param of free disk under the offload directory
+# (shards 4, moments 8, gradients 4) and says so, without running, when
+# there is less.
 # First the small twin (the same settings on a small GPT, with and without
 # offload: the same losses). Run scripts/setup.sh first. Not part of the
 # test command: it takes about 10 minutes.
@@ -40,7 +42,7 @@ print(ram, layers, params, 16 * params)
 EOF
 )"
 [ -n "$layers" ] || { echo "big model: could not size the model" >&2; exit 1; }
-need=$((params * 12 + (1 << 30)))
+need=$((params * 16 + (1 << 30)))
 free=$(df --output=avail -B1 "$dir" | tail -1)
 gib() { awk -v b="$1" 'BEGIN {printf "%.1f GiB", b / 2^30}'; }
 echo "big model: $layers blocks of width 3072, $params params; training state $(gib "$state")" \
