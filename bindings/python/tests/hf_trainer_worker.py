@@ -162,6 +162,8 @@ def mode_muon_config(engine, out):
     else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+        from launch_env import deepspeed_gram_in_fp32
+        deepspeed_gram_in_fp32()
         torch.compiler.set_stance("force_eager")  # DeepSpeed compiles its Muon update: eager, the same math
         decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
         hidden = {id(p) for g in zeroshard.torch.muon_param_groups(model) if g["use_muon"] for p in g["params"]}

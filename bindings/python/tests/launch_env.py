@@ -49,3 +49,16 @@ def write_rank0_result(rank, result):
     if rank == 0:
         with open(os.environ["ZS_TEST_RESULT"], "w") as f:
             json.dump(result, f)
+
+
+def deepspeed_gram_in_fp32():
+    """DeepSpeed's "gram" Newton-Schulz runs in fp16 where mkldnn has fp16
+    (a CPU with AVX512-FP16 or AMX: its ns_compute_dtype), in fp32
+    elsewhere; zeroshard's runs in fp32 on a CPU. A reference that is to
+    match it bit for bit is pinned to fp32 (4.8e-4 apart after 5 steps
+    otherwise, on such a CPU)."""
+    import torch
+    from deepspeed.runtime.zero.muon import original_muon
+    own = original_muon.ns_compute_dtype
+    original_muon.ns_compute_dtype = lambda ns_method="gram": (torch.float32 if ns_method == "gram"
+                                                               else own(ns_method))

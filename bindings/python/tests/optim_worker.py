@@ -318,6 +318,8 @@ def mode_muon_vs_deepspeed(rank, world):
     rank's batch, for both Newton-Schulz methods."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+    from launch_env import deepspeed_gram_in_fp32
+    deepspeed_gram_in_fp32()
     torch.compiler.set_stance("force_eager")  # DeepSpeed compiles its Muon update; eager here (the same math)
     out = {}
     for method, engine in (("gram", False), ("standard", False), ("gram", True)):
