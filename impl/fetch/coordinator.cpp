@@ -14,12 +14,17 @@ uint64_t unit_elements(const ParamList& unit) {
   return n;
 }
 
-uint64_t median_unit(const std::vector<ParamList>& units) {
-  std::vector<uint64_t> sizes;
-  for (const auto& u : units) sizes.push_back(unit_elements(u));
+// The median of unit sizes (the upper one of an even count); 0 for none.
+uint64_t median(std::vector<uint64_t> sizes) {
   if (sizes.empty()) return 0;
   std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(sizes.size() / 2), sizes.end());
   return sizes[sizes.size() / 2];
+}
+
+uint64_t median_unit(const std::vector<ParamList>& units) {
+  std::vector<uint64_t> sizes;
+  for (const auto& u : units) sizes.push_back(unit_elements(u));
+  return median(std::move(sizes));
 }
 
 bool same_unit(const ParamList& a, const ParamList& b) {
@@ -433,11 +438,8 @@ void Coordinator::note_order() {
       sizes.push_back(unit_elements(o.units[k]));
       o.prefix[k + 1] = o.prefix[k] + sizes.back();
     }
-    if (!sizes.empty()) {
-      std::nth_element(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(sizes.size() / 2), sizes.end());
-      o.typical_unit = sizes[sizes.size() / 2];
-      o.largest_unit = *std::max_element(sizes.begin(), sizes.end());
-    }
+    if (!sizes.empty()) o.largest_unit = *std::max_element(sizes.begin(), sizes.end());
+    o.typical_unit = median(std::move(sizes));
     orders_.push_back(std::move(o));
     at = orders_.size() - 1;
   }

@@ -89,12 +89,12 @@ Optimizer::~Optimizer() {
   std::optional<EngineLock::Guard> held;
   if (!ctx_.locked_by_this_thread()) held.emplace(ctx_.lock());
   for (const auto& g : groups_)
-    for (const auto& s : g.slots) ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
-  for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
-  // New gradient shards stay in memory; those in the swap file keep it.
-  for (const auto& g : groups_)
-    for (const auto& s : g.slots)
+    for (const auto& s : g.slots) {
+      ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
+      // New gradient shards stay in memory; those in the swap file keep it.
       if (s.grad_sink && s.param->grad_sink == s.grad_sink) s.param->grad_sink.reset();
+    }
+  for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
   if (swap_) {
     ctx_.ledger().sub(Held::Optimizer, swap_->buffer_bytes());
     ctx_.ledger().sub(Held::Nvme, swap_->file_bytes());
