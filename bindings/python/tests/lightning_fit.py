@@ -64,9 +64,9 @@ class Regression(pl.LightningModule):
         # Every param is persistent (under the default threshold): every
         # unit is kept, and runs without the engine's forward hooks.
         if self.partitioned_at_construction:
-            from zeroshard.torch import hooks
+            from zeroshard.torch import gather_unit
             self.hooked = [n for n, m in self.net.named_modules()
-                           if hooks._unit_pre_forward in m._forward_pre_hooks.values()]
+                           if gather_unit._unit_pre_forward in m._forward_pre_hooks.values()]
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)

@@ -1,12 +1,13 @@
 """What zeroshard.torch's hooks keep of the process's context is one object
-per context (hooks.HookState, from hooks.hook_state()), not module globals.
+per context (hook_state.HookState, from hook_state.hook_state()), not module
+globals.
 
-hooks.py and optim.py are parsed for module-level containers and `global`
-statements; the imported hooks module is checked for mutable attributes;
-and one process (world size 1, no launcher) checks the state's life: made
-before the context when hooks run first and then the context's, dropped by
-shutdown(), except the scopes a forward opened, which the forward's
-post-hook still closes when shutdown() runs inside it.
+The hook modules and optim.py are parsed for module-level containers and
+`global` statements; the imported hook modules are checked for mutable
+attributes; and one process (world size 1, no launcher) checks the state's
+life: made before the context when hooks run first and then the context's,
+dropped by shutdown(), except the scopes a forward opened, which the
+forward's post-hook still closes when shutdown() runs inside it.
 """
 import ast
 import collections
@@ -57,19 +58,27 @@ def test_the_check_finds_module_level_state(tmp_path):
     assert [n for _, n in _module_level_mutables(path)] == ["_a", "_b", "_c", "global _e"]
 
 
-@pytest.mark.parametrize("name", ["hooks.py", "optim.py"])
+# The modules the hooks are made of (hooks.py and the concepts split out of it).
+_HOOK_MODULES = ["hooks", "hook_state", "gather_unit", "forward_scope", "frozen_call", "grad_arrival",
+                 "leaf_modules"]
+
+
+@pytest.mark.parametrize("name", [m + ".py" for m in _HOOK_MODULES] + ["optim.py"])
 def test_no_module_level_mutable_state(name):
     found = _module_level_mutables(TORCH_PKG / name)
     assert not found, (f"zeroshard/torch/{name} keeps module-level state {found}: what the hooks keep of "
-                       "the context belongs in hooks.HookState (hooks.hook_state())")
+                       "the context belongs in hook_state.HookState (hook_state.hook_state())")
 
 
-def test_imported_hooks_module_holds_no_mutable_attribute():
+@pytest.mark.parametrize("name", _HOOK_MODULES)
+def test_imported_hooks_module_holds_no_mutable_attribute(name):
     pytest.importorskip("torch")
-    from zeroshard.torch import hooks
-    mutable = (list, dict, set, bytearray, collections.deque, hooks.HookState)
-    bad = sorted(k for k, v in vars(hooks).items() if not k.startswith("__") and isinstance(v, mutable))
-    assert not bad, f"zeroshard.torch.hooks has module-level mutable state: {bad}"
+    import importlib
+    from zeroshard.torch.hook_state import HookState
+    module = importlib.import_module("zeroshard.torch." + name)
+    mutable = (list, dict, set, bytearray, collections.deque, HookState)
+    bad = sorted(k for k, v in vars(module).items() if not k.startswith("__") and isinstance(v, mutable))
+    assert not bad, f"zeroshard.torch.{name} has module-level mutable state: {bad}"
 
 
 _WORKER = textwrap.dedent('''
@@ -77,7 +86,8 @@ _WORKER = textwrap.dedent('''
     import torch
     import torch.nn as nn
     import zeroshard.torch as zt
-    from zeroshard.torch import hooks, saved
+    from zeroshard.torch import saved
+    from zeroshard.torch.hook_state import hook_state
 
     store = sys.argv[1]
     out = {}
@@ -103,14 +113,14 @@ _WORKER = textwrap.dedent('''
 
     x = torch.randn(3, 4)
     # No context: the default state, the same object at every call.
-    s0 = hooks.hook_state()
+    s0 = hook_state()
     out["no_context"] = zt.current_context() is None
-    out["same_object"] = s0 is hooks.hook_state()
+    out["same_object"] = s0 is hook_state()
     out["defaults"] = [len(s0.running), len(s0.opened), s0.step_open, s0.scopes, s0.inference, s0.loss_scale,
                        s0.scaled_backwards, len(s0.ran)]
     m = Outer()
     zt.partition_module(m)  # creates the context: the state is still s0
-    out["context_keeps_state"] = hooks.hook_state() is s0
+    out["context_keeps_state"] = hook_state() is s0
     opt = zt.ZeroShardOptimizer(m.parameters(), lr=0.1)
     m(x).pow(2).mean().backward()
     out["in_step"] = [s0.step_open, len(s0.ran), m._zs_hooks.ran]
@@ -119,7 +129,7 @@ _WORKER = textwrap.dedent('''
     m(x).sum()  # a step left open at shutdown
     engine = m._zs_hooks
     zt.shutdown()
-    s1 = hooks.hook_state()
+    s1 = hook_state()
     out["shutdown_drops_state"] = s1 is not s0
     out["after_shutdown"] = [s1.step_open, s1.scopes, len(s1.running), len(s1.opened), len(s1.ran), engine.ran]
 
@@ -128,7 +138,7 @@ _WORKER = textwrap.dedent('''
     m2 = Outer(shut=True)
     zt.partition_module(m2)
     m2.inner(x)
-    s2 = hooks.hook_state()
+    s2 = hook_state()
     out["shutdown_in_scope"] = [zt.current_context() is None, len(saved._active), len(s2.opened), s2.scopes]
     print("RESULT " + json.dumps(out))
 ''')

@@ -471,7 +471,7 @@ def _make_strategy_class():
 
         # Lightning's steps reach the model through its submodules
         # (self.net(x)), not through the LightningModule's forward, whose
-        # hooks begin each forward's scope (zeroshard.torch.hooks): each
+        # hooks begin each forward's scope (zeroshard.torch.forward_scope): each
         # step runs as the root's forward instead, so gathered params saved
         # for backward are held by reference, kept units are re-evaluated
         # after an optimizer step, and the step's output ends the backward

@@ -21,7 +21,7 @@ def _compiled(accelerator, model):
     """TrainingArguments(torch_compile=True) (Accelerate's dynamo plugin):
     the partitioned model compiled as Accelerate compiles any model, whole
     or per region (its use_regional_compilation). The engine's hooks are
-    graph breaks at unit boundaries (zeroshard.torch.hooks)."""
+    graph breaks at unit boundaries (zeroshard.torch.gather_unit)."""
     from accelerate.utils import DynamoBackend, compile_regions, is_compiled_module
     plugin = accelerator.state.dynamo_plugin
     if plugin.backend == DynamoBackend.NO or is_compiled_module(model):

@@ -17,8 +17,9 @@ from ._params import is_partitioned
 from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
 from .gathered import GatheredParameters
 from .generation import set_generation_gather
-from .hooks import register_external_parameter, run_as_forward, set_leaf_modules, unset_leaf_modules
+from .forward_scope import run_as_forward
 from .init import Init, partition_module
+from .leaf_modules import register_external_parameter, set_leaf_modules, unset_leaf_modules
 from .memory import format_memory_report, memory_report
 from .optim import ZeroShardOptimizer
 from .muon import Muon, muon_param_groups

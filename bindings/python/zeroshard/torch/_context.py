@@ -41,7 +41,7 @@ _pending = []  # (config, device) of the Init blocks entered before the context 
 # modules that keep state of the context register here (on_shutdown), so
 # that this module imports none of them.
 _shutdown_callbacks = []
-# What the modules above this one keep of the context (hooks.HookState), by
+# What the modules above this one keep of the context (hook_state.HookState), by
 # class (context_state): one object of each, made on first use, for the
 # context in `_context` or, while there is none, for the one get_context()
 # creates next (a forward's hooks note their step before they create the

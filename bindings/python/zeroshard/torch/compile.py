@@ -5,11 +5,12 @@ param is an ordinary Parameter of fixed shape, dtype and strides while its
 module runs (param_type.py), so a graph compiled at the first step holds at
 every later one: no recompilation, whatever the gathers' addresses.
 
-What does not: the hooks themselves (hooks.py: gather before a unit's
-forward, release after, gradients handed over; saved.py: tensors saved for
-backward kept by reference). They call the engine through its C ABI,
-which dynamo cannot trace, so each is a deliberate graph break at a unit
-boundary, as FSDP2's hooks stay outside torchtitan's compiled blocks:
+What does not: the hooks themselves (gather_unit.py and forward_scope.py:
+gather before a unit's forward, release after; grad_arrival.py: gradients
+handed over; saved.py: tensors saved for backward kept by reference).
+They call the engine through its C ABI, which dynamo cannot trace, so each
+is a deliberate graph break at a unit boundary, as FSDP2's hooks stay
+outside torchtitan's compiled blocks:
 
 - `torch.compile(model)`: one graph per stretch of code between units;
 - `block.compile()` before partitioning: the block is one gather unit

@@ -55,7 +55,7 @@ from . import _context
 from ._context import get_context, working_dtype
 from ._params import is_partitioned
 from .init import partition_module
-from .hooks import _acquire_unit, _release
+from .gather_unit import _acquire_unit, _release
 from .input_cast import cast_inputs_to, cast_outputs_to
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}

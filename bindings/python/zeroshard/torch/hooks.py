@@ -1,63 +1,17 @@
-"""Module hooks: fetch a module's params before its forward, release them
-after, fetch them again before its backward, and hand each gradient to the
-engine as autograd produces it.
-
-Units: by default a module's own params (recurse=False) plus any external
-params registered on it; a leaf module's unit is every param of its
-subtree, fetched and released as one (see set_leaf_modules). Gradients of
-leaf params are summed locally and pushed at the step in registration
-order, zeros for params a rank did not use, so that ranks routing to
-different experts still issue identical collectives.
-
-Holds: a param stays gathered while any unit holds it (its forward, its
-backward, a forward re-run by activation checkpointing during backward);
-the coordinator is told to release it when the last hold goes.
-
-What a forward saves for backward holds gathered params by reference
-(saved.py): the root's forward hooks push and pop that for the forward.
-
-The root's forward is the scope of a forward: it begins the coordinator's
-step, re-evaluates which units are kept (below), saves by reference, and
-hooks its outputs for the sweep when the backward ends. The optimizer step
-ends the coordinator's step, except that a step a forward under no_grad
-began ends with that forward (an evaluation loop, generate(): see
-_scope_ends). Code that calls a
-partitioned model's submodules without the root's forward (Lightning's
-training_step calling self.net(x); model.encoder(x)) gets the scope two
-ways:
-
-- run_as_forward(model, fn, *args): fn runs as the root's forward would,
-  in one scope (ZeroShardStrategy runs Lightning's steps so);
-- otherwise the outermost hooked module that runs outside any scope opens
-  one for its own forward (its pre-hook) and closes it when that forward
-  ends (its post-hook, which also runs when the forward raises): the step
-  begins, saved tensors go by reference, and that module's outputs get the
-  sweep hook. Kept units are only re-evaluated at a root forward (or
-  run_as_forward): arming a module's hooks while an unhooked ancestor of
-  it runs would release what was never fetched. No scope is opened for a
-  forward re-run in backward (activation checkpointing's recompute runs
-  outside the root's scope too), and a scope opened under another
-  saved-tensor hook (torch's non-reentrant checkpoint, save_on_cpu) does not
-  push ours over it.
-
-A unit with no trainable param (a LoRA adapter's frozen base) whose
-output needs a gradient has no gradient of its own to say when its
-backward is done: its inputs' gradients do (_FrozenCall), else the end of
-the backward; before, it stayed gathered until the optimizer step.
+"""The hooks of one model (HookEngine): it makes a gather unit of each
+module and arms its forward hooks (gather_unit.py), puts the root's hooks
+that open each forward's scope around them (forward_scope.py), takes the
+params' gradients (grad_arrival.py), releases a frozen unit's backward
+fetch when its calls end (frozen_call.py), and at the optimizer step
+pushes the leaf gradients, releases what units still hold and ends the
+coordinator's step. Leaf modules and external params shape its units
+(leaf_modules.py); what it shares with other models' engines is the
+context's HookState (hook_state.py).
 
 Fetch on access: a module that reads another module's param without
 calling that module's forward (nn.MultiheadAttention reads
 out_proj.weight) finds it gathered: the read fetches it, warns once, and
 makes it an external param of the running module from then on.
-
-Gradients of params that only kept units hold (persistent, not in a leaf
-or in a unit that also holds non-persistent params) need no hook each:
-autograd accumulates them in .grad, and once the backward ends (a
-callback a scope's output's gradient queues) they go to the engine as the
-hooks would have pushed them, and .grad is None again. Params of other
-units keep their per-param hooks: their gradient is what lets the unit's
-gathered params go during the backward (a swept param that a unit of
-them fetches on access later releases that unit when the backward ends).
 
 Kept units go without hooks: a unit whose params are all persistent and
 gathered (they stay so across optimizer steps, refreshed in place) needs
@@ -70,558 +24,26 @@ gathered inside it is a read of the module that called it.
 
 The hooks are plain functions that find their state on the module
 (`_zs_unit`, `_zs_hooks`), so `copy.deepcopy` of a hooked model gives a
-hooked copy with its own units and partitioned params. What they share
-across models (the forwards running, the scopes opened, the coordinator's
-step, fp16 loss scaling) is the context's: its HookState (hook_state()).
-
-On a GPU context gradients are handed over as CUDA pointers, without a copy
-to the host: the engine's stream is a blocking stream, so its copy runs
-after the backward kernels queued on torch's (legacy) default stream, and
-torch's later work on that stream runs after the copy.
+hooked copy with its own units and partitioned params.
 """
 import contextlib
 import copy
-import dataclasses
-import sys
 import warnings
-import weakref
 
 import torch
 
-import zeroshard
-
-from . import _params, saved
-from .compile import compiled_block, engine_call
-from ._context import context_state, drop_context_state, get_context, on_shutdown
+from . import _params
+from .compile import compiled_block
+from ._context import get_context
 from ._malloc import trim_when_freed
-from ._params import (adopt_assigned, attach_views, detach_views, fetch_on_access,
-                      freeze_untrainable, is_partitioned, param_path, quantizes_frozen,
-                      registered_params, zparams)
-
-class HookState:
-    """What the hooks of every model keep of one context: one object per
-    context (hook_state()), made on first use, before the context itself
-    when a forward's hooks run first (it is then the state of the context
-    they create), and dropped when shutdown() closes the context
-    (forget_step)."""
-
-    __slots__ = ("running", "opened", "step_open", "scopes", "inference", "loss_scale",
-                 "scaled_backwards", "ran")
-
-    def __init__(self):
-        self.running = []  # units whose forward is running now, innermost last (all models)
-        # Scopes a unit opened because it ran outside any root forward: (unit,
-        # len(running) before it ran), innermost last.
-        self.opened = []
-        # The coordinator's step is one per context, whichever model began it.
-        # scopes: forwards (roots' and opened scopes) running in it now;
-        # inference: it began under no_grad and no forward with gradients ran in
-        # it since, so the forward that began it ends it (see _scope_ends).
-        self.step_open = False
-        self.scopes = 0
-        self.inference = False
-        # fp16 loss scaling: the scale gradients must carry (1.0: none required;
-        # set by ZeroShardOptimizer under fp16.enabled), and how many
-        # ZeroShardOptimizer.backward calls are running (each scales its loss).
-        self.loss_scale = 1.0
-        self.scaled_backwards = 0
-        self.ran = []  # HookEngines whose model ran a forward since the last optimizer step
-
-
-def hook_state():
-    """The HookState of the process's context (of the next one created
-    while there is none)."""
-    return context_state(HookState)
-
-
-class _Unit:
-    """The params one hooked module fetches and releases together."""
-
-    def __init__(self, module, name, params, leaf):
-        self.module = module
-        self.name = name
-        self.params = params
-        self.leaf = leaf
-        self.engine = None
-        self.pending = set()     # params whose gradient this backward has not produced yet
-        self.bwd_held = False    # holds its params for its backward
-        self.open_calls = 0      # frozen unit: its forwards whose backward began and has not ended
-        self.persistent = False  # every param persistent (set with the handles)
-        self.armed = False       # its module carries the forward hooks
-        self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
-        # fully_shard (fully_shard.py): kept gathered from the forward to the
-        # backward (reshard_after_forward=False), from the backward to the
-        # step's end (set_reshard_after_backward(False)); held by unshard().
-        self.keep_for_backward = False
-        self.keep_after_backward = False
-        self.kept_after_backward = False
-        self.user_hold = False
-        self._handles = None
-
-    def handles(self):
-        """The params' engine handles as one prebuilt array (rebuilt when a
-        param joins the unit)."""
-        if self._handles is None or self._handles.n != len(self.params):
-            self._handles = zeroshard.ParamArray(zparams(self.params))
-            self.persistent = all(p.zs.persistent for p in self.params)
-        return self._handles
-
-    def __deepcopy__(self, memo):
-        # The copied model's HookEngine (copied after every module) adopts it.
-        unit = _Unit(copy.deepcopy(self.module, memo), self.name,
-                     [copy.deepcopy(p, memo) for p in self.params], self.leaf)
-        unit.armed = self.armed  # the copied module carries copies of the same hooks
-        unit.inner_leaf = [copy.deepcopy(p, memo) for p in self.inner_leaf]
-        memo[id(self)] = unit
-        return unit
-
-    def arm(self, prepend=False):
-        """Install the module's forward hooks (prepend: before hooks user
-        code added since, as they were when first installed)."""
-        if not self.armed:
-            self.module.register_forward_pre_hook(_unit_pre_forward, prepend=prepend)
-            # always_call: a forward that raises still drops its hold.
-            # Activation checkpointing's recompute stops early by raising
-            # inside the last module it needs; without this every
-            # checkpointed block kept that module's params gathered until
-            # the step.
-            # with_kwargs: a frozen unit's inputs that need a gradient may
-            # come as keyword arguments (see _FrozenCall).
-            self.module.register_forward_hook(_unit_post_forward, prepend=prepend, always_call=True,
-                                              with_kwargs=True)
-            self.armed = True
-
-    def disarm(self):
-        _strip_hooks(self.module, (_unit_pre_forward, _unit_post_forward))
-        self.armed = False
-
-    def kept(self):
-        """Whether every param is persistent and gathered: the unit needs
-        no fetch or release (see the module docstring)."""
-        return bool(self.params) and not self.leaf and all(p.zs.persistent and p.zs.attached
-                                                            for p in self.params)
-
-
-def _weakly(method):
-    """`method` as a hook that does not keep its object alive. torch keeps
-    a param's hooks in C++, where the garbage collector cannot see them:
-    a bound method there would keep the HookEngine, its units and through
-    them every param and the model alive for ever."""
-    ref = weakref.WeakMethod(method)
-
-    def hook(*args):
-        bound = ref()
-        if bound is not None:
-            bound(*args)
-    return hook
-
-
-@on_shutdown
-def forget_step():
-    """The context is gone: no step is open, no forward runs. Its state goes
-    with it, but for the scopes forwards opened: those forwards still run
-    (shutdown() inside one), and their post-hooks close them, so the next
-    context's state has them."""
-    state = drop_context_state(HookState)
-    if state is not None:
-        _forget_ran(state)
-        if state.opened:
-            hook_state().opened = state.opened
-
-
-def stepping_engines(params):
-    """The HookEngines an optimizer step over `params` must end the step
-    of: those whose model ran since the last step, and those that hold
-    `params`. Not every engine alive: a dropped model's engine lives on
-    until its rank's garbage collector reaches it, which happens at
-    different times on different ranks, and ending its step may push its
-    leaf gradients (a collective)."""
-    engines = list(hook_state().ran)
-    for p in params:
-        owner = p.zs.owner if is_partitioned(p) else None
-        if owner is not None and owner.engine is not None and all(owner.engine is not e for e in engines):
-            engines.append(owner.engine)
-    return engines
-
-
-def step_done():
-    """An optimizer step ended every running model's step."""
-    _forget_ran(hook_state())
-
-
-def _forget_ran(state):
-    for e in state.ran:
-        e.ran = False
-    state.ran.clear()
-
-
-def _acquire(params, handles=None):
-    """Gather `params` (through the coordinator, which records the order)
-    and hold them. `handles`: their prebuilt zeroshard.ParamArray."""
-    if not params:
-        return
-    get_context().coord_fetch(handles if handles is not None else zparams(params))
-    for p in params:
-        p.zs.holds += 1
-    attach_views(params, available=True)
-
-
-def _acquire_unit(unit, when):
-    """_acquire of a unit's params for its forward or backward. Ranks that
-    ran different modules (experts chosen by the batch, a branch on the
-    data) fetch different params: the engine stops them with "ranks
-    disagree"; this says which module and what makes them agree."""
-    try:
-        _acquire(unit.params, unit.handles())
-    except zeroshard.CommError as e:
-        if "ranks disagree on collective" not in e.message:
-            raise
-        raise type(e)(f"zeroshard.torch: fetching the params of {unit.name} ({type(unit.module).__name__}) for "
-                      f"its {when}: {e.message}. Ranks ran different modules here: a module that picks "
-                      f"among submodules by the data (a mixture-of-experts block routing to its experts, a "
-                      f"branch on the batch) must be one fetch unit on every rank: "
-                      f"zeroshard.torch.set_leaf_modules(model, [ThatBlockClass])", e.status,
-                      e.status_name) from e
-
-
-def _release(params, handles=None):
-    """Drop one hold of each of `params`; the coordinator frees those no
-    unit holds any more (persistent ones stay gathered until the step)."""
-    done = []
-    for p in params:
-        p.zs.holds -= 1
-        if p.zs.holds <= 0:
-            p.zs.holds = 0
-            done.append(p)
-    if done:
-        all_done = handles is not None and len(done) == len(params)
-        get_context().coord_release(handles if all_done else zparams(done))
-        detach_views([p for p in done if not p.zs.persistent])
-
-
-def _check_scaled_backward():
-    """Under fp16 loss scaling, a gradient autograd produces now must come
-    from ZeroShardOptimizer.backward(loss), which scales the loss: the
-    engine divides every gradient by the scale, so an unscaled backward
-    would train with updates `scale` times too small, silently."""
-    state = hook_state()
-    scale = state.loss_scale
-    if (scale != 1.0 and state.scaled_backwards == 0
-            and torch._C._current_graph_task_id() != -1):
-        raise RuntimeError(
-            f"zeroshard.torch: fp16.enabled scales the loss (loss scale now {scale:g}), so the backward must "
-            "be optimizer.backward(loss) (ZeroShardOptimizer.backward, as DeepSpeed's engine.backward), not "
-            "loss.backward(): the engine divides every gradient by the loss scale")
-
-
-def _take_grad(p):
-    """p's gradient as the engine takes it (the param's dtype, contiguous),
-    or None; p.grad is None afterwards."""
-    grad = p.grad
-    if grad is None:
-        return None
-    p.grad = None
-    if grad.dtype != p.zs.dtype or not grad.is_contiguous():
-        grad = grad.detach().to(p.zs.dtype).contiguous()
-    return grad
-
-
-def _output_tensors(output, out, depth=0):
-    """The tensors in a module's output that autograd will differentiate:
-    tensors, tuples, lists, dicts (HF ModelOutput), dataclasses."""
-    if depth > 8:
-        return out
-    if torch.is_tensor(output):
-        if output.requires_grad:
-            out.append(output)
-    elif isinstance(output, (tuple, list)):
-        for o in output:
-            _output_tensors(o, out, depth + 1)
-    elif isinstance(output, dict):
-        for o in output.values():
-            _output_tensors(o, out, depth + 1)
-    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
-        for f in dataclasses.fields(output):
-            _output_tensors(getattr(output, f.name, None), out, depth + 1)
-    return out
-
-
-def _gradient_node(t):
-    """The autograd node that takes t's gradient (AccumulateGrad for a
-    leaf), or None."""
-    edge = getattr(torch.autograd.graph, "get_gradient_edge", None)
-    if edge is not None:
-        return edge(t).node
-    return t.grad_fn
-
-
-class _FrozenCall:
-    """One forward of a unit none of whose params needs a gradient (the
-    frozen base of a LoRA adapter, a frozen encoder) while its output does.
-    No gradient of its own tells when its backward is done, so what does:
-    the gradients of the forward's inputs (positional and keyword) that
-    need one. Their nodes run only once every op between them and the
-    output has, the ones that read the gathered params included. The
-    backward fetch is released when every such input of every forward of
-    the unit whose backward began has its gradient (a unit called twice
-    stays gathered while either call's backward runs), or, when that never
-    comes (no input needs a gradient: a frozen module whose output needs
-    one through a trainable child; torch.autograd.grad(inputs=...) stopping
-    short), when the backward ends. A call begins at its outputs' first
-    gradient, so a forward whose graph is never differentiated (the re-run
-    of non-reentrant checkpointing, whose recomputed outputs only feed
-    saved tensors) holds nothing; reentrant checkpointing's re-run is
-    differentiated by a backward of its own (its inputs: detached leaves),
-    whose end is then the fallback.
-
-    A release that comes too early (an op reading the params that is on
-    no path from an input, run after the inputs' nodes) costs a gather,
-    not a wrong gradient: a saved param not gathered is gathered for its
-    read (saved.py). The call keeps the input's gradient node, not the
-    input (a leaf's AccumulateGrad does hold the leaf): a frozen Linear
-    saves no input, and keeping it would keep the activation."""
-
-    __slots__ = ("unit", "nodes", "left", "handles")
-
-    def __init__(self, unit, inputs):
-        self.unit = unit
-        self.nodes = []
-        for t in inputs:
-            node = _gradient_node(t)
-            if node is not None and all(node is not n for n in self.nodes):
-                self.nodes.append(node)
-        self.left = 0
-        self.handles = None  # while its backward runs
-
-    def backward_begins(self, grad):
-        """A gradient hook on the forward's outputs."""
-        if self.handles is not None:
-            return
-        unit = self.unit
-        engine = unit.engine
-        engine.fetch_for_backward(unit)
-        unit.open_calls += 1
-        engine.open_frozen_call(self)
-        self.left = len(self.nodes)
-        self.handles = [node.register_prehook(self._input_grad) for node in self.nodes]
-
-    def _input_grad(self, grad_outputs):
-        self.left -= 1
-        if self.left == 0 and self.handles is not None:
-            self.end()
-            self.unit.engine.release_frozen(self.unit)
-
-    def end(self):
-        """This call's backward is done (or the backward ended)."""
-        if self.handles is not None:
-            for h in self.handles:
-                h.remove()
-            self.handles = None
-            self.unit.open_calls -= 1
-            self.unit.engine.frozen_calls.discard(self)
-
-
-# -- the hook functions (module-level: copied models share them) ------------
-def _root_pre_forward(module, inputs):
-    engine = module.__dict__.get("_zs_hooks")
-    if engine is not None:
-        engine.begin_step()
-        hook_state().scopes += 1
-        if engine.units_to_check:
-            engine.hook_kept_units_only_when_needed()
-    saved.push(by_reference=engine is None or engine.saves_by_reference)
-
-
-def _root_post_forward(module, inputs, output):
-    saved.pop()
-    engine = module.__dict__.get("_zs_hooks")
-    if engine is not None:
-        _sweep_when_backward_ends(engine, output)
-        _scope_ends(output)
-
-
-def _forward_raised(output):
-    """In a post-forward hook: whether the forward raised (torch runs
-    always_call hooks from its `except` clause, with no output)."""
-    return output is None and sys.exc_info()[1] is not None
-
-
-def _scope_ends(output):
-    """A root's forward, or a scope a unit opened, ended. A step that a
-    forward under no_grad began, with no forward with gradients in it
-    since, ends with its outermost forward: no backward or optimizer step
-    will end it (an evaluation loop, generate()), and without an end its
-    order would grow forward by forward and never be followed. A forward
-    that raised leaves it open (the step end is a collective): the next
-    forward under no_grad ends it."""
-    state = hook_state()
-    state.scopes = max(0, state.scopes - 1)
-    if state.scopes == 0 and state.step_open and state.inference and not _forward_raised(output):
-        _end_inference_step(state)
-
-
-def _end_inference_step(state):
-    ctx = get_context()
-    for engine in state.ran:
-        engine.release_held(ctx)
-    token, dropped = _params.dropped_token()
-    agreed = ctx.step_end(token)
-    state.step_open = False
-    if agreed is not None:
-        # Not a quiet step: what it gathered may be kept now, so the next
-        # forward re-evaluates which units go without hooks (a training
-        # loop's optimizer step does so; an inference loop has none).
-        for engine in state.ran:
-            engine.units_to_check = True
-    _forget_ran(state)
-    _params.note_agreement(dropped, agreed)
-    _params.settle_dropped()  # a dropped model goes at a step end, trained or not
-
-
-def _sweep_when_backward_ends(engine, output):
-    """A scope's forward ended: its output's gradients queue the sweep."""
-    if engine.swept and torch.is_grad_enabled():
-        for t in _output_tensors(output, []):
-            t.register_hook(engine.sweep_after_backward)
-
-
-def run_as_forward(model, fn, *args, **kwargs):
-    """fn(*args, **kwargs) run as the partitioned `model`'s forward would
-    run: the coordinator's step begins, kept units are re-evaluated (after
-    an optimizer step), what fn's forwards save for backward holds gathered
-    params by reference, and fn's output tensors end the backward with the
-    gradient sweep. For code that calls submodules of `model` rather than
-    `model` itself (ZeroShardStrategy runs Lightning's training_step,
-    validation_step, test_step and predict_step in it). Calls of `model`
-    inside fn nest."""
-    _root_pre_forward(model, args)
-    try:
-        output = fn(*args, **kwargs)
-    except BaseException:
-        _root_post_forward(model, args, None)  # in the except clause: _forward_raised sees it
-        raise
-    _root_post_forward(model, args, output)
-    return output
-
-
-def _other_saved_hooks():
-    """Whether saved-tensor hooks other than a scope's are in force
-    (non-reentrant checkpoint, save_on_cpu): ours would replace them."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is not None and top(False) is not None
-
-
-def _open_scope(unit):
-    """`unit` runs outside any root forward: open a scope for its forward
-    (see the module docstring). Not for a forward re-run in backward."""
-    if torch._C._current_graph_task_id() != -1:
-        return
-    engine = unit.engine
-    engine.begin_step()
-    state = hook_state()
-    state.scopes += 1
-    saved.push(by_reference=engine.saves_by_reference and not _other_saved_hooks())
-    state.opened.append((unit, len(state.running)))
-
-
-def _close_scope(output):
-    unit, _ = hook_state().opened.pop()
-    saved.pop()
-    _sweep_when_backward_ends(unit.engine, output)
-    _scope_ends(output)
-
-
-def _unit_pre_forward(module, inputs):
-    unit = _live_unit(module)
-    if not saved._active:  # no root forward runs: this module's forward is the scope
-        _open_scope(unit)
-    if unit.params:
-        _acquire_unit(unit, "forward")
-    hook_state().running.append(unit)
-
-
-def _unit_post_forward(module, inputs, kwargs, output):
-    unit = _live_unit(module)
-    running = hook_state().running
-    if running and running[-1] is unit:
-        running.pop()
-    try:
-        if not unit.params:
-            return
-        if _kept_for_backward(unit, output):
-            return
-        _release(unit.params, unit.handles())
-        if not torch.is_grad_enabled():
-            return
-        if unit.persistent:
-            # Persistent params stay gathered until the optimizer step: backward
-            # needs no fetch for them.
-            unit.engine._hook_grads(unit.params)  # params unfrozen since the last step too
-            return
-        tensors = _output_tensors(output, [])
-        if tensors:
-            unit.pending = {p for p in unit.params if p.requires_grad}
-            unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
-            if unit.pending or unit.leaf:
-                for t in tensors:
-                    t.register_hook(lambda grad, unit=unit: unit.engine.fetch_for_backward(unit))
-            else:
-                # No gradient of its own to wait for: released when this
-                # forward's backward is done (see _FrozenCall).
-                call = _FrozenCall(unit, _output_tensors(kwargs, _output_tensors(inputs, [])))
-                for t in tensors:
-                    t.register_hook(call.backward_begins)
-    finally:
-        # The scope this forward opened (not one a forward of the same
-        # module nested in it finds open).
-        state = hook_state()
-        if state.opened and state.opened[-1][0] is unit and len(state.running) <= state.opened[-1][1]:
-            _close_scope(output)
-
-
-def _kept_for_backward(unit, output):
-    """A unit fully_shard'd with reshard_after_forward=False (the root by
-    default) keeps its forward's hold for its backward, which then gathers
-    nothing: the hold goes once its params' gradients have come
-    (_grad_arrived). Only a unit with params that take a gradient and an
-    output that needs one; a second forward before that backward
-    (activation checkpointing's) gives its own hold back as usual."""
-    if not (unit.keep_for_backward and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
-        return False
-    pending = {p for p in unit.params if p.requires_grad}
-    if not pending or not _output_tensors(output, []):
-        return False
-    unit.pending = pending
-    unit.engine._hook_grads(pending)
-    unit.engine.fetch_for_backward(unit, gathered=True)
-    return True
-
-
-def _live_unit(module):
-    unit = module.__dict__["_zs_unit"]
-    if unit.engine is None:
-        raise RuntimeError(
-            f"zeroshard.torch: {type(module).__name__} was copied out of a partitioned model without "
-            "the model's root, so nothing installs its hooks: call "
-            "zeroshard.torch.partition_module(copy) on the copy's outermost module")
-    return unit
-
-
-# torch.compile: graph breaks at unit boundaries (compile.py).
-_root_pre_forward = engine_call(_root_pre_forward)
-_root_post_forward = engine_call(_root_post_forward)
-_unit_pre_forward = engine_call(_unit_pre_forward)
-_unit_post_forward = engine_call(_unit_post_forward)
-_HOOKS = (_root_pre_forward, _root_post_forward, _unit_pre_forward, _unit_post_forward)
-
-
-def _strip_hooks(module, hooks=_HOOKS):
-    """Remove our hook functions from a module (a copy may carry them)."""
-    for d in (module._forward_pre_hooks, module._forward_hooks):
-        for k in [k for k, fn in d.items() if fn in hooks]:
-            del d[k]
-            module._forward_hooks_always_called.pop(k, None)
-            module._forward_hooks_with_kwargs.pop(k, None)
+from ._params import (adopt_assigned, detach_views, fetch_on_access, freeze_untrainable, is_partitioned,
+                      param_path, quantizes_frozen, registered_params, zparams)
+from .forward_scope import _root_post_forward, _root_pre_forward
+from .gather_unit import _UNIT_HOOKS, _Unit, _acquire, _acquire_unit, _release, _strip_hooks
+from .grad_arrival import GradArrival
+from .hook_state import hook_state
+
+_HOOKS = (_root_pre_forward, _root_post_forward) + _UNIT_HOOKS
 
 
 @contextlib.contextmanager
@@ -634,7 +56,7 @@ def hooks_suspended(model):
         if any(fn in _HOOKS for d in (m._forward_pre_hooks, m._forward_hooks) for fn in d.values()):
             taken.append((m, dict(m._forward_pre_hooks), dict(m._forward_hooks),
                           dict(m._forward_hooks_always_called), dict(m._forward_hooks_with_kwargs)))
-            _strip_hooks(m)
+            _strip_hooks(m, _HOOKS)
     try:
         yield model
     finally:
@@ -657,31 +79,16 @@ def _forward_access(p):
 _params.on_forward_access = _forward_access
 
 
-def _read_gathered(p, read):
-    _acquire([p])
-    try:
-        return read()
-    finally:
-        _release([p])
-
-
-saved.read_gathered = _read_gathered
-
-
-class HookEngine:
+class HookEngine(GradArrival):
     """Hooks of one model, and the step-level bookkeeping they share."""
 
     def __init__(self, model):
+        super().__init__()  # GradArrival's: the gradients' bookkeeping
         self.model = model
         self.units = []
         self.leaf_params = []  # in registration order
-        self.waiting = {}      # param -> units held for backward until its gradient arrives
         self.warned = set()
         self._params = None    # every unit's params, once each (built on first use)
-        self.swept = []        # params whose gradients are taken when the backward ends
-        self._batches = None   # self.swept by dtype, with their zeroshard.GradBatch
-        self._sweepable = set()  # ids of the params that may be swept
-        self._sweep_queued = False
         self.frozen_calls = set()  # _FrozenCalls whose backward runs
         self._frozen_end_queued = False
         self.saves_by_reference = True  # some param is not persistent (saved.py)
@@ -691,7 +98,7 @@ class HookEngine:
     # -- installing ---------------------------------------------------
     def install(self):
         for m in self.model.modules():
-            _strip_hooks(m)
+            _strip_hooks(m, _HOOKS)
             m.__dict__.pop("_zs_unit", None)
         # First, so that the step begins before any unit fetches.
         self.model.register_forward_pre_hook(_root_pre_forward)
@@ -787,59 +194,7 @@ class HookEngine:
                 ctx.leaf_group(zparams(unit.params))
         params = self.params()
         self.saves_by_reference = not all(p.zs.persistent for p in params)
-        held = {id(p) for unit in self.units if unit.leaf or not all(q.zs.persistent for q in unit.params)
-                for p in unit.params}
-        self._sweepable = {id(p) for p in params if p.zs.persistent and id(p) not in held}
-        self.swept = []
-        self._batches = None
-        self._hook_grads(params)
-
-    def _hook_grads(self, params):
-        """Hand `params`' gradients to this engine as autograd accumulates
-        them (once per param; frozen params when they are unfrozen): swept
-        when the backward ends, or pushed by a hook of their own."""
-        for p in params:
-            if p.zs.grad_hook is not self and p.requires_grad:
-                p.zs.grad_hook = self
-                if id(p) in self._sweepable:
-                    self.swept.append(p)
-                    self._batches = None
-                else:
-                    p.register_post_accumulate_grad_hook(_weakly(self._on_grad))
-
-    def sweep_after_backward(self, grad):
-        """A gradient hook on the root's outputs: the backward has begun;
-        take the swept params' gradients once it ends."""
-        if not self._sweep_queued:
-            self._sweep_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.sweep_grads)
-
-    def sweep_grads(self):
-        """Every swept param's gradient to the engine, one call per dtype."""
-        self._sweep_queued = False
-        _check_scaled_backward()
-        if self._batches is None:
-            by_dtype = {}
-            for p in self.swept:
-                by_dtype.setdefault(p.zs.zparam.dtype, []).append(p)
-            self._batches = [(params, zeroshard.GradBatch(get_context(), zparams(params), dtype))
-                             for dtype, params in by_dtype.items()]
-        for params, batch in self._batches:
-            taken, arrived = [], []  # the gradients stay alive until the engine has copied them
-            addresses = batch.addresses
-            for i, p in enumerate(params):
-                grad = _take_grad(p)
-                if grad is None:
-                    addresses[i] = 0
-                    continue
-                taken.append(grad)
-                arrived.append(p)
-                addresses[i] = grad.data_ptr()
-            if taken:
-                batch.push()
-                if self.waiting:
-                    for p in arrived:
-                        self._grad_arrived(p)
+        self._choose_swept(params)
 
     def __deepcopy__(self, memo):
         model = copy.deepcopy(self.model, memo)
@@ -859,7 +214,7 @@ class HookEngine:
 
     def remove(self):
         for m in self.model.modules():
-            _strip_hooks(m)
+            _strip_hooks(m, _HOOKS)
             m.__dict__.pop("_zs_unit", None)
         self.units.clear()
 
@@ -947,33 +302,6 @@ class HookEngine:
                 for p in unit.pending:
                     self.waiting.setdefault(p, []).append(unit)
 
-    def _on_grad(self, p):
-        """p's gradient is complete (for this backward): to the engine."""
-        _check_scaled_backward()
-        grad = _take_grad(p)
-        if grad is None:
-            return
-        z = p.zs
-        if z.leaf:
-            z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
-        else:
-            # Lent, not copied: a large gradient is reduced straight from
-            # autograd's tensor, which the context holds until then.
-            z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
-        self._grad_arrived(p)
-
-    def _grad_arrived(self, p):
-        """Units held for their backward until p's gradient came go now."""
-        for unit in self.waiting.pop(p, ()):
-            unit.pending.discard(p)
-            if unit.bwd_held and not unit.pending:
-                unit.bwd_held = False
-                if unit.keep_after_backward and not unit.kept_after_backward:
-                    unit.kept_after_backward = True  # until the step's end (release_held)
-                    continue
-                _release(unit.params, unit.handles())
-                trim_when_freed()  # its activations' heap, as the gradients grow (_malloc.py)
-
     def open_frozen_call(self, call):
         """A frozen unit's backward began (_FrozenCall): whatever no input
         gradient released goes when the backward ends."""
@@ -1005,13 +333,7 @@ class HookEngine:
         ctx = get_context()
         trim_when_freed()  # the activations' heap, before the step's peak (_malloc.py)
         self.sweep_grads()
-        for p in self.leaf_params:
-            if not p.requires_grad:
-                continue
-            g = p.zs.stash if p.zs.stash is not None else torch.zeros(p.zs.shape, dtype=p.zs.dtype,
-                                                                      device=p.zs.device)
-            p.zs.zparam.push_grad((g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
-            p.zs.stash = None
+        self._push_leaf_grads()
         self.waiting.clear()
         for call in list(self.frozen_calls):
             call.end()
@@ -1046,35 +368,3 @@ class HookEngine:
         detach_views([p for p in registered_params() if p.zs is not None])
         self.units_to_check = True
 
-
-def set_leaf_modules(model, leaf_classes):
-    """Mark every module of `model` whose class is in `leaf_classes` (or
-    subclasses it) as a leaf: its whole subtree is one fetch unit. Call
-    before the model's hooks are installed."""
-    classes = tuple(leaf_classes)
-    marked = []
-    for m in model.modules():
-        if isinstance(m, classes):
-            m._zs_leaf = True
-            marked.append(m)
-    return marked
-
-
-def unset_leaf_modules(model, leaf_classes):
-    classes = tuple(leaf_classes)
-    for m in model.modules():
-        if isinstance(m, classes) and getattr(m, "_zs_leaf", False):
-            m._zs_leaf = False
-
-
-def register_external_parameter(module, param):
-    """`module` uses `param`, which another module owns: fetch it with
-    module's params too (the reference's register_external_parameter)."""
-    ext = module.__dict__.setdefault("_zs_external", [])
-    if all(param is not q for q in ext):
-        ext.append(param)
-    unit = module.__dict__.get("_zs_unit")
-    if unit is not None and is_partitioned(param) and all(param is not q for q in unit.params):
-        unit.params.append(param)
-        unit.engine._params = None
-        unit.engine._hook_grads([param])

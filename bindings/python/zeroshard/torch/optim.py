@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from . import hooks
+from .hook_state import hook_state, step_done, stepping_engines
 from ..errors import InvalidArgumentError
 from ._context import get_context, working_dtype
 
@@ -63,7 +63,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
     def sync_loss_scale(self):
         """The engine's loss scale is what backward scales by and what the
         gradient hooks require (after a step or a checkpoint load)."""
-        hooks.hook_state().loss_scale = self._engine.loss_scale if self._fp16 else 1.0
+        hook_state().loss_scale = self._engine.loss_scale if self._fp16 else 1.0
 
     def backward(self, loss, **kwargs):
         """loss.backward(**kwargs), the loss first multiplied by the fp16
@@ -78,11 +78,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         block by other code (Lightning's precision plugin runs the
         LightningModule's backward hook on it)."""
         scale = self._engine.loss_scale if self._fp16 else 1.0
-        hooks.hook_state().scaled_backwards += 1
+        hook_state().scaled_backwards += 1
         try:
             yield loss * scale if scale != 1.0 else loss
         finally:
-            hooks.hook_state().scaled_backwards -= 1  # looked up again: shutdown() in the block drops the state
+            hook_state().scaled_backwards -= 1  # looked up again: shutdown() in the block drops the state
 
     @property
     def step_was_skipped(self):
@@ -153,7 +153,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        engines = hooks.stepping_engines([p for group in self.param_groups for p in group["params"]])
+        engines = stepping_engines([p for group in self.param_groups for p in group["params"]])
         for e in engines:
             e.before_step()
             adopt_assigned(e.params())  # a param.data = t since the forward
@@ -161,11 +161,11 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.last_result = self._engine.step()
         for e in engines:
             e.after_step()
-        attempted = hooks.hook_state().loss_scale
+        attempted = hook_state().loss_scale
         self.sync_loss_scale()
         if self.last_result["skipped"]:
             self._note_skipped(attempted)
-        hooks.step_done()
+        step_done()
         del engines  # else they keep dropped models alive through the collector's run
         settle_dropped()
         return loss

@@ -75,7 +75,7 @@ def _view(p, s):
     return p.as_strided(s.size, s.stride, p.storage_offset() + s.offset)
 
 
-# read_gathered(param, fn): fn() while param is gathered (set by hooks.py,
+# read_gathered(param, fn): fn() while param is gathered (set by gather_unit.py,
 # which owns fetching and holds).
 read_gathered = None
 

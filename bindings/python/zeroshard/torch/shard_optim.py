@@ -49,7 +49,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import zeroshard
-from . import hooks
+from .hook_state import step_done, stepping_engines
 from ._context import get_context, working_dtype
 from .optim import ZeroShardOptimizer
 from ._params import (adopt_assigned, freeze_untrainable, is_partitioned, optimizer_state_view, quantizes_frozen,
@@ -202,7 +202,7 @@ class ShardStepper:
         if self._open is not None:  # the previous step raised inside torch's code: closed first
             self.end(optimizer)
         self.sync(optimizer)
-        self._engines = hooks.stepping_engines(self.params)
+        self._engines = stepping_engines(self.params)
         for e in self._engines:
             e.before_step()
             adopt_assigned(e.params())  # a param.data = t since the forward
@@ -266,7 +266,7 @@ class ShardStepper:
             for e in self._engines:
                 e.after_step()
             self._engines = []
-            hooks.step_done()
+            step_done()
             settle_dropped()
 
     def _scatter_masters(self):
