@@ -15,7 +15,7 @@ import json
 from ._context import get_context
 from ._params import is_partitioned, optimizer_state_view
 from .optim import ZeroShardOptimizer, _hook_engines
-from . import dcp_checkpoint, deepspeed_checkpoint, shard_optim
+from . import dcp_checkpoint, deepspeed_checkpoint, shard_optim, shard_optim_checkpoint
 
 
 def _named_params(model, what):
@@ -64,7 +64,7 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
                         for n, b in _persistent_buffers(model)}}
     stock = optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer)
     if stock:  # a torch optimizer on the shards: its state beside the engine's
-        user["torch_optimizer"] = shard_optim.checkpoint_state(optimizer, _param_names(model))
+        user["torch_optimizer"] = shard_optim_checkpoint.checkpoint_state(optimizer, _param_names(model))
     try:
         user = json.dumps(user, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -123,7 +123,7 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
         if saved is None:
             raise ValueError(f"zeroshard.torch.load_checkpoint: {info['dir']} holds no torch optimizer's state (it was "
                              f"saved with a ZeroShardOptimizer or none)")
-        shard_optim.restore_state(optimizer, saved, _param_names(model))
+        shard_optim_checkpoint.restore_state(optimizer, saved, _param_names(model))
     elif optimizer is not None:
         for group, hp in zip(optimizer.param_groups, optimizer._engine._groups):
             group["lr"] = hp["lr"]
