@@ -805,7 +805,7 @@ def mode_kept_units(rank, world):
     opt.step()
 
     def armed(m):
-        return any(fn is zt.hooks._unit_pre_forward for fn in m._forward_pre_hooks.values())
+        return any(fn is zt.gather_unit._unit_pre_forward for fn in m._forward_pre_hooks.values())
 
     out["armed"] = {n or "root": armed(m) for n, m in model.named_modules() if n != "layers"}
     # A copy of the model with its kept units unhooked: its params are new,
