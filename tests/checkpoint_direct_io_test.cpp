@@ -26,7 +26,7 @@
 #include "tests/support/multirank.h"
 
 namespace fs = std::filesystem;
-using zs::ckpt::AlignedBuffer;
+using zs::AlignedBuffer;
 using zs::ckpt::ChunkReader;
 using zs::ckpt::StreamWriter;
 
@@ -172,7 +172,7 @@ OneChunk one_chunk(size_t n) {
 TEST(CheckpointDirectIo, ReaderGivesTheSameBytesDirectOrNotAndNamesAFlippedByte) {
   const size_t n = (3u << 20) / 4 + 1001;  // 3 MiB and change: several blocks, a partial last one
   OneChunk o = one_chunk(n);
-  EXPECT_NE(o.chunk.begin % zs::ckpt::kDirectAlign, 0u) << "the test wants a tensor off the 4 KiB grid";
+  EXPECT_NE(o.chunk.begin % zs::kIoAlign, 0u) << "the test wants a tensor off the 4 KiB grid";
   const bool can = takes_direct(o.dir);
   // From element `first`: at the direct offset (O_DIRECT bulk) and one
   // byte past it (buffered throughout).
@@ -181,7 +181,7 @@ TEST(CheckpointDirectIo, ReaderGivesTheSameBytesDirectOrNotAndNamesAFlippedByte)
     for (uint64_t shift : {uint64_t{0}, uint64_t{1}}) {
       ChunkReader reader(o.dir, o.m);
       reader.check_sizes();
-      AlignedBuffer buf(count * 4 + 2 * zs::ckpt::kDirectAlign);
+      AlignedBuffer buf(count * 4 + 2 * zs::kIoAlign);
       char* dst = buf.data() + ChunkReader::direct_offset(o.chunk, first) + shift;
       reader.read(o.chunk, first, count, dst, "w, param");
       EXPECT_EQ(std::memcmp(dst, o.values.data() + first, count * 4), 0)
@@ -205,7 +205,7 @@ TEST(CheckpointDirectIo, ReaderGivesTheSameBytesDirectOrNotAndNamesAFlippedByte)
   }
   for (uint64_t shift : {uint64_t{0}, uint64_t{1}}) {
     ChunkReader fresh(o.dir, o.m);
-    AlignedBuffer buf(n * 4 + 2 * zs::ckpt::kDirectAlign);
+    AlignedBuffer buf(n * 4 + 2 * zs::kIoAlign);
     try {
       fresh.read(o.chunk, 0, n, buf.data() + ChunkReader::direct_offset(o.chunk, 0) + shift, "w, param");
       FAIL() << "a flipped byte was read without an error";

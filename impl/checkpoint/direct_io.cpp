@@ -7,10 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "impl/common/error.h"
-#include "impl/common/memory_tally.h"
 
 namespace zs::ckpt {
 namespace {
@@ -19,39 +17,11 @@ namespace {
   fail(Code::Io, op, " '", path, "': ", std::strerror(err));
 }
 
-uint64_t align_up(uint64_t v) { return (v + kDirectAlign - 1) / kDirectAlign * kDirectAlign; }
-
 }  // namespace
 
 bool direct_io_wanted() {
   const char* v = std::getenv("ZS_CHECKPOINT_DIRECT_IO");
   return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-AlignedBuffer::AlignedBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  void* p = nullptr;
-  if (posix_memalign(&p, kDirectAlign, align_up(bytes)) != 0) throw std::bad_alloc();
-  p_ = static_cast<char*>(p);
-  memory_tally::add(MemKind::IoStaging, align_up(bytes));
-}
-
-void AlignedBuffer::release() noexcept {
-  if (p_ == nullptr) return;
-  std::free(p_);
-  memory_tally::sub(MemKind::IoStaging, align_up(bytes_));
-  p_ = nullptr;
-}
-
-AlignedBuffer::~AlignedBuffer() { release(); }
-
-AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
-  if (this != &o) {
-    release();
-    p_ = o.p_, bytes_ = o.bytes_;
-    o.p_ = nullptr, o.bytes_ = 0;
-  }
-  return *this;
 }
 
 // ---------------------------------------------------------------- writing
@@ -149,8 +119,8 @@ void StreamWriter::hand_off() {
 }
 
 char* StreamWriter::reserve(size_t want, size_t* got) {
-  if (used_ == buf_[filling_].size()) hand_off();
-  *got = std::min(want, buf_[filling_].size() - used_);
+  if (used_ == buf_[filling_].bytes()) hand_off();
+  *got = std::min(want, buf_[filling_].bytes() - used_);
   return buf_[filling_].data() + used_;
 }
 
@@ -214,7 +184,7 @@ bool DirectReadFile::pread_all(char* p, size_t n, uint64_t at, const std::string
     }
     // Nothing, or a short read that is not whole blocks: the file ends
     // before the bytes wanted.
-    if (r == 0 || (static_cast<size_t>(r) % kDirectAlign != 0 && static_cast<size_t>(r) < n)) {
+    if (r == 0 || (static_cast<size_t>(r) % kIoAlign != 0 && static_cast<size_t>(r) < n)) {
       struct stat st;
       const uint64_t size = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
       fail(Code::Io, "file '", path_, "' is truncated: ", what, " needs bytes up to ", at + n,

@@ -13,33 +13,12 @@
 #include <string>
 #include <thread>
 
-namespace zs::ckpt {
+#include "impl/common/aligned_buffer.h"  // AlignedBuffer, kIoAlign: O_DIRECT's alignment
 
-// O_DIRECT needs file offsets, lengths and memory aligned to the logical
-// block size; 4 KiB covers every device in use.
-inline constexpr uint64_t kDirectAlign = 4096;
+namespace zs::ckpt {
 
 // False when ZS_CHECKPOINT_DIRECT_IO is "0" (buffered I/O everywhere).
 bool direct_io_wanted();
-
-// Host memory aligned to kDirectAlign, freed on destruction.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t bytes);
-  ~AlignedBuffer();
-  AlignedBuffer(AlignedBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
-  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  char* data() const { return p_; }
-  size_t size() const { return bytes_; }
-
- private:
-  void release() noexcept;  // frees and uncounts (memory_tally.h: IoStaging)
-  char* p_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Writes a new file front to back. Bytes gather in one of two aligned
 // buffers; a full buffer goes to the disk on a writer thread while the

@@ -119,9 +119,9 @@ void ChunkReader::read_bytes(const Chunk& c, uint64_t lo, uint64_t hi, char* dst
   const uint64_t from = c.begin + lo, to = c.begin + hi;
   const std::string label = "tensor '" + c.key + "' (" + what + ")";
   DirectReadFile& d = direct_file(c.file);
-  const uint64_t a_lo = (from + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  const uint64_t a_hi = to / kDirectAlign * kDirectAlign;
-  const bool aligned = (reinterpret_cast<uintptr_t>(dst) - from) % kDirectAlign == 0;
+  const uint64_t a_lo = align_up(from);
+  const uint64_t a_hi = align_down(to);
+  const bool aligned = (reinterpret_cast<uintptr_t>(dst) - from) % kIoAlign == 0;
   if (d.ok() && aligned && a_lo < a_hi) {
     char* mid = dst + (a_lo - from);
     if (d.pread_all(mid, a_hi - a_lo, a_lo, label)) {

@@ -51,10 +51,10 @@ class ChunkReader {
   // Elements [first, first + n) of the chunk (relative to the flat param)
   // into dst, in the chunk's dtype. `what` names param and state.
   void read(const Chunk& c, uint64_t first, uint64_t n, void* dst, const std::string& what);
-  // Where element `first` of the chunk lies within a kDirectAlign page of
+  // Where element `first` of the chunk lies within a kIoAlign page of
   // its file: a dst at that offset from an aligned address reads direct.
   static uint64_t direct_offset(const Chunk& c, uint64_t first) {
-    return (c.begin + (first - c.offset) * dtype_size(c.dtype)) % kDirectAlign;
+    return (c.begin + (first - c.offset) * dtype_size(c.dtype)) % kIoAlign;
   }
   // Every file exists and has the size the manifest says (a truncated one
   // is named with the first tensor it cuts).

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "impl/config/config.h"
-#include "impl/offload/aligned.h"
+#include "impl/common/aligned_buffer.h"
 
 namespace zs {
 

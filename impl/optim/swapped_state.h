@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "impl/config/config.h"
-#include "impl/offload/aligned.h"
+#include "impl/common/aligned_buffer.h"
 #include "impl/offload/swapper.h"
 #include "impl/partition/grad_shard.h"
 
