@@ -4,10 +4,8 @@ its module carries.
 
 Units: by default a module's own params (recurse=False) plus any external
 params registered on it; a leaf module's unit is every param of its
-subtree, fetched and released as one (see set_leaf_modules). Gradients of
-leaf params are summed locally and pushed at the step in registration
-order, zeros for params a rank did not use, so that ranks routing to
-different experts still issue identical collectives.
+subtree, fetched and released as one (leaf_modules.py; its gradients wait
+for the step: grad_arrival.py).
 
 Holds: a param stays gathered while any unit holds it (its forward, its
 backward, a forward re-run by activation checkpointing during backward);
