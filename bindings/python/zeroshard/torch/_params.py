@@ -217,6 +217,9 @@ def settle_dropped():
     if agreed:
         for index in indices:
             _dropped.pop(index).close()
+        # Settled: the back-off was for these, and the next dropped model
+        # starts from the first disagreement (collected at once) again.
+        _disagreements[0] = 0
         return
     _disagreements[0] += 1
     n = _disagreements[0]
@@ -238,6 +241,7 @@ def forget_all():
     _registered.clear()
     _dropped.clear()
     _agreement.clear()
+    _disagreements[0] = 0
 
 
 def _attach(p):
