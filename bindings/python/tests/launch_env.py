@@ -1,13 +1,17 @@
-"""The environment a test gives the ranks it launches (zsrun, torchrun,
-accelerate launch): a fresh job's, whatever the test process inherited."""
+"""How a test launches ranks (zsrun, torchrun, accelerate launch) and reads
+their result: the environment of a fresh job, whatever the test process
+inherited, and rank 0's JSON result."""
+import functools
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 # Variables of an enclosing job or launch, which would mislead a new one.
 _INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
@@ -27,20 +31,44 @@ def ranks_env(**extra):
     return env
 
 
-def rank0_result(cmd, prefix, timeout):
-    """Run the launch `cmd` with ranks_env() in a scratch directory
-    ($ZS_TEST_DIR) and return (rank 0's JSON result, which it writes to
+def zsrun(n, worker, *args):
+    """The command that runs the test worker `worker` (a file beside this
+    one) on n ranks under zsrun; skips the test where zsrun is not built."""
+    if not ZSRUN.exists():
+        import pytest
+        pytest.skip(f"{ZSRUN} is not built")
+    return [str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable, str(HERE / worker), *map(str, args)]
+
+
+def torchrun(n, worker, *args):
+    """The same under torchrun (torch.distributed.run, one host)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+            str(HERE / worker), *map(str, args)]
+
+
+def rank0_result(cmd, prefix, timeout, extra_env=None, directory=None, cwd=None):
+    """Run the launch `cmd` with ranks_env(**extra_env) in a scratch
+    directory ($ZS_TEST_DIR, or `directory`; the working directory when
+    cwd="scratch") and return (rank 0's JSON result, which it writes to
     $ZS_TEST_RESULT, and the launch's stderr); a launch that fails or writes
     no result fails the test with its output."""
-    env = ranks_env()
+    env = ranks_env(**(extra_env or {}))
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
-        env["ZS_TEST_DIR"] = scratch
+        env["ZS_TEST_DIR"] = directory or scratch
         env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=scratch if cwd == "scratch" else cwd)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
         assert os.path.exists(result), "rank 0 wrote no result\n" + proc.stdout[-4000:] + proc.stderr[-8000:]
         with open(result) as f:
             return json.load(f), proc.stderr
+
+
+def once(launch):
+    """`launch` run once per distinct arguments in this pytest process: the
+    tests that check one launched world's result share it. A launch that
+    fails is not kept, so each test that needs it shows its failure."""
+    return functools.lru_cache(maxsize=None)(launch)
 
 
 def write_rank0_result(rank, result):

@@ -2,47 +2,30 @@
 against Accelerate (accelerate_worker.py) on 2 CPU ranks, through
 accelerate.Accelerator (DDP) and zeroshard.hf.Accelerator, and
 DeepSpeedPlugin's knobs mapped onto the engine's config."""
-import json
-import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from launch_env import ranks_env
+from launch_env import HERE, REPO, once, rank0_result
 
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-_runs = {}
 
-
+@once
 def launch(engine, *flags):
-    key = (engine, flags)
-    if key in _runs:
-        return _runs[key]
+    """Rank 0's result of accelerate_worker.py through `engine` on 2 ranks
+    under `accelerate launch` with `flags`."""
     if not (REPO / "build" / "lib" / "libzeroshard.so").exists():
         pytest.skip("libzeroshard is not built")
-    env = ranks_env()
-    with tempfile.TemporaryDirectory(prefix="zs_accelerate_") as scratch:
-        env["ZS_TEST_DIR"] = scratch
-        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
-        # On a host without GPUs, --multi_gpu (or --use_deepspeed) is what
-        # makes accelerate launch start several processes (torchrun); the
-        # script's Accelerator(cpu=True) runs them as CPU ranks.
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", *(flags or ("--multi_gpu",)),
-               str(HERE / "accelerate_worker.py"), engine]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=scratch)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-        with open(result) as f:
-            _runs[key] = json.load(f)
-    return _runs[key]
+    # On a host without GPUs, --multi_gpu (or --use_deepspeed) is what
+    # makes accelerate launch start several processes (torchrun); the
+    # script's Accelerator(cpu=True) runs them as CPU ranks.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", *(flags or ("--multi_gpu",)),
+           str(HERE / "accelerate_worker.py"), engine]
+    return rank0_result(cmd, "zs_accelerate_", 600, cwd="scratch")[0]
 
 
 def same(a, b):

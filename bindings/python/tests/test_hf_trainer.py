@@ -1,54 +1,26 @@
 """Hugging Face's Trainer on real ranks: the same script and DeepSpeed JSON
 through transformers.Trainer under DDP and through zeroshard.hf.Trainer
 (hf_trainer_worker.py), compared step by step."""
-import json
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from launch_env import ranks_env
+from launch_env import REPO, once, rank0_result, torchrun, zsrun
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
-_runs = {}
-
 
 def run(n, mode, engine, directory=None, launcher="zsrun", timeout=600, extra_env=None):
     """Rank 0's result of `mode` through `engine` on n ranks."""
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
-    env = ranks_env()
-    env.update(extra_env or {})
-    with tempfile.TemporaryDirectory(prefix="zs_hf_") as scratch:
-        env["ZS_TEST_DIR"] = directory or scratch
-        env["ZS_TEST_RESULT"] = result = os.path.join(scratch, "result.json")
-        worker = [sys.executable, str(HERE / "hf_trainer_worker.py"), mode, engine]
-        if launcher == "torchrun":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                   *worker[1:]]
-        else:
-            cmd = [str(ZSRUN), "-n", str(n), "--no-prefix", "--", *worker]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-        assert os.path.exists(result), "rank 0 wrote no result\n" + proc.stdout + proc.stderr[-8000:]
-        with open(result) as f:
-            return json.load(f)
+    cmd = (torchrun if launcher == "torchrun" else zsrun)(n, "hf_trainer_worker.py", mode, engine)
+    return rank0_result(cmd, "zs_hf_", timeout, extra_env=extra_env, directory=directory)[0]
 
 
+@once
 def cached(n, mode, engine, launcher="zsrun"):
-    key = (n, mode, engine, launcher)
-    if key not in _runs:
-        _runs[key] = run(n, mode, engine, launcher=launcher)
-    return _runs[key]
+    return run(n, mode, engine, launcher=launcher)
 
 
 def same(a, b, rel=1e-5):

@@ -1,6 +1,6 @@
 """One rank of the zeroshard.torch tests, launched by zsrun.
 
-    zsrun -n N -- python3 torch_worker.py MODE
+    zsrun -n N -- python3 torch_worker.py MODE[,MODE...]
 
 Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
@@ -499,11 +499,20 @@ def mode_frozen_quantized(rank, world):
 
 
 def mode_offload(rank, world):
-    """TinyGPT (fp32) with AdamW, the optimizer state where
-    ZS_TEST_OFFLOAD says ("none", "cpu" or an NVMe directory; "params:DIR"
-    puts the parameter shards there too, with no cache): losses, the final
-    weights' bytes (as hex) and the optimizer's state_dict tensors."""
-    where = os.environ["ZS_TEST_OFFLOAD"]
+    """For each place ZS_TEST_OFFLOAD names (";"-separated), in a context
+    of its own: offload_one's result."""
+    out = {}
+    for where in os.environ["ZS_TEST_OFFLOAD"].split(";"):
+        out[where] = offload_one(rank, where)
+        zt.shutdown()
+    return out
+
+
+def offload_one(rank, where):
+    """TinyGPT (fp32) with AdamW, the optimizer state `where` says ("none",
+    "cpu" or an NVMe directory; "params:DIR" puts the parameter shards there
+    too, with no cache): losses, the final weights' bytes (as hex) and the
+    optimizer's state_dict tensors."""
     zero = {"stage": 3, "reduce_bucket_size": 5000}
     if where.startswith("params:"):
         where = where[len("params:"):]
@@ -673,10 +682,11 @@ def mode_submodule_scope(rank, world):
     submodule, and around it (the scope opens under checkpoint's
     saved-tensor hooks and leaves them in force)."""
     from torch.multiprocessing.reductions import StorageWeakRef
-    from zeroshard.torch import hooks, saved
+    from zeroshard.torch import saved
+    from zeroshard.torch.hook_state import hook_state
 
     def no_scope():
-        return (not saved._active and not getattr(hooks, "_opened", None)
+        return (not saved._active and not hook_state().opened
                 and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
 
     out = {}
@@ -1021,12 +1031,20 @@ def mode_state_dict_on_one_rank(rank, world):
 
 
 def run_mode(modes):
-    """Run modes[argv[1]] on this rank; rank 0 writes its result."""
-    mode = sys.argv[1]
+    """Run modes[argv[1]] on this rank; rank 0 writes its result. argv[1]
+    may name several modes, comma-separated: they run one after another in
+    this launched world (torch and the engine import once per rank), each
+    ending with zt.shutdown() as a launch of its own would, and the result
+    is {mode: its result}."""
+    names = sys.argv[1].split(",")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = modes[mode](rank, world)
-    zt.shutdown()
+    results = {}
+    for mode in names:
+        results[mode] = modes[mode](rank, world)
+        zt.shutdown()
+        dist.barrier()
+    result = results if len(names) > 1 else results[names[0]]
     if rank == 0:
         # To a file: a result line of tens of KiB on the ranks' shared
         # stdout can be split by the other rank's output.
