@@ -8,15 +8,26 @@
 # (scripts/sanitize.sh: ASan+UBSan suite, TSan threaded tests, libFuzzer
 # smoke runs; build-asan/, build-tsan/, build-fuzz/). ZS_SANITIZE=0 skips
 # those locally.
+#
+# Each stage's time is printed against its share of the suite's budget
+# (scripts/stage_budget.sh: a loud warning past a share, a failure naming the
+# stages past their shares once the suite runs past its hard limit), with a
+# table of every stage at the end and pytest's 25 slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+source scripts/stage_budget.sh
+
+run_stage setup scripts/setup.sh install
+run_stage build scripts/setup.sh build
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link
 # or a page missing from the nav. Into build/site, which git ignores.
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
-ctest --test-dir build --output-on-failure -j"${CTEST_JOBS:-2}"
-ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" .venv/bin/python -m pytest -q bindings/python/tests
+run_stage docs env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
+run_stage ctest ctest --test-dir build --output-on-failure -j"${CTEST_JOBS:-2}"
+run_stage pytest env ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" \
+  .venv/bin/python -m pytest -q --durations=25 --durations-min=0 bindings/python/tests
 # From its folder, so that cargo reads bindings/rust/.cargo/config.toml.
-lib_dir="$PWD/build/lib"
-(cd bindings/rust && ZEROSHARD_LIB_DIR="$lib_dir" cargo test --offline --workspace)
+cargo_tests() {
+  (cd bindings/rust && ZEROSHARD_LIB_DIR="$1" cargo test --offline --workspace)
+}
+run_stage cargo cargo_tests "$PWD/build/lib"
 [ "${ZS_SANITIZE:-1}" = 0 ] || scripts/sanitize.sh
