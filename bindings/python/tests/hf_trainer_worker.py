@@ -1,6 +1,6 @@
 """One rank of the Hugging Face Trainer tests, launched by zsrun or torchrun.
 
-    zsrun -n N -- python3 hf_trainer_worker.py MODE [ENGINE]
+    zsrun -n N -- python3 hf_trainer_worker.py MODE[,MODE...] ENGINE
 
 The same script as a user's: TrainingArguments with deepspeed= pointing at
 a DeepSpeed JSON full of "auto"s, a small model from a config with random
@@ -358,31 +358,44 @@ def mode_resize(engine, out):
             if engine == "zeroshard" else False}
 
 
-def main():
-    mode, engine = sys.argv[1], sys.argv[2]
-    out = os.path.join(os.environ["ZS_TEST_DIR"], engine)
+def run(mode, engine, out):
     if mode == "sft":
-        result = mode_sft(engine, out)
-    elif mode == "bf16":
-        result = mode_bf16(engine, out)
-    elif mode == "lora":
-        result = mode_lora(engine, out)
-    elif mode == "pretrained":
-        result = mode_pretrained(engine, out)
-    elif mode == "compiled":
-        result = mode_compiled(engine, out)
-    elif mode == "resize":
-        result = mode_resize(engine, out)
-    elif mode == "save":
-        result = mode_save("causal_lm", engine, out)
-    elif mode == "muon_config":
-        result = mode_muon_config(engine, out)
-    elif mode.startswith("optim_"):
-        result = mode_optim(mode[len("optim_"):], engine, out)
-    elif mode.startswith("resume_"):
-        result = mode_resume("causal_lm", engine, out, mode[len("resume_"):])
+        return mode_sft(engine, out)
+    if mode == "bf16":
+        return mode_bf16(engine, out)
+    if mode == "lora":
+        return mode_lora(engine, out)
+    if mode == "pretrained":
+        return mode_pretrained(engine, out)
+    if mode == "compiled":
+        return mode_compiled(engine, out)
+    if mode == "resize":
+        return mode_resize(engine, out)
+    if mode == "save":
+        return mode_save("causal_lm", engine, out)
+    if mode == "muon_config":
+        return mode_muon_config(engine, out)
+    if mode.startswith("optim_"):
+        return mode_optim(mode[len("optim_"):], engine, out)
+    if mode.startswith("resume_"):
+        return mode_resume("causal_lm", engine, out, mode[len("resume_"):])
+    return mode_train(mode, engine, out)
+
+
+def main():
+    modes, engine = sys.argv[1].split(","), sys.argv[2]
+    if len(modes) == 1:
+        result = run(modes[0], engine, os.path.join(os.environ["ZS_TEST_DIR"], engine))
     else:
-        result = mode_train(mode, engine, out)
+        # Several modes in this launched world, one after another, each in a
+        # folder of its own and ending with zeroshard's shutdown as a launch
+        # of its own would: {mode: its result}.
+        result, top = {}, os.environ["ZS_TEST_DIR"]
+        for mode in modes:
+            os.environ["ZS_TEST_DIR"] = os.path.join(top, mode)
+            result[mode] = run(mode, engine, os.path.join(os.environ["ZS_TEST_DIR"], engine))
+            dist.barrier()
+            zeroshard.torch.shutdown()
     if dist.get_rank() == 0:
         with open(os.environ["ZS_TEST_RESULT"], "w") as f:
             json.dump(result, f)
