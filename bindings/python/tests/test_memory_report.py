@@ -2,19 +2,26 @@
 hand out, nothing is untagged, the kinds match the ledger, and each phase of
 a training step (construction, forward, backward, step, checkpoint) shows
 its own peak; on 1, 2 and 3 ranks with bf16 params."""
-import tempfile
-
 import pytest
 
-from test_torch_training import run_ranks
+from launch_env import once, rank0_result, zsrun
 
 torch = pytest.importorskip("torch")
+
+# One launch per world size for both tests: construction first, so that
+# its RSS rise is measured in a fresh process as in a launch of its own.
+WORLDS = {1: ["report"], 2: ["construction", "report"], 3: ["construction", "report"]}
+
+
+@once
+def world(n):
+    r = rank0_result(zsrun(n, "memory_worker.py", ",".join(WORLDS[n])), "zs_memory_", 600)[0]
+    return r if len(WORLDS[n]) > 1 else {WORLDS[n][0]: r}
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_memory_report_accounts_for_every_engine_byte(ranks):
-    with tempfile.TemporaryDirectory(prefix="zs_memory_") as directory:
-        r = run_ranks(ranks, "report", worker="memory_worker.py", extra_env={"ZS_TEST_DIR": directory})
+    r = world(ranks)["report"]
     for when, rep in r["reports"].items():
         engine = rep["engine"]
         pooled = engine["total"] - engine["io_staging"]
@@ -50,7 +57,7 @@ def test_construction_under_init_never_holds_the_model(ranks):
     """zt.Init partitions each module as its constructor returns: a rank's
     RSS rises by its share of the model and a layer or two in flight, never
     by the whole model (192 MiB here, built as 12 layers of 16 MiB)."""
-    r = run_ranks(ranks, "construction", worker="memory_worker.py")
+    r = world(ranks)["construction"]
     share = r["model_bytes"] // ranks
     assert share <= r["shard_bytes"] <= share * 1.05, r
     # Materialising the model first would rise by the model and the shards.

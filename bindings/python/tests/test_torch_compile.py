@@ -2,20 +2,24 @@
 values refused by name outside a gather) and torch.compile trains them:
 whole-model and per-block compile equal to eager within 1e-5 over 5 steps
 for a GPT, a Llama (Hugging Face), an MoE with a leaf module and a GPT with
-activation checkpointing, on 2 and 3 ranks, with no recompilation after the
-first step (compile_worker.py); a block compiled before partitioning is
-one gather unit. torch.compile spends tens of seconds per
-graph on 2 cores: the models are tiny and each launch compiles each once."""
+activation checkpointing, on 3 ranks (an odd world: padded shards), with no
+recompilation after the first step (compile_worker.py); fullgraph blocks on
+2 ranks; a block compiled before partitioning is one gather unit.
+torch.compile spends tens of seconds per graph on 2 cores: the models are
+tiny, each launch compiles each once, and the 2-rank modes share a launch."""
 import pytest
+
+from launch_env import once, rank0_result, zsrun
 
 torch = pytest.importorskip("torch")
 
-from test_torch_training import run_ranks as _run  # noqa: E402
+MODELS = ["gpt", "llama", "moe", "gpt_checkpointed"]
 
 
-def run(n, mode, models=None, timeout=900):
-    extra = {"ZS_TEST_MODELS": ",".join(models)} if models else {}
-    return _run(n, mode, timeout=timeout, extra_env=extra, worker="compile_worker.py")
+@once
+def run(n, modes):
+    return rank0_result(zsrun(n, "compile_worker.py", modes), "zs_compile_", 900,
+                        extra_env={"ZS_TEST_MODELS": ",".join(MODELS)})[0]
 
 
 def close(a, b, rel=1e-5):
@@ -25,7 +29,7 @@ def close(a, b, rel=1e-5):
 
 
 def test_params_report_their_model_shapes_and_refuse_values_by_name():
-    r = run(2, "param_type")
+    r = run(2, "param_type,fullgraph")["param_type"]
     assert r["shapes_equal"] and r["ndims"] == [1, 2], r
     assert r["shape"] == r["ds_shape"] == r["data_shape"] == [37, 32] and r["ds_numel"] == 37 * 32, r
     assert 37 * 32 // 2 <= r["ds_tensor_numel"] < 37 * 32 // 2 + 64, r  # this rank's shard (padded)
@@ -37,10 +41,9 @@ def test_params_report_their_model_shapes_and_refuse_values_by_name():
     assert r["gathered_equal"] and r["module_to_noop"], r
 
 
-@pytest.mark.parametrize("ranks,models", [(2, ["gpt", "llama", "moe"]), (3, ["gpt", "llama", "moe", "gpt_checkpointed"])])
-def test_compiled_whole_and_per_block_train_as_eager(ranks, models):
-    r = run(ranks, "compile", models)
-    for name in models:
+def test_compiled_whole_and_per_block_train_as_eager():
+    r = run(3, "compile")
+    for name in MODELS:
         m = r[name]
         close(m["eager"], m["whole"])
         close(m["eager"], m["block"])
@@ -54,6 +57,6 @@ def test_compiled_whole_and_per_block_train_as_eager(ranks, models):
 def test_fullgraph_block_forward_trains_as_eager():
     """fullgraph=True on each block's forward (no graph break inside it):
     the engine's hooks stay outside the graph."""
-    r = run(2, "fullgraph")
+    r = run(2, "param_type,fullgraph")["fullgraph"]
     close(r["eager"], r["fullgraph"])
     assert r["recompiles"] == [0] * 5, r

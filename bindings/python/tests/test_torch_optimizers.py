@@ -2,15 +2,32 @@
 on real ranks: elementwise ones on the shards, Muon and Adafactor on whole
 tensors, against the same optimizer under DDP; their state through torch's
 state_dict and through checkpoints at another world size; the refusals."""
-import os
 import shutil
 import tempfile
 
 import pytest
 
-from test_torch_training import run_ranks
+from launch_env import once, rank0_result, zsrun
 
 torch = pytest.importorskip("torch")
+
+
+def run_ranks(n, mode, extra_env=None, timeout=600):
+    """Rank 0's result of optim_worker.py's `mode` on n ranks, a launch of
+    its own (a mode that needs its own environment)."""
+    return rank0_result(zsrun(n, "optim_worker.py", mode), "zs_optim_", timeout, extra_env=extra_env)[0]
+
+
+# The modes each world size runs in one launch (torch and DeepSpeed import
+# once per rank); the refusals last.
+WORLDS = {2: ["stock_vs_ddp", "muon_vs_deepspeed", "state_dict_roundtrip", "bf16_stock_vs_engine", "bf16_states",
+              "refused"],
+          3: ["stock_vs_ddp", "muon_vs_deepspeed"]}
+
+
+@once
+def world(n):
+    return run_ranks(n, ",".join(WORLDS[n]), timeout=1200)
 
 ELEMENTWISE = ["adam", "adamw_clipped", "sgd_nesterov", "rmsprop_sched", "adagrad", "adadelta", "adamax", "nadam",
                "radam", "asgd", "rprop", "groups", "added_group"]
@@ -42,7 +59,7 @@ def test_stock_optimizers_equal_ddp(ranks):
     two optimizers over disjoint params, params that join by
     add_param_group after two steps. At 2 ranks the sums are the same
     as gloo's, so elementwise ones match bit for bit."""
-    r = run_ranks(ranks, "stock_vs_ddp", worker="optim_worker.py", timeout=600)
+    r = world(ranks)["stock_vs_ddp"]
     assert sorted(r) == sorted(ELEMENTWISE + WHOLE), r.keys()
     for name, res in r.items():
         _check(name, res, ranks)
@@ -62,8 +79,8 @@ def test_stock_optimizer_state_through_a_checkpoint_at_another_world_size(kind):
     ckpt = tempfile.mkdtemp(prefix="zs_stock_optim_")
     try:
         env = {"ZS_TEST_CKPT": ckpt, "ZS_TEST_OPT": kind}
-        run_ranks(2, "ckpt_save", worker="optim_worker.py", extra_env=env)
-        r = run_ranks(3, "ckpt_load", worker="optim_worker.py", extra_env=dict(env, ZS_TEST_SAVED_WORLD="2"))
+        run_ranks(2, "ckpt_save", extra_env=env)
+        r = run_ranks(3, "ckpt_load", extra_env=dict(env, ZS_TEST_SAVED_WORLD="2"))
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
     assert r["client"] == {"world": 2}
@@ -79,8 +96,8 @@ def test_torch_state_dict_round_trip(bf16):
     load_state_dict(): its lr and state come back, fp32 under bf16 params
     (torch casts state to the param's dtype: here the masters'), and the
     next step is the unsharded model's."""
-    r = run_ranks(2, "state_dict_roundtrip", worker="optim_worker.py",
-                  extra_env={"ZS_TEST_BF16": "1"} if bf16 else None)
+    r = run_ranks(2, "state_dict_roundtrip", extra_env={"ZS_TEST_BF16": "1"}) if bf16 else \
+        world(2)["state_dict_roundtrip"]
     assert r["lr"] == 3e-3 and r["steps"] == [3.0] and r["dtypes"] == ["torch.float32"], r
     # bf16 params hold values up to ~4: one bf16 step there is 2**-5.
     assert r["param_diff"] <= (2 ** -5 if bf16 else 1e-5), r
@@ -90,7 +107,7 @@ def test_bf16_stock_adamw_equals_the_engines_adamw():
     """With bf16 params torch's AdamW steps the engine's fp32 masters and
     the engine writes the bf16 shards from them, as the engine's own AdamW
     does: the same bf16 params, bit for bit."""
-    r = run_ranks(2, "bf16_stock_vs_engine", worker="optim_worker.py")
+    r = world(2)["bf16_stock_vs_engine"]
     assert r["dtype"] == "torch.bfloat16" and r["differing"] == 0, r
 
 
@@ -98,7 +115,7 @@ def test_unsupported_optimizers_are_refused_by_name():
     """LBFGS (a closure run many times within a step) is refused at its
     first step, naming it and what to use, and nothing changes; a
     clip_grad_norm_ norm the engine does not take is refused by value."""
-    r = run_ranks(2, "refused", worker="optim_worker.py")
+    r = world(2)["refused"]
     assert "LBFGS cannot step partitioned params" in r["lbfgs"] and "closure" in r["lbfgs"], r
     assert r["unchanged"], r
     assert r["plain_stepped"] == [0.0, 0.0, 0.0], r
@@ -114,7 +131,7 @@ def test_zeroshard_muon_equals_deepspeeds_muon(ranks):
     ranks, within bf16 roundings on 3 (the sum's order, as torch's Muon);
     and the engine's own Muon (ZeroShardOptimizer.from_torch of the same
     zt.Muon) within 1e-5."""
-    r = run_ranks(ranks, "muon_vs_deepspeed", worker="optim_worker.py", timeout=600)
+    r = world(ranks)["muon_vs_deepspeed"]
     assert r["gram"]["muon_params"] > 0 and r["gram"]["moved"] > 1e-3, r
     assert r["gram"]["param_diff"] <= (0.0 if ranks == 2 else 1e-5), r
     assert r["standard"]["param_diff"] <= (0.0 if ranks == 2 else 3e-3), r
@@ -131,7 +148,7 @@ def test_deepspeed_bf16_master_and_state_keys_act_through_zeroshard_torch():
     shard element), the same losses within bf16 roundings; a torch
     optimizer on the shards, which steps fp32 masters, is refused naming the
     key."""
-    r = run_ranks(2, "bf16_states", worker="optim_worker.py")
+    r = world(2)["bf16_states"]
     fp32, bf16 = r["fp32_masters"], r["bf16_states"]
     assert bf16["optimizer_bytes"] * 3 == fp32["optimizer_bytes"], r
     assert fp32["optimizer_bytes"] == 12 * fp32["shard_bytes"] // 2, r  # bf16 shards: 2 bytes an element
