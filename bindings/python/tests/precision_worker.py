@@ -11,16 +11,13 @@ under $ZS_TEST_DIR.
 """
 import logging
 import os
-import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import zeroshard.torch as zt
-from launch_env import write_rank0_result
 from zeroshard.torch._params import optimizer_state_view
-from torch_worker import TinyGPT, batch, mean_over_ranks
+from torch_worker import TinyGPT, batch, mean_over_ranks, run_mode
 
 ZERO = {"stage": 3, "reduce_bucket_size": 3000, "stage3_param_persistence_threshold": 0}
 FP32 = {"zero_optimization": ZERO}
@@ -181,13 +178,7 @@ def mode_autocast(rank, world):
 
 
 def main():
-    mode = sys.argv[1]
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    result = {"bf16": mode_bf16, "fp16": mode_fp16, "autocast": mode_autocast}[mode](rank, world)
-    zt.shutdown()
-    write_rank0_result(rank, result)
-    dist.destroy_process_group()
+    run_mode({"bf16": mode_bf16, "fp16": mode_fp16, "autocast": mode_autocast})
 
 
 if __name__ == "__main__":

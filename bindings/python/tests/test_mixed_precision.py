@@ -2,25 +2,25 @@
 bf16.enabled and fp16.enabled in zeroshard.torch (precision_worker.py), and
 torch.autocast over a zeroshard model. The model zoo under bf16 is in
 test_model_zoo.py."""
-import sys
-from pathlib import Path
-
 import pytest
 
-from launch_env import rank0_result
+from launch_env import once, rank0_result, zsrun
 
 torch = pytest.importorskip("torch")
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
+# The modes each world size runs, in one launch per size.
+WORLDS = {2: ["bf16", "fp16", "autocast"], 3: ["bf16", "fp16"]}
 
 
-def run_ranks(n, mode, timeout=300):
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
-    return rank0_result([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
-                         str(HERE / "precision_worker.py"), mode], "zs_precision_", timeout)
+@once
+def world(n):
+    return rank0_result(zsrun(n, "precision_worker.py", ",".join(WORLDS[n])), "zs_precision_", 600)
+
+
+def run_ranks(n, mode):
+    """(rank 0's result of `mode`, the stderr of its world's launch)."""
+    results, stderr = world(n)
+    return results[mode], stderr
 
 
 def relative(a, b):

@@ -5,7 +5,6 @@
 Rank 0 writes what the test checks as JSON to the file $ZS_TEST_RESULT names.
 """
 import copy
-import json
 import math
 import os
 import sys
@@ -20,6 +19,7 @@ import torch.utils.checkpoint
 
 import zeroshard
 import zeroshard.torch as zt
+from launch_env import write_rank0_result
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 37, 24, 3, 2, 12
 
@@ -1044,12 +1044,9 @@ def run_mode(modes):
         results[mode] = modes[mode](rank, world)
         zt.shutdown()
         dist.barrier()
-    result = results if len(names) > 1 else results[names[0]]
-    if rank == 0:
-        # To a file: a result line of tens of KiB on the ranks' shared
-        # stdout can be split by the other rank's output.
-        with open(os.environ["ZS_TEST_RESULT"], "w") as f:
-            json.dump(result, f)
+    # To a file: a result line of tens of KiB on the ranks' shared stdout
+    # can be split by the other rank's output.
+    write_rank0_result(rank, results if len(names) > 1 else results[names[0]])
     dist.destroy_process_group()
 
 
