@@ -2,6 +2,7 @@
 # Sanitizer and fuzz runs (issue 13, part 6); scripts/test.sh runs all three.
 #
 #   scripts/sanitize.sh [asan] [tsan] [fuzz]      (no argument: all three)
+#   scripts/sanitize.sh builds | runs             (the three builds, or their runs)
 #
 # asan: build-asan/, g++ with -fsanitize=address,undefined: the engine and
 #       zs_tests, then every GoogleTest case through ctest. Any ASan, UBSan or
@@ -152,13 +153,17 @@ tsan_tests() {
   unset TSAN_OPTIONS
 }
 
-run_fuzz() {
+fuzz_targets=(config store_request store_server ckpt_manifest safetensors)
+
+fuzz_build() {
   local san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   cmake -S . -B build-fuzz "${common[@]}" "${ZS_CCACHE_FLAGS[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZS_BUILD_TESTS=OFF -DZS_BUILD_EXAMPLES=OFF \
     -DZS_BUILD_FUZZERS=ON -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" >/dev/null
-  local fuzz_targets=(config store_request store_server ckpt_manifest safetensors)
   cmake --build build-fuzz -j"$jobs" --target "${fuzz_targets[@]/#/fuzz_}"
+}
+
+fuzz_runs() {
   export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1"
   export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
   local scratch
@@ -183,12 +188,16 @@ run_fuzz() {
   unset ASAN_OPTIONS UBSAN_OPTIONS
 }
 
+# Each step's build, then its run; `builds` and `runs` split them, so that
+# scripts/test.sh can build in the background while the suite runs.
 for step in "${steps[@]}"; do
   case "$step" in
     asan) run_stage asan_build asan_build; run_stage asan_tests asan_tests ;;
     tsan) run_stage tsan_build tsan_build; run_stage tsan_tests tsan_tests ;;
-    fuzz) run_stage fuzz run_fuzz ;;
-    *) echo "usage: scripts/sanitize.sh [asan] [tsan] [fuzz]" >&2; exit 2 ;;
+    fuzz) run_stage fuzz_build fuzz_build; run_stage fuzz_runs fuzz_runs ;;
+    builds) run_stage asan_build asan_build; run_stage tsan_build tsan_build; run_stage fuzz_build fuzz_build ;;
+    runs) run_stage asan_tests asan_tests; run_stage tsan_tests tsan_tests; run_stage fuzz_runs fuzz_runs ;;
+    *) echo "usage: scripts/sanitize.sh [asan] [tsan] [fuzz] | builds | runs" >&2; exit 2 ;;
   esac
 done
-echo "sanitize: everything took $((SECONDS - t0)) s"
+echo "sanitize: ${steps[*]} took $((SECONDS - t0)) s"
