@@ -120,7 +120,7 @@ def zeroshard_side(path, dtype):
         sched.step()
         losses.append(mean_loss(loss))
     if rank == 0:
-        print(json.dumps({"losses": losses, "master_max_diff": t.item(), "steps": opt._engine.steps,
+        print(json.dumps({"path": path, "losses": losses, "master_max_diff": t.item(), "steps": opt._engine.steps,
                           "client": {k: v for k, v in client.items() if k != "deepspeed"},
                           "global_steps": client["deepspeed"]["global_steps"],
                           "zero_stage": client["deepspeed"]["zero_stage"],
@@ -130,12 +130,17 @@ def zeroshard_side(path, dtype):
 
 
 def main():
+    """deepspeed PATH STAGE DTYPE [PATH STAGE DTYPE ...] or zeroshard PATH
+    DTYPE [PATH DTYPE ...]: each checkpoint in turn in this launched world."""
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
+    args = sys.argv[2:]
     if sys.argv[1] == "deepspeed":
-        deepspeed_side(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        for i in range(0, len(args), 3):
+            deepspeed_side(args[i], int(args[i + 1]), args[i + 2])
     else:
-        zeroshard_side(sys.argv[2], sys.argv[3])
+        for i in range(0, len(args), 2):
+            zeroshard_side(args[i], args[i + 1])
     dist.destroy_process_group()
 
 

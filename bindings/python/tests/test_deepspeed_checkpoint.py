@@ -38,31 +38,47 @@ def launch(n, *args, timeout=300):
     return proc.stdout
 
 
+# The checkpoints DeepSpeed makes (stage, dtype), all in one 2-rank launch,
+# and the world size each is resumed at (the resumes of one size share a launch).
+MADE = {(3, "fp32"): 3, (2, "fp32"): 1, (1, "bf16"): 3, (3, "bf16"): 1}
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """DeepSpeed checkpoints, made once per (stage, dtype) asked for."""
+    """made(stage, dtype): the path of DeepSpeed's checkpoint."""
     root = tmp_path_factory.mktemp("deepspeed")
+    paths = {key: root / f"zero{key[0]}_{key[1]}" for key in MADE}
+    launch(2, "deepspeed", *[a for (stage, dtype), path in paths.items() for a in (str(path), str(stage), dtype)],
+           timeout=600)
+    return lambda stage, dtype: paths[stage, dtype]
+
+
+def resume(ranks, *checkpoints):
+    """{path: rank 0's result} of zeroshard resuming each (path, dtype) on
+    `ranks` ranks, in one launch."""
+    out = launch(ranks, "zeroshard", *[str(a) for c in checkpoints for a in c], timeout=600)
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return {r["path"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def resumed(made):
+    """resumed(stage, dtype): zeroshard's resume of that checkpoint at its MADE world size."""
     cache = {}
 
     def get(stage, dtype):
-        if (stage, dtype) not in cache:
-            path = root / f"zero{stage}_{dtype}"
-            launch(2, "deepspeed", str(path), str(stage), dtype)
-            cache[stage, dtype] = path
-        return cache[stage, dtype]
+        ranks = MADE[stage, dtype]
+        if ranks not in cache:
+            cache[ranks] = resume(ranks, *[(made(s, d), d) for (s, d), n in MADE.items() if n == ranks])
+        return cache[ranks][str(made(stage, dtype))]
     return get
 
 
-def resume(path, ranks, dtype):
-    out = launch(ranks, "zeroshard", str(path), dtype)
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-
-
-@pytest.mark.parametrize("stage,dtype,ranks", [(3, "fp32", 3), (2, "fp32", 1), (1, "bf16", 3), (3, "bf16", 1)])
-def test_resume_continues_as_deepspeed(made, stage, dtype, ranks):
+@pytest.mark.parametrize("stage,dtype", list(MADE))
+def test_resume_continues_as_deepspeed(made, resumed, stage, dtype):
     path = made(stage, dtype)
     theirs = json.loads((path / "continuation.json").read_text())["losses"]
-    r = resume(path, ranks, dtype)
+    r = resumed(stage, dtype)
     assert r["master_max_diff"] == 0.0, r
     assert r["steps"] == 5 and r["global_steps"] == 3 and r["zero_stage"] == stage and r["dp_world_size"] == 2, r
     assert r["client"] == {"epoch": 7}, r
@@ -155,7 +171,7 @@ def test_zsckpt_import_writes_a_zeroshard_checkpoint_that_resumes_alike(made, tm
                           capture_output=True, timeout=120).returncode == 0
     for f in ("fp32.safetensors", "continuation.json"):
         shutil.copy(src / f, out / f)
-    r = resume(out, 3, "fp32")
+    r = resume(3, (out, "fp32"))[str(out)]
     theirs = json.loads((src / "continuation.json").read_text())["losses"]
     assert r["master_max_diff"] == 0.0 and r["steps"] == 5 and r["client"] == {"epoch": 7}, r
     for a, b in zip(theirs, r["losses"]):
