@@ -359,22 +359,12 @@ def mode_resize(engine, out):
 
 
 def run(mode, engine, out):
-    if mode == "sft":
-        return mode_sft(engine, out)
-    if mode == "bf16":
-        return mode_bf16(engine, out)
-    if mode == "lora":
-        return mode_lora(engine, out)
-    if mode == "pretrained":
-        return mode_pretrained(engine, out)
-    if mode == "compiled":
-        return mode_compiled(engine, out)
-    if mode == "resize":
-        return mode_resize(engine, out)
+    modes = {"sft": mode_sft, "bf16": mode_bf16, "lora": mode_lora, "pretrained": mode_pretrained,
+             "compiled": mode_compiled, "resize": mode_resize, "muon_config": mode_muon_config}
+    if mode in modes:
+        return modes[mode](engine, out)
     if mode == "save":
         return mode_save("causal_lm", engine, out)
-    if mode == "muon_config":
-        return mode_muon_config(engine, out)
     if mode.startswith("optim_"):
         return mode_optim(mode[len("optim_"):], engine, out)
     if mode.startswith("resume_"):
