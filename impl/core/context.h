@@ -93,6 +93,16 @@ class Context {
   // leaves them out (the coordinator's windows read its orders' own). Alike on every rank: the ranks agree on the order.
   uint64_t typical_unit() const { return typical_unit_; }
   void set_typical_unit(uint64_t elements) { typical_unit_ = elements; }
+  // The least a window fitted to units spans, in bytes: the reduce bucket
+  // and the prefetch window (with the live cap that admits it) are never
+  // smaller where the config leaves them out. Two units of 72 elements
+  // made a 144-element bucket, so a model of 200 tiny Linear layers paid
+  // ~200 latency-bound reduce-scatters a step (and every gradient took the
+  // direct route, a quarter of the bucket), and its params, when not
+  // persistent, one gather per unit; at this floor the whole model's
+  // gradient is one bucket. Small beside the units of a model whose
+  // buckets matter for memory (a 162M GPT's Linear layers: 2.25-9 MiB).
+  static constexpr uint64_t kFittedWindowFloorBytes = uint64_t{4} << 20;
   // The engine lock (engine_lock.h), held while the returned guard lives.
   // Taken once by each engine entry point (register_param, fetch_params,
   // the reducer, the coordinator, the optimizer ...), never by capi/: each

@@ -176,8 +176,11 @@ size_t Coordinator::next_use(const Param& p) const {
 // leaves out (or "auto") fits the model, as FSDP2 gathers a block and
 // prefetches the next: prefetch 2 typical units (refilled at half, so one
 // to two units ahead), reuse 1 (the forward's last block stays for the
-// backward's first), live at most the largest unit and 2 typical ones; a
-// typical unit is the median of the order's units. DeepSpeed's defaults
+// backward's first), live at most the largest unit and the prefetch
+// window; a typical unit is the median of the order's units. The prefetch
+// window is at least Context::kFittedWindowFloorBytes: two units of a
+// model of tiny modules (when not persistent) made one gather per unit,
+// where DeepSpeed's window coalesces the whole model. DeepSpeed's defaults
 // (5e7, 5e7, 1e9 elements) kept several blocks of a GPT-2 medium, and its
 // 206 MiB head, gathered at once. Units are the same on every rank, and so
 // are the windows. Between steps (kept_for_next_step: evaluation,
@@ -193,9 +196,10 @@ Coordinator::Windows Coordinator::windows(const Order& o) const {
   const auto pick = [](bool given, int64_t configured, uint64_t fitted) {
     return given || fitted == 0 ? static_cast<uint64_t>(configured) : fitted;
   };
-  return {pick(prefetch_given_, c.prefetch_bucket_size, 2 * o.typical_unit),
+  const uint64_t ahead = o.typical_unit == 0 ? 0 : std::max(2 * o.typical_unit, o.floor_elements);
+  return {pick(prefetch_given_, c.prefetch_bucket_size, ahead),
           pick(reuse_given_, c.max_reuse_distance, o.typical_unit),
-          pick(live_given_, c.max_live_parameters, o.largest_unit + 2 * o.typical_unit)};
+          pick(live_given_, c.max_live_parameters, ahead == 0 ? 0 : o.largest_unit + ahead)};
 }
 
 // The window ahead of the trainer covers up to prefetch_bucket_size
@@ -434,10 +438,13 @@ void Coordinator::note_order() {
     o.units = std::move(current_);
     o.prefix.assign(o.units.size() + 1, 0);
     std::vector<uint64_t> sizes;
+    size_t widest = 1;
     for (size_t k = 0; k < o.units.size(); ++k) {
       sizes.push_back(unit_elements(o.units[k]));
       o.prefix[k + 1] = o.prefix[k] + sizes.back();
+      for (const auto& p : o.units[k]) widest = std::max(widest, p->elem_bytes());
     }
+    o.floor_elements = Context::kFittedWindowFloorBytes / widest;
     if (!sizes.empty()) o.largest_unit = *std::max_element(sizes.begin(), sizes.end());
     o.typical_unit = median(std::move(sizes));
     orders_.push_back(std::move(o));

@@ -154,6 +154,8 @@ class Coordinator : public ParamKeeper {
     std::vector<uint64_t> prefix;
     uint64_t typical_unit = 0;  // the median unit's elements
     uint64_t largest_unit = 0;
+    // Context::kFittedWindowFloorBytes in elements of its widest dtype.
+    uint64_t floor_elements = 0;
   };
   // The windows of one step along an order, in elements (windows()).
   struct Windows {

@@ -36,15 +36,21 @@ void GradReducer::set_accumulation_steps(int steps) {
 // config sets it; else two typical gather units of the model once the
 // coordinator has seen one (a unit's gradient, which FSDP2 reduces at once,
 // with room for its shards' padding and the next unit's first params), at
-// most the default. Two buckets are out at a time (one reducing,
+// least Context::kFittedWindowFloorBytes of the wire dtype and at most the
+// default. Two buckets are out at a time (one reducing,
 // one filling): at the default's 80 MB a 162M GPT held 200 MiB of them at
-// the backward's peak (bench/bench_torch_memory.py). Alike on every rank.
+// the backward's peak (bench/bench_torch_memory.py). Without the floor a
+// model of tiny units had buckets of a few hundred bytes, and the direct
+// route (a quarter of the bucket) took every weight: 200 Linear(8, 8)
+// reduced in 212 reduce-scatters a step instead of 1 (issue 62). Alike on
+// every rank.
 uint64_t GradReducer::bucket_elements() const {
   const Config& c = ctx_.config();
   const auto configured = static_cast<uint64_t>(c.reduce_bucket_size);
   const uint64_t unit = ctx_.typical_unit();
   if (bucket_given_ || unit == 0) return configured;
-  return std::min(2 * unit, configured);
+  const uint64_t floor = Context::kFittedWindowFloorBytes / dtype_size(wire_);
+  return std::min(std::max(2 * unit, floor), configured);
 }
 
 GradReducer::Bucket& GradReducer::open_bucket(const std::shared_ptr<Group>& group,
