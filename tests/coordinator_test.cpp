@@ -227,29 +227,141 @@ TEST(Coordinator, MaxLiveParametersBoundsWhatIsGathered) {
   });
 }
 
+// A model of `count` units of `per_unit` params of `numel` elements each
+// (random values), and one training step of it with an optimizer: the
+// forward gathers and releases each unit in turn, the backward in reverse,
+// pushing each param's gradient before its unit's release.
+using Units = std::vector<std::vector<zs_param>>;
+
+Units build_units(zs_context ctx, int count, int per_unit, int64_t numel) {
+  Units units(static_cast<size_t>(count));
+  for (int u = 0; u < count; ++u)
+    for (int k = 0; k < per_unit; ++k) {
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      const std::string name = "unit" + std::to_string(u) + ".p" + std::to_string(k);
+      o.name = name.c_str();
+      o.ndim = 1;
+      o.shape = &numel;
+      o.init = ZS_INIT_NORMAL;
+      zs_param p = nullptr;
+      EXPECT_EQ(zs_param_register(&p, ctx, &o), ZS_OK) << zs_last_error();
+      units[static_cast<size_t>(u)].push_back(p);
+    }
+  return units;
+}
+
+zs_optimizer adamw_over(zs_context ctx, const Units& units) {
+  std::vector<zs_param> all;
+  for (const auto& u : units) all.insert(all.end(), u.begin(), u.end());
+  zs_optimizer opt = nullptr;
+  EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW), ZS_OK) << zs_last_error();
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  EXPECT_EQ(zs_optimizer_add_group(opt, all.data(), all.size(), &hp, nullptr), ZS_OK) << zs_last_error();
+  return opt;
+}
+
+void units_step(zs_context ctx, zs_optimizer opt, const Units& units, int64_t numel) {
+  const std::vector<float> grad(static_cast<size_t>(numel), 0.5f);
+  ZS_ASSERT_OK(zs_step_begin(ctx));
+  for (const auto& u : units) {
+    ZS_ASSERT_OK(zs_coord_fetch(ctx, u.data(), u.size()));
+    ZS_ASSERT_OK(zs_coord_release(ctx, u.data(), u.size()));
+  }
+  for (auto u = units.rbegin(); u != units.rend(); ++u) {
+    ZS_ASSERT_OK(zs_coord_fetch(ctx, u->data(), u->size()));
+    for (zs_param p : *u) ZS_ASSERT_OK(zs_grad_push(p, grad.data(), ZS_FLOAT32, grad.size() * sizeof(float)));
+    ZS_ASSERT_OK(zs_coord_release(ctx, u->data(), u->size()));
+  }
+  ZS_ASSERT_OK(zs_step_end(ctx));
+  zs_step_result r = ZS_STEP_RESULT_INIT;
+  ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+}
+
+zs_step_stats step_stats(zs_context ctx) {
+  zs_step_stats s = ZS_STEP_STATS_INIT;
+  EXPECT_EQ(zs_context_step_stats(ctx, &s), ZS_OK) << zs_last_error();
+  return s;
+}
+
 // Windows left out of the config fit the model: prefetch two typical
 // units ahead, keep one across the turn, live at most the largest unit and
-// two typical ones (a layer of 4224 elements here); DeepSpeed's values
-// given in the config gather the whole model at once.
+// two typical ones, and reduce two units' gradients a bucket (units of 10
+// params of 60000 elements here, 2.3 MiB: two of them pass the windows'
+// floor); DeepSpeed's values given in the config gather the whole model at
+// once.
 TEST(Coordinator, WindowsLeftOutFitTheModelsUnits) {
+  constexpr int kUnits = 8, kPerUnit = 10;
+  constexpr int64_t kNumel = 60000;
+  constexpr uint64_t unit = kPerUnit * kNumel;
   const std::string given = config(50000000, 1000000000, 0, 50000000);
   for (const std::string& cfg :
        {std::string(R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})"), given}) {
     run_ranks(2, [&cfg, &given](const RankEnv& env) {
-      const uint64_t unit = kRows * kCols + kRows;
       zs_context ctx = zs::test::make_context(env, cfg.c_str());
       ASSERT_NE(ctx, nullptr);
-      const Model m = build(ctx);
-      for (int s = 0; s < 4; ++s) train_step(ctx, m, /*push_grads=*/true);
+      const Units m = build_units(ctx, kUnits, kPerUnit, kNumel);
+      zs_optimizer opt = adamw_over(ctx, m);
+      for (int s = 0; s < 4; ++s) units_step(ctx, opt, m, kNumel);
       const zs_coord_stats st = stats(ctx);
       EXPECT_GT(st.prefetches, 0u);
       EXPECT_EQ(st.trace_invalidations, 0u);
       if (cfg == given) {
-        EXPECT_GE(st.peak_live_elements, kLayers * unit) << "the given windows hold every layer";
+        EXPECT_GE(st.peak_live_elements, kUnits * unit) << "the given windows hold every unit";
       } else {
         // The unit in use, and prefetching that stops at 3 units live.
         EXPECT_LE(st.peak_live_elements, 4 * unit);
+        // Two units' gradients a bucket (the config's 2e7 elements would
+        // take the whole model in one): 8 units, 4 reduce-scatters a step.
+        EXPECT_EQ(step_stats(ctx).reduce_scatters, static_cast<uint64_t>(kUnits / 2));
       }
+      ZS_ASSERT_OK(zs_optimizer_destroy(opt));
+      zs_context_destroy(ctx);
+    });
+  }
+}
+
+// Units far below the windows' floor (Context::kFittedWindowFloorBytes):
+// 200 units of an 8x8 weight and its bias, as 200 nn.Linear(8, 8). Two
+// units made a bucket of 144 elements and a prefetch window of as many,
+// so each weight was reduce-scattered on its own (the direct route takes a
+// quarter of the bucket) and each unit gathered on its own: 212
+// reduce-scatters a step, and with persistence off 200 gathers, each a
+// latency-bound round trip (issue 62: 4.4x DDP's step). At the floor the
+// whole model is one bucket and one prefetch. Persistent (the default
+// threshold) or not.
+TEST(Coordinator, TinyUnitsReduceInOneBucketAndGatherInOneWindow) {
+  constexpr int kUnits = 200;
+  for (const char* cfg : {R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})", "{}"}) {
+    run_ranks(2, [cfg](const RankEnv& env) {
+      zs_context ctx = zs::test::make_context(env, cfg);
+      ASSERT_NE(ctx, nullptr);
+      Units m(kUnits);
+      const Units weights = build_units(ctx, kUnits, 1, 64), biases = build_units(ctx, kUnits, 1, 8);
+      for (int u = 0; u < kUnits; ++u) m[static_cast<size_t>(u)] = {weights[u][0], biases[u][0]};
+      zs_optimizer opt = adamw_over(ctx, m);
+      for (int s = 0; s < 4; ++s) {
+        // units_step pushes one size of gradient: these are two.
+        ZS_ASSERT_OK(zs_step_begin(ctx));
+        for (const auto& u : m) {
+          ZS_ASSERT_OK(zs_coord_fetch(ctx, u.data(), u.size()));
+          ZS_ASSERT_OK(zs_coord_release(ctx, u.data(), u.size()));
+        }
+        const std::vector<float> grad(64, 0.5f);
+        for (auto u = m.rbegin(); u != m.rend(); ++u) {
+          ZS_ASSERT_OK(zs_coord_fetch(ctx, u->data(), u->size()));
+          ZS_ASSERT_OK(zs_grad_push((*u)[0], grad.data(), ZS_FLOAT32, 64 * sizeof(float)));
+          ZS_ASSERT_OK(zs_grad_push((*u)[1], grad.data(), ZS_FLOAT32, 8 * sizeof(float)));
+          ZS_ASSERT_OK(zs_coord_release(ctx, u->data(), u->size()));
+        }
+        ZS_ASSERT_OK(zs_step_end(ctx));
+        zs_step_result r = ZS_STEP_RESULT_INIT;
+        ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+        if (s == 0) continue;  // the first step gathers on demand, before an order is kept
+        const zs_step_stats st = step_stats(ctx);
+        EXPECT_EQ(st.reduce_scatters, 1u) << "step " << s << ", config " << cfg;
+        EXPECT_LE(st.gathers, 2u) << "step " << s << ", config " << cfg;
+      }
+      ZS_ASSERT_OK(zs_optimizer_destroy(opt));
       zs_context_destroy(ctx);
     });
   }
