@@ -1,0 +1,141 @@
+"""A guard on the step time of a model of many tiny gather units, the shape
+whose regression nothing flagged (issue 62: bench/bench_torch_step.py's
+"fine" model, 200 nn.Linear(8, 8), went from about DDP's step to 4.4x it,
+while benchmarks print figures and never fail).
+
+One launch of 2 ranks runs the bench's fine model through torch DDP and
+through zeroshard.torch side by side, step for step (which engine goes first
+alternates, and a barrier starts each engine's step on both ranks), for a
+few steps. Two checks:
+
+- deterministic: the reduce-scatters of a zeroshard step. The regression was
+  a reduce bucket sized from two 72-element units, which reduced the 400
+  gradients in 212 latency-bound reduce-scatters a step; a bucket with its
+  floor in bytes reduces them in one.
+- timing, generous so that a loaded machine does not fail it: zeroshard's
+  median step at most 2.5x DDP's (about 1x when it passes; the regression
+  was 4-25x on a 2-core machine).
+
+Run as a test file by pytest; run by zsrun as its worker with --worker.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+STEPS, WARMUP = 13, 3
+RATIO_BOUND = 2.5
+REDUCE_SCATTERS_BOUND = 4  # one bucket a step; 212 at the regression
+
+
+def worker():
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_torch_step as bench
+    import zeroshard.torch as zt
+    from launch_env import write_rank0_result
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args = argparse.Namespace(model="fine", fine_layers=200, steps=WARMUP + STEPS, batch=16)
+    data = bench.batches(args, rank, world)
+    hp = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    torch.manual_seed(0)
+    plain = bench.build_model(args)
+    ddp = torch.nn.parallel.DistributedDataParallel(plain, gradient_as_bucket_view=True)
+    ddp_opt = torch.optim.AdamW(plain.parameters(), fused=True, **hp)
+
+    config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": args.batch}
+    zt.init_context(config=config, device="cpu")
+    torch.manual_seed(0)
+    with zt.Init(config=config, device="cpu"):
+        model = bench.build_model(args)
+    zt.partition_module(model)
+    opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
+
+    engines = {"ddp": (bench.torch_step(ddp, ddp_opt), lambda: ddp_opt.zero_grad(set_to_none=True)),
+               "zeroshard": (bench.torch_step(model, opt), opt.zero_grad)}
+    times = {e: [] for e in engines}
+    losses = {e: [] for e in engines}
+    reduce_scatters, gathers = [], []
+    for i, (x, y) in enumerate(data):
+        for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
+            step, zero_grad = engines[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = step(x, y)
+            zero_grad()
+            times[name].append(time.perf_counter() - t0)
+            losses[name].append(loss.item())
+        st = opt.step_stats()
+        reduce_scatters.append(st["reduce_scatters"])
+        gathers.append(st["gathers"])
+    # Each step's time on the slower rank.
+    slowest = {}
+    for name, ts in times.items():
+        t = torch.tensor(ts, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        slowest[name] = t.tolist()
+    medians = {name: statistics.median(ts[WARMUP:]) for name, ts in slowest.items()}
+    write_rank0_result(rank, {
+        "median_step_s": medians, "ratio": medians["zeroshard"] / medians["ddp"], "step_times_s": slowest,
+        "losses": losses, "reduce_scatters": reduce_scatters[WARMUP:], "gathers": gathers[WARMUP:],
+        "first_step_reduce_scatters": reduce_scatters[0]})
+    dist.barrier()
+    del model, opt
+    zt.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    sys.exit(worker())
+
+import pytest  # noqa: E402
+
+from launch_env import once, rank0_result, zsrun  # noqa: E402
+
+pytest.importorskip("torch")
+
+
+@once
+def side_by_side():
+    # One kernel thread a rank, as the bench runs 2 ranks on 2 cores.
+    return rank0_result(zsrun(2, Path(__file__).name, "--worker"), "zs_speed_guard_", 300,
+                        extra_env={"OMP_NUM_THREADS": "1", "ZS_NUM_THREADS": "1"})[0]
+
+
+def describe(r):
+    return json.dumps({k: r[k] for k in ("median_step_s", "ratio", "reduce_scatters", "gathers")})
+
+
+def test_tiny_units_reduce_in_a_few_reduce_scatters_a_step():
+    r = side_by_side()
+    assert max(r["reduce_scatters"]) <= REDUCE_SCATTERS_BOUND, (
+        "the fine model's 400 gradients took more than a few reduce-scatters a step: is the reduce bucket "
+        "sized from its 72-element units without its floor (GradReducer::bucket_elements)? " + describe(r))
+    # The params are persistent (under the default threshold): one gather a
+    # step refreshes them after the optimizer step.
+    assert max(r["gathers"]) <= 2, describe(r)
+
+
+def test_step_within_a_generous_bound_of_ddp():
+    r = side_by_side()
+    for step, (a, b) in enumerate(zip(r["losses"]["ddp"], r["losses"]["zeroshard"])):
+        assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)  # the same training, so the same work
+    assert r["ratio"] <= RATIO_BOUND, (
+        f"zeroshard's median step is {r['ratio']:.2f}x DDP's on the 200-unit fine model (bound {RATIO_BOUND}x; "
+        "about 1x expected): " + describe(r))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
