@@ -38,13 +38,20 @@ fi
 stop_builds() {
   [ -z "$builds_pid" ] || kill -TERM -- "-$builds_pid" 2>/dev/null || true
 }
-trap 'stop_builds; stage_summary; rm -f "$ZS_STAGE_LOG"' EXIT
+# pytest's 25 slowest tests again at the very end, under the stage table.
+slowest_tests() {
+  [ -f build/pytest.log ] || return 0
+  echo
+  sed -n '/slowest 25 durations/,/ passed\| failed\| error/p' build/pytest.log
+}
+trap 'stop_builds; stage_summary; slowest_tests; rm -f "$ZS_STAGE_LOG"' EXIT
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link
 # or a page missing from the nav. Into build/site, which git ignores.
 run_stage docs env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir build/site
 run_stage ctest ctest --test-dir build --output-on-failure -j"${CTEST_JOBS:-2}"
-run_stage pytest env ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" \
-  .venv/bin/python -m pytest -q --durations=25 --durations-min=0 bindings/python/tests
+rm -f build/pytest.log
+run_stage pytest bash -c 'set -o pipefail; ZEROSHARD_LIBRARY="$PWD/build/lib/libzeroshard.so" \
+  .venv/bin/python -m pytest -q --durations=25 --durations-min=0 bindings/python/tests | tee build/pytest.log'
 # From its folder, so that cargo reads bindings/rust/.cargo/config.toml.
 cargo_tests() {
   (cd bindings/rust && ZEROSHARD_LIB_DIR="$1" cargo test --offline --workspace)
