@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(install build)
 
-install() {
+install_packages() {
   # clang and libclang-rt-14-dev: the libFuzzer targets of scripts/sanitize.sh
   # (ASan, UBSan and TSan come with g++). libopenblas0: the host GEMM of
   # the engine's Muon (impl/device/blas.h, loaded at run time). liburing-dev: the NVMe swapper; fio:
@@ -62,7 +62,7 @@ install() {
   fi
 }
 
-build() {
+build_tree() {
   source scripts/ccache.sh
   cmake -S . -B build -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "${ZS_CCACHE_FLAGS[@]}"
   cmake --build build -j"$(nproc)"
@@ -70,8 +70,8 @@ build() {
 
 for step in "${steps[@]}"; do
   case "$step" in
-    install) install ;;
-    build) build ;;
+    install) install_packages ;;
+    build) build_tree ;;
     *) echo "usage: scripts/setup.sh [install] [build]" >&2; exit 2 ;;
   esac
 done
