@@ -64,6 +64,12 @@ def rank0_result(cmd, prefix, timeout, extra_env=None, directory=None, cwd=None)
             return json.load(f), proc.stderr
 
 
+def worker_result(n, worker, mode, timeout=600, extra_env=None):
+    """Rank 0's result of test worker `worker`'s `mode` (or comma-separated
+    modes) on n ranks under zsrun, a launch of its own."""
+    return rank0_result(zsrun(n, worker, mode), f"zs_{Path(worker).stem}_", timeout, extra_env=extra_env)[0]
+
+
 def once(launch):
     """`launch` run once per distinct arguments in this pytest process: the
     tests that check one launched world's result share it. A launch that

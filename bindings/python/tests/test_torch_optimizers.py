@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from launch_env import once, rank0_result, zsrun
+from launch_env import once, worker_result
 
 torch = pytest.importorskip("torch")
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 def run_ranks(n, mode, extra_env=None, timeout=600):
     """Rank 0's result of optim_worker.py's `mode` on n ranks, a launch of
     its own (a mode that needs its own environment)."""
-    return rank0_result(zsrun(n, "optim_worker.py", mode), "zs_optim_", timeout, extra_env=extra_env)[0]
+    return worker_result(n, "optim_worker.py", mode, timeout, extra_env)
 
 
 # The modes each world size runs in one launch (torch and DeepSpeed import

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch_env import HERE, REPO, ZSRUN, once, rank0_result, zsrun
+from launch_env import HERE, REPO, ZSRUN, once, worker_result
 
 torch = pytest.importorskip("torch")
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 def run_ranks(n, mode, timeout=240, extra_env=None):
     """Rank 0's result of torch_worker.py's `mode` on n ranks, a launch of
     its own (a mode that needs its own environment)."""
-    return rank0_result(zsrun(n, "torch_worker.py", mode), "zs_torch_", timeout, extra_env=extra_env)[0]
+    return worker_result(n, "torch_worker.py", mode, timeout, extra_env)
 
 
 # The modes each world size runs, one launch per world for the whole file:
@@ -34,7 +34,7 @@ WORLDS = {
 
 @once
 def world(n):
-    return rank0_result(zsrun(n, "torch_worker.py", ",".join(WORLDS[n])), "zs_torch_", 900)[0]
+    return worker_result(n, "torch_worker.py", ",".join(WORLDS[n]), 900)
 
 
 def in_world(n, mode):
