@@ -4,7 +4,7 @@ a training step (construction, forward, backward, step, checkpoint) shows
 its own peak; on 1, 2 and 3 ranks with bf16 params."""
 import pytest
 
-from launch_env import once, rank0_result, zsrun
+from launch_env import once, worker_result
 
 torch = pytest.importorskip("torch")
 
@@ -15,7 +15,7 @@ WORLDS = {1: ["report"], 2: ["construction", "report"], 3: ["construction", "rep
 
 @once
 def world(n):
-    r = rank0_result(zsrun(n, "memory_worker.py", ",".join(WORLDS[n])), "zs_memory_", 600)[0]
+    r = worker_result(n, "memory_worker.py", ",".join(WORLDS[n]))
     return r if len(WORLDS[n]) > 1 else {WORLDS[n][0]: r}
 
 

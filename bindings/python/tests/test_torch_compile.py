@@ -9,7 +9,7 @@ torch.compile spends tens of seconds per graph on 2 cores: the models are
 tiny, each launch compiles each once, and the 2-rank modes share a launch."""
 import pytest
 
-from launch_env import once, rank0_result, zsrun
+from launch_env import once, worker_result
 
 torch = pytest.importorskip("torch")
 
@@ -18,8 +18,7 @@ MODELS = ["gpt", "llama", "moe", "gpt_checkpointed"]
 
 @once
 def run(n, modes):
-    return rank0_result(zsrun(n, "compile_worker.py", modes), "zs_compile_", 900,
-                        extra_env={"ZS_TEST_MODELS": ",".join(MODELS)})[0]
+    return worker_result(n, "compile_worker.py", modes, 900, extra_env={"ZS_TEST_MODELS": ",".join(MODELS)})
 
 
 def close(a, b, rel=1e-5):
