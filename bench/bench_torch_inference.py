@@ -16,10 +16,12 @@ Two phases per engine, both under torch.no_grad():
             --prompt-token prompt: the slowest rank's generate() time over
             the longest rank's tokens (the job's time per token); rank 1
             stops early (eos_token_id set to what it generates half-way),
-            so the ranks stop at different lengths. zeroshard's
+            so the ranks stop at different lengths. The sharded engines
+            are called with synced_gpus=True, as ZeRO-3 users and TRL call
+            them; plain torch without (the unsharded floor). zeroshard's
             generate() gathers the model whole for the call when it fits
             (python.md, "Generation and weight sync"): no collective per
-            token, each rank stops by itself. "zeroshard, per forward"
+            token, each rank stops by itself, synced_gpus or not. "zeroshard, per forward"
             (zs_gather=False) and DeepSpeed gather per forward: a sharded
             rank that stopped keeps running forwards with the others
             (synced_gpus), so its own time over its own tokens would count
@@ -115,8 +117,8 @@ def worker(args):
 
     prompt = torch.randint(0, args.vocab, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(7))
     kw = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0, use_cache=True)
-    if world > 1 and args.engine == "deepspeed":
-        kw["synced_gpus"] = True  # zeroshard's generate() chooses it itself
+    if world > 1 and args.engine != "plain":
+        kw["synced_gpus"] = True  # as ZeRO-3 users, the Seq2Seq Trainer and TRL call it
     if args.engine == "zeroshard" and args.zs_gather == "off":
         kw["zs_gather"] = False  # per forward: each token's forward gathers, ranks paired (synced_gpus)
     with torch.no_grad():

@@ -112,6 +112,11 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
     ranks = zoo(world)["generate"]["ranks"]
     assert [r["length"] for r in ranks] == [4 + 3 + 4 * k for k in range(world)], ranks
     assert all(r["equal"] and r["per_forward_equal"] and r["released_after"] and r["peft_equal"] for r in ranks), ranks
+    # synced_gpus=True on the whole-gathered model: the same tokens, each
+    # rank at its own length, and only the fit agreement's all-reduce, not
+    # one per token (before, the bytes grew with the longest rank's tokens).
+    assert all(r["synced_equal"] for r in ranks), ranks
+    assert all(r["synced_allreduce_bytes"] == r["agreement_allreduce_bytes"] > 0 for r in ranks), ranks
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -569,8 +569,9 @@ def run_generate(rank):
     """HF generate() with a KV cache under no_grad; ranks stop at different
     lengths (max_new_tokens differs) without a hang, and every rank's tokens
     equal the unsharded model's: gathered whole for the call (the default
-    when the params fit) and gathered per forward (zs_gather=False), and
-    with a LoRA adapter on it."""
+    when the params fit; also with synced_gpus=True, with no all-reduce per
+    token) and gathered per forward (zs_gather=False), and with a LoRA
+    adapter on it."""
     reference = build(hf_gpt2)
     with zt.Init(config=CONFIG):
         model = build(hf_gpt2)
@@ -580,9 +581,18 @@ def run_generate(rank):
     prompt = lm_batch(rank, 7)[:, :4]
     new = 3 + 4 * rank
     kw = dict(max_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)
+    def allreduced(call):  # (its result, the all-reduce bytes this rank sent during it)
+        before = zt.get_context().fetch_stats()["allreduce_bytes_sent"]
+        out = call()
+        return out, zt.get_context().fetch_stats()["allreduce_bytes_sent"] - before
+
     with torch.no_grad():
-        ours = model.generate(prompt, **kw)
+        ours, agreement_bytes = allreduced(lambda: model.generate(prompt, **kw))
         released_after = not any(p.zs.attached for p in model.parameters())
+        # synced_gpus=True as ZeRO-3 users and TRL pass it: gathered whole
+        # there is nothing to pair, so the same tokens and lengths with no
+        # all-reduce per token (only the one agreeing that the params fit).
+        synced, synced_bytes = allreduced(lambda: model.generate(prompt, synced_gpus=True, **kw))
         per_forward = model.generate(prompt, zs_gather=False, **kw)
         ref = reference.generate(prompt, **kw)
     # A LoRA adapter on a model loaded partitioned, then partition_module
@@ -602,7 +612,8 @@ def run_generate(rank):
                          for mode in ("auto", False))
     mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1]),
             "per_forward_equal": bool(torch.equal(per_forward, ref)), "released_after": released_after,
-            "peft_equal": peft_equal}
+            "peft_equal": peft_equal, "synced_equal": bool(torch.equal(synced, ref)),
+            "synced_allreduce_bytes": synced_bytes, "agreement_allreduce_bytes": agreement_bytes}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return {"ranks": every}
