@@ -27,7 +27,7 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 MODELS = ["gpt2", "gpt2_checkpointed", "llama", "bert", "t5", "mixtral", "vit", "transformer", "mha", "rnn",
           "frozen", "mixed", "gpt2_persistent", "frozen_persistent"]
-PATTERNS = ["deepcopy", "generate", "convert", "save_pretrained"]
+PATTERNS = ["deepcopy", "generate", "convert", "save_pretrained", "resize"]
 WORLDS = [int(w) for w in os.environ.get("ZS_ZOO_WORLDS", "2 3").split()]
 _runs = {}
 
@@ -117,6 +117,15 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
     # one per token (before, the bytes grew with the longest rank's tokens).
     assert all(r["synced_equal"] for r in ranks), ranks
     assert all(r["synced_allreduce_bytes"] == r["agreement_allreduce_bytes"] > 0 for r in ranks), ranks
+
+
+def test_resize_token_embeddings_through_zeroshard_torch_alone():
+    """Before (issue 59), without `import zeroshard.hf`: "param ... is
+    partitioned and not gathered now"."""
+    r = zoo(WORLDS[0])["resize"]
+    assert r["hf_imported"] is False, r
+    for name in ("gpt2", "llama"):
+        assert r[name] == {"equal": True, "vocab": 64 + 7, "logits": [2, 12, 64 + 7], "partitioned": True}, r
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -619,6 +619,30 @@ def run_generate(rank):
     return {"ranks": every}
 
 
+def run_resize(rank):
+    """resize_token_embeddings on a Hugging Face model partitioned through
+    zeroshard.torch alone (zeroshard.hf never imported; issue 59): tied
+    (GPT-2) and untied (Llama: transformers builds a new head, which is
+    partitioned), then the logits equal the same resize of the unsharded
+    model with the same seed (rank 0's new rows)."""
+    out = {"hf_imported": "zeroshard.hf" in sys.modules}
+    for name, fn in (("gpt2", hf_gpt2), ("llama", hf_llama)):  # the Llama's head is untied
+        reference = build(fn)
+        with zt.Init(config=CONFIG):
+            model = build(fn)
+        torch.manual_seed(5)
+        reference.resize_token_embeddings(VOCAB + 7)
+        torch.manual_seed(5)
+        model.resize_token_embeddings(VOCAB + 7)
+        zt.partition_module(model)
+        x = lm_batch(0, rank)
+        with torch.no_grad():
+            ours, ref = model(input_ids=x).logits, reference(input_ids=x).logits
+        out[name] = {"equal": bool(torch.equal(ours, ref)), "vocab": model.config.vocab_size,
+                     "logits": list(ours.shape), "partitioned": all(zt.is_partitioned(p) for p in model.parameters())}
+    return out
+
+
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -628,6 +652,8 @@ def main():
             result[name] = run_deepcopy(rank)
         elif name == "generate":
             result[name] = run_generate(rank)
+        elif name == "resize":
+            result[name] = run_resize(rank)
         elif name == "convert":
             result[name] = run_convert(rank)
         elif name == "save_pretrained":

@@ -35,9 +35,11 @@ models are partitioned frozen beside it (trainer.py).
 from .accelerator import Accelerator
 from .config import resolve_config
 from .pretrained import HfZeroShardConfig
-from . import resize  # noqa: F401 -- resize_token_embeddings on partitioned models
+from ..torch import hf_resize
 from .schedulers import WarmupDecayLR, WarmupLR
 from .trainer import Seq2SeqTrainer, Trainer, trainer_class
+
+hf_resize.install()  # resize_token_embeddings on partitioned models
 
 __all__ = ["Trainer", "Seq2SeqTrainer", "trainer_class", "Accelerator", "resolve_config", "HfZeroShardConfig",
            "WarmupLR", "WarmupDecayLR"]

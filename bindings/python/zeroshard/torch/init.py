@@ -8,7 +8,7 @@ from ._context import default_device, get_context, working_dtype
 from ._malloc import trim
 from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
-from . import generation
+from . import generation, hf_resize
 from .hooks import HookEngine
 from .input_cast import cast_inputs_to
 from .state import arm_state_dict
@@ -91,6 +91,7 @@ class Init:
     def __enter__(self):
         if not self.enabled:
             return self
+        hf_resize.install()  # a Hugging Face model built here can resize_token_embeddings
         # Where the model will live is known now unless torch could build it
         # on a GPU and nothing names the device: then the context is created
         # when the first params are partitioned (on their device), or on exit
@@ -206,6 +207,7 @@ def partition_module(module, dtype=None, config=None, device=None, cast_forward_
     MixedPrecisionPolicy does (input_cast.py); cast_forward_inputs=False
     leaves them as they come."""
     ctx = get_context(config, device=device, like=_where_built(module))
+    hf_resize.install()  # a Hugging Face model can resize_token_embeddings
     for m in module.modules():
         _partition_own(m, dtype, config, device)
     working = dtype if dtype is not None else working_dtype(ctx)

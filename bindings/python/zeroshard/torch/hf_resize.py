@@ -8,13 +8,20 @@ params gathered, and each param whose value it replaced is registered
 anew at its new shape (rank 0's values: the new rows are random). The
 params keep their identity, their hooks and their place in the model; as
 under DeepSpeed, resize before the optimizer is built. Collective.
+
+Installed on transformers.PreTrainedModel whenever transformers is loaded
+and zeroshard.torch partitions a model (Init, partition_module) or
+zeroshard.hf is imported: a script that imports zeroshard.torch alone
+resizes too (issue 59), where before it got "param ... is partitioned and
+not gathered now" unless zeroshard.hf had been imported.
 """
-import transformers
+import sys
 
-from .. import torch as zt
-from ..torch import _params, param_type
+from . import _params, param_type
+from ._params import is_partitioned
+from .gathered import GatheredParameters
 
-_original = transformers.PreTrainedModel.resize_token_embeddings
+_original = None  # transformers' own, once installed
 
 
 def _embedding_modules(model):
@@ -25,7 +32,7 @@ def _embedding_params(model):
     found = []
     for module in _embedding_modules(model):
         for p in module.parameters(recurse=False):
-            if zt.is_partitioned(p) and all(p is not q for q in found):
+            if is_partitioned(p) and all(p is not q for q in found):
                 found.append(p)
     return found
 
@@ -35,7 +42,7 @@ def resize_token_embeddings(self, *args, **kwargs):
     if not params:
         return _original(self, *args, **kwargs)
     engine = getattr(self, "_zs_hooks", None)
-    with zt.GatheredParameters(params):
+    with GatheredParameters(params):
         result = _original(self, *args, **kwargs)
         replaced = [(p, param_type.raw_data(p)) for p in params if _params.assigned(p)]
     for p, data in replaced:
@@ -45,7 +52,7 @@ def resize_token_embeddings(self, *args, **kwargs):
     # would have. Its hooks come with partition_module (the Trainer's
     # prepare); a model whose hooks are installed has no unit for it.
     new = [(m, n) for m in _embedding_modules(self)
-           for n, p in m.named_parameters(recurse=False) if not zt.is_partitioned(p)]
+           for n, p in m.named_parameters(recurse=False) if not is_partitioned(p)]
     if new and engine is not None:
         raise RuntimeError(
             f"zeroshard.torch: resize_token_embeddings replaced {type(new[0][0]).__name__} with a new module "
@@ -58,5 +65,14 @@ def resize_token_embeddings(self, *args, **kwargs):
     return result
 
 
-resize_token_embeddings.__doc__ = (_original.__doc__ or "") + "\n\n(zeroshard: " + __doc__.splitlines()[0] + ")"
-transformers.PreTrainedModel.resize_token_embeddings = resize_token_embeddings
+def install():
+    """Put resize_token_embeddings on transformers.PreTrainedModel if
+    transformers is loaded (never imports it); once."""
+    global _original
+    transformers = sys.modules.get("transformers")
+    if _original is not None or transformers is None:
+        return
+    base = transformers.PreTrainedModel  # the lazy module loads modeling_utils here
+    _original = base.resize_token_embeddings
+    resize_token_embeddings.__doc__ = (_original.__doc__ or "") + "\n\n(zeroshard: " + __doc__.splitlines()[0] + ")"
+    base.resize_token_embeddings = resize_token_embeddings
