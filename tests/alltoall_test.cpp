@@ -62,7 +62,7 @@ class AllToAllWorld : public ::testing::TestWithParam<int> {};
 TEST_P(AllToAllWorld, EveryBlockLandsAtItsRankOddSizes) { run_ranks(GetParam(), exchange); }
 
 TEST_P(AllToAllWorld, StagedThroughHostGivesTheSame) {
-  setenv("ZS_STAGE_ALL", "1", 1);
+  const zs::test::ScopedEnv stage_all("ZS_STAGE_ALL", "1");
   run_ranks(GetParam(), exchange);
 }
 

@@ -285,7 +285,9 @@ TEST(Device, FetchReleaseCyclesReuseThePool) {
 // takes), on host memory, against the values the plain path gives; on the
 // host by name, where ZS_STAGE_ALL (a test switch) means something.
 TEST(Device, StagedCollectivesOnRealRanks) {
-  setenv("ZS_STAGE_ALL", "1", 1);
+  // Scoped: left set, it staged every later test's collectives in this
+  // process (copied-bytes counts saw the staging).
+  const zs::test::ScopedEnv stage_all("ZS_STAGE_ALL", "1");
   for (int world : {2, 3}) {
     run_ranks(world, [](const RankEnv& env) {
       zs_context ctx = zs::test::make_context(env, R"({"device": "cpu"})");

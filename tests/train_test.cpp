@@ -83,7 +83,7 @@ TEST(Train, SmallBucketsGiveTheSameCurve) {
 // GPU memory crosses Gloo through staging buffers; ZS_STAGE_ALL runs that
 // path on host memory, so the staging is checked on every machine.
 TEST(Train, StagedCollectivesGiveTheSameCurve) {
-  setenv("ZS_STAGE_ALL", "1", 1);
+  const zs::test::ScopedEnv stage_all("ZS_STAGE_ALL", "1");
   expect_matches_reference(run_example(3, "--steps 50"), 1e-5);
   expect_matches_reference(run_example(4, "--steps 50 --hpz 2"), 1e-5);
 }
