@@ -1,6 +1,9 @@
-// The memory report: bytes by kind, now and per phase (impl/common/memory_tally.h).
+// The memory report: bytes by kind, now and per phase (impl/common/memory_tally.h),
+// and bytes copied by kind (impl/common/copy_tally.h).
 #include "capi/handles.h"
+#include "impl/common/copy_tally.h"
 #include "impl/common/memory_tally.h"
+#include "impl/core/context.h"
 
 using namespace zs;
 using namespace zs::capi;
@@ -78,4 +81,31 @@ ZS_API const char* zs_memory_kind_name(zs_memory_kind kind) {
 ZS_API const char* zs_memory_phase_name(zs_memory_phase phase) {
   if (phase < 0 || phase >= ZS_PHASE_COUNT) return nullptr;
   return mem_phase_name(static_cast<MemPhase>(phase));
+}
+
+static_assert(ZS_COPY_KIND_COUNT == kCopyKinds, "zs_copy_kind and CopyKind differ");
+
+ZS_API zs_status zs_copied_bytes(zs_context h, zs_copy_span span, uint64_t* bytes, size_t capacity,
+                                 size_t* num_kinds, uint64_t* total) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    if (bytes == nullptr && capacity > 0) fail(Code::InvalidArgument, "bytes is NULL with capacity ", capacity);
+    if (span != ZS_COPIES_TOTAL && span != ZS_COPIES_LAST_STEP)
+      fail(Code::InvalidArgument, "copy span ", static_cast<int>(span),
+           ": expected ZS_COPIES_TOTAL (0) or ZS_COPIES_LAST_STEP (1)");
+    const copy_tally::Snapshot s =
+        span == ZS_COPIES_TOTAL ? ctx->copies_since_start() : ctx->copies_last_step();
+    uint64_t sum = 0;
+    for (int k = 0; k < kCopyKinds; ++k) {
+      if (static_cast<size_t>(k) < capacity) bytes[k] = s.bytes[k];
+      sum += s.bytes[k];
+    }
+    if (num_kinds) *num_kinds = static_cast<size_t>(kCopyKinds);
+    if (total) *total = sum;
+  });
+}
+
+ZS_API const char* zs_copy_kind_name(zs_copy_kind kind) {
+  if (kind < 0 || kind >= ZS_COPY_KIND_COUNT) return nullptr;
+  return copy_kind_name(static_cast<CopyKind>(kind));
 }

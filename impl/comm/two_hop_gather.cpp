@@ -62,7 +62,7 @@ std::shared_ptr<Work> submit_two_hop_gather(Group& inter, Group& intra,
                         std::vector<ops::Copy> copies;
                         for (const auto& p : places)
                           reorder(p.from, p.to, nodes, local, p.bytes, copies);
-                        ops::copy_many(*dev, copies);
+                        ops::copy_many(*dev, copies, CopyKind::GatherStaging);
                         if (after) after();
                         dev->synchronize();
                       });

@@ -24,6 +24,7 @@
 #include "impl/comm/group.h"
 #include "impl/comm/store/store.h"
 #include "impl/comm/topology.h"
+#include "impl/common/copy_tally.h"
 #include "impl/common/trace.h"
 #include "impl/config/config.h"
 #include "impl/core/engine_lock.h"
@@ -212,6 +213,28 @@ class Context {
     std::lock_guard<std::mutex> held(step_mu_);
     return last_step_;
   }
+  // The engine's copies (copy_tally.h, process-wide) as this context sees
+  // them: since it was created, and between its last two optimizer step
+  // ends (from its creation before its first; zeros before that). The
+  // optimizer calls note_step_copies as a step ends, after the gradients
+  // were freed and persistent params sent out: a span brackets one
+  // forward, backward and step. Read without the engine lock.
+  void note_step_copies() {
+    const auto now = copy_tally::snapshot();
+    std::lock_guard<std::mutex> held(step_mu_);
+    copies_before_step_ = copies_at_step_;
+    copies_at_step_ = now;
+    stepped_ = true;
+  }
+  copy_tally::Snapshot copies_since_start() const {
+    const auto now = copy_tally::snapshot();
+    std::lock_guard<std::mutex> held(step_mu_);
+    return difference(now, copies_at_start_);
+  }
+  copy_tally::Snapshot copies_last_step() const {
+    std::lock_guard<std::mutex> held(step_mu_);
+    return stepped_ ? difference(copies_at_step_, copies_before_step_) : copy_tally::Snapshot{};
+  }
 
   // Memory and fetch counters: atomics, read without the engine lock.
   Ledger& ledger() { return ledger_; }
@@ -286,6 +309,15 @@ class Context {
   std::shared_ptr<Trace> trace_;
   mutable std::mutex step_mu_;
   StepStats last_step_;
+  static copy_tally::Snapshot difference(const copy_tally::Snapshot& later,
+                                         const copy_tally::Snapshot& earlier) {
+    copy_tally::Snapshot d;
+    for (int k = 0; k < kCopyKinds; ++k) d.bytes[k] = later.bytes[k] - earlier.bytes[k];
+    return d;
+  }
+  copy_tally::Snapshot copies_at_start_ = copy_tally::snapshot();
+  copy_tally::Snapshot copies_at_step_ = copies_at_start_, copies_before_step_ = copies_at_start_;
+  bool stepped_ = false;
   std::mutex attachments_mu_;
   std::vector<std::pair<std::type_index, std::unique_ptr<Attachment>>> attachments_;
 };

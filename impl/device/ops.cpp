@@ -209,7 +209,10 @@ void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n
   kernels::dequantize(codes, scales, n, s, dst, work_dtype(dtype));
 }
 
-void copy_many(Device& dev, const std::vector<Copy>& copies) {
+void copy_many(Device& dev, const std::vector<Copy>& copies, CopyKind counted_as) {
+  uint64_t bytes = 0;
+  for (const auto& c : copies) bytes += c.bytes;
+  copy_tally::add(counted_as, bytes);
 #ifdef ZS_WITH_CUDA
   if (dev.is_cuda()) {
     if (copies.empty()) return;

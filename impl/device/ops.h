@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "impl/common/copy_tally.h"
 #include "impl/common/dtype.h"
 #include "impl/device/device.h"
 #include "kernels/optim.h"
@@ -70,12 +71,13 @@ void dequantize(Device& dev, const uint8_t* codes, const float* scales, size_t n
 void quantize_with_error(Device& dev, const float* g, float* err, float beta, size_t n,
                          const kernels::QuantSpec& s, uint8_t* codes, float* scales);
 
-// Many copies as one: one kernel on a GPU, memcpy on the host.
+// Many copies as one: one kernel on a GPU, memcpy on the host; their bytes
+// counted as `counted_as` (copy_tally.h).
 struct Copy {
   void* dst;
   const void* src;
   size_t bytes;
 };
-void copy_many(Device& dev, const std::vector<Copy>& copies);
+void copy_many(Device& dev, const std::vector<Copy>& copies, CopyKind counted_as);
 
 }  // namespace zs::ops

@@ -340,7 +340,7 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
       pack_all(*dev, quants);
       c.allgather_coalesced(segments);
       unpack_all(*dev, quants, members);
-      ops::copy_many(*dev, slices);
+      ops::copy_many(*dev, slices, CopyKind::GatherStaging);
       dev->synchronize();
     });
   }
@@ -436,7 +436,7 @@ void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
     }
     copies.push_back({writing[i].data(), mine, p->layout.shard_valid * elem});
   }
-  ops::copy_many(*ctx.device(), copies);
+  ops::copy_many(*ctx.device(), copies, CopyKind::Other);  // the caller's change
   ctx.device()->synchronize();
 }
 
@@ -453,11 +453,14 @@ void write_param(Context& ctx, Param& p, const void* data, size_t bytes) {
   const size_t elem = p.elem_bytes();
   const auto* src = static_cast<const uint8_t*>(data);
   drop_secondaries(ctx);  // a secondary shard would serve the old values
-  if (p.status() == ParamStatus::Available && !p.full_aliases_shard())
+  if (p.status() == ParamStatus::Available && !p.full_aliases_shard()) {
     dev.copy(p.full()->data(), src, bytes);
+    copy_tally::add(CopyKind::Other, bytes);
+  }
   if (p.layout.shard_valid > 0) {
     const ShardAccess shard(ctx, p, ShardAccess::Write);
     dev.copy(shard.data(), src + p.layout.shard_offset * elem, p.layout.shard_valid * elem);
+    copy_tally::add(CopyKind::Other, p.layout.shard_valid * elem);
   }
   dev.synchronize();
   ++p.shard_version;

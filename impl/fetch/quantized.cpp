@@ -25,6 +25,8 @@ void write_back_keeping_exact(Device& dev, void* shard, DType dtype, uint64_t sh
       std::memcpy(exact.data() + i * es, fresh_h.data() + i * es, es);
   dev.copy(shard, exact.data(), valid * es);
   dev.synchronize();
+  // The caller's change, as update_params' plain copies.
+  copy_tally::add(CopyKind::Other, (exact.size() + fresh_h.size()) + valid * es);
 }
 
 }  // namespace zs

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "impl/comm/algo/quantized_reduce.h"
+#include "impl/common/copy_tally.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
 #include "kernels/optim.h"
@@ -92,6 +93,7 @@ std::unique_ptr<Buffer> onto_device(const std::shared_ptr<Device>& devp, const v
   if (bytes == 0 || (!where.is_cuda() && !devp->is_cuda()) || where == devp->ref()) return nullptr;
   auto moved = std::make_unique<Buffer>(devp, bytes, MemKind::ReduceBuckets);
   copy_between(moved->data(), grad, bytes);
+  copy_tally::add(CopyKind::GradOntoDevice, bytes);
   grad = moved->data();
   return moved;
 }
@@ -164,6 +166,7 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
   const size_t wire = dtype_size(wire_);
   const auto moved = onto_device(ctx_.device(), grad, bytes);
   auto* blocks = static_cast<uint8_t*>(b.data->data());
+  uint64_t copied = 0;
   for (int r = 0; r < p.group->size(); ++r) {
     const uint64_t first = static_cast<uint64_t>(r) * p.layout.shard_numel;
     const uint64_t valid = ShardLayout::valid_in(p.layout.numel, first, p.layout.shard_numel);
@@ -175,7 +178,9 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
       ops::narrow_scaled(dev, src, dtype, dst, wire_, valid, grad_divisor_);
     if (valid < p.layout.shard_numel)  // padding
       dev.zero(dst + valid * wire, (p.layout.shard_numel - valid) * wire);
+    copied += valid * wire;
   }
+  copy_tally::add(CopyKind::GradIntoBucket, copied);
   // The caller may reuse its gradient memory once we return.
   if (dev.is_cuda()) dev.synchronize();
   b.params.push_back(param);
@@ -207,6 +212,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
     const auto moved = onto_device(devp, grad, bytes);  // a CUDA gradient: to host memory first
     copy = std::make_shared<Buffer>(devp, numel * sizeof(float), MemKind::ReduceBuckets);
     ops::widen_scaled(*devp, grad, dtype, static_cast<float*>(copy->data()), numel, grad_divisor_);
+    copy_tally::add(CopyKind::GradIntoBucket, numel * sizeof(float));
     src = static_cast<const float*>(copy->data());
   }
   const float after = borrowed && grad_divisor_ != 1.0f ? 1.0f / grad_divisor_ : 1.0f;
@@ -258,6 +264,7 @@ void GradReducer::flush(Bucket& b) {
       const auto rank = static_cast<uint64_t>(r);
       devp->copy(blocks + rank * b.used * wire, blocks + rank * b.capacity * wire, b.used * wire);
     }
+    copy_tally::add(CopyKind::BucketCompaction, static_cast<uint64_t>(g - 1) * b.used * wire);
   } else if (b.used < b.capacity && g > 1) {
     auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * wire, MemKind::ReduceBuckets);
     std::vector<ops::Copy> copies;
@@ -266,7 +273,7 @@ void GradReducer::flush(Bucket& b) {
     for (int r = 0; r < g; ++r)
       copies.push_back({to + static_cast<uint64_t>(r) * b.used * wire,
                         from + static_cast<uint64_t>(r) * b.capacity * wire, b.used * wire});
-    ops::copy_many(*devp, copies);
+    ops::copy_many(*devp, copies, CopyKind::BucketCompaction);
     data = std::move(packed);
   }
   auto params = std::move(b.params);
@@ -356,6 +363,7 @@ void GradReducer::flush(Bucket& b) {
             Buffer narrow(devp, used * dtype_size(wire_dtype), MemKind::ReduceBuckets);
             comm.reduce_scatter(data->data(), narrow.data(), used, wire_dtype, ReduceOp::Avg);
             ops::cast_to_f32(*devp, narrow.data(), wire_dtype, static_cast<float*>(mine.data()), used);
+            copy_tally::add(CopyKind::WireWiden, used * sizeof(float));
           }
           add_into_shards(static_cast<const float*>(mine.data()));
         });
@@ -454,12 +462,12 @@ void GradReducer::replica_average() {
       out.push_back({p->grad->data(), f + off, b});
       off += p->layout.shard_numel;
     }
-    ops::copy_many(dev, in);
+    ops::copy_many(dev, in, CopyKind::MicsReplica);
     comm.allreduce(f, f, total, DType::F32, ReduceOp::Avg);
     // The averages replace the sums of squares the reduction took: on the
     // host taken in the copy back, on a GPU (one batched copy) left to the step.
     if (dev.is_cuda()) {
-      ops::copy_many(dev, out);
+      ops::copy_many(dev, out, CopyKind::MicsReplica);
       for (const auto& p : params) p->grad->sum_known = false;
     } else {
       for (size_t i = 0; i < params.size(); ++i) {
@@ -468,6 +476,7 @@ void GradReducer::replica_average() {
                                              static_cast<const float*>(out[i].src),
                                              params[i]->layout.shard_numel,
                                              kernels::StoreMode::Copy, &g.sumsq);
+        copy_tally::add(CopyKind::MicsReplica, g.bytes());
       }
     }
     dev.synchronize();

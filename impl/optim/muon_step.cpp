@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "impl/comm/algo/communicator.h"
+#include "impl/common/copy_tally.h"
 #include "impl/device/blas.h"
 #include "impl/device/buffer.h"
 
@@ -56,6 +57,7 @@ void step_bucket(Context& ctx, const std::vector<const MuonParam*>& bucket, floa
     shard[i] = std::make_shared<Buffer>(dev.device_shared(), n * sizeof(float), MemKind::Scratch);
     auto* update = static_cast<float*>(shard[i]->data());
     dev.copy(update, m.momentum, n * sizeof(float));
+    copy_tally::add(CopyKind::Other, n * sizeof(float));
     blas::scal(dev, n, m.beta, update);
     blas::axpy(dev, n, g_weight, m.grad, 1, update, 1);
     if (size > 1) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "impl/device/blas.h"
+#include "impl/common/copy_tally.h"
 #include "impl/common/error.h"
 #include "impl/device/buffer.h"
 
@@ -43,7 +44,10 @@ struct Scratch {
   }
 };
 
-void copy(Device& dev, float* dst, const float* src, size_t n) { dev.copy(dst, src, n * sizeof(float)); }
+void copy(Device& dev, float* dst, const float* src, size_t n) {
+  dev.copy(dst, src, n * sizeof(float));
+  copy_tally::add(CopyKind::Other, n * sizeof(float));
+}
 
 // z = b R + c R R.
 void polynomial(Device& dev, const float* r, int64_t s, float* z) {

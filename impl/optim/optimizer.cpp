@@ -11,6 +11,7 @@
 #include "impl/fetch/coordinator.h"
 #include "impl/optim/agreement.h"
 #include "impl/optim/muon_step.h"
+#include "impl/common/copy_tally.h"
 #include "impl/common/env.h"
 #include "impl/device/ops.h"
 #include "impl/grad/grad_norm.h"
@@ -186,6 +187,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
                          ops::cast_to_f32(*ctx_.device(),
                                           static_cast<const char*>(shard.data()) + begin * p.elem_bytes(),
                                           p.dtype, dst, count);
+                         copy_tally::add(CopyKind::ParamCast, count * sizeof(float));
                        });
     } catch (...) {
       slot_at_.resize(slot_at_.size() - group.slots.size());
@@ -231,6 +233,7 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
       const ShardAccess shard(ctx_, *p, ShardAccess::Read);
       ops::cast_to_f32(*ctx_.device(), shard.data(), p->dtype,
                        static_cast<float*>(s.master->data()), n);
+      copy_tally::add(CopyKind::ParamCast, n * sizeof(float));
       s.master_of_version = p->shard_version;
     }
     const bool moments = kind_ != OptimKind::External;  // an external one's are named, the caller's
@@ -320,6 +323,8 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
   }
   float* master = fp32_master(s, shard);
   void* working = s.master_is_shard ? nullptr : shard.data();
+  // The update writes the 16-bit working shard from the new master as it goes.
+  if (working) copy_tally::add(CopyKind::MasterRefresh, n * p.elem_bytes());
   if (kind_ == OptimKind::Sgd) {
     bool first = s.updates == 0;
     if (hp.momentum > 0.0 && !s.state1) {
@@ -355,6 +360,7 @@ float* Optimizer::fp32_master(Slot& s, const ShardAccess& shard) {
     // assignment): where its values changed they are the truth, not the
     // old master; where they did not, the master keeps its precision.
     ops::refresh_master(*ctx_.device(), shard.data(), p.dtype, master, p.layout.shard_numel);
+    copy_tally::add(CopyKind::ParamCast, p.layout.shard_numel * sizeof(float));
     s.master_of_version = p.shard_version;
   }
   return master;
@@ -405,9 +411,11 @@ void Optimizer::update_muon(float grad_scale) {
   muon_step(ctx_, params, grad_scale);
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& s = *slots[i];
-    if (!s.master_is_shard)
+    if (!s.master_is_shard) {
       ops::cast_from_f32(dev, static_cast<const float*>(s.master->data()), s.param->dtype, shards[i].data(),
                          s.param->layout.shard_numel);
+      copy_tally::add(CopyKind::MasterRefresh, s.param->layout.shard_numel * s.param->elem_bytes());
+    }
     ++s.updates;
   }
 }
@@ -476,6 +484,7 @@ void Optimizer::update_swapped(float grad_scale) {
       void* working = f32 ? nullptr : static_cast<char*>(shard->data()) + pc.begin * p.elem_bytes();
       if (!f32 && s.master_of_version != p.shard_version) {
         ops::refresh_master(dev, working, p.dtype, master, pc.count);
+        copy_tally::add(CopyKind::ParamCast, pc.count * sizeof(float));
         if (last) s.master_of_version = p.shard_version;
       }
       const float* grad = grad_of(p, pc);
@@ -500,6 +509,7 @@ void Optimizer::update_swapped(float grad_scale) {
         ops::adam_step(dev, master, v.state(pc, 1), v.state(pc, 2), grad, pc.count, h, grad_scale,
                        working, p.dtype);
       }
+      if (working) copy_tally::add(CopyKind::MasterRefresh, pc.count * p.elem_bytes());
       if (last) ++s.updates;
       changed = true;
     }
@@ -530,7 +540,10 @@ void Optimizer::copy_swapped_state(const Param& p, int slot, float* dst) {
   if (s == nullptr || slot < 0 || slot > 2 || !s->swapped[slot])
     fail(Code::InvalidArgument, "optimizer state slot ", slot, " of ", p.describe(), " is not on NVMe");
   auto view = views_.find({s->index, slot});
-  if (view != views_.end()) std::memcpy(dst, view->second.data(), view->second.size() * sizeof(float));
+  if (view != views_.end()) {
+    std::memcpy(dst, view->second.data(), view->second.size() * sizeof(float));
+    copy_tally::add(CopyKind::Other, view->second.size() * sizeof(float));
+  }
   else swap_->read_slot(s->index, slot, dst);
 }
 
@@ -731,6 +744,7 @@ void Optimizer::sync_params() {
         const ShardAccess shard(ctx_, p, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), v.master(pc), p.dtype,
                            static_cast<char*>(shard.data()) + pc.begin * p.elem_bytes(), pc.count);
+        copy_tally::add(CopyKind::MasterRefresh, pc.count * p.elem_bytes());
         s.master_of_version = p.shard_version;
       }
       return false;
@@ -745,6 +759,7 @@ void Optimizer::sync_params() {
         const ShardAccess shard(ctx_, *s.param, ShardAccess::Write);
         ops::cast_from_f32(*ctx_.device(), static_cast<const float*>(s.master->data()),
                            s.param->dtype, shard.data(), s.param->layout.shard_numel);
+        copy_tally::add(CopyKind::MasterRefresh, s.param->layout.shard_numel * s.param->elem_bytes());
         s.master_of_version = s.param->shard_version;  // the loaded master is the truth
       }
   ctx_.device()->synchronize();
@@ -768,6 +783,7 @@ void Optimizer::record_step_stats(Trace::Clock::time_point step_begin, double up
   st.comm.wait_seconds = totals.wait_seconds - last_totals_.wait_seconds;
   st.optimizer_seconds = update_seconds;
   ctx_.record_step(st);
+  ctx_.note_step_copies();
   last_totals_ = totals;
   last_step_end_ = now;
   if (ctx_.trace()) ctx_.trace()->event("optimizer", "optimizer step", "optimizer", step_begin, now);
@@ -1002,6 +1018,7 @@ StepResult Optimizer::step_begin() {
         if (s.master && s.master_of_version != p.shard_version) {
           const ShardAccess shard(ctx_, p, ShardAccess::Read);
           ops::refresh_master(dev, shard.data(), p.dtype, static_cast<float*>(s.master->data()), n);
+          copy_tally::add(CopyKind::ParamCast, n * sizeof(float));
           s.master_of_version = p.shard_version;
         }
       }
@@ -1029,6 +1046,7 @@ StepResult Optimizer::step_end() {
           const ShardAccess shard(ctx_, p, ShardAccess::Write);
           ops::cast_from_f32(dev, static_cast<const float*>(s.master->data()), p.dtype, shard.data(),
                              p.layout.shard_numel);
+          copy_tally::add(CopyKind::MasterRefresh, p.layout.shard_numel * p.elem_bytes());
           s.master_of_version = p.shard_version;
         }
         ++s.updates;

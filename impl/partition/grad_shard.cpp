@@ -1,5 +1,6 @@
 #include "impl/partition/grad_shard.h"
 
+#include "impl/common/copy_tally.h"
 #include "impl/common/error.h"
 #include "impl/device/ops.h"
 
@@ -25,6 +26,7 @@ void GradShard::load() {
   ensure_memory();
   if (!in_sink_) return;
   sink_->read(static_cast<float*>(mem_->data()), numel_);
+  copy_tally::add(CopyKind::GradSpill, bytes());
   in_sink_ = false;
 }
 
@@ -36,6 +38,7 @@ void GradShard::hold() {
 void GradShard::put_away() {
   if (!sink_ || held_ || in_sink_ || !mem_) return;
   sink_->write(static_cast<const float*>(mem_->data()), numel_);
+  copy_tally::add(CopyKind::GradSpill, bytes());
   mem_.reset();
   in_sink_ = true;
 }
@@ -44,7 +47,9 @@ void GradShard::store(Device& dev, const float* src) {
   if (current) load();  // accumulation: the sum so far, from the sink if there
   else ensure_memory();
   const auto mode = current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
-  sum_known = ops::store_sum_squares(dev, static_cast<float*>(mem_->data()), src, numel_, mode, &sumsq);
+  auto* dst = static_cast<float*>(mem_->data());
+  sum_known = ops::store_sum_squares(dev, dst, src, numel_, mode, &sumsq);
+  if (src != dst) copy_tally::add(CopyKind::IntoGradShard, bytes());  // else reduced in place
   current = true;
   if (sink_ && !held_) {
     dev.synchronize();

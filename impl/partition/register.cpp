@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "impl/common/copy_tally.h"
+
 #include "impl/partition/seeded_init.h"
 #include "impl/partition/shard_residence.h"
 
@@ -34,6 +36,7 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
       }
       tails.push_back(std::make_unique<Buffer>(shard_bytes, MemKind::Scratch, true));
       if (valid > 0) copy_between(tails.back()->data(), src, valid * p.elem_bytes());
+      copy_tally::add(CopyKind::Other, valid * p.elem_bytes());
       inputs.push_back(tails.back()->data());
     }
   }
@@ -66,6 +69,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
       copy_between(p->shard->data(),
                    static_cast<const uint8_t*>(spec.data) + p->layout.shard_offset * elem,
                    p->layout.shard_valid * elem);
+      copy_tally::add(CopyKind::Other, p->layout.shard_valid * elem);
       break;
     case InitKind::FromRank:
       if (spec.src_rank < 0 || spec.src_rank >= group->size())
@@ -87,6 +91,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
                   spec.init == InitKind::Normal ? SeededDist::Normal : SeededDist::Uniform,
                   spec.seed, spec.a, spec.b);
       ctx.device()->copy(p->shard->data(), host.data(), p->layout.shard_valid * elem);
+      copy_tally::add(CopyKind::Other, p->layout.shard_valid * elem);
       break;
     }
     default:

@@ -8,6 +8,7 @@
 #include <system_error>
 #include <utility>
 
+#include "impl/common/copy_tally.h"
 #include "impl/common/error.h"
 #include "impl/offload/swapper.h"
 #include "impl/partition/quant_packet.h"
@@ -205,6 +206,7 @@ ShardAccess::ShardAccess(Context& ctx, Param& param, Intent intent)
       unpacked_.resize(param.shard_bytes());
       dev.copy(unpacked_.data(), buffer_->data(), unpacked_.size());
       dev.synchronize();
+      copy_tally::add(CopyKind::Other, unpacked_.size());
     }
     return;
   }
@@ -249,6 +251,7 @@ void ShardAccess::repack() noexcept {
     std::vector<uint8_t> now(unpacked_.size());
     dev.copy(now.data(), buffer_->data(), now.size());
     dev.synchronize();
+    copy_tally::add(CopyKind::Other, now.size());
     if (now == unpacked_) return;
     pack_quantized(dev, buffer_->data(), p.dtype, p.layout.shard_numel, p.packet_spec,
                    p.packet->data());

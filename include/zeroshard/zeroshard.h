@@ -458,6 +458,62 @@ ZS_API zs_status zs_memory_reset_peaks(zs_context ctx);
 ZS_API const char* zs_memory_kind_name(zs_memory_kind kind);
 ZS_API const char* zs_memory_phase_name(zs_memory_phase phase);
 
+/* Bytes the engine copies, by what the copy is for: what a step moves
+ * through memory besides what it holds (zs_memory_by_kind). A copy counts
+ * the bytes it writes (a bf16 gradient widened into an fp32 bucket: 4 an
+ * element); a write in place (a shard scaled, a reduction straight into
+ * the gradient shard) is no copy, nor is what a collective moves between
+ * ranks (zs_context_fetch_stats), nor a collective's own work but for the
+ * kinds named below. Checkpoints and NVMe swapping of params and optimizer
+ * state are I/O, not counted. Later releases may append kinds. */
+typedef enum zs_copy_kind {
+  ZS_COPY_GRAD_INTO_BUCKET = 0,   /* a gradient into its reduce bucket (widened or narrowed, divided by
+                                   * the accumulation steps), or into the private fp32 copy a direct-route
+                                   * gradient pushed without a loan is reduced from */
+  ZS_COPY_BUCKET_COMPACTION = 1,  /* a partly filled bucket's blocks closed up before its reduce-scatter */
+  ZS_COPY_GRAD_ONTO_DEVICE = 2,   /* a gradient in the other memory (host <-> device) brought over first */
+  ZS_COPY_INTO_GRAD_SHARD = 3,    /* reduced values stored (assigned or added) into an fp32 gradient shard */
+  ZS_COPY_WIRE_WIDEN = 4,         /* a 16-bit reduce-scatter's result widened to fp32 */
+  ZS_COPY_MICS_REPLICA = 5,       /* MiCS: gradient shards into the replica all-reduce's buffer and back */
+  ZS_COPY_MASTER_REFRESH = 6,     /* fp32 master -> 16-bit working shard after an update */
+  ZS_COPY_PARAM_CAST = 7,         /* a 16-bit shard cast into its fp32 master (made, or refreshed after
+                                   * the shard was rewritten) */
+  ZS_COPY_GRAD_SPILL = 8,         /* gradient shards written to and read back from NVMe */
+  ZS_COPY_GROUP_OF_ONE = 9,       /* a one-member group's collective, done as a copy */
+  ZS_COPY_GATHER_STAGING = 10,    /* small params packed and unpacked around an all-gather, hpZ secondary
+                                   * slices, MiCS two-hop reordering */
+  ZS_COPY_COMM_STAGING = 11,      /* device memory staged through a host transport, qgZ's blocks */
+  ZS_COPY_OTHER = 12,             /* registration, param writes, packed params, Muon's temporaries */
+  ZS_COPY_KIND_COUNT = 13,
+  ZS_COPY_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_COPY_KIND_ENUM_MAX_ = 0x7fffffff
+} zs_copy_kind;
+
+/* Which copies zs_copied_bytes counts. */
+typedef enum zs_copy_span {
+  ZS_COPIES_TOTAL = 0,     /* since the context was created */
+  /* Between the context's last two optimizer step ends (zs_optimizer_step
+   * or zs_optimizer_step_end returning, a skipped step too), after each
+   * step's gradients were freed and persistent params sent out: one
+   * forward, backward and step in a plain loop; since the context was
+   * created for its first step; zeros before it. */
+  ZS_COPIES_LAST_STEP = 1,
+  ZS_COPY_SPAN_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_COPY_SPAN_ENUM_MAX_ = 0x7fffffff
+} zs_copy_span;
+
+/* Bytes copied by kind: bytes[k] for kind k < capacity (the rest not
+ * written); *num_kinds (may be NULL) receives ZS_COPY_KIND_COUNT, *total
+ * (may be NULL) the sum over every kind. The counters are process-wide
+ * (as zs_memory_by_kind's), in atomics: copies on the groups' threads
+ * count as they happen; the spans are this context's. Local; never waits
+ * for the engine lock. INVALID_ARGUMENT for another span, or bytes NULL
+ * with capacity > 0. */
+ZS_API zs_status zs_copied_bytes(zs_context ctx, zs_copy_span span, uint64_t* bytes, size_t capacity,
+                                 size_t* num_kinds, uint64_t* total);
+/* "grad_into_bucket", "bucket_compaction", ... ; NULL out of range. */
+ZS_API const char* zs_copy_kind_name(zs_copy_kind kind);
+
 /* ------------------------------------------------------------------ */
 /* Groups                                                              */
 /* ------------------------------------------------------------------ */

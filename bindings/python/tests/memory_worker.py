@@ -1,13 +1,16 @@
 """One rank of test_memory_report.py, launched by zsrun:
 
-    zsrun -n N -- python3 memory_worker.py report|construction
+    zsrun -n N -- python3 memory_worker.py report|construction|copies
 
 report: a partitioned model with bf16 params (fp32 masters) trained 2
 steps with the engine's AdamW and saved: zt.memory_report() taken at each
 point. construction: a model of CONSTRUCTION_LAYERS Linear layers built
 under zt.Init while a thread samples the process's RSS: the most it rose
-by, and the engine's construction peak. Rank 0 writes JSON to
-$ZS_TEST_RESULT.
+by, and the engine's construction peak. copies: fp32 OddGPT trained 4
+steps with torch's AdamW on the shards: the bytes the engine copied in
+each step (by kind), the params' sizes, and on one rank whether each
+step's loss and gradients equal, bit for bit, an unsharded torch copy's.
+Rank 0 writes JSON to $ZS_TEST_RESULT.
 """
 import os
 import threading
@@ -92,5 +95,42 @@ def mode_construction(rank, world):
             "model_bytes": CONSTRUCTION_LAYERS * CONSTRUCTION_WIDTH ** 2 * 4}
 
 
+COPIES_STEPS = 4
+
+
+def mode_copies(rank, world):
+    torch.manual_seed(0)
+    reference = OddGPT()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
+    torch.manual_seed(0)
+    with zt.Init(config=CONFIG):
+        model = OddGPT()
+    zt.partition_module(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    ctx = zt.get_context()
+    steps, equal_losses, equal_grads = [], [], []
+    for s in range(COPIES_STEPS):
+        loss = model(*batch(s, rank))
+        loss.backward()
+        if world == 1:  # the whole batch is this rank's: the reference steps alike
+            ref_loss = reference(*batch(s, rank))
+            ref_loss.backward()
+            equal_losses.append(torch.equal(loss.detach(), ref_loss.detach()))
+            ctx.grad_sync()
+            equal_grads.append(all(
+                torch.equal(torch.utils.dlpack.from_dlpack(p.zs.zparam.grad_shard_dlpack()), q.grad.reshape(-1))
+                for p, q in zip(model.parameters(), reference.parameters())))
+            ref_opt.step()
+            ref_opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        steps.append(ctx.copied_bytes(last_step=True))
+    report = zt.memory_report()
+    return {"steps": steps, "report_copied": report["copied"], "text": zt.format_memory_report(report),
+            "numels": [p.numel() for p in model.parameters()],
+            "bucket": CONFIG["zero_optimization"]["reduce_bucket_size"],
+            "equal_losses": equal_losses, "equal_grads": equal_grads}
+
+
 if __name__ == "__main__":
-    run_mode({"report": mode_report, "construction": mode_construction})
+    run_mode({"report": mode_report, "construction": mode_construction, "copies": mode_copies})

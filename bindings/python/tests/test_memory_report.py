@@ -1,7 +1,8 @@
 """zt.memory_report(): the engine's bytes by kind add up to what its pools
 hand out, nothing is untagged, the kinds match the ledger, and each phase of
 a training step (construction, forward, backward, step, checkpoint) shows
-its own peak; on 1, 2 and 3 ranks with bf16 params."""
+its own peak; on 1, 2 and 3 ranks with bf16 params. The bytes each step
+copies, by kind, are what the model's sizes predict."""
 import pytest
 
 from launch_env import once, worker_result
@@ -10,13 +11,13 @@ torch = pytest.importorskip("torch")
 
 # One launch per world size for both tests: construction first, so that
 # its RSS rise is measured in a fresh process as in a launch of its own.
-WORLDS = {1: ["report"], 2: ["construction", "report"], 3: ["construction", "report"]}
+WORLDS = {1: ["report", "copies"], 2: ["construction", "report", "copies"],
+          3: ["construction", "report", "copies"]}
 
 
 @once
 def world(n):
-    r = worker_result(n, "memory_worker.py", ",".join(WORLDS[n]))
-    return r if len(WORLDS[n]) > 1 else {WORLDS[n][0]: r}
+    return worker_result(n, "memory_worker.py", ",".join(WORLDS[n]))
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
@@ -50,6 +51,10 @@ def test_memory_report_accounts_for_every_engine_byte(ranks):
     for phase, p in peaks.items():
         assert p["total"] >= max(v for k, v in p.items() if k != "total"), (phase, p)
     assert "shards" in r["text"] and "checkpoint" in r["text"] and "process RSS" in r["text"], r["text"]
+    # bf16 params: AdamW writes each working shard from its fp32 master.
+    copied = saved["copied"]
+    assert copied["last_step"]["master_refresh"] > 0 and copied["total"]["param_cast"] > 0, copied
+    assert copied["total"]["total"] >= copied["last_step"]["total"] > 0, copied
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -66,3 +71,50 @@ def test_construction_under_init_never_holds_the_model(ranks):
     assert r["rss_rise"] <= bound, (r, bound)
     # The engine itself holds the shards and no full layer at any point.
     assert r["engine_construction_peak"] <= r["shard_bytes"] * 1.1 + r["layer_bytes"], r
+
+
+def expected_copies(numels, ranks, bucket):
+    """The bytes a step of fp32 params copies, from the reducer's routes
+    (grad/reducer.h): a gradient whose numel the group divides and that
+    is at least a quarter of the bucket goes direct (ranks > 1, fp32 wire),
+    lent by zeroshard.torch and reduced into its shard in place: no copy;
+    every other one is widened into a bucket (numel * 4 bytes) and its
+    shard (padded: ceil(numel / ranks) elements) stored from the
+    reduce-scatter's output into the gradient shard; in a group of one the
+    reduce-scatter itself is a copy of the bucket."""
+    def direct(n):
+        return ranks > 1 and n % ranks == 0 and n * 4 >= bucket
+    bucketed = [n for n in numels if not direct(n)]
+    shards = sum(-(-n // ranks) for n in bucketed)
+    return {"grad_into_bucket": 4 * sum(bucketed), "into_grad_shard": 4 * shards,
+            "group_of_one": 4 * shards if ranks == 1 else 0}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_bytes_copied_per_step_are_what_the_sizes_predict(ranks):
+    """fp32 OddGPT, torch's AdamW on the shards: from the second step on
+    (the first one's span starts at the context's creation) every step
+    copies the same bytes of each kind, the gradients' exactly what their
+    sizes and routes predict; nothing casts (fp32) or spills; on one rank
+    the losses and gradients equal an unsharded torch copy's, bit for bit."""
+    r = world(ranks)["copies"]
+    steps = r["steps"]
+    assert all(s == steps[1] for s in steps[1:]), steps
+    last = steps[-1]
+    want = expected_copies(r["numels"], ranks, r["bucket"])
+    assert {k: last[k] for k in want} == want, (last, want)
+    for kind in ("grad_onto_device", "wire_widen", "mics_replica", "master_refresh", "param_cast",
+                 "grad_spill", "comm_staging", "other"):
+        assert last[kind] == 0, (kind, last)
+    if ranks > 1:
+        # Small params are packed into one block for each all-gather, and
+        # the last bucket of a backward is partly filled.
+        assert last["gather_staging"] > 0 and last["bucket_compaction"] > 0, last
+    else:
+        assert last["gather_staging"] == 0 and last["bucket_compaction"] == 0, last
+        assert r["equal_losses"] == [True] * len(steps), r["equal_losses"]
+        assert r["equal_grads"] == [True] * len(steps), r["equal_grads"]
+    assert last["total"] == sum(v for k, v in last.items() if k != "total"), last
+    assert r["report_copied"]["last_step"] == last, r["report_copied"]
+    assert r["report_copied"]["total"]["total"] >= sum(s["total"] for s in steps), r["report_copied"]
+    assert "copied in the last step" in r["text"], r["text"]

@@ -236,6 +236,33 @@ zs_status zs_memory_set_phase(zs_context ctx, zs_memory_phase phase);
 zs_status zs_memory_reset_peaks(zs_context ctx);
 const char* zs_memory_kind_name(zs_memory_kind kind);
 const char* zs_memory_phase_name(zs_memory_phase phase);
+typedef enum zs_copy_kind {
+  ZS_COPY_GRAD_INTO_BUCKET = 0,
+  ZS_COPY_BUCKET_COMPACTION = 1,
+  ZS_COPY_GRAD_ONTO_DEVICE = 2,
+  ZS_COPY_INTO_GRAD_SHARD = 3,
+  ZS_COPY_WIRE_WIDEN = 4,
+  ZS_COPY_MICS_REPLICA = 5,
+  ZS_COPY_MASTER_REFRESH = 6,
+  ZS_COPY_PARAM_CAST = 7,
+  ZS_COPY_GRAD_SPILL = 8,
+  ZS_COPY_GROUP_OF_ONE = 9,
+  ZS_COPY_GATHER_STAGING = 10,
+  ZS_COPY_COMM_STAGING = 11,
+  ZS_COPY_OTHER = 12,
+  ZS_COPY_KIND_COUNT = 13,
+  ZS_COPY_KIND_ENUM_MIN_ = -2147483648,
+  ZS_COPY_KIND_ENUM_MAX_ = 2147483647
+} zs_copy_kind;
+typedef enum zs_copy_span {
+  ZS_COPIES_TOTAL = 0,
+  ZS_COPIES_LAST_STEP = 1,
+  ZS_COPY_SPAN_ENUM_MIN_ = -2147483648,
+  ZS_COPY_SPAN_ENUM_MAX_ = 2147483647
+} zs_copy_span;
+zs_status zs_copied_bytes(zs_context ctx, zs_copy_span span, uint64_t* bytes, size_t capacity,
+                          size_t* num_kinds, uint64_t* total);
+const char* zs_copy_kind_name(zs_copy_kind kind);
 
 /* Groups */
 zs_status zs_context_group(zs_group* out, zs_context ctx, zs_group_kind kind);

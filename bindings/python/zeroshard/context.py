@@ -246,6 +246,21 @@ class Context:
         out["total"] = int(total[0])
         return out
 
+    def copied_bytes(self, last_step=False):
+        """Bytes the engine copied by kind ("grad_into_bucket",
+        "into_grad_shard", "master_refresh", ...), with "total": since the
+        context was created, or (last_step) between its last two optimizer
+        step ends, one forward, backward and step (zs_copied_bytes;
+        process-wide counters, this context's spans)."""
+        span = lib.ZS_COPIES_LAST_STEP if last_step else lib.ZS_COPIES_TOTAL
+        n = int(lib.ZS_COPY_KIND_COUNT)
+        values = ffi.new("uint64_t[]", n)
+        total = ffi.new("uint64_t*")
+        check(lib.zs_copied_bytes(self._h, span, values, n, ffi.NULL, total))
+        out = {ffi.string(lib.zs_copy_kind_name(k)).decode(): int(values[k]) for k in range(n)}
+        out["total"] = int(total[0])
+        return out
+
     def memory_pools_in_use(self):
         """Bytes the engine's caching pools hand out now: what every kind
         of memory_by_kind but io_staging adds up to."""

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "impl/comm/algo/sparse_collectives.h"
+#include "impl/common/copy_tally.h"
 #include "impl/common/reduce.h"
 #include "impl/device/buffer.h"
 
@@ -93,7 +94,10 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
   const int n = p2p.size();
   const int me = p2p.rank();
   if (n == 1) {
-    if (recv != send) std::memmove(recv, send, count * sizeof(float));
+    if (recv != send) {
+      std::memmove(recv, send, count * sizeof(float));
+      copy_tally::add(CopyKind::GroupOfOne, count * sizeof(float));
+    }
     return;
   }
   const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
@@ -137,7 +141,10 @@ void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t c
   const auto* base = static_cast<const uint8_t*>(send);
   auto block = [n, base, bytes](int b) { return base + static_cast<size_t>((b + n) % n) * bytes; };
   if (n == 1) {
-    if (recv != send) std::memmove(recv, send, bytes);
+    if (recv != send) {
+      std::memmove(recv, send, bytes);
+      copy_tally::add(CopyKind::GroupOfOne, bytes);
+    }
     return;
   }
   const bool pre = op == ReduceOp::Avg && dtype == DType::F16;
@@ -188,6 +195,8 @@ void sparse_all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segm
     if (s.bytes > 0) std::memcpy(base + off, s.send, s.bytes);
     off += s.bytes;
   }
+  // Packed in, and every member's part unpacked (but this rank's own, in place).
+  copy_tally::add(CopyKind::GatherStaging, block * static_cast<size_t>(n));
   sparse::rotated_all_gather(p2p, base, block);
   for (int i = 0; i < n; ++i) {
     const auto member = static_cast<size_t>((me + i) % n);
@@ -229,6 +238,8 @@ void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
       std::memcpy(static_cast<uint8_t*>(pack->data()) + off, s->send, s->bytes);
       off += s->bytes;
     }
+    // Packed in here, the peers' parts unpacked below.
+    copy_tally::add(CopyKind::GatherStaging, packed_bytes * static_cast<size_t>(n));
     for (int peer = 0; peer < n; ++peer) {
       if (peer == me) continue;
       p2p.recv(peer, 0,

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "impl/common/copy_tally.h"
 #include "impl/device/buffer.h"
 #include "impl/device/ops.h"
 
@@ -80,7 +81,10 @@ void quantized_reduce_scatter_avg(Communicator& comm, const std::shared_ptr<Devi
   Device& dev = *devp;
   const auto n = static_cast<size_t>(comm.size());
   if (n == 1) {  // nothing travels: no reason to lose precision
-    if (out != send) dev.copy(out, send, count * sizeof(float));
+    if (out != send) {
+      dev.copy(out, send, count * sizeof(float));
+      copy_tally::add(CopyKind::GroupOfOne, count * sizeof(float));
+    }
     dev.synchronize();
     return;
   }
@@ -136,7 +140,7 @@ void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   std::vector<ops::Copy> copies;
   for (size_t i = 0; i < blocks.size(); ++i)
     copies.push_back({static_cast<uint8_t*>(outgoing.data()) + i * block, blocks[i], block});
-  ops::copy_many(dev, copies);
+  ops::copy_many(dev, copies, CopyKind::CommStaging);
   dev.synchronize();  // the transport reads outgoing next
   intra.alltoall(outgoing.data(), incoming.data(), block * n_nodes, Communicator::Payload::Exact);
   // From local peer l: block [l][node]; the node's sum for each node, in
@@ -145,6 +149,7 @@ void sum_within_node(Communicator& intra, const std::shared_ptr<Device>& devp, c
   for (size_t node = 0; node < n_nodes; ++node) {
     float* acc = partial + node * count;
     dev.copy(acc, in + node * count, block);
+    copy_tally::add(CopyKind::CommStaging, block);
     for (size_t l = 1; l < local; ++l) ops::add_f32(dev, acc, in + (l * n_nodes + node) * count, count);
   }
   dev.synchronize();

@@ -1,5 +1,7 @@
 #include "impl/comm/transport/local_communicator.h"
 
+#include "impl/common/copy_tally.h"
+
 namespace zs {
 namespace {
 
@@ -38,6 +40,7 @@ class LocalCommunicator final : public Communicator {
     if (dst == src || bytes == 0) return;
     dev_->copy(dst, src, bytes);
     dev_->synchronize();
+    copy_tally::add(CopyKind::GroupOfOne, bytes);
   }
   std::shared_ptr<Device> dev_;
 };

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "impl/common/copy_tally.h"
+
 namespace zs {
 namespace {
 
@@ -42,7 +44,10 @@ class Staging {
     base_ = backend_ == BackendMemory::Host ? dev_.staging_alloc(total_, MemKind::CommStaging)
                                           : dev_.alloc(total_, MemKind::CommStaging);
     for (auto& [p, e] : entries_)
-      if (e.input) dev_.copy(at(e), p, e.bytes);
+      if (e.input) {
+        dev_.copy(at(e), p, e.bytes);
+        copy_tally::add(CopyKind::CommStaging, e.bytes);
+      }
     dev_.synchronize();
   }
 
@@ -57,7 +62,10 @@ class Staging {
   void finish() {
     if (total_ == 0) return;
     for (auto& [p, e] : entries_)
-      if (e.output) dev_.copy(const_cast<void*>(p), at(e), e.bytes);
+      if (e.output) {
+        dev_.copy(const_cast<void*>(p), at(e), e.bytes);
+        copy_tally::add(CopyKind::CommStaging, e.bytes);
+      }
     dev_.synchronize();
   }
 

@@ -99,6 +99,26 @@ const ZS_PHASE_STEP = Cint(3)
 const ZS_PHASE_CHECKPOINT = Cint(4)
 const ZS_PHASE_COUNT = Cint(5)
 
+const zs_copy_kind = Cint
+const ZS_COPY_GRAD_INTO_BUCKET = Cint(0)
+const ZS_COPY_BUCKET_COMPACTION = Cint(1)
+const ZS_COPY_GRAD_ONTO_DEVICE = Cint(2)
+const ZS_COPY_INTO_GRAD_SHARD = Cint(3)
+const ZS_COPY_WIRE_WIDEN = Cint(4)
+const ZS_COPY_MICS_REPLICA = Cint(5)
+const ZS_COPY_MASTER_REFRESH = Cint(6)
+const ZS_COPY_PARAM_CAST = Cint(7)
+const ZS_COPY_GRAD_SPILL = Cint(8)
+const ZS_COPY_GROUP_OF_ONE = Cint(9)
+const ZS_COPY_GATHER_STAGING = Cint(10)
+const ZS_COPY_COMM_STAGING = Cint(11)
+const ZS_COPY_OTHER = Cint(12)
+const ZS_COPY_KIND_COUNT = Cint(13)
+
+const zs_copy_span = Cint
+const ZS_COPIES_TOTAL = Cint(0)
+const ZS_COPIES_LAST_STEP = Cint(1)
+
 # Opaque handles.
 const zs_context = Ptr{Cvoid}
 const zs_group = Ptr{Cvoid}
@@ -389,6 +409,10 @@ zs_memory_kind_name(kind) =
     ccall((:zs_memory_kind_name, libzeroshard), Ptr{Cchar}, (zs_memory_kind,), kind)
 zs_memory_phase_name(phase) =
     ccall((:zs_memory_phase_name, libzeroshard), Ptr{Cchar}, (zs_memory_phase,), phase)
+zs_copied_bytes(ctx, span, bytes, capacity, num_kinds, total) =
+    ccall((:zs_copied_bytes, libzeroshard), zs_status, (zs_context, zs_copy_span, Ptr{UInt64}, Csize_t, Ptr{Csize_t}, Ptr{UInt64}), ctx, span, bytes, capacity, num_kinds, total)
+zs_copy_kind_name(kind) =
+    ccall((:zs_copy_kind_name, libzeroshard), Ptr{Cchar}, (zs_copy_kind,), kind)
 zs_context_group(out_, ctx, kind) =
     ccall((:zs_context_group, libzeroshard), zs_status, (Ptr{zs_group}, zs_context, zs_group_kind), out_, ctx, kind)
 zs_group_create(out_, ctx, ranks, num_ranks) =

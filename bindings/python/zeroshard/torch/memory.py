@@ -33,6 +33,12 @@ def memory_report():
     - "pools_in_use" (what every kind but io_staging adds up to) and
       "pool_idle" (freed blocks the engine's caching pools keep for reuse);
     - "phase": the phase now;
+    - "copied": the bytes the engine copied by kind (grad_into_bucket,
+      bucket_compaction, grad_onto_device, into_grad_shard, wire_widen,
+      mics_replica, master_refresh, param_cast, grad_spill, group_of_one,
+      gather_staging, comm_staging, other) and "total", as {"total": since
+      the context was created, "last_step": between the last two optimizer
+      step ends} (Context.copied_bytes);
     - "process_rss" and "process_peak_rss"; "torch_and_rest": the resident
       bytes that are not the engine's (activations, torch's and Python's
       heaps, libraries) on a CPU context;
@@ -51,6 +57,7 @@ def memory_report():
         # On a CPU context the device's pool is the host pool: counted once.
         "pool_idle": stats["host_cache_bytes"] + (stats["device_cache_bytes"] if on_gpu else 0),
         "phase": ctx.memory_phase,
+        "copied": {"total": ctx.copied_bytes(), "last_step": ctx.copied_bytes(last_step=True)},
         "process_rss": _rss_now(),
         "process_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -79,6 +86,10 @@ def format_memory_report(report=None):
                  f"process RSS {report['process_rss'] / mib:.1f} (peak {report['process_peak_rss'] / mib:.1f})"
                  + (f", torch and the rest {report['torch_and_rest'] / mib:.1f}"
                     if report.get("torch_and_rest") is not None else ""))
+    if "copied" in report:
+        last = report["copied"]["last_step"]
+        kinds = ", ".join(f"{k} {v / mib:.1f}" for k, v in last.items() if k != "total" and v > 0)
+        lines.append(f"copied in the last step {last['total'] / mib:.1f}" + (f" ({kinds})" if kinds else ""))
     if "cuda" in report:
         c = report["cuda"]
         lines.append(f"torch CUDA allocator: allocated {c['allocated'] / mib:.1f}, reserved {c['reserved'] / mib:.1f}, "

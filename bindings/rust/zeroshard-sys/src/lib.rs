@@ -126,6 +126,32 @@ c_enum!(zs_memory_phase {
     ZS_PHASE_ENUM_MAX_ = i32::MAX,
 });
 
+c_enum!(zs_copy_kind {
+    ZS_COPY_GRAD_INTO_BUCKET = 0,
+    ZS_COPY_BUCKET_COMPACTION = 1,
+    ZS_COPY_GRAD_ONTO_DEVICE = 2,
+    ZS_COPY_INTO_GRAD_SHARD = 3,
+    ZS_COPY_WIRE_WIDEN = 4,
+    ZS_COPY_MICS_REPLICA = 5,
+    ZS_COPY_MASTER_REFRESH = 6,
+    ZS_COPY_PARAM_CAST = 7,
+    ZS_COPY_GRAD_SPILL = 8,
+    ZS_COPY_GROUP_OF_ONE = 9,
+    ZS_COPY_GATHER_STAGING = 10,
+    ZS_COPY_COMM_STAGING = 11,
+    ZS_COPY_OTHER = 12,
+    ZS_COPY_KIND_COUNT = 13,
+    ZS_COPY_KIND_ENUM_MIN_ = i32::MIN,
+    ZS_COPY_KIND_ENUM_MAX_ = i32::MAX,
+});
+
+c_enum!(zs_copy_span {
+    ZS_COPIES_TOTAL = 0,
+    ZS_COPIES_LAST_STEP = 1,
+    ZS_COPY_SPAN_ENUM_MIN_ = i32::MIN,
+    ZS_COPY_SPAN_ENUM_MAX_ = i32::MAX,
+});
+
 c_enum!(zs_optimizer_kind {
     ZS_OPTIM_ADAMW = 0,
     ZS_OPTIM_ADAM = 1,
@@ -490,6 +516,15 @@ extern "C" {
     pub fn zs_memory_reset_peaks(ctx: zs_context) -> zs_status;
     pub fn zs_memory_kind_name(kind: zs_memory_kind) -> *const c_char;
     pub fn zs_memory_phase_name(phase: zs_memory_phase) -> *const c_char;
+    pub fn zs_copied_bytes(
+        ctx: zs_context,
+        span: zs_copy_span,
+        bytes: *mut u64,
+        capacity: usize,
+        num_kinds: *mut usize,
+        total: *mut u64,
+    ) -> zs_status;
+    pub fn zs_copy_kind_name(kind: zs_copy_kind) -> *const c_char;
     pub fn zs_context_group(out: *mut zs_group, ctx: zs_context, kind: zs_group_kind) -> zs_status;
     pub fn zs_group_create(
         out: *mut zs_group,
