@@ -79,8 +79,8 @@ def arguments(engine, out, kind="causal_lm", **extra):
                   save_strategy="no", report_to=[], seed=0, data_seed=0, use_cpu=True,
                   dataloader_drop_last=True, disable_tqdm=True, eval_strategy="no")
     kwargs.update(extra)
-    if engine == "zeroshard":
-        kwargs["deepspeed"] = DS_CONFIG
+    if engine in ("zeroshard", "deepspeed"):  # "deepspeed": transformers.Trainer under DeepSpeed itself
+        kwargs.setdefault("deepspeed", DS_CONFIG)
     elif engine == "zeroshard_fsdp2":  # an FSDP2 Trainer script's arguments
         kwargs.update(fsdp="full_shard auto_wrap",
                       fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": [BLOCKS[kind]]})
@@ -205,8 +205,17 @@ def mode_save(kind, engine, out):
 
 def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
+    # Phase "save" or "load", "_s2bf16" after it: ZeRO stage 2 and bf16 in
+    # the same script (DeepSpeed's stage-2 layout and bf16 masters).
+    phase, _, variant = phase.partition("_")
+    extra_args = {}
+    if variant == "s2bf16":
+        extra_args["bf16"] = True
+        if engine in ("zeroshard", "deepspeed"):
+            extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
-                     gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]))
+                     gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
+                     **extra_args)
     model = build(kind)
     extra = {}
     if engine == "zeroshard" and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
@@ -214,8 +223,11 @@ def mode_resume(kind, engine, out, phase):
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
     if phase == "save":
         trainer.train()
-    else:
-        trainer.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
+    else:  # this engine's own checkpoint, or the one DeepSpeed's run of this mode wrote under $ZS_TEST_RESUME_ROOT
+        root = os.environ.get("ZS_TEST_RESUME_ROOT")
+        saved = os.path.join(root, "_".join(["resume_save", *([variant] if variant else [])]), "deepspeed") \
+            if root else out
+        trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
     return {"losses": losses(trainer), "steps": trainer.state.global_step}
 
 

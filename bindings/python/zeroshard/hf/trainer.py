@@ -227,6 +227,9 @@ class ZeroShardTrainerMixin:
         return result
 
     def _save_optimizer_and_scheduler(self, output_dir):
+        # The folder is the weights' save's to make, which writes nothing
+        # here unless the config gathers 16-bit weights on save.
+        os.makedirs(output_dir, exist_ok=True)
         zt.save_checkpoint(os.path.join(output_dir, CHECKPOINT_DIR), self.model,
                            checkpoint_optimizer([self.optimizer]), tag="state", overwrite=True,
                            async_save=self.async_checkpoint)
@@ -235,15 +238,19 @@ class ZeroShardTrainerMixin:
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         # The weights come with the optimizer's state (_load_optimizer_and_scheduler).
-        if not os.path.isdir(os.path.join(resume_from_checkpoint, CHECKPOINT_DIR)):
-            raise ValueError(f"zeroshard.hf: {resume_from_checkpoint} holds no zeroshard checkpoint "
-                             f"({CHECKPOINT_DIR}/): resume from a checkpoint this Trainer saved")
+        _resumable(resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
-                           checkpoint_optimizer([self.optimizer]), tag="state")
+        if _resumable(checkpoint) == "zeroshard":
+            zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
+                               checkpoint_optimizer([self.optimizer]), tag="state")
+        else:  # the global_stepN its `latest` names: weights and optimizer state, at any world size
+            zt.load_checkpoint(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+        # The Trainer's own files, whichever engine wrote the folder: the
+        # schedule here; trainer_state.json (the step, hence the data
+        # position) and each rank's RNG state in the base class's train().
         path = os.path.join(checkpoint, SCHEDULER_NAME)
         if os.path.isfile(path) and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
@@ -251,6 +258,23 @@ class ZeroShardTrainerMixin:
     def _load_best_model(self):
         best = self.state.best_model_checkpoint
         zt.load_checkpoint(os.path.join(best, CHECKPOINT_DIR), self.model, None, tag="state")
+
+
+def _resumable(checkpoint):
+    """What wrote the Trainer checkpoint folder `checkpoint`: "zeroshard"
+    (this Trainer: <checkpoint>/zeroshard) or "deepspeed" (transformers.Trainer
+    under DeepSpeed: <checkpoint>/latest naming its global_stepN); anything
+    else is a ValueError saying what the folder holds."""
+    from ..torch import deepspeed_checkpoint
+    if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
+        return "zeroshard"
+    if deepspeed_checkpoint.find(checkpoint) is not None:
+        return "deepspeed"
+    found = sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else None
+    raise ValueError(f"zeroshard.hf: resume_from_checkpoint={checkpoint!r} "
+                     + ("is not a folder" if found is None else f"holds {found[:12]}")
+                     + f": expected a Trainer checkpoint folder written by this Trainer ({CHECKPOINT_DIR}/) or by "
+                       f"transformers.Trainer under DeepSpeed (latest and global_stepN/)")
 
 
 def _optimizer_from_section(section):

@@ -152,9 +152,12 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
     import torch
 
     ckpt = deepspeed_checkpoint.DeepSpeedCheckpoint(tagdir)
-    named = list(model.named_parameters())
-    ours = {n for n, _ in named}
     theirs = set(ckpt.names())
+    named = list(model.named_parameters())
+    # A tied param (GPT-2's lm_head.weight is transformer.wte.weight) is in
+    # the checkpoint once, its other names as DeepSpeed's shared_params
+    # (ckpt.names() lists both): the model's names count every alias too.
+    ours = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     if strict and ours != theirs:
         raise KeyError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} and the model differ: "
                        f"missing from the checkpoint {sorted(ours - theirs)[:5]}, not in the model "
