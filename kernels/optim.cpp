@@ -93,7 +93,7 @@ namespace {
 constexpr size_t kGrain = 32768;
 // sum_squares adds fixed blocks in order, so its result does not depend on
 // the thread count.
-constexpr size_t kSumBlock = 8192;
+constexpr size_t kSumBlock = kSumBlockElements;
 
 inline void* work_at(void* w, WorkDtype t, size_t i) {
   return w ? static_cast<char*>(w) + i * work_dtype_size(t) : nullptr;
@@ -484,6 +484,17 @@ double store_sum_squares(float* dst, const float* src, size_t n, StoreMode mode)
   require(dst && src, "store_sum_squares: null dst or src");
   const Impl* I = impl();
   return blocked_sum(n, [&](size_t b, size_t count) { return I->store_sumsq(dst + b, src + b, count, mode); });
+}
+
+double store_sum_squares_made(float* dst, size_t n, StoreMode mode, BlockMaker make, void* ctx) {
+  if (n == 0) return 0.0;
+  require(dst && make, "store_sum_squares_made: null dst or make");
+  const Impl* I = impl();
+  return blocked_sum(n, [&](size_t b, size_t count) {
+    alignas(64) float block[kSumBlock];
+    make(ctx, b, count, block);
+    return I->store_sumsq(dst + b, block, count, mode);
+  });
 }
 
 bool all_finite(const float* x, size_t n) {

@@ -106,6 +106,17 @@ enum class StoreMode { Add = 0, Assign = 1, Copy = 2 };
 // n) returns afterwards (same blocks, same accumulators, on every SIMD
 // path), so a gradient's norm can be taken as it is written.
 double store_sum_squares(float* dst, const float* src, size_t n, StoreMode mode);
+// The blocks store_sum_squares and sum_squares sum in order.
+constexpr size_t kSumBlockElements = 8192;
+// store_sum_squares of values made a block at a time: make(ctx, begin,
+// count, out) writes the values of elements [begin, begin + count) into
+// out (count <= kSumBlockElements), which are stored into dst + begin as
+// store_sum_squares stores src's; the sum is store_sum_squares' for the
+// same values, bit for bit. Blocks may be made on several threads at once.
+// For a gradient widened and divided on its way into its shard, with no
+// buffer the size of the gradient in between.
+using BlockMaker = void (*)(void* ctx, size_t begin, size_t count, float* out);
+double store_sum_squares_made(float* dst, size_t n, StoreMode mode, BlockMaker make, void* ctx);
 void scale_inplace(float* x, size_t n, float s);
 // fp32 -> working dtype (round to nearest even, NaN stays NaN); F32 copies.
 void cast_from_f32(const float* src, void* dst, WorkDtype t, size_t n);

@@ -2,16 +2,19 @@
 // params' sizes, the shard layout and the reducer's routes predict. fp32
 // and bf16 params pushed to buckets and (on 2 and 3 ranks) on the direct
 // route, AdamW (a bf16 param's fp32 master refreshes its working shard),
-// on 1, 2 and 3 ranks; then a 16-bit wire on 2 ranks; the spans (since the
-// context began, the last step) and the refusals.
+// on 1, 2 and 3 ranks; then a 16-bit wire on 2 ranks; a group of one's
+// gradients straight into their shards, bit for bit as through a bucket;
+// the spans (since the context began, the last step) and the refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "kernels/convert.h"
+#include "kernels/optim.h"
 #include "tests/support/grad_params.h"
 #include "tests/support/multirank.h"
 
@@ -103,13 +106,13 @@ TEST_P(CopiedBytes, EachStepCopiesWhatTheSizesPredict) {
     // The bf16 param's fp32 master, cast from its shard.
     EXPECT_EQ(made.at("param_cast"), shard_of(kBf16Size, g) * 4) << describe(made);
 
-    // What a step copies, from the rules: every gradient into a bucket (or
-    // its private fp32 copy on the direct route, pushed without a loan),
-    // widened to fp32; the bucketed shards out of the reduction into the
-    // gradient shards (a direct one is reduced into its shard in place);
-    // a partly filled bucket's blocks closed up; in a group of one the
-    // reduce-scatter is a copy; AdamW writes the bf16 working shard from
-    // its master.
+    // What a step copies, from the rules: in a group of one every gradient
+    // straight into its shard, widened to fp32, one pass and no bucket;
+    // else every gradient into a bucket (or its private fp32 copy on the
+    // direct route, pushed without a loan), widened to fp32, the bucketed
+    // shards out of the reduction into the gradient shards (a direct one
+    // is reduced into its shard in place), a partly filled bucket's blocks
+    // closed up; AdamW writes the bf16 working shard from its master.
     uint64_t numel = 0, bucketed = 0, direct_numel = 0;
     for (int64_t n : kF32Sizes) {
       numel += static_cast<uint64_t>(n);
@@ -125,10 +128,9 @@ TEST_P(CopiedBytes, EachStepCopiesWhatTheSizesPredict) {
     }
     Copies want;
     for (int k = 0; k < ZS_COPY_KIND_COUNT; ++k) want[zs_copy_kind_name(static_cast<zs_copy_kind>(k))] = 0;
-    want["grad_into_bucket"] = numel * 4;
+    want["grad_into_bucket"] = g > 1 ? numel * 4 : 0;
     want["into_grad_shard"] = bucketed * 4;
     want["bucket_compaction"] = g > 1 ? static_cast<uint64_t>(g - 1) * bucketed * 4 : 0;
-    want["group_of_one"] = g == 1 ? bucketed * 4 : 0;
     want["master_refresh"] = shard_of(kBf16Size, g) * 2;
 
     auto step = [&](bool lend_large) {
@@ -209,6 +211,82 @@ TEST(CopiedBytesWire, SixteenBitBucketsWidenOnce) {
     zs_context_destroy(ctx);
   });
 }
+
+// A group of one (here a world of one): its reduce-scatter is the
+// identity, so each gradient goes straight into its shard in one pass, no
+// bucket. The shard holds bit for bit what the bucket route gave: each
+// value widened and divided by the accumulation steps (rounded through a
+// 16-bit wire when there is one), the first micro-step assigned (0 + v),
+// the next added; and the sum of squares the write took is the one a pass
+// over the shard finds (zs_grad_clip_norm reads it). Sizes over the
+// kernels' parallel grain (70001: blocks on several threads) and not.
+struct OneCase {
+  const char* config;
+  int steps;          // accumulation steps: each micro-step pushes once
+  zs_dtype dtype;     // of the pushed gradients
+  bool bf16_wire;
+};
+
+class GroupOfOne : public ::testing::TestWithParam<OneCase> {};
+
+TEST_P(GroupOfOne, StoresStraightIntoTheShardAsTheBucketDid) {
+  const OneCase c = GetParam();
+  run_ranks(1, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, c.config);
+    ASSERT_NE(ctx, nullptr);
+    ZS_ASSERT_OK(zs_grad_set_accumulation_steps(ctx, c.steps));
+    const int64_t sizes[] = {70001, 1001};
+    const auto divisor = static_cast<float>(c.steps);
+    for (size_t k = 0; k < 2; ++k) {
+      const int64_t n = sizes[k];
+      zs_param p = register_vector(ctx, "g" + std::to_string(k), n);
+      std::vector<float> want(static_cast<size_t>(n));
+      const Copies before = copied(ctx, ZS_COPIES_TOTAL);
+      for (int m = 0; m < c.steps; ++m) {
+        std::vector<float> g(static_cast<size_t>(n));
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = std::sin(static_cast<float>(i) * 0.37f + static_cast<float>(m * 5 + k)) * (i % 7 == 0 ? -1e-3f : 3.1f);
+        if (n > 8) g[3] = -0.0f;  // assigned: 0 + -0 is +0
+        std::vector<uint16_t> h(g.size());
+        for (size_t i = 0; i < g.size(); ++i) {
+          h[i] = zs::kernels::float_to_bf16(g[i]);
+          float v = c.dtype == ZS_BFLOAT16 ? zs::kernels::bf16_to_float(h[i]) : g[i];
+          if (divisor != 1.0f) v = v / divisor;
+          if (c.bf16_wire) v = zs::kernels::bf16_to_float(zs::kernels::float_to_bf16(v));
+          want[i] = m == 0 ? 0.0f + v : want[i] + v;
+        }
+        if (c.dtype == ZS_BFLOAT16) ZS_ASSERT_OK(zs_grad_push(p, h.data(), ZS_BFLOAT16, h.size() * 2));
+        else ZS_ASSERT_OK(zs_grad_push(p, g.data(), ZS_FLOAT32, g.size() * 4));
+      }
+      ZS_ASSERT_OK(zs_grad_sync(ctx));
+      Copies got = copied(ctx, ZS_COPIES_TOTAL);
+      for (auto& [kind, v] : got) v -= before.at(kind);
+      // One pass a micro-step, the shard's bytes; nothing else.
+      EXPECT_EQ(got.at("into_grad_shard"), static_cast<uint64_t>(c.steps) * static_cast<uint64_t>(n) * 4)
+          << describe(got);
+      uint64_t all = 0;
+      for (const auto& [kind, v] : got) all += v;
+      EXPECT_EQ(all, got.at("into_grad_shard")) << describe(got);
+      double norm = 0.0;
+      ZS_ASSERT_OK(zs_grad_clip_norm(ctx, &p, 1, 1e30, &norm));  // before the read below forgets the sum
+      const auto sumsq = static_cast<float>(zs::kernels::sum_squares(want.data(), want.size()));
+      EXPECT_EQ(norm, std::sqrt(static_cast<double>(sumsq))) << "param " << k;
+      const auto shard = zs::test::grad_shard_copy(p);
+      ASSERT_EQ(shard.size(), want.size());
+      EXPECT_EQ(std::memcmp(shard.data(), want.data(), want.size() * 4), 0) << "param " << k;
+      ZS_ASSERT_OK(zs_param_destroy(p));
+    }
+    zs_context_destroy(ctx);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GroupOfOne,
+    ::testing::Values(OneCase{"{}", 1, ZS_FLOAT32, false}, OneCase{"{}", 3, ZS_FLOAT32, false},
+                      OneCase{"{}", 2, ZS_BFLOAT16, false},
+                      OneCase{"{\"communication_data_type\": \"bf16\"}", 1, ZS_FLOAT32, true},
+                      OneCase{"{\"communication_data_type\": \"bf16\"}", 3, ZS_FLOAT32, true},
+                      OneCase{"{\"communication_data_type\": \"bf16\"}", 2, ZS_BFLOAT16, true}));
 
 TEST(CopiedBytesApi, NamesAndRefusals) {
   run_ranks(1, [](const RankEnv& env) {

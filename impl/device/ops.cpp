@@ -90,6 +90,53 @@ bool store_sum_squares(Device& dev, float* dst, const float* src, size_t n,
   return true;
 }
 
+namespace {
+
+struct GradientBlocks {
+  Device& dev;
+  const uint8_t* src;
+  DType dtype, wire;
+  float divisor;
+};
+
+void make_gradient_block(void* ctx, size_t begin, size_t count, float* out) {
+  const auto& g = *static_cast<const GradientBlocks*>(ctx);
+  const uint8_t* s = g.src + begin * dtype_size(g.dtype);
+  if (g.wire == DType::F32) {
+    widen_scaled(g.dev, s, g.dtype, out, count, g.divisor);
+    return;
+  }
+  uint16_t narrow[kernels::kSumBlockElements];
+  narrow_scaled(g.dev, s, g.dtype, narrow, g.wire, count, g.divisor);
+  cast_to_f32(g.dev, narrow, g.wire, out, count);
+}
+
+}  // namespace
+
+bool store_gradient_sum_squares(Device& dev, float* dst, const void* src, DType dtype, DType wire,
+                                size_t n, float divisor, kernels::StoreMode mode, double* sumsq) {
+  if (dtype == DType::F32 && wire == DType::F32 && divisor == 1.0f)
+    return store_sum_squares(dev, dst, static_cast<const float*>(src), n, mode, sumsq);
+  if (dev.is_cuda()) {
+    Buffer values(dev.device_shared(), n * sizeof(float), MemKind::ReduceBuckets);
+    auto* v = static_cast<float*>(values.data());
+    if (wire == DType::F32) {
+      widen_scaled(dev, src, dtype, v, n, divisor);
+    } else {
+      Buffer narrow(dev.device_shared(), n * dtype_size(wire), MemKind::ReduceBuckets);
+      narrow_scaled(dev, src, dtype, narrow.data(), wire, n, divisor);
+      cast_to_f32(dev, narrow.data(), wire, v, n);
+    }
+    copy_tally::add(CopyKind::GradIntoBucket, n * sizeof(float));
+    const bool known = store_sum_squares(dev, dst, v, n, mode, sumsq);
+    dev.synchronize();  // the temporaries go when we return
+    return known;
+  }
+  GradientBlocks blocks{dev, static_cast<const uint8_t*>(src), dtype, wire, divisor};
+  *sumsq = kernels::store_sum_squares_made(dst, n, mode, make_gradient_block, &blocks);
+  return true;
+}
+
 void refresh_master(Device& dev, const void* working, DType dtype, float* master, size_t n) {
   if (n == 0) return;
   ZS_ON_CUDA(dev, refresh_master, working, work_dtype(dtype), master, n)

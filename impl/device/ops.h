@@ -32,6 +32,17 @@ void add_f32(Device& dev, float* dst, const float* src, size_t n);  // dst += sr
 // same bits) and returns false: the norm is then read back as before.
 bool store_sum_squares(Device& dev, float* dst, const float* src, size_t n,
                        kernels::StoreMode mode, double* sumsq);
+// A gradient of n `dtype` values straight into a gradient shard, as
+// store_sum_squares writes one: each value as a reduction bucket of `wire`
+// would have carried it (widen_scaled by `divisor`; for a 16-bit wire
+// narrow_scaled, then widened back), the same bits, with no buffer the
+// size of the gradient on the host (made a block at a time:
+// kernels::store_sum_squares_made). For a group of one, whose
+// reduce-scatter is the identity. On a GPU through one temporary (counted
+// as grad_into_bucket), unless the gradient is fp32 on an fp32 wire
+// undivided. Returns as store_sum_squares.
+bool store_gradient_sum_squares(Device& dev, float* dst, const void* src, DType dtype, DType wire,
+                                size_t n, float divisor, kernels::StoreMode mode, double* sumsq);
 void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n);
 void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n);
 // A 16-bit param's fp32 master after its working shard was rewritten: keeps

@@ -158,6 +158,10 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
   if (touched_set_.insert(&p).second) touched_.push_back(param);
   p.grad_pushed = true;
   if (p.layout.numel == 0) return 0;
+  if (p.group->size() == 1) {
+    store_alone(p, grad, dtype, bytes);
+    return 0;
+  }
   if (direct_route(p)) return reduce_direct(param, grad, dtype, bytes, borrowed);
 
   Bucket& b = open_bucket(p.group, p.layout.shard_numel);
@@ -187,6 +191,17 @@ uint64_t GradReducer::take(const std::shared_ptr<Param>& param, const void* grad
   b.offsets.push_back(offset);
   b.used += p.layout.shard_numel;
   return 0;
+}
+
+// Under the engine lock, on the calling thread. Every gradient of the
+// param comes this way (the route depends on its group only), so no
+// reduction in flight on a group's thread writes this shard; readers
+// (shard_data, the step) come after a sync, as for any shard.
+void GradReducer::store_alone(Param& p, const void* grad, DType dtype, size_t bytes) {
+  const auto& devp = ctx_.device();
+  const auto moved = onto_device(devp, grad, bytes);  // a gradient in the other memory: over first
+  p.grad->store_gradient(*devp, grad, dtype, wire_, grad_divisor_);
+  if (devp->is_cuda()) devp->synchronize();  // the caller may reuse its memory once we return
 }
 
 bool GradReducer::direct_route(const Param& p) const {

@@ -12,6 +12,13 @@
 // element of this rank's shard only. Buckets go out as they fill,
 // overlapping the trainer's backward.
 //
+// In a group of one (a world of one, or a param's own group of one rank)
+// the reduce-scatter is the identity: a gradient goes straight into its
+// shard in one pass, divided and rounded through the wire dtype as a bucket
+// would have carried it (the same bits), on the calling thread, so the
+// caller's memory is its own again when the push returns (a lent one gets
+// ticket 0). No bucket, no reduce-scatter copy, no second buffer.
+//
 // A large gradient (at least a quarter of reduce_bucket_size, its numel a
 // multiple of the group size, an fp32 wire on a host context) gains
 // nothing from a bucket: it is reduce-scattered alone, laid out as it
@@ -100,6 +107,8 @@ class GradReducer : public ParamKeeper {
   uint64_t take(const std::shared_ptr<Param>& param, const void* grad, DType dtype, size_t bytes,
                 bool borrowed = false);
   bool direct_route(const Param& p) const;
+  // A gradient of a param whose group has one member, into its shard.
+  void store_alone(Param& p, const void* grad, DType dtype, size_t bytes);
   uint64_t reduce_direct(const std::shared_ptr<Param>& param, const void* grad, DType dtype,
                          size_t bytes, bool borrowed);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);

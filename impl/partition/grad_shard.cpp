@@ -43,18 +43,31 @@ void GradShard::put_away() {
   in_sink_ = true;
 }
 
-void GradShard::store(Device& dev, const float* src) {
+template <typename Write>
+void GradShard::write_all(Device& dev, Write&& write) {
   if (current) load();  // accumulation: the sum so far, from the sink if there
   else ensure_memory();
   const auto mode = current ? kernels::StoreMode::Add : kernels::StoreMode::Assign;
-  auto* dst = static_cast<float*>(mem_->data());
-  sum_known = ops::store_sum_squares(dev, dst, src, numel_, mode, &sumsq);
-  if (src != dst) copy_tally::add(CopyKind::IntoGradShard, bytes());  // else reduced in place
+  sum_known = write(static_cast<float*>(mem_->data()), mode);
   current = true;
   if (sink_ && !held_) {
     dev.synchronize();
     put_away();
   }
+}
+
+void GradShard::store(Device& dev, const float* src) {
+  write_all(dev, [&](float* dst, kernels::StoreMode mode) {
+    if (src != dst) copy_tally::add(CopyKind::IntoGradShard, bytes());  // else reduced in place
+    return ops::store_sum_squares(dev, dst, src, numel_, mode, &sumsq);
+  });
+}
+
+void GradShard::store_gradient(Device& dev, const void* grad, DType dtype, DType wire, float divisor) {
+  write_all(dev, [&](float* dst, kernels::StoreMode mode) {
+    copy_tally::add(CopyKind::IntoGradShard, bytes());
+    return ops::store_gradient_sum_squares(dev, dst, grad, dtype, wire, numel_, divisor, mode, &sumsq);
+  });
 }
 
 void GradShard::free_to_system() {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "impl/common/dtype.h"
 #include "impl/device/buffer.h"
 #include "kernels/optim.h"
 
@@ -59,6 +60,12 @@ class GradShard {
   // data()): assigned if no current gradient, else added; the sum of
   // squares taken as it writes; then put away if the shard has a sink.
   void store(Device& dev, const float* src);
+  // store() of a group of one, straight from the trainer's gradient
+  // (numel values of `dtype`, in the device's memory): each value as a
+  // reduction bucket of `wire` divided by `divisor` would have carried it
+  // (ops::store_gradient_sum_squares), the same bits as store() of the
+  // bucket's reduce-scatter, in one pass.
+  void store_gradient(Device& dev, const void* grad, DType dtype, DType wire, float divisor);
   // The values into memory (read from the sink if there).
   void load();
   // load(), and the memory stays until the shard is freed: the caller
@@ -82,6 +89,11 @@ class GradShard {
 
  private:
   void ensure_memory();
+  // A write of every value: `write` stores into the memory in the mode
+  // given (Assign if no current gradient, else Add) and returns whether it
+  // took the sum of squares; then the shard goes to its sink if it has one.
+  template <typename Write>
+  void write_all(Device& dev, Write&& write);
 
   std::shared_ptr<Device> device_;
   uint64_t numel_;

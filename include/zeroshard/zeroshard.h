@@ -720,7 +720,12 @@ ZS_API zs_status zs_param_freeze(zs_param param);
  * background (overlap_comm) and summed into this rank's fp32 gradient
  * shard. The bucket and the wire hold the dtype communication_data_type
  * names, by default (DeepSpeed's) bf16 under bf16.enabled, fp16 under
- * fp16.enabled, else fp32; qgZ quantizes from fp32. Collective over the group: members push the same params in the
+ * fp16.enabled, else fp32; qgZ quantizes from fp32. In a group of one (a
+ * world of one, or a param's own group of one rank) the reduce-scatter is
+ * the identity: the gradient goes straight into the fp32 gradient shard
+ * before the call returns, with no bucket, each value divided and rounded
+ * through the wire dtype as the bucket would have held it (the same bits).
+ * Collective over the group: members push the same params in the
  * same order. BUFFER_SIZE if grad_bytes is not numel * dtype size. grad
  * may be host or CUDA memory; on a CUDA context the engine's stream runs
  * after work queued on the legacy default stream (PyTorch's default), so a
@@ -745,7 +750,8 @@ ZS_API zs_status zs_grad_push_many(zs_context ctx, const zs_param* params, size_
  * the caller keeps the memory valid and unchanged until zs_grad_released
  * reports a ticket >= *ticket (at the latest once zs_grad_sync or
  * zs_optimizer_step returns, or fails); the engine only reads it. *ticket
- * == 0: the engine took what it needs, the memory is the caller's again.
+ * == 0: the engine took what it needs, the memory is the caller's again
+ * (always so in a group of one: see zs_grad_push).
  *
  * Which gradients go in place, on a host (CPU) context: fp32 host memory,
  * of a param whose numel is a multiple of its group's size and at least a

@@ -75,19 +75,20 @@ def test_construction_under_init_never_holds_the_model(ranks):
 
 def expected_copies(numels, ranks, bucket):
     """The bytes a step of fp32 params copies, from the reducer's routes
-    (grad/reducer.h): a gradient whose numel the group divides and that
-    is at least a quarter of the bucket goes direct (ranks > 1, fp32 wire),
-    lent by zeroshard.torch and reduced into its shard in place: no copy;
-    every other one is widened into a bucket (numel * 4 bytes) and its
-    shard (padded: ceil(numel / ranks) elements) stored from the
-    reduce-scatter's output into the gradient shard; in a group of one the
-    reduce-scatter itself is a copy of the bucket."""
+    (grad/reducer.h): in a group of one every gradient goes straight into
+    its shard, one pass (numel * 4 bytes), no bucket; else a gradient whose
+    numel the group divides and that is at least a quarter of the bucket
+    goes direct, lent by zeroshard.torch and reduced into its shard in
+    place: no copy; every other one is widened into a bucket (numel * 4
+    bytes) and its shard (padded: ceil(numel / ranks) elements) stored from
+    the reduce-scatter's output into the gradient shard."""
+    if ranks == 1:
+        return {"grad_into_bucket": 0, "into_grad_shard": 4 * sum(numels), "group_of_one": 0}
     def direct(n):
-        return ranks > 1 and n % ranks == 0 and n * 4 >= bucket
+        return n % ranks == 0 and n * 4 >= bucket
     bucketed = [n for n in numels if not direct(n)]
     shards = sum(-(-n // ranks) for n in bucketed)
-    return {"grad_into_bucket": 4 * sum(bucketed), "into_grad_shard": 4 * shards,
-            "group_of_one": 4 * shards if ranks == 1 else 0}
+    return {"grad_into_bucket": 4 * sum(bucketed), "into_grad_shard": 4 * shards, "group_of_one": 0}
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
