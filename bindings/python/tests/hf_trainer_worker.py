@@ -205,8 +205,8 @@ def mode_save(kind, engine, out):
 
 def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
-    # Phase "save" or "load", "_s2bf16" after it: ZeRO stage 2 and bf16 in
-    # the same script (DeepSpeed's stage-2 layout and bf16 masters).
+    # Phase "save" or "load", "_s2bf16" after it: bf16 in the same script,
+    # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout).
     phase, _, variant = phase.partition("_")
     extra_args = {}
     if variant == "s2bf16":
@@ -223,10 +223,10 @@ def mode_resume(kind, engine, out, phase):
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
     if phase == "save":
         trainer.train()
-    else:  # this engine's own checkpoint, or the one DeepSpeed's run of this mode wrote under $ZS_TEST_RESUME_ROOT
-        root = os.environ.get("ZS_TEST_RESUME_ROOT")
-        saved = os.path.join(root, "_".join(["resume_save", *([variant] if variant else [])]), "deepspeed") \
-            if root else out
+    else:  # this engine's own checkpoint, or the one $ZS_TEST_RESUME_ENGINE's run of this mode wrote
+        root = os.environ.get("ZS_TEST_RESUME_ROOT")  # under its ZS_TEST_DIR
+        saved = os.path.join(root, "_".join(["resume_save", *([variant] if variant else [])]),
+                             os.environ["ZS_TEST_RESUME_ENGINE"]) if root else out
         trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
     return {"losses": losses(trainer), "steps": trainer.state.global_step}
 

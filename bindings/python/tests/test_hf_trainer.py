@@ -164,30 +164,37 @@ def test_resume_from_checkpoint_at_another_world_size(tmp_path):
     same(results["ddp"][1]["losses"], results["zeroshard"][1]["losses"])
 
 
-def test_resume_a_checkpoint_transformers_trainer_wrote_under_deepspeed(tmp_path):
+@pytest.mark.parametrize("engine", ["deepspeed", "ddp"])
+def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     """transformers.Trainer under DeepSpeed itself (ZeRO-3 fp32, and ZeRO-2
-    bf16) saves checkpoint-4 of 8 steps; the same script through
-    zeroshard.hf.Trainer resumes it with resume_from_checkpoint at 2 and 3
-    ranks (the same global batch): the weights, Adam moments, step,
-    schedule, trainer_state.json and RNG taken over, steps 5-8 equal
-    DeepSpeed's own uninterrupted run's (fp32 1e-5; bf16 1e-4, its
-    rounding). Before (issue 59): "holds no zeroshard checkpoint"."""
-    modes = "resume_save,resume_save_s2bf16"
-    ds = run(2, modes, "deepspeed", str(tmp_path), extra_env={"DS_ACCELERATOR": "cpu"})
+    bf16: its global_stepN/ layout) or under DDP (fp32 and bf16 autocast:
+    model.safetensors and optimizer.pt) saves checkpoint-4 of 8 steps; the
+    same script through zeroshard.hf.Trainer resumes it with
+    resume_from_checkpoint at 2 and 3 ranks (the same global batch): the
+    weights, Adam moments, step, schedule, trainer_state.json and RNG taken
+    over, steps 5-8 equal the original engine's own uninterrupted run's
+    (fp32 1e-5; bf16 1e-4, its rounding). Before (issue 59): "holds no
+    zeroshard checkpoint". (transformers.Trainer's FSDP arguments run as DDP
+    on a CPU machine (Accelerate enables FSDP on accelerators only), so
+    FSDP2's own checkpoint layout waits for a GPU.)"""
+    env = {"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {}
+    theirs = run(2, "resume_save,resume_save_s2bf16", engine, str(tmp_path), extra_env=env)
     for n in (2, 3):
-        ours = run(n, "resume_load,resume_load_s2bf16", "zeroshard", extra_env={"ZS_TEST_RESUME_ROOT": str(tmp_path)})
+        ours = run(n, "resume_load,resume_load_s2bf16", "zeroshard",
+                   extra_env={"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": engine})
         for variant, rel in (("", 1e-5), ("_s2bf16", 1e-4)):
-            saved = tmp_path / f"resume_save{variant}" / "deepspeed" / "checkpoint-4"
-            assert (saved / "latest").is_file() and not (saved / "zeroshard").exists()
+            saved = tmp_path / f"resume_save{variant}" / engine / "checkpoint-4"
+            assert not (saved / "zeroshard").exists()
+            assert (saved / "latest").is_file() if engine == "deepspeed" else (saved / "optimizer.pt").is_file()
             mine = ours[f"resume_load{variant}"]
             assert mine["steps"] == 8, mine
-            same(ds[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
+            same(theirs[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
 
 
 def test_resume_from_a_folder_no_engine_wrote_names_what_it_holds(tmp_path):
     from zeroshard.hf.trainer import _resumable
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"holds \['model.safetensors'\]: expected a Trainer checkpoint folder"):
+    with pytest.raises(ValueError, match=r"holds \[.model.safetensors.\]: expected a Trainer checkpoint folder"):
         _resumable(str(tmp_path))
     with pytest.raises(ValueError, match="is not a folder"):
         _resumable(str(tmp_path / "missing"))

@@ -10,7 +10,7 @@ import transformers
 
 from .. import torch as zt
 from ..torch._context import working_dtype
-from ..torch import shard_optim
+from ..torch import shard_optim, trainer_checkpoint
 from .accelerator import _accelerator_class, checkpoint_optimizer, fsdp_settings, fully_shard_by_plugin
 from .config import _engine_config, resolve_config, warn_not_acted_on
 from .pretrained import _take_over_deepspeed_registration, loading_partitioned
@@ -243,11 +243,14 @@ class ZeroShardTrainerMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
             return
-        if _resumable(checkpoint) == "zeroshard":
+        kind = _resumable(checkpoint)
+        if kind == "zeroshard":
             zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
                                checkpoint_optimizer([self.optimizer]), tag="state")
-        else:  # the global_stepN its `latest` names: weights and optimizer state, at any world size
+        elif kind == "deepspeed":  # the global_stepN its `latest` names: weights and optimizer state
             zt.load_checkpoint(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+        else:  # model.safetensors and optimizer.pt: DDP's, FSDP2's full state dicts
+            trainer_checkpoint.load(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
         # The Trainer's own files, whichever engine wrote the folder: the
         # schedule here; trainer_state.json (the step, hence the data
         # position) and each rank's RNG state in the base class's train().
@@ -262,19 +265,24 @@ class ZeroShardTrainerMixin:
 
 def _resumable(checkpoint):
     """What wrote the Trainer checkpoint folder `checkpoint`: "zeroshard"
-    (this Trainer: <checkpoint>/zeroshard) or "deepspeed" (transformers.Trainer
-    under DeepSpeed: <checkpoint>/latest naming its global_stepN); anything
-    else is a ValueError saying what the folder holds."""
+    (this Trainer: <checkpoint>/zeroshard), "deepspeed" (transformers.Trainer
+    under DeepSpeed: <checkpoint>/latest naming its global_stepN) or "torch"
+    (transformers.Trainer under DDP or FSDP2 with full state dicts:
+    model.safetensors and optimizer.pt); anything else is a ValueError
+    saying what the folder holds."""
     from ..torch import deepspeed_checkpoint
     if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
         return "zeroshard"
     if deepspeed_checkpoint.find(checkpoint) is not None:
         return "deepspeed"
+    if trainer_checkpoint.find(checkpoint):
+        return "torch"
     found = sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else None
     raise ValueError(f"zeroshard.hf: resume_from_checkpoint={checkpoint!r} "
                      + ("is not a folder" if found is None else f"holds {found[:12]}")
                      + f": expected a Trainer checkpoint folder written by this Trainer ({CHECKPOINT_DIR}/) or by "
-                       f"transformers.Trainer under DeepSpeed (latest and global_stepN/)")
+                       f"transformers.Trainer under DeepSpeed (latest and global_stepN/), DDP or FSDP2 with full "
+                       f"state dicts ({trainer_checkpoint.WEIGHTS} and {trainer_checkpoint.OPTIMIZER})")
 
 
 def _optimizer_from_section(section):

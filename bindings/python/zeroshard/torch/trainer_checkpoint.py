@@ -1,0 +1,85 @@
+"""A Hugging Face Trainer checkpoint folder that torch itself wrote into a
+partitioned model and its ZeroShardOptimizer: `transformers.Trainer` under
+DDP, or under FSDP2 with full state dicts (the Trainer's default), leaves
+`model.safetensors` (the full weights by name, tied ones once) and
+`optimizer.pt` (torch's optimizer state_dict: full-size tensors keyed by
+each param's index in the optimizer's groups, then the groups'
+hyper-parameters). Each rank reads the weights' bytes of its own shards
+(load_pretrained) and takes its shards' elements of each param's Adam
+moments, at any world size; then the step and each group's
+hyper-parameters. The index order is the Trainer's own (its decay and
+no-decay groups over named_parameters()), which zeroshard.hf.Trainer builds
+alike; each moment's shape is checked against its param's, so a different
+order is an error naming the param, never state loaded into the wrong one.
+"""
+import os
+
+import torch
+
+from ._params import optimizer_state_view
+from .optim import ZeroShardOptimizer, _hook_engines
+
+WEIGHTS, OPTIMIZER = "model.safetensors", "optimizer.pt"
+
+
+def find(folder):
+    """True if `folder` holds torch's Trainer checkpoint files."""
+    return all(os.path.isfile(os.path.join(folder, f)) for f in (WEIGHTS, OPTIMIZER))
+
+
+def load(folder, model, optimizer):
+    """Weights, Adam moments, step and hyper-parameters from `folder` (see
+    the module docstring); optimizer None: the weights only. Collective."""
+    from .checkpoint import load_pretrained
+    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+        raise TypeError(f"zeroshard.torch: {folder} is a torch Trainer checkpoint; its optimizer state loads into a "
+                        f"ZeroShardOptimizer, not a {type(optimizer).__name__}")
+    load_pretrained(model, os.path.join(folder, WEIGHTS), optimizer=optimizer)  # the masters too
+    if optimizer is None:
+        return
+    saved = torch.load(os.path.join(folder, OPTIMIZER), map_location="cpu", weights_only=True)
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if groups is None or state is None:
+        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} is not a torch optimizer state_dict "
+                         f"(keys {sorted(saved)[:6]})")
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} has param groups of "
+                         f"{[len(g['params']) for g in groups]} params, the optimizer "
+                         f"{[len(g['params']) for g in optimizer.param_groups]}")
+    names = {id(p): n for n, p in model.named_parameters()}
+    engine = optimizer._engine
+    steps = set()
+    for ours, theirs in zip(optimizer.param_groups, groups):
+        for p, index in zip(ours["params"], theirs["params"]):
+            entry = state.get(index)
+            if entry is None:
+                continue  # no step has touched it yet: its moments stay zeros
+            z = p.zs.zparam
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key not in entry:
+                    raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} holds no {key} for "
+                                     f"{names.get(id(p), 'a param')} (not Adam/AdamW state)")
+                if tuple(entry[key].shape) != tuple(p.zs.shape):
+                    raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER}'s {key} #{index} is "
+                                     f"{tuple(entry[key].shape)}, param {names.get(id(p), '?')} is "
+                                     f"{tuple(p.zs.shape)}: the checkpoint's param order is not this optimizer's")
+            begin, count = z.shard_offset, z.shard_valid
+            with torch.no_grad():
+                for slot, key in ((1, "exp_avg"), (2, "exp_avg_sq")):
+                    flat = entry[key].reshape(-1)[begin:begin + count]
+                    optimizer_state_view(engine, z, slot)[:count].copy_(flat)
+            steps.add(int(entry["step"]) if "step" in entry else 0)
+    if len(steps) > 1:
+        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} has params at different steps {sorted(steps)}: "
+                         f"the engine keeps one step count")
+    for group, hp in zip(optimizer.param_groups, groups):
+        for k in ("lr", "eps", "weight_decay"):
+            if k in hp:
+                group[k] = hp[k]
+        if "betas" in hp:
+            group["betas"] = tuple(hp["betas"])
+    engine.steps = steps.pop() if steps else 0
+    optimizer.sync_hparams()
+    engine.sync_params()
+    for e in _hook_engines():
+        e.after_step()
