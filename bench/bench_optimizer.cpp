@@ -3,13 +3,18 @@
 // streaming copy over a buffer of the same footprint.
 //
 //   build/bin/bench_optimizer [--params 64M] [--iters 9] [--scalar-iters 3] [--threads N]
+//                             [--tensor 16K]
 //
 // AdamW moves 28 bytes per param (reads master, exp_avg, exp_avg_sq, grad:
 // 16; writes master, exp_avg, exp_avg_sq: 12); the copy counts the bytes it
 // reads plus the bytes it writes. ratio_to_copy = AdamW GB/s / copy GB/s: near
 // 1 means the update runs at memory speed (target >= 0.8). The scalar path on
 // one thread, and on all threads, shows what vectorising and threading gain.
-// The last line is one JSON object.
+// Then the same params cut into tensors of --tensor elements (a model's
+// small shards): adam_step on each in turn, where each tensor under the
+// parallel grain runs on one thread, against adam_step_many over them all
+// (the engine's host step since issue 63), which spreads them over every
+// thread. The last line is one JSON object.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -31,12 +36,13 @@ struct Args {
   int iters = 9;
   int scalar_iters = 3;
   int threads = 0;  // 0: the kernels' default (all CPUs this process may use)
+  size_t tensor = size_t{16} << 10;  // elements per tensor of the multi-tensor comparison
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_optimizer: %s\nusage: bench_optimizer [--params N[K|M|G]] [--iters N] "
-               "[--scalar-iters N] [--threads N]\n",
+               "[--scalar-iters N] [--threads N] [--tensor N[K|M]]\n",
                why);
   std::exit(2);
 }
@@ -64,9 +70,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--iters") a.iters = std::atoi(v);
     else if (k == "--scalar-iters") a.scalar_iters = std::atoi(v);
     else if (k == "--threads") a.threads = std::atoi(v);
+    else if (k == "--tensor") a.tensor = parse_count(v);
     else usage(("unknown option " + k).c_str());
   }
-  if (a.params < 1 || a.iters < 1 || a.scalar_iters < 1) usage("counts must be >= 1");
+  if (a.params < 1 || a.iters < 1 || a.scalar_iters < 1 || a.tensor < 1) usage("counts must be >= 1");
   return a;
 }
 
@@ -217,6 +224,28 @@ int main(int argc, char** argv) {
   k::set_simd_path_for_testing(best_path);
   k::set_num_threads(a.threads > 0 ? a.threads : 0);
 
+  // The same params as tensors of a.tensor elements: one at a time, then all at once.
+  const size_t count = std::max<size_t>(1, n / a.tensor);
+  std::vector<k::AdamTensor> tensors;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t at = i * a.tensor, len = std::min(a.tensor, n - std::min(n, at));
+    tensors.push_back({master + at, m + at, v + at, g + at, len, k::AdamHyper{}, nullptr, k::WorkDtype::F32});
+  }
+  auto hyper = [&] { return k::AdamHyper{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, ++step}; };
+  const Timing each_t = time_it(a.iters, [&] {
+    const k::AdamHyper h = hyper();
+    for (const auto& t : tensors)
+      k::adam_step(t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.n, h, 1.0f / 1024, nullptr, k::WorkDtype::F32);
+  });
+  const Timing many_t = time_it(a.iters, [&] {
+    const k::AdamHyper h = hyper();
+    for (auto& t : tensors) t.h = h;
+    k::adam_step_many(tensors.data(), tensors.size(), 1.0f / 1024);
+  });
+  const double many_speedup = each_t.seconds_per_iter / many_t.seconds_per_iter;
+  std::printf("  %zu tensors of %zu: one at a time %.1f ms/iter, adam_step_many %.1f ms/iter (%.2fx)\n",
+              count, a.tensor, each_t.seconds_per_iter * 1e3, many_t.seconds_per_iter * 1e3, many_speedup);
+
   const double speedup_1t = adamw_gbps / scalar_1t_gbps;
   const double speedup_all = adamw_gbps / scalar_all_gbps;
   std::printf("  speedup vs scalar 1 thread %.2fx, vs scalar %d threads %.2fx; ratio to copy %.2f (target 0.80)\n",
@@ -228,10 +257,12 @@ int main(int argc, char** argv) {
       "\"adamw_ms_per_iter\":%.3f,\"adamw_best_ms\":%.3f,\"adamw_mean_ms\":%.3f,\"adamw_bf16_working_gbps\":%.3f,"
       "\"copy_gbps\":%.3f,\"copy_memcpy_gbps\":%.3f,\"copy_vector_gbps\":%.3f,\"rmw_gbps\":%.3f,\"ratio_to_rmw\":%.3f,\"ratio_to_copy\":%.3f,\"scalar_1t_gbps\":%.3f,\"scalar_all_gbps\":%.3f,"
       "\"speedup_vs_scalar_1t\":%.3f,\"speedup_vs_scalar_all\":%.3f,\"target_ratio\":0.8,"
-      "\"meets_target\":%s}\n",
+      "\"meets_target\":%s,\"tensor\":%zu,\"tensors\":%zu,\"each_ms\":%.3f,\"many_ms\":%.3f,"
+      "\"many_speedup\":%.3f}\n",
       n, a.iters, threads, simd.c_str(), adamw_gbps, adamw_pps, simd_t.seconds_per_iter * 1e3,
       simd_t.best_seconds * 1e3, simd_t.mean_seconds * 1e3, work_gbps, copy_gbps, memcpy_gbps, loop_gbps, rmw_gbps, adamw_gbps / rmw_gbps, ratio, scalar_1t_gbps, scalar_all_gbps,
-      speedup_1t, speedup_all, ratio >= 0.8 ? "true" : "false");
+      speedup_1t, speedup_all, ratio >= 0.8 ? "true" : "false", a.tensor, count,
+      each_t.seconds_per_iter * 1e3, many_t.seconds_per_iter * 1e3, many_speedup);
   std::free(bf16_work);
   std::free(block);
   return 0;

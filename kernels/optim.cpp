@@ -354,6 +354,32 @@ void adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gr
   });
 }
 
+void adam_step_many(const AdamTensor* t, size_t count, float grad_scale) {
+  if (count == 0) return;
+  require(t != nullptr, "adam_step_many: null tensors");
+  std::vector<AdamC> c(count);
+  std::vector<size_t> start(count + 1, 0);  // each tensor's first element in the one range
+  for (size_t i = 0; i < count; ++i) {
+    require(t[i].n == 0 || (t[i].master && t[i].exp_avg && t[i].exp_avg_sq && t[i].grad),
+            "adam_step_many: null master, state or grad");
+    c[i] = adam_consts(t[i].h, grad_scale);
+    start[i + 1] = start[i] + (t[i].n + 63) / 64 * 64;
+  }
+  const Impl* I = impl();
+  parallel_for(start[count], kGrain, [&](size_t b, size_t e) {
+    // The last tensor starting at or before b, then each one [b, e) reaches.
+    auto i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    for (; i < count && start[i] < e; ++i) {
+      const AdamTensor& x = t[i];
+      const size_t lo = std::max(b, start[i]) - start[i];
+      const size_t hi = std::min(e - start[i], x.n);
+      if (lo < hi)
+        I->adam(x.master + lo, x.exp_avg + lo, x.exp_avg_sq + lo, x.grad + lo, hi - lo, c[i],
+                work_at(x.working, x.working_dtype, lo), x.working_dtype);
+    }
+  });
+}
+
 void adam_step_scalar(float* master, float* exp_avg, float* exp_avg_sq, const float* grad,
                       size_t n, const AdamHyper& h, float grad_scale, void* working,
                       WorkDtype working_dtype) {

@@ -61,6 +61,26 @@ void adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gr
 void sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, const SgdHyper& h,
               float grad_scale, void* working, WorkDtype working_dtype);
 
+// One tensor of a multi-tensor Adam/AdamW step: adam_step's arguments, each
+// tensor with its own hyper-parameters (its own step count).
+struct AdamTensor {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const float* grad;
+  size_t n;
+  AdamHyper h;
+  void* working;
+  WorkDtype working_dtype;
+};
+// adam_step over every tensor in one parallel pass: their elements are cut
+// into the threads' ranges as one range (each tensor from a multiple of 64
+// elements in it, as adam_step's ranges start), so tensors under the
+// parallel grain, which adam_step runs one after another on the calling
+// thread, share the threads. Element-wise, so the results are adam_step's
+// bit for bit however the ranges fall.
+void adam_step_many(const AdamTensor* tensors, size_t count, float grad_scale);
+
 // The same updates over a master and moments kept in fp32 or bf16 (DeepSpeed's
 // bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states):
 // master_dtype and state_dtype are WorkDtype::F32 or BF16 (F16 throws

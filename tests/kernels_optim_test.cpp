@@ -536,6 +536,70 @@ TEST(KernelsOptimTorch, SgdMomentumDampeningMatchesTorchFormulas) {
 }
 TEST(KernelsOptimTorch, SgdNesterovMatchesTorchFormulas) { check_against_torch_sgd(0.9f, 0.0f, 0.05f, true); }
 
+// ---- the multi-tensor step ---------------------------------------------------
+
+// adam_step_many over tensors of odd sizes (empty, one element, under and
+// over the parallel grain, a million), each its own hyper-parameters and
+// step and some with a working copy, equals adam_step on each in turn bit
+// for bit, on every SIMD path and at 1, 2 and 3 threads.
+TEST(KernelsOptimMany, AdamStepManyEqualsEachTensorsAdamStep) {
+  KernelStateGuard guard;
+  const size_t sizes[] = {0, 1, 63, 1000, 0, 32767, 65, 70001, kBig, 5};
+  const size_t count = sizeof(sizes) / sizeof(sizes[0]);
+  for (SimdPath path : available_paths()) {
+    ASSERT_TRUE(set_simd_path_for_testing(path));
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      struct T {
+        std::vector<float> p, m, v, g;
+        std::vector<uint16_t> w;
+      };
+      auto fresh = [&] {
+        std::vector<T> ts;
+        for (size_t i = 0; i < count; ++i) {
+          const auto seed = static_cast<uint32_t>(10 * i);
+          T t{normal(sizes[i], seed + 1), normal(sizes[i], seed + 2, 0.1f), normal(sizes[i], seed + 3, 0.1f),
+              normal(sizes[i], seed + 4), std::vector<uint16_t>(i % 3 == 0 ? sizes[i] : 0)};
+          for (auto& x : t.v) x = x * x;
+          ts.push_back(std::move(t));
+        }
+        return ts;
+      };
+      auto hyper = [](size_t i) {
+        const AdamCase& c = kAdamCases[i % (sizeof(kAdamCases) / sizeof(kAdamCases[0]))];
+        return AdamHyper{1e-3f * static_cast<float>(i + 1), c.beta1, 0.999f, 1e-8f, c.wd, c.adamw, c.bias,
+                         static_cast<int64_t>(i % 4 + 1)};
+      };
+      auto work = [](size_t i) { return i % 6 == 0 ? WorkDtype::BF16 : WorkDtype::F16; };
+      std::vector<T> each = fresh(), many = fresh();
+      std::vector<AdamTensor> list;
+      for (size_t i = 0; i < count; ++i) {
+        T& a = each[i];
+        T& b = many[i];
+        void* wa = a.w.empty() ? nullptr : a.w.data();
+        adam_step(a.p.data(), a.m.data(), a.v.data(), a.g.data(), sizes[i], hyper(i), 0.37f, wa, work(i));
+        list.push_back({b.p.data(), b.m.data(), b.v.data(), b.g.data(), sizes[i], hyper(i),
+                        b.w.empty() ? nullptr : b.w.data(), work(i)});
+      }
+      adam_step_many(list.data(), list.size(), 0.37f);
+      for (size_t i = 0; i < count; ++i) {
+        const std::string what = "tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
+                                 " path=" + simd_path() + " threads=" + std::to_string(threads);
+        EXPECT_EQ(bit_mismatches(each[i].p, many[i].p), 0u) << what;
+        EXPECT_EQ(bit_mismatches(each[i].m, many[i].m), 0u) << what;
+        EXPECT_EQ(bit_mismatches(each[i].v, many[i].v), 0u) << what;
+        EXPECT_EQ(each[i].w, many[i].w) << what;
+        if (sizes[i] > 0) {
+          EXPECT_NE(each[i].p[0], normal(sizes[i], static_cast<uint32_t>(10 * i) + 1)[0]) << what;
+        }
+      }
+    }
+  }
+  EXPECT_NO_THROW(adam_step_many(nullptr, 0, 1.0f));
+  AdamTensor bad{nullptr, nullptr, nullptr, nullptr, 3, AdamHyper{}, nullptr, WorkDtype::F32};
+  EXPECT_THROW(adam_step_many(&bad, 1, 1.0f), std::invalid_argument);
+}
+
 // ---- threads ---------------------------------------------------------------
 
 TEST(KernelsOptimThreads, ResultsIdenticalForOneAndManyThreads) {

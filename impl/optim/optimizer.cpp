@@ -283,13 +283,13 @@ void Optimizer::set_lr(int group, double lr) {
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp.lr = lr;
 }
 
-void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
+void Optimizer::update(const Group& g, Slot& s, float grad_scale, AdamBatch* batch) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
   // No gradient this step (a frozen param never has one: pushes to it are
   // refused): the param stays.
   if (n == 0 || !p.grad || !p.grad_pushed) return;
-  const ShardAccess shard(ctx_, p, ShardAccess::Write);
+  ShardAccess shard(ctx_, p, ShardAccess::Write);
   const auto& hp = g.hp;
   const auto* grad = static_cast<const float*>(p.grad->data());
   if (s.master_is_working || s.state_dtype != DType::F32) {
@@ -347,9 +347,15 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale) {
                        static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
                        static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
                        hp.bias_correction, s.updates + 1};
+  ++s.updates;
+  if (batch != nullptr) {
+    batch->tensors.push_back({master, static_cast<float*>(s.state1->data()), static_cast<float*>(s.state2->data()),
+                              grad, n, h, working, ops::work_dtype(p.dtype)});
+    batch->held.push_back(std::move(shard));  // the master may be the shard: kept until the batch runs
+    return;
+  }
   ops::adam_step(*ctx_.device(), master, static_cast<float*>(s.state1->data()),
                  static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working, p.dtype);
-  ++s.updates;
 }
 
 float* Optimizer::fp32_master(Slot& s, const ShardAccess& shard) {
@@ -978,9 +984,16 @@ StepResult Optimizer::step() {
     if (swap_) {
       update_swapped(grad_scale);
     } else {
+      // On the host, with every shard in memory (no param offload, whose
+      // shards come back one at a time), the fp32 Adam/AdamW updates run
+      // as one multi-tensor pass.
+      const bool batched = !ctx_.device()->is_cuda() && ctx_.config().offload_param.device == "none";
+      AdamBatch batch;
       for (auto& g : groups_)
         for (auto& s : g.slots)
-          if (!s.muon) update(g, s, grad_scale);
+          if (!s.muon) update(g, s, grad_scale, batched ? &batch : nullptr);
+      kernels::adam_step_many(batch.tensors.data(), batch.tensors.size(), grad_scale);
+      batch.held.clear();  // the shards written back (offloaded ones) once stepped
       if (kind_ == OptimKind::Muon) update_muon(grad_scale);
     }
     ctx_.device()->synchronize();

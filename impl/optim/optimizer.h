@@ -57,6 +57,7 @@
 #include "impl/optim/swapped_state.h"
 #include "impl/partition/param.h"
 #include "impl/partition/shard_residence.h"
+#include "kernels/optim.h"
 
 namespace zs {
 
@@ -211,7 +212,17 @@ class Optimizer {
   // the gradients and records the stats.
   OpenStep begin_locked();
   StepResult finish_locked(const OpenStep& open, double update_seconds);
-  void update(const Group& g, Slot& s, float grad_scale);
+  // The fp32 Adam/AdamW updates of one step on the host, run together
+  // (kernels::adam_step_many) once every slot is visited: a model of many
+  // params under the kernels' parallel grain steps on all threads instead
+  // of one param at a time on one. Holds each shard until it has run.
+  struct AdamBatch {
+    std::vector<kernels::AdamTensor> tensors;
+    std::vector<ShardAccess> held;
+  };
+  // With `batch`, an fp32 Adam/AdamW slot's update joins it instead of
+  // running now (step() runs it); every other update runs now.
+  void update(const Group& g, Slot& s, float grad_scale, AdamBatch* batch = nullptr);
   // The Muon slots of every group, one collective pass (muon_step.h).
   void update_muon(float grad_scale);
   // s's fp32 master (an fp32 param's shard itself), refreshed first from a
