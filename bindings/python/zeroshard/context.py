@@ -238,13 +238,8 @@ class Context:
         now, or the most all kinds held together in the phase
         (zs_memory_by_kind; process-wide)."""
         code = lib.ZS_PHASE_NOW if phase is None else _memory_phase_code(phase)
-        n = int(lib.ZS_MEM_KIND_COUNT)
-        values = ffi.new("uint64_t[]", n)
-        total = ffi.new("uint64_t*")
-        check(lib.zs_memory_by_kind(self._h, code, values, n, ffi.NULL, total))
-        out = {ffi.string(lib.zs_memory_kind_name(k)).decode(): int(values[k]) for k in range(n)}
-        out["total"] = int(total[0])
-        return out
+        return _by_kind(lambda values, n, total: lib.zs_memory_by_kind(self._h, code, values, n, ffi.NULL, total),
+                        lib.ZS_MEM_KIND_COUNT, lib.zs_memory_kind_name)
 
     def copied_bytes(self, last_step=False):
         """Bytes the engine copied by kind ("grad_into_bucket",
@@ -253,13 +248,8 @@ class Context:
         step ends, one forward, backward and step (zs_copied_bytes;
         process-wide counters, this context's spans)."""
         span = lib.ZS_COPIES_LAST_STEP if last_step else lib.ZS_COPIES_TOTAL
-        n = int(lib.ZS_COPY_KIND_COUNT)
-        values = ffi.new("uint64_t[]", n)
-        total = ffi.new("uint64_t*")
-        check(lib.zs_copied_bytes(self._h, span, values, n, ffi.NULL, total))
-        out = {ffi.string(lib.zs_copy_kind_name(k)).decode(): int(values[k]) for k in range(n)}
-        out["total"] = int(total[0])
-        return out
+        return _by_kind(lambda values, n, total: lib.zs_copied_bytes(self._h, span, values, n, ffi.NULL, total),
+                        lib.ZS_COPY_KIND_COUNT, lib.zs_copy_kind_name)
 
     def memory_pools_in_use(self):
         """Bytes the engine's caching pools hand out now: what every kind
@@ -534,3 +524,17 @@ def _memory_phase_code(phase):
     if phase not in MEMORY_PHASES:
         raise ValueError(f"memory phase {phase!r}: expected one of {MEMORY_PHASES}")
     return MEMORY_PHASES.index(phase)
+
+
+def _by_kind(fill, count, name):
+    """{kind name: bytes, ..., "total": ...} from a C call filling one
+    uint64 per kind of an enum of `count` kinds and their total
+    (zs_memory_by_kind, zs_copied_bytes): fill(values, n, total) -> status;
+    name(k) -> the kind's C name."""
+    n = int(count)
+    values = ffi.new("uint64_t[]", n)
+    total = ffi.new("uint64_t*")
+    check(fill(values, n, total))
+    out = {ffi.string(name(k)).decode(): int(values[k]) for k in range(n)}
+    out["total"] = int(total[0])
+    return out

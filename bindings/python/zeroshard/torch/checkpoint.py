@@ -187,18 +187,30 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
         if len(saved) != len(optimizer.param_groups):
             raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} has {len(saved)} param "
                              f"groups, the optimizer {len(optimizer.param_groups)}")
-        for group, hp in zip(optimizer.param_groups, saved):
-            for k in ("lr", "eps", "weight_decay", "bias_correction"):
-                if k in hp:
-                    group[k] = hp[k]
-            if "betas" in hp:
-                group["betas"] = tuple(hp["betas"])
-        engine.steps = ckpt.step()
-        optimizer.sync_hparams()
-        engine.sync_params()
+        adopt_saved_groups(optimizer, saved, ckpt.step())
+    else:
+        for e in _hook_engines():
+            e.after_step()
+    return ckpt.client_state()
+
+
+def adopt_saved_groups(optimizer, saved_groups, step):
+    """After another engine's moments were written into the shards: each
+    group's saved hyper-parameters (those it has of lr, eps, weight_decay,
+    bias_correction, betas) and the step count into the ZeroShardOptimizer,
+    pushed to the engine, and the hooks' gathered views refreshed."""
+    engine = optimizer._engine
+    for group, hp in zip(optimizer.param_groups, saved_groups):
+        for k in ("lr", "eps", "weight_decay", "bias_correction"):
+            if k in hp:
+                group[k] = hp[k]
+        if "betas" in hp:
+            group["betas"] = tuple(hp["betas"])
+    engine.steps = step
+    optimizer.sync_hparams()
+    engine.sync_params()
     for e in _hook_engines():
         e.after_step()
-    return ckpt.client_state()
 
 
 def load_pretrained(model, path, optimizer=None, strict=True, from_rank0=False, progress=None):

@@ -17,7 +17,7 @@ import os
 import torch
 
 from ._params import optimizer_state_view
-from .optim import ZeroShardOptimizer, _hook_engines
+from .optim import ZeroShardOptimizer
 
 WEIGHTS, OPTIMIZER = "model.safetensors", "optimizer.pt"
 
@@ -30,7 +30,7 @@ def find(folder):
 def load(folder, model, optimizer):
     """Weights, Adam moments, step and hyper-parameters from `folder` (see
     the module docstring); optimizer None: the weights only. Collective."""
-    from .checkpoint import load_pretrained
+    from .checkpoint import adopt_saved_groups, load_pretrained
     if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
         raise TypeError(f"zeroshard.torch: {folder} is a torch Trainer checkpoint; its optimizer state loads into a "
                         f"ZeroShardOptimizer, not a {type(optimizer).__name__}")
@@ -72,14 +72,4 @@ def load(folder, model, optimizer):
     if len(steps) > 1:
         raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} has params at different steps {sorted(steps)}: "
                          f"the engine keeps one step count")
-    for group, hp in zip(optimizer.param_groups, groups):
-        for k in ("lr", "eps", "weight_decay"):
-            if k in hp:
-                group[k] = hp[k]
-        if "betas" in hp:
-            group["betas"] = tuple(hp["betas"])
-    engine.steps = steps.pop() if steps else 0
-    optimizer.sync_hparams()
-    engine.sync_params()
-    for e in _hook_engines():
-        e.after_step()
+    adopt_saved_groups(optimizer, groups, steps.pop() if steps else 0)
