@@ -103,6 +103,14 @@ WORKER_ENGINES = ENGINES
 # worker: one engine, one model, one rank (launched by zsrun)
 # ---------------------------------------------------------------------------
 
+def steps_for(given, model):
+    """(steps, warm-up) for `model`: the values given, else the defaults
+    (the fine model's steps take about 15 ms: 40, so that the median is not
+    six samples of a 2-core machine's noise)."""
+    steps, warmup = (40, 8) if model == "fine" else (8, 2)
+    return (steps if given[0] is None else given[0]), (warmup if given[1] is None else given[1])
+
+
 def build_model(args):
     import torch.nn as nn
     import torch.nn.functional as F
@@ -815,8 +823,10 @@ def main():
     ap.add_argument("--model", choices=["wide", "fine", "gpt"], help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="+", choices=["wide", "fine", "gpt"], default=["wide", "fine"])
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per engine (default 8; the fine model 40, whose 15 ms steps need more than six "
+                         "to give a median steadier than the machine's noise)")
+    ap.add_argument("--warmup", type=int, default=None, help="steps left out of the median (default 2; fine 8)")
     ap.add_argument("--batch", type=int, default=16, help="rows (sequences for gpt) per rank")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--wide-width", type=int, default=4096)
@@ -843,10 +853,14 @@ def main():
     ap.add_argument("--ab-same", action="store_true",
                     help="--identity-ab with both sides off: the A/A control")
     args = ap.parse_args()
+    given = (args.steps, args.warmup)
+    args.steps, args.warmup = steps_for(given, args.models[0] if len(args.models) == 1 else None)
     if args.worker:
         return worker(args)
-    if args.steps <= args.warmup:
-        ap.error("--steps must exceed --warmup")
+    for model in args.models:
+        steps, warmup = steps_for(given, model)
+        if steps <= warmup:
+            ap.error(f"--steps must exceed --warmup ({steps} <= {warmup} for the {model} model)")
     if args.ab_reps < 1:
         ap.error("--ab-reps must be at least 1")
     if args.ab_same and not args.identity_ab:
@@ -855,7 +869,9 @@ def main():
         ap.error("--ds-own-init goes with --dtype bf16")
 
     where = tree()
-    print(f"bench_torch_step: {args.ranks} ranks, {args.steps} steps ({args.warmup} warm-up), "
+    plan = {m: steps_for(given, m) for m in args.models}
+    print(f"bench_torch_step: {args.ranks} ranks, "
+          f"{'; '.join(f'{m} {s} steps ({w} warm-up)' for m, (s, w) in plan.items())}, "
           f"{os.environ.get('OMP_NUM_THREADS', max(1, (os.cpu_count() or 1) // args.ranks))} kernel thread(s) "
           f"per rank, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; commit {where['commit']}"
           f"{' with ' + str(len(where['changed_files'])) + ' engine/binding files changed' if where['changed_files'] else ''}"
@@ -871,6 +887,7 @@ def main():
         return compile_side_by_side(args, where)
     summary = []
     for model in args.models:
+        args.steps, args.warmup = steps_for(given, model)
         results, skipped = {}, {}
         for engine in ENGINES:
             if engine == "deepspeed" and args.no_deepspeed:
@@ -938,7 +955,8 @@ def main():
                "step_over_fsdp2": 0.8, "peak_rss_over_fsdp2": 0.7}
     if args.identity_ab:
         targets["identities_on_over_off"] = 1.02
-    head = {"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup}
+    head = {"bench": "torch_step", "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup,
+            "steps_per_model": {m: {"steps": s, "warmup": w} for m, (s, w) in plan.items()}}
     if args.dtype == "bf16":
         head["dtype"] = "bf16"  # fp32 runs keep the JSON they always had
         targets["zeroshard_vs_deepspeed_loss_rel_diff"] = BF16_LOSS_TOLERANCE
