@@ -236,3 +236,148 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
+
+// A step whose gradients are one small bucket of the world group reduces
+// it in one exchange that also carries the optimizer's agreement check, and
+// takes the norm from it on every rank (GradReducer::sync_fusing_locked):
+// no all-reduce after the reduction. Each step runs twice from the same
+// params: as a trainer does, then with zs_grad_sync before the step (the
+// reduce-scatter, then the step's all-reduce). The norms, skips and
+// updated params must be the same bits; where a rank doubts the fused norm
+// (a param pushed twice into the bucket, a shard written through
+// zs_grad_shard_data on one rank) every rank falls back to the all-reduce.
+namespace {
+
+const int64_t kTinySizes[] = {5, 77, 1001, 3};
+constexpr int kTiny = 4;
+
+struct TinyStep {
+  int accum;
+  std::vector<int> pushed;
+  bool nan_on_last_rank;  // param 1, the last micro-step
+  bool rank0_reads_param3;  // zs_grad_shard_data on rank 0 only, before the pushes
+  bool fused;  // no all-reduce after the reduction
+};
+
+const TinyStep kTinyPlan[] = {
+    {1, {0, 1, 2, 3}, false, false, true},
+    {1, {0, 2}, false, false, true},
+    {2, {0, 1, 2, 3}, false, false, false},  // each param twice in the bucket
+    {1, {0, 1, 2, 3}, true, false, true},    // skipped on every rank
+    {1, {0, 1, 2, 3}, false, true, false},   // rank 0's doubt, everyone's all-reduce
+    {1, {2}, false, false, true},
+};
+
+std::vector<float> shard_of(zs_param p) {
+  void* data = nullptr;
+  uint64_t n = 0;
+  EXPECT_EQ(zs_param_shard_data(p, &data, &n), ZS_OK) << zs_last_error();
+  const auto* x = static_cast<const float*>(data);
+  return std::vector<float>(x, x + n);
+}
+
+void set_shard(zs_param p, const std::vector<float>& v) {
+  void* data = nullptr;
+  uint64_t n = 0;
+  ASSERT_EQ(zs_param_shard_data(p, &data, &n), ZS_OK) << zs_last_error();
+  ASSERT_EQ(n, v.size());
+  std::memcpy(data, v.data(), v.size() * sizeof(float));
+}
+
+struct TinyOutcome {
+  zs_step_result result = ZS_STEP_RESULT_INIT;
+  zs_step_stats stats = ZS_STEP_STATS_INIT;
+  std::vector<std::vector<float>> shards;
+};
+
+TinyOutcome tiny_step(zs_context ctx, zs_optimizer opt, zs_param* params, const RankEnv& env, int step,
+                      bool sync_first) {
+  const TinyStep& s = kTinyPlan[step];
+  TinyOutcome out;
+  EXPECT_EQ(zs_grad_set_accumulation_steps(ctx, s.accum), ZS_OK) << zs_last_error();
+  if (s.rank0_reads_param3 && env.rank == 0) {
+    float* g = nullptr;
+    uint64_t n = 0;
+    EXPECT_EQ(zs_grad_shard_data(params[3], &g, &n), ZS_OK) << zs_last_error();
+  }
+  for (int k = 0; k < s.accum; ++k)
+    for (int p : s.pushed) {
+      std::vector<float> g(static_cast<size_t>(kTinySizes[p]));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = grad_value(step, k, env.rank, p, i) * 40.0f;
+      if (s.nan_on_last_rank && p == 1 && k == s.accum - 1 && env.rank == env.world - 1) g[3] = NAN;
+      EXPECT_EQ(zs_grad_push(params[p], g.data(), ZS_FLOAT32, g.size() * 4), ZS_OK) << zs_last_error();
+    }
+  if (sync_first) {
+    EXPECT_EQ(zs_grad_sync(ctx), ZS_OK) << zs_last_error();
+  }
+  EXPECT_EQ(zs_optimizer_step(opt, &out.result), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_context_step_stats(ctx, &out.stats), ZS_OK) << zs_last_error();
+  for (int p = 0; p < kTiny; ++p) out.shards.push_back(shard_of(params[p]));
+  return out;
+}
+
+class GradFusionTiny : public ::testing::TestWithParam<int> {};
+
+TEST_P(GradFusionTiny, OneExchangeAStepTheSameBitsAsReduceScatterAndAllReduce) {
+  run_ranks(GetParam(), [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, with_clip("").c_str());
+    ASSERT_NE(ctx, nullptr);
+    zs_param params[kTiny] = {};
+    for (int p = 0; p < kTiny; ++p) {
+      std::vector<float> init(static_cast<size_t>(kTinySizes[p]));
+      for (size_t i = 0; i < init.size(); ++i) init[i] = init_value(p, i);
+      const std::string name = "tiny" + std::to_string(p);
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      o.name = name.c_str();
+      o.dtype = ZS_FLOAT32;
+      o.ndim = 1;
+      o.shape = &kTinySizes[p];
+      o.init = ZS_INIT_FROM_ALL;
+      o.data = init.data();
+      o.data_bytes = init.size() * 4;
+      ZS_ASSERT_OK(zs_param_register(&params[p], ctx, &o));
+    }
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    hp.lr = 1.0;
+    hp.weight_decay = 0.0;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, params, kTiny, &hp, nullptr));
+    bool clipped = false;
+    for (int step = 0; step < static_cast<int>(std::size(kTinyPlan)); ++step) {
+      const TinyStep& s = kTinyPlan[step];
+      const std::string where = "step " + std::to_string(step);
+      std::vector<std::vector<float>> before;
+      for (int p = 0; p < kTiny; ++p) before.push_back(shard_of(params[p]));
+      const TinyOutcome fused = tiny_step(ctx, opt, params, env, step, false);
+      for (int p = 0; p < kTiny; ++p) set_shard(params[p], before[static_cast<size_t>(p)]);
+      const TinyOutcome two = tiny_step(ctx, opt, params, env, step, true);
+      if (::testing::Test::HasFailure()) return;
+      EXPECT_EQ(fused.stats.reduce_scatters, 1u) << where;
+      EXPECT_EQ(fused.stats.allreduce_bytes == 0, s.fused)
+          << where << ": the fused route " << (s.fused ? "not " : "") << "taken (all-reduced "
+          << fused.stats.allreduce_bytes << " bytes)";
+      EXPECT_GT(two.stats.allreduce_bytes, 0u) << where;
+      EXPECT_EQ(fused.result.skipped, s.nan_on_last_rank ? 1 : 0) << where;
+      EXPECT_EQ(two.result.skipped, fused.result.skipped) << where;
+      EXPECT_EQ(std::memcmp(&fused.result.grad_norm, &two.result.grad_norm, sizeof(double)), 0)
+          << where << ": norm " << fused.result.grad_norm << " fused, " << two.result.grad_norm << " after a sync";
+      clipped = clipped || (!fused.result.skipped && fused.result.grad_norm > kClip);
+      for (int p = 0; p < kTiny; ++p)
+        ASSERT_EQ(std::memcmp(fused.shards[static_cast<size_t>(p)].data(), two.shards[static_cast<size_t>(p)].data(),
+                              two.shards[static_cast<size_t>(p)].size() * sizeof(float)),
+                  0)
+            << where << " param " << p << ": updated differently fused and after a sync";
+    }
+    EXPECT_TRUE(clipped) << "no step clipped: the plan's gradients are too small to check the clip";
+    zs_optimizer_destroy(opt);
+    zs_context_destroy(ctx);
+  }, 120);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GradFusionTiny, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "_ranks";
+                         });
+
+}  // namespace

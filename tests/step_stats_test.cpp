@@ -69,7 +69,9 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     setenv("ZS_TRACE", trace.c_str(), 1);
     zs_context ctx = zs::test::make_context(
         env, R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})");
-    const int64_t sizes[3] = {1001, 64, 7};
+    // Over 64 KiB of gradient: the reduce-scatter and the norm's all-reduce
+    // (a smaller step reduces in one exchange: GradFusionTiny).
+    const int64_t sizes[3] = {20001, 64, 7};
     zs_param p[3];
     uint64_t shard_bytes = 0;
     register_three(ctx, sizes, p, &shard_bytes);
@@ -149,7 +151,9 @@ TEST_P(FetchStatsBytes, ByKindQuantizedOrNot) {
           "zero_quantized_weights": )") + (c.qwz ? "true" : "false") +
                                  R"(, "zero_quantized_gradients": )" + (c.qgz ? "true" : "false") + "}}";
       zs_context ctx = zs::test::make_context(env, config.c_str());
-      const int64_t sizes[3] = {1001, 640, 7};  // under qwZ, 7 travels exact
+      // Under qwZ, 7 travels exact; over 64 KiB of gradient, so that the
+      // step reduce-scatters (GradFusionTiny has the smaller steps).
+      const int64_t sizes[3] = {20001, 640, 7};
       zs_param p[3];
       uint64_t shard_bytes = 0, packet_bytes = 0, qwz_exact_bytes = 0;
       register_three(ctx, sizes, p, &shard_bytes, &packet_bytes, &qwz_exact_bytes);

@@ -1,8 +1,10 @@
 #include "impl/grad/reducer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "impl/comm/algo/collectives.h"
 #include "impl/comm/algo/quantized_reduce.h"
 #include "impl/common/copy_tally.h"
 #include "impl/core/context.h"
@@ -217,6 +219,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
   Param& p = *param;
   const auto& devp = ctx_.device();
   const uint64_t numel = p.layout.numel;
+  ++reductions_;
   // In place: fp32 host memory the caller lends; the accumulation divisor
   // is then applied to this rank's shard after the average. Else a private
   // fp32 copy, divided as a bucket's is (the same bits as a bucket).
@@ -263,6 +266,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
 
 void GradReducer::flush(Bucket& b) {
   if (!b.data || b.used == 0) return;
+  ++reductions_;
   // Blocks were laid out capacity apart; the collective wants them used
   // apart, so close the gaps. On the host in place: block r moves down to
   // r * used, below its source and past the blocks already moved, and the
@@ -435,6 +439,122 @@ void GradReducer::sync_locked() {
   replica_average();
 }
 
+bool GradReducer::fusable(const std::vector<float>& extras) const {
+  const Config& c = ctx_.config();
+  const auto& world = ctx_.world();
+  if (reductions_ != 0 || !pending_.empty() || open_.size() != 1 || world->size() < 2 ||
+      ctx_.device()->is_cuda() || wire_ != DType::F32 ||
+      (c.zero_quantized_gradients && ctx_.quantizes(*world)))
+    return false;
+  const auto& replica = ctx_.mics_replica_group();
+  if (replica && replica->size() > 1) return false;
+  const Bucket& b = open_.begin()->second;
+  if (b.group != world || !b.data || b.used == 0) return false;
+  const uint64_t floats = b.used * static_cast<uint64_t>(world->size()) + extras.size();
+  return floats * sizeof(float) <= collectives::kDirectAllReduceBytes;
+}
+
+GradReducer::FusedNorm GradReducer::sync_fusing_locked(std::vector<float>& extras,
+                                                       const std::vector<const Param*>& stepped) {
+  ctx_.expect_locked();
+  FusedNorm out;
+  if (!fusable(extras)) {
+    sync_locked();
+    return out;
+  }
+  Bucket b = std::move(open_.begin()->second);
+  open_.clear();
+  ++reductions_;
+  Device& dev = *ctx_.device();
+  const int g = b.group->size();
+  const int me = b.group->rank();
+  const uint64_t used = b.used;
+  // This rank's doubt, summed with the extras: a bucket param the
+  // optimizer does not step or that came twice (accumulation), or a
+  // stepped shard already holding a gradient (a group of one's, or one
+  // written through shard_data), leaves the norm to the shards and the
+  // step's own all-reduce, as after sync_locked().
+  float doubt = 0.0f;
+  std::map<const Param*, uint64_t> offset_of;
+  for (size_t i = 0; i < b.params.size(); ++i)
+    if (!offset_of.emplace(b.params[i].get(), b.offsets[i]).second) doubt = 1.0f;
+  std::set<const Param*> stepped_set(stepped.begin(), stepped.end());
+  for (const auto& p : b.params)
+    if (!stepped_set.count(p.get())) doubt = 1.0f;
+  for (const Param* p : stepped)
+    if (p->grad && p->grad->current) doubt = 1.0f;
+  // Every rank's bucket (blocks packed used apart), extras and doubt, to
+  // every rank: one exchange, as the reduce-scatter's was at this size. An
+  // all-to-all of g copies, so that the stats count it as the gradient
+  // reduction it is.
+  const uint64_t per_rank = used * static_cast<uint64_t>(g) + extras.size() + 1;
+  const uint64_t bytes = per_rank * sizeof(float);
+  Buffer copies(ctx_.device(), bytes * static_cast<uint64_t>(g), MemKind::ReduceBuckets);
+  Buffer all(ctx_.device(), bytes * static_cast<uint64_t>(g), MemKind::ReduceBuckets);
+  auto* send = static_cast<float*>(copies.data());
+  const auto* blocks = static_cast<const float*>(b.data->data());
+  for (int r = 0; r < g; ++r)
+    std::memcpy(send + static_cast<uint64_t>(r) * used, blocks + static_cast<uint64_t>(r) * b.capacity,
+                used * sizeof(float));
+  std::copy(extras.begin(), extras.end(), send + used * static_cast<uint64_t>(g));
+  send[per_rank - 1] = doubt;
+  for (int r = 1; r < g; ++r) std::memcpy(send + static_cast<uint64_t>(r) * per_rank, send, bytes);
+  copy_tally::add(CopyKind::BucketCompaction, static_cast<uint64_t>(g) * bytes);
+  b.group->run(params_label("gradient exchange (the step's only reduction, with its agreement) of", b.params),
+               [&](Communicator& c) {
+                 c.alltoall(send, all.data(), bytes, Communicator::Payload::Exact);
+               });
+  const auto* got = static_cast<const float*>(all.data());
+  auto rank_vector = [&](int r) { return got + static_cast<uint64_t>((r % g + g) % g) * per_rank; };
+  // The extras and doubts summed in rank order, as the step's all-reduce
+  // sums them.
+  const uint64_t tail = used * static_cast<uint64_t>(g);
+  for (size_t k = 0; k <= extras.size(); ++k) {
+    float sum = rank_vector(0)[tail + k];
+    for (int r = 1; r < g; ++r) sum += rank_vector(r)[tail + k];
+    if (k < extras.size()) extras[k] = sum; else doubt = sum;
+  }
+  // Each block summed as the ring reduce-scatter sums it (from rank b+1
+  // around to rank b, the last sum times 1/g), so every value, each
+  // block's sum of squares as its owner takes it, and the norm summed in
+  // rank order are the bits the reduce-scatter and the step's all-reduce
+  // give (the fused path changes no number: GradFusion compares them).
+  const float scale = 1.0f / static_cast<float>(g);
+  std::vector<float> sum(used);
+  float norm = 0.0f;
+  bool finite = true;
+  for (int blk = 0; blk < g; ++blk) {
+    const uint64_t at = static_cast<uint64_t>(blk) * used;
+    const float* first = rank_vector(blk + 1) + at;
+    std::copy(first, first + used, sum.begin());
+    for (int k = 2; k < g; ++k) {
+      const float* own = rank_vector(blk + k) + at;
+      for (uint64_t i = 0; i < used; ++i) sum[i] = own[i] + sum[i];
+    }
+    const float* own = rank_vector(blk) + at;
+    for (uint64_t i = 0; i < used; ++i) sum[i] = (own[i] + sum[i]) * scale;
+    std::vector<ops::Range> ranges;
+    for (const Param* p : stepped) {
+      const auto it = offset_of.find(p);
+      if (it != offset_of.end()) ranges.push_back(ops::Range{sum.data() + it->second, p->layout.shard_numel});
+    }
+    double sq = 0.0;
+    bool f = true;
+    if (!ranges.empty()) ops::sum_squares_and_finite(dev, ranges, &sq, &f);
+    norm = blk == 0 ? static_cast<float>(sq) : norm + static_cast<float>(sq);
+    finite = finite && f;
+    if (blk == me)
+      for (size_t i = 0; i < b.params.size(); ++i)
+        if (b.params[i]->grad) b.params[i]->grad->store(dev, sum.data() + b.offsets[i]);
+  }
+  out.done = true;
+  out.complete = doubt == 0.0f;
+  out.sum_squares = norm;
+  out.finite = finite;
+  loco_.end_round();
+  return out;
+}
+
 void GradReducer::reset_error_feedback() {
   ctx_.expect_locked();
   loco_.clear();
@@ -531,6 +651,7 @@ float* GradReducer::shard_data(Param& param) {
 
 void GradReducer::end_step(const std::set<const Param*>& stepped) {
   ctx_.expect_locked();
+  reductions_ = 0;
   for (const auto& p : touched_) {
     if (!stepped.count(p.get())) continue;
     // A stepped gradient is dead until the next backward writes it, as

@@ -855,7 +855,22 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   zs::Group& world = *ctx_.world();
   const bool fused_agreement = agreement_fusable(world.size());
   if (!fused_agreement) check_agreement(world, description);
-  grads(ctx_).sync_locked();
+  // One world all-reduce (Sum) carries, in this order: the agreement
+  // check, the sums of squares of groups spanning the world (0 if none),
+  // and how many ranks saw inf/NaN. Every rank issues it alike whatever its
+  // optimizer holds, so a disagreement is named before the per-group
+  // all-reduces (MiCS shard groups), whose number it could change. Where the
+  // step's gradients are one small bucket, the agreement rides on its
+  // reduction instead, which also yields the norm (sync_fusing_locked).
+  std::vector<float> v(kAgreementFloats + 2, 0.0f);
+  if (fused_agreement) agreement_floats(description, v.data());
+  const std::vector<float> mine = v;
+  std::vector<const Param*> stepped;
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots) stepped.push_back(s.param.get());
+  const GradReducer::FusedNorm fused = grads(ctx_).sync_fusing_locked(v, stepped);
+  if (fused.done && fused_agreement && !agreement_holds(v.data(), mine.data(), world.size()))
+    fail_disagreement(world, description);
 
   // Sum of squares per partition group (each group's shards cover its
   // params once), and whether any rank saw inf/NaN. A shard not written
@@ -886,16 +901,15 @@ Optimizer::OpenStep Optimizer::begin_locked() {
     sumsq.emplace(key, std::make_pair(group, sum));
     if (!finite) nonfinite = 1.0f;
   }
-  // One world all-reduce (Sum) carries, in this order: the agreement
-  // check, the sums of squares of groups spanning the world (0 if none),
-  // and how many ranks saw inf/NaN. Every rank issues it alike whatever its
-  // optimizer holds, so a disagreement is named before the per-group
-  // all-reduces (MiCS shard groups), whose number it could change.
   double total = 0.0;
-  {
-    std::vector<float> v(kAgreementFloats + 2, 0.0f);
-    if (fused_agreement) agreement_floats(description, v.data());
-    const std::vector<float> mine = v;
+  if (fused.done && fused.complete) {
+    // Every rank reduced every block: the norm is known alike here (and
+    // no other group holds a gradient: complete).
+    total = fused.sum_squares;
+    nonfinite = fused.finite ? 0.0f : 1.0f;
+  } else {
+    std::fill(v.begin(), v.end(), 0.0f);
+    if (fused_agreement && !fused.done) agreement_floats(description, v.data());
     for (const auto* key : order) {
       auto& [group, local] = sumsq.at(key);
       if (group->size() == world.size()) v[kAgreementFloats] += static_cast<float>(local);
@@ -905,7 +919,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
       world.run("gradient norm", [&](Communicator& c) {
         c.allreduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum);
       });
-    if (fused_agreement && !agreement_holds(v.data(), mine.data(), world.size()))
+    if (fused_agreement && !fused.done && !agreement_holds(v.data(), mine.data(), world.size()))
       fail_disagreement(world, description);
     total = v[kAgreementFloats];
     nonfinite = v[kAgreementFloats + 1];
@@ -913,9 +927,9 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   for (const auto* key : order) {
     auto& [group, local] = sumsq.at(key);
     if (group->size() == world.size()) continue;
-    float v = static_cast<float>(local);
-    group->run("gradient norm", [&](Communicator& c) { c.allreduce(&v, &v, 1, DType::F32, ReduceOp::Sum); });
-    total += v;
+    float part = static_cast<float>(local);
+    group->run("gradient norm", [&](Communicator& c) { c.allreduce(&part, &part, 1, DType::F32, ReduceOp::Sum); });
+    total += part;
   }
 
   StepResult& r = open.result;

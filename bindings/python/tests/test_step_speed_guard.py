@@ -8,10 +8,11 @@ through zeroshard.torch side by side, step for step (which engine goes first
 alternates, and a barrier starts each engine's step on both ranks), for a
 few steps. Two checks:
 
-- deterministic: the reduce-scatters of a zeroshard step. The regression was
+- deterministic: the collectives of a zeroshard step. The regression was
   a reduce bucket sized from two 72-element units, which reduced the 400
   gradients in 212 latency-bound reduce-scatters a step; a bucket with its
-  floor in bytes reduces them in one.
+  floor in bytes reduces them in one, and that one exchange also yields
+  the step's norm, so nothing is all-reduced after it.
 - timing, generous so that a loaded machine does not fail it: zeroshard's
   median step at most 2.5x DDP's (about 1x when it passes; the regression
   was 4-25x on a 2-core machine).
@@ -67,7 +68,7 @@ def worker():
                "zeroshard": (bench.torch_step(model, opt), opt.zero_grad)}
     times = {e: [] for e in engines}
     losses = {e: [] for e in engines}
-    reduce_scatters, gathers = [], []
+    reduce_scatters, gathers, allreduced = [], [], []
     for i, (x, y) in enumerate(data):
         for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
             step, zero_grad = engines[name]
@@ -80,6 +81,7 @@ def worker():
         st = opt.step_stats()
         reduce_scatters.append(st["reduce_scatters"])
         gathers.append(st["gathers"])
+        allreduced.append(st["allreduce_bytes"])
     # Each step's time on the slower rank.
     slowest = {}
     for name, ts in times.items():
@@ -90,6 +92,7 @@ def worker():
     write_rank0_result(rank, {
         "median_step_s": medians, "ratio": medians["zeroshard"] / medians["ddp"], "step_times_s": slowest,
         "losses": losses, "reduce_scatters": reduce_scatters[WARMUP:], "gathers": gathers[WARMUP:],
+        "allreduce_bytes": allreduced[WARMUP:],
         "first_step_reduce_scatters": reduce_scatters[0]})
     dist.barrier()
     del model, opt
@@ -115,7 +118,7 @@ def side_by_side():
 
 
 def describe(r):
-    return json.dumps({k: r[k] for k in ("median_step_s", "ratio", "reduce_scatters", "gathers")})
+    return json.dumps({k: r[k] for k in ("median_step_s", "ratio", "reduce_scatters", "gathers", "allreduce_bytes")})
 
 
 def test_tiny_units_reduce_in_a_few_reduce_scatters_a_step():
@@ -126,6 +129,13 @@ def test_tiny_units_reduce_in_a_few_reduce_scatters_a_step():
     # The params are persistent (under the default threshold): one gather a
     # step refreshes them after the optimizer step.
     assert max(r["gathers"]) <= 2, describe(r)
+    # Its 57 KB of gradients are one bucket, reduced in one exchange that
+    # also yields the norm and carries the optimizer's agreement: nothing
+    # all-reduced after it (the step's second collective, worth a third of
+    # the step here before).
+    assert max(r["allreduce_bytes"]) == 0, (
+        "the fine model's step all-reduced after its reduction: is GradReducer::sync_fusing_locked's route "
+        "closed to it? " + describe(r))
 
 
 def test_step_within_a_generous_bound_of_ddp():
