@@ -267,24 +267,28 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
 void GradReducer::flush(Bucket& b) {
   if (!b.data || b.used == 0) return;
   ++reductions_;
-  // Blocks were laid out capacity apart; the collective wants them used
-  // apart, so close the gaps. On the host in place: block r moves down to
-  // r * used, below its source and past the blocks already moved, and the
-  // host copy is memmove, so overlap is fine; no second bucket-sized buffer
-  // sits next to the first while the backward peaks. On a GPU into a fresh
-  // buffer (device copies must not overlap).
+  // Blocks were laid out capacity apart. The host's reduce-scatter reads
+  // them where they are (a strided ring: no pass over the bucket); qgZ's
+  // quantized exchanges want them used apart, so there the gaps close in
+  // place: block r moves down to r * used, below its source and past the
+  // blocks already moved, and the host copy is memmove, so overlap is
+  // fine; no second bucket-sized buffer sits next to the first while the
+  // backward peaks. On a GPU into a fresh buffer (device copies must not
+  // overlap; NCCL wants them packed).
   const auto& devp = ctx_.device();
   const int g = b.group->size();
   const size_t wire = dtype_size(wire_);
+  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1 && ctx_.quantizes(*b.group);
   auto data = std::shared_ptr<Buffer>(std::move(b.data));
-  if (b.used < b.capacity && g > 1 && !devp->is_cuda()) {
+  const uint64_t stride = quantized || devp->is_cuda() ? b.used : b.capacity;
+  if (b.used < b.capacity && g > 1 && !devp->is_cuda() && quantized) {
     auto* blocks = static_cast<uint8_t*>(data->data());
     for (int r = 1; r < g; ++r) {
       const auto rank = static_cast<uint64_t>(r);
       devp->copy(blocks + rank * b.used * wire, blocks + rank * b.capacity * wire, b.used * wire);
     }
     copy_tally::add(CopyKind::BucketCompaction, static_cast<uint64_t>(g - 1) * b.used * wire);
-  } else if (b.used < b.capacity && g > 1) {
+  } else if (b.used < b.capacity && g > 1 && devp->is_cuda()) {
     auto packed = std::make_shared<Buffer>(devp, b.used * static_cast<uint64_t>(g) * wire, MemKind::ReduceBuckets);
     std::vector<ops::Copy> copies;
     const auto* from = static_cast<const uint8_t*>(data->data());
@@ -311,7 +315,6 @@ void GradReducer::flush(Bucket& b) {
   // one host, stays exact. Across whole nodes, two hops (quantized_reduce.h),
   // each on its own group's thread; the first, within a node, is exact when
   // the node is one host: only traffic between hosts is quantized.
-  const bool quantized = ctx_.config().zero_quantized_gradients && g > 1 && ctx_.quantizes(*group);
   const kernels::QuantSpec spec{static_cast<int>(ctx_.config().zero_quantized_gradients_bits),
                                 static_cast<size_t>(ctx_.config().zero_quantized_gradients_block_size)};
   // The first write since the step assigns (the shard holds an old
@@ -368,7 +371,7 @@ void GradReducer::flush(Bucket& b) {
     w = group->submit(
         params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
                      params),
-        [data, used, devp, quantized, spec, add_into_shards, e = errs.hop1, feedback,
+        [data, used, stride, devp, quantized, spec, add_into_shards, e = errs.hop1, feedback,
          wire_dtype](Communicator& comm) {
           Buffer mine(devp, used * sizeof(float), MemKind::ReduceBuckets);
           if (quantized) {
@@ -376,11 +379,11 @@ void GradReducer::flush(Bucket& b) {
                                          static_cast<float*>(mine.data()), used, spec,
                                          feedback(e));
           } else if (wire_dtype == DType::F32) {
-            comm.reduce_scatter(data->data(), mine.data(), used, DType::F32, ReduceOp::Avg);
+            comm.reduce_scatter_strided(data->data(), mine.data(), used, stride, DType::F32, ReduceOp::Avg);
           } else {
             // 16-bit on the wire, widened once into the fp32 shards' sum.
             Buffer narrow(devp, used * dtype_size(wire_dtype), MemKind::ReduceBuckets);
-            comm.reduce_scatter(data->data(), narrow.data(), used, wire_dtype, ReduceOp::Avg);
+            comm.reduce_scatter_strided(data->data(), narrow.data(), used, stride, wire_dtype, ReduceOp::Avg);
             ops::cast_to_f32(*devp, narrow.data(), wire_dtype, static_cast<float*>(mine.data()), used);
             copy_tally::add(CopyKind::WireWiden, used * sizeof(float));
           }

@@ -90,7 +90,7 @@ void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_
 // their own at all. The sums are ring_reduce_blocks' (own block + what
 // arrives), bit for bit.
 void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_t count,
-                        ReduceOp op) {
+                        ReduceOp op, size_t stride) {
   const int n = p2p.size();
   const int me = p2p.rank();
   if (n == 1) {
@@ -101,10 +101,11 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
     return;
   }
   const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(n) : 1.0f;
-  auto block = [n, send, count](int b) { return send + static_cast<size_t>((b + n) % n) * count; };
+  auto block = [n, send, stride](int b) { return send + static_cast<size_t>((b + n) % n) * stride; };
   const size_t bytes = count * sizeof(float);
   const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
-  const bool recv_apart = at(recv + count) <= at(send) || at(recv) >= at(send + n * count);
+  const size_t span = static_cast<size_t>(n - 1) * stride + count;
+  const bool recv_apart = at(recv + count) <= at(send) || at(recv) >= at(send + span);
   std::unique_ptr<Buffer> incoming;  // what arrives, on the steps before the last
   if (n > 2 || !recv_apart) incoming = std::make_unique<Buffer>(bytes, MemKind::CommStaging);
   std::unique_ptr<Buffer> partial;  // the sum so far, sent on at the next step
@@ -134,12 +135,13 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
 // first would round each of them (8 bits) for no gain. Max and min are
 // exact either way.
 void reduce_scatter_16(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
-                       ReduceOp op) {
+                       ReduceOp op, size_t stride) {
   const int n = p2p.size();
   const int me = p2p.rank();
   const size_t bytes = count * dtype_size(dtype);
+  const size_t apart = stride * dtype_size(dtype);
   const auto* base = static_cast<const uint8_t*>(send);
-  auto block = [n, base, bytes](int b) { return base + static_cast<size_t>((b + n) % n) * bytes; };
+  auto block = [n, base, apart](int b) { return base + static_cast<size_t>((b + n) % n) * apart; };
   if (n == 1) {
     if (recv != send) {
       std::memmove(recv, send, bytes);
@@ -282,20 +284,23 @@ void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments) {
 }
 
 void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
-                    ReduceOp op) {
+                    ReduceOp op, size_t stride) {
   if (count == 0) return;
+  if (stride == 0) stride = count;
   if (dtype == DType::F32) {
-    reduce_scatter_f32(p2p, static_cast<const float*>(send), static_cast<float*>(recv), count, op);
+    reduce_scatter_f32(p2p, static_cast<const float*>(send), static_cast<float*>(recv), count, op, stride);
     return;
   }
   if (dtype == DType::BF16 || dtype == DType::F16) {
-    reduce_scatter_16(p2p, send, recv, count, dtype, op);
+    reduce_scatter_16(p2p, send, recv, count, dtype, op, stride);
     return;
   }
   const int n = p2p.size();
   const size_t elem = wire_elem(dtype);
   Buffer acc(count * elem * static_cast<size_t>(n), MemKind::CommStaging);
-  widen(send, dtype, acc.data(), count * static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b)
+    widen(static_cast<const uint8_t*>(send) + static_cast<size_t>(b) * stride * dtype_size(dtype), dtype,
+          static_cast<uint8_t*>(acc.data()) + static_cast<size_t>(b) * count * elem, count);
   std::vector<size_t> offsets, counts(static_cast<size_t>(n), count);
   for (int b = 0; b < n; ++b) offsets.push_back(static_cast<size_t>(b) * count);
   auto* bytes = static_cast<uint8_t*>(acc.data());

@@ -22,9 +22,10 @@ namespace zs::collectives {
 constexpr size_t kDirectSegmentBytes = 256 * 1024;
 void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments);
 
-// send: count * size() elements; block rank() of the reduction to recv.
+// send: size() blocks of count elements, `stride` elements apart (0: count,
+// packed); block rank() of the reduction to recv.
 void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
-                    ReduceOp op);
+                    ReduceOp op, size_t stride = 0);
 
 // Up to kDirectAllReduceBytes (in fp32): everyone's vector to everyone,
 // reduced in rank order; beyond: ring reduce-scatter, then the blocks to

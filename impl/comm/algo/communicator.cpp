@@ -9,6 +9,16 @@ void check_reduction(const char* what, DType dtype, ReduceOp op) {
     fail(Code::NotSupported, what, ": ZS_AVG is not defined for ZS_UINT8");
 }
 
+void check_stride(size_t count, size_t stride) {
+  if (stride < count)
+    fail(Code::InvalidArgument, "reduce-scatter: blocks ", stride, " elements apart cannot hold ", count,
+         " elements each");
+}
+
+void Communicator::do_reduce_scatter_strided(const void*, void*, size_t, size_t, DType, ReduceOp) {
+  fail(Code::Internal, "this communicator has no strided reduce-scatter (host memory only)");
+}
+
 void check_root(const char* what, int root, int size) {
   if (root < 0 || root >= size)
     fail(Code::InvalidArgument, what, ": root ", root, " is out of range [0, ", size, ")");

@@ -29,6 +29,7 @@ struct GatherSegment {
 // algorithms' own use). `what` names the collective in the message.
 void check_reduction(const char* what, DType dtype, ReduceOp op);
 void check_root(const char* what, int root, int size);
+void check_stride(size_t count, size_t stride);
 
 class Communicator {
  public:
@@ -53,6 +54,17 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     check_reduction("reduce-scatter", dtype, op);
     do_reduce_scatter(send, recv, count, dtype, op);
+  }
+  // reduce_scatter() of blocks `stride` elements apart in send (stride >=
+  // count): a bucket filled to less than its capacity goes out without
+  // being packed first. Host memory; the communicators over host memory
+  // implement it (the ring reads each block where it is), others refuse.
+  void reduce_scatter_strided(const void* send, void* recv, size_t count, size_t stride, DType dtype,
+                              ReduceOp op) {
+    check_reduction("reduce-scatter", dtype, op);
+    check_stride(count, stride);
+    if (stride == count) return do_reduce_scatter(send, recv, count, dtype, op);
+    do_reduce_scatter_strided(send, recv, count, stride, dtype, op);
   }
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     check_reduction("all-reduce", dtype, op);
@@ -80,6 +92,8 @@ class Communicator {
   // Called with the arguments checked (see the top of this file).
   virtual void do_reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                                  ReduceOp op) = 0;
+  virtual void do_reduce_scatter_strided(const void* send, void* recv, size_t count, size_t stride,
+                                         DType dtype, ReduceOp op);
   virtual void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                             ReduceOp op) = 0;
   virtual void do_alltoall(const void* send, void* recv, size_t bytes_per_rank, Payload payload) = 0;

@@ -132,6 +132,12 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         [&] { collectives::reduce_scatter(*this, send, recv, count, dtype, op); });
   }
 
+  void do_reduce_scatter_strided(const void* send, void* recv, size_t count, size_t stride, DType dtype,
+                                 ReduceOp op) override {
+    run("reduce-scatter", [&] { return elements(count, dtype, op) + " per rank"; }, 0,
+        [&] { collectives::reduce_scatter(*this, send, recv, count, dtype, op, stride); });
+  }
+
   void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op) override {
     run("all-reduce", [&] { return elements(count, dtype, op); }, 0,

@@ -22,6 +22,10 @@ class LocalCommunicator final : public Communicator {
                          ReduceOp) override {
     copy_if_distinct(recv, send, count * dtype_size(dtype));  // avg of one = itself
   }
+  void do_reduce_scatter_strided(const void* send, void* recv, size_t count, size_t, DType dtype,
+                                 ReduceOp) override {
+    copy_if_distinct(recv, send, count * dtype_size(dtype));  // block 0 only
+  }
   void do_allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp) override {
     copy_if_distinct(recv, send, count * dtype_size(dtype));
   }

@@ -38,6 +38,12 @@ class TimedCommunicator final : public Communicator {
     timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
           [&] { inner_->reduce_scatter(send, recv, count, dtype, op); });
   }
+  void do_reduce_scatter_strided(const void* send, void* recv, size_t count, size_t stride, DType dtype,
+                                 ReduceOp op) override {
+    const uint64_t b = count * dtype_size(dtype) * moved();
+    timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
+          [&] { inner_->reduce_scatter_strided(send, recv, count, stride, dtype, op); });
+  }
   void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op) override {
     // A ring all-reduce moves about twice the buffer through each rank.
