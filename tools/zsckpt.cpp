@@ -6,6 +6,7 @@
 //   zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]
 //   zsckpt reshard PATH OUT_DIR --world N [--tag T]
 //   zsckpt import  SRC OUT_DIR [--tag T]
+//   zsckpt export-deepspeed PATH OUT_DIR [--world N] [--tag T]
 //
 // PATH is a checkpoint directory (it holds manifest.json) or a directory of
 // them, where --tag picks one and `latest` is the default. A progress bar
@@ -14,6 +15,12 @@
 // import reads a DeepSpeed ZeRO checkpoint directory or a torch DCP one
 // (FSDP2's) into OUT_DIR/<tag>: their files need torch, so it runs
 // `python -m zeroshard.convert` with $ZS_PYTHON (default python3).
+// export-deepspeed is the other way: PATH (a checkpoint, a directory of
+// them, or a Hugging Face Trainer folder holding zeroshard/) written into
+// OUT_DIR in DeepSpeed ZeRO-3's layout for N ranks (default: PATH's world
+// size), which DeepSpeed resumes at N ranks and its zero_to_fp32.py reads;
+// DeepSpeed's files are pickles of its classes, so this runs
+// `python -m zeroshard.convert --to-deepspeed` the same way.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -37,7 +44,8 @@ int usage() {
                "       zsckpt verify  PATH [--tag T]\n"
                "       zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]\n"
                "       zsckpt reshard PATH OUT_DIR --world N [--tag T]\n"
-               "       zsckpt import  SRC OUT_DIR [--tag T]   (DeepSpeed or torch DCP; needs Python, torch)\n");
+               "       zsckpt import  SRC OUT_DIR [--tag T]   (DeepSpeed or torch DCP; needs Python, torch)\n"
+               "       zsckpt export-deepspeed PATH OUT_DIR [--world N] [--tag T]   (needs Python, torch, DeepSpeed)\n");
   return 2;
 }
 
@@ -57,6 +65,28 @@ zs_progress_fn bar() { return isatty(2) ? progress_bar : nullptr; }
 
 int failed(zs_status s) {
   std::fprintf(stderr, "zsckpt: %s: %s\n", zs_status_string(s), zs_last_error());
+  return 1;
+}
+
+// Runs $ZS_PYTHON (default python3) with `args` in place of this process:
+// the converter loads the library this tool runs on, unless told otherwise.
+int run_python(std::vector<std::string> args, const char* what) {
+  const char* env = std::getenv("ZS_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  args.insert(args.begin(), python);
+  std::vector<char*> argv_out;
+  for (auto& a : args) argv_out.push_back(a.data());
+  argv_out.push_back(nullptr);
+  Dl_info self{};
+  if (std::getenv("ZEROSHARD_LIBRARY") == nullptr &&
+      dladdr(reinterpret_cast<void*>(&zs_checkpoint_verify), &self) != 0 && self.dli_fname != nullptr)
+    setenv("ZEROSHARD_LIBRARY", self.dli_fname, 1);
+  std::fflush(stdout);
+  execvp(python.c_str(), argv_out.data());
+  std::fprintf(stderr,
+               "zsckpt: %s: cannot run '%s' (%s): reading and writing DeepSpeed and DCP files needs Python with "
+               "torch and the zeroshard package; set ZS_PYTHON to that interpreter\n",
+               what, python.c_str(), std::strerror(errno));
   return 1;
 }
 
@@ -198,25 +228,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "import" && pos.size() == 2) {
-    const char* env = std::getenv("ZS_PYTHON");
-    const std::string python = env != nullptr && *env != '\0' ? env : "python3";
-    std::vector<std::string> args{python, "-m", "zeroshard.convert", pos[0], pos[1]};
+    std::vector<std::string> args{"-m", "zeroshard.convert", pos[0], pos[1]};
     if (t != nullptr) args.insert(args.end(), {"--tag", tag});
-    std::vector<char*> argv_out;
-    for (auto& a : args) argv_out.push_back(a.data());
-    argv_out.push_back(nullptr);
-    // The converter loads the library this tool runs on, unless told otherwise.
-    Dl_info self{};
-    if (std::getenv("ZEROSHARD_LIBRARY") == nullptr &&
-        dladdr(reinterpret_cast<void*>(&zs_checkpoint_verify), &self) != 0 && self.dli_fname != nullptr)
-      setenv("ZEROSHARD_LIBRARY", self.dli_fname, 1);
-    std::fflush(stdout);
-    execvp(python.c_str(), argv_out.data());
-    std::fprintf(stderr,
-                 "zsckpt: import: cannot run '%s' (%s): reading DeepSpeed and DCP files needs Python with torch "
-                 "and the zeroshard package; set ZS_PYTHON to that interpreter\n",
-                 python.c_str(), std::strerror(errno));
-    return 1;
+    return run_python(args, "import");
+  }
+  if (cmd == "export-deepspeed" && pos.size() == 2) {
+    std::vector<std::string> args{"-m", "zeroshard.convert", "--to-deepspeed", pos[0], pos[1]};
+    if (t != nullptr) args.insert(args.end(), {"--tag", tag});
+    if (world > 0) args.insert(args.end(), {"--world", std::to_string(world)});
+    return run_python(args, "export-deepspeed");
   }
   return usage();
 }

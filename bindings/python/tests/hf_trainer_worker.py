@@ -206,13 +206,14 @@ def mode_save(kind, engine, out):
 def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
     # Phase "save" or "load", "_s2bf16" after it: bf16 in the same script,
-    # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout).
+    # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout);
+    # "_bf16": bf16 under the ZeRO-3 JSON.
     phase, _, variant = phase.partition("_")
     extra_args = {}
-    if variant == "s2bf16":
+    if variant in ("s2bf16", "bf16"):
         extra_args["bf16"] = True
-        if engine in ("zeroshard", "deepspeed"):
-            extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
+    if variant == "s2bf16" and engine in ("zeroshard", "deepspeed"):
+        extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
                      gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
                      **extra_args)
@@ -220,15 +221,30 @@ def mode_resume(kind, engine, out, phase):
     extra = {}
     if engine == "zeroshard" and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
         extra["async_checkpoint"] = True
+    if engine == "zeroshard" and os.environ.get("ZS_TEST_DEEPSPEED_CHECKPOINT"):
+        # DeepSpeed ZeRO-3's layout beside the engine's, for this world size or the one named
+        given = os.environ["ZS_TEST_DEEPSPEED_CHECKPOINT"]
+        extra["deepspeed_checkpoint"] = True if given == "1" else int(given.removeprefix("world"))
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
+    timed = {}
     if phase == "save":
         trainer.train()
     else:  # this engine's own checkpoint, or the one $ZS_TEST_RESUME_ENGINE's run of this mode wrote
         root = os.environ.get("ZS_TEST_RESUME_ROOT")  # under its ZS_TEST_DIR
         saved = os.path.join(root, "_".join(["resume_save", *([variant] if variant else [])]),
                              os.environ["ZS_TEST_RESUME_ENGINE"]) if root else out
+        if engine == "deepspeed":  # the time of DeepSpeed's load_checkpoint, for the figures
+            import time
+            import transformers.trainer as hf_trainer
+            load = hf_trainer.deepspeed_load_checkpoint
+
+            def timed_load(*a, **k):
+                t = time.perf_counter()
+                load(*a, **k)
+                timed["load_s"] = time.perf_counter() - t
+            hf_trainer.deepspeed_load_checkpoint = timed_load
         trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
-    return {"losses": losses(trainer), "steps": trainer.state.global_step}
+    return {"losses": losses(trainer), "steps": trainer.state.global_step, **timed}
 
 
 def mode_pretrained(engine, out):

@@ -1,6 +1,9 @@
-"""Another engine's checkpoint as a zeroshard checkpoint, offline:
+"""Another engine's checkpoint as a zeroshard checkpoint, and a zeroshard
+checkpoint as DeepSpeed's, offline:
 
     python -m zeroshard.convert SRC OUT [--tag T]      (zsckpt import SRC OUT runs it)
+    python -m zeroshard.convert --to-deepspeed SRC OUT [--world N] [--tag T]
+                                                       (zsckpt export-deepspeed SRC OUT runs it)
 
 SRC: a DeepSpeed ZeRO-1/2/3 checkpoint directory (what engine.save_checkpoint
 wrote: `latest` and global_stepN/), or a torch DCP directory FSDP2 wrote
@@ -12,6 +15,12 @@ returns). One process holds the whole model (params and both moments,
 fp32), one param at a time is read from the source; load the result at any
 world size. DeepSpeed's files are read without running pickled code
 (zeroshard.torch.deepspeed_checkpoint); DCP's through torch's reader.
+
+--to-deepspeed: SRC is a zeroshard checkpoint (or a directory of them, or a
+Hugging Face Trainer checkpoint-N/ holding zeroshard/); OUT receives
+DeepSpeed ZeRO-3's layout for N ranks (default SRC's world size):
+OUT/global_stepN/, OUT/latest and DeepSpeed's zero_to_fp32.py
+(zeroshard.torch.deepspeed_export). DeepSpeed resumes it at N ranks only.
 """
 import argparse
 import json
@@ -116,10 +125,19 @@ def main(argv=None):
     ap.add_argument("src")
     ap.add_argument("out")
     ap.add_argument("--tag", default=None)
+    ap.add_argument("--to-deepspeed", action="store_true",
+                    help="write SRC (zeroshard) into OUT in DeepSpeed ZeRO-3's layout")
+    ap.add_argument("--world", type=int, default=None, help="with --to-deepspeed: the world size that resumes it")
     args = ap.parse_args(argv)
+    if args.world is not None and not args.to_deepspeed:
+        ap.error("--world goes with --to-deepspeed")
     try:
-        where = convert(args.src, args.out, args.tag)
-    except (ValueError, KeyError, OSError) as e:
+        if args.to_deepspeed:
+            from .torch import deepspeed_export
+            where = deepspeed_export.export(args.src, args.out, world_size=args.world, tag=args.tag)
+        else:
+            where = convert(args.src, args.out, args.tag)
+    except (ValueError, KeyError, OSError, ImportError) as e:
         print(f"zeroshard.convert: {e}", file=sys.stderr)
         return 1
     print(where)

@@ -39,11 +39,21 @@ class ZeroShardTrainerMixin:
     see the module docstring. `zeroshard_config` is the DeepSpeed config
     when the TrainingArguments carry none (`deepspeed=`)."""
 
-    def __init__(self, *args, zeroshard_config=None, async_checkpoint=False, **kwargs):
+    def __init__(self, *args, zeroshard_config=None, async_checkpoint=False, deepspeed_checkpoint=False, **kwargs):
         # async_checkpoint: each checkpoint's engine state is written in the
         # background (zt.save_checkpoint(async_save=True)); rotating old
         # checkpoints out (save_total_limit) and the end of train() wait for it.
         self.async_checkpoint = bool(async_checkpoint)
+        # deepspeed_checkpoint: each checkpoint-N/ also holds DeepSpeed
+        # ZeRO-3's layout (global_stepN/, latest, zero_to_fp32.py), which
+        # transformers.Trainer under DeepSpeed resumes: True for this run's
+        # world size, an int for another (DeepSpeed loads ZeRO-3 optimizer
+        # state only at the world size it was written for).
+        if deepspeed_checkpoint is not False and not (deepspeed_checkpoint is True or (
+                isinstance(deepspeed_checkpoint, int) and deepspeed_checkpoint >= 1)):
+            raise ValueError(f"zeroshard.hf.Trainer: deepspeed_checkpoint={deepspeed_checkpoint!r}: True (this "
+                             f"run's world size), a world size >= 1, or False")
+        self.deepspeed_checkpoint = deepspeed_checkpoint
         # The arguments by the base class's own signature: TRL's trainers
         # put reward_funcs or ref_model second, and take the model as a path.
         mro = type(self).__mro__
@@ -235,6 +245,30 @@ class ZeroShardTrainerMixin:
                            async_save=self.async_checkpoint)
         if self.args.should_save and self.lr_scheduler is not None:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
+        if self.deepspeed_checkpoint is not False:
+            self._save_deepspeed_layout(output_dir)
+
+    def _save_deepspeed_layout(self, output_dir):
+        """DeepSpeed ZeRO-3's files beside the engine's, read back from the
+        engine's checkpoint just written: each rank writes the DeepSpeed
+        ranks r with r % world == its rank; rank 0 commits global_stepN/
+        and `latest`, and copies DeepSpeed's zero_to_fp32.py."""
+        import torch.distributed as dist
+
+        from ..torch import deepspeed_export
+        zt.wait_checkpoint()  # an asynchronous save is read back: durable first
+        opt = checkpoint_optimizer([self.optimizer])
+        if not isinstance(opt, zt.ZeroShardOptimizer):
+            raise ValueError(f"zeroshard.hf.Trainer(deepspeed_checkpoint=...): DeepSpeed's layout is written from "
+                             f"the engine's AdamW, not a {type(opt).__name__}")
+        optim = str(getattr(self.args.optim, "value", self.args.optim))
+        extras = [{**({"initial_lr": g["initial_lr"]} if "initial_lr" in g else {}),
+                   "fused": True if optim == "adamw_torch_fused" else None} for g in opt.param_groups]
+        world = self.args.world_size if self.deepspeed_checkpoint is True else int(self.deepspeed_checkpoint)
+        barrier = dist.barrier if dist.is_available() and dist.is_initialized() else None
+        deepspeed_export.export(os.path.join(output_dir, CHECKPOINT_DIR), output_dir, world_size=world,
+                                ds_config=self.zs_config, group_extras=extras, rank=self.args.process_index,
+                                world=self.args.world_size, barrier=barrier)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         # The weights come with the optimizer's state (_load_optimizer_and_scheduler).

@@ -11,7 +11,7 @@ shard_optim).
     loss = model(x).loss; loss.backward(); optimizer.step()
 """
 from ._context import current_context, get_context, init_context, shutdown
-from .checkpoint import (export_dcp, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint,
+from .checkpoint import (export_dcp, export_deepspeed, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint,
                          wait_checkpoint)
 from ._params import is_partitioned
 from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
@@ -30,7 +30,7 @@ from .weight_stream import full_weights
 __all__ = [
     "CPUOffloadPolicy", "GatheredParameters", "Init", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
-    "export_dcp", "export_safetensors", "format_memory_report", "full_weights", "fully_shard", "wait_checkpoint", "get_context",
+    "export_dcp", "export_deepspeed", "export_safetensors", "format_memory_report", "full_weights", "fully_shard", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint", "set_generation_gather",

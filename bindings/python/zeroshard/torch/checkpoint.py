@@ -15,7 +15,7 @@ import json
 from ._context import get_context
 from ._params import is_partitioned, optimizer_state_view
 from .optim import ZeroShardOptimizer, _hook_engines
-from . import dcp_checkpoint, deepspeed_checkpoint, shard_optim, shard_optim_checkpoint
+from . import dcp_checkpoint, deepspeed_checkpoint, deepspeed_export, shard_optim, shard_optim_checkpoint
 
 
 def _named_params(model, what):
@@ -62,6 +62,9 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
     user = {"client_state": client_state,
             "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
                         for n, b in _persistent_buffers(model)}}
+    aliases = _aliases(model)
+    if aliases:  # tied params' other names: export_deepspeed lists them as DeepSpeed's shared_params
+        user["aliases"] = aliases
     stock = optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer)
     if stock:  # a torch optimizer on the shards: its state beside the engine's
         user["torch_optimizer"] = shard_optim_checkpoint.checkpoint_state(optimizer, _param_names(model))
@@ -79,6 +82,18 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
     return get_context().save_checkpoint(dir, zparams, optimizer=engine, tag=tag, names=names, user_json=user,
                                          timeout_ms=timeout_ms, overwrite=overwrite, progress=progress,
                                          async_save=async_save)
+
+
+def _aliases(model):
+    """{other name: saved name} of params reachable under several names
+    (GPT-2's lm_head.weight is transformer.wte.weight)."""
+    first, out = {}, {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            out[n] = first[id(p)]
+        else:
+            first[id(p)] = n
+    return out
 
 
 def wait_checkpoint():
@@ -233,6 +248,21 @@ def export_safetensors(model, path, progress=None):
     a time and written by rank 0. Collective."""
     names, zparams = _named_params(model, "export_safetensors")
     get_context().export_safetensors(path, zparams, names=names, progress=progress)
+
+
+def export_deepspeed(checkpoint, out, world_size=None, tag=None, ds_config=None):
+    """A zeroshard checkpoint (save_checkpoint's directory, a directory of
+    them, or a Hugging Face Trainer checkpoint-N/ holding zeroshard/) written
+    into `out` in DeepSpeed ZeRO-3's layout for `world_size` ranks (default:
+    the checkpoint's): out/global_step<N>/ (each rank's fp32 partitions, Adam
+    moments and step, model states), out/latest and DeepSpeed's
+    zero_to_fp32.py. DeepSpeed's load_checkpoint, and transformers.Trainer
+    under DeepSpeed with resume_from_checkpoint=out, resume it at
+    `world_size` ranks (DeepSpeed ZeRO-3 loads at the world size it was
+    written for). Offline, one process; needs DeepSpeed importable.
+    ds_config: recorded in the files (its zero_optimization.sub_group_size
+    cuts the flat groups as DeepSpeed would). Returns out/<tag>."""
+    return deepspeed_export.export(checkpoint, out, world_size=world_size, tag=tag, ds_config=ds_config)
 
 
 def export_dcp(path, model, optimizer=None, client_state=None):
