@@ -14,6 +14,7 @@ logged step), save (save_model, then from_pretrained unsharded), resume_save
 / resume_load (save_strategy "steps", then resume_from_checkpoint, maybe at
 another world size).
 """
+import contextlib
 import json
 import os
 import sys
@@ -63,8 +64,10 @@ def build(kind):
         return transformers.T5ForConditionalGeneration(transformers.T5Config(
             vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
             dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+    # $ZS_TEST_GPT2 "WIDTHxLAYERS" (e.g. 512x8) for figures on a larger model; the tests use 32x2.
+    width, layers = map(int, os.environ.get("ZS_TEST_GPT2", "32x2").split("x"))
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        vocab_size=VOCAB, n_positions=32, n_embd=width, n_layer=layers, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
         attn_pdrop=0.0))
 
 
@@ -226,25 +229,45 @@ def mode_resume(kind, engine, out, phase):
         given = os.environ["ZS_TEST_DEEPSPEED_CHECKPOINT"]
         extra["deepspeed_checkpoint"] = True if given == "1" else int(given.removeprefix("world"))
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
-    timed = {}
+    timed = {}  # seconds of each save and load step, for the figures in docs/checkpoints.md
     if phase == "save":
-        trainer.train()
+        with _time(trainer, "_save_optimizer_and_scheduler", timed, "save_s"), \
+                _time(trainer, "_save_deepspeed_layout", timed, "deepspeed_layout_s") if "deepspeed_checkpoint" in extra \
+                else contextlib.nullcontext():
+            trainer.train()
     else:  # this engine's own checkpoint, or the one $ZS_TEST_RESUME_ENGINE's run of this mode wrote
         root = os.environ.get("ZS_TEST_RESUME_ROOT")  # under its ZS_TEST_DIR
         saved = os.path.join(root, "_".join(["resume_save", *([variant] if variant else [])]),
                              os.environ["ZS_TEST_RESUME_ENGINE"]) if root else out
-        if engine == "deepspeed":  # the time of DeepSpeed's load_checkpoint, for the figures
-            import time
-            import transformers.trainer as hf_trainer
-            load = hf_trainer.deepspeed_load_checkpoint
-
-            def timed_load(*a, **k):
-                t = time.perf_counter()
-                load(*a, **k)
-                timed["load_s"] = time.perf_counter() - t
-            hf_trainer.deepspeed_load_checkpoint = timed_load
-        trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
+        import transformers.trainer as hf_trainer
+        # DeepSpeed's load_checkpoint as the Trainer calls it (under DeepSpeed only)
+        with _time(hf_trainer, "deepspeed_load_checkpoint", timed, "load_s"):
+            trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
     return {"losses": losses(trainer), "steps": trainer.state.global_step, **timed}
+
+
+@contextlib.contextmanager
+def _time(owner, name, into, key):
+    """owner.name timed while in the block: each call's seconds appended to
+    into[key]; put back after."""
+    import time
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            into.setdefault(key, []).append(time.perf_counter() - t)
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        if owner.__dict__.get(name) is timed:
+            if isinstance(owner, type) or not hasattr(type(owner), name):
+                setattr(owner, name, inner)
+            else:
+                delattr(owner, name)  # the instance's own copy: the class's method again
 
 
 def mode_pretrained(engine, out):

@@ -191,6 +191,85 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
             same(theirs[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
 
 
+def _zero_to_fp32(folder, out):
+    """DeepSpeed's zero_to_fp32.py, as copied into `folder`, run there: the
+    consolidated fp32 state dict it writes (pytorch_model.bin)."""
+    import subprocess
+    import sys
+    from launch_env import ranks_env
+    proc = subprocess.run([sys.executable, str(folder / "zero_to_fp32.py"), str(folder), str(out)],
+                          env=ranks_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return torch.load(out / "pytorch_model.bin", weights_only=True)
+
+
+def _zeroshard_fp32(checkpoint, out):
+    """zsckpt export --fp32 of the engine's checkpoint in `checkpoint`: the
+    full fp32 masters under their names."""
+    import subprocess
+    from safetensors.torch import load_file
+    proc = subprocess.run([str(REPO / "build" / "bin" / "zsckpt"), "export", str(checkpoint / "zeroshard"), str(out),
+                           "--fp32"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return load_file(out)
+
+
+def test_transformers_trainer_under_deepspeed_resumes_a_checkpoint_zeroshard_wrote(tmp_path):
+    """Leaving (issue 59 item 4): zeroshard.hf.Trainer(deepspeed_checkpoint=True)
+    on 2 ranks saves checkpoint-4 of 8 steps, DeepSpeed ZeRO-3's layout
+    (global_step4/, latest, zero_to_fp32.py) beside the engine's; the same
+    script through plain transformers.Trainer under DeepSpeed 0.19.8 ZeRO-3
+    on 2 ranks resumes it (DeepSpeed's load_checkpoint: fp32 partitions, Adam
+    moments and step; the Trainer's own schedule, state and RNG): steps 5-8
+    equal zeroshard's uninterrupted run's (fp32 1e-5, bf16 1e-4). DeepSpeed's
+    zero_to_fp32.py in the folder consolidates weights equal bit for bit to
+    zsckpt export --fp32. zsckpt export-deepspeed --world 3 writes the layout
+    for 3 ranks (DeepSpeed ZeRO-3 loads only at the world size written):
+    zero_to_fp32 gives the same weights from it, and its Adam moments, read
+    back, are the engine's."""
+    ours = run(2, "resume_save,resume_save_bf16", "zeroshard", str(tmp_path),
+               extra_env={"ZS_TEST_DEEPSPEED_CHECKPOINT": "1"})
+    theirs = run(2, "resume_load,resume_load_bf16", "deepspeed",
+                 extra_env={"DS_ACCELERATOR": "cpu", "ZS_TEST_RESUME_ROOT": str(tmp_path),
+                            "ZS_TEST_RESUME_ENGINE": "zeroshard"})
+    for variant, rel, prefix in (("", 1e-5, ""), ("_bf16", 1e-4, "bf16_")):
+        folder = tmp_path / f"resume_save{variant}" / "zeroshard" / "checkpoint-4"
+        assert (folder / "latest").read_text() == "global_step4"
+        assert sorted(f.name for f in (folder / "global_step4").iterdir()) == sorted(
+            [f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+            + [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)])
+        resumed = theirs[f"resume_load{variant}"]
+        assert resumed["steps"] == 8 and len(resumed["load_s"]) == 1, resumed  # through DeepSpeed's load_checkpoint
+        same(ours[f"resume_save{variant}"]["losses"], resumed["losses"], rel=rel)
+        consolidated = _zero_to_fp32(folder, tmp_path / f"fp32{variant}")
+        exported = _zeroshard_fp32(folder, tmp_path / f"zs{variant}.safetensors")
+        assert set(consolidated) == set(exported) | {"lm_head.weight"}  # the tied alias, as DeepSpeed lists it
+        for name, value in exported.items():
+            assert value.dtype == consolidated[name].dtype == torch.float32 and torch.equal(value, consolidated[name]), name
+    # Offline, for another world size: zsckpt export-deepspeed.
+    import subprocess
+    import sys
+    from zeroshard.torch import deepspeed_checkpoint, deepspeed_export
+    folder = tmp_path / "resume_save" / "zeroshard" / "checkpoint-4"
+    three = tmp_path / "three"
+    env = dict(os.environ, ZS_PYTHON=sys.executable, DS_ACCELERATOR="cpu")
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([str(REPO / "build" / "bin" / "zsckpt"), "export-deepspeed", str(folder), str(three),
+                           "--world", "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith(str(three / "global_step4")), proc.stdout
+    assert len(list((three / "global_step4").glob("zero_pp_rank_*_mp_rank_00_optim_states.pt"))) == 3
+    consolidated = _zero_to_fp32(three, tmp_path / "fp32_three")
+    exported = _zeroshard_fp32(folder, tmp_path / "zs.safetensors")
+    assert all(torch.equal(v, consolidated[n]) for n, v in exported.items())
+    back = deepspeed_checkpoint.DeepSpeedCheckpoint(three / "global_step4")
+    engine = deepspeed_export.ZeroshardCheckpoint(deepspeed_export.find(folder))
+    assert back.world == 3 and back.step() == 4
+    for name, p in engine.params.items():
+        for state in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(back.read(name, state, 0, p["numel"]), engine.read(name, state, 0, p["numel"])), name
+
+
 def test_resume_from_a_folder_no_engine_wrote_names_what_it_holds(tmp_path):
     from zeroshard.hf.trainer import _resumable
     (tmp_path / "model.safetensors").write_bytes(b"")
