@@ -190,8 +190,9 @@ class _Layout:
         self.sub_groups, self.group_of_sub, self.groups = [], [], []
         placed = set()
         for g, group in enumerate(opt["groups"]):
+            # DeepSpeed counts a param with no elements as frozen (not in its flat groups)
             names = [n for n in group["params"] if ck.params[n]["numel"] > 0]
-            placed.update(group["params"])
+            placed.update(names)
             extra = group_extras[g] if group_extras and g < len(group_extras) else None
             self.groups.append(_torch_group(group["hparams"], self.kind, extra))
             if not names:  # DeepSpeed leaves a group without trainable params out of its sub-groups
