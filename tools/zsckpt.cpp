@@ -45,7 +45,7 @@ int usage() {
                "       zsckpt export  PATH OUT.safetensors [--tag T] [--fp32]\n"
                "       zsckpt reshard PATH OUT_DIR --world N [--tag T]\n"
                "       zsckpt import  SRC OUT_DIR [--tag T]   (DeepSpeed or torch DCP; needs Python, torch)\n"
-               "       zsckpt export-deepspeed PATH OUT_DIR [--world N] [--tag T]   (needs Python, torch, DeepSpeed)\n");
+               "       zsckpt export-deepspeed PATH OUT_DIR [--world N] [--tag T]   (needs DeepSpeed)\n");
   return 2;
 }
 

@@ -231,9 +231,9 @@ def mode_resume(kind, engine, out, phase):
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
     timed = {}  # seconds of each save and load step, for the figures in docs/checkpoints.md
     if phase == "save":
-        with _time(trainer, "_save_optimizer_and_scheduler", timed, "save_s"), \
-                _time(trainer, "_save_deepspeed_layout", timed, "deepspeed_layout_s") if "deepspeed_checkpoint" in extra \
-                else contextlib.nullcontext():
+        layout = _time(trainer, "_save_deepspeed_layout", timed, "deepspeed_layout_s") \
+            if "deepspeed_checkpoint" in extra else contextlib.nullcontext()
+        with _time(trainer, "_save_optimizer_and_scheduler", timed, "save_s"), layout:
             trainer.train()
     else:  # this engine's own checkpoint, or the one $ZS_TEST_RESUME_ENGINE's run of this mode wrote
         root = os.environ.get("ZS_TEST_RESUME_ROOT")  # under its ZS_TEST_DIR

@@ -179,3 +179,50 @@ def test_zsckpt_import_writes_a_zeroshard_checkpoint_that_resumes_alike(made, tm
     bad = subprocess.run([str(REPO / "build" / "bin" / "zsckpt"), "import", str(tmp_path), str(tmp_path / "x")],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "neither a DeepSpeed checkpoint" in bad.stderr, bad.stderr
+
+
+def _manifest(tmp_path, kind="adamw", dtype="F32", optimizer=True):
+    """A zeroshard checkpoint's manifest alone (no rank files): enough for
+    the DeepSpeed export's checks, which refuse before reading a tensor."""
+    d = tmp_path / f"{kind}-{dtype}-{optimizer}"
+    d.mkdir()
+    params = [{"name": "w", "dtype": dtype, "shape": [3, 5], "numel": 15, "states": {}}]
+    hp = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "bias_correction": True}
+    opt = {"kind": kind, "steps": 2, "groups": [{"hparams": hp, "params": ["w"]}]} if optimizer else None
+    (d / "manifest.json").write_text(json.dumps({"format": "zeroshard-checkpoint", "world_size": 2, "step": 2,
+                                                 "files": [], "params": params, "optimizer": opt, "user": {}}))
+    return d
+
+
+def test_deepspeed_export_cuts_sub_groups_as_deepspeed_and_refuses_what_it_cannot_write(tmp_path):
+    """zeroshard.torch.deepspeed_export: a param group cut into sub-groups
+    where the rank's elements reach zero_optimization.sub_group_size, as
+    DeepSpeed stage3's own _create_fp16_sub_groups cuts it (run here on
+    stand-in params); an fp16 run, an optimizer other than Adam/AdamW and a
+    checkpoint without optimizer state are refused by name."""
+    from zeroshard.torch import deepspeed_export
+    cases = [([7, 3, 10, 1, 4], 8), ([7, 3, 10, 1, 4], 100), ([5, 5, 5], 5), ([1], 0), ([9, 2, 2], 11)]
+    ours = [deepspeed_export._sub_groups([f"p{i}" for i in range(len(n))], {f"p{i}": x for i, x in enumerate(n)}, s)
+            for n, s in cases]
+    script = (
+        "import json, sys, types\n"
+        "from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S\n"
+        "class P:\n"
+        "    def __init__(self, i, n): self.i, self.n = i, n\n"
+        "    def partition_numel(self): return self.n\n"
+        "out = []\n"
+        f"for numels, size in {cases!r}:\n"
+        "    params = [P(i, n) for i, n in enumerate(numels)]\n"
+        "    groups = S._create_fp16_sub_groups(types.SimpleNamespace(sub_group_size=size), params)\n"
+        "    out.append([[f'p{p.i}' for p in g] for g in groups])\n"
+        "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, DS_ACCELERATOR="cpu"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ours, (ours, proc.stdout)
+    for kwargs, message in (({"dtype": "F16"}, "fp16 params"), ({"kind": "sgd"}, "optimizer is 'sgd'"),
+                            ({"optimizer": False}, "holds no optimizer state")):
+        with pytest.raises(ValueError, match=message):
+            deepspeed_export.export(_manifest(tmp_path, **kwargs), tmp_path / "out")
+    with pytest.raises(ValueError, match="holds no zeroshard checkpoint"):
+        deepspeed_export.export(tmp_path, tmp_path / "out")

@@ -245,7 +245,8 @@ def test_transformers_trainer_under_deepspeed_resumes_a_checkpoint_zeroshard_wro
         exported = _zeroshard_fp32(folder, tmp_path / f"zs{variant}.safetensors")
         assert set(consolidated) == set(exported) | {"lm_head.weight"}  # the tied alias, as DeepSpeed lists it
         for name, value in exported.items():
-            assert value.dtype == consolidated[name].dtype == torch.float32 and torch.equal(value, consolidated[name]), name
+            assert value.dtype == consolidated[name].dtype == torch.float32, name
+            assert torch.equal(value, consolidated[name]), name
     # Offline, for another world size: zsckpt export-deepspeed.
     import subprocess
     import sys

@@ -11,8 +11,8 @@ shard_optim).
     loss = model(x).loss; loss.backward(); optimizer.step()
 """
 from ._context import current_context, get_context, init_context, shutdown
-from .checkpoint import (export_dcp, export_deepspeed, export_safetensors, load_checkpoint, load_pretrained, save_checkpoint,
-                         wait_checkpoint)
+from .checkpoint import (export_dcp, export_deepspeed, export_safetensors, load_checkpoint, load_pretrained,
+                         save_checkpoint, wait_checkpoint)
 from ._params import is_partitioned
 from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
 from .gathered import GatheredParameters
