@@ -215,9 +215,10 @@ def _zeroshard_fp32(checkpoint, out):
 
 
 def test_transformers_trainer_under_deepspeed_resumes_a_checkpoint_zeroshard_wrote(tmp_path):
-    """Leaving (issue 59 item 4): zeroshard.hf.Trainer(deepspeed_checkpoint=True)
-    on 2 ranks saves checkpoint-4 of 8 steps, DeepSpeed ZeRO-3's layout
-    (global_step4/, latest, zero_to_fp32.py) beside the engine's; the same
+    """Leaving (issue 59 item 4): zeroshard.hf.Trainer(deepspeed_checkpoint=True,
+    async_checkpoint=True: the layout is written once the engine's save is
+    durable) on 2 ranks saves checkpoint-4 of 8 steps, DeepSpeed ZeRO-3's
+    layout (global_step4/, latest, zero_to_fp32.py) beside the engine's; the same
     script through plain transformers.Trainer under DeepSpeed 0.19.8 ZeRO-3
     on 2 ranks resumes it (DeepSpeed's load_checkpoint: fp32 partitions, Adam
     moments and step; the Trainer's own schedule, state and RNG): steps 5-8
@@ -228,7 +229,7 @@ def test_transformers_trainer_under_deepspeed_resumes_a_checkpoint_zeroshard_wro
     zero_to_fp32 gives the same weights from it, and its Adam moments, read
     back, are the engine's."""
     ours = run(2, "resume_save,resume_save_bf16", "zeroshard", str(tmp_path),
-               extra_env={"ZS_TEST_DEEPSPEED_CHECKPOINT": "1"})
+               extra_env={"ZS_TEST_DEEPSPEED_CHECKPOINT": "1", "ZS_TEST_ASYNC_CHECKPOINT": "1"})
     theirs = run(2, "resume_load,resume_load_bf16", "deepspeed",
                  extra_env={"DS_ACCELERATOR": "cpu", "ZS_TEST_RESUME_ROOT": str(tmp_path),
                             "ZS_TEST_RESUME_ENGINE": "zeroshard"})
