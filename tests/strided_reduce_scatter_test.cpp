@@ -3,6 +3,8 @@
 // capacity holds them, reduce to the same bits as the same blocks packed,
 // for every float dtype and reduction, odd counts and gaps, 1-4 ranks; the
 // stats count the same bytes; a stride below the count is refused by name.
+// And its last hop handed to the caller (reduce_scatter_into), which the
+// gradient path stores straight into the shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,7 +99,51 @@ void strided_equals_packed(const RankEnv& env) {
   }
 }
 
+// reduce_scatter_into: the last hop handed to the caller, whose (own + in)
+// * scale is the bits reduce_scatter writes, for Sum and Avg; Max refused.
+void handed_over_equals_written(const RankEnv& env) {
+  auto ctx = make(env);
+  const auto n = static_cast<size_t>(env.world);
+  for (size_t count : {size_t{1}, size_t{777}, size_t{70001}}) {
+    for (zs::ReduceOp op : {zs::ReduceOp::Sum, zs::ReduceOp::Avg}) {
+      const size_t stride = count + 5;
+      std::vector<float> packed(count * n), strided(stride * n, 1e30f);
+      for (size_t b = 0; b < n; ++b)
+        for (size_t i = 0; i < count; ++i)
+          packed[b * count + i] = strided[b * stride + i] = value(env.rank, b * count + i);
+      std::vector<float> want(count), got(count, -1.0f);
+      ctx->world()->run("packed", [&](zs::Communicator& c) {
+        c.reduce_scatter(packed.data(), want.data(), count, zs::DType::F32, op);
+      });
+      int calls = 0;
+      ctx->world()->run("handed over", [&](zs::Communicator& c) {
+        c.reduce_scatter_into(strided.data(), count, stride, op, [&](const float* own, const float* in, float scale) {
+          ++calls;
+          for (size_t i = 0; i < count; ++i) got[i] = in ? (scale == 1.0f ? own[i] + in[i] : (own[i] + in[i]) * scale)
+                                                         : own[i] * scale;
+        });
+      });
+      EXPECT_EQ(calls, 1);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), count * sizeof(float)), 0)
+          << "count " << count << " op " << static_cast<int>(op);
+    }
+  }
+  std::vector<float> small(8);
+  try {
+    ctx->world()->run("max", [&](zs::Communicator& c) {
+      c.reduce_scatter_into(small.data(), 4, 4, zs::ReduceOp::Max, [](const float*, const float*, float) {});
+    });
+    ADD_FAILURE() << "Max was handed over";
+  } catch (const zs::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Sum or Avg only"), std::string::npos) << e.what();
+  }
+}
+
 class StridedReduceScatter : public ::testing::TestWithParam<int> {};
+
+TEST_P(StridedReduceScatter, LastHopHandedOverIsTheWrittenBits) {
+  run_ranks(GetParam(), handed_over_equals_written, 120);
+}
 
 TEST_P(StridedReduceScatter, SameBitsAsPackedEveryDtypeAndOp) { run_ranks(GetParam(), strided_equals_packed, 120); }
 

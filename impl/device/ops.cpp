@@ -137,6 +137,38 @@ bool store_gradient_sum_squares(Device& dev, float* dst, const void* src, DType 
   return true;
 }
 
+namespace {
+
+struct ReducedBlocks {
+  const float* own;
+  const float* in;
+  float scale;
+};
+
+void make_reduced_block(void* ctx, size_t begin, size_t count, float* out) {
+  const auto& r = *static_cast<const ReducedBlocks*>(ctx);
+  const float* own = r.own + begin;
+  if (r.in == nullptr) {
+    for (size_t i = 0; i < count; ++i) out[i] = own[i] * r.scale;
+    return;
+  }
+  const float* in = r.in + begin;
+  if (r.scale == 1.0f) {
+    for (size_t i = 0; i < count; ++i) out[i] = own[i] + in[i];
+  } else {
+    for (size_t i = 0; i < count; ++i) out[i] = (own[i] + in[i]) * r.scale;
+  }
+}
+
+}  // namespace
+
+void store_reduced_sum_squares(Device& dev, float* dst, const float* own, const float* in, float scale,
+                               size_t n, kernels::StoreMode mode, double* sumsq) {
+  if (dev.is_cuda()) fail(Code::Internal, "store_reduced_sum_squares: host memory only");
+  ReducedBlocks blocks{own, in, scale};
+  *sumsq = kernels::store_sum_squares_made(dst, n, mode, make_reduced_block, &blocks);
+}
+
 void refresh_master(Device& dev, const void* working, DType dtype, float* master, size_t n) {
   if (n == 0) return;
   ZS_ON_CUDA(dev, refresh_master, working, work_dtype(dtype), master, n)

@@ -43,6 +43,13 @@ bool store_sum_squares(Device& dev, float* dst, const float* src, size_t n,
 // undivided. Returns as store_sum_squares.
 bool store_gradient_sum_squares(Device& dev, float* dst, const void* src, DType dtype, DType wire,
                                 size_t n, float divisor, kernels::StoreMode mode, double* sumsq);
+// The last hop of a host reduce-scatter written straight into a gradient
+// shard, as store_sum_squares writes one: each value (own[i] + in[i]) *
+// scale, the bits the ring's reduce_f32_into gives (own[i] * scale where
+// `in` is null: a group of one), made a block at a time, so the reduced
+// block needs no buffer of its own and no second pass. Host memory only.
+void store_reduced_sum_squares(Device& dev, float* dst, const float* own, const float* in, float scale,
+                               size_t n, kernels::StoreMode mode, double* sumsq);
 void cast_to_f32(Device& dev, const void* src, DType dtype, float* dst, size_t n);
 void cast_from_f32(Device& dev, const float* src, DType dtype, void* dst, size_t n);
 // A 16-bit param's fp32 master after its working shard was rewritten: keeps

@@ -371,8 +371,21 @@ void GradReducer::flush(Bucket& b) {
     w = group->submit(
         params_label(quantized ? "quantized gradient all-to-all of" : "gradient reduce-scatter of",
                      params),
-        [data, used, stride, devp, quantized, spec, add_into_shards, e = errs.hop1, feedback,
-         wire_dtype](Communicator& comm) {
+        [data, used, stride, devp, quantized, spec, add_into_shards, shards, offsets, e = errs.hop1,
+         feedback, wire_dtype](Communicator& comm) {
+          if (!quantized && wire_dtype == DType::F32 && !devp->is_cuda()) {
+            // The ring's last hop sums straight into each shard (assigned or
+            // added, its sum of squares taken in the same pass): no block of
+            // the reduction's own and no copy out of it.
+            comm.reduce_scatter_into(
+                static_cast<const float*>(data->data()), used, stride, ReduceOp::Avg,
+                [&](const float* own, const float* in, float scale) {
+                  for (size_t i = 0; i < shards.size(); ++i)
+                    if (shards[i])
+                      shards[i]->store_reduced(*devp, own + offsets[i], in ? in + offsets[i] : nullptr, scale);
+                });
+            return;
+          }
           Buffer mine(devp, used * sizeof(float), MemKind::ReduceBuckets);
           if (quantized) {
             quantized_reduce_scatter_avg(comm, devp, static_cast<const float*>(data->data()),

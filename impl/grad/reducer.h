@@ -6,7 +6,10 @@
 // over the group (with qgZ, quantized from fp32 buckets over an
 // all-to-all: quantized_reduce.h); the group thread then sums them into the fp32
 // gradient shards, taking each shard's sum of squares as it writes it
-// (partition/grad_shard.h). Accumulation is fp32 whatever the wire dtype,
+// (partition/grad_shard.h). On the host, fp32 on the wire, the ring reads a
+// partly filled bucket's blocks where they lie and its last hop sums
+// straight into the shards (Communicator::reduce_scatter_into): neither
+// the bucket nor the reduced block is copied. Accumulation is fp32 whatever the wire dtype,
 // on purpose: DeepSpeed's ZeRO-3 accumulates bf16 gradients in bf16, which
 // rounds every micro-step's sum to 8 bits; fp32 shards cost 4 bytes per
 // element of this rank's shard only. Buckets go out as they fill,

@@ -70,6 +70,13 @@ void GradShard::store_gradient(Device& dev, const void* grad, DType dtype, DType
   });
 }
 
+void GradShard::store_reduced(Device& dev, const float* own, const float* in, float scale) {
+  write_all(dev, [&](float* dst, kernels::StoreMode mode) {
+    ops::store_reduced_sum_squares(dev, dst, own, in, scale, numel_, mode, &sumsq);
+    return true;
+  });
+}
+
 void GradShard::free_to_system() {
   if (mem_) mem_->free_to_system();
   mem_.reset();

@@ -66,6 +66,10 @@ class GradShard {
   // (ops::store_gradient_sum_squares), the same bits as store() of the
   // bucket's reduce-scatter, in one pass.
   void store_gradient(Device& dev, const void* grad, DType dtype, DType wire, float divisor);
+  // store() of the last hop of a host reduce-scatter: each value (own[i] +
+  // in[i]) * scale (ops::store_reduced_sum_squares), written as it is
+  // reduced: no copy, the same bits as store() of the reduced block.
+  void store_reduced(Device& dev, const float* own, const float* in, float scale);
   // The values into memory (read from the sink if there).
   void load();
   // load(), and the memory stays until the shard is freed: the caller

@@ -80,9 +80,9 @@ def expected_copies(numels, ranks, bucket):
     numel the group divides and that is at least a quarter of the bucket
     goes direct, lent by zeroshard.torch and reduced into its shard in
     place: no copy; every other one is widened into a bucket (numel * 4
-    bytes) and its shard (padded: ceil(numel / ranks) elements) stored from
-    the reduce-scatter's output into the gradient shard; a partly filled
-    bucket is reduced from where its blocks lie, no compaction."""
+    bytes), reduced from where its blocks lie (no compaction), the ring's
+    last hop summing its shard (padded: ceil(numel / ranks) elements)
+    straight into the gradient shard (no copy)."""
     if ranks == 1:
         return {"grad_into_bucket": 0, "into_grad_shard": 4 * sum(numels), "group_of_one": 0,
                 "bucket_compaction": 0}
@@ -91,8 +91,10 @@ def expected_copies(numels, ranks, bucket):
     bucketed = [n for n in numels if not direct(n)]
     shards = sum(-(-n // ranks) for n in bucketed)
     # A partly filled bucket is reduce-scattered from where its blocks lie
-    # (a strided ring), never closed up first.
-    return {"grad_into_bucket": 4 * sum(bucketed), "into_grad_shard": 4 * shards, "group_of_one": 0,
+    # (a strided ring), never closed up first, and the ring's last hop sums
+    # each shard straight into its gradient shard: no copy out of it.
+    assert shards > 0
+    return {"grad_into_bucket": 4 * sum(bucketed), "into_grad_shard": 0, "group_of_one": 0,
             "bucket_compaction": 0}
 
 

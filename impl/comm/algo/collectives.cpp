@@ -90,9 +90,13 @@ void ring_reduce_blocks(PointToPoint& p2p, uint8_t* acc, const std::vector<size_
 // their own at all. The sums are ring_reduce_blocks' (own block + what
 // arrives), bit for bit.
 void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_t count,
-                        ReduceOp op, size_t stride) {
+                        ReduceOp op, size_t stride, const Communicator::ReducedBlock* take = nullptr) {
   const int n = p2p.size();
   const int me = p2p.rank();
+  if (take != nullptr) {  // the last hop to the caller: recv is unused
+    if (n == 1) return (*take)(send, nullptr, 1.0f);
+    recv = nullptr;
+  }
   if (n == 1) {
     if (recv != send) {
       std::memmove(recv, send, count * sizeof(float));
@@ -105,7 +109,7 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
   const size_t bytes = count * sizeof(float);
   const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
   const size_t span = static_cast<size_t>(n - 1) * stride + count;
-  const bool recv_apart = at(recv + count) <= at(send) || at(recv) >= at(send + span);
+  const bool recv_apart = take == nullptr && (at(recv + count) <= at(send) || at(recv) >= at(send + span));
   std::unique_ptr<Buffer> incoming;  // what arrives, on the steps before the last
   if (n > 2 || !recv_apart) incoming = std::make_unique<Buffer>(bytes, MemKind::CommStaging);
   std::unique_ptr<Buffer> partial;  // the sum so far, sent on at the next step
@@ -119,6 +123,10 @@ void reduce_scatter_f32(PointToPoint& p2p, const float* send, float* recv, size_
     p2p.recv(left, index, in, bytes);
     p2p.send(right, index, step == 0 ? block(me - 1) : partial->data(), bytes);
     p2p.wait();
+    if (last && take != nullptr) {
+      (*take)(block(me - step - 2), in, scale);
+      continue;
+    }
     float* out = last ? recv : static_cast<float*>(partial->data());
     reduce_f32_into(out, block(me - step - 2), in, count, op, last ? scale : 1.0f);
   }
@@ -306,6 +314,12 @@ void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t coun
   auto* bytes = static_cast<uint8_t*>(acc.data());
   ring_reduce_blocks(p2p, bytes, offsets, counts, dtype, op);
   finish(bytes + static_cast<size_t>(p2p.rank()) * count * elem, dtype, op, n, recv, count);
+}
+
+void reduce_scatter_into(PointToPoint& p2p, const float* send, size_t count, size_t stride, ReduceOp op,
+                         const Communicator::ReducedBlock& take) {
+  if (count == 0) return;
+  reduce_scatter_f32(p2p, send, nullptr, count, op, stride == 0 ? count : stride, &take);
 }
 
 void all_reduce(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,

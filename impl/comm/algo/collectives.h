@@ -26,6 +26,10 @@ void all_gather(PointToPoint& p2p, const std::vector<GatherSegment>& segments);
 // packed); block rank() of the reduction to recv.
 void reduce_scatter(PointToPoint& p2p, const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op, size_t stride = 0);
+// fp32 reduce_scatter whose last hop goes to take(own, in, scale)
+// (Communicator::reduce_scatter_into) instead of a block of its own.
+void reduce_scatter_into(PointToPoint& p2p, const float* send, size_t count, size_t stride, ReduceOp op,
+                         const Communicator::ReducedBlock& take);
 
 // Up to kDirectAllReduceBytes (in fp32): everyone's vector to everyone,
 // reduced in rank order; beyond: ring reduce-scatter, then the blocks to

@@ -19,6 +19,14 @@ void Communicator::do_reduce_scatter_strided(const void*, void*, size_t, size_t,
   fail(Code::Internal, "this communicator has no strided reduce-scatter (host memory only)");
 }
 
+void fail_reduced_block_op() {
+  fail(Code::InvalidArgument, "reduce-scatter into a caller's store: Sum or Avg only");
+}
+
+void Communicator::do_reduce_scatter_into(const float*, size_t, size_t, ReduceOp, const ReducedBlock&) {
+  fail(Code::Internal, "this communicator cannot hand a reduce-scatter's last hop to its caller (host memory only)");
+}
+
 void check_root(const char* what, int root, int size) {
   if (root < 0 || root >= size)
     fail(Code::InvalidArgument, what, ": root ", root, " is out of range [0, ", size, ")");

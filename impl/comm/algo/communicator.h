@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "impl/common/dtype.h"
@@ -30,6 +31,7 @@ struct GatherSegment {
 void check_reduction(const char* what, DType dtype, ReduceOp op);
 void check_root(const char* what, int root, int size);
 void check_stride(size_t count, size_t stride);
+[[noreturn]] void fail_reduced_block_op();
 
 class Communicator {
  public:
@@ -66,6 +68,20 @@ class Communicator {
     if (stride == count) return do_reduce_scatter(send, recv, count, dtype, op);
     do_reduce_scatter_strided(send, recv, count, stride, dtype, op);
   }
+  // An fp32 Sum or Avg reduce_scatter_strided whose last hop is handed to
+  // `take(own, in, scale)` instead of written to a block of its own: this
+  // rank's reduced block is (own[i] + in[i]) * scale (own[i] * scale where
+  // `in` is null: a group of one), the bits reduce_scatter would write, so
+  // the caller can store it where it goes (a gradient bucket's shards) in
+  // the pass that reduces it. Host memory; refused by name elsewhere.
+  using ReducedBlock = std::function<void(const float* own, const float* in, float scale)>;
+  void reduce_scatter_into(const float* send, size_t count, size_t stride, ReduceOp op,
+                           const ReducedBlock& take) {
+    if (op != ReduceOp::Sum && op != ReduceOp::Avg)
+      fail_reduced_block_op();
+    check_stride(count, stride);
+    do_reduce_scatter_into(send, count, stride, op, take);
+  }
   void allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
     check_reduction("all-reduce", dtype, op);
     do_allreduce(send, recv, count, dtype, op);
@@ -94,6 +110,8 @@ class Communicator {
                                  ReduceOp op) = 0;
   virtual void do_reduce_scatter_strided(const void* send, void* recv, size_t count, size_t stride,
                                          DType dtype, ReduceOp op);
+  virtual void do_reduce_scatter_into(const float* send, size_t count, size_t stride, ReduceOp op,
+                                      const ReducedBlock& take);
   virtual void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                             ReduceOp op) = 0;
   virtual void do_alltoall(const void* send, void* recv, size_t bytes_per_rank, Payload payload) = 0;

@@ -138,6 +138,12 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
         [&] { collectives::reduce_scatter(*this, send, recv, count, dtype, op, stride); });
   }
 
+  void do_reduce_scatter_into(const float* send, size_t count, size_t stride, ReduceOp op,
+                              const ReducedBlock& take) override {
+    run("reduce-scatter", [&] { return elements(count, DType::F32, op) + " per rank"; }, 0,
+        [&] { collectives::reduce_scatter_into(*this, send, count, stride, op, take); });
+  }
+
   void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op) override {
     run("all-reduce", [&] { return elements(count, dtype, op); }, 0,

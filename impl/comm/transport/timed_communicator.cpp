@@ -44,6 +44,12 @@ class TimedCommunicator final : public Communicator {
     timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
           [&] { inner_->reduce_scatter_strided(send, recv, count, stride, dtype, op); });
   }
+  void do_reduce_scatter_into(const float* send, size_t count, size_t stride, ReduceOp op,
+                              const ReducedBlock& take) override {
+    const uint64_t b = count * sizeof(float) * moved();
+    timed(CommKind::ReduceScatter, "reduce-scatter", b, b,
+          [&] { inner_->reduce_scatter_into(send, count, stride, op, take); });
+  }
   void do_allreduce(const void* send, void* recv, size_t count, DType dtype,
                     ReduceOp op) override {
     // A ring all-reduce moves about twice the buffer through each rank.
