@@ -1,5 +1,6 @@
 // Training: gradient hand-over and the sharded optimizer.
 #include "capi/handles.h"
+#include "impl/heal/peer_copy.h"
 #include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
 
@@ -133,6 +134,7 @@ ZS_API zs_status zs_optimizer_create(zs_optimizer* out, zs_context h, zs_optimiz
     *out = nullptr;
     auto ctx = context_of(h, "ctx");
     auto opt = std::make_shared<Optimizer>(*ctx, static_cast<OptimKind>(kind));
+    heal::attach(*ctx, *opt);  // zeroshard.healing.peer_copy: the copy of its state in a peer
     *out = to_handle<zs_optimizer>(add_handle(Kind::Optimizer, ctx->id(), std::move(opt)));
   });
 }
@@ -216,6 +218,20 @@ ZS_API zs_status zs_optimizer_set_step(zs_optimizer h, int64_t step) {
 
 ZS_API zs_status zs_optimizer_sync_params(zs_optimizer h) {
   return with_optimizer(h, [&](Context&, Optimizer& o) { o.sync_params(); });
+}
+
+ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer h, int replica) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    checked_out(hash, "hash");
+    if (replica != 0 && replica != 1)
+      fail(Code::InvalidArgument, "replica ", replica, ": expected 0 (this rank's own state) or 1 (the replica it holds)");
+    const auto held = ctx.lock();
+    heal::PeerCopy& pc = heal::peer_copy_of(ctx, o);
+    const heal::Digest d = replica == 1 ? pc.replica_digest() : pc.own_digest();
+    *hash = d.hash;
+    if (source) *source = d.source;
+    if (step) *step = d.step;
+  });
 }
 
 }  // extern "C"

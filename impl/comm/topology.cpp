@@ -34,6 +34,13 @@ std::shared_ptr<Group> Topology::make(const std::string& name, const std::vector
   return group;
 }
 
+void Topology::make_heal() {
+  if (heal_) return;
+  std::vector<int> all(static_cast<size_t>(shape_.world_size));
+  for (int i = 0; i < shape_.world_size; ++i) all[static_cast<size_t>(i)] = i;
+  heal_ = make("heal", all);
+}
+
 void Topology::make_world() {
   std::vector<int> all(static_cast<size_t>(shape_.world_size));
   for (int i = 0; i < shape_.world_size; ++i) all[static_cast<size_t>(i)] = i;

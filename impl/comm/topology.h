@@ -59,6 +59,12 @@ class Topology {
   void set_hosts(const std::vector<std::string>& hosts);
   // How many distinct hosts the world spans (1 before set_hosts).
   int host_count() const { return host_count_; }
+  // Every world rank's host index (empty before set_hosts, or one host).
+  const std::vector<int>& host_of() const { return host_of_; }
+  // The heal layer's group over the world (impl/heal/): made once, after
+  // the ready round, so its messages never queue behind the world's.
+  void make_heal();
+  const std::shared_ptr<Group>& heal() const { return heal_; }
   // Whether some two members of `group` are on different hosts: what
   // decides whether its traffic is worth quantizing. A rank whose host is
   // unknown ("") counts as a host of its own.
@@ -89,6 +95,7 @@ class Topology {
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;
   std::shared_ptr<Group> mics_inter_, mics_intra_;
   std::shared_ptr<Group> qgz_intra_, qgz_inter_;
+  std::shared_ptr<Group> heal_;
   std::vector<std::weak_ptr<Group>> all_;
   std::vector<int> host_of_;  // world rank -> index of its host; empty: one host
   int host_count_ = 1;

@@ -46,6 +46,7 @@ const char* mem_kind_name(MemKind k) {
     case MemKind::Scratch: return "scratch";
     case MemKind::IoStaging: return "io_staging";
     case MemKind::Untagged: return "untagged";
+    case MemKind::PeerCopies: return "peer_copies";
     case MemKind::Count: break;
   }
   return "?";

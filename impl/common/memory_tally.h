@@ -31,6 +31,7 @@ enum class MemKind : int {
   Scratch,         // the optimizer step's temporaries (Muon's matrices)
   IoStaging,       // aligned host buffers of checkpoint and NVMe I/O
   Untagged,        // an allocation no site named (should stay ~0)
+  PeerCopies,      // healing: the replica of another rank's state held here, and its gradient buffer
   Count
 };
 

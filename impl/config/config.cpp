@@ -255,8 +255,8 @@ class Section {
         fail(Code::InvalidConfig, path, ": unknown key, did you mean \"",
              suggestion, "\"?");
       }
-      fail(Code::InvalidConfig, path, ": unknown key, expected a DeepSpeed ",
-           path_, " option");
+      fail(Code::InvalidConfig, path, ": unknown key, expected a ",
+           path_.rfind("zeroshard", 0) == 0 ? "zeroshard " : "DeepSpeed ", path_, " option");
     }
   }
 
@@ -561,6 +561,27 @@ void read_device(Section& top, Config& c) {
   c.device = text;
 }
 
+// zeroshard's own section. healing.peer_copy acts (landing step 1 of
+// docs/healing.md); the keys of later steps (replacement_wait_s, min_ranks:
+// shrinking, step 6) are refused by name until they act, never taken and
+// ignored.
+void parse_zeroshard(Section& zs, Config& c) {
+  if (auto healing = zs.child({"healing"})) {
+    if (auto e = healing->given({"peer_copy"})) {
+      if (!e->value->is_boolean()) fail_value(*e, "true, false or \"auto\"");
+      c.heal_peer_copy = e->value->get<bool>() ? 1 : 0;
+    }
+    for (const char* later : {"replacement_wait_s", "min_ranks"}) {
+      if (auto e = healing->given({later}))
+        fail(Code::InvalidConfig, e->path, ": got ", show(*e->value),
+             ", but this key does not act yet: survivors do not shrink or wait for a replacement "
+             "(docs/healing.md, landing steps 3 and 6); remove it. healing.peer_copy is what acts today");
+    }
+    healing->reject_unknown();
+  }
+  zs.reject_unknown();
+}
+
 void parse_top(Section& top, Config& c) {
   if (auto zero = top.child({"zero_optimization"})) {
     parse_zero(*zero, c);
@@ -576,6 +597,7 @@ void parse_top(Section& top, Config& c) {
   top.read({"prescale_gradients"}, c.prescale_gradients);
   top.read({"gradient_predivide_factor"}, c.gradient_predivide_factor, 0.0, kInf,
            /*lo_open=*/true);
+  if (auto zs = top.child({"zeroshard"})) parse_zeroshard(*zs, c);
   top.collect_unknown();
 }
 
@@ -892,6 +914,8 @@ std::string config_to_json(const Config& c) {
   j["prescale_gradients"] = c.prescale_gradients;
   if (!c.device.empty()) j["device"] = c.device;
   j["gradient_predivide_factor"] = c.gradient_predivide_factor;
+  j["zeroshard"] = Json{{"healing", Json{{"peer_copy", c.heal_peer_copy < 0 ? Json("auto")
+                                                                        : Json(c.heal_peer_copy == 1)}}}};
   return j.dump(2);
 }
 

@@ -143,6 +143,12 @@ struct Config {
   bool prescale_gradients = false;
   std::string device;  // "": not given; "cpu" | "cuda" | "cuda:N" (zeroshard's own key)
   double gradient_predivide_factor = 1.0;
+  // zeroshard's own section "zeroshard": {"healing": {...}} (docs/healing.md).
+  // healing.peer_copy: each rank's shard state copied into another rank's
+  // host memory and kept current (impl/heal/). -1 "auto" (the default): on
+  // when ZS_HEAL=1, which Context::create resolves it by, so the effective
+  // config (and the ranks' agreement on it) carries 0 or 1; 0 false, 1 true.
+  int heal_peer_copy = -1;
   // Keys seen in the input that the engine does not act on (JSON paths, e.g.
   // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such
   // as "zero_optimization.load_from_fp32_weights"), in input order.

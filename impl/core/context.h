@@ -147,6 +147,8 @@ class Context {
   // nodes of LOCAL_WORLD_SIZE ranks without MiCS).
   const std::shared_ptr<Group>& qgz_intra_group() const { return topology_->qgz_intra(); }
   const std::shared_ptr<Group>& qgz_inter_group() const { return topology_->qgz_inter(); }
+  // zeroshard.healing.peer_copy on: the heal layer's group (null when off).
+  const std::shared_ptr<Group>& heal_group() const { return topology_->heal(); }
 
   // A sub-group of world ranks; collective over the world (every rank
   // calls with the same list, in the same order of calls).

@@ -89,6 +89,10 @@ Optimizer::~Optimizer() {
   // the hold, but were the last reference to go there, the hold is ours.
   std::optional<EngineLock::Guard> held;
   if (!ctx_.locked_by_this_thread()) held.emplace(ctx_.lock());
+  if (listener_) {
+    listener_->detach();
+    listener_.reset();
+  }
   for (const auto& g : groups_)
     for (const auto& s : g.slots) {
       ctx_.ledger().sub(Held::Optimizer, state_bytes(s));
@@ -251,6 +255,35 @@ int Optimizer::add_group(const std::vector<std::shared_ptr<Param>>& params, cons
   return static_cast<int>(groups_.size()) - 1;
 }
 
+void Optimizer::set_listener(std::unique_ptr<StepListener> listener) {
+  ctx_.expect_locked();
+  if (listener_ && listener)
+    fail(Code::InvalidState, "optimizer: a step listener is attached already");
+  listener_ = std::move(listener);
+}
+
+std::vector<Optimizer::SlotState> Optimizer::slot_states_locked() const {
+  ctx_.expect_locked();
+  std::vector<SlotState> out;
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (const Slot& s : groups_[gi].slots) {
+      SlotState st;
+      st.param = s.param;
+      st.group = gi;
+      st.master = s.master;
+      st.state1 = s.state1;
+      st.state2 = s.state2;
+      st.state_dtype = s.state_dtype;
+      st.master_is_shard = s.master_is_shard;
+      st.master_is_working = s.master_is_working;
+      st.master_stale = s.master && s.master_of_version != s.param->shard_version;
+      st.muon = s.muon;
+      st.updates = s.updates;
+      out.push_back(std::move(st));
+    }
+  return out;
+}
+
 std::vector<int> Optimizer::group_indices(int group) const {
   if (group < -1 || group >= static_cast<int>(groups_.size()))
     fail(Code::InvalidArgument, "optimizer group ", group, " does not exist (", groups_.size(),
@@ -292,70 +325,38 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale, AdamBatch* bat
   ShardAccess shard(ctx_, p, ShardAccess::Write);
   const auto& hp = g.hp;
   const auto* grad = static_cast<const float*>(p.grad->data());
-  if (s.master_is_working || s.state_dtype != DType::F32) {
-    // bf16 masters (and maybe bf16 moments): the shard is stepped in place.
-    if (!s.master_is_working)
-      fail(Code::Internal, "optimizer: ", p.describe(), " has bf16 moments but an fp32 master");
-    void* master = shard.data();
-    const size_t esize = dtype_size(s.state_dtype);
-    if (kind_ == OptimKind::Sgd) {
-      bool first = s.updates == 0;
-      if (hp.momentum > 0.0 && !s.state1) {  // as below
-        s.state1 = std::make_shared<Buffer>(ctx_.device(), n * esize, MemKind::OptimizerState, true);
-        ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
-        first = true;
-      }
-      kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
-                          static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
-                          hp.nesterov, first};
-      ops::sgd_step_mixed(*ctx_.device(), master, p.dtype, s.state1 ? s.state1->data() : nullptr,
-                          s.state_dtype, grad, n, h, grad_scale);
-    } else {
-      kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
-                           static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                           static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
-                           hp.bias_correction, s.updates + 1};
-      ops::adam_step_mixed(*ctx_.device(), master, p.dtype, s.state1->data(), s.state2->data(),
-                           s.state_dtype, grad, n, h, grad_scale);
-    }
-    ++s.updates;
-    return;
+  if (!s.master_is_working && s.state_dtype != DType::F32)
+    fail(Code::Internal, "optimizer: ", p.describe(), " has bf16 moments but an fp32 master");
+  bool first = s.updates == 0;
+  if (kind_ == OptimKind::Sgd && hp.momentum > 0.0 && !s.state1) {
+    // Momentum switched on after the group was made (set_hparams): the
+    // buffer starts now, from this step's gradient, as torch's does.
+    s.state1 = std::make_shared<Buffer>(ctx_.device(), n * dtype_size(s.state_dtype), MemKind::OptimizerState, true);
+    ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
+    first = true;
   }
-  float* master = fp32_master(s, shard);
-  void* working = s.master_is_shard ? nullptr : shard.data();
-  // The update writes the 16-bit working shard from the new master as it goes.
-  if (working) copy_tally::add(CopyKind::MasterRefresh, n * p.elem_bytes());
-  if (kind_ == OptimKind::Sgd) {
-    bool first = s.updates == 0;
-    if (hp.momentum > 0.0 && !s.state1) {
-      // Momentum switched on after the group was made (set_hparams): the
-      // buffer starts now, from this step's gradient, as torch's does.
-      s.state1 = std::make_shared<Buffer>(ctx_.device(), n * sizeof(float), MemKind::OptimizerState, true);
-      ctx_.ledger().add(Held::Optimizer, s.state1->bytes());
-      first = true;
-    }
-    kernels::SgdHyper h{static_cast<float>(hp.lr), static_cast<float>(hp.momentum),
-                        static_cast<float>(hp.dampening), static_cast<float>(hp.weight_decay),
-                        hp.nesterov, first};
-    ops::sgd_step(*ctx_.device(), master,
-                  s.state1 ? static_cast<float*>(s.state1->data()) : nullptr, grad, n, h,
-                  grad_scale, working, p.dtype);
-    ++s.updates;
-    return;
+  ShardBuffers b;
+  b.dtype = p.dtype;
+  b.state1 = s.state1 ? s.state1->data() : nullptr;
+  b.state2 = s.state2 ? s.state2->data() : nullptr;
+  b.state_dtype = s.state_dtype;
+  if (s.master_is_working) {
+    b.working = shard.data();  // bf16 masters: the shard is stepped in place
+  } else {
+    b.master = fp32_master(s, shard);
+    b.working = s.master_is_shard ? nullptr : shard.data();
+    // The update writes the 16-bit working shard from the new master as it goes.
+    if (b.working) copy_tally::add(CopyKind::MasterRefresh, n * p.elem_bytes());
   }
-  kernels::AdamHyper h{static_cast<float>(hp.lr),   static_cast<float>(hp.beta1),
-                       static_cast<float>(hp.beta2), static_cast<float>(hp.eps),
-                       static_cast<float>(hp.weight_decay), kind_ == OptimKind::AdamW || kind_ == OptimKind::Muon,
-                       hp.bias_correction, s.updates + 1};
-  ++s.updates;
-  if (batch != nullptr) {
-    batch->tensors.push_back({master, static_cast<float*>(s.state1->data()), static_cast<float*>(s.state2->data()),
-                              grad, n, h, working, ops::work_dtype(p.dtype)});
+  if (batch != nullptr && kind_ != OptimKind::Sgd && b.master != nullptr) {
+    batch->tensors.push_back({b.master, static_cast<float*>(b.state1), static_cast<float*>(b.state2), grad, n,
+                              adam_hyper(kind_, hp, s.updates), b.working, ops::work_dtype(p.dtype)});
     batch->held.push_back(std::move(shard));  // the master may be the shard: kept until the batch runs
+    ++s.updates;
     return;
   }
-  ops::adam_step(*ctx_.device(), master, static_cast<float*>(s.state1->data()),
-                 static_cast<float*>(s.state2->data()), grad, n, h, grad_scale, working, p.dtype);
+  step_shard(*ctx_.device(), kind_, hp, b, grad, n, grad_scale, s.updates, first);
+  ++s.updates;
 }
 
 float* Optimizer::fp32_master(Slot& s, const ShardAccess& shard) {
@@ -591,6 +592,7 @@ DType Optimizer::state_dtype(const Param& p) const {
 
 void* Optimizer::ensure_state(const Param& p, int slot, DType* dtype, uint64_t* numel) {
   ctx_.expect_locked();
+  ++state_epoch_;
   Slot* s = find_slot(p);
   if (swap_ && s != nullptr && slot == 1 && kind_ == OptimKind::Sgd) {
     s->swapped[1] = true;  // its place in the file is reserved from the start
@@ -624,6 +626,7 @@ float* Optimizer::state_locked(const Param& p, int slot, uint64_t* numel) {
 
 void* Optimizer::state_raw_locked(const Param& p, int slot, DType* dtype, uint64_t* numel) {
   ctx_.expect_locked();
+  ++state_epoch_;  // the caller may write through the pointer
   if (dtype) *dtype = DType::F32;
   for (auto& g : groups_) {
     for (auto& s : g.slots) {
@@ -666,6 +669,7 @@ float* Optimizer::named_state(const Param& p, const std::string& name, bool crea
 
 float* Optimizer::named_state_locked(const Param& p, const std::string& name, bool create, uint64_t* numel) {
   ctx_.expect_locked();
+  ++state_epoch_;
   if (kind_ != OptimKind::External)
     fail(Code::InvalidArgument, "named optimizer state '", name, "': only an external optimizer "
          "(ZS_OPTIM_EXTERNAL) keeps named state; this one's is slots 0 (master), 1 and 2");
@@ -703,6 +707,7 @@ std::vector<std::string> Optimizer::named_states(const Param& p) {
 
 void Optimizer::keep_named_states_locked(const Param& p, const std::set<std::string>& keep) {
   ctx_.expect_locked();
+  ++state_epoch_;
   Slot* s = find_slot(p);
   if (s == nullptr) return;
   for (auto it = s->named.begin(); it != s->named.end();) {
@@ -725,6 +730,7 @@ void Optimizer::set_steps_locked(int64_t s) {
   expect_no_open_step("set_step");
   if (s < 0) fail(Code::InvalidArgument, "optimizer step count ", s, ": expected >= 0");
   step_ = s;
+  ++state_epoch_;
   // A restored state: every param as if updated at each of those steps.
   for (auto& g : groups_)
     for (auto& slot : g.slots) slot.updates = s;
@@ -739,6 +745,7 @@ void Optimizer::expect_no_open_step(const char* what) const {
 void Optimizer::sync_params() {
   const auto held = ctx_.lock();
   expect_no_open_step("sync_params");
+  ++state_epoch_;
   if (swap_) {
     flush_state_views();
     swap_->for_each([&](const SwappedState::View& v) {
@@ -862,13 +869,18 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   // all-reduces (MiCS shard groups), whose number it could change. Where the
   // step's gradients are one small bucket, the agreement rides on its
   // reduction instead, which also yields the norm (sync_fusing_locked).
-  std::vector<float> v(kAgreementFloats + 2, 0.0f);
+  // With a step listener (the peer copy), one float more: its commit flag,
+  // and no fused reduction: the copy needs the gradient shards final before
+  // the all-reduce that commits it.
+  std::vector<float> v(kAgreementFloats + (listener_ ? 3 : 2), 0.0f);
   if (fused_agreement) agreement_floats(description, v.data());
   const std::vector<float> mine = v;
   std::vector<const Param*> stepped;
   for (const auto& g : groups_)
     for (const auto& s : g.slots) stepped.push_back(s.param.get());
-  const GradReducer::FusedNorm fused = grads(ctx_).sync_fusing_locked(v, stepped);
+  GradReducer::FusedNorm fused;
+  if (listener_) grads(ctx_).sync_locked();
+  else fused = grads(ctx_).sync_fusing_locked(v, stepped);
   if (fused.done && fused_agreement && !agreement_holds(v.data(), mine.data(), world.size()))
     fail_disagreement(world, description);
 
@@ -902,6 +914,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
     if (!finite) nonfinite = 1.0f;
   }
   double total = 0.0;
+  float commits = 0.0f;
   if (fused.done && fused.complete) {
     // Every rank reduced every block: the norm is known alike here (and
     // no other group holds a gradient: complete).
@@ -910,6 +923,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   } else {
     std::fill(v.begin(), v.end(), 0.0f);
     if (fused_agreement && !fused.done) agreement_floats(description, v.data());
+    if (listener_) v[kAgreementFloats + 2] = listener_->before_norm();
     for (const auto* key : order) {
       auto& [group, local] = sumsq.at(key);
       if (group->size() == world.size()) v[kAgreementFloats] += static_cast<float>(local);
@@ -923,6 +937,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
       fail_disagreement(world, description);
     total = v[kAgreementFloats];
     nonfinite = v[kAgreementFloats + 1];
+    if (listener_) commits = v[kAgreementFloats + 2];
   }
   for (const auto* key : order) {
     auto& [group, local] = sumsq.at(key);
@@ -940,6 +955,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
+    if (listener_) listener_->after_norm(commits, true, 0.0);
     return open;
   }
   open.grad_scale = 1.0 / scale;
@@ -948,6 +964,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
     const double coef = clip / (r.grad_norm + 1e-6);
     if (coef < 1.0) open.grad_scale *= coef;
   }
+  if (listener_) listener_->after_norm(commits, false, open.grad_scale);
   // Gathered copies the coordinator kept are stale from here on.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
   drop_secondaries(ctx_);

@@ -54,26 +54,14 @@
 
 #include "impl/core/context.h"
 #include "impl/optim/loss_scaler.h"
+#include "impl/optim/shard_step.h"
+#include "impl/optim/step_listener.h"
 #include "impl/optim/swapped_state.h"
 #include "impl/partition/param.h"
 #include "impl/partition/shard_residence.h"
 #include "kernels/optim.h"
 
 namespace zs {
-
-enum class OptimKind : int { AdamW = 0, Adam = 1, Sgd = 2, External = 3, Muon = 4 };
-
-struct Hparams {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
-  double momentum = 0.0, dampening = 0.0;
-  bool nesterov = false, bias_correction = true;
-  // Muon only (the defaults on every other kind): whether the group's
-  // params step Muon (1), AdamW (0), or by shape (-1: 2 or more dims Muon);
-  // the Newton-Schulz method (NsMethod) and its steps.
-  int use_muon = -1;
-  int ns_method = 0;
-  int ns_steps = 5;
-};
 
 struct StepResult {
   bool skipped = false;
@@ -168,6 +156,29 @@ class Optimizer {
   void* ensure_state(const Param& p, int slot, DType* dtype, uint64_t* numel);
   LossScaler& scaler() { return scaler_; }
 
+  // The heal layer's hooks (impl/heal/peer_copy.h): at most one listener,
+  // told of every step (step_listener.h), owned here. Under the caller's hold.
+  void set_listener(std::unique_ptr<StepListener> listener);
+  StepListener* listener() const { return listener_.get(); }
+  // Moves on whenever state may have been written other than by a step
+  // (a pointer handed out, set_step, sync_params): the peer copy seeds its
+  // holder again before the next step.
+  uint64_t state_epoch() const { return state_epoch_; }
+  // A slot's state as the heal layer copies and replays it: the param, its
+  // group, the buffers (null where there is none: master when the shard is
+  // its own master) and its update count. Under the caller's hold.
+  struct SlotState {
+    std::shared_ptr<Param> param;
+    size_t group = 0;
+    BufferPtr master, state1, state2;
+    DType state_dtype = DType::F32;
+    bool master_is_shard = false, master_is_working = false;
+    bool master_stale = false;  // the shard was rewritten since the master was read (fp32_master refreshes it)
+    bool muon = false;
+    int64_t updates = 0;
+  };
+  std::vector<SlotState> slot_states_locked() const;
+
  private:
   struct Slot {
     std::shared_ptr<Param> param;
@@ -246,6 +257,8 @@ class Optimizer {
   CommTotals last_totals_;  // the context's collectives as of the previous step's end
   Trace::Clock::time_point last_step_end_;
   std::optional<OpenStep> open_;  // External: between step_begin and step_end
+  uint64_t state_epoch_ = 0;
+  std::unique_ptr<StepListener> listener_;  // last: it goes first
 };
 
 }  // namespace zs

@@ -414,7 +414,9 @@ typedef enum zs_memory_kind {
   ZS_MEM_SCRATCH = 8,         /* temporaries of a step or a registration */
   ZS_MEM_IO_STAGING = 9,      /* aligned host buffers of checkpoint and NVMe I/O */
   ZS_MEM_UNTAGGED = 10,       /* an allocation no kind names (stays 0: a bug otherwise) */
-  ZS_MEM_KIND_COUNT = 11,
+  ZS_MEM_PEER_COPIES = 11,    /* healing: the replica of another rank's shard state this rank holds,
+                                 and its gradient buffer (zeroshard.healing.peer_copy) */
+  ZS_MEM_KIND_COUNT = 12,
   ZS_MEM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_MEM_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_memory_kind;
@@ -964,6 +966,27 @@ ZS_API zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int s
 ZS_API zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
 ZS_API zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
+
+/* ------------------------------------------------------------------ */
+/* Healing (docs/healing.md)                                           */
+/* ------------------------------------------------------------------ */
+
+/* With zeroshard.healing.peer_copy on (the config's "zeroshard" section, or
+ * "auto" and ZS_HEAL=1), each rank's optimizer keeps a replica of another
+ * rank's state (its source's) in host memory: seeded at the first step,
+ * then stepped from the source's gradient shards (memory kind
+ * ZS_MEM_PEER_COPIES). A hash of a state, to compare a replica with its
+ * source bit for bit: replica 0 hashes this rank's own state, 1 the
+ * replica it holds. Both cover, in the optimizer's param order, each
+ * param's shard, fp32 master, moments and update count, and the step
+ * count; equal states give equal hashes on any two ranks. *hash receives
+ * the XXH3-64 hash; *source (may be NULL) the rank whose state it is;
+ * *step (may be NULL) the optimizer steps that state has taken. Under the
+ * context's lock; waits for the replica's replay of the last step.
+ * INVALID_STATE when the optimizer keeps no peer copy, or (replica 1)
+ * before its first step seeded one. Not collective. */
+ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt,
+                                      int replica);
 
 /* ------------------------------------------------------------------ */
 /* Checkpoints                                                         */

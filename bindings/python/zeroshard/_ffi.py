@@ -213,7 +213,8 @@ typedef enum zs_memory_kind {
   ZS_MEM_SCRATCH = 8,
   ZS_MEM_IO_STAGING = 9,
   ZS_MEM_UNTAGGED = 10,
-  ZS_MEM_KIND_COUNT = 11,
+  ZS_MEM_PEER_COPIES = 11,
+  ZS_MEM_KIND_COUNT = 12,
   ZS_MEM_KIND_ENUM_MIN_ = -2147483648,
   ZS_MEM_KIND_ENUM_MAX_ = 2147483647
 } zs_memory_kind;
@@ -399,6 +400,7 @@ zs_status zs_optimizer_state_data(zs_optimizer opt, zs_param param, int slot, fl
 zs_status zs_optimizer_get_step(zs_optimizer opt, int64_t* step);
 zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 zs_status zs_optimizer_sync_params(zs_optimizer opt);
+zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt, int replica);
 zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_step_end(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_named_state(zs_optimizer opt, zs_param param, const char* name, int create,

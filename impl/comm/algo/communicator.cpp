@@ -41,4 +41,9 @@ void Communicator::scatter(const std::vector<const void*>& inputs, void* recv,
   do_scatter(inputs, recv, bytes_per_rank, root);
 }
 
+void Communicator::do_exchange(int, const std::vector<ExchangeSend>&, int, const std::vector<ExchangeRecv>&) {
+  fail(Code::NotSupported, "exchange (point-to-point messages of the peer copy) on a transport that has none "
+       "(it runs over Gloo)");
+}
+
 }  // namespace zs

@@ -26,6 +26,16 @@ struct GatherSegment {
   bool quantized = false;  // a qwZ packet (counted apart in the stats)
 };
 
+// One message of an exchange (Communicator::exchange).
+struct ExchangeSend {
+  const void* data;
+  size_t bytes;
+};
+struct ExchangeRecv {
+  void* data;
+  size_t bytes;
+};
+
 // The checks above, for callers that validate before queueing (and the
 // algorithms' own use). `what` names the collective in the message.
 void check_reduction(const char* what, DType dtype, ReduceOp op);
@@ -103,6 +113,18 @@ class Communicator {
   void scatter(const std::vector<const void*>& inputs, void* recv, size_t bytes_per_rank,
                int root);
   virtual void barrier() = 0;
+  // A permutation's round of point-to-point messages (the heal layer's
+  // peer copy): this member sends sends[i] to member `to` while member
+  // `from` sends it its own, received into recvs[i]. Every member calls it
+  // together, each `to` being some member's `from`; a send's bytes must
+  // equal its receiver's recvs[i].bytes (the caller agrees them first).
+  // NotSupported on a transport without it.
+  void exchange(int to, const std::vector<ExchangeSend>& sends, int from,
+                const std::vector<ExchangeRecv>& recvs) {
+    check_root("exchange", to, size());
+    check_root("exchange", from, size());
+    do_exchange(to, sends, from, recvs);
+  }
 
  protected:
   // Called with the arguments checked (see the top of this file).
@@ -118,6 +140,8 @@ class Communicator {
   virtual void do_broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void do_scatter(const std::vector<const void*>& inputs, void* recv,
                           size_t bytes_per_rank, int root) = 0;
+  virtual void do_exchange(int to, const std::vector<ExchangeSend>& sends, int from,
+                           const std::vector<ExchangeRecv>& recvs);
 };
 
 }  // namespace zs

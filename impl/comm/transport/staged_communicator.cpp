@@ -184,6 +184,14 @@ class StagedCommunicator final : public Communicator {
     inner_->barrier();
   }
 
+  // Host memory only (ZS_STAGE_ALL on a CPU context): the peer copy's
+  // buffers are host memory, and a CUDA context refuses healing for now.
+  void do_exchange(int to, const std::vector<ExchangeSend>& sends, int from,
+                   const std::vector<ExchangeRecv>& recvs) override {
+    if (dev_->is_cuda()) Communicator::do_exchange(to, sends, from, recvs);
+    inner_->exchange(to, sends, from, recvs);
+  }
+
  private:
   // The group's worker thread has no CUDA device of its own: bind it before
   // the first runtime call (cudaPointerGetAttributes, cudaHostAlloc), which

@@ -78,6 +78,13 @@ class TimedCommunicator final : public Communicator {
   void barrier() override {
     timed(CommKind::Other, "barrier", 0, 0, [&] { inner_->barrier(); });
   }
+  void do_exchange(int to, const std::vector<ExchangeSend>& sends, int from,
+                   const std::vector<ExchangeRecv>& recvs) override {
+    uint64_t sent = 0, received = 0;
+    for (const auto& s : sends) sent += s.bytes;
+    for (const auto& r : recvs) received += r.bytes;
+    timed(CommKind::Other, "exchange", sent, received, [&] { inner_->exchange(to, sends, from, recvs); });
+  }
 
  private:
   // Blocks of the other members each rank sends and receives (a group of

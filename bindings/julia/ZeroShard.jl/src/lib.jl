@@ -88,7 +88,8 @@ const ZS_MEM_COMM_STAGING = Cint(7)
 const ZS_MEM_SCRATCH = Cint(8)
 const ZS_MEM_IO_STAGING = Cint(9)
 const ZS_MEM_UNTAGGED = Cint(10)
-const ZS_MEM_KIND_COUNT = Cint(11)
+const ZS_MEM_PEER_COPIES = Cint(11)
+const ZS_MEM_KIND_COUNT = Cint(12)
 
 const zs_memory_phase = Cint
 const ZS_PHASE_NOW = Cint(-1)
@@ -520,6 +521,9 @@ zs_optimizer_set_step(opt, step) =
     ccall((:zs_optimizer_set_step, libzeroshard), zs_status, (zs_optimizer, Int64), opt, step)
 zs_optimizer_sync_params(opt) =
     ccall((:zs_optimizer_sync_params, libzeroshard), zs_status, (zs_optimizer,), opt)
+zs_heal_state_digest(hash, source, step, opt, replica) =
+    ccall((:zs_heal_state_digest, libzeroshard), zs_status,
+          (Ref{UInt64}, Ref{Cint}, Ref{Int64}, zs_optimizer, Cint), hash, source, step, opt, replica)
 zs_optimizer_step_begin(opt, result) =
     ccall((:zs_optimizer_step_begin, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
 zs_optimizer_step_end(opt, result) =

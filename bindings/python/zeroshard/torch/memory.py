@@ -26,7 +26,9 @@ def memory_report():
 
     - "engine": what the engine holds now, by kind (shards, masters,
       optimizer_state, grads, gathered, hpz_secondary, reduce_buckets,
-      comm_staging, scratch, io_staging, untagged) and "total";
+      comm_staging, scratch, io_staging, untagged, peer_copies: the
+      replica of another rank's state this rank holds for healing) and
+      "total";
     - "peaks": per phase (construction, forward, backward, step,
       checkpoint) the most each kind held and "total", the most all held
       together then;

@@ -109,7 +109,8 @@ c_enum!(zs_memory_kind {
     ZS_MEM_SCRATCH = 8,
     ZS_MEM_IO_STAGING = 9,
     ZS_MEM_UNTAGGED = 10,
-    ZS_MEM_KIND_COUNT = 11,
+    ZS_MEM_PEER_COPIES = 11,
+    ZS_MEM_KIND_COUNT = 12,
     ZS_MEM_KIND_ENUM_MIN_ = i32::MIN,
     ZS_MEM_KIND_ENUM_MAX_ = i32::MAX,
 });
@@ -676,6 +677,13 @@ extern "C" {
     pub fn zs_optimizer_get_step(opt: zs_optimizer, step: *mut i64) -> zs_status;
     pub fn zs_optimizer_set_step(opt: zs_optimizer, step: i64) -> zs_status;
     pub fn zs_optimizer_sync_params(opt: zs_optimizer) -> zs_status;
+    pub fn zs_heal_state_digest(
+        hash: *mut u64,
+        source: *mut c_int,
+        step: *mut i64,
+        opt: zs_optimizer,
+        replica: c_int,
+    ) -> zs_status;
     pub fn zs_optimizer_step_begin(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_step_end(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_named_state(

@@ -1,0 +1,396 @@
+#include "impl/heal/peer_copy.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+
+#include "impl/common/error.h"
+#include "impl/device/ops.h"
+#include "impl/heal/placement.h"
+#include "impl/partition/shard_residence.h"
+
+namespace zs::heal {
+namespace {
+
+constexpr uint64_t kMagic = 0x3170616568737aULL;  // "zsheap1"
+
+// The first round: what the rest holds.
+struct Header {
+  uint64_t magic = kMagic;
+  uint32_t with_state = 0;  // 1: a seed (the whole state, then the gradients)
+  uint32_t slots = 0;
+  int64_t step = 0;  // the source's optimizer steps before this one
+  uint64_t reserved = 0;
+};
+
+// The second round: one per param of the source's optimizer, in its order.
+struct SlotMeta {
+  uint64_t n = 0;      // shard elements
+  uint32_t elem = 0;   // bytes per shard element (the param's dtype)
+  uint32_t flags = 0;  // kPushed ...
+  int64_t updates = 0;
+  uint16_t state_esize = 0;
+  uint16_t dtype = 0;
+  uint32_t group = 0;
+};
+static_assert(sizeof(Header) == 32 && sizeof(SlotMeta) == 32, "wire layout");
+
+constexpr uint32_t kPushed = 1, kMaster = 2, kState1 = 4, kState2 = 8, kMasterStale = 16,
+                   kMasterIsShard = 32, kMasterIsWorking = 64;
+
+// One slot's bytes as the digest reads them.
+struct DigestSlot {
+  int64_t updates;
+  std::vector<std::pair<const void*, size_t>> parts;
+};
+
+Digest digest_of(int source, int64_t step, const std::vector<DigestSlot>& slots) {
+  XXH3_state_t* st = XXH3_createState();
+  if (st == nullptr) fail(Code::OutOfMemory, "peer copy digest: no memory for the hash state");
+  XXH3_64bits_reset(st);
+  Digest d;
+  d.source = source;
+  d.step = step;
+  XXH3_64bits_update(st, &step, sizeof step);
+  for (const auto& s : slots) {
+    XXH3_64bits_update(st, &s.updates, sizeof s.updates);
+    for (const auto& [p, n] : s.parts) {
+      if (n == 0) continue;
+      XXH3_64bits_update(st, p, n);
+      d.bytes += n;
+    }
+  }
+  d.hash = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return d;
+}
+
+}  // namespace
+
+PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(ctx.heal_group()) {
+  if (!group_) fail(Code::Internal, "peer copy without the heal group");
+  const int world = ctx.ranks().world_size;
+  const auto hold = holders(world, ctx.topology().host_of());
+  holder_ = hold[static_cast<size_t>(ctx.ranks().rank)];
+  source_ = sources(hold)[static_cast<size_t>(ctx.ranks().rank)];
+  if (ctx.ranks().rank == 0) {
+    const std::string note = placement_note(hold, ctx.topology().host_of());
+    if (!note.empty()) std::fprintf(stderr, "zeroshard: zeroshard.healing.peer_copy: %s\n", note.c_str());
+  }
+  thread_ = std::thread([this] { worker(); });
+}
+
+PeerCopy::~PeerCopy() { detach(); }
+
+void PeerCopy::detach() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerCopy::worker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || busy_; });
+    if (busy_) {
+      auto job = std::move(job_);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error && !replay_error_) replay_error_ = error;
+      busy_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    if (stop_) return;
+  }
+}
+
+void PeerCopy::wait_replay() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  if (replay_error_) {
+    // The replica is no longer its source's state: seed it again.
+    replica_seeded_ = false;
+    auto e = replay_error_;
+    replay_error_ = nullptr;
+    lock.unlock();
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      fail(err.code(), "peer copy: the replay of rank ", source_, "'s step on its replica failed: ", err.what());
+    }
+  }
+}
+
+BufferPtr PeerCopy::alloc(uint64_t bytes) {
+  if (bytes == 0) return nullptr;
+  return std::make_shared<Buffer>(ctx_.device(), bytes, MemKind::PeerCopies);
+}
+
+float PeerCopy::before_norm() {
+  ctx_.expect_locked();
+  wait_replay();  // the replica takes this step's copy only once the last one is replayed
+  const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
+  const int64_t step = opt_.steps_locked();
+
+  // ---- what goes out
+  bool with_state = !seeded_ || opt_.state_epoch() != epoch_sent_ || versions_sent_.size() != mine.size();
+  for (size_t i = 0; !with_state && i < mine.size(); ++i)
+    with_state = versions_sent_[i] != mine[i].param->shard_version;
+  Header out_header;
+  out_header.with_state = with_state ? 1 : 0;
+  out_header.slots = static_cast<uint32_t>(mine.size());
+  out_header.step = step;
+  std::vector<SlotMeta> out_meta(mine.size());
+  std::vector<ShardAccess> shards;  // held until sent
+  std::vector<ExchangeSend> sends;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto& s = mine[i];
+    Param& p = *s.param;
+    SlotMeta& m = out_meta[i];
+    m.n = p.layout.shard_numel;
+    m.elem = static_cast<uint32_t>(p.elem_bytes());
+    m.updates = s.updates;
+    m.state_esize = static_cast<uint16_t>(dtype_size(s.state_dtype));
+    m.dtype = static_cast<uint16_t>(p.dtype);
+    m.group = static_cast<uint32_t>(s.group);
+    const bool pushed = m.n > 0 && p.grad && p.grad_pushed;
+    m.flags = (pushed ? kPushed : 0) | (s.master ? kMaster : 0) | (s.state1 ? kState1 : 0) |
+              (s.state2 ? kState2 : 0) | (s.master_stale ? kMasterStale : 0) |
+              (s.master_is_shard ? kMasterIsShard : 0) | (s.master_is_working ? kMasterIsWorking : 0);
+    if (with_state && m.n > 0) {
+      shards.emplace_back(ctx_, p, ShardAccess::Read);
+      sends.push_back({shards.back().data(), m.n * m.elem});
+      if (s.master) sends.push_back({s.master->data(), m.n * sizeof(float)});
+      if (s.state1) sends.push_back({s.state1->data(), m.n * m.state_esize});
+      if (s.state2) sends.push_back({s.state2->data(), m.n * m.state_esize});
+    }
+    if (pushed) sends.push_back({p.grad->data(), m.n * sizeof(float)});
+  }
+
+  // ---- round 1, the headers; round 2, the slots' descriptions
+  Header in_header;
+  group_->run("peer copy header", [&](Communicator& c) {
+    c.exchange(holder_, {{&out_header, sizeof out_header}}, source_, {{&in_header, sizeof in_header}});
+  });
+  if (in_header.magic != kMagic)
+    fail(Code::Comm, "peer copy: rank ", source_, " sent a header that is not one (magic ", in_header.magic, ")");
+  std::vector<SlotMeta> in_meta(in_header.slots);
+  group_->run("peer copy slots", [&](Communicator& c) {
+    c.exchange(holder_, {{out_meta.data(), out_meta.size() * sizeof(SlotMeta)}}, source_,
+               {{in_meta.data(), in_meta.size() * sizeof(SlotMeta)}});
+  });
+
+  // ---- where this rank's replica of its source takes what comes in
+  const bool in_state = in_header.with_state != 0;
+  bool fits = in_header.slots == mine.size();  // the same optimizer, by the agreement in the norm's all-reduce
+  for (size_t i = 0; fits && i < in_meta.size(); ++i) {
+    const SlotMeta& m = in_meta[i];
+    fits = m.n == mine[i].param->layout.shard_numel && m.group == mine[i].group &&
+           (in_state || (replica_seeded_ && i < replica_.size() && replica_[i].n == m.n));
+  }
+  if (fits && in_state) {
+    replica_.resize(in_meta.size());
+    for (size_t i = 0; i < in_meta.size(); ++i) {
+      const SlotMeta& m = in_meta[i];
+      Slot& r = replica_[i];
+      auto sized = [&](BufferPtr& b, bool want, uint64_t bytes) {
+        if (!want || bytes == 0) b.reset();
+        else if (!b || b->bytes() != bytes) b = alloc(bytes);
+      };
+      r.n = m.n;
+      r.dtype = static_cast<DType>(m.dtype);
+      r.group = m.group;
+      r.state_dtype = m.state_esize == 2 ? DType::BF16 : DType::F32;
+      r.master_is_shard = (m.flags & kMasterIsShard) != 0;
+      r.master_is_working = (m.flags & kMasterIsWorking) != 0;
+      sized(r.shard, true, m.n * m.elem);
+      sized(r.master, (m.flags & kMaster) != 0, m.n * sizeof(float));
+      sized(r.state1, (m.flags & kState1) != 0, m.n * m.state_esize);
+      sized(r.state2, (m.flags & kState2) != 0, m.n * m.state_esize);
+      sized(r.grad, true, m.n * sizeof(float));
+    }
+  }
+  std::vector<ExchangeRecv> recvs;
+  std::vector<std::vector<char>> spill;  // what does not fit is received and dropped
+  auto into = [&](const BufferPtr& b, uint64_t bytes) {
+    if (bytes == 0) return;
+    if (fits && b && b->bytes() == bytes) {
+      recvs.push_back({b->data(), bytes});
+    } else {
+      fits = false;
+      spill.emplace_back(bytes);
+      recvs.push_back({spill.back().data(), bytes});
+    }
+  };
+  spill.reserve(in_meta.size() * 5);
+  for (size_t i = 0; i < in_meta.size(); ++i) {
+    const SlotMeta& m = in_meta[i];
+    Slot* r = fits && i < replica_.size() ? &replica_[i] : nullptr;
+    static const BufferPtr none;
+    if (in_state && m.n > 0) {
+      into(r ? r->shard : none, m.n * m.elem);
+      if (m.flags & kMaster) into(r ? r->master : none, m.n * sizeof(float));
+      if (m.flags & kState1) into(r ? r->state1 : none, m.n * m.state_esize);
+      if (m.flags & kState2) into(r ? r->state2 : none, m.n * m.state_esize);
+    }
+    if (m.flags & kPushed) into(r ? r->grad : none, m.n * sizeof(float));
+  }
+
+  // ---- round 3, the state (a seed) and the gradients, one message per buffer
+  group_->run("peer copy", [&](Communicator& c) { c.exchange(holder_, sends, source_, recvs); });
+  shards.clear();
+  seeded_ = true;
+  epoch_sent_ = opt_.state_epoch();
+  versions_sent_.resize(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) versions_sent_[i] = mine[i].param->shard_version;
+
+  received_state_ = in_state;
+  if (fits && in_state) {
+    for (size_t i = 0; i < in_meta.size(); ++i) {
+      replica_[i].updates = in_meta[i].updates;
+      replica_[i].master_stale = (in_meta[i].flags & kMasterStale) != 0;
+    }
+    replica_step_ = in_header.step;
+    replica_seeded_ = true;
+  }
+  received_ = fits && replica_seeded_ && in_header.step == replica_step_;
+  if (received_)
+    for (size_t i = 0; i < in_meta.size(); ++i) replica_[i].pushed = (in_meta[i].flags & kPushed) != 0;
+  return received_ ? 1.0f : 0.0f;
+}
+
+void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
+  ctx_.expect_locked();
+  const int world = ctx_.ranks().world_size;
+  if (commits != static_cast<float>(world)) {
+    seeded_ = false;  // what the holder has is unknown: seed it again
+    if (!received_) replica_seeded_ = false;
+    fail(Code::InvalidState, "optimizer step ", opt_.steps_locked() + 1, " did not commit: ",
+         world - static_cast<int>(commits), " of ", world, " ranks' gradient copies did not land whole with "
+         "their holders (zeroshard.healing.peer_copy; this rank's from rank ", source_, " ",
+         received_ ? "did" : "did not", "); nothing was updated");
+  }
+  if (skipped || !received_) return;
+  // SGD momentum switched on after the state was made starts now, from this
+  // gradient, as in Optimizer::update; allocated here, under the hold.
+  std::vector<Hparams> hps(opt_.num_groups());
+  for (size_t g = 0; g < hps.size(); ++g) hps[g] = opt_.hparams(g);
+  const OptimKind kind = opt_.kind();
+  for (Slot& r : replica_) {
+    r.sgd_first_momentum = false;
+    if (kind == OptimKind::Sgd && r.pushed && r.n > 0 && hps.at(r.group).momentum > 0.0 && !r.state1) {
+      r.state1 = alloc(r.n * dtype_size(r.state_dtype));
+      std::memset(r.state1->data(), 0, r.state1->bytes());
+      r.sgd_first_momentum = true;
+    }
+  }
+  const auto scale = static_cast<float>(grad_scale);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = [this, scale, hps = std::move(hps), kind] {
+      Device& dev = *ctx_.device();
+      for (Slot& r : replica_) {
+        if (!r.pushed || r.n == 0) continue;
+        ShardBuffers b;
+        b.dtype = r.dtype;
+        b.state1 = r.state1 ? r.state1->data() : nullptr;
+        b.state2 = r.state2 ? r.state2->data() : nullptr;
+        b.state_dtype = r.state_dtype;
+        if (r.master_is_working) {
+          b.working = r.shard->data();
+        } else if (r.master_is_shard) {
+          b.master = static_cast<float*>(r.shard->data());
+        } else {
+          b.master = static_cast<float*>(r.master->data());
+          b.working = r.shard->data();
+          if (r.master_stale) {  // as Optimizer::fp32_master
+            ops::refresh_master(dev, r.shard->data(), r.dtype, b.master, r.n);
+            r.master_stale = false;
+          }
+        }
+        step_shard(dev, kind, hps.at(r.group), b, static_cast<const float*>(r.grad->data()), r.n, scale, r.updates,
+                   r.updates == 0 || r.sgd_first_momentum);
+        ++r.updates;
+      }
+      dev.synchronize();
+      ++replica_step_;
+    };
+    busy_ = true;
+  }
+  cv_.notify_all();
+}
+
+Digest PeerCopy::own_digest() {
+  ctx_.expect_locked();
+  const auto mine = opt_.slot_states_locked();
+  std::vector<ShardAccess> shards;
+  std::vector<DigestSlot> slots;
+  for (const auto& s : mine) {
+    Param& p = *s.param;
+    DigestSlot d{s.updates, {}};
+    const uint64_t n = p.layout.shard_numel;
+    if (n > 0) {
+      shards.emplace_back(ctx_, p, ShardAccess::Read);
+      d.parts.push_back({shards.back().data(), n * p.elem_bytes()});
+      if (s.master) d.parts.push_back({s.master->data(), n * sizeof(float)});
+      if (s.state1) d.parts.push_back({s.state1->data(), n * dtype_size(s.state_dtype)});
+      if (s.state2) d.parts.push_back({s.state2->data(), n * dtype_size(s.state_dtype)});
+    }
+    slots.push_back(std::move(d));
+  }
+  return digest_of(ctx_.ranks().rank, opt_.steps_locked(), slots);
+}
+
+Digest PeerCopy::replica_digest() {
+  ctx_.expect_locked();
+  wait_replay();
+  if (!replica_seeded_)
+    fail(Code::InvalidState, "peer copy: this rank holds no replica of rank ", source_,
+         "'s state yet (it is seeded at the first optimizer step)");
+  std::vector<DigestSlot> slots;
+  for (const Slot& r : replica_) {
+    DigestSlot d{r.updates, {}};
+    for (const BufferPtr* b : {&r.shard, &r.master, &r.state1, &r.state2})
+      if (*b) d.parts.push_back({(*b)->data(), (*b)->bytes()});
+    slots.push_back(std::move(d));
+  }
+  return digest_of(source_, replica_step_, slots);
+}
+
+void attach(Context& ctx, Optimizer& opt) {
+  if (ctx.config().heal_peer_copy != 1) return;
+  const auto held = ctx.lock();
+  const char* kind = opt.kind() == OptimKind::Muon ? "ZS_OPTIM_MUON (its update is orthogonalized on an owner "
+                                                     "rank, not element-wise on each shard)"
+                     : opt.kind() == OptimKind::External ? "ZS_OPTIM_EXTERNAL (the update is the caller's code, "
+                                                           "which the holder cannot run)"
+                                                         : nullptr;
+  if (kind != nullptr)
+    fail(Code::NotSupported, "zeroshard.healing.peer_copy (on) with ", kind, ": the holder of a rank's copy "
+         "replays its steps from the gradients, which it cannot for this optimizer; use AdamW, Adam or SGD, or "
+         "set zeroshard.healing.peer_copy false");
+  opt.set_listener(std::make_unique<PeerCopy>(ctx, opt));
+}
+
+PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt) {
+  auto* pc = dynamic_cast<PeerCopy*>(opt.listener());
+  if (pc == nullptr)
+    fail(Code::InvalidState, "this optimizer keeps no peer copy: zeroshard.healing.peer_copy is ",
+         ctx.config().heal_peer_copy == 1 ? "on, but the optimizer was made before" : "off (set it true, "
+         "or \"auto\" with ZS_HEAL=1)");
+  return *pc;
+}
+
+}  // namespace zs::heal

@@ -1,0 +1,111 @@
+// A copy of this rank's shard state in its holder's host memory, kept
+// current step by step (docs/healing.md, section 1; landing step 1: the
+// copy, no healing yet).
+//
+// Seed: at the first step (and whenever the state may have been written
+// other than by a step: a checkpoint load, a pointer handed out, set_step,
+// a param's shard rewritten) each rank sends its whole optimizer state to
+// its holder: per param the shard, the fp32 master, the moments and its
+// update count. Per step: each rank sends its gradient shards (and which
+// params got one) to its holder over the heal group, once they are final
+// and before the norm all-reduce; the holder puts "received, whole, for the
+// step its replica is at" into that all-reduce as a flag (the
+// acknowledgement rides on it: no message back). The flags' sum being the
+// world size commits the step; the holder then replays it on its replica
+// through step_shard, the function the optimizer's own update runs, with
+// the all-reduce's scale, on a thread of its own, overlapped with whatever
+// follows; the next step's copy waits for it (one queue, in order), so a
+// replica changes only by a committed step.
+//
+// The copy is sent synchronously under the engine lock, straight from
+// engine memory (ShardAccess), so no write can race it and it needs no
+// write fence; a large same-host message is one cross-memory read.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "impl/core/context.h"
+#include "impl/optim/optimizer.h"
+#include "impl/optim/step_listener.h"
+
+namespace zs::heal {
+
+struct Digest {
+  int source = -1;   // the rank whose state it is
+  int64_t step = 0;  // optimizer steps the state has taken
+  uint64_t bytes = 0;
+  uint64_t hash = 0;  // XXH3-64 over step, then per param: updates, shard, master, moments
+};
+
+class PeerCopy final : public StepListener {
+ public:
+  PeerCopy(Context& ctx, Optimizer& opt);
+  ~PeerCopy() override;
+
+  float before_norm() override;
+  void after_norm(float commits, bool skipped, double grad_scale) override;
+  void detach() override;
+
+  int holder() const { return holder_; }
+  int source() const { return source_; }
+  // Under the caller's hold: this rank's own state, and the replica it holds
+  // (InvalidState before the first step has seeded it).
+  Digest own_digest();
+  Digest replica_digest();
+
+ private:
+  struct Slot {  // one param of the replica
+    uint64_t n = 0;
+    DType dtype = DType::F32;
+    size_t group = 0;
+    BufferPtr shard, master, state1, state2, grad;
+    DType state_dtype = DType::F32;
+    bool master_is_shard = false, master_is_working = false, master_stale = false;
+    bool pushed = false, sgd_first_momentum = false;
+    int64_t updates = 0;
+  };
+  void wait_replay();
+  void replay(float grad_scale);
+  void worker();
+  BufferPtr alloc(uint64_t bytes);
+
+  Context& ctx_;
+  Optimizer& opt_;
+  std::shared_ptr<Group> group_;
+  int holder_ = -1, source_ = -1;
+
+  // As a source: what the holder has.
+  bool seeded_ = false;
+  uint64_t epoch_sent_ = 0;
+  std::vector<uint64_t> versions_sent_;
+
+  // As a holder: the replica, its step, and whether this step's copy landed.
+  std::vector<Slot> replica_;
+  bool replica_seeded_ = false;
+  int64_t replica_step_ = 0;
+  bool received_ = false;
+  bool received_state_ = false;
+
+  // The replay thread: one job at a time.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr replay_error_;
+  std::thread thread_;
+};
+
+// Attaches a PeerCopy to opt when the context heals
+// (zeroshard.healing.peer_copy); refuses by name what it cannot copy yet.
+void attach(Context& ctx, Optimizer& opt);
+// opt's PeerCopy, or InvalidState naming the config key when it has none.
+PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt);
+
+}  // namespace zs::heal
