@@ -1,12 +1,12 @@
 // Landing step 1 of docs/healing.md: each rank's optimizer state has a
 // replica in its holder's host memory, seeded at the first step and then
 // stepped by the holder from the rank's gradient shards. After K steps
-// every replica equals its source bit for bit (zs_heal_state_digest), on 3
-// ranks of one host and 4 ranks on 2 fake hosts (ZS_HOST_ID), with AdamW,
-// Adam and SGD with momentum side by side, odd sizes, an fp32 and a bf16
-// param (its fp32 master and working shard), clipping, a param without a
-// gradient some steps; a state written behind the step's back is seeded
-// again; ZS_MEM_PEER_COPIES holds S + G. And the config: placement, what
+// every replica equals its source bit for bit (zs_heal_state_digest), on 2
+// and 3 ranks of one host and 4 ranks on 2 fake hosts (ZS_HOST_ID), with
+// AdamW, Adam and SGD with momentum side by side, odd sizes, an fp32 and a
+// bf16 param (its fp32 master and working shard), clipping, a param without
+// a gradient some steps, a step skipped for a NaN; a state written behind
+// the step's back is seeded again; ZS_MEM_PEER_COPIES holds S + G. And the config: placement, what
 // is refused and by which key.
 #include <gtest/gtest.h>
 
@@ -295,6 +295,24 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
     }
   }
 
+  // A step with a NaN gradient (one in each optimizer's params) is skipped
+  // on every rank: the replicas do not move either.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<float> g(static_cast<size_t>(specs[i].numel), 0.02f);
+    if (i == 0 || i == 3 || i == 5) g[g.size() / 2] = std::nanf("");  // one in each optimizer
+    ZS_ASSERT_OK(zs_grad_push(params[i], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
+  }
+  for (zs_optimizer o : opts) {
+    zs_step_result r = ZS_STEP_RESULT_INIT;
+    ZS_ASSERT_OK(zs_optimizer_step(o, &r));
+    EXPECT_EQ(r.skipped, 1);
+  }
+  for (size_t k = 0; k < opts.size(); ++k) {
+    const auto all = gather(ctx, digests(opts[k]), env.world);
+    replicas_equal(all, source_of, kSteps, "optimizer " + std::to_string(k) + " after a skipped step");
+    EXPECT_EQ(all[static_cast<size_t>(env.rank)].own, previous_own[k]);
+  }
+
   // ZS_MEM_PEER_COPIES: the replica (S: shard, fp32 master of a bf16 param,
   // moments) and the gradient buffer (G) of every param, each a pool block.
   uint64_t want = 0;
@@ -343,6 +361,11 @@ const char* kConfig = R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradie
 
 TEST(HealPeerCopy, ReplicasEqualTheirSourcesOnThreeRanks) {
   run_ranks(3, [](const RankEnv& env) { run_world(env, kConfig, 1, {2, 0, 1}); });
+}
+
+TEST(HealPeerCopy, ReplicasEqualTheirSourcesOnTwoRanks) {
+  // Each rank is the other's holder and source: one pair both ways.
+  run_ranks(2, [](const RankEnv& env) { run_world(env, kConfig, 1, {1, 0}); });
 }
 
 TEST(HealPeerCopy, ReplicasEqualTheirSourcesOnFourRanksOfTwoHosts) {

@@ -139,6 +139,22 @@ BufferPtr PeerCopy::alloc(uint64_t bytes) {
 }
 
 float PeerCopy::before_norm() {
+  // A failure here must not leave this rank out of the norm's all-reduce,
+  // where the others wait: it becomes this rank's flag 0, and the step
+  // fails on every rank alike (after_norm), naming it here.
+  failure_.clear();
+  try {
+    return copy();
+  } catch (const std::exception& e) {
+    failure_ = e.what();
+    seeded_ = false;
+    replica_seeded_ = false;
+    received_ = false;
+    return 0.0f;
+  }
+}
+
+float PeerCopy::copy() {
   ctx_.expect_locked();
   wait_replay();  // the replica takes this step's copy only once the last one is replayed
   const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
@@ -280,7 +296,7 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
     fail(Code::InvalidState, "optimizer step ", opt_.steps_locked() + 1, " did not commit: ",
          world - static_cast<int>(commits), " of ", world, " ranks' gradient copies did not land whole with "
          "their holders (zeroshard.healing.peer_copy; this rank's from rank ", source_, " ",
-         received_ ? "did" : "did not", "); nothing was updated");
+         received_ ? "did" : "did not", failure_.empty() ? "" : ": " + failure_, "); nothing was updated");
   }
   if (skipped || !received_) return;
   // SGD momentum switched on after the state was made starts now, from this

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -71,6 +72,7 @@ class PeerCopy final : public StepListener {
     bool pushed = false, sgd_first_momentum = false;
     int64_t updates = 0;
   };
+  float copy();  // before_norm's work
   void wait_replay();
   void replay(float grad_scale);
   void worker();
@@ -92,6 +94,7 @@ class PeerCopy final : public StepListener {
   int64_t replica_step_ = 0;
   bool received_ = false;
   bool received_state_ = false;
+  std::string failure_;  // why this step's copy failed here, for after_norm's message
 
   // The replay thread: one job at a time.
   std::mutex mu_;
