@@ -6,7 +6,8 @@
 // AdamW, Adam and SGD with momentum side by side, odd sizes, an fp32 and a
 // bf16 param (its fp32 master and working shard), clipping, a param without
 // a gradient some steps, a step skipped for a NaN; a state written behind
-// the step's back is seeded again; ZS_MEM_PEER_COPIES holds S + G. And the config: placement, what
+// the step's back is seeded again; ZS_MEM_PEER_COPIES holds S + G; a step
+// whose copy did not land fails on every rank and updates nothing. And the config: placement, what
 // is refused and by which key.
 #include <gtest/gtest.h>
 
@@ -374,6 +375,50 @@ TEST(HealPeerCopy, ReplicasEqualTheirSourcesOnFourRanksOfTwoHosts) {
   zs::test::ScopedEnv heal("ZS_HEAL", "1");
   run_ranks(4, [](const RankEnv& env) {
     run_world(env, R"({"gradient_clipping": 0.5, "bf16": {"enabled": true}})", 2, {3, 2, 0, 1});
+  });
+}
+
+// The commit rule: one holder takes a copy as lost (ZS_HEAL_DROP_COPY), so
+// its flag in the norm's all-reduce is 0; that step fails on every rank,
+// naming it, before anything is updated; the next call seeds again and
+// commits, and the replicas equal their sources.
+TEST(HealPeerCopy, AStepWhoseCopyDidNotLandFailsOnEveryRankAndUpdatesNothing) {
+  zs::test::ScopedEnv drop("ZS_HEAL_DROP_COPY", "1:2");
+  run_ranks(3, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, R"({"zeroshard": {"healing": {"peer_copy": true}}})");
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = register_param(ctx, {"w", 1001, ZS_FLOAT32}, 0);
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, &p, 1, &hp, nullptr));
+    const std::vector<int> source_of{2, 0, 1};
+    auto push = [&](int step) {
+      std::vector<float> g(1001);
+      for (size_t k = 0; k < g.size(); ++k) g[k] = grad_value(env.rank, step, 0, k);
+      ZS_ASSERT_OK(zs_grad_push(p, g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
+    };
+    push(1);
+    ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
+    const Digests before = digests(opt);
+    push(2);
+    EXPECT_EQ(zs_optimizer_step(opt, nullptr), ZS_ERR_INVALID_STATE);
+    const std::string e = zs_last_error();
+    EXPECT_NE(e.find("optimizer step 2 did not commit: 1 of 3 ranks' gradient copies did not land"), std::string::npos)
+        << e;
+    if (env.rank == 1) {
+      EXPECT_NE(e.find("from rank 0 did not: dropped by ZS_HEAL_DROP_COPY"), std::string::npos) << e;
+    }
+    const Digests after = digests(opt);
+    EXPECT_EQ(after.own, before.own);  // nothing was updated, the replicas neither
+    EXPECT_EQ(after.own_step, 1);
+    replicas_equal(gather(ctx, after, env.world), source_of, 1, "after the step that did not commit");
+    // The gradients are still there: the same step again commits.
+    ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
+    replicas_equal(gather(ctx, digests(opt), env.world), source_of, 2, "after the retried step");
+    zs_optimizer_destroy(opt);
+    zs_param_destroy(p);
+    zs_context_destroy(ctx);
   });
 }
 

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -77,6 +79,16 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
   if (ctx.ranks().rank == 0) {
     const std::string note = placement_note(hold, ctx.topology().host_of());
     if (!note.empty()) std::fprintf(stderr, "zeroshard: zeroshard.healing.peer_copy: %s\n", note.c_str());
+  }
+  if (const char* drop = std::getenv("ZS_HEAL_DROP_COPY"); drop != nullptr && *drop != '\0') {
+    int r = -1;
+    long long s = -1;
+    char tail = 0;
+    if (std::sscanf(drop, "%d:%lld%c", &r, &s, &tail) != 2 || r < 0 || r >= world || s < 1)
+      fail(Code::InvalidArgument, "ZS_HEAL_DROP_COPY='", drop, "': expected <rank>:<step>, a rank below ", world,
+           " and an optimizer step >= 1");
+    drop_rank_ = r;
+    drop_step_ = s;
   }
   thread_ = std::thread([this] { worker(); });
 }
@@ -282,6 +294,11 @@ float PeerCopy::copy() {
     replica_seeded_ = true;
   }
   received_ = fits && replica_seeded_ && in_header.step == replica_step_;
+  if (received_ && drop_rank_ == ctx_.ranks().rank && in_header.step + 1 == drop_step_) {
+    drop_rank_ = -1;  // once
+    received_ = false;
+    failure_ = "dropped by ZS_HEAL_DROP_COPY";
+  }
   if (received_)
     for (size_t i = 0; i < in_meta.size(); ++i) replica_[i].pushed = (in_meta[i].flags & kPushed) != 0;
   return received_ ? 1.0f : 0.0f;
@@ -292,7 +309,9 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
   const int world = ctx_.ranks().world_size;
   if (commits != static_cast<float>(world)) {
     seeded_ = false;  // what the holder has is unknown: seed it again
-    if (!received_) replica_seeded_ = false;
+    // A lost gradient copy leaves the replica as it was (the gradients have
+    // their own buffers); a lost seed may have overwritten part of it.
+    if (!received_ && received_state_) replica_seeded_ = false;
     fail(Code::InvalidState, "optimizer step ", opt_.steps_locked() + 1, " did not commit: ",
          world - static_cast<int>(commits), " of ", world, " ranks' gradient copies did not land whole with "
          "their holders (zeroshard.healing.peer_copy; this rank's from rank ", source_, " ",

@@ -95,6 +95,11 @@ class PeerCopy final : public StepListener {
   bool received_ = false;
   bool received_state_ = false;
   std::string failure_;  // why this step's copy failed here, for after_norm's message
+  // ZS_HEAL_DROP_COPY=<rank>:<step> (tests of the commit rule): that rank,
+  // as a holder, takes the copy of that optimizer step (1-based) as lost,
+  // once. -1: off.
+  int drop_rank_ = -1;
+  int64_t drop_step_ = -1;
 
   // The replay thread: one job at a time.
   std::mutex mu_;
