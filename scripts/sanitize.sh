@@ -108,14 +108,14 @@ asan_tests() {
 # server thread, a group's collective thread, Gloo's pairs, the kernels'
 # pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
 # a GPU) and zsrun (a launcher without threads of its own).
-tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*'
+tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*:Heal*'
 
 # The files that hold the suites above (and the canary): the TSan build
 # compiles only these (tests/CMakeLists.txt, ZS_TEST_FILES), which
 # tsan_build checks against the filter on the full suite.
 tsan_files=(bootstrap_test.cpp checkpoint_direct_io_test.cpp checkpoint_test.cpp collective_identity_test.cpp
             collectives_test.cpp config_agreement_test.cpp coordinator_test.cpp cross_memory_test.cpp
-            engine_lock_test.cpp failure_test.cpp gather_test.cpp heartbeat_test.cpp job_secret_test.cpp
+            engine_lock_test.cpp failure_test.cpp gather_test.cpp heal_test.cpp heartbeat_test.cpp job_secret_test.cpp
             kernels_optim_test.cpp loco_test.cpp loss_scaler_test.cpp optimizer_agreement_test.cpp
             optimizer_bf16_states_test.cpp optimizer_external_test.cpp optimizer_muon_test.cpp optimizer_offload_grads_test.cpp
             optimizer_offload_test.cpp optimizer_test.cpp param_offload_test.cpp sanitizer_canary_test.cpp

@@ -137,6 +137,21 @@ TEST(HealConfig, RefusesWhatTheCopyCannotFollowByName) {
   }
 }
 
+// Ranks that disagree on whether the copy is on (ZS_HEAL on one rank only)
+// fail at create, naming the key on every rank, before any makes the heal
+// group.
+TEST(HealConfig, RanksThatDisagreeOnPeerCopyFailAtCreate) {
+  run_ranks(2, [](const RankEnv& env) {
+    if (env.rank == 1) setenv("ZS_HEAL", "1", 1);
+    zs_context_options o = zs::test::rank_options(env, nullptr);
+    zs_context ctx = nullptr;
+    ASSERT_EQ(zs_context_create(&ctx, &o), ZS_ERR_INVALID_CONFIG) << zs_last_error();
+    const std::string e = zs_last_error();
+    EXPECT_NE(e.find("rank 1 has zeroshard.healing.peer_copy = true where rank 0 has false"), std::string::npos)
+        << e;
+  });
+}
+
 // ---- the copy, on real ranks
 
 constexpr int kSteps = 4;
