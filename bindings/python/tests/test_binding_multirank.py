@@ -240,5 +240,40 @@ def test_dead_peer_raises_comm_or_timeout(tmp_path):
     assert report["status"] in ("ZS_ERR_COMM", "ZS_ERR_TIMEOUT") and report["message"]
 
 
+def test_peer_copy_replicas_equal_their_sources(tmp_path):
+    # zeroshard.healing.peer_copy on 3 ranks: after 3 AdamW steps each
+    # rank's replica hashes as its source's own state, and the memory
+    # report has the copies under "peer_copies".
+    script = tmp_path / "peer_copy.py"
+    script.write_text(
+        "import sys, json, numpy as np\n"
+        "import zeroshard as zs\n"
+        "rank, world, port = map(int, sys.argv[1:4])\n"
+        "ctx = zs.Context(rank=rank, world_size=world, store_host='127.0.0.1', store_port=port,\n"
+        "                 timeout_ms=30000, config={'zeroshard': {'healing': {'peer_copy': True}}})\n"
+        "p = ctx.register('w', 'fp32', (1001,), init='normal', seed=3)\n"
+        "opt = ctx.optimizer('adamw')\n"
+        "opt.add_group([p], lr=1e-2)\n"
+        "for step in range(3):\n"
+        "    p.push_grad(np.linspace(-1, 1, 1001, dtype=np.float32) * (rank + 1 + step), 'fp32')\n"
+        "    opt.step()\n"
+        "print(json.dumps({'own': opt.heal_state_digest(), 'replica': opt.heal_state_digest(replica=True),\n"
+        "                  'peer_copies': ctx.memory_by_kind()['peer_copies']}))\n"
+        "ctx.close()\n")
+    results = run_world(3, script=str(script), timeout=60)
+    reports = []
+    for r, (rc, out, err) in enumerate(results):
+        assert rc == 0, "rank %d exited %d:\n%s\n%s" % (r, rc, out, err)
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for h, rep in enumerate(reports):
+        own_hash, source, step = rep["own"]
+        assert source == h and step == 3, rep
+        replica_hash, of, replica_step = rep["replica"]
+        assert of == (h - 1) % 3 and replica_step == 3, rep
+        assert replica_hash == reports[of]["own"][0], (h, reports)
+        assert rep["peer_copies"] > 0, rep
+    assert len({rep["own"][0] for rep in reports}) == 3, "the ranks' shards should differ"
+
+
 if __name__ == "__main__":
     worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

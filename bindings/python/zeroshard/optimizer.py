@@ -188,6 +188,17 @@ class Optimizer(_Owned):
         """Rewrite the working (16-bit) shards from the fp32 masters."""
         check(lib.zs_optimizer_sync_params(self._h))
 
+    def heal_state_digest(self, replica=False):
+        """(hash, source rank, step) of this rank's own optimizer state, or
+        with replica=True of the replica of another rank's (its source's)
+        that it holds for healing (zeroshard.healing.peer_copy on): equal
+        states hash equal on any two ranks (zs_heal_state_digest)."""
+        h = ffi.new("uint64_t*")
+        source = ffi.new("int*")
+        step = ffi.new("int64_t*")
+        check(lib.zs_heal_state_digest(h, source, step, self._h, 1 if replica else 0))
+        return int(h[0]), int(source[0]), int(step[0])
+
     def __repr__(self):
         return "<zeroshard.Optimizer %s, %d groups%s>" % (self.kind, len(self._groups),
                                                          " closed" if self._closed else "")
