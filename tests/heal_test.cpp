@@ -261,9 +261,14 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
   ASSERT_NE(ctx, nullptr);
   const std::vector<ParamSpec> specs{{"w.adamw", 1003, ZS_FLOAT32}, {"e.adamw", 70001, ZS_BFLOAT16},
                                      {"b.adamw", 2, ZS_FLOAT32},    {"w.sgd", 333, ZS_FLOAT32},
-                                     {"e.sgd", 4097, ZS_BFLOAT16},   {"w.adam", 129, ZS_FLOAT32}};
+                                     {"e.sgd", 4097, ZS_BFLOAT16},   {"w.adam", 129, ZS_FLOAT32},
+                                     {"frozen.adamw", 515, ZS_BFLOAT16}};
   std::vector<zs_param> params;
   for (size_t i = 0; i < specs.size(); ++i) params.push_back(register_param(ctx, specs[i], static_cast<int>(i)));
+  // A frozen param in AdamW's group: its shard is copied, it has no state
+  // and never a gradient (no gradient buffer either).
+  const size_t kFrozen = 6;
+  ZS_ASSERT_OK(zs_param_freeze(params[kFrozen]));
 
   // Muon and an external optimizer are refused, by name.
   zs_optimizer refused = nullptr;
@@ -285,6 +290,9 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
   hs.weight_decay = 0.001;
   ZS_ASSERT_OK(zs_optimizer_add_group(sgd, params.data() + 3, 2, &hs, nullptr));
   ZS_ASSERT_OK(zs_optimizer_add_group(adam, params.data() + 5, 1, &hp, nullptr));
+  int frozen_group = -1;
+  ZS_ASSERT_OK(zs_optimizer_add_group(adamw, &params[kFrozen], 1, &hp, &frozen_group));
+  EXPECT_EQ(frozen_group, 1);
   std::vector<zs_optimizer> opts{adamw, sgd, adam};
 
   // Before the first step there is no replica.
@@ -295,7 +303,7 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
   for (int step = 1; step <= kSteps; ++step) {
     for (size_t i = 0; i < specs.size(); ++i) {
       // "b.adamw" has no gradient at step 2: neither it nor its replica moves.
-      if (i == 2 && step == 2) continue;
+      if ((i == 2 && step == 2) || i == kFrozen) continue;
       std::vector<float> g(static_cast<size_t>(specs[i].numel));
       for (size_t k = 0; k < g.size(); ++k) g[k] = grad_value(env.rank, step, static_cast<int>(i), k);
       ZS_ASSERT_OK(zs_grad_push(params[i], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
@@ -313,7 +321,7 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
 
   // A step with a NaN gradient (one in each optimizer's params) is skipped
   // on every rank: the replicas do not move either.
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < kFrozen; ++i) {
     std::vector<float> g(static_cast<size_t>(specs[i].numel), 0.02f);
     if (i == 0 || i == 3 || i == 5) g[g.size() / 2] = std::nanf("");  // one in each optimizer
     ZS_ASSERT_OK(zs_grad_push(params[i], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
@@ -335,9 +343,11 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
   for (size_t i = 0; i < specs.size(); ++i) {
     const uint64_t n = static_cast<uint64_t>((specs[i].numel + env.world - 1) / env.world);
     const uint64_t esize = specs[i].dtype == ZS_FLOAT32 ? 4 : 2;
+    want += size_class(n * esize);  // the shard
+    if (i == kFrozen) continue;     // no state, no gradient
     const int moments = i == 3 || i == 4 ? 1 : 2;
-    want += size_class(n * esize) + size_class(n * 4) * moments + size_class(n * 4);  // shard, moments, grad
-    if (specs[i].dtype != ZS_FLOAT32) want += size_class(n * 4);                     // master
+    want += size_class(n * 4) * moments + size_class(n * 4);       // moments, grad
+    if (specs[i].dtype != ZS_FLOAT32) want += size_class(n * 4);  // master
   }
   std::vector<uint64_t> kinds(ZS_MEM_KIND_COUNT, 0);
   ZS_ASSERT_OK(zs_memory_by_kind(ctx, ZS_PHASE_NOW, kinds.data(), kinds.size(), nullptr, nullptr));
@@ -358,7 +368,7 @@ void run_world(const RankEnv& env, const char* config, int hosts, const std::vec
       EXPECT_NE(all[h].replica, all[static_cast<size_t>(source_of[h])].own)
           << "rank " << h << " should hold a stale replica";
   }
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < kFrozen; ++i) {
     std::vector<float> g(static_cast<size_t>(specs[i].numel), 0.01f);
     ZS_ASSERT_OK(zs_grad_push(params[i], g.data(), ZS_FLOAT32, g.size() * sizeof(float)));
   }

@@ -39,7 +39,7 @@ struct SlotMeta {
 static_assert(sizeof(Header) == 32 && sizeof(SlotMeta) == 32, "wire layout");
 
 constexpr uint32_t kPushed = 1, kMaster = 2, kState1 = 4, kState2 = 8, kMasterStale = 16,
-                   kMasterIsShard = 32, kMasterIsWorking = 64;
+                   kMasterIsShard = 32, kMasterIsWorking = 64, kFrozen = 128;
 
 // One slot's bytes as the digest reads them.
 struct DigestSlot {
@@ -196,7 +196,8 @@ float PeerCopy::copy() {
     const bool pushed = m.n > 0 && p.grad && p.grad_pushed;
     m.flags = (pushed ? kPushed : 0) | (s.master ? kMaster : 0) | (s.state1 ? kState1 : 0) |
               (s.state2 ? kState2 : 0) | (s.master_stale ? kMasterStale : 0) |
-              (s.master_is_shard ? kMasterIsShard : 0) | (s.master_is_working ? kMasterIsWorking : 0);
+              (s.master_is_shard ? kMasterIsShard : 0) | (s.master_is_working ? kMasterIsWorking : 0) |
+              (p.frozen ? kFrozen : 0);
     if (with_state && m.n > 0) {
       shards.emplace_back(ctx_, p, ShardAccess::Read);
       sends.push_back({shards.back().data(), m.n * m.elem});
@@ -247,7 +248,7 @@ float PeerCopy::copy() {
       sized(r.master, (m.flags & kMaster) != 0, m.n * sizeof(float));
       sized(r.state1, (m.flags & kState1) != 0, m.n * m.state_esize);
       sized(r.state2, (m.flags & kState2) != 0, m.n * m.state_esize);
-      sized(r.grad, true, m.n * sizeof(float));
+      sized(r.grad, (m.flags & kFrozen) == 0, m.n * sizeof(float));  // a frozen param never gets one
     }
   }
   std::vector<ExchangeRecv> recvs;
