@@ -125,6 +125,16 @@ TEST(HealConfig, RefusesWhatTheCopyCannotFollowByName) {
   e = create_error(R"({"zeroshard": {"healing": {"peer_copy": true}}, "zero_optimization": {"mics_shard_size": 1}})",
                    ZS_ERR_INVALID_CONFIG);
   EXPECT_NE(e.find("zero_optimization.mics_shard_size (1)"), std::string::npos) << e;
+  // zs_config_check says the same without a context (peer_copy true; "auto"
+  // depends on the environment of the ranks, resolved at create).
+  EXPECT_EQ(zs_config_check(R"({"zeroshard": {"healing": {"peer_copy": true}},
+      "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})", 0),
+            ZS_ERR_INVALID_CONFIG);
+  EXPECT_NE(std::string(zs_last_error()).find("offload_optimizer.device \"nvme\""), std::string::npos);
+  EXPECT_EQ(zs_config_check(R"({"zeroshard": {"healing": {"peer_copy": true}}})", 1), ZS_ERR_INVALID_CONFIG);
+  EXPECT_NE(std::string(zs_last_error()).find("zeroshard.healing.peer_copy (true) in a world of 1 rank"),
+            std::string::npos) << zs_last_error();
+  EXPECT_EQ(zs_config_check(R"({"zeroshard": {"healing": {"peer_copy": true}}})", 0), ZS_OK);
   {
     zs::test::ScopedEnv heal("ZS_HEAL", "1");
     e = create_error(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})",

@@ -837,6 +837,36 @@ Json fp16_to_json(const Config& c) {
 
 }  // namespace
 
+// How healing was switched on, for messages.
+std::string heal_config_key(bool from_env) {
+  return from_env ? "zeroshard.healing.peer_copy (\"auto\", on because ZS_HEAL=1)"
+                  : "zeroshard.healing.peer_copy (true)";
+}
+
+// What the peer copy cannot keep yet, refused by name before any socket
+// opens (docs/healing.md, section 1: the holder recomputes a step from the
+// gradient alone, so every per-rank input of the update must travel with it
+// or be equal on every rank).
+void check_healing(const Config& c, bool from_env, int world) {
+  if (c.heal_peer_copy != 1) return;
+  const std::string key = heal_config_key(from_env);
+  const char* off = "; set zeroshard.healing.peer_copy false (or unset ZS_HEAL) to run without it";
+  if (world == 1)
+    fail(Code::InvalidConfig, key, " in a world of ", world, " rank: the copy lives in another rank's memory, "
+         "and there is none", off);
+  if (c.offload_optimizer.device == "nvme")
+    fail(Code::InvalidConfig, key, " with zero_optimization.offload_optimizer.device \"nvme\": the state "
+         "on NVMe is stepped sub-group by sub-group from the swap file, which the holder's replica in memory "
+         "does not follow yet", off);
+  if (c.zeropp_loco)
+    fail(Code::InvalidConfig, key, " with zero_optimization.zeropp_loco_param (qgZ's LoCo error feedback): "
+         "its error buffers are per-rank state the holder cannot recompute from the gradient shard", off);
+  if (c.mics_shard_size != -1)
+    fail(Code::InvalidConfig, key, " with zero_optimization.mics_shard_size (", c.mics_shard_size,
+         "): MiCS sums the gradient norm over shard groups apart, whose result the holder of another "
+         "group's rank does not share; not checked yet", off);
+}
+
 Config parse_config(const std::string& json_text, int world_size) {
   const Json doc = parse_json(json_text);
   if (!doc.is_object()) {
@@ -850,6 +880,7 @@ Config parse_config(const std::string& json_text, int world_size) {
   check_precision(c);
   check_partial_offload(c);
   check_topology(c, world_size);
+  check_healing(c, false, world_size);  // peer_copy true; "auto" is resolved (and checked) at create
   collect_in_order(doc, "", unused, c.unused_keys);
   return c;
 }

@@ -164,6 +164,15 @@ struct Config {
 // against it (mics_shard_size and zero_hpz_partition_size must divide it).
 Config parse_config(const std::string& json_text, int world_size);
 
+// zeroshard.healing.peer_copy on (c.heal_peer_copy == 1): refuses by name
+// (InvalidConfig) what the peer copy cannot follow yet: a world of one
+// (world_size <= 0 skips that), NVMe optimizer state, LoCo, MiCS.
+// from_env: it was "auto", on because ZS_HEAL=1 (said in the message).
+// parse_config runs it; Context::create again after resolving "auto".
+void check_healing(const Config& c, bool from_env, int world_size);
+// "zeroshard.healing.peer_copy (true)", or how "auto" turned it on.
+std::string heal_config_key(bool from_env);
+
 // Read a file and parse it; a missing or unreadable file is InvalidConfig
 // naming the path.
 Config parse_config_file(const std::string& path, int world_size);

@@ -46,35 +46,6 @@ std::string inactive_json(const std::vector<InactiveKey>& keys) {
   return out.dump();
 }
 
-// How healing was switched on, for messages.
-std::string heal_key(bool from_env) {
-  return from_env ? "zeroshard.healing.peer_copy (\"auto\", on because ZS_HEAL=1)"
-                  : "zeroshard.healing.peer_copy (true)";
-}
-
-// What the peer copy cannot keep yet, refused by name before any socket
-// opens (docs/healing.md, section 1: the holder recomputes a step from the
-// gradient alone, so every per-rank input of the update must travel with it
-// or be equal on every rank).
-void check_healing(const Config& c, bool from_env, int world) {
-  const std::string key = heal_key(from_env);
-  const char* off = "; set zeroshard.healing.peer_copy false (or unset ZS_HEAL) to run without it";
-  if (world < 2)
-    fail(Code::InvalidConfig, key, " in a world of ", world, " rank: the copy lives in another rank's memory, "
-         "and there is none", off);
-  if (c.offload_optimizer.device == "nvme")
-    fail(Code::InvalidConfig, key, " with zero_optimization.offload_optimizer.device \"nvme\": the state "
-         "on NVMe is stepped sub-group by sub-group from the swap file, which the holder's replica in memory "
-         "does not follow yet", off);
-  if (c.zeropp_loco)
-    fail(Code::InvalidConfig, key, " with zero_optimization.zeropp_loco_param (qgZ's LoCo error feedback): "
-         "its error buffers are per-rank state the holder cannot recompute from the gradient shard", off);
-  if (c.mics_shard_size != -1)
-    fail(Code::InvalidConfig, key, " with zero_optimization.mics_shard_size (", c.mics_shard_size,
-         "): MiCS sums the gradient norm over shard groups apart, whose result the holder of another "
-         "group's rank does not share; not checked yet", off);
-}
-
 }  // namespace
 
 std::shared_ptr<Context> Context::create(const ContextOptions& options) {
@@ -100,7 +71,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   // carries what acts and the ready round compares it across ranks.
   const bool heal_from_env = ctx->config_.heal_peer_copy < 0;
   if (heal_from_env) ctx->config_.heal_peer_copy = env_int("ZS_HEAL", 0) != 0 ? 1 : 0;
-  if (ctx->config_.heal_peer_copy == 1) check_healing(ctx->config_, heal_from_env, world);
+  if (heal_from_env && ctx->config_.heal_peer_copy == 1) check_healing(ctx->config_, true, world);
   TopologyShape shape;
   shape.rank = ctx->ranks_.rank;
   shape.world_size = ctx->ranks_.world_size;
@@ -127,7 +98,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
   ctx->choose_device(options);
   if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda())
-    fail(Code::NotSupported, heal_key(heal_from_env), " on a CUDA context (", ctx->device_->ref().str(),
+    fail(Code::NotSupported, heal_config_key(heal_from_env), " on a CUDA context (", ctx->device_->ref().str(),
          "): the peer copy runs on CPU contexts only so far (the GPU's staging of gradients into host "
          "memory is landing step 8 of docs/healing.md); set zeroshard.healing.peer_copy false, or unset ZS_HEAL");
   ctx->connect(options);
