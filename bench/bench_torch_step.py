@@ -10,6 +10,7 @@ figures do not mix.
         [--steps 8] [--warmup 2] [--ds-optimizer auto|cpuadam|torch] [--no-deepspeed]
         [--zs-config '{"reduce_bucket_size": 2e7}'] [--identity-ab [--ab-reps 5] [--ab-same]]
         [--dtype fp32|bf16 [--ds-own-init]]
+    .venv/bin/python bench/bench_torch_step.py --side-by-side [--launches 5] [--steps 40 --warmup 8]
     .venv/bin/python bench/bench_torch_step.py --compile --models gpt [--gpt-dim 256 --gpt-layers 6]
 
 Models (--models, any of):
@@ -300,6 +301,73 @@ def autocast_bf16(forward):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return forward(x, y)
     return run
+
+
+def fine_side_by_side(steps, warmup, fine_layers=200, batch=16):
+    """In a launched worker: the fine model through torch DDP and through
+    zeroshard.torch in one launch, step for step (which engine goes first
+    alternates, a barrier starts each engine's step on both ranks), so
+    both see the same moment of a shared machine's load, which separate
+    launches do not (their ratio followed the load: 0.48-1.36x over five
+    launches). Returns, alike on every rank, each step's time on the slower
+    rank, the medians after `warmup` and their ratio, the losses, and the
+    zeroshard step's collectives (reduce-scatters, gathers, bytes
+    all-reduced). test_step_speed_guard runs it in CI; --side-by-side here."""
+    import torch
+    import torch.distributed as dist
+    import zeroshard.torch as zt
+
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args = argparse.Namespace(model="fine", fine_layers=fine_layers, steps=steps, batch=batch)
+    data = batches(args, rank, world)
+    hp = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    torch.manual_seed(0)
+    plain = build_model(args)
+    ddp = torch.nn.parallel.DistributedDataParallel(plain, gradient_as_bucket_view=True)
+    ddp_opt = torch.optim.AdamW(plain.parameters(), fused=True, **hp)
+
+    config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": batch}
+    zt.init_context(config=config, device="cpu")
+    torch.manual_seed(0)
+    with zt.Init(config=config, device="cpu"):
+        model = build_model(args)
+    zt.partition_module(model)
+    opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
+
+    engines = {"ddp": (torch_step(ddp, ddp_opt), lambda: ddp_opt.zero_grad(set_to_none=True)),
+               "zeroshard": (torch_step(model, opt), opt.zero_grad)}
+    times = {e: [] for e in engines}
+    losses = {e: [] for e in engines}
+    reduce_scatters, gathers, allreduced = [], [], []
+    for i, (x, y) in enumerate(data):
+        for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
+            step, zero_grad = engines[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = step(x, y)
+            zero_grad()
+            times[name].append(time.perf_counter() - t0)
+            losses[name].append(loss.item())
+        st = opt.step_stats()
+        reduce_scatters.append(st["reduce_scatters"])
+        gathers.append(st["gathers"])
+        allreduced.append(st["allreduce_bytes"])
+    slowest = {}
+    for name, ts in times.items():
+        t = torch.tensor(ts, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        slowest[name] = t.tolist()
+    medians = {name: statistics.median(ts[warmup:]) for name, ts in slowest.items()}
+    del model, opt
+    zt.shutdown()
+    return {"median_step_s": medians, "ratio": medians["zeroshard"] / medians["ddp"], "step_times_s": slowest,
+            "losses": losses, "reduce_scatters": reduce_scatters[warmup:], "gathers": gathers[warmup:],
+            "allreduce_bytes": allreduced[warmup:], "first_step_reduce_scatters": reduce_scatters[0],
+            "steps": steps, "warmup": warmup}
 
 
 def worker(args):
@@ -769,6 +837,50 @@ def identity_ab(args, model):
     return out
 
 
+def side_by_side(args, given):
+    """--side-by-side: fine_side_by_side in --launches launches; each
+    launch's median step of both engines and their ratio, then min, median
+    and max of the ratios, and one JSON line."""
+    steps, warmup = steps_for(given, "fine")
+    where = tree()
+    print(f"bench_torch_step --side-by-side: the fine model ({args.fine_layers} x nn.Linear(8, 8)), {args.ranks} "
+          f"ranks, DDP and zeroshard step for step in one launch, {steps} steps ({warmup} warm-up) each, "
+          f"{args.launches} launches; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; commit "
+          f"{where['commit']}", flush=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    runs = []
+    for i in range(args.launches):
+        cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
+               str(Path(__file__).resolve()), "--worker", "--side-by-side", "--models", "fine", "--steps",
+               str(steps), "--warmup", str(warmup), "--fine-layers", str(args.fine_layers), "--batch",
+               str(args.batch)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        found = [line for line in out.stdout.splitlines() if line.startswith("SIDE_BY_SIDE ")]
+        if not found:
+            sys.exit(f"bench_torch_step --side-by-side: launch {i} failed (exit {out.returncode}):\n"
+                     + (out.stdout + out.stderr)[-3000:])
+        r = json.loads(found[-1][len("SIDE_BY_SIDE "):])
+        runs.append(r)
+        worst = max(abs(a - b) for a, b in zip(r["losses"]["ddp"], r["losses"]["zeroshard"]))
+        print(f"[fine] launch {i}: zeroshard {r['median_step_s']['zeroshard'] * 1e3:.1f} ms, DDP "
+              f"{r['median_step_s']['ddp'] * 1e3:.1f} ms (medians over the slower rank): x{r['ratio']:.2f}; "
+              f"reduce-scatters a step {max(r['reduce_scatters'])}, bytes all-reduced {max(r['allreduce_bytes'])}; "
+              f"losses agree to {worst:.2e}", flush=True)
+    ratios = sorted(r["ratio"] for r in runs)
+    print(f"[fine] zeroshard/ddp over {len(runs)} launches: min x{ratios[0]:.2f}, median "
+          f"x{statistics.median(ratios):.2f}, max x{ratios[-1]:.2f} (target <= 1.1 in every launch)", flush=True)
+    print(json.dumps({"bench": "torch_step_side_by_side", "ranks": args.ranks, "steps": steps, "warmup": warmup,
+                      "fine_layers": args.fine_layers, "launches": args.launches, "tree": where,
+                      "load_average_end": os.getloadavg()[0], "ratios": [r["ratio"] for r in runs],
+                      "median_step_s": [r["median_step_s"] for r in runs],
+                      "ratio_min": ratios[0], "ratio_median": statistics.median(ratios), "ratio_max": ratios[-1]}))
+    return 0
+
+
 def compile_side_by_side(args, where):
     """--compile: zeroshard and FSDP2, eager and compiled, one launch each."""
     summary = []
@@ -847,6 +959,10 @@ def main():
     ap.add_argument("--gpt-heads", type=int, default=4)
     ap.add_argument("--zs-config", default="{}",
                     help='more zero_optimization keys for zeroshard only, as JSON: \'{"reduce_bucket_size": 2e7}\'')
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="the fine model through DDP and zeroshard in one launch, step for step (fine_side_by_side), "
+                         "--launches times, instead of each engine in its own launch")
+    ap.add_argument("--launches", type=int, default=5, help="launches of --side-by-side")
     ap.add_argument("--identity-ab", action="store_true",
                     help="also run zeroshard with collective identities on and off, --ab-reps times each")
     ap.add_argument("--ab-reps", type=int, default=5, help="reps per side of --identity-ab")
@@ -855,8 +971,15 @@ def main():
     args = ap.parse_args()
     given = (args.steps, args.warmup)
     args.steps, args.warmup = steps_for(given, args.models[0] if len(args.models) == 1 else None)
+    if args.worker and args.side_by_side:
+        r = fine_side_by_side(args.steps, args.warmup, args.fine_layers, args.batch)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("SIDE_BY_SIDE " + json.dumps(r), flush=True)
+        return 0
     if args.worker:
         return worker(args)
+    if args.side_by_side:
+        return side_by_side(args, given)
     for model in args.models:
         steps, warmup = steps_for(given, model)
         if steps <= warmup:

@@ -19,12 +19,8 @@ few steps. Two checks:
 
 Run as a test file by pytest; run by zsrun as its worker with --worker.
 """
-import argparse
 import json
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,67 +32,15 @@ REDUCE_SCATTERS_BOUND = 4  # one bucket a step; 212 at the regression
 
 
 def worker():
-    import torch
     import torch.distributed as dist
 
     sys.path.insert(0, str(REPO / "bench"))
     import bench_torch_step as bench
-    import zeroshard.torch as zt
     from launch_env import write_rank0_result
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    args = argparse.Namespace(model="fine", fine_layers=200, steps=WARMUP + STEPS, batch=16)
-    data = bench.batches(args, rank, world)
-    hp = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-
-    torch.manual_seed(0)
-    plain = bench.build_model(args)
-    ddp = torch.nn.parallel.DistributedDataParallel(plain, gradient_as_bucket_view=True)
-    ddp_opt = torch.optim.AdamW(plain.parameters(), fused=True, **hp)
-
-    config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": args.batch}
-    zt.init_context(config=config, device="cpu")
-    torch.manual_seed(0)
-    with zt.Init(config=config, device="cpu"):
-        model = bench.build_model(args)
-    zt.partition_module(model)
-    opt = zt.ZeroShardOptimizer(model.parameters(), kind="adamw", **hp)
-
-    engines = {"ddp": (bench.torch_step(ddp, ddp_opt), lambda: ddp_opt.zero_grad(set_to_none=True)),
-               "zeroshard": (bench.torch_step(model, opt), opt.zero_grad)}
-    times = {e: [] for e in engines}
-    losses = {e: [] for e in engines}
-    reduce_scatters, gathers, allreduced = [], [], []
-    for i, (x, y) in enumerate(data):
-        for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
-            step, zero_grad = engines[name]
-            dist.barrier()
-            t0 = time.perf_counter()
-            loss = step(x, y)
-            zero_grad()
-            times[name].append(time.perf_counter() - t0)
-            losses[name].append(loss.item())
-        st = opt.step_stats()
-        reduce_scatters.append(st["reduce_scatters"])
-        gathers.append(st["gathers"])
-        allreduced.append(st["allreduce_bytes"])
-    # Each step's time on the slower rank.
-    slowest = {}
-    for name, ts in times.items():
-        t = torch.tensor(ts, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        slowest[name] = t.tolist()
-    medians = {name: statistics.median(ts[WARMUP:]) for name, ts in slowest.items()}
-    write_rank0_result(rank, {
-        "median_step_s": medians, "ratio": medians["zeroshard"] / medians["ddp"], "step_times_s": slowest,
-        "losses": losses, "reduce_scatters": reduce_scatters[WARMUP:], "gathers": gathers[WARMUP:],
-        "allreduce_bytes": allreduced[WARMUP:],
-        "first_step_reduce_scatters": reduce_scatters[0]})
+    result = bench.fine_side_by_side(WARMUP + STEPS, WARMUP)
+    write_rank0_result(dist.get_rank(), result)
     dist.barrier()
-    del model, opt
-    zt.shutdown()
     dist.destroy_process_group()
 
 
