@@ -21,21 +21,9 @@ uint8_t pattern(int from, int to, size_t i) {
   return static_cast<uint8_t>(from * 31 + to * 7 + static_cast<int>(i % 251) * 3 + 1);
 }
 
-std::shared_ptr<zs::Context> make(const RankEnv& env) {
-  zs::ContextOptions o;
-  o.rank = env.rank;
-  o.world_size = env.world;
-  o.local_rank = env.rank;
-  o.local_world_size = env.world;
-  o.store_host = "127.0.0.1";
-  o.store_port = env.port;
-  o.timeout_ms = 30000;
-  o.device = "cpu";
-  return zs::Context::create(o);
-}
 
 void exchange(const RankEnv& env) {
-  auto ctx = make(env);
+  auto ctx = zs::test::make_engine_context(env);
   const auto n = static_cast<size_t>(env.world);
   for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{300007}}) {
     std::vector<uint8_t> send(bytes * n), recv(bytes * n, 0xEE);

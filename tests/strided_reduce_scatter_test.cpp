@@ -20,18 +20,6 @@ using zs::test::run_ranks;
 
 namespace {
 
-std::shared_ptr<zs::Context> make(const RankEnv& env) {
-  zs::ContextOptions o;
-  o.rank = env.rank;
-  o.world_size = env.world;
-  o.local_rank = env.rank;
-  o.local_world_size = env.world;
-  o.store_host = "127.0.0.1";
-  o.store_port = env.port;
-  o.timeout_ms = 30000;
-  o.device = "cpu";
-  return zs::Context::create(o);
-}
 
 // Values whose sums show another order or a lost 1/n in the bits; 16-bit
 // dtypes take the low half of the fp32 pattern's bits as their own.
@@ -41,7 +29,7 @@ float value(int rank, size_t i) {
 }
 
 void strided_equals_packed(const RankEnv& env) {
-  auto ctx = make(env);
+  auto ctx = zs::test::make_engine_context(env);
   const auto n = static_cast<size_t>(env.world);
   for (zs::DType dtype : {zs::DType::F32, zs::DType::BF16, zs::DType::F16}) {
     const size_t elem = zs::dtype_size(dtype);
@@ -102,7 +90,7 @@ void strided_equals_packed(const RankEnv& env) {
 // reduce_scatter_into: the last hop handed to the caller, whose (own + in)
 // * scale is the bits reduce_scatter writes, for Sum and Avg; Max refused.
 void handed_over_equals_written(const RankEnv& env) {
-  auto ctx = make(env);
+  auto ctx = zs::test::make_engine_context(env);
   const auto n = static_cast<size_t>(env.world);
   for (size_t count : {size_t{1}, size_t{777}, size_t{70001}}) {
     for (zs::ReduceOp op : {zs::ReduceOp::Sum, zs::ReduceOp::Avg}) {

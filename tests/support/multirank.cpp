@@ -1,5 +1,7 @@
 #include "tests/support/multirank.h"
 
+#include "impl/core/context.h"
+
 #include "tests/support/bench_util.h"
 
 #include <arpa/inet.h>
@@ -60,6 +62,19 @@ zs_context_options rank_options(const RankEnv& env, const char* config_json, int
   o.config_json = config_json;
   o.timeout_ms = timeout_ms;
   return o;
+}
+
+std::shared_ptr<zs::Context> make_engine_context(const RankEnv& env) {
+  zs::ContextOptions o;
+  o.rank = env.rank;
+  o.world_size = env.world;
+  o.local_rank = env.rank;
+  o.local_world_size = env.world;
+  o.store_host = "127.0.0.1";
+  o.store_port = env.port;
+  o.timeout_ms = 30000;
+  o.device = "cpu";
+  return zs::Context::create(o);
 }
 
 zs_context make_context(const RankEnv& env, const char* config_json, int timeout_ms) {

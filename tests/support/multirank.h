@@ -3,10 +3,15 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "zeroshard/zeroshard.h"
+
+namespace zs {
+class Context;
+}
 
 namespace zs::test {
 
@@ -63,6 +68,10 @@ zs_context_options rank_options(const RankEnv& env, const char* config_json = nu
 // Creates the context or fails the rank with the engine's message.
 zs_context make_context(const RankEnv& env, const char* config_json = nullptr,
                         int timeout_ms = 30000);
+
+// The engine's own Context for a rank of run_ranks on the host (no config),
+// for tests of internals below the C API (its groups' communicators).
+std::shared_ptr<zs::Context> make_engine_context(const RankEnv& env);
 
 }  // namespace zs::test
 
