@@ -19,7 +19,9 @@ ds3_gather_for_generation TRL's default (True). DPO: prompt 16 words, chosen
 12, rejected 20, max_length 128.
 
 Per engine and trainer: seconds per timed step (median; a TrainerCallback's
-on_step_begin to on_step_end, the slowest rank), GRPO's generation
+on_step_begin to on_step_end, the slowest rank), the CPU seconds of a step
+(each rank's process, all its threads; median over steps and ranks: on a
+shared machine wall time follows the others' load, CPU time much less), GRPO's generation
 (TrainerMixin._generate_single_turn timed on each rank: for DeepSpeed it
 includes its gather of the params for generation) as tokens/s summed over
 ranks (tokens: completion tokens up to their end), peak RSS per rank
@@ -114,14 +116,16 @@ def worker(args):
         cls = zeroshard.hf.trainer_class(cls)
     trainer = cls(model=path, train_dataset=data, **kwargs)
 
-    marks = {"begin": [], "end": []}
+    marks = {"begin": [], "end": [], "cpu_begin": [], "cpu_end": []}
 
     class Clock(transformers.TrainerCallback):
         def on_step_begin(self, *a, **k):
             marks["begin"].append(time.perf_counter())
+            marks["cpu_begin"].append(time.process_time())  # every thread of this process
 
         def on_step_end(self, *a, **k):
             marks["end"].append(time.perf_counter())
+            marks["cpu_end"].append(time.process_time())
 
     trainer.add_callback(Clock())
     generation = []
@@ -136,6 +140,7 @@ def worker(args):
         trainer._generate_single_turn = timed
     trainer.train()
     steps = [e - b for b, e in zip(marks["begin"], marks["end"])]
+    cpu_steps = [e - b for b, e in zip(marks["cpu_begin"], marks["cpu_end"])]
     ref = getattr(trainer, "ref_model", None)
     ref = getattr(ref, "module", ref)  # DeepSpeed's engine
     # The reference model's bytes this rank holds between its forwards: a
@@ -145,7 +150,8 @@ def worker(args):
         (p.ds_tensor.numel() * p.ds_tensor.element_size()) if hasattr(p, "ds_tensor")
         else p.numel() * p.element_size() for p in ref.parameters())
     result = {"engine": args.engine, "trainer": args.trainer, "rank": rank,
-              "startup_s": marks["begin"][0] - T_START, "steps_s": steps, "generation": generation,
+              "startup_s": marks["begin"][0] - T_START, "steps_s": steps, "cpu_steps_s": cpu_steps,
+              "generation": generation,
               "peak_rss_bytes": peak_rss(), "ref_model_bytes": ref_bytes,
               "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
               "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters())}
@@ -182,7 +188,12 @@ def launch(args, engine, trainer, config_path, out_dir):
 
 def summarise(ranks):
     timed = [max(r["steps_s"][i] for r in ranks) for i in range(1, min(len(r["steps_s"]) for r in ranks))]
+    # CPU seconds a step, each rank's process (all its threads), the median
+    # over the timed steps and ranks: on a shared machine wall time follows
+    # the others' load, CPU time much less.
+    cpu = [r["cpu_steps_s"][i] for r in ranks for i in range(1, len(r["cpu_steps_s"]))]
     out = {"step_s": statistics.median(timed) if timed else None, "steps_s": timed,
+           "cpu_step_s": statistics.median(cpu) if cpu else None,
            "startup_s": max(r["startup_s"] for r in ranks),
            "peak_rss_bytes_per_rank": [r["peak_rss_bytes"] for r in ranks],
            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
@@ -241,10 +252,10 @@ def main():
                     continue
                 results[key] = s = summarise(ranks)
                 gen = s.get("generation")
-                print(f"{key:16s} step {s['step_s']:.3f} s | "
+                print(f"{key:16s} step {s['step_s']:.3f} s (CPU {s['cpu_step_s']:.2f} s/rank) | "
                       + (f"generation {gen['tokens_per_s']:.1f} tokens/s ({gen['tokens']} tokens) | " if gen else "")
-                      + f"peak RSS/rank " + "/".join(f"{b / MIB:.0f}" for b in s["peak_rss_bytes_per_rank"])
-                      + f" MiB | reference model/rank " + "/".join(
+                      + "peak RSS/rank " + "/".join(f"{b / MIB:.0f}" for b in s["peak_rss_bytes_per_rank"])
+                      + " MiB | reference model/rank " + "/".join(
                           "-" if b is None else f"{b / MIB:.1f}" for b in s["ref_model_bytes_per_rank"])
                       + f" MiB | startup {s['startup_s']:.1f} s | losses "
                       + " ".join(f"{x:.5f}" for x in s["losses"]) + f" | {s['params'] / 1e6:.1f}M params",
@@ -256,11 +267,13 @@ def main():
             o = results.get(f"{trainer}/{other}")
             if zs is None or o is None:
                 continue
-            q = {"step_s": zs["step_s"] / o["step_s"], "peak_rss": zs["peak_rss_bytes"] / o["peak_rss_bytes"]}
+            q = {"step_s": zs["step_s"] / o["step_s"], "cpu_step_s": zs["cpu_step_s"] / o["cpu_step_s"],
+                 "peak_rss": zs["peak_rss_bytes"] / o["peak_rss_bytes"]}
             if "generation" in zs and "generation" in o:
                 q["generation_tokens_per_s"] = zs["generation"]["tokens_per_s"] / o["generation"]["tokens_per_s"]
             ratios[f"{trainer}/zeroshard_over_{other}"] = q
-            print(f"{trainer} zeroshard/{other}: step time x{q['step_s']:.3f}, peak RSS x{q['peak_rss']:.3f}"
+            print(f"{trainer} zeroshard/{other}: step time x{q['step_s']:.3f}, CPU a step x{q['cpu_step_s']:.3f}, "
+                  f"peak RSS x{q['peak_rss']:.3f}"
                   + (f", generation tokens/s x{q['generation_tokens_per_s']:.3f}" if "generation_tokens_per_s" in q
                      else ""), flush=True)
     for key, why in skipped.items():
