@@ -322,6 +322,101 @@ def _from_json(value):
     return value
 
 
+# ---- checkpoints other strategies wrote
+
+_DS_HINT = "a DeepSpeedStrategy checkpoint (latest + <tag>/zero_pp_rank_*_mp_rank_00_{model,optim}_states.pt)"
+_OWN_HINT = "a ZeroShardStrategy checkpoint (<tag>/manifest.json)"
+_DCP_HINT = "an FSDPStrategy sharded checkpoint (.metadata, *.distcp and meta.pt)"
+_FILE_HINT = "a full checkpoint file (FSDPStrategy state_dict_type='full', DDP)"
+
+
+def lightning_checkpoint_kind(path):
+    """(kind, where) of what a Lightning `ckpt_path` holds: "zeroshard"
+    (this strategy's own), "deepspeed" (DeepSpeedStrategy's folder; where:
+    its tag folder), "fsdp_sharded" (FSDPStrategy's DCP folder; where: its
+    meta.pt) or "file" (one torch checkpoint file, as FSDPStrategy's full
+    state dict and DDP's). Anything else raises, naming what it found."""
+    from pathlib import Path
+
+    from .torch import dcp_checkpoint, deepspeed_checkpoint
+    path = Path(path)
+    if path.is_file():
+        return "file", path
+    if not path.is_dir():
+        raise FileNotFoundError(f"ZeroShardStrategy: checkpoint {str(path)!r} does not exist")
+    tagdir = deepspeed_checkpoint.find(path)
+    if tagdir is not None:
+        return "deepspeed", tagdir
+    if dcp_checkpoint.find(path):
+        meta = path / "meta.pt"
+        if not meta.is_file():
+            raise ValueError(f"ZeroShardStrategy: {path} is a torch DCP checkpoint without Lightning's meta.pt "
+                             f"(the epoch, loops, callbacks and schedulers FSDPStrategy writes beside the shards): "
+                             f"holds {_listing(path)}")
+        return "fsdp_sharded", meta
+    latest = path / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else "checkpoint"
+    if (path / "manifest.json").is_file() or (path / tag / "manifest.json").is_file():
+        return "zeroshard", path
+    raise ValueError(f"ZeroShardStrategy: {path} is not a checkpoint this strategy reads: it holds "
+                     f"{_listing(path)}; expected {_OWN_HINT}, {_DS_HINT}, {_DCP_HINT}, or {_FILE_HINT}")
+
+
+def _listing(path, limit=12):
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    if not names:
+        return "nothing"
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _safe_torch_load(file, kind):
+    import zipfile
+
+    from .torch import deepspeed_checkpoint
+    try:
+        return deepspeed_checkpoint.safe_load(str(file), kind)
+    except (zipfile.BadZipFile, RuntimeError) as e:
+        raise ValueError(f"ZeroShardStrategy: {file} is not a torch checkpoint file ({e}); expected {_OWN_HINT}, "
+                         f"{_DS_HINT}, {_DCP_HINT}, or {_FILE_HINT}") from None
+
+
+def _lightning_meta(meta):
+    """FSDPStrategy's meta.pt: Lightning's checkpoint less the model and
+    optimizers, read without running pickled code."""
+    checkpoint = _safe_torch_load(meta, "Lightning checkpoint file")
+    if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
+        raise ValueError(f"ZeroShardStrategy: {meta} is not Lightning's checkpoint metadata (keys "
+                         f"{sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__})")
+    return dict(checkpoint)
+
+
+def _load_full_file(file, module, optimizer, strict):
+    """A Lightning checkpoint file holding the full state_dict (and, to
+    resume a fit, optimizer_states: torch's optimizer state_dict, as
+    FSDPStrategy's full state dict and DDP write it) into the partitioned
+    module: each rank copies its shards' elements."""
+    from .torch import trainer_checkpoint
+    checkpoint = _safe_torch_load(file, "Lightning checkpoint file")
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"ZeroShardStrategy: {file} is a torch file but not a Lightning checkpoint with the full "
+                         f"weights (keys {sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__}, "
+                         f"no 'state_dict')")
+    states = checkpoint.pop("optimizer_states", None)
+    if optimizer is not None:
+        if not states:
+            raise ValueError(f"ZeroShardStrategy: {file} holds no optimizer_states (keys {sorted(checkpoint)}): "
+                             f"saved with save_weights_only=True? Resuming a fit needs the optimizer's state "
+                             f"(trainer.validate, test and predict load the weights alone)")
+        if len(states) != 1:
+            raise ValueError(f"ZeroShardStrategy: {file} holds {len(states)} optimizers' states; the strategy "
+                             f"resumes one")
+    weights = checkpoint.pop("state_dict")
+    trainer_checkpoint.load_state_dict_shards(module, optimizer, weights, f"Lightning checkpoint {file}", strict)
+    if optimizer is not None:
+        trainer_checkpoint.load_optimizer_state(module, optimizer, states[0], f"{file}'s optimizer_states[0]")
+    return checkpoint
+
+
 def _make_strategy_class():
     pl, DDPStrategy, _ = _lightning()
     TrainerFn = importlib.import_module(pl.__name__ + ".trainer.states").TrainerFn
@@ -532,21 +627,31 @@ def _make_strategy_class():
                                client_state=_to_json(rest, "checkpoint"), tag="checkpoint", overwrite=True,
                                async_save=self.async_checkpoint)
 
-        def remove_checkpoint(self, filepath):
-            if self.async_checkpoint and zt.current_context() is not None:
-                zt.wait_checkpoint()  # the save in flight is durable before an older one goes
-            super().remove_checkpoint(filepath)
-
         def load_checkpoint(self, checkpoint_path, weights_only=None):
             if self.load_full_weights:
                 # Full weights only (a `zsckpt export` file or a Hugging Face
                 # safetensors set): each rank reads its own shards' bytes.
                 zt.load_pretrained(self.lightning_module, str(checkpoint_path))
                 return {"state_dict": {}, "zeroshard": "full_weights"}
-            state = zt.load_checkpoint(str(checkpoint_path), self.lightning_module, self._engine_optimizer())
-            checkpoint = _from_json(state or {})
+            # What the path holds decides: this strategy's own checkpoint,
+            # or one that DeepSpeedStrategy (ZeRO-3) or FSDPStrategy
+            # (sharded: DCP + meta.pt; full: one torch file, as DDP's) wrote.
+            kind, found = lightning_checkpoint_kind(checkpoint_path)
+            module, optimizer = self.lightning_module, self._engine_optimizer()
+            strict = bool(getattr(module, "strict_loading", True))
+            if kind == "zeroshard":
+                state = zt.load_checkpoint(str(checkpoint_path), module, optimizer)
+                checkpoint = _from_json(state or {})
+            elif kind == "deepspeed":
+                checkpoint = dict(zt.load_checkpoint(str(found), module, optimizer, strict=strict) or {})
+                checkpoint.pop("deepspeed", None)  # DeepSpeed's own counters, not Lightning's
+            elif kind == "fsdp_sharded":
+                checkpoint = _lightning_meta(found)
+                zt.load_checkpoint(str(checkpoint_path), module, optimizer, strict=strict)
+            else:  # a full torch checkpoint file (FSDPStrategy's full state dict, DDP's, ...)
+                checkpoint = _load_full_file(found, module, optimizer, strict)
             checkpoint["state_dict"] = {}
-            checkpoint["zeroshard"] = "checkpoint"
+            checkpoint["zeroshard"] = kind
             return checkpoint
 
         def load_model_state_dict(self, checkpoint, strict=True):
@@ -556,6 +661,8 @@ def _make_strategy_class():
             zt.load_consolidated_state_dict(self.lightning_module, state, strict=strict)
 
         def remove_checkpoint(self, filepath):
+            if self.async_checkpoint and zt.current_context() is not None:
+                zt.wait_checkpoint()  # the save in flight is durable before an older one goes
             if self.is_global_zero and os.path.isdir(filepath):
                 import shutil
                 shutil.rmtree(filepath)

@@ -197,6 +197,7 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
                 for slot, state in ((0, "param"), (1, "exp_avg"), (2, "exp_avg_sq")):
                     view = optimizer_state_view(engine, z, slot)
                     view[:count].copy_(master if slot == 0 else ckpt.read(name, state, begin, count))
+    _copy_buffers(model, ckpt.buffers(), f"DeepSpeed checkpoint {tagdir}")
     if engine is not None:
         saved = ckpt.param_groups
         if len(saved) != len(optimizer.param_groups):
@@ -207,6 +208,19 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
         for e in _hook_engines():
             e.after_step()
     return ckpt.client_state()
+
+
+def _copy_buffers(model, saved, where):
+    """The model's buffers that `saved` ({name: tensor}) holds, copied in;
+    a shape that differs is an error naming the buffer."""
+    import torch
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name in saved:
+                if tuple(saved[name].shape) != tuple(b.shape):
+                    raise ValueError(f"zeroshard.torch.load_checkpoint: buffer {name} is {list(saved[name].shape)} "
+                                     f"in {where}, {list(b.shape)} in the model")
+                b.copy_(saved[name].to(b.dtype))
 
 
 def adopt_saved_groups(optimizer, saved_groups, step):

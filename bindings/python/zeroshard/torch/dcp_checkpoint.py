@@ -129,7 +129,10 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
     if engine is not None and oprefix is None:
         raise ValueError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} holds no optimizer state "
                          f"('<prefix>.state.<param name>.exp_avg'): pass optimizer=None for the weights alone")
+    buffers = {n for n, _ in model.named_buffers()}
     theirs = {paths[k][1] for k in meta if paths[k][0] == mprefix and len(paths[k]) == 2}
+    saved_buffers = sorted(theirs & buffers)
+    theirs -= buffers
     if strict and set(names) != theirs:
         raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} and the model differ: missing from "
                        f"the checkpoint {sorted(set(names) - theirs)[:5]}, not in the model "
@@ -170,6 +173,14 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
                     shard[:z.shard_valid].copy_(mine)
                 if engine is not None and not p.zs.frozen:
                     optimizer_state_view(engine, z, slot[kind])[:z.shard_valid].copy_(mine)
+    if saved_buffers:  # whole, as FSDP saves them
+        got = _read(path, {f"{mprefix}.{n}": torch.empty(tuple(meta[f"{mprefix}.{n}"].size),
+                                                         dtype=meta[f"{mprefix}.{n}"].properties.dtype)
+                           for n in saved_buffers})
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved_buffers:
+                    b.copy_(got[f"{mprefix}.{n}"].reshape(b.shape).to(b.dtype))
     saved, step, others = _extras(path, meta, paths, mprefix, oprefix, names, engine is not None)
     if engine is not None:
         by_name = {n: g for g in saved for n in g.get("params", [])}

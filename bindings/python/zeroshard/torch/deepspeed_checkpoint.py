@@ -70,7 +70,7 @@ def _globals_of(file):
     return names
 
 
-def safe_load(file):
+def safe_load(file, kind="DeepSpeed checkpoint file"):
     """torch.load(weights_only=True, mmap=True) with DeepSpeed's classes as
     inert stand-ins; anything else a weights-only load refuses is an error
     naming the file and what it holds."""
@@ -84,7 +84,7 @@ def safe_load(file):
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
         other = [n for n in names if not n.startswith(("torch.", "collections.", "deepspeed."))]
         what = ", ".join(other) or (found.group(1) if found else "an object torch refuses")
-        raise ValueError(f"zeroshard: DeepSpeed checkpoint file {file} holds {what}, which cannot be read without "
+        raise ValueError(f"zeroshard: {kind} {file} holds {what}, which cannot be read without "
                          f"running pickled code (torch.load weights_only=True refuses it); nothing was loaded") from None
 
 
@@ -164,8 +164,12 @@ class DeepSpeedCheckpoint:
                              key=lambda f: int(f.name.split("_")[3]))
         if self.stage == 3:
             if len(model_files) != self.world:
+                missing = [f.name.replace("_model_states.pt", "_optim_states.pt") for f in model_files
+                           if int(f.name.split("_")[3]) not in files]
                 raise ValueError(f"zeroshard: DeepSpeed ZeRO-3 checkpoint {self.dir}: {len(model_files)} model state "
-                                 f"files for {self.world} optimizer files")
+                                 f"files for {self.world} optimizer files"
+                                 + (f": {', '.join(missing)} missing (each rank's fp32 masters and optimizer state)"
+                                    if missing else ""))
             models = [safe_load(f) for f in model_files]
         else:
             single = self.dir / "mp_rank_00_model_states.pt"
@@ -260,6 +264,12 @@ class DeepSpeedCheckpoint:
         else:
             raise KeyError(f"{name} is frozen: no {state}")
         return out
+
+    def buffers(self):
+        """{name: whole tensor} of the module's buffers (each rank's model
+        states hold them whole)."""
+        module = self.model.get("module") or {}
+        return {n: module[n] for n in (self.model.get("buffer_names") or []) if n in module}
 
     def frozen(self, name):
         return self.where[self.shared.get(name, name)][0] in ("frozen3", "whole")

@@ -30,7 +30,7 @@ def find(folder):
 def load(folder, model, optimizer):
     """Weights, Adam moments, step and hyper-parameters from `folder` (see
     the module docstring); optimizer None: the weights only. Collective."""
-    from .checkpoint import adopt_saved_groups, load_pretrained
+    from .checkpoint import load_pretrained
     if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
         raise TypeError(f"zeroshard.torch: {folder} is a torch Trainer checkpoint; its optimizer state loads into a "
                         f"ZeroShardOptimizer, not a {type(optimizer).__name__}")
@@ -38,12 +38,66 @@ def load(folder, model, optimizer):
     if optimizer is None:
         return
     saved = torch.load(os.path.join(folder, OPTIMIZER), map_location="cpu", weights_only=True)
+    load_optimizer_state(model, optimizer, saved, f"{folder}/{OPTIMIZER}")
+
+
+def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
+    """A full state dict in memory (name -> whole tensor, params and
+    persistent buffers; memory-mapped is best) into the partitioned model:
+    each rank copies its shards' elements of every param (and, with a
+    ZeroShardOptimizer, into its fp32 masters) and the whole buffers.
+    Collective only in that every rank calls it. `where` names the source
+    in errors."""
+    from ._context import get_context
+    from .checkpoint import _persistent_buffers
+    from .optim import _hook_engines
+
+    get_context().wait_checkpoint()
+    named = list(model.named_parameters())
+    buffers = _persistent_buffers(model)
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in named}
+    ours = {n for n, _ in named} | {n for n, _ in buffers}
+    theirs = set(state_dict) - aliases
+    if strict and ours != theirs:
+        raise KeyError(f"zeroshard.torch: {where} and the model differ: missing from the checkpoint "
+                       f"{sorted(ours - theirs)[:5]}, not in the model {sorted(theirs - ours)[:5]}")
+    engine = None if optimizer is None else optimizer._engine
+    with torch.no_grad():
+        for name, p in named:
+            if name not in state_dict:
+                continue
+            full = state_dict[name]
+            if tuple(full.shape) != tuple(p.zs.shape):
+                raise ValueError(f"zeroshard.torch: {name} is {list(full.shape)} in {where}, {list(p.zs.shape)} "
+                                 f"in the model")
+            z = p.zs.zparam
+            mine = full.reshape(-1)[z.shard_offset:z.shard_offset + z.shard_valid]
+            torch.utils.dlpack.from_dlpack(z.shard_dlpack())[:z.shard_valid].copy_(mine)
+            if engine is not None and not p.zs.frozen:
+                optimizer_state_view(engine, z, 0)[:z.shard_valid].copy_(mine)
+        for name, b in buffers:
+            if name in state_dict:
+                b.copy_(state_dict[name].to(b.dtype))
+    for e in _hook_engines():
+        e.after_step()
+
+
+def load_optimizer_state(model, optimizer, saved, where):
+    """torch's optimizer state_dict `saved` (full-size moments keyed by each
+    param's index in the groups, as DDP and FSDP's full optimizer state
+    dicts hold them) into the ZeroShardOptimizer: each rank its shards'
+    elements of the Adam moments, then the step and the groups'
+    hyper-parameters. Each moment's shape is checked against its param's."""
+    from .checkpoint import adopt_saved_groups
+    if not isinstance(optimizer, ZeroShardOptimizer):
+        raise TypeError(f"zeroshard.torch: {where} is torch optimizer state; it loads into a ZeroShardOptimizer, "
+                        f"not a {type(optimizer).__name__}")
     groups, state = saved.get("param_groups"), saved.get("state")
     if groups is None or state is None:
-        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} is not a torch optimizer state_dict "
+        raise ValueError(f"zeroshard.torch: {where} is not a torch optimizer state_dict "
                          f"(keys {sorted(saved)[:6]})")
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
-        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} has param groups of "
+        raise ValueError(f"zeroshard.torch: {where} has param groups of "
                          f"{[len(g['params']) for g in groups]} params, the optimizer "
                          f"{[len(g['params']) for g in optimizer.param_groups]}")
     names = {id(p): n for n, p in model.named_parameters()}
@@ -57,10 +111,10 @@ def load(folder, model, optimizer):
             z = p.zs.zparam
             for key in ("exp_avg", "exp_avg_sq"):
                 if key not in entry:
-                    raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} holds no {key} for "
+                    raise ValueError(f"zeroshard.torch: {where} holds no {key} for "
                                      f"{names.get(id(p), 'a param')} (not Adam/AdamW state)")
                 if tuple(entry[key].shape) != tuple(p.zs.shape):
-                    raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER}'s {key} #{index} is "
+                    raise ValueError(f"zeroshard.torch: {where}'s {key} #{index} is "
                                      f"{tuple(entry[key].shape)}, param {names.get(id(p), '?')} is "
                                      f"{tuple(p.zs.shape)}: the checkpoint's param order is not this optimizer's")
             begin, count = z.shard_offset, z.shard_valid
@@ -70,6 +124,6 @@ def load(folder, model, optimizer):
                     optimizer_state_view(engine, z, slot)[:count].copy_(flat)
             steps.add(int(entry["step"]) if "step" in entry else 0)
     if len(steps) > 1:
-        raise ValueError(f"zeroshard.torch: {folder}/{OPTIMIZER} has params at different steps {sorted(steps)}: "
+        raise ValueError(f"zeroshard.torch: {where} has params at different steps {sorted(steps)}: "
                          f"the engine keeps one step count")
     adopt_saved_groups(optimizer, groups, steps.pop() if steps else 0)
