@@ -196,6 +196,43 @@ def fully_shard_by_plugin(model, plugin):
     return model
 
 
+def accelerate_state_kind(folder, with_optimizer=True):
+    """(kind, where) of a save_state folder: "zeroshard" (this
+    Accelerator's: folder/zeroshard), "deepspeed" (Accelerate under
+    DeepSpeed: folder/pytorch_model in DeepSpeed's layout; where: that tag
+    folder) or "fsdp_sharded" (Accelerate under FSDP with sharded state
+    dicts; where: (pytorch_model_fsdp_0, optimizer_0 or None)). Anything
+    else raises, naming what the folder holds."""
+    from ..torch import dcp_checkpoint, deepspeed_checkpoint
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"zeroshard.hf.Accelerator.load_state: {folder!r} is not a directory")
+    names = sorted(f + ("/" if os.path.isdir(os.path.join(folder, f)) else "") for f in os.listdir(folder))
+    listing = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "") or "nothing"
+    if os.path.isdir(os.path.join(folder, "zeroshard")):
+        return "zeroshard", os.path.join(folder, "zeroshard")
+    tagdir = deepspeed_checkpoint.find(folder, "pytorch_model")
+    if tagdir is not None:
+        return "deepspeed", str(tagdir)
+    model_dir = os.path.join(folder, "pytorch_model_fsdp_0")
+    if dcp_checkpoint.find(model_dir):
+        optim_dir = os.path.join(folder, "optimizer_0")
+        if not dcp_checkpoint.find(optim_dir):
+            if with_optimizer:
+                raise ValueError(f"zeroshard.hf.Accelerator.load_state: {folder} holds the FSDP model's shards "
+                                 f"(pytorch_model_fsdp_0/) but no optimizer_0/ with its state (a torch DCP folder): "
+                                 f"it holds {listing}; nothing was loaded")
+            optim_dir = None
+        return "fsdp_sharded", (model_dir, optim_dir)
+    more = ""
+    if any(n.startswith("pytorch_model_fsdp") and n.endswith(".bin") for n in names):
+        more = " (pytorch_model_fsdp*.bin: FSDP's full or local state dict, which is not read yet: save with " \
+               "state_dict_type='SHARDED_STATE_DICT')"
+    raise ValueError(f"zeroshard.hf.Accelerator.load_state: {folder} is not a folder save_state wrote under zeroshard "
+                     f"(zeroshard/), DeepSpeed (latest + pytorch_model/zero_pp_rank_*_mp_rank_00_*_states.pt) or "
+                     f"FSDP with sharded state dicts (pytorch_model_fsdp_0/ + optimizer_0/, torch DCP): it holds "
+                     f"{listing}{more}; nothing was loaded")
+
+
 def _json_safe(value):
     """The plugin's config without what JSON cannot hold or the engine
     reads as a value (Accelerate's steps_per_print = inf; nvme_path None
@@ -313,17 +350,33 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         return path
 
     def load_state(self, input_dir=None, **kwargs):
-        """save_state's directory back, at any world size."""
+        """save_state's directory back, at any world size; or a folder
+        accelerate.Accelerator.save_state wrote under DeepSpeed ZeRO
+        (pytorch_model/ in DeepSpeed's layout, latest) or under FSDP with
+        sharded state dicts (pytorch_model_fsdp_0/ and optimizer_0/, torch
+        DCP): the weights, Adam moments, step and hyper-parameters into the
+        engine, then Accelerate's own files (schedulers, samplers, RNG,
+        registered objects) as Accelerate loads them. Any other folder is a
+        ValueError naming what it holds; nothing is loaded then."""
         model, optimizer = self._engine_pair("load_state")
+        if input_dir is None:  # Accelerate's own choice: its latest automatic checkpoint
+            input_dir = self._latest_state_dir()
+        kind, found = accelerate_state_kind(input_dir, with_optimizer=optimizer is not None)
+        # The engine's part first: a folder whose shards fail to load
+        # leaves Accelerate's state (schedulers, RNG) untouched.
+        if kind == "zeroshard":
+            zt.load_checkpoint(found, model, optimizer, tag="state")
+        elif kind == "deepspeed":
+            zt.load_checkpoint(found, model, optimizer)
+        else:
+            from ..torch.checkpoint import load_dcp_checkpoint
+            load_dcp_checkpoint(found[0], model, optimizer, optim_path=found[1])
         models, optimizers = self._models, self._optimizers
         self._models, self._optimizers = [], []
         try:
             super().load_state(input_dir, **kwargs)
         finally:
             self._models, self._optimizers = models, optimizers
-        if input_dir is None:  # Accelerate's own choice: its latest automatic checkpoint
-            input_dir = self._latest_state_dir()
-        zt.load_checkpoint(os.path.join(input_dir, "zeroshard"), model, optimizer, tag="state")
 
     def _latest_state_dir(self):
         folder = os.path.join(self.project_dir, "checkpoints")

@@ -113,10 +113,12 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     dcp_dir = None if ds_dir is not None else path if tag is None else f"{path}/{tag}"
     if ds_dir is not None or dcp_checkpoint.find(dcp_dir):
         _named_params(model, "load_checkpoint")  # every param partitioned
-        if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
+        if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer) \
+                and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
             raise TypeError(f"zeroshard.torch.load_checkpoint: {path} is a {'DeepSpeed' if ds_dir else 'torch DCP'} "
-                            f"checkpoint; its optimizer state loads into a ZeroShardOptimizer, not a "
-                            f"{type(optimizer).__name__} (pass optimizer=None for the weights only)")
+                            f"checkpoint; its Adam moments load into a ZeroShardOptimizer or a torch Adam/AdamW "
+                            f"stepping the shards, not a {type(optimizer).__name__} (pass optimizer=None for the "
+                            f"weights only)")
         get_context().wait_checkpoint()  # as the engine's own load does
         if ds_dir is not None:
             return _load_deepspeed(ds_dir, model, optimizer, strict)
@@ -158,6 +160,19 @@ def load_checkpoint(path, model, optimizer=None, tag=None, strict=True, progress
     return user.get("client_state")
 
 
+def load_dcp_checkpoint(path, model, optimizer=None, optim_path=None, strict=True):
+    """A torch DCP folder into the partitioned model (and a
+    ZeroShardOptimizer), the optimizer's state from `optim_path` when it is
+    a folder of its own (Accelerate's FSDP layout: pytorch_model_fsdp_0/
+    and optimizer_0/). The optimizer: a ZeroShardOptimizer, or a torch
+    Adam/AdamW stepping the shards (FSDP2's route). Collective. Returns the
+    other top-level entries."""
+    _named_params(model, "load_checkpoint")  # a torch Adam/AdamW stepping the shards is taken too
+    get_context().wait_checkpoint()
+    return dcp_checkpoint.load(path, model, optimizer, strict, optimizer_state_view, _hook_engines,
+                               optim_path=optim_path)
+
+
 def _load_deepspeed(tagdir, model, optimizer, strict):
     """A DeepSpeed ZeRO checkpoint into the partitioned model: each rank
     reads its own shards' elements of the fp32 masters (and of the Adam
@@ -177,8 +192,8 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
         raise KeyError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} and the model differ: "
                        f"missing from the checkpoint {sorted(ours - theirs)[:5]}, not in the model "
                        f"{sorted(theirs - ours)[:5]}")
-    engine = None if optimizer is None else optimizer._engine
-    if engine is not None and not ckpt.has("exp_avg"):
+    sink = None if optimizer is None else dcp_checkpoint._sink(optimizer, optimizer_state_view)
+    if sink is not None and not ckpt.has("exp_avg"):
         raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} holds no Adam moments "
                          f"(an optimizer other than Adam/AdamW, or saved before its first step)")
     for name, p in named:
@@ -193,17 +208,23 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
         with torch.no_grad():
             shard = torch.utils.dlpack.from_dlpack(z.shard_dlpack())
             shard[:count].copy_(master)  # the working dtype, rounded once
-            if engine is not None and not ckpt.frozen(name) and not p.zs.frozen:
+            if sink is not None and not ckpt.frozen(name) and not p.zs.frozen:
                 for slot, state in ((0, "param"), (1, "exp_avg"), (2, "exp_avg_sq")):
-                    view = optimizer_state_view(engine, z, slot)
+                    view = sink.view(p, slot)
                     view[:count].copy_(master if slot == 0 else ckpt.read(name, state, begin, count))
     _copy_buffers(model, ckpt.buffers(), f"DeepSpeed checkpoint {tagdir}")
-    if engine is not None:
+    if sink is not None:
         saved = ckpt.param_groups
         if len(saved) != len(optimizer.param_groups):
             raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} has {len(saved)} param "
                              f"groups, the optimizer {len(optimizer.param_groups)}")
-        adopt_saved_groups(optimizer, saved, ckpt.step())
+        if isinstance(optimizer, ZeroShardOptimizer):
+            adopt_saved_groups(optimizer, saved, ckpt.step())
+        else:  # a torch Adam/AdamW stepping the shards: its groups and state
+            _set_hparams(optimizer, saved)
+            sink.finish(ckpt.step())
+            for e in _hook_engines():
+                e.after_step()
     else:
         for e in _hook_engines():
             e.after_step()
@@ -223,18 +244,22 @@ def _copy_buffers(model, saved, where):
                 b.copy_(saved[name].to(b.dtype))
 
 
+def _set_hparams(optimizer, saved_groups):
+    for group, hp in zip(optimizer.param_groups, saved_groups):
+        for k in ("lr", "eps", "weight_decay", "bias_correction"):
+            if k in hp and (k in group or isinstance(optimizer, ZeroShardOptimizer)):
+                group[k] = hp[k]
+        if "betas" in hp:
+            group["betas"] = tuple(hp["betas"])
+
+
 def adopt_saved_groups(optimizer, saved_groups, step):
     """After another engine's moments were written into the shards: each
     group's saved hyper-parameters (those it has of lr, eps, weight_decay,
     bias_correction, betas) and the step count into the ZeroShardOptimizer,
     pushed to the engine, and the hooks' gathered views refreshed."""
     engine = optimizer._engine
-    for group, hp in zip(optimizer.param_groups, saved_groups):
-        for k in ("lr", "eps", "weight_decay", "bias_correction"):
-            if k in hp:
-                group[k] = hp[k]
-        if "betas" in hp:
-            group["betas"] = tuple(hp["betas"])
+    _set_hparams(optimizer, saved_groups)
     engine.steps = step
     optimizer.sync_hparams()
     engine.sync_params()

@@ -46,16 +46,28 @@ def _read(path, wanted):
     return wanted
 
 
+def _paths(md):
+    return md.planner_data or {k: tuple(k.split(".")) for k in md.state_dict_metadata}
+
+
+def _optim_prefix(paths, names):
+    """The top-level key holding '<key>.state.<param name>.*' for most of
+    the params, or None."""
+    found, name_set = {}, set(names)
+    for path in paths.values():
+        if len(path) == 4 and path[1] == "state" and path[2] in name_set:
+            found.setdefault(path[0], set()).add(path[2])
+    return max(found, key=lambda p: len(found[p])) if found else None
+
+
 def _layout(md, names):
     """(model prefix, optimizer prefix or None) from the keys' paths."""
-    paths = md.planner_data or {k: tuple(k.split(".")) for k in md.state_dict_metadata}
-    model_prefixes, optim_prefixes = {}, {}
+    paths = _paths(md)
+    model_prefixes = {}
     name_set = set(names)
     for key, path in paths.items():
         if len(path) == 2 and path[1] in name_set:
             model_prefixes.setdefault(path[0], set()).add(path[1])
-        if len(path) == 4 and path[1] == "state" and path[2] in name_set:
-            optim_prefixes.setdefault(path[0], set()).add(path[2])
     model = [p for p, found in model_prefixes.items() if found]
     if not model:
         raise KeyError("zeroshard.torch.load_checkpoint: no key of this DCP checkpoint is '<prefix>.<param name>' for "
@@ -64,8 +76,7 @@ def _layout(md, names):
     if len(model) > 1 and len(model_prefixes[model[0]]) == len(model_prefixes[model[1]]):
         raise KeyError(f"zeroshard.torch.load_checkpoint: the DCP checkpoint holds the model's params under several "
                        f"keys ({sorted(model)}): which is the model is ambiguous")
-    optim = max(optim_prefixes, key=lambda p: len(optim_prefixes[p])) if optim_prefixes else None
-    return model[0], optim, paths
+    return model[0], _optim_prefix(paths, names), paths
 
 
 def _nested(paths, values, skip):
@@ -95,29 +106,85 @@ def _nested(paths, values, skip):
     return out
 
 
-def _extras(path, meta, paths, mprefix, oprefix, names, with_optimizer):
-    """One read of what is not the model's or its moments' tensors: the
-    saved param groups and step (with_optimizer; [] and None without), and
-    the other top-level entries, nested as saved."""
+def _groups_and_step(path, meta, paths, oprefix, names):
+    """The saved param groups (nested as saved) and the step of the
+    optimizer under `oprefix`."""
+    groups = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
+    steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta][:1]
+    wanted = {**{k: None for k in groups}, **{k: torch.empty(()) for k in steps}}
+    got = _read(path, wanted) if wanted else {}
+    saved = _nested(paths, {k: got[k] for k in groups}, ())[oprefix]["param_groups"] if groups else []
+    return saved, int(got[steps[0]].item()) if steps else None
+
+
+def _others(path, meta, paths, skip):
+    """The top-level entries not in `skip`, nested as saved."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
     small = {k: None if isinstance(meta[k], BytesStorageMetadata) else torch.empty(tuple(meta[k].size),
                                                                                  dtype=meta[k].properties.dtype)
-             for k in meta if paths[k][0] not in (mprefix, oprefix)
+             for k in meta if paths[k][0] not in skip
              and isinstance(meta[k], (BytesStorageMetadata, TensorStorageMetadata))}
-    groups, steps = [], []
-    if with_optimizer and oprefix is not None:
-        groups = [k for k in meta if paths[k][0] == oprefix and paths[k][1] == "param_groups"]
-        steps = [f"{oprefix}.state.{n}.step" for n in names if f"{oprefix}.state.{n}.step" in meta][:1]
-    wanted = {**{k: None for k in groups}, **{k: torch.empty(()) for k in steps}, **small}
-    got = _read(path, wanted) if wanted else {}
-    saved = _nested(paths, {k: got[k] for k in groups}, ())[oprefix]["param_groups"] if groups else []
-    step = int(got[steps[0]].item()) if steps else None
-    return saved, step, _nested(paths, {k: got[k] for k in small}, (mprefix, oprefix))
+    got = _read(path, small) if small else {}
+    return _nested(paths, {k: got[k] for k in small}, skip)
 
 
-def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
+class _EngineSink:
+    """Where a ZeroShardOptimizer keeps a param's masters and moments."""
+
+    def __init__(self, optimizer, state_view):
+        self.optimizer, self.engine, self.state_view = optimizer, optimizer._engine, state_view
+
+    def view(self, p, slot):
+        return self.state_view(self.engine, p.zs.zparam, slot)
+
+    def finish(self, step):
+        if step is not None:
+            self.engine.steps = step
+        self.optimizer.sync_hparams()
+        self.engine.sync_params()
+
+
+class _ShardStepperSink:
+    """Where a torch Adam / AdamW stepping the shards (shard_optim) keeps
+    them: the masters, and its state as the engine's named state, which
+    becomes optimizer.state[p] (per-element, this rank's elements) with the
+    step as torch keeps it."""
+
+    def __init__(self, optimizer):
+        from .shard_optim import stepper
+        if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+            raise TypeError(f"zeroshard.torch.load_checkpoint: a DCP checkpoint's Adam moments load into a "
+                            f"ZeroShardOptimizer or a torch Adam/AdamW, not a {type(optimizer).__name__}")
+        self.optimizer, self.s = optimizer, stepper(optimizer)
+        self.s.sync(optimizer)
+        self.loaded = {}
+
+    def view(self, p, slot):
+        if slot == 0:
+            return self.s.master_view(p)
+        self.loaded[id(p)] = p
+        return self.s.named_view(p, _ADAM[slot - 1])
+
+    def finish(self, step):
+        for p in self.loaded.values():
+            if p.zs.zparam.shard_valid == 0:
+                continue
+            self.optimizer.state[p] = {"step": torch.tensor(float(step or 0)),
+                                       **{k: self.s.named_view(p, k) for k in _ADAM}}
+
+
+def _sink(optimizer, state_view):
+    from .optim import ZeroShardOptimizer
+    if isinstance(optimizer, ZeroShardOptimizer):
+        return _EngineSink(optimizer, state_view)
+    return _ShardStepperSink(optimizer)
+
+
+def load(path, model, optimizer, strict, optimizer_state_view, hook_engines, optim_path=None):
     """A DCP checkpoint into the partitioned model (and a ZeroShardOptimizer).
+    optim_path: a second DCP folder holding the optimizer's state (as
+    Accelerate saves FSDP's: pytorch_model_fsdp_0/ and optimizer_0/).
     Returns the checkpoint's other top-level entries (e.g. a scheduler's
     state saved beside model and optim), nested as saved."""
     md = _metadata(path)
@@ -125,20 +192,28 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
     names = [n for n, _ in named]
     mprefix, oprefix, paths = _layout(md, names)
     meta = md.state_dict_metadata
-    engine = None if optimizer is None else optimizer._engine
-    if engine is not None and oprefix is None:
-        raise ValueError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} holds no optimizer state "
+    opath, ometa, opaths = path, meta, paths
+    if optim_path is not None:
+        omd = _metadata(optim_path)
+        opath, ometa, opaths = optim_path, omd.state_dict_metadata, _paths(omd)
+        oprefix = _optim_prefix(opaths, names)
+    sink = None if optimizer is None else _sink(optimizer, optimizer_state_view)
+    if sink is not None and oprefix is None:
+        raise ValueError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {opath} holds no optimizer state "
                          f"('<prefix>.state.<param name>.exp_avg'): pass optimizer=None for the weights alone")
     buffers = {n for n, _ in model.named_buffers()}
+    # A tied param's other names (GPT-2's lm_head.weight) are saved too.
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(names)
     theirs = {paths[k][1] for k in meta if paths[k][0] == mprefix and len(paths[k]) == 2}
     saved_buffers = sorted(theirs & buffers)
-    theirs -= buffers
+    theirs -= buffers | aliases
     if strict and set(names) != theirs:
         raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} and the model differ: missing from "
                        f"the checkpoint {sorted(set(names) - theirs)[:5]}, not in the model "
                        f"{sorted(theirs - set(names))[:5]}")
-    # One batch of whole tensors at a time: (param, kind, key).
-    todo = []
+    # One batch of whole tensors at a time: (param, kind, key), the model's
+    # from its folder, the moments from the optimizer's.
+    weights, moments = [], []
     for name, p in named:
         if name not in theirs:
             continue
@@ -147,32 +222,34 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
         if shape != tuple(p.zs.shape):
             raise ValueError(f"zeroshard.torch.load_checkpoint: {name} is {list(shape)} in DCP checkpoint {path}, "
                              f"{list(p.zs.shape)} in the model")
-        todo.append((p, "param", key))
-        if engine is not None and not p.zs.frozen:
+        weights.append((p, "param", key))
+        if sink is not None and not p.zs.frozen:
             for k in _ADAM:
                 okey = f"{oprefix}.state.{name}.{k}"
-                if okey not in meta:
-                    raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {path} has no {okey} (an "
+                if okey not in ometa:
+                    raise KeyError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {opath} has no {okey} (an "
                                    f"optimizer other than Adam/AdamW, or saved before its first step)")
-                todo.append((p, k, okey))
+                moments.append((p, k, okey))
     slot = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2}
-    i = 0
-    while i < len(todo):
-        batch, size = [], 0
-        while i < len(todo) and (not batch or size + todo[i][0].zs.zparam.numel * 4 <= BATCH_BYTES):
-            batch.append(todo[i])
-            size += todo[i][0].zs.zparam.numel * 4
-            i += 1
-        got = _read(path, {key: torch.empty(tuple(meta[key].size), dtype=torch.float32) for _, _, key in batch})
-        with torch.no_grad():
-            for p, kind, key in batch:
-                z = p.zs.zparam
-                mine = got[key].reshape(-1)[z.shard_offset:z.shard_offset + z.shard_valid]
-                if kind == "param":
-                    shard = torch.utils.dlpack.from_dlpack(z.shard_dlpack())
-                    shard[:z.shard_valid].copy_(mine)
-                if engine is not None and not p.zs.frozen:
-                    optimizer_state_view(engine, z, slot[kind])[:z.shard_valid].copy_(mine)
+    for where, where_meta, todo in ((path, meta, weights), (opath, ometa, moments)):
+        i = 0
+        while i < len(todo):
+            batch, size = [], 0
+            while i < len(todo) and (not batch or size + todo[i][0].zs.zparam.numel * 4 <= BATCH_BYTES):
+                batch.append(todo[i])
+                size += todo[i][0].zs.zparam.numel * 4
+                i += 1
+            got = _read(where, {key: torch.empty(tuple(where_meta[key].size), dtype=torch.float32)
+                                for _, _, key in batch})
+            with torch.no_grad():
+                for p, kind, key in batch:
+                    z = p.zs.zparam
+                    mine = got[key].reshape(-1)[z.shard_offset:z.shard_offset + z.shard_valid]
+                    if kind == "param":
+                        shard = torch.utils.dlpack.from_dlpack(z.shard_dlpack())
+                        shard[:z.shard_valid].copy_(mine)
+                    if sink is not None and not p.zs.frozen:
+                        sink.view(p, slot[kind])[:z.shard_valid].copy_(mine)
     if saved_buffers:  # whole, as FSDP saves them
         got = _read(path, {f"{mprefix}.{n}": torch.empty(tuple(meta[f"{mprefix}.{n}"].size),
                                                          dtype=meta[f"{mprefix}.{n}"].properties.dtype)
@@ -181,8 +258,9 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
             for n, b in model.named_buffers():
                 if n in saved_buffers:
                     b.copy_(got[f"{mprefix}.{n}"].reshape(b.shape).to(b.dtype))
-    saved, step, others = _extras(path, meta, paths, mprefix, oprefix, names, engine is not None)
-    if engine is not None:
+    saved, step = _groups_and_step(opath, ometa, opaths, oprefix, names) if sink is not None else ([], None)
+    others = _others(path, meta, paths, (mprefix, oprefix) if optim_path is None else (mprefix,))
+    if sink is not None:
         by_name = {n: g for g in saved for n in g.get("params", [])}
         for group in optimizer.param_groups:
             first = next((n for n, p in named if any(p is q for q in group["params"])), None)
@@ -193,10 +271,7 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines):
             for k in _HPARAMS:
                 if k in hp:
                     group[k] = tuple(hp[k]) if k == "betas" else hp[k]
-        if step is not None:
-            engine.steps = step
-        optimizer.sync_hparams()
-        engine.sync_params()
+        sink.finish(step)
     for e in hook_engines():
         e.after_step()
     return others
