@@ -71,7 +71,8 @@ def script(cls, world, fsdp=False):
     else:
         acc = cls(deepspeed_plugin=plugin(world), step_scheduler_with_optimizer=False)
     model = build("causal_lm")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, foreach=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=float(os.environ.get("ZS_TEST_LR", "3e-3")), weight_decay=0.01,
+                            foreach=False)
     sched = transformers.get_scheduler("linear", opt, num_warmup_steps=1, num_training_steps=2 * STEPS)
     model, opt, sched = acc.prepare(model, opt, sched)
     tokens = Tokens("causal_lm", n=GLOBAL_BATCH * STEPS)
