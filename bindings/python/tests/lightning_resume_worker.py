@@ -30,7 +30,6 @@ larger model). A global batch of 12 rows a step at any world size (batch 12 // w
 DistributedSampler's contiguous global blocks), so losses averaged over
 ranks are the same curve at 2 and 3 ranks.
 """
-import json
 import os
 import sys
 import time

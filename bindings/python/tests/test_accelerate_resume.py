@@ -86,6 +86,7 @@ def test_load_state_errors_name_what_the_folder_holds(worlds):
     assert "ValueError" in errors["neither"] and "notes.txt" in errors["neither"]
     assert "nothing was loaded" in errors["neither"]
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt missing" in errors["deepspeed_missing_optim"]
-    assert "no optimizer_0/" in errors["fsdp2_missing_optim"] and "pytorch_model_fsdp_0/" in errors["fsdp2_missing_optim"]
+    assert "no optimizer_0/" in errors["fsdp2_missing_optim"]
+    assert "pytorch_model_fsdp_0/" in errors["fsdp2_missing_optim"]
     assert "not read yet" in errors["fsdp_full"] and "SHARDED_STATE_DICT" in errors["fsdp_full"]
     assert "not a directory" in errors["absent"]

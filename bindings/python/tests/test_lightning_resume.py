@@ -9,7 +9,6 @@ CPU by checks alone; the worker steps past exactly those (its docstring
 says which), so the files are Lightning's and DeepSpeed's / FSDP's own.
 """
 import shutil
-from pathlib import Path
 
 import pytest
 

@@ -53,7 +53,8 @@ def _dcp(path):
     meta = md.state_dict_metadata
     names = [p[1] for k, p in paths.items() if p[0] == mprefix and len(p) == 2]
     shapes = {n: tuple(meta[f"{mprefix}.{n}"].size) for n in names}
-    saved, step, others = dcp._extras(path, meta, paths, mprefix, oprefix, names, True)
+    saved, step = dcp._groups_and_step(path, meta, paths, oprefix, names) if oprefix is not None else ([], None)
+    others = dcp._others(path, meta, paths, (mprefix, oprefix))
     groups = [(list(g.get("params", [])), g) for g in saved] if oprefix is not None else [(names, {})]
     step = step or 0
 

@@ -380,13 +380,16 @@ def _safe_torch_load(file, kind):
                          f"{_DS_HINT}, {_DCP_HINT}, or {_FILE_HINT}") from None
 
 
+def _keys(obj):
+    return f"keys {sorted(obj)[:8]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
+
+
 def _lightning_meta(meta):
     """FSDPStrategy's meta.pt: Lightning's checkpoint less the model and
     optimizers, read without running pickled code."""
     checkpoint = _safe_torch_load(meta, "Lightning checkpoint file")
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
-        raise ValueError(f"ZeroShardStrategy: {meta} is not Lightning's checkpoint metadata (keys "
-                         f"{sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__})")
+        raise ValueError(f"ZeroShardStrategy: {meta} is not Lightning's checkpoint metadata ({_keys(checkpoint)})")
     return dict(checkpoint)
 
 
@@ -399,8 +402,7 @@ def _load_full_file(file, module, optimizer, strict):
     checkpoint = _safe_torch_load(file, "Lightning checkpoint file")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ValueError(f"ZeroShardStrategy: {file} is a torch file but not a Lightning checkpoint with the full "
-                         f"weights (keys {sorted(checkpoint)[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__}, "
-                         f"no 'state_dict')")
+                         f"weights ({_keys(checkpoint)}, no 'state_dict')")
     states = checkpoint.pop("optimizer_states", None)
     if optimizer is not None:
         if not states:

@@ -192,7 +192,7 @@ def _load_deepspeed(tagdir, model, optimizer, strict):
         raise KeyError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} and the model differ: "
                        f"missing from the checkpoint {sorted(ours - theirs)[:5]}, not in the model "
                        f"{sorted(theirs - ours)[:5]}")
-    sink = None if optimizer is None else dcp_checkpoint._sink(optimizer, optimizer_state_view)
+    sink = None if optimizer is None else dcp_checkpoint.optimizer_sink(optimizer, optimizer_state_view)
     if sink is not None and not ckpt.has("exp_avg"):
         raise ValueError(f"zeroshard.torch.load_checkpoint: DeepSpeed checkpoint {tagdir} holds no Adam moments "
                          f"(an optimizer other than Adam/AdamW, or saved before its first step)")

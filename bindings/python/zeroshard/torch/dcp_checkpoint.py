@@ -174,7 +174,10 @@ class _ShardStepperSink:
                                        **{k: self.s.named_view(p, k) for k in _ADAM}}
 
 
-def _sink(optimizer, state_view):
+def optimizer_sink(optimizer, state_view):
+    """Where another engine's masters and Adam moments go for `optimizer`
+    (view(p, slot): 0 master, 1 exp_avg, 2 exp_avg_sq; finish(step)), as
+    the DCP and DeepSpeed readers write them."""
     from .optim import ZeroShardOptimizer
     if isinstance(optimizer, ZeroShardOptimizer):
         return _EngineSink(optimizer, state_view)
@@ -197,7 +200,7 @@ def load(path, model, optimizer, strict, optimizer_state_view, hook_engines, opt
         omd = _metadata(optim_path)
         opath, ometa, opaths = optim_path, omd.state_dict_metadata, _paths(omd)
         oprefix = _optim_prefix(opaths, names)
-    sink = None if optimizer is None else _sink(optimizer, optimizer_state_view)
+    sink = None if optimizer is None else optimizer_sink(optimizer, optimizer_state_view)
     if sink is not None and oprefix is None:
         raise ValueError(f"zeroshard.torch.load_checkpoint: DCP checkpoint {opath} holds no optimizer state "
                          f"('<prefix>.state.<param name>.exp_avg'): pass optimizer=None for the weights alone")
