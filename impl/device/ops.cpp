@@ -152,12 +152,8 @@ void make_reduced_block(void* ctx, size_t begin, size_t count, float* out) {
     for (size_t i = 0; i < count; ++i) out[i] = own[i] * r.scale;
     return;
   }
-  const float* in = r.in + begin;
-  if (r.scale == 1.0f) {
-    for (size_t i = 0; i < count; ++i) out[i] = own[i] + in[i];
-  } else {
-    for (size_t i = 0; i < count; ++i) out[i] = (own[i] + in[i]) * r.scale;
-  }
+  // The ring's own last hop, so the bits are the reduce-scatter's.
+  reduce_f32_into(out, own, r.in + begin, count, ReduceOp::Avg, r.scale);
 }
 
 }  // namespace

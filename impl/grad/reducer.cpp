@@ -7,6 +7,7 @@
 #include "impl/comm/algo/collectives.h"
 #include "impl/comm/algo/quantized_reduce.h"
 #include "impl/common/copy_tally.h"
+#include "impl/common/reduce.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
 #include "kernels/optim.h"
@@ -531,7 +532,8 @@ GradReducer::FusedNorm GradReducer::sync_fusing_locked(std::vector<float>& extra
     if (k < extras.size()) extras[k] = sum; else doubt = sum;
   }
   // Each block summed as the ring reduce-scatter sums it (from rank b+1
-  // around to rank b, the last sum times 1/g), so every value, each
+  // around to rank b, the last sum times 1/g: the ring's reduce_f32_into,
+  // hop by hop), so every value, each
   // block's sum of squares as its owner takes it, and the norm summed in
   // rank order are the bits the reduce-scatter and the step's all-reduce
   // give (the fused path changes no number: GradFusion compares them).
@@ -543,12 +545,9 @@ GradReducer::FusedNorm GradReducer::sync_fusing_locked(std::vector<float>& extra
     const uint64_t at = static_cast<uint64_t>(blk) * used;
     const float* first = rank_vector(blk + 1) + at;
     std::copy(first, first + used, sum.begin());
-    for (int k = 2; k < g; ++k) {
-      const float* own = rank_vector(blk + k) + at;
-      for (uint64_t i = 0; i < used; ++i) sum[i] = own[i] + sum[i];
-    }
-    const float* own = rank_vector(blk) + at;
-    for (uint64_t i = 0; i < used; ++i) sum[i] = (own[i] + sum[i]) * scale;
+    for (int k = 2; k < g; ++k)
+      reduce_f32_into(sum.data(), rank_vector(blk + k) + at, sum.data(), used, ReduceOp::Sum);
+    reduce_f32_into(sum.data(), rank_vector(blk) + at, sum.data(), used, ReduceOp::Avg, scale);
     std::vector<ops::Range> ranges;
     for (const Param* p : stepped) {
       const auto it = offset_of.find(p);
