@@ -609,20 +609,27 @@ def worker(args):
 # driver
 # ---------------------------------------------------------------------------
 
+def worker_env(ranks, threads=None):
+    """The environment of a zsrun launch of this file's workers: the
+    in-tree package and library, and `threads` kernel threads per rank
+    (default: the cores shared out among the ranks) unless set."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env.setdefault("OMP_NUM_THREADS", str(threads or max(1, (os.cpu_count() or 1) // ranks)))
+    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    return env
+
+
 def launch(args, model, engine, identities=None, compiled=False):
     """identities: None leaves ZS_COLLECTIVE_CHECK_MS as the environment has
     it; True unsets it (identities on, at the engine's default) unless it
     holds a non-zero value; False sets it to 0 (off)."""
-    env = dict(os.environ)
+    env = worker_env(args.ranks)
     if identities is True and env.get("ZS_COLLECTIVE_CHECK_MS", "").strip() in ("0", ""):
         env.pop("ZS_COLLECTIVE_CHECK_MS", None)
     elif identities is False:
         env["ZS_COLLECTIVE_CHECK_MS"] = "0"
-    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    threads = str(max(1, (os.cpu_count() or 1) // args.ranks))
-    env.setdefault("OMP_NUM_THREADS", threads)
-    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
     if engine == "deepspeed":
         env["DS_ACCELERATOR"] = "cpu"
     cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--",
@@ -847,11 +854,7 @@ def side_by_side(args, given):
           f"ranks, DDP and zeroshard step for step in one launch, {steps} steps ({warmup} warm-up) each, "
           f"{args.launches} launches; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; commit "
           f"{where['commit']}", flush=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    env = worker_env(args.ranks, threads=1)
     runs = []
     for i in range(args.launches):
         cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
