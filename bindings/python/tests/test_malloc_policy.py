@@ -1,9 +1,10 @@
 """ZS_MALLOC_MMAP_THRESHOLD and ZS_MALLOC_TRIM (zeroshard/torch/_malloc.py):
 glibc's mmap threshold fixed when asked, so a freed large block leaves the
 process instead of staying in an arena; left alone when not asked; the
-free heap goes back to the system as each unit's backward ends and before
-the optimizer step unless ZS_MALLOC_TRIM=0 (a model's backward counted on
-one rank); a bad value named. Each case in a fresh interpreter (the
+free heap goes back to the system before the optimizer step, and as a
+unit's backward ends once the engine's memory grew by GROWTH_PER_TRIM,
+unless ZS_MALLOC_TRIM=0 (a model's backward counted on one rank); a bad
+value named. Each case in a fresh interpreter (the
 setting is per process)."""
 import os
 import subprocess
@@ -39,14 +40,15 @@ print(json.dumps({"applied": applied, "mapped": mapped}))
 """
 
 # 64 blocks of 2 MiB from the arena, written and freed: the heap keeps them
-# resident until trim_when_freed gives the pages back. The probe fixes
+# resident until trim_as_engine_grows gives the pages back, once the
+# engine's memory (given here) grew by GROWTH_PER_TRIM. The probe fixes
 # glibc's thresholds itself (the mmap threshold above the blocks, the trim
 # threshold past them) so that the layout the interpreter's imports left
 # cannot decide the case: with glibc's defaults a freed run that happens to
 # border the top of the heap is trimmed by free() already.
 TRIM_PROBE = r"""
 import ctypes, json, os
-from zeroshard.torch._malloc import trim_when_freed
+from zeroshard.torch._malloc import GROWTH_PER_TRIM, trim_as_engine_grows
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -64,8 +66,12 @@ for b in blocks:
 for b in blocks:
     libc.free(b)
 freed = rss()
-trim_when_freed()
-print(json.dumps({"kept": freed - start, "returned": freed - rss()}))
+early = trim_as_engine_grows(100 << 20) or trim_as_engine_grows((100 << 20) + GROWTH_PER_TRIM - 1)
+kept = rss()
+trim_as_engine_grows(50 << 20)  # fell: growth counts from its lowest point since
+late = trim_as_engine_grows((50 << 20) + GROWTH_PER_TRIM)
+print(json.dumps({"kept": freed - start, "early": early, "kept_while_short": freed - kept, "late": late,
+                  "returned": freed - rss()}))
 """
 
 
@@ -108,13 +114,14 @@ def test_a_bad_value_is_named():
     assert r.returncode != 0 and "ZS_MALLOC_MMAP_THRESHOLD='lots'" in r.stderr, r.stderr
 
 
-def test_the_heap_a_backward_freed_goes_back_before_the_step_unless_turned_off():
+def test_the_heap_a_backward_freed_goes_back_once_the_engine_grew_unless_turned_off():
     import json
     on = probe(TRIM_PROBE)
     assert on.returncode == 0, on.stderr
     out = json.loads(on.stdout.splitlines()[-1])
     assert out["kept"] >= 100 << 20, f"the freed blocks were not kept resident to begin with: {out}"
-    assert out["returned"] >= 100 << 20, out
+    assert not out["early"] and out["kept_while_short"] < 16 << 20, out
+    assert out["late"] and out["returned"] >= 100 << 20, out
     off = probe(TRIM_PROBE, ZS_MALLOC_TRIM="0")
     assert off.returncode == 0, off.stderr
     assert json.loads(off.stdout.splitlines()[-1])["returned"] < 16 << 20, off.stdout
@@ -123,13 +130,16 @@ def test_the_heap_a_backward_freed_goes_back_before_the_step_unless_turned_off()
 
 
 # One rank, three Linear units (each over the persistence threshold, so
-# released after its backward): the trims a backward and a step make.
+# released after its backward, each a 1 MiB gradient): the trims a backward
+# and a step make, with the growth per trim argv[2] (0: the default).
 BACKWARD_PROBE = r"""
 import json, sys
 import torch
 import zeroshard.torch as zt
 from zeroshard.torch import _malloc
 
+if int(sys.argv[2]):
+    _malloc.GROWTH_PER_TRIM = int(sys.argv[2])
 calls = [0]
 real = _malloc.trim
 def counted():
@@ -149,17 +159,23 @@ print(json.dumps({"backward": backward, "step": calls[0] - backward}))
 """
 
 
-def test_the_heap_goes_back_as_each_units_backward_ends(tmp_path):
+def test_the_heap_goes_back_as_the_engines_gradients_grow(tmp_path):
     import json
     pytest.importorskip("torch")
-    on = probe(BACKWARD_PROBE.replace("sys.argv[1]", repr(str(tmp_path / "store_on"))), ZS_DEVICE="cpu")
-    assert on.returncode == 0, on.stderr
-    out = json.loads(on.stdout.splitlines()[-1])
-    assert out["backward"] >= 3 and out["step"] == 1, out
-    off = probe(BACKWARD_PROBE.replace("sys.argv[1]", repr(str(tmp_path / "store_off"))), ZS_DEVICE="cpu",
-                ZS_MALLOC_TRIM="0")
-    assert off.returncode == 0, off.stderr
-    assert json.loads(off.stdout.splitlines()[-1]) == {"backward": 0, "step": 0}, off.stdout
+
+    def trims(name, growth, **env):
+        probe_text = BACKWARD_PROBE.replace("sys.argv[1]", repr(str(tmp_path / name)))
+        r = probe(probe_text.replace("int(sys.argv[2])", str(growth)), ZS_DEVICE="cpu", **env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.splitlines()[-1])
+
+    # Each unit's gradient grows the engine by 1 MiB: with a growth of
+    # 1 MiB a trim, the units after the first trim; under the default
+    # (64 MiB) this model never grows enough to.
+    per_unit = trims("store_unit", 1 << 20)
+    assert per_unit["backward"] >= 2, per_unit
+    assert trims("store_default", 0) == {"backward": 0, "step": 0}
+    assert trims("store_off", 1 << 20, ZS_MALLOC_TRIM="0") == {"backward": 0, "step": 0}
 
 
 if __name__ == "__main__":

@@ -21,14 +21,15 @@ A backward frees the activations as it goes, but glibc keeps their pages
 as free heap, while the engine's gradient shards grow beside them (from
 its own pool: blocks of 1 MiB and more are mappings of their own, see
 impl/device/host_device.cpp), so the backward's end held the gradients
-and the forward's activations at once; and once a backward has ended its
-activations are dead but resident while the optimizer step runs. So the
-free heap pages go back to the system (malloc_trim(0), which keeps the
-heap's layout: the next forward faults the pages in again) as each unit's
-backward ends and before each optimizer step. With the engine giving the
-freed gradients back after each step (impl/grad/reducer.cpp), 406M GPT,
-2 ranks: peak RSS 5001-5230 -> 4154-4159 MiB a rank, step 7.9 -> 8.8 s
-(docs/memory.md). ZS_MALLOC_TRIM=0 turns both off.
+and the forward's activations at once. So the free heap pages go back to
+the system (malloc_trim(0), which keeps the heap's layout: the next
+forward faults the pages in again) as units' backwards end, each time the
+engine's memory grew by GROWTH_PER_TRIM since the last trim (below). With
+the engine giving the freed gradients back after each step
+(impl/grad/reducer.cpp), 406M GPT, 2 ranks: peak RSS 5049-5185 MiB a rank
+without trims, 4219-4225 with these, 4159-4167 trimming after every unit;
+GPT-2 124M under the HF Trainer: CPU a step 2.87-2.92, 3.11-3.23 and 3.47
+s a rank (docs/memory.md). ZS_MALLOC_TRIM=0 turns them off.
 """
 import ctypes
 import os
@@ -81,12 +82,43 @@ def trim():
         _malloc_trim(0)
 
 
-def trim_when_freed():
-    """trim() unless ZS_MALLOC_TRIM is 0: a unit's backward ended (its
-    activations are freed), or the backward did (an optimizer step follows)."""
+def _trims_on():
     value = os.environ.get("ZS_MALLOC_TRIM", "1")
     if value not in ("0", "1"):
-        raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back as each unit's "
-                         "backward ends and before each optimizer step, the default) or 0 (glibc keeps them)")
-    if value == "1":
-        trim()
+        raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back as the engine's "
+                         "memory grows, the default) or 0 (glibc keeps them)")
+    return value == "1"
+
+
+# Every trim makes the next forward fault the returned pages in again, and
+# a trim after every unit's backward cost a small model's step 20% of its
+# CPU for 5% of its peak. What the heap holds only adds to the peak while
+# the engine's own memory (its pools are mappings of their own, apart from
+# glibc's heap) grows beside it, as the gradient shards do through the
+# backward: so the heap goes back once the engine grew by GROWTH_PER_TRIM
+# since the last trim (or since its lowest point after it). The peak then
+# stays within about that of trimming after every unit; a model whose
+# gradients are small next to its activations hardly trims at all.
+GROWTH_PER_TRIM = 64 << 20
+_grown_from = None
+
+
+def trim_as_engine_grows(held=None):
+    """A unit's backward ended, or the backward did: trim() if the engine's
+    host memory `held` (default: its pools' blocks in use and idle, all
+    resident) grew by GROWTH_PER_TRIM since the last trim, unless
+    ZS_MALLOC_TRIM is 0. Returns whether it trimmed."""
+    global _grown_from
+    if not _trims_on():
+        return False
+    if held is None:
+        from ._context import get_context  # not at import: _context imports this module
+        ctx = get_context()
+        held = ctx.memory_pools_in_use() + ctx.memory()["host_cache_bytes"]
+    if _grown_from is None or held < _grown_from:
+        _grown_from = held
+    if held - _grown_from < GROWTH_PER_TRIM:
+        return False
+    trim()
+    _grown_from = held
+    return True

@@ -28,7 +28,7 @@ import torch
 import zeroshard
 
 from ._context import get_context
-from ._malloc import trim_when_freed
+from ._malloc import trim_as_engine_grows
 from ._params import zparams
 from .gather_unit import _release
 from .hook_state import hook_state
@@ -171,7 +171,7 @@ class GradArrival:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue
                 _release(unit.params, unit.handles())
-                trim_when_freed()  # its activations' heap, as the gradients grow (_malloc.py)
+                trim_as_engine_grows()  # the activations' heap, as the gradients grow (_malloc.py)
 
     def _push_leaf_grads(self):
         """Each leaf param's gradient summed since the last step (zeros for
