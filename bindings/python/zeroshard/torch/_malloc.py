@@ -103,18 +103,14 @@ GROWTH_PER_TRIM = 64 << 20
 _grown_from = None
 
 
-def trim_as_engine_grows(held=None):
-    """A unit's backward ended, or the backward did: trim() if the engine's
-    host memory `held` (default: its pools' blocks in use and idle, all
-    resident) grew by GROWTH_PER_TRIM since the last trim, unless
-    ZS_MALLOC_TRIM is 0. Returns whether it trimmed."""
+def trim_as_engine_grows(held):
+    """A unit's backward ended, or the backward did, and the engine's host
+    memory is `held` bytes (its pools' blocks in use and idle, all
+    resident): trim() if that grew by GROWTH_PER_TRIM since the last trim,
+    unless ZS_MALLOC_TRIM is 0. Returns whether it trimmed."""
     global _grown_from
     if not _trims_on():
         return False
-    if held is None:
-        from ._context import get_context  # not at import: _context imports this module
-        ctx = get_context()
-        held = ctx.memory_pools_in_use() + ctx.memory()["host_cache_bytes"]
     if _grown_from is None or held < _grown_from:
         _grown_from = held
     if held - _grown_from < GROWTH_PER_TRIM:

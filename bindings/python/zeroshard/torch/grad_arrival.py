@@ -171,7 +171,14 @@ class GradArrival:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue
                 _release(unit.params, unit.handles())
-                trim_as_engine_grows()  # the activations' heap, as the gradients grow (_malloc.py)
+                self.trim_heap()  # the activations' heap, as the gradients grow
+
+    @staticmethod
+    def trim_heap():
+        """glibc's free heap back to the system if the engine's host memory
+        grew enough since the last time (_malloc.py)."""
+        ctx = get_context()
+        trim_as_engine_grows(ctx.memory_pools_in_use() + ctx.memory()["host_cache_bytes"])
 
     def _push_leaf_grads(self):
         """Each leaf param's gradient summed since the last step (zeros for

@@ -35,7 +35,6 @@ import torch
 from . import _params
 from .compile import compiled_block
 from ._context import get_context
-from ._malloc import trim_as_engine_grows
 from ._params import (adopt_assigned, detach_views, fetch_on_access, freeze_untrainable, is_partitioned,
                       param_path, quantizes_frozen, registered_params, zparams)
 from .forward_scope import _root_post_forward, _root_pre_forward
@@ -331,7 +330,7 @@ class HookEngine(GradArrival):
         gathered, end the coordinator's step. Called by the optimizer;
         collective."""
         ctx = get_context()
-        trim_as_engine_grows()  # the activations' heap, if the gradients grew since (_malloc.py)
+        self.trim_heap()  # the activations' heap, if the gradients grew since
         self.sweep_grads()
         self._push_leaf_grads()
         self.waiting.clear()
