@@ -66,6 +66,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model_persistence_threshold, b.model_persistence_threshold);
   EXPECT_EQ(a.max_live_parameters, b.max_live_parameters);
   EXPECT_EQ(a.max_reuse_distance, b.max_reuse_distance);
+  EXPECT_EQ(a.module_granularity_threshold, b.module_granularity_threshold);
   EXPECT_EQ(a.gather_16bit_weights_on_model_save, b.gather_16bit_weights_on_model_save);
   EXPECT_EQ(a.round_robin_gradients, b.round_robin_gradients);
   EXPECT_EQ(a.mics_shard_size, b.mics_shard_size);
@@ -313,9 +314,11 @@ TEST(ConfigRealWorld, DeepSpeedOnlyZeroKeysAreAcceptedAndReported) {
   EXPECT_EQ(c.stage, 2);
   EXPECT_TRUE(c.zeropp_loco);  // read (it acts with qgZ), so not among the unused
   // zero_quantized_nontrainable_weights is read too (partition/freeze.h).
-  EXPECT_EQ(c.unused_keys.size(), 11u);
+  // stage3_module_granularity_threshold is read too (zeroshard.torch's units).
+  EXPECT_EQ(c.unused_keys.size(), 10u);
   EXPECT_EQ(c.unused_keys.front(), "zero_optimization.allgather_partitions");
-  EXPECT_EQ(c.unused_keys.back(), "zero_optimization.stage3_module_granularity_threshold");
+  EXPECT_EQ(c.unused_keys.back(), "zero_optimization.log_trace_cache_warnings");
+  EXPECT_EQ(c.module_granularity_threshold, 0);
 }
 
 // ---- defaults, "auto", numbers
@@ -492,7 +495,8 @@ TEST(ConfigAliases, Stage3PrefixedAndPlainSpellingsAreOneKey) {
         AliasPair{"stage3_param_persistence_threshold", "param_persistence_threshold"},
         AliasPair{"stage3_model_persistence_threshold", "model_persistence_threshold"},
         AliasPair{"stage3_max_live_parameters", "max_live_parameters"},
-        AliasPair{"stage3_max_reuse_distance", "max_reuse_distance"}}) {
+        AliasPair{"stage3_max_reuse_distance", "max_reuse_distance"},
+        AliasPair{"stage3_module_granularity_threshold", "module_granularity_threshold"}}) {
     SCOPED_TRACE(alias.plain_spelling);
     const std::string value = "12345";
     const Config a = parse_config(std::string(R"({"zero_optimization": {")") +
@@ -505,7 +509,8 @@ TEST(ConfigAliases, Stage3PrefixedAndPlainSpellingsAreOneKey) {
     // The value landed somewhere: a differs from the defaults.
     EXPECT_TRUE(a.prefetch_bucket_size == 12345 || a.param_persistence_threshold == 12345 ||
                 a.model_persistence_threshold == 12345 ||
-                a.max_live_parameters == 12345 || a.max_reuse_distance == 12345);
+                a.max_live_parameters == 12345 || a.max_reuse_distance == 12345 ||
+                a.module_granularity_threshold == 12345);
   }
   EXPECT_EQ(parse_config(R"({"zero_optimization": {"max_reuse_distance": 7}})", 0)
                 .max_reuse_distance,

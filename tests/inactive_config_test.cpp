@@ -199,10 +199,11 @@ TEST(InactiveConfig, OptionsNeverReadAreListedAwayFromTheirDefault) {
                    "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
                    "zero_optimization.sub_group_size",
                    "zero_optimization.stage3_model_persistence_threshold",
-                   "zero_optimization.round_robin_gradients",
                    "zero_optimization.stage3_module_granularity_threshold",
+                   "zero_optimization.round_robin_gradients",
                    "zero_optimization.zenflow", "prescale_gradients", "gradient_predivide_factor"}));
   EXPECT_NE(keys[4].reason.find("only at ZeRO stage 3"), std::string::npos);
+  EXPECT_NE(keys[5].reason.find("only at ZeRO stage 3"), std::string::npos);
   EXPECT_TRUE(inactive(R"({"communication_data_type": "fp32"})").empty());
 }
 

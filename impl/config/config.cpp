@@ -462,8 +462,6 @@ void skip_zero_extras(Section& zero) {
   zero.skip({"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"},
             Kind::Bool);
   zero.skip({"allgather_sequential", "stage3_allgather_sequential"}, Kind::Bool);
-  zero.skip({"module_granularity_threshold", "stage3_module_granularity_threshold"},
-            Kind::Int);
   zero.skip({"partition_stream_chunk_size", "stage3_partition_stream_chunk_size"},
             Kind::Count);
   zero.skip({"zenflow"}, Kind::Object);
@@ -488,6 +486,8 @@ void parse_zero(Section& zero, Config& c) {
             c.max_live_parameters, 0);
   zero.read({"max_reuse_distance", "stage3_max_reuse_distance"},
             c.max_reuse_distance, 0);
+  zero.read({"module_granularity_threshold", "stage3_module_granularity_threshold"},
+            c.module_granularity_threshold, 0);
   zero.read({"gather_16bit_weights_on_model_save",
              "stage3_gather_16bit_weights_on_model_save",
              "stage3_gather_fp16_weights_on_model_save",
@@ -783,6 +783,7 @@ Json zero_to_json(const Config& c) {
   z["model_persistence_threshold"] = c.model_persistence_threshold;
   z["max_live_parameters"] = c.max_live_parameters;
   z["max_reuse_distance"] = c.max_reuse_distance;
+  z["module_granularity_threshold"] = c.module_granularity_threshold;
   z["gather_16bit_weights_on_model_save"] = c.gather_16bit_weights_on_model_save;
   z["round_robin_gradients"] = c.round_robin_gradients;
   z["mics_shard_size"] = c.mics_shard_size;

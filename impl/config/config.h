@@ -82,6 +82,11 @@ struct Config {
   // the model (README: Config keys; zeroshard.torch saves gathered params
   // for backward by reference, so a release does free them).
   int64_t max_reuse_distance = 50000000;
+  // DeepSpeed's module_granularity_threshold: a module whose params per
+  // layer of its subtree are at most this many is gathered as one unit,
+  // hooks on it alone. The engine never sees modules; zeroshard.torch acts
+  // on it (hooks.py, unit_plan.py). 0: off.
+  int64_t module_granularity_threshold = 0;
   bool gather_16bit_weights_on_model_save = false;
   bool round_robin_gradients = false;
   int64_t mics_shard_size = -1;  // -1: off

@@ -92,7 +92,6 @@ const std::vector<Rule>& rules() {
       {"zero_optimization.use_all_reduce_for_fetch_params", false,
        "parameters are always gathered with all-gather"},
       {"zero_optimization.allgather_sequential", false, kDeepSpeedOnly},
-      {"zero_optimization.module_granularity_threshold", 0, kDeepSpeedOnly},
       {"bf16.immediate_grad_update", false, kDeepSpeedOnly},
       {"bf16.check_grad_overflow", true, kDeepSpeedOnly},
       {"fp16.auto_cast", false,
@@ -216,6 +215,7 @@ const char* reason_for(const WrittenKey& key, const Json& v, const Config& c) {
                       k == "zero_optimization.model_persistence_threshold" ||
                       k == "zero_optimization.max_live_parameters" ||
                       k == "zero_optimization.max_reuse_distance" ||
+                      k == "zero_optimization.module_granularity_threshold" ||
                       k == "zero_optimization.prefetch_bucket_size"))
     return "read only at ZeRO stage 3: below it every parameter stays gathered on every rank";
   if (const Rule* rule = rule_for(k)) return v == rule->agrees ? nullptr : rule->reason;

@@ -28,7 +28,8 @@ WORLDS = {
     2: ["ddp_vs_zeroshard", "lent_grads", "checkpoint_holds", "saved_by_reference", "submodule_scope",
         "gathered", "frozen_quantized", "user_changes", "kept_units", "dropped_models", "inference_steps",
         "moe_without_leaf"],
-    3: ["ddp_vs_zeroshard", "lent_grads", "moe", "kept_units", "dropped_models", "inference_steps"],
+    3: ["ddp_vs_zeroshard", "lent_grads", "moe", "kept_units", "dropped_models", "inference_steps",
+        "granular_units"],
 }
 
 
@@ -320,6 +321,72 @@ def test_kept_units_run_without_hooks_and_train_as_the_reference(ranks):
     assert armed["wide"] and armed["head"] and armed["act"] and armed["root"], armed
     assert r["copy_equal"] and r["copy_trained"] and r["original_unchanged"], r
     assert r["copy_armed"] and not r["copy_warnings"], r["copy_warnings"]
+
+
+def test_module_granularity_threshold_gathers_small_modules_whole_with_the_same_bits():
+    """DeepSpeed's module_granularity_threshold, 3 ranks, checkpointed
+    blocks, no param persistent: each Attention (800) or the whole model
+    (1e6) one unit. Losses and final params are the default units' bit
+    for bit; fewer gathers; nothing left gathered after the step."""
+    r = in_world(3, "granular_units")
+    default, attention, whole = r["0"], r["800"], r["1000000"]
+    assert [x["config"] for x in (default, attention, whole)] == [0, 800, 10 ** 6]
+    for other in (attention, whole):
+        assert other["losses"] == default["losses"], (other["losses"], default["losses"])
+        assert other["digest"] == default["digest"]
+        assert other["gathered_after_step"] == 0, other
+    assert default["losses"][-1] < default["losses"][0], default["losses"]
+    assert "blocks.0.attn.qkv" in default["units"] and "blocks.0.attn" not in default["units"], default["units"]
+    assert [u for u in attention["units"] if u.startswith("blocks.0.attn")] == ["blocks.0.attn"], attention["units"]
+    assert "blocks.0.fc" in attention["units"], attention["units"]
+    assert whole["units"] == ["<root>"], whole["units"]
+    assert whole["gathers"] < attention["gathers"] < default["gathers"], (whole, attention, default)
+
+
+def _deepspeeds_whole_modules(model, threshold, monkeypatch):
+    """The modules DeepSpeed 0.19 makes z3 leaf modules for
+    stage3_module_granularity_threshold, by its own code on `model` (its
+    rank-0 prints, which ask for a process group, silenced)."""
+    import types
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    monkeypatch.setattr(parameter_offload, "print_rank_0", lambda *a, **k: None)
+    for p in model.parameters():
+        p.ds_numel = p.numel()
+    for m in model.modules():
+        m._z3_leaf = False  # a call before, at another threshold, set some
+    me = types.SimpleNamespace(min_granularity_value=sys.maxsize, min_granularity_layer=None,
+                               granularity_info=set(), z3_leaf_layers=[])
+    for name in ("_get_granularity_recursively", "_set_leaf_by_threshold_preorder"):
+        setattr(me, name, types.MethodType(getattr(DeepSpeedZeRoOffload, name), me))
+    DeepSpeedZeRoOffload._set_z3_leaf_modules_by_threshold(me, model, threshold)
+    return {m for m in model.modules() if getattr(m, "_z3_leaf", False)}
+
+
+def test_module_granularity_threshold_chooses_the_modules_deepspeed_chooses(monkeypatch):
+    """unit_plan.whole_modules against DeepSpeed's own selection, on a
+    Hugging Face Llama (containers, norms, rotary embedding without params)
+    and the tests' TinyGPT, over thresholds from none chosen to the root."""
+    pytest.importorskip("deepspeed")
+    transformers = pytest.importorskip("transformers")
+    from zeroshard.torch.unit_plan import whole_modules
+    sys.path.insert(0, str(HERE))
+    import torch_worker
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2))
+    seen = set()
+    for model in (llama, torch_worker.TinyGPT()):
+        for threshold in (1, 800, 903, 3000, 4000, 10 ** 5, 10 ** 7):
+            ours = whole_modules(model, threshold)
+            theirs = _deepspeeds_whole_modules(model, threshold, monkeypatch)
+            names = {m: n or "<root>" for n, m in model.named_modules()}
+            assert {names[m] for m in ours} == {names[m] for m in theirs}, (type(model).__name__, threshold)
+            seen.add(frozenset(type(m).__name__ for m in ours))
+    # The thresholds chose nothing, attention blocks, decoder layers, whole models.
+    assert {frozenset(), frozenset({"Attention"}), frozenset({"LlamaDecoderLayer"})} <= seen, seen
+    assert any("LlamaForCausalLM" in s for s in seen) and any("TinyGPT" in s for s in seen), seen
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -162,6 +162,51 @@ def mode_lent_grads(rank, world):
             "held_after_step": len(ctx._lent)}
 
 
+class CheckpointedGPT(TinyGPT):
+    """TinyGPT with checkpointed blocks: their recompute gathers again,
+    inside the backward."""
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
+
+
+def mode_granular_units(rank, world):
+    """module_granularity_threshold (unit_plan.py): TinyGPT trained with the
+    default units, with each Attention one unit (800: its 2400 params over
+    its 3 layers; a Block is 903, the model 828) and with the whole model
+    one unit; every param gathered (no persistence). What each gathered,
+    its units, its losses and a digest of its final params."""
+    import hashlib
+    out = {}
+    for threshold in (0, 800, 10 ** 6):
+        torch.manual_seed(0)
+        config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 5000,
+                                        "stage3_param_persistence_threshold": 0,
+                                        "stage3_module_granularity_threshold": threshold}}
+        with zt.Init(config=config):
+            model = CheckpointedGPT()
+        zt.partition_module(model)
+        opt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+        losses = train(model, opt, 6, rank)
+        digest = hashlib.sha256()
+        for name, t in zt.full_weights(model):
+            digest.update(name.encode())
+            digest.update(t.detach().contiguous().numpy().tobytes())
+        ctx = zt.get_context()
+        units = sorted(n or "<root>" for n, m in model.named_modules()
+                       if "_zs_unit" in m.__dict__ and m.__dict__["_zs_unit"].params)
+        out[str(threshold)] = {"losses": losses, "digest": digest.hexdigest(), "units": units,
+                               "gathers": ctx.fetch_stats()["gathers"],
+                               "gathered_after_step": ctx.memory()["gathered_bytes"],
+                               "config": ctx.config["zero_optimization"]["module_granularity_threshold"]}
+        zt.shutdown()
+    return out
+
+
 class Expert(nn.Module):
     def __init__(self):
         super().__init__()
@@ -1058,6 +1103,7 @@ def main():
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
+              "granular_units": mode_granular_units,
               "dropped_models": mode_dropped_models, "inference_steps": mode_inference_steps,
               "state_dict_on_one_rank": mode_state_dict_on_one_rank})
 

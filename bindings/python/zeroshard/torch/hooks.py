@@ -38,6 +38,7 @@ from ._context import get_context
 from ._params import (adopt_assigned, detach_views, fetch_on_access, freeze_untrainable, is_partitioned,
                       param_path, quantizes_frozen, registered_params, zparams)
 from .forward_scope import _root_post_forward, _root_pre_forward
+from .unit_plan import whole_modules
 from .gather_unit import _UNIT_HOOKS, _Unit, _acquire, _acquire_unit, _release, _strip_hooks
 from .grad_arrival import GradArrival
 from .hook_state import hook_state
@@ -85,6 +86,7 @@ class HookEngine(GradArrival):
         super().__init__()  # GradArrival's: the gradients' bookkeeping
         self.model = model
         self.units = []
+        self._whole = set()  # modules gathered as one unit (unit_plan.py)
         self.leaf_params = []  # in registration order
         self.warned = set()
         self._params = None    # every unit's params, once each (built on first use)
@@ -105,6 +107,8 @@ class HookEngine(GradArrival):
         if self.model.__dict__.get("_zs_fsdp") is not None:
             self._walk_sharded(self.model, names)
         else:
+            threshold = get_context().config["zero_optimization"]["module_granularity_threshold"]
+            self._whole = whole_modules(self.model, threshold)
             self._walk(self.model, names, inside_leaf=False)
         # Last, and also when the forward raises: pops what the pre-hook pushed.
         self.model.register_forward_hook(_root_post_forward, always_call=True)
@@ -117,8 +121,9 @@ class HookEngine(GradArrival):
         # A whole unit: its subtree's params fetched and released together,
         # no hooks inside it. A leaf module is one; so is a block compiled
         # before partitioning (compiled_block), whose graph would otherwise
-        # break at every submodule's hooks.
-        whole = leaf or (module is not self.model and compiled_block(module))
+        # break at every submodule's hooks, and a module of small ones under
+        # module_granularity_threshold (unit_plan.py).
+        whole = leaf or (module is not self.model and compiled_block(module)) or module in self._whole
         subtree = list(module.modules()) if whole else [module]
         own = list(module.parameters(recurse=whole)) + [p for m in subtree for p in getattr(m, "_zs_external", [])]
         # Every module has a unit, with no params if it owns none: a param
