@@ -7,7 +7,7 @@ DS_ACCELERATOR=cpu), in one run, each engine in its own zsrun launch of
 
     .venv/bin/python bench/bench_hf_trainer.py [--model-size base|small] [--ranks 2]
         [--steps 6] [--warmup 2] [--seq 128] [--batch 2] [--grad-accum 1]
-        [--engines zeroshard ddp deepspeed] [--optimizer-section]
+        [--engines zeroshard ddp deepspeed] [--optimizer-section] [--zero-config JSON]
 
 The script is the user's: a GPT-2 (GPT2LMHeadModel) built from a config
 with random weights (torch.manual_seed(0): the same weights for every
@@ -436,6 +436,9 @@ def main():
     ap.add_argument("--optimizer-section", action="store_true",
                     help='add an "optimizer" section (AdamW, "auto" params) to the DeepSpeed JSON')
     ap.add_argument("--launch-timeout", type=float, default=3600, help="seconds before a launch is given up")
+    ap.add_argument("--zero-config", default="{}",
+                    help="JSON merged into the config's zero_optimization (zeroshard's and DeepSpeed's), e.g. "
+                         "'{\"stage3_module_granularity_threshold\": 1000000}'")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -446,6 +449,7 @@ def main():
 
     commit = git_commit()
     config = ds_config(args.optimizer_section)
+    config["zero_optimization"].update(json.loads(args.zero_config))
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.ranks)))
     print(f"bench_hf_trainer: GPT-2 {args.model_size} ({MODELS[args.model_size]}, vocab {VOCAB}), {args.ranks} "
           f"ranks, seq {args.seq}, batch {args.batch}/rank, accumulation {args.grad_accum}, {args.steps} steps "

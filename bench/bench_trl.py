@@ -7,6 +7,7 @@ launch of --ranks ranks.
 
     .venv/bin/python bench/bench_trl.py [--ranks 2] [--steps 5] [--trainers grpo dpo]
         [--engines zeroshard ddp deepspeed] [--layers 8] [--hidden 512] [--completion 64]
+        [--zero-config JSON]
 
 The script is the user's: a Llama (hidden --hidden, --layers layers,
 vocabulary 8192, untied; 31.5M params at the defaults) saved once with random weights
@@ -221,6 +222,9 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--completion", type=int, default=64, help="GRPO's max_completion_length")
+    ap.add_argument("--zero-config", default="{}",
+                    help="JSON merged into the config's zero_optimization (zeroshard's and DeepSpeed's), e.g. "
+                         "'{\"stage3_module_granularity_threshold\": 250000}'")
     ap.add_argument("--launch-timeout", type=float, default=3600)
     args = ap.parse_args()
     if args.worker:
@@ -240,6 +244,7 @@ def main():
         # resolved train_batch_size fails its batch assertion ("8 != 4 * 1 *
         # 1"); left out, every engine derives it.
         config.pop("train_batch_size")
+        config["zero_optimization"].update(json.loads(args.zero_config))
         with open(config_path, "w") as f:
             json.dump(config, f)
         for trainer in args.trainers:
