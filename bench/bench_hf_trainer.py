@@ -82,12 +82,36 @@ REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 # fsdp2: transformers.Trainer with TrainingArguments(fsdp="full_shard auto_wrap",
 # fsdp_config={"version": 2, ...}): Accelerate's FSDP2 plugin, fully_shard per
-# GPT2Block; fully_shard: the same arguments to zeroshard.hf.Trainer, which
+# GPT2Block (on this CPU machine through fsdp2_trainer_class: Accelerate alone
+# would run it as DDP; the run fails if no param ends up a DTensor); fully_shard: the same arguments to zeroshard.hf.Trainer, which
 # fully_shards with zeroshard.torch.fully_shard.
 ENGINES = ("zeroshard", "ddp", "fsdp2", "fully_shard", "deepspeed")
 FSDP2_ARGS = dict(fsdp="full_shard auto_wrap",
                   fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"],
                                "reshard_after_forward": True})
+
+
+def fsdp2_trainer_class(transformers):
+    """transformers.Trainer under Accelerate's FSDP2 code on a CPU world.
+    Accelerate takes FSDP on accelerators only: on CPUs it runs the world as
+    MULTI_CPU with the plugin ignored, i.e. as DDP (what this bench's
+    "fsdp2" measured before 2026-11-27). The distributed type and plugin are
+    set as AcceleratorState sets them on a GPU; from there prepare
+    (fully_shard per GPT2Block, then the root) is Accelerate's own."""
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    class FSDP2Trainer(transformers.Trainer):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            self.accelerator.state.distributed_type = DistributedType.FSDP
+            accelerate.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            self.accelerator.state.fsdp_plugin = accelerate.FullyShardedDataParallelPlugin(
+                **self.args.fsdp_plugin_args)
+            self.is_fsdp_enabled = True
+    return FSDP2Trainer
+
+
 MODELS = {
     "base": dict(n_embd=768, n_layer=12, n_head=12),
     "small": dict(n_embd=256, n_layer=2, n_head=4),
@@ -185,6 +209,8 @@ def worker(args):
         import zeroshard.hf
         import zeroshard.torch as zt
         Trainer = zeroshard.hf.Trainer  # the one line that differs
+    elif args.engine == "fsdp2":
+        Trainer = fsdp2_trainer_class(transformers)
     else:
         Trainer = transformers.Trainer
     marks = {"imports": time.perf_counter() - T_START}
@@ -278,6 +304,12 @@ def worker(args):
             "marks_s": marks, "train_s": train_s, "train_runtime_s": result.metrics.get("train_runtime")}
     notes = {"optimizer": describe_optimizer(trainer.optimizer), "optim_arg": str(getattr(targs.optim, "value",
                                                                                           targs.optim))}
+    if args.engine == "fsdp2":  # sharded by FSDP2, not run as DDP (fsdp2_trainer_class)
+        params = list(trainer.model_wrapped.parameters())
+        notes["fsdp2_sharded_params"] = sum(type(p).__name__ == "DTensor" for p in params)
+        notes["params"] = len(params)
+        if notes["fsdp2_sharded_params"] == 0:
+            raise RuntimeError("fsdp2: no param is a DTensor: the Trainer did not run FSDP2")
     if args.engine in ("zeroshard", "fully_shard"):
         eo = engine_optimizer(trainer.optimizer)
         if eo is not None:
