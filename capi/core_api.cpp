@@ -31,6 +31,8 @@ ZS_API const char* zs_status_string(zs_status status) {
     case ZS_ERR_BUFFER_SIZE: return "ZS_ERR_BUFFER_SIZE";
     case ZS_ERR_INTERNAL: return "ZS_ERR_INTERNAL";
     case ZS_ERR_IO: return "ZS_ERR_IO";
+    case ZS_ERR_RANK_LOST: return "ZS_ERR_RANK_LOST";
+    case ZS_ERR_STATE_LOST: return "ZS_ERR_STATE_LOST";
     default: break;
   }
   return "ZS_UNKNOWN_STATUS";

@@ -25,6 +25,8 @@ enum class Code : int {
   BufferSize = 10,
   Internal = 11,
   Io = 12,  // a file could not be read or written, or failed its checksum
+  RankLost = 13,   // healing on: a rank fell silent (docs/healing.md, section 2)
+  StateLost = 14,  // healing on: a shard and its copy were lost together
 };
 
 class Error : public std::runtime_error {

@@ -119,6 +119,14 @@ typedef enum zs_status {
   ZS_ERR_BUFFER_SIZE = 10, /* a caller's buffer has the wrong byte size */
   ZS_ERR_INTERNAL = 11,
   ZS_ERR_IO = 12, /* a file could not be read or written, or failed its checksum */
+  /* Healing on (zeroshard.healing.peer_copy): a rank stopped or died (its
+   * heartbeat fell silent past ZS_HEARTBEAT_TIMEOUT_MS); the message names
+   * it. Every call of the context after it fails with this status. */
+  ZS_ERR_RANK_LOST = 13,
+  /* Healing on: a shard's state and every copy of it were lost together (a
+   * rank and the rank holding its copy); the message names both. Fall back
+   * to a disk checkpoint. */
+  ZS_ERR_STATE_LOST = 14,
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_status;

@@ -73,7 +73,8 @@ def test_error_classes():
     codes = {zs.InvalidArgumentError: 1, zs.InvalidHandleError: 2, zs.InvalidStateError: 3,
              zs.InvalidConfigError: 4, zs.ZsOutOfMemoryError: 5, zs.ZsTimeoutError: 6,
              zs.CommError: 7, zs.BootstrapError: 8, zs.NotSupportedError: 9,
-             zs.BufferSizeError: 10, zs.InternalError: 11, zs.ZsIOError: 12}
+             zs.BufferSizeError: 10, zs.InternalError: 11, zs.ZsIOError: 12,
+             zs.RankLostError: 13, zs.StateLostError: 14}
     for cls, code in codes.items():
         assert issubclass(cls, zs.ZeroShardError)
         assert zs.errors.error_class(code) is cls
@@ -83,6 +84,7 @@ def test_error_classes():
         e2 = pickle.loads(pickle.dumps(e))
         assert (type(e2), str(e2), e2.status, e2.status_name) == (cls, "boom", code,
                                                                  e.status_name)
+    assert issubclass(zs.RankLostError, zs.CommError)
     assert zs.check(0) is None
     with pytest.raises(zs.ZsTimeoutError) as info:
         zs.check(6)

@@ -21,7 +21,8 @@ from . import errors
 from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
                      InvalidStateError, InvalidConfigError, ZsOutOfMemoryError, ZsTimeoutError,
                      CommError, BootstrapError, NotSupportedError, BufferSizeError,
-                     InternalError, ZsIOError, ZeroShardConfigWarning, check)
+                     InternalError, ZsIOError, RankLostError, StateLostError,
+                     ZeroShardConfigWarning, check)
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
@@ -35,7 +36,7 @@ __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
     "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
-    "ZeroShardConfigWarning",
+    "RankLostError", "StateLostError", "ZeroShardConfigWarning",
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER", "DTYPE_NAMES",
     "DEVICE_CPU", "DEVICE_CUDA",
     "checkpoint_verify", "checkpoint_export", "checkpoint_reshard",

@@ -50,6 +50,8 @@ typedef enum zs_status {
   ZS_ERR_BUFFER_SIZE = 10,
   ZS_ERR_INTERNAL = 11,
   ZS_ERR_IO = 12,
+  ZS_ERR_RANK_LOST = 13,
+  ZS_ERR_STATE_LOST = 14,
   ZS_STATUS_ENUM_MIN_ = -2147483648,
   ZS_STATUS_ENUM_MAX_ = 2147483647
 } zs_status;

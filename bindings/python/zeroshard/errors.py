@@ -10,6 +10,7 @@ __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
     "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
+    "RankLostError", "StateLostError",
     "check", "error_class", "status_name", "ZeroShardConfigWarning",
 ]
 
@@ -95,6 +96,18 @@ class ZsIOError(ZeroShardError, OSError):
     status_code = 12
 
 
+class RankLostError(CommError):
+    """Healing on: a rank stopped or died (its heartbeat fell silent); the
+    message names it. Every later call of the context raises it too."""
+    status_code = 13
+
+
+class StateLostError(ZeroShardError):
+    """Healing on: a shard's state and the copy of it were lost together (a
+    rank and the rank holding its copy); the message names both."""
+    status_code = 14
+
+
 class ZeroShardConfigWarning(UserWarning):
     """A config key the engine accepts but does not act on yet (offload,
     NVMe aio, ZeRO++ quantization, ...). ``keys`` holds the engine's list:
@@ -108,7 +121,7 @@ class ZeroShardConfigWarning(UserWarning):
 _CLASSES = {c.status_code: c for c in (
     InvalidArgumentError, InvalidHandleError, InvalidStateError, InvalidConfigError,
     ZsOutOfMemoryError, ZsTimeoutError, CommError, BootstrapError, NotSupportedError,
-    BufferSizeError, InternalError, ZsIOError)}
+    BufferSizeError, InternalError, ZsIOError, RankLostError, StateLostError)}
 
 
 def error_class(status):

@@ -31,6 +31,8 @@ const ZS_ERR_NOT_SUPPORTED = Cint(9)
 const ZS_ERR_BUFFER_SIZE = Cint(10)
 const ZS_ERR_INTERNAL = Cint(11)
 const ZS_ERR_IO = Cint(12)
+const ZS_ERR_RANK_LOST = Cint(13)
+const ZS_ERR_STATE_LOST = Cint(14)
 
 const zs_dtype = Cint
 const ZS_FLOAT32 = Cint(0)

@@ -38,6 +38,8 @@ c_enum!(zs_status {
     ZS_ERR_BUFFER_SIZE = 10,
     ZS_ERR_INTERNAL = 11,
     ZS_ERR_IO = 12,
+    ZS_ERR_RANK_LOST = 13,
+    ZS_ERR_STATE_LOST = 14,
     ZS_STATUS_ENUM_MIN_ = i32::MIN,
     ZS_STATUS_ENUM_MAX_ = i32::MAX,
 });

@@ -94,6 +94,8 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_ERR_BUFFER_SIZE,
         ZS_ERR_INTERNAL,
         ZS_ERR_IO,
+        ZS_ERR_RANK_LOST,
+        ZS_ERR_STATE_LOST,
         ZS_STATUS_ENUM_MIN_,
         ZS_STATUS_ENUM_MAX_,
         ZS_FLOAT32,

@@ -20,6 +20,10 @@ pub enum Status {
     Internal,
     /// A file could not be read or written, or failed its checksum.
     Io,
+    /// Healing on: a rank fell silent (stopped or died); the message names it.
+    RankLost,
+    /// Healing on: a shard and the copy of it were lost together.
+    StateLost,
     /// A code this crate does not know (a newer library).
     Other(i32),
 }
@@ -39,6 +43,8 @@ impl Status {
             sys::ZS_ERR_BUFFER_SIZE => Status::BufferSize,
             sys::ZS_ERR_INTERNAL => Status::Internal,
             sys::ZS_ERR_IO => Status::Io,
+            sys::ZS_ERR_RANK_LOST => Status::RankLost,
+            sys::ZS_ERR_STATE_LOST => Status::StateLost,
             other => Status::Other(other),
         }
     }
@@ -57,6 +63,8 @@ impl Status {
             Status::BufferSize => sys::ZS_ERR_BUFFER_SIZE,
             Status::Internal => sys::ZS_ERR_INTERNAL,
             Status::Io => sys::ZS_ERR_IO,
+            Status::RankLost => sys::ZS_ERR_RANK_LOST,
+            Status::StateLost => sys::ZS_ERR_STATE_LOST,
             Status::Other(c) => c,
         }
     }
