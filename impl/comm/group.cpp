@@ -83,7 +83,17 @@ std::pair<Code, std::string> Group::execute(const std::string& what,
     no_sigpipe.drain();  // a SIGPIPE raised meanwhile is not delivered on unblocking
   }
   if (code != Code::Ok) {
-    if (on_error_) message += on_error_(code, message);
+    Code aborted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted = aborted_code_;
+    }
+    // Whoever aborted the group recorded why (its message is in ours).
+    if (aborted != Code::Ok) {
+      code = aborted;
+    } else if (on_error_) {
+      message += on_error_(code, message);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     broken_code_ = code;
     broken_message_ = message + " (group '" + name_ + "' is unusable after this error)";
@@ -132,12 +142,30 @@ void Group::shutdown(const std::string& why) {
   for (auto& t : dropped)
     t.work->complete(Code::InvalidState, t.work->what() + " was cancelled: " + why);
   if (thread_.joinable()) thread_.join();
+  std::unique_ptr<Communicator> gone;
   {
-    // A collective running inline on another thread still uses comm_.
+    // A collective running inline on another thread still uses comm_; an
+    // abort may be calling into it (under mu_).
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });
+    gone = std::move(comm_);
   }
-  comm_.reset();
+}
+
+void Group::abort(Code code, const std::string& why) {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!comm_) return;  // not a member, or shut down
+    if (aborted_code_ == Code::Ok) aborted_code_ = code;
+    if (broken_code_ == Code::Ok) {
+      broken_code_ = code;
+      broken_message_ = why + " (group '" + name_ + "' is unusable after this error)";
+    }
+    dropped.swap(queue_);
+    comm_->abort(why);
+  }
+  for (auto& t : dropped) t.work->complete(code, t.work->what() + " was abandoned: " + why);
 }
 
 }  // namespace zs

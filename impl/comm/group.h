@@ -24,8 +24,9 @@ namespace zs {
 class Group {
  public:
   // Told of a failed collective; returns a note appended to its message
-  // (e.g. which rank is gone), or "".
-  using ErrorSink = std::function<std::string(Code, const std::string&)>;
+  // (e.g. which rank is gone), or "", and may change its code (a healing
+  // context's Comm becomes RankLost once the heartbeat names the rank).
+  using ErrorSink = std::function<std::string(Code&, const std::string&)>;
 
   // world_ranks lists the members; my_rank is this rank's index in it, or
   // -1 for a non-member (then comm is null and collectives are refused).
@@ -54,6 +55,11 @@ class Group {
 
   // Fail everything queued and stop the thread; later submits fail.
   void shutdown(const std::string& why);
+
+  // From any thread (healing: a rank was lost): the collective in flight
+  // ends within milliseconds (Communicator::abort), what is queued and
+  // every later submit fail with `code` and `why`. The group stays broken.
+  void abort(Code code, const std::string& why);
 
   // Numbers the params registered on the group 1, 2, ... Members register
   // the same params in the same order (zs_param_register), so the n-th is
@@ -84,6 +90,7 @@ class Group {
   bool stopping_ = false;
   bool busy_ = false;  // a task runs now (on the group's thread or inline)
   Code broken_code_ = Code::Ok;
+  Code aborted_code_ = Code::Ok;  // abort()'s: a collective it ended fails with it
   std::string broken_message_;
   std::thread thread_;
   std::atomic<uint64_t> params_registered_{0};

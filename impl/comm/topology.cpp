@@ -175,6 +175,11 @@ void Topology::build_mics_hierarchy() {
   mics_intra_ = family("mics_intra", intra);
 }
 
+void Topology::abort(Code code, const std::string& why) {
+  for (auto& weak : all_)
+    if (auto g = weak.lock()) g->abort(code, why);
+}
+
 void Topology::shutdown(const std::string& why) {
   for (auto& weak : all_)
     if (auto g = weak.lock()) g->shutdown(why);

@@ -53,6 +53,8 @@ class Topology {
   std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
   // Shuts every group made here down (the context is going).
   void shutdown(const std::string& why);
+  // Group::abort on every group made so far (healing: a rank was lost).
+  void abort(Code code, const std::string& why);
 
   // Every world rank's host (transport/host_id.h), learned once the world
   // is connected. InvalidArgument unless there is one per world rank.

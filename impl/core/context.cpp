@@ -107,6 +107,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   // After the ready round, which has compared the effective configs (and
   // so peer_copy): every rank makes it, or none.
   if (ctx->config_.heal_peer_copy == 1) ctx->topology_->make_heal();
+  if (ctx->config_.heal_peer_copy == 1 && ctx->heartbeat_) ctx->start_loss_watch();
   return ctx;
 }
 
@@ -481,7 +482,21 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
   }
   if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
-                                       [this](Code c, const std::string& m) {
+                                       [this](Code& c, const std::string& m) {
+                                         // Healing: a collective cut short by a
+                                         // lost rank (or by a survivor that
+                                         // failed first) is the loss, named by
+                                         // the heartbeat within its limit.
+                                         if (heals() && (c == Code::Comm || c == Code::Timeout)) {
+                                           std::string why;
+                                           if (!await_loss(loss_grace(), &why).empty()) {
+                                             c = Code::RankLost;
+                                             const std::string note =
+                                                 m.find(why) == std::string::npos ? "; " + why : "";
+                                             record_async_error(c, m + note);
+                                             return note;
+                                           }
+                                         }
                                          // A silent peer is named already, and
                                          // may be rank 0 that serves the store.
                                          std::string note =
@@ -501,7 +516,10 @@ std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
 
 void Context::record_async_error(Code code, const std::string& message) {
   std::lock_guard<std::mutex> lock(error_mu_);
-  if (async_code_ != Code::Ok) return;
+  const bool consequence = async_code_ == Code::Comm || async_code_ == Code::Timeout;
+  const bool replaces = (code == Code::RankLost && consequence) ||
+                        (code == Code::StateLost && (consequence || async_code_ == Code::RankLost));
+  if (async_code_ != Code::Ok && !replaces) return;
   async_code_ = code;
   async_message_ = message;
 }
@@ -625,6 +643,63 @@ std::string Context::departed_note() {
   return "";
 }
 
+// The heartbeat's callback only signals; this thread acts, once per new
+// set of lost ranks: the error every later call gets, every group's
+// collective in flight ended, the store call in flight interrupted.
+void Context::start_loss_watch() {
+  heals_.store(true);
+  loss_thread_ = std::thread([this] { loss_loop(); });
+  loss_sub_ = std::shared_ptr<Heartbeat::Subscription>(
+      heartbeat_->on_loss([this](const std::vector<int>& lost, const std::string& sentence) {
+        std::lock_guard<std::mutex> held(loss_mu_);
+        std::vector<int> all = lost_;
+        all.insert(all.end(), lost.begin(), lost.end());
+        std::sort(all.begin(), all.end());
+        all.erase(std::unique(all.begin(), all.end()), all.end());
+        if (all == lost_) return;
+        std::string names;
+        for (const int r : all) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        lost_why_ = (all.size() > 1 ? "ranks " + names + " are lost: " : "rank " + names + " is lost: ") +
+                    sentence;
+        lost_ = std::move(all);
+        loss_cv_.notify_all();
+      }));
+}
+
+void Context::loss_loop() {
+  std::unique_lock<std::mutex> lock(loss_mu_);
+  for (;;) {
+    loss_cv_.wait(lock, [&] { return loss_stop_ || lost_ != lost_handled_; });
+    if (loss_stop_) return;
+    lost_handled_ = lost_;
+    const std::string why = lost_why_;
+    lock.unlock();
+    record_async_error(Code::RankLost, why);
+    topology_->abort(Code::RankLost, why);
+    if (store_) store_->interrupt(why);
+    lock.lock();
+  }
+}
+
+std::vector<int> Context::lost_ranks(std::string* why) const {
+  std::lock_guard<std::mutex> held(loss_mu_);
+  if (why) *why = lost_why_;
+  return lost_;
+}
+
+std::vector<int> Context::await_loss(std::chrono::milliseconds within, std::string* why) const {
+  std::unique_lock<std::mutex> lock(loss_mu_);
+  loss_cv_.wait_for(lock, within, [&] { return loss_stop_ || !lost_.empty(); });
+  if (why) *why = lost_why_;
+  return lost_;
+}
+
+// A dead rank's silence is judged after the limit, plus a tick or two of
+// the heartbeat thread; twice the limit leaves room for a loaded machine.
+std::chrono::milliseconds Context::loss_grace() const {
+  return heartbeat_ ? 2 * heartbeat_->limit() + std::chrono::milliseconds(500) : std::chrono::milliseconds(0);
+}
+
 Context::Attachment* Context::find_locked(std::type_index type) {
   for (auto& a : attachments_)
     if (a.first == type) return a.second.get();
@@ -632,6 +707,14 @@ Context::Attachment* Context::find_locked(std::type_index type) {
 }
 
 Context::~Context() {
+  // The heal thread first: it calls into the groups and the store.
+  loss_sub_.reset();
+  {
+    std::lock_guard<std::mutex> held(loss_mu_);
+    loss_stop_ = true;
+  }
+  loss_cv_.notify_all();
+  if (loss_thread_.joinable()) loss_thread_.join();
   while (!attachments_.empty()) attachments_.pop_back();
   if (topology_) topology_->shutdown("the context was destroyed");
   // From here this rank's silence is no failure of its peers'.

@@ -9,11 +9,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <typeindex>
 #include <typeinfo>
 #include <utility>
@@ -159,8 +161,25 @@ class Context {
   // heartbeats off. For waits outside collectives (store agreements).
   std::string silence(std::vector<int> ranks = {}) const;
 
-  // Background failures: the first one is kept and refused from then on.
+  // Background failures: the first one is kept and refused from then on,
+  // except that a lost rank (RankLost) replaces a Comm or Timeout error it
+  // caused, and a lost state (StateLost) any of those three.
   void record_async_error(Code code, const std::string& message);
+
+  // Healing on (zeroshard.healing.peer_copy) with heartbeats: the world
+  // ranks found lost so far, ascending, and the sentence that named them
+  // ("rank 2 is lost: ..."); empty while none is. On a loss (the
+  // heartbeat's loss subscription) the context's heal thread records
+  // RankLost, aborts every group (Group::abort) and interrupts the store
+  // call in flight; a collective that failed otherwise (a pair closed by
+  // the dead rank, or by a survivor that failed before) waits up to
+  // loss_grace() for the heartbeat's verdict, and is RankLost naming the
+  // rank when one comes.
+  bool heals() const { return heals_.load(); }
+  std::vector<int> lost_ranks(std::string* why = nullptr) const;
+  // Waits up to `within` for a loss; returns lost_ranks().
+  std::vector<int> await_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
+  std::chrono::milliseconds loss_grace() const;
   // Throws the recorded async error, if any.
   void check_async_error() const;
   bool async_error(Code* code, std::string* message) const;
@@ -270,6 +289,8 @@ class Context {
   // Every world rank's host, in rank order (wait_for_every_rank).
   void learn_hosts(const std::vector<std::string>& hosts);
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_
+  void start_loss_watch();
+  void loss_loop();
   std::string departed_note();
 
   uint64_t id_ = 0;
@@ -300,6 +321,17 @@ class Context {
   bool backend_defaulted_ = false;  // neither the options nor ZS_BACKEND named one
   bool stage_all_ = false;  // ZS_STAGE_ALL=1: the staging path on any device (tests)
   std::unique_ptr<Topology> topology_;
+
+  // The loss subscription and the heal thread it wakes (healing on).
+  std::shared_ptr<void> loss_sub_;
+  std::atomic<bool> heals_{false};
+  mutable std::mutex loss_mu_;
+  mutable std::condition_variable loss_cv_;
+  std::vector<int> lost_;          // under loss_mu_
+  std::string lost_why_;           // under loss_mu_
+  std::vector<int> lost_handled_;  // under loss_mu_: what the heal thread acted on
+  bool loss_stop_ = false;         // under loss_mu_
+  std::thread loss_thread_;
 
   mutable std::mutex error_mu_;
   Code async_code_ = Code::Ok;

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "impl/common/dtype.h"
@@ -53,6 +54,14 @@ class Communicator {
   virtual bool runs_on_any_thread() const { return false; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
+
+  // Ends this member's collectives, from any thread (healing: a rank was
+  // lost, docs/healing.md section 2): the one in flight fails within
+  // milliseconds with Code::Comm, its message starting with `why`, and
+  // every later one at once. Never waits on the network; calls after the
+  // first keep the first reason. A communicator with no peers has nothing
+  // to end (the default).
+  virtual void abort(const std::string& why) { (void)why; }
 
   // recv holds bytes_per_rank * size(); member i's send lands at i * bytes.
   virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;

@@ -5,7 +5,9 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -104,6 +106,19 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
+
+  // The wait in flight is cut short through the watch (as a silent peer's
+  // is) and fails, closing this member's pairs (release_after_failure), so
+  // peers waiting on it fail too; later collectives fail before posting.
+  void abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> held(abort_mu_);
+      if (aborted_.load()) return;
+      abort_why_ = why;
+      aborted_.store(true);
+    }
+    watch_.interrupt(why);
+  }
   bool full_mesh() const override { return peers_.size() + 1 == static_cast<size_t>(size()); }
 
   void allgather(const void* send, void* recv, size_t bytes) override {
@@ -443,6 +458,11 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // before identities existed: what their cost is measured against.
   template <typename Detail, typename Fn>
   void run(const char* what, Detail&& detail, uint64_t extra, Fn&& fn) {
+    if (aborted_.load()) {
+      const std::string& label = CollectiveLabelScope::current();
+      fail(Code::Comm, abort_reason(), "; this ", what,
+           label.empty() ? " on group '" + name_ + "'" : " for '" + label + "'", " cannot start");
+    }
     ++seq_;
     op_ = what;
     if (checks_) {
@@ -497,6 +517,9 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // comes before the wait), one that falls silent later through silenced_.
   void arm(std::function<void()> abort) {
     watch_.set_abort(std::move(abort));
+    // An abort() that found no wait armed: this one ends at once (its flag
+    // is set before its interrupt, which takes the watch's lock after ours).
+    if (aborted_.load()) watch_.interrupt(abort_reason());
     if (!heartbeat_) return;
     if (const std::string why = heartbeat_->silence(members_); !why.empty()) watch_.interrupt(why);
   }
@@ -534,6 +557,13 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   const std::shared_ptr<Heartbeat> heartbeat_;
   const std::vector<int> members_;  // world ranks, by group rank
   std::unique_ptr<Heartbeat::Subscription> silenced_;  // before watch_ goes
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> held(abort_mu_);
+    return abort_why_;
+  }
+  mutable std::mutex abort_mu_;  // abort_why_
+  std::atomic<bool> aborted_{false};
+  std::string abort_why_;
   const char* op_ = "";
   uint64_t seq_ = 0;
   uint32_t tag_ = 0;

@@ -358,6 +358,11 @@ void Heartbeat::loop() {
     std::lock_guard<std::mutex> held(watchers_mu_);
     for (const Watcher& w : watchers_) {
       try {
+        if (w.loss) {
+          const std::vector<int> gone = lost();
+          if (!gone.empty()) w.loss(gone, silence(gone));
+          continue;
+        }
         const std::string why = silence(w.ranks);
         if (!why.empty()) w.fn(why);
       } catch (const std::exception&) {
@@ -392,10 +397,31 @@ std::string Heartbeat::silence(const std::vector<int>& ranks) const {
   return "";
 }
 
+std::vector<int> Heartbeat::lost_locked(Clock::time_point now) const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r) {
+    const Peer& p = peers_[static_cast<size_t>(r)];
+    if (r == rank_ || p.departed) continue;
+    if (p.monitored ? p.silent > limit_ : reported_locked(p, now)) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> Heartbeat::lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_locked(Clock::now());
+}
+
+std::unique_ptr<Heartbeat::Subscription> Heartbeat::on_loss(LossFn fn) {
+  std::lock_guard<std::mutex> held(watchers_mu_);
+  watchers_.push_back(Watcher{{}, nullptr, std::move(fn)});
+  return std::make_unique<Subscription>(*this, std::prev(watchers_.end()));
+}
+
 std::unique_ptr<Heartbeat::Subscription> Heartbeat::watch(
     std::vector<int> ranks, std::function<void(const std::string&)> fn) {
   std::lock_guard<std::mutex> held(watchers_mu_);
-  watchers_.push_back(Watcher{std::move(ranks), std::move(fn)});
+  watchers_.push_back(Watcher{std::move(ranks), std::move(fn), nullptr});
   return std::make_unique<Subscription>(*this, std::prev(watchers_.end()));
 }
 

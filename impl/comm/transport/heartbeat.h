@@ -79,6 +79,17 @@ class Heartbeat {
   std::unique_ptr<Subscription> watch(std::vector<int> ranks,
                                       std::function<void(const std::string&)> fn);
 
+  // The world ranks silent past the limit now (judged here, or reported by
+  // their monitors), ascending; never this one or a departed one.
+  std::vector<int> lost() const;
+
+  // The loss subscription (healing, docs/healing.md section 2): fn(lost,
+  // sentence) runs on the heartbeat thread after each check that finds any
+  // world rank silent, whether or not anyone waits on it, with lost() and
+  // silence(lost), until the handle is destroyed. fn must only signal.
+  using LossFn = std::function<void(const std::vector<int>&, const std::string&)>;
+  std::unique_ptr<Subscription> on_loss(LossFn fn);
+
   // This rank is going away: tells the peers (so its silence from now on
   // is no failure) and stops sending; it goes on listening until destroyed.
   void leave();
@@ -117,6 +128,7 @@ class Heartbeat {
   struct Watcher {
     std::vector<int> ranks;
     std::function<void(const std::string&)> fn;
+    LossFn loss;  // set instead of fn by on_loss (ranks: the whole world)
   };
 
   void loop();
@@ -127,6 +139,7 @@ class Heartbeat {
   // limit, and the fresh reports it was told.
   std::vector<Report> reports_locked(std::chrono::steady_clock::time_point now) const;
   bool reported_locked(const Peer& p, std::chrono::steady_clock::time_point now) const;
+  std::vector<int> lost_locked(std::chrono::steady_clock::time_point now) const;
   std::string mac(const char* data, size_t bytes) const;
 
   const int rank_, world_;

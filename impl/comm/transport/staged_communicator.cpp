@@ -104,6 +104,7 @@ class StagedCommunicator final : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  void abort(const std::string& why) override { inner_->abort(why); }
 
   void allgather(const void* send, void* recv, size_t bytes) override {
     Staging s = staging();

@@ -15,6 +15,7 @@ class TimedCommunicator final : public Communicator {
   bool runs_on_any_thread() const override { return inner_->runs_on_any_thread(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  void abort(const std::string& why) override { inner_->abort(why); }
 
   // Ring and direct algorithms (collectives.cpp): every rank sends and
   // receives the same bytes, except from a root.

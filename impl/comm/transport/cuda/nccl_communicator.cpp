@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -341,8 +343,21 @@ class NcclCommunicator final : public Communicator {
     fail(cuda_code(e), where, ": ", what, ": ", cuda_text(e));
   }
 
+  // From any thread: the group's thread, polling, aborts the NCCL
+  // communicator (ncclCommAbort is not safe beside a call in progress).
+  void abort(const std::string& why) override {
+    std::lock_guard<std::mutex> held(abort_mu_);
+    if (abort_requested_.load()) return;
+    abort_why_ = why;
+    abort_requested_.store(true);
+  }
+
   // After an abort every call fails at once, with the original code.
-  void usable(const char* op) const {
+  void usable(const char* op) {
+    if (!broken_ && abort_requested_.load()) {
+      op_ = op;
+      break_comm(Code::Comm, abort_reason() + "; " + where() + " cannot start");
+    }
     if (broken_)
       throw Error(broken_code_, std::string(op) + " on group " + who() +
                                     ": unusable after an earlier failure: " +
@@ -405,6 +420,7 @@ class NcclCommunicator final : public Communicator {
   // naming it, instead of at the deadline: NCCL would wait for it until
   // then.
   void check_peers(Clock::time_point& next) {
+    if (abort_requested_.load()) break_comm(Code::Comm, abort_reason() + "; " + where() + " cannot complete");
     const std::string why = silent_member_due(next);
     if (!why.empty()) break_comm(Code::Comm, why + "; " + where() + " cannot complete");
   }
@@ -477,6 +493,13 @@ class NcclCommunicator final : public Communicator {
 
   const char* op_ = "";
   Clock::time_point deadline_{};
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> held(abort_mu_);
+    return abort_why_;
+  }
+  mutable std::mutex abort_mu_;  // abort_why_
+  std::atomic<bool> abort_requested_{false};
+  std::string abort_why_;
   bool broken_ = false;
   Code broken_code_ = Code::Comm;
   std::string broken_message_;
