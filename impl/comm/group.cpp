@@ -84,13 +84,17 @@ std::pair<Code, std::string> Group::execute(const std::string& what,
   }
   if (code != Code::Ok) {
     Code aborted;
+    std::string why;
     {
       std::lock_guard<std::mutex> lock(mu_);
       aborted = aborted_code_;
+      why = aborted_why_;
     }
-    // Whoever aborted the group recorded why (its message is in ours).
+    // Whoever aborted the group recorded why; the collective may have
+    // failed on its own first (a pair the dead rank closed).
     if (aborted != Code::Ok) {
       code = aborted;
+      if (message.find(why) == std::string::npos) message += "; " + why;
     } else if (on_error_) {
       message += on_error_(code, message);
     }
@@ -157,7 +161,10 @@ void Group::abort(Code code, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!comm_) return;  // not a member, or shut down
-    if (aborted_code_ == Code::Ok) aborted_code_ = code;
+    if (aborted_code_ == Code::Ok) {
+      aborted_code_ = code;
+      aborted_why_ = why;
+    }
     if (broken_code_ == Code::Ok) {
       broken_code_ = code;
       broken_message_ = why + " (group '" + name_ + "' is unusable after this error)";

@@ -91,6 +91,7 @@ class Group {
   bool busy_ = false;  // a task runs now (on the group's thread or inline)
   Code broken_code_ = Code::Ok;
   Code aborted_code_ = Code::Ok;  // abort()'s: a collective it ended fails with it
+  std::string aborted_why_;
   std::string broken_message_;
   std::thread thread_;
   std::atomic<uint64_t> params_registered_{0};
