@@ -1,6 +1,7 @@
 // Training: gradient hand-over and the sharded optimizer.
 #include "capi/handles.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/protocol.h"
 #include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
 
@@ -231,6 +232,15 @@ ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step
     *hash = d.hash;
     if (source) *source = d.source;
     if (step) *step = d.step;
+  });
+}
+
+ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer h) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    checked_out(committed_step, "committed_step");
+    const heal::Outcome out = heal::agree(ctx, o);
+    *committed_step = out.committed;
+    if (rolled_forward) *rolled_forward = out.rolled_forward ? 1 : 0;
   });
 }
 

@@ -23,6 +23,7 @@
 #include "impl/comm/transport/cuda/nccl_communicator.h"
 #endif
 #include "impl/common/env.h"
+#include "impl/common/fault_point.h"
 #include "impl/core/launcher_watch.h"
 #include "impl/core/shared_gpus.h"
 
@@ -96,6 +97,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
   ctx->full_mesh_max_ = ctx->groups_full_mesh_max_ = full_mesh_max_from_env();
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
+  configure_fault_points(ctx->ranks_.rank);
   ctx->choose_device(options);
   if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda())
     fail(Code::NotSupported, heal_config_key(heal_from_env), " on a CUDA context (", ctx->device_->ref().str(),
@@ -678,6 +680,8 @@ void Context::loss_loop() {
     topology_->abort(Code::RankLost, why);
     if (store_) store_->interrupt(why);
     lock.lock();
+    lost_acted_ = lost_handled_;
+    loss_cv_.notify_all();
   }
 }
 
@@ -690,6 +694,13 @@ std::vector<int> Context::lost_ranks(std::string* why) const {
 std::vector<int> Context::await_loss(std::chrono::milliseconds within, std::string* why) const {
   std::unique_lock<std::mutex> lock(loss_mu_);
   loss_cv_.wait_for(lock, within, [&] { return loss_stop_ || !lost_.empty(); });
+  if (why) *why = lost_why_;
+  return lost_;
+}
+
+std::vector<int> Context::settle_loss(std::chrono::milliseconds within, std::string* why) const {
+  std::unique_lock<std::mutex> lock(loss_mu_);
+  loss_cv_.wait_for(lock, within, [&] { return loss_stop_ || (!lost_.empty() && lost_acted_ == lost_); });
   if (why) *why = lost_why_;
   return lost_;
 }

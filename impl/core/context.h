@@ -136,6 +136,8 @@ class Context {
   // name a rank that never answered (checkpoint commit), which a timed-out
   // collective cannot.
   const std::shared_ptr<Store>& store() const { return store_; }
+  // Whether rank 0 serves that store (a TCP store): its loss takes the store.
+  bool store_served_by_rank0() const { return tcp_store_; }
   const std::shared_ptr<Group>& partition_group() const { return topology_->partition(); }
   const std::shared_ptr<Group>& mics_shard_group() const { return topology_->mics_shard(); }
   const std::shared_ptr<Group>& mics_replica_group() const { return topology_->mics_replica(); }
@@ -180,6 +182,19 @@ class Context {
   // Waits up to `within` for a loss; returns lost_ranks().
   std::vector<int> await_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
   std::chrono::milliseconds loss_grace() const;
+  // Waits up to `within` for a loss and for the heal thread to have acted
+  // on every loss known (so that its store interrupt is behind the
+  // caller's next store call); returns lost_ranks().
+  std::vector<int> settle_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
+
+  // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
+  // group's connect, the ready round, the heal agreement), so that a member
+  // that is stopped or dead ends it within the heartbeat limit with
+  // Code::Comm naming that rank, instead of at the store's timeout; `what`
+  // says what was cut short. Without heartbeats fn runs as is (its store
+  // timeout bounds it).
+  void rendezvous_with(const std::vector<int>& ranks, const std::string& what,
+                       const std::function<void()>& fn);
   // Throws the recorded async error, if any.
   void check_async_error() const;
   bool async_error(Code* code, std::string* message) const;
@@ -275,13 +290,6 @@ class Context {
   std::string ready_environment() const;
   static std::vector<std::string> environment_differences(const std::string& theirs,
                                                           const std::string& mine);
-  // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
-  // group's connect, the ready round), so that a member that is stopped or
-  // dead ends it within the heartbeat limit with Code::Comm naming that
-  // rank, instead of at the store's timeout; `what` says what was cut short.
-  // Without heartbeats fn runs as is (its store timeout bounds it).
-  void rendezvous_with(const std::vector<int>& ranks, const std::string& what,
-                       const std::function<void()>& fn);
   // Topology's MakeGroup: connects one group over this context's store,
   // transport and heartbeat.
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
@@ -329,7 +337,8 @@ class Context {
   mutable std::condition_variable loss_cv_;
   std::vector<int> lost_;          // under loss_mu_
   std::string lost_why_;           // under loss_mu_
-  std::vector<int> lost_handled_;  // under loss_mu_: what the heal thread acted on
+  std::vector<int> lost_handled_;  // under loss_mu_: what the heal thread acts on
+  std::vector<int> lost_acted_;    // under loss_mu_: what it has acted on
   bool loss_stop_ = false;         // under loss_mu_
   std::thread loss_thread_;
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "impl/common/fault_point.h"
 #include "impl/comm/two_hop_gather.h"
 #include "impl/device/ops.h"
 #include "impl/fetch/quantized.h"
@@ -336,6 +337,7 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
     }
     work = group->submit(what, [segments, keep, slices, dev, quants, members,
                                 read_backs](Communicator& c) {
+      fault_point("fetch");
       for (const auto& read_back : read_backs) read_back();
       pack_all(*dev, quants);
       c.allgather_coalesced(segments);

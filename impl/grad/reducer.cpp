@@ -7,6 +7,7 @@
 #include "impl/comm/algo/collectives.h"
 #include "impl/comm/algo/quantized_reduce.h"
 #include "impl/common/copy_tally.h"
+#include "impl/common/fault_point.h"
 #include "impl/common/reduce.h"
 #include "impl/core/context.h"
 #include "impl/device/ops.h"
@@ -243,6 +244,7 @@ uint64_t GradReducer::reduce_direct(const std::shared_ptr<Param>& param, const v
   auto w = p.group->submit(
       params_label("gradient reduce-scatter of", {param}),
       [src, copy, shard, n, after, devp](Communicator& comm) {
+        fault_point("reduce_scatter");
         GradShard& s = *shard;
         std::unique_ptr<Buffer> mine;
         float* out = nullptr;
@@ -374,6 +376,7 @@ void GradReducer::flush(Bucket& b) {
                      params),
         [data, used, stride, devp, quantized, spec, add_into_shards, shards, offsets, e = errs.hop1,
          feedback, wire_dtype](Communicator& comm) {
+          fault_point("reduce_scatter");
           if (!quantized && wire_dtype == DType::F32 && !devp->is_cuda()) {
             // The ring's last hop sums straight into each shard (assigned or
             // added, its sum of squares taken in the same pass): no block of

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "impl/common/error.h"
+#include "impl/common/fault_point.h"
 #include "impl/device/ops.h"
 #include "impl/heal/placement.h"
 #include "impl/partition/shard_residence.h"
@@ -68,6 +69,12 @@ Digest digest_of(int source, int64_t step, const std::vector<DigestSlot>& slots)
   return d;
 }
 
+// How many peer copies the context made (their ordinals).
+struct Ordinals final : Context::Attachment {
+  explicit Ordinals(Context&) {}
+  int made = 0;  // under the engine lock
+};
+
 }  // namespace
 
 PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(ctx.heal_group()) {
@@ -90,10 +97,18 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
     drop_rank_ = r;
     drop_step_ = s;
   }
+  ordinal_ = ++ctx.attachment<Ordinals>().made;
   thread_ = std::thread([this] { worker(); });
 }
 
 PeerCopy::~PeerCopy() { detach(); }
+
+int64_t PeerCopy::settled_replica_step() {
+  ctx_.expect_locked();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  return replica_seeded_ && !replay_error_ ? replica_step_ : -1;
+}
 
 void PeerCopy::detach() {
   {
@@ -160,7 +175,8 @@ float PeerCopy::before_norm() {
   } catch (const std::exception& e) {
     failure_ = e.what();
     seeded_ = false;
-    replica_seeded_ = false;
+    if (writing_state_) replica_seeded_ = false;
+    writing_state_ = false;
     received_ = false;
     return 0.0f;
   }
@@ -168,6 +184,7 @@ float PeerCopy::before_norm() {
 
 float PeerCopy::copy() {
   ctx_.expect_locked();
+  fault_point("grad_copy");
   wait_replay();  // the replica takes this step's copy only once the last one is replayed
   const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
   const int64_t step = opt_.steps_locked();
@@ -229,6 +246,9 @@ float PeerCopy::copy() {
     fits = m.n == mine[i].param->layout.shard_numel && m.group == mine[i].group &&
            (in_state || (replica_seeded_ && i < replica_.size() && replica_[i].n == m.n));
   }
+  // From here a seed overwrites the replica in place: cut short, it is
+  // no state at all. A gradient copy cut short leaves it whole.
+  writing_state_ = fits && in_state;
   if (fits && in_state) {
     replica_.resize(in_meta.size());
     for (size_t i = 0; i < in_meta.size(); ++i) {
@@ -286,6 +306,7 @@ float PeerCopy::copy() {
   for (size_t i = 0; i < mine.size(); ++i) versions_sent_[i] = mine[i].param->shard_version;
 
   received_state_ = in_state;
+  writing_state_ = false;
   if (fits && in_state) {
     for (size_t i = 0; i < in_meta.size(); ++i) {
       replica_[i].updates = in_meta[i].updates;

@@ -55,11 +55,17 @@ class PeerCopy final : public StepListener {
   void detach() override;
 
   int holder() const { return holder_; }
+  // This optimizer's place among the context's peer copies (1, 2, ... in
+  // the order the ranks made their optimizers, alike on every rank).
+  int ordinal() const { return ordinal_; }
   int source() const { return source_; }
   // Under the caller's hold: this rank's own state, and the replica it holds
   // (InvalidState before the first step has seeded it).
   Digest own_digest();
   Digest replica_digest();
+  // Under the caller's hold, once the replay in flight is done: the steps
+  // the replica has taken (-1 before a seed, or after a replay failed).
+  int64_t settled_replica_step();
 
  private:
   struct Slot {  // one param of the replica
@@ -82,6 +88,7 @@ class PeerCopy final : public StepListener {
   Optimizer& opt_;
   std::shared_ptr<Group> group_;
   int holder_ = -1, source_ = -1;
+  int ordinal_ = 0;
 
   // As a source: what the holder has.
   bool seeded_ = false;
@@ -94,6 +101,7 @@ class PeerCopy final : public StepListener {
   int64_t replica_step_ = 0;
   bool received_ = false;
   bool received_state_ = false;
+  bool writing_state_ = false;  // a seed is being received into the replica
   std::string failure_;  // why this step's copy failed here, for after_norm's message
   // ZS_HEAL_DROP_COPY=<rank>:<step> (tests of the commit rule): that rank,
   // as a holder, takes the copy of that optimizer step (1-based) as lost,

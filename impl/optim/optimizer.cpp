@@ -12,6 +12,7 @@
 #include "impl/optim/agreement.h"
 #include "impl/optim/muon_step.h"
 #include "impl/common/copy_tally.h"
+#include "impl/common/fault_point.h"
 #include "impl/common/env.h"
 #include "impl/device/ops.h"
 #include "impl/grad/grad_norm.h"
@@ -929,10 +930,15 @@ Optimizer::OpenStep Optimizer::begin_locked() {
       if (group->size() == world.size()) v[kAgreementFloats] += static_cast<float>(local);
     }
     v[kAgreementFloats + 1] = nonfinite;
+    fault_point("norm_allreduce");
     if (world.size() > 1)
       world.run("gradient norm", [&](Communicator& c) {
         c.allreduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum);
       });
+    fault_point("norm_allreduce_done");
+    // What a survivor whose all-reduce failed needs to roll this step
+    // forward (healing): the result as this rank saw it.
+    if (listener_) last_norm_ = {step_ + 1, v[kAgreementFloats], v[kAgreementFloats + 1], v[kAgreementFloats + 2]};
     if (fused_agreement && !fused.done && !agreement_holds(v.data(), mine.data(), world.size()))
       fail_disagreement(world, description);
     total = v[kAgreementFloats];
@@ -947,6 +953,11 @@ Optimizer::OpenStep Optimizer::begin_locked() {
     total += part;
   }
 
+  plan_locked(open, total, nonfinite, commits);
+  return open;
+}
+
+void Optimizer::plan_locked(OpenStep& open, double total, float nonfinite, float commits) {
   StepResult& r = open.result;
   const double scale = scaler_.scale();
   r.loss_scale = scale;  // what the last backward was scaled by (step_end gives the next one)
@@ -956,7 +967,7 @@ Optimizer::OpenStep Optimizer::begin_locked() {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
     if (listener_) listener_->after_norm(commits, true, 0.0);
-    return open;
+    return;
   }
   open.grad_scale = 1.0 / scale;
   const double clip = ctx_.config().gradient_clipping;
@@ -968,7 +979,49 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   // Gathered copies the coordinator kept are stale from here on.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->on_params_updated();
   drop_secondaries(ctx_);
-  return open;
+}
+
+StepResult Optimizer::roll_forward_locked(const NormResult& seen) {
+  ctx_.expect_locked();
+  if (!listener_ || seen.step != step_ + 1)
+    fail(Code::Internal, "roll-forward of step ", seen.step, " on an optimizer at step ", step_,
+         listener_ ? "" : " without a peer copy");
+  OpenStep open;
+  open.begin = Trace::Clock::now();
+  plan_locked(open, seen.sum_squares, seen.nonfinite, seen.commits);
+  if (!open.result.skipped) apply_update_locked(static_cast<float>(open.grad_scale));
+  StepResult r = open.result;
+  if (!r.skipped) ++step_;
+  scaler_.update(r.skipped);
+  std::set<const Param*> stepped;
+  for (const auto& g : groups_)
+    for (const auto& s : g.slots) stepped.insert(s.param.get());
+  grads(ctx_).end_step(stepped);
+  ctx_.device()->synchronize();
+  r.loss_scale = scaler_.scale();
+  r.step = step_;
+  last_norm_ = seen;
+  return r;
+}
+
+void Optimizer::apply_update_locked(float grad_scale) {
+  if (swap_) {
+    update_swapped(grad_scale);
+  } else {
+    // On the host, with every shard in memory (no param offload, whose
+    // shards come back one at a time), the fp32 Adam/AdamW updates run
+    // as one multi-tensor pass.
+    const bool batched = !ctx_.device()->is_cuda() && ctx_.config().offload_param.device == "none";
+    AdamBatch batch;
+    for (auto& g : groups_)
+      for (auto& s : g.slots)
+        if (!s.muon) update(g, s, grad_scale, batched ? &batch : nullptr);
+    kernels::adam_step_many(batch.tensors.data(), batch.tensors.size(), grad_scale);
+    batch.held.clear();  // the shards written back (offloaded ones) once stepped
+    if (kind_ == OptimKind::Muon) update_muon(grad_scale);
+  }
+  ctx_.device()->synchronize();
+  trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file
 }
 
 StepResult Optimizer::finish_locked(const OpenStep& open, double update_seconds) {
@@ -1009,26 +1062,10 @@ StepResult Optimizer::step() {
          "zs_optimizer_step_begin, the caller's update, then zs_optimizer_step_end");
   const OpenStep open = begin_locked();
   double update_seconds = 0.0;
+  fault_point("update");
   if (!open.result.skipped) {
     const auto update_begin = Trace::Clock::now();
-    const auto grad_scale = static_cast<float>(open.grad_scale);
-    if (swap_) {
-      update_swapped(grad_scale);
-    } else {
-      // On the host, with every shard in memory (no param offload, whose
-      // shards come back one at a time), the fp32 Adam/AdamW updates run
-      // as one multi-tensor pass.
-      const bool batched = !ctx_.device()->is_cuda() && ctx_.config().offload_param.device == "none";
-      AdamBatch batch;
-      for (auto& g : groups_)
-        for (auto& s : g.slots)
-          if (!s.muon) update(g, s, grad_scale, batched ? &batch : nullptr);
-      kernels::adam_step_many(batch.tensors.data(), batch.tensors.size(), grad_scale);
-      batch.held.clear();  // the shards written back (offloaded ones) once stepped
-      if (kind_ == OptimKind::Muon) update_muon(grad_scale);
-    }
-    ctx_.device()->synchronize();
-    trim_shard_cache(ctx_);  // offloaded shards the step changed go back to the swap file
+    apply_update_locked(static_cast<float>(open.grad_scale));
     const auto update_end = Trace::Clock::now();
     update_seconds = std::chrono::duration<double>(update_end - update_begin).count();
     if (ctx_.trace()) ctx_.trace()->event("optimizer", "update", "optimizer", update_begin, update_end);

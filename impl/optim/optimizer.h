@@ -179,6 +179,22 @@ class Optimizer {
   };
   std::vector<SlotState> slot_states_locked() const;
 
+  // Healing (docs/healing.md, section 2), under the caller's hold. The
+  // last norm all-reduce whose result this rank obtained, with a listener:
+  // the step it would commit (steps_locked() + 1 until the update ran) and
+  // its sum of squares, non-finite count and commit flags (step 0: none).
+  struct NormResult {
+    int64_t step = 0;
+    float sum_squares = 0.0f, nonfinite = 0.0f, commits = 0.0f;
+  };
+  const NormResult& last_norm_locked() const { return last_norm_; }
+  // The roll-forward: step steps_locked() + 1 taken with `seen`, the
+  // result another survivor obtained when this rank's all-reduce failed
+  // (its gradient shards are still final), as begin_locked, the update and
+  // finish_locked would have, less every collective (the groups are
+  // aborted). The listener is told, so a holder replays its replica too.
+  StepResult roll_forward_locked(const NormResult& seen);
+
  private:
   struct Slot {
     std::shared_ptr<Param> param;
@@ -222,6 +238,11 @@ class Optimizer {
   // the norm and decides skip and scale; finish counts the step, closes
   // the gradients and records the stats.
   OpenStep begin_locked();
+  // begin_locked's end, from the norm's sums: the result, the scale, the
+  // listener told.
+  void plan_locked(OpenStep& open, double total, float nonfinite, float commits);
+  void apply_update_locked(float grad_scale);
+  NormResult last_norm_;
   StepResult finish_locked(const OpenStep& open, double update_seconds);
   // The fp32 Adam/AdamW updates of one step on the host, run together
   // (kernels::adam_step_many) once every slot is visited: a model of many

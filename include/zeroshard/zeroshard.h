@@ -995,6 +995,19 @@ ZS_API zs_status zs_optimizer_sync_params(zs_optimizer opt);
  * before its first step seeded one. Not collective. */
 ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt,
                                       int replica);
+/* After a call failed with ZS_ERR_RANK_LOST: the survivors' agreement on
+ * opt's committed step, through the store (collective over the ranks still
+ * alive: every survivor calls it, for each optimizer in the order they were
+ * made). *committed_step receives C, the steps opt has taken on every
+ * survivor once it returns; *rolled_forward (may be NULL) 1 when this rank
+ * applied step C here (its norm all-reduce failed where another
+ * survivor's had completed), else 0. Each lost rank's state at C is the
+ * replica its holder keeps (zs_heal_state_digest, replica 1). The context
+ * still refuses other work (ZS_ERR_RANK_LOST): exit, and the launcher
+ * restarts the job. ZS_ERR_STATE_LOST naming both ranks when a lost rank's
+ * holder was lost too (or rank 0, which serves the store); INVALID_STATE
+ * when no rank is lost or healing is off. */
+ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
 
 /* ------------------------------------------------------------------ */
 /* Checkpoints                                                         */

@@ -526,6 +526,9 @@ zs_optimizer_sync_params(opt) =
 zs_heal_state_digest(hash, source, step, opt, replica) =
     ccall((:zs_heal_state_digest, libzeroshard), zs_status,
           (Ref{UInt64}, Ref{Cint}, Ref{Int64}, zs_optimizer, Cint), hash, source, step, opt, replica)
+zs_heal_agree(committed_step, rolled_forward, opt) =
+    ccall((:zs_heal_agree, libzeroshard), zs_status, (Ref{Int64}, Ref{Cint}, zs_optimizer), committed_step,
+          rolled_forward, opt)
 zs_optimizer_step_begin(opt, result) =
     ccall((:zs_optimizer_step_begin, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
 zs_optimizer_step_end(opt, result) =

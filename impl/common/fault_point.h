@@ -1,0 +1,21 @@
+// Kill points for the healing tests (docs/healing.md, section 6): with
+// ZS_FAULT_POINT=name:rank:count[,name:rank:count...], the process of that
+// rank SIGKILLs itself at the count-th pass (1-based) of fault_point(name).
+// Names: "fetch" (a param gather's collective), "reduce_scatter" (a
+// gradient bucket's), "grad_copy" (the peer copy's send), "norm_allreduce"
+// (just before the step's norm all-reduce: this rank contributes nothing),
+// "norm_allreduce_done" (just after it returned here), "update" (the
+// optimizer's update, before any shard changes). With ":fail" after the
+// count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
+// all-reduce that completed on the others but failed here, which a real
+// loss produces only by chance). Unset: one atomic load per pass.
+#pragma once
+
+namespace zs {
+
+// Reads ZS_FAULT_POINT for this process's rank (Context::create calls it);
+// throws Code::InvalidArgument on a malformed value.
+void configure_fault_points(int rank);
+void fault_point(const char* name);
+
+}  // namespace zs

@@ -1,0 +1,197 @@
+#include "impl/heal/protocol.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "impl/common/error.h"
+#include "impl/heal/peer_copy.h"
+#include "impl/heal/placement.h"
+
+namespace zs::heal {
+namespace {
+
+// One survivor's report, as posted: "steps norm_step sum nonfinite commits
+// replica_steps" (floats in hex, exact).
+struct Report {
+  int64_t steps = 0;
+  Optimizer::NormResult norm;
+  int64_t replica_steps = -1;
+};
+
+std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+std::string encode(const Report& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%lld %lld %a %a %a %lld", static_cast<long long>(r.steps),
+                static_cast<long long>(r.norm.step), r.norm.sum_squares, r.norm.nonfinite, r.norm.commits,
+                static_cast<long long>(r.replica_steps));
+  return buf;
+}
+
+Report decode(const std::string& s, int rank) {
+  Report r;
+  long long steps = 0, norm_step = 0, replica = 0;
+  float sum = 0, nonfinite = 0, commits = 0;
+  if (std::sscanf(s.c_str(), "%lld %lld %a %a %a %lld", &steps, &norm_step, &sum, &nonfinite, &commits,
+                  &replica) != 6)
+    fail(Code::Internal, "heal agreement: rank ", rank, "'s report '", s, "' is malformed");
+  r.steps = steps;
+  r.norm = {norm_step, sum, nonfinite, commits};
+  r.replica_steps = replica;
+  return r;
+}
+
+std::string list(const std::vector<int>& ranks) {
+  std::string s;
+  for (const int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
+  return s;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::istringstream in(s);
+  for (int r; in >> r;) out.push_back(r);
+  return out;
+}
+
+// The plan, from every live rank's report: "state_lost\nlost <ranks>\n<message>", or
+// "ok C\nlost <ranks>\nroll <ranks>\nnorm <a report whose norm step is C>".
+std::string make_plan(int world, const std::vector<int>& host_of, const std::vector<int>& live,
+                      const std::vector<Report>& reports) {
+  std::vector<int> lost;
+  for (int r = 0; r < world; ++r)
+    if (!std::binary_search(live.begin(), live.end(), r)) lost.push_back(r);
+  const std::vector<int> holder = holders(world, host_of);
+  for (const int l : lost) {
+    const int h = holder[static_cast<size_t>(l)];
+    if (std::binary_search(lost.begin(), lost.end(), h))
+      return "state_lost\nlost " + list(lost) + "\nrank " + std::to_string(l) + "'s shard state is lost: rank " + std::to_string(l) +
+             " and rank " + std::to_string(h) + ", which held its copy, were lost together (zeroshard.healing."
+             "peer_copy keeps one copy of each rank's state); resume from the last disk checkpoint";
+  }
+  int64_t committed = 0;
+  for (const Report& r : reports) committed = std::max(committed, r.steps);
+  std::vector<int> roll;
+  const Report* seen = nullptr;
+  for (size_t i = 0; i < live.size(); ++i) {
+    const Report& r = reports[i];
+    if (r.norm.step == committed && (!seen || seen->steps < r.steps)) seen = &r;
+    if (r.steps == committed) continue;
+    if (r.steps != committed - 1)
+      fail(Code::Internal, "heal agreement: rank ", live[i], " has taken ", r.steps, " optimizer steps where another "
+           "survivor has taken ", committed, ": the ranks were more than one step apart");
+    roll.push_back(live[i]);
+  }
+  if (!roll.empty() && seen == nullptr)
+    fail(Code::Internal, "heal agreement: step ", committed, " was taken by some survivors but none reports its "
+         "norm all-reduce's result");
+  return "ok " + std::to_string(committed) + "\nlost " + list(lost) + "\nroll " + list(roll) + "\nnorm " +
+         (seen ? encode(*seen) : encode(Report{}));
+}
+
+}  // namespace
+
+Outcome agree(Context& ctx, Optimizer& opt) {
+  const int me = ctx.ranks().rank, world = ctx.ranks().world_size;
+  if (!ctx.heals())
+    fail(Code::InvalidState, "the heal agreement needs zeroshard.healing.peer_copy on, with heartbeats");
+  std::string why;
+  std::vector<int> lost = ctx.settle_loss(ctx.loss_grace(), &why);
+  if (lost.empty())
+    fail(Code::InvalidState, "the heal agreement runs after a rank was lost (ZS_ERR_RANK_LOST), and none is");
+  if (std::binary_search(lost.begin(), lost.end(), 0) && ctx.store_served_by_rank0()) {
+    const std::string msg = "the heal agreement cannot run: rank 0, which served the store, was lost (" + why +
+                            "); resume from the last disk checkpoint";
+    ctx.record_async_error(Code::StateLost, msg);
+    fail(Code::StateLost, msg);
+  }
+
+  Report mine;
+  int ordinal = 0;
+  {
+    const auto held = ctx.lock();
+    PeerCopy& pc = peer_copy_of(ctx, opt);
+    ordinal = pc.ordinal();
+    mine.steps = opt.steps_locked();
+    mine.norm = opt.last_norm_locked();
+    mine.replica_steps = pc.settled_replica_step();
+  }
+  Store& store = *ctx.store();
+  const std::string prefix = "zs/heal/gen1/opt" + std::to_string(ordinal) + "/";
+  const auto report_key = [&](int r) { return prefix + "report/" + std::to_string(r); };
+  store.set(report_key(me), bytes(encode(mine)));
+
+  std::string plan;
+  for (int attempt = 0; plan.empty(); ++attempt) {
+    std::vector<int> live;
+    for (int r = 0; r < world; ++r)
+      if (!std::binary_search(lost.begin(), lost.end(), r)) live.push_back(r);
+    const int coordinator = live.front();
+    try {
+      if (me == coordinator) {
+        std::vector<std::string> keys;
+        for (const int r : live) keys.push_back(report_key(r));
+        std::vector<std::vector<char>> raw;
+        ctx.rendezvous_with(live, "the heal agreement (the survivors' reports)", [&] { raw = store.get_many(keys); });
+        std::vector<Report> reports;
+        for (size_t i = 0; i < live.size(); ++i) reports.push_back(decode(text(raw[i]), live[i]));
+        const std::string made = make_plan(world, ctx.topology().host_of(), live, reports);
+        store.set(prefix + "plan", bytes(made));
+        plan = made;
+      } else {
+        std::vector<char> raw;
+        ctx.rendezvous_with({coordinator}, "the heal agreement (rank " + std::to_string(coordinator) + "'s plan)",
+                            [&] { raw = store.get(prefix + "plan"); });
+        plan = text(raw);
+      }
+    } catch (const Error& e) {
+      // A survivor lost meanwhile: again without it.
+      const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
+      if (e.code() != Code::Comm || now == lost || attempt > world) throw;
+      lost = now;
+    }
+  }
+
+  std::istringstream in(plan);
+  std::string head, line;
+  Outcome out;
+  std::getline(in, head);
+  std::getline(in, line);
+  out.lost = parse_list(line.substr(4));
+  // Rank 0 serves the store: it stays until every survivor has read the
+  // plan, so that survivors may exit once they return.
+  store.add(prefix + "read", 1);
+  if (me == 0 && ctx.store_served_by_rank0()) {
+    std::vector<int> live;
+    for (int r = 0; r < world; ++r)
+      if (!std::binary_search(out.lost.begin(), out.lost.end(), r)) live.push_back(r);
+    const auto deadline = std::chrono::steady_clock::now() + ctx.timeout();
+    while (store.add(prefix + "read", 0) < static_cast<int64_t>(live.size()) &&
+           std::chrono::steady_clock::now() < deadline && ctx.silence(live).empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (head == "state_lost") {
+    std::string msg;
+    std::getline(in, msg);
+    ctx.record_async_error(Code::StateLost, msg);
+    fail(Code::StateLost, msg);
+  }
+  out.committed = std::atoll(head.c_str() + 3);
+  std::getline(in, line);
+  const std::vector<int> roll = parse_list(line.substr(4));
+  std::getline(in, line);
+  const Report seen = decode(line.substr(5), -1);
+  if (std::find(roll.begin(), roll.end(), me) != roll.end()) {
+    const auto held = ctx.lock();
+    opt.roll_forward_locked(seen.norm);
+    out.rolled_forward = true;
+  }
+  return out;
+}
+
+}  // namespace zs::heal

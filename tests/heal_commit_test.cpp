@@ -1,0 +1,284 @@
+// Landing step 2 of docs/healing.md, the commit: a rank SIGKILLed at each
+// phase of a step (ZS_FAULT_POINT: the fetch, the gradient reduce-scatter,
+// the gradient copy, before and after the norm all-reduce, the update) on 3
+// and 4 ranks; every survivor gets ZS_ERR_RANK_LOST, then
+// zs_heal_agree gives every survivor the same committed step C (rolling
+// forward those whose all-reduce failed where another's completed), and
+// the survivors' states plus the victim's replica at its holder equal an
+// uninterrupted run's states at C, bit for bit (zs_heal_state_digest). A
+// rank and the holder of its copy killed together: ZS_ERR_STATE_LOST
+// naming both on every survivor.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using zs::test::run_ranks;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kMaxWorld = 4;
+constexpr int kTimeoutMs = 30000;
+const char* kHealOn = R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
+const int64_t kNumel[2] = {1003, 4097};
+
+struct ShortHeartbeat {
+  zs::test::ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
+  zs::test::ScopedEnv limit{"ZS_HEARTBEAT_TIMEOUT_MS", "600"};
+};
+
+// Shared by the forked ranks of both runs (mapped before the forks).
+struct Shared {
+  std::atomic<uint64_t> ref[kMaxWorld][kSteps + 1];  // the uninterrupted run: rank r's own digest after step s
+  std::atomic<int64_t> committed[kMaxWorld];         // each survivor's C (-1: none)
+  std::atomic<int> rolled[kMaxWorld];
+  std::atomic<int> replica_checked;                  // the victim's holder compared its replica
+};
+
+Shared* shared_block() {
+  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(p, MAP_FAILED);
+  auto* sh = new (p) Shared{};
+  for (auto& c : sh->committed) c = -1;
+  return sh;
+}
+
+float grad_value(int rank, int step, int p, uint64_t i) {
+  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step * 13 + p * 5 + rank * 31))) * 0.1f;
+}
+
+struct Model {
+  zs_context ctx = nullptr;
+  zs_param params[2] = {nullptr, nullptr};
+  zs_optimizer opt = nullptr;
+};
+
+void build(const RankEnv& env, Model& m) {
+  m.ctx = zs::test::make_context(env, kHealOn, kTimeoutMs);
+  ASSERT_NE(m.ctx, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> init(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < init.size(); ++k) init[k] = std::sin(static_cast<float>(k * 3 + i)) * 0.5f;
+    zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+    o.name = i == 0 ? "w0" : "w1";
+    o.ndim = 1;
+    o.shape = &kNumel[i];
+    o.init = ZS_INIT_FROM_ALL;
+    o.data = init.data();
+    o.data_bytes = init.size() * sizeof(float);
+    ZS_ASSERT_OK(zs_param_register(&m.params[i], m.ctx, &o));
+  }
+  ZS_ASSERT_OK(zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW));
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 0.01;
+  ZS_ASSERT_OK(zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr));
+}
+
+// One training step: the forward's fetch (and release), each param's
+// gradient, the optimizer step. The first failing call's status.
+zs_status train_step(const RankEnv& env, Model& m, int step) {
+  zs_gather g = nullptr;
+  zs_status s = zs_fetch(&g, m.ctx, m.params, 2);
+  if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+  if (g) zs_gather_destroy(g);
+  if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  }
+  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
+  return s;
+}
+
+uint64_t own_digest(Model& m, int64_t* step) {
+  uint64_t hash = 0;
+  EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
+  return hash;
+}
+
+void reference_run(int world, Shared* sh) {
+  run_ranks(world, [&](const RankEnv& env) {
+    Model m;
+    build(env, m);
+    int64_t step = -1;
+    sh->ref[env.rank][0] = own_digest(m, &step);
+    for (int s = 1; s <= kSteps; ++s) {
+      ZS_ASSERT_OK(train_step(env, m, s));
+      sh->ref[env.rank][s] = own_digest(m, &step);
+      EXPECT_EQ(step, s);
+    }
+    zs_optimizer_destroy(m.opt);
+    for (zs_param p : m.params) zs_param_destroy(p);
+    zs_context_destroy(m.ctx);
+  });
+}
+
+// The victim dies at the count-th pass of `point` (step 3, or 2 for a point
+// that passes more than once a step); the survivors agree.
+void killed_at(int world, int victim, const char* point, int count) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block();
+  reference_run(world, sh);
+  const int holder = (victim + 1) % world;
+  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  run_ranks(
+      world,
+      [&](const RankEnv& env) {
+        setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+        Model m;
+        build(env, m);
+        zs_status s = ZS_OK;
+        int step = 1;
+        for (; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+        ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+        ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+        EXPECT_NE(std::string(zs_last_error()).find("rank " + std::to_string(victim) + " is lost"), std::string::npos)
+            << zs_last_error();
+        int64_t committed = -1;
+        int rolled = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        ZS_ASSERT_OK(zs_heal_agree(&committed, &rolled, m.opt));
+        const double agree_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        sh->committed[env.rank] = committed;
+        sh->rolled[env.rank] = rolled;
+        std::printf("[heal-commit] %s on %d ranks: rank %d failed in step %d, agreed C = %lld%s in %.3f s\n",
+                    fault.c_str(), world, env.rank, step - 1, static_cast<long long>(committed),
+                    rolled ? " (rolled forward)" : "", agree_s);
+        std::fflush(stdout);
+        ASSERT_GE(committed, 1);
+        ASSERT_LE(committed, kSteps);
+        int64_t at = -1;
+        EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][committed].load()) << "rank " << env.rank << " at C";
+        EXPECT_EQ(at, committed);
+        if (env.rank == holder) {
+          uint64_t hash = 0;
+          int source = -1;
+          int64_t replica_at = -1;
+          ZS_ASSERT_OK(zs_heal_state_digest(&hash, &source, &replica_at, m.opt, 1));
+          EXPECT_EQ(source, victim);
+          EXPECT_EQ(replica_at, committed);
+          EXPECT_EQ(hash, sh->ref[victim][committed].load()) << "the replica of rank " << victim << " at C";
+          sh->replica_checked = 1;
+        }
+        // The context still refuses other work.
+        EXPECT_EQ(zs_context_async_error(m.ctx), ZS_ERR_RANK_LOST);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);  // as a survivor would: zsrun restarts the job
+      },
+      60, {victim});
+  EXPECT_EQ(sh->replica_checked.load(), 1);
+  int64_t c = -1;
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    if (c < 0) c = sh->committed[r];
+    EXPECT_EQ(sh->committed[r].load(), c) << "rank " << r << " agreed on another C";
+  }
+}
+
+TEST(HealCommit, KilledInTheFetchOnThreeRanks) { killed_at(3, 1, "fetch", 3); }
+TEST(HealCommit, KilledInTheReduceScatterOnThreeRanks) { killed_at(3, 1, "reduce_scatter", 4); }
+TEST(HealCommit, KilledInTheGradientCopyOnThreeRanks) { killed_at(3, 2, "grad_copy", 3); }
+TEST(HealCommit, KilledBeforeTheNormAllReduceOnThreeRanks) { killed_at(3, 1, "norm_allreduce", 3); }
+TEST(HealCommit, KilledAfterTheNormAllReduceOnThreeRanks) { killed_at(3, 1, "norm_allreduce_done", 3); }
+TEST(HealCommit, KilledInTheUpdateOnThreeRanks) { killed_at(3, 1, "update", 3); }
+TEST(HealCommit, KilledInTheGradientCopyOnFourRanks) { killed_at(4, 1, "grad_copy", 3); }
+TEST(HealCommit, KilledAfterTheNormAllReduceOnFourRanks) { killed_at(4, 2, "norm_allreduce_done", 3); }
+TEST(HealCommit, KilledInTheUpdateOnFourRanks) { killed_at(4, 3, "update", 3); }
+
+// The norm all-reduce of step 3 completes on some survivors and fails on
+// others (the victim dies once its own completed; ":fail" makes the
+// others' fail as a real loss does only by chance): those roll forward in
+// the agreement, applying step 3 with the result the first ones saw, and
+// every state equals the uninterrupted run's at C = 3. The victim's holder
+// is among those that roll forward, so its replica replays step 3 there.
+void half_finished(int world, int victim, const std::vector<int>& failing) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block();
+  reference_run(world, sh);
+  const int holder = (victim + 1) % world;
+  std::string fault = "norm_allreduce_done:" + std::to_string(victim) + ":3";
+  for (const int r : failing) fault += ",norm_allreduce_done:" + std::to_string(r) + ":3:fail";
+  zs::test::ScopedEnv env_fault("ZS_FAULT_POINT", fault.c_str());
+  run_ranks(
+      world,
+      [&](const RankEnv& env) {
+        Model m;
+        build(env, m);
+        zs_status s = ZS_OK;
+        for (int step = 1; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+        const bool fails = std::find(failing.begin(), failing.end(), env.rank) != failing.end();
+        if (fails) {
+          EXPECT_EQ(s, ZS_ERR_COMM) << zs_status_string(s) << ": " << zs_last_error();
+        } else {
+          EXPECT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+        }
+        int64_t committed = -1;
+        int rolled = 0;
+        ZS_ASSERT_OK(zs_heal_agree(&committed, &rolled, m.opt));
+        std::printf("[heal-commit] half-finished all-reduce on %d ranks: rank %d agreed C = %lld%s\n", world,
+                    env.rank, static_cast<long long>(committed), rolled ? " (rolled forward)" : "");
+        std::fflush(stdout);
+        EXPECT_EQ(committed, 3);
+        EXPECT_EQ(rolled, fails ? 1 : 0);
+        int64_t at = -1;
+        EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][3].load()) << "rank " << env.rank << " at C";
+        EXPECT_EQ(at, 3);
+        if (env.rank == holder) {
+          uint64_t hash = 0;
+          int64_t replica_at = -1;
+          ZS_ASSERT_OK(zs_heal_state_digest(&hash, nullptr, &replica_at, m.opt, 1));
+          EXPECT_EQ(replica_at, 3);
+          EXPECT_EQ(hash, sh->ref[victim][3].load()) << "the replica of rank " << victim << " at C";
+          sh->replica_checked = 1;
+        }
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {victim});
+  EXPECT_EQ(sh->replica_checked.load(), 1);
+}
+
+TEST(HealCommit, HalfFinishedNormAllReduceRollsForwardOnThreeRanks) { half_finished(3, 1, {2}); }
+TEST(HealCommit, HalfFinishedNormAllReduceRollsForwardOnFourRanks) { half_finished(4, 2, {0, 3}); }
+
+// Rank 1 and rank 2, which holds rank 1's copy, die in the same step:
+// every survivor's agreement names both, ZS_ERR_STATE_LOST.
+TEST(HealCommit, ARankAndItsHolderLostTogetherIsStateLost) {
+  ShortHeartbeat hb;
+  zs::test::ScopedEnv fault("ZS_FAULT_POINT", "grad_copy:1:3,grad_copy:2:3");
+  run_ranks(
+      4,
+      [&](const RankEnv& env) {
+        Model m;
+        build(env, m);
+        zs_status s = ZS_OK;
+        for (int step = 1; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+        ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+        int64_t committed = -1;
+        EXPECT_EQ(zs_heal_agree(&committed, nullptr, m.opt), ZS_ERR_STATE_LOST);
+        const std::string e = zs_last_error();
+        std::printf("[heal-commit] double loss: rank %d: %s\n", env.rank, e.c_str());
+        std::fflush(stdout);
+        EXPECT_NE(e.find("rank 1's shard state is lost: rank 1 and rank 2, which held its copy, were lost together"),
+                  std::string::npos)
+            << e;
+        EXPECT_EQ(zs_context_async_error(m.ctx), ZS_ERR_STATE_LOST);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {1, 2});
+}
+
+}  // namespace
