@@ -140,7 +140,14 @@ Outcome agree(Context& ctx, Optimizer& opt) {
         ctx.rendezvous_with(live, "the heal agreement (the survivors' reports)", [&] { raw = store.get_many(keys); });
         std::vector<Report> reports;
         for (size_t i = 0; i < live.size(); ++i) reports.push_back(decode(text(raw[i]), live[i]));
-        const std::string made = make_plan(world, ctx.topology().host_of(), live, reports);
+        std::string made;
+        try {
+          made = make_plan(world, ctx.topology().host_of(), live, reports);
+        } catch (const Error& e) {
+          // The others fail with it too, rather than wait for a plan.
+          store.set(prefix + "plan", bytes("error\n" + std::string(e.what())));
+          throw;
+        }
         store.set(prefix + "plan", bytes(made));
         plan = made;
       } else {
@@ -157,6 +164,8 @@ Outcome agree(Context& ctx, Optimizer& opt) {
     }
   }
 
+  if (plan.rfind("error\n", 0) == 0)
+    fail(Code::Internal, "heal agreement: the coordinator could not make a plan: ", plan.substr(6));
   std::istringstream in(plan);
   std::string head, line;
   Outcome out;
