@@ -26,7 +26,9 @@ struct Point {
 
 std::atomic<bool> g_armed{false};
 std::mutex g_mu;
-std::deque<Point>* g_points = nullptr;  // under g_mu until armed; never freed (a test knob)
+// Replaced by each configure (under g_mu); never freed, so a pass that read
+// an older list may finish with it (a test knob).
+std::atomic<std::deque<Point>*> g_points{nullptr};
 
 }  // namespace
 
@@ -56,13 +58,13 @@ void configure_fault_points(int rank) {
     points->back().count = n;
     points->back().fails = fails;
   }
-  g_points = points;
+  g_points.store(points, std::memory_order_release);
   g_armed.store(!points->empty(), std::memory_order_release);
 }
 
 void fault_point(const char* name) {
   if (!g_armed.load(std::memory_order_acquire)) return;
-  for (Point& p : *g_points)
+  for (Point& p : *g_points.load(std::memory_order_acquire))
     if (p.name == name && p.passes.fetch_add(1) + 1 == p.count) {
       if (p.fails)
         fail(Code::Comm, "ZS_FAULT_POINT: ", name, " fails here (a test's stand-in for a collective that failed on "
