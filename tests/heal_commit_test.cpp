@@ -144,8 +144,17 @@ void killed_at(int world, int victim, const char* point, int count) {
         build(env, m);
         zs_status s = ZS_OK;
         int step = 1;
-        for (; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+        // The failing step began at most a step's time (milliseconds here)
+        // before the kill: its length bounds the time to the error.
+        auto began = std::chrono::steady_clock::now();
+        for (; step <= kSteps && s == ZS_OK; ++step) {
+          began = std::chrono::steady_clock::now();
+          s = train_step(env, m, step);
+        }
+        const double failed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
         ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+        // The limit (0.6 s) and room for a loaded machine; never the 30 s timeout.
+        EXPECT_LT(failed_after, 3.6) << "rank " << env.rank << " took " << failed_after << " s to learn of the loss";
         ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
         EXPECT_NE(std::string(zs_last_error()).find("rank " + std::to_string(victim) + " is lost"), std::string::npos)
             << zs_last_error();
@@ -156,8 +165,9 @@ void killed_at(int world, int victim, const char* point, int count) {
         const double agree_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         sh->committed[env.rank] = committed;
         sh->rolled[env.rank] = rolled;
-        std::printf("[heal-commit] %s on %d ranks: rank %d failed in step %d, agreed C = %lld%s in %.3f s\n",
-                    fault.c_str(), world, env.rank, step - 1, static_cast<long long>(committed),
+        std::printf("[heal-commit] %s on %d ranks: rank %d failed in step %d %.3f s after it began, agreed C = "
+                    "%lld%s in %.3f s\n",
+                    fault.c_str(), world, env.rank, step - 1, failed_after, static_cast<long long>(committed),
                     rolled ? " (rolled forward)" : "", agree_s);
         std::fflush(stdout);
         ASSERT_GE(committed, 1);
