@@ -75,7 +75,7 @@ def build(kind):
 BLOCKS = {"causal_lm": "GPT2Block", "classifier": "BertLayer", "seq2seq": "T5Block"}
 
 
-def arguments(engine, out, kind="causal_lm", **extra):
+def arguments(engine, out, kind="causal_lm", state_dict_type="FULL_STATE_DICT", **extra):
     kwargs = dict(output_dir=out, per_device_train_batch_size=4, per_device_eval_batch_size=4,
                   gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0,
                   num_train_epochs=2, lr_scheduler_type="linear", warmup_steps=1, logging_steps=1,
@@ -84,16 +84,38 @@ def arguments(engine, out, kind="causal_lm", **extra):
     kwargs.update(extra)
     if engine in ("zeroshard", "deepspeed"):  # "deepspeed": transformers.Trainer under DeepSpeed itself
         kwargs.setdefault("deepspeed", DS_CONFIG)
-    elif engine == "zeroshard_fsdp2":  # an FSDP2 Trainer script's arguments
+    elif engine in ("zeroshard_fsdp2", "fsdp2"):  # an FSDP2 Trainer script's arguments
         kwargs.update(fsdp="full_shard auto_wrap",
-                      fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": [BLOCKS[kind]]})
+                      fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": [BLOCKS[kind]],
+                                   "state_dict_type": state_dict_type})
     return transformers.TrainingArguments(**kwargs)
+
+
+class FSDP2Trainer(transformers.Trainer):
+    """transformers.Trainer under Accelerate's FSDP2 code on a CPU world
+    (ENGINE fsdp2). Accelerate takes FSDP on accelerators only and runs a
+    CPU world as MULTI_CPU, its plugin ignored: the distributed type and
+    plugin are set as AcceleratorState sets them on a GPU, the Trainer's
+    is_fsdp_enabled as it derives it. From there prepare (fully_shard),
+    the checkpoint's save and load are the Trainer's and Accelerate's own
+    FSDP2 code."""
+
+    def create_accelerator_and_postprocess(self):
+        import accelerate
+        from accelerate.utils import DistributedType
+        super().create_accelerator_and_postprocess()
+        self.accelerator.state.distributed_type = DistributedType.FSDP
+        accelerate.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        self.accelerator.state.fsdp_plugin = accelerate.FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+        self.is_fsdp_enabled = True
 
 
 def trainer_class(engine, kind):
     ours = engine.startswith("zeroshard")
     if kind == "seq2seq":
         return zeroshard.hf.Seq2SeqTrainer if ours else transformers.Seq2SeqTrainer
+    if engine == "fsdp2":
+        return FSDP2Trainer
     return zeroshard.hf.Trainer if ours else transformers.Trainer
 
 
@@ -218,7 +240,7 @@ def mode_resume(kind, engine, out, phase):
     if variant == "s2bf16" and engine in ("zeroshard", "deepspeed"):
         extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
-                     gradient_accumulation_steps=1, per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
+                     gradient_accumulation_steps=1, state_dict_type="SHARDED_STATE_DICT", per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
                      **extra_args)
     model = build(kind)
     extra = {}
@@ -241,9 +263,14 @@ def mode_resume(kind, engine, out, phase):
                              os.environ["ZS_TEST_RESUME_ENGINE"]) if root else out
         import transformers.trainer as hf_trainer
         # DeepSpeed's load_checkpoint as the Trainer calls it (under DeepSpeed only)
-        with _time(hf_trainer, "deepspeed_load_checkpoint", timed, "load_s"):
+        # and the Trainer's two load steps (weights; optimizer and scheduler), whichever engine
+        with _time(hf_trainer, "deepspeed_load_checkpoint", timed, "load_s"), \
+                _time(trainer, "_load_from_checkpoint", timed, "load_weights_s"), \
+                _time(trainer, "_load_optimizer_and_scheduler", timed, "load_optimizer_s"):
             trainer.train(resume_from_checkpoint=os.path.join(saved, "checkpoint-4"))
-    return {"losses": losses(trainer), "steps": trainer.state.global_step, **timed}
+    model_type = type(trainer.model_wrapped).__name__
+    return {"losses": losses(trainer), "steps": trainer.state.global_step, "model_type": model_type,
+            "lr": trainer.lr_scheduler.get_last_lr()[0], **timed}
 
 
 @contextlib.contextmanager
@@ -433,8 +460,10 @@ def main():
         # of its own would: {mode: its result}.
         result, top = {}, os.environ["ZS_TEST_DIR"]
         for mode in modes:
-            os.environ["ZS_TEST_DIR"] = os.path.join(top, mode)
-            result[mode] = run(mode, engine, os.path.join(os.environ["ZS_TEST_DIR"], engine))
+            # MODE@ENGINE: this mode through another engine than the launch's
+            name, _, own = mode.partition("@")
+            os.environ["ZS_TEST_DIR"] = os.path.join(top, name)
+            result[mode] = run(name, own or engine, os.path.join(os.environ["ZS_TEST_DIR"], own or engine))
             dist.barrier()
             zeroshard.torch.shutdown()
     if dist.get_rank() == 0:

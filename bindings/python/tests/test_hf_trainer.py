@@ -191,6 +191,33 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
             same(theirs[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
 
 
+def test_resume_a_checkpoint_transformers_trainer_wrote_under_fsdp2(tmp_path):
+    """transformers.Trainer under FSDP2 itself (fsdp_config version 2,
+    state_dict_type SHARDED_STATE_DICT; Accelerate's FSDP2 code on a CPU
+    world: hf_trainer_worker.FSDP2Trainer) saves checkpoint-4 of 8 steps as
+    Accelerate writes it (pytorch_model_fsdp_0/ and optimizer_0/, torch DCP,
+    beside the Trainer's scheduler.pt, trainer_state.json and RNG files),
+    and resumes it itself. zeroshard.hf.Trainer resumes it at 2 and 3 ranks
+    (the same global batch), through the same FSDP2 arguments (the torch
+    AdamW stepping the shards) and through a DeepSpeed JSON (the engine's
+    AdamW): steps 5-8 equal FSDP2's own resumed run's within 1e-5 (fp32)."""
+    env = {"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": "fsdp2"}
+    theirs = run(2, "resume_save,resume_load", "fsdp2", str(tmp_path), extra_env=env)
+    saved = tmp_path / "resume_save" / "fsdp2" / "checkpoint-4"
+    assert {"pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "trainer_state.json", "rng_state_0.pth",
+            "rng_state_1.pth"} <= {f.name for f in saved.iterdir()}, sorted(saved.iterdir())
+    assert not (saved / "model.safetensors").exists() and not (saved / "zeroshard").exists()
+    own = theirs["resume_load"]
+    assert theirs["resume_save"]["model_type"] == own["model_type"] == "FSDPGPT2LMHeadModel"  # fully_shard'd
+    assert own["steps"] == 8 and own["losses"] == theirs["resume_save"]["losses"]  # its own resume
+    for n in (2, 3):
+        ours = run(n, "resume_load@zeroshard_fsdp2,resume_load", "zeroshard", str(tmp_path / f"ours{n}"),
+                   extra_env=env)
+        for mode in ("resume_load@zeroshard_fsdp2", "resume_load"):
+            assert ours[mode]["steps"] == 8, (n, mode, ours[mode])
+            same(own["losses"], ours[mode]["losses"])
+
+
 def _zero_to_fp32(folder, out):
     """DeepSpeed's zero_to_fp32.py, as copied into `folder`, run there: the
     consolidated fp32 state dict it writes (pytorch_model.bin)."""
@@ -279,6 +306,17 @@ def test_resume_from_a_folder_no_engine_wrote_names_what_it_holds(tmp_path):
         _resumable(str(tmp_path))
     with pytest.raises(ValueError, match="is not a folder"):
         _resumable(str(tmp_path / "missing"))
+    # FSDP's sharded model without its optimizer's folder; FSDP's full state dict files
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    (tmp_path / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"FSDP's sharded model \(pytorch_model_fsdp_0/\) but no optimizer_0/"):
+        _resumable(str(tmp_path))
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "pytorch_model_fsdp.bin").write_bytes(b"")
+    (full / "optimizer.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"holds \['optimizer.bin', 'pytorch_model_fsdp.bin'\].*not read yet"):
+        _resumable(str(full))
 
 
 def test_from_pretrained_partitions_at_load_time():

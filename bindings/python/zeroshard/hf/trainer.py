@@ -18,6 +18,8 @@ from .schedulers import SCHEDULERS
 
 CHECKPOINT_DIR = "zeroshard"  # the engine's checkpoint inside a Trainer checkpoint folder
 SCHEDULER_NAME = "scheduler.pt"
+# transformers.Trainer under FSDP with SHARDED_STATE_DICT: Accelerate's DCP folders
+FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"
 _OPTIMIZERS = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 # TrainingArguments.optim values the engine's AdamW stands for: each is
 # AdamW with decoupled weight decay, differing only in torch's kernels.
@@ -283,6 +285,11 @@ class ZeroShardTrainerMixin:
                                checkpoint_optimizer([self.optimizer]), tag="state")
         elif kind == "deepspeed":  # the global_stepN its `latest` names: weights and optimizer state
             zt.load_checkpoint(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+        elif kind == "fsdp_sharded":  # torch DCP folders: the model's, then the optimizer's
+            from ..torch.checkpoint import load_dcp_checkpoint
+            load_dcp_checkpoint(os.path.join(checkpoint, FSDP_MODEL_DIR), self.model,
+                                checkpoint_optimizer([self.optimizer]),
+                                optim_path=os.path.join(checkpoint, FSDP_OPTIMIZER_DIR))
         else:  # model.safetensors and optimizer.pt: DDP's, FSDP2's full state dicts
             trainer_checkpoint.load(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
         # The Trainer's own files, whichever engine wrote the folder: the
@@ -300,23 +307,37 @@ class ZeroShardTrainerMixin:
 def _resumable(checkpoint):
     """What wrote the Trainer checkpoint folder `checkpoint`: "zeroshard"
     (this Trainer: <checkpoint>/zeroshard), "deepspeed" (transformers.Trainer
-    under DeepSpeed: <checkpoint>/latest naming its global_stepN) or "torch"
-    (transformers.Trainer under DDP or FSDP2 with full state dicts:
-    model.safetensors and optimizer.pt); anything else is a ValueError
-    saying what the folder holds."""
-    from ..torch import deepspeed_checkpoint
+    under DeepSpeed: <checkpoint>/latest naming its global_stepN),
+    "fsdp_sharded" (transformers.Trainer under FSDP with
+    state_dict_type SHARDED_STATE_DICT: Accelerate's pytorch_model_fsdp_0/
+    and optimizer_0/, torch DCP folders) or "torch" (transformers.Trainer
+    under DDP: model.safetensors and optimizer.pt); anything else is a
+    ValueError saying what the folder holds."""
+    from ..torch import dcp_checkpoint, deepspeed_checkpoint
     if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
         return "zeroshard"
     if deepspeed_checkpoint.find(checkpoint) is not None:
         return "deepspeed"
+    found = sorted(f + ("/" if os.path.isdir(os.path.join(checkpoint, f)) else "") for f in os.listdir(checkpoint)) \
+        if os.path.isdir(checkpoint) else None
+    if dcp_checkpoint.find(os.path.join(checkpoint, FSDP_MODEL_DIR)):
+        if not dcp_checkpoint.find(os.path.join(checkpoint, FSDP_OPTIMIZER_DIR)):
+            raise ValueError(f"zeroshard.hf: resume_from_checkpoint={checkpoint!r} holds FSDP's sharded model "
+                             f"({FSDP_MODEL_DIR}/) but no {FSDP_OPTIMIZER_DIR}/ (a torch DCP folder with the "
+                             f"optimizer's state): it holds {found[:12]}")
+        return "fsdp_sharded"
     if trainer_checkpoint.find(checkpoint):
         return "torch"
-    found = sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else None
+    more = ""
+    if found is not None and any(f.startswith("pytorch_model_fsdp") and f.endswith(".bin") for f in found):
+        more = ("; pytorch_model_fsdp*.bin is FSDP's full state dict (or a sharded one saved without DCP), "
+                "which is not read yet: save with fsdp_config state_dict_type SHARDED_STATE_DICT")
     raise ValueError(f"zeroshard.hf: resume_from_checkpoint={checkpoint!r} "
                      + ("is not a folder" if found is None else f"holds {found[:12]}")
                      + f": expected a Trainer checkpoint folder written by this Trainer ({CHECKPOINT_DIR}/) or by "
-                       f"transformers.Trainer under DeepSpeed (latest and global_stepN/), DDP or FSDP2 with full "
-                       f"state dicts ({trainer_checkpoint.WEIGHTS} and {trainer_checkpoint.OPTIMIZER})")
+                       f"transformers.Trainer under DeepSpeed (latest and global_stepN/), FSDP with sharded state "
+                       f"dicts ({FSDP_MODEL_DIR}/ and {FSDP_OPTIMIZER_DIR}/) or DDP ({trainer_checkpoint.WEIGHTS} "
+                       f"and {trainer_checkpoint.OPTIMIZER})" + more)
 
 
 def _optimizer_from_section(section):
