@@ -232,7 +232,7 @@ def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
     # Phase "save" or "load", "_s2bf16" after it: bf16 in the same script,
     # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout);
-    # "_bf16": bf16 under the ZeRO-3 JSON.
+    # "_bf16": bf16 under the ZeRO-3 JSON; "_lora": a PEFT LoRA model.
     phase, _, variant = phase.partition("_")
     extra_args = {}
     if variant in ("s2bf16", "bf16"):
@@ -243,6 +243,11 @@ def mode_resume(kind, engine, out, phase):
                      gradient_accumulation_steps=1, state_dict_type="SHARDED_STATE_DICT", per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
                      **extra_args)
     model = build(kind)
+    if variant == "lora":  # "_lora": LoRA adapters (PEFT) on the frozen base; checkpoints hold the adapters alone
+        import peft
+        torch.manual_seed(1)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
+                                                           lora_dropout=0.0, fan_in_fan_out=True))
     extra = {}
     if engine == "zeroshard" and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
         extra["async_checkpoint"] = True

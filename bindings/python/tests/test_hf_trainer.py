@@ -218,6 +218,47 @@ def test_resume_a_checkpoint_transformers_trainer_wrote_under_fsdp2(tmp_path):
             same(own["losses"], ours[mode]["losses"])
 
 
+def test_resume_a_lora_checkpoint_transformers_trainer_wrote(tmp_path):
+    """A PEFT LoRA model (adapters on c_attn and c_proj, the base frozen)
+    under transformers.Trainer with DDP saves checkpoint-4 of 8 steps: the
+    adapters alone (adapter_model.safetensors), optimizer.pt over them (its
+    no-decay group empty), the scheduler, state and RNG; it resumes itself.
+    The same script through zeroshard.hf.Trainer (a DeepSpeed JSON) resumes
+    it at 2 and 3 ranks (the same global batch): the adapter weights by PEFT's own key names, their Adam moments and
+    step, the schedule (the empty group's entries left out, as the engine's
+    optimizer leaves the group out): steps 5-8 equal DDP's own resume
+    within 1e-5. A PEFT model of other target modules and a plain model
+    are ValueErrors naming what differs, before anything loads."""
+    pytest.importorskip("peft")
+    env = {"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": "ddp"}
+    theirs = run(2, "resume_save_lora,resume_load_lora", "ddp", str(tmp_path), extra_env=env)
+    saved = tmp_path / "resume_save_lora" / "ddp" / "checkpoint-4"
+    files = {f.name for f in saved.iterdir()}
+    assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= files, files
+    assert "model.safetensors" not in files
+    groups = torch.load(saved / "optimizer.pt", weights_only=True)["param_groups"]
+    assert [len(g["params"]) for g in groups] == [12, 0]
+    own = theirs["resume_load_lora"]
+    assert own["steps"] == 8 and own["losses"] == theirs["resume_save_lora"]["losses"]
+    for n in (2, 3):
+        ours = run(n, "resume_load_lora", "zeroshard", str(tmp_path / f"ours{n}"), extra_env=env)
+        assert ours["steps"] == 8 and ours["model_type"] == "PeftModel", ours
+        same(own["losses"], ours["losses"])
+    # Bad input, named before anything loads (no engine needed for it).
+    import peft
+    from zeroshard.torch import trainer_checkpoint
+
+    def lora(targets):
+        config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+        return peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
+            r=4, target_modules=targets, fan_in_fan_out=True))
+    with pytest.raises(ValueError, match=r"in the file but not trainable here \['base_model.model.transformer.h.0.attn"
+                                         r".c_proj.lora_A.weight'"):
+        trainer_checkpoint.load_adapters(str(saved), lora(["c_attn"]), None)
+    with pytest.raises(ValueError, match="the model is a GPT2LMHeadModel, not a peft.PeftModel"):
+        trainer_checkpoint.load_adapters(str(saved), lora(["c_attn"]).get_base_model(), None)
+
+
 def _zero_to_fp32(folder, out):
     """DeepSpeed's zero_to_fp32.py, as copied into `folder`, run there: the
     consolidated fp32 state dict it writes (pytorch_model.bin)."""

@@ -280,6 +280,7 @@ class ZeroShardTrainerMixin:
         if checkpoint is None:
             return
         kind = _resumable(checkpoint)
+        empty = []  # the saved optimizer's groups that held no param, left out here
         if kind == "zeroshard":
             zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
                                checkpoint_optimizer([self.optimizer]), tag="state")
@@ -290,18 +291,36 @@ class ZeroShardTrainerMixin:
             load_dcp_checkpoint(os.path.join(checkpoint, FSDP_MODEL_DIR), self.model,
                                 checkpoint_optimizer([self.optimizer]),
                                 optim_path=os.path.join(checkpoint, FSDP_OPTIMIZER_DIR))
-        else:  # model.safetensors and optimizer.pt: DDP's, FSDP2's full state dicts
-            trainer_checkpoint.load(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+        elif kind == "peft":  # a PEFT model's adapters and their optimizer state
+            empty = trainer_checkpoint.load_adapters(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+        else:  # model.safetensors and optimizer.pt: DDP's
+            empty = trainer_checkpoint.load(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
         # The Trainer's own files, whichever engine wrote the folder: the
         # schedule here; trainer_state.json (the step, hence the data
         # position) and each rank's RNG state in the base class's train().
         path = os.path.join(checkpoint, SCHEDULER_NAME)
         if os.path.isfile(path) and self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(torch.load(path, weights_only=True))
+            self.lr_scheduler.load_state_dict(_without_groups(torch.load(path, weights_only=True), empty or []))
 
     def _load_best_model(self):
         best = self.state.best_model_checkpoint
         zt.load_checkpoint(os.path.join(best, CHECKPOINT_DIR), self.model, None, tag="state")
+
+
+def _without_groups(state, empty):
+    """A torch LR scheduler's state_dict without the entries of the
+    optimizer's groups `empty` (indices into the saved optimizer's groups,
+    which held no param and which this Trainer's optimizer leaves out):
+    each per-group list (base_lrs, _last_lr, lr_lambdas, ...) loses them."""
+    if not empty:
+        return state
+    per_group = {k for k in ("base_lrs", "_last_lr", "lr_lambdas") if isinstance(state.get(k), list)}
+    sizes = {len(state[k]) for k in per_group}
+    if len(sizes) != 1 or max(empty) >= min(sizes):
+        raise ValueError(f"zeroshard.hf: the checkpoint's scheduler state has per-group entries of sizes "
+                         f"{sorted(sizes)}; its optimizer had empty groups {empty} to leave out")
+    return {k: [v for i, v in enumerate(state[k]) if i not in empty] if k in per_group else state[k]
+            for k in state}
 
 
 def _resumable(checkpoint):
@@ -310,9 +329,10 @@ def _resumable(checkpoint):
     under DeepSpeed: <checkpoint>/latest naming its global_stepN),
     "fsdp_sharded" (transformers.Trainer under FSDP with
     state_dict_type SHARDED_STATE_DICT: Accelerate's pytorch_model_fsdp_0/
-    and optimizer_0/, torch DCP folders) or "torch" (transformers.Trainer
-    under DDP: model.safetensors and optimizer.pt); anything else is a
-    ValueError saying what the folder holds."""
+    and optimizer_0/, torch DCP folders), "torch" (transformers.Trainer
+    under DDP: model.safetensors and optimizer.pt) or "peft" (the same for
+    a PEFT model: adapter_model.safetensors and optimizer.pt); anything
+    else is a ValueError saying what the folder holds."""
     from ..torch import dcp_checkpoint, deepspeed_checkpoint
     if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
         return "zeroshard"
@@ -328,6 +348,8 @@ def _resumable(checkpoint):
         return "fsdp_sharded"
     if trainer_checkpoint.find(checkpoint):
         return "torch"
+    if trainer_checkpoint.find_adapters(checkpoint):
+        return "peft"
     more = ""
     if found is not None and any(f.startswith("pytorch_model_fsdp") and f.endswith(".bin") for f in found):
         more = ("; pytorch_model_fsdp*.bin is FSDP's full state dict (or a sharded one saved without DCP), "
@@ -337,7 +359,8 @@ def _resumable(checkpoint):
                      + f": expected a Trainer checkpoint folder written by this Trainer ({CHECKPOINT_DIR}/) or by "
                        f"transformers.Trainer under DeepSpeed (latest and global_stepN/), FSDP with sharded state "
                        f"dicts ({FSDP_MODEL_DIR}/ and {FSDP_OPTIMIZER_DIR}/) or DDP ({trainer_checkpoint.WEIGHTS} "
-                       f"and {trainer_checkpoint.OPTIMIZER})" + more)
+                       f"or a PEFT model's {trainer_checkpoint.ADAPTER_WEIGHTS[0]}, and {trainer_checkpoint.OPTIMIZER})"
+                     + more)
 
 
 def _optimizer_from_section(section):

@@ -20,6 +20,8 @@ from ._params import optimizer_state_view
 from .optim import ZeroShardOptimizer
 
 WEIGHTS, OPTIMIZER = "model.safetensors", "optimizer.pt"
+# A PEFT model's checkpoint holds its adapters alone (PeftModel.save_pretrained)
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def find(folder):
@@ -27,9 +29,61 @@ def find(folder):
     return all(os.path.isfile(os.path.join(folder, f)) for f in (WEIGHTS, OPTIMIZER))
 
 
+def find_adapters(folder):
+    """The adapter weights file of a PEFT model's Trainer checkpoint in
+    `folder` (with optimizer.pt beside it), or None."""
+    if not os.path.isfile(os.path.join(folder, OPTIMIZER)):
+        return None
+    return next((os.path.join(folder, f) for f in ADAPTER_WEIGHTS if os.path.isfile(os.path.join(folder, f))), None)
+
+
+def load_adapters(folder, model, optimizer):
+    """A PEFT model's Trainer checkpoint (transformers.Trainer under DDP:
+    the adapters alone, adapter_model.safetensors, and optimizer.pt over
+    the trainable params) into the partitioned PeftModel `model`: each rank
+    its shards of each adapter weight (and its fp32 masters), then the
+    adapters' Adam moments, step and hyper-parameters. The saved keys are
+    matched to the model's params by PEFT's own naming
+    (get_peft_model_state_dict over the trainable params: no gather); a
+    key of one side missing on the other is a ValueError naming it.
+    Collective only in that every rank calls it. Returns
+    load_optimizer_state's empty groups (a LoRA model's no-decay group)."""
+    import peft
+    if not isinstance(model, peft.PeftModel):
+        raise ValueError(f"zeroshard.torch: {folder} holds a PEFT model's adapters ({ADAPTER_WEIGHTS[0]} or "
+                         f"{ADAPTER_WEIGHTS[1]}) and its optimizer state; the model is a {type(model).__name__}, not "
+                         f"a peft.PeftModel: wrap the base with the same PEFT config (get_peft_model) first")
+    path = find_adapters(folder)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        saved = load_file(path)
+    else:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    # The keys save_pretrained gives each trainable param: PEFT's function on
+    # the Parameters themselves (values untouched, nothing gathered).
+    keyed = peft.get_peft_model_state_dict(model, state_dict=dict(trainable), adapter_name=model.active_adapter,
+                                           save_embedding_layers=False)
+    names = {id(p): n for n, p in trainable.items()}
+    ours = {k: names[id(v)] for k, v in keyed.items() if id(v) in names}
+    missing, unexpected = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours))
+    untracked = sorted(set(trainable) - set(ours.values()))
+    if missing or unexpected or untracked:
+        raise ValueError(f"zeroshard.torch: {path} and the PEFT model's trainable params differ: missing from the "
+                         f"file {missing[:5]}, in the file but not trainable here {unexpected[:5]}, trainable but "
+                         f"not an adapter weight {untracked[:5]}: the same PEFT config (target_modules, r, "
+                         f"modules_to_save) as the run that saved it?")
+    load_state_dict_shards(model, optimizer, {ours[k]: v for k, v in saved.items()}, path, strict=False)
+    if optimizer is None:
+        return
+    state = torch.load(os.path.join(folder, OPTIMIZER), map_location="cpu", weights_only=True)
+    return load_optimizer_state(model, optimizer, state, f"{folder}/{OPTIMIZER}")
+
+
 def load(folder, model, optimizer):
     """Weights, Adam moments, step and hyper-parameters from `folder` (see
-    the module docstring); optimizer None: the weights only. Collective."""
+    the module docstring); optimizer None: the weights only. Collective.
+    Returns load_optimizer_state's empty groups."""
     from .checkpoint import load_pretrained
     if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
         raise TypeError(f"zeroshard.torch: {folder} is a torch Trainer checkpoint; its optimizer state loads into a "
@@ -38,7 +92,7 @@ def load(folder, model, optimizer):
     if optimizer is None:
         return
     saved = torch.load(os.path.join(folder, OPTIMIZER), map_location="cpu", weights_only=True)
-    load_optimizer_state(model, optimizer, saved, f"{folder}/{OPTIMIZER}")
+    return load_optimizer_state(model, optimizer, saved, f"{folder}/{OPTIMIZER}")
 
 
 def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
@@ -87,7 +141,9 @@ def load_optimizer_state(model, optimizer, saved, where):
     param's index in the groups, as DDP and FSDP's full optimizer state
     dicts hold them) into the ZeroShardOptimizer: each rank its shards'
     elements of the Adam moments, then the step and the groups'
-    hyper-parameters. Each moment's shape is checked against its param's."""
+    hyper-parameters. Each moment's shape is checked against its param's.
+    Returns the indices of the saved groups that held no param (left out,
+    as zeroshard.hf.Trainer leaves them out), for the scheduler's state."""
     from .checkpoint import adopt_saved_groups
     if not isinstance(optimizer, ZeroShardOptimizer):
         raise TypeError(f"zeroshard.torch: {where} is torch optimizer state; it loads into a ZeroShardOptimizer, "
@@ -96,6 +152,10 @@ def load_optimizer_state(model, optimizer, saved, where):
     if groups is None or state is None:
         raise ValueError(f"zeroshard.torch: {where} is not a torch optimizer state_dict "
                          f"(keys {sorted(saved)[:6]})")
+    # The Trainer keeps a group that holds no param (a LoRA model's no-decay
+    # group); zeroshard.hf.Trainer leaves it out. It has no state to load.
+    empty = [i for i, g in enumerate(groups) if not g["params"]]
+    groups = [g for g in groups if g["params"]]
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
         raise ValueError(f"zeroshard.torch: {where} has param groups of "
                          f"{[len(g['params']) for g in groups]} params, the optimizer "
@@ -127,3 +187,4 @@ def load_optimizer_state(model, optimizer, saved, where):
         raise ValueError(f"zeroshard.torch: {where} has params at different steps {sorted(steps)}: "
                          f"the engine keeps one step count")
     adopt_saved_groups(optimizer, groups, steps.pop() if steps else 0)
+    return empty
