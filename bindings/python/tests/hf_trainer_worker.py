@@ -232,7 +232,8 @@ def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
     # Phase "save" or "load", "_s2bf16" after it: bf16 in the same script,
     # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout);
-    # "_bf16": bf16 under the ZeRO-3 JSON; "_lora": a PEFT LoRA model.
+    # "_bf16": bf16 under the ZeRO-3 JSON; "_lora": a PEFT LoRA model; "_full": FSDP2's
+    # arguments with FULL_STATE_DICT (else SHARDED_STATE_DICT).
     phase, _, variant = phase.partition("_")
     extra_args = {}
     if variant in ("s2bf16", "bf16"):
@@ -240,7 +241,9 @@ def mode_resume(kind, engine, out, phase):
     if variant == "s2bf16" and engine in ("zeroshard", "deepspeed"):
         extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
-                     gradient_accumulation_steps=1, state_dict_type="SHARDED_STATE_DICT", per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
+                     gradient_accumulation_steps=1,
+                     state_dict_type="FULL_STATE_DICT" if variant == "full" else "SHARDED_STATE_DICT",
+                     per_device_train_batch_size=12 // int(os.environ["WORLD_SIZE"]),
                      **extra_args)
     model = build(kind)
     if variant == "lora":  # "_lora": LoRA adapters (PEFT) on the frozen base; checkpoints hold the adapters alone
@@ -458,7 +461,8 @@ def run(mode, engine, out):
 def main():
     modes, engine = sys.argv[1].split(","), sys.argv[2]
     if len(modes) == 1:
-        result = run(modes[0], engine, os.path.join(os.environ["ZS_TEST_DIR"], engine))
+        name, _, own = modes[0].partition("@")  # MODE@ENGINE: see below
+        result = run(name, own or engine, os.path.join(os.environ["ZS_TEST_DIR"], own or engine))
     else:
         # Several modes in this launched world, one after another, each in a
         # folder of its own and ending with zeroshard's shutdown as a launch

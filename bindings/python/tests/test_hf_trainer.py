@@ -174,9 +174,7 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     weights, Adam moments, step, schedule, trainer_state.json and RNG taken
     over, steps 5-8 equal the original engine's own uninterrupted run's
     (fp32 1e-5; bf16 1e-4, its rounding). Before (issue 59): "holds no
-    zeroshard checkpoint". (transformers.Trainer's FSDP arguments run as DDP
-    on a CPU machine (Accelerate enables FSDP on accelerators only), so
-    FSDP2's own checkpoint layout waits for a GPU.)"""
+    zeroshard checkpoint". FSDP2's own layouts: the test below."""
     env = {"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {}
     theirs = run(2, "resume_save,resume_save_s2bf16", engine, str(tmp_path), extra_env=env)
     for n in (2, 3):
@@ -192,30 +190,40 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
 
 
 def test_resume_a_checkpoint_transformers_trainer_wrote_under_fsdp2(tmp_path):
-    """transformers.Trainer under FSDP2 itself (fsdp_config version 2,
-    state_dict_type SHARDED_STATE_DICT; Accelerate's FSDP2 code on a CPU
-    world: hf_trainer_worker.FSDP2Trainer) saves checkpoint-4 of 8 steps as
-    Accelerate writes it (pytorch_model_fsdp_0/ and optimizer_0/, torch DCP,
-    beside the Trainer's scheduler.pt, trainer_state.json and RNG files),
-    and resumes it itself. zeroshard.hf.Trainer resumes it at 2 and 3 ranks
-    (the same global batch), through the same FSDP2 arguments (the torch
-    AdamW stepping the shards) and through a DeepSpeed JSON (the engine's
-    AdamW): steps 5-8 equal FSDP2's own resumed run's within 1e-5 (fp32)."""
+    """transformers.Trainer under FSDP2 itself (fsdp_config version 2;
+    Accelerate's FSDP2 code on a CPU world: hf_trainer_worker.FSDP2Trainer)
+    saves checkpoint-4 of 8 steps as Accelerate writes it, with
+    state_dict_type SHARDED_STATE_DICT (pytorch_model_fsdp_0/ and
+    optimizer_0/, torch DCP) and FULL_STATE_DICT (pytorch_model_fsdp.bin and
+    optimizer.bin, keyed by name), beside the Trainer's scheduler.pt,
+    trainer_state.json and RNG files, and resumes each itself.
+    zeroshard.hf.Trainer resumes each at 2 ranks through the same FSDP2
+    arguments (the torch AdamW stepping the shards) and through a DeepSpeed
+    JSON (the engine's AdamW), and at 3 ranks (the same global batch) the
+    sharded one through the first, the full one through the second: steps
+    5-8 equal FSDP2's own resumed run's within 1e-5 (fp32). Before: the
+    sharded folder was "holds no zeroshard checkpoint", the full one
+    refused (only DDP's optimizer.pt was read)."""
     env = {"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": "fsdp2"}
-    theirs = run(2, "resume_save,resume_load", "fsdp2", str(tmp_path), extra_env=env)
-    saved = tmp_path / "resume_save" / "fsdp2" / "checkpoint-4"
+    theirs = run(2, "resume_save,resume_load,resume_save_full,resume_load_full", "fsdp2", str(tmp_path),
+                 extra_env=env)
+    sharded = tmp_path / "resume_save" / "fsdp2" / "checkpoint-4"
     assert {"pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "trainer_state.json", "rng_state_0.pth",
-            "rng_state_1.pth"} <= {f.name for f in saved.iterdir()}, sorted(saved.iterdir())
-    assert not (saved / "model.safetensors").exists() and not (saved / "zeroshard").exists()
-    own = theirs["resume_load"]
-    assert theirs["resume_save"]["model_type"] == own["model_type"] == "FSDPGPT2LMHeadModel"  # fully_shard'd
-    assert own["steps"] == 8 and own["losses"] == theirs["resume_save"]["losses"]  # its own resume
-    for n in (2, 3):
-        ours = run(n, "resume_load@zeroshard_fsdp2,resume_load", "zeroshard", str(tmp_path / f"ours{n}"),
-                   extra_env=env)
-        for mode in ("resume_load@zeroshard_fsdp2", "resume_load"):
+            "rng_state_1.pth"} <= {f.name for f in sharded.iterdir()}, sorted(sharded.iterdir())
+    assert not (sharded / "model.safetensors").exists() and not (sharded / "zeroshard").exists()
+    full = tmp_path / "resume_save_full" / "fsdp2" / "checkpoint-4"
+    assert {"pytorch_model_fsdp.bin", "optimizer.bin", "scheduler.pt"} <= {f.name for f in full.iterdir()}
+    assert not (full / "optimizer.pt").exists()  # not DDP's layout
+    for variant in ("", "_full"):
+        own = theirs[f"resume_load{variant}"]
+        assert theirs[f"resume_save{variant}"]["model_type"] == own["model_type"] == "FSDPGPT2LMHeadModel"
+        assert own["steps"] == 8 and own["losses"] == theirs[f"resume_save{variant}"]["losses"]  # its own resume
+    every = [f"resume_load{v}{e}" for v in ("", "_full") for e in ("@zeroshard_fsdp2", "")]
+    for n, modes in ((2, every), (3, every[0::3])):  # at 3 ranks: sharded by the FSDP2 script, full by the JSON's
+        ours = run(n, ",".join(modes), "zeroshard", str(tmp_path / f"ours{n}"), extra_env=env)
+        for mode in modes:
             assert ours[mode]["steps"] == 8, (n, mode, ours[mode])
-            same(own["losses"], ours[mode]["losses"])
+            same(theirs[mode.partition("@")[0]]["losses"], ours[mode]["losses"])
 
 
 def test_resume_a_lora_checkpoint_transformers_trainer_wrote(tmp_path):
@@ -352,12 +360,13 @@ def test_resume_from_a_folder_no_engine_wrote_names_what_it_holds(tmp_path):
     (tmp_path / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"")
     with pytest.raises(ValueError, match=r"FSDP's sharded model \(pytorch_model_fsdp_0/\) but no optimizer_0/"):
         _resumable(str(tmp_path))
-    full = tmp_path / "full"
-    full.mkdir()
-    (full / "pytorch_model_fsdp.bin").write_bytes(b"")
-    (full / "optimizer.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"holds \['optimizer.bin', 'pytorch_model_fsdp.bin'\].*not read yet"):
-        _resumable(str(full))
+    per_rank = tmp_path / "per_rank"  # a sharded state dict saved without DCP
+    per_rank.mkdir()
+    (per_rank / "pytorch_model_fsdp_0_rank0.bin").write_bytes(b"")
+    (per_rank / "optimizer_0_rank0.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"holds \['optimizer_0_rank0.bin', 'pytorch_model_fsdp_0_rank0.bin'\].*"
+                                         r"per rank \(_rankN.bin"):
+        _resumable(str(per_rank))
 
 
 def test_from_pretrained_partitions_at_load_time():

@@ -291,6 +291,8 @@ class ZeroShardTrainerMixin:
             load_dcp_checkpoint(os.path.join(checkpoint, FSDP_MODEL_DIR), self.model,
                                 checkpoint_optimizer([self.optimizer]),
                                 optim_path=os.path.join(checkpoint, FSDP_OPTIMIZER_DIR))
+        elif kind == "fsdp_full":  # pytorch_model_fsdp.bin and optimizer.bin, by name
+            trainer_checkpoint.load_fsdp_full(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
         elif kind == "peft":  # a PEFT model's adapters and their optimizer state
             empty = trainer_checkpoint.load_adapters(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
         else:  # model.safetensors and optimizer.pt: DDP's
@@ -329,9 +331,11 @@ def _resumable(checkpoint):
     under DeepSpeed: <checkpoint>/latest naming its global_stepN),
     "fsdp_sharded" (transformers.Trainer under FSDP with
     state_dict_type SHARDED_STATE_DICT: Accelerate's pytorch_model_fsdp_0/
-    and optimizer_0/, torch DCP folders), "torch" (transformers.Trainer
-    under DDP: model.safetensors and optimizer.pt) or "peft" (the same for
-    a PEFT model: adapter_model.safetensors and optimizer.pt); anything
+    and optimizer_0/, torch DCP folders), "fsdp_full" (the same with
+    FULL_STATE_DICT: pytorch_model_fsdp.bin and optimizer.bin), "torch"
+    (transformers.Trainer under DDP: model.safetensors and optimizer.pt)
+    or "peft" (the same for a PEFT model: adapter_model.safetensors and
+    optimizer.pt); anything
     else is a ValueError saying what the folder holds."""
     from ..torch import dcp_checkpoint, deepspeed_checkpoint
     if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
@@ -346,19 +350,23 @@ def _resumable(checkpoint):
                              f"({FSDP_MODEL_DIR}/) but no {FSDP_OPTIMIZER_DIR}/ (a torch DCP folder with the "
                              f"optimizer's state): it holds {found[:12]}")
         return "fsdp_sharded"
+    if trainer_checkpoint.find_fsdp_full(checkpoint):
+        return "fsdp_full"
     if trainer_checkpoint.find(checkpoint):
         return "torch"
     if trainer_checkpoint.find_adapters(checkpoint):
         return "peft"
     more = ""
     if found is not None and any(f.startswith("pytorch_model_fsdp") and f.endswith(".bin") for f in found):
-        more = ("; pytorch_model_fsdp*.bin is FSDP's full state dict (or a sharded one saved without DCP), "
-                "which is not read yet: save with fsdp_config state_dict_type SHARDED_STATE_DICT")
+        more = (f"; pytorch_model_fsdp*.bin without {trainer_checkpoint.FSDP_FULL_OPTIMIZER} beside it, or per "
+                f"rank (_rankN.bin: a sharded state dict saved without DCP, which is not read)")
     raise ValueError(f"zeroshard.hf: resume_from_checkpoint={checkpoint!r} "
                      + ("is not a folder" if found is None else f"holds {found[:12]}")
                      + f": expected a Trainer checkpoint folder written by this Trainer ({CHECKPOINT_DIR}/) or by "
                        f"transformers.Trainer under DeepSpeed (latest and global_stepN/), FSDP with sharded state "
-                       f"dicts ({FSDP_MODEL_DIR}/ and {FSDP_OPTIMIZER_DIR}/) or DDP ({trainer_checkpoint.WEIGHTS} "
+                       f"dicts ({FSDP_MODEL_DIR}/ and {FSDP_OPTIMIZER_DIR}/) or full ones "
+                       f"({trainer_checkpoint.FSDP_FULL_WEIGHTS} and {trainer_checkpoint.FSDP_FULL_OPTIMIZER}), "
+                       f"or DDP ({trainer_checkpoint.WEIGHTS} "
                        f"or a PEFT model's {trainer_checkpoint.ADAPTER_WEIGHTS[0]}, and {trainer_checkpoint.OPTIMIZER})"
                      + more)
 

@@ -1,16 +1,22 @@
 """A Hugging Face Trainer checkpoint folder that torch itself wrote into a
-partitioned model and its ZeroShardOptimizer: `transformers.Trainer` under
-DDP, or under FSDP2 with full state dicts (the Trainer's default), leaves
-`model.safetensors` (the full weights by name, tied ones once) and
+partitioned model and its optimizer. `transformers.Trainer` under DDP
+leaves `model.safetensors` (the full weights by name, tied ones once) and
 `optimizer.pt` (torch's optimizer state_dict: full-size tensors keyed by
 each param's index in the optimizer's groups, then the groups'
-hyper-parameters). Each rank reads the weights' bytes of its own shards
-(load_pretrained) and takes its shards' elements of each param's Adam
-moments, at any world size; then the step and each group's
-hyper-parameters. The index order is the Trainer's own (its decay and
-no-decay groups over named_parameters()), which zeroshard.hf.Trainer builds
-alike; each moment's shape is checked against its param's, so a different
-order is an error naming the param, never state loaded into the wrong one.
+hyper-parameters); on a PEFT model, `adapter_model.safetensors` (the
+adapters alone, by PEFT's key names) instead of the weights. Each rank
+reads the weights' bytes of its own shards (load_pretrained) and takes its
+shards' elements of each param's Adam moments, at any world size; then the
+step and each group's hyper-parameters. The index order is the Trainer's
+own (its decay and no-decay groups over named_parameters()), which
+zeroshard.hf.Trainer builds alike; each moment's shape is checked against
+its param's, so a different order is an error naming the param, never
+state loaded into the wrong one.
+
+Under FSDP with full state dicts the Trainer (through Accelerate) leaves
+`pytorch_model_fsdp.bin` and `optimizer.bin` instead, the optimizer's
+state keyed by each param's name (load_fsdp_full); its sharded state dicts
+are torch DCP folders, read by dcp_checkpoint.
 """
 import os
 
@@ -93,6 +99,86 @@ def load(folder, model, optimizer):
         return
     saved = torch.load(os.path.join(folder, OPTIMIZER), map_location="cpu", weights_only=True)
     return load_optimizer_state(model, optimizer, saved, f"{folder}/{OPTIMIZER}")
+
+
+# transformers.Trainer under FSDP with FULL_STATE_DICT: Accelerate's files
+FSDP_FULL_WEIGHTS, FSDP_FULL_OPTIMIZER = "pytorch_model_fsdp.bin", "optimizer.bin"
+
+
+def find_fsdp_full(folder):
+    """True if `folder` holds FSDP's full state dict files as Accelerate
+    writes them (pytorch_model_fsdp.bin and optimizer.bin)."""
+    return all(os.path.isfile(os.path.join(folder, f)) for f in (FSDP_FULL_WEIGHTS, FSDP_FULL_OPTIMIZER))
+
+
+def load_fsdp_full(folder, model, optimizer):
+    """transformers.Trainer's checkpoint under FSDP with full state dicts:
+    pytorch_model_fsdp.bin (the full model state dict by name, tied
+    aliases too) and optimizer.bin (FSDP's full optimizer state dict:
+    whole moments and step keyed by each param's qualified name, groups
+    listing names) into the partitioned model and its optimizer (a
+    ZeroShardOptimizer, or a torch Adam/AdamW stepping the shards): each
+    rank its shards of the weights, masters and moments, then the step and
+    each group's hyper-parameters, matched by name. Both files are memory-
+    mapped, read only where this rank's shards lie. Collective only in
+    that every rank calls it."""
+    weights = torch.load(os.path.join(folder, FSDP_FULL_WEIGHTS), map_location="cpu", weights_only=True, mmap=True)
+    load_state_dict_shards(model, None, weights, f"{folder}/{FSDP_FULL_WEIGHTS}")
+    if optimizer is None:
+        return
+    where = f"{folder}/{FSDP_FULL_OPTIMIZER}"
+    saved = torch.load(os.path.join(folder, FSDP_FULL_OPTIMIZER), map_location="cpu", weights_only=True, mmap=True)
+    load_named_optimizer_state(model, optimizer, weights, saved, where)
+
+
+def load_named_optimizer_state(model, optimizer, weights, saved, where):
+    """Full optimizer state keyed by param name (FSDP's full optimizer
+    state dict, get_optimizer_state_dict(full_state_dict=True)) into the
+    optimizer: the masters from `weights` (name -> full tensor), each
+    rank its shards of exp_avg and exp_avg_sq, the step, and each group's
+    hyper-parameters from the saved group that lists its first param."""
+    from ._params import optimizer_state_view
+    from .dcp_checkpoint import _HPARAMS, optimizer_sink
+    from .optim import _hook_engines
+    state, groups = saved.get("state"), saved.get("param_groups")
+    if not isinstance(state, dict) or not isinstance(groups, list):
+        raise ValueError(f"zeroshard.torch: {where} is not an optimizer state_dict (keys {sorted(saved)[:6]})")
+    sink = optimizer_sink(optimizer, optimizer_state_view)
+    trained = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    named = [(n, p) for n, p in model.named_parameters() if id(p) in trained]
+    steps = set()
+    with torch.no_grad():
+        for name, p in named:
+            entry = state.get(name)
+            if entry is None:
+                raise KeyError(f"zeroshard.torch: {where} holds no optimizer state for {name} (saved before the "
+                               f"first step, or from another model)")
+            z = p.zs.zparam
+            begin, count = z.shard_offset, z.shard_valid
+            for slot, value in ((0, weights[name]), (1, entry.get("exp_avg")), (2, entry.get("exp_avg_sq"))):
+                if value is None:
+                    raise ValueError(f"zeroshard.torch: {where} holds no exp_avg / exp_avg_sq for {name} (not "
+                                     f"Adam/AdamW state)")
+                if tuple(value.shape) != tuple(p.zs.shape):
+                    raise ValueError(f"zeroshard.torch: {name}'s state in {where} is {list(value.shape)}, the "
+                                     f"param {list(p.zs.shape)}")
+                sink.view(p, slot)[:count].copy_(value.reshape(-1)[begin:begin + count])
+            steps.add(int(entry["step"]) if "step" in entry else 0)
+    if len(steps) > 1:
+        raise ValueError(f"zeroshard.torch: {where} has params at different steps {sorted(steps)}: the engine keeps "
+                         f"one step count")
+    by_name = {n: g for g in groups for n in g.get("params", [])}
+    for group in optimizer.param_groups:
+        first = next((n for n, p in named if any(p is q for q in group["params"])), None)
+        hp = by_name.get(first)
+        if hp is None:
+            raise KeyError(f"zeroshard.torch: no param group of {where} lists {first!r}")
+        for k in _HPARAMS:
+            if k in hp:
+                group[k] = tuple(hp[k]) if k == "betas" else hp[k]
+    sink.finish(steps.pop() if steps else 0)
+    for e in _hook_engines():
+        e.after_step()
 
 
 def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
