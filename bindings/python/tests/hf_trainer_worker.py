@@ -252,12 +252,14 @@ def mode_resume(kind, engine, out, phase):
         model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"],
                                                            lora_dropout=0.0, fan_in_fan_out=True))
     extra = {}
-    if engine == "zeroshard" and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
+    if engine.startswith("zeroshard") and os.environ.get("ZS_TEST_ASYNC_CHECKPOINT") == "1":
         extra["async_checkpoint"] = True
     if engine == "zeroshard" and os.environ.get("ZS_TEST_DEEPSPEED_CHECKPOINT"):
         # DeepSpeed ZeRO-3's layout beside the engine's, for this world size or the one named
         given = os.environ["ZS_TEST_DEEPSPEED_CHECKPOINT"]
         extra["deepspeed_checkpoint"] = True if given == "1" else int(given.removeprefix("world"))
+    if engine.startswith("zeroshard") and os.environ.get("ZS_TEST_FSDP_CHECKPOINT") == "1":
+        extra["fsdp_checkpoint"] = True  # FSDP2's sharded layout beside the engine's
     trainer = trainer_class(engine, kind)(model=model, args=args, train_dataset=Tokens(kind, n=96), **extra)
     timed = {}  # seconds of each save and load step, for the figures in docs/checkpoints.md
     if phase == "save":

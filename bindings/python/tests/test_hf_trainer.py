@@ -348,6 +348,30 @@ def test_transformers_trainer_under_deepspeed_resumes_a_checkpoint_zeroshard_wro
             assert torch.equal(back.read(name, state, 0, p["numel"]), engine.read(name, state, 0, p["numel"])), name
 
 
+def test_transformers_trainer_under_fsdp2_resumes_a_checkpoint_zeroshard_wrote(tmp_path):
+    """Leaving for FSDP2 (issue 59 item 4): zeroshard.hf.Trainer(fsdp_checkpoint=True,
+    async_checkpoint=True) on 2 ranks, through the FSDP2 arguments (the
+    torch AdamW stepping the shards) and through a DeepSpeed JSON (the
+    engine's AdamW), saves checkpoint-4 of 8 steps with Accelerate's FSDP
+    layout (pytorch_model_fsdp_0/ and optimizer_0/, torch DCP) beside the
+    engine's; the same script through plain transformers.Trainer under
+    FSDP2 (Accelerate's load_fsdp_model / load_fsdp_optimizer, the
+    Trainer's own schedule, state and RNG) resumes the first at 2 ranks
+    and the second at 3: steps 5-8 equal zeroshard's uninterrupted run's
+    within 1e-5."""
+    ours = run(2, "resume_save@zeroshard_fsdp2,resume_save", "zeroshard", str(tmp_path),
+               extra_env={"ZS_TEST_FSDP_CHECKPOINT": "1", "ZS_TEST_ASYNC_CHECKPOINT": "1"})
+    for n, source, mode in ((2, "zeroshard_fsdp2", "resume_save@zeroshard_fsdp2"), (3, "zeroshard", "resume_save")):
+        folder = tmp_path / "resume_save" / source / "checkpoint-4"
+        assert {"zeroshard", "pytorch_model_fsdp_0", "optimizer_0", "scheduler.pt", "trainer_state.json"} <= {
+            f.name for f in folder.iterdir()}, sorted(folder.iterdir())
+        theirs = run(n, "resume_load", "fsdp2", str(tmp_path / f"fsdp2_{n}"),
+                     extra_env={"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": source})
+        assert theirs["model_type"] == "FSDPGPT2LMHeadModel" and theirs["steps"] == 8, theirs
+        assert len(theirs["load_weights_s"]) == len(theirs["load_optimizer_s"]) == 1, theirs
+        same(ours[mode]["losses"], theirs["losses"])
+
+
 def test_resume_from_a_folder_no_engine_wrote_names_what_it_holds(tmp_path):
     from zeroshard.hf.trainer import _resumable
     (tmp_path / "model.safetensors").write_bytes(b"")

@@ -41,7 +41,8 @@ class ZeroShardTrainerMixin:
     see the module docstring. `zeroshard_config` is the DeepSpeed config
     when the TrainingArguments carry none (`deepspeed=`)."""
 
-    def __init__(self, *args, zeroshard_config=None, async_checkpoint=False, deepspeed_checkpoint=False, **kwargs):
+    def __init__(self, *args, zeroshard_config=None, async_checkpoint=False, deepspeed_checkpoint=False,
+                 fsdp_checkpoint=False, **kwargs):
         # async_checkpoint: each checkpoint's engine state is written in the
         # background (zt.save_checkpoint(async_save=True)); rotating old
         # checkpoints out (save_total_limit) and the end of train() wait for it.
@@ -56,6 +57,13 @@ class ZeroShardTrainerMixin:
             raise ValueError(f"zeroshard.hf.Trainer: deepspeed_checkpoint={deepspeed_checkpoint!r}: True (this "
                              f"run's world size), a world size >= 1, or False")
         self.deepspeed_checkpoint = deepspeed_checkpoint
+        # fsdp_checkpoint: each checkpoint-N/ also holds what
+        # transformers.Trainer under FSDP2 with SHARDED_STATE_DICT writes
+        # (Accelerate's pytorch_model_fsdp_0/ and optimizer_0/, torch DCP),
+        # which that Trainer resumes at any world size.
+        if not isinstance(fsdp_checkpoint, bool):
+            raise ValueError(f"zeroshard.hf.Trainer: fsdp_checkpoint={fsdp_checkpoint!r}: True or False")
+        self.fsdp_checkpoint = fsdp_checkpoint
         # The arguments by the base class's own signature: TRL's trainers
         # put reward_funcs or ref_model second, and take the model as a path.
         mro = type(self).__mro__
@@ -249,6 +257,28 @@ class ZeroShardTrainerMixin:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
         if self.deepspeed_checkpoint is not False:
             self._save_deepspeed_layout(output_dir)
+        if self.fsdp_checkpoint:
+            self._save_fsdp_layout(output_dir)
+
+    def _save_fsdp_layout(self, output_dir):
+        """FSDP2's sharded layout beside the engine's: Accelerate's
+        pytorch_model_fsdp_0/ and optimizer_0/ (torch DCP), written from the
+        live shards (masters and Adam moments) by every rank."""
+        from ..torch import dcp_checkpoint
+        from ..torch._params import optimizer_state_view
+        opt = checkpoint_optimizer([self.optimizer])
+        if isinstance(opt, zt.ZeroShardOptimizer):
+            if opt.kind not in ("adamw", "adam"):
+                raise ValueError(f"zeroshard.hf.Trainer(fsdp_checkpoint=True): FSDP's layout is written from "
+                                 f"AdamW or Adam state, not the engine's {opt.kind}")
+            optim = str(getattr(self.args.optim, "value", self.args.optim))
+            # as the Trainer under FSDP2 makes its torch AdamW
+            extras = [{"fused": True if optim == "adamw_torch_fused" else None}] * len(opt.param_groups)
+        else:
+            extras = None
+        dcp_checkpoint.save_accelerate_fsdp(os.path.join(output_dir, FSDP_MODEL_DIR),
+                                            os.path.join(output_dir, FSDP_OPTIMIZER_DIR), self.model, opt,
+                                            optimizer_state_view, group_extras=extras)
 
     def _save_deepspeed_layout(self, output_dir):
         """DeepSpeed ZeRO-3's files beside the engine's, read back from the

@@ -305,13 +305,60 @@ def _rows(full, shape, mesh):
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=t.shape, stride=t.stride())
 
 
-def save(path, model, optimizer, client_state, optimizer_state_view):
-    """Writes a DCP directory of {"model": ..., "optim": ...} (and the
-    client_state's entries as further top-level keys) in get_state_dict's
-    layout: an FSDP2 model and torch AdamW load it with dcp.load and
-    set_state_dict. Collective; needs torch.distributed initialised."""
+class _StateSource:
+    """Where the optimizer's masters, moments and step are read from for a
+    DCP save: a ZeroShardOptimizer's engine, or a torch Adam/AdamW stepping
+    the shards (shard_optim: its master views and named state); None: the
+    params' own working shards, no optimizer state."""
+
+    def __init__(self, optimizer, optimizer_state_view):
+        from .optim import ZeroShardOptimizer
+        self.optimizer, self.state_view = optimizer, optimizer_state_view
+        self.engine = self.stepper = None
+        if isinstance(optimizer, ZeroShardOptimizer):
+            self.engine = optimizer._engine
+        elif optimizer is not None:
+            from .shard_optim import stepper
+            if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+                raise TypeError(f"zeroshard.torch: DCP's optimizer layout is torch Adam/AdamW's: a "
+                                f"ZeroShardOptimizer or a torch Adam/AdamW stepping the shards, not a "
+                                f"{type(optimizer).__name__}")
+            self.stepper = stepper(optimizer)
+        trained = set() if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
+        self.trained = lambda p: id(p) in trained and not p.zs.frozen
+
+    def view(self, p, slot):
+        z = p.zs.zparam
+        if self.engine is not None:
+            return self.state_view(self.engine, z, slot)
+        if slot == 0:
+            return self.stepper.master_view(p)
+        got = self.stepper.named_view(p, _ADAM[slot - 1], create=False)
+        return got if got is not None else torch.zeros(z.shard_valid)
+
+    def step(self):
+        """The optimizer's step count, the same on every rank (collective
+        for a torch optimizer: a rank without elements of a param has no
+        state for it)."""
+        if self.engine is not None:
+            return int(self.engine.steps)
+        import torch.distributed as dist
+        found = [int(v["step"]) for v in self.optimizer.state.values() if "step" in v]
+        step = torch.tensor([max(found, default=0)], dtype=torch.int64)
+        dist.all_reduce(step, op=dist.ReduceOp.MAX)
+        return int(step.item())
+
+
+def _state_dicts(model, optimizer, optimizer_state_view, group_extras=None, aliases_and_buffers=False):
+    """(model state dict, optimizer state dict or None) of the partitioned
+    model as get_state_dict gives them under FSDP2: each param and Adam
+    moment a row-split DTensor of its full fp32 value (the masters where
+    the optimizer keeps them), the step, the groups' hyper-parameters
+    (torch AdamW's keys; group_extras: per group, more of them) naming
+    their params. aliases_and_buffers: a tied param under each of its
+    names, and the persistent buffers whole, as FSDP2's
+    get_model_state_dict lists them. Collective."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_available() or not dist.is_initialized():
@@ -319,38 +366,81 @@ def save(path, model, optimizer, client_state, optimizer_state_view):
                            "its process group: dist.init_process_group('gloo') first)")
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    engine = None if optimizer is None else optimizer._engine
+    source = _StateSource(optimizer, optimizer_state_view)
     named = list(model.named_parameters())
-    msd, state = {}, {}
+    step = source.step() if optimizer is not None else None
+    msd, state, full_of = {}, {}, {}
     with torch.no_grad():
         for name, p in named:
             z = p.zs.zparam
             if z.shard_offset != dist.get_rank() * z.shard_numel or z.padded_numel != z.shard_numel * world:
                 raise NotImplementedError(f"zeroshard.torch.export_dcp: {name}'s shards are not one per rank in "
                                           f"rank order (MiCS or hpZ partitioning): not written to DCP yet")
-            if engine is not None and not p.zs.frozen:
-                master = optimizer_state_view(engine, z, 0)
+            if source.trained(p):
+                master = source.view(p, 0)
             else:
                 master = torch.utils.dlpack.from_dlpack(z.shard_dlpack()).float()
-            msd[name] = _rows(_full(master, z, world), p.zs.shape, mesh)
-            if engine is not None and not p.zs.frozen:
-                state[name] = {"step": torch.tensor(float(engine.steps)),
-                               **{k: _rows(_full(optimizer_state_view(engine, z, s), z, world), p.zs.shape, mesh)
+            full_of[id(p)] = _full(master, z, world)
+            msd[name] = _rows(full_of[id(p)], p.zs.shape, mesh)
+            if source.trained(p):
+                state[name] = {"step": torch.tensor(float(step)),
+                               **{k: _rows(_full(source.view(p, s), z, world), p.zs.shape, mesh)
                                   for s, k in ((1, "exp_avg"), (2, "exp_avg_sq"))}}
-    out = {"model": msd}
-    if engine is not None:
+        if aliases_and_buffers:
+            for name, p in model.named_parameters(remove_duplicate=False):
+                if name not in msd:
+                    msd[name] = _rows(full_of[id(p)], p.zs.shape, mesh)
+            from .checkpoint import _persistent_buffers
+            for name, b in _persistent_buffers(model):
+                msd[name] = b.detach().clone()
+    if optimizer is None:
+        return msd, None
+    if source.engine is not None:
         cls = torch.optim.AdamW if optimizer.kind == "adamw" else torch.optim.Adam
         defaults = {k: v for k, v in cls([torch.zeros(1)]).param_groups[0].items() if k != "params"}
-        groups = []
-        for group in optimizer.param_groups:
-            members = [n for n, p in named if any(p is q for q in group["params"])]
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        members = [n for n, p in named if any(p is q for q in group["params"])]
+        if source.engine is not None:
             g = dict(defaults, lr=group["lr"], betas=tuple(group["betas"]), eps=group["eps"],
                      weight_decay=group["weight_decay"], initial_lr=group.get("initial_lr", group["lr"]))
-            g["params"] = members
-            groups.append(g)
-        out["optim"] = {"state": state, "param_groups": groups}
+        else:  # the torch optimizer's own group, as FSDP2's would be
+            g = {k: v for k, v in group.items() if k != "params"}
+        g.update((group_extras or [{}] * len(optimizer.param_groups))[i])
+        g["params"] = members
+        groups.append(g)
+    return msd, {"state": state, "param_groups": groups}
+
+
+def save(path, model, optimizer, client_state, optimizer_state_view):
+    """Writes a DCP directory of {"model": ..., "optim": ...} (and the
+    client_state's entries as further top-level keys) in get_state_dict's
+    layout: an FSDP2 model and torch AdamW load it with dcp.load and
+    set_state_dict. Collective; needs torch.distributed initialised."""
+    import torch.distributed.checkpoint as dcp
+
+    msd, osd = _state_dicts(model, optimizer, optimizer_state_view)
+    out = {"model": msd}
+    if osd is not None:
+        out["optim"] = osd
     for k, v in (client_state or {}).items():
         if k in out:
             raise ValueError(f"zeroshard.torch.export_dcp: client_state key {k!r} is taken by the model or optimizer")
         out[k] = v
     dcp.save(out, checkpoint_id=str(path))
+
+
+def save_accelerate_fsdp(model_dir, optim_dir, model, optimizer, optimizer_state_view, group_extras=None):
+    """What Accelerate's save_fsdp_model and save_fsdp_optimizer write under
+    FSDP2 with SHARDED_STATE_DICT (transformers.Trainer's checkpoint-N):
+    model_dir (pytorch_model_fsdp_0/) a DCP folder of {"model":
+    get_model_state_dict}, tied aliases and persistent buffers included;
+    optim_dir (optimizer_0/) one of {"optimizer": get_optimizer_state_dict}.
+    load_fsdp_model and load_fsdp_optimizer read them at any world size.
+    Collective."""
+    import torch.distributed.checkpoint as dcp
+
+    msd, osd = _state_dicts(model, optimizer, optimizer_state_view, group_extras, aliases_and_buffers=True)
+    dcp.save({"model": msd}, checkpoint_id=str(model_dir))
+    if osd is not None:
+        dcp.save({"optimizer": osd}, checkpoint_id=str(optim_dir))
