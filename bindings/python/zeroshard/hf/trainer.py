@@ -365,8 +365,8 @@ def _resumable(checkpoint):
     FULL_STATE_DICT: pytorch_model_fsdp.bin and optimizer.bin), "torch"
     (transformers.Trainer under DDP: model.safetensors and optimizer.pt)
     or "peft" (the same for a PEFT model: adapter_model.safetensors and
-    optimizer.pt); anything
-    else is a ValueError saying what the folder holds."""
+    optimizer.pt); anything else is a ValueError saying what the folder
+    holds."""
     from ..torch import dcp_checkpoint, deepspeed_checkpoint
     if os.path.isdir(os.path.join(checkpoint, CHECKPOINT_DIR)):
         return "zeroshard"
