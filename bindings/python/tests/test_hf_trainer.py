@@ -477,6 +477,13 @@ def test_arguments_and_keys_that_cannot_act_are_named(one_rank, tmp_path):
     with pytest.warns(zeroshard.ZeroShardConfigWarning, match="wall_clock_breakdown = true"):
         zeroshard.hf.Trainer(model=torch.nn.Linear(2, 2), args=args)
     zeroshard.torch.shutdown()
+    with pytest.raises(ValueError, match="fsdp_checkpoint='yes': True or False"):
+        zeroshard.hf.Trainer(model=torch.nn.Linear(2, 2), args=args, fsdp_checkpoint="yes")
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=96, n_positions=32, n_embd=32, n_layer=1, n_head=2)), peft.LoraConfig(r=2, fan_in_fan_out=True))
+    with pytest.raises(ValueError, match="fsdp_checkpoint=True with a PEFT model is not written yet"):
+        zeroshard.hf.Trainer(model=lora, args=args, fsdp_checkpoint=True)
 
 
 @pytest.mark.parametrize("warmup_type", ["log", "linear"])
