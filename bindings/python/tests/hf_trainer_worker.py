@@ -12,7 +12,10 @@ outputs go under $ZS_TEST_DIR.
 MODE: causal_lm, classifier, seq2seq (train, evaluate, predict; losses per
 logged step), save (save_model, then from_pretrained unsharded), resume_save
 / resume_load (save_strategy "steps", then resume_from_checkpoint, maybe at
-another world size).
+another world size). MODE@ENGINE runs one mode through another engine than
+the launch's. ENGINE fsdp2: transformers.Trainer under Accelerate's FSDP2
+code (FSDP2Trainer); zeroshard_fsdp2: the same FSDP2 arguments through
+zeroshard.hf.Trainer; deepspeed: transformers.Trainer under DeepSpeed.
 """
 import contextlib
 import json

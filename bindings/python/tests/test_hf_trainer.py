@@ -174,19 +174,33 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     weights, Adam moments, step, schedule, trainer_state.json and RNG taken
     over, steps 5-8 equal the original engine's own uninterrupted run's
     (fp32 1e-5; bf16 1e-4, its rounding). Before (issue 59): "holds no
-    zeroshard checkpoint". FSDP2's own layouts: the test below."""
+    zeroshard checkpoint". FSDP2's own layouts: the test below. Under
+    DeepSpeed also a PEFT LoRA model, which the Trainer saves without its
+    frozen base (exclude_frozen_parameters): the adapters, their moments
+    and step load, the base stays as built (DDP's LoRA checkpoint: the
+    LoRA test below)."""
     env = {"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {}
-    theirs = run(2, "resume_save,resume_save_s2bf16", engine, str(tmp_path), extra_env=env)
+    variants = [("", 1e-5), ("_s2bf16", 1e-4)] + ([("_lora", 1e-5)] if engine == "deepspeed" else [])
+    theirs = run(2, ",".join(f"resume_save{v}" for v, _ in variants), engine, str(tmp_path), extra_env=env)
     for n in (2, 3):
-        ours = run(n, "resume_load,resume_load_s2bf16", "zeroshard",
+        ours = run(n, ",".join(f"resume_load{v}" for v, _ in variants), "zeroshard",
                    extra_env={"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": engine})
-        for variant, rel in (("", 1e-5), ("_s2bf16", 1e-4)):
+        for variant, rel in variants:
             saved = tmp_path / f"resume_save{variant}" / engine / "checkpoint-4"
             assert not (saved / "zeroshard").exists()
             assert (saved / "latest").is_file() if engine == "deepspeed" else (saved / "optimizer.pt").is_file()
             mine = ours[f"resume_load{variant}"]
             assert mine["steps"] == 8, mine
             same(theirs[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
+    if engine == "deepspeed":  # a PEFT model of other target modules: named, before anything loads
+        import peft
+        from zeroshard.hf.trainer import _deepspeed_without_frozen
+        config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+        other = peft.get_peft_model(transformers.GPT2LMHeadModel(config), peft.LoraConfig(
+            r=4, target_modules=["c_attn"], fan_in_fan_out=True))
+        with pytest.raises(ValueError, match=r"in it but not in the model \['base_model.model.transformer.h.0.attn"
+                                             r".c_proj.lora_A.default.weight'"):
+            _deepspeed_without_frozen(str(tmp_path / "resume_save_lora" / engine / "checkpoint-4"), other)
 
 
 def test_resume_a_checkpoint_transformers_trainer_wrote_under_fsdp2(tmp_path):

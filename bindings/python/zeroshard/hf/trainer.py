@@ -320,7 +320,8 @@ class ZeroShardTrainerMixin:
             zt.load_checkpoint(os.path.join(checkpoint, CHECKPOINT_DIR), self.model,
                                checkpoint_optimizer([self.optimizer]), tag="state")
         elif kind == "deepspeed":  # the global_stepN its `latest` names: weights and optimizer state
-            zt.load_checkpoint(checkpoint, self.model, checkpoint_optimizer([self.optimizer]))
+            strict = not _is_peft(self.model) or not _deepspeed_without_frozen(checkpoint, self.model)
+            zt.load_checkpoint(checkpoint, self.model, checkpoint_optimizer([self.optimizer]), strict=strict)
         elif kind == "fsdp_sharded":  # torch DCP folders: the model's, then the optimizer's
             from ..torch.checkpoint import load_dcp_checkpoint
             load_dcp_checkpoint(os.path.join(checkpoint, FSDP_MODEL_DIR), self.model,
@@ -350,6 +351,26 @@ def _is_peft(model):
     except ImportError:
         return False
     return isinstance(model, peft.PeftModel)
+
+
+def _deepspeed_without_frozen(checkpoint, model):
+    """True if the DeepSpeed checkpoint in `checkpoint` holds the PEFT
+    model's trainable params and none of its frozen ones, as
+    transformers.Trainer saves a PEFT model under DeepSpeed
+    (save_checkpoint(exclude_frozen_parameters=True)): the frozen base
+    then stays as built, as DeepSpeed's own resume leaves it. Any other
+    difference is a ValueError naming the params."""
+    from ..torch import deepspeed_checkpoint
+    theirs = set(deepspeed_checkpoint.DeepSpeedCheckpoint(deepspeed_checkpoint.find(checkpoint)).names())
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if theirs >= every:
+        return False  # the whole model: loaded strictly
+    if trainable <= theirs <= every:
+        return True
+    raise ValueError(f"zeroshard.hf: the DeepSpeed checkpoint in {checkpoint} and the PEFT model differ: trainable "
+                     f"here but not in it {sorted(trainable - theirs)[:5]}, in it but not in the model "
+                     f"{sorted(theirs - every)[:5]}: the same PEFT config as the run that saved it?")
 
 
 def _without_groups(state, empty):
