@@ -169,7 +169,8 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     """transformers.Trainer under DeepSpeed itself (ZeRO-3 fp32, and ZeRO-2
     bf16: its global_stepN/ layout) or under DDP (fp32 and bf16 autocast:
     model.safetensors and optimizer.pt) saves checkpoint-4 of 8 steps; the
-    same script through zeroshard.hf.Trainer resumes it with
+    same script through zeroshard.hf.Trainer (and DDP's fp32 one through
+    the FSDP2 arguments: the torch AdamW stepping the shards) resumes it with
     resume_from_checkpoint at 2 and 3 ranks (the same global batch): the
     weights, Adam moments, step, schedule, trainer_state.json and RNG taken
     over, steps 5-8 equal the original engine's own uninterrupted run's
@@ -182,14 +183,17 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     env = {"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {}
     variants = [("", 1e-5), ("_s2bf16", 1e-4)] + ([("_lora", 1e-5)] if engine == "deepspeed" else [])
     theirs = run(2, ",".join(f"resume_save{v}" for v, _ in variants), engine, str(tmp_path), extra_env=env)
+    # DDP's checkpoint also through the FSDP2 arguments (the torch AdamW stepping the shards)
+    loads = [(f"resume_load{v}", v, rel) for v, rel in variants] + (
+        [("resume_load@zeroshard_fsdp2", "", 1e-5)] if engine == "ddp" else [])
     for n in (2, 3):
-        ours = run(n, ",".join(f"resume_load{v}" for v, _ in variants), "zeroshard",
+        ours = run(n, ",".join(mode for mode, _, _ in loads), "zeroshard",
                    extra_env={"ZS_TEST_RESUME_ROOT": str(tmp_path), "ZS_TEST_RESUME_ENGINE": engine})
-        for variant, rel in variants:
+        for mode, variant, rel in loads:
             saved = tmp_path / f"resume_save{variant}" / engine / "checkpoint-4"
             assert not (saved / "zeroshard").exists()
             assert (saved / "latest").is_file() if engine == "deepspeed" else (saved / "optimizer.pt").is_file()
-            mine = ours[f"resume_load{variant}"]
+            mine = ours[mode]
             assert mine["steps"] == 8, mine
             same(theirs[f"resume_save{variant}"]["losses"], mine["losses"], rel=rel)
     if engine == "deepspeed":  # a PEFT model of other target modules: named, before anything loads

@@ -59,6 +59,7 @@ def load_adapters(folder, model, optimizer):
         raise ValueError(f"zeroshard.torch: {folder} holds a PEFT model's adapters ({ADAPTER_WEIGHTS[0]} or "
                          f"{ADAPTER_WEIGHTS[1]}) and its optimizer state; the model is a {type(model).__name__}, not "
                          f"a peft.PeftModel: wrap the base with the same PEFT config (get_peft_model) first")
+    _check_optimizer(optimizer)  # before anything loads
     path = find_adapters(folder)
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
@@ -91,9 +92,7 @@ def load(folder, model, optimizer):
     the module docstring); optimizer None: the weights only. Collective.
     Returns load_optimizer_state's empty groups."""
     from .checkpoint import load_pretrained
-    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer):
-        raise TypeError(f"zeroshard.torch: {folder} is a torch Trainer checkpoint; its optimizer state loads into a "
-                        f"ZeroShardOptimizer, not a {type(optimizer).__name__}")
+    _check_optimizer(optimizer)  # before anything loads
     load_pretrained(model, os.path.join(folder, WEIGHTS), optimizer=optimizer)  # the masters too
     if optimizer is None:
         return
@@ -184,12 +183,12 @@ def load_named_optimizer_state(model, optimizer, weights, saved, where):
 def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
     """A full state dict in memory (name -> whole tensor, params and
     persistent buffers; memory-mapped is best) into the partitioned model:
-    each rank copies its shards' elements of every param (and, with a
-    ZeroShardOptimizer, into its fp32 masters) and the whole buffers.
+    each rank copies its shards' elements of every param (and, with an
+    optimizer, into its fp32 masters) and the whole buffers.
     Collective only in that every rank calls it. `where` names the source
     in errors."""
     from ._context import get_context
-    from .checkpoint import _persistent_buffers
+    from .checkpoint import _engine_of, _persistent_buffers
     from .optim import _hook_engines
 
     get_context().wait_checkpoint()
@@ -201,7 +200,7 @@ def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
     if strict and ours != theirs:
         raise KeyError(f"zeroshard.torch: {where} and the model differ: missing from the checkpoint "
                        f"{sorted(ours - theirs)[:5]}, not in the model {sorted(theirs - ours)[:5]}")
-    engine = None if optimizer is None else optimizer._engine
+    engine = None if optimizer is None else _engine_of(optimizer)  # where the masters are
     with torch.no_grad():
         for name, p in named:
             if name not in state_dict:
@@ -225,15 +224,16 @@ def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
 def load_optimizer_state(model, optimizer, saved, where):
     """torch's optimizer state_dict `saved` (full-size moments keyed by each
     param's index in the groups, as DDP and FSDP's full optimizer state
-    dicts hold them) into the ZeroShardOptimizer: each rank its shards'
-    elements of the Adam moments, then the step and the groups'
-    hyper-parameters. Each moment's shape is checked against its param's.
-    Returns the indices of the saved groups that held no param (left out,
-    as zeroshard.hf.Trainer leaves them out), for the scheduler's state."""
-    from .checkpoint import adopt_saved_groups
-    if not isinstance(optimizer, ZeroShardOptimizer):
-        raise TypeError(f"zeroshard.torch: {where} is torch optimizer state; it loads into a ZeroShardOptimizer, "
-                        f"not a {type(optimizer).__name__}")
+    dicts hold them) into the optimizer (a ZeroShardOptimizer, or a torch
+    Adam/AdamW stepping the shards): each rank its shards' elements of the
+    Adam moments, then the step and the groups' hyper-parameters. Each
+    moment's shape is checked against its param's. Returns the indices of
+    the saved groups that held no param (left out, as zeroshard.hf.Trainer
+    leaves them out), for the scheduler's state."""
+    from .checkpoint import _set_hparams, adopt_saved_groups
+    from .dcp_checkpoint import optimizer_sink
+    from .optim import _hook_engines
+    sink = optimizer_sink(optimizer, optimizer_state_view)  # a TypeError for another optimizer
     groups, state = saved.get("param_groups"), saved.get("state")
     if groups is None or state is None:
         raise ValueError(f"zeroshard.torch: {where} is not a torch optimizer state_dict "
@@ -247,7 +247,6 @@ def load_optimizer_state(model, optimizer, saved, where):
                          f"{[len(g['params']) for g in groups]} params, the optimizer "
                          f"{[len(g['params']) for g in optimizer.param_groups]}")
     names = {id(p): n for n, p in model.named_parameters()}
-    engine = optimizer._engine
     steps = set()
     for ours, theirs in zip(optimizer.param_groups, groups):
         for p, index in zip(ours["params"], theirs["params"]):
@@ -267,10 +266,27 @@ def load_optimizer_state(model, optimizer, saved, where):
             with torch.no_grad():
                 for slot, key in ((1, "exp_avg"), (2, "exp_avg_sq")):
                     flat = entry[key].reshape(-1)[begin:begin + count]
-                    optimizer_state_view(engine, z, slot)[:count].copy_(flat)
+                    sink.view(p, slot)[:count].copy_(flat)
             steps.add(int(entry["step"]) if "step" in entry else 0)
     if len(steps) > 1:
         raise ValueError(f"zeroshard.torch: {where} has params at different steps {sorted(steps)}: "
                          f"the engine keeps one step count")
-    adopt_saved_groups(optimizer, groups, steps.pop() if steps else 0)
+    step = steps.pop() if steps else 0
+    if isinstance(optimizer, ZeroShardOptimizer):
+        adopt_saved_groups(optimizer, groups, step)
+    else:  # the torch optimizer's groups and per-param state
+        _set_hparams(optimizer, groups)
+        sink.finish(step)
+        for e in _hook_engines():
+            e.after_step()
     return empty
+
+
+def _check_optimizer(optimizer):
+    """A TypeError, before anything loads, for an optimizer whose state
+    these files cannot fill: a ZeroShardOptimizer or a torch Adam/AdamW
+    stepping the shards."""
+    if optimizer is not None and not isinstance(optimizer, ZeroShardOptimizer) and \
+            type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        raise TypeError(f"zeroshard.torch: a Trainer checkpoint's Adam moments load into a ZeroShardOptimizer or a "
+                        f"torch Adam/AdamW stepping the shards, not a {type(optimizer).__name__}")
