@@ -525,3 +525,13 @@ class GatheredParameters:
             ctx.release(zparams(self._fetched))
             detach_views(self._fetched)
         return False
+
+
+def persistent_buffers(model):
+    """(name, buffer) of the model's persistent buffers, those its
+    state_dict holds. Not from state_dict()'s keys: that would gather every
+    param to list them."""
+    persistent = {f"{prefix}.{name}" if prefix else name
+                  for prefix, m in model.named_modules(remove_duplicate=False)
+                  for name, b in m._buffers.items() if b is not None and name not in m._non_persistent_buffers_set}
+    return [(n, b) for n, b in model.named_buffers() if n in persistent]

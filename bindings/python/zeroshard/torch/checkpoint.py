@@ -13,7 +13,7 @@ from_pretrained reads. client_state is JSON (no pickle anywhere).
 import json
 
 from ._context import get_context
-from ._params import is_partitioned, optimizer_state_view
+from ._params import is_partitioned, optimizer_state_view, persistent_buffers
 from .optim import ZeroShardOptimizer, _hook_engines
 from . import dcp_checkpoint, deepspeed_checkpoint, deepspeed_export, shard_optim, shard_optim_checkpoint
 
@@ -40,14 +40,6 @@ def _engine_of(optimizer):
     return shard_optim.stepper(optimizer).engine
 
 
-def _persistent_buffers(model):
-    # Not state_dict()'s keys: that would gather every param to list them.
-    persistent = {f"{prefix}.{name}" if prefix else name
-                  for prefix, m in model.named_modules(remove_duplicate=False)
-                  for name, b in m._buffers.items() if b is not None and name not in m._non_persistent_buffers_set}
-    return [(n, b) for n, b in model.named_buffers() if n in persistent]
-
-
 def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, overwrite=False,
                     timeout_ms=0, progress=None, async_save=False):
     """Save the model's params (and the optimizer's state) into dir/tag
@@ -61,7 +53,7 @@ def save_checkpoint(dir, model, optimizer=None, client_state=None, tag=None, ove
     names, zparams = _named_params(model, "save_checkpoint")
     user = {"client_state": client_state,
             "buffers": {n: {"dtype": str(b.dtype), "values": b.detach().cpu().tolist()}
-                        for n, b in _persistent_buffers(model)}}
+                        for n, b in persistent_buffers(model)}}
     aliases = _aliases(model)
     if aliases:  # tied params' other names: export_deepspeed lists them as DeepSpeed's shared_params
         user["aliases"] = aliases

@@ -390,8 +390,8 @@ def _state_dicts(model, optimizer, optimizer_state_view, group_extras=None, alia
             for name, p in model.named_parameters(remove_duplicate=False):
                 if name not in msd:
                     msd[name] = _rows(full_of[id(p)], p.zs.shape, mesh)
-            from .checkpoint import _persistent_buffers
-            for name, b in _persistent_buffers(model):
+            from ._params import persistent_buffers
+            for name, b in persistent_buffers(model):
                 msd[name] = b.detach().clone()
     if optimizer is None:
         return msd, None

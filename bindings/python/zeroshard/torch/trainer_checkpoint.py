@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from ._params import optimizer_state_view
+from ._params import optimizer_state_view, persistent_buffers
 from .optim import ZeroShardOptimizer
 
 WEIGHTS, OPTIMIZER = "model.safetensors", "optimizer.pt"
@@ -188,12 +188,12 @@ def load_state_dict_shards(model, optimizer, state_dict, where, strict=True):
     Collective only in that every rank calls it. `where` names the source
     in errors."""
     from ._context import get_context
-    from .checkpoint import _engine_of, _persistent_buffers
+    from .checkpoint import _engine_of
     from .optim import _hook_engines
 
     get_context().wait_checkpoint()
     named = list(model.named_parameters())
-    buffers = _persistent_buffers(model)
+    buffers = persistent_buffers(model)
     aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in named}
     ours = {n for n, _ in named} | {n for n, _ in buffers}
     theirs = set(state_dict) - aliases
