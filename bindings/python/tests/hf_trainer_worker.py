@@ -235,6 +235,7 @@ def mode_resume(kind, engine, out, phase):
     # 8 optimizer steps of a global batch of 12 (2 or 3 ranks); the run saves at step 4.
     # Phase "save" or "load", "_s2bf16" after it: bf16 in the same script,
     # and under a DeepSpeed JSON ZeRO stage 2 (DeepSpeed's stage-2 layout);
+    # "_s1": fp32 under a ZeRO stage 1 JSON (the same files as stage 2's);
     # "_bf16": bf16 under the ZeRO-3 JSON; "_lora": a PEFT LoRA model; "_full": FSDP2's
     # arguments with FULL_STATE_DICT (else SHARDED_STATE_DICT).
     phase, _, variant = phase.partition("_")
@@ -243,6 +244,8 @@ def mode_resume(kind, engine, out, phase):
         extra_args["bf16"] = True
     if variant == "s2bf16" and engine in ("zeroshard", "deepspeed"):
         extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 2, "overlap_comm": True})
+    if variant == "s1" and engine in ("zeroshard", "deepspeed"):
+        extra_args["deepspeed"] = dict(DS_CONFIG, zero_optimization={"stage": 1})
     args = arguments(engine, out, save_strategy="steps", save_steps=4, max_steps=8, num_train_epochs=1,
                      gradient_accumulation_steps=1,
                      state_dict_type="FULL_STATE_DICT" if variant == "full" else "SHARDED_STATE_DICT",

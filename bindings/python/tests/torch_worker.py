@@ -162,23 +162,12 @@ def mode_lent_grads(rank, world):
             "held_after_step": len(ctx._lent)}
 
 
-class CheckpointedGPT(TinyGPT):
-    """TinyGPT with checkpointed blocks: their recompute gathers again,
-    inside the backward."""
-
-    def forward(self, idx, targets):
-        x = self.tok(idx) + self.pos[: idx.shape[1]]
-        for blk in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-        logits = self.head(self.ln(x))
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
-
-
 def mode_granular_units(rank, world):
     """module_granularity_threshold (unit_plan.py): TinyGPT trained with the
     default units, with each Attention one unit (800: its 2400 params over
     its 3 layers; a Block is 903, the model 828) and with the whole model
-    one unit; every param gathered (no persistence). What each gathered,
+    one unit; blocks checkpointed (CheckpointedGPT: their recompute gathers
+    again, inside the backward); every param gathered (no persistence). What each gathered,
     its units, its losses and a digest of its final params."""
     import hashlib
     out = {}
