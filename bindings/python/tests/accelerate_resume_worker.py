@@ -49,25 +49,25 @@ def plugin(world):
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world}, zero_stage=3)
 
 
-def fsdp2_plugin():
+def fsdp2_plugin(full=False):
     return accelerate.FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["GPT2Block"],
-        state_dict_type="SHARDED_STATE_DICT")
+        state_dict_type="FULL_STATE_DICT" if full else "SHARDED_STATE_DICT")
 
 
-def script(cls, world, fsdp=False):
+def script(cls, world, fsdp=False, full=False):
     # step_scheduler_with_optimizer=False: the scheduler steps once a step
     # at any world size (else Accelerate steps it once per process where it
     # shards the loader: MULTI_CPU, FSDP, not DeepSpeed on a CPU).
     if fsdp:
-        acc = cls(fsdp_plugin=fsdp2_plugin(), cpu=True, step_scheduler_with_optimizer=False)
+        acc = cls(fsdp_plugin=fsdp2_plugin(full), cpu=True, step_scheduler_with_optimizer=False)
         if cls is accelerate.Accelerator:
             from accelerate.utils import DistributedType
             # Accelerate takes FSDP on accelerators only (a CPU run is
             # MULTI_CPU, its plugin ignored): set as AcceleratorState sets it.
             acc.state.distributed_type = DistributedType.FSDP
             accelerate.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-            acc.state.fsdp_plugin = fsdp2_plugin()
+            acc.state.fsdp_plugin = fsdp2_plugin(full)
     else:
         acc = cls(deepspeed_plugin=plugin(world), step_scheduler_with_optimizer=False)
     model = build("causal_lm")
@@ -116,7 +116,8 @@ def state_of(acc, opt, sched):
 def source_run(mode, root, world):
     """The source engine's script: 3 steps, save_state, 3 more, then its own
     load_state of the folder (timed) and the 3 steps again."""
-    acc, model, opt, sched, step = script(accelerate.Accelerator, world, fsdp=mode == "fsdp2")
+    acc, model, opt, sched, step = script(accelerate.Accelerator, world, fsdp=mode.startswith("fsdp2"),
+                                          full=mode == "fsdp2_full")
     out = {"type": str(acc.distributed_type), "first": [step(i) for i in range(SAVE_AT)]}
     acc.save_state(str(root / mode))
     out["continuation"] = [step(i) for i in range(SAVE_AT, STEPS)]
@@ -131,7 +132,8 @@ def source_run(mode, root, world):
 def zeroshard_run(source, root, world, script_of=None):
     """The source's script (or script_of's) with zeroshard.hf.Accelerator:
     load_state of the source's folder (timed), the 3 steps after the save."""
-    acc, model, opt, sched, step = script(zeroshard.hf.Accelerator, world, fsdp=(script_of or source) == "fsdp2")
+    acc, model, opt, sched, step = script(zeroshard.hf.Accelerator, world,
+                                          fsdp=(script_of or source).startswith("fsdp2"))
     out = {"type": str(acc.distributed_type), "load_s": timed_load(acc, str(root / source))}
     out["state"] = state_of(acc, opt, sched)
     out["resumed"] = [step(i) for i in range(SAVE_AT, STEPS)]
@@ -141,7 +143,8 @@ def zeroshard_run(source, root, world, script_of=None):
 
 def main():
     """Modes, comma-separated, in one process (Accelerate's state reset
-    between them): deepspeed, fsdp2 (the sources), zeroshard:SOURCE,
+    between them): deepspeed, fsdp2, fsdp2_full (the sources; the last
+    with FULL_STATE_DICT), zeroshard:SOURCE[:SCRIPT],
     bad (load_state of each folder under $ZS_TEST_DIR/bad by the last
     zeroshard Accelerator; and of one that does not exist)."""
     root = Path(os.environ["ZS_TEST_DIR"])

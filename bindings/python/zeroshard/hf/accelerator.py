@@ -200,9 +200,11 @@ def accelerate_state_kind(folder, with_optimizer=True):
     """(kind, where) of a save_state folder: "zeroshard" (this
     Accelerator's: folder/zeroshard), "deepspeed" (Accelerate under
     DeepSpeed: folder/pytorch_model in DeepSpeed's layout; where: that tag
-    folder) or "fsdp_sharded" (Accelerate under FSDP with sharded state
-    dicts; where: (pytorch_model_fsdp_0, optimizer_0 or None)). Anything
-    else raises, naming what the folder holds."""
+    folder), "fsdp_sharded" (Accelerate under FSDP with sharded state
+    dicts; where: (pytorch_model_fsdp_0, optimizer_0 or None)) or
+    "fsdp_full" (with full state dicts: pytorch_model_fsdp.bin and
+    optimizer.bin; where: the folder). Anything else raises, naming what
+    the folder holds."""
     from ..torch import dcp_checkpoint, deepspeed_checkpoint
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"zeroshard.hf.Accelerator.load_state: {folder!r} is not a directory")
@@ -223,14 +225,22 @@ def accelerate_state_kind(folder, with_optimizer=True):
                                  f"it holds {listing}; nothing was loaded")
             optim_dir = None
         return "fsdp_sharded", (model_dir, optim_dir)
+    from ..torch.trainer_checkpoint import FSDP_FULL_OPTIMIZER, FSDP_FULL_WEIGHTS
+    if FSDP_FULL_WEIGHTS in names:
+        if with_optimizer and FSDP_FULL_OPTIMIZER not in names:
+            raise ValueError(f"zeroshard.hf.Accelerator.load_state: {folder} holds FSDP's full model state dict "
+                             f"({FSDP_FULL_WEIGHTS}) but not its optimizer's ({FSDP_FULL_OPTIMIZER}): it holds "
+                             f"{listing}; nothing was loaded")
+        return "fsdp_full", folder
     more = ""
     if any(n.startswith("pytorch_model_fsdp") and n.endswith(".bin") for n in names):
-        more = " (pytorch_model_fsdp*.bin: FSDP's full or local state dict, which is not read yet: save with " \
-               "state_dict_type='SHARDED_STATE_DICT')"
+        more = " (pytorch_model_fsdp_*.bin: FSDP's per-rank local state dicts, which are not read: save with " \
+               "state_dict_type='SHARDED_STATE_DICT' or 'FULL_STATE_DICT')"
     raise ValueError(f"zeroshard.hf.Accelerator.load_state: {folder} is not a folder save_state wrote under zeroshard "
                      f"(zeroshard/), DeepSpeed (latest + pytorch_model/zero_pp_rank_*_mp_rank_00_*_states.pt) or "
-                     f"FSDP with sharded state dicts (pytorch_model_fsdp_0/ + optimizer_0/, torch DCP): it holds "
-                     f"{listing}{more}; nothing was loaded")
+                     f"FSDP with sharded state dicts (pytorch_model_fsdp_0/ + optimizer_0/, torch DCP) or full "
+                     f"ones ({FSDP_FULL_WEIGHTS} + {FSDP_FULL_OPTIMIZER}): it holds {listing}{more}; nothing was "
+                     f"loaded")
 
 
 def _json_safe(value):
@@ -354,7 +364,7 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         accelerate.Accelerator.save_state wrote under DeepSpeed ZeRO
         (pytorch_model/ in DeepSpeed's layout, latest) or under FSDP with
         sharded state dicts (pytorch_model_fsdp_0/ and optimizer_0/, torch
-        DCP): the weights, Adam moments, step and hyper-parameters into the
+        DCP) or full ones (pytorch_model_fsdp.bin and optimizer.bin): the weights, Adam moments, step and hyper-parameters into the
         engine, then Accelerate's own files (schedulers, samplers, RNG,
         registered objects) as Accelerate loads them. Any other folder is a
         ValueError naming what it holds; nothing is loaded then."""
@@ -368,6 +378,9 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
             zt.load_checkpoint(found, model, optimizer, tag="state")
         elif kind == "deepspeed":
             zt.load_checkpoint(found, model, optimizer)
+        elif kind == "fsdp_full":
+            from ..torch.trainer_checkpoint import load_fsdp_full
+            load_fsdp_full(found, model, optimizer)
         else:
             from ..torch.checkpoint import load_dcp_checkpoint
             load_dcp_checkpoint(found[0], model, optimizer, optim_path=found[1])
