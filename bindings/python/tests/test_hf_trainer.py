@@ -166,8 +166,8 @@ def test_resume_from_checkpoint_at_another_world_size(tmp_path):
 
 @pytest.mark.parametrize("engine", ["deepspeed", "ddp"])
 def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
-    """transformers.Trainer under DeepSpeed itself (ZeRO-3 fp32, ZeRO-2
-    bf16 and ZeRO-1 fp32: its global_stepN/ layouts) or under DDP (fp32 and bf16 autocast:
+    """transformers.Trainer under DeepSpeed itself (ZeRO-3 fp32 and bf16,
+    ZeRO-2 bf16, ZeRO-1 fp32: its global_stepN/ layouts) or under DDP (fp32 and bf16 autocast:
     model.safetensors and optimizer.pt) saves checkpoint-4 of 8 steps; the
     same script through zeroshard.hf.Trainer (and DDP's fp32 one through
     the FSDP2 arguments: the torch AdamW stepping the shards) resumes it with
@@ -181,7 +181,8 @@ def test_resume_a_checkpoint_transformers_trainer_wrote(engine, tmp_path):
     and step load, the base stays as built (DDP's LoRA checkpoint: the
     LoRA test below)."""
     env = {"DS_ACCELERATOR": "cpu"} if engine == "deepspeed" else {}
-    variants = [("", 1e-5), ("_s2bf16", 1e-4)] + ([("_lora", 1e-5), ("_s1", 1e-5)] if engine == "deepspeed" else [])
+    variants = [("", 1e-5), ("_s2bf16", 1e-4)] + (
+        [("_bf16", 1e-4), ("_s1", 1e-5), ("_lora", 1e-5)] if engine == "deepspeed" else [])
     theirs = run(2, ",".join(f"resume_save{v}" for v, _ in variants), engine, str(tmp_path), extra_env=env)
     # DDP's checkpoint also through the FSDP2 arguments (the torch AdamW stepping the shards)
     loads = [(f"resume_load{v}", v, rel) for v, rel in variants] + (
