@@ -27,8 +27,8 @@ ratio to DDP's and FSDP2's peaks, per phase the highest RSS seen, and for
 zeroshard its memory report (zt.memory_report(): the engine's bytes by
 kind, now and the peak of each phase) beside the RSS. With --vocab 50257,
 --dim 768 --layers 12 is GPT-2 small's shape (163M params: the head is not
-tied to the embedding here, 124M when it is), --dim 1024 --layers 24
---heads 16 GPT-2 medium's (406M; 355M tied). The last line is one
+tied to the embedding here, 124M when it is: --tie-head), --dim 1024
+--layers 24 --heads 16 GPT-2 medium's (406M; 355M tied). The last line is one
 JSON object. Memory figures from a machine others share are still each
 process's own (RSS); the median step time (steps after the first) is
 printed too, but on a shared machine it is only indicative.
@@ -138,7 +138,8 @@ def worker(args):
     sampler.phase = "build"
     torch.manual_seed(0)
     vocab = max(args.vocab, len(chars))  # token ids are the corpus's characters; a larger vocab sizes the tables
-    make = lambda: train_gpt.GPT(vocab, args.dim, args.heads, args.layers, args.ctx)  # noqa: E731
+    make = lambda: train_gpt.GPT(vocab, args.dim, args.heads, args.layers, args.ctx,  # noqa: E731
+                                 tie_head=args.tie_head)
     if args.model == "wide":
         sys.path.insert(0, str(REPO / "bench"))
         import bench_torch_step
@@ -278,7 +279,7 @@ def launch(args, name):
            "--zero-config", json.dumps(cfg), "--steps", str(args.steps), "--dim", str(args.dim),
            "--layers", str(args.layers), "--heads", str(args.heads), "--batch", str(args.batch),
            "--ctx", str(args.ctx), "--vocab", str(args.vocab), "--model", args.model, "--wide-width", str(args.wide_width),
-           "--wide-depth", str(args.wide_depth)]
+           "--wide-depth", str(args.wide_depth)] + (["--tie-head"] if args.tie_head else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -301,6 +302,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=0, help="embedding rows (0: the corpus's characters)")
+    ap.add_argument("--tie-head", action="store_true",
+                    help="the GPT's head is its token embedding, as GPT-2's (--dim 1024 --layers 24: 355M)")
     ap.add_argument("--model", choices=["gpt", "wide"], default="gpt",
                     help="gpt: the GPT example; wide: bench_torch_step.py's Linear stack")
     ap.add_argument("--wide-width", type=int, default=4096)

@@ -75,7 +75,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, dim, heads, layers, ctx, checkpoint_activations=False):
+    def __init__(self, vocab, dim, heads, layers, ctx, checkpoint_activations=False, tie_head=False):
         super().__init__()
         self.checkpoint_activations = checkpoint_activations
         self.tok = nn.Embedding(vocab, dim)
@@ -83,6 +83,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
+        if tie_head:  # GPT-2's own layout: the head is the token embedding
+            self.head.weight = self.tok.weight
 
     def forward(self, idx, targets):
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -82,7 +82,7 @@ def trim():
         _malloc_trim(0)
 
 
-def _trims_on():
+def trims_on():
     value = os.environ.get("ZS_MALLOC_TRIM", "1")
     if value not in ("0", "1"):
         raise ValueError(f"ZS_MALLOC_TRIM={value!r}: expected 1 (free heap pages go back as the engine's "
@@ -109,7 +109,7 @@ def trim_as_engine_grows(held):
     resident): trim() if that grew by GROWTH_PER_TRIM since the last trim,
     unless ZS_MALLOC_TRIM is 0. Returns whether it trimmed."""
     global _grown_from
-    if not _trims_on():
+    if not trims_on():
         return False
     if _grown_from is None or held < _grown_from:
         _grown_from = held

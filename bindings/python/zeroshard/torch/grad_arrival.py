@@ -28,7 +28,7 @@ import torch
 import zeroshard
 
 from ._context import get_context
-from ._malloc import trim_as_engine_grows
+from ._malloc import trim_as_engine_grows, trims_on
 from ._params import zparams
 from .gather_unit import _release
 from .hook_state import hook_state
@@ -176,7 +176,10 @@ class GradArrival:
     @staticmethod
     def trim_heap():
         """glibc's free heap back to the system if the engine's host memory
-        grew enough since the last time (_malloc.py)."""
+        grew enough since the last time (_malloc.py). With trims off the
+        engine's memory is not even read: this runs after every unit."""
+        if not trims_on():
+            return
         ctx = get_context()
         trim_as_engine_grows(ctx.memory_pools_in_use() + ctx.memory()["host_cache_bytes"])
 
