@@ -505,6 +505,37 @@ TEST(Coordinator, ForwardStepsKeepWhatTheNextStepReusesWithinTheReuseDistance) {
   }
 }
 
+// A training step's first layer that its backward does not read (an
+// embedding's table: its gradient comes from the indices) is released after
+// the forward, although the next step uses it within the reuse distance:
+// before the step's first gradient only the order's last step tells a
+// training step from a generate() loop's forward, which keeps it.
+TEST(Coordinator, ATrainingStepKeepsNothingForTheNextStepBeforeItsFirstGradient) {
+  constexpr uint64_t kLayerElements = kRows * kCols + kRows;
+  run_ranks(2, [](const RankEnv& env) {
+    const std::string cfg = config(2 * kLayerElements, 1000000000, 0, 1000000000);
+    zs_context ctx = zs::test::make_context(env, cfg.c_str());
+    ASSERT_NE(ctx, nullptr);
+    const Model m = build(ctx);
+    const auto step = [&](bool check) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      const uint64_t kept = stats(ctx).kept_for_reuse;
+      use_layer(ctx, m, 0);
+      if (check) {
+        EXPECT_EQ(stats(ctx).kept_for_reuse, kept) << "layer 0 kept for the next step";
+        EXPECT_LE(stats(ctx).live_elements, 2 * kLayerElements) << "the window ahead, without layer 0";
+      }
+      for (int l = 1; l < kLayers; ++l) use_layer(ctx, m, l);
+      for (int l = kLayers - 1; l >= 1; --l) use_layer(ctx, m, l, /*push_grads=*/true);
+      ZS_ASSERT_OK(zs_step_end(ctx));
+      EXPECT_EQ(stats(ctx).live_elements, 0u);
+    };
+    for (int s = 0; s < 4; ++s) step(s >= 1);  // records, then follows
+    EXPECT_EQ(stats(ctx).trace_invalidations, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
 TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
   run_ranks(3, [](const RankEnv& env) {
     const std::string cfg = config(20000, 1000000000, 0, 0);

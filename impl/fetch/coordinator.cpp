@@ -137,7 +137,10 @@ const Coordinator::Order& Coordinator::after(const Order& o) const {
 
 bool Coordinator::reused_next_step(const Param& p, uint64_t spent) const {
   const auto reuse = static_cast<uint64_t>(ctx_.config().max_reuse_distance);
-  if (step_trained_) return false;
+  // Before its first gradient a training step looks like inference: a
+  // param it will not use again (an embedding's table after the forward, a
+  // frozen model's weights) would stay gathered to the step's end.
+  if (step_trained_ || followed().trained) return false;
   const Order& next = after(followed());
   for (size_t k = 0; k < next.units.size() && spent + next.prefix[k] < reuse; ++k)
     for (const auto& q : next.units[k])
@@ -531,6 +534,7 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
     stats_.trace_length = 0;
   } else {
     note_order();
+    orders_.front().trained = step_trained_;
     if (!step_trained_) keep = kept_for_next_step();
   }
   release_live(keep);

@@ -156,6 +156,9 @@ class Coordinator : public ParamKeeper {
     uint64_t largest_unit = 0;
     // Context::kFittedWindowFloorBytes in elements of its widest dtype.
     uint64_t floor_elements = 0;
+    // The last step along it pushed gradients: so will the next, which then
+    // keeps nothing for the step after (reused_next_step).
+    bool trained = false;
   };
   // The windows of one step along an order, in elements (windows()).
   struct Windows {

@@ -25,11 +25,12 @@ def run_ranks(n, mode, timeout=240, extra_env=None):
 # dropped params' agreement starts again in a new context and once settled:
 # it once carried over and left the next dropped model uncollected.
 WORLDS = {
-    2: ["ddp_vs_zeroshard", "lent_grads", "checkpoint_holds", "saved_by_reference", "submodule_scope",
+    2: ["ddp_vs_zeroshard", "lent_grads", "checkpoint_holds", "saved_by_reference", "backward_reads",
+        "submodule_scope",
         "gathered", "frozen_quantized", "user_changes", "kept_units", "dropped_models", "inference_steps",
         "moe_without_leaf"],
     3: ["ddp_vs_zeroshard", "lent_grads", "moe", "kept_units", "dropped_models", "inference_steps",
-        "granular_units"],
+        "granular_units", "backward_reads"],
 }
 
 
@@ -129,6 +130,42 @@ def test_params_saved_for_backward_by_reference_free_their_buffers():
     assert edges["read_equals_weight_t"] and edges["released_after_read"], edges
     assert "blocks.1.out.weight was modified in place" in edges["in_place_error"], edges
     assert "is partitioned and not gathered now, so mul_" in edges["released_in_place_error"], edges
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_backward_gathers_only_the_params_it_reads(ranks):
+    """An embedding's backward reads the indices, not its table: the table
+    is no longer gathered for it (a gather fewer a step, and none at the
+    backward's end, where the gradients peak). Tied to the head, the table
+    goes once the head's backward has read it instead of staying gathered
+    until the tied gradient comes at the end. Bit for bit the runs that
+    fetch every unit for its backward (params saved by value)."""
+    r = in_world(ranks, "backward_reads")
+    for kind in ("untied", "tied"):
+        reads, every = r[f"{kind}_reads"], r[f"{kind}_every"]
+        assert reads["losses"] == every["losses"], (kind, r)
+        assert reads["weights"] == every["weights"], kind
+        assert reads["gathered_after"] == every["gathered_after"] == 0, (kind, r)
+        # Gathers a step: untied, two are gone (the table's for the
+        # embedding's backward, the root's for its `pos`: a slice's backward
+        # reads no values either); tied, where the old hold made the
+        # embedding's fetch free, at least one.
+        fewer = [b - a for a, b in zip(reads["gathers"][1:], every["gathers"][1:])]
+        assert all(f == 2 for f in fewer) if kind == "untied" else all(f >= 1 for f in fewer), (
+            kind, reads["gathers"], every["gathers"])
+        # Through the last step's backward: the table is not gathered from
+        # the first block's backward on (the head read it before the last
+        # block's backward; an untied head's is another param).
+        table_gathered = {where: gathered for where, gathered, _ in reads["backward"]}
+        assert not any(table_gathered.values()), (kind, reads["backward"])
+        # At the embedding's backward, the last, nothing is gathered at all
+        # (the root's `pos` is not either); before, the table was.
+        assert reads["backward"][-1] == ["tok", False, 0], (kind, reads["backward"])
+        assert every["backward"][-1][2] >= every["table_bytes"], (kind, every["backward"])
+        # Saved by value, the old way: gathered for the embedding's backward,
+        # and (tied) held from the head's backward on.
+        old = {where: gathered for where, gathered, _ in every["backward"]}
+        assert old["tok"] and (kind == "untied" or all(old.values())), (kind, every["backward"])
 
 
 def test_submodule_called_without_the_root_opens_the_forward_scope():

@@ -693,6 +693,75 @@ def mode_saved_by_reference(rank, world):
     return out
 
 
+def mode_backward_reads(rank, world):
+    """A backward gathers only the params its nodes read (saved.py): the
+    embedding's table is never gathered for its backward (its gradient
+    comes from the indices), and a head tied to it lets the table go once
+    the head's backward read it, not at the backward's end where the tied
+    gradient comes. Against the same runs with params saved by value (no
+    saved references: every unit fetched and held as before), bit for bit
+    and with fewer gathers, untied and tied, nothing left gathered."""
+    from zeroshard.torch import saved
+
+    by_reference = saved._pack
+    out = {}
+    for tied in (False, True):
+        for name in ("reads", "every"):
+            saved._pack = by_reference if name == "reads" else (lambda t: t)
+            zero = {"stage": 3, "param_persistence_threshold": 0, "max_reuse_distance": 0,
+                    "prefetch_bucket_size": 1}
+            torch.manual_seed(0)
+            with zt.Init(config={"zero_optimization": zero}):
+                model = TinyGPT()
+                if tied:
+                    model.head.weight = model.tok.weight
+            zt.partition_module(model)
+            table = model.tok.weight
+            ctx = zt.get_context()
+            seen = []  # (where, table gathered, gathered bytes) through each backward
+
+            def note(where):
+                def hook(grad):
+                    seen.append([where, bool(table.zs.attached), ctx.memory()["gathered_bytes"]])
+                return hook
+
+            def after_block(i):
+                def hook(module, inputs, output):
+                    if torch.is_grad_enabled():
+                        output.register_hook(note(f"blocks.{i}"))
+                return hook
+
+            def after_tok(module, inputs, output):
+                if torch.is_grad_enabled():
+                    output.register_hook(note("tok"))  # before the embedding's backward runs
+
+            for i, blk in enumerate(model.blocks):
+                blk.register_forward_hook(after_block(i))
+            model.tok.register_forward_hook(after_tok)
+            zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
+            losses, gathers = [], []
+            for step in range(4):
+                seen.clear()
+                before = ctx.coord_stats()
+                x, y = batch(step, rank)
+                loss = model(x, y)
+                loss.backward()
+                zopt.step()
+                zopt.zero_grad()
+                after = ctx.coord_stats()
+                gathers.append(after["demand_fetches"] + after["prefetches"]
+                               - before["demand_fetches"] - before["prefetches"])
+                losses.append(mean_over_ranks(loss.item()))
+            sd = zt.consolidated_state_dict(model)
+            out[f"{'tied' if tied else 'untied'}_{name}"] = {
+                "losses": losses, "gathers": gathers, "backward": list(seen),
+                "table_bytes": table.numel() * 4, "gathered_after": ctx.memory()["gathered_bytes"],
+                "weights": {k: v.numpy().tobytes().hex() for k, v in sorted(sd.items())} if rank == 0 else {}}
+            del model, zopt, table
+    saved._pack = by_reference
+    return out
+
+
 class Wrapper(nn.Module):
     """The partitioned root around a model that the loop calls directly."""
 
@@ -1091,6 +1160,7 @@ def main():
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,
               "frozen_quantized": mode_frozen_quantized,
               "saved_by_reference": mode_saved_by_reference, "kept_units": mode_kept_units,
+              "backward_reads": mode_backward_reads,
               "lent_grads": mode_lent_grads, "submodule_scope": mode_submodule_scope,
               "granular_units": mode_granular_units,
               "dropped_models": mode_dropped_models, "inference_steps": mode_inference_steps,

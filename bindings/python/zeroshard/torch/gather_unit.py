@@ -54,6 +54,12 @@ class _Unit:
         self.keep_after_backward = False
         self.kept_after_backward = False
         self.user_hold = False
+        # Its backward reads its params (saved.py): fetched for it then; else
+        # the backward hold is only a mark (bwd_fetched False).
+        self.packs_at_entry = 0
+        self.bwd_needs = False
+        self.bwd_fetched = False
+        self.released_early = set()  # of its params, their backward hold gone before the rest's
         self._handles = None
 
     def handles(self):
@@ -144,6 +150,16 @@ def _release(params, handles=None):
         detach_views([p for p in done if not p.zs.persistent])
 
 
+def release_backward_hold(unit):
+    """The hold fetch_for_backward took, less the params that went early
+    (GradArrival.release_unpacked)."""
+    if unit.released_early:
+        _release([p for p in unit.params if p not in unit.released_early])
+        unit.released_early.clear()
+    else:
+        _release(unit.params, unit.handles())
+
+
 def _read_gathered(p, read):
     _acquire([p])
     try:
@@ -162,6 +178,7 @@ def _unit_pre_forward(module, inputs):
         _open_scope(unit)
     if unit.params:
         _acquire_unit(unit, "forward")
+        unit.packs_at_entry = saved.packs[0]
     hook_state().running.append(unit)
 
 
@@ -185,6 +202,8 @@ def _unit_post_forward(module, inputs, kwargs, output):
             return
         tensors = _output_tensors(output, [])
         if tensors:
+            if saved.packs[0] == unit.packs_at_entry or any(p.zs.saved for p in unit.params):
+                unit.bwd_needs = True  # saved its params, or saved nothing through our hooks
             unit.pending = {p for p in unit.params if p.requires_grad}
             unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
             if unit.pending or unit.leaf:

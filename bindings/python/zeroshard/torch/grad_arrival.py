@@ -30,7 +30,7 @@ import zeroshard
 from ._context import get_context
 from ._malloc import trim_as_engine_grows, trims_on
 from ._params import zparams
-from .gather_unit import _release
+from .gather_unit import _release, release_backward_hold
 from .hook_state import hook_state
 
 
@@ -83,6 +83,7 @@ class GradArrival:
 
     def __init__(self):
         self.waiting = {}      # param -> units held for backward until its gradient arrives
+        self.unpacked = []     # params whose saved references were all read (saved.py)
         self.swept = []        # params whose gradients are taken when the backward ends
         self._batches = None   # self.swept by dtype, with their zeroshard.GradBatch
         self._sweepable = set()  # ids of the params that may be swept
@@ -161,8 +162,23 @@ class GradArrival:
             z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
         self._grad_arrived(p)
 
+    def release_unpacked(self):
+        """Params no saved tensor reads any more go from the backward holds
+        of units still waiting for their gradients (saved.py), once the
+        node that read them last is done: called from the hooks that run
+        between nodes."""
+        while self.unpacked:
+            p = self.unpacked.pop()
+            if p.zs is None or p.zs.saved:
+                continue  # read again meanwhile: activation checkpointing's recompute
+            for unit in self.waiting.get(p, ()):
+                if unit.bwd_held and unit.bwd_fetched and p not in unit.released_early:
+                    unit.released_early.add(p)
+                    _release([p])
+
     def _grad_arrived(self, p):
         """Units held for their backward until p's gradient came go now."""
+        self.release_unpacked()
         for unit in self.waiting.pop(p, ()):
             unit.pending.discard(p)
             if unit.bwd_held and not unit.pending:
@@ -170,7 +186,9 @@ class GradArrival:
                 if unit.keep_after_backward and not unit.kept_after_backward:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue
-                _release(unit.params, unit.handles())
+                if not unit.bwd_fetched:
+                    continue  # its backward read none of them (fetch_for_backward)
+                release_backward_hold(unit)
                 self.trim_heap()  # the activations' heap, as the gradients grow
 
     @staticmethod

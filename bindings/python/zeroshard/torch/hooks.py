@@ -39,7 +39,7 @@ from ._params import (adopt_assigned, detach_views, fetch_on_access, freeze_untr
                       param_path, quantizes_frozen, registered_params, zparams)
 from .forward_scope import _root_post_forward, _root_pre_forward
 from .unit_plan import whole_modules
-from .gather_unit import _UNIT_HOOKS, _Unit, _acquire, _acquire_unit, _release, _strip_hooks
+from .gather_unit import _UNIT_HOOKS, _Unit, _acquire, _acquire_unit, _release, _strip_hooks, release_backward_hold
 from .grad_arrival import GradArrival
 from .hook_state import hook_state
 
@@ -298,9 +298,16 @@ class HookEngine(GradArrival):
     def fetch_for_backward(self, unit, gathered=False):
         """Hold `unit`'s params for its backward until their gradients come
         (gathered: the forward's hold is kept for it)."""
+        self.release_unpacked()
         if not unit.bwd_held:
             unit.bwd_held = True
-            if not gathered:
+            # A backward that reads none of the unit's params (saved.py) gets
+            # them not gathered: an embedding's table, at the backward's end
+            # where the gradients peak. Leaf units and units kept gathered
+            # after their backward (fully_shard) fetch as before.
+            unit.bwd_fetched = gathered or unit.bwd_needs or unit.leaf or unit.keep_after_backward
+            unit.bwd_needs = False
+            if not gathered and unit.bwd_fetched:
                 _acquire_unit(unit, "backward")
             if not unit.leaf:  # leaf units hold their params until the step
                 for p in unit.pending:
@@ -326,7 +333,8 @@ class HookEngine(GradArrival):
         if unit.bwd_held and unit.open_calls <= 0 and not unit.pending and not unit.leaf:
             unit.open_calls = 0
             unit.bwd_held = False
-            _release(unit.params, unit.handles())
+            if unit.bwd_fetched:
+                release_backward_hold(unit)
 
     # -- step -----------------------------------------------------------
     def before_step(self):
@@ -339,6 +347,7 @@ class HookEngine(GradArrival):
         self.sweep_grads()
         self._push_leaf_grads()
         self.waiting.clear()
+        self.unpacked.clear()
         for call in list(self.frozen_calls):
             call.end()
         self._frozen_end_queued = False  # a backward that raised never ran its callback
@@ -355,10 +364,13 @@ class HookEngine(GradArrival):
         left gathered; a forward that raised)."""
         for unit in self.units:
             unit.pending.clear()
-            unit.bwd_held = False
+            unit.bwd_held = unit.bwd_needs = False
+            unit.released_early.clear()
             unit.open_calls = 0
             unit.kept_after_backward = unit.user_hold = False
             held = [p for p in unit.params if p.zs.holds > 0]
+            for p in unit.params:
+                p.zs.saved = 0  # a forward whose backward never ran (saved.py)
             for p in held:
                 p.zs.holds = 0
             if held:

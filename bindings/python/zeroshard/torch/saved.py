@@ -17,6 +17,20 @@ bring back (read outside any unit's forward) is fetched for the read.
 Persistent params stay gathered anyway and are saved as usual. As with
 plain autograd, a param changed in place between its forward and its
 backward is an error, not silently different gradients.
+
+What a forward saved also says what its backward reads: a unit none of
+whose params were saved (an embedding saves only the indices; the tied
+embedding's table once the head's backward read it) needs nothing
+gathered for its backward, where its params' gradients are computed from
+other saved tensors (gather_unit.py: bwd_needs). `packs` counts what
+went through these hooks, so a forward whose saves went elsewhere
+(activation checkpointing's own hooks) is not mistaken for one that
+saved nothing; each param counts its saved references until unpacked.
+Once the last is unpacked, a unit held for its backward until the param's
+gradient comes lets the param go at the next hook (the node that read it
+has run by then; its view keeps the buffer until it is done with it): a
+tied embedding's gradient comes at the backward's end, and the head's
+hold would keep the whole table gathered until then (grad_arrival.py).
 """
 import torch
 
@@ -35,11 +49,16 @@ class _SavedView:
         self.version = t._version
 
 
+packs = [0]  # tensors these hooks saw saved, ever (read as a difference)
+
+
 def _pack(t):
+    packs[0] += 1
     p = t._base if t._base is not None else t
     z = getattr(p, "zs", None)
     if z is None or not z.attached or z.persistent or p.data_ptr() != z.view_ptr:
         return t
+    z.saved += 1
     return _SavedView(p, t)
 
 
@@ -51,6 +70,10 @@ def _unpack(s):
     if z is None:
         raise RuntimeError("zeroshard.torch: a param saved for backward was unregistered before "
                            "the backward ran")
+    if z.saved > 0:
+        z.saved -= 1  # read again by a retained graph's second backward: 0 stays 0
+        if z.saved == 0 and z.holds > 0 and z.engine is not None:
+            z.engine.unpacked.append(p)  # its backward hold may go once this node is done
     if p._version != s.version:
         raise RuntimeError(
             f"zeroshard.torch: {_params.param_path(p)} was modified in place between its forward and its backward "
