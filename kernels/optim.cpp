@@ -354,29 +354,59 @@ void adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gr
   });
 }
 
-void adam_step_many(const AdamTensor* t, size_t count, float grad_scale) {
-  if (count == 0) return;
-  require(t != nullptr, "adam_step_many: null tensors");
-  std::vector<AdamC> c(count);
+namespace {
+// Calls fn(i, lo, hi) for the part [lo, hi) of tensor i that each parallel
+// range reaches, the tensors' elements cut into the threads' ranges as one
+// range: tensor i starts at start[i] (a multiple of 64, as a single tensor's
+// ranges start), and the padding up to the next tensor is skipped.
+template <class N, class F>
+void many_ranges(size_t count, N&& numel, F&& fn) {
   std::vector<size_t> start(count + 1, 0);  // each tensor's first element in the one range
-  for (size_t i = 0; i < count; ++i) {
-    require(t[i].n == 0 || (t[i].master && t[i].exp_avg && t[i].exp_avg_sq && t[i].grad),
-            "adam_step_many: null master, state or grad");
-    c[i] = adam_consts(t[i].h, grad_scale);
-    start[i + 1] = start[i] + (t[i].n + 63) / 64 * 64;
-  }
-  const Impl* I = impl();
+  for (size_t i = 0; i < count; ++i) start[i + 1] = start[i] + (numel(i) + 63) / 64 * 64;
   parallel_for(start[count], kGrain, [&](size_t b, size_t e) {
     // The last tensor starting at or before b, then each one [b, e) reaches.
     auto i = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
     for (; i < count && start[i] < e; ++i) {
-      const AdamTensor& x = t[i];
       const size_t lo = std::max(b, start[i]) - start[i];
-      const size_t hi = std::min(e - start[i], x.n);
-      if (lo < hi)
-        I->adam(x.master + lo, x.exp_avg + lo, x.exp_avg_sq + lo, x.grad + lo, hi - lo, c[i],
-                work_at(x.working, x.working_dtype, lo), x.working_dtype);
+      const size_t hi = std::min(e - start[i], static_cast<size_t>(numel(i)));
+      if (lo < hi) fn(i, lo, hi);
     }
+  });
+}
+}  // namespace
+
+void adam_step_many(const AdamTensor* t, size_t count, float grad_scale) {
+  if (count == 0) return;
+  require(t != nullptr, "adam_step_many: null tensors");
+  std::vector<AdamC> c(count);
+  for (size_t i = 0; i < count; ++i) {
+    require(t[i].n == 0 || (t[i].master && t[i].exp_avg && t[i].exp_avg_sq && t[i].grad),
+            "adam_step_many: null master, state or grad");
+    c[i] = adam_consts(t[i].h, grad_scale);
+  }
+  const Impl* I = impl();
+  many_ranges(count, [&](size_t i) { return t[i].n; }, [&](size_t i, size_t lo, size_t hi) {
+    const AdamTensor& x = t[i];
+    I->adam(x.master + lo, x.exp_avg + lo, x.exp_avg_sq + lo, x.grad + lo, hi - lo, c[i],
+            work_at(x.working, x.working_dtype, lo), x.working_dtype);
+  });
+}
+
+void sgd_step_many(const SgdTensor* t, size_t count, float grad_scale) {
+  if (count == 0) return;
+  require(t != nullptr, "sgd_step_many: null tensors");
+  std::vector<SgdC> c(count);
+  for (size_t i = 0; i < count; ++i) {
+    require(t[i].n == 0 || (t[i].master && t[i].grad), "sgd_step_many: null master or grad");
+    c[i] = sgd_consts(t[i].h, grad_scale);
+    require(t[i].n == 0 || !c[i].has_mom || t[i].momentum_buf,
+            "sgd_step_many: momentum != 0 needs a momentum buffer");
+  }
+  const Impl* I = impl();
+  many_ranges(count, [&](size_t i) { return t[i].n; }, [&](size_t i, size_t lo, size_t hi) {
+    const SgdTensor& x = t[i];
+    I->sgd(x.master + lo, c[i].has_mom ? x.momentum_buf + lo : nullptr, x.grad + lo, hi - lo, c[i],
+           work_at(x.working, x.working_dtype, lo), x.working_dtype);
   });
 }
 

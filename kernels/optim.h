@@ -81,6 +81,22 @@ struct AdamTensor {
 // bit for bit however the ranges fall.
 void adam_step_many(const AdamTensor* tensors, size_t count, float grad_scale);
 
+// One tensor of a multi-tensor SGD step: sgd_step's arguments, each tensor
+// with its own hyper-parameters (its own first step: momentum_buf may be
+// null where h.momentum == 0).
+struct SgdTensor {
+  float* master;
+  float* momentum_buf;
+  const float* grad;
+  size_t n;
+  SgdHyper h;
+  void* working;
+  WorkDtype working_dtype;
+};
+// sgd_step over every tensor in one parallel pass, cut as adam_step_many
+// cuts them: bit for bit sgd_step's results on each.
+void sgd_step_many(const SgdTensor* tensors, size_t count, float grad_scale);
+
 // The same updates over a master and moments kept in fp32 or bf16 (DeepSpeed's
 // bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states):
 // master_dtype and state_dtype are WorkDtype::F32 or BF16 (F16 throws

@@ -600,6 +600,80 @@ TEST(KernelsOptimMany, AdamStepManyEqualsEachTensorsAdamStep) {
   EXPECT_THROW(adam_step_many(&bad, 1, 1.0f), std::invalid_argument);
 }
 
+// sgd_step_many over tensors of odd sizes (0 included, some under and some
+// over the parallel grain, a million), each its own case of kSgdCases
+// (plain, weight decay, momentum, Nesterov, dampening), its own first step
+// (a buffer started from the gradient, or read), a working copy of each
+// dtype or none, over two steps, equals sgd_step on each in turn bit for
+// bit, on every SIMD path and at 1, 2 and 3 threads.
+TEST(KernelsOptimMany, SgdStepManyEqualsEachTensorsSgdStep) {
+  KernelStateGuard guard;
+  const size_t sizes[] = {0, 1, 63, 1000, 0, 32767, 65, 70001, kBig, 5, 4099, 3};
+  const size_t count = sizeof(sizes) / sizeof(sizes[0]);
+  const size_t ncases = sizeof(kSgdCases) / sizeof(kSgdCases[0]);
+  for (SimdPath path : available_paths()) {
+    ASSERT_TRUE(set_simd_path_for_testing(path));
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      struct T {
+        std::vector<float> p, buf, g;
+        std::vector<uint8_t> w;
+      };
+      auto work = [](size_t i) { return kWorks[i % 4]; };
+      auto fresh = [&] {
+        std::vector<T> ts;
+        for (size_t i = 0; i < count; ++i) {
+          const auto seed = static_cast<uint32_t>(10 * i);
+          const Work w = work(i);
+          const size_t wbytes = w == Work::None ? 0 : sizes[i] * (w == Work::F32 ? 4 : 2);
+          ts.push_back(T{normal(sizes[i], seed + 1), normal(sizes[i], seed + 2, 0.1f), normal(sizes[i], seed + 3),
+                         std::vector<uint8_t>(wbytes)});
+        }
+        return ts;
+      };
+      // Tensor i's case; on step 0 a tensor of even i starts its buffer.
+      auto hyper = [&](size_t i, int step) {
+        const SgdCase& c = kSgdCases[i % ncases];
+        return SgdHyper{0.05f * static_cast<float>(i + 1), c.momentum, c.dampening, c.wd, c.nesterov,
+                        step == 0 && i % 2 == 0};
+      };
+      std::vector<T> each = fresh(), many = fresh();
+      for (int step = 0; step < 2; ++step) {
+        std::vector<SgdTensor> list;
+        for (size_t i = 0; i < count; ++i) {
+          T& a = each[i];
+          T& b = many[i];
+          const bool mom = kSgdCases[i % ncases].momentum != 0.0f;
+          sgd_step(a.p.data(), mom ? a.buf.data() : nullptr, a.g.data(), sizes[i], hyper(i, step), 0.37f,
+                   a.w.empty() ? nullptr : a.w.data(), wdt(work(i)));
+          list.push_back({b.p.data(), mom ? b.buf.data() : nullptr, b.g.data(), sizes[i], hyper(i, step),
+                          b.w.empty() ? nullptr : b.w.data(), wdt(work(i))});
+        }
+        sgd_step_many(list.data(), list.size(), 0.37f);
+      }
+      for (size_t i = 0; i < count; ++i) {
+        const std::string what = "tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
+                                 " work=" + work_name(work(i)) + " path=" + simd_path() +
+                                 " threads=" + std::to_string(threads);
+        EXPECT_EQ(bit_mismatches(each[i].p, many[i].p), 0u) << what;
+        EXPECT_EQ(bit_mismatches(each[i].buf, many[i].buf), 0u) << what;
+        EXPECT_EQ(each[i].w, many[i].w) << what;
+        if (sizes[i] > 0) {
+          EXPECT_NE(each[i].p[0], normal(sizes[i], static_cast<uint32_t>(10 * i) + 1)[0]) << what;
+        }
+      }
+    }
+  }
+  EXPECT_NO_THROW(sgd_step_many(nullptr, 0, 1.0f));
+  EXPECT_THROW(sgd_step_many(nullptr, 1, 1.0f), std::invalid_argument);
+  SgdTensor bad{nullptr, nullptr, nullptr, 3, SgdHyper{}, nullptr, WorkDtype::F32};
+  EXPECT_THROW(sgd_step_many(&bad, 1, 1.0f), std::invalid_argument);
+  std::vector<float> p(3), g(3);
+  SgdTensor no_buf{p.data(), nullptr, g.data(), 3, SgdHyper{0.1f, 0.9f, 0.0f, 0.0f, false, false}, nullptr,
+                   WorkDtype::F32};
+  EXPECT_THROW(sgd_step_many(&no_buf, 1, 1.0f), std::invalid_argument);
+}
+
 // ---- threads ---------------------------------------------------------------
 
 TEST(KernelsOptimThreads, ResultsIdenticalForOneAndManyThreads) {
