@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -224,6 +225,11 @@ class CudaKernels : public ::testing::Test {
                     float grad_scale, size_t off, size_t woff);
   void compare_sgd(size_t n, Work w, float momentum, float dampening, float wd, bool nesterov,
                    int steps, float grad_scale, size_t off, size_t woff);
+  void compare_adam_many(const std::vector<size_t>& sizes, int steps);
+  void compare_sgd_many(const std::vector<size_t>& sizes, int steps);
+  // The kernel launches `enqueue` makes on the stream, counted as the nodes
+  // of a graph captured from it.
+  size_t launches_of(const std::function<int(void*)>& enqueue);
   void check_sum_squares(const std::vector<float>& x, const std::string& what);
   void check_all_finite(const std::vector<float>& x, size_t off, bool expect,
                         const std::string& what);
@@ -360,6 +366,303 @@ TEST_F(CudaKernels, SgdBitIdenticalToScalarReferenceLarge) {
   compare_sgd(kBig, Work::F16, 0.8f, 0.1f, 0.0f, false, 3, 1.0f, 1, 1);
   compare_sgd(kBig, Work::None, 0.0f, 0.0f, 0.01f, false, 3, 2.0f, 0, 0);
   compare_sgd(kBig, Work::F32, 0.9f, 0.25f, 0.02f, true, 3, 1.0f, 0, 1);
+}
+
+// ---- multi-tensor optimizer steps ------------------------------------------------
+
+// Where each tensor of a multi-tensor case lives: fp32 arrays in one arena
+// per kind (master, moments, grads) at element offsets, working copies in
+// one byte arena, each followed by a gap no step may write. Every fifth
+// tensor starts one element off its 256-byte boundary (its pointers then
+// allow no 4-element access: it runs one element at a time in the same
+// launch as aligned ones).
+struct ManyCase {
+  std::vector<size_t> n, off, woff;  // elements; fp32 arena offset (elements); working offset (bytes)
+  std::vector<Work> work;
+  size_t total = 0, wbytes = 0;
+};
+
+// The sizes of the multi-tensor tests: odd and even, zero, around the
+// kernel's 16K chunk and the vector width, a million, and 400 small ones,
+// enough for more than one launch's table (kStepTensorsPerLaunch) in the
+// group without a working copy.
+std::vector<size_t> many_sizes() {
+  std::vector<size_t> s = {0, 1, 2, 3, 4, 5, 7, 63, 64, 65, 1000, 4099, 16383, 16384, 16385, 32769, kBig, 0};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 400; ++i) s.push_back(rng() % 3000);
+  return s;
+}
+
+ManyCase many_layout(const std::vector<size_t>& sizes) {
+  ManyCase c;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t mis = i % 5 == 3 ? 1 : 0;
+    // The first 20 tensors cycle through the working dtypes; of the rest
+    // one in eight has a working copy.
+    const Work w = (i < 20 || i % 8 == 0) ? kWorks[i % 4] : Work::None;
+    c.n.push_back(sizes[i]);
+    c.work.push_back(w);
+    c.off.push_back(c.total + mis);
+    c.total += (sizes[i] + mis + 63) / 64 * 64 + 64;
+    c.woff.push_back(c.wbytes + mis * wsize(w));
+    c.wbytes += ((sizes[i] + mis) * wsize(w) + 255) / 256 * 256 + 256;
+  }
+  return c;
+}
+
+size_t CudaKernels::launches_of(const std::function<int(void*)>& enqueue) {
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+  const int err = enqueue(s());
+  check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+  EXPECT_EQ(err, 0) << cu::error_string(err);
+  size_t nodes = 0;
+  if (graph) {
+    check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
+    cudaGraphDestroy(graph);
+  }
+  return nodes;
+}
+
+// `steps` steps of every tensor: adam_step on each in turn on arenas A,
+// adam_step_many over the list on arenas B, from the same state and
+// gradients, each tensor its own hyper-parameters (the six kAdamCases) and
+// its own step count; afterwards every byte of A and B must agree, gaps
+// included.
+void CudaKernels::compare_adam_many(const std::vector<size_t>& sizes, int steps) {
+  const ManyCase L = many_layout(sizes);
+  const size_t N = L.total;
+  std::vector<float> p0 = normal(N, 11), m0 = normal(N, 12, 0.1f), v0 = normal(N, 13, 0.01f);
+  for (auto& x : v0) x = x * x;
+  const std::vector<uint8_t> w0 = random_bytes(L.wbytes, 14);
+  Dev<float> ap(N, stream_), am(N, stream_), av(N, stream_), bp(N, stream_), bm(N, stream_), bv(N, stream_),
+      dg(N, stream_);
+  Dev<uint8_t> aw(L.wbytes, stream_), bw(L.wbytes, stream_);
+  ap.put(p0);
+  bp.put(p0);
+  am.put(m0);
+  bm.put(m0);
+  av.put(v0);
+  bv.put(v0);
+  aw.put(w0);
+  bw.put(w0);
+  const size_t ncases = sizeof(kAdamCases) / sizeof(kAdamCases[0]);
+  for (int step = 0; step < steps; ++step) {
+    dg.put(normal(N, 100 + static_cast<uint32_t>(step), 3.0f));
+    std::vector<AdamTensor> list;
+    for (size_t i = 0; i < L.n.size(); ++i) {
+      const AdamCase& c = kAdamCases[i % ncases];
+      const AdamHyper h{1e-3f * static_cast<float>(1 + i % 7), c.beta1, 0.999f, 1e-8f, c.wd, c.adamw, c.bias,
+                        static_cast<int64_t>(1 + i % 5 + step)};
+      const size_t o = L.off[i];
+      void* wa = L.work[i] == Work::None ? nullptr : aw.at(L.woff[i]);
+      void* wb = L.work[i] == Work::None ? nullptr : bw.at(L.woff[i]);
+      ok(cu::adam_step(ap.at(o), am.at(o), av.at(o), dg.at(o), L.n[i], h, 0.37f, wa, wdt(L.work[i]), s()),
+         "adam_step tensor " + std::to_string(i));
+      list.push_back({bp.at(o), bm.at(o), bv.at(o), dg.at(o), L.n[i], h, wb, wdt(L.work[i])});
+    }
+    ok(cu::adam_step_many(list.data(), list.size(), 0.37f, s()), "adam_step_many");
+    sync();
+  }
+  const std::vector<float> gap = ap.get(N), gbp = bp.get(N);
+  size_t i = first_float_diff(gbp, gap, false);
+  EXPECT_EQ(i, kNone) << "master " << float_diff_msg(gbp, gap, i);
+  const std::vector<float> gam = am.get(N), gbm = bm.get(N);
+  i = first_float_diff(gbm, gam, false);
+  EXPECT_EQ(i, kNone) << "exp_avg " << float_diff_msg(gbm, gam, i);
+  const std::vector<float> gav = av.get(N), gbv = bv.get(N);
+  i = first_float_diff(gbv, gav, false);
+  EXPECT_EQ(i, kNone) << "exp_avg_sq " << float_diff_msg(gbv, gav, i);
+  const std::vector<uint8_t> gaw = aw.get(L.wbytes), gbw = bw.get(L.wbytes);
+  i = first_byte_diff(gbw, gaw);
+  EXPECT_EQ(i, kNone) << "working copies differ at byte " << i;
+  // The steps ran: every non-empty tensor's first master element moved.
+  for (size_t t = 0; t < L.n.size(); ++t)
+    if (L.n[t] > 0) {
+      ASSERT_NE(float_bits(gbp[L.off[t]]), float_bits(p0[L.off[t]])) << "tensor " << t << " not stepped";
+    }
+}
+
+// The same for SGD: each tensor its kSgdCases case (plain, weight decay,
+// momentum, Nesterov, dampening), the buffer started from the gradient on
+// the first step by every other tensor and read by the rest.
+void CudaKernels::compare_sgd_many(const std::vector<size_t>& sizes, int steps) {
+  const ManyCase L = many_layout(sizes);
+  const size_t N = L.total;
+  const std::vector<float> p0 = normal(N, 21), b0 = normal(N, 22, 0.1f);
+  const std::vector<uint8_t> w0 = random_bytes(L.wbytes, 24);
+  Dev<float> ap(N, stream_), ab(N, stream_), bp(N, stream_), bb(N, stream_), dg(N, stream_);
+  Dev<uint8_t> aw(L.wbytes, stream_), bw(L.wbytes, stream_);
+  ap.put(p0);
+  bp.put(p0);
+  ab.put(b0);
+  bb.put(b0);
+  aw.put(w0);
+  bw.put(w0);
+  const size_t ncases = sizeof(kSgdCases) / sizeof(kSgdCases[0]);
+  for (int step = 0; step < steps; ++step) {
+    dg.put(normal(N, 200 + static_cast<uint32_t>(step)));
+    std::vector<SgdTensor> list;
+    for (size_t i = 0; i < L.n.size(); ++i) {
+      const SgdCase& c = kSgdCases[i % ncases];
+      const SgdHyper h{0.05f * static_cast<float>(1 + i % 7), c.momentum, c.dampening, c.wd, c.nesterov,
+                       step == 0 && i % 2 == 0};
+      const bool mom = c.momentum != 0.0f;
+      const size_t o = L.off[i];
+      void* wa = L.work[i] == Work::None ? nullptr : aw.at(L.woff[i]);
+      void* wb = L.work[i] == Work::None ? nullptr : bw.at(L.woff[i]);
+      ok(cu::sgd_step(ap.at(o), mom ? ab.at(o) : nullptr, dg.at(o), L.n[i], h, 0.37f, wa, wdt(L.work[i]), s()),
+         "sgd_step tensor " + std::to_string(i));
+      list.push_back({bp.at(o), mom ? bb.at(o) : nullptr, dg.at(o), L.n[i], h, wb, wdt(L.work[i])});
+    }
+    ok(cu::sgd_step_many(list.data(), list.size(), 0.37f, s()), "sgd_step_many");
+    sync();
+  }
+  const std::vector<float> gap = ap.get(N), gbp = bp.get(N);
+  size_t i = first_float_diff(gbp, gap, false);
+  EXPECT_EQ(i, kNone) << "master " << float_diff_msg(gbp, gap, i);
+  const std::vector<float> gab = ab.get(N), gbb = bb.get(N);
+  i = first_float_diff(gbb, gab, false);
+  EXPECT_EQ(i, kNone) << "momentum buffer " << float_diff_msg(gbb, gab, i);
+  const std::vector<uint8_t> gaw = aw.get(L.wbytes), gbw = bw.get(L.wbytes);
+  i = first_byte_diff(gbw, gaw);
+  EXPECT_EQ(i, kNone) << "working copies differ at byte " << i;
+  for (size_t t = 0; t < L.n.size(); ++t)
+    if (L.n[t] > 0) {
+      ASSERT_NE(float_bits(gbp[L.off[t]]), float_bits(p0[L.off[t]])) << "tensor " << t << " not stepped";
+    }
+}
+
+TEST_F(CudaKernels, AdamStepManyBitIdenticalToPerTensorAdamStep) { compare_adam_many(many_sizes(), 3); }
+
+TEST_F(CudaKernels, SgdStepManyBitIdenticalToPerTensorSgdStep) { compare_sgd_many(many_sizes(), 3); }
+
+// One tensor alone, of each odd size: the multi-tensor kernel's edges.
+TEST_F(CudaKernels, StepManyOneTensorOddSizes) {
+  for (size_t n : kOddSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    compare_adam_many({n}, 2);
+    compare_sgd_many({n}, 2);
+    if (HasFailure()) return;
+  }
+}
+
+// One launch per working dtype present (none, f32, bf16, f16), and one more
+// for each further kStepTensorsPerLaunch tensors of a dtype; empty tensors
+// and an empty list launch nothing.
+TEST_F(CudaKernels, StepManyLaunchesOncePerWorkingDtype) {
+  const size_t n = 100;
+  const size_t count = cu::kStepTensorsPerLaunch + 5;
+  Dev<float> p(n * count, stream_), m(n * count, stream_), v(n * count, stream_), g(n * count, stream_);
+  Dev<uint16_t> w(n * count, stream_);
+  p.fill_bytes(0);
+  m.fill_bytes(0);
+  v.fill_bytes(0);
+  g.fill_bytes(0);
+  const AdamHyper h{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, 1};
+  const SgdHyper sh{0.1f, 0.9f, 0.0f, 0.0f, false, true};
+  auto adam_list = [&](size_t k, int groups) {
+    std::vector<AdamTensor> list;
+    for (size_t i = 0; i < k; ++i) {
+      const int grp = static_cast<int>(i) % groups;  // 0: none, 1: bf16, 2: f16
+      void* work = grp == 0 ? nullptr : w.at(i * n);
+      list.push_back({p.at(i * n), m.at(i * n), v.at(i * n), g.at(i * n), n, h, work,
+                      grp == 2 ? WorkDtype::F16 : WorkDtype::BF16});
+    }
+    return list;
+  };
+  auto sgd_list = [&](size_t k, int groups) {
+    std::vector<SgdTensor> list;
+    for (size_t i = 0; i < k; ++i) {
+      const int grp = static_cast<int>(i) % groups;
+      void* work = grp == 0 ? nullptr : w.at(i * n);
+      list.push_back({p.at(i * n), m.at(i * n), g.at(i * n), n, sh, work, grp == 2 ? WorkDtype::F16 : WorkDtype::BF16});
+    }
+    return list;
+  };
+  // Warm the launcher's per-device cache outside the capture.
+  {
+    auto l = adam_list(1, 1);
+    ok(cu::adam_step_many(l.data(), l.size(), 1.0f, s()), "warm-up");
+    sync();
+  }
+  for (int groups = 1; groups <= 3; ++groups) {
+    auto a = adam_list(10, groups);
+    EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_many(a.data(), a.size(), 1.0f, st); }),
+              static_cast<size_t>(groups))
+        << groups << " dtype groups";
+    auto sg = sgd_list(10, groups);
+    EXPECT_EQ(launches_of([&](void* st) { return cu::sgd_step_many(sg.data(), sg.size(), 1.0f, st); }),
+              static_cast<size_t>(groups))
+        << groups << " dtype groups (sgd)";
+  }
+  auto full = adam_list(count, 1);
+  EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_many(full.data(), full.size(), 1.0f, st); }), 2u)
+      << count << " tensors of one dtype";
+  auto sgd_full = sgd_list(count, 1);
+  EXPECT_EQ(
+      launches_of([&](void* st) { return cu::sgd_step_many(sgd_full.data(), sgd_full.size(), 1.0f, st); }), 2u)
+      << count << " tensors of one dtype (sgd)";
+  auto empty = adam_list(4, 2);
+  for (auto& t : empty) t.n = 0;
+  EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_many(empty.data(), empty.size(), 1.0f, st); }), 0u);
+  EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_many(nullptr, 0, 1.0f, st); }), 0u);
+}
+
+// A bad argument anywhere in the list is cudaErrorInvalidValue and nothing
+// is enqueued: the good tensors before it keep their values.
+TEST_F(CudaKernels, StepManyBadArgumentsAreInvalidValueAndEnqueueNothing) {
+  const int inv = static_cast<int>(cudaErrorInvalidValue);
+  const size_t n = 1000;
+  const std::vector<float> p0 = normal(n, 31);
+  Dev<float> p(n, stream_), m(n, stream_), v(n, stream_), g(n, stream_);
+  p.put(p0);
+  m.fill_bytes(0);
+  v.fill_bytes(0);
+  g.put(normal(n, 32));
+  const AdamHyper h{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, 1};
+  const AdamTensor good{p.at(0), m.at(0), v.at(0), g.at(0), n, h, nullptr, WorkDtype::F32};
+  auto adam_with = [&](AdamTensor bad) {
+    std::vector<AdamTensor> list = {good, bad};
+    return cu::adam_step_many(list.data(), list.size(), 1.0f, s());
+  };
+  EXPECT_EQ(cu::adam_step_many(nullptr, 1, 1.0f, s()), inv);
+  EXPECT_EQ(cu::sgd_step_many(nullptr, 1, 1.0f, s()), inv);
+  EXPECT_EQ(cu::adam_step_many(nullptr, 0, 1.0f, s()), 0);
+  EXPECT_EQ(cu::sgd_step_many(nullptr, 0, 1.0f, s()), 0);
+  AdamTensor bad = good;
+  bad.grad = nullptr;
+  EXPECT_EQ(adam_with(bad), inv) << "null grad";
+  bad = good;
+  bad.h.step = 0;
+  EXPECT_EQ(adam_with(bad), inv) << "bias correction at step 0";
+  bad = good;
+  bad.working = m.at(0);
+  bad.working_dtype = static_cast<WorkDtype>(7);
+  EXPECT_EQ(adam_with(bad), inv) << "unknown working dtype";
+  sync();
+  EXPECT_EQ(first_float_diff(p.get(n), p0, false), kNone) << "a refused adam_step_many changed the master";
+  bad = good;
+  bad.master = nullptr;
+  bad.n = 0;
+  EXPECT_EQ(adam_with(bad), 0) << "an empty tensor's pointers are not read";
+  sync();
+  EXPECT_NE(first_float_diff(p.get(n), p0, false), kNone) << "the good tensor was not stepped";
+  // Reloaded: SGD's refusals must enqueue nothing either.
+  p.put(p0);
+  const SgdHyper sh{0.1f, 0.9f, 0.0f, 0.0f, false, false};
+  const SgdTensor sgood{p.at(0), m.at(0), g.at(0), n, sh, nullptr, WorkDtype::F32};
+  SgdTensor sbad = sgood;
+  sbad.momentum_buf = nullptr;  // momentum 0.9 needs a buffer
+  std::vector<SgdTensor> slist = {sgood, sbad};
+  EXPECT_EQ(cu::sgd_step_many(slist.data(), slist.size(), 1.0f, s()), inv) << "momentum without a buffer";
+  sbad = sgood;
+  sbad.grad = nullptr;
+  slist = {sgood, sbad};
+  EXPECT_EQ(cu::sgd_step_many(slist.data(), slist.size(), 1.0f, s()), inv) << "null grad";
+  sync();
+  const std::vector<float> after = p.get(n);
+  EXPECT_EQ(first_float_diff(after, p0, false), kNone) << "a refused sgd_step_many changed the master";
 }
 
 // ---- reductions -----------------------------------------------------------------

@@ -70,6 +70,13 @@ void adam_step(Device& dev, float* master, float* exp_avg, float* exp_avg_sq, co
 void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad, size_t n,
               const kernels::SgdHyper& h, float grad_scale, void* working, DType working_dtype);
 
+// adam_step / sgd_step over many tensors at once, each its own
+// hyper-parameters (kernels::adam_step_many / sgd_step_many on the host; on
+// a GPU one launch per working dtype, kernels::cuda::adam_step_many /
+// sgd_step_many): the same bits as stepping each tensor alone.
+void adam_step_many(Device& dev, const std::vector<kernels::AdamTensor>& tensors, float grad_scale);
+void sgd_step_many(Device& dev, const std::vector<kernels::SgdTensor>& tensors, float grad_scale);
+
 // The steps over a master and moments each in F32 or BF16
 // (kernels::adam_step_mixed / sgd_step_mixed): a bf16 master is the param's
 // working shard, stepped in place.

@@ -317,7 +317,7 @@ void Optimizer::set_lr(int group, double lr) {
   for (int g : group_indices(group)) groups_[static_cast<size_t>(g)].hp.lr = lr;
 }
 
-void Optimizer::update(const Group& g, Slot& s, float grad_scale, AdamBatch* batch) {
+void Optimizer::update(const Group& g, Slot& s, float grad_scale, StepBatch* batch) {
   Param& p = *s.param;
   const uint64_t n = p.layout.shard_numel;
   // No gradient this step (a frozen param never has one: pushes to it are
@@ -349,9 +349,13 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale, AdamBatch* bat
     // The update writes the 16-bit working shard from the new master as it goes.
     if (b.working) copy_tally::add(CopyKind::MasterRefresh, n * p.elem_bytes());
   }
-  if (batch != nullptr && kind_ != OptimKind::Sgd && b.master != nullptr) {
-    batch->tensors.push_back({b.master, static_cast<float*>(b.state1), static_cast<float*>(b.state2), grad, n,
-                              adam_hyper(kind_, hp, s.updates), b.working, ops::work_dtype(p.dtype)});
+  if (batch != nullptr && b.master != nullptr) {
+    if (kind_ == OptimKind::Sgd)
+      batch->sgd.push_back({b.master, static_cast<float*>(b.state1), grad, n, sgd_hyper(hp, first), b.working,
+                            ops::work_dtype(p.dtype)});
+    else
+      batch->adam.push_back({b.master, static_cast<float*>(b.state1), static_cast<float*>(b.state2), grad, n,
+                             adam_hyper(kind_, hp, s.updates), b.working, ops::work_dtype(p.dtype)});
     batch->held.push_back(std::move(shard));  // the master may be the shard: kept until the batch runs
     ++s.updates;
     return;
@@ -1008,15 +1012,17 @@ void Optimizer::apply_update_locked(float grad_scale) {
   if (swap_) {
     update_swapped(grad_scale);
   } else {
-    // On the host, with every shard in memory (no param offload, whose
-    // shards come back one at a time), the fp32 Adam/AdamW updates run
-    // as one multi-tensor pass.
-    const bool batched = !ctx_.device()->is_cuda() && ctx_.config().offload_param.device == "none";
-    AdamBatch batch;
+    // With every shard in memory (no param offload, whose shards come back
+    // one at a time), the fp32-master Adam/AdamW/SGD updates run as one
+    // multi-tensor pass: on the host one parallel pass, on a GPU one launch
+    // per working dtype (ops::adam_step_many / sgd_step_many).
+    const bool batched = ctx_.config().offload_param.device == "none";
+    StepBatch batch;
     for (auto& g : groups_)
       for (auto& s : g.slots)
         if (!s.muon) update(g, s, grad_scale, batched ? &batch : nullptr);
-    kernels::adam_step_many(batch.tensors.data(), batch.tensors.size(), grad_scale);
+    ops::adam_step_many(*ctx_.device(), batch.adam, grad_scale);
+    ops::sgd_step_many(*ctx_.device(), batch.sgd, grad_scale);
     batch.held.clear();  // the shards written back (offloaded ones) once stepped
     if (kind_ == OptimKind::Muon) update_muon(grad_scale);
   }

@@ -244,17 +244,20 @@ class Optimizer {
   void apply_update_locked(float grad_scale);
   NormResult last_norm_;
   StepResult finish_locked(const OpenStep& open, double update_seconds);
-  // The fp32 Adam/AdamW updates of one step on the host, run together
-  // (kernels::adam_step_many) once every slot is visited: a model of many
-  // params under the kernels' parallel grain steps on all threads instead
-  // of one param at a time on one. Holds each shard until it has run.
-  struct AdamBatch {
-    std::vector<kernels::AdamTensor> tensors;
+  // The fp32-master Adam/AdamW and SGD updates of one step, run together
+  // (ops::adam_step_many / sgd_step_many) once every slot is visited: on the
+  // host a model of many params under the kernels' parallel grain steps on
+  // all threads instead of one param at a time on one; on a GPU one launch
+  // per working dtype instead of one per param. Holds each shard until it
+  // has run.
+  struct StepBatch {
+    std::vector<kernels::AdamTensor> adam;
+    std::vector<kernels::SgdTensor> sgd;
     std::vector<ShardAccess> held;
   };
-  // With `batch`, an fp32 Adam/AdamW slot's update joins it instead of
-  // running now (step() runs it); every other update runs now.
-  void update(const Group& g, Slot& s, float grad_scale, AdamBatch* batch = nullptr);
+  // With `batch`, an fp32-master slot's update joins it instead of running
+  // now (step() runs it); every other update (bf16 masters) runs now.
+  void update(const Group& g, Slot& s, float grad_scale, StepBatch* batch = nullptr);
   // The Muon slots of every group, one collective pass (muon_step.h).
   void update_muon(float grad_scale);
   // s's fp32 master (an fp32 param's shard itself), refreshed first from a

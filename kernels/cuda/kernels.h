@@ -44,6 +44,24 @@ int adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* gra
 int sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, const SgdHyper& h,
              float grad_scale, void* working, WorkDtype working_dtype, void* stream);
 
+// Multi-tensor twins of adam_step / sgd_step over a list of tensors
+// (kernels::adam_step_many / sgd_step_many's arguments: each tensor its own
+// hyper-parameters, step and working copy): one kernel launch per working
+// dtype present in the list (none, F32, BF16, F16), each over up to
+// kStepTensorsPerLaunch tensors (more: more launches). Each tensor's
+// results are adam_step's / sgd_step's on it, bit for bit (the same
+// element update with the same constants). The list is read from host
+// memory during the call (it may be freed on return); tensors of n == 0
+// are skipped; a bad argument of any tensor (as adam_step / sgd_step
+// check them), or a null list with count > 0, is cudaErrorInvalidValue
+// with nothing enqueued.
+int adam_step_many(const AdamTensor* tensors, size_t count, float grad_scale, void* stream);
+int sgd_step_many(const SgdTensor* tensors, size_t count, float grad_scale, void* stream);
+
+// The most tensors adam_step_many / sgd_step_many pass in one launch (the
+// table travels as the kernel's parameter, which is at most 32,764 bytes).
+constexpr size_t kStepTensorsPerLaunch = 320;
+
 // kernels::adam_step_mixed / sgd_step_mixed: the master and moments each in
 // F32 or BF16 (widened, updated in fp32, rounded once on store); a bf16
 // master is the working shard itself. Bit-identical to

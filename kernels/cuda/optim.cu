@@ -5,12 +5,29 @@
 // kernels/elementwise.h's adam_elem / sgd_elem with the constants of
 // adam_consts / sgd_consts (computed on the host, as for the CPU), so the
 // results are bit-identical to kernels::adam_step_scalar / sgd_step_scalar.
+//
+// adam_step_many / sgd_step_many: the same element updates over a list of
+// tensors (a rank's shards), one launch per working dtype of the list (at
+// most kStepTensorsPerLaunch tensors a launch). As in apex's and torch's
+// multi_tensor_apply, the tensors are cut into chunks of kChunk elements
+// and the blocks share them out; unlike them, the table (pointers, sizes,
+// each tensor's constants and each chunk's tensor by prefix sums) travels
+// as the kernel's parameter, as batched_copy's does (copy.cu: no
+// allocation, no upload, capturable in a graph), and block b runs chunks b,
+// b + G, ... (G blocks, at most kBlocksPerSm a multiprocessor), finding a
+// chunk's tensor by binary search. A chunk runs the op of the per-tensor
+// kernel, four elements at a time where that tensor's pointers allow it:
+// each element sees the same adam_elem / sgd_elem with the same constants
+// as under adam_step / sgd_step, so the results are theirs bit for bit.
+#include <vector>
+
 #include "kernels/cuda/common.cuh"
 
 namespace zs::kernels::cuda {
 namespace {
 
 using detail::kInvalid;
+using detail::kThreads;
 
 // HasWork: also write the updated master into w in dtype T.
 template <bool HasWork, WorkDtype T>
@@ -130,7 +147,216 @@ bool work_vec4_ok(const void* w, WorkDtype t) {
   return w == nullptr || detail::aligned(w, detail::vec4_align(t));
 }
 
+// ---- multi-tensor ----------------------------------------------------------
+
+constexpr size_t kChunk = 16384;  // elements of one work unit (a block's, at a time)
+constexpr size_t kK = kStepTensorsPerLaunch;
+
+// Where chunk k's tensor is: chunk_begin[i] <= k < chunk_begin[i + 1].
+template <class Table>
+__device__ __forceinline__ unsigned chunk_tensor(const Table& t, size_t k) {
+  unsigned lo = 0, hi = t.count;
+  while (hi - lo > 1) {
+    const unsigned mid = lo + (hi - lo) / 2;
+    if (t.chunk_begin[mid] <= k)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Elements [base, min(base + kChunk, n)) of one tensor by op, the block's
+// threads interleaved. base is a multiple of kChunk (of 4), so a tensor
+// whose pointers allow 4-element access at 0 allows it at base.
+template <class Op>
+__device__ __forceinline__ void run_chunk(const Op& op, size_t base, size_t n, bool vec4) {
+  const size_t end = n - base < kChunk ? n : base + kChunk;
+  if (vec4) {
+    const size_t nv = (end - base) / 4;
+    for (size_t j = threadIdx.x; j < nv; j += kThreads) op.template run<4>(base + 4 * j);
+    for (size_t i = base + 4 * nv + threadIdx.x; i < end; i += kThreads) op.template run<1>(i);
+  } else {
+    for (size_t i = base + threadIdx.x; i < end; i += kThreads) op.template run<1>(i);
+  }
+}
+
+struct AdamTable {
+  size_t chunk_begin[kK + 1];  // first chunk of each tensor; [count]: all chunks
+  float* p[kK];
+  float* m[kK];
+  float* v[kK];
+  const float* g[kK];
+  void* w[kK];
+  size_t n[kK];
+  AdamC c[kK];
+  bool vec4[kK];
+  unsigned count;  // tensors, each of n > 0
+};
+static_assert(sizeof(AdamTable) <= 32764, "kernel parameters are limited to 32,764 bytes");
+
+struct SgdTable {
+  size_t chunk_begin[kK + 1];
+  float* p[kK];
+  float* buf[kK];  // null where !c.has_mom
+  const float* g[kK];
+  void* w[kK];
+  size_t n[kK];
+  SgdC c[kK];
+  bool vec4[kK];
+  unsigned count;
+};
+static_assert(sizeof(SgdTable) <= 32764, "kernel parameters are limited to 32,764 bytes");
+
+template <bool HasWork, WorkDtype T>
+__global__ void __launch_bounds__(kThreads) adam_many_kernel(const __grid_constant__ AdamTable t) {
+  const size_t chunks = t.chunk_begin[t.count];
+  for (size_t k = blockIdx.x; k < chunks; k += gridDim.x) {
+    const unsigned i = chunk_tensor(t, k);
+    const AdamOp<HasWork, T> op{t.p[i], t.m[i], t.v[i], t.g[i], t.w[i], t.c[i]};
+    run_chunk(op, (k - t.chunk_begin[i]) * kChunk, t.n[i], t.vec4[i]);
+  }
+}
+
+template <bool HasWork, WorkDtype T>
+__global__ void __launch_bounds__(kThreads) sgd_many_kernel(const __grid_constant__ SgdTable t) {
+  const size_t chunks = t.chunk_begin[t.count];
+  for (size_t k = blockIdx.x; k < chunks; k += gridDim.x) {
+    const unsigned i = chunk_tensor(t, k);
+    const SgdOp<HasWork, T> op{t.p[i], t.buf[i], t.g[i], t.w[i], t.c[i]};
+    run_chunk(op, (k - t.chunk_begin[i]) * kChunk, t.n[i], t.vec4[i]);
+  }
+}
+
+// The launches' groups: no working copy, or one of each working dtype.
+constexpr int kGroups = 4;
+int work_group(const void* w, WorkDtype t) { return w == nullptr ? 0 : 1 + static_cast<int>(t); }
+
+// Calls f(has_work, dtype) as compile-time constants for group g.
+template <class F>
+int with_group(int g, F&& f) {
+  if (g == 0) return f(std::false_type{}, std::integral_constant<WorkDtype, WorkDtype::F32>{});
+  return detail::with_dtype(static_cast<WorkDtype>(g - 1), [&](auto dt) { return f(std::true_type{}, dt); });
+}
+
+// Fills table b from the tensors of group g that `add` accepts, kK at a
+// time, and launches each table (Launch(b, blocks)); Add(b, k, i) writes
+// tensor i into slot k and returns its element count (0: skipped).
+template <class Table, class Add, class Launch>
+int launch_tables(size_t count, Add&& add, Launch&& launch) {
+  int sms = 0;
+  const cudaError_t e = detail::sm_count(&sms);
+  if (e != cudaSuccess) return detail::api_result(e);
+  const size_t max_blocks = static_cast<size_t>(sms) * detail::kBlocksPerSm;
+  Table b{};
+  size_t i = 0;
+  while (i < count) {
+    unsigned k = 0;
+    size_t chunks = 0;
+    for (; i < count && k < kK; ++i) {
+      const size_t n = add(b, k, i);
+      if (n == 0) continue;
+      b.chunk_begin[k] = chunks;
+      b.n[k] = n;
+      chunks += (n + kChunk - 1) / kChunk;
+      ++k;
+    }
+    if (k == 0) break;
+    b.chunk_begin[k] = chunks;
+    b.count = k;
+    const int r = launch(b, static_cast<unsigned>(chunks < max_blocks ? chunks : max_blocks));
+    if (r != 0) return r;
+  }
+  return 0;
+}
+
 }  // namespace
+
+int adam_step_many(const AdamTensor* t, size_t count, float grad_scale, void* stream) {
+  if (count == 0) return 0;
+  if (!t) return kInvalid;
+  // Every argument checked before anything is enqueued.
+  std::vector<AdamC> c(count);
+  bool present[kGroups] = {};
+  for (size_t i = 0; i < count; ++i) {
+    const AdamTensor& x = t[i];
+    if (x.n == 0) continue;
+    if (!x.master || !x.exp_avg || !x.exp_avg_sq || !x.grad) return kInvalid;
+    if (x.working && !detail::valid_dtype(x.working_dtype)) return kInvalid;
+    if (x.h.bias_correction && x.h.step < 1) return kInvalid;  // adam_consts would throw
+    c[i] = adam_consts(x.h, grad_scale);
+    present[work_group(x.working, x.working_dtype)] = true;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    if (!present[g]) continue;
+    const int r = with_group(g, [&](auto has_work, auto dt) {
+      auto add = [&](AdamTable& b, unsigned k, size_t i) -> size_t {
+        const AdamTensor& x = t[i];
+        if (x.n == 0 || work_group(x.working, x.working_dtype) != g) return 0;
+        b.p[k] = x.master;
+        b.m[k] = x.exp_avg;
+        b.v[k] = x.exp_avg_sq;
+        b.g[k] = x.grad;
+        b.w[k] = x.working;
+        b.c[k] = c[i];
+        b.vec4[k] = detail::aligned(x.master, 16) && detail::aligned(x.exp_avg, 16) &&
+                    detail::aligned(x.exp_avg_sq, 16) && detail::aligned(x.grad, 16) &&
+                    work_vec4_ok(x.working, x.working_dtype);
+        return x.n;
+      };
+      auto launch = [&](const AdamTable& b, unsigned blocks) {
+        adam_many_kernel<decltype(has_work)::value, decltype(dt)::value>
+            <<<blocks, kThreads, 0, detail::as_stream(stream)>>>(b);
+        return detail::launch_result();
+      };
+      return launch_tables<AdamTable>(count, add, launch);
+    });
+    if (r != 0) return r;
+  }
+  return 0;
+}
+
+int sgd_step_many(const SgdTensor* t, size_t count, float grad_scale, void* stream) {
+  if (count == 0) return 0;
+  if (!t) return kInvalid;
+  std::vector<SgdC> c(count);
+  bool present[kGroups] = {};
+  for (size_t i = 0; i < count; ++i) {
+    const SgdTensor& x = t[i];
+    if (x.n == 0) continue;
+    if (!x.master || !x.grad) return kInvalid;
+    if (x.working && !detail::valid_dtype(x.working_dtype)) return kInvalid;
+    c[i] = sgd_consts(x.h, grad_scale);
+    if (c[i].has_mom && !x.momentum_buf) return kInvalid;
+    present[work_group(x.working, x.working_dtype)] = true;
+  }
+  for (int g = 0; g < kGroups; ++g) {
+    if (!present[g]) continue;
+    const int r = with_group(g, [&](auto has_work, auto dt) {
+      auto add = [&](SgdTable& b, unsigned k, size_t i) -> size_t {
+        const SgdTensor& x = t[i];
+        if (x.n == 0 || work_group(x.working, x.working_dtype) != g) return 0;
+        float* buf = c[i].has_mom ? x.momentum_buf : nullptr;
+        b.p[k] = x.master;
+        b.buf[k] = buf;
+        b.g[k] = x.grad;
+        b.w[k] = x.working;
+        b.c[k] = c[i];
+        b.vec4[k] = detail::aligned(x.master, 16) && detail::aligned(x.grad, 16) &&
+                    (buf == nullptr || detail::aligned(buf, 16)) && work_vec4_ok(x.working, x.working_dtype);
+        return x.n;
+      };
+      auto launch = [&](const SgdTable& b, unsigned blocks) {
+        sgd_many_kernel<decltype(has_work)::value, decltype(dt)::value>
+            <<<blocks, kThreads, 0, detail::as_stream(stream)>>>(b);
+        return detail::launch_result();
+      };
+      return launch_tables<SgdTable>(count, add, launch);
+    });
+    if (r != 0) return r;
+  }
+  return 0;
+}
 
 int adam_step(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, size_t n,
               const AdamHyper& h, float grad_scale, void* working, WorkDtype working_dtype,
