@@ -6,7 +6,11 @@
 // measured in the same run. A memory-bound kernel near 1.0 is as fast as the
 // memory allows.
 //
-//   bench_gpu_kernels [--elements N] [--iters N]
+//   bench_gpu_kernels [--elements N] [--iters N] [--tensors N]
+//
+// The optimizer steps also over the same elements cut into --tensors
+// tensors: one launch per tensor (adam_step, sgd_step) against the
+// multi-tensor launchers (adam_step_many, sgd_step_many).
 //
 // Prints a table, then, as the last line, one JSON object:
 //   {"device": "...", "elements": N, "iters": N,
@@ -81,8 +85,9 @@ bool parse_count(const char* s, unsigned long long* out) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_gpu_kernels: %s\n"
-               "usage: bench_gpu_kernels [--elements N] [--iters N]\n"
+               "usage: bench_gpu_kernels [--elements N] [--iters N] [--tensors N]\n"
                "  --elements N  elements per kernel (default 67108864)\n"
+               "  --tensors N   tensors the elements are cut into for the multi-tensor rows (default 1024)\n"
                "  --iters N     timed runs per kernel, the median is reported (default 20)\n",
                why);
   std::exit(2);
@@ -150,7 +155,7 @@ void* dalloc(size_t bytes, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  unsigned long long elements = 64ull << 20, iters = 20;
+  unsigned long long elements = 64ull << 20, iters = 20, tensors = 1024;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     std::string val;
@@ -158,7 +163,7 @@ int main(int argc, char** argv) {
     if (eq != std::string::npos) {
       val = a.substr(eq + 1);
       a = a.substr(0, eq);
-    } else if (a == "--elements" || a == "--iters") {
+    } else if (a == "--elements" || a == "--iters" || a == "--tensors") {
       if (i + 1 >= argc) usage((a + ": expected a value").c_str());
       val = argv[++i];
     }
@@ -168,6 +173,9 @@ int main(int argc, char** argv) {
     } else if (a == "--iters") {
       if (!parse_count(val.c_str(), &iters) || iters > 100000)
         usage(("--iters " + val + ": expected an integer in 1..100000").c_str());
+    } else if (a == "--tensors") {
+      if (!parse_count(val.c_str(), &tensors))
+        usage(("--tensors " + val + ": expected a positive integer").c_str());
     } else if (a == "-h" || a == "--help") {
       usage("GPU kernels against memory bandwidth");
     } else {
@@ -257,6 +265,49 @@ int main(int argc, char** argv) {
   measure("sgd_momentum", "SGD momentum 0.9, fp32 (r p,buf,g; w p,buf)", 20.0 * N, [&] {
     const SgdHyper h{1e-4f, 0.9f, 0.0f, 0.0f, false, false};
     launched(cu::sgd_step(p, m, g, n, h, 1.0f, nullptr, WorkDtype::F32, s), "sgd_step");
+  });
+  // The same elements as a rank's many shards (--tensors of n / tensors
+  // each, fp32 params, no write-back): adam_step / sgd_step launched once
+  // per tensor against adam_step_many / sgd_step_many (one launch per
+  // working dtype, kernels::cuda::kStepTensorsPerLaunch tensors a launch);
+  // and the whole n as one tensor through adam_step_many, next to "adamw".
+  const size_t per = std::max<size_t>(1, n / static_cast<size_t>(tensors));
+  std::vector<zs::kernels::AdamTensor> adam_list;
+  std::vector<zs::kernels::SgdTensor> sgd_list;
+  for (size_t at = 0; at < n; at += per) {
+    const size_t len = std::min(per, n - at);
+    adam_list.push_back({p + at, m + at, v + at, g + at, len, AdamHyper{}, nullptr, WorkDtype::F32});
+    sgd_list.push_back({p + at, m + at, g + at, len, SgdHyper{}, nullptr, WorkDtype::F32});
+  }
+  const std::string each_name = "adamw_each_" + std::to_string(adam_list.size());
+  const std::string many_name = "adamw_many_" + std::to_string(adam_list.size());
+  const std::string sgd_each_name = "sgd_each_" + std::to_string(sgd_list.size());
+  const std::string sgd_many_name = "sgd_many_" + std::to_string(sgd_list.size());
+  measure(each_name.c_str(), "AdamW fp32, one adam_step launch per tensor (28 B/element)", 28.0 * N, [&] {
+    const AdamHyper h{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, ++step};
+    for (const auto& t : adam_list)
+      launched(cu::adam_step(t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.n, h, 1.0f, nullptr, WorkDtype::F32, s),
+               "adam_step");
+  });
+  measure(many_name.c_str(), "AdamW fp32, adam_step_many over the same tensors (28 B/element)", 28.0 * N, [&] {
+    const AdamHyper h{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, ++step};
+    for (auto& t : adam_list) t.h = h;
+    launched(cu::adam_step_many(adam_list.data(), adam_list.size(), 1.0f, s), "adam_step_many");
+  });
+  measure("adamw_many_1", "AdamW + bf16 write-back as one tensor through adam_step_many", 30.0 * N, [&] {
+    const zs::kernels::AdamTensor one{p, m, v, g, n, AdamHyper{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, true, true, ++step},
+                                      w16, WorkDtype::BF16};
+    launched(cu::adam_step_many(&one, 1, 1.0f, s), "adam_step_many");
+  });
+  const SgdHyper sgd_h{1e-4f, 0.9f, 0.0f, 0.0f, false, false};
+  for (auto& t : sgd_list) t.h = sgd_h;
+  measure(sgd_each_name.c_str(), "SGD momentum fp32, one sgd_step launch per tensor (20 B/element)", 20.0 * N, [&] {
+    for (const auto& t : sgd_list)
+      launched(cu::sgd_step(t.master, t.momentum_buf, t.grad, t.n, sgd_h, 1.0f, nullptr, WorkDtype::F32, s),
+               "sgd_step");
+  });
+  measure(sgd_many_name.c_str(), "SGD momentum fp32, sgd_step_many over the same tensors", 20.0 * N, [&] {
+    launched(cu::sgd_step_many(sgd_list.data(), sgd_list.size(), 1.0f, s), "sgd_step_many");
   });
   measure("cast_f32_to_bf16", "cast_from_f32 to bf16 (r 4, w 2 bytes)", 6.0 * N, [&] {
     launched(cu::cast_from_f32(p, w16, WorkDtype::BF16, n, s), "cast_from_f32");

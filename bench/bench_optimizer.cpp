@@ -14,7 +14,8 @@
 // small shards): adam_step on each in turn, where each tensor under the
 // parallel grain runs on one thread, against adam_step_many over them all
 // (the engine's host step since issue 63), which spreads them over every
-// thread. The last line is one JSON object.
+// thread; and SGD with momentum the same way (sgd_step against
+// sgd_step_many). The last line is one JSON object.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -246,6 +247,23 @@ int main(int argc, char** argv) {
   std::printf("  %zu tensors of %zu: one at a time %.1f ms/iter, adam_step_many %.1f ms/iter (%.2fx)\n",
               count, a.tensor, each_t.seconds_per_iter * 1e3, many_t.seconds_per_iter * 1e3, many_speedup);
 
+  // SGD with momentum (m as the buffer) over the same tensors: sgd_step on
+  // each in turn against sgd_step_many.
+  std::vector<k::SgdTensor> sgd_tensors;
+  const k::SgdHyper sgd_h{1e-3f, 0.9f, 0.0f, 0.01f, false, false};
+  for (const auto& t : tensors)
+    sgd_tensors.push_back({t.master, t.exp_avg, t.grad, t.n, sgd_h, nullptr, k::WorkDtype::F32});
+  const Timing sgd_each_t = time_it(a.iters, [&] {
+    for (const auto& t : sgd_tensors)
+      k::sgd_step(t.master, t.momentum_buf, t.grad, t.n, sgd_h, 1.0f / 1024, nullptr, k::WorkDtype::F32);
+  });
+  const Timing sgd_many_t = time_it(a.iters, [&] {
+    k::sgd_step_many(sgd_tensors.data(), sgd_tensors.size(), 1.0f / 1024);
+  });
+  const double sgd_speedup = sgd_each_t.seconds_per_iter / sgd_many_t.seconds_per_iter;
+  std::printf("  %zu tensors of %zu: sgd (momentum) one at a time %.1f ms/iter, sgd_step_many %.1f ms/iter (%.2fx)\n",
+              count, a.tensor, sgd_each_t.seconds_per_iter * 1e3, sgd_many_t.seconds_per_iter * 1e3, sgd_speedup);
+
   const double speedup_1t = adamw_gbps / scalar_1t_gbps;
   const double speedup_all = adamw_gbps / scalar_all_gbps;
   std::printf("  speedup vs scalar 1 thread %.2fx, vs scalar %d threads %.2fx; ratio to copy %.2f (target 0.80)\n",
@@ -258,11 +276,12 @@ int main(int argc, char** argv) {
       "\"copy_gbps\":%.3f,\"copy_memcpy_gbps\":%.3f,\"copy_vector_gbps\":%.3f,\"rmw_gbps\":%.3f,\"ratio_to_rmw\":%.3f,\"ratio_to_copy\":%.3f,\"scalar_1t_gbps\":%.3f,\"scalar_all_gbps\":%.3f,"
       "\"speedup_vs_scalar_1t\":%.3f,\"speedup_vs_scalar_all\":%.3f,\"target_ratio\":0.8,"
       "\"meets_target\":%s,\"tensor\":%zu,\"tensors\":%zu,\"each_ms\":%.3f,\"many_ms\":%.3f,"
-      "\"many_speedup\":%.3f}\n",
+      "\"many_speedup\":%.3f,\"sgd_each_ms\":%.3f,\"sgd_many_ms\":%.3f,\"sgd_many_speedup\":%.3f}\n",
       n, a.iters, threads, simd.c_str(), adamw_gbps, adamw_pps, simd_t.seconds_per_iter * 1e3,
       simd_t.best_seconds * 1e3, simd_t.mean_seconds * 1e3, work_gbps, copy_gbps, memcpy_gbps, loop_gbps, rmw_gbps, adamw_gbps / rmw_gbps, ratio, scalar_1t_gbps, scalar_all_gbps,
       speedup_1t, speedup_all, ratio >= 0.8 ? "true" : "false", a.tensor, count,
-      each_t.seconds_per_iter * 1e3, many_t.seconds_per_iter * 1e3, many_speedup);
+      each_t.seconds_per_iter * 1e3, many_t.seconds_per_iter * 1e3, many_speedup,
+      sgd_each_t.seconds_per_iter * 1e3, sgd_many_t.seconds_per_iter * 1e3, sgd_speedup);
   std::free(bf16_work);
   std::free(block);
   return 0;

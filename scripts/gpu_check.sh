@@ -6,8 +6,9 @@
 #   2. the examples on CUDA against the same run on the CPU: train_mlp in a
 #      world of one over NCCL and two ranks sharing the GPU over staged
 #      Gloo, and the Python GPT example;
-#   3. the GPU benchmarks (kernels against a device-to-device copy, the GPT
-#      step against plain PyTorch and FSDP2); each prints one JSON object last.
+#   3. the GPU benchmarks (kernels against a device-to-device copy, the
+#      optimizer step against torch's fused AdamW, the GPT step against
+#      plain PyTorch and FSDP2); each prints one JSON object last.
 # Logs go to $OUT (or gpu-check-out/) when set. Exits nonzero if any part
 # failed, after running every part.
 set -uo pipefail
@@ -97,6 +98,9 @@ PY
 step python-gpu-tests 90 python3 -m pytest -q bindings/python/tests/test_cuda.py
 
 step bench-kernels 30 "$carry/bin/bench_gpu_kernels"
+# The engine's multi-tensor AdamW step against torch's fused one: one 64M
+# param, 1024 of 64K, 4096 of 4K.
+step bench-optimizer 30 python3 bench/bench_gpu_optimizer.py --layouts 1x64M,1024x64K,4096x4K --steps 10 --warmup 3
 step bench-gpt-step 60 python3 bench/bench_gpu_step.py --steps 20
 # The memory side at 300M params (24 blocks of 1024): zeroshard's peak
 # (torch's allocator and the engine's pools) against torch and FSDP2.
@@ -104,7 +108,7 @@ step bench-gpt-step-300m 100 python3 bench/bench_gpu_step.py --dim 1024 --layers
   --steps 5 --warmup 2 --adamw-numel 0
 
 echo "== summary"
-for f in bench-kernels bench-gpt-step bench-gpt-step-300m; do tail -n 1 "$out/$f.log"; done
+for f in bench-kernels bench-optimizer bench-gpt-step bench-gpt-step-300m; do tail -n 1 "$out/$f.log"; done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]}"
   exit 1
