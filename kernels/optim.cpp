@@ -465,6 +465,45 @@ void adam_step_mixed(void* master, WorkDtype master_dtype, void* exp_avg, void* 
   });
 }
 
+void adam_step_mixed_many(const AdamMixedTensor* t, size_t count, float grad_scale) {
+  if (count == 0) return;
+  require(t != nullptr, "adam_step_mixed_many: null tensors");
+  std::vector<AdamC> c(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (t[i].n == 0) continue;
+    require(t[i].master && t[i].exp_avg && t[i].exp_avg_sq && t[i].grad,
+            "adam_step_mixed_many: null master, state or grad");
+    require_mixed_dtypes(t[i].master_dtype, t[i].state_dtype, "adam_step_mixed_many");
+    c[i] = adam_consts(t[i].h, grad_scale);
+  }
+  const Impl* I = impl();
+  many_ranges(count, [&](size_t i) { return t[i].n; }, [&](size_t i, size_t lo, size_t hi) {
+    const AdamMixedTensor& x = t[i];
+    I->adam_mixed(work_at(x.master, x.master_dtype, lo), x.master_dtype, work_at(x.exp_avg, x.state_dtype, lo),
+                  work_at(x.exp_avg_sq, x.state_dtype, lo), x.state_dtype, x.grad + lo, hi - lo, c[i]);
+  });
+}
+
+void sgd_step_mixed_many(const SgdMixedTensor* t, size_t count, float grad_scale) {
+  if (count == 0) return;
+  require(t != nullptr, "sgd_step_mixed_many: null tensors");
+  std::vector<SgdC> c(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (t[i].n == 0) continue;
+    require(t[i].master && t[i].grad, "sgd_step_mixed_many: null master or grad");
+    require_mixed_dtypes(t[i].master_dtype, t[i].state_dtype, "sgd_step_mixed_many");
+    c[i] = sgd_consts(t[i].h, grad_scale);
+    require(!c[i].has_mom || t[i].momentum_buf, "sgd_step_mixed_many: momentum != 0 needs a momentum buffer");
+  }
+  const Impl* I = impl();
+  many_ranges(count, [&](size_t i) { return t[i].n; }, [&](size_t i, size_t lo, size_t hi) {
+    const SgdMixedTensor& x = t[i];
+    I->sgd_mixed(work_at(x.master, x.master_dtype, lo), x.master_dtype,
+                 c[i].has_mom ? work_at(x.momentum_buf, x.state_dtype, lo) : nullptr, x.state_dtype, x.grad + lo,
+                 hi - lo, c[i]);
+  });
+}
+
 void adam_step_mixed_scalar(void* master, WorkDtype master_dtype, void* exp_avg, void* exp_avg_sq,
                             WorkDtype state_dtype, const float* grad, size_t n, const AdamHyper& h,
                             float grad_scale) {

@@ -97,6 +97,33 @@ struct SgdTensor {
 // cuts them: bit for bit sgd_step's results on each.
 void sgd_step_many(const SgdTensor* tensors, size_t count, float grad_scale);
 
+// One tensor of a multi-tensor step over masters and moments in F32 or BF16
+// (adam_step_mixed / sgd_step_mixed's arguments; a bf16 master is the
+// param's working shard, stepped in place).
+struct AdamMixedTensor {
+  void* master;
+  WorkDtype master_dtype;
+  void* exp_avg;
+  void* exp_avg_sq;
+  WorkDtype state_dtype;
+  const float* grad;
+  size_t n;
+  AdamHyper h;
+};
+struct SgdMixedTensor {
+  void* master;
+  WorkDtype master_dtype;
+  void* momentum_buf;  // may be null where h.momentum == 0
+  WorkDtype state_dtype;
+  const float* grad;
+  size_t n;
+  SgdHyper h;
+};
+// adam_step_mixed / sgd_step_mixed over every tensor in one parallel pass,
+// cut as adam_step_many cuts them: bit for bit their results on each.
+void adam_step_mixed_many(const AdamMixedTensor* tensors, size_t count, float grad_scale);
+void sgd_step_mixed_many(const SgdMixedTensor* tensors, size_t count, float grad_scale);
+
 // The same updates over a master and moments kept in fp32 or bf16 (DeepSpeed's
 // bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states):
 // master_dtype and state_dtype are WorkDtype::F32 or BF16 (F16 throws

@@ -260,83 +260,93 @@ TEST(CudaEngine, MuonStepsEqualTheCpu) {
 // sgd_step_many) leaves every param's working shard and state as a CPU
 // context does, bit for bit: many params of odd sizes, fp32 and bf16, one
 // of which misses the first step's gradient (its step count lags the
-// others'), under AdamW and under SGD with Nesterov momentum.
+// others'), under AdamW and under SGD with Nesterov momentum; and under
+// bf16_master_weights_and_grads (with fp32 and with bf16 moments), whose
+// bf16 params step in place (adam_step_mixed_many / sgd_step_mixed_many).
 TEST(CudaEngine, MultiTensorStepsEqualTheCpuBitForBit) {
   REQUIRE_GPU();
   const int64_t sizes[] = {1, 7, 4099, 70001, 300007, 65, 16384};
   constexpr size_t kParams = sizeof(sizes) / sizeof(sizes[0]);
-  for (zs_optimizer_kind kind : {ZS_OPTIM_ADAMW, ZS_OPTIM_SGD}) {
-    std::vector<std::vector<uint8_t>> out(2);  // per context: every param's working bytes, then its slot 1
-    for (int d = 0; d < 2; ++d) {
-      zs_context ctx = nullptr;
-      if (d == 0) {
+  // bf16 masters: the bf16 params' shards are their masters (the
+  // _mixed_many launches), with fp32 moments or bf16 ones.
+  const char* const configs[] = {
+      nullptr, R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})",
+      R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})"};
+  for (const char* config : configs) {
+    for (zs_optimizer_kind kind : {ZS_OPTIM_ADAMW, ZS_OPTIM_SGD}) {
+      SCOPED_TRACE(config ? config : "no config");
+      std::vector<std::vector<uint8_t>> out(2);  // per context: every param's working bytes, then its fp32 slot 1
+      for (int d = 0; d < 2; ++d) {
+        zs_context ctx = nullptr;
         zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
         o.rank = 0;
         o.world_size = 1;
-        o.device = "cpu";
+        o.device = d == 0 ? "cpu" : "cuda:0";
+        o.config_json = config;
         ZS_ASSERT_OK(zs_context_create(&ctx, &o));
-      } else {
-        ctx = cuda_context();
-      }
-      zs_param ps[kParams];
-      for (size_t k = 0; k < kParams; ++k) {
-        const std::string name = "p" + std::to_string(k);
-        zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-        po.name = name.c_str();
-        po.dtype = k % 2 ? ZS_BFLOAT16 : ZS_FLOAT32;
-        po.ndim = 1;
-        po.shape = &sizes[k];
-        po.init = ZS_INIT_NORMAL;
-        po.seed = 20 + k;
-        po.b = 0.5;
-        ZS_ASSERT_OK(zs_param_register(&ps[k], ctx, &po));
-      }
-      zs_optimizer opt;
-      ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, kind));
-      zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-      hp.lr = 1e-2;
-      hp.weight_decay = 0.1;
-      if (kind == ZS_OPTIM_SGD) {
-        hp.momentum = 0.9;
-        hp.nesterov = 1;
-      }
-      ZS_ASSERT_OK(zs_optimizer_add_group(opt, ps, kParams, &hp, nullptr));
-      for (int step = 0; step < 3; ++step) {
+        zs_param ps[kParams];
         for (size_t k = 0; k < kParams; ++k) {
-          if (k == 2 && step == 0) continue;
-          const auto n = static_cast<size_t>(sizes[k]);
-          const auto grad = ramp(n, 0.1f * static_cast<float>(step + 1) + 0.01f * static_cast<float>(k));
-          ZS_ASSERT_OK(zs_grad_push(ps[k], grad.data(), ZS_FLOAT32, n * 4));
+          const std::string name = "p" + std::to_string(k);
+          zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+          po.name = name.c_str();
+          po.dtype = k % 2 ? ZS_BFLOAT16 : ZS_FLOAT32;
+          po.ndim = 1;
+          po.shape = &sizes[k];
+          po.init = ZS_INIT_NORMAL;
+          po.seed = 20 + k;
+          po.b = 0.5;
+          ZS_ASSERT_OK(zs_param_register(&ps[k], ctx, &po));
         }
-        zs_step_result r = ZS_STEP_RESULT_INIT;
-        ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+        zs_optimizer opt;
+        ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, kind));
+        zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+        hp.lr = 1e-2;
+        hp.weight_decay = 0.1;
+        if (kind == ZS_OPTIM_SGD) {
+          hp.momentum = 0.9;
+          hp.nesterov = 1;
+        }
+        ZS_ASSERT_OK(zs_optimizer_add_group(opt, ps, kParams, &hp, nullptr));
+        for (int step = 0; step < 3; ++step) {
+          for (size_t k = 0; k < kParams; ++k) {
+            if (k == 2 && step == 0) continue;
+            const auto n = static_cast<size_t>(sizes[k]);
+            const auto grad = ramp(n, 0.1f * static_cast<float>(step + 1) + 0.01f * static_cast<float>(k));
+            ZS_ASSERT_OK(zs_grad_push(ps[k], grad.data(), ZS_FLOAT32, n * 4));
+          }
+          zs_step_result r = ZS_STEP_RESULT_INIT;
+          ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
+        }
+        for (size_t k = 0; k < kParams; ++k) {
+          const size_t bytes = static_cast<size_t>(sizes[k]) * (k % 2 ? 2 : 4);
+          zs_gather g;
+          ZS_ASSERT_OK(zs_fetch(&g, ctx, &ps[k], 1));
+          ZS_ASSERT_OK(zs_gather_wait(g, ZS_WAIT_FOREVER));
+          ZS_ASSERT_OK(zs_gather_destroy(g));
+          const size_t at = out[d].size();
+          out[d].resize(at + bytes);
+          ZS_ASSERT_OK(zs_param_copy_to(ps[k], out[d].data() + at, bytes));
+          ZS_ASSERT_OK(zs_release(ctx, &ps[k], 1));
+          // A bf16 param's moments under a bf16 config: checked through its
+          // steps (bf16 moments have no fp32 slot to read).
+          if (config && k % 2) continue;
+          float* state = nullptr;
+          uint64_t numel = 0;
+          ZS_ASSERT_OK(zs_optimizer_state_data(opt, ps[k], 1, &state, &numel));
+          const size_t st = out[d].size();
+          out[d].resize(st + numel * 4);
+          ASSERT_EQ(cudaMemcpy(out[d].data() + st, state, numel * 4, cudaMemcpyDefault), cudaSuccess);
+        }
+        zs_optimizer_destroy(opt);
+        zs_context_destroy(ctx);
       }
-      for (size_t k = 0; k < kParams; ++k) {
-        const size_t bytes = static_cast<size_t>(sizes[k]) * (k % 2 ? 2 : 4);
-        zs_gather g;
-        ZS_ASSERT_OK(zs_fetch(&g, ctx, &ps[k], 1));
-        ZS_ASSERT_OK(zs_gather_wait(g, ZS_WAIT_FOREVER));
-        ZS_ASSERT_OK(zs_gather_destroy(g));
-        const size_t at = out[d].size();
-        out[d].resize(at + bytes);
-        ZS_ASSERT_OK(zs_param_copy_to(ps[k], out[d].data() + at, bytes));
-        ZS_ASSERT_OK(zs_release(ctx, &ps[k], 1));
-        float* state = nullptr;
-        uint64_t numel = 0;
-        ZS_ASSERT_OK(zs_optimizer_state_data(opt, ps[k], 1, &state, &numel));
-        const size_t st = out[d].size();
-        out[d].resize(st + numel * 4);
-        ASSERT_EQ(cudaMemcpy(out[d].data() + st, state, numel * 4, cudaMemcpyDefault), cudaSuccess);
-      }
-      zs_optimizer_destroy(opt);
-      zs_context_destroy(ctx);
+      ASSERT_EQ(out[0].size(), out[1].size());
+      size_t first = out[0].size();
+      for (size_t i = 0; i < out[0].size() && first == out[0].size(); ++i)
+        if (out[0][i] != out[1][i]) first = i;
+      EXPECT_EQ(first, out[0].size()) << "kind " << kind << ": CUDA and CPU differ first at byte " << first << " of "
+                                      << out[0].size();
     }
-    ASSERT_EQ(out[0].size(), out[1].size());
-    size_t first = out[0].size();
-    for (size_t i = 0; i < out[0].size() && first == out[0].size(); ++i)
-      if (out[0][i] != out[1][i]) first = i;
-    EXPECT_EQ(first, out[0].size()) << "kind " << kind << ": CUDA and CPU differ first at byte " << first << " of "
-                                    << out[0].size();
   }
 }
 

@@ -227,6 +227,7 @@ class CudaKernels : public ::testing::Test {
                    int steps, float grad_scale, size_t off, size_t woff);
   void compare_adam_many(const std::vector<size_t>& sizes, int steps);
   void compare_sgd_many(const std::vector<size_t>& sizes, int steps);
+  void compare_mixed_many(const std::vector<size_t>& sizes, int steps);
   // The kernel launches `enqueue` makes on the stream, counted as the nodes
   // of a graph captured from it.
   size_t launches_of(const std::function<int(void*)>& enqueue);
@@ -533,6 +534,95 @@ void CudaKernels::compare_sgd_many(const std::vector<size_t>& sizes, int steps) 
     }
 }
 
+// The _mixed steps (masters and moments each F32 or BF16, tensor i's pair
+// cycling through the four): adam_step_mixed / sgd_step_mixed on each in
+// turn on arenas A against adam_step_mixed_many / sgd_step_mixed_many on
+// arenas B, every byte compared, gaps included. Every fifth tensor starts
+// one element off its boundary.
+void CudaKernels::compare_mixed_many(const std::vector<size_t>& sizes, int steps) {
+  const size_t count = sizes.size();
+  auto pdt = [](size_t i) { return i % 2 ? WorkDtype::BF16 : WorkDtype::F32; };
+  auto sdt = [](size_t i) { return i % 4 >= 2 ? WorkDtype::BF16 : WorkDtype::F32; };
+  std::vector<size_t> poff(count), soff(count), goff(count);  // bytes, bytes, elements
+  size_t pbytes = 0, sbytes = 0, gtotal = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t mis = i % 5 == 3 ? 1 : 0;
+    poff[i] = pbytes + mis * dsize(pdt(i));
+    pbytes += ((sizes[i] + mis) * dsize(pdt(i)) + 255) / 256 * 256 + 256;
+    soff[i] = sbytes + mis * dsize(sdt(i));
+    sbytes += ((sizes[i] + mis) * dsize(sdt(i)) + 255) / 256 * 256 + 256;
+    goff[i] = gtotal + mis;
+    gtotal += (sizes[i] + mis + 63) / 64 * 64 + 64;
+  }
+  // Finite values of every dtype: random normal floats' bits (bf16 reads
+  // their upper halves; the squared ones stay positive for exp_avg_sq).
+  auto bytes_of = [](size_t nbytes, uint32_t seed, bool positive) {
+    std::vector<float> f = normal((nbytes + 3) / 4, seed, 0.5f);
+    if (positive)
+      for (auto& x : f) x = std::fabs(x) + 1e-3f;
+    std::vector<uint8_t> out(nbytes);
+    if (nbytes) std::memcpy(out.data(), f.data(), nbytes);
+    return out;
+  };
+  const std::vector<uint8_t> p0 = bytes_of(pbytes, 41, false), m0 = bytes_of(sbytes, 42, false),
+                             v0 = bytes_of(sbytes, 43, true);
+  Dev<uint8_t> ap(pbytes, stream_), am(sbytes, stream_), av(sbytes, stream_), bp(pbytes, stream_),
+      bm(sbytes, stream_), bv(sbytes, stream_);
+  Dev<float> dg(gtotal, stream_);
+  const size_t nadam = sizeof(kAdamCases) / sizeof(kAdamCases[0]);
+  const size_t nsgd = sizeof(kSgdCases) / sizeof(kSgdCases[0]);
+  for (int kind = 0; kind < 2; ++kind) {  // 0: Adam, 1: SGD
+    ap.put(p0);
+    bp.put(p0);
+    am.put(m0);
+    bm.put(m0);
+    av.put(v0);
+    bv.put(v0);
+    for (int step = 0; step < steps; ++step) {
+      dg.put(normal(gtotal, 300 + static_cast<uint32_t>(step)));
+      std::vector<AdamMixedTensor> alist;
+      std::vector<SgdMixedTensor> slist;
+      for (size_t i = 0; i < count; ++i) {
+        const std::string what = "tensor " + std::to_string(i);
+        if (kind == 0) {
+          const AdamCase& c = kAdamCases[i % nadam];
+          const AdamHyper h{1e-3f * static_cast<float>(1 + i % 7), c.beta1, 0.999f, 1e-8f, c.wd, c.adamw, c.bias,
+                            static_cast<int64_t>(1 + i % 5 + step)};
+          ok(cu::adam_step_mixed(ap.at(poff[i]), pdt(i), am.at(soff[i]), av.at(soff[i]), sdt(i), dg.at(goff[i]),
+                                 sizes[i], h, 0.37f, s()),
+             "adam_step_mixed " + what);
+          alist.push_back({bp.at(poff[i]), pdt(i), bm.at(soff[i]), bv.at(soff[i]), sdt(i), dg.at(goff[i]), sizes[i], h});
+        } else {
+          const SgdCase& c = kSgdCases[i % nsgd];
+          const SgdHyper h{0.05f * static_cast<float>(1 + i % 7), c.momentum, c.dampening, c.wd, c.nesterov,
+                           step == 0 && i % 2 == 0};
+          const bool mom = c.momentum != 0.0f;
+          ok(cu::sgd_step_mixed(ap.at(poff[i]), pdt(i), mom ? am.at(soff[i]) : nullptr, sdt(i), dg.at(goff[i]),
+                                sizes[i], h, 0.37f, s()),
+             "sgd_step_mixed " + what);
+          slist.push_back({bp.at(poff[i]), pdt(i), mom ? bm.at(soff[i]) : nullptr, sdt(i), dg.at(goff[i]), sizes[i], h});
+        }
+      }
+      if (kind == 0)
+        ok(cu::adam_step_mixed_many(alist.data(), alist.size(), 0.37f, s()), "adam_step_mixed_many");
+      else
+        ok(cu::sgd_step_mixed_many(slist.data(), slist.size(), 0.37f, s()), "sgd_step_mixed_many");
+      sync();
+    }
+    const char* name = kind == 0 ? "adam" : "sgd";
+    const std::vector<uint8_t> gap = ap.get(pbytes), gbp = bp.get(pbytes);
+    size_t i = first_byte_diff(gbp, gap);
+    EXPECT_EQ(i, kNone) << name << ": masters differ at byte " << i;
+    EXPECT_NE(first_byte_diff(gbp, p0), kNone) << name << ": nothing stepped";
+    i = first_byte_diff(bm.get(sbytes), am.get(sbytes));
+    EXPECT_EQ(i, kNone) << name << ": first moments differ at byte " << i;
+    i = first_byte_diff(bv.get(sbytes), av.get(sbytes));
+    EXPECT_EQ(i, kNone) << name << ": second moments differ at byte " << i;
+  }
+}
+
+TEST_F(CudaKernels, MixedStepManyBitIdenticalToPerTensorMixedStep) { compare_mixed_many(many_sizes(), 3); }
+
 TEST_F(CudaKernels, AdamStepManyBitIdenticalToPerTensorAdamStep) { compare_adam_many(many_sizes(), 3); }
 
 TEST_F(CudaKernels, SgdStepManyBitIdenticalToPerTensorSgdStep) { compare_sgd_many(many_sizes(), 3); }
@@ -595,6 +685,18 @@ TEST_F(CudaKernels, StepManyLaunchesOncePerWorkingDtype) {
     EXPECT_EQ(launches_of([&](void* st) { return cu::sgd_step_many(sg.data(), sg.size(), 1.0f, st); }),
               static_cast<size_t>(groups))
         << groups << " dtype groups (sgd)";
+  }
+  {
+    // Mixed: one launch per (master, state) dtype pair present.
+    std::vector<AdamMixedTensor> mixed;
+    for (size_t i = 0; i < 12; ++i)
+      mixed.push_back({p.at(i * n), i % 2 ? WorkDtype::BF16 : WorkDtype::F32, m.at(i * n), v.at(i * n),
+                       i % 4 >= 2 ? WorkDtype::BF16 : WorkDtype::F32, g.at(i * n), n, h});
+    EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_mixed_many(mixed.data(), mixed.size(), 1.0f, st); }),
+              4u);
+    mixed.resize(2);  // (f32, f32) and (bf16, f32)
+    EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_mixed_many(mixed.data(), mixed.size(), 1.0f, st); }),
+              2u);
   }
   auto full = adam_list(count, 1);
   EXPECT_EQ(launches_of([&](void* st) { return cu::adam_step_many(full.data(), full.size(), 1.0f, st); }), 2u)
@@ -660,6 +762,10 @@ TEST_F(CudaKernels, StepManyBadArgumentsAreInvalidValueAndEnqueueNothing) {
   sbad.grad = nullptr;
   slist = {sgood, sbad};
   EXPECT_EQ(cu::sgd_step_many(slist.data(), slist.size(), 1.0f, s()), inv) << "null grad";
+  AdamMixedTensor mbad{p.at(0), WorkDtype::F16, m.at(0), v.at(0), WorkDtype::F32, g.at(0), n, h};
+  EXPECT_EQ(cu::adam_step_mixed_many(&mbad, 1, 1.0f, s()), inv) << "an f16 master";
+  SgdMixedTensor msbad{p.at(0), WorkDtype::F32, nullptr, WorkDtype::F32, g.at(0), n, sh};
+  EXPECT_EQ(cu::sgd_step_mixed_many(&msbad, 1, 1.0f, s()), inv) << "mixed momentum without a buffer";
   sync();
   const std::vector<float> after = p.get(n);
   EXPECT_EQ(first_float_diff(after, p0, false), kNone) << "a refused sgd_step_many changed the master";

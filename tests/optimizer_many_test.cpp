@@ -5,7 +5,9 @@
 // (some under, some over the kernels' parallel grain), fp32 and bf16,
 // two groups with their own hyper-parameters, and params that miss a
 // step's gradient, so that their step counts (Adam's bias correction,
-// SGD's first step) differ within one pass. Bit for bit, on 1 and 2 ranks.
+// SGD's first step) differ within one pass; and bf16 params whose shards
+// are their masters (bf16_master_weights_and_grads). Bit for bit, on 1 and
+// 2 ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/optim.h"
 #include "tests/support/multirank.h"
 
@@ -31,8 +34,11 @@ zs::kernels::WorkDtype wdt(zs_dtype t) {
 }
 
 float init_value(size_t p, uint64_t i) { return std::sin(static_cast<float>(i) + 0.7f * static_cast<float>(p)) * 0.5f; }
+// Exact in bf16, so that a bf16 gradient wire (bf16 configs) and the
+// average of two ranks' equal gradients carry them unchanged.
 float grad_value(size_t p, int step, uint64_t i) {
-  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step) + 13 * p)) * 0.1f;
+  const float g = std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step) + 13 * p)) * 0.1f;
+  return zs::kernels::bf16_to_float(zs::kernels::float_to_bf16(g));
 }
 
 std::vector<float> values(size_t p, int step, bool grad) {
@@ -51,13 +57,16 @@ std::vector<uint8_t> encode(const std::vector<float>& v, zs_dtype t) {
 // step counts lag the others' from then on.
 bool has_grad(size_t p, int step) { return !((p == 3 || p == 6) && step == 0) && !(p == 5 && step == 2); }
 
-// The scalar kernels on one whole param.
+// The scalar kernels on one whole param; with bf16 masters
+// (bf16.bf16_master_weights_and_grads) a bf16 param's master is its
+// rounded value after every step.
 struct Reference {
   zs_dtype t;
+  bool master16 = false;
   std::vector<float> master, s1, s2;
   std::vector<uint8_t> working;
   int64_t steps = 0;
-  Reference(size_t p) : t(dtype_of(p)) {
+  Reference(size_t p, bool bf16_masters) : t(dtype_of(p)), master16(bf16_masters && t == ZS_BFLOAT16) {
     const size_t n = static_cast<size_t>(kSizes[p]);
     master.resize(n);
     s1.assign(n, 0.0f);
@@ -82,6 +91,7 @@ struct Reference {
                                     working.data(), wdt(t));
     }
     if (t == ZS_FLOAT32) std::memcpy(working.data(), master.data(), working.size());
+    if (master16) zs::kernels::cast_to_f32(working.data(), wdt(t), master.data(), master.size());
   }
 };
 
@@ -96,9 +106,10 @@ std::vector<uint8_t> gathered(zs_context ctx, zs_param p, size_t bytes) {
   return out;
 }
 
-void run_case(zs_optimizer_kind kind, int ranks) {
-  run_ranks(ranks, [kind](const RankEnv& env) {
-    zs_context ctx = zs::test::make_context(env);
+void run_case(zs_optimizer_kind kind, int ranks, bool bf16_masters = false) {
+  run_ranks(ranks, [kind, bf16_masters](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(
+        env, bf16_masters ? R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})" : nullptr);
     ASSERT_NE(ctx, nullptr);
     std::vector<zs_param> params(kCount);
     std::vector<Reference> refs;
@@ -114,7 +125,7 @@ void run_case(zs_optimizer_kind kind, int ranks) {
       o.data = bytes.data();
       o.data_bytes = bytes.size();
       ZS_ASSERT_OK(zs_param_register(&params[p], ctx, &o));
-      refs.emplace_back(p);
+      refs.emplace_back(p, bf16_masters);
     }
     zs_optimizer opt = nullptr;
     ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, kind));
@@ -163,6 +174,13 @@ TEST(OptimizerMany, AdamOverManyParamsEqualsEachParamsScalarStep) { run_case(ZS_
 TEST(OptimizerMany, SgdOverManyParamsEqualsEachParamsScalarStep) {
   run_case(ZS_OPTIM_SGD, 1);
   run_case(ZS_OPTIM_SGD, 2);
+}
+
+// bf16.bf16_master_weights_and_grads: the bf16 params' shards are their
+// masters (the _mixed_many pass), the fp32 params' as above, one step.
+TEST(OptimizerMany, Bf16MastersOverManyParamsEqualEachParamsScalarStep) {
+  run_case(ZS_OPTIM_ADAMW, 2, true);
+  run_case(ZS_OPTIM_SGD, 2, true);
 }
 
 }  // namespace

@@ -214,6 +214,18 @@ void sgd_step_many(Device& dev, const std::vector<kernels::SgdTensor>& tensors, 
   kernels::sgd_step_many(tensors.data(), tensors.size(), grad_scale);
 }
 
+void adam_step_mixed_many(Device& dev, const std::vector<kernels::AdamMixedTensor>& tensors, float grad_scale) {
+  if (tensors.empty()) return;
+  ZS_ON_CUDA(dev, adam_step_mixed_many, tensors.data(), tensors.size(), grad_scale)
+  kernels::adam_step_mixed_many(tensors.data(), tensors.size(), grad_scale);
+}
+
+void sgd_step_mixed_many(Device& dev, const std::vector<kernels::SgdMixedTensor>& tensors, float grad_scale) {
+  if (tensors.empty()) return;
+  ZS_ON_CUDA(dev, sgd_step_mixed_many, tensors.data(), tensors.size(), grad_scale)
+  kernels::sgd_step_mixed_many(tensors.data(), tensors.size(), grad_scale);
+}
+
 void adam_step_mixed(Device& dev, void* master, DType master_dtype, void* exp_avg, void* exp_avg_sq,
                      DType state_dtype, const float* grad, size_t n, const kernels::AdamHyper& h,
                      float grad_scale) {

@@ -76,6 +76,9 @@ void sgd_step(Device& dev, float* master, float* momentum_buf, const float* grad
 // sgd_step_many): the same bits as stepping each tensor alone.
 void adam_step_many(Device& dev, const std::vector<kernels::AdamTensor>& tensors, float grad_scale);
 void sgd_step_many(Device& dev, const std::vector<kernels::SgdTensor>& tensors, float grad_scale);
+// The same over masters and moments in F32 or BF16 (the _mixed steps).
+void adam_step_mixed_many(Device& dev, const std::vector<kernels::AdamMixedTensor>& tensors, float grad_scale);
+void sgd_step_mixed_many(Device& dev, const std::vector<kernels::SgdMixedTensor>& tensors, float grad_scale);
 
 // The steps over a master and moments each in F32 or BF16
 // (kernels::adam_step_mixed / sgd_step_mixed): a bf16 master is the param's

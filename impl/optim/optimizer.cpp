@@ -349,7 +349,18 @@ void Optimizer::update(const Group& g, Slot& s, float grad_scale, StepBatch* bat
     // The update writes the 16-bit working shard from the new master as it goes.
     if (b.working) copy_tally::add(CopyKind::MasterRefresh, n * p.elem_bytes());
   }
-  if (batch != nullptr && b.master != nullptr) {
+  if (batch != nullptr && b.master == nullptr) {
+    // bf16 masters (and maybe bf16 moments): stepped in place, as step_shard does.
+    const auto pt = ops::work_dtype(b.dtype), st = ops::work_dtype(b.state_dtype);
+    if (kind_ == OptimKind::Sgd)
+      batch->sgd_mixed.push_back({b.working, pt, b.state1, st, grad, n, sgd_hyper(hp, first)});
+    else
+      batch->adam_mixed.push_back({b.working, pt, b.state1, b.state2, st, grad, n, adam_hyper(kind_, hp, s.updates)});
+    batch->held.push_back(std::move(shard));
+    ++s.updates;
+    return;
+  }
+  if (batch != nullptr) {
     if (kind_ == OptimKind::Sgd)
       batch->sgd.push_back({b.master, static_cast<float*>(b.state1), grad, n, sgd_hyper(hp, first), b.working,
                             ops::work_dtype(p.dtype)});
@@ -1013,9 +1024,10 @@ void Optimizer::apply_update_locked(float grad_scale) {
     update_swapped(grad_scale);
   } else {
     // With every shard in memory (no param offload, whose shards come back
-    // one at a time), the fp32-master Adam/AdamW/SGD updates run as one
-    // multi-tensor pass: on the host one parallel pass, on a GPU one launch
-    // per working dtype (ops::adam_step_many / sgd_step_many).
+    // one at a time), the Adam/AdamW/SGD updates run as one multi-tensor
+    // pass: on the host one parallel pass, on a GPU one launch per working
+    // dtype (ops::adam_step_many / sgd_step_many; bf16 masters,
+    // adam_step_mixed_many / sgd_step_mixed_many).
     const bool batched = ctx_.config().offload_param.device == "none";
     StepBatch batch;
     for (auto& g : groups_)
@@ -1023,6 +1035,8 @@ void Optimizer::apply_update_locked(float grad_scale) {
         if (!s.muon) update(g, s, grad_scale, batched ? &batch : nullptr);
     ops::adam_step_many(*ctx_.device(), batch.adam, grad_scale);
     ops::sgd_step_many(*ctx_.device(), batch.sgd, grad_scale);
+    ops::adam_step_mixed_many(*ctx_.device(), batch.adam_mixed, grad_scale);
+    ops::sgd_step_mixed_many(*ctx_.device(), batch.sgd_mixed, grad_scale);
     batch.held.clear();  // the shards written back (offloaded ones) once stepped
     if (kind_ == OptimKind::Muon) update_muon(grad_scale);
   }

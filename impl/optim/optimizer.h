@@ -244,8 +244,9 @@ class Optimizer {
   void apply_update_locked(float grad_scale);
   NormResult last_norm_;
   StepResult finish_locked(const OpenStep& open, double update_seconds);
-  // The fp32-master Adam/AdamW and SGD updates of one step, run together
-  // (ops::adam_step_many / sgd_step_many) once every slot is visited: on the
+  // The Adam/AdamW and SGD updates of one step, run together
+  // (ops::adam_step_many / sgd_step_many; for bf16 masters the _mixed_many
+  // steps) once every slot is visited: on the
   // host a model of many params under the kernels' parallel grain steps on
   // all threads instead of one param at a time on one; on a GPU one launch
   // per working dtype instead of one per param. Holds each shard until it
@@ -253,10 +254,12 @@ class Optimizer {
   struct StepBatch {
     std::vector<kernels::AdamTensor> adam;
     std::vector<kernels::SgdTensor> sgd;
+    std::vector<kernels::AdamMixedTensor> adam_mixed;
+    std::vector<kernels::SgdMixedTensor> sgd_mixed;
     std::vector<ShardAccess> held;
   };
-  // With `batch`, an fp32-master slot's update joins it instead of running
-  // now (step() runs it); every other update (bf16 masters) runs now.
+  // With `batch`, the slot's update joins it instead of running now
+  // (apply_update_locked runs it).
   void update(const Group& g, Slot& s, float grad_scale, StepBatch* batch = nullptr);
   // The Muon slots of every group, one collective pass (muon_step.h).
   void update_muon(float grad_scale);

@@ -58,7 +58,13 @@ int sgd_step(float* master, float* momentum_buf, const float* grad, size_t n, co
 int adam_step_many(const AdamTensor* tensors, size_t count, float grad_scale, void* stream);
 int sgd_step_many(const SgdTensor* tensors, size_t count, float grad_scale, void* stream);
 
-// The most tensors adam_step_many / sgd_step_many pass in one launch (the
+// adam_step_mixed / sgd_step_mixed over a list of tensors (masters and
+// moments each F32 or BF16): one launch per (master, state) dtype pair
+// present, as adam_step_many; bit-identical to the per-tensor launchers.
+int adam_step_mixed_many(const AdamMixedTensor* tensors, size_t count, float grad_scale, void* stream);
+int sgd_step_mixed_many(const SgdMixedTensor* tensors, size_t count, float grad_scale, void* stream);
+
+// The most tensors a multi-tensor launcher passes in one launch (the
 // table travels as the kernel's parameter, which is at most 32,764 bytes).
 constexpr size_t kStepTensorsPerLaunch = 320;
 

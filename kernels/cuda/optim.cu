@@ -6,7 +6,9 @@
 // adam_consts / sgd_consts (computed on the host, as for the CPU), so the
 // results are bit-identical to kernels::adam_step_scalar / sgd_step_scalar.
 //
-// adam_step_many / sgd_step_many: the same element updates over a list of
+// adam_step_many / sgd_step_many (and the _mixed_many twins over masters and
+// moments in F32 or BF16, one launch per pair of dtypes): the same element
+// updates over a list of
 // tensors (a rank's shards), one launch per working dtype of the list (at
 // most kStepTensorsPerLaunch tensors a launch). As in apex's and torch's
 // multi_tensor_apply, the tensors are cut into chunks of kChunk elements
@@ -228,6 +230,58 @@ __global__ void __launch_bounds__(kThreads) sgd_many_kernel(const __grid_constan
   }
 }
 
+struct AdamMixedTable {
+  size_t chunk_begin[kK + 1];
+  void* p[kK];
+  void* m[kK];
+  void* v[kK];
+  const float* g[kK];
+  size_t n[kK];
+  AdamC c[kK];
+  bool vec4[kK];
+  unsigned count;
+};
+static_assert(sizeof(AdamMixedTable) <= 32764, "kernel parameters are limited to 32,764 bytes");
+
+struct SgdMixedTable {
+  size_t chunk_begin[kK + 1];
+  void* p[kK];
+  void* buf[kK];  // null where !c.has_mom
+  const float* g[kK];
+  size_t n[kK];
+  SgdC c[kK];
+  bool vec4[kK];
+  unsigned count;
+};
+static_assert(sizeof(SgdMixedTable) <= 32764, "kernel parameters are limited to 32,764 bytes");
+
+template <WorkDtype PT, WorkDtype ST>
+__global__ void __launch_bounds__(kThreads) adam_mixed_many_kernel(const __grid_constant__ AdamMixedTable t) {
+  const size_t chunks = t.chunk_begin[t.count];
+  for (size_t k = blockIdx.x; k < chunks; k += gridDim.x) {
+    const unsigned i = chunk_tensor(t, k);
+    const AdamMixedOp<PT, ST> op{t.p[i], t.m[i], t.v[i], t.g[i], t.c[i]};
+    run_chunk(op, (k - t.chunk_begin[i]) * kChunk, t.n[i], t.vec4[i]);
+  }
+}
+
+template <WorkDtype PT, WorkDtype ST>
+__global__ void __launch_bounds__(kThreads) sgd_mixed_many_kernel(const __grid_constant__ SgdMixedTable t) {
+  const size_t chunks = t.chunk_begin[t.count];
+  for (size_t k = blockIdx.x; k < chunks; k += gridDim.x) {
+    const unsigned i = chunk_tensor(t, k);
+    const SgdMixedOp<PT, ST> op{t.p[i], t.buf[i], t.g[i], t.c[i]};
+    run_chunk(op, (k - t.chunk_begin[i]) * kChunk, t.n[i], t.vec4[i]);
+  }
+}
+
+// The mixed launches' groups: (master, state) dtypes, each F32 or BF16.
+int mixed_group(WorkDtype pt, WorkDtype st) {
+  return (pt == WorkDtype::BF16 ? 2 : 0) + (st == WorkDtype::BF16 ? 1 : 0);
+}
+WorkDtype mixed_group_master(int g) { return g & 2 ? WorkDtype::BF16 : WorkDtype::F32; }
+WorkDtype mixed_group_state(int g) { return g & 1 ? WorkDtype::BF16 : WorkDtype::F32; }
+
 // The launches' groups: no working copy, or one of each working dtype.
 constexpr int kGroups = 4;
 int work_group(const void* w, WorkDtype t) { return w == nullptr ? 0 : 1 + static_cast<int>(t); }
@@ -352,6 +406,90 @@ int sgd_step_many(const SgdTensor* t, size_t count, float grad_scale, void* stre
         return detail::launch_result();
       };
       return launch_tables<SgdTable>(count, add, launch);
+    });
+    if (r != 0) return r;
+  }
+  return 0;
+}
+
+int adam_step_mixed_many(const AdamMixedTensor* t, size_t count, float grad_scale, void* stream) {
+  if (count == 0) return 0;
+  if (!t) return kInvalid;
+  std::vector<AdamC> c(count);
+  bool present[4] = {};
+  for (size_t i = 0; i < count; ++i) {
+    const AdamMixedTensor& x = t[i];
+    if (x.n == 0) continue;
+    if (!x.master || !x.exp_avg || !x.exp_avg_sq || !x.grad) return kInvalid;
+    if (!mixed_dtype(x.master_dtype) || !mixed_dtype(x.state_dtype)) return kInvalid;
+    if (x.h.bias_correction && x.h.step < 1) return kInvalid;  // adam_consts would throw
+    c[i] = adam_consts(x.h, grad_scale);
+    present[mixed_group(x.master_dtype, x.state_dtype)] = true;
+  }
+  for (int g = 0; g < 4; ++g) {
+    if (!present[g]) continue;
+    const int r = with_mixed(mixed_group_master(g), mixed_group_state(g), [&](auto pt, auto st) {
+      auto add = [&](AdamMixedTable& b, unsigned k, size_t i) -> size_t {
+        const AdamMixedTensor& x = t[i];
+        if (x.n == 0 || mixed_group(x.master_dtype, x.state_dtype) != g) return 0;
+        b.p[k] = x.master;
+        b.m[k] = x.exp_avg;
+        b.v[k] = x.exp_avg_sq;
+        b.g[k] = x.grad;
+        b.c[k] = c[i];
+        b.vec4[k] = detail::aligned(x.master, detail::vec4_align(x.master_dtype)) &&
+                    detail::aligned(x.exp_avg, detail::vec4_align(x.state_dtype)) &&
+                    detail::aligned(x.exp_avg_sq, detail::vec4_align(x.state_dtype)) &&
+                    detail::aligned(x.grad, 16);
+        return x.n;
+      };
+      auto launch = [&](const AdamMixedTable& b, unsigned blocks) {
+        adam_mixed_many_kernel<decltype(pt)::value, decltype(st)::value>
+            <<<blocks, kThreads, 0, detail::as_stream(stream)>>>(b);
+        return detail::launch_result();
+      };
+      return launch_tables<AdamMixedTable>(count, add, launch);
+    });
+    if (r != 0) return r;
+  }
+  return 0;
+}
+
+int sgd_step_mixed_many(const SgdMixedTensor* t, size_t count, float grad_scale, void* stream) {
+  if (count == 0) return 0;
+  if (!t) return kInvalid;
+  std::vector<SgdC> c(count);
+  bool present[4] = {};
+  for (size_t i = 0; i < count; ++i) {
+    const SgdMixedTensor& x = t[i];
+    if (x.n == 0) continue;
+    if (!x.master || !x.grad) return kInvalid;
+    if (!mixed_dtype(x.master_dtype) || !mixed_dtype(x.state_dtype)) return kInvalid;
+    c[i] = sgd_consts(x.h, grad_scale);
+    if (c[i].has_mom && !x.momentum_buf) return kInvalid;
+    present[mixed_group(x.master_dtype, x.state_dtype)] = true;
+  }
+  for (int g = 0; g < 4; ++g) {
+    if (!present[g]) continue;
+    const int r = with_mixed(mixed_group_master(g), mixed_group_state(g), [&](auto pt, auto st) {
+      auto add = [&](SgdMixedTable& b, unsigned k, size_t i) -> size_t {
+        const SgdMixedTensor& x = t[i];
+        if (x.n == 0 || mixed_group(x.master_dtype, x.state_dtype) != g) return 0;
+        void* buf = c[i].has_mom ? x.momentum_buf : nullptr;
+        b.p[k] = x.master;
+        b.buf[k] = buf;
+        b.g[k] = x.grad;
+        b.c[k] = c[i];
+        b.vec4[k] = detail::aligned(x.master, detail::vec4_align(x.master_dtype)) && detail::aligned(x.grad, 16) &&
+                    (buf == nullptr || detail::aligned(buf, detail::vec4_align(x.state_dtype)));
+        return x.n;
+      };
+      auto launch = [&](const SgdMixedTable& b, unsigned blocks) {
+        sgd_mixed_many_kernel<decltype(pt)::value, decltype(st)::value>
+            <<<blocks, kThreads, 0, detail::as_stream(stream)>>>(b);
+        return detail::launch_result();
+      };
+      return launch_tables<SgdMixedTable>(count, add, launch);
     });
     if (r != 0) return r;
   }
