@@ -246,11 +246,10 @@ class Optimizer {
   StepResult finish_locked(const OpenStep& open, double update_seconds);
   // The Adam/AdamW and SGD updates of one step, run together
   // (ops::adam_step_many / sgd_step_many; for bf16 masters the _mixed_many
-  // steps) once every slot is visited: on the
-  // host a model of many params under the kernels' parallel grain steps on
-  // all threads instead of one param at a time on one; on a GPU one launch
-  // per working dtype instead of one per param. Holds each shard until it
-  // has run.
+  // steps) once every slot is visited: on the host a model of many params
+  // under the kernels' parallel grain steps on all threads instead of one
+  // param at a time on one; on a GPU one launch per working dtype instead
+  // of one per param. Holds each shard until it has run.
   struct StepBatch {
     std::vector<kernels::AdamTensor> adam;
     std::vector<kernels::SgdTensor> sgd;
