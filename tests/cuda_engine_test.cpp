@@ -265,6 +265,7 @@ TEST(CudaEngine, MuonStepsEqualTheCpu) {
 // bf16 params step in place (adam_step_mixed_many / sgd_step_mixed_many).
 TEST(CudaEngine, MultiTensorStepsEqualTheCpuBitForBit) {
   REQUIRE_GPU();
+  zs::test::ScopedEnv multi("ZS_CUDA_MULTI_TENSOR", "1");  // off by default on CUDA until checked
   const int64_t sizes[] = {1, 7, 4099, 70001, 300007, 65, 16384};
   constexpr size_t kParams = sizeof(sizes) / sizeof(sizes[0]);
   // bf16 masters: the bf16 params' shards are their masters (the

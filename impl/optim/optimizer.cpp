@@ -1027,8 +1027,13 @@ void Optimizer::apply_update_locked(float grad_scale) {
     // one at a time), the Adam/AdamW/SGD updates run as one multi-tensor
     // pass: on the host one parallel pass, on a GPU one launch per working
     // dtype (ops::adam_step_many / sgd_step_many; bf16 masters,
-    // adam_step_mixed_many / sgd_step_mixed_many).
-    const bool batched = ctx_.config().offload_param.device == "none";
+    // adam_step_mixed_many / sgd_step_mixed_many). On a GPU only with
+    // ZS_CUDA_MULTI_TENSOR=1 until a GPU run has checked its kernels
+    // against the per-tensor ones (CudaKernels.*StepMany*,
+    // CudaEngine.MultiTensorStepsEqualTheCpuBitForBit in gpu_check.sh):
+    // they were written and compiled on a machine without one.
+    const bool batched = ctx_.config().offload_param.device == "none" &&
+                         (!ctx_.device()->is_cuda() || env_int("ZS_CUDA_MULTI_TENSOR", 0) != 0);
     StepBatch batch;
     for (auto& g : groups_)
       for (auto& s : g.slots)
