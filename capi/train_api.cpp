@@ -1,5 +1,6 @@
 // Training: gradient hand-over and the sharded optimizer.
 #include "capi/handles.h"
+#include "impl/heal/join.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/protocol.h"
 #include "impl/grad/grad_norm.h"
@@ -241,6 +242,13 @@ ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_
     const heal::Outcome out = heal::agree(ctx, o);
     *committed_step = out.committed;
     if (rolled_forward) *rolled_forward = out.rolled_forward ? 1 : 0;
+  });
+}
+
+ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer h) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    checked_out(committed_step, "committed_step");
+    *committed_step = heal::join(ctx, o).committed;
   });
 }
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdio>
 #include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -194,6 +196,16 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
                        const std::string& path, const PretrainedOptions& o) {
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   const memory_tally::PhaseScope phase(MemPhase::Construction);  // a model's weights coming in
+  if (ctx.replacing()) {
+    // A replacement's shards come from its holder's replica at
+    // zs_heal_join (the survivors, who hold the trained state, do not load).
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      std::fprintf(stderr, "zeroshard: rank %d replaces a lost rank: load_pretrained('%s') reads nothing; the "
+                   "state comes from the peers' copies at zs_heal_join\n", ctx.ranks().rank, path.c_str());
+    });
+    return 0;
+  }
   if (o.from_rank0 && ctx.ranks().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
   std::vector<Staged> staged;
   std::vector<ShardAccess> writing;  // shards resident until the copies land

@@ -156,6 +156,21 @@ void Group::shutdown(const std::string& why) {
   }
 }
 
+void Group::reconnect(std::unique_ptr<Communicator> comm) {
+  if (!member() || !comm) fail(Code::Internal, "group '", name_, "': reconnect of a non-member or without a communicator");
+  std::unique_ptr<Communicator> gone;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) fail(Code::InvalidState, "group '", name_, "' is shut down: it cannot reconnect");
+    cv_.wait(lock, [&] { return !busy_ && queue_.empty(); });
+    gone = std::move(comm_);
+    comm_ = std::move(comm);
+    broken_code_ = aborted_code_ = Code::Ok;
+    broken_message_.clear();
+    aborted_why_.clear();
+  }
+}
+
 void Group::abort(Code code, const std::string& why) {
   std::deque<Task> dropped;
   {

@@ -61,6 +61,14 @@ class Group {
   // every later submit fail with `code` and `why`. The group stays broken.
   void abort(Code code, const std::string& why);
 
+  // Healing (docs/healing.md, section 3): after abort, the group's members
+  // meet again in a new generation of the rendezvous; `comm` (connected
+  // there, to the same members) replaces the broken communicator and the
+  // group works again, the same object, so whatever holds it (params, the
+  // reducer's buckets, the peer copy) needs no rebinding. Nothing may be
+  // queued or running (the abort emptied the queue).
+  void reconnect(std::unique_ptr<Communicator> comm);
+
   // Numbers the params registered on the group 1, 2, ... Members register
   // the same params in the same order (zs_param_register), so the n-th is
   // the same param on every member: what tells apart, in collective labels,

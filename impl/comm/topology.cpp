@@ -30,7 +30,7 @@ Topology::Topology(TopologyShape shape, MakeGroup make) : shape_(shape), make_(s
 std::shared_ptr<Group> Topology::make(const std::string& name, const std::vector<int>& ranks) {
   const int id = next_id_++;
   auto group = make_(name, id, ranks);
-  all_.push_back(group);
+  all_.emplace_back(id, group);
   return group;
 }
 
@@ -175,14 +175,21 @@ void Topology::build_mics_hierarchy() {
   mics_intra_ = family("mics_intra", intra);
 }
 
+std::vector<std::pair<int, std::shared_ptr<Group>>> Topology::groups() const {
+  std::vector<std::pair<int, std::shared_ptr<Group>>> out;
+  for (const auto& [id, weak] : all_)
+    if (auto g = weak.lock(); g && g->member()) out.emplace_back(id, std::move(g));
+  return out;
+}
+
 void Topology::abort(Code code, const std::string& why) {
-  for (auto& weak : all_)
-    if (auto g = weak.lock()) g->abort(code, why);
+  for (auto& entry : all_)
+    if (auto g = entry.second.lock()) g->abort(code, why);
 }
 
 void Topology::shutdown(const std::string& why) {
-  for (auto& weak : all_)
-    if (auto g = weak.lock()) g->shutdown(why);
+  for (auto& entry : all_)
+    if (auto g = entry.second.lock()) g->shutdown(why);
 }
 
 }  // namespace zs

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "impl/comm/group.h"
@@ -55,6 +56,11 @@ class Topology {
   void shutdown(const std::string& why);
   // Group::abort on every group made so far (healing: a rank was lost).
   void abort(Code code, const std::string& why);
+
+  // Healing: every group made so far that this rank is a member of, with
+  // its id, in the order made (ids ascending): what a new generation
+  // reconnects (Group::reconnect), on every rank in the same order.
+  std::vector<std::pair<int, std::shared_ptr<Group>>> groups() const;
 
   // Every world rank's host (transport/host_id.h), learned once the world
   // is connected. InvalidArgument unless there is one per world rank.
@@ -98,7 +104,7 @@ class Topology {
   std::shared_ptr<Group> mics_inter_, mics_intra_;
   std::shared_ptr<Group> qgz_intra_, qgz_inter_;
   std::shared_ptr<Group> heal_;
-  std::vector<std::weak_ptr<Group>> all_;
+  std::vector<std::pair<int, std::weak_ptr<Group>>> all_;  // with their ids
   std::vector<int> host_of_;  // world rank -> index of its host; empty: one host
   int host_count_ = 1;
 };

@@ -97,6 +97,16 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
   ctx->full_mesh_max_ = ctx->groups_full_mesh_max_ = full_mesh_max_from_env();
   ctx->trace_ = Trace::from_env(ctx->ranks_.rank);
+  ctx->replacement_ = env_int("ZS_HEAL_REPLACEMENT", 0);
+  if (ctx->replacement_ < 0)
+    fail(Code::InvalidArgument, "ZS_HEAL_REPLACEMENT=", ctx->replacement_,
+         ": expected the replacement's number for its rank id (1 for the first), or 0 for none");
+  if (ctx->replacement_ > 0 && (ctx->config_.heal_peer_copy != 1 || world == 1))
+    fail(Code::InvalidConfig, "ZS_HEAL_REPLACEMENT=", ctx->replacement_, " (this process replaces a lost rank ",
+         ctx->ranks_.rank, ") needs zeroshard.healing.peer_copy on (or \"auto\" with ZS_HEAL=1) and a world of "
+         "more than one rank; this one's peer_copy is ", ctx->config_.heal_peer_copy == 1 ? "on" : "off",
+         " and its world size ", world);
+  ctx->replacing_ = ctx->replacement_ > 0;
   configure_fault_points(ctx->ranks_.rank);
   ctx->choose_device(options);
   if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda())
@@ -200,6 +210,17 @@ void Context::wait_for_every_rank() {
     learn_hosts(std::vector<std::string>(static_cast<size_t>(ranks_.world_size), host_));
     return;
   }
+  if (replacing_) {
+    // The survivors are not in a ready round: the first generation's
+    // verdict gives the hosts (the lost rank's is taken for this one's),
+    // and zs_heal_join compares the config.
+    const std::vector<char> v = store_->get("zs/config_verdict");
+    const std::string verdict(v.begin(), v.end());
+    if (verdict.rfind("ok\n", 0) != 0)
+      fail(Code::Bootstrap, "a replacement found no accepted ready round in the store: '", verdict, "'");
+    learn_hosts(decode_hosts(verdict.substr(3), ranks_.world_size));
+    return;
+  }
   const auto as_bytes = [](const std::string& s) { return std::vector<char>(s.begin(), s.end()); };
   const std::string environment = ready_environment();
   store_->set("zs/ready/" + std::to_string(ranks_.rank),
@@ -298,10 +319,15 @@ void Context::connect(const ContextOptions& options) {
     const StoreAddress addr = resolve_store_address(
         options.store_host.empty() ? nullptr : options.store_host.c_str(), options.store_port);
     store_address_ = addr.host + ":" + std::to_string(addr.port);
+    if (replacing_ && ranks_.rank == 0)
+      fail(Code::NotSupported, "ZS_HEAL_REPLACEMENT=", replacement_, " for rank 0: rank 0 served the job's store (",
+           store_address_, "), which was lost with it; a replacement of rank 0 needs an external store (landing "
+           "step 3 of docs/healing.md, to build)");
     store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_, nullptr,
                             "rank " + std::to_string(ranks_.rank));
     tcp_store_ = true;
   }
+  if (replacing_) find_generation();
   check_store_is_fresh(options);
   const std::string store_host = options.store_host.empty()
                                      ? resolve_store_address(nullptr, options.store_port).host
@@ -311,7 +337,7 @@ void Context::connect(const ContextOptions& options) {
   transport_ = make_gloo_device(transport_host);
   if (period.count() > 0) {
     heartbeat_ = std::make_shared<Heartbeat>(ranks_.rank, ranks_.world_size, transport_host,
-                                             *store_, period, limit);
+                                             *store_, period, limit, key_prefix());
     // A stopped rank 0 never answers the store: a call waiting on it (a
     // collective's identity check, a goodbye) ends instead of holding the
     // store's lock until the timeout.
@@ -321,8 +347,11 @@ void Context::connect(const ContextOptions& options) {
       });
   }
   agree_on_backend();
+  // A replacement beats from the start: the survivors readmitted it before
+  // they reconnect, and judge it from then on.
+  if (heartbeat_ && replacing_) heartbeat_->start(*store_);
   topology_->make_world();
-  if (heartbeat_) heartbeat_->start(*store_);
+  if (heartbeat_ && !replacing_) heartbeat_->start(*store_);
 }
 
 // options.device, else the config's "device", else ZS_DEVICE, else the GPU
@@ -376,7 +405,7 @@ void Context::choose_device(const ContextOptions& options) {
 // (finalize_store), so only an unfinished job's directory is refused.
 void Context::check_store_is_fresh(const ContextOptions& options) {
   const std::string rank = std::to_string(ranks_.rank);
-  if (store_->add("zs/joined/" + rank, 1) == 1) {
+  if (store_->add(key_prefix() + "joined/" + rank, 1) == 1) {
     store_joined_ = true;
     return;
   }
@@ -443,15 +472,13 @@ void Context::agree_on_backend() {
     fail(Code::Bootstrap, "rank 0's ZS_FULL_MESH_MAX as read from the store is not a number >= 1");
 }
 
-std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
-                                           const std::vector<int>& ranks) {
-  const auto it = std::find(ranks.begin(), ranks.end(), ranks_.rank);
-  const int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+std::unique_ptr<Communicator> Context::make_communicator(const std::string& name, int id,
+                                                         const std::vector<int>& ranks, int my) {
   std::unique_ptr<Communicator> comm;
   if (my >= 0 && ranks.size() == 1 && !nccl_for_one_) {
     comm = make_local_communicator(device_);
   } else if (my >= 0) {
-    std::shared_ptr<Store> prefixed = make_prefix_store(store_, "zs/group" + std::to_string(id));
+    std::shared_ptr<Store> prefixed = make_prefix_store(store_, key_prefix() + "group" + std::to_string(id));
     const int size = static_cast<int>(ranks.size());
     BackendMemory side = BackendMemory::Host;
 #ifdef ZS_WITH_CUDA
@@ -483,6 +510,14 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
       comm = make_staged_communicator(std::move(comm), device_, side, stage_all_);
   }
   if (comm) comm = make_timed_communicator(std::move(comm), comm_stats_, trace_, name);
+  return comm;
+}
+
+std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
+                                           const std::vector<int>& ranks) {
+  const auto it = std::find(ranks.begin(), ranks.end(), ranks_.rank);
+  const int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  std::unique_ptr<Communicator> comm = make_communicator(name, id, ranks, my);
   auto group = std::make_shared<Group>(name, ranks, my, std::move(comm),
                                        [this](Code& c, const std::string& m) {
                                          // Healing: a collective cut short by a
@@ -709,6 +744,81 @@ std::vector<int> Context::settle_loss(std::chrono::milliseconds within, std::str
 // the heartbeat thread; twice the limit leaves room for a loaded machine.
 std::chrono::milliseconds Context::loss_grace() const {
   return heartbeat_ ? 2 * heartbeat_->limit() + std::chrono::milliseconds(500) : std::chrono::milliseconds(0);
+}
+
+std::string Context::key_prefix_of(int64_t generation) {
+  return generation == 0 ? std::string("zs/") : "zs/gen" + std::to_string(generation) + "/";
+}
+
+namespace {
+std::string loss_key(int rank, int64_t n) {
+  return "zs/heal/rank" + std::to_string(rank) + "/loss" + std::to_string(n);
+}
+}  // namespace
+
+void Context::find_generation() {
+  const std::string key = loss_key(ranks_.rank, replacement_);
+  std::vector<char> raw;
+  try {
+    raw = store_->get(key);
+  } catch (const Error& e) {
+    fail(e.code(), "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) waited for the "
+         "survivors to post its generation under '", key, "': ", e.what(), "; were ", replacement_,
+         " losses of rank ", ranks_.rank, " agreed by the survivors (zs_heal_agree, then zs_heal_join)?");
+  }
+  const std::string text(raw.begin(), raw.end());
+  char* end = nullptr;
+  const long long g = std::strtoll(text.c_str(), &end, 10);
+  if (g < 1 || end == text.c_str() || *end != '\0')
+    fail(Code::Bootstrap, "the store's '", key, "' holds '", text, "', not a generation >= 1");
+  generation_ = g;
+}
+
+void Context::regroup(const std::vector<int>& lost) {
+  if (!heartbeat_ || !store_ || !heals())
+    fail(Code::InvalidState, "regroup needs healing on (zeroshard.healing.peer_copy) with heartbeats");
+  const int64_t g = generation_ + 1;
+  const std::string prefix = key_prefix_of(g);
+  int lowest_live = -1;
+  for (int r = 0; r < ranks_.world_size && lowest_live < 0; ++r)
+    if (!std::binary_search(lost.begin(), lost.end(), r)) lowest_live = r;
+  if (ranks_.rank == lowest_live) {
+    std::string list;
+    for (const int r : lost) {
+      const int64_t n = store_->add("zs/heal/rank" + std::to_string(r) + "/losses", 1);
+      const std::string value = std::to_string(g);
+      store_->set(loss_key(r, n), std::vector<char>(value.begin(), value.end()));
+      list += (list.empty() ? "" : " ") + std::to_string(r);
+    }
+    store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
+  }
+  heartbeat_->republish(*store_, prefix);
+  for (const int r : lost) {
+    try {
+      heartbeat_->readmit(r, *store_);
+    } catch (const Error& e) {
+      fail(e.code(), "healing: no replacement of rank ", r, " joined generation ", g, " within the store's timeout (",
+           timeout_.count(), " ms): ", e.what(), "; start one with the same rank id and ZS_HEAL_REPLACEMENT set "
+           "(zsrun --restarts does)");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> held(loss_mu_);
+    lost_.clear();
+    lost_handled_.clear();
+    lost_acted_.clear();
+    lost_why_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> held(error_mu_);
+    if (async_code_ == Code::RankLost) {
+      async_code_ = Code::Ok;
+      async_message_.clear();
+    }
+  }
+  generation_ = g;
+  for (const auto& [id, group] : topology_->groups())
+    group->reconnect(make_communicator(group->name(), id, group->world_ranks(), group->rank()));
 }
 
 Context::Attachment* Context::find_locked(std::type_index type) {

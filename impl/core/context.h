@@ -187,6 +187,30 @@ class Context {
   // caller's next store call); returns lost_ranks().
   std::vector<int> settle_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
 
+  // Healing generations (docs/healing.md, section 3). Every rendezvous key
+  // of a generation lives under key_prefix(): "zs/" for the first (0),
+  // "zs/gen<g>/" after g heals, so a replacement's keys never meet a lost
+  // rank's. A replacement (ZS_HEAL_REPLACEMENT=<n>: the n-th process
+  // started for its rank id) reads its generation from the store at
+  // create, connects its groups there while the survivors regroup, skips
+  // the ready round (its config is compared at zs_heal_join) and, until
+  // its join ends (end_replacing), registers params without collectives
+  // or disk reads.
+  int64_t generation() const { return generation_; }
+  std::string key_prefix() const { return key_prefix_of(generation_); }
+  static std::string key_prefix_of(int64_t generation);
+  bool replacing() const { return replacing_.load(); }
+  void end_replacing() { replacing_.store(false); }
+  // A survivor, after the agreement, under no hold: generation g + 1 for
+  // the replacements of `lost` (world ranks). Posts for each lost rank the
+  // generation its next replacement joins (zs/heal/rank<r>/loss<n>, by the
+  // lowest survivor), republishes this rank's heartbeat address there,
+  // waits for each replacement's (the store's timeout bounds it) and
+  // readmits it (Heartbeat::readmit), forgets the loss and its RankLost
+  // error, then reconnects every group in the new generation
+  // (Group::reconnect), a rendezvous the replacements' create joins.
+  void regroup(const std::vector<int>& lost);
+
   // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
   // group's connect, the ready round, the heal agreement), so that a member
   // that is stopped or dead ends it within the heartbeat limit with
@@ -293,6 +317,13 @@ class Context {
   // Topology's MakeGroup: connects one group over this context's store,
   // transport and heartbeat.
   std::shared_ptr<Group> make_group(const std::string& name, int id, const std::vector<int>& ranks);
+  // A member's communicator for group `id` (my: this rank's index in
+  // ranks), connected in the current generation: make_group's and
+  // regroup's.
+  std::unique_ptr<Communicator> make_communicator(const std::string& name, int id, const std::vector<int>& ranks,
+                                                  int my);
+  // A replacement's generation: waits for the key the survivors post.
+  void find_generation();
   void finalize_store();
   // Every world rank's host, in rank order (wait_for_every_rank).
   void learn_hosts(const std::vector<std::string>& hosts);
@@ -316,6 +347,9 @@ class Context {
   bool tcp_store_ = false;
   std::string store_address_;  // host:port of the TCP store, for messages
   bool store_joined_ = false;  // the store passed check_store_is_fresh
+  int64_t generation_ = 0;
+  int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
+  std::atomic<bool> replacing_{false};
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> transport_;

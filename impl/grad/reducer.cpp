@@ -667,6 +667,29 @@ float* GradReducer::shard_data(Param& param) {
   return static_cast<float*>(g.data());
 }
 
+void GradReducer::reset_for_heal() {
+  ctx_.expect_locked();
+  for (auto& w : pending_) {
+    try {
+      w->wait(-1);
+    } catch (const Error&) {
+      // Failed by the loss, as expected: its gradients are dropped.
+    }
+  }
+  pending_.clear();
+  for (auto& b : borrowed_) {
+    try {
+      b.second->wait(-1);
+    } catch (const Error&) {
+    }
+  }
+  borrowed_.clear();
+  open_.clear();
+  std::set<const Param*> all;
+  for (const auto& p : touched_) all.insert(p.get());
+  end_step(all);
+}
+
 void GradReducer::end_step(const std::set<const Param*>& stepped) {
   ctx_.expect_locked();
   reductions_ = 0;

@@ -113,6 +113,11 @@ class GradReducer : public ParamKeeper {
   void forget(Param& param) override;
   // Zero qgZ's LoCo errors (checkpoint load: they are not saved).
   void reset_error_feedback();
+  // Healing (docs/healing.md, section 3): the step a loss cut short is
+  // redone from its first push, so what it reduced is dropped: open
+  // buckets, reductions in flight (failed by the abort; waited for first),
+  // and every gradient shard becomes old as at a step's end.
+  void reset_for_heal();
 
  private:
   struct Bucket {

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -98,6 +99,7 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
     drop_step_ = s;
   }
   ordinal_ = ++ctx.attachment<Ordinals>().made;
+  awaiting_state = ctx.replacing();
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -387,6 +389,101 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
     busy_ = true;
   }
   cv_.notify_all();
+}
+
+int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
+  ctx_.expect_locked();
+  wait_replay();
+  // Every rank runs both rounds on the heal group (its collectives must
+  // match on every member), with no message where it neither sends nor
+  // receives.
+  const int me = ctx_.ranks().rank;
+  const bool receiving = std::binary_search(lost.begin(), lost.end(), me);
+  const bool sending = std::binary_search(lost.begin(), lost.end(), source_);
+  const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
+  if (sending && !replica_seeded_)
+    fail(Code::StateLost, "rank ", me, " holds no replica of rank ", source_, "'s state (it was never seeded, or "
+         "a seed was cut short): the replacement cannot receive it; resume from the last disk checkpoint");
+  Header out_h, in_h;
+  std::vector<SlotMeta> out_meta, in_meta(receiving ? mine.size() : 0);
+  std::vector<ExchangeSend> sends;
+  if (sending) {
+    out_h.with_state = 1;
+    out_h.slots = static_cast<uint32_t>(replica_.size());
+    out_h.step = replica_step_;
+    out_meta.resize(replica_.size());
+    for (size_t i = 0; i < replica_.size(); ++i) {
+      const Slot& r = replica_[i];
+      SlotMeta& m = out_meta[i];
+      m.n = r.n;
+      m.elem = static_cast<uint32_t>(dtype_size(r.dtype));
+      m.updates = r.updates;
+      m.state_esize = static_cast<uint16_t>(dtype_size(r.state_dtype));
+      m.dtype = static_cast<uint16_t>(r.dtype);
+      m.group = static_cast<uint32_t>(r.group);
+      m.flags = (r.master ? kMaster : 0) | (r.state1 ? kState1 : 0) | (r.state2 ? kState2 : 0) |
+                (r.master_stale ? kMasterStale : 0);
+      for (const BufferPtr* b : {&r.shard, &r.master, &r.state1, &r.state2})
+        if (*b && r.n > 0) sends.push_back({(*b)->data(), (*b)->bytes()});
+    }
+  }
+  const int to = sending ? source_ : me, from = receiving ? holder_ : me;
+  std::vector<ExchangeSend> head_sends;
+  std::vector<ExchangeRecv> head_recvs;
+  if (sending) head_sends = {{&out_h, sizeof out_h}, {out_meta.data(), out_meta.size() * sizeof(SlotMeta)}};
+  if (receiving) head_recvs = {{&in_h, sizeof in_h}, {in_meta.data(), in_meta.size() * sizeof(SlotMeta)}};
+  group_->run("heal hand-over header", [&](Communicator& c) { c.exchange(to, head_sends, from, head_recvs); });
+
+  // A replacement's buffers take its state straight from the wire; what
+  // does not fit is received and dropped, then named.
+  std::string misfit;
+  if (receiving && (in_h.magic != kMagic || in_h.slots != mine.size()))
+    misfit = "the replica has " + std::to_string(in_h.slots) + " params where this rank's optimizer has " +
+             std::to_string(mine.size());
+  std::vector<ShardAccess> shards;
+  std::vector<ExchangeRecv> recvs;
+  std::vector<std::vector<char>> spill;
+  spill.reserve(in_meta.size() * 4);
+  auto into = [&](void* dst, uint64_t want, uint64_t bytes, const Param& p, const char* what) {
+    if (bytes == 0) return;
+    if (dst != nullptr && want == bytes) {
+      recvs.push_back({dst, bytes});
+      return;
+    }
+    if (misfit.empty())
+      misfit = "param '" + p.name + "''s " + what + ": the replica has " + std::to_string(bytes) +
+               " bytes where this rank has " + std::to_string(dst ? want : 0);
+    spill.emplace_back(bytes);
+    recvs.push_back({spill.back().data(), bytes});
+  };
+  for (size_t i = 0; i < in_meta.size(); ++i) {
+    const auto& s = mine[i];
+    Param& p = *s.param;
+    const SlotMeta& m = in_meta[i];
+    if (m.n == 0) continue;
+    const uint64_t n = p.layout.shard_numel;
+    shards.emplace_back(ctx_, p, ShardAccess::Write);
+    into(shards.back().data(), n * p.elem_bytes(), m.n * m.elem, p, "shard");
+    const uint64_t st = n * dtype_size(s.state_dtype);
+    if (m.flags & kMaster) into(s.master ? s.master->data() : nullptr, n * sizeof(float), m.n * sizeof(float), p, "master");
+    if (m.flags & kState1) into(s.state1 ? s.state1->data() : nullptr, st, m.n * m.state_esize, p, "first moment");
+    if (m.flags & kState2) into(s.state2 ? s.state2->data() : nullptr, st, m.n * m.state_esize, p, "second moment");
+    if (misfit.empty() && (((m.flags & kMaster) != 0) != static_cast<bool>(s.master) ||
+                           ((m.flags & kState1) != 0) != static_cast<bool>(s.state1) ||
+                           ((m.flags & kState2) != 0) != static_cast<bool>(s.state2)))
+      misfit = "param '" + p.name + "': the replica's master and moments are not this rank's optimizer's";
+  }
+  group_->run("heal hand-over", [&](Communicator& c) { c.exchange(to, sends, from, recvs); });
+  shards.clear();
+  if (!receiving) return -1;
+  if (!misfit.empty())
+    fail(Code::InvalidState, "heal: rank ", holder_, "'s replica of this rank's state does not fit its optimizer: ",
+         misfit);
+  std::vector<int64_t> updates;
+  for (const SlotMeta& m : in_meta) updates.push_back(m.updates);
+  opt_.restore_counts_locked(in_h.step, updates);
+  seeded_ = false;  // the holder gets this state again at the next step (it has it: a seed is cheap here)
+  return in_h.step;
 }
 
 Digest PeerCopy::own_digest() {

@@ -67,6 +67,28 @@ class PeerCopy final : public StepListener {
   // the replica has taken (-1 before a seed, or after a replay failed).
   int64_t settled_replica_step();
 
+  // Healing (docs/healing.md, section 3), under the caller's hold. The
+  // agreement's outcome (protocol.cpp), which zs_heal_join acts on.
+  struct Agreed {
+    bool done = false;
+    int64_t committed = 0;
+    std::vector<int> lost;
+  };
+  Agreed agreed;
+  // Made in a replacement (Context::replacing): its state comes at
+  // zs_heal_join, until which it has none of its own.
+  bool awaiting_state = false;
+  // The next step seeds the holder again (its holder was replaced: the
+  // replacement holds nothing yet).
+  void reseed() { seeded_ = false; }
+  // The replica handed over, collective over the heal group: a holder whose
+  // source is in `lost` sends it its replica (state at its step), and a
+  // replacement (this rank in `lost`) receives its own state from its
+  // holder into its optimizer's buffers and params' shards. Returns the
+  // steps of the state received (a replacement), else -1. A replica that
+  // does not fit this rank's optimizer is InvalidState naming the param.
+  int64_t hand_over(const std::vector<int>& lost);
+
  private:
   struct Slot {  // one param of the replica
     uint64_t n = 0;

@@ -122,7 +122,7 @@ Outcome agree(Context& ctx, Optimizer& opt) {
     mine.replica_steps = pc.settled_replica_step();
   }
   Store& store = *ctx.store();
-  const std::string prefix = "zs/heal/gen1/opt" + std::to_string(ordinal) + "/";
+  const std::string prefix = "zs/heal/gen" + std::to_string(ctx.generation() + 1) + "/opt" + std::to_string(ordinal) + "/";
   const auto report_key = [&](int r) { return prefix + "report/" + std::to_string(r); };
   store.set(report_key(me), bytes(encode(mine)));
 
@@ -195,11 +195,15 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   const std::vector<int> roll = parse_list(line.substr(4));
   std::getline(in, line);
   const Report seen = decode(line.substr(5), -1);
+  const auto held = ctx.lock();
   if (std::find(roll.begin(), roll.end(), me) != roll.end()) {
-    const auto held = ctx.lock();
     opt.roll_forward_locked(seen.norm);
     out.rolled_forward = true;
   }
+  PeerCopy::Agreed& agreed = peer_copy_of(ctx, opt).agreed;
+  agreed.done = true;
+  agreed.committed = out.committed;
+  agreed.lost = out.lost;
   return out;
 }
 

@@ -19,8 +19,8 @@
 //   is lost: rank 1 and rank 2, which held its copy, were lost together".
 // - Otherwise the lost rank's state at C is its holder's replica.
 //
-// After it, survivors exit and the launcher restarts every rank as today
-// (step 3 admits a replacement instead).
+// After it, survivors take in a replacement of each lost rank (join.h), or
+// exit and the launcher restarts every rank.
 #pragma once
 
 #include <cstdint>

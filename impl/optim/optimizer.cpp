@@ -741,6 +741,24 @@ void Optimizer::set_steps(int64_t s) {
   set_steps_locked(s);
 }
 
+void Optimizer::restore_counts_locked(int64_t steps, const std::vector<int64_t>& updates) {
+  ctx_.expect_locked();
+  expect_no_open_step("a heal's restore");
+  size_t i = 0;
+  for (auto& g : groups_) i += g.slots.size();
+  if (updates.size() != i)
+    fail(Code::Internal, "heal restore: ", updates.size(), " update counts for ", i, " slots");
+  if (steps < 0) fail(Code::InvalidArgument, "heal restore: step count ", steps, ": expected >= 0");
+  step_ = steps;
+  ++state_epoch_;
+  i = 0;
+  for (auto& g : groups_)
+    for (auto& slot : g.slots) {
+      slot.updates = updates[i++];
+      slot.master_of_version = slot.param->shard_version;
+    }
+}
+
 void Optimizer::set_steps_locked(int64_t s) {
   ctx_.expect_locked();
   expect_no_open_step("set_step");

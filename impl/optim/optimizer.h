@@ -194,6 +194,14 @@ class Optimizer {
   // finish_locked would have, less every collective (the groups are
   // aborted). The listener is told, so a holder replays its replica too.
   StepResult roll_forward_locked(const NormResult& seen);
+  // A replacement's state received from its holder's replica
+  // (impl/heal/join.cpp), its shards, masters and moments written already:
+  // the step count, each slot's update count (in slot_states_locked's
+  // order), and the masters taken as read from the shards as they are now.
+  void restore_counts_locked(int64_t steps, const std::vector<int64_t>& updates);
+  // Kind, groups and hyper-parameters as tokens (check_agreement's; a
+  // replacement's are compared with the survivors' at zs_heal_join).
+  std::vector<std::string> describe() const;
 
  private:
   struct Slot {
@@ -230,8 +238,6 @@ class Optimizer {
     std::vector<Slot> slots;
   };
   void check_hparams(const Hparams& hp) const;
-  // Kind, groups and hyper-parameters as tokens for check_agreement.
-  std::vector<std::string> describe() const;
   void record_step_stats(Trace::Clock::time_point step_begin, double update_seconds);
   std::vector<int> group_indices(int group) const;
   // The halves of every step, under the hold: begin syncs, agrees, takes

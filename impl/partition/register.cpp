@@ -76,7 +76,9 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
         fail(Code::InvalidArgument, p->describe(), ": src_rank ", spec.src_rank,
              " is out of range for group '", group->name(), "' of size ", group->size());
       if (group->rank() == spec.src_rank) check_data(*p, spec);
-      scatter_from_root(*p, spec);
+      // A replacement's shard comes from its holder's replica at
+      // zs_heal_join; the survivors are not registering, so no scatter.
+      if (!ctx.replacing()) scatter_from_root(*p, spec);
       break;
     case InitKind::Normal:
     case InitKind::Uniform:

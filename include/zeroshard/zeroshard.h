@@ -1008,6 +1008,27 @@ ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step
  * holder was lost too (or rank 0, which serves the store); INVALID_STATE
  * when no rank is lost or healing is off. */
 ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
+/* A replacement takes a lost rank's place (landing step 3 of
+ * docs/healing.md). The launcher starts a process with the lost rank's id
+ * and ZS_HEAL_REPLACEMENT=<n> (the n-th process started for that id: 1
+ * for the first); it runs the program from the top: zs_context_create
+ * meets the survivors in the store's next generation (it waits, up to the
+ * context's timeout, for them to post it), zs_param_register skips
+ * ZS_INIT_FROM_RANK's scatter and zs_load_pretrained reads nothing. Every
+ * rank then calls zs_heal_join for each optimizer, in the order made: the
+ * survivors after zs_heal_agree, the replacement once its params and
+ * optimizer exist. Survivors readmit the replacement to the heartbeat and
+ * reconnect every group with it; the replacement's model, optimizer and
+ * config are compared with the survivors' (a difference fails every rank
+ * with ZS_ERR_INVALID_STATE naming it); the step the loss cut short is
+ * dropped on the survivors (gathers, gradients); the holder of the lost
+ * rank's copy sends it its state at C. *committed_step receives C on every
+ * rank: each redoes step C + 1 with the same batch. Collective over the
+ * new world. ZS_ERR_TIMEOUT naming the rank when no replacement came
+ * within the timeout; INVALID_STATE on a survivor that has not agreed;
+ * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store,
+ * and with the fetch coordinator in use (zs_step_begin). */
+ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
 
 /* ------------------------------------------------------------------ */
 /* Checkpoints                                                         */

@@ -147,4 +147,93 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
   }
 }
 
+namespace {
+
+pid_t fork_rank(const std::function<void(const RankEnv&)>& body, const RankEnv& env) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (env.replacement > 0) setenv("ZS_HEAL_REPLACEMENT", std::to_string(env.replacement).c_str(), 1);
+  int code = 0;
+  try {
+    body(env);
+    code = ::testing::Test::HasFailure() ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d threw: %s\n", env.rank, e.what());
+    code = 2;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(code);
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function<void(const RankEnv&)>& body,
+                                                  int timeout_s, const std::vector<int>& replaced, int max_each) {
+  const int port = free_port();
+  struct Proc {
+    int rank;
+    int replacement;
+    pid_t pid;
+    int status = -1;
+  };
+  std::vector<Proc> procs;
+  std::vector<std::vector<int>> pids(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork_rank(body, RankEnv{r, world, port, 0});
+    EXPECT_GE(pid, 0) << "fork failed";
+    if (pid < 0) return pids;
+    procs.push_back({r, 0, pid});
+    pids[static_cast<size_t>(r)].push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  for (;;) {
+    bool running = false;
+    for (size_t i = 0; i < procs.size(); ++i) {
+      if (procs[i].status != -1) continue;
+      int st = 0;
+      if (waitpid(procs[i].pid, &st, WNOHANG) != procs[i].pid) {
+        running = true;
+        continue;
+      }
+      procs[i].status = st;
+      const Proc p = procs[i];
+      const bool replace = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && p.replacement < max_each &&
+                           std::find(replaced.begin(), replaced.end(), p.rank) != replaced.end();
+      if (!replace) continue;
+      const pid_t pid = fork_rank(body, RankEnv{p.rank, world, port, p.replacement + 1});
+      EXPECT_GE(pid, 0) << "fork failed";
+      if (pid < 0) continue;
+      procs.push_back({p.rank, p.replacement + 1, pid});
+      pids[static_cast<size_t>(p.rank)].push_back(pid);
+      running = true;
+    }
+    if (!running) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (auto& p : procs)
+        if (p.status == -1) kill(p.pid, SIGKILL);
+      ADD_FAILURE() << "ranks still running after " << timeout_s << " s: killed (a hang)";
+      timeout_s = 1 << 20;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (const Proc& p : procs) {
+    const int st = p.status;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+    const bool replaced_kill = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL &&
+                               std::find(replaced.begin(), replaced.end(), p.rank) != replaced.end();
+    if (replaced_kill) continue;
+    if (WIFEXITED(st)) {
+      ADD_FAILURE() << "rank " << p.rank << " (replacement " << p.replacement << ") of " << world << " exited with "
+                    << WEXITSTATUS(st);
+    } else {
+      ADD_FAILURE() << "rank " << p.rank << " (replacement " << p.replacement << ") of " << world
+                    << " died by signal " << WTERMSIG(st);
+    }
+  }
+  return pids;
+}
+
 }  // namespace zs::test

@@ -19,6 +19,7 @@ struct RankEnv {
   int rank;
   int world;
   int port;  // a free loopback port for the TCP store
+  int replacement = 0;  // run_ranks_replacing: 0 for a rank as started, n for its n-th replacement
 };
 
 // Runs body in `world` child processes and waits (at most timeout_s, then
@@ -27,6 +28,15 @@ struct RankEnv {
 // `killed` may end by SIGKILL (a test that stops a rank and kills it).
 void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int timeout_s = 90,
                const std::vector<int>& killed = {});
+
+// run_ranks, where a rank listed in `replaced` that dies by SIGKILL is
+// started again with its rank id (healing, docs/healing.md section 3): the
+// parent forks a replacement running body with env.replacement = n and
+// ZS_HEAL_REPLACEMENT=n set, as a launcher would, at most `max_each` times
+// per rank. Returns each rank's pids in the order started.
+std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function<void(const RankEnv&)>& body,
+                                                  int timeout_s, const std::vector<int>& replaced,
+                                                  int max_each = 1);
 
 // Sets an environment variable while it lives (the ranks run_ranks forks
 // inherit it), then puts back what was there.

@@ -404,6 +404,7 @@ zs_status zs_optimizer_set_step(zs_optimizer opt, int64_t step);
 zs_status zs_optimizer_sync_params(zs_optimizer opt);
 zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt, int replica);
 zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
+zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
 zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_step_end(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_named_state(zs_optimizer opt, zs_param param, const char* name, int create,

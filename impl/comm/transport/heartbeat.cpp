@@ -44,7 +44,6 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-std::string key_of(int rank) { return "zs/heartbeat/" + std::to_string(rank); }
 
 // The ranks 1, 2, 4, ... after `rank` (step +1) or before it (step -1),
 // ascending: whom a rank of a sparse world beats to, or who beats to it.
@@ -86,8 +85,10 @@ std::chrono::milliseconds heartbeat_limit() {
 }
 
 Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& store,
-                     std::chrono::milliseconds period, std::chrono::milliseconds limit)
-    : rank_(rank), world_(world_size), period_(period), limit_(limit), secret_(job_secret()) {
+                     std::chrono::milliseconds period, std::chrono::milliseconds limit,
+                     const std::string& key_prefix)
+    : rank_(rank), world_(world_size), period_(period), limit_(limit), secret_(job_secret()),
+      key_prefix_(key_prefix) {
   const std::string random = make_challenge();
   std::memcpy(&epoch_, random.data(), sizeof epoch_);
 
@@ -136,8 +137,8 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
     targets_ = power_of_two_peers(rank_, world_, +1);
   }
   try {
-    const std::string mine = std::string(name) + " " + port + " " + std::to_string(epoch_);
-    store.set(key_of(rank_), std::vector<char>(mine.begin(), mine.end()));
+    address_ = std::string(name) + " " + port + " " + std::to_string(epoch_);
+    store.set(key(rank_), std::vector<char>(address_.begin(), address_.end()));
   } catch (...) {
     close(fd_);
     close(wake_fd_);
@@ -156,23 +157,9 @@ void Heartbeat::start(Store& store) {
   std::sort(known.begin(), known.end());
   known.erase(std::unique(known.begin(), known.end()), known.end());
   std::vector<std::string> keys;
-  for (int r : known) keys.push_back(key_of(r));
+  for (int r : known) keys.push_back(key(r));
   const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
-  for (size_t i = 0; i < known.size(); ++i) {
-    const int r = known[i];
-    Peer& p = peers[static_cast<size_t>(r)];
-    const std::vector<char>& raw = addresses[i];
-    std::istringstream in(std::string(raw.begin(), raw.end()));
-    std::string peer_port;
-    in >> p.host >> peer_port >> p.epoch;
-    if (!in)
-      fail(Code::Bootstrap, "heartbeat: rank ", r, " published a malformed address '",
-           std::string(raw.begin(), raw.end()), "'");
-    addrinfo* pa = resolve(p.host, peer_port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV);
-    p.addr.assign(reinterpret_cast<const char*>(pa->ai_addr),
-                  reinterpret_cast<const char*>(pa->ai_addr) + pa->ai_addrlen);
-    freeaddrinfo(pa);
-  }
+  for (size_t i = 0; i < known.size(); ++i) parse_address(known[i], addresses[i], peers[static_cast<size_t>(known[i])]);
   const auto now = Clock::now();
   for (Peer& p : peers) p.heard = now;
   {
@@ -180,6 +167,57 @@ void Heartbeat::start(Store& store) {
     peers_ = std::move(peers);
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+void Heartbeat::parse_address(int rank, const std::vector<char>& raw, Peer& p) {
+  std::istringstream in(std::string(raw.begin(), raw.end()));
+  std::string peer_port;
+  in >> p.host >> peer_port >> p.epoch;
+  if (!in)
+    fail(Code::Bootstrap, "heartbeat: rank ", rank, " published a malformed address '",
+         std::string(raw.begin(), raw.end()), "'");
+  addrinfo* pa = resolve(p.host, peer_port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV);
+  p.addr.assign(reinterpret_cast<const char*>(pa->ai_addr),
+                reinterpret_cast<const char*>(pa->ai_addr) + pa->ai_addrlen);
+  freeaddrinfo(pa);
+}
+
+std::string Heartbeat::key(int rank) const { return key_prefix_ + "heartbeat/" + std::to_string(rank); }
+
+void Heartbeat::republish(Store& store, const std::string& key_prefix) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    key_prefix_ = key_prefix;
+  }
+  store.set(key(rank_), std::vector<char>(address_.begin(), address_.end()));
+}
+
+void Heartbeat::readmit(int rank, Store& store) {
+  if (rank < 0 || rank >= world_ || rank == rank_)
+    fail(Code::InvalidArgument, "heartbeat: readmit of rank ", rank, " in a world of ", world_);
+  std::string where;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    where = key_prefix_ + "heartbeat/" + std::to_string(rank);
+  }
+  Peer fresh;
+  parse_address(rank, store.get(where), fresh);
+  // The beats read a peer's address under send_mu_ alone: both locks, so
+  // neither the sender nor the receiver sees it half written.
+  std::lock_guard<std::mutex> sending(send_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[static_cast<size_t>(rank)];
+  const bool known = !p.addr.empty();  // a target or a monitor (its address was read at start)
+  p.host = fresh.host;
+  p.epoch = fresh.epoch;
+  if (known) p.addr = fresh.addr;
+  p.last_seq = 0;
+  p.heard = Clock::now();
+  p.silent = Clock::duration::zero();
+  p.departed = false;
+  p.was_silent = false;
+  p.confirmed = {};
+  p.reported_by = -1;
 }
 
 Heartbeat::~Heartbeat() {
@@ -253,7 +291,7 @@ void Heartbeat::send_beats(bool goodbye) {
   if (!secret_.empty()) std::memcpy(beat + n, mac(beat, n).data(), kMacBytes);
   n += kMacBytes;
   for (int r : targets_) {
-    const Peer& p = peers_[static_cast<size_t>(r)];  // addr is set once, before the thread
+    const Peer& p = peers_[static_cast<size_t>(r)];  // addr changes only under send_mu_ (start, readmit)
     if (p.addr.empty()) continue;  // leave() before start()
     // Best effort: a lost beat is one of the eight a limit spans.
     (void)sendto(fd_, beat, n, MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(p.addr.data()),

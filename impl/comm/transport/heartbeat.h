@@ -51,10 +51,13 @@ std::chrono::milliseconds heartbeat_limit();
 
 class Heartbeat {
  public:
-  // Binds on host and publishes the address under "zs/heartbeat/<rank>" in
-  // store. Throws Code::Bootstrap when host cannot be bound, naming it.
+  // Binds on host and publishes the address under
+  // "<key_prefix>heartbeat/<rank>" in store ("zs/", or "zs/gen<g>/" for a
+  // healing generation's replacement). Throws Code::Bootstrap when host
+  // cannot be bound, naming it.
   Heartbeat(int rank, int world_size, const std::string& host, Store& store,
-            std::chrono::milliseconds period, std::chrono::milliseconds limit);
+            std::chrono::milliseconds period, std::chrono::milliseconds limit,
+            const std::string& key_prefix = "zs/");
   // Collective over the world: reads every peer's address (store timeout)
   // and starts beating. Until then no peer is silent. Called once the
   // world's transport is connected, so a rank that never came is named by
@@ -89,6 +92,16 @@ class Heartbeat {
   // silence(lost), until the handle is destroyed. fn must only signal.
   using LossFn = std::function<void(const std::vector<int>&, const std::string&)>;
   std::unique_ptr<Subscription> on_loss(LossFn fn);
+
+  // Healing (docs/healing.md, section 3): a new generation's keys. Posts
+  // this rank's address (the same socket and epoch) under key_prefix, where
+  // readmit and a replacement's start() read from now on.
+  void republish(Store& store, const std::string& key_prefix);
+  // A replacement took `rank`'s place: reads its address and epoch from the
+  // current generation's key (waiting up to the store's timeout), beats to
+  // it there, takes its beats (a new epoch, which was dropped before), and
+  // judges it afresh, as heard now. A report of its silence is forgotten.
+  void readmit(int rank, Store& store);
 
   // This rank is going away: tells the peers (so its silence from now on
   // is no failure) and stops sending; it goes on listening until destroyed.
@@ -141,6 +154,9 @@ class Heartbeat {
   bool reported_locked(const Peer& p, std::chrono::steady_clock::time_point now) const;
   std::vector<int> lost_locked(std::chrono::steady_clock::time_point now) const;
   std::string mac(const char* data, size_t bytes) const;
+  std::string key(int rank) const;  // where rank's address is, in the current generation
+  // A published "host port epoch" into p's host, address and epoch.
+  static void parse_address(int rank, const std::vector<char>& raw, Peer& p);
 
   const int rank_, world_;
   std::vector<int> targets_;  // set in the constructor
@@ -148,6 +164,8 @@ class Heartbeat {
   const std::chrono::milliseconds period_, limit_;
   const std::string secret_;
   uint64_t epoch_ = 0;
+  std::string address_;     // "host port epoch", as published
+  std::string key_prefix_;  // under mu_: the current generation's ("zs/", "zs/gen1/", ...)
   std::mutex send_mu_;  // seq_ and the socket's sends (the thread's beats, leave's goodbye)
   uint64_t seq_ = 0;
   int fd_ = -1;

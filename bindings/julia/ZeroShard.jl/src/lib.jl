@@ -529,6 +529,8 @@ zs_heal_state_digest(hash, source, step, opt, replica) =
 zs_heal_agree(committed_step, rolled_forward, opt) =
     ccall((:zs_heal_agree, libzeroshard), zs_status, (Ref{Int64}, Ref{Cint}, zs_optimizer), committed_step,
           rolled_forward, opt)
+zs_heal_join(committed_step, opt) =
+    ccall((:zs_heal_join, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
 zs_optimizer_step_begin(opt, result) =
     ccall((:zs_optimizer_step_begin, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
 zs_optimizer_step_end(opt, result) =

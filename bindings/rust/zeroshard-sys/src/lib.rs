@@ -687,6 +687,7 @@ extern "C" {
         replica: c_int,
     ) -> zs_status;
     pub fn zs_heal_agree(committed_step: *mut i64, rolled_forward: *mut c_int, opt: zs_optimizer) -> zs_status;
+    pub fn zs_heal_join(committed_step: *mut i64, opt: zs_optimizer) -> zs_status;
     pub fn zs_optimizer_step_begin(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_step_end(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_named_state(

@@ -1,0 +1,272 @@
+// Landing step 3 of docs/healing.md, a replacement with the same rank id:
+// a rank SIGKILLed at a phase of step 3 (ZS_FAULT_POINT: the fetch, the
+// gradient reduce-scatter, after the norm all-reduce, the update) on 3 and
+// 4 ranks is started again by the parent with its rank id and
+// ZS_HEAL_REPLACEMENT=1 (as zsrun does). It registers its params
+// (ZS_INIT_FROM_RANK: no scatter in a replacement) and optimizer as at the
+// start and calls zs_heal_join; the survivors call zs_heal_agree, then
+// zs_heal_join. Every rank redoes step C + 1 and runs to the end: each
+// rank's state after the last step equals the uninterrupted run's bit for
+// bit (zs_heal_state_digest), the replacement's at C too, and the survivors'
+// processes are the ones started (no checkpoint directory anywhere). A
+// replacement that builds another model is a named error on every rank.
+#include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kMaxWorld = 4;
+constexpr int kTimeoutMs = 30000;
+const char* kHealOn = R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
+const int64_t kNumel[2] = {1003, 4097};
+
+struct ShortHeartbeat {
+  zs::test::ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
+  zs::test::ScopedEnv limit{"ZS_HEARTBEAT_TIMEOUT_MS", "600"};
+};
+
+// Shared by the forked ranks (mapped before the forks).
+struct Shared {
+  std::atomic<uint64_t> ref[kMaxWorld][kSteps + 1];  // the uninterrupted run: rank r's digest after step s
+  std::atomic<int64_t> committed[kMaxWorld];         // each rank's C from zs_heal_join (-1: none)
+  std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
+  std::atomic<int> finished[kMaxWorld];              // ranks whose final state was checked
+  std::atomic<double> kill_to_commit_s;              // a survivor's: the failing step's start to step C + 1's commit
+};
+
+Shared* shared_block() {
+  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(p, MAP_FAILED);
+  auto* sh = new (p) Shared{};
+  for (auto& c : sh->committed) c = -1;
+  return sh;
+}
+
+float grad_value(int rank, int step, int p, uint64_t i) {
+  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step * 13 + p * 5 + rank * 31))) * 0.1f;
+}
+
+struct Model {
+  zs_context ctx = nullptr;
+  zs_param params[2] = {nullptr, nullptr};
+  zs_optimizer opt = nullptr;
+};
+
+// The initial values come from rank 0 (a scatter), which a replacement
+// skips: its shard comes from the replica at the join. `numel1` lets a
+// replacement build another model.
+zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
+  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
+  zs_status s = zs_context_create(&m.ctx, &o);
+  const int64_t numel[2] = {kNumel[0], numel1};
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> init(static_cast<size_t>(numel[i]));
+    for (size_t k = 0; k < init.size(); ++k) init[k] = std::sin(static_cast<float>(k * 3 + i)) * 0.5f;
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = i == 0 ? "w0" : "w1";
+    po.ndim = 1;
+    po.shape = &numel[i];
+    po.init = ZS_INIT_FROM_RANK;
+    po.src_rank = 0;
+    po.data = init.data();
+    po.data_bytes = init.size() * sizeof(float);
+    s = zs_param_register(&m.params[i], m.ctx, &po);
+  }
+  if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 0.01;
+  if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
+  return s;
+}
+
+void destroy(Model& m) {
+  zs_optimizer_destroy(m.opt);
+  for (zs_param p : m.params) zs_param_destroy(p);
+  zs_context_destroy(m.ctx);
+}
+
+zs_status train_step(const RankEnv& env, Model& m, int step) {
+  zs_gather g = nullptr;
+  zs_status s = zs_fetch(&g, m.ctx, m.params, 2);
+  if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+  if (g) zs_gather_destroy(g);
+  if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  }
+  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
+  return s;
+}
+
+uint64_t own_digest(Model& m, int64_t* step) {
+  uint64_t hash = 0;
+  EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
+  return hash;
+}
+
+void reference_run(int world, Shared* sh) {
+  zs::test::run_ranks(world, [&](const RankEnv& env) {
+    Model m;
+    ZS_ASSERT_OK(build(env, m));
+    int64_t step = -1;
+    sh->ref[env.rank][0] = own_digest(m, &step);
+    for (int s = 1; s <= kSteps; ++s) {
+      ZS_ASSERT_OK(train_step(env, m, s));
+      sh->ref[env.rank][s] = own_digest(m, &step);
+    }
+    destroy(m);
+  });
+}
+
+// The victim dies at the count-th pass of `point` in step 3; the parent
+// starts its replacement, which joins; all run to step kSteps.
+void replaced_at(int world, int victim, const char* point, int count) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block();
+  reference_run(world, sh);
+  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  const auto pids = zs::test::run_ranks_replacing(
+      world,
+      [&](const RankEnv& env) {
+        if (env.replacement == 0) {
+          setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+          sh->pid_at_start[env.rank] = getpid();
+        } else {
+          unsetenv("ZS_FAULT_POINT");  // the replacement's own passes count from zero
+        }
+        Model m;
+        ZS_ASSERT_OK(build(env, m));
+        int step = 1;
+        if (env.replacement > 0) {
+          int64_t committed = -1;
+          ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+          sh->committed[env.rank] = committed;
+          int64_t at = -1;
+          EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][committed].load()) << "the replacement's state at C";
+          EXPECT_EQ(at, committed);
+          step = static_cast<int>(committed) + 1;
+        }
+        auto failed_step_began = std::chrono::steady_clock::now();
+        bool healed = false;
+        while (step <= kSteps) {
+          const auto began = std::chrono::steady_clock::now();
+          const zs_status s = train_step(env, m, step);
+          if (s == ZS_OK) {
+            if (healed && sh->kill_to_commit_s.load() == 0.0)
+              sh->kill_to_commit_s =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_step_began).count();
+            healed = false;
+            ++step;
+            continue;
+          }
+          ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+          ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+          ASSERT_EQ(sh->committed[env.rank].load(), -1) << "a second loss";
+          failed_step_began = began;
+          int64_t agreed = -1, committed = -1;
+          ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+          ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+          EXPECT_EQ(committed, agreed);
+          sh->committed[env.rank] = committed;
+          int64_t at = -1;
+          EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][committed].load()) << "rank " << env.rank << " at C";
+          EXPECT_EQ(at, committed);
+          step = static_cast<int>(committed) + 1;
+          healed = true;
+        }
+        int64_t at = -1;
+        EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][kSteps].load())
+            << "rank " << env.rank << (env.replacement ? " (the replacement)" : "") << " after the last step";
+        EXPECT_EQ(at, kSteps);
+        EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+        sh->pid_at_end[env.rank] = getpid();
+        sh->finished[env.rank] += 1;
+        destroy(m);
+      },
+      60, {victim});
+  std::printf("[heal-join] %s on %d ranks: C = %lld, kill to the next committed step %.3f s\n", fault.c_str(), world,
+              static_cast<long long>(sh->committed[victim].load()), sh->kill_to_commit_s.load());
+  std::fflush(stdout);
+  ASSERT_EQ(pids[static_cast<size_t>(victim)].size(), 2u) << "the victim was replaced once";
+  int64_t c = sh->committed[victim];
+  EXPECT_GE(c, 2);
+  EXPECT_LE(c, 3);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+    EXPECT_EQ(sh->committed[r].load(), c) << "rank " << r << " joined at another C";
+    if (r == victim) continue;
+    EXPECT_EQ(pids[static_cast<size_t>(r)].size(), 1u) << "survivor " << r << " was started again";
+    EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
+    EXPECT_EQ(sh->pid_at_start[r].load(), pids[static_cast<size_t>(r)][0]);
+  }
+  EXPECT_EQ(sh->pid_at_end[victim].load(), pids[static_cast<size_t>(victim)][1]) << "the replacement finished";
+}
+
+TEST(HealJoin, ReplacedAfterAKillInTheFetchOnThreeRanks) { replaced_at(3, 1, "fetch", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheReduceScatterOnThreeRanks) { replaced_at(3, 2, "reduce_scatter", 4); }
+TEST(HealJoin, ReplacedAfterAKillBeforeTheNormAllReduceOnThreeRanks) { replaced_at(3, 1, "norm_allreduce", 3); }
+TEST(HealJoin, ReplacedAfterAKillAfterTheNormAllReduceOnThreeRanks) { replaced_at(3, 1, "norm_allreduce_done", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheUpdateOnThreeRanks) { replaced_at(3, 2, "update", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheFetchOnFourRanks) { replaced_at(4, 3, "fetch", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheReduceScatterOnFourRanks) { replaced_at(4, 1, "reduce_scatter", 4); }
+TEST(HealJoin, ReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) { replaced_at(4, 2, "norm_allreduce_done", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheUpdateOnFourRanks) { replaced_at(4, 1, "update", 3); }
+
+// The replacement registers w1 with another shape: zs_heal_join fails on
+// every rank, naming the param and both shapes, within the heartbeat limit
+// and the join (never the store's timeout).
+TEST(HealJoin, AReplacementWithAnotherModelIsANamedError) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block();
+  zs::test::run_ranks_replacing(
+      3,
+      [&](const RankEnv& env) {
+        if (env.replacement == 0) setenv("ZS_FAULT_POINT", "update:1:2", 1);
+        else unsetenv("ZS_FAULT_POINT");
+        Model m;
+        ZS_ASSERT_OK(build(env, m, env.replacement > 0 ? 4000 : kNumel[1]));
+        const auto t0 = std::chrono::steady_clock::now();
+        zs_status s = ZS_OK;
+        if (env.replacement == 0) {
+          for (int step = 1; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+          ASSERT_NE(env.rank, 1) << "the victim outlived its fault point";
+          ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_last_error();
+          int64_t c = -1;
+          ZS_ASSERT_OK(zs_heal_agree(&c, nullptr, m.opt));
+        }
+        int64_t committed = -1;
+        s = zs_heal_join(&committed, m.opt);
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(s, ZS_ERR_INVALID_STATE) << zs_status_string(s) << ": " << zs_last_error();
+        const std::string e = zs_last_error();
+        std::printf("[heal-join] rank %d%s: %s\n", env.rank, env.replacement ? " (replacement)" : "", e.c_str());
+        std::fflush(stdout);
+        EXPECT_NE(e.find("the replacement of rank 1 built another model"), std::string::npos) << e;
+        EXPECT_NE(e.find("param 'w1' float32 [4000]"), std::string::npos) << e;
+        EXPECT_NE(e.find("param 'w1' float32 [4097]"), std::string::npos) << e;
+        EXPECT_LT(took, 10.0) << "rank " << env.rank;
+        sh->finished[env.rank] += 1;
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {1});
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+}
+
+}  // namespace
