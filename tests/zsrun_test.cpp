@@ -419,6 +419,62 @@ TEST(Zsrun, MinNprocShrinksAfterALostRankAndTimeoutsAreNotRestarted) {
   EXPECT_EQ(t.err.find("restart"), std::string::npos) << t.err;
 }
 
+// Healing mode: --restarts exports ZS_HEAL=1, and a rank other than 0
+// killed by a signal is started again alone, with its RANK and
+// ZS_HEAL_REPLACEMENT=1, while the others keep running (one process each:
+// they print their pid once); the job ends with status 0 and no restart.
+// Without --restarts, with --no-heal or with ZS_HEAL=0 set, nothing is
+// exported and a killed rank restarts the whole job as before.
+TEST(Zsrun, HealingStartsAKilledRankAgainAloneWithItsRank) {
+  const std::string script =
+      "echo \"rank $RANK heal ${ZS_HEAL:-unset} replacement ${ZS_HEAL_REPLACEMENT:-0} attempt "
+      "$TORCHELASTIC_RESTART_COUNT pid $$\"; "
+      "if [ \"$RANK\" = 1 ] && [ -z \"$ZS_HEAL_REPLACEMENT\" ]; then kill -KILL $$; fi; sleep 1";
+  Result r = run({"-n", "3", "--restarts", "1", "--no-prefix", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* line : {"rank 0 heal 1 replacement 0 attempt 0", "rank 1 heal 1 replacement 0 attempt 0",
+                           "rank 2 heal 1 replacement 0 attempt 0", "rank 1 heal 1 replacement 1 attempt 0"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+  for (const char* once : {"rank 0 ", "rank 2 "}) {
+    const size_t first = r.out.find(once);
+    EXPECT_EQ(r.out.find(once, first + 1), std::string::npos) << once << "started twice: " << r.out;
+  }
+  EXPECT_NE(r.err.find("zsrun: rank 1 killed by signal SIGKILL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zsrun: healing: starting a replacement of rank 1 (ZS_HEAL_REPLACEMENT=1; restart 1 of 1)"),
+            std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("starting the job again"), std::string::npos) << r.err;
+
+  for (const auto& [args, env] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {{"-n", "3", "--restarts", "1", "--no-heal"}, {}},
+           {{"-n", "3", "--restarts", "1"}, {"ZS_HEAL=0"}}}) {
+    std::vector<std::string> argv = args;
+    for (const char* a : {"--no-prefix", "--", "sh", "-c"}) argv.push_back(a);
+    argv.push_back(script);
+    Result off = Zsrun(argv, env).wait();
+    EXPECT_EQ(off.status, 137) << off.err;  // the second attempt's rank 1 is killed again: no replacement
+    EXPECT_EQ(off.out.find("replacement 1"), std::string::npos) << off.out;
+    EXPECT_NE(off.err.find("restart 1 of 1: starting the job again with 3 ranks"), std::string::npos) << off.err;
+    EXPECT_EQ(off.err.find("healing"), std::string::npos) << off.err;
+  }
+  Result none = run({"-n", "2", "--no-prefix", "--", "sh", "-c", "echo \"heal ${ZS_HEAL:-unset}\""});
+  EXPECT_EQ(none.status, 0) << none.err;
+  EXPECT_NE(none.out.find("heal unset"), std::string::npos) << none.out;
+}
+
+// Rank 0 (it serves the engine's store) killed: no replacement, the whole
+// job starts again as without healing.
+TEST(Zsrun, HealingRestartsTheJobWhenRankZeroDies) {
+  const std::string script =
+      "echo \"rank $RANK replacement ${ZS_HEAL_REPLACEMENT:-0} attempt $TORCHELASTIC_RESTART_COUNT\"; "
+      "if [ \"$RANK\" = 0 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then kill -KILL $$; fi; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 30; fi";
+  Result r = run({"-n", "2", "--restarts", "1", "--no-prefix", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("replacement 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("restart 1 of 1: starting the job again with 2 ranks"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 20.0);
+}
+
 TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
   struct Case {
     std::vector<std::string> args;

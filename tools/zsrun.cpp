@@ -3,7 +3,7 @@
 // whole job down when one rank fails.
 //
 //   zsrun -n N [--master-addr A] [--master-port P] [--timeout-s T]
-//         [--restarts R [--min-nproc M]] [--no-prefix] -- CMD ARGS...
+//         [--restarts R [--min-nproc M] [--no-heal]] [--no-prefix] -- CMD ARGS...
 //
 // Standalone on purpose: POSIX only, no dependency on the engine library, so
 // it can launch any program (a C trainer, python, a test binary).
@@ -33,6 +33,17 @@
 // back: with --min-nproc M the next attempt runs that many ranks fewer, never
 // fewer than M (torchrun's elastic --nnodes=MIN:MAX, per rank on one host).
 // Not restarted: a timeout, a signal to zsrun, an internal error.
+//
+// Healing (docs/healing.md, section 3): with --restarts R (R >= 1) and
+// without --min-nproc or --no-heal, zsrun exports ZS_HEAL=1 (unless the
+// environment sets ZS_HEAL), which turns the engine's peer copies on, and a
+// rank other than 0 that dies by a signal is started again alone, with the
+// same RANK and ZS_HEAL_REPLACEMENT=<n> (its n-th replacement), using one of
+// the R restarts of the attempt: the survivors keep running and take it in
+// (zs_heal_join). Rank 0 serves the engine's store, so its loss is a full
+// restart. If the attempt fails anyway (a survivor exits non-zero: its
+// program does not heal, or the state was lost), the job is restarted as
+// above, the replacements not counted against that.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -185,6 +196,7 @@ struct Options {
   double timeout_s = 0;  // 0: none, else per attempt
   long restarts = 0;     // attempts after the first
   long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
+  bool no_heal = false;  // --no-heal
   bool prefix = true;
   std::vector<char*> command;  // argv of the ranks, null-terminated
 };
@@ -210,8 +222,15 @@ const char kUsage[] =
     "  --min-nproc M            with --restarts: a rank killed by a SIGKILL that\n"
     "                           zsrun did not send is lost, and the next attempt\n"
     "                           runs without it, with at least M ranks\n"
+    "  --no-heal                with --restarts: no healing (ZS_HEAL is not\n"
+    "                           exported; a failed rank restarts the whole job)\n"
     "  --no-prefix              pass output through without '[rank K] '\n"
     "  -h, --help               show this help\n"
+    "\n"
+    "With --restarts (and neither --min-nproc nor --no-heal) the ranks heal:\n"
+    "ZS_HEAL=1 is exported, and a rank other than 0 killed by a signal is\n"
+    "started again alone with its RANK and ZS_HEAL_REPLACEMENT=<n>, using one\n"
+    "of the restarts, while the others keep running.\n"
     "\n"
     "Environment: ZSRUN_KILL_GRACE_S (default 5) is how long ranks get\n"
     "between SIGTERM and SIGKILL when the job is torn down.\n";
@@ -305,6 +324,8 @@ Options parse_args(int argc, char** argv) {
       const char* v = value(arg, "--min-nproc");
       if (!parse_long(v, &opt.min_nproc) || opt.min_nproc < 1)
         usage_error("--min-nproc expects a positive integer, got '%s'", v);
+    } else if (arg == "--no-heal") {
+      opt.no_heal = true;
     } else if (arg == "--no-prefix") {
       opt.prefix = false;
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -388,6 +409,7 @@ struct Stream {
 
 struct Rank {
   int index = 0;
+  int replacements = 0;  // times started again alone (healing)
   pid_t pid = -1;
   bool reaped = false;
   bool group_gone = false;  // its process group has no members left
@@ -414,6 +436,9 @@ class Launcher {
 
  private:
   bool spawn_all();
+  // Healing: the rank alone, again, as its next replacement.
+  bool respawn(Rank& r);
+  bool heals() const;
   bool spawn(Rank& r, const std::vector<std::string>& env);
   std::vector<std::string> base_environment();
   void reap();
@@ -432,6 +457,8 @@ class Launcher {
   bool rank_failed_ = false;
   long lost_ = 0;
   std::vector<Rank> ranks_;
+  std::vector<std::string> base_env_;
+  long respawned_ = 0;  // replacements started in this attempt
   int master_port_ = 0;
   int store_port_ = 0;
   double kill_grace_s_ = kDefaultKillGraceS;
@@ -479,15 +506,17 @@ std::vector<std::string> Launcher::base_environment() {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
       "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
       "MASTER_ADDR", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZS_LAUNCHER"};
+      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZS_LAUNCHER",
+      "ZS_HEAL_REPLACEMENT"};
   std::vector<std::string> env;
-  bool have_omp = false, have_secret = false;
+  bool have_omp = false, have_secret = false, have_heal = false;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     std::string key = kv.substr(0, kv.find('='));
     bool owned = false;
     for (const char* k : kOwned) owned = owned || key == k;
     if (key == "OMP_NUM_THREADS") have_omp = true;
+    if (key == "ZS_HEAL") have_heal = true;
     if (key == "ZS_JOB_SECRET" && kv.size() > key.size() + 1) have_secret = true;
     if (!owned) env.push_back(kv);
   }
@@ -512,11 +541,21 @@ std::vector<std::string> Launcher::base_environment() {
   // N ranks each spawning one OpenMP thread per core would oversubscribe the
   // machine N-fold; torchrun makes the same default.
   if (!have_omp) env.push_back("OMP_NUM_THREADS=1");
+  // Healing on with no config change (the config's "auto"); the user's
+  // ZS_HEAL, 0 included, is kept.
+  if (heals() && !have_heal) env.push_back("ZS_HEAL=1");
   return env;
 }
 
+bool Launcher::heals() const {
+  if (opt_.restarts < 1 || opt_.min_nproc > 0 || opt_.no_heal) return false;
+  const char* h = getenv("ZS_HEAL");
+  return h == nullptr || std::string(h) != "0";
+}
+
 bool Launcher::spawn_all() {
-  std::vector<std::string> base = base_environment();
+  base_env_ = base_environment();
+  const std::vector<std::string>& base = base_env_;
   ranks_.resize(static_cast<size_t>(nranks_));
   for (size_t k = 0; k < ranks_.size(); ++k) {
     Rank& r = ranks_[k];
@@ -530,6 +569,31 @@ bool Launcher::spawn_all() {
     if (!spawn(r, env)) return false;
   }
   return true;
+}
+
+bool Launcher::respawn(Rank& r) {
+  // What the dead rank left in its process group (its children) goes first.
+  if (!r.group_gone && kill(-r.pid, SIGKILL) < 0 && errno == ESRCH) r.group_gone = true;
+  close_stream(r.out, r.prefix);
+  close_stream(r.err, r.prefix);
+  ++r.replacements;
+  ++respawned_;
+  std::vector<std::string> env = base_env_;
+  for (const char* key : {"RANK", "LOCAL_RANK", "ROLE_RANK"})
+    env.push_back(std::string(key) + "=" + std::to_string(r.index));
+  env.push_back("ZS_HEAL_REPLACEMENT=" + std::to_string(r.replacements));
+  r.pid = -1;
+  r.reaped = false;
+  r.group_gone = false;
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : kForwardedSignals) sigaddset(&block, sig);
+  sigaddset(&block, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  const bool ok = spawn(r, env);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  if (!ok) r.reaped = r.group_gone = true;
+  return ok;
 }
 
 bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
@@ -694,6 +758,15 @@ void Launcher::on_exit(Rank& r, int status) {
   if (code == 0 || terminating_) return;
   if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) ++lost_;
   errorf("rank %d %s", r.index, how.c_str());
+  // Healing: a rank that died (a signal: it did not fail by itself) is
+  // replaced alone while the others heal around it; rank 0 serves the
+  // engine's store, which died with it.
+  if (heals() && WIFSIGNALED(status) && r.index != 0 && attempt_ + respawned_ < opt_.restarts) {
+    errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
+           "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
+    if (respawn(r)) return;
+    errorf("cannot start a replacement of rank %d: the job is torn down", r.index);
+  }
   if (first_failure_code_ < 0) first_failure_code_ = code;
   start_termination();
 }

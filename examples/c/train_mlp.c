@@ -14,6 +14,12 @@
  * Rank 0 prints "step N loss L" per step; the last line is one JSON object
  * with the final loss and every rank's memory for params, grads and
  * optimizer state.
+ *
+ * It heals (docs/healing.md): under `zsrun --restarts R` (which exports
+ * ZS_HEAL=1), a step that fails with ZS_ERR_RANK_LOST is agreed on
+ * (zs_heal_agree), the replacement zsrun started is taken in (zs_heal_join),
+ * and the run goes on from the committed step; the replacement, started
+ * with ZS_HEAL_REPLACEMENT set, joins before its first step.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +37,14 @@
       fprintf(stderr, "%s failed: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
       exit(1);                                                                              \
     }                                                                                       \
+  } while (0)
+
+/* In a step, which a lost rank may cut short: the failure goes back to the
+ * loop, which heals and runs the step again. */
+#define TRY(call)              \
+  do {                         \
+    zs_status t_ = (call);     \
+    if (t_ != ZS_OK) return t_; \
   } while (0)
 
 typedef struct {
@@ -124,28 +138,93 @@ static void from_float(const float* src, zs_dtype t, void* dst, uint64_t n) {
  * release it: the engine frees the full params right away. The params may
  * live on a GPU (--device cuda), so they are copied to the host, where this
  * example computes; on the CPU, zs_param_data would give them in place. */
-static void gather_layer(zs_context ctx, zs_gather g, const zs_param* layer, zs_dtype dtype, float** out,
-                         void* staging) {
-  CHECK(zs_gather_wait(g, ZS_WAIT_FOREVER));
-  for (int k = 0; k < 2; ++k) {
+static zs_status gather_layer(zs_context ctx, zs_gather g, const zs_param* layer, zs_dtype dtype, float** out,
+                              void* staging) {
+  zs_status s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+  for (int k = 0; k < 2 && s == ZS_OK; ++k) {
     zs_param_info info = ZS_PARAM_INFO_INIT;
-    CHECK(zs_param_get_info(layer[k], &info));
-    CHECK(zs_param_copy_to(layer[k], staging, info.numel * (dtype == ZS_FLOAT32 ? 4 : 2)));
-    to_float(staging, dtype, out[k], info.numel);
+    s = zs_param_get_info(layer[k], &info);
+    if (s == ZS_OK) s = zs_param_copy_to(layer[k], staging, info.numel * (dtype == ZS_FLOAT32 ? 4 : 2));
+    if (s == ZS_OK) to_float(staging, dtype, out[k], info.numel);
   }
-  CHECK(zs_release(ctx, layer, 2));
-  CHECK(zs_gather_destroy(g));
+  if (s == ZS_OK) s = zs_release(ctx, layer, 2);
+  zs_gather_destroy(g);
+  return s;
 }
 
 /* Hand a layer's two gradients (weight, bias) to the engine, bias last. */
-static void push_grads(const zs_param* layer, float* const* grads, void* const* scratch, zs_dtype dtype) {
+static zs_status push_grads(const zs_param* layer, float* const* grads, void* const* scratch, zs_dtype dtype) {
   const size_t esize = dtype == ZS_FLOAT32 ? 4 : 2;
   for (int k = 1; k >= 0; --k) {
     zs_param_info info = ZS_PARAM_INFO_INIT;
-    CHECK(zs_param_get_info(layer[k], &info));
+    TRY(zs_param_get_info(layer[k], &info));
     from_float(grads[k], dtype, scratch[k], info.numel);
-    CHECK(zs_grad_push(layer[k], scratch[k], dtype, info.numel * esize));
+    TRY(zs_grad_push(layer[k], scratch[k], dtype, info.numel * esize));
   }
+  return ZS_OK;
+}
+
+/* What a training step works with. */
+typedef struct {
+  zs_context ctx;
+  zs_optimizer opt;
+  zs_group world;
+  zs_param params[MLP_NPARAMS];
+  zs_dtype dtype;
+  int rank, local, accum;
+  void* staging;
+  float* full[MLP_NPARAMS];
+  float* grads[MLP_NPARAMS];
+  void* grad16[MLP_NPARAMS];
+  mlp_scratch scratch;
+} trainer_t;
+
+/* One optimizer step (accum micro-batches): *loss receives the step's loss
+ * averaged over the ranks (before the update, so that a step committed
+ * when a rank was lost in its update still has it), *r the step's result. */
+static zs_status train_step(trainer_t* t, int step, float* loss, zs_step_result* r) {
+  float step_loss = 0.0f;
+  for (int micro = 0; micro < t->accum; ++micro) {
+    const int data_step = step * t->accum + micro;
+    double loss_scale = 1.0;
+    TRY(zs_optimizer_loss_scale(t->opt, &loss_scale));
+    /* Forward: fc1 (prefetching fc2), then fc2, each released at once. */
+    zs_gather g1, g2;
+    TRY(zs_fetch(&g1, t->ctx, &t->params[MLP_W1], 2));
+    const zs_status s = zs_fetch(&g2, t->ctx, &t->params[MLP_W2], 2);
+    if (s != ZS_OK) {
+      zs_gather_destroy(g1);
+      return s;
+    }
+    const zs_status s1 = gather_layer(t->ctx, g1, &t->params[MLP_W1], t->dtype, &t->full[MLP_W1], t->staging);
+    if (s1 != ZS_OK) {
+      zs_gather_destroy(g2);
+      return s1;
+    }
+    mlp_forward1(t->full[MLP_W1], t->full[MLP_B1], data_step, t->rank * t->local, t->local, t->scratch.xs,
+                 t->scratch.ys, t->scratch.hs);
+    TRY(gather_layer(t->ctx, g2, &t->params[MLP_W2], t->dtype, &t->full[MLP_W2], t->staging));
+    const float l = mlp_forward2(t->full[MLP_W2], t->full[MLP_B2], t->scratch.hs, t->scratch.ys, t->local,
+                                 (float)loss_scale, t->scratch.douts);
+    /* Backward: fc2 is gathered again (from the hpZ secondary shard when
+     * configured); fc1's gradients need no params. Gradients go to the
+     * engine as they are made, last layer first. */
+    TRY(zs_fetch(&g2, t->ctx, &t->params[MLP_W2], 2));
+    TRY(gather_layer(t->ctx, g2, &t->params[MLP_W2], t->dtype, &t->full[MLP_W2], t->staging));
+    mlp_backward2(t->full[MLP_W2], t->scratch.hs, t->scratch.douts, t->local, t->grads[MLP_W2], t->grads[MLP_B2],
+                  t->scratch.dhs);
+    TRY(push_grads(&t->params[MLP_W2], &t->grads[MLP_W2], t->grad16 + MLP_W2, t->dtype));
+    mlp_backward1(t->scratch.xs, t->scratch.hs, t->scratch.dhs, t->local, t->grads[MLP_W1], t->grads[MLP_B1]);
+    TRY(push_grads(&t->params[MLP_W1], &t->grads[MLP_W1], t->grad16 + MLP_W1, t->dtype));
+    step_loss += l / (float)t->accum;
+  }
+  zs_work w;
+  TRY(zs_allreduce(&w, t->world, &step_loss, &step_loss, 1, ZS_FLOAT32, ZS_AVG));
+  const zs_status s = zs_work_wait(w, ZS_WAIT_FOREVER);
+  zs_work_destroy(w);
+  if (s != ZS_OK) return s;
+  *loss = step_loss;
+  return zs_optimizer_step(t->opt, r);
 }
 
 int main(int argc, char** argv) {
@@ -211,53 +290,55 @@ int main(int argc, char** argv) {
   CHECK(zs_context_group(&wg, ctx, ZS_GROUP_WORLD));
   uint64_t largest = 0;
   for (int p = 0; p < MLP_NPARAMS; ++p) largest = mlp_numel(p) > largest ? mlp_numel(p) : largest;
-  void* staging = malloc(largest * 4);
-  float* full[MLP_NPARAMS];
-  float* grads[MLP_NPARAMS];
-  void* grad16[MLP_NPARAMS];
+  trainer_t t;
+  t.ctx = ctx;
+  t.opt = opt;
+  t.world = wg;
+  memcpy(t.params, params, sizeof params);
+  t.dtype = dtype;
+  t.rank = rank;
+  t.local = a.batch / world;
+  t.accum = a.accum;
+  t.staging = malloc(largest * 4);
   for (int p = 0; p < MLP_NPARAMS; ++p) {
-    full[p] = malloc(mlp_numel(p) * 4);
-    grads[p] = malloc(mlp_numel(p) * 4);
-    grad16[p] = malloc(mlp_numel(p) * esize);
+    t.full[p] = malloc(mlp_numel(p) * 4);
+    t.grads[p] = malloc(mlp_numel(p) * 4);
+    t.grad16[p] = malloc(mlp_numel(p) * esize);
   }
-  const int local = a.batch / world;
-  mlp_scratch scratch = mlp_scratch_new(local);
+  t.scratch = mlp_scratch_new(t.local);
   float loss = 0.0f;
   int skipped = 0;
   uint64_t allocs_after_first = 0;
-  for (int step = 0; step < a.steps; ++step) {
-    float step_loss = 0.0f;
-    for (int micro = 0; micro < a.accum; ++micro) {
-      const int data_step = step * a.accum + micro;
-      double loss_scale = 1.0;
-      CHECK(zs_optimizer_loss_scale(opt, &loss_scale));
-      /* Forward: fc1 (prefetching fc2), then fc2, each released at once. */
-      zs_gather g1, g2;
-      CHECK(zs_fetch(&g1, ctx, &params[MLP_W1], 2));
-      CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
-      gather_layer(ctx, g1, &params[MLP_W1], dtype, &full[MLP_W1], staging);
-      mlp_forward1(full[MLP_W1], full[MLP_B1], data_step, rank * local, local, scratch.xs, scratch.ys, scratch.hs);
-      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2], staging);
-      const float l = mlp_forward2(full[MLP_W2], full[MLP_B2], scratch.hs, scratch.ys, local, (float)loss_scale,
-                                   scratch.douts);
-      /* Backward: fc2 is gathered again (from the hpZ secondary shard when
-       * configured); fc1's gradients need no params. Gradients go to the
-       * engine as they are made, last layer first. */
-      CHECK(zs_fetch(&g2, ctx, &params[MLP_W2], 2));
-      gather_layer(ctx, g2, &params[MLP_W2], dtype, &full[MLP_W2], staging);
-      mlp_backward2(full[MLP_W2], scratch.hs, scratch.douts, local, grads[MLP_W2], grads[MLP_B2], scratch.dhs);
-      push_grads(&params[MLP_W2], &grads[MLP_W2], grad16 + MLP_W2, dtype);
-      mlp_backward1(scratch.xs, scratch.hs, scratch.dhs, local, grads[MLP_W1], grads[MLP_B1]);
-      push_grads(&params[MLP_W1], &grads[MLP_W1], grad16 + MLP_W1, dtype);
-      step_loss += l / (float)a.accum;
-    }
+  int step = 0;
+  const char* replacement = getenv("ZS_HEAL_REPLACEMENT");
+  if (replacement && *replacement && strcmp(replacement, "0")) {
+    /* A replacement of a lost rank: its state comes from the peers' copy,
+     * and it starts at the step the survivors committed. */
+    int64_t committed = 0;
+    CHECK(zs_heal_join(&committed, opt));
+    fprintf(stderr, "train_mlp: rank %d replaced a lost rank and joined at step %lld\n", rank, (long long)committed);
+    step = (int)committed;
+  }
+  while (step < a.steps) {
+    float step_loss = NAN;
     zs_step_result r = ZS_STEP_RESULT_INIT;
-    CHECK(zs_optimizer_step(opt, &r));
+    const zs_status s = train_step(&t, step, &step_loss, &r);
+    if (s == ZS_ERR_RANK_LOST) {
+      /* A rank was lost: agree on the committed step, take its replacement
+       * in, and go on from there (the step again, or the next one when it
+       * committed). */
+      fprintf(stderr, "train_mlp: rank %d: step %d: %s\n", rank, step, zs_last_error());
+      int64_t committed = 0;
+      CHECK(zs_heal_agree(&committed, NULL, opt));
+      CHECK(zs_heal_join(&committed, opt));
+      if (rank == 0) fprintf(stderr, "train_mlp: healed; the run goes on after step %lld\n", (long long)committed);
+      if (committed == step + 1 && rank == 0) printf("step %d loss %.9g (committed while a rank was lost)\n", step, step_loss);
+      if (committed == step + 1) loss = step_loss;
+      step = (int)committed;
+      continue;
+    }
+    CHECK(s);
     skipped += r.skipped;
-    zs_work w;
-    CHECK(zs_allreduce(&w, wg, &step_loss, &step_loss, 1, ZS_FLOAT32, ZS_AVG));
-    CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
-    CHECK(zs_work_destroy(w));
     loss = step_loss;
     if (step == 0) { /* the device pool is warm now: later steps should reuse its blocks */
       zs_memory_stats m1 = ZS_MEMORY_STATS_INIT;
@@ -267,6 +348,8 @@ int main(int argc, char** argv) {
     if (rank == 0)
       printf("step %d loss %.9g grad_norm %.6g loss_scale %g%s\n", step, loss, r.grad_norm, r.loss_scale,
              r.skipped ? " (skipped: overflow)" : "");
+    fflush(stdout);
+    ++step;
   }
 
   /* Every rank's memory, gathered on rank 0 for one JSON line. */
@@ -301,13 +384,13 @@ int main(int argc, char** argv) {
     printf("]}\n");
   }
   for (int p = 0; p < MLP_NPARAMS; ++p) {
-    free(full[p]);
-    free(grads[p]);
-    free(grad16[p]);
+    free(t.full[p]);
+    free(t.grads[p]);
+    free(t.grad16[p]);
   }
   free(all);
-  free(staging);
-  mlp_scratch_free(&scratch);
+  free(t.staging);
+  mlp_scratch_free(&t.scratch);
   CHECK(zs_group_destroy(wg));
   CHECK(zs_optimizer_destroy(opt));
   CHECK(zs_context_destroy(ctx));

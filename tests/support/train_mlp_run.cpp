@@ -6,14 +6,15 @@
 
 namespace zs::test {
 
-ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env) {
+ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env,
+                         const std::string& zsrun_flags) {
   ExampleRun r;
   // ZS_TEST_BIN_DIR: the build's bin/ when the build was moved (the GPU
   // machine runs a build made elsewhere).
   const char* moved = std::getenv("ZS_TEST_BIN_DIR");
   const std::string bin = moved && *moved ? moved : ZS_BIN_DIR;
   const std::string cmd = (env.empty() ? "" : "env " + env + " ") + bin + "/zsrun -n " +
-                          std::to_string(ranks) + " --no-prefix -- " + bin + "/train_mlp " + args +
+                          std::to_string(ranks) + " " + zsrun_flags + " --no-prefix -- " + bin + "/train_mlp " + args +
                           " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   char buf[4096];

@@ -14,7 +14,9 @@ struct ExampleRun {
   std::string json;
 };
 
-// env: "NAME=value ..." put before the command (empty: none).
-ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env = "");
+// env: "NAME=value ..." put before the command (empty: none); zsrun_flags:
+// zsrun's own options ("--restarts 1").
+ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env = "",
+                         const std::string& zsrun_flags = "");
 
 }  // namespace zs::test

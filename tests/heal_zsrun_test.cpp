@@ -1,0 +1,68 @@
+// Landing step 3 of docs/healing.md under the launcher: the C example
+// trainer (examples/c/train_mlp.c, which heals through zs_heal_agree and
+// zs_heal_join) under `zsrun --restarts 1`, with no config change (zsrun
+// exports ZS_HEAL=1), loses a rank to SIGKILL (ZS_FAULT_POINT) mid-run;
+// zsrun starts that rank again alone, it joins, and the run prints the
+// losses of an uninterrupted run, bit for bit, with no restart of the job.
+// Rank 0 lost (it serves the store) restarts the whole job, as without
+// healing, and still ends with the same losses.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "tests/support/train_mlp_run.h"
+
+namespace {
+
+const char* kFastHeartbeat = "ZS_HEARTBEAT_MS=100 ZS_HEARTBEAT_TIMEOUT_MS=600 ZS_DEVICE=cpu";
+constexpr int kSteps = 12;
+
+zs::test::ExampleRun reference(int ranks) {
+  return zs::test::run_train_mlp(ranks, "--steps " + std::to_string(kSteps), kFastHeartbeat);
+}
+
+// The fault's count is the victim's passes: its replacement, which starts
+// counting again, runs fewer steps after the join than that, so it is not
+// killed too.
+void heals_under_zsrun(int ranks, const std::string& fault) {
+  const auto ref = reference(ranks);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps)) << ref.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(ranks, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=" + fault, "--restarts 1");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[heal-zsrun] %s on %d ranks: %.2f s\n", fault.c_str(), ranks, took);
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("killed by signal SIGKILL"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("replaced a lost rank and joined at step"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
+  EXPECT_EQ(run.losses, ref.losses) << run.out;
+  EXPECT_FALSE(run.json.empty()) << run.out;
+}
+
+TEST(HealZsrun, TrainMlpHealsARankKilledInTheUpdateOnThreeRanks) { heals_under_zsrun(3, "update:1:8"); }
+TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsrun(4, "fetch:2:20"); }
+
+// Rank 0 (it serves the store, until the external store of step 3 (c))
+// killed: no replacement; zsrun tears the job down at once and restarts
+// it, whose rank 0 the same fault kills again (the fault names a process as
+// started, and a full restart starts every one): the job ends with 137,
+// never a hang.
+TEST(HealZsrun, RankZeroLostRestartsTheJob) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:0:8",
+                                           "--restarts 1");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(run.rc >> 8, 137) << run.out;
+  EXPECT_NE(run.out.find("rank 0 killed by signal SIGKILL"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("healing: starting a replacement"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("restart 1 of 1: starting the job again with 3 ranks"), std::string::npos) << run.out;
+  EXPECT_LT(took, 30.0);
+}
+
+}  // namespace
