@@ -162,6 +162,36 @@ TEST(HealConfig, RanksThatDisagreeOnPeerCopyFailAtCreate) {
   });
 }
 
+// ZS_HEAL=auto (what zsrun --restarts exports) turns the copy on where it
+// can act and off, with no error, where it cannot: MiCS here leaves it off
+// in the effective config; without MiCS it is on, and an External
+// optimizer (its update is the caller's) keeps no copy.
+TEST(HealConfig, AutoFromTheLauncherIsOffWhereTheCopyCannotAct) {
+  zs::test::ScopedEnv heal("ZS_HEAL", "auto");
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context mics = zs::test::make_context(env, R"({"zero_optimization": {"mics_shard_size": 1}})");
+    ASSERT_NE(mics, nullptr);
+    const char* json = nullptr;
+    ZS_ASSERT_OK(zs_context_config_json(mics, &json));
+    EXPECT_NE(std::string(json).find("\"peer_copy\": false"), std::string::npos) << json;
+    zs_context_destroy(mics);
+  });
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr);
+    ASSERT_NE(ctx, nullptr);
+    const char* json = nullptr;
+    ZS_ASSERT_OK(zs_context_config_json(ctx, &json));
+    EXPECT_NE(std::string(json).find("\"peer_copy\": true"), std::string::npos) << json;
+    zs_optimizer ext = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&ext, ctx, ZS_OPTIM_EXTERNAL));
+    uint64_t hash = 0;
+    EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, nullptr, ext, 0), ZS_ERR_INVALID_STATE);
+    EXPECT_NE(std::string(zs_last_error()).find("keeps no peer copy"), std::string::npos) << zs_last_error();
+    zs_optimizer_destroy(ext);
+    zs_context_destroy(ctx);
+  });
+}
+
 // ---- the copy, on real ranks
 
 constexpr int kSteps = 4;

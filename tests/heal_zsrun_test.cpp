@@ -1,7 +1,7 @@
 // Landing step 3 of docs/healing.md under the launcher: the C example
 // trainer (examples/c/train_mlp.c, which heals through zs_heal_agree and
 // zs_heal_join) under `zsrun --restarts 1`, with no config change (zsrun
-// exports ZS_HEAL=1), loses a rank to SIGKILL (ZS_FAULT_POINT) mid-run;
+// exports ZS_HEAL=auto), loses a rank to SIGKILL (ZS_FAULT_POINT) mid-run;
 // zsrun starts that rank again alone, it joins, and the run prints the
 // losses of an uninterrupted run, bit for bit, with no restart of the job.
 // Rank 0 lost (it serves the store) restarts the whole job, as without

@@ -419,7 +419,7 @@ TEST(Zsrun, MinNprocShrinksAfterALostRankAndTimeoutsAreNotRestarted) {
   EXPECT_EQ(t.err.find("restart"), std::string::npos) << t.err;
 }
 
-// Healing mode: --restarts exports ZS_HEAL=1, and a rank other than 0
+// Healing mode: --restarts exports ZS_HEAL=auto, and a rank other than 0
 // killed by a signal is started again alone, with its RANK and
 // ZS_HEAL_REPLACEMENT=1, while the others keep running (one process each:
 // they print their pid once); the job ends with status 0 and no restart.
@@ -432,8 +432,8 @@ TEST(Zsrun, HealingStartsAKilledRankAgainAloneWithItsRank) {
       "if [ \"$RANK\" = 1 ] && [ -z \"$ZS_HEAL_REPLACEMENT\" ]; then kill -KILL $$; fi; sleep 1";
   Result r = run({"-n", "3", "--restarts", "1", "--no-prefix", "--", "sh", "-c", script});
   EXPECT_EQ(r.status, 0) << r.err;
-  for (const char* line : {"rank 0 heal 1 replacement 0 attempt 0", "rank 1 heal 1 replacement 0 attempt 0",
-                           "rank 2 heal 1 replacement 0 attempt 0", "rank 1 heal 1 replacement 1 attempt 0"})
+  for (const char* line : {"rank 0 heal auto replacement 0 attempt 0", "rank 1 heal auto replacement 0 attempt 0",
+                           "rank 2 heal auto replacement 0 attempt 0", "rank 1 heal auto replacement 1 attempt 0"})
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
   for (const char* once : {"rank 0 ", "rank 2 "}) {
     const size_t first = r.out.find(once);

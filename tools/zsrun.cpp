@@ -35,8 +35,9 @@
 // Not restarted: a timeout, a signal to zsrun, an internal error.
 //
 // Healing (docs/healing.md, section 3): with --restarts R (R >= 1) and
-// without --min-nproc or --no-heal, zsrun exports ZS_HEAL=1 (unless the
-// environment sets ZS_HEAL), which turns the engine's peer copies on, and a
+// without --min-nproc or --no-heal, zsrun exports ZS_HEAL=auto (unless the
+// environment sets ZS_HEAL), which turns the engine's peer copies on where
+// they can act (and off with a note where not), and a
 // rank other than 0 that dies by a signal is started again alone, with the
 // same RANK and ZS_HEAL_REPLACEMENT=<n> (its n-th replacement), using one of
 // the R restarts of the attempt: the survivors keep running and take it in
@@ -228,7 +229,7 @@ const char kUsage[] =
     "  -h, --help               show this help\n"
     "\n"
     "With --restarts (and neither --min-nproc nor --no-heal) the ranks heal:\n"
-    "ZS_HEAL=1 is exported, and a rank other than 0 killed by a signal is\n"
+    "ZS_HEAL=auto is exported, and a rank other than 0 killed by a signal is\n"
     "started again alone with its RANK and ZS_HEAL_REPLACEMENT=<n>, using one\n"
     "of the restarts, while the others keep running.\n"
     "\n"
@@ -543,7 +544,7 @@ std::vector<std::string> Launcher::base_environment() {
   if (!have_omp) env.push_back("OMP_NUM_THREADS=1");
   // Healing on with no config change (the config's "auto"); the user's
   // ZS_HEAL, 0 included, is kept.
-  if (heals() && !have_heal) env.push_back("ZS_HEAL=1");
+  if (heals() && !have_heal) env.push_back("ZS_HEAL=auto");
   return env;
 }
 

@@ -16,7 +16,7 @@
  * optimizer state.
  *
  * It heals (docs/healing.md): under `zsrun --restarts R` (which exports
- * ZS_HEAL=1), a step that fails with ZS_ERR_RANK_LOST is agreed on
+ * ZS_HEAL=auto), a step that fails with ZS_ERR_RANK_LOST is agreed on
  * (zs_heal_agree), the replacement zsrun started is taken in (zs_heal_join),
  * and the run goes on from the committed step; the replacement, started
  * with ZS_HEAL_REPLACEMENT set, joins before its first step.

@@ -70,9 +70,31 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   // zeroshard.healing.peer_copy "auto" is on when ZS_HEAL=1 (zsrun
   // --restarts will export it); resolved here, so the effective config
   // carries what acts and the ready round compares it across ranks.
+  // ZS_HEAL=auto (what zsrun --restarts exports) is on where the copy can
+  // act and off, with a note, where it cannot (a config it refuses, a CUDA
+  // context, an optimizer it cannot replay): a job that cannot heal still
+  // runs, and its launcher restarts it from disk as before. ZS_HEAL=1
+  // refuses those by name.
   const bool heal_from_env = ctx->config_.heal_peer_copy < 0;
-  if (heal_from_env) ctx->config_.heal_peer_copy = env_int("ZS_HEAL", 0) != 0 ? 1 : 0;
-  if (heal_from_env && ctx->config_.heal_peer_copy == 1) check_healing(ctx->config_, true, world);
+  const char* heal_env = std::getenv("ZS_HEAL");
+  ctx->heal_soft_ = heal_from_env && heal_env != nullptr && std::string(heal_env) == "auto";
+  const auto heal_off = [&](std::string why) {
+    const std::string strict = "on because ZS_HEAL=1";
+    if (const size_t at = why.find(strict); at != std::string::npos) why.replace(at, strict.size(), "ZS_HEAL=auto");
+    ctx->config_.heal_peer_copy = 0;
+    ctx->heal_soft_ = false;
+    if (ctx->ranks_.rank == 0)
+      std::fprintf(stderr, "zeroshard: ZS_HEAL=auto leaves healing off: %s\n", why.c_str());
+  };
+  if (heal_from_env) ctx->config_.heal_peer_copy = ctx->heal_soft_ || env_int("ZS_HEAL", 0) != 0 ? 1 : 0;
+  if (heal_from_env && ctx->config_.heal_peer_copy == 1) {
+    try {
+      check_healing(ctx->config_, true, world);
+    } catch (const Error& e) {
+      if (!ctx->heal_soft_) throw;
+      heal_off(e.what());
+    }
+  }
   TopologyShape shape;
   shape.rank = ctx->ranks_.rank;
   shape.world_size = ctx->ranks_.world_size;
@@ -109,6 +131,8 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->replacing_ = ctx->replacement_ > 0;
   configure_fault_points(ctx->ranks_.rank);
   ctx->choose_device(options);
+  if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda() && ctx->heal_soft_)
+    heal_off("the peer copy runs on CPU contexts only so far, and this one is " + ctx->device_->ref().str());
   if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda())
     fail(Code::NotSupported, heal_config_key(heal_from_env), " on a CUDA context (", ctx->device_->ref().str(),
          "): the peer copy runs on CPU contexts only so far (the GPU's staging of gradients into host "

@@ -200,6 +200,9 @@ class Context {
   std::string key_prefix() const { return key_prefix_of(generation_); }
   static std::string key_prefix_of(int64_t generation);
   bool replacing() const { return replacing_.load(); }
+  // Healing on through ZS_HEAL=auto (zsrun --restarts): what it cannot
+  // copy turns it off for that part with a note, instead of a refusal.
+  bool heal_soft() const { return heal_soft_; }
   void end_replacing() { replacing_.store(false); }
   // A survivor, after the agreement, under no hold: generation g + 1 for
   // the replacements of `lost` (world ranks). Posts for each lost rank the
@@ -349,6 +352,7 @@ class Context {
   bool store_joined_ = false;  // the store passed check_store_is_fresh
   int64_t generation_ = 0;
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
+  bool heal_soft_ = false;  // ZS_HEAL=auto
   std::atomic<bool> replacing_{false};
 
   std::shared_ptr<Store> store_;

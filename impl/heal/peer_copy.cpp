@@ -531,6 +531,14 @@ void attach(Context& ctx, Optimizer& opt) {
                      : opt.kind() == OptimKind::External ? "ZS_OPTIM_EXTERNAL (the update is the caller's code, "
                                                            "which the holder cannot run)"
                                                          : nullptr;
+  if (kind != nullptr && ctx.heal_soft()) {
+    // ZS_HEAL=auto: this optimizer keeps no copy; a loss is then healed by
+    // a restart from disk, as without healing.
+    if (ctx.ranks().rank == 0)
+      std::fprintf(stderr, "zeroshard: ZS_HEAL=auto: an optimizer of kind %s keeps no peer copy, so a lost rank "
+                   "restarts the job\n", kind);
+    return;
+  }
   if (kind != nullptr)
     fail(Code::NotSupported, "zeroshard.healing.peer_copy (on) with ", kind, ": the holder of a rank's copy "
          "replays its steps from the gradients, which it cannot for this optimizer; use AdamW, Adam or SGD, or "
