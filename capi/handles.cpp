@@ -43,6 +43,7 @@ const char* kind_name(Kind k) {
     case Kind::Gather: return "gather";
     case Kind::Work: return "work";
     case Kind::Optimizer: return "optimizer";
+    case Kind::StoreServer: return "store server";
   }
   return "unknown";
 }

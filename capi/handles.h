@@ -20,7 +20,7 @@
 
 namespace zs::capi {
 
-enum class Kind : uint8_t { Context = 1, Group = 2, Param = 3, Gather = 4, Work = 5, Optimizer = 6 };
+enum class Kind : uint8_t { Context = 1, Group = 2, Param = 3, Gather = 4, Work = 5, Optimizer = 6, StoreServer = 7 };
 
 struct GatherState {
   std::shared_ptr<Work> work;

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -136,11 +137,15 @@ void reference_run(int world, Shared* sh) {
 }
 
 // The victim dies at the count-th pass of `point` in step 3; the parent
-// starts its replacement, which joins; all run to step kSteps.
-void replaced_at(int world, int victim, const char* point, int count) {
+// starts its replacement, which joins; all run to step kSteps. With
+// `external`, a process of its own serves the store (as zsrun's zsstore
+// does), so rank 0 may be the victim.
+void replaced_at(int world, int victim, const char* point, int count, bool external = false) {
   ShortHeartbeat hb;
   Shared* sh = shared_block();
   reference_run(world, sh);
+  std::unique_ptr<zs::test::ExternalStore> store;
+  if (external) store = std::make_unique<zs::test::ExternalStore>();
   const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
   const auto pids = zs::test::run_ranks_replacing(
       world,
@@ -200,9 +205,9 @@ void replaced_at(int world, int victim, const char* point, int count) {
         sh->finished[env.rank] += 1;
         destroy(m);
       },
-      60, {victim});
-  std::printf("[heal-join] %s on %d ranks: C = %lld, kill to the next committed step %.3f s\n", fault.c_str(), world,
-              static_cast<long long>(sh->committed[victim].load()), sh->kill_to_commit_s.load());
+      60, {victim}, 1, store ? store->port() : 0);
+  std::printf("[heal-join] %s on %d ranks%s: C = %lld, kill to the next committed step %.3f s\n", fault.c_str(), world,
+              external ? " (external store)" : "", static_cast<long long>(sh->committed[victim].load()), sh->kill_to_commit_s.load());
   std::fflush(stdout);
   ASSERT_EQ(pids[static_cast<size_t>(victim)].size(), 2u) << "the victim was replaced once";
   int64_t c = sh->committed[victim];
@@ -228,6 +233,18 @@ TEST(HealJoin, ReplacedAfterAKillInTheFetchOnFourRanks) { replaced_at(4, 3, "fet
 TEST(HealJoin, ReplacedAfterAKillInTheReduceScatterOnFourRanks) { replaced_at(4, 1, "reduce_scatter", 4); }
 TEST(HealJoin, ReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) { replaced_at(4, 2, "norm_allreduce_done", 3); }
 TEST(HealJoin, ReplacedAfterAKillInTheUpdateOnFourRanks) { replaced_at(4, 1, "update", 3); }
+// Rank 0 lost: the store is served by a process of its own.
+TEST(HealJoin, RankZeroReplacedAfterAKillInTheFetchOnThreeRanks) { replaced_at(3, 0, "fetch", 3, true); }
+TEST(HealJoin, RankZeroReplacedAfterAKillBeforeTheNormAllReduceOnThreeRanks) {
+  replaced_at(3, 0, "norm_allreduce", 3, true);
+}
+TEST(HealJoin, RankZeroReplacedAfterAKillInTheUpdateOnThreeRanks) { replaced_at(3, 0, "update", 3, true); }
+TEST(HealJoin, RankZeroReplacedAfterAKillInTheReduceScatterOnFourRanks) {
+  replaced_at(4, 0, "reduce_scatter", 4, true);
+}
+TEST(HealJoin, RankZeroReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) {
+  replaced_at(4, 0, "norm_allreduce_done", 3, true);
+}
 
 // The replacement registers w1 with another shape: zs_heal_join fails on
 // every rank, naming the param and both shapes, within the heartbeat limit

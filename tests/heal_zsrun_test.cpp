@@ -4,8 +4,7 @@
 // exports ZS_HEAL=auto), loses a rank to SIGKILL (ZS_FAULT_POINT) mid-run;
 // zsrun starts that rank again alone, it joins, and the run prints the
 // losses of an uninterrupted run, bit for bit, with no restart of the job.
-// Rank 0 lost (it serves the store) restarts the whole job, as without
-// healing, and still ends with the same losses.
+// Rank 0 heals too: zsrun serves the store from zsstore.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -47,16 +46,19 @@ void heals_under_zsrun(int ranks, const std::string& fault) {
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheUpdateOnThreeRanks) { heals_under_zsrun(3, "update:1:8"); }
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsrun(4, "fetch:2:20"); }
 
-// Rank 0 (it serves the store, until the external store of step 3 (c))
-// killed: no replacement; zsrun tears the job down at once and restarts
-// it, whose rank 0 the same fault kills again (the fault names a process as
-// started, and a full restart starts every one): the job ends with 137,
-// never a hang.
-TEST(HealZsrun, RankZeroLostRestartsTheJob) {
+// Rank 0 killed: zsrun's zsstore serves the store, so rank 0 is replaced
+// like any rank. Killed in a fetch (the step is redone, and the replacement
+// rank 0 prints it).
+TEST(HealZsrun, TrainMlpHealsRankZeroKilledInTheFetchOnThreeRanks) { heals_under_zsrun(3, "fetch:0:20"); }
+
+// Without a zsstore, rank 0 serves the store: its loss restarts the job
+// (whose rank 0 the same fault kills again: a full restart starts every
+// process afresh), never a hang.
+TEST(HealZsrun, RankZeroLostWithoutZsstoreRestartsTheJob) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:0:8",
-                                           "--restarts 1");
+  const auto run = zs::test::run_train_mlp(
+      3, "--steps " + std::to_string(kSteps),
+      std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:0:8 ZSRUN_ZSSTORE=/nonexistent/zsstore", "--restarts 1");
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(run.rc >> 8, 137) << run.out;
   EXPECT_NE(run.out.find("rank 0 killed by signal SIGKILL"), std::string::npos) << run.out;

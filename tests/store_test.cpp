@@ -26,6 +26,7 @@
 #include "tests/support/expect_error.h"
 #include "impl/comm/store/store.h"
 #include "impl/common/error.h"
+#include "zeroshard/zeroshard.h"
 
 namespace zs {
 namespace {
@@ -766,3 +767,25 @@ TEST(PrefixStore, RejectsNullBaseAndEmptyPrefix) {
 
 }  // namespace
 }  // namespace zs
+
+// zs_store_serve: the store in a process of its own (tools/zsstore). A
+// client of the engine's TCP store reads and writes through it; a port
+// outside 0..65535 and a destroyed handle are named errors.
+TEST(StoreServe, ServesClientsUntilDestroyedAndNamesBadArguments) {
+  zs_store_server server = nullptr;
+  int port = 0;
+  ASSERT_EQ(zs_store_serve(&server, "127.0.0.1", 0, &port), ZS_OK) << zs_last_error();
+  ASSERT_GT(port, 0);
+  {
+    auto client = zs::make_tcp_store("127.0.0.1", port, false, std::chrono::milliseconds(5000), nullptr, "client");
+    client->set("k", {'v'});
+    EXPECT_EQ(client->get("k"), std::vector<char>{'v'});
+  }
+  EXPECT_EQ(zs_store_server_destroy(server), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_store_server_destroy(server), ZS_ERR_INVALID_HANDLE);
+  EXPECT_NE(std::string(zs_last_error()).find("is not a live store server handle"), std::string::npos)
+      << zs_last_error();
+  EXPECT_EQ(zs_store_serve(&server, "127.0.0.1", 70000, nullptr), ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(zs_last_error()).find("store port 70000"), std::string::npos) << zs_last_error();
+  EXPECT_EQ(server, nullptr);
+}

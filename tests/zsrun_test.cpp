@@ -461,18 +461,36 @@ TEST(Zsrun, HealingStartsAKilledRankAgainAloneWithItsRank) {
   EXPECT_NE(none.out.find("heal unset"), std::string::npos) << none.out;
 }
 
-// Rank 0 (it serves the engine's store) killed: no replacement, the whole
-// job starts again as without healing.
-TEST(Zsrun, HealingRestartsTheJobWhenRankZeroDies) {
+// Healing serves the store from zsstore (beside zsrun): the ranks get
+// ZS_STORE_SERVER=external and the store's port, which zsstore holds, and
+// rank 0 killed is replaced like any rank. Without a zsstore
+// (ZSRUN_ZSSTORE names none) rank 0 serves the store, and its loss
+// restarts the whole job as without healing, saying why.
+TEST(Zsrun, HealingServesTheStoreSoThatRankZeroIsReplacedToo) {
   const std::string script =
-      "echo \"rank $RANK replacement ${ZS_HEAL_REPLACEMENT:-0} attempt $TORCHELASTIC_RESTART_COUNT\"; "
-      "if [ \"$RANK\" = 0 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then kill -KILL $$; fi; "
-      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 30; fi";
-  Result r = run({"-n", "2", "--restarts", "1", "--no-prefix", "--", "sh", "-c", script});
+      "echo \"rank $RANK replacement ${ZS_HEAL_REPLACEMENT:-0} attempt $TORCHELASTIC_RESTART_COUNT store "
+      "${ZS_STORE_SERVER:-rank0}\"; "
+      "if [ \"$RANK\" = 0 ] && [ -z \"$ZS_HEAL_REPLACEMENT\" ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+      "  for i in 1 2 3 4 5 6 7 8 9 10; do (exec 3<>/dev/tcp/127.0.0.1/$ZS_STORE_PORT) 2>/dev/null && "
+      "  { echo \"store listening\"; break; }; sleep 0.1; done; kill -KILL $$; fi; "
+      "if [ -z \"$ZS_HEAL_REPLACEMENT\" ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then sleep 1; fi";
+  Result r = run({"-n", "2", "--restarts", "1", "--no-prefix", "--", "bash", "-c", script});
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.out.find("replacement 1"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("restart 1 of 1: starting the job again with 2 ranks"), std::string::npos) << r.err;
-  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_NE(r.out.find("rank 0 replacement 0 attempt 0 store external"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("store listening"), std::string::npos) << "zsstore holds the store port: " << r.out;
+  EXPECT_NE(r.out.find("rank 0 replacement 1 attempt 0 store external"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("healing: starting a replacement of rank 0"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("starting the job again"), std::string::npos) << r.err;
+
+  Result without = run({"-n", "2", "--restarts", "1", "--no-prefix", "--", "bash", "-c", script},
+                       {"ZSRUN_ZSSTORE=/nonexistent/zsstore"});
+  EXPECT_EQ(without.status, 0) << without.err;
+  EXPECT_NE(without.err.find("healing: no zsstore at '/nonexistent/zsstore'"), std::string::npos) << without.err;
+  EXPECT_NE(without.out.find("store rank0"), std::string::npos) << without.out;
+  EXPECT_EQ(without.out.find("replacement 1"), std::string::npos) << without.out;
+  EXPECT_NE(without.err.find("restart 1 of 1: starting the job again with 2 ranks"), std::string::npos)
+      << without.err;
+  EXPECT_LT(without.seconds, 20.0);
 }
 
 TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {

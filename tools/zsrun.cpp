@@ -42,7 +42,10 @@
 // same RANK and ZS_HEAL_REPLACEMENT=<n> (its n-th replacement), using one of
 // the R restarts of the attempt: the survivors keep running and take it in
 // (zs_heal_join). Rank 0 serves the engine's store, so its loss is a full
-// restart. If the attempt fails anyway (a survivor exits non-zero: its
+// restart, unless zsrun serves the store itself: with tools/zsstore beside
+// zsrun (or named by ZSRUN_ZSSTORE), each healing attempt starts one on the
+// store port and exports ZS_STORE_SERVER=external, so rank 0 is a client
+// like the others and is replaced like them. If the attempt fails anyway (a survivor exits non-zero: its
 // program does not heal, or the state was lost), the job is restarted as
 // above, the replacements not counted against that.
 //
@@ -440,6 +443,10 @@ class Launcher {
   // Healing: the rank alone, again, as its next replacement.
   bool respawn(Rank& r);
   bool heals() const;
+  // Healing: zsstore serving this attempt's store (ZS_STORE_SERVER=external).
+  bool find_store();  // sets store_path_; false, saying so, when there is none
+  void start_store(const std::vector<std::string>& env);
+  void stop_store();
   bool spawn(Rank& r, const std::vector<std::string>& env);
   std::vector<std::string> base_environment();
   void reap();
@@ -460,6 +467,9 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::vector<std::string> base_env_;
   long respawned_ = 0;  // replacements started in this attempt
+  pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
+  std::string store_path_;
+  bool external_store_ = false;
   int master_port_ = 0;
   int store_port_ = 0;
   double kill_grace_s_ = kDefaultKillGraceS;
@@ -545,7 +555,80 @@ std::vector<std::string> Launcher::base_environment() {
   // Healing on with no config change (the config's "auto"); the user's
   // ZS_HEAL, 0 included, is kept.
   if (heals() && !have_heal) env.push_back("ZS_HEAL=auto");
+  if (external_store_) env.push_back("ZS_STORE_SERVER=external");
   return env;
+}
+
+// zsstore beside this zsrun (or ZSRUN_ZSSTORE), on the store port, in a
+// process group of its own that dies with zsrun; its stdout (one line
+// saying where it serves) is dropped, its stderr is zsrun's.
+bool Launcher::find_store() {
+  std::string path;
+  if (const char* named = getenv("ZSRUN_ZSSTORE"); named && *named) {
+    path = named;
+  } else {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+      self[n] = '\0';
+      std::string dir(self);
+      dir = dir.substr(0, dir.rfind('/'));
+      path = dir + "/zsstore";
+    }
+  }
+  if (path.empty() || access(path.c_str(), X_OK) != 0) {
+    errorf("healing: no zsstore at '%s' (ZSRUN_ZSSTORE names one): rank 0 serves the store, and its loss "
+           "restarts the job", path.c_str());
+    return false;
+  }
+  store_path_ = path;
+  return true;
+}
+
+// With the ranks' environment (their job secret).
+void Launcher::start_store(const std::vector<std::string>& env) {
+  const std::string& path = store_path_;
+  const std::string port = std::to_string(store_port_);
+  std::vector<char*> envp;
+  for (const std::string& kv : env) envp.push_back(const_cast<char*>(kv.c_str()));
+  envp.push_back(nullptr);
+  const char* argv[] = {path.c_str(), "--host", opt_.master_addr.c_str(), "--port", port.c_str(), nullptr};
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    errorf("healing: cannot fork zsstore: %s; rank 0 serves the store", strerror(errno));
+    external_store_ = false;
+    return;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+#ifdef PR_SET_PDEATHSIG
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != launcher) _exit(kExitInternal);
+#endif
+    for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+    const int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDOUT_FILENO);
+    }
+    environ = envp.data();
+    execv(path.c_str(), const_cast<char* const*>(argv));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  store_pid_ = pid;
+}
+
+void Launcher::stop_store() {
+  if (store_pid_ <= 0) return;
+  kill(store_pid_, SIGTERM);
+  int st = 0;
+  waitpid(store_pid_, &st, 0);
+  store_pid_ = -1;
 }
 
 bool Launcher::heals() const {
@@ -555,7 +638,9 @@ bool Launcher::heals() const {
 }
 
 bool Launcher::spawn_all() {
+  external_store_ = heals() && nranks_ > 1 && find_store();
   base_env_ = base_environment();
+  if (external_store_) start_store(base_env_);
   const std::vector<std::string>& base = base_env_;
   ranks_.resize(static_cast<size_t>(nranks_));
   for (size_t k = 0; k < ranks_.size(); ++k) {
@@ -735,6 +820,15 @@ void Launcher::reap() {
   // waitpid(-1) also reaps the ranks' orphaned descendants that the
   // subreaper setting hands to us; they match no rank and are dropped.
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (pid == store_pid_) {
+      store_pid_ = -1;
+      if (!terminating_) {
+        errorf("the store (zsstore) exited (status %d); the job is torn down", status);
+        if (first_failure_code_ < 0) first_failure_code_ = kExitInternal;
+        start_termination();
+      }
+      continue;
+    }
     for (Rank& r : ranks_)
       if (r.pid == pid && !r.reaped) on_exit(r, status);
   }
@@ -760,9 +854,10 @@ void Launcher::on_exit(Rank& r, int status) {
   if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) ++lost_;
   errorf("rank %d %s", r.index, how.c_str());
   // Healing: a rank that died (a signal: it did not fail by itself) is
-  // replaced alone while the others heal around it; rank 0 serves the
-  // engine's store, which died with it.
-  if (heals() && WIFSIGNALED(status) && r.index != 0 && attempt_ + respawned_ < opt_.restarts) {
+  // replaced alone while the others heal around it; rank 0 too where
+  // zsstore serves the store (else the store died with it).
+  if (heals() && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
+      attempt_ + respawned_ < opt_.restarts) {
     errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
            "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
     if (respawn(r)) return;
@@ -959,6 +1054,7 @@ int Launcher::run() {
   }
 
   reap();
+  stop_store();
   close(g_sigpipe[0]);
   close(g_sigpipe[1]);
   g_sigpipe[0] = g_sigpipe[1] = -1;  // a signal between attempts writes nowhere

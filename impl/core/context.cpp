@@ -343,11 +343,20 @@ void Context::connect(const ContextOptions& options) {
     const StoreAddress addr = resolve_store_address(
         options.store_host.empty() ? nullptr : options.store_host.c_str(), options.store_port);
     store_address_ = addr.host + ":" + std::to_string(addr.port);
-    if (replacing_ && ranks_.rank == 0)
+    // ZS_STORE_SERVER=external: a process of its own serves the store
+    // (tools/zsstore, zs_store_serve; zsrun --restarts starts one), and
+    // rank 0 is a client like the others, so its loss leaves the store.
+    const char* server = std::getenv("ZS_STORE_SERVER");
+    const std::string where = server ? server : "";
+    if (!where.empty() && where != "external" && where != "rank0")
+      fail(Code::InvalidArgument, "ZS_STORE_SERVER='", where, "': expected \"external\" (a process of its own "
+           "serves the store, e.g. tools/zsstore) or \"rank0\" (the default: rank 0 serves it)");
+    external_store_ = where == "external";
+    if (replacing_ && ranks_.rank == 0 && !external_store_)
       fail(Code::NotSupported, "ZS_HEAL_REPLACEMENT=", replacement_, " for rank 0: rank 0 served the job's store (",
-           store_address_, "), which was lost with it; a replacement of rank 0 needs an external store (landing "
-           "step 3 of docs/healing.md, to build)");
-    store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0, timeout_, nullptr,
+           store_address_, "), which was lost with it; a replacement of rank 0 needs an external store "
+           "(ZS_STORE_SERVER=external with tools/zsstore, as zsrun --restarts runs it)");
+    store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0 && !external_store_, timeout_, nullptr,
                             "rank " + std::to_string(ranks_.rank));
     tcp_store_ = true;
   }
@@ -365,7 +374,7 @@ void Context::connect(const ContextOptions& options) {
     // A stopped rank 0 never answers the store: a call waiting on it (a
     // collective's identity check, a goodbye) ends instead of holding the
     // store's lock until the timeout.
-    if (tcp_store_ && ranks_.rank != 0)
+    if (store_served_by_rank0() && ranks_.rank != 0)
       store_server_watch_ = heartbeat_->watch({0}, [store = store_.get()](const std::string& why) {
         store->interrupt(why + ", and it serves the store");
       });
@@ -621,6 +630,14 @@ void Context::finalize_store() {
     return;
   }
   if (!store_ || !tcp_store_) return;
+  if (external_store_) {
+    // The store outlives every rank: nobody waits for the others' goodbyes.
+    try {
+      store_->add("zs/finalize", 1);
+    } catch (const Error&) {
+    }
+    return;
+  }
   const auto gave_up = [&](const std::string& why) {
     std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
                  ranks_.rank, why.c_str());

@@ -136,8 +136,9 @@ class Context {
   // name a rank that never answered (checkpoint commit), which a timed-out
   // collective cannot.
   const std::shared_ptr<Store>& store() const { return store_; }
-  // Whether rank 0 serves that store (a TCP store): its loss takes the store.
-  bool store_served_by_rank0() const { return tcp_store_; }
+  // Whether rank 0 serves that store (a TCP store, unless
+  // ZS_STORE_SERVER=external): its loss takes the store.
+  bool store_served_by_rank0() const { return tcp_store_ && !external_store_; }
   const std::shared_ptr<Group>& partition_group() const { return topology_->partition(); }
   const std::shared_ptr<Group>& mics_shard_group() const { return topology_->mics_shard(); }
   const std::shared_ptr<Group>& mics_replica_group() const { return topology_->mics_replica(); }
@@ -353,6 +354,7 @@ class Context {
   int64_t generation_ = 0;
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
   bool heal_soft_ = false;  // ZS_HEAL=auto
+  bool external_store_ = false;  // ZS_STORE_SERVER=external
   std::atomic<bool> replacing_{false};
 
   std::shared_ptr<Store> store_;

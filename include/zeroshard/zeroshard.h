@@ -208,6 +208,7 @@ typedef struct zs_param_s* zs_param;
 typedef struct zs_gather_s* zs_gather;
 typedef struct zs_work_s* zs_work;
 typedef struct zs_optimizer_s* zs_optimizer;
+typedef struct zs_store_server_s* zs_store_server;
 
 /* DLPack's tensor (dlpack/dlpack.h); declared here so this header needs
  * nothing else. */
@@ -1029,6 +1030,17 @@ ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store,
  * and with the fetch coordinator in use (zs_step_begin). */
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+/* The job's rendezvous store, served by a process of its own (tools/zsstore,
+ * which zsrun --restarts starts) instead of rank 0, so that rank 0's loss
+ * takes no store with it: its ranks run with ZS_STORE_SERVER=external and
+ * connect to it as clients (MASTER_ADDR, ZS_STORE_PORT). Serves on host
+ * (NULL or "": every interface) and port (0: a free one, given in
+ * *bound_port, which may be NULL) on a thread of its own until
+ * zs_store_server_destroy; clients must prove ZS_JOB_SECRET when it is set
+ * in this process. BOOTSTRAP naming the address when it cannot be bound;
+ * INVALID_ARGUMENT for a port outside 0..65535. */
+ZS_API zs_status zs_store_serve(zs_store_server* server, const char* host, int port, int* bound_port);
+ZS_API zs_status zs_store_server_destroy(zs_store_server server);
 
 /* ------------------------------------------------------------------ */
 /* Checkpoints                                                         */

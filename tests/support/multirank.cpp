@@ -147,6 +147,40 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
   }
 }
 
+ExternalStore::ExternalStore() {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe failed";
+    return;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    close(fds[0]);
+    zs_store_server server = nullptr;
+    int port = 0;
+    if (zs_store_serve(&server, "127.0.0.1", 0, &port) != ZS_OK) {
+      std::fprintf(stderr, "external store: %s\n", zs_last_error());
+      port = -1;
+    }
+    if (write(fds[1], &port, sizeof port) != sizeof port) _exit(1);
+    close(fds[1]);
+    for (;;) pause();  // until the test kills it
+  }
+  close(fds[1]);
+  if (read(fds[0], &port_, sizeof port_) != sizeof port_ || port_ <= 0)
+    ADD_FAILURE() << "the external store did not start";
+  close(fds[0]);
+}
+
+ExternalStore::~ExternalStore() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int st = 0;
+  waitpid(pid_, &st, 0);
+}
+
 namespace {
 
 pid_t fork_rank(const std::function<void(const RankEnv&)>& body, const RankEnv& env) {
@@ -171,8 +205,9 @@ pid_t fork_rank(const std::function<void(const RankEnv&)>& body, const RankEnv& 
 }  // namespace
 
 std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function<void(const RankEnv&)>& body,
-                                                  int timeout_s, const std::vector<int>& replaced, int max_each) {
-  const int port = free_port();
+                                                  int timeout_s, const std::vector<int>& replaced, int max_each,
+                                                  int port) {
+  if (port == 0) port = free_port();
   struct Proc {
     int rank;
     int replacement;

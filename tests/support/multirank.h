@@ -36,7 +36,7 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
 // per rank. Returns each rank's pids in the order started.
 std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function<void(const RankEnv&)>& body,
                                                   int timeout_s, const std::vector<int>& replaced,
-                                                  int max_each = 1);
+                                                  int max_each = 1, int port = 0);
 
 // Sets an environment variable while it lives (the ranks run_ranks forks
 // inherit it), then puts back what was there.
@@ -50,6 +50,24 @@ class ScopedEnv {
  private:
   std::string name_, old_;
   bool had_ = false;
+};
+
+// A rendezvous store served by a process of its own (zs_store_serve), as
+// tools/zsstore does, for ranks run with ZS_STORE_SERVER=external (set
+// while it lives): rank 0 is then a client too, and may be lost and
+// replaced. Killed when it goes.
+class ExternalStore {
+ public:
+  ExternalStore();
+  ~ExternalStore();
+  ExternalStore(const ExternalStore&) = delete;
+  ExternalStore& operator=(const ExternalStore&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int pid_ = -1;
+  int port_ = 0;
+  ScopedEnv external_{"ZS_STORE_SERVER", "external"};
 };
 
 // ZeRO++ quantizes only what crosses hosts (Context::quantizes), and a

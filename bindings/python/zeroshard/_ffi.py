@@ -122,6 +122,7 @@ typedef struct zs_param_s* zs_param;
 typedef struct zs_gather_s* zs_gather;
 typedef struct zs_work_s* zs_work;
 typedef struct zs_optimizer_s* zs_optimizer;
+typedef struct zs_store_server_s* zs_store_server;
 
 struct DLManagedTensor;
 
@@ -405,6 +406,8 @@ zs_status zs_optimizer_sync_params(zs_optimizer opt);
 zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt, int replica);
 zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
 zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+zs_status zs_store_serve(zs_store_server* server, const char* host, int port, int* bound_port);
+zs_status zs_store_server_destroy(zs_store_server server);
 zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_step_end(zs_optimizer opt, zs_step_result* result);
 zs_status zs_optimizer_named_state(zs_optimizer opt, zs_param param, const char* name, int create,

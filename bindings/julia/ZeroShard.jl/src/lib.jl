@@ -129,6 +129,7 @@ const zs_param = Ptr{Cvoid}
 const zs_gather = Ptr{Cvoid}
 const zs_work = Ptr{Cvoid}
 const zs_optimizer = Ptr{Cvoid}
+const zs_store_server = Ptr{Cvoid}
 
 # zs_progress_fn: void (*)(void* user, const char* phase, uint64_t done,
 # uint64_t total), e.g. `@cfunction(f, Cvoid, (Ptr{Cvoid}, Cstring, UInt64, UInt64))`.
@@ -531,6 +532,11 @@ zs_heal_agree(committed_step, rolled_forward, opt) =
           rolled_forward, opt)
 zs_heal_join(committed_step, opt) =
     ccall((:zs_heal_join, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
+zs_store_serve(server, host, port, bound_port) =
+    ccall((:zs_store_serve, libzeroshard), zs_status, (Ptr{zs_store_server}, Cstring, Cint, Ptr{Cint}), server,
+          host, port, bound_port)
+zs_store_server_destroy(server) =
+    ccall((:zs_store_server_destroy, libzeroshard), zs_status, (zs_store_server,), server)
 zs_optimizer_step_begin(opt, result) =
     ccall((:zs_optimizer_step_begin, libzeroshard), zs_status, (zs_optimizer, Ref{zs_step_result}), opt, result)
 zs_optimizer_step_end(opt, result) =

@@ -182,6 +182,7 @@ opaque! {
     zs_gather_s => zs_gather,
     zs_work_s => zs_work,
     zs_optimizer_s => zs_optimizer,
+    zs_store_server_s => zs_store_server,
 }
 
 /// DLPack's tensor, opaque here (`dlpack/dlpack.h`).
@@ -688,6 +689,9 @@ extern "C" {
     ) -> zs_status;
     pub fn zs_heal_agree(committed_step: *mut i64, rolled_forward: *mut c_int, opt: zs_optimizer) -> zs_status;
     pub fn zs_heal_join(committed_step: *mut i64, opt: zs_optimizer) -> zs_status;
+    pub fn zs_store_serve(server: *mut zs_store_server, host: *const c_char, port: c_int, bound_port: *mut c_int)
+        -> zs_status;
+    pub fn zs_store_server_destroy(server: zs_store_server) -> zs_status;
     pub fn zs_optimizer_step_begin(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_step_end(opt: zs_optimizer, result: *mut zs_step_result) -> zs_status;
     pub fn zs_optimizer_named_state(

@@ -1,0 +1,34 @@
+// The rendezvous store served outside the ranks (zs_store_serve): what
+// tools/zsstore runs, so that the store outlives any rank, rank 0 included
+// (docs/healing.md, section 3).
+#include "capi/handles.h"
+#include "impl/comm/store/job_secret.h"
+#include "impl/comm/store/tcp_store_server.h"
+
+using namespace zs;
+using namespace zs::capi;
+
+extern "C" {
+
+ZS_API zs_status zs_store_serve(zs_store_server* out, const char* host, int port, int* bound_port) {
+  return guarded([&] {
+    checked_out(out, "out");
+    *out = nullptr;
+    if (port < 0 || port > 65535)
+      fail(Code::InvalidArgument, "store port ", port, ": expected 0 (any free port) or 1..65535");
+    auto server = std::make_shared<tcp_wire::Server>(host ? host : "", port, job_secret());
+    if (bound_port) *bound_port = server->port();
+    *out = reinterpret_cast<zs_store_server>(add_handle(Kind::StoreServer, 0, std::move(server)));
+  });
+}
+
+ZS_API zs_status zs_store_server_destroy(zs_store_server server) {
+  if (server == nullptr) return ZS_OK;
+  return guarded([&] {
+    if (!take_handle(Kind::StoreServer, reinterpret_cast<uintptr_t>(server), nullptr))
+      fail(Code::InvalidHandle, "server (0x", std::hex, reinterpret_cast<uintptr_t>(server), std::dec,
+           ") is not a live store server handle: destroyed, or never created");
+  });
+}
+
+}  // extern "C"
