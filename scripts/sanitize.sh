@@ -50,7 +50,7 @@ common+=(-DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
 tests_o0=(-DZS_TESTS_UNOPTIMIZED=ON)
 # What the GoogleTest cases run: the suite, the launcher, and the C examples
 # some cases start under zsrun (they link the shared library).
-targets=(zs_tests zsrun gather_layers train_mlp)
+targets=(zs_tests zsrun zsstore gather_layers train_mlp)
 # -O1: a tolerable speed with exact stacks. -Wno-maybe-uninitialized: g++ 12
 # warns falsely under -fsanitize=address inside libstdc++'s <regex>
 # (std::function in _StateT), and the project builds with -Werror.
