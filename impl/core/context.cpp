@@ -67,10 +67,9 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   } else {
     ctx->config_ = parse_config("{}", world);
   }
-  // zeroshard.healing.peer_copy "auto" is on when ZS_HEAL=1 (zsrun
-  // --restarts will export it); resolved here, so the effective config
-  // carries what acts and the ready round compares it across ranks.
-  // ZS_HEAL=auto (what zsrun --restarts exports) is on where the copy can
+  // zeroshard.healing.peer_copy "auto" is on when ZS_HEAL=1 or auto;
+  // resolved here, so the effective config carries what acts and the ready
+  // round compares it across ranks. ZS_HEAL=auto (what zsrun --restarts exports) is on where the copy can
   // act and off, with a note, where it cannot (a config it refuses, a CUDA
   // context, an optimizer it cannot replay): a job that cannot heal still
   // runs, and its launcher restarts it from disk as before. ZS_HEAL=1
@@ -125,7 +124,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
          ": expected the replacement's number for its rank id (1 for the first), or 0 for none");
   if (ctx->replacement_ > 0 && (ctx->config_.heal_peer_copy != 1 || world == 1))
     fail(Code::InvalidConfig, "ZS_HEAL_REPLACEMENT=", ctx->replacement_, " (this process replaces a lost rank ",
-         ctx->ranks_.rank, ") needs zeroshard.healing.peer_copy on (or \"auto\" with ZS_HEAL=1) and a world of "
+         ctx->ranks_.rank, ") needs zeroshard.healing.peer_copy on (or \"auto\" with ZS_HEAL=1 or auto) and a world of "
          "more than one rank; this one's peer_copy is ", ctx->config_.heal_peer_copy == 1 ? "on" : "off",
          " and its world size ", world);
   ctx->replacing_ = ctx->replacement_ > 0;
