@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -104,9 +105,26 @@ def init_context(config=None, timeout_ms=0, **kwargs):
         port = _port_beside_master_port()
         if port is not None:
             kwargs["store_port"] = port
+    _heal_off_until_the_frontend_heals()
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
     fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)
     return _context
+
+
+def _heal_off_until_the_frontend_heals():
+    """zsrun --restarts exports ZS_HEAL=auto: peer copies on wherever they
+    can act. A context that fetches through the coordinator, as this
+    frontend's does, cannot join a heal yet (docs/healing.md, landing step
+    4), so its copies would cost every step for a loss that restarts the
+    job anyway: off here, said once. ZS_HEAL=1 or a config that turns the
+    copies on is the user's choice and stays."""
+    if os.environ.get("ZS_HEAL") != "auto":
+        return
+    os.environ["ZS_HEAL"] = "0"
+    if os.environ.get("RANK", "0") == "0":
+        print("zeroshard.torch: no peer copies under ZS_HEAL=auto: a lost rank restarts the job from its "
+              "last checkpoint, as before (healing in place reaches zeroshard.torch with "
+              "docs/healing.md's landing step 4)", file=sys.stderr)
 
 
 def _under_torchrun():
