@@ -32,7 +32,15 @@ def results(engine):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
     else:
         cmd = [str(ZSRUN), "-n", "2", "--no-prefix", "--", sys.executable, *worker]
-    _runs[engine], _ = rank0_result(cmd, "zs_trl_", 900)
+    try:
+        _runs[engine], _ = rank0_result(cmd, "zs_trl_", 900)
+    except AssertionError as e:
+        # The reference alone, once: torch's DDP run once aborted at exit
+        # after training ("terminate called without an active exception",
+        # a rank's threads torn down under load), with zeroshard not loaded.
+        if engine != "ddp" or "terminate called without an active exception" not in str(e):
+            raise
+        _runs[engine], _ = rank0_result(cmd, "zs_trl_", 900)
     return _runs[engine]
 
 

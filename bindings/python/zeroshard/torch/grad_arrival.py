@@ -186,9 +186,8 @@ class GradArrival:
                 if unit.keep_after_backward and not unit.kept_after_backward:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue
-                if not unit.bwd_fetched:
-                    continue  # its backward read none of them (fetch_for_backward)
-                release_backward_hold(unit)
+                if unit.bwd_fetched:  # else its backward read none of them (fetch_for_backward)
+                    release_backward_hold(unit)
                 self.trim_heap()  # the activations' heap, as the gradients grow
 
     @staticmethod
