@@ -23,23 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/heal_model.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
 using zs::test::run_ranks;
+using namespace zs::test::heal;
 
 namespace {
-
-constexpr int kSteps = 5;
-constexpr int kMaxWorld = 4;
-constexpr int kTimeoutMs = 30000;
-const char* kHealOn = R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
-const int64_t kNumel[2] = {1003, 4097};
-
-struct ShortHeartbeat {
-  zs::test::ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
-  zs::test::ScopedEnv limit{"ZS_HEARTBEAT_TIMEOUT_MS", "600"};
-};
 
 // Shared by the forked ranks of both runs (mapped before the forks).
 struct Shared {
@@ -49,30 +40,11 @@ struct Shared {
   std::atomic<int> replica_checked;                  // the victim's holder compared its replica
 };
 
-Shared* shared_block() {
-  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  EXPECT_NE(p, MAP_FAILED);
-  auto* sh = new (p) Shared{};
-  for (auto& c : sh->committed) c = -1;
-  return sh;
-}
-
-float grad_value(int rank, int step, int p, uint64_t i) {
-  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step * 13 + p * 5 + rank * 31))) * 0.1f;
-}
-
-struct Model {
-  zs_context ctx = nullptr;
-  zs_param params[2] = {nullptr, nullptr};
-  zs_optimizer opt = nullptr;
-};
-
 void build(const RankEnv& env, Model& m) {
   m.ctx = zs::test::make_context(env, kHealOn, kTimeoutMs);
   ASSERT_NE(m.ctx, nullptr);
   for (int i = 0; i < 2; ++i) {
-    std::vector<float> init(static_cast<size_t>(kNumel[i]));
-    for (size_t k = 0; k < init.size(); ++k) init[k] = std::sin(static_cast<float>(k * 3 + i)) * 0.5f;
+    const std::vector<float> init = initial_values(i, kNumel[i]);
     zs_param_options o = ZS_PARAM_OPTIONS_INIT;
     o.name = i == 0 ? "w0" : "w1";
     o.ndim = 1;
@@ -88,52 +60,12 @@ void build(const RankEnv& env, Model& m) {
   ZS_ASSERT_OK(zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr));
 }
 
-// One training step: the forward's fetch (and release), each param's
-// gradient, the optimizer step. The first failing call's status.
-zs_status train_step(const RankEnv& env, Model& m, int step) {
-  zs_gather g = nullptr;
-  zs_status s = zs_fetch(&g, m.ctx, m.params, 2);
-  if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
-  if (g) zs_gather_destroy(g);
-  if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
-    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
-    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
-  }
-  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
-  return s;
-}
-
-uint64_t own_digest(Model& m, int64_t* step) {
-  uint64_t hash = 0;
-  EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
-  return hash;
-}
-
-void reference_run(int world, Shared* sh) {
-  run_ranks(world, [&](const RankEnv& env) {
-    Model m;
-    build(env, m);
-    int64_t step = -1;
-    sh->ref[env.rank][0] = own_digest(m, &step);
-    for (int s = 1; s <= kSteps; ++s) {
-      ZS_ASSERT_OK(train_step(env, m, s));
-      sh->ref[env.rank][s] = own_digest(m, &step);
-      EXPECT_EQ(step, s);
-    }
-    zs_optimizer_destroy(m.opt);
-    for (zs_param p : m.params) zs_param_destroy(p);
-    zs_context_destroy(m.ctx);
-  });
-}
-
 // The victim dies at the count-th pass of `point` (step 3, or 2 for a point
 // that passes more than once a step); the survivors agree.
 void killed_at(int world, int victim, const char* point, int count) {
   ShortHeartbeat hb;
-  Shared* sh = shared_block();
-  reference_run(world, sh);
+  Shared* sh = shared_block<Shared>();
+  reference_run(world, sh->ref, build);
   const int holder = (victim + 1) % world;
   const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
   run_ranks(
@@ -217,8 +149,8 @@ TEST(HealCommit, KilledInTheUpdateOnFourRanks) { killed_at(4, 3, "update", 3); }
 // is among those that roll forward, so its replica replays step 3 there.
 void half_finished(int world, int victim, const std::vector<int>& failing) {
   ShortHeartbeat hb;
-  Shared* sh = shared_block();
-  reference_run(world, sh);
+  Shared* sh = shared_block<Shared>();
+  reference_run(world, sh->ref, build);
   const int holder = (victim + 1) % world;
   std::string fault = "norm_allreduce_done:" + std::to_string(victim) + ":3";
   for (const int r : failing) fault += ",norm_allreduce_done:" + std::to_string(r) + ":3:fail";

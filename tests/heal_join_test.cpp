@@ -24,22 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/heal_model.h"
 #include "tests/support/multirank.h"
 
 using zs::test::RankEnv;
+using namespace zs::test::heal;
 
 namespace {
-
-constexpr int kSteps = 5;
-constexpr int kMaxWorld = 4;
-constexpr int kTimeoutMs = 30000;
-const char* kHealOn = R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
-const int64_t kNumel[2] = {1003, 4097};
-
-struct ShortHeartbeat {
-  zs::test::ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
-  zs::test::ScopedEnv limit{"ZS_HEARTBEAT_TIMEOUT_MS", "600"};
-};
 
 // Shared by the forked ranks (mapped before the forks).
 struct Shared {
@@ -50,24 +41,6 @@ struct Shared {
   std::atomic<double> kill_to_commit_s;              // a survivor's: the failing step's start to step C + 1's commit
 };
 
-Shared* shared_block() {
-  void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  EXPECT_NE(p, MAP_FAILED);
-  auto* sh = new (p) Shared{};
-  for (auto& c : sh->committed) c = -1;
-  return sh;
-}
-
-float grad_value(int rank, int step, int p, uint64_t i) {
-  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step * 13 + p * 5 + rank * 31))) * 0.1f;
-}
-
-struct Model {
-  zs_context ctx = nullptr;
-  zs_param params[2] = {nullptr, nullptr};
-  zs_optimizer opt = nullptr;
-};
-
 // The initial values come from rank 0 (a scatter), which a replacement
 // skips: its shard comes from the replica at the join. `numel1` lets a
 // replacement build another model.
@@ -76,8 +49,7 @@ zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
   zs_status s = zs_context_create(&m.ctx, &o);
   const int64_t numel[2] = {kNumel[0], numel1};
   for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    std::vector<float> init(static_cast<size_t>(numel[i]));
-    for (size_t k = 0; k < init.size(); ++k) init[k] = std::sin(static_cast<float>(k * 3 + i)) * 0.5f;
+    const std::vector<float> init = initial_values(i, numel[i]);
     zs_param_options po = ZS_PARAM_OPTIONS_INIT;
     po.name = i == 0 ? "w0" : "w1";
     po.ndim = 1;
@@ -95,55 +67,14 @@ zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
   return s;
 }
 
-void destroy(Model& m) {
-  zs_optimizer_destroy(m.opt);
-  for (zs_param p : m.params) zs_param_destroy(p);
-  zs_context_destroy(m.ctx);
-}
-
-zs_status train_step(const RankEnv& env, Model& m, int step) {
-  zs_gather g = nullptr;
-  zs_status s = zs_fetch(&g, m.ctx, m.params, 2);
-  if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
-  if (g) zs_gather_destroy(g);
-  if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
-    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
-    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
-  }
-  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
-  return s;
-}
-
-uint64_t own_digest(Model& m, int64_t* step) {
-  uint64_t hash = 0;
-  EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
-  return hash;
-}
-
-void reference_run(int world, Shared* sh) {
-  zs::test::run_ranks(world, [&](const RankEnv& env) {
-    Model m;
-    ZS_ASSERT_OK(build(env, m));
-    int64_t step = -1;
-    sh->ref[env.rank][0] = own_digest(m, &step);
-    for (int s = 1; s <= kSteps; ++s) {
-      ZS_ASSERT_OK(train_step(env, m, s));
-      sh->ref[env.rank][s] = own_digest(m, &step);
-    }
-    destroy(m);
-  });
-}
-
 // The victim dies at the count-th pass of `point` in step 3; the parent
 // starts its replacement, which joins; all run to step kSteps. With
 // `external`, a process of its own serves the store (as zsrun's zsstore
 // does), so rank 0 may be the victim.
 void replaced_at(int world, int victim, const char* point, int count, bool external = false) {
   ShortHeartbeat hb;
-  Shared* sh = shared_block();
-  reference_run(world, sh);
+  Shared* sh = shared_block<Shared>();
+  reference_run(world, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
   std::unique_ptr<zs::test::ExternalStore> store;
   if (external) store = std::make_unique<zs::test::ExternalStore>();
   const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
@@ -251,7 +182,7 @@ TEST(HealJoin, RankZeroReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) {
 // and the join (never the store's timeout).
 TEST(HealJoin, AReplacementWithAnotherModelIsANamedError) {
   ShortHeartbeat hb;
-  Shared* sh = shared_block();
+  Shared* sh = shared_block<Shared>();
   zs::test::run_ranks_replacing(
       3,
       [&](const RankEnv& env) {

@@ -1,0 +1,110 @@
+// The model the healing tests train and kill ranks in (heal_commit_test,
+// heal_join_test): two fp32 params of odd sizes under AdamW with gradient
+// clipping (so the norm all-reduce runs), each rank's gradients a function
+// of its rank, the step and the element; the heartbeat shortened so a loss
+// is seen within 0.6 s; and the uninterrupted run whose per-step state
+// digests the healed runs must equal bit for bit.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tests/support/multirank.h"
+#include "zeroshard/zeroshard.h"
+
+namespace zs::test::heal {
+
+constexpr int kSteps = 5;
+constexpr int kMaxWorld = 4;
+constexpr int kTimeoutMs = 30000;
+inline constexpr const char* kHealOn =
+    R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
+inline constexpr int64_t kNumel[2] = {1003, 4097};
+
+struct ShortHeartbeat {
+  ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
+  ScopedEnv limit{"ZS_HEARTBEAT_TIMEOUT_MS", "600"};
+};
+
+inline float grad_value(int rank, int step, int p, uint64_t i) {
+  return std::cos(static_cast<float>(i * 7 + static_cast<uint64_t>(step * 13 + p * 5 + rank * 31))) * 0.1f;
+}
+
+// Param i's initial values (every rank's the same).
+inline std::vector<float> initial_values(int i, int64_t numel) {
+  std::vector<float> init(static_cast<size_t>(numel));
+  for (size_t k = 0; k < init.size(); ++k) init[k] = std::sin(static_cast<float>(k * 3 + i)) * 0.5f;
+  return init;
+}
+
+struct Model {
+  zs_context ctx = nullptr;
+  zs_param params[2] = {nullptr, nullptr};
+  zs_optimizer opt = nullptr;
+};
+
+inline void destroy(Model& m) {
+  zs_optimizer_destroy(m.opt);
+  for (zs_param p : m.params) zs_param_destroy(p);
+  zs_context_destroy(m.ctx);
+}
+
+// One training step: the forward's fetch (and release), each param's
+// gradient, the optimizer step. The first failing call's status.
+inline zs_status train_step(const RankEnv& env, Model& m, int step) {
+  zs_gather g = nullptr;
+  zs_status s = zs_fetch(&g, m.ctx, m.params, 2);
+  if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+  if (g) zs_gather_destroy(g);
+  if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  }
+  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
+  return s;
+}
+
+// This rank's own state's digest; *step: the step it is at.
+inline uint64_t own_digest(Model& m, int64_t* step) {
+  uint64_t hash = 0;
+  EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
+  return hash;
+}
+
+// A T the forked ranks share (mapped before the forks, never unmapped: a
+// test's few blocks), each of its `committed` entries -1 (no step yet).
+template <class T>
+T* shared_block() {
+  void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(p, MAP_FAILED);
+  auto* t = new (p) T{};
+  for (auto& c : t->committed) c = -1;
+  return t;
+}
+
+// The uninterrupted run on `world` ranks: ref[r][s] is rank r's digest
+// after step s (0: as built). `build(env, m)` makes the model.
+template <class Build>
+void reference_run(int world, std::atomic<uint64_t> (*ref)[kSteps + 1], Build build) {
+  run_ranks(world, [&](const RankEnv& env) {
+    Model m;
+    build(env, m);
+    int64_t step = -1;
+    ref[env.rank][0] = own_digest(m, &step);
+    for (int s = 1; s <= kSteps; ++s) {
+      ZS_ASSERT_OK(train_step(env, m, s));
+      ref[env.rank][s] = own_digest(m, &step);
+      EXPECT_EQ(step, s);
+    }
+    destroy(m);
+  });
+}
+
+}  // namespace zs::test::heal
