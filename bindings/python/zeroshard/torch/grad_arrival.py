@@ -172,7 +172,8 @@ class GradArrival:
             if p.zs is None or p.zs.saved:
                 continue  # read again meanwhile: activation checkpointing's recompute
             for unit in self.waiting.get(p, ()):
-                if unit.bwd_held and unit.bwd_fetched and p not in unit.released_early:
+                if (unit.bwd_held and unit.bwd_fetched and not unit.keep_after_backward
+                        and p not in unit.released_early):
                     unit.released_early.add(p)
                     _release([p])
 
