@@ -20,6 +20,7 @@ import signal
 import sys
 
 import torch
+import torch.distributed
 
 import zeroshard.torch as zt
 from torch_worker import SEQ, VOCAB, TinyGPT
@@ -41,6 +42,8 @@ def main():
     ckpt, log, steps, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if os.environ.get("ZS_TEST_DIST_FIRST") == "1":  # as the HF Trainer does before the engine
+        torch.distributed.init_process_group("gloo")
     with zt.Init(config=CONFIG):
         torch.manual_seed(0)
         model = TinyGPT()
@@ -61,6 +64,8 @@ def main():
             f.write(json.dumps({"attempt": attempt, "world": world, "step": s, "loss": loss.item()}) + "\n")
         zt.save_checkpoint(ckpt, model, opt, client_state={"step": s + 1}, tag=f"step-{s + 1}")
     zt.shutdown()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

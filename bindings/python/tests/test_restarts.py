@@ -18,7 +18,7 @@ STEPS, KILL_AT = 8, 4
 _reference = {}
 
 
-def run(launcher, n, kill_at, *flags, timeout=300):
+def run(launcher, n, kill_at, *flags, timeout=300, extra_env=None):
     """(exit code, log lines, stderr) of the worker on n ranks."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
@@ -30,8 +30,8 @@ def run(launcher, n, kill_at, *flags, timeout=300):
                    *flags, *worker]
         else:
             cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, *worker]
-        proc = subprocess.run(cmd, env=ranks_env(ZS_HEARTBEAT_MS="200"), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(cmd, env=ranks_env(ZS_HEARTBEAT_MS="200", **(extra_env or {})),
+                              capture_output=True, text=True, timeout=timeout)
         return proc.returncode, mean_over_ranks(log), proc.stdout + proc.stderr
 
 
@@ -85,6 +85,19 @@ def test_zsrun_restarts_a_job_that_lost_a_rank_and_it_trains_on_from_latest():
     second = check_resumed(lines, out, 3)
     ref = reference()
     # Same world size, same reduction order: the very same numbers.
+    assert [l["loss"] for l in second] == [ref[l["step"]] for l in second]
+
+
+def test_zsrun_restarts_a_job_that_initialized_torch_distributed_first():
+    """As the HF Trainer does: torch.distributed first, then the engine.
+    zsrun --restarts serves the store from zsstore (ZS_STORE_SERVER=external),
+    so zeroshard.torch takes that store's port, not one of its own choosing
+    (which nothing served: the job hung)."""
+    code, lines, out = run("zsrun", 3, KILL_AT, "--restarts", "1", extra_env={"ZS_TEST_DIST_FIRST": "1"})
+    assert code == 0, out
+    assert "restart 1 of 1: starting the job again with 3 ranks" in out, out
+    second = check_resumed(lines, out, 3)
+    ref = reference()
     assert [l["loss"] for l in second] == [ref[l["step"]] for l in second]
 
 

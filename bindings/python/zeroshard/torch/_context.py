@@ -93,15 +93,22 @@ def init_context(config=None, timeout_ms=0, **kwargs):
     if dist.is_available() and dist.is_initialized():
         kwargs.setdefault("rank", dist.get_rank())
         kwargs.setdefault("world_size", dist.get_world_size())
-        if dist.get_world_size() > 1 and "store_port" not in kwargs and "file_store_path" not in kwargs:
+    if "store_port" in kwargs or "file_store_path" in kwargs:
+        pass
+    elif os.environ.get("ZS_STORE_SERVER") == "external":
+        # The launcher serves the store (zsrun --restarts: zsstore at
+        # ZS_STORE_PORT, which the engine reads): that one, no other.
+        kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    elif dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
             port = [_free_port() if dist.get_rank() == 0 else None]
             dist.broadcast_object_list(port, src=0)
             kwargs["store_port"] = port[0]
             kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    elif _under_torchrun() and "store_port" not in kwargs and "file_store_path" not in kwargs:
+    elif _under_torchrun():
         kwargs["store_port"] = _port_through_torchrun_store()
         kwargs.setdefault("store_host", os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    elif "store_port" not in kwargs and "file_store_path" not in kwargs:
+    else:
         port = _port_beside_master_port()
         if port is not None:
             kwargs["store_port"] = port
