@@ -536,6 +536,65 @@ TEST(Coordinator, ATrainingStepKeepsNothingForTheNextStepBeforeItsFirstGradient)
   });
 }
 
+// A training step along its order gives the host pool's idle blocks back
+// once its last gathered param goes: nothing is fetched again before the
+// next step's forward, while the gradients and the optimizer step peak.
+// Not before its last gather, nor in the step that records the order (it
+// does not know it is the last).
+TEST(Coordinator, ATrainingStepGivesTheIdleHostBlocksBackAfterItsLastGather) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, "{\"zero_optimization\": {\"stage\": 3}}");
+    ASSERT_NE(ctx, nullptr);
+    constexpr int kBig = 4;
+    constexpr uint64_t kElems = uint64_t{1} << 18;  // gathered: 1 MiB blocks, which the pool caches
+    std::vector<zs_param> layers(kBig);
+    const std::vector<float> zeros(kElems, 0.0f), grad(kElems, 0.25f);
+    for (int l = 0; l < kBig; ++l) {
+      const int64_t shape[1] = {static_cast<int64_t>(kElems)};
+      zs_param_options o = ZS_PARAM_OPTIONS_INIT;
+      const std::string name = "big" + std::to_string(l);
+      o.name = name.c_str();
+      o.ndim = 1;
+      o.shape = shape;
+      o.init = ZS_INIT_FROM_ALL;
+      o.data = zeros.data();
+      o.data_bytes = kElems * 4;
+      ZS_ASSERT_OK(zs_param_register(&layers[l], ctx, &o));
+    }
+    const auto idle = [&] {
+      zs_memory_stats m = ZS_MEMORY_STATS_INIT;
+      EXPECT_EQ(zs_context_memory(ctx, &m), ZS_OK) << zs_last_error();
+      return m.host_cache_bytes;
+    };
+    const auto use = [&](int l, bool push) {
+      ZS_ASSERT_OK(zs_coord_fetch(ctx, &layers[l], 1));
+      if (push) {
+        ZS_ASSERT_OK(zs_grad_push(layers[l], grad.data(), ZS_FLOAT32, kElems * 4));
+      }
+      ZS_ASSERT_OK(zs_coord_release(ctx, &layers[l], 1));
+    };
+    for (int s = 0; s < 4; ++s) {
+      ZS_ASSERT_OK(zs_step_begin(ctx));
+      for (int l = 0; l < kBig; ++l) use(l, false);
+      for (int l = kBig - 1; l >= 1; --l) use(l, true);
+      if (s >= 2) {
+        EXPECT_GT(idle(), 0u) << "step " << s << ": given back before its last gather";
+      }
+      use(0, true);
+      // Recorded (step 0), then followed: from the first step that follows
+      // a trained order on, given back.
+      if (s == 0) {
+        EXPECT_GT(idle(), 0u) << "the recording step gave its idle blocks back";
+      } else {
+        EXPECT_EQ(idle(), 0u) << "step " << s << ": idle host blocks after the last gather";
+      }
+      ZS_ASSERT_OK(zs_step_end(ctx));
+    }
+    EXPECT_EQ(stats(ctx).trace_invalidations, 0u);
+    zs_context_destroy(ctx);
+  });
+}
+
 TEST(Coordinator, ChangedOrderReRecordsWithoutAHang) {
   run_ranks(3, [](const RankEnv& env) {
     const std::string cfg = config(20000, 1000000000, 0, 0);

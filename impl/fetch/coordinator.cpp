@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "impl/common/env.h"
 #include "impl/core/context.h"
 
 namespace zs {
@@ -113,6 +114,7 @@ void Coordinator::step_begin() {
   step_gathered_ = false;
   step_trained_ = false;
   step_released_ = false;
+  cache_returned_ = false;
   pos_ = 0;
   prefetched_upto_ = 0;
   following_ = false;
@@ -192,7 +194,8 @@ Coordinator::Coordinator(Context& ctx)
     : ctx_(ctx),
       prefetch_given_(ctx.config().given("zero_optimization.prefetch_bucket_size")),
       reuse_given_(ctx.config().given("zero_optimization.max_reuse_distance")),
-      live_given_(ctx.config().given("zero_optimization.max_live_parameters")) {}
+      live_given_(ctx.config().given("zero_optimization.max_live_parameters")),
+      host_trim_(env_int("ZS_HOST_TRIM", -1) != 0) {}
 
 Coordinator::Windows Coordinator::windows(const Order& o) const {
   const Config& c = ctx_.config();
@@ -395,6 +398,22 @@ void Coordinator::release(const ParamList& params) {
     }
     release_one_param(*p);
   }
+  return_idle_cache_after_last_gather();
+}
+
+// A training step along its order has given back the last param it
+// gathers: nothing is fetched again before the next step's forward, while
+// the gradients, the embedding's backward and the optimizer step peak. So
+// the host pool's idle blocks (the gathered layers' it kept for reuse)
+// go back to the system now; the next forward maps them again, on huge
+// pages (a few hundred faults a step). Not on a GPU, whose pool refills
+// through cudaMalloc, nor with ZS_HOST_TRIM=0.
+void Coordinator::return_idle_cache_after_last_gather() {
+  if (cache_returned_ || !in_step_ || !following_ || !followed().trained ||
+      pos_ != followed().units.size() || !live_.empty() || ctx_.device()->is_cuda() || !host_trim_)
+    return;
+  cache_returned_ = true;
+  ctx_.device()->trim();
 }
 
 void Coordinator::invalidate() {

@@ -130,6 +130,7 @@ class Coordinator : public ParamKeeper {
   // the most recent, and the one the previous step's order is followed by.
   void note_order();
   void release_one_param(Param& p);
+  void return_idle_cache_after_last_gather();
   // Releases every param the coordinator holds except those in `keep`.
   void drop_all(const std::set<const Param*>& keep = {});
   // Index of the next unit of the followed order (from pos_) that uses p,
@@ -184,6 +185,8 @@ class Coordinator : public ParamKeeper {
   bool step_gathered_ = false;      // this step issued a gather
   bool step_trained_ = false;       // a param released this step had a gradient pushed
   bool step_released_ = false;      // this step released a live param
+  bool cache_returned_ = false;     // this step gave the host pool's idle blocks back
+  const bool host_trim_;            // ZS_HOST_TRIM is not 0 (read once)
   uint64_t quiet_steps_ = 0;        // quiet steps in a row (see step_end)
   bool following_ = false;  // this step matches the followed order so far
   size_t followed_ = 0;     // its index in orders_

@@ -1079,11 +1079,11 @@ StepResult Optimizer::finish_locked(const OpenStep& open, double update_seconds)
   // New shards are in place once the step returns.
   ctx_.device()->synchronize();
   // ZS_HOST_TRIM=1: every idle block of the host pools goes back to the
-  // system after each step (the freed gradients do anyway: end_step), the
-  // gathered params' too, whose pages the next forward faults in again.
+  // system after each step too (by default only once a training step's
+  // last gather is released: the coordinator), whatever gathered since.
   // 406M GPT, 2 ranks: no lower peak than the gradients alone, step 6.1
   // -> 8.6 s (docs/memory.md): off unless asked.
-  if (!ctx_.device()->is_cuda() && env_int("ZS_HOST_TRIM", 0) != 0) ctx_.device()->trim();
+  if (!ctx_.device()->is_cuda() && env_int("ZS_HOST_TRIM", -1) == 1) ctx_.device()->trim();
   // Persistent params go out again now, to be gathered by the next forward.
   if (Coordinator* coord = coordinator_if_any(ctx_)) coord->refresh_persistent();
   r.loss_scale = scaler_.scale();
