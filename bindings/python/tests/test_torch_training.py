@@ -156,16 +156,30 @@ def test_backward_gathers_only_the_params_it_reads(ranks):
         # Through the last step's backward: the table is not gathered from
         # the first block's backward on (the head read it before the last
         # block's backward; an untied head's is another param).
-        table_gathered = {where: gathered for where, gathered, _ in reads["backward"]}
+        table_gathered = {where: gathered for where, gathered, _, _ in reads["backward"]}
         assert not any(table_gathered.values()), (kind, reads["backward"])
         # At the embedding's backward, the last, nothing is gathered at all
         # (the root's `pos` is not either); before, the table was.
-        assert reads["backward"][-1] == ["tok", False, 0], (kind, reads["backward"])
+        assert reads["backward"][-1][:3] == ["tok", False, 0], (kind, reads["backward"])
         assert every["backward"][-1][2] >= every["table_bytes"], (kind, every["backward"])
         # Saved by value, the old way: gathered for the embedding's backward,
         # and (tied) held from the head's backward on.
-        old = {where: gathered for where, gathered, _ in every["backward"]}
+        old = {where: gathered for where, gathered, _, _ in every["backward"]}
         assert old["tok"] and (kind == "untied" or all(old.values())), (kind, every["backward"])
+        # The step lets go of every lent gradient before its update.
+        assert all(w == [0] for w in reads["lent"][1::2]), (kind, reads["lent"])
+    # Gradients the engine borrows (reduced straight from torch's tensor;
+    # how many are still lent when the backward returns depends on timing)
+    # are let go before the update rather than after it.
+    assert all(w == [0] for w in r["wide_lent"][1::2]), r["wide_lent"]
+    # Tied, the head's gradient of the table went to the engine in the
+    # head's backward: pushed before the embedding's backward, where it was
+    # not without the alias (autograd summed both uses first).
+    tied, unaliased = r["tied_reads"], r["tied_unaliased"]
+    assert tied["backward"][-1][3] and not unaliased["backward"][-1][3], (tied["backward"], unaliased["backward"])
+    # Reduced per use rather than summed first: the same up to rounding.
+    assert tied["losses"][0] == unaliased["losses"][0], (tied["losses"], unaliased["losses"])
+    assert tied["losses"] == pytest.approx(unaliased["losses"], rel=1e-5), (tied["losses"], unaliased["losses"])
 
 
 def test_submodule_called_without_the_root_opens_the_forward_scope():

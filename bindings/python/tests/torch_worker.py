@@ -700,14 +700,30 @@ def mode_backward_reads(rank, world):
     the head's backward read it, not at the backward's end where the tied
     gradient comes. Against the same runs with params saved by value (no
     saved references: every unit fetched and held as before), bit for bit
-    and with fewer gathers, untied and tied, nothing left gathered."""
-    from zeroshard.torch import saved
+    and with fewer gathers, untied and tied, nothing left gathered. Tied,
+    the head's use reaches the engine as its backward computes it
+    (repeated_use.py): against the unaliased path ("unaliased"), the
+    table's gradient was pushed before the embedding's backward, losses and
+    weights within rounding. The step lets go of every lent gradient before
+    its update."""
+    from zeroshard.context import Context
+    from zeroshard.torch import repeated_use, saved
 
     by_reference = saved._pack
     out = {}
+    release_lent = Context.release_lent
+    waited = []  # lent gradients left when a step had waited for them
+
+    def spy(self, wait=False):
+        release_lent(self, wait)
+        if wait:
+            waited.append(len(self._lent))
+
+    Context.release_lent = spy
     for tied in (False, True):
-        for name in ("reads", "every"):
-            saved._pack = by_reference if name == "reads" else (lambda t: t)
+        for name in ("reads", "every") + (("unaliased",) if tied else ()):
+            saved._pack = by_reference if name != "every" else (lambda t: t)
+            repeated_use._enabled = name != "unaliased"
             zero = {"stage": 3, "param_persistence_threshold": 0, "max_reuse_distance": 0,
                     "prefetch_bucket_size": 1}
             torch.manual_seed(0)
@@ -722,7 +738,8 @@ def mode_backward_reads(rank, world):
 
             def note(where):
                 def hook(grad):
-                    seen.append([where, bool(table.zs.attached), ctx.memory()["gathered_bytes"]])
+                    seen.append([where, bool(table.zs.attached), ctx.memory()["gathered_bytes"],
+                                 table.zs.zparam.grad_pushed])
                 return hook
 
             def after_block(i):
@@ -739,14 +756,17 @@ def mode_backward_reads(rank, world):
                 blk.register_forward_hook(after_block(i))
             model.tok.register_forward_hook(after_tok)
             zopt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
-            losses, gathers = [], []
+            losses, gathers, lent = [], [], []
             for step in range(4):
                 seen.clear()
                 before = ctx.coord_stats()
                 x, y = batch(step, rank)
                 loss = model(x, y)
                 loss.backward()
+                lent.append(len(ctx._lent))
+                waited.clear()
                 zopt.step()
+                lent.append(waited[:])
                 zopt.zero_grad()
                 after = ctx.coord_stats()
                 gathers.append(after["demand_fetches"] + after["prefetches"]
@@ -754,11 +774,29 @@ def mode_backward_reads(rank, world):
                 losses.append(mean_over_ranks(loss.item()))
             sd = zt.consolidated_state_dict(model)
             out[f"{'tied' if tied else 'untied'}_{name}"] = {
-                "losses": losses, "gathers": gathers, "backward": list(seen),
+                "losses": losses, "gathers": gathers, "backward": list(seen), "lent": lent,
                 "table_bytes": table.numel() * 4, "gathered_after": ctx.memory()["gathered_bytes"],
                 "weights": {k: v.numpy().tobytes().hex() for k, v in sorted(sd.items())} if rank == 0 else {}}
             del model, zopt, table
     saved._pack = by_reference
+    repeated_use._enabled = True
+    # Layers large enough to be reduced straight from torch's gradient,
+    # which the engine then borrows until its reduction is done.
+    with zt.Init(config={"zero_optimization": {"stage": 3}}):
+        wide = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512))
+    zt.partition_module(wide)
+    zopt = zt.ZeroShardOptimizer(wide.parameters(), lr=1e-3)
+    lent = []
+    for step in range(2):
+        wide(torch.randn(4, 512)).square().mean().backward()
+        lent.append(len(zt.get_context()._lent))
+        waited.clear()
+        zopt.step()
+        lent.append(waited[:])
+        zopt.zero_grad()
+    out["wide_lent"] = lent
+    del wide, zopt
+    Context.release_lent = release_lent
     return out
 
 

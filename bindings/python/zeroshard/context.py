@@ -3,6 +3,7 @@ import atexit
 import collections
 import json
 import os
+import time
 import warnings
 import weakref
 
@@ -113,15 +114,23 @@ class Context:
         finally:
             self._lent.clear()  # nothing reads them once the context is gone
 
-    def release_lent(self):
-        """Let go of the lent gradients the engine no longer reads."""
+    def release_lent(self, wait=False):
+        """Let go of the lent gradients the engine no longer reads; wait:
+        of every one, once the engine has read them all."""
         lent = self._lent
-        if not lent:
-            return
-        check(lib.zs_grad_released(self._h, self._released))
-        upto = self._released[0]
-        while lent and lent[0][0] <= upto:
-            lent.popleft()
+        pause = 50e-6
+        while lent:
+            check(lib.zs_grad_released(self._h, self._released))
+            upto = self._released[0]
+            while lent and lent[0][0] <= upto:
+                lent.popleft()
+            if not wait or not lent:
+                return
+            # Their reductions run on the groups' threads, which end every
+            # one (done, or failed at the communicator's timeout or a heal's
+            # abort): polled, as no call waits for them alone.
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def __enter__(self):
         return self

@@ -110,6 +110,10 @@ class Optimizer(_Owned):
 
     def step(self):
         """One optimizer step (collective over the world)."""
+        # The gradients still lent (a step waits for their reductions) go
+        # first: the last ones, an embedding's table among them, would stay
+        # alive through the update, where the step peaks.
+        self._ctx.release_lent(wait=True)
         r = _new_struct("zs_step_result")
         check(lib.zs_optimizer_step(self._h, r))
         self._ctx.release_lent()
@@ -124,6 +128,7 @@ class Optimizer(_Owned):
         """An external optimizer's step, first half (collective): gradients
         synced, unscaled and clipped in place; "skipped" says whether the
         caller must leave the masters alone this time."""
+        self._ctx.release_lent(wait=True)  # as step() does
         r = _new_struct("zs_step_result")
         check(lib.zs_optimizer_step_begin(self._h, r))
         self._ctx.release_lent()

@@ -40,7 +40,7 @@ class ParamState:
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
                  "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen",
-                 "finalizer", "init_dtype", "released", "gathered_cls", "released_cls", "saved")
+                 "finalizer", "init_dtype", "released", "gathered_cls", "released_cls", "saved", "used_in")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -55,6 +55,7 @@ class ParamState:
         self.leaf = False   # in a leaf unit: gradients are stashed until the step
         self.holds = 0      # hooked units that need it gathered now
         self.saved = 0      # forwards' saved tensors that read it by reference, not unpacked yet (saved.py)
+        self.used_in = -1   # the engine's forward that last used it with gradients (repeated_use.py)
         self.attached = False  # .data is a view of the gathered buffer
         self.view_ptr = 0      # that view's address: another one means user code set .data
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it

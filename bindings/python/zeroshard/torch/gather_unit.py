@@ -23,7 +23,7 @@ import torch
 
 import zeroshard
 
-from . import saved
+from . import repeated_use, saved
 from .compile import engine_call
 from ._context import get_context
 from ._params import attach_views, detach_views, zparams
@@ -60,6 +60,8 @@ class _Unit:
         self.bwd_needs = False
         self.bwd_fetched = False
         self.released_early = set()  # of its params, their backward hold gone before the rest's
+        self.modules = (module,)  # whose param slots hold its params (a whole unit's: its subtree)
+        self.aliased = None  # slots its running forward reads a repeated use's alias from (repeated_use.py)
         self._handles = None
 
     def handles(self):
@@ -75,6 +77,7 @@ class _Unit:
         unit = _Unit(copy.deepcopy(self.module, memo), self.name,
                      [copy.deepcopy(p, memo) for p in self.params], self.leaf)
         unit.armed = self.armed  # the copied module carries copies of the same hooks
+        unit.modules = [copy.deepcopy(m, memo) for m in self.modules]
         unit.inner_leaf = [copy.deepcopy(p, memo) for p in self.inner_leaf]
         memo[id(self)] = unit
         return unit
@@ -179,11 +182,15 @@ def _unit_pre_forward(module, inputs):
     if unit.params:
         _acquire_unit(unit, "forward")
         unit.packs_at_entry = saved.packs[0]
+        unit.aliased = repeated_use.alias_repeated_uses(unit)
     hook_state().running.append(unit)
 
 
 def _unit_post_forward(module, inputs, kwargs, output):
     unit = _live_unit(module)
+    if unit.aliased:
+        repeated_use.restore(unit.aliased)
+        unit.aliased = None
     running = hook_state().running
     if running and running[-1] is unit:
         running.pop()

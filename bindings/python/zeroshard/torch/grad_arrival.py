@@ -63,16 +63,27 @@ def _check_scaled_backward():
             "loss.backward(): the engine divides every gradient by the loss scale")
 
 
+def _as_taken(grad, z):
+    """A gradient as the engine takes it: the param's dtype, contiguous."""
+    if grad.dtype != z.dtype or not grad.is_contiguous():
+        grad = grad.detach().to(z.dtype).contiguous()
+    return grad
+
+
 def _take_grad(p):
-    """p's gradient as the engine takes it (the param's dtype, contiguous),
-    or None; p.grad is None afterwards."""
+    """p's gradient as the engine takes it, or None; p.grad is None
+    afterwards."""
     grad = p.grad
     if grad is None:
         return None
     p.grad = None
-    if grad.dtype != p.zs.dtype or not grad.is_contiguous():
-        grad = grad.detach().to(p.zs.dtype).contiguous()
-    return grad
+    return _as_taken(grad, p.zs)
+
+
+def _lend(z, grad):
+    """Lent, not copied: a large gradient is reduced straight from
+    autograd's tensor, which the context holds until then."""
+    z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
 
 
 class GradArrival:
@@ -157,10 +168,15 @@ class GradArrival:
         if z.leaf:
             z.stash = grad.clone() if z.stash is None else z.stash.add_(grad)
         else:
-            # Lent, not copied: a large gradient is reduced straight from
-            # autograd's tensor, which the context holds until then.
-            z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
+            _lend(z, grad)
         self._grad_arrived(p)
+
+    def take_repeated_use_grad(self, p, grad):
+        """The gradient of one of p's later uses in a forward
+        (repeated_use.py): to the engine now, as a micro-batch's would be;
+        p's own hook takes the first use's, which completes it."""
+        _check_scaled_backward()
+        _lend(p.zs, _as_taken(grad, p.zs))
 
     def release_unpacked(self):
         """Params no saved tensor reads any more go from the backward holds

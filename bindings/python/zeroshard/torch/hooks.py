@@ -95,6 +95,7 @@ class HookEngine(GradArrival):
         self.saves_by_reference = True  # some param is not persistent (saved.py)
         self.units_to_check = True  # which units need hooks (at the root's next forward)
         self.ran = False  # a forward ran since the last optimizer step (in HookState.ran)
+        self.forwards = 0  # forward scopes begun: a param used twice in one is aliased (repeated_use.py)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -167,6 +168,8 @@ class HookEngine(GradArrival):
                 params.append(p)
         unit = _Unit(module, names.get(module, "") or type(module).__name__, params, leaf)
         unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
+        if subtree:
+            unit.modules = list(subtree)
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
         unit.arm()
@@ -225,6 +228,7 @@ class HookEngine(GradArrival):
     # -- forward --------------------------------------------------------
     def begin_step(self):
         state = hook_state()
+        self.forwards += 1
         if not self.ran:
             self.ran = True
             state.ran.append(self)
