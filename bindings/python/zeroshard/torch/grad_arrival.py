@@ -214,8 +214,7 @@ class GradArrival:
         engine's memory is not even read: this runs after every unit."""
         if not trims_on():
             return
-        ctx = get_context()
-        trim_as_engine_grows(ctx.memory_pools_in_use() + ctx.memory()["host_cache_bytes"])
+        trim_as_engine_grows(get_context().host_memory_held())
 
     def _push_leaf_grads(self):
         """Each leaf param's gradient summed since the last step (zeros for
