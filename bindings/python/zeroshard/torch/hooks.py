@@ -372,11 +372,13 @@ class HookEngine(GradArrival):
             unit.released_early.clear()
             unit.open_calls = 0
             unit.kept_after_backward = unit.user_hold = False
-            held = [p for p in unit.params if p.zs.holds > 0]
+            held = []
             for p in unit.params:
-                p.zs.saved = 0  # a forward whose backward never ran (saved.py)
-            for p in held:
-                p.zs.holds = 0
+                z = p.zs
+                z.saved = 0  # a forward whose backward never ran (saved.py)
+                if z.holds > 0:
+                    z.holds = 0
+                    held.append(p)
             if held:
                 ctx.coord_release(zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
