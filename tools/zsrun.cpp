@@ -446,6 +446,7 @@ class Launcher {
   // Healing: zsstore serving this attempt's store (ZS_STORE_SERVER=external).
   bool find_store();  // sets store_path_; false, saying so, when there is none
   void start_store(const std::vector<std::string>& env);
+  void reset_child(pid_t launcher) const;
   void stop_store();
   bool spawn(Rank& r, const std::vector<std::string>& env);
   std::vector<std::string> base_environment();
@@ -585,6 +586,24 @@ bool Launcher::find_store() {
   return true;
 }
 
+// In a child of zsrun's (a rank, zsstore), between fork and exec: its own
+// process group, gone with zsrun, zsrun's signal handling undone.
+void Launcher::reset_child(pid_t launcher) const {
+  setpgid(0, 0);
+#ifdef PR_SET_PDEATHSIG
+  // zsrun gone (kill -9 included), the child goes too: in its own process
+  // group nothing else tells it, and an orphan rank trains on into the
+  // checkpoint directory the next job uses. zsrun may have died already.
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != launcher) _exit(kExitInternal);
+#endif
+  // exec keeps ignored dispositions (we ignore SIGPIPE), so reset them.
+  for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+}
+
 // With the ranks' environment (their job secret).
 void Launcher::start_store(const std::vector<std::string>& env) {
   const std::string& path = store_path_;
@@ -601,15 +620,7 @@ void Launcher::start_store(const std::vector<std::string>& env) {
     return;
   }
   if (pid == 0) {
-    setpgid(0, 0);
-#ifdef PR_SET_PDEATHSIG
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (getppid() != launcher) _exit(kExitInternal);
-#endif
-    for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+    reset_child(launcher);
     const int null = open("/dev/null", O_RDWR);
     if (null >= 0) {
       dup2(null, STDIN_FILENO);
@@ -717,19 +728,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
     return false;
   }
   if (pid == 0) {
-    setpgid(0, 0);
-#ifdef PR_SET_PDEATHSIG
-    // zsrun gone (kill -9 included), the rank goes too: in its own process
-    // group nothing else tells it, and an orphan trains on into the
-    // checkpoint directory the next job uses. zsrun may have died already.
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (getppid() != launcher) _exit(kExitInternal);
-#endif
-    // exec keeps ignored dispositions (we ignore SIGPIPE), so reset them.
-    for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
+    reset_child(launcher);
     if (opt_.prefix) {
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
