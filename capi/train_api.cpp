@@ -1,8 +1,11 @@
 // Training: gradient hand-over and the sharded optimizer.
+#include <cstring>
+
 #include "capi/handles.h"
 #include "impl/heal/join.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/protocol.h"
+#include "impl/heal/trainer_state.h"
 #include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
 
@@ -249,6 +252,31 @@ ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer h) {
   return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
     checked_out(committed_step, "committed_step");
     *committed_step = heal::join(ctx, o).committed;
+  });
+}
+
+ZS_API zs_status zs_heal_set_rank_state(zs_optimizer h, const void* data, size_t size) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) { heal::set_rank_state(ctx, o, data, size); });
+}
+
+ZS_API zs_status zs_heal_set_shared_state(zs_context h, const void* data, size_t size) {
+  return guarded([&] { heal::set_shared_state(*context_of(h, "ctx"), data, size); });
+}
+
+ZS_API zs_status zs_heal_joined_state(size_t* size, int* found, zs_context h, zs_heal_state_kind which,
+                                      void* buffer, size_t capacity) {
+  return guarded([&] {
+    checked_out(size, "size");
+    checked_out(found, "found");
+    std::vector<char> bytes;
+    const bool there = heal::joined_state(*context_of(h, "ctx"), static_cast<int>(which), &bytes);
+    *size = bytes.size();
+    *found = there ? 1 : 0;
+    if (bytes.empty()) return;
+    if (capacity < bytes.size())
+      fail(Code::BufferSize, "zs_heal_joined_state: capacity ", capacity, " bytes, the state has ", bytes.size());
+    if (buffer == nullptr) fail(Code::InvalidArgument, "buffer is NULL with capacity ", capacity);
+    std::memcpy(buffer, bytes.data(), bytes.size());
   });
 }
 

@@ -591,6 +591,23 @@ void Coordinator::forget(Param& param) {
   publish();
 }
 
+void Coordinator::reset_for_heal() {
+  const Entry entry(*this, Entry::UnderCallersHold);
+  drop_all();
+  invalidate();
+  in_step_ = false;
+  current_.clear();
+  step_units_ = 0;
+  step_gathered_ = step_trained_ = step_released_ = false;
+  quiet_steps_ = 0;
+  following_ = false;
+  pos_ = prefetched_upto_ = 0;
+  agreed_kept_.clear();
+  refresh_.clear();
+  fresh_.clear();
+  stats_.live_elements = 0;
+}
+
 void Coordinator::on_params_updated() {
   const Entry entry(*this, Entry::UnderCallersHold);
   // The kept list is the same on every rank (step_end compared it), so the

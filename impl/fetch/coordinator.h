@@ -98,6 +98,14 @@ class Coordinator : public ParamKeeper {
   // lists and its leaf group. Every rank unregisters the same params at
   // the same point, so this changes every rank alike.
   void forget(Param& param) override;
+  // A heal (zs_heal_join) dropped the step a loss cut short on the
+  // survivors, and a replacement starts with no history: every rank
+  // forgets its orders, gathered params, open step and quiet-step count
+  // here, so all begin the redone step alike (the replacement's orders
+  // would otherwise differ from the survivors', and the quiet steps' count
+  // decides which step ends run a collective). Leaf groups stay: every
+  // rank's program makes the same. Under the caller's hold.
+  void reset_for_heal();
 
  private:
   // An entry point's hold on the engine lock, or for one that runs under

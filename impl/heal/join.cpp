@@ -11,6 +11,7 @@
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/trainer_state.h"
 
 namespace zs::heal {
 namespace {
@@ -68,9 +69,6 @@ std::string describe_build(Context& ctx, Optimizer& opt) {
 Joined join(Context& ctx, Optimizer& opt) {
   if (!ctx.heals())
     fail(Code::InvalidState, "zs_heal_join needs zeroshard.healing.peer_copy on, with heartbeats");
-  if (ctx.find_attachment<Coordinator>() != nullptr)
-    fail(Code::NotSupported, "zs_heal_join with the fetch coordinator in use (zs_step_begin, zs_module_fetch): its "
-         "trace is not healed yet (landing step 4 of docs/healing.md)");
   const int me = ctx.ranks().rank;
   Joined out;
   int ordinal = 0;
@@ -120,6 +118,7 @@ Joined join(Context& ctx, Optimizer& opt) {
         break;
       }
     }
+    if (verdict == "ok") post_shared(ctx, store, opt_prefix + "shared");  // read after the verdict
     store.set(opt_prefix + "verdict", bytes(verdict));
   }
   std::string verdict;
@@ -139,8 +138,12 @@ Joined join(Context& ctx, Optimizer& opt) {
     fail(Code::InvalidState, verdict);
   }
 
+  if (out.replacement) receive_shared(ctx, store, opt_prefix + "shared");
   const auto held = ctx.lock();
   PeerCopy& pc = peer_copy_of(ctx, opt);
+  // Every rank's coordinator starts over (the replacement's too, should its
+  // program have fetched through one before joining).
+  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
   if (!out.replacement) {
     drop_step_in_flight(ctx, opt);
     out.committed = pc.agreed.committed;
@@ -151,6 +154,7 @@ Joined join(Context& ctx, Optimizer& opt) {
   const int64_t received = pc.hand_over(lost);
   if (out.replacement) {
     out.committed = received;
+    receive_rank(ctx, store, me, received);
     pc.awaiting_state = false;
     ctx.end_replacing();
   }

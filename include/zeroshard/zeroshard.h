@@ -1030,6 +1030,33 @@ ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store,
  * and with the fetch coordinator in use (zs_step_begin). */
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+/* The trainer's own state a replacement needs beside the engine's
+ * (docs/healing.md, landing step 4), as opaque bytes (zeroshard.torch
+ * writes JSON). zs_heal_set_rank_state: this rank's blob (its RNG states)
+ * for the step opt takes next, set before that step (zeroshard.torch sets
+ * it as its optimizer step begins, after the backward); it goes to the
+ * job's store at once, so that it is there once the step commits. Not
+ * collective; INVALID_STATE with healing off. zs_heal_set_shared_state:
+ * the state every rank has alike (loop position, LR scheduler), set after
+ * each committed step's bookkeeping; kept in this process, and the lowest
+ * survivor hands it over at zs_heal_join. Both copy the bytes. */
+ZS_API zs_status zs_heal_set_rank_state(zs_optimizer opt, const void* data, size_t size);
+ZS_API zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size_t size);
+/* What the last zs_heal_join handed this rank, a replacement: which
+ * ZS_HEAL_RANK_STATE (its own blob as set before step C) or
+ * ZS_HEAL_SHARED_STATE (the survivors' shared state). *size receives its
+ * bytes and *found 1, or 0 and 0 when there was none (no committed step, a
+ * trainer that set none, a survivor's context); up to capacity bytes are
+ * copied to buffer (NULL with capacity 0 to ask the size). BUFFER_SIZE
+ * naming both sizes when capacity is short. Not collective. */
+typedef enum zs_heal_state_kind {
+  ZS_HEAL_RANK_STATE = 0,
+  ZS_HEAL_SHARED_STATE = 1,
+  ZS_HEAL_STATE_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
+  ZS_HEAL_STATE_KIND_ENUM_MAX_ = 0x7fffffff
+} zs_heal_state_kind;
+ZS_API zs_status zs_heal_joined_state(size_t* size, int* found, zs_context ctx, zs_heal_state_kind which,
+                                      void* buffer, size_t capacity);
 /* The job's rendezvous store, served by a process of its own (tools/zsstore,
  * which zsrun --restarts starts) instead of rank 0, so that rank 0's loss
  * takes no store with it: its ranks run with ZS_STORE_SERVER=external and

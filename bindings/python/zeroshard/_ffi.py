@@ -406,6 +406,16 @@ zs_status zs_optimizer_sync_params(zs_optimizer opt);
 zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_optimizer opt, int replica);
 zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
 zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+zs_status zs_heal_set_rank_state(zs_optimizer opt, const void* data, size_t size);
+zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size_t size);
+typedef enum zs_heal_state_kind {
+  ZS_HEAL_RANK_STATE = 0,
+  ZS_HEAL_SHARED_STATE = 1,
+  ZS_HEAL_STATE_KIND_ENUM_MIN_ = -2147483648,
+  ZS_HEAL_STATE_KIND_ENUM_MAX_ = 2147483647
+} zs_heal_state_kind;
+zs_status zs_heal_joined_state(size_t* size, int* found, zs_context ctx, zs_heal_state_kind which,
+                               void* buffer, size_t capacity);
 zs_status zs_store_serve(zs_store_server* server, const char* host, int port, int* bound_port);
 zs_status zs_store_server_destroy(zs_store_server server);
 zs_status zs_optimizer_step_begin(zs_optimizer opt, zs_step_result* result);

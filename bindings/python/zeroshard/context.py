@@ -317,6 +317,30 @@ class Context:
         """Raise the first error of background work in this context, if any."""
         check(lib.zs_context_async_error(self._h))
 
+    # -- healing -----------------------------------------------------------
+    def heal_set_shared_state(self, data):
+        """The state every rank has alike (bytes: loop position, scheduler),
+        as of the last committed step; kept here, and handed to a
+        replacement at the join (zs_heal_set_shared_state)."""
+        data = bytes(data)
+        check(lib.zs_heal_set_shared_state(self._h, ffi.from_buffer(data), len(data)))
+
+    def heal_joined_state(self, which):
+        """What the last join handed this rank, a replacement: which "rank"
+        (its own blob, as set before step C) or "shared" (the survivors'
+        shared state); bytes, or None when there was none."""
+        kinds = {"rank": lib.ZS_HEAL_RANK_STATE, "shared": lib.ZS_HEAL_SHARED_STATE}
+        if which not in kinds:
+            raise ValueError(f"heal_joined_state: which {which!r}: expected 'rank' or 'shared'")
+        size = ffi.new("size_t*")
+        found = ffi.new("int*")
+        check(lib.zs_heal_joined_state(size, found, self._h, kinds[which], ffi.NULL, 0))
+        if not found[0]:
+            return None
+        buf = ffi.new("char[]", max(1, int(size[0])))
+        check(lib.zs_heal_joined_state(size, found, self._h, kinds[which], buf, len(buf)))
+        return bytes(ffi.buffer(buf, int(size[0])))
+
     # -- groups ------------------------------------------------------------
     def group(self, kind="world"):
         """A handle to one of the context's groups: "world", "partition",

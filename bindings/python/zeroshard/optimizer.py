@@ -204,6 +204,34 @@ class Optimizer(_Owned):
         check(lib.zs_heal_state_digest(h, source, step, self._h, 1 if replica else 0))
         return int(h[0]), int(source[0]), int(step[0])
 
+    def heal_agree(self):
+        """After a call raised RankLostError: the survivors' agreement on
+        this optimizer's committed step (zs_heal_agree; every survivor
+        calls it, per optimizer in the order made). Returns (C,
+        rolled_forward): the steps taken on every survivor now, and whether
+        this rank applied step C here. StateLostError when a lost rank's
+        copy went with it."""
+        committed = ffi.new("int64_t*")
+        rolled = ffi.new("int*")
+        check(lib.zs_heal_agree(committed, rolled, self._h))
+        return int(committed[0]), bool(rolled[0])
+
+    def heal_join(self):
+        """Take in the replacement of a lost rank (zs_heal_join): survivors
+        after heal_agree, a replacement (ZS_HEAL_REPLACEMENT set) once its
+        model and this optimizer exist. Returns C on every rank; all redo
+        step C + 1 with the same batch."""
+        committed = ffi.new("int64_t*")
+        check(lib.zs_heal_join(committed, self._h))
+        return int(committed[0])
+
+    def heal_set_rank_state(self, data):
+        """This rank's blob (bytes) for the step this optimizer takes next,
+        posted before that step can commit (zs_heal_set_rank_state); a
+        replacement of this rank gets it back from heal_joined_state."""
+        data = bytes(data)
+        check(lib.zs_heal_set_rank_state(self._h, ffi.from_buffer(data), len(data)))
+
     def __repr__(self):
         return "<zeroshard.Optimizer %s, %d groups%s>" % (self.kind, len(self._groups),
                                                          " closed" if self._closed else "")

@@ -532,6 +532,17 @@ zs_heal_agree(committed_step, rolled_forward, opt) =
           rolled_forward, opt)
 zs_heal_join(committed_step, opt) =
     ccall((:zs_heal_join, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
+zs_heal_set_rank_state(opt, data, size) =
+    ccall((:zs_heal_set_rank_state, libzeroshard), zs_status, (zs_optimizer, Ptr{Cvoid}, Csize_t), opt, data, size)
+zs_heal_set_shared_state(ctx, data, size) =
+    ccall((:zs_heal_set_shared_state, libzeroshard), zs_status, (zs_context, Ptr{Cvoid}, Csize_t), ctx, data, size)
+const zs_heal_state_kind = Cint
+const ZS_HEAL_RANK_STATE = Cint(0)
+const ZS_HEAL_SHARED_STATE = Cint(1)
+zs_heal_joined_state(size, found, ctx, which, buffer, capacity) =
+    ccall((:zs_heal_joined_state, libzeroshard), zs_status,
+          (Ref{Csize_t}, Ref{Cint}, zs_context, zs_heal_state_kind, Ptr{Cvoid}, Csize_t), size, found, ctx, which,
+          buffer, capacity)
 zs_store_serve(server, host, port, bound_port) =
     ccall((:zs_store_serve, libzeroshard), zs_status, (Ptr{zs_store_server}, Cstring, Cint, Ptr{Cint}), server,
           host, port, bound_port)

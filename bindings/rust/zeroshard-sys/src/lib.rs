@@ -129,6 +129,13 @@ c_enum!(zs_memory_phase {
     ZS_PHASE_ENUM_MAX_ = i32::MAX,
 });
 
+c_enum!(zs_heal_state_kind {
+    ZS_HEAL_RANK_STATE = 0,
+    ZS_HEAL_SHARED_STATE = 1,
+    ZS_HEAL_STATE_KIND_ENUM_MIN_ = i32::MIN,
+    ZS_HEAL_STATE_KIND_ENUM_MAX_ = i32::MAX,
+});
+
 c_enum!(zs_copy_kind {
     ZS_COPY_GRAD_INTO_BUCKET = 0,
     ZS_COPY_BUCKET_COMPACTION = 1,
@@ -689,6 +696,16 @@ extern "C" {
     ) -> zs_status;
     pub fn zs_heal_agree(committed_step: *mut i64, rolled_forward: *mut c_int, opt: zs_optimizer) -> zs_status;
     pub fn zs_heal_join(committed_step: *mut i64, opt: zs_optimizer) -> zs_status;
+    pub fn zs_heal_set_rank_state(opt: zs_optimizer, data: *const c_void, size: usize) -> zs_status;
+    pub fn zs_heal_set_shared_state(ctx: zs_context, data: *const c_void, size: usize) -> zs_status;
+    pub fn zs_heal_joined_state(
+        size: *mut usize,
+        found: *mut c_int,
+        ctx: zs_context,
+        which: zs_heal_state_kind,
+        buffer: *mut c_void,
+        capacity: usize,
+    ) -> zs_status;
     pub fn zs_store_serve(server: *mut zs_store_server, host: *const c_char, port: c_int, bound_port: *mut c_int)
         -> zs_status;
     pub fn zs_store_server_destroy(server: zs_store_server) -> zs_status;
