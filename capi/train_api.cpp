@@ -272,7 +272,7 @@ ZS_API zs_status zs_heal_joined_state(size_t* size, int* found, zs_context h, zs
     const bool there = heal::joined_state(*context_of(h, "ctx"), static_cast<int>(which), &bytes);
     *size = bytes.size();
     *found = there ? 1 : 0;
-    if (bytes.empty()) return;
+    if (bytes.empty() || (buffer == nullptr && capacity == 0)) return;  // the size asked
     if (capacity < bytes.size())
       fail(Code::BufferSize, "zs_heal_joined_state: capacity ", capacity, " bytes, the state has ", bytes.size());
     if (buffer == nullptr) fail(Code::InvalidArgument, "buffer is NULL with capacity ", capacity);

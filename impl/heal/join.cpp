@@ -62,7 +62,19 @@ std::string describe_build(Context& ctx, Optimizer& opt) {
     for (size_t i = 0; i < p.shape.size(); ++i) os << (i ? ", " : "") << p.shape[i];
     os << "] in optimizer group " << s.group << "\n";
   }
-  for (const std::string& t : opt.describe()) os << "optimizer " << t << "\n";
+  // The hyper-parameters a trainer sets at each step (an LR schedule) are
+  // not compared: a replacement built with the initial ones takes the
+  // survivors' from the trainer's shared state before its first step, and
+  // every step's agreement (agreement.cpp) compares them on all ranks.
+  static const char* const kScheduled[] = {"lr=", "beta1=", "beta2=", "eps=", "weight_decay=", "momentum=",
+                                           "dampening="};
+  for (const std::string& t : opt.describe()) {
+    const size_t dot = t.find('.');
+    const std::string key = dot == std::string::npos ? t : t.substr(dot + 1);
+    bool scheduled = false;
+    for (const char* k : kScheduled) scheduled = scheduled || key.rfind(k, 0) == 0;
+    if (!scheduled) os << "optimizer " << t << "\n";
+  }
   return os.str();
 }
 

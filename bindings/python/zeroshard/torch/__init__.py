@@ -16,6 +16,7 @@ from .checkpoint import (export_dcp, export_deepspeed, export_safetensors, load_
 from ._params import is_partitioned
 from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
 from .gathered import GatheredParameters
+from .heal import StepRecord, enable_healing, healing_loop
 from .generation import set_generation_gather
 from .forward_scope import run_as_forward
 from .init import Init, partition_module
@@ -30,6 +31,7 @@ from .weight_stream import full_weights
 __all__ = [
     "CPUOffloadPolicy", "GatheredParameters", "Init", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",
     "current_context",
+    "StepRecord", "enable_healing", "healing_loop",
     "export_dcp", "export_deepspeed", "export_safetensors", "format_memory_report", "full_weights", "fully_shard", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",

@@ -37,6 +37,9 @@ import zeroshard
 from ._malloc import fix_mmap_threshold
 
 _context = None
+# zeroshard.torch.enable_healing() was called: ZS_HEAL=auto keeps the peer
+# copies on (heal.py), for a program that trains with healing_loop.
+heal_wanted = [False]
 _pending = []  # (config, device) of the Init blocks entered before the context exists
 # Called in order, with no argument, once shutdown() closed the context: the
 # modules that keep state of the context register here (on_shutdown), so
@@ -120,18 +123,20 @@ def init_context(config=None, timeout_ms=0, **kwargs):
 
 def _heal_off_until_the_frontend_heals():
     """zsrun --restarts exports ZS_HEAL=auto: peer copies on wherever they
-    can act. A context that fetches through the coordinator, as this
-    frontend's does, cannot join a heal yet (docs/healing.md, landing step
-    4), so its copies would cost every step for a loss that restarts the
-    job anyway: off here, said once. ZS_HEAL=1 or a config that turns the
-    copies on is the user's choice and stays."""
-    if os.environ.get("ZS_HEAL") != "auto":
+    can act. Only zeroshard.torch.healing_loop heals a Python loop (the HF
+    Trainer and Lightning: landing step 5 of docs/healing.md); elsewhere the
+    copies would cost every step for a loss that restarts the job anyway:
+    off here, said once, unless the program called enable_healing() first.
+    ZS_HEAL=1 or a config that turns the copies on is the user's choice and
+    stays."""
+    if os.environ.get("ZS_HEAL") != "auto" or heal_wanted[0]:
         return
     os.environ["ZS_HEAL"] = "0"
     if os.environ.get("RANK", "0") == "0":
         print("zeroshard.torch: no peer copies under ZS_HEAL=auto: a lost rank restarts the job from its "
-              "last checkpoint, as before (healing in place reaches zeroshard.torch with "
-              "docs/healing.md's landing step 4)", file=sys.stderr)
+              "last checkpoint, as before (a loop that heals in place trains with "
+              "zeroshard.torch.healing_loop and calls zeroshard.torch.enable_healing() before the context "
+              "is created)", file=sys.stderr)
 
 
 def _under_torchrun():

@@ -383,6 +383,28 @@ class HookEngine(GradArrival):
                 ctx.coord_release(zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
 
+    def forget_held(self):
+        """A heal dropped the step a loss cut short: the engine released
+        every gathered param and forgot the coordinator's step, so the holds,
+        queues and views of the abandoned forward and backward go here
+        without a call to the engine (heal.py)."""
+        for unit in self.units:
+            unit.pending.clear()
+            unit.bwd_held = unit.bwd_needs = False
+            unit.released_early.clear()
+            unit.open_calls = 0
+            unit.kept_after_backward = unit.user_hold = False
+            for p in unit.params:
+                p.zs.holds = 0
+                p.zs.saved = 0
+        self.waiting.clear()
+        self.unpacked.clear()
+        self.frozen_calls.clear()
+        self._frozen_end_queued = False
+        self._sweep_queued = False
+        self.ran = False
+        self.units_to_check = True
+
     def after_step(self):
         """The optimizer changed the shards: drop views of released copies.
         Persistent params keep theirs: the step gathered their new values

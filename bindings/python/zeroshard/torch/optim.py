@@ -4,6 +4,7 @@ import logging
 
 import torch
 
+from . import heal
 from .hook_state import hook_state, step_done, stepping_engines
 from ..errors import InvalidArgumentError
 from ._context import get_context, working_dtype
@@ -59,6 +60,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self._fp16 = working_dtype() is torch.float16
         self.sync_loss_scale()
+        heal.note_optimizer(self)
 
     def sync_loss_scale(self):
         """The engine's loss scale is what backward scales by and what the
@@ -153,6 +155,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        heal.before_engine_step(self._engine)  # under healing_loop: this rank's RNG, before the step can commit
         engines = stepping_engines([p for group in self.param_groups for p in group["params"]])
         for e in engines:
             e.before_step()

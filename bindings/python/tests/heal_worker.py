@@ -1,0 +1,144 @@
+"""One rank of the healing tests: a plain zeroshard.torch loop under
+healing_loop, launched by `zsrun --restarts R`, which a rank may leave by
+SIGKILL in the middle of a step.
+
+    python3 heal_worker.py OUT STEPS [KILL ...]
+
+KILL is RANK:STEP:WHERE: that rank SIGKILLs itself in step STEP, WHERE
+"backward" (in the middle of the backward, from a gradient hook) or
+"update" (in the engine's optimizer update, through the engine's fault
+point ZS_FAULT_POINT=update:RANK:STEP+1). Only the first process of a rank
+kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on.
+
+Each step draws its batch from a generator seeded with the step, and the
+model has dropout, so a redone step must restore the RNG to match. No
+checkpoint directory. Each process appends JSON lines to OUT.<rank>: per
+committed step its loss, pid and times; at the end the digest of its
+optimizer state (shards, masters, moments, step count:
+zs_heal_state_digest) and rank 0 the hash of the consolidated params.
+"""
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch import nn
+
+import zeroshard.torch as zt
+
+CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2000,
+                                "stage3_param_persistence_threshold": 0}}
+DIM, BATCH = 16, 24
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(DIM, 48)
+        self.drop = nn.Dropout(0.25)
+        self.hidden = nn.Linear(48, 48)
+        self.out = nn.Linear(48, DIM)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.inp(x)))
+        h = torch.relu(self.hidden(h))
+        if self.training and self.on_hidden is not None:
+            h.register_hook(self.on_hidden)
+        return self.out(h)
+
+    on_hidden = None
+
+
+class Batches:
+    """Step i's share of a global batch seeded with i: no global RNG."""
+
+    def __init__(self, steps, rank, world):
+        self.steps, self.rank, self.world = steps, rank, world
+
+    def __iter__(self):
+        per = BATCH // self.world
+        for i in range(self.steps):
+            g = torch.Generator().manual_seed(1000 + i)
+            x = torch.randn(BATCH, DIM, generator=g)
+            yield x[self.rank * per:(self.rank + 1) * per]
+
+
+def main():
+    out, steps = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
+    kills = [tuple(k.split(":")) for k in sys.argv[3:]]
+    mine = [(int(s), where) for r, s, where in kills if int(r) == rank] if not replacement else []
+    for s, where in mine:
+        if where == "update":
+            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
+    log = open(f"{out}.{rank}", "a")
+
+    def note(**kv):
+        log.write(json.dumps({"rank": rank, "pid": os.getpid(), **kv}) + "\n")
+        log.flush()
+
+    zt.enable_healing()
+    with zt.Init(config=CONFIG):
+        torch.manual_seed(0)
+        model = Net()
+    zt.partition_module(model)
+    torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    current = [None]
+
+    def on_hidden(grad):
+        if (current[0], "backward") in mine:
+            note(event="kill", step=current[0], t=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return grad
+
+    model.on_hidden = on_hidden
+
+    def train_step(x):
+        note(event="begin", step=current[0], t=time.time())
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    def after_step(i, loss):
+        note(event="step", step=i, loss=loss, lr=opt.param_groups[0]["lr"], t=time.time())
+        sched.step()
+        if i + 1 < steps:
+            current[0] = i + 1
+
+    batches = Batches(steps, rank, world)
+    current[0] = 0
+    if replacement:  # it resumes where the survivors are: the loop tells after joining
+        current[0] = None
+
+    class Tracking:
+        """The step a batch belongs to, for the kill hooks (the loop's own
+        position is internal)."""
+
+        def __iter__(self):
+            for i, x in enumerate(batches):
+                current[0] = i
+                yield x
+
+    ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
+    digest, _, taken = opt._engine.heal_state_digest()
+    state = zt.consolidated_state_dict(model)
+    if rank == 0:
+        h = hashlib.sha256()
+        for k in sorted(state):
+            h.update(k.encode())
+            h.update(state[k].detach().contiguous().numpy().tobytes())
+        note(event="params", sha256=h.hexdigest())
+    note(event="end", ran=ran, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
+    zt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Healing a plain zeroshard.torch loop in place (docs/healing.md, section 3;
+landing step 4): a rank lost to a crash is replaced by a process zsrun
+starts with its id, while the survivors keep their processes, and the run
+goes on as if nothing happened, bit for bit.
+
+    zt.enable_healing()                  # before the context: peer copies on
+    ...build the model and ZeroShardOptimizer...
+    zt.healing_loop(loader, train_step, after_step, shared={"sched": sched})
+
+Survivors: every engine call after a loss raises RankLostError; the loop
+catches it in train_step or after_step, agrees on the committed step C and
+takes the replacement in (recover), drops what pointed into the engine's
+memory (gathered views, the hooks' state of the abandoned forward), then
+redoes train_step with the same batch and RNG (StepRecord) if the step did
+not commit, else goes on to after_step. A replacement (ZS_HEAL_REPLACEMENT
+set by zsrun) runs the same script from the top: the engine builds its model
+without a collective or a disk read, and healing_loop joins before its
+first step, takes its state from its holder's copy, its RNG from the blob
+it left before step C, the `shared` objects and the data position from the
+survivors, and skips the loader to where they are without calling anything.
+
+Per-rank blob: the RNG states, set by ZeroShardOptimizer.step as it begins
+(after the backward) while a healing loop runs; the engine posts it to the
+job's store before the step can commit. Shared state: the data position and
+the `shared` objects' state_dict(), set after every after_step. Both JSON
+(heal_state.py).
+"""
+import copy
+import os
+import sys
+import weakref
+
+from ..errors import RankLostError
+from . import _context, heal_state
+from ._context import get_context
+from ._params import detach_views, registered_params
+from .hook_state import hook_state, step_done
+
+_optimizers = []  # weakrefs to the ZeroShardOptimizers, in the order made (the engine's)
+_running = [False]  # a healing loop runs: optimizer steps set the per-rank blob
+
+
+def enable_healing():
+    """Keep the engine's peer copies on under zsrun --restarts (ZS_HEAL=auto),
+    which zeroshard.torch otherwise turns off for a loop that cannot heal:
+    call it before the context is created (before Init or
+    partition_module), in a program that trains with healing_loop."""
+    ctx = _context.current_context()
+    if ctx is not None and not heals(ctx):
+        raise RuntimeError("zeroshard.torch.enable_healing(): the context exists already, without peer copies; "
+                           "call it before zeroshard.torch.Init / partition_module create the context")
+    _context.heal_wanted[0] = True
+
+
+def heals(ctx=None):
+    """Whether the context keeps peer copies (zeroshard.healing.peer_copy
+    resolved on), i.e. a loss can be healed."""
+    ctx = ctx or get_context()
+    return bool(ctx.config.get("zeroshard", {}).get("healing", {}).get("peer_copy"))
+
+
+def note_optimizer(opt):
+    """A ZeroShardOptimizer was made (the engine's order of optimizers)."""
+    _optimizers[:] = [r for r in _optimizers if r() is not None]
+    _optimizers.append(weakref.ref(opt))
+
+
+def optimizers():
+    return [o for o in (r() for r in _optimizers) if o is not None]
+
+
+def before_engine_step(engine):
+    """ZeroShardOptimizer.step begins (its backward done): this rank's RNG
+    states go to the engine as the blob of the step it takes now."""
+    if _running[0]:
+        engine.heal_set_rank_state(heal_state.dumps(heal_state.rng_state(), "the RNG state"))
+
+
+def is_replacement():
+    return os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
+
+
+class StepRecord:
+    """What a redo needs of a step: its batch (a reference) and this rank's
+    RNG states at its entry."""
+
+    __slots__ = ("batch", "rng")
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.rng = heal_state.rng_state()
+
+    def restore(self):
+        heal_state.set_rng_state(self.rng)
+
+
+def recover():
+    """After RankLostError on a survivor: the agreement on the committed
+    step and the replacement's join, for every ZeroShardOptimizer in the
+    order made; then the frontend forgets the step cut short. Returns C
+    (the loop's optimizer's steps on every rank now). StateLostError when a
+    rank and the holder of its copy were lost together."""
+    opts = optimizers()
+    if not opts:
+        raise RuntimeError("zeroshard.torch.heal.recover(): no ZeroShardOptimizer to heal")
+    committed = [o._engine.heal_agree()[0] for o in opts]
+    for o in opts:
+        o._engine.heal_join()
+    forget_step_in_flight()
+    return committed[0]
+
+
+def join_as_replacement():
+    """In a replacement, once its model and optimizers exist: the join, then
+    the frontend starts clean. Returns C."""
+    opts = optimizers()
+    if not opts:
+        raise RuntimeError("zeroshard.torch: a replacement (ZS_HEAL_REPLACEMENT) joins once its "
+                           "ZeroShardOptimizer exists; none was made")
+    committed = [o._engine.heal_join() for o in opts]
+    forget_step_in_flight()
+    return committed[0]
+
+
+def forget_step_in_flight():
+    """The engine dropped the step a loss cut short (its gathers, its
+    gradients) and its coordinator's order: the frontend drops what pointed
+    there too: gathered views, the hooks' holds and queues of the abandoned
+    forward and backward, gradients."""
+    state = hook_state()
+    engines = list(state.ran)
+    params = registered_params()
+    for p in params:
+        e = p.zs.engine if p.zs is not None else None
+        if e is not None and all(e is not q for q in engines):
+            engines.append(e)
+    for e in engines:
+        e.forget_held()
+    state.running.clear()
+    state.opened.clear()
+    state.step_open, state.scopes, state.inference = False, 0, False
+    state.scaled_backwards = 0
+    step_done()
+    for p in params:
+        if p.zs is not None:
+            p.grad = None
+            p.zs.stash = None
+    detach_views([p for p in params if p.zs is not None])
+
+
+def _register_shared(ctx, position, engine_steps, shared):
+    # The optimizers' hyper-parameters too: a schedule changes them, and a
+    # replacement starts from the initial ones.
+    groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers()]
+    state = {"position": position, "engine_steps": engine_steps, "param_groups": groups,
+             "objects": {k: obj.state_dict() for k, obj in shared.items()}}
+    ctx.heal_set_shared_state(heal_state.dumps(state, "the shared state"))
+
+
+def _load_shared(shared, state):
+    opts = optimizers()
+    if len(state["param_groups"]) != len(opts):
+        raise RuntimeError(f"zeroshard.torch healing_loop: the survivors have {len(state['param_groups'])} "
+                           f"ZeroShardOptimizers, this replacement {len(opts)}")
+    for o, groups in zip(opts, state["param_groups"]):
+        for g, saved in zip(o.param_groups, groups):
+            g.update(saved)
+    objects = state["objects"]
+    missing = sorted(set(shared) - set(objects))
+    if missing:
+        raise RuntimeError(f"zeroshard.torch healing_loop: the survivors' shared state lacks {missing} "
+                           "(every rank must pass the same `shared` keys)")
+    for k, obj in shared.items():
+        obj.load_state_dict(objects[k])
+
+
+_said = [False]
+
+
+def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=None):
+    """Run train_step(batch) for each batch of `loader`, then after_step(i,
+    result) once the step committed; heal a lost rank in place.
+
+    train_step: forward, backward and exactly one optimizer step (with any
+    number of micro-batches); redone with the same batch and RNG when a
+    loss cuts it short before its step commits. after_step: bookkeeping
+    once per committed step (scheduler, logging); `result` is what
+    train_step returned, or None where a loss cut train_step short after
+    its step committed, and in a replacement for the step committed just
+    before it joined. shared: name -> object with state_dict() /
+    load_state_dict(), equal on every rank (an LR scheduler), handed to a
+    replacement with the data position. optimizer: the ZeroShardOptimizer
+    whose steps count the loop's (default: the first made).
+
+    Batches must not be drawn from the global RNG (a replacement skips to
+    its position without them), nor may after_step draw from it. Returns
+    the number of steps the loop ran (as a replacement: those it skipped
+    too)."""
+    ctx = get_context()
+    shared = dict(shared or {})
+    opts = optimizers()
+    opt = optimizer or (opts[0] if opts else None)
+    if opt is None:
+        raise RuntimeError("zeroshard.torch.healing_loop needs a ZeroShardOptimizer (made before the loop)")
+    engine = opt._engine
+    healing = heals(ctx)
+    if not healing and os.environ.get("ZS_HEAL") in ("auto", "0") and ctx.rank == 0 and not _said[0]:
+        _said[0] = True
+        print("zeroshard.torch.healing_loop: no peer copies in this context, so a lost rank is not healed "
+              "(call zeroshard.torch.enable_healing() before the context is created)", file=sys.stderr)
+    position, resume_after = 0, False
+    if healing and is_replacement():
+        committed = join_as_replacement()
+        blob = ctx.heal_joined_state("rank")
+        if blob is not None:
+            heal_state.set_rng_state(heal_state.loads(blob))
+        data = ctx.heal_joined_state("shared")
+        if data is not None:
+            state = heal_state.loads(data)
+            _load_shared(shared, state)
+            position = state["position"]
+            # The survivors' state is of the end of the step before C's
+            # after_step when the loss came after C committed.
+            resume_after = committed == state["engine_steps"] + 1
+        elif committed != 0:
+            raise RuntimeError(f"zeroshard.torch healing_loop: joined at step {committed} but the survivors "
+                               "handed no loop state (do they run healing_loop?)")
+        print(f"zeroshard.torch: rank {ctx.rank} joined at step {committed}: the loop goes on at batch "
+              f"{position + (1 if resume_after else 0)}", file=sys.stderr)
+    batches = iter(loader)
+    for _ in range(position):
+        next(batches)  # the survivors trained on these: skipped, nothing called
+    _running[0] = healing
+    try:
+        if resume_after:
+            batch = next(batches)  # the survivors committed this one before the loss
+            _after(ctx, after_step, position, None, healing, engine, shared)
+            position += 1
+        elif healing:
+            _register_shared(ctx, position, engine.steps, shared)
+        for batch in batches:
+            record = StepRecord(batch)
+            before = engine.steps
+            result = None
+            while True:
+                try:
+                    result = train_step(batch)
+                    break
+                except RankLostError:
+                    if not healing:
+                        raise
+                    committed = recover()
+                    if committed == before:
+                        record.restore()  # not committed: the same batch again
+                        continue
+                    if committed != before + 1:
+                        raise RuntimeError(f"zeroshard.torch healing_loop: step {position} began at optimizer "
+                                           f"step {before}, the survivors committed {committed}") from None
+                    break  # committed (rolled forward, or lost in the update): on to after_step
+            if engine.steps not in (before, before + 1):
+                raise RuntimeError(f"zeroshard.torch healing_loop: train_step took {engine.steps - before} "
+                                   "optimizer steps; it must take one")
+            _after(ctx, after_step, position, result, healing, engine, shared)
+            position += 1
+    finally:
+        _running[0] = False
+    return position
+
+
+def _after(ctx, after_step, position, result, healing, engine, shared):
+    """after_step(position, result), run again from the shared objects'
+    state before it when a loss cuts it short (the step committed), then
+    that state registered for a replacement."""
+    if after_step is not None:
+        saved = copy.deepcopy({k: obj.state_dict() for k, obj in shared.items()}) if healing else None
+        while True:
+            try:
+                after_step(position, result)
+                break
+            except RankLostError:
+                if not healing:
+                    raise
+                recover()
+                for k, obj in shared.items():
+                    obj.load_state_dict(saved[k])
+    if healing:
+        _register_shared(ctx, position + 1, engine.steps, shared)
