@@ -29,10 +29,12 @@ def encode(value, where="state"):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else {"__float__": repr(value)}
-    if isinstance(value, tuple):
-        return {"__tuple__": [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
-    if isinstance(value, list):
-        return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (tuple, list)):
+        # Python's RNG state is 625 ints: taken as they are, not one by one
+        # (the blob is made at every optimizer step).
+        items = list(value) if all(type(v) is int for v in value) else \
+            [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
             return {"__dict__": {k: encode(v, f"{where}[{k!r}]") for k, v in value.items()}}
