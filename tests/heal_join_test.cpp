@@ -217,4 +217,102 @@ TEST(HealJoin, AReplacementWithAnotherModelIsANamedError) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
 }
 
+// A step through the fetch coordinator: its step (zs_step_begin ..
+// zs_step_end) around the fetch (zs_coord_fetch / zs_coord_release), the
+// gradients and the optimizer step, so that a loss in the optimizer step
+// leaves the coordinator's step open on the survivors.
+zs_status coordinated_step(const RankEnv& env, Model& m, int step) {
+  zs_status s = zs_step_begin(m.ctx);
+  if (s == ZS_OK) s = zs_coord_fetch(m.ctx, m.params, 2);
+  if (s == ZS_OK) s = zs_coord_release(m.ctx, m.params, 2);
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  }
+  if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
+  if (s == ZS_OK) s = zs_step_end(m.ctx);
+  return s;
+}
+
+// Landing step 4: the trainer's own state reaches the replacement. Each
+// rank sets its blob ("rank r step s") before step s and the shared state
+// ("after step s") after it; rank 1 dies before step 3's norm all-reduce,
+// so C is 2: the replacement gets its own blob of step 2 and the
+// survivors' shared state of step 2 (zs_heal_joined_state, the size asked
+// first); a survivor was handed nothing. The fetch coordinator, whose step
+// the loss left open on the survivors, is reset at the join on every rank
+// (it was refused), and every rank ends with the uninterrupted run's state
+// (the reference steps without the coordinator: the same numbers).
+TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  reference_run(3, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
+  zs::test::run_ranks_replacing(
+      3,
+      [&](const RankEnv& env) {
+        if (env.replacement == 0) setenv("ZS_FAULT_POINT", "norm_allreduce:1:3", 1);
+        else unsetenv("ZS_FAULT_POINT");
+        Model m;
+        ZS_ASSERT_OK(build(env, m));
+        const auto get = [&](zs_heal_state_kind which, int* found) {
+          size_t size = 7;
+          EXPECT_EQ(zs_heal_joined_state(&size, found, m.ctx, which, nullptr, 0), ZS_OK) << zs_last_error();
+          std::string out(size, '\0');
+          if (size > 1) {
+            EXPECT_EQ(zs_heal_joined_state(&size, found, m.ctx, which, out.data(), 1), ZS_ERR_BUFFER_SIZE);
+          }
+          if (size > 0) {
+            EXPECT_EQ(zs_heal_joined_state(&size, found, m.ctx, which, out.data(), out.size()), ZS_OK);
+          }
+          return out;
+        };
+        int step = 1;
+        if (env.replacement > 0) {
+          int64_t committed = -1;
+          ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+          EXPECT_EQ(committed, 2);
+          int found = 0;
+          EXPECT_EQ(get(ZS_HEAL_RANK_STATE, &found), "rank 1 step " + std::to_string(committed));
+          EXPECT_EQ(found, 1);
+          // Of step C, or C - 1 where the loss surfaced in step C's own
+          // optimizer call after it committed (a persistent param's gather
+          // after the update): the survivors set none for C then.
+          const std::string shared = get(ZS_HEAL_SHARED_STATE, &found);
+          EXPECT_TRUE(shared == "after step " + std::to_string(committed) ||
+                      shared == "after step " + std::to_string(committed - 1))
+              << shared << " at C = " << committed;
+          EXPECT_EQ(found, 1);
+          step = static_cast<int>(committed) + 1;
+        }
+        while (step <= kSteps) {
+          const std::string blob = "rank " + std::to_string(env.rank) + " step " + std::to_string(step);
+          ZS_ASSERT_OK(zs_heal_set_rank_state(m.opt, blob.data(), blob.size()));
+          const zs_status s = coordinated_step(env, m, step);
+          if (s == ZS_OK) {
+            const std::string shared = "after step " + std::to_string(step);
+            ZS_ASSERT_OK(zs_heal_set_shared_state(m.ctx, shared.data(), shared.size()));
+            ++step;
+            continue;
+          }
+          ASSERT_NE(env.rank, 1) << "the victim outlived its fault point";
+          ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+          int64_t agreed = -1, committed = -1;
+          ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+          ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+          EXPECT_EQ(committed, agreed);
+          int found = 1;
+          EXPECT_EQ(get(ZS_HEAL_SHARED_STATE, &found), "");
+          EXPECT_EQ(found, 0) << "a survivor is handed nothing";
+          step = static_cast<int>(committed) + 1;
+        }
+        int64_t at = -1;
+        EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][kSteps].load()) << "rank " << env.rank;
+        sh->finished[env.rank] += 1;
+        destroy(m);
+      },
+      60, {1});
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+}
+
 }  // namespace
