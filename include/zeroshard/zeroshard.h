@@ -1022,13 +1022,17 @@ ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_
  * reconnect every group with it; the replacement's model, optimizer and
  * config are compared with the survivors' (a difference fails every rank
  * with ZS_ERR_INVALID_STATE naming it); the step the loss cut short is
- * dropped on the survivors (gathers, gradients); the holder of the lost
- * rank's copy sends it its state at C. *committed_step receives C on every
+ * dropped on the survivors (gathers, gradients), and every rank's fetch
+ * coordinator starts over (its orders, gathered params and open step); the
+ * holder of the lost rank's copy sends it its state at C, and the lowest
+ * survivor the trainer's shared state (zs_heal_joined_state).
+ * The scheduled hyper-parameters (lr, betas, eps, weight_decay, momentum,
+ * dampening) are not compared: the trainer sets the survivors' before the
+ * next step. *committed_step receives C on every
  * rank: each redoes step C + 1 with the same batch. Collective over the
  * new world. ZS_ERR_TIMEOUT naming the rank when no replacement came
  * within the timeout; INVALID_STATE on a survivor that has not agreed;
- * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store,
- * and with the fetch coordinator in use (zs_step_begin). */
+ * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store. */
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
 /* The trainer's own state a replacement needs beside the engine's
  * (docs/healing.md, landing step 4), as opaque bytes (zeroshard.torch
