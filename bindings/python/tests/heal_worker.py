@@ -13,9 +13,9 @@ kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on.
 Each step draws its batch from a generator seeded with the step, and the
 model has dropout, so a redone step must restore the RNG to match. No
 checkpoint directory. Each process appends JSON lines to OUT.<rank>: per
-committed step its loss, pid and times; at the end the digest of its
-optimizer state (shards, masters, moments, step count:
-zs_heal_state_digest) and rank 0 the hash of the consolidated params.
+committed step its loss, pid and times; at the end a hash of its
+optimizer state (masters and moments of its shards) with its step count,
+and rank 0 the hash of the consolidated params.
 """
 import hashlib
 import json
@@ -128,7 +128,15 @@ def main():
                 yield x
 
     ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
-    digest, _, taken = opt._engine.heal_state_digest()
+    # This rank's optimizer state (fp32 masters and moments of its shards)
+    # and step count, hashed: the engine's own digest needs the peer copy,
+    # which a reference run without zsrun --restarts has not.
+    z = opt.state_dict()["zeroshard"]
+    h = hashlib.sha256()
+    for index in sorted(z["shards"]):
+        for slot in sorted(z["shards"][index]):
+            h.update(z["shards"][index][slot].numpy().tobytes())
+    digest, taken = h.hexdigest(), z["steps"]
     state = zt.consolidated_state_dict(model)
     if rank == 0:
         h = hashlib.sha256()
