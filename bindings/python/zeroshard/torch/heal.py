@@ -97,9 +97,9 @@ class StepRecord:
 def recover():
     """After RankLostError on a survivor: the agreement on the committed
     step and the replacement's join, for every ZeroShardOptimizer in the
-    order made; then the frontend forgets the step cut short. Returns C
-    (the loop's optimizer's steps on every rank now). StateLostError when a
-    rank and the holder of its copy were lost together."""
+    order made; then the frontend forgets the step cut short. Returns C of
+    the first (each optimizer's own is its `steps` now). StateLostError
+    when a rank and the holder of its copy were lost together."""
     opts = optimizers()
     if not opts:
         raise RuntimeError("zeroshard.torch.heal.recover(): no ZeroShardOptimizer to heal")
@@ -210,7 +210,8 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
               "(call zeroshard.torch.enable_healing() before the context is created)", file=sys.stderr)
     position, resume_after = 0, False
     if healing and is_replacement():
-        committed = join_as_replacement()
+        join_as_replacement()
+        committed = engine.steps  # C: the loop's optimizer's, whichever was made first
         blob = ctx.heal_joined_state("rank")
         if blob is not None:
             heal_state.set_rng_state(heal_state.loads(blob))
@@ -233,7 +234,7 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
     _running[0] = healing
     try:
         if resume_after:
-            batch = next(batches)  # the survivors committed this one before the loss
+            next(batches)  # the survivors committed this one before the loss
             _after(ctx, after_step, position, None, healing, engine, shared)
             position += 1
         elif healing:
@@ -249,7 +250,8 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
                 except RankLostError:
                     if not healing:
                         raise
-                    committed = recover()
+                    recover()
+                    committed = engine.steps  # C, for the loop's optimizer
                     if committed == before:
                         record.restore()  # not committed: the same batch again
                         continue
