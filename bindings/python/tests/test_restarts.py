@@ -79,8 +79,8 @@ def test_zsrun_restarts_a_job_that_lost_a_rank_and_it_trains_on_from_latest():
     assert code == 0, out
     assert "rank 1 killed by signal SIGKILL" in out, out
     assert "restart 1 of 1: starting the job again with 3 ranks" in out, out
-    # zsrun's ZS_HEAL=auto: zeroshard.torch pays for no peer copies it
-    # cannot heal from yet (docs/healing.md, step 4), and says so.
+    # zsrun's ZS_HEAL=auto: zeroshard.torch pays for no peer copies in a
+    # program that did not ask for healing_loop's (enable_healing), and says so.
     assert "zeroshard.torch: no peer copies under ZS_HEAL=auto" in out, out
     second = check_resumed(lines, out, 3)
     ref = reference()

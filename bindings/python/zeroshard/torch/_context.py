@@ -115,13 +115,13 @@ def init_context(config=None, timeout_ms=0, **kwargs):
         port = _port_beside_master_port()
         if port is not None:
             kwargs["store_port"] = port
-    _heal_off_until_the_frontend_heals()
+    _heal_auto_only_where_wanted()
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
     fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)
     return _context
 
 
-def _heal_off_until_the_frontend_heals():
+def _heal_auto_only_where_wanted():
     """zsrun --restarts exports ZS_HEAL=auto: peer copies on wherever they
     can act. Only zeroshard.torch.healing_loop heals a Python loop (the HF
     Trainer and Lightning: landing step 5 of docs/healing.md); elsewhere the
