@@ -116,3 +116,19 @@ def test_four_ranks_heal_rank_0_lost_with_the_store_in_zsstore_and_a_rank_lost_i
     logs = check_healed(4, ["0:3:backward", "3:6:update"], victims=(0, 3), reference_heals=True)
     print(f"kill to next committed step: rank 0 backward {kill_to_commit(logs, 0, 3, 3):.2f} s, "
           f"update {kill_to_commit(logs, 3, 6, 7):.2f} s")
+
+
+def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_path):
+    """The peer copies are made with the context: asking for them later is
+    an error that says to call it first, never a loop that silently cannot
+    heal. A world of one keeps none."""
+    import zeroshard.torch as zt
+    from zeroshard.torch import _context, heal
+    zt.init_context(rank=0, world_size=1, file_store_path=str(tmp_path / "store"))
+    try:
+        assert not heal.heals()
+        with pytest.raises(RuntimeError, match="call it before zeroshard.torch.Init / partition_module"):
+            zt.enable_healing()
+        assert not _context.heal_wanted[0]
+    finally:
+        zt.shutdown()
