@@ -377,7 +377,7 @@ def test_kept_units_run_without_hooks_and_train_as_the_reference(ranks):
 def test_module_granularity_threshold_gathers_small_modules_whole_with_the_same_bits():
     """DeepSpeed's module_granularity_threshold, 3 ranks, checkpointed
     blocks, no param persistent: each Attention (800) or the whole model
-    (1e6) one unit. Losses and final params are the default units' bit
+    (1e6) one unit; blocks whose forward is checkpointed, each one unit (950). Losses and final params are the default units' bit
     for bit; fewer gathers; nothing left gathered after the step."""
     r = in_world(3, "granular_units")
     default, attention, whole = r["0"], r["800"], r["1000000"]
@@ -392,6 +392,15 @@ def test_module_granularity_threshold_gathers_small_modules_whole_with_the_same_
     assert "blocks.0.fc" in attention["units"], attention["units"]
     assert whole["units"] == ["<root>"], whole["units"]
     assert whole["gathers"] < attention["gathers"] < default["gathers"], (whole, attention, default)
+    # Blocks checkpointed as transformers does (the forward, inside the
+    # block's hooks): a whole block's backward fetches its params for the
+    # recompute, which runs its modules with no hooks of theirs.
+    default, blocks = r["0/forward"], r["950/forward"]
+    assert blocks["losses"] == default["losses"], (blocks["losses"], default["losses"])
+    assert blocks["digest"] == default["digest"]
+    assert blocks["gathered_after_step"] == 0, blocks
+    assert "blocks.0" in blocks["units"] and "blocks.0.fc" not in blocks["units"], blocks["units"]
+    assert blocks["gathers"] < default["gathers"], (blocks, default)
 
 
 def _deepspeeds_whole_modules(model, threshold, monkeypatch):

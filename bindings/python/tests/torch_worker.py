@@ -167,17 +167,20 @@ def mode_granular_units(rank, world):
     default units, with each Attention one unit (800: its 2400 params over
     its 3 layers; a Block is 903, the model 828) and with the whole model
     one unit; blocks checkpointed (CheckpointedGPT: their recompute gathers
-    again, inside the backward); every param gathered (no persistence). What each gathered,
+    again, inside the backward); then ForwardCheckpointedGPT with the
+    default units and with each block one unit (950: the recompute runs
+    inside the block's backward hold); every param gathered (no persistence). What each gathered,
     its units, its losses and a digest of its final params."""
     import hashlib
     out = {}
-    for threshold in (0, 800, 10 ** 6):
+    for threshold, cls in ((0, CheckpointedGPT), (800, CheckpointedGPT), (10 ** 6, CheckpointedGPT),
+                           (0, ForwardCheckpointedGPT), (950, ForwardCheckpointedGPT)):
         torch.manual_seed(0)
         config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 5000,
                                         "stage3_param_persistence_threshold": 0,
                                         "stage3_module_granularity_threshold": threshold}}
         with zt.Init(config=config):
-            model = CheckpointedGPT()
+            model = cls()
         zt.partition_module(model)
         opt = zt.ZeroShardOptimizer(model.parameters(), lr=3e-3, weight_decay=0.01)
         losses = train(model, opt, 6, rank)
@@ -188,7 +191,7 @@ def mode_granular_units(rank, world):
         ctx = zt.get_context()
         units = sorted(n or "<root>" for n, m in model.named_modules()
                        if "_zs_unit" in m.__dict__ and m.__dict__["_zs_unit"].params)
-        out[str(threshold)] = {"losses": losses, "digest": digest.hexdigest(), "units": units,
+        out[str(threshold) + ("" if cls is CheckpointedGPT else "/forward")] = {"losses": losses, "digest": digest.hexdigest(), "units": units,
                                "gathers": ctx.fetch_stats()["gathers"],
                                "gathered_after_step": ctx.memory()["gathered_bytes"],
                                "config": ctx.config["zero_optimization"]["module_granularity_threshold"]}
@@ -580,6 +583,35 @@ class CheckpointedGPT(TinyGPT):
         x = self.tok(idx) + self.pos[: idx.shape[1]]
         for blk in self.blocks:
             x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
+
+
+class ForwardCheckpointedBlock(Block):
+    """A block whose forward is checkpointed inside its own __call__, as
+    transformers' GradientCheckpointingLayer does: module hooks stay
+    outside the checkpoint, so the recompute in backward runs the block's
+    modules with no hook of the block around it."""
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+
+
+class ForwardCheckpointedGPT(TinyGPT):
+    """TinyGPT of ForwardCheckpointedBlocks, with a wide layer after them
+    so that a threshold between a block's granularity (903) and the
+    model's (about 5000) makes each block one unit and not the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(ForwardCheckpointedBlock() for _ in range(LAYERS))
+        self.wide, self.narrow = nn.Linear(DIM, 2000), nn.Linear(2000, DIM)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        x = x + self.narrow(F.gelu(self.wide(x)))
         logits = self.head(self.ln(x))
         return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1))
 

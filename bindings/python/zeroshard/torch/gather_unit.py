@@ -47,6 +47,9 @@ class _Unit:
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
         self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
+        # Modules inside it run without hooks of their own (a whole unit, a
+        # fully_shard'd subtree): see _unit_post_forward.
+        self.hookless_inside = False
         # fully_shard (fully_shard.py): kept gathered from the forward to the
         # backward (reshard_after_forward=False), from the backward to the
         # step's end (set_reshard_after_backward(False)); held by unshard().
@@ -79,6 +82,7 @@ class _Unit:
         unit.armed = self.armed  # the copied module carries copies of the same hooks
         unit.modules = [copy.deepcopy(m, memo) for m in self.modules]
         unit.inner_leaf = [copy.deepcopy(p, memo) for p in self.inner_leaf]
+        unit.hookless_inside = self.hookless_inside
         memo[id(self)] = unit
         return unit
 
@@ -209,8 +213,15 @@ def _unit_post_forward(module, inputs, kwargs, output):
             return
         tensors = _output_tensors(output, [])
         if tensors:
-            if saved.packs[0] == unit.packs_at_entry or any(p.zs.saved for p in unit.params):
-                unit.bwd_needs = True  # saved its params, or saved nothing through our hooks
+            # Its backward reads its params: it saved them, or saved nothing
+            # through our hooks, or has modules inside without hooks, whose
+            # forward activation checkpointing may re-run in the backward
+            # with no fetch of theirs (transformers checkpoints a layer's
+            # forward, inside its hooks, after saving the checkpoint's
+            # inputs through ours: no param among what we saw saved).
+            if unit.hookless_inside or saved.packs[0] == unit.packs_at_entry or \
+                    any(p.zs.saved for p in unit.params):
+                unit.bwd_needs = True
             unit.pending = {p for p in unit.params if p.requires_grad}
             unit.engine._hook_grads(unit.pending)  # params unfrozen since the last step too
             if unit.pending or unit.leaf:
