@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_hf_trainer import ds_config, first_error_lines, git_commit, launch_env
+from bench_hf_trainer import ds_config, engine_optimizer, first_error_lines, git_commit, launch_env
 from rss import peak_rss
 
 T_START = time.perf_counter()
@@ -156,6 +156,18 @@ def worker(args):
               "peak_rss_bytes": peak_rss(), "ref_model_bytes": ref_bytes,
               "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
               "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters())}
+    if args.engine == "zeroshard":
+        # Where the engine's last step went: collectives' time and counts,
+        # fetches the coordinator made on demand (counters since the start).
+        from zeroshard import torch as zt
+        eo = engine_optimizer(trainer.optimizer)
+        if eo is not None:
+            st = eo.step_stats()
+            result["engine_last_step"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in st.items()
+                                          if k != "size"}
+        c = zt.get_context().coord_stats()
+        result["coordinator"] = {k: c[k] for k in ("steps", "fetch_calls", "demand_fetches", "prefetches",
+                                                   "blocked_waits", "reuse_hits")}
     world = int(os.environ.get("WORLD_SIZE", "1"))
     with open(os.path.join(args.out_dir, f"r-{args.engine}-{args.trainer}-{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -200,6 +212,9 @@ def summarise(ranks):
            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
            "losses": ranks[0]["losses"], "params": ranks[0]["params"],
            "ref_model_bytes_per_rank": [r["ref_model_bytes"] for r in ranks]}
+    if "engine_last_step" in ranks[0]:
+        out["engine_last_step"] = ranks[0]["engine_last_step"]
+        out["coordinator"] = ranks[0]["coordinator"]
     calls = [r["generation"][1:] for r in ranks]  # the first step's generation not timed
     if any(calls):
         seconds = [sum(t for t, _ in c) for c in calls]
@@ -265,6 +280,13 @@ def main():
                       + f" MiB | startup {s['startup_s']:.1f} s | losses "
                       + " ".join(f"{x:.5f}" for x in s["losses"]) + f" | {s['params'] / 1e6:.1f}M params",
                       flush=True)
+                if "engine_last_step" in s:
+                    e, c = s["engine_last_step"], s["coordinator"]
+                    print(f"{'':16s} engine's last step, rank 0: {e['gathers']} gathers {e['gather_seconds']:.3f} s, "
+                          f"{e['reduce_scatters']} reduce-scatters {e['reduce_scatter_seconds']:.3f} s, "
+                          f"wait {e['wait_seconds']:.3f} s, optimizer {e['optimizer_seconds']:.3f} s; since the "
+                          f"start: {c['fetch_calls']} fetch calls, {c['demand_fetches']} on demand, "
+                          f"{c['prefetches']} prefetches", flush=True)
     ratios = {}
     for trainer in args.trainers:
         zs = results.get(f"{trainer}/zeroshard")
