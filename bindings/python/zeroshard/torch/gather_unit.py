@@ -47,9 +47,6 @@ class _Unit:
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
         self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
-        # Modules inside it run without hooks of their own (a whole unit, a
-        # fully_shard'd subtree): see _unit_post_forward.
-        self.hookless_inside = False
         # fully_shard (fully_shard.py): kept gathered from the forward to the
         # backward (reshard_after_forward=False), from the backward to the
         # step's end (set_reshard_after_backward(False)); held by unshard().
@@ -67,6 +64,12 @@ class _Unit:
         self.aliased = None  # slots its running forward reads a repeated use's alias from (repeated_use.py)
         self._handles = None
 
+    @property
+    def hookless_inside(self):
+        """Modules inside it run without hooks of their own (a whole unit,
+        a fully_shard'd subtree): see _unit_post_forward."""
+        return len(self.modules) > 1
+
     def handles(self):
         """The params' engine handles as one prebuilt array (rebuilt when a
         param joins the unit)."""
@@ -82,7 +85,6 @@ class _Unit:
         unit.armed = self.armed  # the copied module carries copies of the same hooks
         unit.modules = [copy.deepcopy(m, memo) for m in self.modules]
         unit.inner_leaf = [copy.deepcopy(p, memo) for p in self.inner_leaf]
-        unit.hookless_inside = self.hookless_inside
         memo[id(self)] = unit
         return unit
 

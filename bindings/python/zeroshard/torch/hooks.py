@@ -170,7 +170,6 @@ class HookEngine(GradArrival):
         unit.inner_leaf = [p for m in subtree if getattr(m, "_zs_leaf", False) for p in m.parameters()]
         if subtree:
             unit.modules = list(subtree)
-        unit.hookless_inside = len(subtree) > 1
         module.__dict__["_zs_unit"] = unit
         self.units.append(unit)
         unit.arm()
