@@ -70,6 +70,24 @@ class _Unit:
         a fully_shard'd subtree): see _unit_post_forward."""
         return len(self.modules) > 1
 
+    def forget_step(self):
+        """The step's bookkeeping dropped (its end, or a heal that dropped
+        it): holds, backward waits, frozen calls, saved-reference counts.
+        Returns the params it held, for the caller to release or not."""
+        self.pending.clear()
+        self.bwd_held = self.bwd_needs = False
+        self.released_early.clear()
+        self.open_calls = 0
+        self.kept_after_backward = self.user_hold = False
+        held = []
+        for p in self.params:
+            z = p.zs
+            z.saved = 0  # a forward whose backward never ran (saved.py)
+            if z.holds > 0:
+                z.holds = 0
+                held.append(p)
+        return held
+
     def handles(self):
         """The params' engine handles as one prebuilt array (rebuilt when a
         param joins the unit)."""

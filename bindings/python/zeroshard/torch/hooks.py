@@ -367,18 +367,7 @@ class HookEngine(GradArrival):
         """Release what units still hold at a step's end (what a backward
         left gathered; a forward that raised)."""
         for unit in self.units:
-            unit.pending.clear()
-            unit.bwd_held = unit.bwd_needs = False
-            unit.released_early.clear()
-            unit.open_calls = 0
-            unit.kept_after_backward = unit.user_hold = False
-            held = []
-            for p in unit.params:
-                z = p.zs
-                z.saved = 0  # a forward whose backward never ran (saved.py)
-                if z.holds > 0:
-                    z.holds = 0
-                    held.append(p)
+            held = unit.forget_step()
             if held:
                 ctx.coord_release(zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
@@ -389,14 +378,7 @@ class HookEngine(GradArrival):
         queues and views of the abandoned forward and backward go here
         without a call to the engine (heal.py)."""
         for unit in self.units:
-            unit.pending.clear()
-            unit.bwd_held = unit.bwd_needs = False
-            unit.released_early.clear()
-            unit.open_calls = 0
-            unit.kept_after_backward = unit.user_hold = False
-            for p in unit.params:
-                p.zs.holds = 0
-                p.zs.saved = 0
+            unit.forget_step()
         self.waiting.clear()
         self.unpacked.clear()
         self.frozen_calls.clear()
