@@ -225,11 +225,7 @@ zs_status coordinated_step(const RankEnv& env, Model& m, int step) {
   zs_status s = zs_step_begin(m.ctx);
   if (s == ZS_OK) s = zs_coord_fetch(m.ctx, m.params, 2);
   if (s == ZS_OK) s = zs_coord_release(m.ctx, m.params, 2);
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
-    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
-    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
-  }
+  if (s == ZS_OK) s = push_grads(env, m, step);
   if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
   if (s == ZS_OK) s = zs_step_end(m.ctx);
   return s;

@@ -54,6 +54,18 @@ inline void destroy(Model& m) {
   zs_context_destroy(m.ctx);
 }
 
+// This rank's gradients of step `step` pushed for both params; the first
+// failing push's status.
+inline zs_status push_grads(const RankEnv& env, Model& m, int step) {
+  zs_status s = ZS_OK;
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  }
+  return s;
+}
+
 // One training step: the forward's fetch (and release), each param's
 // gradient, the optimizer step. The first failing call's status.
 inline zs_status train_step(const RankEnv& env, Model& m, int step) {
@@ -62,11 +74,7 @@ inline zs_status train_step(const RankEnv& env, Model& m, int step) {
   if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
   if (g) zs_gather_destroy(g);
   if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    std::vector<float> grad(static_cast<size_t>(kNumel[i]));
-    for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
-    s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
-  }
+  if (s == ZS_OK) s = push_grads(env, m, step);
   if (s == ZS_OK) s = zs_optimizer_step(m.opt, nullptr);
   return s;
 }
