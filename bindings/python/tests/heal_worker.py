@@ -41,6 +41,14 @@ class Net(nn.Module):
         self.drop = nn.Dropout(0.25)
         self.hidden = nn.Linear(48, 48)
         self.out = nn.Linear(48, DIM)
+        # The parent initialises its children's params, as Hugging Face's
+        # post_init does: under Init these reads gather, except in a
+        # replacement, whose survivors wait in the join (its values come
+        # from there).
+        with torch.no_grad():
+            for layer in (self.inp, self.hidden, self.out):
+                layer.weight.normal_(0.0, 0.2)
+                layer.bias.zero_()
 
     def forward(self, x):
         h = self.drop(torch.relu(self.inp(x)))

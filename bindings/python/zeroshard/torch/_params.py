@@ -40,7 +40,8 @@ class ParamState:
 
     __slots__ = ("zparam", "name", "shape", "dtype", "index", "stash", "owner", "device", "holds",
                  "attached", "view_ptr", "leaf", "engine", "grad_hook", "persistent", "frozen",
-                 "finalizer", "init_dtype", "released", "gathered_cls", "released_cls", "saved", "used_in")
+                 "finalizer", "init_dtype", "released", "gathered_cls", "released_cls", "saved", "used_in",
+                 "scratch")
 
     def __init__(self, zparam, name, shape, dtype, index, device=None):
         self.zparam = zparam
@@ -58,6 +59,7 @@ class ParamState:
         self.used_in = -1   # the engine's forward that last used it with gradients (repeated_use.py)
         self.attached = False  # .data is a view of the gathered buffer
         self.view_ptr = 0      # that view's address: another one means user code set .data
+        self.scratch = False   # attached to a scratch tensor of a replacement's constructor (heal.py)
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
         self.frozen = False  # frozen in the engine (freeze_untrainable): kept as quantized codes
         self.finalizer = None  # notes the zparam in _dropped when Python collects the Parameter
@@ -381,9 +383,20 @@ def fetch_on_access(module):
 
 def _touch_in_constructor(p):
     frame = constructing[-1]
-    with get_context().fetch([p.zs.zparam]) as g:
-        g.wait()
-    attach_views([p])
+    ctx = get_context()
+    from .heal import awaiting_join  # heal.py reads this module's params
+    if awaiting_join(ctx):
+        # A replacement of a lost rank (docs/healing.md, section 3): the
+        # survivors wait in the join, so its constructors run no collective;
+        # its values come from the join, so the constructor writes into a
+        # scratch tensor of this process, dropped by write_back.
+        z = p.zs
+        param_type.mark_gathered(p, torch.empty(z.shape, dtype=z.dtype, device=z.device))
+        z.view_ptr, z.attached, z.scratch = p.data_ptr(), True, True
+    else:
+        with ctx.fetch([p.zs.zparam]) as g:
+            g.wait()
+        attach_views([p])
     if p.zs.init_dtype != p.zs.dtype:
         # Cast by bf16.enabled / fp16.enabled: the constructor initialises
         # it in the dtype it built it in, as in a model built unpartitioned
@@ -399,6 +412,14 @@ def _touch_in_constructor(p):
 def write_back(params):
     """Rank 0's values of gathered `params` into every rank's shard, then
     release them. Collective."""
+    if not params:
+        return
+    for p in params:
+        if p.zs.scratch:  # a replacement's: nothing gathered, nothing written
+            p.zs.scratch = False
+            param_type.mark_released(p)
+            p.zs.attached = False
+    params = [p for p in params if p.zs.attached]
     if not params:
         return
     for p in params:

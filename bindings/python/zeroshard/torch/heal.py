@@ -80,6 +80,16 @@ def is_replacement():
     return os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
 
 
+_joined = [False]
+
+
+def awaiting_join(ctx):
+    """This process replaces a lost rank and has not joined yet: the
+    survivors wait in the join, so it runs nothing collective (its
+    constructors' reads of partitioned params stay local: _params)."""
+    return not _joined[0] and is_replacement() and heals(ctx)
+
+
 class StepRecord:
     """What a redo needs of a step: its batch (a reference) and this rank's
     RNG states at its entry."""
@@ -118,6 +128,7 @@ def join_as_replacement():
         raise RuntimeError("zeroshard.torch: a replacement (ZS_HEAL_REPLACEMENT) joins once its "
                            "ZeroShardOptimizer exists; none was made")
     committed = [o._engine.heal_join() for o in opts]
+    _joined[0] = True
     forget_step_in_flight()
     return committed[0]
 
