@@ -1,0 +1,489 @@
+"""Healing benchmark (issue 60, docs/healing.md sections 6 and 7): GPT-2 124M
+trained by a plain zeroshard.torch loop under `zeroshard.torch.healing_loop`
+on 3 CPU ranks of the real `zsrun --restarts`, loopback.
+
+    .venv/bin/python bench/bench_heal.py [--steps 46] [--kills 10] [--seq 64]
+        [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10]
+        [--skip steady kills checkpoint torchft]
+
+Scenarios, each its own zsrun launch of 3 ranks (GPT-2 124M, n_positions
+256, built under zt.Init from torch.manual_seed(0): random weights, dropout
+0.1 as GPT-2's config has it; AdamW lr 1e-4, weight decay 0.01, a linear LR
+schedule handed to replacements as `shared`; step i's batch from a generator
+seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
+
+- **steady**: --steps steps with the peer copies on (`enable_healing()`)
+  and off (ZS_HEAL=0), alternating --pairs times: the median step (from one
+  committed step to the next on rank 0, the first 3 left out), the copies'
+  overhead as on/off - 1, `peer_copies` of the memory report and peak RSS per
+  rank. The first "on" run is also the reference of the kill run: the same
+  steps uninterrupted.
+- **kills**: one launch of --steps steps, `zsrun --restarts --kills+1`
+  with zsstore serving the store (so rank 0 is replaced like any rank).
+  After 3 committed steps the driver SIGKILLs a random rank (rank 0
+  included) at a random time within a step (`random.Random(--seed)`), waits
+  until the run is whole again, lets it commit two more steps, and kills
+  again, --kills times. Per kill: the kill's offset into the victim's step;
+  kill to the survivors' loss (their `recover()` entered: the heartbeat's
+  limit), to the replacement's process start (zsrun's notice and exec), its
+  model built (Python, torch and transformers imports, the model), its join
+  (the heal's agreement and transfer) and kill to the next committed step:
+  the first step the replacement trains, committed on every rank (a step
+  whose update the kill hit was already committed; the replacement then
+  trains the one after). Median and max over the kills (goal < 10 s).
+  Correctness: each rank's optimizer state (masters and moments) and step
+  count, and the consolidated params, bitwise against the reference.
+- **checkpoint**: today's route: `zsrun --restarts 1 --no-heal`, the loop
+  saving a zeroshard checkpoint every --ckpt-every steps (zt.save_checkpoint,
+  one tag overwritten) and resuming from it at start; rank 1 SIGKILLed
+  mid-step 5 steps after a save. Kill to the killed step committed again,
+  steps lost, each save's time. Skipped, saying so, with < 8 GB free.
+- **torchft**: torchft healing a DDP replica group (3 replica groups of one
+  process) of the same model, through `heal_torchft.measure` beside this file,
+  if torchft is installed in the venv (else the line says it is not, and how
+  to install it).
+
+On this 2-core machine 3 ranks share 2 cores (OMP_NUM_THREADS=1 each):
+read the ratios and the parts of a heal, not absolute step times. The last
+line is one JSON object with everything.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+T_START = time.time()  # the process's start, before the imports below (the replacement's start-up)
+
+REPO = Path(__file__).resolve().parent.parent
+RANKS = 3
+# Heartbeat period and limit: the limit the Python healing test uses on this
+# 2-core machine (0.6 s starved a live rank's heartbeat thread there).
+HEAL_ENV = dict(ZS_HEARTBEAT_MS="100", ZS_HEARTBEAT_TIMEOUT_MS="1500")
+CONFIG = {"zero_optimization": {"stage": 3}}
+
+
+# -- worker: one rank (launched by zsrun) --
+
+def worker(args):
+    import hashlib
+
+    import torch
+    import transformers
+
+    import zeroshard.torch as zt
+    from zeroshard.torch import heal as zheal
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rss import peak_rss
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    replacement = zheal.is_replacement()
+    log = open(f"{args.out}.{rank}", "a")
+
+    def note(event, **kv):
+        log.write(json.dumps({"event": event, "rank": rank, "pid": os.getpid(), "t": time.time(),
+                              "replacement": replacement, **kv}) + "\n")
+        log.flush()
+
+    note("start", t=T_START)
+    # The survivors' side of a heal, timed: recover() is entered when the
+    # loss surfaces, and returns once the replacement joined.
+    recover, join = zheal.recover, zheal.join_as_replacement
+
+    def timed_recover():
+        note("lost")
+        committed = recover()
+        note("recovered", committed=committed)
+        return committed
+
+    def timed_join():
+        committed = join()
+        note("joined", committed=committed)
+        return committed
+
+    zheal.recover, zheal.join_as_replacement = timed_recover, timed_join
+    if args.heal:
+        zt.enable_healing()
+    config = transformers.GPT2Config(n_embd=128 if args.small else 768, n_layer=2 if args.small else 12,
+                                     n_head=4 if args.small else 12, vocab_size=50257, n_positions=256)
+    with zt.Init(config=CONFIG):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+    zt.partition_module(model)
+    model.train()
+    torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
+    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-4, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / (args.steps + 1)))
+    note("built", rss=peak_rss())
+
+    start = 0
+    if args.ckpt_dir and os.path.exists(os.path.join(args.ckpt_dir, "latest")):
+        client = zt.load_checkpoint(args.ckpt_dir, model, opt)
+        start = client["position"]
+        sched.load_state_dict(client["sched"])
+        note("resumed", position=start)
+
+    def batches():
+        for i in range(start, args.steps):
+            g = torch.Generator().manual_seed(1000 + i)
+            x = torch.randint(0, config.vocab_size, (world * args.batch, args.seq), generator=g)
+            yield i, x[rank * args.batch:(rank + 1) * args.batch]
+
+    def train_step(batch):
+        i, x = batch
+        note("begin", step=i)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        note("trained", step=i)
+        return loss.item()
+
+    def after_step(i, loss):
+        i += start
+        note("step", step=i, loss=loss, lr=opt.param_groups[0]["lr"])
+        sched.step()
+        if args.ckpt_dir and (i + 1) % args.ckpt_every == 0:
+            t0 = time.time()
+            zt.save_checkpoint(args.ckpt_dir, model, opt, client_state={"position": i + 1,
+                                                                         "sched": sched.state_dict()},
+                               tag="state", overwrite=True)
+            note("saved", step=i, seconds=time.time() - t0)
+
+    zt.healing_loop(batches(), train_step, after_step, shared={"sched": sched})
+    z = opt.state_dict()["zeroshard"]
+    h = hashlib.sha256()
+    for index in sorted(z["shards"]):
+        for slot in sorted(z["shards"][index]):
+            h.update(z["shards"][index][slot].numpy().tobytes())
+    report = zt.memory_report()
+    state = zt.consolidated_state_dict(model)
+    params = None
+    if rank == 0:
+        p = hashlib.sha256()
+        for k in sorted(state):
+            p.update(k.encode())
+            p.update(state[k].detach().contiguous().numpy().tobytes())
+        params = p.hexdigest()
+    note("end", digest=h.hexdigest(), steps=z["steps"], params=params, peak_rss=peak_rss(),
+         peer_copies=report["engine"].get("peer_copies", 0), engine_total=report["engine"]["total"])
+    zt.shutdown()
+
+
+# -- driver --
+
+def launch_env(extra):
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
+              "ZS_LAUNCHER", "ZS_HEAL", "ZS_HEAL_REPLACEMENT"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.setdefault("OMP_NUM_THREADS", "1")  # 3 ranks on 2 cores
+    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    env.update(HEAL_ENV)
+    env.update(extra)
+    return env
+
+
+class Run:
+    """One zsrun launch of the worker, its per-rank logs read as they grow."""
+
+    def __init__(self, args, d, name, zsrun_flags, worker_flags=(), env=None):
+        self.out = os.path.join(d, name)
+        cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(RANKS), *zsrun_flags, "--", sys.executable,
+               str(Path(__file__).resolve()), "--worker", "--out", self.out, "--steps", str(args.steps),
+               "--seq", str(args.seq), "--batch", str(args.batch), *worker_flags] + (["--small"] if args.small
+                                                                                       else [])
+        self.stderr = open(self.out + ".zsrun", "w")
+        self.proc = subprocess.Popen(cmd, env=launch_env(env or {}), stdout=self.stderr, stderr=subprocess.STDOUT,
+                                     cwd=d, start_new_session=True)
+        self.deadline = time.time() + args.launch_timeout
+
+    def events(self, rank=None):
+        out = []
+        for r in range(RANKS) if rank is None else (rank,):
+            try:
+                with open(f"{self.out}.{r}") as f:
+                    out += [json.loads(line) for line in f if line.endswith("\n")]
+            except FileNotFoundError:
+                pass
+        return out
+
+    def wait_for(self, what, poll=0.05):
+        """Polls the logs until what(events) is truthy; None if the launch
+        ended or ran out of time first."""
+        while time.time() < self.deadline:
+            found = what(self.events())
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                return what(self.events()) or None
+            time.sleep(poll)
+        return None
+
+    def finish(self):
+        try:
+            self.proc.wait(timeout=max(1.0, self.deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stderr.close()
+        return self.proc.returncode
+
+    def output_tail(self, lines=15):
+        with open(self.out + ".zsrun") as f:
+            return "".join(f.readlines()[-lines:])
+
+
+def ends(events):
+    """rank -> its last process's "end" event."""
+    return {e["rank"]: e for e in events if e["event"] == "end"}
+
+
+def step_times(events, skip=3):
+    """Rank 0's intervals between committed steps, the first `skip` left out."""
+    t = [e["t"] for e in events if e["event"] == "step" and e["rank"] == 0]
+    return [b - a for a, b in zip(t[skip:], t[skip + 1:])]
+
+
+def steady(args, d):
+    results = {"on": [], "off": []}
+    for pair in range(args.pairs):
+        for mode in ("on", "off"):
+            flags = ["--heal"] if mode == "on" else []
+            run = Run(args, d, f"steady_{mode}_{pair}", ["--restarts", "1"], flags,
+                      env=None if mode == "on" else {"ZS_HEAL": "0"})
+            code = run.finish()
+            ev = run.events()
+            e = ends(ev)
+            if code != 0 or len(e) != RANKS:
+                raise RuntimeError(f"steady ({mode}) launch failed, status {code}:\n{run.output_tail()}")
+            steps = step_times(ev)
+            r = {"median_step_s": statistics.median(steps), "steps_timed": len(steps),
+                 "peak_rss_mib": [round(e[k]["peak_rss"] / 2**20) for k in range(RANKS)],
+                 "peer_copies_mib": [round(e[k]["peer_copies"] / 2**20, 1) for k in range(RANKS)],
+                 "engine_mib": [round(e[k]["engine_total"] / 2**20, 1) for k in range(RANKS)],
+                 "digests": [e[k]["digest"] for k in range(RANKS)], "params": e[0]["params"],
+                 "steps": [e[k]["steps"] for k in range(RANKS)]}
+            results[mode].append(r)
+            print(f"steady {mode:3} (pair {pair}): median step {r['median_step_s']:.3f} s over {len(steps)}, "
+                  f"peak RSS {r['peak_rss_mib']} MiB, peer copies {r['peer_copies_mib']} MiB", flush=True)
+    ratios = [on["median_step_s"] / off["median_step_s"] for on, off in zip(results["on"], results["off"])]
+    results["overhead"] = [round(x - 1, 4) for x in ratios]
+    results["overhead_median"] = round(statistics.median(ratios) - 1, 4)
+    same = all(on["digests"] == off["digests"] and on["params"] == off["params"]
+               for on, off in zip(results["on"], results["off"]))
+    results["on_equals_off_bitwise"] = same
+    print(f"copies' overhead on the step: {', '.join(f'{x:+.1%}' for x in results['overhead'])} "
+          f"(median {results['overhead_median']:+.1%}; goal <= 3%); the runs with and without copies "
+          f"{'equal' if same else 'DIFFER'} bit for bit", flush=True)
+    return results
+
+
+def kills(args, d, reference):
+    rng = random.Random(args.seed)
+    run = Run(args, d, "kills", ["--restarts", str(args.kills + 1)], ["--heal"])
+    out = []
+    try:
+        committed = run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= 2])
+        if not committed:
+            raise RuntimeError(f"the kill run never reached step 2:\n{run.output_tail()}")
+        for k in range(args.kills):
+            ev = run.events()
+            last = max(e["step"] for e in ev if e["event"] == "step")
+            if last + 4 >= args.steps:
+                print(f"kill {k}: only {args.steps - last - 1} steps left; no more kills (raise --steps)", flush=True)
+                break
+            victim = rng.randrange(RANKS)
+            # The victim's current process, and a random point in a step.
+            pid = [e for e in ev if e["event"] == "start" and e["rank"] == victim][-1]["pid"]
+            typical = statistics.median(step_times(ev, skip=1) or [2.0])
+            begin = run.wait_for(lambda ev: [e for e in ev if e["event"] == "begin" and e["rank"] == victim
+                                             and e["step"] > last])
+            if not begin:
+                raise RuntimeError(f"kill {k}: rank {victim} did not begin step {last + 1}:\n{run.output_tail()}")
+            time.sleep(rng.uniform(0, typical))
+            t_kill = time.time()
+            os.kill(pid, signal.SIGKILL)
+            # The step the victim was in: its last begin before the kill.
+            began = [e for e in run.events(victim) if e["event"] == "begin" and e["pid"] == pid and e["t"] < t_kill]
+            in_flight, offset = began[-1]["step"], t_kill - began[-1]["t"]
+
+            def healed(ev):
+                # The replacement's first trained step, committed on every rank.
+                mine = [e for e in ev if e["rank"] == victim and e["t"] > t_kill]
+                trained = [e["step"] for e in mine if e["event"] == "trained"]
+                if not trained:
+                    return None
+                done = [e for e in ev if e["event"] == "step" and e["step"] == trained[0] and e["t"] > t_kill]
+                return done if len({e["rank"] for e in done}) == RANKS else None
+
+            done = run.wait_for(healed)
+            if not done:
+                raise RuntimeError(f"kill {k} (rank {victim} in step {in_flight}) did not heal:\n"
+                                   f"{run.output_tail()}")
+            ev = run.events()
+            after = [e for e in ev if e["t"] > t_kill]
+            lost = [e["t"] for e in after if e["event"] == "lost"]
+            recovered = [e["t"] for e in after if e["event"] == "recovered"]
+            rep = {e["event"]: e["t"] for e in reversed(after) if e["rank"] == victim}
+            r = {"victim": victim, "step": in_flight, "offset_s": round(offset, 3),
+                 "offset_of_step": round(offset / typical, 2),
+                 "to_loss_seen_s": round(min(lost) - t_kill, 3) if lost else None,
+                 "to_replacement_start_s": round(rep["start"] - t_kill, 3),
+                 "to_replacement_built_s": round(rep["built"] - t_kill, 3),
+                 "to_joined_s": round(max(recovered + [rep["joined"]]) - t_kill, 3),
+                 "to_next_committed_s": round(max(e["t"] for e in done) - t_kill, 3),
+                 "redone": done[0]["step"] == in_flight}
+            out.append(r)
+            print(f"kill {k}: rank {victim} {r['offset_s']:.2f} s into step {in_flight} "
+                  f"({r['offset_of_step']:.0%} of a step): loss seen {r['to_loss_seen_s']} s, replacement "
+                  f"started {r['to_replacement_start_s']} s, built {r['to_replacement_built_s']} s, joined "
+                  f"{r['to_joined_s']} s, next committed step ({done[0]['step']}, "
+                  f"{'redone' if r['redone'] else 'the one after'}) {r['to_next_committed_s']} s", flush=True)
+            settle = done[0]["step"] + 2
+            run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= settle])
+        code = run.finish()
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()
+    ev = run.events()
+    e = ends(ev)
+    totals = [x["to_next_committed_s"] for x in out]
+    result = {"kills": out, "exit_status": code, "median_to_next_committed_s": round(statistics.median(totals), 3) if totals
+              else None, "max_to_next_committed_s": max(totals) if totals else None,
+              "job_restarted": "starting the job again" in open(run.out + ".zsrun").read()}
+    if reference is not None and len(e) == RANKS:
+        result["bitwise_equal_to_uninterrupted"] = (
+            [e[k]["digest"] for k in range(RANKS)] == reference["digests"] and e[0]["params"] == reference["params"]
+            and [e[k]["steps"] for k in range(RANKS)] == reference["steps"])
+    print(f"{len(out)} kills: kill to next committed step median {result['median_to_next_committed_s']} s, max "
+          f"{result['max_to_next_committed_s']} s (goal < 10 s); exit status {code}, job restarted: "
+          f"{result['job_restarted']}; bitwise equal to the uninterrupted run: "
+          f"{result.get('bitwise_equal_to_uninterrupted', 'not compared')}", flush=True)
+    return result
+
+
+def checkpoint_route(args, d):
+    free = shutil.disk_usage(d).free
+    if free < 8 * 2**30:
+        print(f"checkpoint route skipped: {free / 2**30:.1f} GB free in {d}, it needs 8", flush=True)
+        return {"skipped": f"{free / 2**30:.1f} GB free"}
+    ckpt = os.path.join(d, "ckpt")
+    run = Run(args, d, "ckpt", ["--restarts", "1", "--no-heal"],
+              ["--ckpt-dir", ckpt, "--ckpt-every", str(args.ckpt_every)])
+    target = args.ckpt_every + 5  # 5 steps after a save: the route loses them
+    try:
+        begin = run.wait_for(lambda ev: [e for e in ev if e["event"] == "begin" and e["rank"] == 1
+                                         and e["step"] == target])
+        if not begin:
+            raise RuntimeError(f"the checkpoint run never began step {target}:\n{run.output_tail()}")
+        ev = run.events()
+        typical = statistics.median(step_times(ev, skip=1) or [2.0])
+        time.sleep(typical / 2)
+        t_kill = time.time()
+        os.kill(begin[-1]["pid"], signal.SIGKILL)
+        done = run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] == target
+                                        and e["t"] > t_kill and e["rank"] == 0])
+        code = run.finish()
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()
+    ev = run.events()
+    saves = [e["seconds"] for e in ev if e["event"] == "saved" and e["rank"] == 0]
+    resumed = [e["position"] for e in ev if e["event"] == "resumed" and e["rank"] == 0]
+    r = {"exit_status": code, "killed_in_step": target, "resumed_at_step": resumed[0] if resumed else None,
+         "steps_lost": target - resumed[0] if resumed else None,
+         "to_killed_step_committed_s": round(done[0]["t"] - t_kill, 3) if done else None,
+         "save_s": [round(s, 2) for s in saves],
+         "restarted": "starting the job again" in open(run.out + ".zsrun").read()}
+    print(f"checkpoint route (save every {args.ckpt_every} steps, restart every rank): rank 1 killed in step "
+          f"{target}, resumed at {r['resumed_at_step']} ({r['steps_lost']} steps lost), step {target} committed "
+          f"again {r['to_killed_step_committed_s']} s after the kill; saves took {r['save_s']} s", flush=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return r
+
+
+def torchft(args):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import heal_torchft
+    except ImportError as e:
+        return {"status": f"bench/heal_torchft.py cannot be imported: {e}"}
+    r = heal_torchft.measure(kills=min(args.kills, args.torchft_kills), seq=args.seq, batch=args.batch,
+                             seed=args.seed, small=args.small)
+    print(f"torchft: {r.get('status')}; kill to a full quorum's commit median "
+          f"{r.get('median_to_full_quorum_s')} s, max {r.get('max_to_full_quorum_s')} s", flush=True)
+    return r
+
+
+class _kept:
+    def __init__(self, d):
+        self.d = d
+
+    def __enter__(self):
+        return self.d
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--heal", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ckpt-dir", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=46)
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--small", action="store_true", help="2 layers of 128: a quick check of the bench itself")
+    p.add_argument("--pairs", type=int, default=1, help="alternating steady launches with and without copies")
+    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--torchft-kills", type=int, default=3)
+    p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "checkpoint", "torchft"])
+    p.add_argument("--launch-timeout", type=float, default=1200)
+    p.add_argument("--keep", help="write the launches' logs into this folder (kept) instead of a temporary one")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.kills * 4 + 6 > args.steps:
+        p.error(f"--steps {args.steps} is too few for --kills {args.kills} (a kill takes about 4 steps): "
+                f"give at least {args.kills * 4 + 6}")
+    print(f"GPT-2 {'small check' if args.small else '124M'}, {RANKS} ranks, {args.steps} steps, batch "
+          f"{args.batch} x {args.seq} a rank, load average {os.getloadavg()[0]:.1f}", flush=True)
+    result = {"bench": "heal", "model": "gpt2-small-check" if args.small else "gpt2-124M", "ranks": RANKS,
+              "steps": args.steps, "seq": args.seq, "batch": args.batch, "seed": args.seed,
+              "load_average_at_start": os.getloadavg()[0]}
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with (tempfile.TemporaryDirectory(prefix="zs_bench_heal_") if not args.keep else _kept(args.keep)) as d:
+        if "steady" not in args.skip:
+            result["steady"] = steady(args, d)
+        if "kills" not in args.skip:
+            reference = result["steady"]["on"][0] if "steady" in result else None
+            result["heal"] = kills(args, d, reference)
+        if "checkpoint" not in args.skip:
+            result["checkpoint_route"] = checkpoint_route(args, d)
+    if "torchft" not in args.skip:
+        result["torchft"] = torchft(args)
+    result["load_average_at_end"] = os.getloadavg()[0]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
