@@ -37,6 +37,8 @@ void configure_fault_points(int rank) {
   std::lock_guard<std::mutex> held(g_mu);
   g_armed.store(false);
   if (env == nullptr || *env == '\0') return;
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (attempt != nullptr && std::atol(attempt) > 0) return;
   auto* points = new std::deque<Point>();
   std::istringstream in(env);
   for (std::string item; std::getline(in, item, ',');) {

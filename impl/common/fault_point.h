@@ -8,7 +8,10 @@
 // optimizer's update, before any shard changes). With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real
-// loss produces only by chance). Unset: one atomic load per pass.
+// loss produces only by chance). Unset: one atomic load per pass. A fault
+// is one failure of the job: in a job zsrun restarted whole
+// (TORCHELASTIC_RESTART_COUNT > 0) none is armed, so the restart runs
+// clean (a replacement of a lost rank is still in the first attempt).
 #pragma once
 
 namespace zs {
