@@ -47,7 +47,9 @@
 // store port and exports ZS_STORE_SERVER=external, so rank 0 is a client
 // like the others and is replaced like them. If the attempt fails anyway (a survivor exits non-zero: its
 // program does not heal, or the state was lost), the job is restarted as
-// above, the replacements not counted against that.
+// above, the replacements not counted against that; a survivor that exits
+// with ZS_EXIT_STATE_LOST (75: a shard and every copy of it lost together)
+// is named as healing made impossible.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -78,6 +80,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "zeroshard/zeroshard.h"
 
 extern char** environ;
 
@@ -862,6 +866,13 @@ void Launcher::on_exit(Rank& r, int status) {
     if (respawn(r)) return;
     errorf("cannot start a replacement of rank %d: the job is torn down", r.index);
   }
+  // A survivor whose heal was impossible (its program exits with
+  // ZS_EXIT_STATE_LOST): the job is restarted whole, if a restart is left.
+  if (heals() && WIFEXITED(status) && code == ZS_EXIT_STATE_LOST)
+    errorf("healing impossible: rank %d exited with status %d (ZS_ERR_STATE_LOST): a shard's state and every "
+           "copy of it were lost together (its message above names the ranks); %s", r.index, code,
+           attempt_ < opt_.restarts ? "restarting every rank from the last checkpoint"
+                                     : "no restart is left (--restarts)");
   if (first_failure_code_ < 0) first_failure_code_ = code;
   start_termination();
 }

@@ -19,7 +19,9 @@
  * ZS_HEAL=auto), a step that fails with ZS_ERR_RANK_LOST is agreed on
  * (zs_heal_agree), the replacement zsrun started is taken in (zs_heal_join),
  * and the run goes on from the committed step; the replacement, started
- * with ZS_HEAL_REPLACEMENT set, joins before its first step.
+ * with ZS_HEAL_REPLACEMENT set, joins before its first step. A heal that
+ * cannot be (ZS_ERR_STATE_LOST: a rank and the holder of its copy lost
+ * together) exits with ZS_EXIT_STATE_LOST, and zsrun restarts the job.
  */
 #include <math.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@
     zs_status s_ = (call);                                                                  \
     if (s_ != ZS_OK) {                                                                      \
       fprintf(stderr, "%s failed: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      exit(1);                                                                              \
+      exit(s_ == ZS_ERR_STATE_LOST ? ZS_EXIT_STATE_LOST : 1);                               \
     }                                                                                       \
   } while (0)
 

@@ -125,11 +125,16 @@ typedef enum zs_status {
   ZS_ERR_RANK_LOST = 13,
   /* Healing on: a shard's state and every copy of it were lost together (a
    * rank and the rank holding its copy); the message names both. Fall back
-   * to a disk checkpoint. */
+   * to a disk checkpoint: exit with ZS_EXIT_STATE_LOST. */
   ZS_ERR_STATE_LOST = 14,
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_status;
+
+/* The exit status of a process whose heal failed with ZS_ERR_STATE_LOST
+ * (EX_TEMPFAIL): zsrun --restarts then says that healing was impossible and
+ * why, and restarts every rank, which resume from their last checkpoint. */
+#define ZS_EXIT_STATE_LOST 75
 
 /* Name of a status ("ZS_ERR_TIMEOUT"); "ZS_UNKNOWN_STATUS" otherwise.
  * Static storage; never fails. */

@@ -8,7 +8,8 @@ KILL is RANK:STEP:WHERE: that rank SIGKILLs itself in step STEP, WHERE
 "backward" (in the middle of the backward, from a gradient hook) or
 "update" (in the engine's optimizer update, through the engine's fault
 point ZS_FAULT_POINT=update:RANK:STEP+1). Only the first process of a rank
-kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on.
+kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on, and so does
+a job zsrun restarted whole.
 
 Each step draws its batch from a generator seeded with the step, and the
 model has dropout, so a redone step must restore the RNG to match. No
@@ -79,7 +80,10 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
     kills = [tuple(k.split(":")) for k in sys.argv[3:]]
-    mine = [(int(s), where) for r, s, where in kills if int(r) == rank] if not replacement else []
+    # A kill is one failure: not in a replacement, nor in a job zsrun
+    # restarted whole (whose ZS_FAULT_POINT is not armed either).
+    first = not replacement and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    mine = [(int(s), where) for r, s, where in kills if int(r) == rank] if first else []
     for s, where in mine:
         if where == "update":
             os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"

@@ -118,6 +118,21 @@ def test_four_ranks_heal_rank_0_lost_with_the_store_in_zsstore_and_a_rank_lost_i
           f"update {kill_to_commit(logs, 3, 6, 7):.2f} s")
 
 
+def test_a_rank_and_its_holder_lost_together_end_in_a_named_restart_of_the_job():
+    # Ranks 1 and 2 (2 holds 1's copy) in the same update: zsrun starts a
+    # replacement of each, but rank 0's heal is impossible; healing_loop
+    # says so and exits with 75, zsrun names it and restarts the job whole,
+    # which runs clean (the kills are the first attempt's) to the end.
+    code, out, logs, left = launch(3, "1:3:update", "2:3:update", restarts=3)
+    assert code == 0, out
+    assert left == [f"log.{r}" for r in range(3)], left
+    assert "zeroshard.torch healing_loop: rank 0: healing is impossible" in out, out
+    assert "zsrun: healing impossible: rank 0 exited with status 75 (ZS_ERR_STATE_LOST)" in out, out
+    assert "restart 1 of 3: starting the job again with 3 ranks" in out, out
+    for r, end in ends(logs).items():
+        assert len(end) == 1 and end[0]["steps"] == STEPS and end[0]["ran"] == STEPS, (r, end, out)
+
+
 def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_path):
     """The peer copies are made with the context: asking for them later is
     an error that says to call it first, never a loop that silently cannot

@@ -20,7 +20,8 @@ import os
 import cffi
 
 __all__ = ["ffi", "lib", "library_path", "CDEF", "ZS_VERSION_MAJOR", "ZS_VERSION_MINOR",
-           "ZS_VERSION_PATCH", "ZS_VERSION", "ZS_MAX_DIMS", "ZS_WAIT_FOREVER"]
+           "ZS_VERSION_PATCH", "ZS_VERSION", "ZS_MAX_DIMS", "ZS_WAIT_FOREVER",
+           "ZS_EXIT_STATE_LOST"]
 
 # Macros of the header (cffi's ABI mode cannot read their values from the
 # library; the *_INIT initialisers are the library's zs_xxx_init functions).
@@ -30,6 +31,7 @@ ZS_VERSION_PATCH = 0
 ZS_VERSION = ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH
 ZS_MAX_DIMS = 8
 ZS_WAIT_FOREVER = -1
+ZS_EXIT_STATE_LOST = 75
 
 CDEF = r"""
 /* Version */

@@ -15,6 +15,7 @@ const ZS_VERSION_MINOR = 1
 const ZS_VERSION_PATCH = 0
 const ZS_MAX_DIMS = 8
 const ZS_WAIT_FOREVER = Cint(-1)
+const ZS_EXIT_STATE_LOST = Cint(75)
 
 # C enums are ints: one alias per enum type, one constant per value.
 const zs_status = Cint

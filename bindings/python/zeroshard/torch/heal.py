@@ -30,7 +30,8 @@ import os
 import sys
 import weakref
 
-from ..errors import RankLostError
+from .._ffi import ZS_EXIT_STATE_LOST as EXIT_STATE_LOST  # zsrun: "restart from the checkpoint"
+from ..errors import RankLostError, StateLostError
 from . import _context, heal_state
 from ._context import get_context
 from ._params import detach_views, registered_params
@@ -206,7 +207,20 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
     Batches must not be drawn from the global RNG (a replacement skips to
     its position without them), nor may after_step draw from it. Returns
     the number of steps the loop ran (as a replacement: those it skipped
-    too)."""
+    too). A heal that cannot be (StateLostError: a rank and the holder of
+    its copy lost together) ends the process with status 75
+    (ZS_EXIT_STATE_LOST) after printing why: zsrun --restarts then names
+    it and restarts every rank, which resume from their last checkpoint."""
+    try:
+        return _healing_loop(loader, train_step, after_step, shared, optimizer)
+    except StateLostError as e:
+        print(f"zeroshard.torch healing_loop: rank {get_context().rank}: healing is impossible: {e}; exiting "
+              f"with status {EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_STATE_LOST) from e
+
+
+def _healing_loop(loader, train_step, after_step, shared, optimizer):
     ctx = get_context()
     shared = dict(shared or {})
     opts = optimizers()

@@ -16,6 +16,7 @@ pub const ZS_VERSION_PATCH: c_int = 0;
 pub const ZS_VERSION: c_int = ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATCH;
 pub const ZS_MAX_DIMS: usize = 8;
 pub const ZS_WAIT_FOREVER: c_int = -1;
+pub const ZS_EXIT_STATE_LOST: c_int = 75;
 
 macro_rules! c_enum {
     ($ty:ident { $($name:ident = $value:expr,)* }) => {
