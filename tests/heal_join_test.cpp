@@ -91,6 +91,12 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
         ZS_ASSERT_OK(build(env, m));
         int step = 1;
         if (env.replacement > 0) {
+          // Nothing collective before the join (the survivors wait there):
+          // refused at once by name, the replacement still able to join.
+          zs_gather g = nullptr;
+          EXPECT_EQ(zs_fetch(&g, m.ctx, m.params, 2), ZS_ERR_INVALID_STATE);
+          EXPECT_NE(std::string(zs_last_error()).find("before zs_heal_join"), std::string::npos) << zs_last_error();
+          EXPECT_EQ(zs_param_update(m.ctx, m.params, 1, 0), ZS_ERR_INVALID_STATE);
           int64_t committed = -1;
           ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
           sh->committed[env.rank] = committed;

@@ -186,6 +186,17 @@ QuantSlot quant_slot(const std::shared_ptr<Device>& dev, const Param& p, const S
           p.dtype, p.layout.shard_numel, packet, spec};
 }
 
+// A replacement of a lost rank before its join (docs/healing.md, section
+// 3): the survivors wait for it in the join, so a collective of its own
+// would wait for them until the timeout. Refused at once, by name.
+void refuse_before_join(const Context& ctx, const char* what, const ParamList& params) {
+  if (!ctx.replacing() || params.empty()) return;
+  fail(Code::InvalidState, what, " of ", params.size(), " param", params.size() == 1 ? "" : "s", " (",
+       params[0]->describe(), params.size() > 1 ? ", ..." : "", ") in a replacement of rank ", ctx.ranks().rank,
+       " (ZS_HEAL_REPLACEMENT) before zs_heal_join: the survivors wait for it in the join, so nothing collective "
+       "runs before it; join first (zeroshard.torch.healing_loop joins before its first step)");
+}
+
 }  // namespace
 
 std::shared_ptr<Work> fetch_params(Context& ctx, const ParamList& params, bool into_gathered,
@@ -198,6 +209,7 @@ std::shared_ptr<Work> fetch_params_locked(Context& ctx, const ParamList& params,
                                           bool into_gathered, bool exact) {
   ctx.expect_locked();
   ctx.check_async_error();
+  refuse_before_join(ctx, "fetch", params);
   // A fetch is the forward's until gradients arrive (a backward's recompute
   // or re-gather stays the backward's).
   if (memory_tally::phase() != MemPhase::Backward) memory_tally::set_phase(MemPhase::Forward);
@@ -407,6 +419,7 @@ BufferPtr available_data_locked(Context& ctx, Param& p, const char* what) {
 void update_params(Context& ctx, const ParamList& params, int modifier_rank) {
   const auto held = ctx.lock();
   ctx.check_async_error();
+  refuse_before_join(ctx, "update", params);
   const auto& group = common_group(ctx, params, "update");
   if (modifier_rank < 0 || modifier_rank >= group->size())
     fail(Code::InvalidArgument, "update: modifier_rank ", modifier_rank,
