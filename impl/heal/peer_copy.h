@@ -105,6 +105,9 @@ class PeerCopy final : public StepListener {
   void replay(float grad_scale);
   void worker();
   BufferPtr alloc(uint64_t bytes);
+  // The holder's replica equals this rank's state as it is now (a copy with
+  // the state went out, or the state came from that replica).
+  void note_holder_has(const std::vector<Optimizer::SlotState>& mine);
 
   Context& ctx_;
   Optimizer& opt_;
