@@ -141,7 +141,9 @@ def worker(args):
         i, x = batch
         note("begin", step=i)
         loss = model(input_ids=x, labels=x).loss
+        note("forward", step=i)
         loss.backward()
+        note("backward", step=i)
         opt.step()
         opt.zero_grad()
         note("trained", step=i)
@@ -165,6 +167,7 @@ def worker(args):
         for slot in sorted(z["shards"][index]):
             h.update(z["shards"][index][slot].numpy().tobytes())
     report = zt.memory_report()
+    peak = peak_rss()  # the training's: rank 0's consolidation below holds the whole model
     state = zt.consolidated_state_dict(model)
     params = None
     if rank == 0:
@@ -173,7 +176,7 @@ def worker(args):
             p.update(k.encode())
             p.update(state[k].detach().contiguous().numpy().tobytes())
         params = p.hexdigest()
-    note("end", digest=h.hexdigest(), steps=z["steps"], params=params, peak_rss=peak_rss(),
+    note("end", digest=h.hexdigest(), steps=z["steps"], params=params, peak_rss=peak,
          peer_copies=report["engine"].get("peer_copies", 0), engine_total=report["engine"]["total"])
     zt.shutdown()
 
@@ -416,6 +419,10 @@ def checkpoint_route(args, d):
     return r
 
 
+def _s(x):
+    return "-" if x is None else f"{x:.2f} s"
+
+
 def torchft(args):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
@@ -425,7 +432,8 @@ def torchft(args):
     r = heal_torchft.measure(kills=min(args.kills, args.torchft_kills), seq=args.seq, batch=args.batch,
                              seed=args.seed, small=args.small)
     print(f"torchft: {r.get('status')}; kill to a full quorum's commit median "
-          f"{r.get('median_to_full_quorum_s')} s, max {r.get('max_to_full_quorum_s')} s", flush=True)
+          f"{_s(r.get('median_to_full_quorum_s'))}, max {_s(r.get('max_to_full_quorum_s'))} (its steady step "
+          f"{_s(r.get('steady_step_s'))})", flush=True)
     return r
 
 
