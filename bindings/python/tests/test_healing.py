@@ -52,23 +52,26 @@ def ends(logs):
     return {r: [l for l in ls if l["event"] == "end"] for r, ls in logs.items()}
 
 
-def check_healed(n, kills, victims, reference_heals):
-    # The uninterrupted run with the copies on (zsrun --restarts), or off
-    # (no --restarts: healing_loop then runs as a plain loop): the same
-    # numbers either way.
-    ref_code, ref_out, ref_logs, _ = launch(n, restarts=1 if reference_heals else 0)
-    assert ref_code == 0, ref_out
-    code, out, logs, left = launch(n, *kills)
-    assert code == 0, out
-    assert left == [f"log.{r}" for r in range(n)], left  # no checkpoint directory, nothing else
-    assert "starting the job again" not in out, out  # healed in place, no job restart
-    for r in victims:
-        assert f"rank {r} killed by signal SIGKILL" in out, out
-        assert f"starting a replacement of rank {r}" in out, out
-        assert f"zeroshard.torch: rank {r} joined at step" in out, out
+_references = {}
+
+
+def reference(n, heals):
+    """The uninterrupted run with the copies on (zsrun --restarts), or off
+    (no --restarts: healing_loop then runs as a plain loop): the same
+    numbers either way. Launched once per module and kind."""
+    if (n, heals) not in _references:
+        code, out, logs, _ = launch(n, restarts=1 if heals else 0)
+        assert code == 0, out
+        _references[(n, heals)] = logs
+    return _references[(n, heals)]
+
+
+def check_ends(n, logs, ref_logs, out):
+    """Every rank's optimizer state, step count, steps run and lr, and the
+    consolidated params, equal to the reference's bit for bit."""
     ref_end, end = ends(ref_logs), ends(logs)
     for r in range(n):
-        # One end per rank: the victim's first process died before its own.
+        # One end per rank: a victim's first process died before its own.
         assert len(end[r]) == 1, (r, out)
         got, want = end[r][0], ref_end[r][0]
         assert (got["digest"], got["steps"], got["ran"]) == (want["digest"], want["steps"], want["ran"]), (r, got,
@@ -77,6 +80,19 @@ def check_healed(n, kills, victims, reference_heals):
     sha = [l["sha256"] for l in logs[0] if l["event"] == "params"]
     ref_sha = [l["sha256"] for l in ref_logs[0] if l["event"] == "params"]
     assert sha == ref_sha and len(sha) == 1, out
+
+
+def check_healed(n, kills, victims, reference_heals):
+    ref_logs = reference(n, reference_heals)
+    code, out, logs, left = launch(n, *kills)
+    assert code == 0, out
+    assert left == [f"log.{r}" for r in range(n)], left  # no checkpoint directory, nothing else
+    assert "starting the job again" not in out, out  # healed in place, no job restart
+    for r in victims:
+        assert f"rank {r} killed by signal SIGKILL" in out, out
+        assert f"starting a replacement of rank {r}" in out, out
+        assert f"zeroshard.torch: rank {r} joined at step" in out, out
+    check_ends(n, logs, ref_logs, out)
     # Every committed step logged once per process that ran it, with the
     # reference's loss wherever that process computed one.
     ref_loss = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "step"}
@@ -122,15 +138,15 @@ def test_a_rank_and_its_holder_lost_together_end_in_a_named_restart_of_the_job()
     # Ranks 1 and 2 (2 holds 1's copy) in the same update: zsrun starts a
     # replacement of each, but rank 0's heal is impossible; healing_loop
     # says so and exits with 75, zsrun names it and restarts the job whole,
-    # which runs clean (the kills are the first attempt's) to the end.
+    # which runs clean (the kills are the first attempt's) from the start
+    # (no checkpoint) to the uninterrupted run's state.
     code, out, logs, left = launch(3, "1:3:update", "2:3:update", restarts=3)
     assert code == 0, out
     assert left == [f"log.{r}" for r in range(3)], left
     assert "zeroshard.torch healing_loop: rank 0: healing is impossible" in out, out
     assert "zsrun: healing impossible: rank 0 exited with status 75 (ZS_ERR_STATE_LOST)" in out, out
     assert "restart 1 of 3: starting the job again with 3 ranks" in out, out
-    for r, end in ends(logs).items():
-        assert len(end) == 1 and end[0]["steps"] == STEPS and end[0]["ran"] == STEPS, (r, end, out)
+    check_ends(3, logs, reference(3, False), out)
 
 
 def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_path):
