@@ -238,10 +238,15 @@ class Run:
         try:
             self.proc.wait(timeout=max(1.0, self.deadline - time.time()))
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.kill()
         self.stderr.close()
         return self.proc.returncode
+
+    def kill(self):
+        """Ends the launch, if it still runs (a bench that failed midway)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def output_tail(self, lines=15):
         with open(self.out + ".zsrun") as f:
@@ -358,9 +363,7 @@ def kills(args, d, reference):
             run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= settle])
         code = run.finish()
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-            run.proc.wait()
+        run.kill()
     ev = run.events()
     e = ends(ev)
     totals = [x["to_next_committed_s"] for x in out]
@@ -401,9 +404,7 @@ def checkpoint_route(args, d):
                                         and e["t"] > t_kill and e["rank"] == 0])
         code = run.finish()
     finally:
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-            run.proc.wait()
+        run.kill()
     ev = run.events()
     saves = [e["seconds"] for e in ev if e["event"] == "saved" and e["rank"] == 0]
     resumed = [e["position"] for e in ev if e["event"] == "resumed" and e["rank"] == 0]
