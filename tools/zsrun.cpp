@@ -49,7 +49,10 @@
 // program does not heal, or the state was lost), the job is restarted as
 // above, the replacements not counted against that; a survivor that exits
 // with ZS_EXIT_STATE_LOST (75: a shard and every copy of it lost together)
-// is named as healing made impossible.
+// is named as healing made impossible. With --spare (a Python command)
+// one more process, `python -m zeroshard.spare CMD-ARGS`, imports the
+// script's modules and waits on its stdin; a lost rank's variables written
+// there make it that rank's replacement, and another spare starts.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -205,6 +208,7 @@ struct Options {
   long restarts = 0;     // attempts after the first
   long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
   bool no_heal = false;  // --no-heal
+  bool spare = false;    // --spare
   bool prefix = true;
   std::vector<char*> command;  // argv of the ranks, null-terminated
 };
@@ -232,6 +236,9 @@ const char kUsage[] =
     "                           runs without it, with at least M ranks\n"
     "  --no-heal                with --restarts: no healing (ZS_HEAL is not\n"
     "                           exported; a failed rank restarts the whole job)\n"
+    "  --spare                  healing a Python command: keep one process warm,\n"
+    "                           its modules imported (python -m zeroshard.spare),\n"
+    "                           to take a lost rank's place\n"
     "  --no-prefix              pass output through without '[rank K] '\n"
     "  -h, --help               show this help\n"
     "\n"
@@ -334,6 +341,8 @@ Options parse_args(int argc, char** argv) {
         usage_error("--min-nproc expects a positive integer, got '%s'", v);
     } else if (arg == "--no-heal") {
       opt.no_heal = true;
+    } else if (arg == "--spare") {
+      opt.spare = true;
     } else if (arg == "--no-prefix") {
       opt.prefix = false;
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -356,6 +365,16 @@ Options parse_args(int argc, char** argv) {
   if (i >= argc) usage_error("no command given after '--'");
   for (; i < argc; ++i) opt.command.push_back(argv[i]);
   opt.command.push_back(nullptr);
+  if (opt.spare && (opt.restarts < 1 || opt.no_heal || opt.min_nproc > 0))
+    usage_error("--spare takes a lost rank's place while the others heal: it needs --restarts R, without "
+                "--no-heal or --min-nproc");
+  if (opt.spare) {
+    const std::string exe = opt.command[0];
+    const std::string base = exe.substr(exe.find_last_of('/') + 1);
+    if (base.rfind("python", 0) != 0)
+      usage_error("--spare warms a Python command (python -m zeroshard.spare SCRIPT ...): '%s' is not a "
+                  "Python interpreter", exe.c_str());
+  }
   return opt;
 }
 
@@ -452,7 +471,22 @@ class Launcher {
   void start_store(const std::vector<std::string>& env);
   void reset_child(pid_t launcher) const;
   void stop_store();
-  bool spawn(Rank& r, const std::vector<std::string>& env);
+  // argv: the command's own unless given; stdin_write: a pipe for the
+  // child's stdin, whose write end is left there.
+  bool spawn(Rank& r, const std::vector<std::string>& env, const std::vector<char*>* argv = nullptr,
+             int* stdin_write = nullptr);
+  // --spare: a process of the command, its modules imported, blocked until
+  // it is told which lost rank it replaces (docs/healing.md, step 7).
+  void start_spare();
+  bool adopt_spare(Rank& r);  // false when there is no live spare to take r's place
+  void end_spare();
+  // The ranks and the spare: whose output is relayed.
+  std::vector<Rank*> all_processes() {
+    std::vector<Rank*> all;
+    for (Rank& r : ranks_) all.push_back(&r);
+    all.push_back(&spare_);
+    return all;
+  }
   std::vector<std::string> base_environment();
   void reap();
   void on_exit(Rank& r, int status);
@@ -472,6 +506,8 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::vector<std::string> base_env_;
   long respawned_ = 0;  // replacements started in this attempt
+  Rank spare_;          // --spare: pid -1 when there is none
+  int spare_in_ = -1;   // write end of the spare's stdin, where its assignment goes
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
   std::string store_path_;
   bool external_store_ = false;
@@ -669,7 +705,72 @@ bool Launcher::spawn_all() {
       env.push_back(std::string(key) + "=" + std::to_string(k));
     if (!spawn(r, env)) return false;
   }
+  if (opt_.spare && heals()) start_spare();
   return true;
+}
+
+void Launcher::start_spare() {
+  spare_ = Rank{};
+  spare_.index = -1;
+  spare_.prefix = "[spare] ";
+  spare_.out.dest = STDOUT_FILENO;
+  spare_.err.dest = STDERR_FILENO;
+  std::vector<std::string> env = base_env_;  // no RANK: it learns it when adopted
+  env.push_back("ZS_HEAL_SPARE=1");
+  std::vector<char*> argv = {opt_.command[0], const_cast<char*>("-m"), const_cast<char*>("zeroshard.spare")};
+  argv.insert(argv.end(), opt_.command.begin() + 1, opt_.command.end());  // the null included
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : kForwardedSignals) sigaddset(&block, sig);
+  sigaddset(&block, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  const bool ok = spawn(spare_, env, &argv, &spare_in_);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  if (!ok) {
+    spare_.pid = -1;
+    spare_.reaped = spare_.group_gone = true;
+  }
+}
+
+bool Launcher::adopt_spare(Rank& r) {
+  if (spare_.pid <= 0 || spare_.reaped || spare_in_ < 0) return false;
+  const int n = r.replacements + 1;
+  const std::string i = std::to_string(r.index);
+  const std::string assignment = "RANK=" + i + "\nLOCAL_RANK=" + i + "\nROLE_RANK=" + i +
+                                 "\nZS_HEAL_REPLACEMENT=" + std::to_string(n) + "\n\n";
+  // Small enough for the pipe's buffer: one write, or the spare is gone.
+  const bool told = write(spare_in_, assignment.data(), assignment.size()) ==
+                    static_cast<ssize_t>(assignment.size());
+  close(spare_in_);
+  spare_in_ = -1;
+  if (!told) return false;
+  if (!r.group_gone && kill(-r.pid, SIGKILL) < 0 && errno == ESRCH) r.group_gone = true;
+  close_stream(r.out, r.prefix);
+  close_stream(r.err, r.prefix);
+  r.replacements = n;
+  ++respawned_;
+  errorf("healing: the spare (pid %d) takes rank %d's place (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the "
+         "other ranks keep running", static_cast<int>(spare_.pid), r.index, n, attempt_ + respawned_,
+         opt_.restarts);
+  r.pid = spare_.pid;
+  r.reaped = r.group_gone = false;
+  r.out.fd = spare_.out.fd;
+  r.out.pending = std::move(spare_.out.pending);
+  r.err.fd = spare_.err.fd;
+  r.err.pending = std::move(spare_.err.pending);
+  start_spare();  // for the next loss
+  return true;
+}
+
+// The job is over (or torn down): the spare reads EOF and exits; its group
+// is signalled too, in case it is still importing.
+void Launcher::end_spare() {
+  if (spare_in_ >= 0) {
+    close(spare_in_);
+    spare_in_ = -1;
+  }
+  if (spare_.pid > 0 && !spare_.group_gone && kill(-spare_.pid, SIGKILL) < 0 && errno == ESRCH)
+    spare_.group_gone = true;
 }
 
 bool Launcher::respawn(Rank& r) {
@@ -697,7 +798,16 @@ bool Launcher::respawn(Rank& r) {
   return ok;
 }
 
-bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
+bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::vector<char*>* argv,
+                     int* stdin_write) {
+  char* const* args = argv ? argv->data() : opt_.command.data();
+  int in[2] = {-1, -1};
+  if (stdin_write && (pipe(in) < 0 || !set_flags(in[0], true, false) || !set_flags(in[1], true, false))) {
+    errorf("cannot create the spare's stdin pipe: %s", strerror(errno));
+    for (int fd : in)
+      if (fd >= 0) close(fd);
+    return false;
+  }
   std::vector<char*> envp;
   for (const std::string& kv : env) envp.push_back(const_cast<char*>(kv.c_str()));
   envp.push_back(nullptr);
@@ -726,8 +836,9 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) {
-    errorf("cannot fork rank %d: %s", r.index, strerror(errno));
-    for (int fd : {out[0], out[1], err[0], err[1]})
+    errorf("cannot fork %s: %s", r.index < 0 ? "the spare" : ("rank " + std::to_string(r.index)).c_str(),
+           strerror(errno));
+    for (int fd : {out[0], out[1], err[0], err[1], in[0], in[1]})
       if (fd >= 0) close(fd);
     return false;
   }
@@ -737,7 +848,9 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
     }
-    if (null_stdin) {
+    if (in[0] >= 0) {
+      dup2(in[0], STDIN_FILENO);
+    } else if (null_stdin) {
       int fd = open("/dev/null", O_RDONLY);
       if (fd >= 0 && fd != STDIN_FILENO) {
         dup2(fd, STDIN_FILENO);
@@ -745,7 +858,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
       }
     }
     environ = envp.data();
-    execvp(opt_.command[0], opt_.command.data());
+    execvp(args[0], args);
     // Reported on the rank's own stderr, so it shows up prefixed with it.
     int e = errno;
     char msg[512];
@@ -762,6 +875,10 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   // it, whichever of parent and child runs first.
   setpgid(pid, pid);
   r.pid = pid;
+  if (in[0] >= 0) {
+    close(in[0]);
+    *stdin_write = in[1];
+  }
   if (opt_.prefix) {
     close(out[1]);
     close(err[1]);
@@ -832,6 +949,19 @@ void Launcher::reap() {
       }
       continue;
     }
+    if (pid == spare_.pid && !spare_.reaped) {
+      spare_.reaped = true;
+      pump(spare_.out, spare_.prefix, 64);
+      pump(spare_.err, spare_.prefix, 64);
+      if (!terminating_ && !all_reaped())
+        errorf("the spare exited (%s %d) before a rank was lost; a lost rank is started afresh instead",
+               WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      if (spare_in_ >= 0) {
+        close(spare_in_);
+        spare_in_ = -1;
+      }
+      continue;
+    }
     for (Rank& r : ranks_)
       if (r.pid == pid && !r.reaped) on_exit(r, status);
   }
@@ -861,6 +991,7 @@ void Launcher::on_exit(Rank& r, int status) {
   // zsstore serves the store (else the store died with it).
   if (heals() && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
       attempt_ + respawned_ < opt_.restarts) {
+    if (adopt_spare(r)) return;
     errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
            "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
     if (respawn(r)) return;
@@ -880,6 +1011,8 @@ void Launcher::on_exit(Rank& r, int status) {
 // Signals the process group of every rank whose group may still have
 // members; skipping empty groups avoids hitting a recycled process id.
 void Launcher::signal_groups(int sig) {
+  if (spare_.pid > 0 && !spare_.group_gone && kill(-spare_.pid, sig) < 0 && errno == ESRCH && spare_.reaped)
+    spare_.group_gone = true;
   for (Rank& r : ranks_) {
     if (r.pid <= 0 || r.group_gone) continue;
     if (kill(-r.pid, sig) < 0 && errno == ESRCH) {
@@ -906,6 +1039,13 @@ bool Launcher::all_reaped() const {
 // ranks' groups or hold their pipes open.
 bool Launcher::leftovers() {
   bool any = false;
+  if (spare_.pid > 0) {
+    if (spare_.out.fd >= 0 || spare_.err.fd >= 0 || !spare_.reaped) any = true;
+    if (!spare_.group_gone) {
+      if (kill(-spare_.pid, 0) < 0 && errno == ESRCH) spare_.group_gone = true;
+      else any = true;
+    }
+  }
   for (Rank& r : ranks_) {
     if (r.out.fd >= 0 || r.err.fd >= 0) any = true;
     if (!r.group_gone && r.pid > 0) {
@@ -994,6 +1134,7 @@ int Launcher::run() {
       if (!all_reaped_seen_) {
         all_reaped_seen_ = true;
         all_reaped_at_ = now;
+        end_spare();  // nothing left for it to replace
       }
       if (!leftovers()) break;
       // Background processes of finished ranks: let them flush, then end them.
@@ -1006,6 +1147,8 @@ int Launcher::run() {
           close_stream(r.out, r.prefix);
           close_stream(r.err, r.prefix);
         }
+        close_stream(spare_.out, spare_.prefix);
+        close_stream(spare_.err, spare_.prefix);
         break;
       }
     }
@@ -1025,8 +1168,8 @@ int Launcher::run() {
     fds.clear();
     streams.clear();
     fds.push_back({g_sigpipe[0], POLLIN, 0});
-    for (Rank& r : ranks_) {
-      for (Stream* s : {&r.out, &r.err}) {
+    for (Rank* r : all_processes()) {
+      for (Stream* s : {&r->out, &r->err}) {
         if (s->fd < 0) continue;
         fds.push_back({s->fd, POLLIN, 0});
         streams.push_back(s);
@@ -1058,8 +1201,8 @@ int Launcher::run() {
       if (fds[k].revents == 0) continue;
       Stream* s = streams[k - 1];
       // Find the owning rank for the prefix (streams are members of ranks).
-      for (Rank& r : ranks_)
-        if (s == &r.out || s == &r.err) pump(*s, r.prefix, 1);
+      for (Rank* r : all_processes())
+        if (s == &r->out || s == &r->err) pump(*s, r->prefix, 1);
     }
   }
 

@@ -17,6 +17,7 @@ starve a heartbeat thread past 0.6 s, and a live rank judged lost fails the
 heal (the fencing of such a rank is not built yet)."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ STEPS = 8
 ENV = dict(ZS_HEARTBEAT_MS="100", ZS_HEARTBEAT_TIMEOUT_MS="1500", ZS_TIMEOUT_MS="30000")
 
 
-def launch(n, *kills, restarts=2):
+def launch(n, *kills, restarts=2, spare=False):
     """(return code, output, {rank: [log lines]}, files left) of the worker
     on n ranks under zsrun --restarts."""
     if not ZSRUN.exists():
@@ -37,6 +38,7 @@ def launch(n, *kills, restarts=2):
     with tempfile.TemporaryDirectory(prefix="zs_heal_") as d:
         out = os.path.join(d, "log")
         flags = ["--restarts", str(restarts)] if restarts else []  # none: no ZS_HEAL, no peer copies
+        flags += ["--spare"] if spare else []
         cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable,
                str(HERE / "heal_worker.py"), out, str(STEPS), *kills]
         proc = subprocess.run(cmd, env=ranks_env(**ENV), capture_output=True, text=True, timeout=240, cwd=d)
@@ -82,15 +84,20 @@ def check_ends(n, logs, ref_logs, out):
     assert sha == ref_sha and len(sha) == 1, out
 
 
-def check_healed(n, kills, victims, reference_heals):
+def check_healed(n, kills, victims, reference_heals, spare=False):
     ref_logs = reference(n, reference_heals)
-    code, out, logs, left = launch(n, *kills)
+    code, out, logs, left = launch(n, *kills, spare=spare)
     assert code == 0, out
     assert left == [f"log.{r}" for r in range(n)], left  # no checkpoint directory, nothing else
     assert "starting the job again" not in out, out  # healed in place, no job restart
     for r in victims:
         assert f"rank {r} killed by signal SIGKILL" in out, out
-        assert f"starting a replacement of rank {r}" in out, out
+        if spare:  # the warm spare took its place: the replacement's pid is the spare's
+            m = re.search(rf"healing: the spare \(pid (\d+)\) takes rank {r}'s place", out)
+            assert m, out
+            assert int(m.group(1)) in {l["pid"] for l in logs[r]}, (m.group(1), out)
+        else:
+            assert f"starting a replacement of rank {r}" in out, out
         assert f"zeroshard.torch: rank {r} joined at step" in out, out
     check_ends(n, logs, ref_logs, out)
     # Every committed step logged once per process that ran it, with the
@@ -132,6 +139,31 @@ def test_four_ranks_heal_rank_0_lost_with_the_store_in_zsstore_and_a_rank_lost_i
     logs = check_healed(4, ["0:3:backward", "3:6:update"], victims=(0, 3), reference_heals=True)
     print(f"kill to next committed step: rank 0 backward {kill_to_commit(logs, 0, 3, 3):.2f} s, "
           f"update {kill_to_commit(logs, 3, 6, 7):.2f} s")
+
+
+def test_a_warm_spare_takes_the_lost_ranks_place():
+    # zsrun --spare: a process with the worker's modules imported (torch,
+    # zeroshard) waits beside the ranks; rank 1, lost in step 2's backward,
+    # is replaced by it, which then starts the next spare; the run ends as
+    # the uninterrupted one, bit for bit.
+    logs = check_healed(3, ["1:2:backward"], victims=(1,), reference_heals=False, spare=True)
+    print(f"kill to next committed step with the spare: {kill_to_commit(logs, 1, 2, 2):.2f} s")
+
+
+def test_the_spare_reads_the_scripts_imports_and_its_assignment(tmp_path):
+    import io
+
+    from zeroshard import spare
+    script = tmp_path / "train.py"
+    script.write_text("import json, os.path\nfrom collections import OrderedDict as O, deque\n"
+                      "def main():\n    import zlib\nfrom . import local\n")
+    assert spare.imported_modules(str(script)) == [("json", ()), ("os.path", ()),
+                                                   ("collections", ("OrderedDict", "deque")), ("zlib", ())]
+    assert spare.read_assignment(io.BytesIO(b"RANK=1\nZS_HEAL_REPLACEMENT=2\n\nlater\n")) == {
+        "RANK": "1", "ZS_HEAL_REPLACEMENT": "2"}
+    assert spare.read_assignment(io.BytesIO(b"RANK=1\n")) is None  # the job ended first
+    with pytest.raises(ValueError, match="expected NAME=value"):
+        spare.read_assignment(io.BytesIO(b"RANK\n\n"))
 
 
 def test_a_rank_and_its_holder_lost_together_end_in_a_named_restart_of_the_job():
