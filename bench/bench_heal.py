@@ -3,7 +3,7 @@ trained by a plain zeroshard.torch loop under `zeroshard.torch.healing_loop`
 on 3 CPU ranks of the real `zsrun --restarts`, loopback.
 
     .venv/bin/python bench/bench_heal.py [--steps 46] [--kills 10] [--seq 64]
-        [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10]
+        [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10] [--spare]
         [--skip steady kills checkpoint torchft]
 
 Scenarios, each its own zsrun launch of 3 ranks (GPT-2 124M, n_positions
@@ -19,7 +19,9 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   rank. The first "on" run is also the reference of the kill run: the same
   steps uninterrupted.
 - **kills**: one launch of --steps steps, `zsrun --restarts --kills+1`
-  with zsstore serving the store (so rank 0 is replaced like any rank).
+  with zsstore serving the store (so rank 0 is replaced like any rank);
+  with --spare, `zsrun --spare` too: a warm process replaces the lost rank
+  (its "replacement started" is then before the kill: negative).
   After 3 committed steps the driver SIGKILLs a random rank (rank 0
   included) at a random time within a step (`random.Random(--seed)`), waits
   until the run is whole again, lets it commit two more steps, and kills
@@ -76,7 +78,7 @@ def worker(args):
     import hashlib
 
     import torch
-    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     import zeroshard.torch as zt
     from zeroshard.torch import heal as zheal
@@ -112,11 +114,11 @@ def worker(args):
     zheal.recover, zheal.join_as_replacement = timed_recover, timed_join
     if args.heal:
         zt.enable_healing()
-    config = transformers.GPT2Config(n_embd=128 if args.small else 768, n_layer=2 if args.small else 12,
+    config = GPT2Config(n_embd=128 if args.small else 768, n_layer=2 if args.small else 12,
                                      n_head=4 if args.small else 12, vocab_size=50257, n_positions=256)
     with zt.Init(config=CONFIG):
         torch.manual_seed(0)
-        model = transformers.GPT2LMHeadModel(config)
+        model = GPT2LMHeadModel(config)
     zt.partition_module(model)
     model.train()
     torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
@@ -300,7 +302,8 @@ def steady(args, d):
 
 def kills(args, d, reference):
     rng = random.Random(args.seed)
-    run = Run(args, d, "kills", ["--restarts", str(args.kills + 1)], ["--heal"])
+    run = Run(args, d, "kills", ["--restarts", str(args.kills + 1)] + (["--spare"] if args.spare else []),
+              ["--heal"])
     out = []
     try:
         committed = run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= 2])
@@ -464,6 +467,8 @@ def main():
     p.add_argument("--pairs", type=int, default=1, help="alternating steady launches with and without copies")
     p.add_argument("--ckpt-every", type=int, default=10)
     p.add_argument("--torchft-kills", type=int, default=3)
+    p.add_argument("--spare", action="store_true",
+                   help="the kill run under zsrun --spare: a warm process, its imports done, replaces the lost rank")
     p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "checkpoint", "torchft"])
     p.add_argument("--launch-timeout", type=float, default=1200)
     p.add_argument("--keep", help="write the launches' logs into this folder (kept) instead of a temporary one")
@@ -476,6 +481,7 @@ def main():
     print(f"GPT-2 {'small check' if args.small else '124M'}, {RANKS} ranks, {args.steps} steps, batch "
           f"{args.batch} x {args.seq} a rank, load average {os.getloadavg()[0]:.1f}", flush=True)
     result = {"bench": "heal", "model": "gpt2-small-check" if args.small else "gpt2-124M", "ranks": RANKS,
+              "spare": args.spare,
               "steps": args.steps, "seq": args.seq, "batch": args.batch, "seed": args.seed,
               "load_average_at_start": os.getloadavg()[0]}
     if args.keep:
