@@ -40,6 +40,25 @@ _context = None
 # zeroshard.torch.enable_healing() was called: ZS_HEAL=auto keeps the peer
 # copies on (heal.py), for a program that trains with healing_loop.
 heal_wanted = [False]
+replacement_joined = [False]  # this process replaced a lost rank and joined (heal.join_as_replacement)
+
+
+def heals(ctx):
+    """Whether the context keeps peer copies (zeroshard.healing.peer_copy
+    resolved on), i.e. a loss can be healed."""
+    return bool(ctx.config.get("zeroshard", {}).get("healing", {}).get("peer_copy"))
+
+
+def is_replacement():
+    """zsrun started this process in a lost rank's place (ZS_HEAL_REPLACEMENT)."""
+    return os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
+
+
+def awaiting_join(ctx):
+    """This process replaces a lost rank and has not joined yet: the
+    survivors wait in the join, so it runs nothing collective (its
+    constructors' reads of partitioned params stay local: _params)."""
+    return not replacement_joined[0] and is_replacement() and heals(ctx)
 _pending = []  # (config, device) of the Init blocks entered before the context exists
 # Called in order, with no argument, once shutdown() closed the context: the
 # modules that keep state of the context register here (on_shutdown), so

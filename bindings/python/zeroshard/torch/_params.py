@@ -32,7 +32,7 @@ import torch.utils.dlpack
 import zeroshard
 
 from . import param_type
-from ._context import get_context, on_shutdown, zs_dtype
+from ._context import awaiting_join, get_context, on_shutdown, zs_dtype
 
 
 class ParamState:
@@ -384,7 +384,6 @@ def fetch_on_access(module):
 def _touch_in_constructor(p):
     frame = constructing[-1]
     ctx = get_context()
-    from .heal import awaiting_join  # heal.py reads this module's params
     if awaiting_join(ctx):
         # A replacement of a lost rank (docs/healing.md, section 3): the
         # survivors wait in the join, so its constructors run no collective;

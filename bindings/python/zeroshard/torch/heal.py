@@ -56,8 +56,7 @@ def enable_healing():
 def heals(ctx=None):
     """Whether the context keeps peer copies (zeroshard.healing.peer_copy
     resolved on), i.e. a loss can be healed."""
-    ctx = ctx or get_context()
-    return bool(ctx.config.get("zeroshard", {}).get("healing", {}).get("peer_copy"))
+    return _context.heals(ctx or get_context())
 
 
 def note_optimizer(opt):
@@ -77,18 +76,7 @@ def before_engine_step(engine):
         engine.heal_set_rank_state(heal_state.dumps(heal_state.rng_state(), "the RNG state"))
 
 
-def is_replacement():
-    return os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
-
-
-_joined = [False]
-
-
-def awaiting_join(ctx):
-    """This process replaces a lost rank and has not joined yet: the
-    survivors wait in the join, so it runs nothing collective (its
-    constructors' reads of partitioned params stay local: _params)."""
-    return not _joined[0] and is_replacement() and heals(ctx)
+is_replacement = _context.is_replacement
 
 
 class StepRecord:
@@ -129,7 +117,7 @@ def join_as_replacement():
         raise RuntimeError("zeroshard.torch: a replacement (ZS_HEAL_REPLACEMENT) joins once its "
                            "ZeroShardOptimizer exists; none was made")
     committed = [o._engine.heal_join() for o in opts]
-    _joined[0] = True
+    _context.replacement_joined[0] = True
     forget_step_in_flight()
     return committed[0]
 
