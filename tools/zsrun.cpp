@@ -954,8 +954,9 @@ void Launcher::reap() {
       pump(spare_.out, spare_.prefix, 64);
       pump(spare_.err, spare_.prefix, 64);
       if (!terminating_ && !all_reaped())
-        errorf("the spare exited (%s %d) before a rank was lost; a lost rank is started afresh instead",
-               WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        errorf("the spare exited (%s %d) while the ranks run; the next lost rank is started afresh instead",
+               WIFSIGNALED(status) ? "signal" : "status",
+               WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
       if (spare_in_ >= 0) {
         close(spare_in_);
         spare_in_ = -1;
