@@ -41,6 +41,18 @@ _context = None
 # copies on (heal.py), for a program that trains with healing_loop.
 heal_wanted = [False]
 replacement_joined = [False]  # this process replaced a lost rank and joined (heal.join_as_replacement)
+_pending = []  # (config, device) of the Init blocks entered before the context exists
+# Called in order, with no argument, once shutdown() closed the context: the
+# modules that keep state of the context register here (on_shutdown), so
+# that this module imports none of them.
+_shutdown_callbacks = []
+# What the modules above this one keep of the context (hook_state.HookState), by
+# class (context_state): one object of each, made on first use, for the
+# context in `_context` or, while there is none, for the one get_context()
+# creates next (a forward's hooks note their step before they create the
+# context). Each owner drops its own in an on_shutdown callback
+# (drop_context_state), and says there what outlives the context.
+_context_state = {}
 
 
 def heals(ctx):
@@ -59,18 +71,6 @@ def awaiting_join(ctx):
     survivors wait in the join, so it runs nothing collective (its
     constructors' reads of partitioned params stay local: _params)."""
     return not replacement_joined[0] and is_replacement() and heals(ctx)
-_pending = []  # (config, device) of the Init blocks entered before the context exists
-# Called in order, with no argument, once shutdown() closed the context: the
-# modules that keep state of the context register here (on_shutdown), so
-# that this module imports none of them.
-_shutdown_callbacks = []
-# What the modules above this one keep of the context (hook_state.HookState), by
-# class (context_state): one object of each, made on first use, for the
-# context in `_context` or, while there is none, for the one get_context()
-# creates next (a forward's hooks note their step before they create the
-# context). Each owner drops its own in an on_shutdown callback
-# (drop_context_state), and says there what outlives the context.
-_context_state = {}
 
 
 def on_shutdown(fn):

@@ -411,14 +411,15 @@ def _touch_in_constructor(p):
 def write_back(params):
     """Rank 0's values of gathered `params` into every rank's shard, then
     release them. Collective."""
-    if not params:
-        return
+    gathered = []
     for p in params:
         if p.zs.scratch:  # a replacement's: nothing gathered, nothing written
             p.zs.scratch = False
             param_type.mark_released(p)
             p.zs.attached = False
-    params = [p for p in params if p.zs.attached]
+        else:
+            gathered.append(p)
+    params = gathered
     if not params:
         return
     for p in params:
