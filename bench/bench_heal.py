@@ -45,7 +45,8 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   if torchft is installed in the venv (else the line says it is not, and how
   to install it).
 
-On this 2-core machine 3 ranks share 2 cores (OMP_NUM_THREADS=1 each):
+On this 2-core machine 3 ranks share 2 cores (OMP_NUM_THREADS=1 each:
+cores / ranks, unless set):
 read the ratios and the parts of a heal, not absolute step times. The last
 line is one JSON object with everything.
 """
@@ -186,15 +187,15 @@ def worker(args):
 # -- driver --
 
 def launch_env(extra):
-    env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "ZS_STORE_PORT", "TORCHELASTIC_RUN_ID",
-              "ZS_LAUNCHER", "ZS_HEAL", "ZS_HEAL_REPLACEMENT"):
+    """The HF Trainer bench's fresh-job environment (the in-tree package and
+    library, cores / ranks kernel threads per rank: one on this 2-core
+    machine), without an enclosing job's healing variables, with this
+    bench's heartbeat."""
+    from bench_hf_trainer import launch_env as fresh_env
+
+    env = fresh_env(RANKS, "zeroshard", warnings="ignore")
+    for k in ("ZS_HEAL", "ZS_HEAL_REPLACEMENT"):
         env.pop(k, None)
-    env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    env.setdefault("OMP_NUM_THREADS", "1")  # 3 ranks on 2 cores
-    env.setdefault("ZS_NUM_THREADS", env["OMP_NUM_THREADS"])
     env.update(HEAL_ENV)
     env.update(extra)
     return env
