@@ -30,7 +30,7 @@ STEPS = 8
 ENV = dict(ZS_HEARTBEAT_MS="100", ZS_HEARTBEAT_TIMEOUT_MS="1500", ZS_TIMEOUT_MS="30000")
 
 
-def launch(n, *kills, restarts=2, spare=False):
+def launch(n, *kills, restarts=2, spare=False, worker="heal_worker.py", steps=STEPS):
     """(return code, output, {rank: [log lines]}, files left) of the worker
     on n ranks under zsrun --restarts."""
     if not ZSRUN.exists():
@@ -40,13 +40,15 @@ def launch(n, *kills, restarts=2, spare=False):
         flags = ["--restarts", str(restarts)] if restarts else []  # none: no ZS_HEAL, no peer copies
         flags += ["--spare"] if spare else []
         cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable,
-               str(HERE / "heal_worker.py"), out, str(STEPS), *kills]
+               str(HERE / worker), out, str(steps), *kills]
         proc = subprocess.run(cmd, env=ranks_env(**ENV), capture_output=True, text=True, timeout=240, cwd=d)
         logs = {}
         for r in range(n):
             if os.path.exists(f"{out}.{r}"):
                 logs[r] = [json.loads(line) for line in open(f"{out}.{r}")]
-        left = sorted(os.listdir(d))
+        # Everything written under the job's folder, folders with a "/".
+        left = sorted(os.path.relpath(os.path.join(root, name), d) + ("/" if name in dirs else "")
+                      for root, dirs, files in os.walk(d) for name in dirs + files)
         return proc.returncode, proc.stdout + proc.stderr, logs, left
 
 
@@ -189,3 +191,67 @@ def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_pa
         assert not _context.heal_wanted[0]
     finally:
         zt.shutdown()
+
+
+TRAINER_STEPS = 80
+
+
+def test_a_plain_hf_trainer_script_heals_three_losses_in_place():
+    """The issue's run: a plain Trainer script (hf_heal_worker.py: GPT-2
+    with dropout, 2 micro-batches a step, logging every 5 steps, no
+    checkpoint saving) on 3 ranks under zsrun --restarts, rank 1 SIGKILLed
+    after step 60 (its bookkeeping done, before its logging: the survivors
+    are in the logging's gather, which the replacement then runs with
+    them), rank 0 in step 25's second backward (not committed: the
+    survivors redo the step's token count and both micro-batches) and rank
+    2 in step 71's update (committed: the survivors go on). Every rank's
+    optimizer state, the consolidated params and rank 0's whole log history
+    (every logged loss, norm, learning rate and epoch, and the run's train
+    loss and FLOPs) equal the uninterrupted run's bit for bit; survivors
+    keep their processes; no job restart; nothing written but the logs."""
+    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=TRAINER_STEPS)
+    assert ref_code == 0, ref_out
+    kills = ["0:25:backward", "1:60:after", "2:71:update"]
+    code, out, logs, left = launch(3, *kills, restarts=3, worker="hf_heal_worker.py", steps=TRAINER_STEPS)
+    assert code == 0, out
+    # No checkpoint: the output folder the Trainer makes stays empty.
+    assert left == [f"log.{r}" for r in range(3)] + ["out/"], left
+    assert "starting the job again" not in out, out
+    for r, (step, where) in enumerate([(25, "backward"), (60, "after"), (71, "update")]):
+        assert f"rank {r} killed by signal SIGKILL" in out, out
+        joined = step - 1 if where == "backward" else step
+        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
+        # Its first process ran up to its kill, the replacement to the
+        # end: no rank was started a third time, so every other process
+        # outlived each heal.
+        pids = list(dict.fromkeys(l["pid"] for l in logs[r]))
+        assert len(pids) == 2, (r, pids)
+        assert [l for l in logs[r] if l["pid"] == pids[0]][-1]["step"] == step, (r, logs[r])
+    ref_end, end = ends(ref_logs), ends(logs)
+    for r in range(3):
+        assert len(end[r]) == 1, (r, out)
+        got, want = end[r][0], ref_end[r][0]
+        assert (got["digest"], got["steps"], got["global_step"], got["lr"]) == \
+            (want["digest"], want["steps"], want["global_step"], want["lr"]), (r, got, want)
+    params = [l for l in logs[0] if l["event"] == "params"]
+    ref_params = [l for l in ref_logs[0] if l["event"] == "params"]
+    assert len(params) == 1 and params[0]["sha256"] == ref_params[0]["sha256"], out
+    history, ref_history = params[0]["log_history"], ref_params[0]["log_history"]
+    timing = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+    strip = lambda h: [{k: v for k, v in e.items() if k not in timing} for e in h]  # noqa: E731
+    assert strip(history) == strip(ref_history), (history, ref_history)
+    assert len([e for e in history if "loss" in e]) == TRAINER_STEPS // 5
+    print("kill to next committed step: " + ", ".join(
+        f"rank {r} {where} {trainer_kill_to_commit(logs, r, step, where):.2f} s"
+        for r, (step, where) in enumerate([(25, "backward"), (60, "after"), (71, "update")])))
+
+
+def trainer_kill_to_commit(logs, victim, step, where):
+    """Seconds from the kill (the victim's last note: its kill, or the
+    start of the step whose update killed it) to the survivors' end of the
+    next step that commits after it (the redone step, or the one after)."""
+    first = logs[victim][0]["pid"]
+    killed = [l["t"] for l in logs[victim] if l["pid"] == first][-1]
+    committed = step if where == "backward" else step + 1
+    return max(l["t"] for r, ls in logs.items() if r != victim for l in ls
+               if l["event"] == "step" and l["step"] == committed) - killed

@@ -35,11 +35,14 @@ models are partitioned frozen beside it (trainer.py).
 from .accelerator import Accelerator
 from .config import resolve_config
 from .pretrained import HfZeroShardConfig
-from ..torch import hf_resize
+from ..torch import heal_dist, hf_resize
 from .schedulers import WarmupDecayLR, WarmupLR
 from .trainer import Seq2SeqTrainer, Trainer, trainer_class
 
 hf_resize.install()  # resize_token_embeddings on partitioned models
+# In a process replacing a lost rank, torch.distributed's init goes over the
+# engine (torch/heal_dist.py): the survivors' Gloo group is gone.
+heal_dist.route_replacement_init()
 
 __all__ = ["Trainer", "Seq2SeqTrainer", "trainer_class", "Accelerator", "resolve_config", "HfZeroShardConfig",
            "WarmupLR", "WarmupDecayLR"]

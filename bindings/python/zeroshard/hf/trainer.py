@@ -15,6 +15,8 @@ from .accelerator import _accelerator_class, checkpoint_optimizer, fsdp_settings
 from .config import _engine_config, resolve_config, warn_not_acted_on
 from .pretrained import _take_over_deepspeed_registration, loading_partitioned
 from .schedulers import SCHEDULERS
+from . import trainer_heal
+from .trainer_heal import HealingTrainerMixin
 
 CHECKPOINT_DIR = "zeroshard"  # the engine's checkpoint inside a Trainer checkpoint folder
 SCHEDULER_NAME = "scheduler.pt"
@@ -106,6 +108,9 @@ class ZeroShardTrainerMixin:
             warn_not_acted_on(config, targs.process_index)
         self.zs_config = config
         engine_config = _engine_config(config)
+        base = mro[mro.index(ZeroShardTrainerMixin) + 1]
+        on_engine = _steps_on_engine(config, targs)
+        trainer_heal.before_context(self, base, on_engine)
         if model is not None and not by_path:
             self._partition(model, engine_config)
         given = list(_frozen_models(call.arguments))
@@ -123,6 +128,7 @@ class ZeroShardTrainerMixin:
                 frozen_model(frozen, engine_config)
             _declare_fused_head(frozen)
         _declare_fused_head(self.model)
+        trainer_heal.after_context(self, base, on_engine)
         # TRL's ds3_gather_for_generation (True by default): generate() in
         # the loop gathers the policy whole when it fits; False: per forward.
         if getattr(targs, "ds3_gather_for_generation", True) is False and self.model is not None:
@@ -200,15 +206,20 @@ class ZeroShardTrainerMixin:
             return data.to(self._zs_dtype)  # as the Trainer casts them for DeepSpeed
         return data
 
-    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
-        # The engine takes the global norm at its step, before clipping.
+    def _zs_grad_norm(self, grad_norm):
+        """The norm to log: the Trainer's, else the engine's, which it takes
+        at its step, before clipping (None after a step cut short by a lost
+        rank: its norm was never returned here)."""
         if grad_norm is None and self.optimizer is not None:
             opt = checkpoint_optimizer([self.optimizer])
             result = getattr(opt if isinstance(opt, zt.ZeroShardOptimizer) else shard_optim.stepper(opt),
                              "last_result", None)
             if result is not None:
                 grad_norm = result["grad_norm"]
-        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+        return grad_norm
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
+        return super()._maybe_log_save_evaluate(tr_loss, self._zs_grad_norm(grad_norm), *args, **kwargs)
 
     # -- saving --
     def _save(self, output_dir=None, state_dict=None):
@@ -435,6 +446,16 @@ def _resumable(checkpoint):
                      + more)
 
 
+def _steps_on_engine(config, args):
+    """Whether create_optimizer makes the engine's AdamW, Adam or SGD (not
+    Muon, nor a torch optimizer stepping the shards)."""
+    section = config.get("optimizer")
+    if section is not None:
+        return str(section.get("type", "")).lower() in _OPTIMIZERS
+    optim = str(getattr(args.optim, "value", args.optim))
+    return optim in _ADAMW_OPTIMS or optim == "sgd"
+
+
 def _optimizer_from_section(section):
     """(kind, hyper-parameters) of the config's "optimizer" section."""
     kind = str(section.get("type", "")).lower()
@@ -619,7 +640,7 @@ def trainer_class(base):
                 return base.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=ignore_keys,
                                             **gen_kwargs)
             attrs["prediction_step"] = prediction_step
-        _classes[base] = type(base.__name__, (ZeroShardTrainerMixin, base), attrs)
+        _classes[base] = type(base.__name__, (HealingTrainerMixin, ZeroShardTrainerMixin, base), attrs)
     return _classes[base]
 
 

@@ -39,6 +39,9 @@ from .hook_state import hook_state, step_done
 
 _optimizers = []  # weakrefs to the ZeroShardOptimizers, in the order made (the engine's)
 _running = [False]  # a healing loop runs: optimizer steps set the per-rank blob
+# What a trainer adds to the per-rank blob (a callable returning JSON-able
+# data: zeroshard.hf's Trainer, its loss and FLOPs since the last log), or None.
+_rank_extras = [None]
 
 
 def enable_healing():
@@ -71,9 +74,34 @@ def optimizers():
 
 def before_engine_step(engine):
     """ZeroShardOptimizer.step begins (its backward done): this rank's RNG
-    states go to the engine as the blob of the step it takes now."""
+    states (and what its trainer adds) go to the engine as the blob of the
+    step it takes now."""
     if _running[0]:
-        engine.heal_set_rank_state(heal_state.dumps(heal_state.rng_state(), "the RNG state"))
+        extras = _rank_extras[0]
+        blob = {"rng": heal_state.rng_state(), "extra": extras() if extras is not None else None}
+        engine.heal_set_rank_state(heal_state.dumps(blob, "this rank's state"))
+
+
+def joined_rank_state(ctx):
+    """In a replacement that joined: the blob its lost predecessor left at
+    the committed step, {"rng": ..., "extra": ...}, or None."""
+    blob = ctx.heal_joined_state("rank")
+    return heal_state.loads(blob) if blob is not None else None
+
+
+class running:
+    """While a trainer that heals runs (a `with` block): each optimizer step
+    sets this rank's blob, with `extras()` in it (None: the RNG alone)."""
+
+    def __init__(self, extras=None):
+        self.extras = extras
+
+    def __enter__(self):
+        _running[0], _rank_extras[0] = True, self.extras
+        return self
+
+    def __exit__(self, *exc):
+        _running[0], _rank_extras[0] = False, None
 
 
 is_replacement = _context.is_replacement
@@ -148,23 +176,33 @@ def forget_step_in_flight():
     detach_views([p for p in params if p.zs is not None])
 
 
+def param_groups_state():
+    """Every ZeroShardOptimizer's param-group hyper-parameters, for the
+    shared state: a schedule changes them, and a replacement starts from
+    the initial ones."""
+    return [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers()]
+
+
+def load_param_groups(saved, who="zeroshard.torch healing_loop"):
+    """param_groups_state() of the survivors, into this replacement's
+    optimizers."""
+    opts = optimizers()
+    if len(saved) != len(opts):
+        raise RuntimeError(f"{who}: the survivors have {len(saved)} ZeroShardOptimizers, this replacement "
+                           f"{len(opts)}")
+    for o, groups in zip(opts, saved):
+        for g, kept in zip(o.param_groups, groups):
+            g.update(kept)
+
+
 def _register_shared(ctx, position, engine_steps, shared):
-    # The optimizers' hyper-parameters too: a schedule changes them, and a
-    # replacement starts from the initial ones.
-    groups = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers()]
-    state = {"position": position, "engine_steps": engine_steps, "param_groups": groups,
+    state = {"position": position, "engine_steps": engine_steps, "param_groups": param_groups_state(),
              "objects": {k: obj.state_dict() for k, obj in shared.items()}}
     ctx.heal_set_shared_state(heal_state.dumps(state, "the shared state"))
 
 
 def _load_shared(shared, state):
-    opts = optimizers()
-    if len(state["param_groups"]) != len(opts):
-        raise RuntimeError(f"zeroshard.torch healing_loop: the survivors have {len(state['param_groups'])} "
-                           f"ZeroShardOptimizers, this replacement {len(opts)}")
-    for o, groups in zip(opts, state["param_groups"]):
-        for g, saved in zip(o.param_groups, groups):
-            g.update(saved)
+    load_param_groups(state["param_groups"])
     objects = state["objects"]
     missing = sorted(set(shared) - set(objects))
     if missing:
@@ -225,9 +263,9 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
     if healing and is_replacement():
         join_as_replacement()
         committed = engine.steps  # C: the loop's optimizer's, whichever was made first
-        blob = ctx.heal_joined_state("rank")
+        blob = joined_rank_state(ctx)
         if blob is not None:
-            heal_state.set_rng_state(heal_state.loads(blob))
+            heal_state.set_rng_state(blob["rng"])
         data = ctx.heal_joined_state("shared")
         if data is not None:
             state = heal_state.loads(data)

@@ -6,7 +6,7 @@ import torch
 
 from . import heal
 from .hook_state import hook_state, step_done, stepping_engines
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, RankLostError
 from ._context import get_context, working_dtype
 
 _log = logging.getLogger("zeroshard")
@@ -149,13 +149,35 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                     bias_correction=group["bias_correction"], use_muon=group["use_muon"],
                     ns_method=group["ns_method"], ns_steps=group["ns_steps"])
 
+    # Set by a trainer that heals in place (zeroshard.hf's Trainer): called
+    # with no argument when a lost rank cuts this step short, it heals, and
+    # returns True when the step committed (nothing left to do here), or
+    # redoes the step's forwards and backwards and returns False (step
+    # again). None: the RankLostError reaches the caller (healing_loop
+    # heals around the whole train_step).
+    on_rank_lost = None
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        heal.before_engine_step(self._engine)  # under healing_loop: this rank's RNG, before the step can commit
+        while True:
+            try:
+                self._step_engine()
+                return loss
+            except RankLostError:
+                if self.on_rank_lost is None:
+                    raise
+                if self.on_rank_lost():
+                    # Committed by the survivors' agreement: its summary
+                    # (the norm) is the lost step's, which this rank never got.
+                    self.last_result = None
+                    return loss
+
+    def _step_engine(self):
+        heal.before_engine_step(self._engine)  # under healing: this rank's blob, before the step can commit
         engines = stepping_engines([p for group in self.param_groups for p in group["params"]])
         for e in engines:
             e.before_step()
@@ -171,7 +193,6 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         step_done()
         del engines  # else they keep dropped models alive through the collector's run
         settle_dropped()
-        return loss
 
     def _note_skipped(self, attempted):
         self.skipped_steps += 1

@@ -1,0 +1,129 @@
+"""One rank of the Hugging Face Trainer healing tests: a plain Trainer
+script (zeroshard.hf.Trainer, a GPT-2 with dropout from a config, random
+tokens, no checkpoint saving), launched by `zsrun --restarts R`, which a
+rank may leave by SIGKILL.
+
+    python3 hf_heal_worker.py OUT STEPS [KILL ...]
+
+KILL is RANK:STEP:WHERE (STEP counts from 1, as the Trainer's global_step):
+"after" (once step STEP's optimizer step and bookkeeping are done, before
+its logging: a callback's on_step_end), "backward" (in the middle of step
+STEP's second micro-batch's backward, from a hook on the first block's
+output) or "update" (in the engine's optimizer update of step STEP, its
+fault point ZS_FAULT_POINT=update:RANK:STEP). Only a rank's first process
+kills itself. What differs from a user's script is only that, and what it
+writes for the test: each process appends JSON lines to OUT.<rank> (its
+steps with times; at the end its optimizer state's hash and step count,
+and rank 0 the consolidated params' hash and the Trainer's log history).
+"""
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import transformers
+
+import zeroshard.hf
+import zeroshard.torch as zt
+
+VOCAB, SEQ = 96, 16
+CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                "stage3_param_persistence_threshold": "auto"},
+          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+          "train_micro_batch_size_per_gpu": "auto"}
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.ids = torch.randint(2, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main():
+    out, steps = sys.argv[1], int(sys.argv[2])
+    rank = int(os.environ["RANK"])
+    first = os.environ.get("ZS_HEAL_REPLACEMENT", "") in ("", "0") and \
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    kills = [tuple(k.split(":")) for k in sys.argv[3:]]
+    mine = {(int(s), where) for r, s, where in kills if int(r) == rank} if first else set()
+    for s, where in mine:
+        if where == "update":
+            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s}"
+    log = open(f"{out}.{rank}", "a")
+
+    def note(**kv):
+        log.write(json.dumps({"rank": rank, "pid": os.getpid(), "t": time.time(), **kv}) + "\n")
+        log.flush()
+
+    def die(step, where):
+        note(event="kill", step=step, where=where)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    args = transformers.TrainingArguments(
+        output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
+        gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
+        lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, save_strategy="no", report_to=[], seed=0,
+        data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
+    world = int(os.environ["WORLD_SIZE"])
+    data = Tokens(steps * 2 * 2 * world)
+
+    class Scaffold(transformers.TrainerCallback):
+        """The kills, and the steps' times for the test."""
+        micro = 0
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.micro = 0
+            note(event="begin", step=state.global_step + 1)
+
+        def on_substep_end(self, args, state, control, **kw):
+            self.micro += 1
+
+        def on_step_end(self, args, state, control, **kw):
+            note(event="step", step=state.global_step)
+            if (state.global_step, "after") in mine:
+                die(state.global_step, "after")
+
+    scaffold = Scaffold()
+    trainer = zeroshard.hf.Trainer(model=model, args=args, train_dataset=data, callbacks=[scaffold])
+
+    def on_block(module, inputs, output):
+        step = trainer.state.global_step + 1
+        if model.training and (step, "backward") in mine and scaffold.micro == 1:
+            hidden = output[0] if isinstance(output, tuple) else output
+            hidden.register_hook(lambda grad: die(step, "backward"))
+
+    model.transformer.h[0].register_forward_hook(on_block)
+    trainer.train()
+
+    # This rank's optimizer state (fp32 masters and moments of its shards)
+    # and step count, hashed; rank 0: the consolidated params and the log.
+    z = trainer.optimizer.state_dict()["zeroshard"]
+    h = hashlib.sha256()
+    for index in sorted(z["shards"]):
+        for slot in sorted(z["shards"][index]):
+            h.update(z["shards"][index][slot].numpy().tobytes())
+    state = zt.consolidated_state_dict(trainer.model)
+    if rank == 0:
+        p = hashlib.sha256()
+        for k in sorted(state):
+            p.update(k.encode())
+            p.update(state[k].detach().contiguous().numpy().tobytes())
+        note(event="params", sha256=p.hexdigest(), log_history=trainer.state.log_history)
+    note(event="end", digest=h.hexdigest(), steps=z["steps"], global_step=trainer.state.global_step,
+         lr=trainer.optimizer.param_groups[0]["lr"])
+    zt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

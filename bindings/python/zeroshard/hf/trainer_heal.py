@@ -1,0 +1,353 @@
+"""zeroshard.hf.Trainer heals a lost rank in place (docs/healing.md, section
+3, landing step 5): under `zsrun --restarts` a plain Trainer script, unchanged,
+loses a rank and goes on with a replacement that zsrun starts with its id,
+the survivors' processes kept and nothing read from disk.
+
+Survivors. Every engine call after a loss raises RankLostError, and so does
+torch.distributed, which runs over the engine's world group while healing
+(torch/heal_dist.py). Where the Trainer's step is cut short:
+- in the token count's gather that opens a step (_get_num_items_in_batch),
+  in a micro-batch's forward or backward (training_step), or in the
+  optimizer step before it commits: heal (zeroshard.torch.heal.recover),
+  then redo the step so far with the same batches and RNG: the count's
+  gather, every micro-batch's training_step, then the cut one (the losses
+  the Trainer already added are not added again);
+- in the optimizer step after it committed (the survivors' agreement says
+  so): heal, and the Trainer goes on as after any step;
+- in the logging, evaluation or save after a step
+  (_maybe_log_save_evaluate): heal, and run it again with the replacement.
+
+The replacement runs the same script from the top. Its model is built
+without a collective or a disk read; train() creates the optimizer, joins
+(the engine hands it its shards from its holder's copy), and resumes
+through the Trainer's own resume path: a folder holding only
+trainer_state.json (the survivors' TrainerState), in /dev/shm where there
+is one; the scheduler, the optimizers' hyper-parameters and this rank's RNG
+come from the heal, not the folder. The survivors' state says where they
+are: after a step's bookkeeping ("next"), inside its logging ("log"), or
+one step behind (the loss came in the update of a step that committed):
+the replacement then does that step's bookkeeping and logging itself, so
+that its collectives line up with the survivors'.
+
+Heals: transformers.Trainer itself (not its subclasses from other
+libraries: their steps run collectives this module does not redo), with
+the engine's optimizer (AdamW, Adam or SGD) and the model partitioned by
+this Trainer or under zeroshard's Init, when the context keeps peer copies
+(zsrun --restarts, ZS_HEAL=auto; section 1).
+"""
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import transformers
+
+from .. import torch as zt
+from ..errors import RankLostError, StateLostError
+from ..torch import _context, heal, heal_dist, heal_state
+
+HEAL_FOLDER_PREFIX = "zeroshard-heal-"
+_ENGINE_KINDS = {"adamw", "adam", "sgd"}
+
+
+def _why_not(trainer, base, engine_optimizer):
+    """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
+    if base is not transformers.Trainer:
+        return f"{base.__name__} is not transformers.Trainer"
+    if trainer._zs_fsdp is not None:
+        return "the FSDP2 route (fsdp=...) steps a torch optimizer"
+    if not engine_optimizer:
+        return "its optimizer is not the engine's AdamW, Adam or SGD"
+    if not all(hasattr(transformers.Trainer, m) for m in ("_run_epoch", "_get_num_items_in_batch")):
+        return f"transformers {transformers.__version__} has no Trainer._run_epoch / _get_num_items_in_batch"
+    return None
+
+
+def before_context(trainer, base, engine_optimizer):
+    """ZeroShardTrainerMixin.__init__, before the model is partitioned:
+    under zsrun --restarts (ZS_HEAL=auto) the peer copies are kept on when
+    this Trainer can heal (zeroshard.torch turns them off otherwise)."""
+    if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None and \
+            _why_not(trainer, base, engine_optimizer) is None:
+        zt.enable_healing()
+
+
+def after_context(trainer, base, engine_optimizer):
+    """Once the context exists: a context with peer copies and a Trainer
+    that can heal route torch.distributed over the engine (on every rank,
+    at the same point) and heal; one that cannot says why, once."""
+    ctx = _context.current_context()
+    if ctx is None or not heal.heals(ctx):
+        return
+    why = _why_not(trainer, base, engine_optimizer)
+    if why is not None:
+        if ctx.rank == 0:
+            print(f"zeroshard.hf: the context keeps peer copies, but this Trainer does not heal a lost rank in "
+                  f"place ({why}): a loss restarts the job from its last checkpoint", file=sys.stderr, flush=True)
+        return
+    heal_dist.use_engine_process_group()
+    trainer._zs_heals = True
+
+
+class _Window:
+    """The optimizer step in progress: what a redo needs."""
+
+    __slots__ = ("before", "opening", "micro", "model")
+
+    def __init__(self, before, opening):
+        self.before = before      # the engine's step count when it began (C if it does not commit)
+        self.opening = opening    # (batch_samples, device) of its token count, or None
+        self.micro = []           # (heal.StepRecord, num_items_in_batch) per micro-batch so far
+        self.model = None
+
+
+class HealingTrainerMixin:
+    """The overrides that heal (module docstring); inert unless
+    self._zs_heals (set by ZeroShardTrainerMixin once the context exists)."""
+
+    _zs_heals = False
+    _zs_window = None
+    _zs_joined = None  # in a replacement, until its first epoch: (shared state, blob, steps behind) of its join
+    _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
+
+    # -- survivors: a step cut short --------------------------------------------
+    def _zs_recover(self, allowed):
+        committed = heal.recover()
+        if committed not in allowed:
+            raise RuntimeError(f"zeroshard.hf.Trainer: healed at optimizer step {committed}, but this rank's step "
+                               f"in progress began at {min(allowed)}")
+        return committed
+
+    def _get_num_items_in_batch(self, *args, **kwargs):
+        if not self._zs_heals:
+            return super()._get_num_items_in_batch(*args, **kwargs)
+        return self._zs_count(*args, **kwargs)
+
+    def _zs_count(self, batch_samples, device):
+        steps = heal.optimizers()[0]._engine.steps
+        self._zs_window = _Window(steps, (batch_samples, device))
+        while True:
+            try:
+                return super()._get_num_items_in_batch(batch_samples, device)
+            except RankLostError:
+                self._zs_recover({steps})
+
+    def training_step(self, *args, **kwargs):
+        if not self._zs_heals:
+            return super().training_step(*args, **kwargs)
+        return self._zs_training_step(*args, **kwargs)
+
+    def _zs_training_step(self, model, inputs, num_items_in_batch=None):
+        w = self._zs_window
+        if w is None:  # a step not opened by the Trainer's count (a caller of training_step itself)
+            w = self._zs_window = _Window(heal.optimizers()[0]._engine.steps, None)
+        w.model = model
+        record = heal.StepRecord(inputs)
+        w.micro.append((record, num_items_in_batch))
+        while True:
+            try:
+                return super().training_step(model, inputs, num_items_in_batch)
+            except RankLostError:
+                self._zs_recover({w.before})
+                self._zs_redo(w, upto=len(w.micro) - 1)
+                record.restore()
+
+    def _zs_redo(self, w, upto):
+        """The window's opening and its first `upto` micro-batches again,
+        after a heal that dropped their gradients; healed again if cut."""
+        while True:
+            try:
+                if w.opening is not None:
+                    super()._get_num_items_in_batch(*w.opening)
+                for record, n in w.micro[:upto]:
+                    record.restore()
+                    super().training_step(w.model, record.batch, n)
+                return
+            except RankLostError:
+                self._zs_recover({w.before})
+
+    def _zs_step_cut_short(self):
+        """ZeroShardOptimizer.on_rank_lost: True when the step committed."""
+        w = self._zs_window
+        before = w.before if w is not None else heal.optimizers()[0]._engine.steps
+        if self._zs_recover({before, before + 1}) == before + 1:
+            return True
+        if w is None:
+            raise RuntimeError("zeroshard.hf.Trainer: a rank was lost in an optimizer step whose forward and "
+                               "backward this Trainer did not run; it cannot be redone")
+        self._zs_redo(w, upto=len(w.micro))
+        return False
+
+    def create_optimizer(self, model=None):
+        opt = super().create_optimizer(model)
+        if self._zs_heals and isinstance(opt, zt.ZeroShardOptimizer):
+            opt.on_rank_lost = self._zs_step_cut_short
+        return opt
+
+    # -- survivors: after a step ---------------------------------------------------
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        if not self._zs_heals:
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+        return self._zs_after_step(*args, **kwargs)
+
+    def _zs_after_step(self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time,
+                       learning_rate=None):
+        self._zs_window = None
+        grad_norm = self._zs_grad_norm(grad_norm)
+        self._zs_register("log", grad_norm=grad_norm, learning_rate=learning_rate, epoch=epoch)
+        steps = heal.optimizers()[0]._engine.steps
+        while True:
+            try:
+                super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                                 start_time, learning_rate=learning_rate)
+                break
+            except RankLostError:
+                self._zs_recover({steps})  # and again, with the replacement
+        self._zs_register("next")
+
+    def _zs_register(self, phase, **log_args):
+        """The state every rank shares, for a replacement: where the
+        survivors are (`phase`), the TrainerState, the schedule, the
+        optimizers' hyper-parameters, the logging's running totals and the
+        control flags; with "log", the logging call's own arguments."""
+        ctx = zt.get_context()
+        state = {"phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
+                 "trainer_state": dataclasses.asdict(self.state),
+                 "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                 "param_groups": heal.param_groups_state(),
+                 "globalstep_last_logged": self._globalstep_last_logged,
+                 "total_loss_scalar": self._total_loss_scalar,
+                 "initial_global_step": self._initial_global_step,
+                 "initial_num_input_tokens_seen": self._initial_num_input_tokens_seen,
+                 "control": dict(vars(self.control)), "log_args": log_args or None}
+        ctx.heal_set_shared_state(heal_state.dumps(state, "the Trainer's shared state"))
+
+    def _zs_rank_extras(self):
+        """This rank's part of the blob: the loss and FLOPs it summed since
+        the last log (the Trainer's _tr_loss and current_flos)."""
+        tr_loss = getattr(self, "_tr_loss", None)
+        return {"tr_loss": tr_loss.detach().clone() if tr_loss is not None else None,
+                "current_flos": float(getattr(self, "current_flos", 0.0))}
+
+    def _run_epoch(self, *args, **kwargs):
+        if self._zs_heals:
+            if self._zs_joined is not None:
+                self._zs_catch_up(**kwargs)
+            elif not getattr(self, "_zs_registered", False):
+                self._zs_register("next")  # before the first step: a loss in it finds a state to hand over
+            self._zs_registered = True
+        return super()._run_epoch(*args, **kwargs)
+
+    # -- the run ------------------------------------------------------------------
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if not self._zs_heals:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        self._zs_registered = False
+        folder = None
+        try:
+            with heal.running(self._zs_rank_extras):
+                if _context.awaiting_join(zt.get_context()):
+                    folder = self._zs_join()
+                    resume_from_checkpoint = folder
+                return super().train(resume_from_checkpoint, *args, **kwargs)
+        except StateLostError as e:
+            print(f"zeroshard.hf.Trainer: rank {zt.get_context().rank}: healing is impossible: {e}; exiting with "
+                  f"status {heal.EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(heal.EXIT_STATE_LOST) from e
+        finally:
+            if folder is not None:
+                self._zs_heal_folder = None
+                shutil.rmtree(folder, ignore_errors=True)
+
+    # -- the replacement ----------------------------------------------------------
+    def _zs_join(self):
+        """Join the survivors (the optimizer made first, as the join needs
+        it), and write the folder the Trainer resumes from."""
+        if self.optimizer is None:
+            self.create_optimizer()
+        committed = heal.join_as_replacement()
+        ctx = zt.get_context()
+        shared = ctx.heal_joined_state("shared")
+        if shared is None:
+            raise RuntimeError(f"zeroshard.hf.Trainer: joined at step {committed} but the survivors handed no "
+                               "Trainer state (do they run zeroshard.hf.Trainer under the same conditions?)")
+        shared = heal_state.loads(shared)
+        if "trainer_state" not in shared:
+            raise RuntimeError("zeroshard.hf.Trainer: the survivors' state is not a Trainer's (another loop heals "
+                               "there)")
+        behind = committed - shared["engine_steps"]
+        if behind not in (0, 1) or (behind == 1 and shared["phase"] != "next"):
+            raise RuntimeError(f"zeroshard.hf.Trainer: joined at optimizer step {committed}; the survivors' state "
+                               f"is of step {shared['engine_steps']} ({shared['phase']})")
+        data = dict(shared["trainer_state"])
+        if behind:  # the loss came in step C's update, which committed: the Trainer resumes after it
+            data["global_step"] += 1
+        where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        folder = tempfile.mkdtemp(prefix=HEAL_FOLDER_PREFIX, dir=where)
+        with open(os.path.join(folder, transformers.trainer.TRAINER_STATE_NAME), "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)  # as TrainerState.save_to_json writes it
+        self._zs_heal_folder = folder
+        self._zs_joined = (shared, heal.joined_rank_state(ctx), behind)
+        print(f"zeroshard.hf.Trainer: rank {ctx.rank} joined at step {committed}: training goes on at step "
+              f"{committed + 1}", file=sys.stderr, flush=True)
+        return folder
+
+    def _zs_healing_folder(self, checkpoint):
+        return checkpoint is not None and checkpoint == self._zs_heal_folder
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        if self._zs_healing_folder(resume_from_checkpoint):
+            return  # the weights came with the join
+        return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if not self._zs_healing_folder(checkpoint):
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        shared = self._zs_joined[0]
+        heal.load_param_groups(shared["param_groups"], "zeroshard.hf.Trainer")
+        if shared["scheduler"] is not None and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(shared["scheduler"])
+
+    def _load_rng_state(self, checkpoint):
+        if not self._zs_healing_folder(checkpoint):
+            return super()._load_rng_state(checkpoint)
+        blob = heal.joined_rank_state(zt.get_context())
+        if blob is not None:
+            heal_state.set_rng_state(blob["rng"])
+
+    def _zs_catch_up(self, model, trial, epoch, ignore_keys_for_eval, start_time, steps_in_epoch,
+                     steps_trained_in_current_epoch, **_):
+        """The replacement's first epoch begins: the logging totals as the
+        survivors have them, then what they are in the middle of: the
+        bookkeeping of the step that committed in the loss, its logging."""
+        shared, blob, behind = self._zs_joined
+        self._zs_joined = None
+        extra = (blob or {}).get("extra") or {}
+        if extra.get("tr_loss") is not None:
+            self._tr_loss = extra["tr_loss"].to(self._tr_loss.device)
+        self.current_flos = extra.get("current_flos", 0.0)
+        self._globalstep_last_logged = shared["globalstep_last_logged"]
+        self._total_loss_scalar = shared["total_loss_scalar"]
+        # The run's totals are over the survivors' train() call, not from the join.
+        self._initial_global_step = shared["initial_global_step"]
+        self._initial_num_input_tokens_seen = shared["initial_num_input_tokens_seen"]
+        for k, v in shared["control"].items():
+            setattr(self.control, k, v)
+        if behind:
+            # As the Trainer does after an optimizer step (_run_epoch): the
+            # learning rate before the schedule moves, the schedule, the
+            # epoch, the callbacks' step end, then the logging.
+            learning_rate = self._get_learning_rate()
+            self.lr_scheduler.step()
+            self.state.epoch = epoch + steps_trained_in_current_epoch / steps_in_epoch
+            self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
+            self._maybe_log_save_evaluate(self._tr_loss, None, model, trial, epoch, ignore_keys_for_eval, start_time,
+                                          learning_rate=learning_rate)
+        elif shared["phase"] == "log":
+            a = shared["log_args"]
+            self._maybe_log_save_evaluate(self._tr_loss, a["grad_norm"], model, trial, a["epoch"],
+                                          ignore_keys_for_eval, start_time, learning_rate=a["learning_rate"])
+

@@ -1,0 +1,246 @@
+"""torch.distributed's default group over the engine's world group, for
+programs that heal in place (docs/healing.md, section 3, "torch.distributed").
+
+A Hugging Face Trainer gathers through torch.distributed every step (the
+token count of get_batch_samples, the logged loss). A Gloo group cannot
+outlive a lost member: its pairs to the dead rank are gone, a survivor's
+collective fails with a socket error (or waits for Gloo's 30 minute
+timeout), and a replacement cannot rejoin it. Routed over the engine's
+"world" group instead, the same collectives learn of a loss from the
+heartbeat (RankLostError, which the trainer heals like any other), and
+after the heal they run on the engine's reconnected groups with the
+replacement in place, with nothing to rebuild.
+
+- `use_engine_process_group()`: every rank, once the context keeps peer
+  copies, makes this the default group (the Gloo one is destroyed).
+- In a replacement (ZS_HEAL_REPLACEMENT) `route_replacement_init()` makes
+  the program's own init_process_group (Accelerate's, before any context
+  exists) give this group at once, without a rendezvous: the survivors' old
+  group is gone and they wait in the heal.
+
+What it carries: all_reduce, all_gather (both forms), broadcast and
+barrier of CPU tensors, the small control-plane collectives of trainers
+(its all_reduce is an all-gather and a sum in rank order, the same bits on
+every rank). Others raise NotImplementedError naming them. Until a
+replacement has joined, a barrier passes at once (the survivors passed it
+long ago) and any other collective is refused by name.
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from . import _context
+
+BACKEND = "zeroshard"
+_registered = [False]
+
+
+class _Done(dist._Work):
+    """A collective that finished before its Work was returned."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._future = Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+def _bytes(t):
+    return t.reshape(-1).view(torch.uint8)
+
+
+class EngineProcessGroup(dist.ProcessGroup):
+    """The default group of a healing program: collectives over the engine's
+    world group (module docstring)."""
+
+    def __init__(self, rank, size):
+        super().__init__(rank, size)
+
+    def getBackendName(self):
+        return BACKEND
+
+    # -- the engine ---------------------------------------------------------
+    def _world(self, what):
+        ctx = _context.current_context()
+        if ctx is None or _context.awaiting_join(ctx):
+            raise RuntimeError(f"zeroshard: torch.distributed {what} in a replacement before it joined the "
+                               "survivors (they wait in the heal and run no such collective): the program's "
+                               "collectives before the model is built cannot be replayed")
+        if ctx.world_size != self.size():
+            raise RuntimeError(f"zeroshard: torch.distributed {what}: the engine's world has {ctx.world_size} "
+                               f"ranks, this group {self.size()}")
+        return ctx
+
+    def _gather_bytes(self, what, tensor):
+        """Every rank's `tensor` (same shape and dtype everywhere), stacked in
+        rank order: one engine all-gather of its bytes."""
+        ctx = self._world(what)
+        src = tensor.detach().to("cpu").contiguous()
+        out = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
+        n = src.numel() * src.element_size()
+        if n:
+            with ctx.group("world") as world, world.allgather(_bytes(src), _bytes(out), n, "uint8") as work:
+                work.wait()
+        return out
+
+    # -- torch.distributed's entry points -------------------------------------
+    def allgather(self, output_lists, inputs, opts=None):
+        if len(inputs) != 1:
+            raise NotImplementedError("zeroshard: torch.distributed all_gather of several tensors per rank")
+        parts = self._gather_bytes("all_gather", inputs[0])
+        for out, part in zip(output_lists[0], parts):
+            out.copy_(part)
+        return _Done(output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        parts = self._gather_bytes("all_gather_into_tensor", input)
+        output.copy_(parts.reshape(output.shape))
+        return _Done(output)
+
+    def allreduce(self, tensors, opts=None):
+        if len(tensors) != 1:
+            raise NotImplementedError("zeroshard: torch.distributed all_reduce of several tensors")
+        op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        parts = self._gather_bytes("all_reduce", tensors[0])
+        tensors[0].copy_(_reduce(parts, op))
+        return _Done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        if len(tensors) != 1:
+            raise NotImplementedError("zeroshard: torch.distributed broadcast of several tensors")
+        root = getattr(opts, "rootRank", 0)
+        ctx = self._world("broadcast")
+        t = tensors[0]
+        buf = t.detach().to("cpu").contiguous().clone()
+        n = buf.numel() * buf.element_size()
+        if n:
+            with ctx.group("world") as world, world.broadcast(_bytes(buf), n, "uint8", int(root)) as work:
+                work.wait()
+        t.copy_(buf)
+        return _Done(tensors)
+
+    def barrier(self, opts=None):
+        ctx = _context.current_context()
+        if ctx is None or _context.awaiting_join(ctx):
+            return _Done(None)  # a replacement's: the survivors passed it long ago
+        with ctx.group("world") as world, world.barrier() as work:
+            work.wait()
+        return _Done(None)
+
+    def _refuse(self, what):
+        raise NotImplementedError(f"zeroshard: torch.distributed {what} is not carried by the engine's group that "
+                                  "healing programs use (all_reduce, all_gather, broadcast and barrier are)")
+
+    def reduce_scatter(self, *args, **kwargs):
+        self._refuse("reduce_scatter")
+
+    def _reduce_scatter_base(self, *args, **kwargs):
+        self._refuse("reduce_scatter_tensor")
+
+    def alltoall_base(self, *args, **kwargs):
+        self._refuse("all_to_all")
+
+    def gather(self, *args, **kwargs):
+        self._refuse("gather")
+
+    def scatter(self, *args, **kwargs):
+        self._refuse("scatter")
+
+    def reduce(self, *args, **kwargs):
+        self._refuse("reduce")
+
+    def send(self, *args, **kwargs):
+        self._refuse("send")
+
+    def recv(self, *args, **kwargs):
+        self._refuse("recv")
+
+
+def _reduce(parts, op):
+    """parts[0] op parts[1] op ... in rank order (the same bits on every rank)."""
+    if op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG:
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out += p
+        if op == dist.ReduceOp.AVG:
+            out = out / len(parts) if out.is_floating_point() else out // len(parts)
+        return out
+    if op == dist.ReduceOp.PRODUCT:
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out *= p
+        return out
+    if op == dist.ReduceOp.MAX:
+        return parts.amax(dim=0)
+    if op == dist.ReduceOp.MIN:
+        return parts.amin(dim=0)
+    raise NotImplementedError(f"zeroshard: torch.distributed all_reduce with {op}: SUM, AVG, PRODUCT, MAX and MIN "
+                              "are carried")
+
+
+def _create(store, rank, size, timeout):
+    return EngineProcessGroup(rank, size)
+
+
+def _register():
+    if not _registered[0]:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        _registered[0] = True
+
+
+def is_engine_group():
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == BACKEND
+
+
+def _init(rank, size, timeout=None):
+    _register()
+    # A store no one else reads: the group rendezvouses through the engine.
+    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=rank, world_size=size,
+                            timeout=timeout or datetime.timedelta(minutes=30))
+
+
+def use_engine_process_group():
+    """Make torch.distributed's default group this module's, on every rank
+    at the same point of the program (the context keeps peer copies): the
+    Gloo group torch.distributed had, if any, is destroyed; none is made
+    when torch.distributed was never initialised. Returns whether it is."""
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    if is_engine_group():
+        return True
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    _init(rank, size)
+    return True
+
+
+_original_init = [None]
+
+
+def route_replacement_init():
+    """In a replacement: the program's first init_process_group (say
+    Accelerate's) makes this module's group instead, with the rank and
+    world size of the launcher's environment and no rendezvous. Once."""
+    if _original_init[0] is not None or not _context.is_replacement():
+        return
+    _original_init[0] = dist.init_process_group
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                           *args, **kwargs):
+        rank = rank if rank is not None and rank >= 0 else int(os.environ["RANK"])
+        world_size = world_size if world_size is not None and world_size > 0 else int(os.environ["WORLD_SIZE"])
+        dist.init_process_group = _original_init[0]
+        _init(rank, world_size, timeout)
+
+    dist.init_process_group = init_process_group
