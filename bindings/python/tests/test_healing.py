@@ -212,13 +212,17 @@ def test_a_plain_hf_trainer_script_heals_three_losses_in_place():
     ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=TRAINER_STEPS)
     assert ref_code == 0, ref_out
     kills = ["0:25:backward", "1:60:after", "2:71:update"]
-    code, out, logs, left = launch(3, *kills, restarts=3, worker="hf_heal_worker.py", steps=TRAINER_STEPS)
+    # From warm spares (the script's imports, transformers' included, done):
+    # each takes the routing of torch.distributed over the engine at its start.
+    code, out, logs, left = launch(3, *kills, restarts=3, spare=True, worker="hf_heal_worker.py",
+                                   steps=TRAINER_STEPS)
     assert code == 0, out
     # No checkpoint: the output folder the Trainer makes stays empty.
     assert left == [f"log.{r}" for r in range(3)] + ["out/"], left
     assert "starting the job again" not in out, out
     for r, (step, where) in enumerate([(25, "backward"), (60, "after"), (71, "update")]):
         assert f"rank {r} killed by signal SIGKILL" in out, out
+        assert re.search(rf"healing: the spare \(pid \d+\) takes rank {r}'s place", out), out
         joined = step - 1 if where == "backward" else step
         assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
         # Its first process ran up to its kill, the replacement to the
@@ -255,3 +259,46 @@ def trainer_kill_to_commit(logs, victim, step, where):
     committed = step if where == "backward" else step + 1
     return max(l["t"] for r, ls in logs.items() if r != victim for l in ls
                if l["event"] == "step" and l["step"] == committed) - killed
+
+
+def test_torch_distributed_over_the_engine_carries_a_trainers_collectives_and_refuses_the_rest(tmp_path):
+    """heal_dist's group in a world of one (its use on 3 ranks is the
+    Trainer test's: every count and logged loss gathered through it): the
+    Gloo group replaced, all_reduce by every op, both all_gathers,
+    broadcast, barrier and all_gather_object answered; what it does not
+    carry refused by name; the default group back to Gloo after."""
+    import torch
+    import torch.distributed as dist
+
+    import zeroshard.torch as zt
+    from zeroshard.torch import heal_dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    zt.init_context(rank=0, world_size=1, file_store_path=str(tmp_path / "store"))
+    try:
+        assert heal_dist.use_engine_process_group() and dist.get_backend() == "zeroshard"
+        assert heal_dist.use_engine_process_group()  # once is enough
+        for op, want in ((dist.ReduceOp.SUM, [3.0, -1.5]), (dist.ReduceOp.MAX, [3.0, -1.5]),
+                         (dist.ReduceOp.AVG, [3.0, -1.5]), (dist.ReduceOp.PRODUCT, [3.0, -1.5])):
+            t = torch.tensor([3.0, -1.5])
+            dist.all_reduce(t, op=op)
+            assert t.tolist() == want, op
+        n = torch.tensor(7, dtype=torch.int64)
+        outs = [torch.zeros_like(n)]
+        dist.all_gather(outs, n)
+        assert outs[0].item() == 7
+        flat = torch.zeros(3, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(flat, torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16))
+        assert flat.tolist() == [1.0, 2.0, 3.0]
+        b = torch.arange(4.0)
+        dist.broadcast(b, src=0)
+        dist.barrier()
+        objects = [None]
+        dist.all_gather_object(objects, {"step": 3})
+        assert b.tolist() == [0.0, 1.0, 2.0, 3.0] and objects == [{"step": 3}]
+        with pytest.raises(NotImplementedError, match="reduce_scatter_tensor is not carried"):
+            dist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(1))
+        with pytest.raises(NotImplementedError, match="BAND"):
+            dist.all_reduce(torch.zeros(1, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    finally:
+        zt.shutdown()
+        dist.destroy_process_group()

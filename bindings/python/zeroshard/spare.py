@@ -71,6 +71,11 @@ def main(argv):
         return  # the job ended before a rank was lost
     os.environ.update(env)
     os.environ.pop("ZS_HEAL_SPARE", None)
+    if "zeroshard.hf" in sys.modules:
+        # Its import routed nothing (no rank then): a replacement's
+        # torch.distributed init goes over the engine (torch/heal_dist.py).
+        from zeroshard.torch import heal_dist
+        heal_dist.route_replacement_init()
     sys.argv = [argv[0]] + argv[1:]
     runpy.run_path(script, run_name="__main__")
 

@@ -185,7 +185,8 @@ def _reduce(parts, op):
         return parts.amax(dim=0)
     if op == dist.ReduceOp.MIN:
         return parts.amin(dim=0)
-    raise NotImplementedError(f"zeroshard: torch.distributed all_reduce with {op}: SUM, AVG, PRODUCT, MAX and MIN "
+    name = getattr(getattr(op, "op", op), "name", op)
+    raise NotImplementedError(f"zeroshard: torch.distributed all_reduce with {name}: SUM, AVG, PRODUCT, MAX and MIN "
                               "are carried")
 
 
