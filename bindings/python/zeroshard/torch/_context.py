@@ -142,10 +142,11 @@ def init_context(config=None, timeout_ms=0, **kwargs):
 
 def _heal_auto_only_where_wanted():
     """zsrun --restarts exports ZS_HEAL=auto: peer copies on wherever they
-    can act. Only zeroshard.torch.healing_loop heals a Python loop (the HF
-    Trainer and Lightning: landing step 5 of docs/healing.md); elsewhere the
-    copies would cost every step for a loss that restarts the job anyway:
-    off here, said once, unless the program called enable_healing() first.
+    can act. A Python loop heals through zeroshard.torch.healing_loop or
+    zeroshard.hf.Trainer (which calls enable_healing() itself; Lightning:
+    not yet, docs/healing.md); elsewhere the copies would cost every step
+    for a loss that restarts the job anyway: off here, said once, unless the
+    program called enable_healing() first.
     ZS_HEAL=1 or a config that turns the copies on is the user's choice and
     stays."""
     if os.environ.get("ZS_HEAL") != "auto" or heal_wanted[0]:
@@ -153,9 +154,9 @@ def _heal_auto_only_where_wanted():
     os.environ["ZS_HEAL"] = "0"
     if os.environ.get("RANK", "0") == "0":
         print("zeroshard.torch: no peer copies under ZS_HEAL=auto: a lost rank restarts the job from its "
-              "last checkpoint, as before (a loop that heals in place trains with "
-              "zeroshard.torch.healing_loop and calls zeroshard.torch.enable_healing() before the context "
-              "is created)", file=sys.stderr)
+              "last checkpoint, as before (what heals in place: zeroshard.hf.Trainer, and a loop that trains "
+              "with zeroshard.torch.healing_loop and calls zeroshard.torch.enable_healing() before the "
+              "context is created)", file=sys.stderr)
 
 
 def _under_torchrun():
