@@ -35,6 +35,7 @@ the engine's optimizer (AdamW, Adam or SGD) and the model partitioned by
 this Trainer or under zeroshard's Init, when the context keeps peer copies
 (zsrun --restarts, ZS_HEAL=auto; section 1).
 """
+import copy
 import dataclasses
 import json
 import os
@@ -196,7 +197,11 @@ class HealingTrainerMixin:
                        learning_rate=None):
         self._zs_window = None
         grad_norm = self._zs_grad_norm(grad_norm)
-        self._zs_register("log", grad_norm=grad_norm, learning_rate=learning_rate, epoch=epoch)
+        c = self.control
+        saved = None
+        if c.should_log or c.should_evaluate or c.should_save:  # else nothing collective runs before "next"
+            self._zs_register("log", grad_norm=grad_norm, learning_rate=learning_rate, epoch=epoch)
+            saved = self._zs_logging_state(tr_loss)
         steps = heal.optimizers()[0]._engine.steps
         while True:
             try:
@@ -204,8 +209,24 @@ class HealingTrainerMixin:
                                                  start_time, learning_rate=learning_rate)
                 break
             except RankLostError:
-                self._zs_recover({steps})  # and again, with the replacement
+                # Again from its start, with the replacement, which begins
+                # there too (the "log" state registered above).
+                self._zs_recover({steps})
+                self._zs_logging_state(tr_loss, restore=saved)
         self._zs_register("next")
+
+    def _zs_logging_state(self, tr_loss, restore=None):
+        """What the logging, evaluation and save change (the loss summed
+        since the last log, the TrainerState with its log history, the
+        control flags, the running totals): taken, or put back."""
+        if restore is None:
+            return (tr_loss.detach().clone(), copy.deepcopy(self.state), copy.deepcopy(self.control),
+                    self._globalstep_last_logged, self._total_loss_scalar, self.current_flos)
+        loss, state, control, last_logged, total, flos = restore
+        tr_loss.copy_(loss)
+        self.state, self.control = copy.deepcopy(state), copy.deepcopy(control)
+        self._globalstep_last_logged, self._total_loss_scalar, self.current_flos = last_logged, total, flos
+        return restore
 
     def _zs_register(self, phase, **log_args):
         """The state every rank shares, for a replacement: where the
