@@ -9,8 +9,10 @@ KILL is RANK:STEP:WHERE (STEP counts from 1, as the Trainer's global_step):
 "after" (once step STEP's optimizer step and bookkeeping are done, before
 its logging: a callback's on_step_end), "backward" (in the middle of step
 STEP's second micro-batch's backward, from a hook on the first block's
-output) or "update" (in the engine's optimizer update of step STEP, its
-fault point ZS_FAULT_POINT=update:RANK:STEP). Only a rank's first process
+output), "update" (in the engine's optimizer update of step STEP, its
+fault point ZS_FAULT_POINT=update:RANK:STEP) or "eval" (in the evaluation
+after step STEP, at its second batch; $ZS_TEST_EVAL_STEPS > 0 evaluates
+every that many steps on a held-out set). Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
 writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
@@ -37,8 +39,8 @@ CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage
 
 
 class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n):
-        self.ids = torch.randint(2, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(0))
+    def __init__(self, n, seed=0):
+        self.ids = torch.randint(2, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
 
     def __len__(self):
         return len(self.ids)
@@ -67,11 +69,13 @@ def main():
         note(event="kill", step=step, where=where)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    eval_steps = int(os.environ.get("ZS_TEST_EVAL_STEPS", "0"))
     args = transformers.TrainingArguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
         lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, save_strategy="no", report_to=[], seed=0,
-        data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG)
+        data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
+        eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
@@ -80,7 +84,7 @@ def main():
 
     class Scaffold(transformers.TrainerCallback):
         """The kills, and the steps' times for the test."""
-        micro = 0
+        micro = evaluated = 0
 
         def on_step_begin(self, args, state, control, **kw):
             self.micro = 0
@@ -91,11 +95,19 @@ def main():
 
         def on_step_end(self, args, state, control, **kw):
             note(event="step", step=state.global_step)
+            self.evaluated = 0
             if (state.global_step, "after") in mine:
                 die(state.global_step, "after")
 
+        def on_prediction_step(self, args, state, control, **kw):
+            self.evaluated += 1
+            if (state.global_step, "eval") in mine and self.evaluated == 2:
+                die(state.global_step, "eval")
+
     scaffold = Scaffold()
-    trainer = zeroshard.hf.Trainer(model=model, args=args, train_dataset=data, callbacks=[scaffold])
+    held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
+    trainer = zeroshard.hf.Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out,
+                                   callbacks=[scaffold])
 
     def on_block(module, inputs, output):
         step = trainer.state.global_step + 1

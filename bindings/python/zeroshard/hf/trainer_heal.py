@@ -110,8 +110,10 @@ class HealingTrainerMixin:
 
     _zs_heals = False
     _zs_window = None
+    _zs_after = False  # in _maybe_log_save_evaluate (logging, evaluation, save): no step's window
     _zs_joined = None  # in a replacement, until its first epoch: (shared state, blob, steps behind) of its join
     _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
+    _zs_rng = None  # in a replacement: the RNG state once it caught up with the survivors
 
     # -- survivors: a step cut short --------------------------------------------
     def _zs_recover(self, allowed):
@@ -122,7 +124,9 @@ class HealingTrainerMixin:
         return committed
 
     def _get_num_items_in_batch(self, *args, **kwargs):
-        if not self._zs_heals:
+        # Also counted in an evaluation's prediction_step: that one is no
+        # step's opening, and a loss there reruns the whole evaluation.
+        if not self._zs_heals or self._zs_after:
             return super()._get_num_items_in_batch(*args, **kwargs)
         return self._zs_count(*args, **kwargs)
 
@@ -203,26 +207,32 @@ class HealingTrainerMixin:
             self._zs_register("log", grad_norm=grad_norm, learning_rate=learning_rate, epoch=epoch)
             saved = self._zs_logging_state(tr_loss)
         steps = heal.optimizers()[0]._engine.steps
-        while True:
-            try:
-                super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval,
-                                                 start_time, learning_rate=learning_rate)
-                break
-            except RankLostError:
-                # Again from its start, with the replacement, which begins
-                # there too (the "log" state registered above).
-                self._zs_recover({steps})
-                self._zs_logging_state(tr_loss, restore=saved)
+        self._zs_after = True
+        try:
+            while True:
+                try:
+                    super()._maybe_log_save_evaluate(tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                                     start_time, learning_rate=learning_rate)
+                    break
+                except RankLostError:
+                    # Again from its start, with the replacement, which
+                    # begins there too (the "log" state registered above).
+                    self._zs_recover({steps})
+                    self._zs_logging_state(tr_loss, restore=saved)
+        finally:
+            self._zs_after = False
         self._zs_register("next")
 
     def _zs_logging_state(self, tr_loss, restore=None):
         """What the logging, evaluation and save change (the loss summed
         since the last log, the TrainerState with its log history, the
-        control flags, the running totals): taken, or put back."""
+        control flags, the running totals, the RNG): taken, or put back."""
         if restore is None:
             return (tr_loss.detach().clone(), copy.deepcopy(self.state), copy.deepcopy(self.control),
-                    self._globalstep_last_logged, self._total_loss_scalar, self.current_flos)
-        loss, state, control, last_logged, total, flos = restore
+                    self._globalstep_last_logged, self._total_loss_scalar, self.current_flos,
+                    heal_state.rng_state())  # an evaluation's DataLoader draws its seed from it
+        loss, state, control, last_logged, total, flos, rng = restore
+        heal_state.set_rng_state(rng)
         tr_loss.copy_(loss)
         self.state, self.control = copy.deepcopy(state), copy.deepcopy(control)
         self._globalstep_last_logged, self._total_loss_scalar, self.current_flos = last_logged, total, flos
@@ -335,9 +345,8 @@ class HealingTrainerMixin:
     def _load_rng_state(self, checkpoint):
         if not self._zs_healing_folder(checkpoint):
             return super()._load_rng_state(checkpoint)
-        blob = heal.joined_rank_state(zt.get_context())
-        if blob is not None:
-            heal_state.set_rng_state(blob["rng"])
+        if self._zs_rng is not None:  # the survivors' RNG as of now (_zs_catch_up)
+            heal_state.set_rng_state(self._zs_rng)
 
     def _zs_catch_up(self, model, trial, epoch, ignore_keys_for_eval, start_time, steps_in_epoch,
                      steps_trained_in_current_epoch, **_):
@@ -346,6 +355,11 @@ class HealingTrainerMixin:
         bookkeeping of the step that committed in the loss, its logging."""
         shared, blob, behind = self._zs_joined
         self._zs_joined = None
+        # The RNG as the survivors' was at the committed step's optimizer
+        # step, before what it replays draws from it (an evaluation's
+        # DataLoader); HF's _load_rng_state then sets what it left.
+        if blob is not None:
+            heal_state.set_rng_state(blob["rng"])
         extra = (blob or {}).get("extra") or {}
         if extra.get("tr_loss") is not None:
             self._tr_loss = extra["tr_loss"].to(self._tr_loss.device)
@@ -371,4 +385,5 @@ class HealingTrainerMixin:
             a = shared["log_args"]
             self._maybe_log_save_evaluate(self._tr_loss, a["grad_norm"], model, trial, a["epoch"],
                                           ignore_keys_for_eval, start_time, learning_rate=a["learning_rate"])
+        self._zs_rng = heal_state.rng_state()
 
