@@ -36,7 +36,6 @@ read the differences and ratios. Nothing is asserted on time; the last line
 is one JSON object with everything.
 """
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -64,6 +63,7 @@ def worker(args):
     import zeroshard.hf
     import zeroshard.torch as zt
     from bench_hf_trainer import MODELS, POSITIONS, VOCAB
+    from bench_heal import state_digests
 
     rank = int(os.environ["RANK"])
     first = os.environ.get("ZS_HEAL_REPLACEMENT", "") in ("", "0") and \
@@ -112,21 +112,9 @@ def worker(args):
     resume = get_last_checkpoint(out_dir) if args.save_steps and os.path.isdir(out_dir) else None
     note("train", resume=resume)
     trainer.train(resume_from_checkpoint=resume)
-    z = trainer.optimizer.state_dict()["zeroshard"]
-    h = hashlib.sha256()
-    for index in sorted(z["shards"]):
-        for slot in sorted(z["shards"][index]):
-            h.update(z["shards"][index][slot].numpy().tobytes())
-    state = zt.consolidated_state_dict(trainer.model)
-    params = None
-    if rank == 0:
-        p = hashlib.sha256()
-        for k in sorted(state):
-            p.update(k.encode())
-            p.update(state[k].detach().contiguous().numpy().tobytes())
-        params = p.hexdigest()
+    digest, steps, params = state_digests(trainer.optimizer, trainer.model, rank)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    note("end", digest=h.hexdigest(), params=params, losses=losses, steps=z["steps"])
+    note("end", digest=digest, params=params, losses=losses, steps=steps)
     zt.shutdown()
 
 

@@ -248,6 +248,21 @@ ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_
   });
 }
 
+ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs_optimizer h) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    checked_out(found, "found");
+    if (result == nullptr) fail(Code::InvalidArgument, "result is NULL");
+    StepResult r;
+    bool there = false;
+    {
+      const auto held = ctx.lock();
+      there = o.committed_result_locked(&r);
+    }
+    *found = there ? 1 : 0;
+    if (there) fill_result(result, r);  // checks result->size; untouched when not found
+  });
+}
+
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer h) {
   return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
     checked_out(committed_step, "committed_step");

@@ -996,9 +996,17 @@ void Optimizer::plan_locked(OpenStep& open, double total, float nonfinite, float
   r.loss_scale = scale;  // what the last backward was scaled by (step_end gives the next one)
   r.step = step_;
   r.grad_norm = std::sqrt(total) / scale;
-  if (nonfinite > 0.0f || !std::isfinite(r.grad_norm)) {
+  const bool overflow = nonfinite > 0.0f || !std::isfinite(r.grad_norm);
+  if (overflow) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
+  }
+  if (listener_ && last_norm_.step == step_ + 1) {  // a survivor reports it if a loss cuts the step short
+    last_norm_.grad_norm = r.grad_norm;
+    last_norm_.skipped = r.skipped;
+    last_norm_.planned = true;
+  }
+  if (overflow) {
     if (listener_) listener_->after_norm(commits, true, 0.0);
     return;
   }
@@ -1034,7 +1042,21 @@ StepResult Optimizer::roll_forward_locked(const NormResult& seen) {
   r.loss_scale = scaler_.scale();
   r.step = step_;
   last_norm_ = seen;
+  last_norm_.grad_norm = r.grad_norm;
+  last_norm_.skipped = r.skipped;
+  last_norm_.planned = true;
   return r;
+}
+
+bool Optimizer::committed_result_locked(StepResult* out) const {
+  ctx_.expect_locked();
+  const int64_t taken = last_norm_.skipped ? step_ + 1 : step_;  // a skipped step leaves the count
+  if (!last_norm_.planned || last_norm_.step != taken) return false;
+  out->skipped = last_norm_.skipped;
+  out->grad_norm = last_norm_.grad_norm;
+  out->loss_scale = scaler_.scale();
+  out->step = step_;
+  return true;
 }
 
 void Optimizer::apply_update_locked(float grad_scale) {

@@ -186,8 +186,17 @@ class Optimizer {
   struct NormResult {
     int64_t step = 0;
     float sum_squares = 0.0f, nonfinite = 0.0f, commits = 0.0f;
+    // What this rank made of it (plan_locked, here or in the roll-forward):
+    // the step's norm and whether it was skipped; `planned` false until then.
+    double grad_norm = 0.0;
+    bool skipped = false, planned = false;
   };
   const NormResult& last_norm_locked() const { return last_norm_; }
+  // The result of this optimizer's last step, when a loss cut that step
+  // short after it committed (zs_heal_committed_result): false when this
+  // rank never planned it (its norm all-reduce failed and it did not roll
+  // forward), or the last step is not the one planned.
+  bool committed_result_locked(StepResult* out) const;
   // The roll-forward: step steps_locked() + 1 taken with `seen`, the
   // result another survivor obtained when this rank's all-reduce failed
   // (its gradient shards are still final), as begin_locked, the update and

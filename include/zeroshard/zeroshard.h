@@ -1014,6 +1014,13 @@ ZS_API zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step
  * holder was lost too (or rank 0, which serves the store); INVALID_STATE
  * when no rank is lost or healing is off. */
 ZS_API zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
+/* After zs_heal_agree returned C, when C is the step whose
+ * zs_optimizer_step the loss cut short: that step's result as
+ * zs_optimizer_step would have returned it (its norm from this rank's norm
+ * all-reduce, or from the roll-forward), *found 1; *found 0 (result
+ * untouched) when this rank has none for step C (it never got step C's
+ * norm: its step C had returned before the loss). */
+ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs_optimizer opt);
 /* A replacement takes a lost rank's place (landing step 3 of
  * docs/healing.md). The launcher starts a process with the lost rank's id
  * and ZS_HEAL_REPLACEMENT=<n> (the n-th process started for that id: 1

@@ -75,6 +75,27 @@ class Batches:
             yield x[self.rank * per:(self.rank + 1) * per]
 
 
+def digests(opt, model, rank):
+    """(hash of this rank's optimizer state: the fp32 masters and moments of
+    its shards, its step count, on rank 0 the consolidated params' hash else
+    None). Collective (the consolidation). The engine's own digest needs the
+    peer copy, which a run without zsrun --restarts has not."""
+    z = opt.state_dict()["zeroshard"]
+    h = hashlib.sha256()
+    for index in sorted(z["shards"]):
+        for slot in sorted(z["shards"][index]):
+            h.update(z["shards"][index][slot].numpy().tobytes())
+    state = zt.consolidated_state_dict(model)
+    params = None
+    if rank == 0:
+        p = hashlib.sha256()
+        for k in sorted(state):
+            p.update(k.encode())
+            p.update(state[k].detach().contiguous().numpy().tobytes())
+        params = p.hexdigest()
+    return h.hexdigest(), z["steps"], params
+
+
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -140,22 +161,9 @@ def main():
                 yield x
 
     ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
-    # This rank's optimizer state (fp32 masters and moments of its shards)
-    # and step count, hashed: the engine's own digest needs the peer copy,
-    # which a reference run without zsrun --restarts has not.
-    z = opt.state_dict()["zeroshard"]
-    h = hashlib.sha256()
-    for index in sorted(z["shards"]):
-        for slot in sorted(z["shards"][index]):
-            h.update(z["shards"][index][slot].numpy().tobytes())
-    digest, taken = h.hexdigest(), z["steps"]
-    state = zt.consolidated_state_dict(model)
+    digest, taken, params = digests(opt, model, rank)
     if rank == 0:
-        h = hashlib.sha256()
-        for k in sorted(state):
-            h.update(k.encode())
-            h.update(state[k].detach().contiguous().numpy().tobytes())
-        note(event="params", sha256=h.hexdigest())
+        note(event="params", sha256=params)
     note(event="end", ran=ran, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
     zt.shutdown()
 

@@ -10,7 +10,9 @@ KILL is RANK:STEP:WHERE (STEP counts from 1, as the Trainer's global_step):
 its logging: a callback's on_step_end), "backward" (in the middle of step
 STEP's second micro-batch's backward, from a hook on the first block's
 output), "update" (in the engine's optimizer update of step STEP, its
-fault point ZS_FAULT_POINT=update:RANK:STEP) or "eval" (in the evaluation
+fault point ZS_FAULT_POINT=update:RANK:STEP), "norm_allreduce" (in the
+optimizer step, before the gradient norm's all-reduce: not committed, the
+survivors redo the step from their optimizer step) or "eval" (in the evaluation
 after step STEP, at its second batch; $ZS_TEST_EVAL_STEPS > 0 evaluates
 every that many steps on a held-out set). Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
@@ -18,7 +20,6 @@ writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
 and rank 0 the consolidated params' hash and the Trainer's log history).
 """
-import hashlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ import transformers
 
 import zeroshard.hf
 import zeroshard.torch as zt
+from heal_worker import digests
 
 VOCAB, SEQ = 96, 16
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
@@ -57,8 +59,8 @@ def main():
     kills = [tuple(k.split(":")) for k in sys.argv[3:]]
     mine = {(int(s), where) for r, s, where in kills if int(r) == rank} if first else set()
     for s, where in mine:
-        if where == "update":
-            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s}"
+        if where in ("update", "norm_allreduce"):  # the engine's fault points, passed once a step
+            os.environ["ZS_FAULT_POINT"] = f"{where}:{rank}:{s}"
     log = open(f"{out}.{rank}", "a")
 
     def note(**kv):
@@ -118,21 +120,12 @@ def main():
     model.transformer.h[0].register_forward_hook(on_block)
     trainer.train()
 
-    # This rank's optimizer state (fp32 masters and moments of its shards)
-    # and step count, hashed; rank 0: the consolidated params and the log.
-    z = trainer.optimizer.state_dict()["zeroshard"]
-    h = hashlib.sha256()
-    for index in sorted(z["shards"]):
-        for slot in sorted(z["shards"][index]):
-            h.update(z["shards"][index][slot].numpy().tobytes())
-    state = zt.consolidated_state_dict(trainer.model)
+    # This rank's optimizer state and step count, hashed; rank 0: the
+    # consolidated params' hash and the log.
+    digest, taken, params = digests(trainer.optimizer, trainer.model, rank)
     if rank == 0:
-        p = hashlib.sha256()
-        for k in sorted(state):
-            p.update(k.encode())
-            p.update(state[k].detach().contiguous().numpy().tobytes())
-        note(event="params", sha256=p.hexdigest(), log_history=trainer.state.log_history)
-    note(event="end", digest=h.hexdigest(), steps=z["steps"], global_step=trainer.state.global_step,
+        note(event="params", sha256=params, log_history=trainer.state.log_history)
+    note(event="end", digest=digest, steps=taken, global_step=trainer.state.global_step,
          lr=trainer.optimizer.param_groups[0]["lr"])
     zt.shutdown()
 

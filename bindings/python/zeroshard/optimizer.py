@@ -216,6 +216,15 @@ class Optimizer(_Owned):
         check(lib.zs_heal_agree(committed, rolled, self._h))
         return int(committed[0]), bool(rolled[0])
 
+    def heal_committed_result(self):
+        """After heal_agree returned the step a loss cut short (it
+        committed): that step's result as step() would have returned it
+        (zs_heal_committed_result), or None when this rank has none."""
+        r = _new_struct("zs_step_result")
+        found = ffi.new("int*")
+        check(lib.zs_heal_committed_result(r, found, self._h))
+        return self._result(r) if found[0] else None
+
     def heal_join(self):
         """Take in the replacement of a lost rank (zs_heal_join): survivors
         after heal_agree, a replacement (ZS_HEAL_REPLACEMENT set) once its

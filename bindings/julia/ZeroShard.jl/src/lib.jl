@@ -531,6 +531,9 @@ zs_heal_state_digest(hash, source, step, opt, replica) =
 zs_heal_agree(committed_step, rolled_forward, opt) =
     ccall((:zs_heal_agree, libzeroshard), zs_status, (Ref{Int64}, Ref{Cint}, zs_optimizer), committed_step,
           rolled_forward, opt)
+zs_heal_committed_result(result, found, opt) =
+    ccall((:zs_heal_committed_result, libzeroshard), zs_status, (Ref{zs_step_result}, Ref{Cint}, zs_optimizer),
+          result, found, opt)
 zs_heal_join(committed_step, opt) =
     ccall((:zs_heal_join, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
 zs_heal_set_rank_state(opt, data, size) =

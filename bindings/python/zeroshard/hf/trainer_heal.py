@@ -116,8 +116,8 @@ class HealingTrainerMixin:
     _zs_rng = None  # in a replacement: the RNG state once it caught up with the survivors
 
     # -- survivors: a step cut short --------------------------------------------
-    def _zs_recover(self, allowed):
-        committed = heal.recover()
+    def _zs_recover(self, allowed, agreed=None):
+        committed = heal.recover(agreed)
         if committed not in allowed:
             raise RuntimeError(f"zeroshard.hf.Trainer: healed at optimizer step {committed}, but this rank's step "
                                f"in progress began at {min(allowed)}")
@@ -177,7 +177,14 @@ class HealingTrainerMixin:
         """ZeroShardOptimizer.on_rank_lost: True when the step committed."""
         w = self._zs_window
         before = w.before if w is not None else heal.optimizers()[0]._engine.steps
-        if self._zs_recover({before, before + 1}) == before + 1:
+
+        def agreed(committed):
+            # Committed: the replacement logs this step too, with its norm.
+            if committed == before + 1:
+                self._zs_register("next", steps=before,
+                                  committed=heal.optimizers()[0]._engine.heal_committed_result())
+
+        if self._zs_recover({before, before + 1}, agreed) == before + 1:
             return True
         if w is None:
             raise RuntimeError("zeroshard.hf.Trainer: a rank was lost in an optimizer step whose forward and "
@@ -238,13 +245,16 @@ class HealingTrainerMixin:
         self._globalstep_last_logged, self._total_loss_scalar, self.current_flos = last_logged, total, flos
         return restore
 
-    def _zs_register(self, phase, **log_args):
+    def _zs_register(self, phase, steps=None, committed=None, **log_args):
         """The state every rank shares, for a replacement: where the
         survivors are (`phase`), the TrainerState, the schedule, the
         optimizers' hyper-parameters, the logging's running totals and the
-        control flags; with "log", the logging call's own arguments."""
+        control flags; with "log", the logging call's own arguments; with
+        `committed`, the result of the step after it, which a loss cut
+        short once it had committed (`steps`: the step count the state is
+        of, the engine's by default)."""
         ctx = zt.get_context()
-        state = {"phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
+        state = {"phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps if steps is None else steps,
                  "trainer_state": dataclasses.asdict(self.state),
                  "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                  "param_groups": heal.param_groups_state(),
@@ -252,7 +262,7 @@ class HealingTrainerMixin:
                  "total_loss_scalar": self._total_loss_scalar,
                  "initial_global_step": self._initial_global_step,
                  "initial_num_input_tokens_seen": self._initial_num_input_tokens_seen,
-                 "control": dict(vars(self.control)), "log_args": log_args or None}
+                 "control": dict(vars(self.control)), "log_args": log_args or None, "committed": committed}
         ctx.heal_set_shared_state(heal_state.dumps(state, "the Trainer's shared state"))
 
     def _zs_rank_extras(self):
@@ -379,8 +389,9 @@ class HealingTrainerMixin:
             self.lr_scheduler.step()
             self.state.epoch = epoch + steps_trained_in_current_epoch / steps_in_epoch
             self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
-            self._maybe_log_save_evaluate(self._tr_loss, None, model, trial, epoch, ignore_keys_for_eval, start_time,
-                                          learning_rate=learning_rate)
+            result = shared.get("committed")
+            self._maybe_log_save_evaluate(self._tr_loss, result["grad_norm"] if result else None, model, trial, epoch,
+                                          ignore_keys_for_eval, start_time, learning_rate=learning_rate)
         elif shared["phase"] == "log":
             a = shared["log_args"]
             self._maybe_log_save_evaluate(self._tr_loss, a["grad_norm"], model, trial, a["epoch"],

@@ -121,16 +121,20 @@ class StepRecord:
         heal_state.set_rng_state(self.rng)
 
 
-def recover():
+def recover(agreed=None):
     """After RankLostError on a survivor: the agreement on the committed
     step and the replacement's join, for every ZeroShardOptimizer in the
     order made; then the frontend forgets the step cut short. Returns C of
-    the first (each optimizer's own is its `steps` now). StateLostError
-    when a rank and the holder of its copy were lost together."""
+    the first (each optimizer's own is its `steps` now). agreed(C), if
+    given, runs between the two: what it registers as the shared state
+    reaches the replacement. StateLostError when a rank and the holder of
+    its copy were lost together."""
     opts = optimizers()
     if not opts:
         raise RuntimeError("zeroshard.torch.heal.recover(): no ZeroShardOptimizer to heal")
     committed = [o._engine.heal_agree()[0] for o in opts]
+    if agreed is not None:
+        agreed(committed[0])
     for o in opts:
         o._engine.heal_join()
     forget_step_in_flight()

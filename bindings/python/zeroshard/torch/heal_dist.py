@@ -138,33 +138,19 @@ class EngineProcessGroup(dist.ProcessGroup):
             work.wait()
         return _Done(None)
 
-    def _refuse(self, what):
+
+def _refused(what):
+    def refuse(self, *args, **kwargs):
         raise NotImplementedError(f"zeroshard: torch.distributed {what} is not carried by the engine's group that "
                                   "healing programs use (all_reduce, all_gather, broadcast and barrier are)")
+    return refuse
 
-    def reduce_scatter(self, *args, **kwargs):
-        self._refuse("reduce_scatter")
 
-    def _reduce_scatter_base(self, *args, **kwargs):
-        self._refuse("reduce_scatter_tensor")
-
-    def alltoall_base(self, *args, **kwargs):
-        self._refuse("all_to_all")
-
-    def gather(self, *args, **kwargs):
-        self._refuse("gather")
-
-    def scatter(self, *args, **kwargs):
-        self._refuse("scatter")
-
-    def reduce(self, *args, **kwargs):
-        self._refuse("reduce")
-
-    def send(self, *args, **kwargs):
-        self._refuse("send")
-
-    def recv(self, *args, **kwargs):
-        self._refuse("recv")
+# The rest of torch.distributed's entry points, refused by name.
+for _method, _what in (("reduce_scatter", "reduce_scatter"), ("_reduce_scatter_base", "reduce_scatter_tensor"),
+                       ("alltoall_base", "all_to_all"), ("alltoall", "all_to_all"), ("gather", "gather"),
+                       ("scatter", "scatter"), ("reduce", "reduce"), ("send", "send"), ("recv", "recv")):
+    setattr(EngineProcessGroup, _method, _refused(_what))
 
 
 def _reduce(parts, op):

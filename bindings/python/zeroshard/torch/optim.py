@@ -170,10 +170,12 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             except RankLostError:
                 if self.on_rank_lost is None:
                     raise
-                if self.on_rank_lost():
-                    # Committed by the survivors' agreement: its summary
-                    # (the norm) is the lost step's, which this rank never got.
-                    self.last_result = None
+                with torch.enable_grad():  # it may redo the step's forwards and backwards
+                    committed = self.on_rank_lost()
+                if committed:
+                    # Committed by the survivors' agreement: its result as
+                    # this rank's norm all-reduce (or roll-forward) had it.
+                    self.last_result = self._engine.heal_committed_result()
                     return loss
 
     def _step_engine(self):
