@@ -38,6 +38,7 @@ struct Shared {
   std::atomic<int64_t> committed[kMaxWorld];         // each survivor's C (-1: none)
   std::atomic<int> rolled[kMaxWorld];
   std::atomic<int> replica_checked;                  // the victim's holder compared its replica
+  std::atomic<double> norm[kMaxWorld];               // each survivor's zs_heal_committed_result (-1: none)
 };
 
 void build(const RankEnv& env, Model& m) {
@@ -176,6 +177,15 @@ void half_finished(int world, int victim, const std::vector<int>& failing) {
         std::fflush(stdout);
         EXPECT_EQ(committed, 3);
         EXPECT_EQ(rolled, fails ? 1 : 0);
+        // Step 3's result, as step 3's zs_optimizer_step would have given
+        // it: from the all-reduce here, from the roll-forward there.
+        zs_step_result result = ZS_STEP_RESULT_INIT;
+        int found = 0;
+        ZS_ASSERT_OK(zs_heal_committed_result(&result, &found, m.opt));
+        EXPECT_EQ(found, 1);
+        EXPECT_EQ(result.step, 3);
+        EXPECT_EQ(result.skipped, 0);
+        sh->norm[env.rank] = found ? result.grad_norm : -1.0;
         int64_t at = -1;
         EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][3].load()) << "rank " << env.rank << " at C";
         EXPECT_EQ(at, 3);
@@ -191,6 +201,13 @@ void half_finished(int world, int victim, const std::vector<int>& failing) {
       },
       60, {victim});
   EXPECT_EQ(sh->replica_checked.load(), 1);
+  // One norm, bit for bit, whichever way each survivor got it.
+  const int first = victim == 0 ? 1 : 0;
+  EXPECT_GT(sh->norm[first].load(), 0.0);
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    EXPECT_EQ(sh->norm[r].load(), sh->norm[first].load()) << "rank " << r;
+  }
 }
 
 TEST(HealCommit, HalfFinishedNormAllReduceRollsForwardOnThreeRanks) { half_finished(3, 1, {2}); }
