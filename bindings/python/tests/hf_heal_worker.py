@@ -14,7 +14,9 @@ fault point ZS_FAULT_POINT=update:RANK:STEP), "norm_allreduce" (in the
 optimizer step, before the gradient norm's all-reduce: not committed, the
 survivors redo the step from their optimizer step) or "eval" (in the evaluation
 after step STEP, at its second batch; $ZS_TEST_EVAL_STEPS > 0 evaluates
-every that many steps on a held-out set). Only a rank's first process
+every that many steps on a held-out set). $ZS_TEST_PRETRAINED: the model
+from_pretrained from that folder instead, partitioned as it loads (a
+replacement reads nothing). Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
 writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
@@ -78,9 +80,13 @@ def main():
         lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, save_strategy="no", report_to=[], seed=0,
         data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
+    pretrained = os.environ.get("ZS_TEST_PRETRAINED")
+    if pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
+        model = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
+    else:
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
     world = int(os.environ["WORLD_SIZE"])
     data = Tokens(steps * 2 * 2 * world)
 

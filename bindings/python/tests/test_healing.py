@@ -18,6 +18,7 @@ heal (the fencing of such a rank is not built yet)."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -246,9 +247,18 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     survivors redo the step's forwards and backwards from inside their
     optimizer step, then step), rank 3 at the second batch of the
     evaluation after step 40 (the survivors run the logging and the
-    evaluation again from their start, with the replacement). Bitwise as
+    evaluation again from their start, with the replacement). The model
+    comes from_pretrained, partitioned as it loads (the copies kept on for
+    the Trainer that follows; a replacement reads no weights). Bitwise as
     above, the evaluation losses in the log history included."""
-    env = {"ZS_TEST_EVAL_STEPS": "20"}
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
+                                                                 n_layer=2, n_head=2))
+    folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
+    model.save_pretrained(folder)
+    env = {"ZS_TEST_EVAL_STEPS": "20", "ZS_TEST_PRETRAINED": folder}
     steps = 60
     ref_code, ref_out, ref_logs, _ = launch(4, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
     assert ref_code == 0, ref_out
@@ -265,6 +275,9 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     check_trainer_ends(4, logs, ref_logs, out)
     history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
     assert len([e for e in history if "eval_loss" in e]) == steps // 20, history
+    for r in (0, 1, 3):  # each replacement's from_pretrained read no weights
+        assert f"zeroshard: rank {r} replaces a lost rank: load_pretrained(" in out, out
+    shutil.rmtree(folder)
 
 
 def check_trainer_ends(n, logs, ref_logs, out):

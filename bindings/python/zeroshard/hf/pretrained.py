@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from .. import torch as zt
+from . import trainer_heal
 from .config import _engine_config, _load, resolve_sized_autos
 
 _zero3 = [None]  # weakref to the registered config holder (HfZeroShardConfig, or TrainingArguments')
@@ -162,6 +163,7 @@ def _from_pretrained_partitioned(cls, path, config_json, *model_args, **kwargs):
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     engine = resolve_sized_autos(config_json, config)
+    trainer_heal.before_loading()
     with zt.Init(config=_engine_config(engine)):
         model = cls._from_config(config, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
     top, in_file = _weight_files(os.fspath(path), hub)

@@ -31,9 +31,11 @@ that its collectives line up with the survivors'.
 
 Heals: transformers.Trainer itself (not its subclasses from other
 libraries: their steps run collectives this module does not redo), with
-the engine's optimizer (AdamW, Adam or SGD) and the model partitioned by
-this Trainer or under zeroshard's Init, when the context keeps peer copies
-(zsrun --restarts, ZS_HEAL=auto; section 1).
+the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
+copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
+partitions or from_pretrained loads partitioned (both keep the copies on);
+one built under zeroshard.torch.Init by the script itself needs
+zeroshard.torch.enable_healing() first.
 """
 import copy
 import dataclasses
@@ -50,7 +52,6 @@ from ..errors import RankLostError, StateLostError
 from ..torch import _context, heal, heal_dist, heal_state
 
 HEAL_FOLDER_PREFIX = "zeroshard-heal-"
-_ENGINE_KINDS = {"adamw", "adam", "sgd"}
 
 
 def _why_not(trainer, base, engine_optimizer):
@@ -72,6 +73,15 @@ def before_context(trainer, base, engine_optimizer):
     this Trainer can heal (zeroshard.torch turns them off otherwise)."""
     if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None and \
             _why_not(trainer, base, engine_optimizer) is None:
+        zt.enable_healing()
+
+
+def before_loading():
+    """from_pretrained loads partitioned (a zeroshard config registered),
+    before any Trainer exists: under ZS_HEAL=auto the context it makes
+    keeps the peer copies, for the Trainer that follows (which says so if
+    it cannot heal)."""
+    if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None:
         zt.enable_healing()
 
 
