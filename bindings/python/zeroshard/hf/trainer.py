@@ -208,8 +208,8 @@ class ZeroShardTrainerMixin:
 
     def _zs_grad_norm(self, grad_norm):
         """The norm to log: the Trainer's, else the engine's, which it takes
-        at its step, before clipping (None after a step cut short by a lost
-        rank: its norm was never returned here)."""
+        at its step, before clipping (for a step a lost rank cut short once
+        it committed: zs_heal_committed_result's)."""
         if grad_norm is None and self.optimizer is not None:
             opt = checkpoint_optimizer([self.optimizer])
             result = getattr(opt if isinstance(opt, zt.ZeroShardOptimizer) else shard_optim.stepper(opt),
