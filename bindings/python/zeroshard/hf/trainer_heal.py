@@ -102,6 +102,26 @@ def after_context(trainer, base, engine_optimizer):
     trainer._zs_heals = True
 
 
+class _HistoryJSON:
+    """The TrainerState's log history as JSON text, each entry encoded once:
+    the history only grows between two registrations (encoding all of it
+    at every step cost about 10 ms a thousand entries)."""
+
+    PLACEHOLDER = "\u0000zeroshard log history\u0000"
+
+    def __init__(self):
+        self.parts = []
+
+    def text(self, history):
+        for entry in history[len(self.parts):]:
+            self.parts.append(json.dumps(heal_state.encode(entry, "a log entry"), separators=(",", ":")))
+        return "[" + ",".join(self.parts[:len(history)]) + "]"
+
+    def forget(self):
+        """Entries were put back (a logging run again): encode afresh."""
+        self.parts = []
+
+
 class _Window:
     """The optimizer step in progress: what a redo needs."""
 
@@ -124,6 +144,7 @@ class HealingTrainerMixin:
     _zs_joined = None  # in a replacement, until its first epoch: (shared state, blob, steps behind) of its join
     _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
     _zs_rng = None  # in a replacement: the RNG state once it caught up with the survivors
+    _zs_history = None  # _HistoryJSON of the log history registered so far
 
     # -- survivors: a step cut short --------------------------------------------
     def _zs_recover(self, allowed, agreed=None):
@@ -249,6 +270,8 @@ class HealingTrainerMixin:
                     self._globalstep_last_logged, self._total_loss_scalar, self.current_flos,
                     heal_state.rng_state())  # an evaluation's DataLoader draws its seed from it
         loss, state, control, last_logged, total, flos, rng = restore
+        if self._zs_history is not None:
+            self._zs_history.forget()
         heal_state.set_rng_state(rng)
         tr_loss.copy_(loss)
         self.state, self.control = copy.deepcopy(state), copy.deepcopy(control)
@@ -264,8 +287,16 @@ class HealingTrainerMixin:
         short once it had committed (`steps`: the step count the state is
         of, the engine's by default)."""
         ctx = zt.get_context()
+        history = self.state.log_history
+        self.state.log_history = []  # spliced in below, from the entries encoded so far
+        try:
+            trainer_state = dataclasses.asdict(self.state)
+        finally:
+            self.state.log_history = history
+        if self._zs_history is None:
+            self._zs_history = _HistoryJSON()
         state = {"phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps if steps is None else steps,
-                 "trainer_state": dataclasses.asdict(self.state),
+                 "trainer_state": trainer_state, "log_history": _HistoryJSON.PLACEHOLDER,
                  "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                  "param_groups": heal.param_groups_state(),
                  "globalstep_last_logged": self._globalstep_last_logged,
@@ -273,7 +304,9 @@ class HealingTrainerMixin:
                  "initial_global_step": self._initial_global_step,
                  "initial_num_input_tokens_seen": self._initial_num_input_tokens_seen,
                  "control": dict(vars(self.control)), "log_args": log_args or None, "committed": committed}
-        ctx.heal_set_shared_state(heal_state.dumps(state, "the Trainer's shared state"))
+        text = heal_state.dumps(state, "the Trainer's shared state").decode("utf-8")
+        text = text.replace(json.dumps(_HistoryJSON.PLACEHOLDER), self._zs_history.text(history), 1)
+        ctx.heal_set_shared_state(text.encode("utf-8"))
 
     def _zs_rank_extras(self):
         """This rank's part of the blob: the loss and FLOPs it summed since
@@ -333,7 +366,7 @@ class HealingTrainerMixin:
         if behind not in (0, 1) or (behind == 1 and shared["phase"] != "next"):
             raise RuntimeError(f"zeroshard.hf.Trainer: joined at optimizer step {committed}; the survivors' state "
                                f"is of step {shared['engine_steps']} ({shared['phase']})")
-        data = dict(shared["trainer_state"])
+        data = dict(shared["trainer_state"], log_history=shared["log_history"])
         if behind:  # the loss came in step C's update, which committed: the Trainer resumes after it
             data["global_step"] += 1
         where = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
