@@ -102,6 +102,11 @@ def after_context(trainer, base, engine_optimizer):
     trainer._zs_heals = True
 
 
+def _engine():
+    """The engine optimizer whose steps count the Trainer's (its first)."""
+    return heal.optimizers()[0]._engine
+
+
 class _HistoryJSON:
     """The TrainerState's log history as JSON text, each entry encoded once:
     the history only grows between two registrations (encoding all of it
@@ -145,6 +150,7 @@ class HealingTrainerMixin:
     _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
     _zs_rng = None  # in a replacement: the RNG state once it caught up with the survivors
     _zs_history = None  # _HistoryJSON of the log history registered so far
+    _zs_registered = False  # this train() registered its state before its first step
 
     # -- survivors: a step cut short --------------------------------------------
     def _zs_recover(self, allowed, agreed=None):
@@ -162,7 +168,7 @@ class HealingTrainerMixin:
         return self._zs_count(*args, **kwargs)
 
     def _zs_count(self, batch_samples, device):
-        steps = heal.optimizers()[0]._engine.steps
+        steps = _engine().steps
         self._zs_window = _Window(steps, (batch_samples, device))
         while True:
             try:
@@ -178,7 +184,7 @@ class HealingTrainerMixin:
     def _zs_training_step(self, model, inputs, num_items_in_batch=None):
         w = self._zs_window
         if w is None:  # a step not opened by the Trainer's count (a caller of training_step itself)
-            w = self._zs_window = _Window(heal.optimizers()[0]._engine.steps, None)
+            w = self._zs_window = _Window(_engine().steps, None)
         w.model = model
         record = heal.StepRecord(inputs)
         w.micro.append((record, num_items_in_batch))
@@ -207,13 +213,13 @@ class HealingTrainerMixin:
     def _zs_step_cut_short(self):
         """ZeroShardOptimizer.on_rank_lost: True when the step committed."""
         w = self._zs_window
-        before = w.before if w is not None else heal.optimizers()[0]._engine.steps
+        before = w.before if w is not None else _engine().steps
 
         def agreed(committed):
             # Committed: the replacement logs this step too, with its norm.
             if committed == before + 1:
                 self._zs_register("next", steps=before,
-                                  committed=heal.optimizers()[0]._engine.heal_committed_result())
+                                  committed=_engine().heal_committed_result())
 
         if self._zs_recover({before, before + 1}, agreed) == before + 1:
             return True
@@ -244,7 +250,7 @@ class HealingTrainerMixin:
         if c.should_log or c.should_evaluate or c.should_save:  # else nothing collective runs before "next"
             self._zs_register("log", grad_norm=grad_norm, learning_rate=learning_rate, epoch=epoch)
             saved = self._zs_logging_state(tr_loss)
-        steps = heal.optimizers()[0]._engine.steps
+        steps = _engine().steps
         self._zs_after = True
         try:
             while True:
@@ -295,7 +301,7 @@ class HealingTrainerMixin:
             self.state.log_history = history
         if self._zs_history is None:
             self._zs_history = _HistoryJSON()
-        state = {"phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps if steps is None else steps,
+        state = {"phase": phase, "engine_steps": _engine().steps if steps is None else steps,
                  "trainer_state": trainer_state, "log_history": _HistoryJSON.PLACEHOLDER,
                  "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                  "param_groups": heal.param_groups_state(),
@@ -319,7 +325,7 @@ class HealingTrainerMixin:
         if self._zs_heals:
             if self._zs_joined is not None:
                 self._zs_catch_up(**kwargs)
-            elif not getattr(self, "_zs_registered", False):
+            elif not self._zs_registered:
                 self._zs_register("next")  # before the first step: a loss in it finds a state to hand over
             self._zs_registered = True
         return super()._run_epoch(*args, **kwargs)
