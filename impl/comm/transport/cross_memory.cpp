@@ -12,6 +12,7 @@
 
 #include "impl/comm/transport/host_id.h"
 #include "impl/common/env.h"
+#include "impl/common/error.h"
 
 namespace zs {
 namespace {
@@ -71,6 +72,28 @@ bool cross_memory_read(pid_t pid, void* dst, uint64_t from, size_t bytes) {
     bytes -= static_cast<size_t>(got);
   }
   return true;
+}
+
+CrossMemoryAddress cross_memory_address(const void* data, size_t bytes) {
+  return {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
+}
+
+void cross_memory_fetch(pid_t pid, uint64_t epoch_at, void* dst, size_t bytes,
+                        const CrossMemoryAddress& where, int peer, int rank, const std::string& what) {
+  if (where.bytes != bytes)
+    fail(Code::Comm, what, ": rank ", peer, " sent ", where.bytes, " bytes where rank ", rank,
+         " expected ", bytes);
+  uint64_t epoch = 0;
+  if (!cross_memory_read(pid, dst, where.address, bytes) ||
+      !cross_memory_read(pid, &epoch, epoch_at, sizeof(epoch))) {
+    const int err = errno;
+    fail(Code::Comm, what, ": reading ", bytes, " bytes from rank ", peer,
+         "'s memory failed: ", std::strerror(err), " (ZS_CROSS_MEMORY=0 sends everything over TCP)");
+  }
+  // Read after the bytes: unchanged, the sender had not given the
+  // collective up (and freed its memory) before we were done.
+  if (epoch != where.epoch)
+    fail(Code::Comm, what, ": rank ", peer, " abandoned the collective while its memory was being read");
 }
 
 }  // namespace zs

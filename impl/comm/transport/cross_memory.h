@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace zs {
 
@@ -42,6 +43,25 @@ bool cross_memory_reaches(const CrossMemoryHello& mine, const CrossMemoryHello& 
 // Copies bytes at `from` in process pid into dst; false (errno set) when
 // the kernel refuses or the peer is gone.
 bool cross_memory_read(pid_t pid, void* dst, uint64_t from, size_t bytes);
+
+// A large message sent as where it lies: the receiver reads it out of the
+// sender (cross_memory_fetch) and acknowledges, and the sender keeps the
+// memory until then. epoch is the sender's cross_memory_epoch() when it
+// posted.
+struct CrossMemoryAddress {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  uint64_t epoch = 0;
+};
+CrossMemoryAddress cross_memory_address(const void* data, size_t bytes);
+
+// Reads the message `where` names out of rank `peer` (process pid, whose
+// abandon count lives at epoch_at) into dst (`bytes` expected) for rank
+// `rank`. Throws zs::Error (Code::Comm), its text led by `what` (say
+// "allgather on group 'g'"), for a size mismatch, a refused read, or a
+// sender that abandoned the collective while being read.
+void cross_memory_fetch(pid_t pid, uint64_t epoch_at, void* dst, size_t bytes,
+                        const CrossMemoryAddress& where, int peer, int rank, const std::string& what);
 
 // How many times this process has abandoned a collective whose memory peers
 // may be reading. A sender bumps it before any memory of the failed

@@ -20,6 +20,7 @@
 #include "impl/comm/algo/mesh_peers.h"
 #include "impl/comm/transport/cross_memory.h"
 #include "impl/comm/transport/heartbeat.h"
+#include "impl/comm/transport/shared_memory_rings.h"
 #include "impl/comm/store/job_secret.h"
 #include "impl/comm/algo/point_to_point.h"
 #include "impl/common/no_sigpipe.h"
@@ -244,13 +245,45 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   // The group's first collective, #0 (the trainer's are numbered from 1):
   // the job-secret proof when there is a secret, then the cross-memory
-  // check.
+  // check, then the shared-memory rings.
   void check_pairs(const std::string& secret) {
     seq_ = UINT64_MAX;  // run() counts it up to 0
     run("check of the group's connections", [] { return std::string(); }, 0, [&] {
       if (!secret.empty()) prove_pairs(secret);
       connect_cross_memory();
+      if (full_mesh()) connect_shared_memory();
     });
+  }
+
+  // A group whose every pair reads by cross memory moves its messages to
+  // shared-memory rings (shared_memory_rings.h) when every member maps
+  // every peer's inbox: each member says whether it could, to every peer,
+  // so all decide alike. (Messages 4 and 5.)
+  void connect_shared_memory() {
+    const auto count = static_cast<size_t>(size());
+    bool eligible = shared_memory_allowed();
+    for (const int peer : peers_) eligible = eligible && peer_pid_[static_cast<size_t>(peer)] != 0;
+    std::unique_ptr<SharedMemoryRings> rings = eligible ? SharedMemoryRings::create(rank(), size()) : nullptr;
+    const SharedMemoryRings::Hello mine = rings ? rings->hello() : SharedMemoryRings::Hello{};
+    std::vector<SharedMemoryRings::Hello> theirs(count);
+    for (const int peer : peers_) {
+      recv(peer, 4, &theirs[static_cast<size_t>(peer)], sizeof(SharedMemoryRings::Hello));
+      send(peer, 4, &mine, sizeof(SharedMemoryRings::Hello));
+    }
+    wait();
+    uint8_t mapped = rings ? 1 : 0;
+    for (const int peer : peers_) {
+      const auto p = static_cast<size_t>(peer);
+      if (mapped && !rings->attach(peer, theirs[p], peer_epoch_at_[p])) mapped = 0;
+    }
+    std::vector<uint8_t> all(count, 0);
+    for (const int peer : peers_) {
+      recv(peer, 5, &all[static_cast<size_t>(peer)], 1);
+      send(peer, 5, &mapped, 1);
+    }
+    wait();
+    for (const int peer : peers_) mapped = mapped && all[static_cast<size_t>(peer)];
+    if (mapped) rings_ = std::move(rings);
   }
 
   // Which pairs can read each other's memory (cross_memory.h): every
@@ -303,10 +336,11 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // collective's frames, freeing the memory those messages point into,
   // before run() gets to abandon them.
   void send(int peer, uint32_t index, const void* data, size_t bytes) override {
+    if (rings_) return rings_->send(peer, slot(index), data, bytes);
     posting([&] {
       if (by_cross_memory(peer, bytes)) {
         auto& out = cm_sends_.emplace_back();
-        out.where = {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
+        out.where = cross_memory_address(data, bytes);
         post_send(peer, index, &out.where, sizeof(out.where));
         acks_.push_back(ctx_->createUnboundBuffer(&out.ack, 1));
         acks_.back()->recv(peer, slot(index | kAckBit));
@@ -316,6 +350,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     });
   }
   void recv(int peer, uint32_t index, void* data, size_t bytes) override {
+    if (rings_) return rings_->recv(peer, slot(index), data, bytes);
     posting([&] {
       if (by_cross_memory(peer, bytes)) {
         auto& in = cm_recvs_.emplace_back();
@@ -339,6 +374,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     }
   }
   void wait() override {
+    if (rings_) return wait_rings();
     try {
       // Every message and address posted to us arrives whatever we do
       // next (the peers posted them before waiting), so reading and
@@ -357,13 +393,24 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     clear_posted();
   }
 
-  struct Where {
-    uint64_t address = 0;
-    uint64_t bytes = 0;
-    uint64_t epoch = 0;  // the sender's cross_memory_epoch() when it posted
-  };
+  // The wait on the rings, cut short as a Gloo buffer's is (arm).
+  void wait_rings() {
+    bool done = false;
+    try {
+      rings_->clear_interrupt();
+      arm([this] { rings_->interrupt(); });
+      done = rings_->wait(timeout_, name_, op_);
+      watch_.set_abort(nullptr);
+      if (!done) aborted("receive");
+    } catch (...) {
+      watch_.set_abort(nullptr);
+      release_after_failure();
+      throw;
+    }
+  }
+
   struct CrossMemorySend {
-    Where where;
+    CrossMemoryAddress where;
     uint8_t ack = 0;
   };
   struct CrossMemoryRecv {
@@ -371,7 +418,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     uint32_t index = 0;
     void* dst = nullptr;
     size_t bytes = 0;
-    Where where;
+    CrossMemoryAddress where;
     uint8_t ack = 1;
   };
 
@@ -397,26 +444,12 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
     recvs_.back()->recv(peer, slot(index));
   }
   void read_peer(const CrossMemoryRecv& in) {
-    if (in.where.bytes != in.bytes)
-      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer, " sent ", in.where.bytes,
-           " bytes where rank ", rank(), " expected ", in.bytes);
     const auto p = static_cast<size_t>(in.peer);
-    const auto pid = static_cast<pid_t>(peer_pid_[p]);
-    uint64_t epoch = 0;
-    if (!cross_memory_read(pid, in.dst, in.where.address, in.bytes) ||
-        !cross_memory_read(pid, &epoch, peer_epoch_at_[p], sizeof(epoch))) {
-      const int err = errno;
-      fail(Code::Comm, op_, " on group '", name_, "': reading ", in.bytes, " bytes from rank ",
-           in.peer, "'s memory failed: ", std::strerror(err),
-           " (ZS_CROSS_MEMORY=0 sends everything over TCP)");
-    }
-    // Read after the bytes: unchanged, the sender had not given the
-    // collective up (and freed its memory) before we were done.
-    if (epoch != in.where.epoch)
-      fail(Code::Comm, op_, " on group '", name_, "': rank ", in.peer,
-           " abandoned the collective while its memory was being read");
+    cross_memory_fetch(static_cast<pid_t>(peer_pid_[p]), peer_epoch_at_[p], in.dst, in.bytes,
+                       in.where, in.peer, rank(), std::string(op_) + " on group '" + name_ + "'");
   }
   void clear_posted() {
+    if (rings_) rings_->forget();
     acks_.clear();
     recvs_.clear();
     sends_.clear();
@@ -438,6 +471,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   // completion already signalled happens before the free.
   void release_after_failure() {
     cross_memory_abandon();  // before anything posted can be freed
+    if (rings_ && watch_.verdict().empty()) rings_->close();
     if (watch_.verdict().empty()) {
       for (const int p : peers_) ctx_->getPair(p)->close();
     } else {
@@ -576,6 +610,7 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
   std::vector<pid_t> peer_pid_;  // by group rank: 0 unless the pair reads by cross memory
   std::vector<uint64_t> peer_epoch_at_;  // where each such peer's abandon count is
   uint64_t nonce_ = 0;           // read back by the peers to prove the pair
+  std::unique_ptr<SharedMemoryRings> rings_;  // set: every message goes through them
 };
 
 }  // namespace
