@@ -108,7 +108,7 @@ asan_tests() {
 # server thread, a group's collective thread, Gloo's pairs, the kernels'
 # pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
 # a GPU) and zsrun (a launcher without threads of its own).
-tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*:Heal*'
+tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*:Heal*:SharedMemoryRings.*:Ranks/RingsWorld.*'
 
 # The files that hold the suites above (and the canary): the TSan build
 # compiles only these (tests/CMakeLists.txt, ZS_TEST_FILES), which
@@ -119,7 +119,7 @@ tsan_files=(bootstrap_test.cpp checkpoint_direct_io_test.cpp checkpoint_test.cpp
             job_secret_test.cpp kernels_optim_test.cpp loco_test.cpp loss_scaler_test.cpp optimizer_agreement_test.cpp
             optimizer_bf16_states_test.cpp optimizer_external_test.cpp optimizer_muon_test.cpp optimizer_offload_grads_test.cpp
             optimizer_many_test.cpp optimizer_offload_test.cpp optimizer_test.cpp param_offload_test.cpp sanitizer_canary_test.cpp
-            store_test.cpp swapper_test.cpp topology_gather_test.cpp topology_test.cpp train_test.cpp
+            shared_memory_rings_test.cpp store_test.cpp swapper_test.cpp topology_gather_test.cpp topology_test.cpp train_test.cpp
             unregister_test.cpp)
 
 # The tests a zs_tests binary holds that the TSan filter picks.

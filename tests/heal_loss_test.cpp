@@ -88,8 +88,10 @@ void expect_rank_lost(zs_status s, int victim) {
 }
 
 // Every rank runs all-reduces of 1M floats back to back on the world group
-// until one fails; the victim kills itself 400 ms in, in the middle of one
-// (each takes tens of ms here). Every survivor's failing call must be
+// until one fails; the victim kills itself 150 ms after its first one
+// completed, in the middle of a later one (each takes tens of ms here;
+// counted from the first, not from the start, so that a loaded machine
+// cannot kill it before the stream began). Every survivor's failing call must be
 // RANK_LOST naming the victim, within the limit of the kill; later calls of
 // the context fail the same way at once, and destroy returns promptly.
 void killed_mid_allreduce(int world, int victim) {
@@ -103,7 +105,6 @@ void killed_mid_allreduce(int world, int victim) {
         zs_group g = nullptr;
         ZS_ASSERT_OK(zs_context_group(&g, ctx, ZS_GROUP_WORLD));
         std::vector<float> send(1 << 20, 1.0f), recv(send.size());
-        if (env.rank == victim) kill_self_after(sh, std::chrono::milliseconds(400));
         zs_status s = ZS_OK;
         int done = 0;
         const auto t0 = Clock::now();
@@ -113,6 +114,7 @@ void killed_mid_allreduce(int world, int victim) {
           if (s == ZS_OK) s = zs_work_wait(w, ZS_WAIT_FOREVER);
           zs_work_destroy(w);
           ++done;
+          if (env.rank == victim && done == 1 && s == ZS_OK) kill_self_after(sh, std::chrono::milliseconds(150));
         }
         ASSERT_GT(sh->killed_ns.load(), 0) << "the victim never died";
         const double latency = seconds_since_kill(sh);

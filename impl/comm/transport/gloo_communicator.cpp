@@ -395,11 +395,10 @@ class GlooCommunicator final : public Communicator, private PointToPoint {
 
   // The wait on the rings, cut short as a Gloo buffer's is (arm).
   void wait_rings() {
-    bool done = false;
     try {
       rings_->clear_interrupt();
       arm([this] { rings_->interrupt(); });
-      done = rings_->wait(timeout_, name_, op_);
+      const bool done = rings_->wait(timeout_, name_, op_);
       watch_.set_abort(nullptr);
       if (!done) aborted("receive");
     } catch (...) {
