@@ -14,6 +14,9 @@
 //   build/bin/bench_collective_identity [--ranks 2] [--reps 60] [--ops 20] [--only small|big]
 //                                       [--fresh 10] (reps per pair of fresh contexts)
 //                                       [--same 1]   (both sides off: the harness's own bias)
+//                                       [--switch shared-memory] (the sides differ in
+//                                        ZS_SHARED_MEMORY instead, identities on in both:
+//                                        shared-memory rings against Gloo's loopback TCP)
 //
 // Workloads: small collectives, where a per-call cost shows most (fetch +
 // release of one 1 KiB param, of a bucket of 64 such params, an all-reduce
@@ -44,6 +47,7 @@ struct Args {
   int ops = 20;
   int fresh = 10;  // reps per pair of contexts
   bool same = false;  // --same 1: both sides off (an A/A run: the harness's own bias)
+  bool rings = false;  // --switch shared-memory: the sides differ in ZS_SHARED_MEMORY
   int first = 0, last = 5;  // workloads [first, last): --only small (0..2) or big (3, 4)
 };
 
@@ -68,7 +72,9 @@ struct Side {
 
 Side make_side(const Args& a, int rank, int port, bool identities) {
   // Read where each communicator is made: this context's groups keep it.
-  setenv("ZS_COLLECTIVE_CHECK_MS", identities ? "500" : "0", 1);
+  // `identities` names the side that is on, whichever switch it is.
+  setenv("ZS_COLLECTIVE_CHECK_MS", identities || a.rings ? "500" : "0", 1);
+  setenv("ZS_SHARED_MEMORY", identities || !a.rings ? "1" : "0", 1);
   Side s;
   zs_context_options o = ZS_CONTEXT_OPTIONS_INIT;
   o.rank = rank;
@@ -237,13 +243,15 @@ void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
   destroy_side(off);
   if (rank != 0) return;
 
-  std::printf("collective identities %s, %d ranks, %d reps (sides alternate rep by rep; fresh contexts every %d reps)\n",
+  std::printf("%s %s, %d ranks, %d reps (sides alternate rep by rep; fresh contexts every %d reps)\n",
+              a.rings ? "shared-memory rings (ZS_SHARED_MEMORY)" : "collective identities",
               a.same ? "off vs off (--same 1: an A/A run; 'on' names the side that is otherwise on)"
                      : "on vs off",
               a.ranks, a.reps, a.fresh);
   std::printf("  %-34s %6s %11s %11s %14s %12s %12s %9s\n", "workload", "ops", "on us/op",
               "off us/op", "median ratio", "on CPU us", "off CPU us", "CPU ratio");
-  std::string json = "{\"bench\":\"collective_identity\",\"same\":" +
+  std::string json = "{\"bench\":\"collective_identity\",\"switch\":\"" +
+                     std::string(a.rings ? "shared-memory" : "identities") + "\",\"same\":" +
                      std::string(a.same ? "true" : "false") + ",\"ranks\":" + std::to_string(a.ranks) +
                      ",\"reps\":" + std::to_string(a.reps);
   char buf[512];
@@ -303,6 +311,13 @@ int main(int argc, char** argv) {
       }
       a.first = which == "small" ? 0 : 3;
       a.last = which == "small" ? 3 : 5;
+    } else if (k == "--switch") {
+      const std::string which = argv[i + 1];
+      if (which != "identities" && which != "shared-memory") {
+        std::fprintf(stderr, "bench_collective_identity: --switch identities or --switch shared-memory\n");
+        return 2;
+      }
+      a.rings = which == "shared-memory";
     } else if (k == "--same") a.same = v != 0;
     else if (k == "--fresh") a.fresh = v;
     else if (k == "--ranks") a.ranks = v;
@@ -311,7 +326,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "unknown option %s\nusage: bench_collective_identity [--ranks N] [--reps R] "
-                   "[--ops K] [--only small|big] [--fresh F] [--same 1]\n",
+                   "[--ops K] [--only small|big] [--fresh F] [--same 1] [--switch identities|shared-memory]\n",
                    k.c_str());
       return 2;
     }

@@ -60,11 +60,13 @@ char* ring_data(char* inbox, int sender) { return reinterpret_cast<char*>(ring(i
 size_t round8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 void copy_in(char* data, uint64_t at, const void* src, size_t n) {
+  if (n == 0) return;  // src may be null
   const size_t off = at % kRingBytes, first = std::min(n, kRingBytes - off);
   std::memcpy(data + off, src, first);
   std::memcpy(data, static_cast<const char*>(src) + first, n - first);
 }
 void copy_out(void* dst, const char* data, uint64_t at, size_t n) {
+  if (n == 0) return;  // dst may be null
   const size_t off = at % kRingBytes, first = std::min(n, kRingBytes - off);
   std::memcpy(dst, data + off, first);
   std::memcpy(static_cast<char*>(dst) + first, data, n - first);
