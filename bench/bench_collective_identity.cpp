@@ -284,9 +284,9 @@ void run_rank(const Args& a, int rank, const std::vector<int>& ports) {
   std::printf("  identity work on one thread: %.0f ns per collective (1 segment, 40-byte label), "
               "%.0f ns (64 segments, 2.3 KB label)\n",
               id1, id64);
-  std::printf("  = %.3f%% / %.3f%% of the fastest workload here (%.1f us per op, identities off)\n",
+  std::printf("  = %.3f%% / %.3f%% of the fastest workload here (%.1f us per op, %s off)\n",
               100.0 * id1 / 1000.0 / fastest_off_us, 100.0 * id64 / 1000.0 / fastest_off_us,
-              fastest_off_us);
+              fastest_off_us, a.rings ? "rings" : "identities");
   std::snprintf(buf, sizeof buf,
                 ",\"identity_ns_1seg\":%.1f,\"identity_ns_64seg\":%.1f,\"fastest_off_us\":%.3f,"
                 "\"target_ratio\":1.02}",
