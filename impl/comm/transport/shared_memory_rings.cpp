@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -142,7 +144,9 @@ bool SharedMemoryRings::attach(int peer, const Hello& theirs, uint64_t epoch_at)
   p.base = static_cast<char*>(base);
   p.pid = static_cast<pid_t>(theirs.pid);
   p.epoch_at = epoch_at;
-  p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));  // -1: exits go unseen here
+  // -1 where the kernel or a seccomp filter refuses: then an exit is seen
+  // once the launcher has reaped the process (check_peers).
+  p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));
   return true;
 }
 
@@ -284,6 +288,8 @@ void SharedMemoryRings::check_peers(const std::string& what) {
     if (p.pidfd >= 0) {
       fds.push_back({p.pidfd, POLLIN, 0});
       whose.push_back(q);
+    } else if (kill(p.pid, 0) != 0 && errno == ESRCH) {  // no pidfd here: reaped is gone
+      fail(Code::Comm, what, ": rank ", q, "'s process (pid ", p.pid, ") exited");
     }
   }
   if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return;

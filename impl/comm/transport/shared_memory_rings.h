@@ -18,8 +18,9 @@
 // connection checks. Failure: a member whose collective fails marks its
 // inbox closed and wakes its peers, whose waits then fail naming it, as a
 // closed TCP pair would; a peer whose process exited is found within a
-// sleep's slice (20 ms) through its pidfd; an interrupt (the collective
-// watch, a silent member) ends the wait in flight.
+// sleep's slice (20 ms) through its pidfd (or, where pidfds are refused,
+// once reaped); an interrupt (the collective watch, a silent member) ends
+// the wait in flight.
 #pragma once
 
 #include <sys/types.h>
