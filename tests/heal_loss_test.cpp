@@ -91,9 +91,10 @@ void expect_rank_lost(zs_status s, int victim) {
 // until one fails; the victim kills itself 150 ms after its first one
 // completed, in the middle of a later one (each takes tens of ms here;
 // counted from the first, not from the start, so that a loaded machine
-// cannot kill it before the stream began). Every survivor's failing call must be
-// RANK_LOST naming the victim, within the limit of the kill; later calls of
-// the context fail the same way at once, and destroy returns promptly.
+// cannot kill it before the stream began). Every survivor's failing call
+// must be RANK_LOST naming the victim, within the limit of the kill; later
+// calls of the context fail the same way at once, and destroy returns
+// promptly.
 void killed_mid_allreduce(int world, int victim) {
   ShortHeartbeat hb;
   Shared* sh = shared_block();

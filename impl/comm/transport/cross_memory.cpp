@@ -78,11 +78,14 @@ CrossMemoryAddress cross_memory_address(const void* data, size_t bytes) {
   return {reinterpret_cast<uint64_t>(data), bytes, cross_memory_epoch()};
 }
 
+void check_message_bytes(const std::string& what, int peer, uint64_t sent, int rank, uint64_t expected) {
+  if (sent != expected)
+    fail(Code::Comm, what, ": rank ", peer, " sent ", sent, " bytes where rank ", rank, " expected ", expected);
+}
+
 void cross_memory_fetch(pid_t pid, uint64_t epoch_at, void* dst, size_t bytes,
                         const CrossMemoryAddress& where, int peer, int rank, const std::string& what) {
-  if (where.bytes != bytes)
-    fail(Code::Comm, what, ": rank ", peer, " sent ", where.bytes, " bytes where rank ", rank,
-         " expected ", bytes);
+  check_message_bytes(what, peer, where.bytes, rank, bytes);
   uint64_t epoch = 0;
   if (!cross_memory_read(pid, dst, where.address, bytes) ||
       !cross_memory_read(pid, &epoch, epoch_at, sizeof(epoch))) {

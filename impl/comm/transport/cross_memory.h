@@ -55,6 +55,10 @@ struct CrossMemoryAddress {
 };
 CrossMemoryAddress cross_memory_address(const void* data, size_t bytes);
 
+// The size check of every receive: fails (Code::Comm, led by `what`) when
+// rank `peer` sent `sent` bytes where rank `rank` expected `expected`.
+void check_message_bytes(const std::string& what, int peer, uint64_t sent, int rank, uint64_t expected);
+
 // Reads the message `where` names out of rank `peer` (process pid, whose
 // abandon count lives at epoch_at) into dst (`bytes` expected) for rank
 // `rank`. Throws zs::Error (Code::Comm), its text led by `what` (say

@@ -156,7 +156,6 @@ void SharedMemoryRings::send(int peer, uint64_t slot, const void* data, size_t b
     o.kind = kAddress;
     o.where = cross_memory_address(data, bytes);
     ++acks_owed_[{peer, slot}];
-    ++acks_owed_count_;
   }
   peers_[static_cast<size_t>(peer)].out.push_back(o);
   push(peer);  // now, so that the peer can start on it
@@ -164,7 +163,15 @@ void SharedMemoryRings::send(int peer, uint64_t slot, const void* data, size_t b
 
 void SharedMemoryRings::recv(int peer, uint64_t slot, void* data, size_t bytes) {
   posted_[{peer, slot}].push_back({data, bytes});
-  ++posted_count_;
+}
+
+// The oldest receive posted under `it`, taken off (its key with it once
+// none is left).
+SharedMemoryRings::In SharedMemoryRings::pop_posted(std::map<Key, std::deque<In>>::iterator it) {
+  const In in = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) posted_.erase(it);
+  return in;
 }
 
 // Writes what fits of the peer's queue into its ring.
@@ -198,15 +205,13 @@ void SharedMemoryRings::push(int peer) {
 // of the sender and acknowledges.
 void SharedMemoryRings::take(int peer, const Key& key, In in, Stashed& msg, const std::string& what) {
   if (msg.kind == kInline) {
-    if (msg.bytes != in.bytes)
-      fail(Code::Comm, what, ": rank ", peer, " sent ", msg.bytes, " bytes where rank ", rank_,
-           " expected ", in.bytes);
+    check_message_bytes(what, peer, msg.bytes, rank_, in.bytes);
     if (in.bytes) std::memcpy(in.dst, msg.payload.data(), in.bytes);
     return;
   }
-  const Peer& p = peers_[static_cast<size_t>(peer)];
+  Peer& p = peers_[static_cast<size_t>(peer)];
   cross_memory_fetch(p.pid, p.epoch_at, in.dst, in.bytes, msg.where, peer, rank_, what);
-  peers_[static_cast<size_t>(peer)].out.push_back({kAck, key.second, nullptr, 0, {}});
+  p.out.push_back({kAck, key.second, nullptr, 0, {}});
 }
 
 // Consumes the peer's ring: each message to its posted receive, or aside
@@ -227,20 +232,14 @@ bool SharedMemoryRings::drain(int peer, const std::string& what) {
       auto it = acks_owed_.find(key);
       if (it == acks_owed_.end()) continue;  // of a collective given up
       if (--it->second == 0) acks_owed_.erase(it);
-      --acks_owed_count_;
       continue;
     }
     messages.fetch_add(1, std::memory_order_relaxed);
     auto posted = posted_.find(key);
     if (posted != posted_.end()) {
-      const In in = posted->second.front();
-      posted->second.pop_front();
-      if (posted->second.empty()) posted_.erase(posted);
-      --posted_count_;
+      const In in = pop_posted(posted);
       if (h.kind == kInline) {
-        if (h.bytes != in.bytes)
-          fail(Code::Comm, what, ": rank ", peer, " sent ", h.bytes, " bytes where rank ", rank_,
-               " expected ", in.bytes);
+        check_message_bytes(what, peer, h.bytes, rank_, in.bytes);
         copy_out(in.dst, data, at, h.bytes);
       } else {
         Stashed msg{kAddress, h.bytes, {}, {}};
@@ -265,7 +264,7 @@ bool SharedMemoryRings::drain(int peer, const std::string& what) {
 }
 
 bool SharedMemoryRings::done() const {
-  if (posted_count_ || acks_owed_count_) return false;
+  if (!posted_.empty() || !acks_owed_.empty()) return false;
   for (const auto& p : peers_)
     if (!p.out.empty()) return false;
   return true;
@@ -303,17 +302,10 @@ bool SharedMemoryRings::wait(std::chrono::milliseconds timeout, const std::strin
   const std::string what = std::string(op) + " on group '" + group + "'";
   // What came before its receive was posted.
   for (auto it = stash_.begin(); it != stash_.end();) {
-    auto posted = posted_.find(it->first);
-    while (posted != posted_.end() && !it->second.empty()) {
-      const In in = posted->second.front();
-      posted->second.pop_front();
-      --posted_count_;
-      take(it->first.first, it->first, in, it->second.front(), what);
+    for (auto posted = posted_.find(it->first); posted != posted_.end() && !it->second.empty();
+         posted = posted_.find(it->first)) {
+      take(it->first.first, it->first, pop_posted(posted), it->second.front(), what);
       it->second.pop_front();
-      if (posted->second.empty()) {
-        posted_.erase(posted);
-        posted = posted_.end();
-      }
     }
     it = it->second.empty() ? stash_.erase(it) : std::next(it);
   }
@@ -325,9 +317,8 @@ bool SharedMemoryRings::wait(std::chrono::milliseconds timeout, const std::strin
     bool progressed = false;
     for (int q = 0; q < size_; ++q) {
       if (!peers_[static_cast<size_t>(q)].base) continue;
-      push(q);
       progressed |= drain(q, what);
-      push(q);  // acknowledgements
+      push(q);  // what did not fit when posted, and the acknowledgements drain queued
     }
     if (done()) return true;
     if (progressed) continue;
@@ -367,10 +358,8 @@ void SharedMemoryRings::close() {
 
 void SharedMemoryRings::forget() {
   posted_.clear();
-  posted_count_ = 0;
   stash_.clear();
   acks_owed_.clear();
-  acks_owed_count_ = 0;
   for (auto& p : peers_) p.out.clear();
 }
 

@@ -118,6 +118,7 @@ class SharedMemoryRings {
     std::deque<Out> out;   // posted to it, not yet in its ring
   };
 
+  In pop_posted(std::map<Key, std::deque<In>>::iterator it);
   void push(int peer);
   bool drain(int peer, const std::string& what);
   void take(int peer, const Key& key, In in, Stashed& msg, const std::string& what);
@@ -129,11 +130,10 @@ class SharedMemoryRings {
   char* base_ = nullptr;  // our inbox
   size_t bytes_ = 0;
   std::vector<Peer> peers_;
+  // Keys are erased once nothing is left under them: empty maps, nothing owed.
   std::map<Key, std::deque<In>> posted_;
-  size_t posted_count_ = 0;
   std::map<Key, std::deque<Stashed>> stash_;
   std::map<Key, size_t> acks_owed_;  // large sends the peer has not acknowledged
-  size_t acks_owed_count_ = 0;
   std::atomic<bool> interrupted_{false};
 };
 
