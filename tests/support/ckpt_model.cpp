@@ -102,17 +102,30 @@ void push_ckpt_grads(CkptModel& m, int micro) {
     const std::vector<float> w = full_of(p, m.dtype, n);
     ASSERT_EQ(zs_release(m.ctx, &p, 1), ZS_OK);
     // This rank's samples of a global batch of 12: the mean of
-    // (w - t_i) * (1 + 0.1 i) + 0.05 sin(3 w), t_i a per-sample target.
+    // (w - t_i) * (1 + 0.1 i) + 0.05 sin(3 w), t_i = sin(0.37 j + i + 0.1 step)
+    // a per-sample target, by the angle sum so that an element costs three
+    // sines and cosines whatever the samples (the tests run at -O0 under
+    // ASan, where a sine per sample and element took seconds a step).
+    std::vector<int> samples;
+    for (int i = m.rank; i < 12; i += m.world) samples.push_back(i);
+    std::vector<float> sin_i, cos_i;
+    for (int i : samples) {
+      sin_i.push_back(std::sin(static_cast<float>(i)));
+      cos_i.push_back(std::cos(static_cast<float>(i)));
+    }
     std::vector<float> grad(static_cast<size_t>(n), 0.0f);
-    int count = 0;
-    for (int i = m.rank; i < 12; i += m.world) {
-      ++count;
-      for (int64_t j = 0; j < n; ++j) {
-        const float t = std::sin(0.37f * static_cast<float>(j) + static_cast<float>(i) +
-                                 0.1f * static_cast<float>(step));
-        const float wj = w[static_cast<size_t>(j)];
-        grad[static_cast<size_t>(j)] += (wj - t) * (1.0f + 0.1f * static_cast<float>(i)) + 0.05f * std::sin(3.0f * wj);
+    const int count = static_cast<int>(samples.size());
+    for (int64_t j = 0; j < n; ++j) {
+      const float a = 0.37f * static_cast<float>(j) + 0.1f * static_cast<float>(step);
+      const float sa = std::sin(a), ca = std::cos(a);
+      const float wj = w[static_cast<size_t>(j)];
+      const float wave = 0.05f * std::sin(3.0f * wj);
+      float sum = 0.0f;
+      for (int k = 0; k < count; ++k) {
+        const float t = sa * cos_i[static_cast<size_t>(k)] + ca * sin_i[static_cast<size_t>(k)];
+        sum += (wj - t) * (1.0f + 0.1f * static_cast<float>(samples[static_cast<size_t>(k)])) + wave;
       }
+      grad[static_cast<size_t>(j)] = sum;
     }
     for (auto& x : grad) x = x * weight / static_cast<float>(count);
     if (n == 0) continue;

@@ -112,7 +112,7 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
     }
     pids.push_back(pid);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   std::vector<int> status(pids.size(), -1);
   size_t left = pids.size();
   while (left > 0) {
@@ -129,7 +129,7 @@ void run_ranks(int world, const std::function<void(const RankEnv&)>& body, int t
       for (size_t i = 0; i < pids.size(); ++i)
         if (status[i] == -1) kill(pids[i], SIGKILL);
       ADD_FAILURE() << "ranks still running after " << timeout_s << " s: killed (a hang)";
-      timeout_s = 1 << 20;
+      deadline = std::chrono::steady_clock::time_point::max();  // reported once; SIGKILL ends them
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -223,7 +223,7 @@ std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function
     procs.push_back({r, 0, pid});
     pids[static_cast<size_t>(r)].push_back(pid);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   for (;;) {
     bool running = false;
     for (size_t i = 0; i < procs.size(); ++i) {
@@ -250,7 +250,7 @@ std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function
       for (auto& p : procs)
         if (p.status == -1) kill(p.pid, SIGKILL);
       ADD_FAILURE() << "ranks still running after " << timeout_s << " s: killed (a hang)";
-      timeout_s = 1 << 20;
+      deadline = std::chrono::steady_clock::time_point::max();  // reported once; SIGKILL ends them
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
