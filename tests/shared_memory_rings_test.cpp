@@ -17,6 +17,7 @@
 
 #include "impl/comm/algo/communicator.h"
 #include "impl/common/error.h"
+#include "impl/common/memory_tally.h"
 #include "impl/core/context.h"
 #include "tests/support/multirank.h"
 
@@ -54,9 +55,20 @@ void ring_exchange(zs::Context& ctx, const RankEnv& env, const std::vector<size_
 // for room while their receivers drain), then an all-gather and a
 // reduce-scatter of odd sizes checked against the plain sums.
 void every_size(const RankEnv& env, bool expect_rings) {
+  const uint64_t inboxes_before = zs::memory_tally::current(zs::MemKind::Inboxes);
   auto ctx = zs::test::make_engine_context(env);
   const uint64_t before = zs::shared_memory_messages();
   ring_exchange(*ctx, env, {0, 1, 7, 65535, 65536, 65537, 1000003});
+  // The memory report counts this rank's inbox in each group on the rings
+  // (the world's at least), none where the group stayed on TCP.
+  const uint64_t inboxes = zs::memory_tally::current(zs::MemKind::Inboxes) - inboxes_before;
+  const uint64_t one = zs::shared_memory_inbox_bytes(env.world);
+  if (expect_rings) {
+    EXPECT_GE(inboxes, one) << "rank " << env.rank;
+    EXPECT_EQ(inboxes % one, 0u) << "rank " << env.rank << ": " << inboxes << " bytes of inboxes";
+  } else {
+    EXPECT_EQ(inboxes, 0u) << "rank " << env.rank << ": inboxes kept for a group on TCP";
+  }
   ring_exchange(*ctx, env, std::vector<size_t>(300, 40001));
   const auto n = static_cast<size_t>(env.world);
   for (size_t count : {size_t{1}, size_t{4099}, size_t{262147}}) {
@@ -81,6 +93,9 @@ void every_size(const RankEnv& env, bool expect_rings) {
     EXPECT_GE(through, 307u) << "rank " << env.rank << ": the messages did not go through the rings";
   else
     EXPECT_EQ(through, 0u) << "rank " << env.rank << ": messages went through rings with them off";
+  ctx.reset();
+  EXPECT_EQ(zs::memory_tally::current(zs::MemKind::Inboxes), inboxes_before)
+      << "rank " << env.rank << ": the inboxes outlived their context";
 }
 
 class RingsWorld : public ::testing::TestWithParam<int> {};

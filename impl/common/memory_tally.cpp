@@ -47,6 +47,7 @@ const char* mem_kind_name(MemKind k) {
     case MemKind::IoStaging: return "io_staging";
     case MemKind::Untagged: return "untagged";
     case MemKind::PeerCopies: return "peer_copies";
+    case MemKind::Inboxes: return "inboxes";
     case MemKind::Count: break;
   }
   return "?";

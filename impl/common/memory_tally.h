@@ -3,9 +3,10 @@
 // and zeroshard.torch.memory_report(). Device memory goes through the
 // device's caching pool (device.h), tagged with its kind at allocation and
 // counted here at its size class, the bytes the pool hands out, so the
-// kinds other than IoStaging add up to the pools' bytes in use; IoStaging
-// is the O_DIRECT buffers of checkpoints and the NVMe swapper (aligned
-// host memory outside the pools), counted as they are made and freed.
+// kinds other than IoStaging and Inboxes add up to the pools' bytes in use;
+// those two are outside the pools, counted as they are made and freed:
+// IoStaging the O_DIRECT buffers of checkpoints and the NVMe swapper,
+// Inboxes the shared-memory transport's (shared_memory_rings.h).
 //
 // The phase is the engine's own guess, needing no call from the trainer: a
 // param registered is Construction, a fetch Forward (until gradients
@@ -32,6 +33,7 @@ enum class MemKind : int {
   IoStaging,       // aligned host buffers of checkpoint and NVMe I/O
   Untagged,        // an allocation no site named (should stay ~0)
   PeerCopies,      // healing: the replica of another rank's state held here, and its gradient buffer
+  Inboxes,         // shared-memory inboxes of the ranks of one host (outside the pools)
   Count
 };
 

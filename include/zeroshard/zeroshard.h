@@ -412,8 +412,8 @@ ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 
 /* Every byte the engine allocates, by what it is for (process-wide: the
  * caching pools are). Device memory is counted at the size the pool hands
- * out, so the kinds other than ZS_MEM_IO_STAGING add up to
- * zs_memory_pools_in_use; ZS_MEM_IO_STAGING is aligned host memory of
+ * out, so the kinds other than ZS_MEM_IO_STAGING and ZS_MEM_INBOXES add up
+ * to zs_memory_pools_in_use; those two are outside the pools: ZS_MEM_IO_STAGING is aligned host memory of
  * checkpoint and NVMe I/O, outside the pools. Idle pool blocks are not in
  * any kind (zs_memory_stats' host_cache_bytes and device_cache_bytes). */
 typedef enum zs_memory_kind {
@@ -430,7 +430,9 @@ typedef enum zs_memory_kind {
   ZS_MEM_UNTAGGED = 10,       /* an allocation no kind names (stays 0: a bug otherwise) */
   ZS_MEM_PEER_COPIES = 11,    /* healing: the replica of another rank's shard state this rank holds,
                                  and its gradient buffer (zeroshard.healing.peer_copy) */
-  ZS_MEM_KIND_COUNT = 12,
+  ZS_MEM_INBOXES = 12,        /* shared-memory inboxes of ranks on one host (ZS_SHARED_MEMORY): one per
+                                 group this rank is in, a ring per member; outside the pools */
+  ZS_MEM_KIND_COUNT = 13,
   ZS_MEM_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_MEM_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_memory_kind;
@@ -464,7 +466,8 @@ typedef enum zs_memory_phase {
 ZS_API zs_status zs_memory_by_kind(zs_context ctx, zs_memory_phase phase, uint64_t* bytes, size_t capacity,
                                    size_t* num_kinds, uint64_t* total);
 /* The bytes the caching pools of ctx's device (and the host's) hand out now
- * and have not had back: what the kinds but ZS_MEM_IO_STAGING add up to. */
+ * and have not had back: what the kinds but ZS_MEM_IO_STAGING and
+ * ZS_MEM_INBOXES add up to. */
 ZS_API zs_status zs_memory_pools_in_use(zs_context ctx, uint64_t* bytes);
 ZS_API zs_status zs_memory_get_phase(zs_context ctx, zs_memory_phase* phase);
 ZS_API zs_status zs_memory_set_phase(zs_context ctx, zs_memory_phase phase);

@@ -262,7 +262,7 @@ class Context:
 
     def memory_pools_in_use(self):
         """Bytes the engine's caching pools hand out now: what every kind
-        of memory_by_kind but io_staging adds up to."""
+        of memory_by_kind but io_staging and inboxes adds up to."""
         out = ffi.new("uint64_t*")
         check(lib.zs_memory_pools_in_use(self._h, out))
         return int(out[0])

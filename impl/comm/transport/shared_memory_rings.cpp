@@ -18,6 +18,7 @@
 
 #include "impl/common/env.h"
 #include "impl/common/error.h"
+#include "impl/common/memory_tally.h"
 
 namespace zs {
 namespace {
@@ -95,6 +96,8 @@ uint64_t shared_memory_early_messages() { return early_messages.load(std::memory
 
 bool shared_memory_allowed() { return env_int("ZS_SHARED_MEMORY", 1) != 0; }
 
+size_t shared_memory_inbox_bytes(int size) { return inbox_bytes(size); }
+
 std::unique_ptr<SharedMemoryRings> SharedMemoryRings::create(int rank, int size) {
   const int fd = memfd_create("zeroshard-inbox", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
@@ -108,6 +111,7 @@ std::unique_ptr<SharedMemoryRings> SharedMemoryRings::create(int rank, int size)
   }
   new (base) Doorbell{};
   for (int s = 0; s < size; ++s) new (ring(static_cast<char*>(base), s)) RingHeader{};
+  memory_tally::add(MemKind::Inboxes, bytes);  // the memory report's "inboxes"
   return std::unique_ptr<SharedMemoryRings>(new SharedMemoryRings(rank, size, fd, base, bytes));
 }
 
@@ -123,6 +127,7 @@ SharedMemoryRings::~SharedMemoryRings() {
   }
   munmap(base_, bytes_);
   ::close(fd_);
+  memory_tally::sub(MemKind::Inboxes, bytes_);
 }
 
 SharedMemoryRings::Hello SharedMemoryRings::hello() const {

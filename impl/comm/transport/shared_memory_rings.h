@@ -48,6 +48,10 @@ bool shared_memory_allowed();
 uint64_t shared_memory_messages();
 uint64_t shared_memory_early_messages();
 
+// The bytes of one inbox for a group of `size`: what each member holds for
+// the group (memory kind Inboxes); the peers' inboxes it maps are theirs.
+size_t shared_memory_inbox_bytes(int size);
+
 class SharedMemoryRings {
  public:
   // What a member tells each peer so that the peer can map its inbox.

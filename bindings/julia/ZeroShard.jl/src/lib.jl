@@ -92,7 +92,8 @@ const ZS_MEM_SCRATCH = Cint(8)
 const ZS_MEM_IO_STAGING = Cint(9)
 const ZS_MEM_UNTAGGED = Cint(10)
 const ZS_MEM_PEER_COPIES = Cint(11)
-const ZS_MEM_KIND_COUNT = Cint(12)
+const ZS_MEM_INBOXES = Cint(12)
+const ZS_MEM_KIND_COUNT = Cint(13)
 
 const zs_memory_phase = Cint
 const ZS_PHASE_NOW = Cint(-1)

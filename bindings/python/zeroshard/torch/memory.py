@@ -27,12 +27,13 @@ def memory_report():
     - "engine": what the engine holds now, by kind (shards, masters,
       optimizer_state, grads, gathered, hpz_secondary, reduce_buckets,
       comm_staging, scratch, io_staging, untagged, peer_copies: the
-      replica of another rank's state this rank holds for healing) and
-      "total";
+      replica of another rank's state this rank holds for healing,
+      inboxes: the shared-memory transport's, one per group) and "total";
     - "peaks": per phase (construction, forward, backward, step,
       checkpoint) the most each kind held and "total", the most all held
       together then;
-    - "pools_in_use" (what every kind but io_staging adds up to) and
+    - "pools_in_use" (what every kind but io_staging and inboxes adds up
+      to) and
       "pool_idle" (freed blocks the engine's caching pools keep for reuse);
     - "phase": the phase now;
     - "copied": the bytes the engine copied by kind (grad_into_bucket,

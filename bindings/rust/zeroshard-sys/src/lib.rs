@@ -113,7 +113,8 @@ c_enum!(zs_memory_kind {
     ZS_MEM_IO_STAGING = 9,
     ZS_MEM_UNTAGGED = 10,
     ZS_MEM_PEER_COPIES = 11,
-    ZS_MEM_KIND_COUNT = 12,
+    ZS_MEM_INBOXES = 12,
+    ZS_MEM_KIND_COUNT = 13,
     ZS_MEM_KIND_ENUM_MIN_ = i32::MIN,
     ZS_MEM_KIND_ENUM_MAX_ = i32::MAX,
 });

@@ -147,6 +147,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_MEM_IO_STAGING,
         ZS_MEM_UNTAGGED,
         ZS_MEM_PEER_COPIES,
+        ZS_MEM_INBOXES,
         ZS_MEM_KIND_COUNT,
         ZS_MEM_KIND_ENUM_MIN_,
         ZS_MEM_KIND_ENUM_MAX_,
