@@ -76,8 +76,6 @@ CONFIG = {"zero_optimization": {"stage": 3}}
 # -- worker: one rank (launched by zsrun) --
 
 def worker(args):
-    import hashlib
-
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -166,37 +164,11 @@ def worker(args):
     zt.healing_loop(batches(), train_step, after_step, shared={"sched": sched})
     report = zt.memory_report()
     peak = peak_rss()  # the training's: rank 0's consolidation below holds the whole model
-    digest, steps, params = state_digests(opt, model, rank)
+    digest, steps, params = zt.training_digest(opt, model)
     note("end", digest=digest, steps=steps, params=params, peak_rss=peak,
          peer_copies=report["engine"].get("peer_copies", 0), engine_total=report["engine"]["total"])
     zt.shutdown()
 
-
-def state_digests(opt, model, rank):
-    """(hash of this rank's optimizer state: the fp32 masters and moments of
-    its shards, its step count, on rank 0 the consolidated params' hash else
-    None). Collective (the consolidation)."""
-    import hashlib
-
-    import zeroshard.torch as zt
-
-    z = opt.state_dict()["zeroshard"]
-    h = hashlib.sha256()
-    for index in sorted(z["shards"]):
-        for slot in sorted(z["shards"][index]):
-            h.update(z["shards"][index][slot].numpy().tobytes())
-    state = zt.consolidated_state_dict(model)
-    params = None
-    if rank == 0:
-        p = hashlib.sha256()
-        for k in sorted(state):
-            p.update(k.encode())
-            p.update(state[k].detach().contiguous().numpy().tobytes())
-        params = p.hexdigest()
-    return h.hexdigest(), z["steps"], params
-
-
-# -- driver --
 
 def launch_env(extra):
     """The HF Trainer bench's fresh-job environment (the in-tree package and

@@ -18,7 +18,6 @@ committed step its loss, pid and times; at the end a hash of its
 optimizer state (masters and moments of its shards) with its step count,
 and rank 0 the hash of the consolidated params.
 """
-import hashlib
 import json
 import os
 import signal
@@ -73,27 +72,6 @@ class Batches:
             g = torch.Generator().manual_seed(1000 + i)
             x = torch.randn(BATCH, DIM, generator=g)
             yield x[self.rank * per:(self.rank + 1) * per]
-
-
-def digests(opt, model, rank):
-    """(hash of this rank's optimizer state: the fp32 masters and moments of
-    its shards, its step count, on rank 0 the consolidated params' hash else
-    None). Collective (the consolidation). The engine's own digest needs the
-    peer copy, which a run without zsrun --restarts has not."""
-    z = opt.state_dict()["zeroshard"]
-    h = hashlib.sha256()
-    for index in sorted(z["shards"]):
-        for slot in sorted(z["shards"][index]):
-            h.update(z["shards"][index][slot].numpy().tobytes())
-    state = zt.consolidated_state_dict(model)
-    params = None
-    if rank == 0:
-        p = hashlib.sha256()
-        for k in sorted(state):
-            p.update(k.encode())
-            p.update(state[k].detach().contiguous().numpy().tobytes())
-        params = p.hexdigest()
-    return h.hexdigest(), z["steps"], params
 
 
 def main():
@@ -161,7 +139,7 @@ def main():
                 yield x
 
     ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
-    digest, taken, params = digests(opt, model, rank)
+    digest, taken, params = zt.training_digest(opt, model)
     if rank == 0:
         note(event="params", sha256=params)
     note(event="end", ran=ran, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])

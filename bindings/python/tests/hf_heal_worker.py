@@ -33,7 +33,6 @@ import transformers
 
 import zeroshard.hf
 import zeroshard.torch as zt
-from heal_worker import digests
 
 VOCAB, SEQ = 96, 16
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
@@ -128,7 +127,7 @@ def main():
 
     # This rank's optimizer state and step count, hashed; rank 0: the
     # consolidated params' hash and the log.
-    digest, taken, params = digests(trainer.optimizer, trainer.model, rank)
+    digest, taken, params = zt.training_digest(trainer.optimizer, trainer.model)
     if rank == 0:
         note(event="params", sha256=params, log_history=trainer.state.log_history)
     note(event="end", digest=digest, steps=taken, global_step=trainer.state.global_step,

@@ -25,7 +25,7 @@ from .memory import format_memory_report, memory_report
 from .optim import ZeroShardOptimizer
 from .muon import Muon, muon_param_groups
 from .shard_optim import clip_grad_norm_, register_optimizer
-from .state import consolidated_state_dict, load_consolidated_state_dict
+from .state import consolidated_state_dict, load_consolidated_state_dict, training_digest
 from .weight_stream import full_weights
 
 __all__ = [
@@ -36,5 +36,6 @@ __all__ = [
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
     "save_checkpoint", "set_generation_gather",
-    "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "unset_leaf_modules",
+    "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "training_digest",
+    "unset_leaf_modules",
 ]

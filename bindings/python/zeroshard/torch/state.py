@@ -1,6 +1,8 @@
 """Model state dicts: consolidated on rank 0, loaded from rank 0; and
 torch's own module.state_dict() / load_state_dict() on a partitioned
 module (arm_state_dict)."""
+import hashlib
+
 import torch
 
 import zeroshard
@@ -119,3 +121,26 @@ def _state_dict_into_shards(module, state_dict, prefix, local_metadata, strict, 
         else:
             z.zparam.write(value.detach().to(device=z.device, dtype=z.dtype).contiguous())
         state_dict[key] = p.detach()
+
+
+def training_digest(optimizer, model):
+    """(sha256 of this rank's optimizer state: the fp32 masters and moments
+    of its shards; its optimizer step count; on rank 0 the sha256 of the
+    consolidated params, names included, else None), to check that two
+    runs (say one that healed a lost rank, and one that did not) reached
+    the same state bit for bit. `optimizer` a ZeroShardOptimizer.
+    Collective (the consolidation)."""
+    z = optimizer.state_dict()["zeroshard"]
+    state = hashlib.sha256()
+    for index in sorted(z["shards"]):
+        for slot in sorted(z["shards"][index]):
+            state.update(z["shards"][index][slot].numpy().tobytes())
+    full = consolidated_state_dict(model)
+    params = None
+    if get_context().rank == 0:
+        p = hashlib.sha256()
+        for k in sorted(full):
+            p.update(k.encode())
+            p.update(full[k].detach().contiguous().numpy().tobytes())
+        params = p.hexdigest()
+    return state.hexdigest(), z["steps"], params
