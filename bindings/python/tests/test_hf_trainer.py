@@ -505,6 +505,33 @@ def test_arguments_and_keys_that_cannot_act_are_named(one_rank, tmp_path):
         zeroshard.hf.Trainer(model=lora, args=args, fsdp_checkpoint=True)
 
 
+def test_from_pretrained_draws_no_initial_values_for_what_it_loads(one_rank, tmp_path, monkeypatch):
+    """Every param of the model in the checkpoint: from_pretrained builds it
+    without drawing initial values (every rank drew the whole model's
+    before), ties kept, values the file's. A head the checkpoint lacks is
+    still initialised, as transformers does, and named."""
+    import zeroshard.hf
+    import zeroshard.torch as zt
+    from safetensors.torch import load_file
+    config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    drawn = []
+    for name in ("normal_", "uniform_"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, **k: (drawn.append(t.numel()), _o(t, *a, **k))[1])
+    keep = zeroshard.hf.HfZeroShardConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert drawn == [] and model.lm_head.weight is model.transformer.wte.weight
+    full, saved = zt.consolidated_state_dict(model), load_file(tmp_path / "model.safetensors")
+    assert set(full) >= set(saved) and all(torch.equal(full[k], saved[k]) for k in saved)
+    head = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert sum(drawn) >= head.score.weight.ds_numel
+    score = zt.consolidated_state_dict(head)["score.weight"]
+    assert 0.01 < float(score.std()) < 0.03  # GPT-2's initializer_range, 0.02
+    del keep
+    zt.shutdown()
+
+
 @pytest.mark.parametrize("warmup_type", ["log", "linear"])
 def test_deepspeed_schedulers_step_as_deepspeed(warmup_type):
     lr_schedules = pytest.importorskip("deepspeed.runtime.lr_schedules")

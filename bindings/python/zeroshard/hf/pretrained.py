@@ -4,6 +4,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import weakref
 
 import torch
@@ -132,6 +133,40 @@ def _file_name(name, in_file, prefix):
     return None
 
 
+def _params_missing(cls, config, build, kwargs, in_file, prefix):
+    """Whether some param of the model is not in the checkpoint: the names
+    of a build on the meta device (which allocates and draws nothing)."""
+    with torch.device("meta"), _without_initial_values():
+        probe = cls._from_config(config, **build, **kwargs)
+    return any(_file_name(name, in_file, prefix) is None for name, _ in probe.named_parameters())
+
+
+@contextlib.contextmanager
+def _without_initial_values():
+    """Modules built inside draw no initial values: torch's init functions
+    do nothing (as transformers' no_init_weights makes them), nor does
+    PreTrainedModel.initialize_weights; ties are still made (no_init_weights
+    would skip them, with the rest of init_weights)."""
+    from transformers import initialization
+
+    def skip(*args, **kwargs):
+        pass
+
+    saved = [(transformers.PreTrainedModel, "initialize_weights", transformers.PreTrainedModel.initialize_weights)]
+    for name in initialization.TORCH_MODULES_TO_PATCH:
+        module = sys.modules.get(name)
+        for fn in initialization.TORCH_INIT_FUNCTIONS if module is not None else ():
+            if hasattr(module, fn):
+                saved.append((module, fn, getattr(module, fn)))
+    try:
+        for owner, fn, _ in saved:
+            setattr(owner, fn, skip)
+        yield
+    finally:
+        for owner, fn, original in reversed(saved):
+            setattr(owner, fn, original)
+
+
 _HUB_KEYS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 # from_pretrained options that ask for another way of placing or reading
 # the weights, and the ones that change nothing here.
@@ -164,10 +199,16 @@ def _from_pretrained_partitioned(cls, path, config_json, *model_args, **kwargs):
         dtype = getattr(torch, dtype)
     engine = resolve_sized_autos(config_json, config)
     trainer_heal.before_loading()
-    with zt.Init(config=_engine_config(engine)):
-        model = cls._from_config(config, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
     top, in_file = _weight_files(os.fspath(path), hub)
     prefix = getattr(cls, "base_model_prefix", "")
+    build = {"dtype": dtype} if dtype is not None else {}
+    # Every param read from the checkpoint right after: none needs initial
+    # values, which every rank drew in full before (a 35M Llama: 40M normal
+    # draws a rank); DeepSpeed's ZeRO-3 loading skips them too.
+    drawing = contextlib.nullcontext() if _params_missing(cls, config, build, kwargs, in_file, prefix) \
+        else _without_initial_values()
+    with drawing, zt.Init(config=_engine_config(engine)):
+        model = cls._from_config(config, **build, **kwargs)
     params, names, missing = [], [], []
     for name, p in model.named_parameters():
         key = _file_name(name, in_file, prefix)
