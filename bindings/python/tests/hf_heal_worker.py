@@ -14,7 +14,10 @@ fault point ZS_FAULT_POINT=update:RANK:STEP), "norm_allreduce" (in the
 optimizer step, before the gradient norm's all-reduce: not committed, the
 survivors redo the step from their optimizer step) or "eval" (in the evaluation
 after step STEP, at its second batch; $ZS_TEST_EVAL_STEPS > 0 evaluates
-every that many steps on a held-out set). $ZS_TEST_PRETRAINED: the model
+every that many steps on a held-out set). $ZS_TEST_SEQ2SEQ=1: a T5 with
+zeroshard.hf.Seq2SeqTrainer instead, its evaluation generating
+(predict_with_generate: the eval's kill falls between generate() calls,
+whose gathers the survivors are in). $ZS_TEST_PRETRAINED: the model
 from_pretrained from that folder instead, partitioned as it loads (a
 replacement reads nothing). Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
@@ -73,15 +76,25 @@ def main():
         os.kill(os.getpid(), signal.SIGKILL)
 
     eval_steps = int(os.environ.get("ZS_TEST_EVAL_STEPS", "0"))
-    args = transformers.TrainingArguments(
+    seq2seq = os.environ.get("ZS_TEST_SEQ2SEQ") == "1"
+    arguments, trainer_class = (transformers.Seq2SeqTrainingArguments, zeroshard.hf.Seq2SeqTrainer) if seq2seq \
+        else (transformers.TrainingArguments, zeroshard.hf.Trainer)
+    generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
+    args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
         lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, save_strategy="no", report_to=[], seed=0,
         data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
-        eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2)
+        eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
+        **generation)
     pretrained = os.environ.get("ZS_TEST_PRETRAINED")
     if pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
         model = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
+    elif seq2seq:
+        torch.manual_seed(0)
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=16, num_layers=2, num_heads=2, decoder_start_token_id=0,
+            pad_token_id=0, eos_token_id=1))  # dropout 0.1
     else:
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -113,8 +126,8 @@ def main():
 
     scaffold = Scaffold()
     held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
-    trainer = zeroshard.hf.Trainer(model=model, args=args, train_dataset=data, eval_dataset=held_out,
-                                   callbacks=[scaffold])
+    trainer = trainer_class(model=model, args=args, train_dataset=data, eval_dataset=held_out,
+                            callbacks=[scaffold])
 
     def on_block(module, inputs, output):
         step = trainer.state.global_step + 1
@@ -122,7 +135,7 @@ def main():
             hidden = output[0] if isinstance(output, tuple) else output
             hidden.register_hook(lambda grad: die(step, "backward"))
 
-    model.transformer.h[0].register_forward_hook(on_block)
+    (model.encoder.block[0] if seq2seq else model.transformer.h[0]).register_forward_hook(on_block)
     trainer.train()
 
     # This rank's optimizer state and step count, hashed; rank 0: the

@@ -280,6 +280,29 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     shutil.rmtree(folder)
 
 
+def test_a_seq2seq_trainer_heals_a_loss_in_a_backward_and_one_in_its_generating_evaluation():
+    """zeroshard.hf.Seq2SeqTrainer (a T5, its evaluation every 10 steps
+    generating: predict_with_generate) on 3 ranks: rank 1 killed in step
+    12's second backward (the survivors redo the step), rank 2 in the
+    evaluation after step 20, between its generate() calls (the survivors,
+    in the next one's gathers, heal and run the evaluation again with the
+    replacement). Bitwise as the Trainer's, the evaluation losses included."""
+    env = {"ZS_TEST_SEQ2SEQ": "1", "ZS_TEST_EVAL_STEPS": "10"}
+    steps = 30
+    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
+    assert ref_code == 0, ref_out
+    code, out, logs, _ = launch(3, "1:12:backward", "2:20:eval", restarts=2, worker="hf_heal_worker.py",
+                                steps=steps, env=env)
+    assert code == 0, out
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    for r, joined in ((1, 11), (2, 20)):
+        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
+    assert len({l["pid"] for l in logs[0]}) == 1, logs[0]  # a survivor all along
+    check_trainer_ends(3, logs, ref_logs, out)
+    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+    assert len([e for e in history if "eval_loss" in e]) == steps // 10, history
+
+
 def check_trainer_ends(n, logs, ref_logs, out):
     """Every rank's optimizer state, steps and lr, the consolidated params
     and rank 0's log history (timings aside: every logged loss, gradient

@@ -29,8 +29,10 @@ one step behind (the loss came in the update of a step that committed):
 the replacement then does that step's bookkeeping and logging itself, so
 that its collectives line up with the survivors'.
 
-Heals: transformers.Trainer itself (not its subclasses from other
-libraries: their steps run collectives this module does not redo), with
+Heals: transformers.Trainer itself and its Seq2SeqTrainer (whose training
+is the Trainer's; its evaluation, generate() included, is run again as any
+evaluation cut short), not the subclasses of other libraries (their steps
+run collectives this module does not redo), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -56,8 +58,8 @@ HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
-    if base is not transformers.Trainer:
-        return f"{base.__name__} is not transformers.Trainer"
+    if base not in (transformers.Trainer, transformers.Seq2SeqTrainer):
+        return f"{base.__name__} is not transformers.Trainer or Seq2SeqTrainer"
     if trainer._zs_fsdp is not None:
         return "the FSDP2 route (fsdp=...) steps a torch optimizer"
     if not engine_optimizer:
@@ -304,7 +306,7 @@ class HealingTrainerMixin:
         state = {"phase": phase, "engine_steps": _engine().steps if steps is None else steps,
                  "trainer_state": trainer_state, "log_history": _HistoryJSON.PLACEHOLDER,
                  "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-                 "param_groups": heal.param_groups_state(),
+                 "param_groups": heal.param_groups_state(), "learned_fetches": heal.learned_fetches(),
                  "globalstep_last_logged": self._globalstep_last_logged,
                  "total_loss_scalar": self._total_loss_scalar,
                  "initial_global_step": self._initial_global_step,
@@ -372,6 +374,7 @@ class HealingTrainerMixin:
         if behind not in (0, 1) or (behind == 1 and shared["phase"] != "next"):
             raise RuntimeError(f"zeroshard.hf.Trainer: joined at optimizer step {committed}; the survivors' state "
                                f"is of step {shared['engine_steps']} ({shared['phase']})")
+        heal.load_learned_fetches(shared["learned_fetches"], "zeroshard.hf.Trainer")
         data = dict(shared["trainer_state"], log_history=shared["log_history"])
         if behind:  # the loss came in step C's update, which committed: the Trainer resumes after it
             data["global_step"] += 1

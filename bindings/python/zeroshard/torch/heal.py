@@ -199,14 +199,50 @@ def load_param_groups(saved, who="zeroshard.torch healing_loop"):
             g.update(kept)
 
 
+def _hook_engines():
+    """The models' hook engines, each keyed by the lowest registration
+    index of its params (alike in every process of the same script)."""
+    engines = {}
+    for p in registered_params():
+        e = getattr(p.zs, "engine", None) if p.zs is not None else None
+        if e is not None and id(e) not in engines:
+            engines[id(e)] = (p.zs.index, e)
+    return list(engines.values())
+
+
+def learned_fetches():
+    """The params the models' units learned to fetch with theirs (read
+    outside their own module's forward: hooks.fetch_on_access), for the
+    shared state: a replacement starts without them, and its first forward,
+    learning them again, would issue its gathers in another order than the
+    survivors'."""
+    return [[key, unit, index] for key, e in _hook_engines() for unit, index in e.learned]
+
+
+def load_learned_fetches(saved, who="zeroshard.torch healing_loop"):
+    """learned_fetches() of the survivors, into this replacement's units."""
+    engines = dict(_hook_engines())
+    params = {p.zs.index: p for p in registered_params() if p.zs is not None}
+    for key, unit_name, index in saved:
+        e, p = engines.get(key), params.get(index)
+        unit = next((u for u in e.units if u.name == unit_name), None) if e is not None else None
+        if unit is None or p is None:
+            raise RuntimeError(f"{who}: the survivors' unit {unit_name} fetches their param #{index}, which this "
+                               "replacement's model lacks (is it built as theirs?)")
+        if all(p is not q for q in unit.params):
+            e.learn_fetch(unit, p)
+
+
 def _register_shared(ctx, position, engine_steps, shared):
     state = {"position": position, "engine_steps": engine_steps, "param_groups": param_groups_state(),
+             "learned_fetches": learned_fetches(),
              "objects": {k: obj.state_dict() for k, obj in shared.items()}}
     ctx.heal_set_shared_state(heal_state.dumps(state, "the shared state"))
 
 
 def _load_shared(shared, state):
     load_param_groups(state["param_groups"])
+    load_learned_fetches(state["learned_fetches"])
     objects = state["objects"]
     missing = sorted(set(shared) - set(objects))
     if missing:

@@ -96,6 +96,7 @@ class HookEngine(GradArrival):
         self.units_to_check = True  # which units need hooks (at the root's next forward)
         self.ran = False  # a forward ran since the last optimizer step (in HookState.ran)
         self.forwards = 0  # forward scopes begun: a param used twice in one is aliased (repeated_use.py)
+        self.learned = []  # (unit name, param index) fetch_on_access added, in order (healing hands them over)
 
     # -- installing ---------------------------------------------------
     def install(self):
@@ -278,16 +279,11 @@ class HookEngine(GradArrival):
             raise RuntimeError(f"zeroshard.torch: {unit.name} reads {p.zs.name}, a param of the leaf "
                                f"module {p.zs.owner.name}, outside that module's forward")
         if all(p is not q for q in unit.params):
-            unit.params.append(p)
-            self._params = None
-            ext = unit.module.__dict__.setdefault("_zs_external", [])
-            if all(p is not q for q in ext):
-                ext.append(p)
+            self.learn_fetch(unit, p)
             if p.requires_grad and torch.is_grad_enabled():
                 unit.pending.add(p)
                 if unit.bwd_held:  # a forward re-run during backward (checkpointing)
                     self.waiting.setdefault(p, []).append(unit)
-            self._hook_grads([p])
             if (unit.name, p.zs.name) not in self.warned:
                 self.warned.add((unit.name, p.zs.name))
                 warnings.warn(
@@ -297,6 +293,18 @@ class HookEngine(GradArrival):
                     f"zeroshard.torch.register_external_parameter(module, param) to have it prefetched.",
                     stacklevel=3)
         _acquire([p])
+
+    def learn_fetch(self, unit, p):
+        """`unit` fetches `p` with its own params from now on (its module
+        read it in a forward; or, in a healing replacement, the survivors'
+        units had learned so)."""
+        unit.params.append(p)
+        self._params = None
+        ext = unit.module.__dict__.setdefault("_zs_external", [])
+        if all(p is not q for q in ext):
+            ext.append(p)
+        self._hook_grads([p])
+        self.learned.append((unit.name, p.zs.index))
 
     # -- backward -------------------------------------------------------
     def fetch_for_backward(self, unit, gathered=False):
