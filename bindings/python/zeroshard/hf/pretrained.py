@@ -135,9 +135,14 @@ def _file_name(name, in_file, prefix):
 
 def _params_missing(cls, config, build, kwargs, in_file, prefix):
     """Whether some param of the model is not in the checkpoint: the names
-    of a build on the meta device (which allocates and draws nothing)."""
-    with torch.device("meta"), _without_initial_values():
-        probe = cls._from_config(config, **build, **kwargs)
+    of a build on the meta device (which allocates and draws nothing). A
+    model whose constructor needs real values (an .item() in custom code)
+    is taken as lacking some: it is initialised in full, as before."""
+    try:
+        with torch.device("meta"), _without_initial_values():
+            probe = cls._from_config(config, **build, **kwargs)
+    except Exception:  # noqa: BLE001 (any failure of the probe only costs the draws)
+        return True
     return any(_file_name(name, in_file, prefix) is None for name, _ in probe.named_parameters())
 
 
