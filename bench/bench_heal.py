@@ -170,6 +170,8 @@ def worker(args):
     zt.shutdown()
 
 
+# -- driver --
+
 def launch_env(extra):
     """The HF Trainer bench's fresh-job environment (the in-tree package and
     library, cores / ranks kernel threads per rank: one on this 2-core
