@@ -10,6 +10,7 @@
 
 #include <csignal>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -208,3 +209,47 @@ TEST(SharedMemoryRings, ASizeMismatchFailsTheReceiverAndItsPeersHearOfIt) {
 }
 
 }  // namespace
+
+// A member whose collective completed may leave (close its inbox, exit)
+// while a peer still has to take the last message it sent: that message is
+// already in the peer's own inbox, so the peer's wait completes instead of
+// failing on the leaving member. Two inboxes in one process, the sender on a
+// thread that sends and closes at once after a delay that grows round by
+// round: the close lands at every point of the receiver's wait, including
+// between its last look at the ring and its look at who left.
+TEST(SharedMemoryRings, AMessageSentJustBeforeTheSenderLeftIsStillTaken) {
+  constexpr int kRounds = 20000;  // about 2 s; the old code failed about one round in 4000
+  int failures = 0;
+  std::string first;
+  for (int round = 0; round < kRounds; ++round) {
+    auto a = zs::SharedMemoryRings::create(0, 2), b = zs::SharedMemoryRings::create(1, 2);
+    ASSERT_TRUE(a && b) << "no memfd inbox on this system";
+    ASSERT_TRUE(a->attach(1, b->hello(), 0));
+    ASSERT_TRUE(b->attach(0, a->hello(), 0));
+    const uint64_t sent = 0x5eed0000u + static_cast<uint64_t>(round);
+    uint64_t got = 0;
+    std::atomic<bool> go{false};
+    std::thread sender([&] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      // A delay that sweeps the send across the receiver's wait, round by round.
+      for (volatile int spin = 0; spin < round % 512; ++spin) {
+      }
+      b->send(0, 7, &sent, sizeof(sent));
+      b->wait(std::chrono::milliseconds(5000), "leaving", "send");
+      b->close();
+    });
+    a->recv(1, 7, &got, sizeof(got));
+    go.store(true, std::memory_order_release);
+    try {
+      a->wait(std::chrono::milliseconds(5000), "leaving", "recv");
+      EXPECT_EQ(got, sent) << "round " << round;
+    } catch (const std::exception& e) {
+      if (failures++ == 0) first = e.what();
+      a->forget();
+    }
+    sender.join();
+  }
+  EXPECT_EQ(failures, 0) << failures << " of " << kRounds << " receives failed although the message was "
+                         << "in the inbox; the first: " << first;
+}

@@ -275,10 +275,10 @@ bool SharedMemoryRings::done() const {
   return true;
 }
 
-// Fails for a peer this wait still needs (a receive or an acknowledgement
-// from it, or room in its ring) that closed its inbox or exited. Others may
-// have left the group already, done with it.
-void SharedMemoryRings::check_peers(const std::string& what) {
+// Why a peer this wait still needs (a receive or an acknowledgement from
+// it, or room in its ring) cannot give it: it closed its inbox or exited.
+// Empty when none. Others may have left the group already, done with it.
+std::string SharedMemoryRings::gone_peer() const {
   std::vector<char> needed(static_cast<size_t>(size_), 0);
   for (const auto& [key, ins] : posted_) needed[static_cast<size_t>(key.first)] = 1;
   for (const auto& [key, n] : acks_owed_) needed[static_cast<size_t>(key.first)] = 1;
@@ -288,19 +288,32 @@ void SharedMemoryRings::check_peers(const std::string& what) {
     const Peer& p = peers_[static_cast<size_t>(q)];
     if (!p.base || !(needed[static_cast<size_t>(q)] || !p.out.empty())) continue;
     if (doorbell(p.base)->closed.load(std::memory_order_acquire))
-      fail(Code::Comm, what, ": rank ", q, " closed its connections to the group (its collective failed or it left the group)");
+      return "rank " + std::to_string(q) + " closed its connections to the group (its collective failed or it left the group)";
     if (p.pidfd >= 0) {
       fds.push_back({p.pidfd, POLLIN, 0});
       whose.push_back(q);
     } else if (kill(p.pid, 0) != 0 && errno == ESRCH) {  // no pidfd here: reaped is gone
-      fail(Code::Comm, what, ": rank ", q, "'s process (pid ", p.pid, ") exited");
+      return "rank " + std::to_string(q) + "'s process (pid " + std::to_string(p.pid) + ") exited";
     }
   }
-  if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return;
+  if (fds.empty() || poll(fds.data(), fds.size(), 0) <= 0) return {};
   for (size_t i = 0; i < fds.size(); ++i)
     if (fds[i].revents & POLLIN)
-      fail(Code::Comm, what, ": rank ", whose[i], "'s process (pid ", peers_[static_cast<size_t>(whose[i])].pid,
-           ") exited");
+      return "rank " + std::to_string(whose[i]) + "'s process (pid " +
+             std::to_string(peers_[static_cast<size_t>(whose[i])].pid) + ") exited";
+  return {};
+}
+
+// Every peer's ring consumed, and what fits of every peer's queue written.
+// True when anything came.
+bool SharedMemoryRings::drain_all(const std::string& what) {
+  bool progressed = false;
+  for (int q = 0; q < size_; ++q) {
+    if (!peers_[static_cast<size_t>(q)].base) continue;
+    progressed |= drain(q, what);
+    push(q);  // what did not fit when posted, and the acknowledgements drain queued
+  }
+  return progressed;
 }
 
 bool SharedMemoryRings::wait(std::chrono::milliseconds timeout, const std::string& group, const char* op) {
@@ -319,15 +332,18 @@ bool SharedMemoryRings::wait(std::chrono::milliseconds timeout, const std::strin
   for (;;) {
     if (interrupted_.load(std::memory_order_acquire)) return false;
     const uint32_t seen = own->bell.load(std::memory_order_seq_cst);
-    bool progressed = false;
-    for (int q = 0; q < size_; ++q) {
-      if (!peers_[static_cast<size_t>(q)].base) continue;
-      progressed |= drain(q, what);
-      push(q);  // what did not fit when posted, and the acknowledgements drain queued
-    }
+    const bool progressed = drain_all(what);
     if (done()) return true;
     if (progressed) continue;
-    check_peers(what);
+    if (!gone_peer().empty()) {
+      // A member that completed its collective may leave before we take the
+      // last messages it sent us. Those are in our own inbox, written before
+      // it closed or exited: drain once more after seeing it gone, and fail
+      // only if it is still needed then.
+      drain_all(what);
+      if (done()) return true;
+      if (const std::string gone = gone_peer(); !gone.empty()) fail(Code::Comm, what, ": ", gone);
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::string missing;

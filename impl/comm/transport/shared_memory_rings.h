@@ -20,7 +20,9 @@
 // closed TCP pair would; a peer whose process exited is found within a
 // sleep's slice (20 ms) through its pidfd (or, where pidfds are refused,
 // once reaped); an interrupt (the collective watch, a silent member) ends
-// the wait in flight.
+// the wait in flight. A member that completed and left is not a failure
+// while what it sent is still to be taken: that is in our own inbox, as
+// data a closed TCP pair delivered before its end of stream would be.
 #pragma once
 
 #include <sys/types.h>
@@ -126,7 +128,8 @@ class SharedMemoryRings {
   void push(int peer);
   bool drain(int peer, const std::string& what);
   void take(int peer, const Key& key, In in, Stashed& msg, const std::string& what);
-  void check_peers(const std::string& what);
+  bool drain_all(const std::string& what);
+  std::string gone_peer() const;
   bool done() const;
 
   const int rank_, size_;
