@@ -726,6 +726,62 @@ TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
   });
 }
 
+// A unit of persistent params alone (a norm's weight) is gathered on
+// demand in the first step and kept from then on, so later steps skip it:
+// the order the first step leaves is the one they take, and the second
+// step already gathers everything ahead (it gathered the whole step on
+// demand). Training steps (gradients pushed, an optimizer step after each)
+// and forward-only ones (inference: nothing pushed, no optimizer step).
+TEST(Coordinator, UnitsOfPersistentParamsAloneLeaveTheOrderTheNextStepTakes) {
+  run_ranks(2, [](const RankEnv& env) {
+    for (const bool trained : {true, false}) {
+      const std::string cfg = config(20000, 1000000000, 100, 0);  // biases (64) persist
+      zs_context ctx = zs::test::make_context(env, cfg.c_str());
+      ASSERT_NE(ctx, nullptr);
+      const Model m = build(ctx);
+      zs_optimizer opt = nullptr;
+      ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));
+      // Weight and bias each a unit of its own.
+      const auto use = [&](int l, int k, bool backward) {
+        zs_param p = m.layer(l, k);
+        ZS_ASSERT_OK(zs_coord_fetch(ctx, &p, 1));
+        if (backward) {
+          const uint64_t n = k == 0 ? kRows * kCols : kRows;
+          const std::vector<float> grad(n, 0.5f);
+          ZS_ASSERT_OK(zs_grad_push(p, grad.data(), ZS_FLOAT32, n * 4));
+        }
+        ZS_ASSERT_OK(zs_coord_release(ctx, &p, 1));
+      };
+      const auto step = [&] {
+        ZS_ASSERT_OK(zs_step_begin(ctx));
+        for (int l = 0; l < kLayers; ++l)
+          for (int k = 0; k < 2; ++k) use(l, k, false);
+        if (trained)
+          for (int l = kLayers - 1; l >= 0; --l)
+            for (int k = 1; k >= 0; --k) use(l, k, true);
+        ZS_ASSERT_OK(zs_step_end(ctx));
+        if (trained) ZS_ASSERT_OK(zs_optimizer_step(opt, nullptr));
+      };
+      step();
+      const zs_coord_stats first = stats(ctx);
+      EXPECT_GT(first.demand_fetches, 0u);
+      EXPECT_EQ(first.trace_length, trained ? 2u * kLayers : static_cast<uint64_t>(kLayers))
+          << "the order holds the weights' units alone";
+      for (int s = 0; s < 3; ++s) step();
+      const zs_coord_stats later = stats(ctx);
+      EXPECT_EQ(later.demand_fetches, first.demand_fetches) << "a later step gathered on demand (trained "
+                                                            << trained << ")";
+      if (trained) {
+        EXPECT_GT(later.prefetches, first.prefetches);
+      }
+      EXPECT_EQ(later.trace_invalidations, 0u) << "trained " << trained;
+      EXPECT_EQ(later.persistent_params, static_cast<uint64_t>(kLayers));
+      zs_optimizer_destroy(opt);
+      zs_context_destroy(ctx);
+    }
+  });
+}
+
 // Units whose params are all persistent and gathered are no events: the
 // trainer may skip them (zeroshard.torch drops such modules' hooks), on one
 // rank and not another, without changing the trace or hanging; the kept
@@ -739,7 +795,9 @@ TEST(Coordinator, KeptUnitsAreNoEventsAndStayGatheredAcrossSteps) {
     train_step(ctx, m);  // the forward gathers on demand; the backward reuses
     zs_coord_stats s = stats(ctx);
     EXPECT_EQ(s.demand_fetches, static_cast<uint64_t>(kLayers));
-    EXPECT_EQ(s.trace_length, static_cast<uint64_t>(kLayers)) << "only the forward's gathers are events";
+    // Every unit stays kept: from the next step on none is an event, so the
+    // step leaves no order.
+    EXPECT_EQ(s.trace_length, 0u);
     EXPECT_EQ(s.persistent_params, 2u * kLayers);
     zs_optimizer opt = nullptr;
     ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_SGD));

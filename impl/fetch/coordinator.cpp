@@ -552,9 +552,15 @@ std::optional<bool> Coordinator::step_end(uint64_t token) {
     last_order_ = 0;
     stats_.trace_length = 0;
   } else {
-    note_order();
-    orders_.front().trained = step_trained_;
-    if (!step_trained_) keep = kept_for_next_step();
+    drop_units_kept_next_step();
+    if (current_.empty()) {  // every unit stays kept: the next step records none
+      last_order_ = 0;
+      stats_.trace_length = 0;
+    } else {
+      note_order();
+      orders_.front().trained = step_trained_;
+      if (!step_trained_) keep = kept_for_next_step();
+    }
   }
   release_live(keep);
   current_.clear();
@@ -608,20 +614,43 @@ void Coordinator::reset_for_heal() {
   stats_.live_elements = 0;
 }
 
-void Coordinator::on_params_updated() {
-  const Entry entry(*this, Entry::UnderCallersHold);
-  // The kept list is the same on every rank (step_end compared it), so the
-  // noted params and their order are too.
-  refresh_.clear();
-  std::set<const Param*> noted;
+// The agreed kept params that stay gathered across an optimizer step: the
+// first of them, in order, within stage3_model_persistence_threshold.
+ParamList Coordinator::kept_across_update() const {
+  ParamList out;
   const auto budget = static_cast<uint64_t>(ctx_.config().model_persistence_threshold);
   uint64_t used = 0;
   for (const auto& p : agreed_kept_) {
     if (p->unregistered || used + p->layout.numel > budget) continue;
     used += p->layout.numel;
-    refresh_.push_back(p);
-    noted.insert(p.get());
+    out.push_back(p);
   }
+  return out;
+}
+
+// A unit whose params were gathered on demand in this step and stay kept
+// (persistent: a norm's weight) is recorded here, but from the next step on
+// it is no event (fetch returns before recording it): left in the order,
+// the next step would differ from it there and gather the rest of that
+// step on demand. What stays kept is agreed on every rank (agreed_kept_),
+// so the orders stay equal everywhere.
+void Coordinator::drop_units_kept_next_step() {
+  std::set<const Param*> stays;
+  for (const auto& p : step_trained_ ? kept_across_update() : agreed_kept_) stays.insert(p.get());
+  if (stays.empty()) return;
+  const auto all_stay = [&](const ParamList& unit) {
+    return std::all_of(unit.begin(), unit.end(), [&](const auto& p) { return stays.count(p.get()) != 0; });
+  };
+  current_.erase(std::remove_if(current_.begin(), current_.end(), all_stay), current_.end());
+}
+
+void Coordinator::on_params_updated() {
+  const Entry entry(*this, Entry::UnderCallersHold);
+  // The kept list is the same on every rank (step_end compared it), so the
+  // noted params and their order are too.
+  refresh_ = kept_across_update();
+  std::set<const Param*> noted;
+  for (const auto& p : refresh_) noted.insert(p.get());
   drop_all(noted);
 }
 

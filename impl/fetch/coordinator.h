@@ -16,7 +16,9 @@
 // model of many small params needs no gather per step. A unit whose params
 // are all kept and gathered is no event at all: it is not recorded, so a
 // trainer may skip fetching it (zeroshard.torch drops such modules' hooks)
-// and the order stays the same. A param used again within
+// and the order stays the same; the order a step leaves drops the units
+// that stay kept into the next step, which it records on demand the first
+// time. A param used again within
 // max_reuse_distance elements of the order is not released in between,
 // also across a step end when no gradient was pushed since the optimizer
 // step (inference: a generate() loop's forwards, each a step, find the
@@ -137,6 +139,8 @@ class Coordinator : public ParamKeeper {
   // The step just ended matched the order followed, or is new: it becomes
   // the most recent, and the one the previous step's order is followed by.
   void note_order();
+  ParamList kept_across_update() const;
+  void drop_units_kept_next_step();
   void release_one_param(Param& p);
   void return_idle_cache_after_last_gather();
   // Releases every param the coordinator holds except those in `keep`.
