@@ -6,8 +6,9 @@
 // forward those whose all-reduce failed where another's completed), and
 // the survivors' states plus the victim's replica at its holder equal an
 // uninterrupted run's states at C, bit for bit (zs_heal_state_digest). A
-// rank and the holder of its copy killed together: ZS_ERR_STATE_LOST
-// naming both on every survivor.
+// rank killed in a checkpoint save: the save fails as the loss. A rank and
+// the holder of its copy killed together: ZS_ERR_STATE_LOST naming both on
+// every survivor.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -208,6 +210,51 @@ void half_finished(int world, int victim, const std::vector<int>& failing) {
     if (r == victim) continue;
     EXPECT_EQ(sh->norm[r].load(), sh->norm[first].load()) << "rank " << r;
   }
+}
+
+// Rank 1 SIGKILLed in a checkpoint save after two steps, its shard file
+// written but not yet reported to rank 0 (the fault point "save"): every
+// survivor's save fails as the loss, ZS_ERR_RANK_LOST naming it within the
+// heartbeat's limit (not the save's timeout), so a trainer heals and saves
+// again; the steps before stay committed, the survivors' states equal the
+// uninterrupted run's, and nothing of the cut save is left in the directory.
+TEST(HealCommit, KilledInACheckpointSaveOnThreeRanks) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  reference_run(3, sh->ref, build);
+  char dir_template[] = "/tmp/zs_heal_save_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  zs::test::ScopedEnv fault("ZS_FAULT_POINT", "save:1:1");
+  run_ranks(
+      3,
+      [&](const RankEnv& env) {
+        Model m;
+        build(env, m);
+        for (int step = 1; step <= 2; ++step) ZS_ASSERT_OK(train_step(env, m, step));
+        zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+        o.tag = "state";
+        const auto t0 = std::chrono::steady_clock::now();
+        const zs_status s = zs_checkpoint_save(m.ctx, m.params, 2, m.opt, dir.c_str(), &o);
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ASSERT_NE(env.rank, 1) << "the victim outlived its fault point";
+        EXPECT_LT(took, 3.6) << "rank " << env.rank << " took " << took << " s to learn of the loss";
+        ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+        EXPECT_NE(std::string(zs_last_error()).find("rank 1 is lost"), std::string::npos) << zs_last_error();
+        int64_t committed = -1;
+        ZS_ASSERT_OK(zs_heal_agree(&committed, nullptr, m.opt));
+        EXPECT_EQ(committed, 2);
+        int64_t at = -1;
+        EXPECT_EQ(own_digest(m, &at), sh->ref[env.rank][2].load()) << "rank " << env.rank;
+        std::printf("[heal-commit] save:1:1 on 3 ranks: rank %d's save failed after %.3f s, agreed C = %lld\n",
+                    env.rank, took, static_cast<long long>(committed));
+        std::fflush(stdout);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      60, {1});
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.state.partial")) << "the cut save's partial directory is left";
+  EXPECT_FALSE(std::filesystem::exists(dir + "/state")) << "the cut save was committed";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HealCommit, HalfFinishedNormAllReduceRollsForwardOnThreeRanks) { half_finished(3, 1, {2}); }

@@ -12,6 +12,7 @@
 #include "impl/checkpoint/pending_save.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
+#include "impl/common/fault_point.h"
 #include "impl/partition/shard_residence.h"
 
 namespace zs::ckpt {
@@ -21,10 +22,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Saves are numbered per context, the same on every rank (saves are
-// collective), so each save's store keys are its own.
+// Saves are numbered per context and healing generation, the same on
+// every rank (saves are collective), so each save's store keys are its
+// own; after a heal, survivors and replacements count from 0 alike.
 struct SaveCounter : Context::Attachment {
   explicit SaveCounter(Context&) {}
+  int64_t generation = 0;
   uint64_t next = 0;
 };
 
@@ -387,6 +390,7 @@ void run(Context& ctx, Job& job) {
   json mine;
   try {
     write_local(job.local, ctx.ranks(), *job.device, join(partial, job.file_name), o.progress);
+    fault_point("save");  // its file written, before rank 0 hears of it
     mine = local_to_json(job.local, job.fp);
   } catch (const Error& e) {
     mine = {{"ok", false}, {"error", status_of(e)}};
@@ -483,16 +487,19 @@ void run(Context& ctx, Job& job) {
   }
 }
 
-}  // namespace
-
-std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
-                 const std::string& dir, const SaveOptions& o) {
+std::string save_now(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                     const std::string& dir, const SaveOptions& o) {
   wait_for_pending_save(ctx);  // its error surfaces here, before this save starts
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   // Numbered first, so a rank that refuses the call below still keeps its
   // numbering in step with the others for the saves that follow.
-  const uint64_t seq = ctx.attachment<SaveCounter>().next++;
+  SaveCounter& counter = ctx.attachment<SaveCounter>();
+  if (counter.generation != ctx.generation()) {
+    counter.generation = ctx.generation();
+    counter.next = 0;
+  }
+  const uint64_t seq = counter.next++;
   if (dir.empty()) fail(Code::InvalidArgument, "checkpoint directory is empty");
   const NameOf name_of = checkpoint_names(params, o.names, "checkpoint save");
   if (opt) opt->expect_no_open_step("checkpoint save");
@@ -522,7 +529,7 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (world > 1 && !job.store) fail(Code::Internal, "checkpoint save: no rendezvous store in a world of ", world);
   job.snap = snapshot(ctx, params, opt, name_of);
   job.device = ctx.device();
-  job.key = "zs/ckpt/" + std::to_string(seq) + "/";
+  job.key = ctx.key_prefix() + "ckpt/" + std::to_string(seq) + "/";
   job.start = Clock::now();
   job.partial = join(dir, "." + job.tag + ".partial");
   collect_sources(ctx, params, opt, name_of, job.local);
@@ -553,6 +560,23 @@ std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (opt) opt->flush_state_views();
   if (o.progress) o.progress("done", 0, 0);
   return join(dir, job.tag);
+}
+
+}  // namespace
+
+std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
+                 const std::string& dir, const SaveOptions& o) {
+  try {
+    return save_now(ctx, params, opt, dir, o);
+  } catch (const Error& e) {
+    // Healing: a save cut short by a lost rank (its store waits) is that
+    // loss, as a collective's failure is, so the trainer heals and saves
+    // again with the replacement.
+    Code code = e.code();
+    std::string note;
+    if (ctx.as_loss(code, e.what(), &note)) fail(code, e.what(), note);
+    throw;
+  }
 }
 
 }  // namespace zs::ckpt

@@ -554,18 +554,8 @@ std::shared_ptr<Group> Context::make_group(const std::string& name, int id,
                                        [this](Code& c, const std::string& m) {
                                          // Healing: a collective cut short by a
                                          // lost rank (or by a survivor that
-                                         // failed first) is the loss, named by
-                                         // the heartbeat within its limit.
-                                         if (heals() && (c == Code::Comm || c == Code::Timeout)) {
-                                           std::string why;
-                                           if (!await_loss(loss_grace(), &why).empty()) {
-                                             c = Code::RankLost;
-                                             const std::string note =
-                                                 m.find(why) == std::string::npos ? "; " + why : "";
-                                             record_async_error(c, m + note);
-                                             return note;
-                                           }
-                                         }
+                                         // failed first) is the loss.
+                                         if (std::string note; as_loss(c, m, &note)) return note;
                                          // A silent peer is named already, and
                                          // may be rank 0 that serves the store.
                                          std::string note =
@@ -581,6 +571,16 @@ std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
   check_async_error();
   const auto held = lock();
   return topology_->create_group(ranks);
+}
+
+bool Context::as_loss(Code& code, const std::string& message, std::string* note) {
+  if (!heals() || (code != Code::Comm && code != Code::Timeout)) return false;
+  std::string why;
+  if (await_loss(loss_grace(), &why).empty()) return false;
+  code = Code::RankLost;
+  *note = message.find(why) == std::string::npos ? "; " + why : "";
+  record_async_error(code, message + *note);
+  return true;
 }
 
 void Context::record_async_error(Code code, const std::string& message) {

@@ -179,6 +179,13 @@ class Context {
   // loss_grace() for the heartbeat's verdict, and is RankLost naming the
   // rank when one comes.
   bool heals() const { return heals_.load(); }
+  // Healing: a Comm or Timeout failure (`code`, `message`) that a lost rank
+  // caused, a collective's or a store wait's outside groups (a checkpoint
+  // save), is that loss once the heartbeat names it within loss_grace():
+  // `code` becomes RankLost, recorded as the context's error, and `note`
+  // the sentence naming the rank to append (empty when `message` has it).
+  // False, all unchanged, otherwise.
+  bool as_loss(Code& code, const std::string& message, std::string* note);
   std::vector<int> lost_ranks(std::string* why = nullptr) const;
   // Waits up to `within` for a loss; returns lost_ranks().
   std::vector<int> await_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;

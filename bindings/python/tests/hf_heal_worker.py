@@ -25,6 +25,7 @@ writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
 and rank 0 the consolidated params' hash and the Trainer's log history).
 """
+import hashlib
 import json
 import os
 import signal
@@ -55,6 +56,27 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+TIMING = ("runtime", "samples_per_second", "steps_per_second")
+
+
+def saved_files(folder):
+    """{path under folder: sha256} of every file the saves wrote; of a
+    trainer_state.json, without the timings in its log history."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            if name == "trainer_state.json":
+                state = json.loads(data)
+                state["log_history"] = [{k: v for k, v in e.items() if not k.endswith(TIMING)}
+                                        for e in state["log_history"]]
+                data = json.dumps(state, sort_keys=True).encode()
+            found[os.path.relpath(path, folder)] = hashlib.sha256(data).hexdigest()
+    return found
+
+
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
     rank = int(os.environ["RANK"])
@@ -62,9 +84,15 @@ def main():
         int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
     kills = [tuple(k.split(":")) for k in sys.argv[3:]]
     mine = {(int(s), where) for r, s, where in kills if int(r) == rank} if first else set()
+    save_steps = int(os.environ.get("ZS_TEST_SAVE_STEPS", "0"))
+    faults = []
     for s, where in mine:
         if where in ("update", "norm_allreduce"):  # the engine's fault points, passed once a step
-            os.environ["ZS_FAULT_POINT"] = f"{where}:{rank}:{s}"
+            faults.append(f"{where}:{rank}:{s}")
+        if where == "save":  # passed once a save, its file written
+            faults.append(f"save:{rank}:{s // save_steps}")
+    if faults:
+        os.environ["ZS_FAULT_POINT"] = ",".join(faults)
     log = open(f"{out}.{rank}", "a")
 
     def note(**kv):
@@ -83,7 +111,8 @@ def main():
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
-        lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, save_strategy="no", report_to=[], seed=0,
+        lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, report_to=[], seed=0,
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
         **generation)
@@ -142,7 +171,7 @@ def main():
     # consolidated params' hash and the log.
     digest, taken, params = zt.training_digest(trainer.optimizer, trainer.model)
     if rank == 0:
-        note(event="params", sha256=params, log_history=trainer.state.log_history)
+        note(event="params", sha256=params, log_history=trainer.state.log_history, saved=saved_files(args.output_dir))
     note(event="end", digest=digest, steps=taken, global_step=trainer.state.global_step,
          lr=trainer.optimizer.param_groups[0]["lr"])
     zt.shutdown()

@@ -240,17 +240,21 @@ def test_a_plain_hf_trainer_script_heals_three_losses_in_place():
         for r, (step, where) in enumerate([(25, "backward"), (60, "after"), (71, "update")])))
 
 
-def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step_and_an_evaluation():
-    """Four ranks, evaluating every 20 steps: rank 0 (the store in
-    zsstore) killed in step 15's update (committed), rank 1 in step 30's
-    optimizer step before the norm's all-reduce (not committed: the
-    survivors redo the step's forwards and backwards from inside their
-    optimizer step, then step), rank 3 at the second batch of the
-    evaluation after step 40 (the survivors run the logging and the
-    evaluation again from their start, with the replacement). The model
-    comes from_pretrained, partitioned as it loads (the copies kept on for
-    the Trainer that follows; a replacement reads no weights). Bitwise as
-    above, the evaluation losses in the log history included."""
+def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step_an_evaluation_and_a_save():
+    """Four ranks, evaluating every 20 steps and saving a checkpoint every
+    25: rank 0 (the store in zsstore) killed in step 15's update
+    (committed), rank 1 in step 30's optimizer step before the norm's
+    all-reduce (not committed: the survivors redo the step's forwards and
+    backwards from inside their optimizer step, then step), rank 3 at the
+    second batch of the evaluation after step 40 (the survivors run the
+    logging and the evaluation again from their start, with the
+    replacement), rank 2 in step 50's checkpoint save, its engine shard
+    written but not yet reported (the survivors' save fails as the loss,
+    they heal and save again with the replacement). The model comes
+    from_pretrained, partitioned as it loads (the copies kept on for the
+    Trainer that follows; a replacement reads no weights). Bitwise as
+    above, the evaluation losses in the log history included, and every
+    file of both checkpoints equal to the uninterrupted run's."""
     import torch
     import transformers
     torch.manual_seed(0)
@@ -258,21 +262,22 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
                                                                  n_layer=2, n_head=2))
     folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
     model.save_pretrained(folder)
-    env = {"ZS_TEST_EVAL_STEPS": "20", "ZS_TEST_PRETRAINED": folder}
+    env = {"ZS_TEST_EVAL_STEPS": "20", "ZS_TEST_SAVE_STEPS": "25", "ZS_TEST_PRETRAINED": folder}
     steps = 60
     ref_code, ref_out, ref_logs, _ = launch(4, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
     assert ref_code == 0, ref_out
-    code, out, logs, left = launch(4, "0:15:update", "1:30:norm_allreduce", "3:40:eval", restarts=3,
-                                   worker="hf_heal_worker.py", steps=steps, env=env)
+    code, out, logs, left = launch(4, "0:15:update", "1:30:norm_allreduce", "3:40:eval", "2:50:save",
+                                   restarts=4, worker="hf_heal_worker.py", steps=steps, env=env)
     assert code == 0, out
     assert "starting the job again" not in out, out
-    for r, joined in ((0, 15), (1, 29), (3, 40)):
+    for r, joined in ((0, 15), (1, 29), (3, 40), (2, 50)):
         assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
-    for r, step in ((0, 15), (1, 30), (3, 40)):
+    for r, step in ((0, 15), (1, 30), (3, 40), (2, 50)):
         pids = list(dict.fromkeys(l["pid"] for l in logs[r]))
         assert len(pids) == 2 and [l for l in logs[r] if l["pid"] == pids[0]][-1]["step"] == step, (r, logs[r])
-    assert len({l["pid"] for l in logs[2]}) == 1, logs[2]  # a survivor all along
     check_trainer_ends(4, logs, ref_logs, out)
+    saved = [l for l in logs[0] if l["event"] == "params"][0]["saved"]
+    assert {f.split("/")[0] for f in saved} == {"checkpoint-25", "checkpoint-50", "checkpoint-60"}, saved
     history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
     assert len([e for e in history if "eval_loss" in e]) == steps // 20, history
     for r in (0, 1, 3):  # each replacement's from_pretrained read no weights
@@ -320,6 +325,11 @@ def check_trainer_ends(n, logs, ref_logs, out):
     strip = lambda h: [{k: v for k, v in e.items() if not k.endswith(timing)} for e in h]  # noqa: E731
     got, want = params[0]["log_history"], ref_params[0]["log_history"]
     assert strip(got) == strip(want), (got, want)
+    # Every file the Trainer's saves wrote, bit for bit, but the engine's
+    # directory lock (which names its holder's pid) and the timings in
+    # trainer_state.json.
+    files = lambda saved: {f: h for f, h in saved.items() if not f.endswith(".zeroshard.lock")}  # noqa: E731
+    assert files(params[0]["saved"]) == files(ref_params[0]["saved"]), (params[0]["saved"], ref_params[0]["saved"])
 
 
 def trainer_kill_to_commit(logs, victim, step, where):
