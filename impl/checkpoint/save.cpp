@@ -489,7 +489,6 @@ void run(Context& ctx, Job& job) {
 
 std::string save_now(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                      const std::string& dir, const SaveOptions& o) {
-  wait_for_pending_save(ctx);  // its error surfaces here, before this save starts
   const auto held = ctx.lock();  // the engine's state stays still while it is read or written
   const memory_tally::PhaseScope phase(MemPhase::Checkpoint);
   // Numbered first, so a rank that refuses the call below still keeps its
@@ -566,6 +565,11 @@ std::string save_now(Context& ctx, const std::vector<std::shared_ptr<Param>>& pa
 
 std::string save(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, Optimizer* opt,
                  const std::string& dir, const SaveOptions& o) {
+  // An earlier asynchronous save's error surfaces here, before this save
+  // starts, as it is: one a loss cut short is not healed (a trainer that
+  // healed would go on with that checkpoint incomplete), so it stays
+  // ZS_ERR_COMM, a restart from the last whole checkpoint.
+  wait_for_pending_save(ctx);
   try {
     return save_now(ctx, params, opt, dir, o);
   } catch (const Error& e) {
