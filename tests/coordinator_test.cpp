@@ -733,8 +733,10 @@ TEST(Coordinator, RanksThatDisagreeInvalidateEverywhere) {
 // demand). Training steps (gradients pushed, an optimizer step after each)
 // and forward-only ones (inference: nothing pushed, no optimizer step).
 TEST(Coordinator, UnitsOfPersistentParamsAloneLeaveTheOrderTheNextStepTakes) {
-  run_ranks(2, [](const RankEnv& env) {
-    for (const bool trained : {true, false}) {
+  // A world (and store) per kind: a second context on the first's store
+  // port may find it still held.
+  for (const bool trained : {true, false}) {
+    run_ranks(2, [trained](const RankEnv& env) {
       const std::string cfg = config(20000, 1000000000, 100, 0);  // biases (64) persist
       zs_context ctx = zs::test::make_context(env, cfg.c_str());
       ASSERT_NE(ctx, nullptr);
@@ -778,8 +780,8 @@ TEST(Coordinator, UnitsOfPersistentParamsAloneLeaveTheOrderTheNextStepTakes) {
       EXPECT_EQ(later.persistent_params, static_cast<uint64_t>(kLayers));
       zs_optimizer_destroy(opt);
       zs_context_destroy(ctx);
-    }
-  });
+    });
+  }
 }
 
 // Units whose params are all persistent and gathered are no events: the
