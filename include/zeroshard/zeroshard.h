@@ -413,9 +413,11 @@ ZS_API zs_status zs_context_memory(zs_context ctx, zs_memory_stats* stats);
 /* Every byte the engine allocates, by what it is for (process-wide: the
  * caching pools are). Device memory is counted at the size the pool hands
  * out, so the kinds other than ZS_MEM_IO_STAGING and ZS_MEM_INBOXES add up
- * to zs_memory_pools_in_use; those two are outside the pools: ZS_MEM_IO_STAGING is aligned host memory of
- * checkpoint and NVMe I/O, outside the pools. Idle pool blocks are not in
- * any kind (zs_memory_stats' host_cache_bytes and device_cache_bytes). */
+ * to zs_memory_pools_in_use; those two are outside the pools:
+ * ZS_MEM_IO_STAGING is aligned host memory of checkpoint and NVMe I/O,
+ * ZS_MEM_INBOXES the shared-memory transport's inboxes. Idle pool blocks
+ * are not in any kind (zs_memory_stats' host_cache_bytes and
+ * device_cache_bytes). */
 typedef enum zs_memory_kind {
   ZS_MEM_SHARDS = 0,          /* this rank's param shards (packed frozen ones too) */
   ZS_MEM_MASTERS = 1,         /* fp32 masters of 16-bit params */
