@@ -469,9 +469,12 @@ void run(Context& ctx, Job& job) {
     // error) does not take the answer away from the others.
     const int64_t readers = static_cast<int64_t>(std::count_if(
         ranks_seen.begin(), ranks_seen.end(), [](bool b) { return b; })) - 1;
+    // Healing: once a rank is lost, every survivor's store wait is cut
+    // short (the loss interrupts it), so one may never read the outcome
+    // to acknowledge it; the save is that loss on every rank anyway.
     const auto ack_deadline = Clock::now() + timeout;
     try {
-      while (store->add(key + "ack", 0) < readers && Clock::now() < ack_deadline)
+      while (store->add(key + "ack", 0) < readers && Clock::now() < ack_deadline && ctx.lost_ranks().empty())
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     } catch (const Error&) {
     }
