@@ -150,6 +150,25 @@ TEST(Failure, DestroyAfterAPeerDiedReturnsPromptly) {
   });
 }
 
+// The same when the dead rank served the store: the survivor's goodbye
+// would retry connecting to the exited server until the timeout.
+TEST(Failure, DestroyAfterTheStoreServerDiedReturnsPromptly) {
+  run_ranks(2, [](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(env, nullptr, 20000);
+    ASSERT_NE(ctx, nullptr);
+    zs_param p = small_param(ctx);
+    if (env.rank == 0) _exit(0);
+    zs_gather g = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    EXPECT_NE(zs_gather_wait(g, ZS_WAIT_FOREVER), ZS_OK);
+    zs_gather_destroy(g);
+    zs_param_destroy(p);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(zs_context_destroy(ctx), ZS_OK) << zs_last_error();
+    EXPECT_LT(seconds_since(t0), 3.0) << "destroy waited for the store's server (timeout 20 s)";
+  });
+}
+
 TEST(Failure, RankThatNeverStartsFailsBootstrap) {
   run_ranks(2, [](const RankEnv& env) {
     if (env.rank == 1) return;  // never shows up

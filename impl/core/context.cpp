@@ -615,6 +615,11 @@ void Context::check_async_error() const {
 // heartbeat finds one silent, and the others do not wait on a stopped rank
 // 0 for their goodbye (store_server_watch_ ends the call; rank 0 sees their
 // connections close either way).
+void Context::gave_up_on_goodbyes(const std::string& why) const {
+  std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
+               ranks_.rank, why.c_str());
+}
+
 void Context::finalize_store() {
   // A store refused as an earlier job's is left as it was: no goodbye
   // counted there, nothing removed.
@@ -629,6 +634,12 @@ void Context::finalize_store() {
     return;
   }
   if (!store_ || !tcp_store_) return;
+  // A goodbye to a server that exited would only retry connecting until the
+  // timeout (3 s in a test, 300 by default) before the process can exit.
+  if (store_->server_lost()) {
+    if (!external_store_) gave_up_on_goodbyes("the store's server (rank 0) has exited");
+    return;
+  }
   if (external_store_) {
     // The store outlives every rank: nobody waits for the others' goodbyes.
     try {
@@ -637,13 +648,9 @@ void Context::finalize_store() {
     }
     return;
   }
-  const auto gave_up = [&](const std::string& why) {
-    std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
-                 ranks_.rank, why.c_str());
-  };
   try {
     if (ranks_.rank != 0)
-      if (const std::string why = silence({0}); !why.empty()) return gave_up(why);
+      if (const std::string why = silence({0}); !why.empty()) return gave_up_on_goodbyes(why);
     store_->add("zs/finalize", 1);
     if (ranks_.rank != 0) return;
     // Until every rank said goodbye, or no peer is connected any more (the
@@ -652,7 +659,7 @@ void Context::finalize_store() {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (store_->add("zs/finalize", 0) < ranks_.world_size &&
            store_->clients_connected() != 1 && std::chrono::steady_clock::now() < deadline) {
-      if (const std::string why = silence(); !why.empty()) return gave_up(why);
+      if (const std::string why = silence(); !why.empty()) return gave_up_on_goodbyes(why);
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } catch (const Error&) {

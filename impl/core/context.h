@@ -336,6 +336,8 @@ class Context {
   // A replacement's generation: waits for the key the survivors post.
   void find_generation();
   void finalize_store();
+  // Says on stderr why destroy leaves without every rank's goodbye.
+  void gave_up_on_goodbyes(const std::string& why) const;
   // Every world rank's host, in rank order (wait_for_every_rank).
   void learn_hosts(const std::vector<std::string>& hosts);
   Attachment* find_locked(std::type_index type);  // caller holds attachments_mu_

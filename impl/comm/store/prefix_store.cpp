@@ -31,6 +31,7 @@ class PrefixStore final : public Store {
   }
   bool check(const std::string& key) override { return base_->check(prefix_ + key); }
   void interrupt(const std::string& why) override { base_->interrupt(why); }
+  bool server_lost() const override { return base_->server_lost(); }
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {

@@ -46,6 +46,10 @@ class Store {
   // safe from any thread. A no-op where calls cannot hang on a peer (the
   // memory store).
   virtual void interrupt(const std::string& why) { (void)why; }
+  // The server closed this client's connection under a call (it exited)
+  // and no connection was made since: a later call would only retry
+  // connecting until the timeout. False where there is no server.
+  virtual bool server_lost() const { return false; }
 
   // The job is over (the last rank to leave calls this): removes the keys
   // where they outlive the processes (the file store's files), so the next

@@ -63,6 +63,7 @@ class TcpStore final : public Store {
   std::vector<std::vector<char>> get_many(const std::vector<std::string>& keys) override;
   int clients_connected() const override { return server_ ? server_->clients() : -1; }
   void interrupt(const std::string& why) override;
+  bool server_lost() const override { return server_lost_.load(); }
 
  private:
   // Interrupted: interrupt() was called during this call.
@@ -106,6 +107,7 @@ class TcpStore final : public Store {
   std::atomic<uint64_t> interrupts_{0};
   uint64_t call_interrupts_ = 0;
   uint64_t requests_ = 0;  // round trips made (under mu_), for ZS_STORE_STATS
+  std::atomic<bool> server_lost_{false};
   std::mutex why_mu_;
   std::string why_;
 };
@@ -202,6 +204,7 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
         set_nodelay(fd);
         fd_ = fd;
         greet_locked(deadline, start);
+        server_lost_ = false;
         return;
       }
       last_error = std::strerror(err);
@@ -359,6 +362,7 @@ bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
     disconnect_locked();
     if (io == Io::Timeout) return false;
     if (io == Io::Interrupted) fail_interrupted(what);
+    server_lost_ = true;
     fail(Code::Bootstrap, what, ": connection to store at ", where_, " lost (",
          io_errno_ != 0 ? std::strerror(io_errno_) : "closed by the server",
          "); the store server (rank 0) may have exited");
