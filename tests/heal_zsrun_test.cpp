@@ -52,6 +52,33 @@ TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsr
 // rank 0 prints it).
 TEST(HealZsrun, TrainMlpHealsRankZeroKilledInTheFetchOnThreeRanks) { heals_under_zsrun(3, "fetch:0:20"); }
 
+// A rank that stops (SIGSTOP: hung, or starved past the heartbeat's limit)
+// instead of dying is taken for lost all the same; after the agreement the
+// lowest survivor kills its process (the fence: it must not come back into
+// the run), and zsrun replaces it as any killed rank. Without the fence
+// zsrun never learns of it and the survivors wait in the join until the
+// store's timeout.
+TEST(HealZsrun, TrainMlpFencesAndReplacesARankStoppedInTheUpdateOnThreeRanks) {
+  const auto ref = reference(3);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:2:8:stop",
+                                           "--restarts 1");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[heal-zsrun] rank 2 stopped in the update, fenced and replaced: %.2f s\n", took);
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("rank 0: healing: rank 2 was taken for lost while its process lives: killed pid"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("(it was stopped), so that it cannot come back into the run"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 2 killed by signal SIGKILL"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank 2"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
+  EXPECT_EQ(run.losses, ref.losses) << run.out;
+  EXPECT_LT(took, 30.0);
+}
+
 // The last kSteps losses printed: a job restarted whole prints the steps of
 // its first attempt too, before its own from step 0 (train_mlp keeps no
 // checkpoint).

@@ -9,7 +9,9 @@
 // save's rank file written, before rank 0 hears of it). With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real
-// loss produces only by chance). Unset: one atomic load per pass. A fault
+// loss produces only by chance). With ":stop", the process stops itself
+// (SIGSTOP) instead, as one hung or starved past the heartbeat's limit
+// would: its peers take it for lost and fence it. Unset: one atomic load per pass. A fault
 // is one failure of the job: in a job zsrun restarted whole
 // (TORCHELASTIC_RESTART_COUNT > 0) none is armed, so the restart runs
 // clean (a replacement of a lost rank is still in the first attempt).

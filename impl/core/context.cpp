@@ -24,6 +24,7 @@
 #endif
 #include "impl/common/env.h"
 #include "impl/common/fault_point.h"
+#include "impl/common/process_fence.h"
 #include "impl/core/launcher_watch.h"
 #include "impl/core/shared_gpus.h"
 
@@ -142,6 +143,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   // After the ready round, which has compared the effective configs (and
   // so peer_copy): every rank makes it, or none.
   if (ctx->config_.heal_peer_copy == 1) ctx->topology_->make_heal();
+  if (ctx->config_.heal_peer_copy == 1 && ctx->store_) ctx->post_process_identity();
   if (ctx->config_.heal_peer_copy == 1 && ctx->heartbeat_) ctx->start_loss_watch();
   return ctx;
 }
@@ -821,6 +823,34 @@ void Context::find_generation() {
   generation_ = g;
 }
 
+namespace {
+std::string process_key(int rank, int64_t incarnation) {
+  return "zs/heal/process/" + std::to_string(rank) + "/" + std::to_string(incarnation);
+}
+}  // namespace
+
+void Context::post_process_identity() {
+  const std::string id = process_identity();
+  store_->set(process_key(ranks_.rank, replacement_), std::vector<char>(id.begin(), id.end()));
+}
+
+// After the agreement, rank r's process may still live: stopped, or starved
+// past the heartbeat's limit. Taken for lost, it must not come back into a
+// run that healed without it (its stale state, its messages), nor hold a
+// launcher that waits for it to exit: it is killed here when it runs on this
+// host (a launcher that heals then starts its replacement). Its incarnation
+// is the one before this loss: `losses` counts them.
+void Context::fence(int r) {
+  const int64_t incarnation = store_->add("zs/heal/rank" + std::to_string(r) + "/losses", 0) - 1;
+  const std::string key = process_key(r, incarnation);
+  if (incarnation < 0 || !store_->check(key)) return;
+  const std::vector<char> raw = store_->get(key);
+  const std::string done = fence_process(std::string(raw.begin(), raw.end()));
+  if (done.empty() || done.find("has exited") != std::string::npos) return;
+  std::fprintf(stderr, "zeroshard: rank %d: healing: rank %d was taken for lost while its process lives: %s, so "
+               "that it cannot come back into the run\n", ranks_.rank, r, done.c_str());
+}
+
 void Context::regroup(const std::vector<int>& lost) {
   if (!heartbeat_ || !store_ || !heals())
     fail(Code::InvalidState, "regroup needs healing on (zeroshard.healing.peer_copy) with heartbeats");
@@ -838,6 +868,7 @@ void Context::regroup(const std::vector<int>& lost) {
       list += (list.empty() ? "" : " ") + std::to_string(r);
     }
     store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
+    for (const int r : lost) fence(r);
   }
   heartbeat_->republish(*store_, prefix);
   for (const int r : lost) {
