@@ -23,6 +23,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <thread>
+#include <csignal>
+#include <sys/wait.h>
 
 #include "tests/support/heal_model.h"
 #include "tests/support/multirank.h"
@@ -39,6 +42,8 @@ struct Shared {
   std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
   std::atomic<int> finished[kMaxWorld];              // ranks whose final state was checked
   std::atomic<double> kill_to_commit_s;              // a survivor's: the failing step's start to step C + 1's commit
+  std::atomic<int> agreed;                           // survivors past zs_heal_agree
+  std::atomic<int> stale_status;                     // what the stopped victim's agreement returned, had it returned
 };
 
 // The initial values come from rank 0 (a scatter), which a replacement
@@ -71,16 +76,40 @@ zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
 // starts its replacement, which joins; all run to step kSteps. With
 // `external`, a process of its own serves the store (as zsrun's zsstore
 // does), so rank 0 may be the victim.
-void replaced_at(int world, int victim, const char* point, int count, bool external = false) {
+// With `hosts` > 1 the ranks play that many hosts (rank * hosts / world).
+// With `stop` the victim stops (SIGSTOP) instead of dying; once the
+// survivors agreed, the test's parent lets it go on (SIGCONT): it must
+// fence itself (it was taken for lost on a host where no survivor could
+// kill it), dying as a lost rank does, and its replacement takes its place.
+void replaced_at(int world, int victim, const char* point, int count, bool external = false, int hosts = 1,
+                 bool stop = false) {
   ShortHeartbeat hb;
   Shared* sh = shared_block<Shared>();
   reference_run(world, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
   std::unique_ptr<zs::test::ExternalStore> store;
   if (external) store = std::make_unique<zs::test::ExternalStore>();
-  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  const std::string fault =
+      std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count) + (stop ? ":stop" : "");
+  sh->stale_status = -1;
+  // A process, not a thread: the parent forks the replacement later (and
+  // TSan refuses a fork from a multi-threaded process).
+  pid_t resume = -1;
+  if (stop) {
+    resume = fork();
+    ASSERT_GE(resume, 0);
+    if (resume == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (sh->agreed.load() < world - 1 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      kill(sh->pid_at_start[victim].load(), SIGCONT);
+      _exit(0);
+    }
+  }
   const auto pids = zs::test::run_ranks_replacing(
       world,
       [&](const RankEnv& env) {
+        if (hosts > 1) zs::test::play_host(env.rank * hosts / world);
         if (env.replacement == 0) {
           setenv("ZS_FAULT_POINT", fault.c_str(), 1);
           sh->pid_at_start[env.rank] = getpid();
@@ -118,12 +147,22 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
             ++step;
             continue;
           }
+          if (stop && env.rank == victim) {
+            // Back from the stop, into the agreement as a survivor would
+            // go: it must end there, fenced.
+            int64_t agreed = -1;
+            sh->stale_status = zs_heal_agree(&agreed, nullptr, m.opt);
+            std::fprintf(stderr, "the stopped victim's step: %s; its agreement: %s\n", zs_status_string(s),
+                         zs_last_error());
+            _exit(3);
+          }
           ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
           ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
           ASSERT_EQ(sh->committed[env.rank].load(), -1) << "a second loss";
           failed_step_began = began;
           int64_t agreed = -1, committed = -1;
           ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+          sh->agreed += 1;
           ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
           EXPECT_EQ(committed, agreed);
           sh->committed[env.rank] = committed;
@@ -143,6 +182,8 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
         destroy(m);
       },
       60, {victim}, 1, store ? store->port() : 0);
+  if (resume > 0) waitpid(resume, nullptr, 0);
+  EXPECT_EQ(sh->stale_status.load(), -1) << "the stopped victim's agreement returned instead of fencing it";
   std::printf("[heal-join] %s on %d ranks%s: C = %lld, kill to the next committed step %.3f s\n", fault.c_str(), world,
               external ? " (external store)" : "", static_cast<long long>(sh->committed[victim].load()), sh->kill_to_commit_s.load());
   std::fflush(stdout);
@@ -181,6 +222,12 @@ TEST(HealJoin, RankZeroReplacedAfterAKillInTheReduceScatterOnFourRanks) {
 }
 TEST(HealJoin, RankZeroReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) {
   replaced_at(4, 0, "norm_allreduce_done", 3, true);
+}
+
+// A rank stopped in the update, on the host the lowest survivor is not on:
+// it fences itself once it goes on.
+TEST(HealJoin, AStoppedRankOnAnotherHostFencesItselfAndIsReplacedOnFourRanks) {
+  replaced_at(4, 3, "update", 3, false, 2, true);
 }
 
 // The replacement registers w1 with another shape: zs_heal_join fails on

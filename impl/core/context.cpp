@@ -1,6 +1,7 @@
 #include "impl/core/context.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -577,6 +578,7 @@ std::shared_ptr<Group> Context::create_group(const std::vector<int>& ranks) {
 
 bool Context::as_loss(Code& code, const std::string& message, std::string* note) {
   if (!heals() || (code != Code::Comm && code != Code::Timeout)) return false;
+  end_if_fenced();  // the peers closed their pairs because they healed without this rank
   std::string why;
   if (await_loss(loss_grace(), &why).empty()) return false;
   code = Code::RankLost;
@@ -843,12 +845,38 @@ void Context::post_process_identity() {
 void Context::fence(int r) {
   const int64_t incarnation = store_->add("zs/heal/rank" + std::to_string(r) + "/losses", 0) - 1;
   const std::string key = process_key(r, incarnation);
-  if (incarnation < 0 || !store_->check(key)) return;
+  const std::vector<int>& host_of = topology_->host_of();
+  if (incarnation < 0 || host_of[static_cast<size_t>(r)] != host_of[static_cast<size_t>(ranks_.rank)] ||
+      !store_->check(key))
+    return;
   const std::vector<char> raw = store_->get(key);
   const std::string done = fence_process(std::string(raw.begin(), raw.end()));
   if (done.empty() || done.find("has exited") != std::string::npos) return;
   std::fprintf(stderr, "zeroshard: rank %d: healing: rank %d was taken for lost while its process lives: %s, so "
                "that it cannot come back into the run\n", ranks_.rank, r, done.c_str());
+}
+
+// The other side of fence(), for a process no survivor could kill (on
+// another host): back from a stop, it finds its collectives failing and
+// nobody silent. When the store counts a loss of this incarnation, its
+// peers have healed without it; it must not go on (its state is stale and
+// its messages would reach the next generation), nor exit with an error a
+// launcher takes for a failed job: it dies as a lost rank does, and a
+// launcher that heals starts its replacement.
+void Context::end_if_fenced() {
+  if (!store_ || !heals()) return;
+  int64_t losses = 0;
+  try {
+    losses = store_->add("zs/heal/rank" + std::to_string(ranks_.rank) + "/losses", 0);
+  } catch (const Error&) {
+    return;  // no store to ask: the failure stands as it is
+  }
+  if (losses <= replacement_) return;
+  std::fprintf(stderr, "zeroshard: rank %d: this process (incarnation %lld of rank %d) was taken for lost by its "
+               "peers, who healed without it (it was silent past the heartbeat's limit: stopped or starved); it ends "
+               "itself (SIGKILL) so that it cannot come back into the run, and a launcher that heals starts its "
+               "replacement\n", ranks_.rank, static_cast<long long>(replacement_), ranks_.rank);
+  raise(SIGKILL);
 }
 
 void Context::regroup(const std::vector<int>& lost) {

@@ -186,6 +186,10 @@ class Context {
   // the sentence naming the rank to append (empty when `message` has it).
   // False, all unchanged, otherwise.
   bool as_loss(Code& code, const std::string& message, std::string* note);
+  // Healing: when the peers took this process for lost and healed without
+  // it (the store counts a loss of its incarnation), it says so and ends
+  // itself with SIGKILL (docs/healing.md, section 2: fencing). Else returns.
+  void end_if_fenced();
   std::vector<int> lost_ranks(std::string* why = nullptr) const;
   // Waits up to `within` for a loss; returns lost_ranks().
   std::vector<int> await_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;

@@ -102,8 +102,10 @@ Outcome agree(Context& ctx, Optimizer& opt) {
     fail(Code::InvalidState, "the heal agreement needs zeroshard.healing.peer_copy on, with heartbeats");
   std::string why;
   std::vector<int> lost = ctx.settle_loss(ctx.loss_grace(), &why);
-  if (lost.empty())
+  if (lost.empty()) {
+    ctx.end_if_fenced();  // lost itself, back from a stop: it finds nobody else lost
     fail(Code::InvalidState, "the heal agreement runs after a rank was lost (ZS_ERR_RANK_LOST), and none is");
+  }
   if (std::binary_search(lost.begin(), lost.end(), 0) && ctx.store_served_by_rank0()) {
     const std::string msg = "the heal agreement cannot run: rank 0, which served the store, was lost (" + why +
                             "); resume from the last disk checkpoint";
@@ -132,6 +134,11 @@ Outcome agree(Context& ctx, Optimizer& opt) {
     for (int r = 0; r < world; ++r)
       if (!std::binary_search(lost.begin(), lost.end(), r)) live.push_back(r);
     const int coordinator = live.front();
+    // The plan's key names its coordinator: a process that others took for
+    // lost while it lived, resuming mid-agreement, takes itself for the
+    // survivor and some of them for lost; its plan must not be the one they
+    // read.
+    const std::string plan_key = prefix + "plan/" + std::to_string(coordinator);
     try {
       if (me == coordinator) {
         std::vector<std::string> keys;
@@ -145,15 +152,15 @@ Outcome agree(Context& ctx, Optimizer& opt) {
           made = make_plan(world, ctx.topology().host_of(), live, reports);
         } catch (const Error& e) {
           // The others fail with it too, rather than wait for a plan.
-          store.set(prefix + "plan", bytes("error\n" + std::string(e.what())));
+          store.set(plan_key, bytes("error\n" + std::string(e.what())));
           throw;
         }
-        store.set(prefix + "plan", bytes(made));
+        store.set(plan_key, bytes(made));
         plan = made;
       } else {
         std::vector<char> raw;
         ctx.rendezvous_with({coordinator}, "the heal agreement (rank " + std::to_string(coordinator) + "'s plan)",
-                            [&] { raw = store.get(prefix + "plan"); });
+                            [&] { raw = store.get(plan_key); });
         plan = text(raw);
       }
     } catch (const Error& e) {
