@@ -140,6 +140,9 @@ TEST(HealCommit, KilledInTheGradientCopyOnThreeRanks) { killed_at(3, 2, "grad_co
 TEST(HealCommit, KilledBeforeTheNormAllReduceOnThreeRanks) { killed_at(3, 1, "norm_allreduce", 3); }
 TEST(HealCommit, KilledAfterTheNormAllReduceOnThreeRanks) { killed_at(3, 1, "norm_allreduce_done", 3); }
 TEST(HealCommit, KilledInTheUpdateOnThreeRanks) { killed_at(3, 1, "update", 3); }
+// In its replay of its source's step 3 (the copy's worker thread): step 3
+// committed everywhere, the next step's forward is cut short.
+TEST(HealCommit, KilledInTheReplayOnThreeRanks) { killed_at(3, 1, "replay", 3); }
 TEST(HealCommit, KilledInTheGradientCopyOnFourRanks) { killed_at(4, 1, "grad_copy", 3); }
 TEST(HealCommit, KilledAfterTheNormAllReduceOnFourRanks) { killed_at(4, 2, "norm_allreduce_done", 3); }
 TEST(HealCommit, KilledInTheUpdateOnFourRanks) { killed_at(4, 3, "update", 3); }

@@ -211,6 +211,7 @@ TEST(HealJoin, ReplacedAfterAKillInTheFetchOnFourRanks) { replaced_at(4, 3, "fet
 TEST(HealJoin, ReplacedAfterAKillInTheReduceScatterOnFourRanks) { replaced_at(4, 1, "reduce_scatter", 4); }
 TEST(HealJoin, ReplacedAfterAKillAfterTheNormAllReduceOnFourRanks) { replaced_at(4, 2, "norm_allreduce_done", 3); }
 TEST(HealJoin, ReplacedAfterAKillInTheUpdateOnFourRanks) { replaced_at(4, 1, "update", 3); }
+TEST(HealJoin, ReplacedAfterAKillInTheReplayOnFourRanks) { replaced_at(4, 2, "replay", 3); }
 // Rank 0 lost: the store is served by a process of its own.
 TEST(HealJoin, RankZeroReplacedAfterAKillInTheFetchOnThreeRanks) { replaced_at(3, 0, "fetch", 3, true); }
 TEST(HealJoin, RankZeroReplacedAfterAKillBeforeTheNormAllReduceOnThreeRanks) {

@@ -5,7 +5,9 @@
 // gradient bucket's), "grad_copy" (the peer copy's send), "norm_allreduce"
 // (just before the step's norm all-reduce: this rank contributes nothing),
 // "norm_allreduce_done" (just after it returned here), "update" (the
-// optimizer's update, before any shard changes), "save" (a checkpoint
+// optimizer's update, before any shard changes), "replay" (a holder's
+// replay of its source's step on the replica, on the peer copy's worker
+// thread, once this rank's own step committed), "save" (a checkpoint
 // save's rank file written, before rank 0 hears of it). With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real

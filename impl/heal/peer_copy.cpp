@@ -356,6 +356,7 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = [this, scale, hps = std::move(hps), kind] {
+      fault_point("replay");  // on this worker, as the next forward begins on the caller's thread
       Device& dev = *ctx_.device();
       for (Slot& r : replica_) {
         if (!r.pushed || r.n == 0) continue;
