@@ -19,7 +19,11 @@ zeroshard.hf.Seq2SeqTrainer instead, its evaluation generating
 (predict_with_generate: the eval's kill falls between generate() calls,
 whose gathers the survivors are in). $ZS_TEST_PRETRAINED: the model
 from_pretrained from that folder instead, partitioned as it loads (a
-replacement reads nothing). Only a rank's first process
+replacement reads nothing). $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
+(zeroshard.hf.trainer_class) on the same GPT-2 and tokens, as a dataset
+of input_ids with a word-level tokenizer: its metrics (entropy, token
+accuracy, token count) are gathered in every forward and logged.
+Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
 writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
@@ -57,6 +61,15 @@ class Tokens(torch.utils.data.Dataset):
 
 
 TIMING = ("runtime", "samples_per_second", "steps_per_second")
+
+
+def word_tokenizer():
+    """A tokenizer for the random tokens (no download): word t<i> is id i,
+    t0 the padding and t1 the end of a sequence."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", unk_token="t2")
 
 
 def saved_files(folder):
@@ -105,9 +118,14 @@ def main():
 
     eval_steps = int(os.environ.get("ZS_TEST_EVAL_STEPS", "0"))
     seq2seq = os.environ.get("ZS_TEST_SEQ2SEQ") == "1"
+    sft = os.environ.get("ZS_TEST_TRL_SFT") == "1"
     arguments, trainer_class = (transformers.Seq2SeqTrainingArguments, zeroshard.hf.Seq2SeqTrainer) if seq2seq \
         else (transformers.TrainingArguments, zeroshard.hf.Trainer)
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
+    if sft:
+        import trl
+        arguments, trainer_class = trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer)
+        generation = {"max_length": SEQ, "bf16": False}  # SFTConfig's default is bf16 where torch has it
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
@@ -130,6 +148,11 @@ def main():
             vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
     world = int(os.environ["WORLD_SIZE"])
     data = Tokens(steps * 2 * 2 * world)
+    extra = {}
+    if sft:
+        import datasets
+        data = datasets.Dataset.from_dict({"input_ids": data.ids.tolist()})
+        extra["processing_class"] = word_tokenizer()
 
     class Scaffold(transformers.TrainerCallback):
         """The kills, and the steps' times for the test."""
@@ -156,7 +179,7 @@ def main():
     scaffold = Scaffold()
     held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
     trainer = trainer_class(model=model, args=args, train_dataset=data, eval_dataset=held_out,
-                            callbacks=[scaffold])
+                            callbacks=[scaffold], **extra)
 
     def on_block(module, inputs, output):
         step = trainer.state.global_step + 1

@@ -308,6 +308,32 @@ def test_a_seq2seq_trainer_heals_a_loss_in_a_backward_and_one_in_its_generating_
     assert len([e for e in history if "eval_loss" in e]) == steps // 10, history
 
 
+def test_trls_sft_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
+    """TRL's SFTTrainer through zeroshard.hf.trainer_class on 3 ranks, its
+    forwards gathering metrics (entropy, token accuracy, token count) that
+    it logs every 5 steps: rank 1 killed in step 7's second backward (not
+    committed: the survivors redo the step, its metrics taken back to the
+    step's opening first, or the redone forwards would count twice), rank 2
+    in step 13's update (committed: its replacement takes the survivors'
+    metrics of step 13's forwards). Bitwise as the Trainer's, the logged
+    metrics included."""
+    pytest.importorskip("trl")
+    env = {"ZS_TEST_TRL_SFT": "1"}
+    steps = 20
+    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
+    assert ref_code == 0, ref_out
+    code, out, logs, _ = launch(3, "1:7:backward", "2:13:update", restarts=2, worker="hf_heal_worker.py",
+                                steps=steps, env=env)
+    assert code == 0, out
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    for r, joined in ((1, 6), (2, 13)):
+        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
+    check_trainer_ends(3, logs, ref_logs, out)
+    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+    logged = [e for e in history if "mean_token_accuracy" in e]
+    assert len(logged) == steps // 5 and all("num_tokens" in e and "entropy" in e for e in logged), history
+
+
 def check_trainer_ends(n, logs, ref_logs, out):
     """Every rank's optimizer state, steps and lr, the consolidated params
     and rank 0's log history (timings aside: every logged loss, gradient

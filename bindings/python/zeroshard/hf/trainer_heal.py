@@ -29,10 +29,14 @@ one step behind (the loss came in the update of a step that committed):
 the replacement then does that step's bookkeeping and logging itself, so
 that its collectives line up with the survivors'.
 
-Heals: transformers.Trainer itself and its Seq2SeqTrainer (whose training
+Heals: transformers.Trainer itself, its Seq2SeqTrainer (whose training
 is the Trainer's; its evaluation, generate() included, is run again as any
-evaluation cut short), not the subclasses of other libraries (their steps
-run collectives this module does not redo), with
+evaluation cut short) and TRL's SFTTrainer (whose forwards add gathered
+metrics and a token count: taken at a step's opening and put back before a
+redo, kept across a logging run again, handed to a replacement), not other
+subclasses (DPO's reference model is in no optimizer, so no peer holds a
+copy of its shards; others' steps run collectives this module does not
+redo), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -56,10 +60,14 @@ from ..torch import _context, heal, heal_dist, heal_state
 HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
 
+def _is_trl_sft(base):
+    return base.__name__ == "SFTTrainer" and base.__module__.split(".")[0] == "trl"
+
+
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
-    if base not in (transformers.Trainer, transformers.Seq2SeqTrainer):
-        return f"{base.__name__} is not transformers.Trainer or Seq2SeqTrainer"
+    if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_sft(base):
+        return f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer"
     if trainer._zs_fsdp is not None:
         return "the FSDP2 route (fsdp=...) steps a torch optimizer"
     if not engine_optimizer:
@@ -129,16 +137,44 @@ class _HistoryJSON:
         self.parts = []
 
 
+_METRIC_MODES = ("train", "eval")
+
+
+def metrics_state(trainer):
+    """What a TRL trainer's forwards add to besides the Trainer's own state:
+    its metrics since the last log (`_metrics`: mode -> name -> values,
+    gathered, so alike on every rank) and its count of trained tokens; None
+    for a trainer without them."""
+    metrics = getattr(trainer, "_metrics", None)
+    if not isinstance(metrics, dict):
+        return None
+    return {"metrics": {mode: {k: list(v) for k, v in metrics.get(mode, {}).items()} for mode in _METRIC_MODES},
+            "total_train_tokens": getattr(trainer, "_total_train_tokens", None)}
+
+
+def load_metrics_state(trainer, state):
+    """metrics_state(), put back (a redo, a logging run again, a replacement
+    taking the survivors')."""
+    if state is None:
+        return
+    import collections
+    for mode in _METRIC_MODES:
+        trainer._metrics[mode] = collections.defaultdict(list, {k: list(v) for k, v in state["metrics"][mode].items()})
+    if state["total_train_tokens"] is not None:
+        trainer._total_train_tokens = state["total_train_tokens"]
+
+
 class _Window:
     """The optimizer step in progress: what a redo needs."""
 
-    __slots__ = ("before", "opening", "micro", "model")
+    __slots__ = ("before", "opening", "micro", "model", "metrics")
 
-    def __init__(self, before, opening):
+    def __init__(self, before, opening, metrics):
         self.before = before      # the engine's step count when it began (C if it does not commit)
         self.opening = opening    # (batch_samples, device) of its token count, or None
         self.micro = []           # (heal.StepRecord, num_items_in_batch) per micro-batch so far
         self.model = None
+        self.metrics = metrics    # metrics_state() at its opening: a redo adds its forwards' metrics once
 
 
 class HealingTrainerMixin:
@@ -171,7 +207,7 @@ class HealingTrainerMixin:
 
     def _zs_count(self, batch_samples, device):
         steps = _engine().steps
-        self._zs_window = _Window(steps, (batch_samples, device))
+        self._zs_window = _Window(steps, (batch_samples, device), metrics_state(self))
         while True:
             try:
                 return super()._get_num_items_in_batch(batch_samples, device)
@@ -186,7 +222,7 @@ class HealingTrainerMixin:
     def _zs_training_step(self, model, inputs, num_items_in_batch=None):
         w = self._zs_window
         if w is None:  # a step not opened by the Trainer's count (a caller of training_step itself)
-            w = self._zs_window = _Window(_engine().steps, None)
+            w = self._zs_window = _Window(_engine().steps, None, metrics_state(self))
         w.model = model
         record = heal.StepRecord(inputs)
         w.micro.append((record, num_items_in_batch))
@@ -203,6 +239,7 @@ class HealingTrainerMixin:
         after a heal that dropped their gradients; healed again if cut."""
         while True:
             try:
+                load_metrics_state(self, w.metrics)
                 if w.opening is not None:
                     super()._get_num_items_in_batch(*w.opening)
                 for record, n in w.micro[:upto]:
@@ -276,8 +313,10 @@ class HealingTrainerMixin:
         if restore is None:
             return (tr_loss.detach().clone(), copy.deepcopy(self.state), copy.deepcopy(self.control),
                     self._globalstep_last_logged, self._total_loss_scalar, self.current_flos,
-                    heal_state.rng_state())  # an evaluation's DataLoader draws its seed from it
-        loss, state, control, last_logged, total, flos, rng = restore
+                    heal_state.rng_state(),  # an evaluation's DataLoader draws its seed from it
+                    metrics_state(self))  # a TRL trainer's log() empties them
+        loss, state, control, last_logged, total, flos, rng, metrics = restore
+        load_metrics_state(self, metrics)
         if self._zs_history is not None:
             self._zs_history.forget()
         heal_state.set_rng_state(rng)
@@ -311,7 +350,8 @@ class HealingTrainerMixin:
                  "total_loss_scalar": self._total_loss_scalar,
                  "initial_global_step": self._initial_global_step,
                  "initial_num_input_tokens_seen": self._initial_num_input_tokens_seen,
-                 "control": dict(vars(self.control)), "log_args": log_args or None, "committed": committed}
+                 "control": dict(vars(self.control)), "log_args": log_args or None, "committed": committed,
+                 "trl_metrics": metrics_state(self)}
         text = heal_state.dumps(state, "the Trainer's shared state").decode("utf-8")
         text = text.replace(json.dumps(_HistoryJSON.PLACEHOLDER), self._zs_history.text(history), 1)
         ctx.heal_set_shared_state(text.encode("utf-8"))
@@ -433,6 +473,7 @@ class HealingTrainerMixin:
         self._initial_num_input_tokens_seen = shared["initial_num_input_tokens_seen"]
         for k, v in shared["control"].items():
             setattr(self.control, k, v)
+        load_metrics_state(self, shared["trl_metrics"])
         if behind:
             # As the Trainer does after an optimizer step (_run_epoch): the
             # learning rate before the schedule moves, the schedule, the

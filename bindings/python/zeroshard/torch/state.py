@@ -134,13 +134,18 @@ def training_digest(optimizer, model):
     state = hashlib.sha256()
     for index in sorted(z["shards"]):
         for slot in sorted(z["shards"][index]):
-            state.update(z["shards"][index][slot].numpy().tobytes())
+            state.update(_raw_bytes(z["shards"][index][slot]))
     full = consolidated_state_dict(model)
     params = None
     if get_context().rank == 0:
         p = hashlib.sha256()
         for k in sorted(full):
             p.update(k.encode())
-            p.update(full[k].detach().contiguous().numpy().tobytes())
+            p.update(_raw_bytes(full[k]))
         params = p.hexdigest()
     return state.hexdigest(), z["steps"], params
+
+
+def _raw_bytes(t):
+    """A tensor's bytes, whatever its dtype (NumPy has no bfloat16)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
