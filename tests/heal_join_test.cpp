@@ -65,11 +65,38 @@ zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
     po.data_bytes = init.size() * sizeof(float);
     s = zs_param_register(&m.params[i], m.ctx, &po);
   }
+  // A frozen param in no optimizer, as a reference model's: its shard
+  // reaches a replacement with the optimizer's state (the digests cover it).
+  const int64_t numel_frozen = 777;
+  const std::vector<float> frozen = initial_values(2, numel_frozen);
+  zs_param_options fo = ZS_PARAM_OPTIONS_INIT;
+  fo.name = "reference.w";
+  fo.ndim = 1;
+  fo.shape = &numel_frozen;
+  fo.init = ZS_INIT_FROM_RANK;
+  fo.src_rank = 0;
+  fo.data = frozen.data();
+  fo.data_bytes = frozen.size() * sizeof(float);
+  if (s == ZS_OK) s = zs_param_register(&m.frozen, m.ctx, &fo);
+  if (s == ZS_OK) s = zs_param_freeze(m.frozen);
   if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
   zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
   hp.lr = 0.01;
   if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
   return s;
+}
+
+// The frozen param's full values (a gather: collective) equal those it
+// was registered with; a replacement registers it without them (no
+// scatter), so they must have come with its join.
+bool frozen_is_initial(Model& m) {
+  zs_gather g = nullptr;
+  if (zs_fetch(&g, m.ctx, &m.frozen, 1) != ZS_OK || zs_gather_wait(g, 30000) != ZS_OK) return false;
+  zs_gather_destroy(g);
+  std::vector<float> full(777);
+  const bool copied = zs_param_copy_to(m.frozen, full.data(), full.size() * sizeof(float)) == ZS_OK;
+  zs_release(m.ctx, &m.frozen, 1);
+  return copied && full == initial_values(2, 777);
 }
 
 // The victim dies at the count-th pass of `point` in step 3; the parent
@@ -177,6 +204,8 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
             << "rank " << env.rank << (env.replacement ? " (the replacement)" : "") << " after the last step";
         EXPECT_EQ(at, kSteps);
         EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+        EXPECT_TRUE(frozen_is_initial(m)) << "rank " << env.rank << (env.replacement ? " (the replacement)" : "")
+                                          << ": the frozen param in no optimizer";
         sh->pid_at_end[env.rank] = getpid();
         sh->finished[env.rank] += 1;
         destroy(m);

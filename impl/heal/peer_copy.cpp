@@ -12,6 +12,7 @@
 #include "impl/common/fault_point.h"
 #include "impl/device/ops.h"
 #include "impl/heal/placement.h"
+#include "impl/partition/register.h"
 #include "impl/partition/shard_residence.h"
 
 namespace zs::heal {
@@ -39,6 +40,9 @@ struct SlotMeta {
   uint32_t group = 0;
 };
 static_assert(sizeof(Header) == 32 && sizeof(SlotMeta) == 32, "wire layout");
+
+// The group of a frozen param in no optimizer (slots_locked).
+constexpr size_t kInNoOptimizer = 0xFFFFFFFFu;
 
 constexpr uint32_t kPushed = 1, kMaster = 2, kState1 = 4, kState2 = 8, kMasterStale = 16,
                    kMasterIsShard = 32, kMasterIsWorking = 64, kFrozen = 128;
@@ -104,6 +108,24 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
 }
 
 PeerCopy::~PeerCopy() { detach(); }
+
+std::vector<Optimizer::SlotState> PeerCopy::slots_locked() const {
+  std::vector<Optimizer::SlotState> slots = opt_.slot_states_locked();
+  if (ordinal_ != 1) return slots;
+  std::vector<const Param*> in_optimizer;
+  for (const auto& s : slots) in_optimizer.push_back(s.param.get());
+  std::sort(in_optimizer.begin(), in_optimizer.end());
+  for (const auto& p : registered_params(ctx_)) {
+    // A quantized frozen shard (its packet) is not copied: written back
+    // through a ShardAccess it would be quantized again, not bit for bit.
+    if (!p->frozen || p->packet || std::binary_search(in_optimizer.begin(), in_optimizer.end(), p.get())) continue;
+    Optimizer::SlotState s;
+    s.param = p;
+    s.group = kInNoOptimizer;
+    slots.push_back(std::move(s));
+  }
+  return slots;
+}
 
 int64_t PeerCopy::settled_replica_step() {
   ctx_.expect_locked();
@@ -188,7 +210,7 @@ float PeerCopy::copy() {
   ctx_.expect_locked();
   fault_point("grad_copy");
   wait_replay();  // the replica takes this step's copy only once the last one is replayed
-  const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
+  const std::vector<Optimizer::SlotState> mine = slots_locked();
   const int64_t step = opt_.steps_locked();
 
   // ---- what goes out
@@ -398,7 +420,7 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
   const int me = ctx_.ranks().rank;
   const bool receiving = std::binary_search(lost.begin(), lost.end(), me);
   const bool sending = std::binary_search(lost.begin(), lost.end(), source_);
-  const std::vector<Optimizer::SlotState> mine = opt_.slot_states_locked();
+  const std::vector<Optimizer::SlotState> mine = slots_locked();
   if (sending && !replica_seeded_)
     fail(Code::StateLost, "rank ", me, " holds no replica of rank ", source_, "'s state (it was never seeded, or "
          "a seed was cut short): the replacement cannot receive it; resume from the last disk checkpoint");
@@ -478,12 +500,13 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
     fail(Code::InvalidState, "heal: rank ", holder_, "'s replica of this rank's state does not fit its optimizer: ",
          misfit);
   std::vector<int64_t> updates;
-  for (const SlotMeta& m : in_meta) updates.push_back(m.updates);
+  for (size_t i = 0; i < in_meta.size(); ++i)
+    if (mine[i].group != kInNoOptimizer) updates.push_back(in_meta[i].updates);
   opt_.restore_counts_locked(in_h.step, updates);
   // The holder's replica is the state just received, bit for bit: no seed
   // at the next step (660 MB a rank on GPT-2 124M over 3 ranks). A state
   // written later still seeds it then.
-  note_holder_has(opt_.slot_states_locked());
+  note_holder_has(slots_locked());
   return in_h.step;
 }
 
@@ -496,7 +519,7 @@ void PeerCopy::note_holder_has(const std::vector<Optimizer::SlotState>& mine) {
 
 Digest PeerCopy::own_digest() {
   ctx_.expect_locked();
-  const auto mine = opt_.slot_states_locked();
+  const auto mine = slots_locked();
   std::vector<ShardAccess> shards;
   std::vector<DigestSlot> slots;
   for (const auto& s : mine) {

@@ -49,6 +49,31 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
 
 }  // namespace
 
+namespace {
+
+// The registration order, for registered_params (the params themselves
+// are the handles' to own).
+struct Registered final : Context::Attachment {
+  explicit Registered(Context&) {}
+  std::vector<std::weak_ptr<Param>> all;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<Param>> registered_params(Context& ctx) {
+  ctx.expect_locked();
+  std::vector<std::shared_ptr<Param>> out;
+  auto& r = ctx.attachment<Registered>();
+  std::vector<std::weak_ptr<Param>> kept;
+  for (const auto& w : r.all)
+    if (auto p = w.lock(); p && !p->unregistered) {
+      out.push_back(p);
+      kept.push_back(w);
+    }
+  r.all = std::move(kept);
+  return out;
+}
+
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
   memory_tally::set_phase(MemPhase::Construction);
   const auto held = ctx.lock();
@@ -106,6 +131,7 @@ std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec) {
   ledger.add(Held::Unsharded, p->full_bytes());
   ledger.count_param(+1);
   p->ordinal = group->next_param_ordinal();
+  ctx.attachment<Registered>().all.push_back(p);
   return p;
 }
 

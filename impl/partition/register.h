@@ -29,6 +29,11 @@ struct ParamSpec {
 // Collective over the group for FromRank. Takes the engine lock.
 std::shared_ptr<Param> register_param(Context& ctx, const ParamSpec& spec);
 
+// Every param registered in the context and not unregistered since, in
+// the order the ranks registered them (alike on every rank of one
+// program). Under the engine lock.
+std::vector<std::shared_ptr<Param>> registered_params(Context& ctx);
+
 // A layer above that keeps state per param (fetch/: a gathered copy in
 // flight or held; grad/: a gradient shard, maybe in a pending bucket)
 // keeps it in a context attachment implementing this, and is told here

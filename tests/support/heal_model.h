@@ -46,11 +46,13 @@ struct Model {
   zs_context ctx = nullptr;
   zs_param params[2] = {nullptr, nullptr};
   zs_optimizer opt = nullptr;
+  zs_param frozen = nullptr;  // in no optimizer (a reference model's), where a test registers one
 };
 
 inline void destroy(Model& m) {
   zs_optimizer_destroy(m.opt);
   for (zs_param p : m.params) zs_param_destroy(p);
+  zs_param_destroy(m.frozen);
   zs_context_destroy(m.ctx);
 }
 
