@@ -74,10 +74,12 @@ Digest digest_of(int source, int64_t step, const std::vector<DigestSlot>& slots)
   return d;
 }
 
-// How many peer copies the context made (their ordinals).
+// How many peer copies the context made (their ordinals), and the
+// optimizers of those alive: a param in none of them rides with ordinal 1.
 struct Ordinals final : Context::Attachment {
   explicit Ordinals(Context&) {}
   int made = 0;  // under the engine lock
+  std::vector<const Optimizer*> optimizers;
 };
 
 }  // namespace
@@ -102,7 +104,9 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
     drop_rank_ = r;
     drop_step_ = s;
   }
-  ordinal_ = ++ctx.attachment<Ordinals>().made;
+  auto& ordinals = ctx.attachment<Ordinals>();
+  ordinal_ = ++ordinals.made;
+  ordinals.optimizers.push_back(&opt);
   awaiting_state = ctx.replacing();
   thread_ = std::thread([this] { worker(); });
 }
@@ -113,12 +117,18 @@ std::vector<Optimizer::SlotState> PeerCopy::slots_locked() const {
   std::vector<Optimizer::SlotState> slots = opt_.slot_states_locked();
   if (ordinal_ != 1) return slots;
   std::vector<const Param*> in_optimizer;
-  for (const auto& s : slots) in_optimizer.push_back(s.param.get());
+  if (auto* ordinals = ctx_.find_attachment<Ordinals>())
+    for (const Optimizer* o : ordinals->optimizers)
+      for (const auto& s : o->slot_states_locked()) in_optimizer.push_back(s.param.get());
   std::sort(in_optimizer.begin(), in_optimizer.end());
   for (const auto& p : registered_params(ctx_)) {
-    // A quantized frozen shard (its packet) is not copied: written back
-    // through a ShardAccess it would be quantized again, not bit for bit.
-    if (!p->frozen || p->packet || std::binary_search(in_optimizer.begin(), in_optimizer.end(), p.get())) continue;
+    // Frozen ones only: a param that is not (an unused leftover, one tied
+    // away in one process and not in another) may be registered in some
+    // ranks only. A quantized frozen shard (its packet) is not copied:
+    // written back through a ShardAccess it would be quantized again, not
+    // bit for bit (zeroshard.hf does not heal with frozen quantized models).
+    if (!p->frozen || p->packet || std::binary_search(in_optimizer.begin(), in_optimizer.end(), p.get()))
+      continue;
     Optimizer::SlotState s;
     s.param = p;
     s.group = kInNoOptimizer;
@@ -135,6 +145,10 @@ int64_t PeerCopy::settled_replica_step() {
 }
 
 void PeerCopy::detach() {
+  if (auto* ordinals = ctx_.find_attachment<Ordinals>()) {
+    auto& list = ordinals->optimizers;
+    list.erase(std::remove(list.begin(), list.end(), &opt_), list.end());
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });
@@ -234,7 +248,8 @@ float PeerCopy::copy() {
     m.state_esize = static_cast<uint16_t>(dtype_size(s.state_dtype));
     m.dtype = static_cast<uint16_t>(p.dtype);
     m.group = static_cast<uint32_t>(s.group);
-    const bool pushed = m.n > 0 && p.grad && p.grad_pushed;
+    // A param in no optimizer is never stepped: its gradient, if any, is not its state.
+    const bool pushed = m.n > 0 && p.grad && p.grad_pushed && s.group != kInNoOptimizer;
     m.flags = (pushed ? kPushed : 0) | (s.master ? kMaster : 0) | (s.state1 ? kState1 : 0) |
               (s.state2 ? kState2 : 0) | (s.master_stale ? kMasterStale : 0) |
               (s.master_is_shard ? kMasterIsShard : 0) | (s.master_is_working ? kMasterIsWorking : 0) |

@@ -17,11 +17,11 @@
 // follows; the next step's copy waits for it (one queue, in order), so a
 // replica changes only by a committed step.
 //
-// Params in no optimizer that are frozen for good (a reference model's,
-// a reward model's, a teacher's) ride with the context's first optimizer
-// (ordinal 1) as slots of their own: their shards go in its seeds (once,
-// and again only if a shard is rewritten), never a gradient, so a
-// replacement receives them at its join like the rest.
+// Params frozen for good in no optimizer (a reference model's, a reward
+// model's, a teacher's: zeroshard.hf freezes them) ride with the context's
+// first optimizer (ordinal 1) as slots of their own: their shards go in its
+// seeds (once, and again only if a shard is rewritten), never a gradient,
+// so a replacement receives them at its join like the rest.
 //
 // The copy is sent synchronously under the engine lock, straight from
 // engine memory (ShardAccess), so no write can race it and it needs no
@@ -115,8 +115,8 @@ class PeerCopy final : public StepListener {
   // the state went out, or the state came from that replica).
   void note_holder_has(const std::vector<Optimizer::SlotState>& mine);
   // What the copy carries: the optimizer's slots, then (for ordinal 1) the
-  // frozen params in no optimizer, in registration order, as slots of
-  // group kInNoOptimizer with no master or moments.
+  // frozen params in no optimizer with a peer copy, in registration order,
+  // as slots of group kInNoOptimizer with no master or moments.
   std::vector<Optimizer::SlotState> slots_locked() const;
 
   Context& ctx_;

@@ -19,7 +19,10 @@ zeroshard.hf.Seq2SeqTrainer instead, its evaluation generating
 (predict_with_generate: the eval's kill falls between generate() calls,
 whose gathers the survivors are in). $ZS_TEST_PRETRAINED: the model
 from_pretrained from that folder instead, partitioned as it loads (a
-replacement reads nothing). $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
+replacement reads nothing). $ZS_TEST_TRL_DPO=1 (with
+$ZS_TEST_PRETRAINED): TRL's DPOTrainer on preference pairs made of the
+tokens, its reference model loaded by TRL from the same folder (frozen, in
+no optimizer). $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
 (zeroshard.hf.trainer_class) on the same GPT-2 and tokens, as a dataset
 of input_ids with a word-level tokenizer: its metrics (entropy, token
 accuracy, token count) are gathered in every forward and logged.
@@ -122,10 +125,12 @@ def main():
     arguments, trainer_class = (transformers.Seq2SeqTrainingArguments, zeroshard.hf.Seq2SeqTrainer) if seq2seq \
         else (transformers.TrainingArguments, zeroshard.hf.Trainer)
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
-    if sft:
+    dpo = os.environ.get("ZS_TEST_TRL_DPO") == "1"
+    if sft or dpo:
         import trl
-        arguments, trainer_class = trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer)
-        generation = {"max_length": SEQ, "bf16": False}  # SFTConfig's default is bf16 where torch has it
+        arguments, trainer_class = (trl.DPOConfig, zeroshard.hf.trainer_class(trl.DPOTrainer)) if dpo else \
+            (trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer))
+        generation = {"max_length": SEQ, "bf16": False}  # TRL's configs default to bf16 where torch has it
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
@@ -135,7 +140,9 @@ def main():
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
         **generation)
     pretrained = os.environ.get("ZS_TEST_PRETRAINED")
-    if pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
+    if dpo:
+        model = pretrained  # TRL loads the policy and its reference from the folder
+    elif pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
         model = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
     elif seq2seq:
         torch.manual_seed(0)
@@ -152,6 +159,13 @@ def main():
     if sft:
         import datasets
         data = datasets.Dataset.from_dict({"input_ids": data.ids.tolist()})
+        extra["processing_class"] = word_tokenizer()
+    if dpo:  # preference pairs in words; the policy and its reference loaded from $ZS_TEST_PRETRAINED
+        import datasets
+        words = lambda row: " ".join(f"t{int(i)}" for i in row)  # noqa: E731
+        data = datasets.Dataset.from_dict({"prompt": [words(r[:6]) for r in data.ids],
+                                           "chosen": [words(r[6:11]) for r in data.ids],
+                                           "rejected": [words(r[11:]) for r in data.ids]})
         extra["processing_class"] = word_tokenizer()
 
     class Scaffold(transformers.TrainerCallback):
@@ -180,6 +194,7 @@ def main():
     held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
     trainer = trainer_class(model=model, args=args, train_dataset=data, eval_dataset=held_out,
                             callbacks=[scaffold], **extra)
+    model = trainer.model
 
     def on_block(module, inputs, output):
         step = trainer.state.global_step + 1

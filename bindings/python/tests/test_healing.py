@@ -334,6 +334,41 @@ def test_trls_sft_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
     assert len(logged) == steps // 5 and all("num_tokens" in e and "entropy" in e for e in logged), history
 
 
+def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
+    """TRL's DPOTrainer on 3 ranks, the policy and the reference model TRL
+    loads from the same folder partitioned (the reference frozen, in no
+    optimizer: its shards ride in the first optimizer's peer copy), its
+    forwards gathering metrics (rewards, margins, log-probabilities) it
+    logs every 5 steps: rank 1 killed in step 6's second backward, rank 2
+    in step 9's update. Bitwise as the Trainer's, the logged metrics
+    included: the replacement's reference model came with its join."""
+    pytest.importorskip("trl")
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
+                                                                 n_layer=2, n_head=2))
+    folder = tempfile.mkdtemp(prefix="zs_heal_dpo_")
+    model.save_pretrained(folder)
+    env = {"ZS_TEST_TRL_DPO": "1", "ZS_TEST_PRETRAINED": folder}
+    steps = 15
+    try:
+        ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
+        assert ref_code == 0, ref_out
+        code, out, logs, _ = launch(3, "1:6:backward", "2:9:update", restarts=2, worker="hf_heal_worker.py",
+                                    steps=steps, env=env)
+    finally:
+        shutil.rmtree(folder)
+    assert code == 0, out
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    for r, joined in ((1, 5), (2, 9)):
+        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
+    check_trainer_ends(3, logs, ref_logs, out)
+    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+    logged = [e for e in history if "rewards/margins" in e]
+    assert len(logged) == steps // 5, history
+
+
 def check_trainer_ends(n, logs, ref_logs, out):
     """Every rank's optimizer state, steps and lr, the consolidated params
     and rank 0's log history (timings aside: every logged loss, gradient
@@ -350,7 +385,9 @@ def check_trainer_ends(n, logs, ref_logs, out):
     timing = ("runtime", "samples_per_second", "steps_per_second")
     strip = lambda h: [{k: v for k, v in e.items() if not k.endswith(timing)} for e in h]  # noqa: E731
     got, want = params[0]["log_history"], ref_params[0]["log_history"]
-    assert strip(got) == strip(want), (got, want)
+    diff = [(i, k, e.get(k), w.get(k)) for i, (e, w) in enumerate(zip(strip(got), strip(want)))
+            for k in sorted(set(e) | set(w)) if e.get(k) != w.get(k)]
+    assert strip(got) == strip(want), diff
     # Every file the Trainer's saves wrote, bit for bit, but the engine's
     # directory lock (which names its holder's pid) and the timings in
     # trainer_state.json.

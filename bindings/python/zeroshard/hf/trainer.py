@@ -10,6 +10,7 @@ import transformers
 
 from .. import torch as zt
 from ..torch._context import working_dtype
+from ..torch._params import freeze_untrainable
 from ..torch import shard_optim, trainer_checkpoint
 from .accelerator import _accelerator_class, checkpoint_optimizer, fsdp_settings, fully_shard_by_plugin
 from .config import _engine_config, resolve_config, warn_not_acted_on
@@ -616,6 +617,12 @@ def frozen_model(module, config):
     with the policy's in the same context."""
     zt.partition_module(module, config=config)  # hooks too for one loaded partitioned
     module.requires_grad_(False)
+    # Frozen in the engine too, as DeepSpeed treats a param with
+    # requires_grad=False: a push is refused by name, and a peer copy for
+    # healing carries its shards (frozen params in no optimizer ride in the
+    # first optimizer's). Under zero_quantized_nontrainable_weights its
+    # shard becomes the quantized codes, as that key asks.
+    freeze_untrainable(list(module.parameters()), True)
     module.eval()
     return module
 

@@ -31,12 +31,12 @@ that its collectives line up with the survivors'.
 
 Heals: transformers.Trainer itself, its Seq2SeqTrainer (whose training
 is the Trainer's; its evaluation, generate() included, is run again as any
-evaluation cut short) and TRL's SFTTrainer (whose forwards add gathered
-metrics and a token count: taken at a step's opening and put back before a
-redo, kept across a logging run again, handed to a replacement), not other
-subclasses (DPO's reference model is in no optimizer, so no peer holds a
-copy of its shards; others' steps run collectives this module does not
-redo), with
+evaluation cut short) and TRL's SFTTrainer and DPOTrainer (whose
+forwards add gathered metrics and a token count: taken at a step's opening
+and put back before a redo, kept across a logging run again, handed to a
+replacement; DPO's reference model, frozen in no optimizer, rides in the
+peer copy), not other subclasses (GRPO's steps generate, with collectives
+this module does not redo), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -60,16 +60,26 @@ from ..torch import _context, heal, heal_dist, heal_state
 HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
 
-def _is_trl_sft(base):
-    return base.__name__ == "SFTTrainer" and base.__module__.split(".")[0] == "trl"
+# TRL's trainers whose steps are the Trainer's plus gathered metrics
+# (metrics_state): SFT's, and DPO's (whose reference model, frozen in no
+# optimizer, rides in the first optimizer's peer copy).
+_TRL_HEALING = ("SFTTrainer", "DPOTrainer")
+
+
+def _is_trl_healing(base):
+    return base.__name__ in _TRL_HEALING and base.__module__.split(".")[0] == "trl"
 
 
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
-    if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_sft(base):
-        return f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer"
+    if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
+        return f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer or DPOTrainer"
     if trainer._zs_fsdp is not None:
         return "the FSDP2 route (fsdp=...) steps a torch optimizer"
+    zero = (getattr(trainer, "zs_config", None) or {}).get("zero_optimization") or {}
+    if zero.get("zero_quantized_nontrainable_weights"):
+        return ("zero_quantized_nontrainable_weights keeps frozen shards as quantized codes, which the peer copy "
+                "does not carry")
     if not engine_optimizer:
         return "its optimizer is not the engine's AdamW, Adam or SGD"
     if not all(hasattr(transformers.Trainer, m) for m in ("_run_epoch", "_get_num_items_in_batch")):
@@ -360,8 +370,12 @@ class HealingTrainerMixin:
         """This rank's part of the blob: the loss and FLOPs it summed since
         the last log (the Trainer's _tr_loss and current_flos)."""
         tr_loss = getattr(self, "_tr_loss", None)
+        # With what the logging and a save reset them against: a replacement
+        # joining after step C's logging (or save) must start from zero, not
+        # from what its predecessor had at C's optimizer step.
         return {"tr_loss": tr_loss.detach().clone() if tr_loss is not None else None,
-                "current_flos": float(getattr(self, "current_flos", 0.0))}
+                "current_flos": float(getattr(self, "current_flos", 0.0)),
+                "last_logged": self._globalstep_last_logged, "total_flos": float(self.state.total_flos)}
 
     def _run_epoch(self, *args, **kwargs):
         if self._zs_heals:
@@ -463,9 +477,16 @@ class HealingTrainerMixin:
         if blob is not None:
             heal_state.set_rng_state(blob["rng"])
         extra = (blob or {}).get("extra") or {}
+        # The blob is of step C's optimizer step; its logging (which empties
+        # the summed loss) and its store_flos (a logging's or a save's, which
+        # empties the FLOPs) may have run since, on the survivors.
+        logged_since = extra.get("last_logged", shared["globalstep_last_logged"]) != shared["globalstep_last_logged"]
+        stored_since = extra.get("total_flos", shared["trainer_state"]["total_flos"]) != \
+            shared["trainer_state"]["total_flos"]
         if extra.get("tr_loss") is not None:
-            self._tr_loss = extra["tr_loss"].to(self._tr_loss.device)
-        self.current_flos = extra.get("current_flos", 0.0)
+            loss = extra["tr_loss"].to(self._tr_loss.device)
+            self._tr_loss = loss - loss if logged_since else loss
+        self.current_flos = 0.0 if stored_since else extra.get("current_flos", 0.0)
         self._globalstep_last_logged = shared["globalstep_last_logged"]
         self._total_loss_scalar = shared["total_loss_scalar"]
         # The run's totals are over the survivors' train() call, not from the join.
