@@ -612,6 +612,11 @@ void Context::check_async_error() const {
     throw Error(code, "the context failed earlier and refuses new work: " + message);
 }
 
+void Context::gave_up_on_goodbyes(const std::string& why) const {
+  std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
+               ranks_.rank, why.c_str());
+}
+
 // Rank 0 serves the store: it stays up until every rank has said goodbye
 // (or the timeout passes), so no peer loses the store while still using it.
 //
@@ -619,11 +624,6 @@ void Context::check_async_error() const {
 // heartbeat finds one silent, and the others do not wait on a stopped rank
 // 0 for their goodbye (store_server_watch_ ends the call; rank 0 sees their
 // connections close either way).
-void Context::gave_up_on_goodbyes(const std::string& why) const {
-  std::fprintf(stderr, "zeroshard: rank %d: destroy does not wait for every rank's goodbye: %s\n",
-               ranks_.rank, why.c_str());
-}
-
 void Context::finalize_store() {
   // A store refused as an earlier job's is left as it was: no goodbye
   // counted there, nothing removed.
