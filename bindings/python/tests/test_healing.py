@@ -285,6 +285,24 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     shutil.rmtree(folder)
 
 
+def trainer_heals(env, steps, joined_at):
+    """hf_heal_worker.py on 3 ranks with `env`, uninterrupted, then with the
+    kills of `joined_at` (kill -> the step its replacement joins at): healed
+    in place (no job restart, rank 0 a survivor all along), bitwise as
+    check_trainer_ends says. Returns rank 0's log history."""
+    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
+    assert ref_code == 0, ref_out
+    code, out, logs, _ = launch(3, *joined_at, restarts=len(joined_at), worker="hf_heal_worker.py", steps=steps,
+                                env=env)
+    assert code == 0, out
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    for kill, joined in joined_at.items():
+        assert f"zeroshard.hf.Trainer: rank {kill.split(':')[0]} joined at step {joined}" in out, out
+    assert len({l["pid"] for l in logs[0]}) == 1, logs[0]  # a survivor all along
+    check_trainer_ends(3, logs, ref_logs, out)
+    return [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+
+
 def test_a_seq2seq_trainer_heals_a_loss_in_a_backward_and_one_in_its_generating_evaluation():
     """zeroshard.hf.Seq2SeqTrainer (a T5, its evaluation every 10 steps
     generating: predict_with_generate) on 3 ranks: rank 1 killed in step
@@ -292,19 +310,9 @@ def test_a_seq2seq_trainer_heals_a_loss_in_a_backward_and_one_in_its_generating_
     evaluation after step 20, between its generate() calls (the survivors,
     in the next one's gathers, heal and run the evaluation again with the
     replacement). Bitwise as the Trainer's, the evaluation losses included."""
-    env = {"ZS_TEST_SEQ2SEQ": "1", "ZS_TEST_EVAL_STEPS": "10"}
     steps = 30
-    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
-    assert ref_code == 0, ref_out
-    code, out, logs, _ = launch(3, "1:12:backward", "2:20:eval", restarts=2, worker="hf_heal_worker.py",
-                                steps=steps, env=env)
-    assert code == 0, out
-    assert "starting the job again" not in out and "does not heal" not in out, out
-    for r, joined in ((1, 11), (2, 20)):
-        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
-    assert len({l["pid"] for l in logs[0]}) == 1, logs[0]  # a survivor all along
-    check_trainer_ends(3, logs, ref_logs, out)
-    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+    history = trainer_heals({"ZS_TEST_SEQ2SEQ": "1", "ZS_TEST_EVAL_STEPS": "10"}, steps,
+                            {"1:12:backward": 11, "2:20:eval": 20})
     assert len([e for e in history if "eval_loss" in e]) == steps // 10, history
 
 
@@ -318,18 +326,8 @@ def test_trls_sft_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
     metrics of step 13's forwards). Bitwise as the Trainer's, the logged
     metrics included."""
     pytest.importorskip("trl")
-    env = {"ZS_TEST_TRL_SFT": "1"}
     steps = 20
-    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
-    assert ref_code == 0, ref_out
-    code, out, logs, _ = launch(3, "1:7:backward", "2:13:update", restarts=2, worker="hf_heal_worker.py",
-                                steps=steps, env=env)
-    assert code == 0, out
-    assert "starting the job again" not in out and "does not heal" not in out, out
-    for r, joined in ((1, 6), (2, 13)):
-        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
-    check_trainer_ends(3, logs, ref_logs, out)
-    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
+    history = trainer_heals({"ZS_TEST_TRL_SFT": "1"}, steps, {"1:7:backward": 6, "2:13:update": 13})
     logged = [e for e in history if "mean_token_accuracy" in e]
     assert len(logged) == steps // 5 and all("num_tokens" in e and "entropy" in e for e in logged), history
 
@@ -350,21 +348,12 @@ def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
                                                                  n_layer=2, n_head=2))
     folder = tempfile.mkdtemp(prefix="zs_heal_dpo_")
     model.save_pretrained(folder)
-    env = {"ZS_TEST_TRL_DPO": "1", "ZS_TEST_PRETRAINED": folder}
     steps = 15
     try:
-        ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
-        assert ref_code == 0, ref_out
-        code, out, logs, _ = launch(3, "1:6:backward", "2:9:update", restarts=2, worker="hf_heal_worker.py",
-                                    steps=steps, env=env)
+        history = trainer_heals({"ZS_TEST_TRL_DPO": "1", "ZS_TEST_PRETRAINED": folder}, steps,
+                                {"1:6:backward": 5, "2:9:update": 9})
     finally:
         shutil.rmtree(folder)
-    assert code == 0, out
-    assert "starting the job again" not in out and "does not heal" not in out, out
-    for r, joined in ((1, 5), (2, 9)):
-        assert f"zeroshard.hf.Trainer: rank {r} joined at step {joined}" in out, out
-    check_trainer_ends(3, logs, ref_logs, out)
-    history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
     logged = [e for e in history if "rewards/margins" in e]
     assert len(logged) == steps // 5, history
 
