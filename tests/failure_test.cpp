@@ -137,8 +137,14 @@ void destroy_after_rank_died(int world, int victim, const char* what) {
     zs_context ctx = zs::test::make_context(env, nullptr, 20000);
     ASSERT_NE(ctx, nullptr);
     zs_param p = small_param(ctx);
-    if (env.rank == victim) _exit(0);
+    // A gather every rank completes first: the victim leaves only once the
+    // others are past their create (rank 0 serves its store).
     zs_gather g = nullptr;
+    ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
+    ZS_ASSERT_OK(zs_gather_wait(g, ZS_WAIT_FOREVER));
+    zs_gather_destroy(g);
+    ZS_ASSERT_OK(zs_release(ctx, &p, 1));
+    if (env.rank == victim) _exit(0);
     ZS_ASSERT_OK(zs_fetch(&g, ctx, &p, 1));
     EXPECT_NE(zs_gather_wait(g, ZS_WAIT_FOREVER), ZS_OK);
     zs_gather_destroy(g);
