@@ -63,12 +63,12 @@ std::string fence_process(const std::string& identity) {
   // The pidfd pins the process: checked, then signalled, it cannot be
   // another that took the pid in between.
   const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-  if (fd < 0) return "pid " + std::to_string(pid) + " has exited";
+  if (fd < 0) return "";  // it has exited
   char state = 0;
   unsigned long long now_start = 0;
   std::string done;
   if (!read_stat(pid, &state, &now_start) || now_start != start || state == 'Z' || state == 'X') {
-    done = "pid " + std::to_string(pid) + " has exited";
+    // It has exited (the pid may be another's now): nothing to do.
   } else if (syscall(SYS_pidfd_send_signal, fd, SIGKILL, nullptr, 0) == 0) {
     done = std::string("killed pid ") + std::to_string(pid) + " (it was " +
            (state == 'T' || state == 't' ? "stopped" : "running") + ")";

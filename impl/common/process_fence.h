@@ -16,8 +16,9 @@ std::string process_identity();
 
 // Kills (SIGKILL) the process `identity` names when it runs on this
 // machine, in this pid namespace, and has not exited. Returns what was done
-// as a sentence fragment ("killed pid 123", "pid 123 has exited"), or ""
-// where the process is not this machine's or the identity is not one.
+// as a sentence fragment ("killed pid 123 (it was stopped)", "could not
+// kill pid 123: ..."), or "" where there was nothing to do: the process
+// has exited, is not this machine's, or the identity is not one.
 std::string fence_process(const std::string& identity);
 
 }  // namespace zs

@@ -802,6 +802,9 @@ std::string Context::key_prefix_of(int64_t generation) {
 }
 
 namespace {
+// How many times rank `rank` was lost (its replacements' count).
+std::string losses_key(int rank) { return "zs/heal/rank" + std::to_string(rank) + "/losses"; }
+
 std::string loss_key(int rank, int64_t n) {
   return "zs/heal/rank" + std::to_string(rank) + "/loss" + std::to_string(n);
 }
@@ -841,17 +844,14 @@ void Context::post_process_identity() {
 // run that healed without it (its stale state, its messages), nor hold a
 // launcher that waits for it to exit: it is killed here when it runs on this
 // host (a launcher that heals then starts its replacement). Its incarnation
-// is the one before this loss: `losses` counts them.
-void Context::fence(int r) {
-  const int64_t incarnation = store_->add("zs/heal/rank" + std::to_string(r) + "/losses", 0) - 1;
+// `incarnation` is the lost process's replacement number.
+void Context::fence(int r, int64_t incarnation) {
   const std::string key = process_key(r, incarnation);
   const std::vector<int>& host_of = topology_->host_of();
-  if (incarnation < 0 || host_of[static_cast<size_t>(r)] != host_of[static_cast<size_t>(ranks_.rank)] ||
-      !store_->check(key))
-    return;
+  if (host_of[static_cast<size_t>(r)] != host_of[static_cast<size_t>(ranks_.rank)] || !store_->check(key)) return;
   const std::vector<char> raw = store_->get(key);
   const std::string done = fence_process(std::string(raw.begin(), raw.end()));
-  if (done.empty() || done.find("has exited") != std::string::npos) return;
+  if (done.empty()) return;
   std::fprintf(stderr, "zeroshard: rank %d: healing: rank %d was taken for lost while its process lives: %s, so "
                "that it cannot come back into the run\n", ranks_.rank, r, done.c_str());
 }
@@ -867,7 +867,7 @@ void Context::end_if_fenced() {
   if (!store_ || !heals()) return;
   int64_t losses = 0;
   try {
-    losses = store_->add("zs/heal/rank" + std::to_string(ranks_.rank) + "/losses", 0);
+    losses = store_->add(losses_key(ranks_.rank), 0);
   } catch (const Error&) {
     return;  // no store to ask: the failure stands as it is
   }
@@ -889,14 +889,15 @@ void Context::regroup(const std::vector<int>& lost) {
     if (!std::binary_search(lost.begin(), lost.end(), r)) lowest_live = r;
   if (ranks_.rank == lowest_live) {
     std::string list;
+    std::vector<int64_t> losses;
     for (const int r : lost) {
-      const int64_t n = store_->add("zs/heal/rank" + std::to_string(r) + "/losses", 1);
+      losses.push_back(store_->add(losses_key(r), 1));
       const std::string value = std::to_string(g);
-      store_->set(loss_key(r, n), std::vector<char>(value.begin(), value.end()));
+      store_->set(loss_key(r, losses.back()), std::vector<char>(value.begin(), value.end()));
       list += (list.empty() ? "" : " ") + std::to_string(r);
     }
     store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
-    for (const int r : lost) fence(r);
+    for (size_t i = 0; i < lost.size(); ++i) fence(lost[i], losses[i] - 1);  // the incarnation just lost
   }
   heartbeat_->republish(*store_, prefix);
   for (const int r : lost) {

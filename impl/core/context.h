@@ -341,9 +341,10 @@ class Context {
   void find_generation();
   void finalize_store();
   // Healing: this process's identity in the store, for fence(); and the
-  // kill of lost rank r's process where it still runs on this host.
+  // kill of lost rank r's process (that incarnation's) where it still runs
+  // on this host.
   void post_process_identity();
-  void fence(int r);
+  void fence(int r, int64_t incarnation);
   // Says on stderr why destroy leaves without every rank's goodbye.
   void gave_up_on_goodbyes(const std::string& why) const;
   // Every world rank's host, in rank order (wait_for_every_rank).

@@ -248,8 +248,7 @@ float PeerCopy::copy() {
     m.state_esize = static_cast<uint16_t>(dtype_size(s.state_dtype));
     m.dtype = static_cast<uint16_t>(p.dtype);
     m.group = static_cast<uint32_t>(s.group);
-    // A param in no optimizer is never stepped: its gradient, if any, is not its state.
-    const bool pushed = m.n > 0 && p.grad && p.grad_pushed && s.group != kInNoOptimizer;
+    const bool pushed = m.n > 0 && p.grad && p.grad_pushed;
     m.flags = (pushed ? kPushed : 0) | (s.master ? kMaster : 0) | (s.state1 ? kState1 : 0) |
               (s.state2 ? kState2 : 0) | (s.master_stale ? kMasterStale : 0) |
               (s.master_is_shard ? kMasterIsShard : 0) | (s.master_is_working ? kMasterIsWorking : 0) |

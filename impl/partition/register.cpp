@@ -47,10 +47,6 @@ void scatter_from_root(Param& p, const ParamSpec& spec) {
   });
 }
 
-}  // namespace
-
-namespace {
-
 // The registration order, for registered_params (the params themselves
 // are the handles' to own).
 struct Registered final : Context::Attachment {

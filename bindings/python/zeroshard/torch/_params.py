@@ -61,7 +61,7 @@ class ParamState:
         self.view_ptr = 0      # that view's address: another one means user code set .data
         self.scratch = False   # attached to a scratch tensor of a replacement's constructor (heal.py)
         self.persistent = False  # hooked, and under the persistence threshold: a release keeps it
-        self.frozen = False  # frozen in the engine (freeze_untrainable): kept as quantized codes
+        self.frozen = False  # frozen in the engine (freeze_untrainable): under ZeRO++, kept as quantized codes
         self.finalizer = None  # notes the zparam in _dropped when Python collects the Parameter
         self.init_dtype = dtype  # what the module built it in (bf16.enabled casts it to dtype)
         self.device = device if device is not None else torch.device(zparam.device)
@@ -91,15 +91,17 @@ def quantizes_frozen(ctx=None):
     return bool(ctx.config["zero_optimization"].get("zero_quantized_nontrainable_weights"))
 
 
-def freeze_untrainable(params, quantize):
-    """ZeRO++'s zero_quantized_nontrainable_weights (`quantize`): each
-    partitioned param with requires_grad=False is frozen in the engine
-    (zs_param_freeze), which from then on keeps its shard only as block-
-    quantized codes and gathers it as them. Freezing is one-way: a param
-    frozen so and set back to requires_grad=True is an error, as its exact
-    values are gone. Without the key, nothing is frozen: requires_grad can
-    change between steps as in torch."""
-    if not quantize:
+def freeze_untrainable(params, freeze):
+    """With `freeze` (ZeRO++'s zero_quantized_nontrainable_weights, or an
+    inference-only model of zeroshard.hf), each partitioned param with
+    requires_grad=False is frozen in the engine (zs_param_freeze): it takes
+    no gradient, a peer copy for healing carries it, and under that key its
+    shard is kept only as block-quantized codes and gathered as them.
+    Freezing is one-way: a param frozen so and set back to
+    requires_grad=True is an error (quantized, its exact values are gone).
+    Without `freeze`, nothing is frozen: requires_grad can change between
+    steps as in torch."""
+    if not freeze:
         return
     for p in params:
         if not is_partitioned(p):
