@@ -427,7 +427,9 @@ def _make_strategy_class():
     import torch
     from lightning_utilities.core.apply_func import apply_to_collection
 
+    from . import lightning_heal
     from . import torch as zt
+    from .torch import heal_dist
     from .torch.init import hide_partitioned_from_ddp
 
     Precision = importlib.import_module(pl.__name__ + ".plugins.precision").Precision
@@ -473,6 +475,7 @@ def _make_strategy_class():
         docstring for which act)."""
 
         strategy_name = "zeroshard"
+        _zs_heal = None  # a lightning_heal.Healing while a fit heals a lost rank in place
 
         def __init__(self, accelerator=None, config=None, load_full_weights=False, parallel_devices=None,
                      cluster_environment=None, precision_plugin=None, process_group_backend=None,
@@ -513,8 +516,13 @@ def _make_strategy_class():
             return getattr(module, "_trainer", None) if module is not None else None
 
         def setup_environment(self):
-            super().setup_environment()  # the process group, whichever launcher started us
             trainer = self._trainer()
+            # Healing (lightning_heal.py): the peer copies kept on under
+            # zsrun --restarts for a fit that can heal; a replacement's
+            # process group made without a rendezvous.
+            self._zs_heal = None
+            lightning_heal.before_context(trainer, self.lightning_module)
+            super().setup_environment()  # the process group, whichever launcher started us
             precision = str(self.precision_plugin.precision)
             if trainer is not None:
                 self.zs_config = trainer_config(self.zs_config, precision, trainer.gradient_clip_val,
@@ -538,6 +546,7 @@ def _make_strategy_class():
             if made is not None and made[0] is zt.current_context() and made[1] != self.zs_config:
                 zt.shutdown()
             _strategy_context = (zt.get_context(self.zs_config, like=root), copy.deepcopy(self.zs_config))
+            self._zs_heal = lightning_heal.after_context(trainer, self.lightning_module)
 
         @contextlib.contextmanager
         def model_sharded_context(self):
@@ -565,6 +574,31 @@ def _make_strategy_class():
             # partitioned as when fitting.
             if trainer.state.fn != TrainerFn.FITTING:
                 self.model = self._setup_model(self.model)
+            if self._zs_heal is not None:  # a replacement joins here, its optimizer made
+                self._zs_heal = self._zs_heal.after_setup(self, trainer)
+
+        def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+            if self._zs_heal is None:
+                return super().optimizer_step(optimizer, closure, model, **kwargs)
+            return self._zs_heal.optimizer_step(
+                self._trainer(), optimizer, closure,
+                lambda c: super(ZeroShardStrategy, self).optimizer_step(optimizer, c, model, **kwargs))
+
+        def on_train_batch_start(self, batch, batch_idx):
+            super().on_train_batch_start(batch, batch_idx)
+            if self._zs_heal is not None:
+                self._zs_heal.register(self._trainer())
+
+        def broadcast(self, obj, src=0):
+            if self._zs_heal is not None and heal_dist.answers_locally():
+                return obj  # a replacement catching up: the survivors broadcast it long ago
+            return super().broadcast(obj, src)
+
+        def process_dataloader(self, dataloader):
+            dataloader = super().process_dataloader(dataloader)
+            if self._zs_heal is not None:
+                dataloader = self._zs_heal.loader(self._trainer(), dataloader)
+            return dataloader
 
         # Lightning's steps reach the model through its submodules
         # (self.net(x)), not through the LightningModule's forward, whose
@@ -630,6 +664,8 @@ def _make_strategy_class():
                                async_save=self.async_checkpoint)
 
         def load_checkpoint(self, checkpoint_path, weights_only=None):
+            if self._zs_heal is not None and checkpoint_path == lightning_heal.HEAL_CHECKPOINT:
+                return self._zs_heal.checkpoint()  # a replacement's: the survivors' state
             if self.load_full_weights:
                 # Full weights only (a `zsckpt export` file or a Hugging Face
                 # safetensors set): each rank reads its own shards' bytes.
@@ -677,6 +713,9 @@ def _make_strategy_class():
             # weights (as after DeepSpeedStrategy's fit). The process's exit,
             # zeroshard.torch.shutdown() or a strategy with another config
             # ends them.
+            if self._zs_heal is not None:
+                self._zs_heal.teardown()
+                self._zs_heal = None
             super().teardown()
 
     return ZeroShardStrategy

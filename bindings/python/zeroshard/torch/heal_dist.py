@@ -24,6 +24,16 @@ barrier of CPU tensors, the small control-plane collectives of trainers
 every rank). Others raise NotImplementedError naming them. Until a
 replacement has joined, a barrier passes at once (the survivors passed it
 long ago) and any other collective is refused by name.
+
+`answering_locally(True)`: a replacement that joined but has not yet
+caught up with the survivors (a Lightning fit re-entering its loop: the
+survivors ran its setup's collectives long ago) answers every collective
+as if each rank held its own values, without a message: a barrier passes,
+a broadcast keeps its tensor, an all-gather repeats it, an all-reduce
+reduces `size` copies of it. Its trainer turns that off where the
+survivors are. (A broadcast of objects, which receives sizes into an empty
+tensor first, must be answered above torch.distributed: Lightning's
+strategy returns the object it was given.)
 """
 import datetime
 import os
@@ -56,6 +66,18 @@ class _Done(dist._Work):
         return self._future
 
 
+_local = [False]  # answering_locally: a replacement catching up with the survivors
+
+
+def answering_locally(on):
+    """Collectives answer locally (module docstring) while on."""
+    _local[0] = bool(on)
+
+
+def answers_locally():
+    return _local[0]
+
+
 def _bytes(t):
     return t.reshape(-1).view(torch.uint8)
 
@@ -84,9 +106,12 @@ class EngineProcessGroup(dist.ProcessGroup):
 
     def _gather_bytes(self, what, tensor):
         """Every rank's `tensor` (same shape and dtype everywhere), stacked in
-        rank order: one engine all-gather of its bytes."""
-        ctx = self._world(what)
+        rank order: one engine all-gather of its bytes (answering locally:
+        this rank's, `size` times)."""
         src = tensor.detach().to("cpu").contiguous()
+        if _local[0]:
+            return src.unsqueeze(0).expand((self.size(),) + tuple(src.shape)).clone()
+        ctx = self._world(what)
         out = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
         n = src.numel() * src.element_size()
         if n:
@@ -119,6 +144,8 @@ class EngineProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         if len(tensors) != 1:
             raise NotImplementedError("zeroshard: torch.distributed broadcast of several tensors")
+        if _local[0]:
+            return _Done(tensors)
         root = getattr(opts, "rootRank", 0)
         ctx = self._world("broadcast")
         t = tensors[0]
@@ -132,7 +159,7 @@ class EngineProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         ctx = _context.current_context()
-        if ctx is None or _context.awaiting_join(ctx):
+        if ctx is None or _context.awaiting_join(ctx) or _local[0]:
             return _Done(None)  # a replacement's: the survivors passed it long ago
         with ctx.group("world") as world, world.barrier() as work:
             work.wait()

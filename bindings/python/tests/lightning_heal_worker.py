@@ -1,0 +1,120 @@
+"""One rank of the Lightning healing test: a plain Lightning fit with
+ZeroShardStrategy, launched by `zsrun --restarts R`, which a rank may leave
+by SIGKILL in the middle of a step.
+
+    python3 lightning_heal_worker.py OUT STEPS [KILL ...]
+
+KILL is RANK:STEP:WHERE as in heal_worker.py: "backward" (from a gradient
+hook in the middle of the backward) or "update" (the engine's fault point
+in its optimizer update). Only a rank's first process kills itself.
+
+The fit runs 2 epochs of STEPS / 2 batches, a shuffled DataLoader
+(Lightning gives it a DistributedSampler), the model of heal_worker.py
+(dropout: a redone step must restore the RNG), AdamW with a StepLR stepped
+every batch, the loss logged on every step and as the epoch's mean. No
+checkpoint, no logger. Each process appends JSON lines to OUT.<rank>: each
+batch's start and end (its loss, the lr), each epoch's logged mean, and at
+the end a hash of its optimizer state with its step count, rank 0 the hash
+of the consolidated params.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import lightning.pytorch as pl
+
+import zeroshard.lightning
+import zeroshard.torch as zt
+from heal_worker import BATCH, CONFIG, DIM, Net
+
+
+class Module(pl.LightningModule):
+    def __init__(self, kills, note):
+        super().__init__()
+        self.net, self.kills, self.note = None, kills, note
+
+    def configure_model(self):
+        if self.net is None:
+            torch.manual_seed(0)
+            self.net = Net()
+
+    def training_step(self, batch, idx):
+        step = self.global_step
+
+        def on_hidden(grad):
+            if (step, "backward") in self.kills:
+                self.note(event="kill", step=step, t=time.time())
+                os.kill(os.getpid(), signal.SIGKILL)
+            return grad
+
+        self.net.on_hidden = on_hidden
+        loss = self.net(batch[0]).pow(2).mean()
+        self.log("loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def on_fit_start(self):
+        torch.manual_seed(100 + self.global_rank)  # dropout differs per rank, as in data parallelism
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Notes(pl.Callback):
+    def __init__(self, note):
+        self.note = note
+
+    def on_train_batch_start(self, trainer, module, batch, idx):
+        self.note(event="begin", step=trainer.global_step, t=time.time())
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else None  # {} after a hollow step
+        self.note(event="step", step=trainer.global_step - 1, loss=None if loss is None else loss.item(),
+                  lr=trainer.optimizers[0].param_groups[0]["lr"], t=time.time())
+
+    def on_train_epoch_end(self, trainer, module):
+        self.note(event="epoch", epoch=trainer.current_epoch, loss=trainer.callback_metrics["loss_epoch"].item())
+
+
+def main():
+    out, steps = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
+    first = not replacement and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    kills = [tuple(k.split(":")) for k in sys.argv[3:]]
+    mine = {(int(s), where) for r, s, where in kills if int(r) == rank} if first else set()
+    for s, where in mine:
+        if where == "update":
+            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
+    log = open(f"{out}.{rank}", "a")
+
+    def note(**kv):
+        log.write(json.dumps({"rank": rank, "pid": os.getpid(), **kv}) + "\n")
+        log.flush()
+
+    g = torch.Generator().manual_seed(7)
+    data = torch.utils.data.TensorDataset(torch.randn(steps // 2 * BATCH, DIM, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH // world, shuffle=True)
+    module = Module(mine, note)
+    strategy = zeroshard.lightning.ZeroShardStrategy(config=CONFIG)
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[Notes(note)])
+    trainer.fit(module, loader)
+    opt = trainer.optimizers[0]
+    digest, taken, params = zt.training_digest(opt, module)
+    if rank == 0:
+        note(event="params", sha256=params)
+    note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
+    log.close()
+    sys.stdout.flush()
+    os._exit(0)  # past torch.distributed's teardown, as the other Lightning workers leave
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""ZeroShardStrategy heals a lost rank in place (docs/healing.md, section 3,
+"Lightning"): under `zsrun --restarts` a Lightning script, unchanged, loses
+a rank and goes on with a replacement that zsrun starts with its id, the
+survivors' processes kept and nothing read from disk.
+
+Survivors. Every engine call after a loss raises RankLostError, and so does
+torch.distributed, which runs over the engine's world group while healing
+(torch/heal_dist.py). The strategy's optimizer_step holds the whole step
+(Lightning's closure runs the training_step, zero_grad and backward inside
+the optimizer's step): a loss in the closure, or in the optimizer step
+before it commits, heals (zeroshard.torch.heal.recover) and runs the
+closure again with the batch, RNG and logged results of the step's start;
+a loss in the update after the commit heals and the step is done.
+
+Every batch's start (the strategy's on_train_batch_start) registers the
+state every rank shares: Lightning's checkpoint of the fit less weights and
+optimizer (the loops' progress, callbacks, LR schedulers), the optimizers'
+hyper-parameters and how many batches of the epoch are done.
+
+The replacement runs the same script from the top. Its model is built
+without a collective or a disk read; the strategy's setup joins once the
+optimizer exists (its shards come from its holder's copy) and the fit
+resumes through Lightning's own resume from a checkpoint, the survivors'
+state in place of a file; its train loader skips the batches of the epoch
+the survivors did. Until it reaches the batch the survivors are in, its
+torch.distributed collectives (the fit's setup, which the survivors ran
+long ago) answer locally. There it takes its predecessor's RNG (the blob
+of the committed step) and either runs the batch with them (the survivors
+redo it) or, when that batch's step committed in the loss, steps hollow:
+no forward, no update (its state is the committed one already), Lightning's
+bookkeeping of the step as the survivors do it.
+
+So that a replacement's RNG is its predecessor's where it resumes, nothing
+between two optimizer steps may draw from the global RNG: the loaders'
+iterators, each of which draws its workers' seed, are made under a fork of
+it (the same seed, the RNG left as it was), in the reference run as in a
+healed one. Heals: automatic optimization with one engine optimizer (AdamW,
+Adam or SGD) and accumulate_grad_batches=1. A loss in a validation, a
+checkpoint save or a hook between steps is not healed: it ends the fit with
+RankLostError, and zsrun restarts the job.
+"""
+import os
+import sys
+
+from . import torch as zt
+from .errors import RankLostError, StateLostError
+from .torch import _context, heal, heal_dist, heal_state
+
+# The ckpt_path a replacement's fit resumes from: the survivors' state.
+HEAL_CHECKPOINT = "zeroshard-heal://survivors"
+WHO = "ZeroShardStrategy"
+_said = [False]
+
+
+def why_not(trainer, module):
+    """Why a fit of `module` by `trainer` cannot heal, or None."""
+    if trainer is None or module is None:
+        return "it has no Trainer or LightningModule"
+    if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":
+        return "only a fit heals"
+    if not module.automatic_optimization:
+        return "manual optimization runs the training_step outside the optimizer step, which it cannot redo"
+    if trainer.accumulate_grad_batches != 1:
+        return (f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the micro-batches before the last run "
+                "outside the optimizer step, which it cannot redo")
+    return None
+
+
+def _say(ctx, why):
+    if ctx is not None and ctx.rank == 0 and not _said[0]:
+        _said[0] = True
+        print(f"zeroshard.lightning: the context keeps peer copies, but this fit does not heal a lost rank in place "
+              f"({why}): a loss restarts the job from its last checkpoint", file=sys.stderr, flush=True)
+
+
+def before_context(trainer, module):
+    """ZeroShardStrategy.setup_environment, before torch.distributed and the
+    context: in a replacement, torch.distributed's init gives the engine's
+    group without a rendezvous (the survivors' Gloo group is gone); under
+    zsrun --restarts (ZS_HEAL=auto) the peer copies stay on for a fit that
+    can heal."""
+    if _context.current_context() is not None:
+        return
+    heal_dist.route_replacement_init()
+    if _context.is_replacement():
+        # The fit's setup (Trainer.log_dir's broadcast, ...), which the
+        # survivors ran long ago, answers locally until it catches up.
+        heal_dist.answering_locally(True)
+    if os.environ.get("ZS_HEAL") == "auto" and why_not(trainer, module) is None:
+        zt.enable_healing()
+
+
+def after_context(trainer, module):
+    """Once the context exists: a Healing when it keeps peer copies and the
+    fit can heal (torch.distributed then runs over the engine's world group,
+    on every rank at the same point), else None, having said why once."""
+    ctx = _context.current_context()
+    if ctx is None or not heal.heals(ctx):
+        return None
+    why = why_not(trainer, module)
+    if why is not None:
+        _say(ctx, why)
+        return None
+    heal_dist.use_engine_process_group()
+    return Healing()
+
+
+def _engine_optimizer(optimizer):
+    return getattr(optimizer, "_optimizer", optimizer)
+
+
+# What a logged tensor keeps between two steps: a redo puts it back, or the
+# redone training_step would log an epoch's mean over the step twice.
+_RESULT_FIELDS = ("value", "cumulated_batch_size", "_forward_cache", "_computed", "_update_count", "has_reset")
+
+
+def _results_state(results):
+    """The logged values of `results` (Lightning's _ResultCollection): each
+    update assigns new tensors, so references are a snapshot."""
+    return {k: {f: getattr(m, f) for f in _RESULT_FIELDS if hasattr(m, f)} for k, m in results.items()}
+
+
+def _load_results_state(results, state):
+    for k in [k for k in results if k not in state]:
+        del results[k]  # first logged by the step cut short
+    for k, fields in state.items():
+        for f, v in fields.items():
+            setattr(results[k], f, v)
+
+
+class Healing:
+    """What ZeroShardStrategy does to heal (module docstring)."""
+
+    def __init__(self):
+        self.running = None
+        # In a replacement, from its join to the batch the survivors are in:
+        # (the survivors' state, its predecessor's blob, whether that batch's
+        # step committed).
+        self.joined = None
+        self.skip = 0  # in a replacement: batches of the epoch its train loader skips
+
+    # -- setup ----------------------------------------------------------------
+    def after_setup(self, strategy, trainer):
+        """The strategy's setup made the optimizers: self when they heal
+        (a replacement joins here), None when they do not."""
+        opts = list(strategy.optimizers or [])
+        if len(opts) != 1 or not isinstance(_engine_optimizer(opts[0]), zt.ZeroShardOptimizer):
+            why = (f"{len(opts)} optimizers" if len(opts) != 1 else
+                   f"its optimizer {type(_engine_optimizer(opts[0])).__name__} is not the engine's AdamW, Adam or "
+                   "SGD")
+            if _context.awaiting_join(zt.get_context()):
+                raise RuntimeError(f"{WHO}: this replacement cannot join the survivors: {why}")
+            _say(zt.get_context(), why)
+            return None
+        self.running = heal.running()
+        self.running.__enter__()
+        if _context.awaiting_join(zt.get_context()):
+            self._join(trainer)
+        return self
+
+    def teardown(self):
+        if self.running is not None:
+            self.running.__exit__(None, None, None)
+            self.running = None
+        heal_dist.answering_locally(False)
+
+    def _join(self, trainer):
+        committed = heal.join_as_replacement()
+        ctx = zt.get_context()
+        data = ctx.heal_joined_state("shared")
+        if data is None:
+            raise RuntimeError(f"{WHO}: joined at step {committed} but the survivors handed no fit state (do they "
+                               "run ZeroShardStrategy under the same conditions?)")
+        shared = heal_state.loads(data)
+        if shared.get("kind") != "lightning":
+            raise RuntimeError(f"{WHO}: the survivors' state is not a Lightning fit's (another loop heals there)")
+        behind = committed - shared["engine_steps"]
+        if behind not in (0, 1):
+            raise RuntimeError(f"{WHO}: joined at optimizer step {committed}; the survivors' state is of step "
+                               f"{shared['engine_steps']}")
+        heal.load_learned_fetches(shared["learned_fetches"], WHO)
+        heal.load_param_groups(shared["param_groups"], WHO)
+        self.joined = (shared, heal.joined_rank_state(ctx), behind)
+        self.skip = shared["skip"]
+        heal_dist.answering_locally(True)
+        # Lightning's resume from a checkpoint, the survivors' state in place
+        # of its file (load_checkpoint below), whatever ckpt_path fit had.
+        connector = trainer._checkpoint_connector
+        resume_start = connector.resume_start
+
+        def resume_from_the_survivors(checkpoint_path=None, weights_only=None):
+            del connector.resume_start  # once
+            return resume_start(HEAL_CHECKPOINT, weights_only)
+
+        connector.resume_start = resume_from_the_survivors
+        print(f"zeroshard.lightning: rank {ctx.rank} joined at step {committed}: training goes on at step "
+              f"{committed + 1}", file=sys.stderr, flush=True)
+
+    def checkpoint(self):
+        """Lightning's checkpoint of the survivors' fit (ZeroShardStrategy.
+        load_checkpoint of HEAL_CHECKPOINT): the weights came with the join."""
+        if self.joined is None:
+            raise RuntimeError(f"{WHO}: {HEAL_CHECKPOINT} is the state a replacement joins with; none is at hand")
+        checkpoint = dict(self.joined[0]["checkpoint"])
+        checkpoint["state_dict"] = {}
+        checkpoint["zeroshard"] = "heal"
+        return checkpoint
+
+    # -- every batch ------------------------------------------------------------
+    def register(self, trainer):
+        """The state every rank shares at a batch's start (module docstring)."""
+        import lightning.pytorch as pl
+        from lightning.pytorch.trainer import call
+        epoch_loop = trainer.fit_loop.epoch_loop
+        loops = {"fit_loop": trainer.fit_loop.state_dict()}
+        # Lightning counts a batch as stepped when it resumes a checkpoint
+        # written after a step but before its count (on_train_batch_end);
+        # this state is of a batch's start, counted already.
+        loops["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+        checkpoint = {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
+                      "pytorch-lightning_version": pl.__version__, "loops": loops,
+                      "callbacks": call._call_callbacks_state_dict(trainer),
+                      "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]}
+        precision = trainer.precision_plugin.state_dict()
+        if precision:
+            checkpoint[type(trainer.precision_plugin).__qualname__] = precision
+        state = {"kind": "lightning", "engine_steps": heal.optimizers()[0]._engine.steps,
+                 "skip": epoch_loop.batch_progress.current.completed, "param_groups": heal.param_groups_state(),
+                 "learned_fetches": heal.learned_fetches(), "checkpoint": checkpoint}
+        zt.get_context().heal_set_shared_state(heal_state.dumps(state, "the fit's shared state"))
+
+    def loader(self, trainer, dataloader):
+        """The strategy's process_dataloader: a torch DataLoader whose
+        iterators are made under a fork of the global RNG, and in a
+        replacement the train loader skipping the epoch's done batches."""
+        import torch
+        if not isinstance(dataloader, torch.utils.data.DataLoader):
+            if self.skip and trainer.training:
+                raise RuntimeError(f"{WHO}: this replacement resumes {self.skip} batches into the epoch, but its "
+                                   f"train loader is a {type(dataloader).__name__}, not a torch DataLoader it can "
+                                   "skip")
+            return dataloader
+        if not getattr(type(dataloader), "_zs_healing", False):
+            dataloader.__class__ = _healing_class(type(dataloader))
+        if self.skip and trainer.training:
+            dataloader._zs_skip, self.skip = self.skip, 0
+        return dataloader
+
+    # -- the step -----------------------------------------------------------------
+    def optimizer_step(self, trainer, optimizer, closure, step):
+        """The strategy's optimizer_step; step(closure) is Lightning's."""
+        if self.joined is not None:
+            _, blob, behind = self.joined
+            self.joined = None
+            if blob is not None:
+                heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
+            heal_dist.answering_locally(False)
+            if behind:
+                # This batch's step committed in the loss: the join brought
+                # its result. No forward (the survivors run none), no update.
+                from lightning.pytorch.loops.optimization.automatic import ClosureResult
+                closure._result = ClosureResult(None)
+                return None
+        opt = _engine_optimizer(optimizer)
+        before = opt._engine.steps
+        record = heal.StepRecord(None)
+        results = trainer._results
+        logged = _results_state(results) if results is not None else None
+
+        def again():
+            record.restore()
+            if logged is not None:
+                _load_results_state(results, logged)
+
+        def healing_closure():
+            while True:
+                try:
+                    return closure()
+                except RankLostError:
+                    self._recover({before})
+                    again()
+
+        def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
+            if self._recover({before, before + 1}) == before + 1:
+                return True
+            again()
+            healing_closure()
+            return False
+
+        opt.on_rank_lost = cut_short
+        try:
+            return step(healing_closure)
+        finally:
+            opt.on_rank_lost = None
+
+    @staticmethod
+    def _recover(allowed):
+        try:
+            committed = heal.recover()
+        except StateLostError as e:
+            print(f"{WHO}: rank {zt.get_context().rank}: healing is impossible: {e}; exiting with status "
+                  f"{heal.EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(heal.EXIT_STATE_LOST) from e
+        if committed not in allowed:
+            raise RuntimeError(f"{WHO}: healed at optimizer step {committed}, but this rank's step in progress "
+                               f"began at {min(allowed)}")
+        return committed
+
+
+_healing_classes = {}
+
+
+def _healing_class(cls):
+    """A subclass of the DataLoader class `cls` whose iterators are made
+    under a fork of the global RNG (the workers' seed drawn, the RNG left
+    as it was) and skip the instance's `_zs_skip` first batches once
+    (Healing.loader). Its methods in its own dict: a mixin base would
+    change the instances' layout, and with it __class__ assignment."""
+    if cls not in _healing_classes:
+        def __iter__(self):
+            import torch
+            with torch.random.fork_rng(devices=[]):
+                it = cls.__iter__(self)
+            skip, self._zs_skip = self._zs_skip, 0
+            return _Skipping(it, skip) if skip else it
+
+        _healing_classes[cls] = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__iter__": __iter__,
+                                                            "_zs_skip": 0, "_zs_healing": True})
+    return _healing_classes[cls]
+
+
+class _Skipping:
+    """An iterator that drops its first `skip` items at the first next():
+    a DistributedSampler draws its epoch's order there, after Lightning set
+    the epoch."""
+
+    def __init__(self, it, skip):
+        self.it, self.skip = it, skip
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while self.skip:
+            self.skip -= 1
+            next(self.it)
+        return next(self.it)
+
+    def __len__(self):
+        return len(self.it) - self.skip
