@@ -12,7 +12,7 @@ The fit runs 2 epochs of STEPS / 2 batches, a shuffled DataLoader
 (Lightning gives it a DistributedSampler), the model of heal_worker.py
 (dropout: a redone step must restore the RNG), AdamW with a StepLR stepped
 every batch, the loss logged on every step and as the epoch's mean. No
-checkpoint, no logger. Each process appends JSON lines to OUT.<rank>: each
+checkpoint, no logger (ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON lines to OUT.<rank>: each
 batch's start and end (its loss, the lr), each epoch's logged mean, and at
 the end a hash of its optimizer state with its step count, rank 0 the hash
 of the consolidated params.
@@ -78,7 +78,8 @@ class Notes(pl.Callback):
                   lr=trainer.optimizers[0].param_groups[0]["lr"], t=time.time())
 
     def on_train_epoch_end(self, trainer, module):
-        self.note(event="epoch", epoch=trainer.current_epoch, loss=trainer.callback_metrics["loss_epoch"].item())
+        self.note(event="epoch", epoch=trainer.current_epoch, loss=trainer.callback_metrics["loss_epoch"].item(),
+                  t=time.time())
 
 
 def main():
@@ -101,7 +102,13 @@ def main():
     data = torch.utils.data.TensorDataset(torch.randn(steps // 2 * BATCH, DIM, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH // world, shuffle=True)
     module = Module(mine, note)
-    strategy = zeroshard.lightning.ZeroShardStrategy(config=CONFIG)
+    config = CONFIG
+    if os.environ.get("ZS_TEST_PERSISTENT"):
+        # Every param persistent: each optimizer step ends in their gather,
+        # where a survivor learns of a rank lost after the step committed.
+        config = {"zero_optimization": dict(CONFIG["zero_optimization"],
+                                            stage3_param_persistence_threshold=100000)}
+    strategy = zeroshard.lightning.ZeroShardStrategy(config=config)
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[Notes(note)])
