@@ -5,15 +5,18 @@ by SIGKILL in the middle of a step.
     python3 lightning_heal_worker.py OUT STEPS [KILL ...]
 
 KILL is RANK:STEP:WHERE as in heal_worker.py: "backward" (from a gradient
-hook in the middle of the backward) or "update" (the engine's fault point
-in its optimizer update). Only a rank's first process kills itself.
+hook in the middle of the backward), "update" (the engine's fault point
+in its optimizer update) or "val" (in the validation after STEP steps,
+which the strategy does not heal). Only a rank's first process kills itself.
 
 The fit runs 2 epochs of STEPS / 2 batches, a shuffled DataLoader
 (Lightning gives it a DistributedSampler), the model of heal_worker.py
 (dropout: a redone step must restore the RNG), AdamW with a StepLR stepped
-every batch, the loss logged on every step and as the epoch's mean. No
+every batch, the loss logged on every step and as the epoch's mean, and a
+validation (its mean synced over the ranks) every 4 batches and at each
+epoch's end, after a sanity check. No
 checkpoint, no logger (ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON lines to OUT.<rank>: each
-batch's start and end (its loss, the lr), each epoch's logged mean, and at
+batch's start and end (its loss, the lr), each validation's and epoch's logged mean, and at
 the end a hash of its optimizer state with its step count, rank 0 the hash
 of the consolidated params.
 """
@@ -56,6 +59,12 @@ class Module(pl.LightningModule):
         self.log("loss", loss, on_step=True, on_epoch=True)
         return loss
 
+    def validation_step(self, batch, idx):
+        if (self.global_step, "val") in self.kills and not self.trainer.sanity_checking:
+            self.note(event="kill", step=self.global_step, t=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.log("val", self.net(batch[0]).pow(2).mean(), sync_dist=True)
+
     def on_fit_start(self):
         torch.manual_seed(100 + self.global_rank)  # dropout differs per rank, as in data parallelism
 
@@ -76,6 +85,10 @@ class Notes(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else None  # {} after a hollow step
         self.note(event="step", step=trainer.global_step - 1, loss=None if loss is None else loss.item(),
                   lr=trainer.optimizers[0].param_groups[0]["lr"], t=time.time())
+
+    def on_validation_end(self, trainer, module):
+        if not trainer.sanity_checking:
+            self.note(event="val", step=trainer.global_step, loss=trainer.callback_metrics["val"].item(), t=time.time())
 
     def on_train_epoch_end(self, trainer, module):
         self.note(event="epoch", epoch=trainer.current_epoch, loss=trainer.callback_metrics["loss_epoch"].item(),
@@ -110,9 +123,11 @@ def main():
                                             stage3_param_persistence_threshold=100000)}
     strategy = zeroshard.lightning.ZeroShardStrategy(config=config)
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, val_check_interval=4,
                          callbacks=[Notes(note)])
-    trainer.fit(module, loader)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2 * BATCH, DIM, generator=g)),
+                                      batch_size=BATCH // world)
+    trainer.fit(module, loader, val)
     opt = trainer.optimizers[0]
     digest, taken, params = zt.training_digest(opt, module)
     if rank == 0:

@@ -589,6 +589,11 @@ def _make_strategy_class():
             if self._zs_heal is not None:
                 self._zs_heal.register(self._trainer())
 
+        def on_exception(self, exception):
+            if self._zs_heal is not None:
+                self._zs_heal.on_exception(exception)
+            super().on_exception(exception)
+
         def broadcast(self, obj, src=0):
             if self._zs_heal is not None and heal_dist.answers_locally():
                 return obj  # a replacement catching up: the survivors broadcast it long ago

@@ -128,6 +128,44 @@ def _load_results_state(results, state):
             setattr(results[k], f, v)
 
 
+def _epoch_results(trainer):
+    """This rank's part of the blob: what the epoch's logged values hold so
+    far (the mean, max, min or sum Lightning logs at the epoch's end, of
+    the values training_step logged on_epoch)."""
+    results = trainer.fit_loop.epoch_loop._results
+    metrics = {k: {"value": m.value, "cumulated_batch_size": getattr(m, "cumulated_batch_size", None),
+                   "update_count": m._update_count}
+               for k, m in results.items() if m.is_tensor and m.meta.on_epoch}
+    return {"epoch": trainer.current_epoch, "metrics": metrics}
+
+
+def _carry_epoch_results(trainer, carried):
+    """In a replacement: its predecessor's epoch results (_epoch_results),
+    each put in as its training_step logs that key again (Lightning makes
+    the entry, with its settings, at the first log), within that epoch."""
+    results = trainer.fit_loop.epoch_loop._results
+    pending, epoch = dict(carried["metrics"]), carried["epoch"]
+    if not pending or trainer.current_epoch != epoch:
+        return
+    original = results.update_metrics
+
+    def update_metrics(key, value, batch_size):
+        if trainer.current_epoch != epoch:
+            pending.clear()
+        state = pending.pop(key, None)
+        if state is not None:
+            m = results[key]
+            m.value = state["value"].to(m.value.device)
+            if state["cumulated_batch_size"] is not None:
+                m.cumulated_batch_size = state["cumulated_batch_size"].to(m.value.device)
+            m._update_count = state["update_count"]
+        original(key, value, batch_size)
+        if not pending:
+            del results.update_metrics  # the class's again
+
+    results.update_metrics = update_metrics
+
+
 class Healing:
     """What ZeroShardStrategy does to heal (module docstring)."""
 
@@ -152,7 +190,7 @@ class Healing:
                 raise RuntimeError(f"{WHO}: this replacement cannot join the survivors: {why}")
             _say(zt.get_context(), why)
             return None
-        self.running = heal.running()
+        self.running = heal.running(lambda: {"results": _epoch_results(trainer)})
         self.running.__enter__()
         if _context.awaiting_join(zt.get_context()):
             self._join(trainer)
@@ -163,6 +201,14 @@ class Healing:
             self.running.__exit__(None, None, None)
             self.running = None
         heal_dist.answering_locally(False)
+
+    def on_exception(self, exception):
+        """The fit ends with `exception` (Lightning's on_exception): a loss
+        outside a training step's optimizer step is not healed; say so."""
+        if isinstance(exception, RankLostError):
+            print(f"{WHO}: rank {zt.get_context().rank}: a rank was lost outside a training step (in a validation, a "
+                  "checkpoint save or a hook between steps), where this strategy does not heal it: the fit ends, and "
+                  "zsrun --restarts starts the job again from its last checkpoint", file=sys.stderr, flush=True)
 
     def _join(self, trainer):
         committed = heal.join_as_replacement()
@@ -254,6 +300,7 @@ class Healing:
             self.joined = None
             if blob is not None:
                 heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
+                _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
             heal_dist.answering_locally(False)
             if behind:
                 # This batch's step committed in the loss: the join brought
