@@ -358,26 +358,29 @@ def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
     assert len(logged) == steps // 5, history
 
 
-def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_and_in_an_update():
+def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_in_a_validation_and_in_an_update():
     """A plain Lightning script (lightning_heal_worker.py: ZeroShardStrategy,
     2 epochs of 6 batches from a shuffled DataLoader, dropout, a StepLR
     stepped every batch, the loss logged per step and as the epoch's mean,
-    a validation every 4 batches after a sanity check)
-    on 3 ranks under zsrun --restarts, no checkpoint, no logger: rank 1
-    killed in step 4's backward (mid-epoch, after a validation: the
-    survivors redo the step, its logged value taken back first; the
-    replacement resumes 4 batches into the epoch through Lightning's own
-    resume, the survivors' state in place of a file, past the validation
-    they ran, with its predecessor's share of the epoch's mean), rank 0 in
-    step 6's backward (the first batch of the second
-    epoch; the store in zsstore). Then, every param persistent (each step
-    ends in their gather, where the survivors learn of the loss after the
-    step committed), rank 2 killed in step 9's update: its replacement steps
-    hollow through step 9 and trains from step 10. Each world ends with
-    every rank's optimizer state, the consolidated params, every loss and
-    lr its processes logged, every epoch's and validation's mean equal to
-    the uninterrupted run's bit for bit; survivors keep their processes; no
-    job restart; nothing written but the logs."""
+    a validation every 4 batches after a sanity check, its mean synced) on
+    3 ranks under zsrun --restarts, no checkpoint, no logger:
+    - rank 1 killed in step 4's backward (mid-epoch, after a validation):
+      the survivors redo the step, its logged value taken back first; the
+      replacement resumes 4 batches into the epoch through Lightning's own
+      resume, the survivors' state in place of a file, past the validation
+      they ran, with its predecessor's share of the epoch's mean;
+    - rank 0 in step 6's backward (the second epoch's first batch; the
+      store in zsstore);
+    - rank 2 in the validation after step 10: the survivors run it again
+      from its start with the replacement, which resumes in it;
+    - then, every param persistent (each step ends in their gather, where
+      the survivors learn of a loss after the step committed), rank 2 in
+      step 9's update: its replacement steps hollow through step 9.
+    Each world ends with every rank's optimizer state, the consolidated
+    params, every loss and lr its processes logged, every epoch's and
+    validation's mean equal to the uninterrupted run's bit for bit;
+    survivors keep their processes; no job restart; nothing written but
+    the logs."""
     pytest.importorskip("lightning")
     worker, steps = "lightning_heal_worker.py", 12
     ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker=worker, steps=steps)
@@ -387,17 +390,20 @@ def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_and_in_an
     ref_epoch = {(l["rank"], l["epoch"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "epoch"}
     ref_val = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "val"}
     times = []
-    for kills, env in ((("1:4:backward", "0:6:backward"), None), (("2:9:update",), {"ZS_TEST_PERSISTENT": "1"})):
+    for kills, env in ((("1:4:backward", "0:6:backward", "2:10:val"), None),
+                       (("2:9:update",), {"ZS_TEST_PERSISTENT": "1"})):
         code, out, logs, left = launch(3, *kills, restarts=len(kills), worker=worker, steps=steps, env=env)
         assert code == 0, out
         assert left == [f"log.{r}" for r in range(3)], left  # no checkpoint, nothing else
         assert "starting the job again" not in out and "does not heal" not in out, out
         check_ends(3, logs, ref_logs, out)
-        victims = {int(k.split(":")[0]): int(k.split(":")[1]) for k in kills}
-        for r, step in victims.items():
+        victims = {int(k.split(":")[0]): (int(k.split(":")[1]), k.split(":")[2]) for k in kills}
+        for r, (step, where) in victims.items():
             # C: the steps before the victim's; after a loss in its update, that step too.
-            joined = step + 1 if k_where(kills, r) == "update" else step
+            joined = step + 1 if where == "update" else step
             assert f"zeroshard.lightning: rank {r} joined at step {joined}" in out, out
+            times.append((r, where, trainer_kill_to_commit(logs, r, step, "update" if where == "update" else
+                                                           "backward")))
         hollow = []
         for r, ls in logs.items():
             pids = list(dict.fromkeys(l["pid"] for l in ls))
@@ -410,15 +416,13 @@ def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_and_in_an
                     assert l["loss"] in (None, want_loss) and l["lr"] == want_lr, (r, l)
                 if l["event"] == "epoch":  # a replacement's with its predecessor's share of the epoch
                     assert l["loss"] == ref_epoch[(r, l["epoch"])], (r, l)
-            # Each validation once per rank (a replacement's predecessor ran
-            # those before it), its synced mean the reference's.
+            # Each validation once per rank (the one a loss cut short by
+            # the replacement), its synced mean the reference's.
             vals = [(l["step"], l["loss"]) for l in ls if l["event"] == "val"]
             assert vals == sorted((s, v) for (q, s), v in ref_val.items() if q == r), (r, vals)
-            if r in victims:
-                times.append((r, trainer_kill_to_commit(logs, r, victims[r], k_where(kills, r))))
         # Only the replacement after a committed step ran it hollow, and only that step.
         assert hollow == ([(2, 9)] if "2:9:update" in kills else []), hollow
-    print("kill to next committed step: " + ", ".join(f"rank {r} {t:.2f} s" for r, t in times))
+    print("kill to next committed step: " + ", ".join(f"rank {r} ({where}) {t:.2f} s" for r, where, t in times))
 
 
 def k_where(kills, rank):

@@ -82,11 +82,13 @@ def before_context(trainer, module):
     if _context.current_context() is not None:
         return
     heal_dist.route_replacement_init()
+    if why_not(trainer, module) is not None:
+        return
     if _context.is_replacement():
         # The fit's setup (Trainer.log_dir's broadcast, ...), which the
         # survivors ran long ago, answers locally until it catches up.
         heal_dist.answering_locally(True)
-    if os.environ.get("ZS_HEAL") == "auto" and why_not(trainer, module) is None:
+    if os.environ.get("ZS_HEAL") == "auto":
         zt.enable_healing()
 
 
@@ -95,11 +97,11 @@ def after_context(trainer, module):
     fit can heal (torch.distributed then runs over the engine's world group,
     on every rank at the same point), else None, having said why once."""
     ctx = _context.current_context()
-    if ctx is None or not heal.heals(ctx):
-        return None
     why = why_not(trainer, module)
-    if why is not None:
-        _say(ctx, why)
+    if ctx is None or not heal.heals(ctx) or why is not None:
+        heal_dist.answering_locally(False)
+        if why is not None and ctx is not None and heal.heals(ctx):
+            _say(ctx, why)
         return None
     heal_dist.use_engine_process_group()
     return Healing()
@@ -192,6 +194,13 @@ class Healing:
             return None
         self.running = heal.running(lambda: {"results": _epoch_results(trainer)})
         self.running.__enter__()
+        val_loop = trainer.fit_loop.epoch_loop.val_loop
+        run = val_loop.run
+
+        def validate():  # the fit's validations (not the sanity check) heal
+            return run() if trainer.sanity_checking else self._validate(trainer, val_loop, run)
+
+        val_loop.run = validate
         if _context.awaiting_join(zt.get_context()):
             self._join(trainer)
         return self
@@ -204,11 +213,12 @@ class Healing:
 
     def on_exception(self, exception):
         """The fit ends with `exception` (Lightning's on_exception): a loss
-        outside a training step's optimizer step is not healed; say so."""
+        outside a training step or a validation is not healed; say so."""
         if isinstance(exception, RankLostError):
-            print(f"{WHO}: rank {zt.get_context().rank}: a rank was lost outside a training step (in a validation, a "
-                  "checkpoint save or a hook between steps), where this strategy does not heal it: the fit ends, and "
-                  "zsrun --restarts starts the job again from its last checkpoint", file=sys.stderr, flush=True)
+            print(f"{WHO}: rank {zt.get_context().rank}: a rank was lost outside a training step and a validation "
+                  "(in a checkpoint save or a hook between them), where this strategy does not heal it: the fit "
+                  "ends, and zsrun --restarts starts the job again from its last checkpoint", file=sys.stderr,
+                  flush=True)
 
     def _join(self, trainer):
         committed = heal.join_as_replacement()
@@ -221,7 +231,7 @@ class Healing:
         if shared.get("kind") != "lightning":
             raise RuntimeError(f"{WHO}: the survivors' state is not a Lightning fit's (another loop heals there)")
         behind = committed - shared["engine_steps"]
-        if behind not in (0, 1):
+        if behind not in (0, 1) or (behind and shared["phase"] != "batch"):
             raise RuntimeError(f"{WHO}: joined at optimizer step {committed}; the survivors' state is of step "
                                f"{shared['engine_steps']}")
         heal.load_learned_fetches(shared["learned_fetches"], WHO)
@@ -253,16 +263,28 @@ class Healing:
         return checkpoint
 
     # -- every batch ------------------------------------------------------------
-    def register(self, trainer):
-        """The state every rank shares at a batch's start (module docstring)."""
+    def register(self, trainer, phase="batch"):
+        """The state every rank shares at a batch's start (phase "batch") or
+        a validation's ("val"): module docstring."""
         import lightning.pytorch as pl
         from lightning.pytorch.trainer import call
         epoch_loop = trainer.fit_loop.epoch_loop
         loops = {"fit_loop": trainer.fit_loop.state_dict()}
-        # Lightning counts a batch as stepped when it resumes a checkpoint
-        # written after a step but before its count (on_train_batch_end);
-        # this state is of a batch's start, counted already.
-        loops["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+        fit = loops["fit_loop"]
+        if phase == "batch":
+            # Lightning counts a batch as stepped when it resumes a checkpoint
+            # written after a step but before its count (on_train_batch_end);
+            # this state is of a batch's start, counted already.
+            fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+        else:
+            # A validation's start, its batch done: Lightning resumes "in
+            # the middle of the validation" and runs it, when one of its
+            # batches started and none finished.
+            # (Its current count starts from none: the fetcher takes that
+            # many batches as done.)
+            progress = fit["epoch_loop.val_loop.batch_progress"]
+            for k, done in (("total", progress["total"]["completed"]), ("current", 0)):
+                progress[k].update(ready=done + 1, started=done + 1, processed=done, completed=done)
         checkpoint = {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
                       "pytorch-lightning_version": pl.__version__, "loops": loops,
                       "callbacks": call._call_callbacks_state_dict(trainer),
@@ -270,7 +292,7 @@ class Healing:
         precision = trainer.precision_plugin.state_dict()
         if precision:
             checkpoint[type(trainer.precision_plugin).__qualname__] = precision
-        state = {"kind": "lightning", "engine_steps": heal.optimizers()[0]._engine.steps,
+        state = {"kind": "lightning", "phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
                  "skip": epoch_loop.batch_progress.current.completed, "param_groups": heal.param_groups_state(),
                  "learned_fetches": heal.learned_fetches(), "checkpoint": checkpoint}
         zt.get_context().heal_set_shared_state(heal_state.dumps(state, "the fit's shared state"))
@@ -292,17 +314,49 @@ class Healing:
             dataloader._zs_skip, self.skip = self.skip, 0
         return dataloader
 
+    def _catch_up(self, trainer, phase):
+        """A replacement reaches what the survivors are in (`phase`): its
+        predecessor's RNG and epoch results, its collectives theirs again.
+        Returns whether that batch's step committed in the loss."""
+        shared, blob, behind = self.joined
+        self.joined = None
+        if shared["phase"] != phase:
+            raise RuntimeError(f"{WHO}: this replacement reached a {phase} first, but the survivors are in a "
+                               f"{shared['phase']}")
+        if blob is not None:
+            heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
+            _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
+        heal_dist.answering_locally(False)
+        return behind
+
+    def _validate(self, trainer, val_loop, run):
+        """A validation of the fit, run again from its start with the
+        replacement when a loss cuts it short: its progress, the callbacks'
+        state, the RNG and the model's train mode put back first."""
+        from lightning.pytorch.trainer import call
+        if self.joined is not None:
+            self._catch_up(trainer, "val")
+        steps = heal.optimizers()[0]._engine.steps
+        self.register(trainer, "val")
+        progress = val_loop.batch_progress.state_dict()
+        callbacks = call._call_callbacks_state_dict(trainer)
+        rng = heal_state.rng_state()
+        while True:
+            try:
+                return run()
+            except RankLostError:
+                self._recover({steps})
+                val_loop._module_mode.restore(trainer.lightning_module)  # its start put the model in eval mode
+                val_loop.batch_progress.load_state_dict(progress)
+                call._call_callbacks_load_state_dict(trainer, {"callbacks": callbacks})
+                trainer._logger_connector.reset_results()
+                heal_state.set_rng_state(rng)
+
     # -- the step -----------------------------------------------------------------
     def optimizer_step(self, trainer, optimizer, closure, step):
         """The strategy's optimizer_step; step(closure) is Lightning's."""
         if self.joined is not None:
-            _, blob, behind = self.joined
-            self.joined = None
-            if blob is not None:
-                heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
-                _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
-            heal_dist.answering_locally(False)
-            if behind:
+            if self._catch_up(trainer, "batch"):
                 # This batch's step committed in the loss: the join brought
                 # its result. No forward (the survivors run none), no update.
                 from lightning.pytorch.loops.optimization.automatic import ClosureResult
