@@ -178,6 +178,7 @@ class Healing:
         # step committed).
         self.joined = None
         self.skip = 0  # in a replacement: batches of the epoch its train loader skips
+        self.val_loop = None  # the fit's validation loop, whose run heals (after_setup)
 
     # -- setup ----------------------------------------------------------------
     def after_setup(self, strategy, trainer):
@@ -201,6 +202,7 @@ class Healing:
             return run() if trainer.sanity_checking else self._validate(trainer, val_loop, run)
 
         val_loop.run = validate
+        self.val_loop = val_loop
         if _context.awaiting_join(zt.get_context()):
             self._join(trainer)
         return self
@@ -209,6 +211,9 @@ class Healing:
         if self.running is not None:
             self.running.__exit__(None, None, None)
             self.running = None
+        if self.val_loop is not None:
+            del self.val_loop.run  # the class's again, for the trainer's next call
+            self.val_loop = None
         heal_dist.answering_locally(False)
 
     def on_exception(self, exception):
