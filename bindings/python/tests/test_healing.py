@@ -364,7 +364,8 @@ def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_in_a_vali
     stepped every batch, the loss logged per step and as the epoch's mean,
     a validation every 4 batches after a sanity check, its mean synced) on
     3 ranks under zsrun --restarts, no checkpoint, no logger:
-    - rank 1 killed in step 4's backward (mid-epoch, after a validation):
+    - from warm spares (zsrun --spare), rank 1 killed in step 4's backward
+      (mid-epoch, after a validation):
       the survivors redo the step, its logged value taken back first; the
       replacement resumes 4 batches into the epoch through Lightning's own
       resume, the survivors' state in place of a file, past the validation
@@ -390,15 +391,18 @@ def test_a_lightning_fit_heals_losses_in_a_backward_at_an_epochs_start_in_a_vali
     ref_epoch = {(l["rank"], l["epoch"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "epoch"}
     ref_val = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "val"}
     times = []
-    for kills, env in ((("1:4:backward", "0:6:backward", "2:10:val"), None),
-                       (("2:9:update",), {"ZS_TEST_PERSISTENT": "1"})):
-        code, out, logs, left = launch(3, *kills, restarts=len(kills), worker=worker, steps=steps, env=env)
+    for kills, env, spare in ((("1:4:backward", "0:6:backward", "2:10:val"), None, True),
+                              (("2:9:update",), {"ZS_TEST_PERSISTENT": "1"}, False)):
+        code, out, logs, left = launch(3, *kills, restarts=len(kills), spare=spare, worker=worker, steps=steps,
+                                       env=env)
         assert code == 0, out
         assert left == [f"log.{r}" for r in range(3)], left  # no checkpoint, nothing else
         assert "starting the job again" not in out and "does not heal" not in out, out
         check_ends(3, logs, ref_logs, out)
         victims = {int(k.split(":")[0]): (int(k.split(":")[1]), k.split(":")[2]) for k in kills}
         for r, (step, where) in victims.items():
+            if spare:  # the warm spare of the moment took its place: the script's imports done
+                assert re.search(rf"healing: the spare \(pid \d+\) takes rank {r}'s place", out), out
             # C: the steps before the victim's; after a loss in its update, that step too.
             joined = step + 1 if where == "update" else step
             assert f"zeroshard.lightning: rank {r} joined at step {joined}" in out, out
