@@ -6,8 +6,9 @@ by SIGKILL in the middle of a step.
 
 KILL is RANK:STEP:WHERE as in heal_worker.py: "backward" (from a gradient
 hook in the middle of the backward), "update" (the engine's fault point
-in its optimizer update) or "val" (in the validation after STEP steps,
-which the strategy does not heal). Only a rank's first process kills itself.
+in its optimizer update) or "val" (in the validation after STEP steps).
+ZS_TEST_ACCUMULATE=K: K micro-batches a step, "backward1" killing in the
+first one's backward (outside the optimizer step), "backward" in the last. Only a rank's first process kills itself.
 
 The fit runs 2 epochs of STEPS / 2 batches, a shuffled DataLoader
 (Lightning gives it a DistributedSampler), the model of heal_worker.py
@@ -34,6 +35,8 @@ import zeroshard.lightning
 import zeroshard.torch as zt
 from heal_worker import BATCH, CONFIG, DIM, Net
 
+ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
+
 
 class Module(pl.LightningModule):
     def __init__(self, kills, note):
@@ -47,9 +50,12 @@ class Module(pl.LightningModule):
 
     def training_step(self, batch, idx):
         step = self.global_step
+        # With gradient accumulation, "backward" is the step's last
+        # micro-batch (inside the optimizer step), "backward1" its first.
+        where = "backward1" if ACCUMULATE > 1 and idx % ACCUMULATE == 0 else "backward"
 
         def on_hidden(grad):
-            if (step, "backward") in self.kills:
+            if (step, where) in self.kills:
                 self.note(event="kill", step=step, t=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
             return grad
@@ -112,7 +118,7 @@ def main():
         log.flush()
 
     g = torch.Generator().manual_seed(7)
-    data = torch.utils.data.TensorDataset(torch.randn(steps // 2 * BATCH, DIM, generator=g))
+    data = torch.utils.data.TensorDataset(torch.randn(steps // 2 * BATCH * ACCUMULATE, DIM, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH // world, shuffle=True)
     module = Module(mine, note)
     config = CONFIG
@@ -123,7 +129,8 @@ def main():
                                             stage3_param_persistence_threshold=100000)}
     strategy = zeroshard.lightning.ZeroShardStrategy(config=config)
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, val_check_interval=4,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, val_check_interval=4 * ACCUMULATE,
+                         accumulate_grad_batches=ACCUMULATE,
                          callbacks=[Notes(note)])
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2 * BATCH, DIM, generator=g)),
                                       batch_size=BATCH // world)

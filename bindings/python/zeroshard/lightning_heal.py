@@ -59,10 +59,7 @@ def why_not(trainer, module):
     if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":
         return "only a fit heals"
     if not module.automatic_optimization:
-        return "manual optimization runs the training_step outside the optimizer step, which it cannot redo"
-    if trainer.accumulate_grad_batches != 1:
-        return (f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the micro-batches before the last run "
-                "outside the optimizer step, which it cannot redo")
+        return "manual optimization runs the training_step where the strategy cannot redo it"
     return None
 
 
@@ -179,6 +176,11 @@ class Healing:
         self.joined = None
         self.skip = 0  # in a replacement: batches of the epoch its train loader skips
         self.val_loop = None  # the fit's validation loop, whose run heals (after_setup)
+        self.window = None  # the optimizer step's _Window in progress
+        self.hollow = False  # a replacement's window whose step committed in the loss
+        self.automatic = None  # the fit's _AutomaticOptimization, whose closures heal (after_setup)
+        self.window_state = None  # the shared state registered at the window's start
+        self.local_closures = 0  # a replacement: closures to enter before its collectives are the survivors'
 
     # -- setup ----------------------------------------------------------------
     def after_setup(self, strategy, trainer):
@@ -203,6 +205,17 @@ class Healing:
 
         val_loop.run = validate
         self.val_loop = val_loop
+        automatic = trainer.fit_loop.epoch_loop.automatic_optimization
+        make_closure = automatic._make_closure
+
+        def healing_closure(*args, **kwargs):
+            closure = make_closure(*args, **kwargs)
+            closure._zs_trainer = trainer
+            self._closure_made(trainer, closure)
+            return closure
+
+        automatic._make_closure = healing_closure
+        self.automatic = automatic
         if _context.awaiting_join(zt.get_context()):
             self._join(trainer)
         return self
@@ -214,6 +227,9 @@ class Healing:
         if self.val_loop is not None:
             del self.val_loop.run  # the class's again, for the trainer's next call
             self.val_loop = None
+        if self.automatic is not None:
+            del self.automatic._make_closure
+            self.automatic = None
         heal_dist.answering_locally(False)
 
     def on_exception(self, exception):
@@ -269,27 +285,34 @@ class Healing:
 
     # -- every batch ------------------------------------------------------------
     def register(self, trainer, phase="batch"):
-        """The state every rank shares at a batch's start (phase "batch") or
-        a validation's ("val"): module docstring."""
+        """The state every rank shares at an optimizer step's first batch's
+        start (phase "batch") or a validation's ("val"): module docstring."""
+        if phase == "batch" and self.window is not None:
+            return  # a later micro-batch of the step: a replacement starts at the first
         import lightning.pytorch as pl
         from lightning.pytorch.trainer import call
         epoch_loop = trainer.fit_loop.epoch_loop
         loops = {"fit_loop": trainer.fit_loop.state_dict()}
         fit = loops["fit_loop"]
-        if phase == "batch":
+        if phase == "batch" and not epoch_loop._should_accumulate():
             # Lightning counts a batch as stepped when it resumes a checkpoint
-            # written after a step but before its count (on_train_batch_end);
-            # this state is of a batch's start, counted already.
+            # written after a step but before its count (on_train_batch_end),
+            # where the batch steps; this state is of a batch's start,
+            # counted already.
             fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
-        else:
-            # A validation's start, its batch done: Lightning resumes "in
-            # the middle of the validation" and runs it, when one of its
-            # batches started and none finished.
-            # (Its current count starts from none: the fetcher takes that
-            # many batches as done.)
-            progress = fit["epoch_loop.val_loop.batch_progress"]
-            for k, done in (("total", progress["total"]["completed"]), ("current", 0)):
-                progress[k].update(ready=done + 1, started=done + 1, processed=done, completed=done)
+        # The validation progress as it is (the loop's state_dict can read
+        # one batch more started than finished, seen after a sanity check:
+        # a resume would then run a validation due there again), or, at a
+        # validation's start, with one batch started
+        # and none finished: the only state from which Lightning's resume
+        # runs a validation (one found done or not begun is skipped).
+        live = epoch_loop.val_loop.batch_progress
+        val = fit["epoch_loop.val_loop.batch_progress"]
+        for k in ("total", "current"):
+            val[k] = getattr(live, k).state_dict()
+            if phase == "val":
+                done = val[k]["completed"] if k == "total" else 0  # the fetcher takes `current` as done
+                val[k].update(ready=done + 1, started=done + 1, processed=done, completed=done)
         checkpoint = {"epoch": trainer.current_epoch, "global_step": trainer.global_step,
                       "pytorch-lightning_version": pl.__version__, "loops": loops,
                       "callbacks": call._call_callbacks_state_dict(trainer),
@@ -300,6 +323,12 @@ class Healing:
         state = {"kind": "lightning", "phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
                  "skip": epoch_loop.batch_progress.current.completed, "param_groups": heal.param_groups_state(),
                  "learned_fetches": heal.learned_fetches(), "checkpoint": checkpoint}
+        if phase == "batch":
+            self.window_state = state
+        self._post(state)
+
+    @staticmethod
+    def _post(state):
         zt.get_context().heal_set_shared_state(heal_state.dumps(state, "the fit's shared state"))
 
     def loader(self, trainer, dataloader):
@@ -331,7 +360,13 @@ class Healing:
         if blob is not None:
             heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
             _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
-        heal_dist.answering_locally(False)
+        if phase == "val":
+            heal_dist.answering_locally(False)
+        elif not behind:
+            # The survivors redo the step's first `redo` micro-batches'
+            # closures alone: what Lightning runs between them (each batch's
+            # SIGTERM broadcast, hooks) they ran before the loss.
+            self.local_closures = shared.get("redo", 1)
         return behind
 
     def _validate(self, trainer, val_loop, run):
@@ -358,51 +393,111 @@ class Healing:
                 heal_state.set_rng_state(rng)
 
     # -- the step -----------------------------------------------------------------
+    # An optimizer step's window: its micro-batches' closures (Lightning
+    # calls all but the last itself, the last inside the optimizer step),
+    # each with the RNG at its start, and the logged values and the engine's
+    # step count at the window's start.
+    def _closure_made(self, trainer, closure):
+        """_AutomaticOptimization._make_closure made `closure` for the next
+        micro-batch: it heals when called (_HealingClosure)."""
+        if self.window is None:
+            results = trainer._results
+            self.window = _Window(heal.optimizers()[0]._engine.steps, results,
+                                  _results_state(results) if results is not None else None)
+        self.window.closures.append((closure, heal_state.rng_state()))
+        closure.__class__ = _healing_closure_class(type(closure))
+        closure._zs_healing = self
+
+    def _hollow_or_caught_up(self, trainer):
+        """In a replacement, at its first micro-batch or optimizer step: it
+        reaches the survivors' batch. True while this window is hollow (its
+        step committed in the loss: the join brought its result)."""
+        if self.joined is not None:
+            self.hollow = bool(self._catch_up(trainer, "batch"))
+            if self.window is not None:  # its first micro-batch starts from the predecessor's RNG
+                self.window.closures = [(c, heal_state.rng_state()) for c, _ in self.window.closures]
+        return self.hollow
+
+    def _call_closure(self, closure, call):
+        """A micro-batch's closure, healed: a loss in it (before its window's
+        step commits) heals and runs the window's closures so far again, the
+        RNG and logged values of their start put back."""
+        from lightning.pytorch.loops.optimization.automatic import ClosureResult
+        if self._hollow_or_caught_up(closure._zs_trainer):
+            closure._result = ClosureResult(None)
+            return None
+        if self.local_closures:
+            self.local_closures -= 1
+            if not self.local_closures:  # the closure the survivors' redo is at: caught up
+                heal_dist.answering_locally(False)
+        w = self.window
+        while True:
+            try:
+                return call()
+            except RankLostError:
+                self._recover({w.before}, redo=self._redone(closure))
+                self._redo(upto=closure)
+
+    def _redo(self, upto):
+        """The window's closures before `upto` again (all when None), from
+        the logged values of its start; healed again if cut short."""
+        w = self.window
+        while True:
+            try:
+                if w.logged is not None:
+                    _load_results_state(w.results, w.logged)
+                for closure, rng in w.closures:
+                    heal_state.set_rng_state(rng)
+                    if closure is upto:
+                        return
+                    type(closure).__bases__[0].__call__(closure)
+                return
+            except RankLostError:
+                self._recover({w.before}, redo=self._redone(upto))
+
+    def _redone(self, upto):
+        """How many of the window's closures a redo up to `upto` (through it;
+        all when None) runs: a replacement's collectives are the survivors'
+        from the last one's start."""
+        closures = [c for c, _ in self.window.closures]
+        return closures.index(upto) + 1 if upto is not None else len(closures)
+
     def optimizer_step(self, trainer, optimizer, closure, step):
         """The strategy's optimizer_step; step(closure) is Lightning's."""
-        if self.joined is not None:
-            if self._catch_up(trainer, "batch"):
-                # This batch's step committed in the loss: the join brought
-                # its result. No forward (the survivors run none), no update.
-                from lightning.pytorch.loops.optimization.automatic import ClosureResult
-                closure._result = ClosureResult(None)
+        from lightning.pytorch.loops.optimization.automatic import ClosureResult
+        try:
+            if self._hollow_or_caught_up(trainer):
+                closure._result = ClosureResult(None)  # no forward (the survivors run none), no update
+                self.hollow = False
+                heal_dist.answering_locally(False)  # the survivors are past this step: caught up
                 return None
-        opt = _engine_optimizer(optimizer)
-        before = opt._engine.steps
-        record = heal.StepRecord(None)
-        results = trainer._results
-        logged = _results_state(results) if results is not None else None
+            opt = _engine_optimizer(optimizer)
+            before = self.window.before if self.window is not None else opt._engine.steps
 
-        def again():
-            record.restore()
-            if logged is not None:
-                _load_results_state(results, logged)
+            def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
+                if self._recover({before, before + 1}, redo=self._redone(None)) == before + 1:
+                    return True
+                self._redo(upto=None)
+                return False
 
-        def healing_closure():
-            while True:
-                try:
-                    return closure()
-                except RankLostError:
-                    self._recover({before})
-                    again()
-
-        def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
-            if self._recover({before, before + 1}) == before + 1:
-                return True
-            again()
-            healing_closure()
-            return False
-
-        opt.on_rank_lost = cut_short
-        try:
-            return step(healing_closure)
+            opt.on_rank_lost = cut_short
+            try:
+                return step(closure)
+            finally:
+                opt.on_rank_lost = None
         finally:
-            opt.on_rank_lost = None
+            self.window = None
 
-    @staticmethod
-    def _recover(allowed):
+    def _recover(self, allowed, redo=None):
+        """Heal (zeroshard.torch.heal.recover); returns C, one of `allowed`.
+        `redo`: how many closures of the step's window the survivors run
+        again, which the replacement learns with the window's state."""
+        def agreed(committed):
+            if redo is not None and self.window_state is not None:
+                self._post(dict(self.window_state, redo=redo))
+
         try:
-            committed = heal.recover()
+            committed = heal.recover(agreed)
         except StateLostError as e:
             print(f"{WHO}: rank {zt.get_context().rank}: healing is impossible: {e}; exiting with status "
                   f"{heal.EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
@@ -412,6 +507,28 @@ class Healing:
             raise RuntimeError(f"{WHO}: healed at optimizer step {committed}, but this rank's step in progress "
                                f"began at {min(allowed)}")
         return committed
+
+
+class _Window:
+    __slots__ = ("before", "results", "logged", "closures")
+
+    def __init__(self, before, results, logged):
+        self.before, self.results, self.logged, self.closures = before, results, logged, []
+
+
+_healing_closure_classes = {}
+
+
+def _healing_closure_class(cls):
+    """A subclass of Lightning's Closure class `cls` whose call heals
+    (Healing._call_closure); its method in its own dict, as for loaders."""
+    if cls not in _healing_closure_classes:
+        def __call__(self, *args, **kwargs):
+            return self._zs_healing._call_closure(self, lambda: cls.__call__(self, *args, **kwargs))
+
+        _healing_closure_classes[cls] = type(cls.__name__, (cls,), {"__module__": cls.__module__,
+                                                                    "__call__": __call__})
+    return _healing_closure_classes[cls]
 
 
 _healing_classes = {}
