@@ -89,8 +89,9 @@ class Notes(pl.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else None  # {} after a hollow step
-        self.note(event="step", step=trainer.global_step - 1, loss=None if loss is None else loss.item(),
-                  lr=trainer.optimizers[0].param_groups[0]["lr"], t=time.time())
+        self.note(event="step", step=trainer.global_step - 1, epoch=trainer.current_epoch, batch=idx,
+                  loss=None if loss is None else loss.item(), lr=trainer.optimizers[0].param_groups[0]["lr"],
+                  t=time.time())
 
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking:

@@ -5,39 +5,43 @@ survivors' processes kept and nothing read from disk.
 
 Survivors. Every engine call after a loss raises RankLostError, and so does
 torch.distributed, which runs over the engine's world group while healing
-(torch/heal_dist.py). The strategy's optimizer_step holds the whole step
-(Lightning's closure runs the training_step, zero_grad and backward inside
-the optimizer's step): a loss in the closure, or in the optimizer step
-before it commits, heals (zeroshard.torch.heal.recover) and runs the
-closure again with the batch, RNG and logged results of the step's start;
-a loss in the update after the commit heals and the step is done.
+(torch/heal_dist.py). An optimizer step's micro-batches form a window: the
+closure Lightning makes for each (training_step, zero_grad, backward; it
+calls all but the last itself, the last inside the optimizer's step) heals
+when called. A loss in one, or in the optimizer step before it commits,
+heals (zeroshard.torch.heal.recover) and runs the window's closures so far
+again with the RNG and logged values of their start; a loss in the update
+after the commit heals and the step is done. A loss in one of the fit's
+validations heals and runs it again from its start.
 
-Every batch's start (the strategy's on_train_batch_start) registers the
-state every rank shares: Lightning's checkpoint of the fit less weights and
-optimizer (the loops' progress, callbacks, LR schedulers), the optimizers'
-hyper-parameters and how many batches of the epoch are done.
+At every window's first batch (the strategy's on_train_batch_start) and
+every validation's start, the state every rank shares is registered:
+Lightning's checkpoint of the fit less weights and optimizer (the loops'
+progress, callbacks, LR schedulers), the optimizers' hyper-parameters and
+how many batches of the epoch are done.
 
 The replacement runs the same script from the top. Its model is built
 without a collective or a disk read; the strategy's setup joins once the
 optimizer exists (its shards come from its holder's copy) and the fit
 resumes through Lightning's own resume from a checkpoint, the survivors'
 state in place of a file; its train loader skips the batches of the epoch
-the survivors did. Until it reaches the batch the survivors are in, its
+the survivors did. Until it reaches where the survivors are, its
 torch.distributed collectives (the fit's setup, which the survivors ran
-long ago) answer locally. There it takes its predecessor's RNG (the blob
-of the committed step) and either runs the batch with them (the survivors
-redo it) or, when that batch's step committed in the loss, steps hollow:
-no forward, no update (its state is the committed one already), Lightning's
-bookkeeping of the step as the survivors do it.
+long ago, and what Lightning runs between micro-batches they redo alone)
+answer locally. There it takes its predecessor's RNG and epoch values (the
+blob of the committed step) and either runs the window (or validation)
+with them or, when the window's step committed in the loss, runs it
+hollow: no forward, no update (its state is the committed one already),
+Lightning's bookkeeping as the survivors do it.
 
 So that a replacement's RNG is its predecessor's where it resumes, nothing
 between two optimizer steps may draw from the global RNG: the loaders'
 iterators, each of which draws its workers' seed, are made under a fork of
 it (the same seed, the RNG left as it was), in the reference run as in a
 healed one. Heals: automatic optimization with one engine optimizer (AdamW,
-Adam or SGD) and accumulate_grad_batches=1. A loss in a validation, a
-checkpoint save or a hook between steps is not healed: it ends the fit with
-RankLostError, and zsrun restarts the job.
+Adam or SGD). A loss in a checkpoint save or a hook between steps and
+validations is not healed: it ends the fit with RankLostError, and zsrun
+restarts the job.
 """
 import os
 import sys
