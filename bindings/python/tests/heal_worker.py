@@ -74,15 +74,15 @@ class Batches:
             yield x[self.rank * per:(self.rank + 1) * per]
 
 
-def main():
-    out, steps = sys.argv[1], int(sys.argv[2])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def kills_and_notes(out, rank, kills):
+    """This process's kills among `kills` (RANK:STEP:WHERE) as a list of
+    (STEP, WHERE), its "update" ones armed as the engine's fault point, and
+    note(**kv), which appends a JSON line to OUT.<rank>."""
     replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
-    kills = [tuple(k.split(":")) for k in sys.argv[3:]]
     # A kill is one failure: not in a replacement, nor in a job zsrun
     # restarted whole (whose ZS_FAULT_POINT is not armed either).
     first = not replacement and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
-    mine = [(int(s), where) for r, s, where in kills if int(r) == rank] if first else []
+    mine = [(int(s), where) for r, s, where in (k.split(":") for k in kills) if int(r) == rank] if first else []
     for s, where in mine:
         if where == "update":
             os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
@@ -91,6 +91,15 @@ def main():
     def note(**kv):
         log.write(json.dumps({"rank": rank, "pid": os.getpid(), **kv}) + "\n")
         log.flush()
+
+    return mine, note
+
+
+def main():
+    out, steps = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
+    mine, note = kills_and_notes(out, rank, sys.argv[3:])
 
     zt.enable_healing()
     with zt.Init(config=CONFIG):

@@ -7,21 +7,22 @@ by SIGKILL in the middle of a step.
 KILL is RANK:STEP:WHERE as in heal_worker.py: "backward" (from a gradient
 hook in the middle of the backward), "update" (the engine's fault point
 in its optimizer update) or "val" (in the validation after STEP steps).
-ZS_TEST_ACCUMULATE=K: K micro-batches a step, "backward1" killing in the
-first one's backward (outside the optimizer step), "backward" in the last. Only a rank's first process kills itself.
+Only a rank's first process kills itself. ZS_TEST_ACCUMULATE=K: K
+micro-batches a step, "backward1" killing in the first one's backward
+(outside the optimizer step), "backward" in the last.
 
-The fit runs 2 epochs of STEPS / 2 batches, a shuffled DataLoader
-(Lightning gives it a DistributedSampler), the model of heal_worker.py
-(dropout: a redone step must restore the RNG), AdamW with a StepLR stepped
-every batch, the loss logged on every step and as the epoch's mean, and a
-validation (its mean synced over the ranks) every 4 batches and at each
-epoch's end, after a sanity check. No
-checkpoint, no logger (ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON lines to OUT.<rank>: each
-batch's start and end (its loss, the lr), each validation's and epoch's logged mean, and at
-the end a hash of its optimizer state with its step count, rank 0 the hash
-of the consolidated params.
+The fit runs 2 epochs of STEPS / 2 optimizer steps from a shuffled
+DataLoader (Lightning gives it a DistributedSampler), the model of
+heal_worker.py (dropout: a redone step must restore the RNG), AdamW with a
+StepLR stepped every step, the loss logged on every batch and as the
+epoch's mean, and a validation (its mean synced over the ranks) every 4
+steps, after a sanity check. No checkpoint, no logger
+(ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON
+lines to OUT.<rank>: each batch's start and end (its loss, the lr), each
+validation's and epoch's logged mean, and at the end a hash of its
+optimizer state with its step count, rank 0 the hash of the consolidated
+params.
 """
-import json
 import os
 import signal
 import sys
@@ -33,7 +34,7 @@ import lightning.pytorch as pl
 
 import zeroshard.lightning
 import zeroshard.torch as zt
-from heal_worker import BATCH, CONFIG, DIM, Net
+from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes
 
 ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
 
@@ -105,23 +106,12 @@ class Notes(pl.Callback):
 def main():
     out, steps = sys.argv[1], int(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    replacement = os.environ.get("ZS_HEAL_REPLACEMENT", "") not in ("", "0")
-    first = not replacement and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
-    kills = [tuple(k.split(":")) for k in sys.argv[3:]]
-    mine = {(int(s), where) for r, s, where in kills if int(r) == rank} if first else set()
-    for s, where in mine:
-        if where == "update":
-            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
-    log = open(f"{out}.{rank}", "a")
-
-    def note(**kv):
-        log.write(json.dumps({"rank": rank, "pid": os.getpid(), **kv}) + "\n")
-        log.flush()
+    kills, note = kills_and_notes(out, rank, sys.argv[3:])
 
     g = torch.Generator().manual_seed(7)
     data = torch.utils.data.TensorDataset(torch.randn(steps // 2 * BATCH * ACCUMULATE, DIM, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH // world, shuffle=True)
-    module = Module(mine, note)
+    module = Module(set(kills), note)
     config = CONFIG
     if os.environ.get("ZS_TEST_PERSISTENT"):
         # Every param persistent: each optimizer step ends in their gather,
@@ -130,9 +120,8 @@ def main():
                                             stage3_param_persistence_threshold=100000)}
     strategy = zeroshard.lightning.ZeroShardStrategy(config=config)
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, val_check_interval=4 * ACCUMULATE,
-                         accumulate_grad_batches=ACCUMULATE,
-                         callbacks=[Notes(note)])
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         val_check_interval=4 * ACCUMULATE, accumulate_grad_batches=ACCUMULATE, callbacks=[Notes(note)])
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2 * BATCH, DIM, generator=g)),
                                       batch_size=BATCH // world)
     trainer.fit(module, loader, val)
@@ -141,7 +130,6 @@ def main():
     if rank == 0:
         note(event="params", sha256=params)
     note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
-    log.close()
     sys.stdout.flush()
     os._exit(0)  # past torch.distributed's teardown, as the other Lightning workers leave
 

@@ -248,13 +248,7 @@ class Healing:
     def _join(self, trainer):
         committed = heal.join_as_replacement()
         ctx = zt.get_context()
-        data = ctx.heal_joined_state("shared")
-        if data is None:
-            raise RuntimeError(f"{WHO}: joined at step {committed} but the survivors handed no fit state (do they "
-                               "run ZeroShardStrategy under the same conditions?)")
-        shared = heal_state.loads(data)
-        if shared.get("kind") != "lightning":
-            raise RuntimeError(f"{WHO}: the survivors' state is not a Lightning fit's (another loop heals there)")
+        shared = heal.survivors_state(committed, WHO, "Lightning fit", lambda state: state.get("kind") == "lightning")
         behind = committed - shared["engine_steps"]
         if behind not in (0, 1) or (behind and shared["phase"] != "batch"):
             raise RuntimeError(f"{WHO}: joined at optimizer step {committed}; the survivors' state is of step "

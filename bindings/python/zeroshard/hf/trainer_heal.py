@@ -416,14 +416,8 @@ class HealingTrainerMixin:
             self.create_optimizer()
         committed = heal.join_as_replacement()
         ctx = zt.get_context()
-        shared = ctx.heal_joined_state("shared")
-        if shared is None:
-            raise RuntimeError(f"zeroshard.hf.Trainer: joined at step {committed} but the survivors handed no "
-                               "Trainer state (do they run zeroshard.hf.Trainer under the same conditions?)")
-        shared = heal_state.loads(shared)
-        if "trainer_state" not in shared:
-            raise RuntimeError("zeroshard.hf.Trainer: the survivors' state is not a Trainer's (another loop heals "
-                               "there)")
+        shared = heal.survivors_state(committed, "zeroshard.hf.Trainer", "Trainer",
+                                      lambda state: "trainer_state" in state)
         behind = committed - shared["engine_steps"]
         if behind not in (0, 1) or (behind == 1 and shared["phase"] != "next"):
             raise RuntimeError(f"zeroshard.hf.Trainer: joined at optimizer step {committed}; the survivors' state "

@@ -154,6 +154,21 @@ def join_as_replacement():
     return committed[0]
 
 
+def survivors_state(committed, who, kind, ours):
+    """In a replacement that joined at step `committed`: the survivors'
+    shared state (heal_state), which `ours(state)` says is of a `kind` (a
+    "Trainer", a "Lightning fit"); else RuntimeError naming what is wrong
+    (`who`: the trainer that asks)."""
+    data = get_context().heal_joined_state("shared")
+    if data is None:
+        raise RuntimeError(f"{who}: joined at step {committed} but the survivors handed no state of a {kind} (do "
+                           f"they run {who} under the same conditions?)")
+    state = heal_state.loads(data)
+    if not ours(state):
+        raise RuntimeError(f"{who}: the survivors' state is not a {kind}'s (another loop heals there)")
+    return state
+
+
 def forget_step_in_flight():
     """The engine dropped the step a loss cut short (its gathers, its
     gradients) and its coordinator's order: the frontend drops what pointed
