@@ -301,9 +301,9 @@ class Healing:
         # The validation progress as it is (the loop's state_dict can read
         # one batch more started than finished, seen after a sanity check:
         # a resume would then run a validation due there again), or, at a
-        # validation's start, with one batch started
-        # and none finished: the only state from which Lightning's resume
-        # runs a validation (one found done or not begun is skipped).
+        # validation's start, with one batch started and none finished: the
+        # only state from which Lightning's resume runs a validation (one
+        # found done or not begun is skipped).
         live = epoch_loop.val_loop.batch_progress
         val = fit["epoch_loop.val_loop.batch_progress"]
         for k in ("total", "current"):
