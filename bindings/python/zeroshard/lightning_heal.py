@@ -185,6 +185,7 @@ class Healing:
         self.automatic = None  # the fit's _AutomaticOptimization, whose closures heal (after_setup)
         self.window_state = None  # the shared state registered at the window's start
         self.local_closures = 0  # a replacement: closures to enter before its collectives are the survivors'
+        self.trainer = None  # the fit's (after_setup)
 
     # -- setup ----------------------------------------------------------------
     def after_setup(self, strategy, trainer):
@@ -214,12 +215,12 @@ class Healing:
 
         def healing_closure(*args, **kwargs):
             closure = make_closure(*args, **kwargs)
-            closure._zs_trainer = trainer
-            self._closure_made(trainer, closure)
+            self._closure_made(closure)
             return closure
 
         automatic._make_closure = healing_closure
         self.automatic = automatic
+        self.trainer = trainer
         if _context.awaiting_join(zt.get_context()):
             self._join(trainer)
         return self
@@ -395,11 +396,11 @@ class Healing:
     # calls all but the last itself, the last inside the optimizer step),
     # each with the RNG at its start, and the logged values and the engine's
     # step count at the window's start.
-    def _closure_made(self, trainer, closure):
+    def _closure_made(self, closure):
         """_AutomaticOptimization._make_closure made `closure` for the next
-        micro-batch: it heals when called (_HealingClosure)."""
+        micro-batch: it heals when called (_healing_closure_class)."""
         if self.window is None:
-            results = trainer._results
+            results = self.trainer._results
             self.window = _Window(heal.optimizers()[0]._engine.steps, results,
                                   _results_state(results) if results is not None else None)
         self.window.closures.append((closure, heal_state.rng_state()))
@@ -421,7 +422,7 @@ class Healing:
         step commits) heals and runs the window's closures so far again, the
         RNG and logged values of their start put back."""
         from lightning.pytorch.loops.optimization.automatic import ClosureResult
-        if self._hollow_or_caught_up(closure._zs_trainer):
+        if self._hollow_or_caught_up(self.trainer):
             closure._result = ClosureResult(None)
             return None
         if self.local_closures:
@@ -495,16 +496,9 @@ class Healing:
                 self._post(dict(self.window_state, redo=redo))
 
         try:
-            committed = heal.recover(agreed)
+            return heal.recover(agreed, allowed, WHO)
         except StateLostError as e:
-            print(f"{WHO}: rank {zt.get_context().rank}: healing is impossible: {e}; exiting with status "
-                  f"{heal.EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
-                  file=sys.stderr, flush=True)
-            raise SystemExit(heal.EXIT_STATE_LOST) from e
-        if committed not in allowed:
-            raise RuntimeError(f"{WHO}: healed at optimizer step {committed}, but this rank's step in progress "
-                               f"began at {min(allowed)}")
-        return committed
+            raise heal.state_lost_exit(WHO, e) from e
 
 
 class _Window:

@@ -202,11 +202,7 @@ class HealingTrainerMixin:
 
     # -- survivors: a step cut short --------------------------------------------
     def _zs_recover(self, allowed, agreed=None):
-        committed = heal.recover(agreed)
-        if committed not in allowed:
-            raise RuntimeError(f"zeroshard.hf.Trainer: healed at optimizer step {committed}, but this rank's step "
-                               f"in progress began at {min(allowed)}")
-        return committed
+        return heal.recover(agreed, allowed, "zeroshard.hf.Trainer")
 
     def _get_num_items_in_batch(self, *args, **kwargs):
         # Also counted in an evaluation's prediction_step: that one is no
@@ -399,10 +395,7 @@ class HealingTrainerMixin:
                     resume_from_checkpoint = folder
                 return super().train(resume_from_checkpoint, *args, **kwargs)
         except StateLostError as e:
-            print(f"zeroshard.hf.Trainer: rank {zt.get_context().rank}: healing is impossible: {e}; exiting with "
-                  f"status {heal.EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
-                  file=sys.stderr, flush=True)
-            raise SystemExit(heal.EXIT_STATE_LOST) from e
+            raise heal.state_lost_exit("zeroshard.hf.Trainer", e) from e
         finally:
             if folder is not None:
                 self._zs_heal_folder = None

@@ -121,14 +121,16 @@ class StepRecord:
         heal_state.set_rng_state(self.rng)
 
 
-def recover(agreed=None):
+def recover(agreed=None, allowed=None, who="zeroshard.torch"):
     """After RankLostError on a survivor: the agreement on the committed
     step and the replacement's join, for every ZeroShardOptimizer in the
     order made; then the frontend forgets the step cut short. Returns C of
     the first (each optimizer's own is its `steps` now). agreed(C), if
     given, runs between the two: what it registers as the shared state
-    reaches the replacement. StateLostError when a rank and the holder of
-    its copy were lost together."""
+    reaches the replacement. `allowed`, if given: the values of C the
+    caller's step in progress can heal at (RuntimeError naming `who`
+    otherwise). StateLostError when a rank and the holder of its copy were
+    lost together."""
     opts = optimizers()
     if not opts:
         raise RuntimeError("zeroshard.torch.heal.recover(): no ZeroShardOptimizer to heal")
@@ -138,7 +140,21 @@ def recover(agreed=None):
     for o in opts:
         o._engine.heal_join()
     forget_step_in_flight()
+    if allowed is not None and committed[0] not in allowed:
+        raise RuntimeError(f"{who}: healed at optimizer step {committed[0]}, but this rank's step in progress began "
+                           f"at {min(allowed)}")
     return committed[0]
+
+
+def state_lost_exit(who, error):
+    """A survivor's heal that cannot be (`error`, a StateLostError): says
+    why, and returns the SystemExit with status 75 (ZS_EXIT_STATE_LOST) to
+    raise, for zsrun --restarts to name it and restart every rank from the
+    last checkpoint."""
+    print(f"{who}: rank {get_context().rank}: healing is impossible: {error}; exiting with status "
+          f"{EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint", file=sys.stderr,
+          flush=True)
+    return SystemExit(EXIT_STATE_LOST)
 
 
 def join_as_replacement():
@@ -295,10 +311,7 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
     try:
         return _healing_loop(loader, train_step, after_step, shared, optimizer)
     except StateLostError as e:
-        print(f"zeroshard.torch healing_loop: rank {get_context().rank}: healing is impossible: {e}; exiting "
-              f"with status {EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint",
-              file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_STATE_LOST) from e
+        raise state_lost_exit("zeroshard.torch healing_loop", e) from e
 
 
 def _healing_loop(loader, train_step, after_step, shared, optimizer):
