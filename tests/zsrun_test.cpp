@@ -248,6 +248,53 @@ TEST(Zsrun, MasterOptionsAndExistingOmpNumThreads) {
                                              "[rank 1] 10.1.2.3:29511:7"}));
 }
 
+// The ranks' heap on transparent huge pages through glibc's tunable (read
+// at process start, so the launcher sets it): added to the user's tunables,
+// the user's own hugetlb setting kept, ZS_MALLOC_HUGE_PAGES=0 leaves it
+// out, another value is a usage error. Then a rank's 64 MiB of malloc'd,
+// touched memory is on huge pages where THP is in "madvise" mode, and not
+// without the tunable.
+TEST(Zsrun, RanksHeapIsOnHugePagesThroughGlibcTunables) {
+  auto tunables = [](const std::vector<std::string>& env) {
+    Result r = run({"-n", "2", "--no-prefix", "--", "sh", "-c", "echo \"[$GLIBC_TUNABLES]\""}, env);
+    EXPECT_EQ(r.status, 0) << r.err;
+    std::vector<std::string> got = lines(r.out);
+    EXPECT_EQ(got.size(), 2u) << r.out;
+    EXPECT_EQ(got.front(), got.back());
+    return got.empty() ? std::string() : got.front();
+  };
+  EXPECT_EQ(tunables({"GLIBC_TUNABLES"}), "[glibc.malloc.hugetlb=1]");
+  EXPECT_EQ(tunables({"GLIBC_TUNABLES=glibc.malloc.arena_max=2"}),
+            "[glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1]");
+  EXPECT_EQ(tunables({"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}), "[glibc.malloc.hugetlb=0]");
+  EXPECT_EQ(tunables({"GLIBC_TUNABLES", "ZS_MALLOC_HUGE_PAGES=0"}), "[]");
+  EXPECT_EQ(tunables({"GLIBC_TUNABLES=glibc.malloc.arena_max=2", "ZS_MALLOC_HUGE_PAGES=0"}),
+            "[glibc.malloc.arena_max=2]");
+  Result bad = run({"-n", "1", "--", "true"}, {"ZS_MALLOC_HUGE_PAGES=yes"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("ZS_MALLOC_HUGE_PAGES expects 1"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("'yes'"), std::string::npos) << bad.err;
+
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(mode_file, mode);
+  if (mode.find("[madvise]") == std::string::npos || system("python3 -c '' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "the heap's huge pages not checked: THP mode '" << mode
+                 << "' is not 'madvise', or no python3";
+  }
+  auto huge_kib = [](const std::vector<std::string>& env) {
+    Result r = run({"-n", "1", "--no-prefix", "--", "python3", "-c",
+                    "b = bytearray(64 << 20)\n"
+                    "print(next(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') "
+                    "if l.startswith('AnonHugePages')))"},
+                   env);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return std::atol(r.out.c_str());
+  };
+  EXPECT_GE(huge_kib({"GLIBC_TUNABLES"}), 32 << 10);
+  EXPECT_EQ(huge_kib({"GLIBC_TUNABLES", "ZS_MALLOC_HUGE_PAGES=0"}), 0);
+}
+
 // The engine's store gets its own port, so torch.distributed can take
 // MASTER_PORT before or after the engine's context comes up.
 TEST(Zsrun, StorePortIsApartFromMasterPort) {

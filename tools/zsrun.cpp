@@ -248,7 +248,9 @@ const char kUsage[] =
     "of the restarts, while the others keep running.\n"
     "\n"
     "Environment: ZSRUN_KILL_GRACE_S (default 5) is how long ranks get\n"
-    "between SIGTERM and SIGKILL when the job is torn down.\n";
+    "between SIGTERM and SIGKILL when the job is torn down. The ranks get\n"
+    "GLIBC_TUNABLES with glibc.malloc.hugetlb=1 added (their heap on huge\n"
+    "pages) unless it names that tunable or ZS_MALLOC_HUGE_PAGES=0.\n";
 
 [[noreturn]] void usage_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void usage_error(const char* fmt, ...) {
@@ -514,6 +516,7 @@ class Launcher {
   int master_port_ = 0;
   int store_port_ = 0;
   double kill_grace_s_ = kDefaultKillGraceS;
+  bool huge_page_heap_ = true;  // ZS_MALLOC_HUGE_PAGES (glibc_tunables)
   sigset_t orig_mask_{};
 
   Clock::time_point start_;
@@ -551,6 +554,23 @@ std::string random_hex(size_t n) {
   return out;
 }
 
+// The ranks' GLIBC_TUNABLES: the user's, plus glibc.malloc.hugetlb=1 unless
+// it names that tunable or ZS_MALLOC_HUGE_PAGES=0. A trainer's heap grows
+// and shrinks by its activations every step, and zeroshard.torch gives the
+// pages a backward freed back to the system while the gradients grow
+// (bindings/python/zeroshard/torch/_malloc.py); each later forward faults
+// them in again. On transparent huge pages (glibc 2.35+ madvises its heap
+// and mapped blocks; THP's "madvise" mode, Debian's default) that costs
+// 1/512 of the faults: the HF Trainer's GPT-2 124M step took 2.76-2.92 CPU
+// s a rank with the trims against 3.10-3.22 s without huge pages and
+// 2.96-3.16 s with neither, at the trims' peak (docs/memory.md). It is read
+// at process start only, so the launcher sets it.
+std::string glibc_tunables(const char* user, bool huge_page_heap) {
+  std::string t = user ? user : "";
+  if (!huge_page_heap || t.find("glibc.malloc.hugetlb=") != std::string::npos) return t;
+  return t + (t.empty() ? "" : ":") + "glibc.malloc.hugetlb=1";
+}
+
 std::vector<std::string> Launcher::base_environment() {
   // Variables we set are removed from the inherited environment first so a
   // zsrun started inside another launcher does not pass stale values on.
@@ -562,16 +582,20 @@ std::vector<std::string> Launcher::base_environment() {
       "ZS_HEAL_REPLACEMENT"};
   std::vector<std::string> env;
   bool have_omp = false, have_secret = false, have_heal = false;
+  const char* tunables = nullptr;
   for (char** e = environ; e && *e; ++e) {
     std::string kv = *e;
     std::string key = kv.substr(0, kv.find('='));
-    bool owned = false;
+    bool owned = key == "GLIBC_TUNABLES";  // rewritten below
     for (const char* k : kOwned) owned = owned || key == k;
     if (key == "OMP_NUM_THREADS") have_omp = true;
     if (key == "ZS_HEAL") have_heal = true;
     if (key == "ZS_JOB_SECRET" && kv.size() > key.size() + 1) have_secret = true;
+    if (key == "GLIBC_TUNABLES") tunables = *e + key.size() + 1;
     if (!owned) env.push_back(kv);
   }
+  if (std::string t = glibc_tunables(tunables, huge_page_heap_); !t.empty())
+    env.push_back("GLIBC_TUNABLES=" + t);
   // A job secret per launch: only these ranks can join the store and pair
   // with each other (a user's own ZS_JOB_SECRET is kept).
   if (!have_secret) env.push_back("ZS_JOB_SECRET=" + random_hex(32));
@@ -1062,6 +1086,12 @@ int Launcher::run() {
   if (const char* g = getenv("ZSRUN_KILL_GRACE_S")) {
     if (!parse_seconds(g, &kill_grace_s_) || kill_grace_s_ < 0)
       usage_error("ZSRUN_KILL_GRACE_S expects a number of seconds >= 0, got '%s'", g);
+  }
+  if (const char* h = getenv("ZS_MALLOC_HUGE_PAGES")) {
+    if (std::strcmp(h, "0") != 0 && std::strcmp(h, "1") != 0)
+      usage_error("ZS_MALLOC_HUGE_PAGES expects 1 (the ranks' heap on huge pages, the default) or 0, got '%s'",
+                  h);
+    huge_page_heap_ = *h == '1';
   }
   // Two ports: MASTER_PORT for torch.distributed, ZS_STORE_PORT for the
   // engine's store; each given one is kept, the others are picked apart.
