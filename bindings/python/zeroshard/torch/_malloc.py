@@ -29,7 +29,12 @@ the engine giving the freed gradients back after each step
 (impl/grad/reducer.cpp), 406M GPT, 2 ranks: peak RSS 5049-5185 MiB a rank
 without trims, 4219-4225 with these, 4159-4167 trimming after every unit;
 GPT-2 124M under the HF Trainer: CPU a step 2.87-2.92, 3.11-3.23 and 3.47
-s a rank (docs/memory.md). ZS_MALLOC_TRIM=0 turns them off.
+s a rank (docs/memory.md). ZS_MALLOC_TRIM=0 turns them off. The refaults
+are most of what the trims cost: zsrun starts its ranks with glibc's heap
+on transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, read at
+process start only), where they come back 2 MiB a fault and the trims cost
+nothing measurable (2.65-2.84 against 2.50-2.96 s without trims, 2.88-3.31
+with trims on small pages).
 """
 import ctypes
 import os
