@@ -126,6 +126,28 @@ TEST(Checkpoint, SameWorldSizeResumesBitwise) {
   }
 }
 
+// The directory is made with its missing parents (Lightning's
+// ModelCheckpoint names <root>/lightning_logs/version_N/checkpoints/<file>
+// and leaves the making to the strategy); a file in the way is named.
+TEST(Checkpoint, SaveMakesTheDirectoryWithItsParents) {
+  const std::string root = zs::test::make_temp_dir("ckpt_parents");
+  const std::string dir = root + "/lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt";
+  { std::ofstream(root + "/a_file") << "x"; }
+  run_ranks(2, [&](const RankEnv& env) {
+    CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
+    ASSERT_NE(m.ctx, nullptr);
+    zs::test::train_ckpt_model(m, 1);
+    ZS_ASSERT_OK(save(m, dir, "checkpoint"));
+    EXPECT_EQ(save(m, root + "/a_file/checkpoints", "checkpoint"), ZS_ERR_IO);
+    if (env.rank == 0) {
+      EXPECT_NE(std::string(zs_last_error()).find("a_file/checkpoints"), std::string::npos) << zs_last_error();
+    }
+    zs::test::destroy_ckpt_model(m);
+  });
+  EXPECT_EQ(zs_checkpoint_verify(dir.c_str(), nullptr, nullptr, nullptr), ZS_OK) << zs_last_error();
+  std::filesystem::remove_all(root);
+}
+
 TEST(Checkpoint, Bf16SameWorldSizeResumesBitwise) {
   const Resumed r = resume_case(3, 3, ZS_BFLOAT16, ZS_BFLOAT16, ZS_OPTIM_ADAMW);
   ASSERT_FALSE(r.saved.empty());

@@ -271,10 +271,13 @@ Manifest build_manifest(const Snapshot& s, const std::string& tag, const json& u
 }
 
 // Rank 0, before anyone writes: the target is free (or may be replaced),
-// and an empty partial directory is ready.
+// and an empty partial directory is ready. The directory is made with its
+// parents, as DeepSpeed's save_checkpoint and torch's DCP writer make theirs
+// (Lightning's ModelCheckpoint names <logs>/version_N/checkpoints/<file>
+// and leaves its making to the strategy).
 void prepare(Context& ctx, const std::string& dir, const std::string& tag, bool overwrite,
              std::string* partial) {
-  make_dir(dir);
+  make_dirs(dir);
   if (!is_dir(dir)) fail(Code::Io, "checkpoint directory '", dir, "' is not a directory");
   hold_checkpoint_dir(ctx, dir);
   const std::string target = join(dir, tag);

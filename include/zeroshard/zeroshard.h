@@ -1127,7 +1127,8 @@ typedef struct zs_checkpoint_save_options {
 ZS_API zs_status zs_checkpoint_save_options_init(zs_checkpoint_save_options* options, size_t size);
 
 /* Save params (names unique) and, when opt is not NULL, its state, step
- * count, hyper-parameters and loss scaler into <dir>/<tag>. Collective over
+ * count, hyper-parameters and loss scaler into <dir>/<tag> (<dir> made
+ * with its missing parents, on rank 0). Collective over
  * the world: every rank passes the same params in the same order. Crash
  * safe: written under <dir>/.<tag>.partial, fsynced, renamed into place,
  * then <dir>/latest replaced by rename; a process killed at any point
