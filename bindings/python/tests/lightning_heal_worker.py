@@ -16,8 +16,8 @@ DataLoader (Lightning gives it a DistributedSampler), the model of
 heal_worker.py (dropout: a redone step must restore the RNG), AdamW with a
 StepLR stepped every step, the loss logged on every batch and as the
 epoch's mean, and a validation (its mean synced over the ranks) every 4
-steps, after a sanity check. No checkpoint, no logger
-(ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON
+steps, after a sanity check. No checkpoint, no logger unless
+ZS_TEST_CHECKPOINTS=1 (ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON
 lines to OUT.<rank>: each batch's start and end (its loss, the lr), each
 validation's and epoch's logged mean, and at the end a hash of its
 optimizer state with its step count, rank 0 the hash of the consolidated
@@ -119,8 +119,12 @@ def main():
         config = {"zero_optimization": dict(CONFIG["zero_optimization"],
                                             stage3_param_persistence_threshold=100000)}
     strategy = zeroshard.lightning.ZeroShardStrategy(config=config)
-    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    # ZS_TEST_CHECKPOINTS=1: Lightning's default logger (CSV here) and
+    # ModelCheckpoint, under the job's folder.
+    checkpoints = os.environ.get("ZS_TEST_CHECKPOINTS") == "1"
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=checkpoints,
+                         enable_checkpointing=checkpoints, default_root_dir=os.path.dirname(out),
+                         enable_progress_bar=False, enable_model_summary=False,
                          val_check_interval=4 * ACCUMULATE, accumulate_grad_batches=ACCUMULATE, callbacks=[Notes(note)])
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2 * BATCH, DIM, generator=g)),
                                       batch_size=BATCH // world)

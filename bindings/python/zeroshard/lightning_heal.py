@@ -169,6 +169,19 @@ def _carry_epoch_results(trainer, carried):
     results.update_metrics = update_metrics
 
 
+def _adopt_checkpoint_dirs(trainer, callbacks):
+    """A replacement's ModelCheckpoints save where the survivors' do. Each
+    resolved its folder at its setup from the logger's version, which a
+    replacement's logger takes anew (the next free one: Lightning's own
+    resume does the same, and a rank-0 replacement logs there); the
+    survivors' rank 0 broadcast theirs at the fit's start, and every rank
+    writes its shards of one checkpoint into that one folder."""
+    for cb in trainer.checkpoint_callbacks:
+        theirs = (callbacks.get(cb.state_key) or {}).get("dirpath")
+        if theirs is not None and getattr(cb, "dirpath", theirs) != theirs:
+            cb.dirpath = theirs
+
+
 class Healing:
     """What ZeroShardStrategy does to heal (module docstring)."""
 
@@ -256,6 +269,7 @@ class Healing:
                                f"{shared['engine_steps']}")
         heal.load_learned_fetches(shared["learned_fetches"], WHO)
         heal.load_param_groups(shared["param_groups"], WHO)
+        _adopt_checkpoint_dirs(trainer, shared["checkpoint"]["callbacks"])
         self.joined = (shared, heal.joined_rank_state(ctx), behind)
         self.skip = shared["skip"]
         heal_dist.answering_locally(True)
