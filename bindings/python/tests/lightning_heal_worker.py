@@ -86,7 +86,11 @@ class Notes(pl.Callback):
         self.note = note
 
     def on_train_batch_start(self, trainer, module, batch, idx):
-        self.note(event="begin", step=trainer.global_step, t=time.time())
+        progress = trainer.fit_loop.epoch_loop.batch_progress.total
+        val = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+        self.note(event="begin", step=trainer.global_step, t=time.time(),
+                  progress=[progress.ready, progress.started, progress.processed, progress.completed,
+                            val.ready, val.started, val.processed, val.completed])
 
     def on_train_batch_end(self, trainer, module, outputs, batch, idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else None  # {} after a hollow step

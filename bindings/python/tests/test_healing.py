@@ -36,8 +36,7 @@ def launch(n, *kills, restarts=2, spare=False, worker="heal_worker.py", steps=ST
     """(return code, output, {rank: [log lines]}, files left) of the worker
     on n ranks under zsrun --restarts; `digests`, a dict, gets the sha256
     of each checkpoint file left (safetensors and manifests, the job's
-    folder in them as "<job>", a manifest without Lightning's progress
-    totals) by path."""
+    folder in them as "<job>") by path."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
     with tempfile.TemporaryDirectory(prefix="zs_heal_") as d:
@@ -58,23 +57,8 @@ def launch(n, *kills, restarts=2, spare=False, worker="heal_worker.py", steps=ST
         for f in left if digests is not None else ():
             if f.endswith((".safetensors", "manifest.json")):
                 data = open(os.path.join(d, f), "rb").read().replace(os.fsencode(d), b"<job>")  # paths in it
-                if f.endswith(".json"):
-                    data = _without_progress_totals(data)
                 digests[f] = hashlib.sha256(data).hexdigest()
         return proc.returncode, proc.stdout + proc.stderr, logs, left
-
-
-def _without_progress_totals(manifest):
-    """A manifest's text without the `total` counts of Lightning's batch
-    progress (training and validation) in its client state: a healed fit counts a validation a loss
-    cut short twice there, and a replacement's epoch loop counts two more
-    batches ready (docs/lightning.md, healing); Lightning resumes from the
-    `current` counts and `_batches_that_stepped`, which stay compared."""
-    m = json.loads(manifest)
-    fit = m.get("user", {}).get("client_state", {}).get("loops", {}).get("fit_loop", {})
-    for name in ("epoch_loop.batch_progress", "epoch_loop.val_loop.batch_progress"):
-        fit.get(name, {}).pop("total", None)
-    return json.dumps(m, sort_keys=True).encode()
 
 
 def ends(logs):
@@ -403,7 +387,8 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_wi
       each checkpoint saved in the survivors' folder, its files the
       uninterrupted run's (a replacement resolves its folder anew from a
       logger version of its own: rank 0's logs go on in version_1, as
-      after Lightning's own resume);
+      after Lightning's own resume), Lightning's batch progress at each
+      step's start the uninterrupted run's;
     - then, no checkpoint and no logger, 2 micro-batches a step
       (accumulate_grad_batches=2) and every
       param persistent (each step ends in their gather, where the survivors
@@ -435,6 +420,10 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_wi
         ref_epoch = {(l["rank"], l["epoch"]): l["loss"] for ls in ref_logs.values() for l in ls
                      if l["event"] == "epoch"}
         ref_val = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "val"}
+        # Lightning's batch progress (training and validation, `total`) at
+        # each step's start: a replacement's too (the last process's).
+        progress = lambda logs: {(l["rank"], l["step"]): l["progress"] for ls in logs.values()  # noqa: E731
+                                 for l in ls if l["event"] == "begin"}
         code, out, logs, left = launch(3, *kills, restarts=len(kills), spare=spare, worker=worker, steps=steps,
                                        env=env, digests=files)
         assert code == 0, out
@@ -446,6 +435,7 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_wi
             assert left == [f"log.{r}" for r in range(3)], left  # no checkpoint, nothing else
         assert "starting the job again" not in out and "does not heal" not in out, out
         check_ends(3, logs, ref_logs, out)
+        assert progress(logs) == progress(ref_logs)
         victims = {int(k.split(":")[0]): (int(k.split(":")[1]), k.split(":")[2]) for k in kills}
         for r, (step, where) in victims.items():
             if spare:  # the warm spare of the moment took its place: the script's imports done

@@ -313,6 +313,11 @@ class Healing:
             # where the batch steps; this state is of a batch's start,
             # counted already.
             fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+        if phase == "batch":
+            # The batch was fetched (counted ready) before its start, and a
+            # resume fetches it again: its `current` counts go back to the
+            # completed ones there, its `total` counts do not.
+            fit["epoch_loop.batch_progress"]["total"]["ready"] -= 1
         # The validation progress as it is (the loop's state_dict can read
         # one batch more started than finished, seen after a sanity check:
         # a resume would then run a validation due there again), or, at a
@@ -375,6 +380,11 @@ class Healing:
             _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
         if phase == "val":
             heal_dist.answering_locally(False)
+            # The shared state said its first batch started (Lightning's
+            # resume runs a validation only from there, and has read it
+            # already); the validation fetches and starts it again.
+            total = trainer.fit_loop.epoch_loop.val_loop.batch_progress.total
+            total.ready, total.started = total.completed, total.completed
         elif not behind:
             # The survivors redo the step's first `redo` micro-batches'
             # closures alone: what Lightning runs between them (each batch's
