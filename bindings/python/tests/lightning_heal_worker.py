@@ -17,8 +17,9 @@ heal_worker.py (dropout: a redone step must restore the RNG), AdamW with a
 StepLR stepped every step, the loss logged on every batch and as the
 epoch's mean, and a validation (its mean synced over the ranks) every 4
 steps, after a sanity check. No checkpoint, no logger unless
-ZS_TEST_CHECKPOINTS=1 (ZS_TEST_PERSISTENT=1: every param persistent). Each process appends JSON
-lines to OUT.<rank>: each batch's start and end (its loss, the lr), each
+ZS_TEST_CHECKPOINTS=1 (ZS_TEST_PERSISTENT=1: every param persistent).
+Each process appends JSON lines to OUT.<rank>: each batch's start
+(Lightning's batch progress totals) and end (its loss, the lr), each
 validation's and epoch's logged mean, and at the end a hash of its
 optimizer state with its step count, rank 0 the hash of the consolidated
 params.
