@@ -131,6 +131,15 @@ struct HeldLocks : Context::Attachment {
     held.emplace_back(path, text);
     if (!refresher.joinable()) refresher = std::thread([this] { refresh_loop(); });
   }
+  void remove(const std::string& path) {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto it = held.begin(); it != held.end(); ++it) {
+      if (it->first != path) continue;
+      if (first_line(path) == it->second) ::unlink(path.c_str());  // still ours
+      held.erase(it);
+      return;
+    }
+  }
   bool holds(const std::string& path) {
     std::lock_guard<std::mutex> g(mu);
     for (const auto& h : held)
@@ -223,6 +232,10 @@ void hold_checkpoint_dir(Context& ctx, const std::string& dir) {
     return;
   }
   fail(Code::Io, "cannot take the checkpoint lock '", path, "': it keeps changing (another job is taking it)");
+}
+
+void release_checkpoint_dir(Context& ctx, const std::string& dir) {
+  ctx.attachment<HeldLocks>().remove(join(dir, kLockFile));
 }
 
 }  // namespace zs::ckpt

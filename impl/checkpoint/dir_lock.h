@@ -22,4 +22,8 @@ inline constexpr const char* kLockFile = ".zeroshard.lock";
 // the rank that commits saves (rank 0) before it writes anything.
 void hold_checkpoint_dir(Context& ctx, const std::string& dir);
 
+// Gives up this context's lock of `dir` (the file removed where it is
+// still ours): a save that made `dir` and failed leaves nothing behind.
+void release_checkpoint_dir(Context& ctx, const std::string& dir);
+
 }  // namespace zs::ckpt

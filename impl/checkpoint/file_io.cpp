@@ -114,11 +114,13 @@ void make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) io_fail("cannot create directory", path, errno);
 }
 
-void make_dirs(const std::string& path) {
+bool make_dirs(const std::string& path) {
   // Each prefix ending before a '/' first (an empty one is the root).
   for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1))
     if (slash > 0 && path[slash - 1] != '/') make_dir(path.substr(0, slash));
-  make_dir(path);
+  if (::mkdir(path.c_str(), 0755) == 0) return true;
+  if (errno != EEXIST) io_fail("cannot create directory", path, errno);
+  return false;
 }
 
 void sync_dir(const std::string& path) {

@@ -41,7 +41,8 @@ class File {
 bool exists(const std::string& path);
 bool is_dir(const std::string& path);
 void make_dir(const std::string& path);  // EEXIST is fine
-void make_dirs(const std::string& path);  // with its missing parents (mkdir -p)
+// With its missing parents (mkdir -p); whether it made `path` itself.
+bool make_dirs(const std::string& path);
 // fsync of a directory, so the entries created or renamed in it persist.
 void sync_dir(const std::string& path);
 // rm -rf; a missing path is fine.

@@ -1,5 +1,7 @@
 #include "impl/checkpoint/save.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -276,8 +278,8 @@ Manifest build_manifest(const Snapshot& s, const std::string& tag, const json& u
 // (Lightning's ModelCheckpoint names <logs>/version_N/checkpoints/<file>
 // and leaves its making to the strategy).
 void prepare(Context& ctx, const std::string& dir, const std::string& tag, bool overwrite,
-             std::string* partial) {
-  make_dirs(dir);
+             std::string* partial, bool* made_dir) {
+  *made_dir = make_dirs(dir);
   if (!is_dir(dir)) fail(Code::Io, "checkpoint directory '", dir, "' is not a directory");
   hold_checkpoint_dir(ctx, dir);
   const std::string target = join(dir, tag);
@@ -332,7 +334,19 @@ struct Job {
   std::shared_ptr<Store> store;  // null in a world of one
   std::shared_ptr<Device> device;  // where the sources' bytes are
   std::shared_ptr<void> staged;  // asynchronous: the host copies the sources point at
+  bool made_dir = false;  // rank 0's prepare made `dir` (abandon removes it)
 };
+
+// Rank 0, when a save fails: its partial directory goes, and so does the
+// directory it made, lock and all, so that the save run again (a healed
+// fit's, Lightning's ModelCheckpoint naming one folder per checkpoint)
+// finds things as before it and writes the same name, not a "-v1".
+void abandon(Context& ctx, const Job& job) {
+  try { remove_tree(job.partial); } catch (const Error&) {}
+  if (!job.made_dir) return;
+  release_checkpoint_dir(ctx, job.dir);
+  ::rmdir(job.dir.c_str());  // only if empty: nothing else was put there meanwhile
+}
 
 // An asynchronous save's host copies of every source (device memory, NVMe
 // state read back), so training may change the originals from now on.
@@ -375,7 +389,7 @@ void run(Context& ctx, Job& job) {
       m.moves_latest = o.update_latest;
       commit(job.dir, job.tag, job.partial, m, o);
     } catch (...) {
-      try { remove_tree(job.partial); } catch (const Error&) {}
+      abandon(ctx, job);
       throw;
     }
     return;
@@ -411,7 +425,7 @@ void run(Context& ctx, Job& job) {
       }
     }
     if (rank == 0) {
-      try { remove_tree(partial); } catch (const Error&) {}
+      abandon(ctx, job);
       const std::string& err = mine.at("error").get_ref<const std::string&>();
       put(*store, key + "commit", err.substr(0, err.find(' ') + 1) + "checkpoint save failed on rank 0: " + err.substr(err.find(' ') + 1));
     }
@@ -464,7 +478,7 @@ void run(Context& ctx, Job& job) {
       commit(job.dir, job.tag, partial, m, o);
     } catch (const Error& e) {
       status = status_of(e);
-      try { remove_tree(partial); } catch (const Error&) {}
+      abandon(ctx, job);
     }
     put(*store, key + "commit", status);
     // Rank 0 serves the store: stay until every rank that wrote has read
@@ -541,11 +555,11 @@ std::string save_now(Context& ctx, const std::vector<std::shared_ptr<Param>>& pa
   // Rank 0 prepares, here even for an asynchronous save (the directory's
   // lock is taken on the caller's thread); the others wait for its word in run().
   if (!job.store) {
-    prepare(ctx, dir, job.tag, o.overwrite, &job.partial);
+    prepare(ctx, dir, job.tag, o.overwrite, &job.partial, &job.made_dir);
   } else if (rank == 0) {
     std::string status = "ok";
     try {
-      prepare(ctx, dir, job.tag, o.overwrite, &job.partial);
+      prepare(ctx, dir, job.tag, o.overwrite, &job.partial, &job.made_dir);
     } catch (const Error& e) {
       status = status_of(e);
     }
