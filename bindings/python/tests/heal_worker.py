@@ -7,7 +7,9 @@ SIGKILL in the middle of a step.
 KILL is RANK:STEP:WHERE: that rank SIGKILLs itself in step STEP, WHERE
 "backward" (in the middle of the backward, from a gradient hook) or
 "update" (in the engine's optimizer update, through the engine's fault
-point ZS_FAULT_POINT=update:RANK:STEP+1). Only the first process of a rank
+point ZS_FAULT_POINT=update:RANK:STEP+1); for workers that save,
+"save": in its STEP-th checkpoint save, its shards written, before rank 0
+hears of them (ZS_FAULT_POINT=save:RANK:STEP). Only the first process of a rank
 kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on, and so does
 a job zsrun restarted whole.
 
@@ -86,6 +88,8 @@ def kills_and_notes(out, rank, kills):
     for s, where in mine:
         if where == "update":
             os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
+        if where == "save":  # STEP counts the process's checkpoint saves here
+            os.environ["ZS_FAULT_POINT"] = f"save:{rank}:{s}"
     log = open(f"{out}.{rank}", "a")
 
     def note(**kv):

@@ -6,7 +6,9 @@ by SIGKILL in the middle of a step.
 
 KILL is RANK:STEP:WHERE as in heal_worker.py: "backward" (from a gradient
 hook in the middle of the backward), "update" (the engine's fault point
-in its optimizer update) or "val" (in the validation after STEP steps).
+in its optimizer update), "val" (in the validation after STEP steps) or
+"save" (in its STEP-th checkpoint save: ModelCheckpoint's, at a
+validation's end, with ZS_TEST_CHECKPOINTS=1).
 Only a rank's first process kills itself. ZS_TEST_ACCUMULATE=K: K
 micro-batches a step, "backward1" killing in the first one's backward
 (outside the optimizer step), "backward" in the last.
