@@ -561,10 +561,11 @@ std::string random_hex(size_t n) {
 // (bindings/python/zeroshard/torch/_malloc.py); each later forward faults
 // them in again. On transparent huge pages (glibc 2.35+ madvises its heap
 // and mapped blocks; THP's "madvise" mode, Debian's default) that costs
-// 1/512 of the faults: the HF Trainer's GPT-2 124M step took 2.76-2.92 CPU
-// s a rank with the trims against 3.10-3.22 s without huge pages and
-// 2.96-3.16 s with neither, at the trims' peak (docs/memory.md). It is read
-// at process start only, so the launcher sets it.
+// 1/512 of the faults: the HF Trainer's GPT-2 124M step took 2.65-2.84 CPU
+// s a rank with the trims against 2.88-3.31 s without huge pages (2.50-2.96
+// s on huge pages without trims, 120-230 MiB more at the peak;
+// docs/memory.md). It is read at process start only, so the launcher sets
+// it.
 std::string glibc_tunables(const char* user, bool huge_page_heap) {
   std::string t = user ? user : "";
   if (!huge_page_heap || t.find("glibc.malloc.hugetlb=") != std::string::npos) return t;
