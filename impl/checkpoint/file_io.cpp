@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "impl/common/error.h"
 
@@ -115,12 +116,10 @@ void make_dir(const std::string& path) {
 }
 
 bool make_dirs(const std::string& path) {
-  // Each prefix ending before a '/' first (an empty one is the root).
-  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1))
-    if (slash > 0 && path[slash - 1] != '/') make_dir(path.substr(0, slash));
-  if (::mkdir(path.c_str(), 0755) == 0) return true;
-  if (errno != EEXIST) io_fail("cannot create directory", path, errno);
-  return false;
+  std::error_code ec;
+  const bool made = std::filesystem::create_directories(path, ec);
+  if (ec) io_fail("cannot create directory", path, ec.value());
+  return made;
 }
 
 void sync_dir(const std::string& path) {
