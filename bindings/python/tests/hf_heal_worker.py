@@ -12,7 +12,9 @@ STEP's second micro-batch's backward, from a hook on the first block's
 output), "update" (in the engine's optimizer update of step STEP, its
 fault point ZS_FAULT_POINT=update:RANK:STEP), "norm_allreduce" (in the
 optimizer step, before the gradient norm's all-reduce: not committed, the
-survivors redo the step from their optimizer step) or "eval" (in the evaluation
+survivors redo the step from their optimizer step), "generate" (GRPO: in
+step STEP's generation, at its third forward without gradients: the
+survivors are in generate()'s gathers) or "eval" (in the evaluation
 after step STEP, at its second batch; $ZS_TEST_EVAL_STEPS > 0 evaluates
 every that many steps on a held-out set). $ZS_TEST_SEQ2SEQ=1: a T5 with
 zeroshard.hf.Seq2SeqTrainer instead, its evaluation generating
@@ -22,7 +24,12 @@ from_pretrained from that folder instead, partitioned as it loads (a
 replacement reads nothing). $ZS_TEST_TRL_DPO=1 (with
 $ZS_TEST_PRETRAINED): TRL's DPOTrainer on preference pairs made of the
 tokens, its reference model loaded by TRL from the same folder (frozen, in
-no optimizer). $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
+no optimizer). $ZS_TEST_TRL_GRPO=1 (with $ZS_TEST_PRETRAINED): TRL's
+GRPOTrainer on prompts made of the tokens, 2 completions of up to 8
+tokens each sampled and scored by a count of words, a reference model
+(beta 0.1) from the same folder, one generation serving 2 optimizer steps
+(steps_per_generation 4: completions buffered across steps).
+$ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
 (zeroshard.hf.trainer_class) on the same GPT-2 and tokens, as a dataset
 of input_ids with a word-level tokenizer: its metrics (entropy, token
 accuracy, token count) are gathered in every forward and logged.
@@ -63,7 +70,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-TIMING = ("runtime", "samples_per_second", "steps_per_second")
+TIMING = ("runtime", "samples_per_second", "steps_per_second", "step_time")  # step_time: GRPO's
 
 
 def word_tokenizer():
@@ -126,11 +133,16 @@ def main():
         else (transformers.TrainingArguments, zeroshard.hf.Trainer)
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
     dpo = os.environ.get("ZS_TEST_TRL_DPO") == "1"
-    if sft or dpo:
+    grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1"
+    if sft or dpo or grpo:
         import trl
         arguments, trainer_class = (trl.DPOConfig, zeroshard.hf.trainer_class(trl.DPOTrainer)) if dpo else \
             (trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer))
         generation = {"max_length": SEQ, "bf16": False}  # TRL's configs default to bf16 where torch has it
+        if grpo:
+            arguments, trainer_class = trl.GRPOConfig, zeroshard.hf.trainer_class(trl.GRPOTrainer)
+            generation = {"bf16": False, "num_generations": 2, "max_completion_length": 8, "beta": 0.1,
+                          "steps_per_generation": 4}
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
@@ -140,7 +152,7 @@ def main():
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
         **generation)
     pretrained = os.environ.get("ZS_TEST_PRETRAINED")
-    if dpo:
+    if dpo or grpo:
         model = pretrained  # TRL loads the policy and its reference from the folder
     elif pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
         model = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
@@ -167,6 +179,11 @@ def main():
                                            "chosen": [words(r[6:11]) for r in data.ids],
                                            "rejected": [words(r[11:]) for r in data.ids]})
         extra["processing_class"] = word_tokenizer()
+    if grpo:  # prompts in words, completions scored by how many words t5.. (sampled: the RNG matters)
+        import datasets
+        data = datasets.Dataset.from_dict({"prompt": [" ".join(f"t{int(i)}" for i in r[:6]) for r in data.ids]})
+        extra = {"processing_class": word_tokenizer(),
+                 "reward_funcs": lambda completions, **_: [float(c.count("t5")) for c in completions]}
 
     class Scaffold(transformers.TrainerCallback):
         """The kills, and the steps' times for the test."""
@@ -196,8 +213,14 @@ def main():
                             callbacks=[scaffold], **extra)
     model = trainer.model
 
+    generating = [0]  # forwards without gradients in this step's first micro-batch (GRPO's generation)
+
     def on_block(module, inputs, output):
         step = trainer.state.global_step + 1
+        if (step, "generate") in mine and scaffold.micro == 0 and not torch.is_grad_enabled():
+            generating[0] += 1
+            if generating[0] == 3:
+                die(step, "generate")
         if model.training and (step, "backward") in mine and scaffold.micro == 1:
             hidden = output[0] if isinstance(output, tuple) else output
             hidden.register_hook(lambda grad: die(step, "backward"))

@@ -293,21 +293,21 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     shutil.rmtree(folder)
 
 
-def trainer_heals(env, steps, joined_at):
-    """hf_heal_worker.py on 3 ranks with `env`, uninterrupted, then with the
-    kills of `joined_at` (kill -> the step its replacement joins at): healed
-    in place (no job restart, rank 0 a survivor all along), bitwise as
-    check_trainer_ends says. Returns rank 0's log history."""
-    ref_code, ref_out, ref_logs, _ = launch(3, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
+def trainer_heals(env, steps, joined_at, ranks=3):
+    """hf_heal_worker.py on `ranks` ranks with `env`, uninterrupted, then
+    with the kills of `joined_at` (kill -> the step its replacement joins
+    at): healed in place (no job restart, rank 0 a survivor all along),
+    bitwise as check_trainer_ends says. Returns rank 0's log history."""
+    ref_code, ref_out, ref_logs, _ = launch(ranks, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
     assert ref_code == 0, ref_out
-    code, out, logs, _ = launch(3, *joined_at, restarts=len(joined_at), worker="hf_heal_worker.py", steps=steps,
-                                env=env)
+    code, out, logs, _ = launch(ranks, *joined_at, restarts=len(joined_at), worker="hf_heal_worker.py",
+                                steps=steps, env=env)
     assert code == 0, out
     assert "starting the job again" not in out and "does not heal" not in out, out
     for kill, joined in joined_at.items():
         assert f"zeroshard.hf.Trainer: rank {kill.split(':')[0]} joined at step {joined}" in out, out
     assert len({l["pid"] for l in logs[0]}) == 1, logs[0]  # a survivor all along
-    check_trainer_ends(3, logs, ref_logs, out)
+    check_trainer_ends(ranks, logs, ref_logs, out)
     return [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
 
 
@@ -364,6 +364,60 @@ def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
         shutil.rmtree(folder)
     logged = [e for e in history if "rewards/margins" in e]
     assert len(logged) == steps // 5, history
+
+
+def test_trls_grpo_trainer_heals_losses_in_its_generation_a_backward_and_an_update_with_buffered_completions():
+    """TRL's GRPOTrainer on 4 ranks, its completions sampled (the RNG
+    matters) and scored, a reference model from the same folder, one
+    generation serving two optimizer steps (steps_per_generation 4, two
+    micro-batches a step):
+    - rank 1 killed in step 3's second backward: the survivors redo the
+      step, its first micro-batch generating, scoring and counting tokens
+      again (the count, the micro-batch count and the completions' log put
+      back first);
+    - rank 2 in step 5's generation, in generate()'s gathers: the survivors
+      generate again, the replacement its own;
+    - rank 3 in step 7's update (committed): step 8 trains on the
+      completions step 7 generated, which the replacement has from its
+      predecessor's blob.
+    Bitwise as the Trainer's, the logged rewards, KL and token counts
+    included."""
+    pytest.importorskip("trl")
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
+                                                                 n_layer=2, n_head=2))
+    folder = tempfile.mkdtemp(prefix="zs_heal_grpo_")
+    model.save_pretrained(folder)
+    steps = 10
+    try:
+        history = trainer_heals({"ZS_TEST_TRL_GRPO": "1", "ZS_TEST_PRETRAINED": folder}, steps,
+                                {"1:3:backward": 2, "2:5:generate": 4, "3:7:update": 7}, ranks=4)
+    finally:
+        shutil.rmtree(folder)
+    logged = [e for e in history if "reward" in e and "kl" in e]
+    assert len(logged) == steps // 5 and all(e["num_tokens"] > 0 for e in logged), history
+
+
+def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps():
+    """What GRPO keeps outside the step it redoes is named, and only that;
+    completions buffered across optimizer steps are what rides in the
+    blob."""
+    from types import SimpleNamespace
+    from zeroshard.hf import trainer_heal
+    plain = SimpleNamespace(use_vllm=False, use_adaptive_entropy=False)
+    assert trainer_heal._grpo_why_not({"args": plain, "tools": [print]}) is None
+    assert "use_vllm" in trainer_heal._grpo_why_not({"args": SimpleNamespace(use_vllm=True)})
+    assert "use_adaptive_entropy" in trainer_heal._grpo_why_not(
+        {"args": SimpleNamespace(use_vllm=False, use_adaptive_entropy=True)})
+    for name in ("environment_factory", "rollout_func"):
+        assert name in trainer_heal._grpo_why_not({"args": plain, name: object()})
+    grpo = lambda spg, iterations, ga: SimpleNamespace(  # noqa: E731
+        args=SimpleNamespace(steps_per_generation=spg, gradient_accumulation_steps=ga), num_iterations=iterations)
+    assert not trainer_heal._buffered_across_steps(grpo(2, 1, 2))
+    assert trainer_heal._buffered_across_steps(grpo(4, 1, 2)) and trainer_heal._buffered_across_steps(grpo(2, 2, 2))
+    assert not trainer_heal._buffered_across_steps(SimpleNamespace(args=SimpleNamespace(gradient_accumulation_steps=1)))
 
 
 def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_with_and_without_accumulation():
@@ -491,7 +545,7 @@ def check_trainer_ends(n, logs, ref_logs, out):
     params = [l for l in logs[0] if l["event"] == "params"]
     ref_params = [l for l in ref_logs[0] if l["event"] == "params"]
     assert len(params) == 1 and params[0]["sha256"] == ref_params[0]["sha256"], out
-    timing = ("runtime", "samples_per_second", "steps_per_second")
+    timing = ("runtime", "samples_per_second", "steps_per_second", "step_time")  # step_time: GRPO's
     strip = lambda h: [{k: v for k, v in e.items() if not k.endswith(timing)} for e in h]  # noqa: E731
     got, want = params[0]["log_history"], ref_params[0]["log_history"]
     diff = [(i, k, e.get(k), w.get(k)) for i, (e, w) in enumerate(zip(strip(got), strip(want)))

@@ -111,6 +111,10 @@ class ZeroShardTrainerMixin:
         engine_config = _engine_config(config)
         base = mro[mro.index(ZeroShardTrainerMixin) + 1]
         on_engine = _steps_on_engine(config, targs)
+        # What says whether a TRL trainer can heal, before the base class
+        # has stored any of it.
+        self._zs_init_arguments = {"args": targs, **{k: call.arguments.get(k) for k in ("environment_factory",
+                                                                                         "rollout_func")}}
         trainer_heal.before_context(self, base, on_engine)
         if model is not None and not by_path:
             self._partition(model, engine_config)

@@ -31,12 +31,16 @@ that its collectives line up with the survivors'.
 
 Heals: transformers.Trainer itself, its Seq2SeqTrainer (whose training
 is the Trainer's; its evaluation, generate() included, is run again as any
-evaluation cut short) and TRL's SFTTrainer and DPOTrainer (whose
-forwards add gathered metrics and a token count: taken at a step's opening
-and put back before a redo, kept across a logging run again, handed to a
-replacement; DPO's reference model, frozen in no optimizer, rides in the
-peer copy), not other subclasses (GRPO's steps generate, with collectives
-this module does not redo), with
+evaluation cut short) and TRL's SFTTrainer, DPOTrainer and GRPOTrainer
+(whose forwards add gathered metrics and a token count: taken at a step's
+opening and put back before a redo, kept across a logging run again,
+handed to a replacement; DPO's and GRPO's reference model, frozen in no
+optimizer, rides in the peer copy; GRPO's generation, scoring and
+buffering is part of its step's first micro-batch and is redone with it,
+its micro-batch count, token count and completions log put back first,
+and completions buffered for later steps ride in the rank's blob), not
+other subclasses, nor GRPO with vLLM, adaptive entropy, environments or
+a rollout function (state outside the step), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -61,19 +65,40 @@ HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
 
 # TRL's trainers whose steps are the Trainer's plus gathered metrics
-# (metrics_state): SFT's, and DPO's (whose reference model, frozen in no
-# optimizer, rides in the first optimizer's peer copy).
-_TRL_HEALING = ("SFTTrainer", "DPOTrainer")
+# (metrics_state): SFT's, DPO's (whose reference model, frozen in no
+# optimizer, rides in the first optimizer's peer copy) and GRPO's (whose
+# first micro-batch of a generation generates, scores and buffers
+# completions: redone with the step, its counters put back first).
+_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer")
 
 
 def _is_trl_healing(base):
     return base.__name__ in _TRL_HEALING and base.__module__.split(".")[0] == "trl"
 
 
+def _grpo_why_not(arguments):
+    """Why a GRPOTrainer made with these __init__ arguments cannot heal, or
+    None: what its generation keeps outside the step this module redoes."""
+    args = arguments.get("args")
+    if getattr(args, "use_vllm", False):
+        return "GRPO's use_vllm generates in a vLLM engine, which nothing here heals"
+    if getattr(args, "use_adaptive_entropy", False):
+        return "GRPO's use_adaptive_entropy steers a coefficient from every step's entropies, which no heal hands over"
+    for name in ("environment_factory", "rollout_func"):
+        if arguments.get(name) is not None:
+            return f"GRPO's {name} keeps state of its own, which a redone step would advance twice"
+    return None
+
+
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
-        return f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer or DPOTrainer"
+        return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer, DPOTrainer or "
+                "GRPOTrainer")
+    if base.__name__ == "GRPOTrainer":
+        why = _grpo_why_not(getattr(trainer, "_zs_init_arguments", None) or {})
+        if why is not None:
+            return why
     if trainer._zs_fsdp is not None:
         return "the FSDP2 route (fsdp=...) steps a torch optimizer"
     zero = (getattr(trainer, "zs_config", None) or {}).get("zero_optimization") or {}
@@ -153,13 +178,19 @@ _METRIC_MODES = ("train", "eval")
 def metrics_state(trainer):
     """What a TRL trainer's forwards add to besides the Trainer's own state:
     its metrics since the last log (`_metrics`: mode -> name -> values,
-    gathered, so alike on every rank) and its count of trained tokens; None
-    for a trainer without them."""
+    gathered, so alike on every rank), its count of trained tokens, and
+    GRPO's count of micro-batches (`_step`, which says when to generate)
+    and its gathered log of completions (`_logs`); None for a trainer
+    without them."""
     metrics = getattr(trainer, "_metrics", None)
     if not isinstance(metrics, dict):
         return None
+    logs = getattr(trainer, "_logs", None)
     return {"metrics": {mode: {k: list(v) for k, v in metrics.get(mode, {}).items()} for mode in _METRIC_MODES},
-            "total_train_tokens": getattr(trainer, "_total_train_tokens", None)}
+            "total_train_tokens": getattr(trainer, "_total_train_tokens", None),
+            "micro_steps": getattr(trainer, "_step", None),
+            "logs": {k: {n: list(d) for n, d in v.items()} if isinstance(v, dict) else list(v)
+                     for k, v in logs.items()} if isinstance(logs, dict) else None}
 
 
 def load_metrics_state(trainer, state):
@@ -172,6 +203,26 @@ def load_metrics_state(trainer, state):
         trainer._metrics[mode] = collections.defaultdict(list, {k: list(v) for k, v in state["metrics"][mode].items()})
     if state["total_train_tokens"] is not None:
         trainer._total_train_tokens = state["total_train_tokens"]
+    if state.get("micro_steps") is not None:
+        trainer._step = state["micro_steps"]
+    for k, saved in (state.get("logs") or {}).items():
+        kept = trainer._logs[k]  # deques of a bounded length, or dicts making them
+        kept.clear()
+        if isinstance(saved, dict):
+            for n, values in saved.items():
+                kept[n].extend(values)
+        else:
+            kept.extend(saved)
+
+
+def _buffered_across_steps(trainer):
+    """GRPO's completions buffered for later optimizer steps (one generation
+    serves more micro-batches than a step has: steps_per_generation above
+    gradient_accumulation_steps, or num_iterations > 1): per-rank state,
+    which rides in this rank's blob."""
+    args = trainer.args
+    every = getattr(args, "steps_per_generation", None), getattr(trainer, "num_iterations", None)
+    return None not in every and every[0] * every[1] > args.gradient_accumulation_steps
 
 
 class _Window:
@@ -182,7 +233,10 @@ class _Window:
     def __init__(self, before, opening, metrics):
         self.before = before      # the engine's step count when it began (C if it does not commit)
         self.opening = opening    # (batch_samples, device) of its token count, or None
-        self.micro = []           # (heal.StepRecord, num_items_in_batch) per micro-batch so far
+        # (heal.StepRecord, num_items_in_batch, tokens its step counted) per
+        # micro-batch so far: GRPO counts a generation's tokens inside it,
+        # which a redo would count again.
+        self.micro = []
         self.model = None
         self.metrics = metrics    # metrics_state() at its opening: a redo adds its forwards' metrics once
 
@@ -231,28 +285,37 @@ class HealingTrainerMixin:
             w = self._zs_window = _Window(_engine().steps, None, metrics_state(self))
         w.model = model
         record = heal.StepRecord(inputs)
-        w.micro.append((record, num_items_in_batch))
+        entry = [record, num_items_in_batch, 0]
+        w.micro.append(entry)
+        seen = self.state.num_input_tokens_seen
         while True:
             try:
-                return super().training_step(model, inputs, num_items_in_batch)
+                result = super().training_step(model, inputs, num_items_in_batch)
+                entry[2] = self.state.num_input_tokens_seen - seen
+                return result
             except RankLostError:
+                self.state.num_input_tokens_seen = seen
                 self._zs_recover({w.before})
                 self._zs_redo(w, upto=len(w.micro) - 1)
+                seen = self.state.num_input_tokens_seen
                 record.restore()
 
     def _zs_redo(self, w, upto):
         """The window's opening and its first `upto` micro-batches again,
         after a heal that dropped their gradients; healed again if cut."""
+        seen = self.state.num_input_tokens_seen
         while True:
             try:
                 load_metrics_state(self, w.metrics)
                 if w.opening is not None:
                     super()._get_num_items_in_batch(*w.opening)
-                for record, n in w.micro[:upto]:
+                for record, n, counted in w.micro[:upto]:
                     record.restore()
+                    self.state.num_input_tokens_seen -= counted
                     super().training_step(w.model, record.batch, n)
                 return
             except RankLostError:
+                self.state.num_input_tokens_seen = seen
                 self._zs_recover({w.before})
 
     def _zs_step_cut_short(self):
@@ -369,9 +432,12 @@ class HealingTrainerMixin:
         # With what the logging and a save reset them against: a replacement
         # joining after step C's logging (or save) must start from zero, not
         # from what its predecessor had at C's optimizer step.
-        return {"tr_loss": tr_loss.detach().clone() if tr_loss is not None else None,
-                "current_flos": float(getattr(self, "current_flos", 0.0)),
-                "last_logged": self._globalstep_last_logged, "total_flos": float(self.state.total_flos)}
+        extras = {"tr_loss": tr_loss.detach().clone() if tr_loss is not None else None,
+                  "current_flos": float(getattr(self, "current_flos", 0.0)),
+                  "last_logged": self._globalstep_last_logged, "total_flos": float(self.state.total_flos)}
+        if _buffered_across_steps(self):
+            extras["buffered_inputs"] = self._buffered_inputs  # this rank's completions for the next steps
+        return extras
 
     def _run_epoch(self, *args, **kwargs):
         if self._zs_heals:
@@ -474,6 +540,8 @@ class HealingTrainerMixin:
             loss = extra["tr_loss"].to(self._tr_loss.device)
             self._tr_loss = loss - loss if logged_since else loss
         self.current_flos = 0.0 if stored_since else extra.get("current_flos", 0.0)
+        if "buffered_inputs" in extra:
+            self._buffered_inputs = extra["buffered_inputs"]
         self._globalstep_last_logged = shared["globalstep_last_logged"]
         self._total_loss_scalar = shared["total_loss_scalar"]
         # The run's totals are over the survivors' train() call, not from the join.
