@@ -6,8 +6,13 @@ DS_ACCELERATOR=cpu), in one run, each engine and trainer in its own zsrun
 launch of --ranks ranks.
 
     .venv/bin/python bench/bench_trl.py [--ranks 2] [--steps 5] [--trainers grpo dpo]
-        [--engines zeroshard ddp deepspeed] [--layers 8] [--hidden 512] [--completion 64]
-        [--zero-config JSON]
+        [--engines zeroshard ddp deepspeed zeroshard-healing] [--layers 8] [--hidden 512]
+        [--completion 64] [--zero-config JSON]
+
+zeroshard-healing (only when named): zeroshard under `zsrun --restarts 1`,
+where the trainer heals a lost rank in place (peer copies of every shard,
+torch.distributed over the engine's groups): its steady-state cost, as a
+ratio to zeroshard.
 
 The script is the user's: a Llama (hidden --hidden, --layers layers,
 vocabulary 8192, untied; 31.5M params at the defaults) saved once with random weights
@@ -50,6 +55,10 @@ T_START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 ENGINES = ("zeroshard", "ddp", "deepspeed")
+# zeroshard under `zsrun --restarts 1`: the trainer heals a lost rank in
+# place (peer copies, torch.distributed over the engine), which costs its
+# steady state; run only when named.
+HEALING = "zeroshard-healing"
 TRAINERS = ("grpo", "dpo")
 VOCAB = 8192
 
@@ -184,8 +193,11 @@ def worker(args):
 # ---------------------------------------------------------------------------
 
 def launch(args, engine, trainer, config_path, out_dir):
+    healing = engine == HEALING
+    engine = "zeroshard" if healing else engine
     env = launch_env(args.ranks, engine, warnings="ignore")
-    cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix", "--", sys.executable,
+    cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(args.ranks), "--no-prefix"] + \
+        (["--restarts", "1"] if healing else []) + ["--", sys.executable,
            str(Path(__file__).resolve()), "--worker", "--engine", engine, "--trainer", trainer,
            "--steps", str(args.steps), "--layers", str(args.layers), "--hidden", str(args.hidden),
            "--completion", str(args.completion), "--ds-config", config_path, "--out-dir", out_dir]
@@ -230,7 +242,7 @@ def main():
     ap.add_argument("--trainer", choices=TRAINERS, help=argparse.SUPPRESS)
     ap.add_argument("--ds-config", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    ap.add_argument("--engines", nargs="+", choices=ENGINES + (HEALING,), default=list(ENGINES))
     ap.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps (the first not timed)")
@@ -289,17 +301,16 @@ def main():
                           f"{c['prefetches']} prefetches", flush=True)
     ratios = {}
     for trainer in args.trainers:
-        zs = results.get(f"{trainer}/zeroshard")
-        for other in ("ddp", "deepspeed"):
-            o = results.get(f"{trainer}/{other}")
+        for ours, other in (("zeroshard", "ddp"), ("zeroshard", "deepspeed"), (HEALING, "zeroshard")):
+            zs, o = results.get(f"{trainer}/{ours}"), results.get(f"{trainer}/{other}")
             if zs is None or o is None:
                 continue
             q = {"step_s": zs["step_s"] / o["step_s"], "cpu_step_s": zs["cpu_step_s"] / o["cpu_step_s"],
                  "peak_rss": zs["peak_rss_bytes"] / o["peak_rss_bytes"]}
             if "generation" in zs and "generation" in o:
                 q["generation_tokens_per_s"] = zs["generation"]["tokens_per_s"] / o["generation"]["tokens_per_s"]
-            ratios[f"{trainer}/zeroshard_over_{other}"] = q
-            print(f"{trainer} zeroshard/{other}: step time x{q['step_s']:.3f}, CPU a step x{q['cpu_step_s']:.3f}, "
+            ratios[f"{trainer}/{ours}_over_{other}"] = q
+            print(f"{trainer} {ours}/{other}: step time x{q['step_s']:.3f}, CPU a step x{q['cpu_step_s']:.3f}, "
                   f"peak RSS x{q['peak_rss']:.3f}"
                   + (f", generation tokens/s x{q['generation_tokens_per_s']:.3f}" if "generation_tokens_per_s" in q
                      else ""), flush=True)
