@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,30 @@ TEST(HealZsrun, ARankAndItsHolderLostTogetherRestartTheJobByName) {
   EXPECT_NE(run.out.find("restart 1 of 3: starting the job again with 3 ranks"), std::string::npos) << run.out;
   EXPECT_EQ(last_run(run.losses), ref.losses) << run.out;
   EXPECT_LT(took, 30.0);
+}
+
+// Rank 1 killed in its first step's seed (the first copy of its state, to
+// rank 2): no copy of its state exists yet, so no heal can bring it back.
+// Every survivor's agreement names it alike (not only the holder's join,
+// while the others go on as if healed), each exits with status 75, and
+// zsrun restarts the job whole, which then runs to the reference's losses.
+TEST(HealZsrun, ARankLostInItsFirstSeedRestartsTheJobByName) {
+  const auto ref = reference(3);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=grad_copy:1:1",
+                                           "--restarts 2");
+  EXPECT_EQ(run.rc, 0) << run.out;
+  const std::string named = "rank 1's shard state is lost: rank 2, which holds its copy, has none yet";
+  size_t said = 0;
+  for (size_t at = run.out.find(named); at != std::string::npos; at = run.out.find(named, at + 1)) ++said;
+  EXPECT_EQ(said, 2u) << "each survivor names it: " << run.out;
+  EXPECT_EQ(run.out.find("healed; the run goes on"), std::string::npos) << "a survivor went on: " << run.out;
+  EXPECT_TRUE(std::regex_search(run.out, std::regex("zsrun: healing impossible: rank [02] exited with status 75 "
+                                                    "\\(ZS_ERR_STATE_LOST\\)")))
+      << run.out;
+  EXPECT_NE(run.out.find("restart 1 of 2: starting the job again with 3 ranks"), std::string::npos) << run.out;
+  EXPECT_EQ(last_run(run.losses), ref.losses) << run.out;
 }
 
 }  // namespace

@@ -1026,8 +1026,8 @@ void Launcher::on_exit(Rank& r, int status) {
   // A survivor whose heal was impossible (its program exits with
   // ZS_EXIT_STATE_LOST): the job is restarted whole, if a restart is left.
   if (heals() && WIFEXITED(status) && code == ZS_EXIT_STATE_LOST)
-    errorf("healing impossible: rank %d exited with status %d (ZS_ERR_STATE_LOST): a shard's state and every "
-           "copy of it were lost together (its message above names the ranks); %s", r.index, code,
+    errorf("healing impossible: rank %d exited with status %d (ZS_ERR_STATE_LOST): a shard's state was lost "
+           "with every copy of it, or before its first copy (its message above names the ranks); %s", r.index, code,
            attempt_ < opt_.restarts ? "restarting every rank from the last checkpoint"
                                      : "no restart is left (--restarts)");
   if (first_failure_code_ < 0) first_failure_code_ = code;

@@ -74,6 +74,19 @@ std::string make_plan(int world, const std::vector<int>& host_of, const std::vec
              " and rank " + std::to_string(h) + ", which held its copy, were lost together (zeroshard.healing."
              "peer_copy keeps one copy of each rank's state); resume from the last disk checkpoint";
   }
+  // A holder with no replica yet (the first step's seed, or the seed after
+  // a heal, cut short by this loss; or a replay that failed) has nothing
+  // to hand over: named here, on every survivor alike, rather than by the
+  // holder alone in the join while the others go on.
+  for (const int l : lost) {
+    const int h = holder[static_cast<size_t>(l)];
+    const size_t at = static_cast<size_t>(std::lower_bound(live.begin(), live.end(), h) - live.begin());
+    if (reports[at].replica_steps < 0)
+      return "state_lost\nlost " + list(lost) + "\nrank " + std::to_string(l) + "'s shard state is lost: rank " +
+             std::to_string(h) + ", which holds its copy, has none yet (rank " + std::to_string(l) +
+             " was lost before its first copy landed: in the first step's seed, or the one after a heal); resume "
+             "from the last disk checkpoint";
+  }
   int64_t committed = 0;
   for (const Report& r : reports) committed = std::max(committed, r.steps);
   std::vector<int> roll;

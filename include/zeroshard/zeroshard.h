@@ -124,8 +124,9 @@ typedef enum zs_status {
    * it. Every call of the context after it fails with this status. */
   ZS_ERR_RANK_LOST = 13,
   /* Healing on: a shard's state and every copy of it were lost together (a
-   * rank and the rank holding its copy); the message names both. Fall back
-   * to a disk checkpoint: exit with ZS_EXIT_STATE_LOST. */
+   * rank and the rank holding its copy), or a rank was lost before its
+   * first copy landed (in the first step's seed); the message names both
+   * ranks. Fall back to a disk checkpoint: exit with ZS_EXIT_STATE_LOST. */
   ZS_ERR_STATE_LOST = 14,
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff

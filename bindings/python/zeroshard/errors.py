@@ -104,7 +104,8 @@ class RankLostError(CommError):
 
 class StateLostError(ZeroShardError):
     """Healing on: a shard's state and the copy of it were lost together (a
-    rank and the rank holding its copy); the message names both."""
+    rank and the rank holding its copy), or a rank was lost before its
+    first copy landed (in the first step's seed); the message names both."""
     status_code = 14
 
 
