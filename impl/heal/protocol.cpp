@@ -84,8 +84,8 @@ std::string make_plan(int world, const std::vector<int>& host_of, const std::vec
     if (reports[at].replica_steps < 0)
       return "state_lost\nlost " + list(lost) + "\nrank " + std::to_string(l) + "'s shard state is lost: rank " +
              std::to_string(h) + ", which holds its copy, has none yet (rank " + std::to_string(l) +
-             " was lost before its first copy landed: in the first step's seed, or the one after a heal); resume "
-             "from the last disk checkpoint";
+             " was lost before its first copy landed: in the first step's seed, or the one after a heal; or the "
+             "copy's replay failed there); resume from the last disk checkpoint";
   }
   int64_t committed = 0;
   for (const Report& r : reports) committed = std::max(committed, r.steps);
