@@ -311,6 +311,22 @@ def trainer_heals(env, steps, joined_at, ranks=3):
     return [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
 
 
+def pretrained_trainer_heals(env, steps, joined_at, ranks=3):
+    """trainer_heals with $ZS_TEST_PRETRAINED: a small GPT-2 (random
+    weights, seed 0) saved to a folder the trainer loads from."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
+                                                                 n_layer=2, n_head=2))
+    folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
+    model.save_pretrained(folder)
+    try:
+        return trainer_heals(dict(env, ZS_TEST_PRETRAINED=folder), steps, joined_at, ranks)
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_a_seq2seq_trainer_heals_a_loss_in_a_backward_and_one_in_its_generating_evaluation():
     """zeroshard.hf.Seq2SeqTrainer (a T5, its evaluation every 10 steps
     generating: predict_with_generate) on 3 ranks: rank 1 killed in step
@@ -349,19 +365,8 @@ def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
     in step 9's update. Bitwise as the Trainer's, the logged metrics
     included: the replacement's reference model came with its join."""
     pytest.importorskip("trl")
-    import torch
-    import transformers
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
-                                                                 n_layer=2, n_head=2))
-    folder = tempfile.mkdtemp(prefix="zs_heal_dpo_")
-    model.save_pretrained(folder)
     steps = 15
-    try:
-        history = trainer_heals({"ZS_TEST_TRL_DPO": "1", "ZS_TEST_PRETRAINED": folder}, steps,
-                                {"1:6:backward": 5, "2:9:update": 9})
-    finally:
-        shutil.rmtree(folder)
+    history = pretrained_trainer_heals({"ZS_TEST_TRL_DPO": "1"}, steps, {"1:6:backward": 5, "2:9:update": 9})
     logged = [e for e in history if "rewards/margins" in e]
     assert len(logged) == steps // 5, history
 
@@ -383,19 +388,9 @@ def test_trls_grpo_trainer_heals_losses_in_its_generation_a_backward_and_an_upda
     Bitwise as the Trainer's, the logged rewards, KL and token counts
     included."""
     pytest.importorskip("trl")
-    import torch
-    import transformers
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
-                                                                 n_layer=2, n_head=2))
-    folder = tempfile.mkdtemp(prefix="zs_heal_grpo_")
-    model.save_pretrained(folder)
     steps = 10
-    try:
-        history = trainer_heals({"ZS_TEST_TRL_GRPO": "1", "ZS_TEST_PRETRAINED": folder}, steps,
-                                {"1:3:backward": 2, "2:5:generate": 4, "3:7:update": 7}, ranks=4)
-    finally:
-        shutil.rmtree(folder)
+    history = pretrained_trainer_heals({"ZS_TEST_TRL_GRPO": "1"}, steps,
+                                       {"1:3:backward": 2, "2:5:generate": 4, "3:7:update": 7}, ranks=4)
     logged = [e for e in history if "reward" in e and "kl" in e]
     assert len(logged) == steps // 5 and all(e["num_tokens"] > 0 for e in logged), history
 
