@@ -378,8 +378,7 @@ def test_trls_grpo_trainer_heals_losses_in_its_generation_a_backward_and_an_upda
     micro-batches a step):
     - rank 1 killed in step 3's second backward: the survivors redo the
       step, its first micro-batch generating, scoring and counting tokens
-      again (the count, the micro-batch count and the completions' log put
-      back first);
+      again (the token count and the micro-batch count put back first);
     - rank 2 in step 5's generation, in generate()'s gathers: the survivors
       generate again, the replacement its own;
     - rank 3 in step 7's update (committed): step 8 trains on the

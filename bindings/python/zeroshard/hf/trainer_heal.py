@@ -37,7 +37,7 @@ opening and put back before a redo, kept across a logging run again,
 handed to a replacement; DPO's and GRPO's reference model, frozen in no
 optimizer, rides in the peer copy; GRPO's generation, scoring and
 buffering is part of its step's first micro-batch and is redone with it,
-its micro-batch count, token count and completions log put back first,
+its micro-batch count and token count put back first,
 and completions buffered for later steps ride in the rank's blob), not
 other subclasses, nor GRPO with vLLM, adaptive entropy, environments or
 a rollout function (state outside the step), with
@@ -179,18 +179,16 @@ def metrics_state(trainer):
     """What a TRL trainer's forwards add to besides the Trainer's own state:
     its metrics since the last log (`_metrics`: mode -> name -> values,
     gathered, so alike on every rank), its count of trained tokens, and
-    GRPO's count of micro-batches (`_step`, which says when to generate)
-    and its gathered log of completions (`_logs`); None for a trainer
-    without them."""
+    GRPO's count of micro-batches (`_step`, which says when to generate);
+    None for a trainer without them. (GRPO's log of completions, `_logs`,
+    holds the last training generation alone, as each fills its bounded
+    length: a redone generation replaces it whole.)"""
     metrics = getattr(trainer, "_metrics", None)
     if not isinstance(metrics, dict):
         return None
-    logs = getattr(trainer, "_logs", None)
     return {"metrics": {mode: {k: list(v) for k, v in metrics.get(mode, {}).items()} for mode in _METRIC_MODES},
             "total_train_tokens": getattr(trainer, "_total_train_tokens", None),
-            "micro_steps": getattr(trainer, "_step", None),
-            "logs": {k: {n: list(d) for n, d in v.items()} if isinstance(v, dict) else list(v)
-                     for k, v in logs.items()} if isinstance(logs, dict) else None}
+            "micro_steps": getattr(trainer, "_step", None)}
 
 
 def load_metrics_state(trainer, state):
@@ -205,14 +203,6 @@ def load_metrics_state(trainer, state):
         trainer._total_train_tokens = state["total_train_tokens"]
     if state.get("micro_steps") is not None:
         trainer._step = state["micro_steps"]
-    for k, saved in (state.get("logs") or {}).items():
-        kept = trainer._logs[k]  # deques of a bounded length, or dicts making them
-        kept.clear()
-        if isinstance(saved, dict):
-            for n, values in saved.items():
-                kept[n].extend(values)
-        else:
-            kept.extend(saved)
 
 
 def _buffered_across_steps(trainer):
