@@ -123,8 +123,7 @@ struct HeldLocks : Context::Attachment {
     }
     cv.notify_all();
     if (refresher.joinable()) refresher.join();
-    for (const auto& [path, text] : held)
-      if (first_line(path) == text) ::unlink(path.c_str());  // still ours
+    for (const auto& h : held) unlink_if_ours(h);
   }
   void add(const std::string& path, const std::string& text) {
     std::lock_guard<std::mutex> g(mu);
@@ -135,10 +134,15 @@ struct HeldLocks : Context::Attachment {
     std::lock_guard<std::mutex> g(mu);
     for (auto it = held.begin(); it != held.end(); ++it) {
       if (it->first != path) continue;
-      if (first_line(path) == it->second) ::unlink(path.c_str());  // still ours
+      unlink_if_ours(*it);
       held.erase(it);
       return;
     }
+  }
+  // A lock file whose line is no longer ours (taken over as stale) is
+  // another job's now: left alone.
+  static void unlink_if_ours(const std::pair<std::string, std::string>& h) {
+    if (first_line(h.first) == h.second) ::unlink(h.first.c_str());
   }
   bool holds(const std::string& path) {
     std::lock_guard<std::mutex> g(mu);

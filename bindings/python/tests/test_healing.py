@@ -263,13 +263,7 @@ def test_an_hf_trainer_on_four_ranks_heals_losses_in_an_update_an_optimizer_step
     Trainer that follows; a replacement reads no weights). Bitwise as
     above, the evaluation losses in the log history included, and every
     file of both checkpoints equal to the uninterrupted run's."""
-    import torch
-    import transformers
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
-                                                                 n_layer=2, n_head=2))
-    folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
-    model.save_pretrained(folder)
+    folder = saved_small_gpt2()
     env = {"ZS_TEST_EVAL_STEPS": "20", "ZS_TEST_SAVE_STEPS": "25", "ZS_TEST_PRETRAINED": folder}
     steps = 60
     ref_code, ref_out, ref_logs, _ = launch(4, restarts=1, worker="hf_heal_worker.py", steps=steps, env=env)
@@ -311,9 +305,9 @@ def trainer_heals(env, steps, joined_at, ranks=3):
     return [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
 
 
-def pretrained_trainer_heals(env, steps, joined_at, ranks=3):
-    """trainer_heals with $ZS_TEST_PRETRAINED: a small GPT-2 (random
-    weights, seed 0) saved to a folder the trainer loads from."""
+def saved_small_gpt2():
+    """A folder holding a small GPT-2 (random weights, seed 0), for
+    $ZS_TEST_PRETRAINED; the caller removes it."""
     import torch
     import transformers
     torch.manual_seed(0)
@@ -321,6 +315,13 @@ def pretrained_trainer_heals(env, steps, joined_at, ranks=3):
                                                                  n_layer=2, n_head=2))
     folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
     model.save_pretrained(folder)
+    return folder
+
+
+def pretrained_trainer_heals(env, steps, joined_at, ranks=3):
+    """trainer_heals with $ZS_TEST_PRETRAINED: saved_small_gpt2()'s folder,
+    which the trainer loads from."""
+    folder = saved_small_gpt2()
     try:
         return trainer_heals(dict(env, ZS_TEST_PRETRAINED=folder), steps, joined_at, ranks)
     finally:
