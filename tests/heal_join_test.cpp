@@ -314,23 +314,32 @@ zs_status coordinated_step(const RankEnv& env, Model& m, int step) {
   return s;
 }
 
+// This rank's blob for step `step`: about 1 MiB, its size and bytes
+// differing by rank and step, so that a blob of another step or rank, or
+// one cut short, shows.
+std::string rank_blob(int rank, int step) {
+  return "rank " + std::to_string(rank) + " step " + std::to_string(step) + "/" +
+         std::string((size_t{1} << 20) + 4099 * static_cast<size_t>(step), static_cast<char>('a' + (rank + step) % 26));
+}
+
 // Landing step 4: the trainer's own state reaches the replacement. Each
-// rank sets its blob ("rank r step s") before step s and the shared state
-// ("after step s") after it; rank 1 dies before step 3's norm all-reduce,
-// so C is 2: the replacement gets its own blob of step 2 and the
-// survivors' shared state of step 2 (zs_heal_joined_state, the size asked
+// rank sets its blob (rank_blob) before step s and the shared state
+// ("after step s") after it; rank 1 dies in step 3 at `fault`, before the
+// step commits (C = 2) or after (C = 3): the replacement gets its own blob
+// of step C, which rode in the gradient copy to its holder, and the
+// survivors' shared state of step C (zs_heal_joined_state, the size asked
 // first); a survivor was handed nothing. The fetch coordinator, whose step
 // the loss left open on the survivors, is reset at the join on every rank
 // (it was refused), and every rank ends with the uninterrupted run's state
 // (the reference steps without the coordinator: the same numbers).
-TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
+void trainers_state_reaches_the_replacement(const char* fault, int64_t expect_committed) {
   ShortHeartbeat hb;
   Shared* sh = shared_block<Shared>();
   reference_run(3, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
   zs::test::run_ranks_replacing(
       3,
       [&](const RankEnv& env) {
-        if (env.replacement == 0) setenv("ZS_FAULT_POINT", "norm_allreduce:1:3", 1);
+        if (env.replacement == 0) setenv("ZS_FAULT_POINT", fault, 1);
         else unsetenv("ZS_FAULT_POINT");
         Model m;
         ZS_ASSERT_OK(build(env, m));
@@ -350,9 +359,11 @@ TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
         if (env.replacement > 0) {
           int64_t committed = -1;
           ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
-          EXPECT_EQ(committed, 2);
+          EXPECT_EQ(committed, expect_committed);
           int found = 0;
-          EXPECT_EQ(get(ZS_HEAL_RANK_STATE, &found), "rank 1 step " + std::to_string(committed));
+          const std::string blob = get(ZS_HEAL_RANK_STATE, &found);
+          EXPECT_EQ(blob.size(), rank_blob(1, static_cast<int>(committed)).size());
+          EXPECT_TRUE(blob == rank_blob(1, static_cast<int>(committed))) << blob.substr(0, 40);
           EXPECT_EQ(found, 1);
           // Of step C, or C - 1 where the loss surfaced in step C's own
           // optimizer call after it committed (a persistent param's gather
@@ -365,7 +376,7 @@ TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
           step = static_cast<int>(committed) + 1;
         }
         while (step <= kSteps) {
-          const std::string blob = "rank " + std::to_string(env.rank) + " step " + std::to_string(step);
+          const std::string blob = rank_blob(env.rank, step);
           ZS_ASSERT_OK(zs_heal_set_rank_state(m.opt, blob.data(), blob.size()));
           const zs_status s = coordinated_step(env, m, step);
           if (s == ZS_OK) {
@@ -380,8 +391,11 @@ TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
           ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
           ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
           EXPECT_EQ(committed, agreed);
+          EXPECT_EQ(committed, expect_committed);
           int found = 1;
           EXPECT_EQ(get(ZS_HEAL_SHARED_STATE, &found), "");
+          EXPECT_EQ(found, 0) << "a survivor is handed nothing";
+          EXPECT_EQ(get(ZS_HEAL_RANK_STATE, &found), "");
           EXPECT_EQ(found, 0) << "a survivor is handed nothing";
           step = static_cast<int>(committed) + 1;
         }
@@ -392,6 +406,14 @@ TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
       },
       60, {1});
   for (int r = 0; r < 3; ++r) EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+}
+
+TEST(HealJoin, TheTrainersStateReachesTheReplacementWithTheCoordinatorInUse) {
+  trainers_state_reaches_the_replacement("norm_allreduce:1:3", 2);
+}
+
+TEST(HealJoin, TheTrainersStateOfACommittedStepReachesTheReplacement) {
+  trainers_state_reaches_the_replacement("update:1:3", 3);
 }
 
 }  // namespace

@@ -165,8 +165,7 @@ Joined join(Context& ctx, Optimizer& opt) {
   }
   const int64_t received = pc.hand_over(lost);
   if (out.replacement) {
-    out.committed = received;
-    receive_rank(ctx, store, me, received);
+    out.committed = received;  // and its blob at C came with the replica (hand_over)
     pc.awaiting_state = false;
     ctx.end_replacing();
   }

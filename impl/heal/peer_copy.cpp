@@ -12,6 +12,7 @@
 #include "impl/common/fault_point.h"
 #include "impl/device/ops.h"
 #include "impl/heal/placement.h"
+#include "impl/heal/trainer_state.h"
 #include "impl/partition/register.h"
 #include "impl/partition/shard_residence.h"
 
@@ -26,7 +27,7 @@ struct Header {
   uint32_t with_state = 0;  // 1: a seed (the whole state, then the gradients)
   uint32_t slots = 0;
   int64_t step = 0;  // the source's optimizer steps before this one
-  uint64_t reserved = 0;
+  uint64_t blob = 0;  // 0: no per-rank blob follows; else its bytes + 1
 };
 
 // The second round: one per param of the source's optimizer, in its order.
@@ -262,6 +263,12 @@ float PeerCopy::copy() {
     }
     if (pushed) sends.push_back({p.grad->data(), m.n * sizeof(float)});
   }
+  // The trainer's blob for the step this copy is for, last.
+  const auto blob = rank_state_for(ctx_, opt_, step + 1);
+  if (blob) {
+    out_header.blob = blob->size() + 1;
+    if (!blob->empty()) sends.push_back({blob->data(), blob->size()});
+  }
 
   // ---- round 1, the headers; round 2, the slots' descriptions
   Header in_header;
@@ -334,6 +341,15 @@ float PeerCopy::copy() {
     }
     if (m.flags & kPushed) into(r ? r->grad : none, m.n * sizeof(float));
   }
+  // The source's blob, whether or not the rest fits: kept only if the step
+  // commits (after_norm).
+  blob_in_.has = in_header.blob > 0;
+  blob_in_.step = in_header.step + 1;
+  blob_in_.bytes = blob_in_.has ? in_header.blob - 1 : 0;
+  if (blob_in_.bytes > 0) {
+    if (!blob_in_.buf || blob_in_.buf->bytes() < blob_in_.bytes) blob_in_.buf = alloc(blob_in_.bytes);
+    recvs.push_back({blob_in_.buf->data(), blob_in_.bytes});
+  }
 
   // ---- round 3, the state (a seed) and the gradients, one message per buffer
   group_->run("peer copy", [&](Communicator& c) { c.exchange(holder_, sends, source_, recvs); });
@@ -375,6 +391,7 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
          received_ ? "did" : "did not", failure_.empty() ? "" : ": " + failure_, "); nothing was updated");
   }
   if (skipped || !received_) return;
+  std::swap(blob_, blob_in_);  // the replica is about to take this step: so is its blob
   // SGD momentum switched on after the state was made starts now, from this
   // gradient, as in Optimizer::update; allocated here, under the hold.
   std::vector<Hparams> hps(opt_.num_groups());
@@ -460,6 +477,12 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
       for (const BufferPtr* b : {&r.shard, &r.master, &r.state1, &r.state2})
         if (*b && r.n > 0) sends.push_back({(*b)->data(), (*b)->bytes()});
     }
+    // The source's blob at the replica's step, last (none when the trainer
+    // set none for that step).
+    if (blob_.has && blob_.step == replica_step_) {
+      out_h.blob = blob_.bytes + 1;
+      if (blob_.bytes > 0) sends.push_back({blob_.buf->data(), blob_.bytes});
+    }
   }
   const int to = sending ? source_ : me, from = receiving ? holder_ : me;
   std::vector<ExchangeSend> head_sends;
@@ -507,9 +530,12 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
                            ((m.flags & kState2) != 0) != static_cast<bool>(s.state2)))
       misfit = "param '" + p.name + "': the replica's master and moments are not this rank's optimizer's";
   }
+  std::vector<char> blob(receiving && in_h.blob > 0 ? in_h.blob - 1 : 0);
+  if (!blob.empty()) recvs.push_back({blob.data(), blob.size()});
   group_->run("heal hand-over", [&](Communicator& c) { c.exchange(to, sends, from, recvs); });
   shards.clear();
   if (!receiving) return -1;
+  if (in_h.blob > 0) handed_rank_state(ctx_, std::move(blob));
   if (!misfit.empty())
     fail(Code::InvalidState, "heal: rank ", holder_, "'s replica of this rank's state does not fit its optimizer: ",
          misfit);

@@ -23,6 +23,10 @@
 // seeds (once, and again only if a shard is rewritten), never a gradient,
 // so a replacement receives them at its join like the rest.
 //
+// The trainer's per-rank blob for the step (trainer_state.h) rides in the
+// same exchange, after the gradients; the holder keeps the last committed
+// step's beside the replica and hands it over with it.
+//
 // The copy is sent synchronously under the engine lock, straight from
 // engine memory (ShardAccess), so no write can race it and it needs no
 // write fence; a large same-host message is one cross-memory read.
@@ -132,6 +136,16 @@ class PeerCopy final : public StepListener {
 
   // As a holder: the replica, its step, and whether this step's copy landed.
   std::vector<Slot> replica_;
+  // The source's per-rank blob: as this step's copy brought it, and as of
+  // the replica's step (swapped in when the step commits). Buffers of the
+  // peer-copy memory kind, kept for reuse across steps.
+  struct Blob {
+    bool has = false;
+    int64_t step = 0;  // the optimizer step it was set for
+    uint64_t bytes = 0;
+    BufferPtr buf;
+  };
+  Blob blob_in_, blob_;
   bool replica_seeded_ = false;
   int64_t replica_step_ = 0;
   bool received_ = false;

@@ -5,25 +5,35 @@
 #include "impl/common/error.h"
 
 namespace zs::heal {
-namespace {
-
-// Outside the generations' prefixes: a blob must outlive the generation it
-// was posted in (the replacement reads it in the next one).
-std::string rank_key(int rank, int64_t step) {
-  return "zs/heal/rankstate/" + std::to_string(rank) + "/" + std::to_string(step % 2);
-}
-
-}  // namespace
 
 void set_rank_state(Context& ctx, Optimizer& opt, const void* data, size_t size) {
   if (!ctx.heals())
     fail(Code::InvalidState, "zs_heal_set_rank_state needs zeroshard.healing.peer_copy on, with heartbeats");
   if (size > 0 && data == nullptr) fail(Code::InvalidArgument, "data is NULL with size ", size);
-  const int64_t step = opt.steps() + 1;
-  std::vector<char> value(8 + size);
-  std::memcpy(value.data(), &step, 8);
-  if (size > 0) std::memcpy(value.data() + 8, data, size);
-  ctx.store()->set(rank_key(ctx.ranks().rank, step), value);
+  const char* bytes = static_cast<const char*>(data);
+  auto blob = std::make_shared<const std::vector<char>>(bytes, bytes + size);
+  TrainerState& t = ctx.attachment<TrainerState>();
+  const std::lock_guard<std::mutex> held(t.mu);
+  t.pending_for = &opt;
+  t.pending_step = opt.steps() + 1;
+  t.pending = std::move(blob);
+}
+
+std::shared_ptr<const std::vector<char>> rank_state_for(Context& ctx, const Optimizer& opt, int64_t step) {
+  auto* t = ctx.find_attachment<TrainerState>();
+  if (t == nullptr) return nullptr;
+  const std::lock_guard<std::mutex> held(t->mu);
+  // A blob of another step is an older one (the trainer stopped setting
+  // it): none rather than a wrong one.
+  if (t->pending_for != &opt || t->pending_step != step) return nullptr;
+  return t->pending;
+}
+
+void handed_rank_state(Context& ctx, std::vector<char> blob) {
+  TrainerState& t = ctx.attachment<TrainerState>();
+  const std::lock_guard<std::mutex> held(t.mu);
+  t.joined_rank = std::move(blob);
+  t.has_joined_rank = true;
 }
 
 void set_shared_state(Context& ctx, const void* data, size_t size) {
@@ -51,27 +61,6 @@ void receive_shared(Context& ctx, Store& store, const std::string& shared_key) {
   const std::lock_guard<std::mutex> held(t.mu);
   t.has_joined_shared = !shared.empty() && shared[0] == '1';
   t.joined_shared.assign(shared.begin() + (shared.empty() ? 0 : 1), shared.end());
-}
-
-void receive_rank(Context& ctx, Store& store, int rank, int64_t committed) {
-  TrainerState& t = ctx.attachment<TrainerState>();
-  std::vector<char> mine;
-  bool has_mine = false;
-  const std::string key = rank_key(rank, committed);
-  if (committed > 0 && store.check(key)) {
-    std::vector<char> v = store.get(key);
-    int64_t step = -1;
-    if (v.size() >= 8) std::memcpy(&step, v.data(), 8);
-    // A blob of another step is an older one (the trainer stopped setting
-    // it): none rather than a wrong one.
-    if (step == committed) {
-      mine.assign(v.begin() + 8, v.end());
-      has_mine = true;
-    }
-  }
-  const std::lock_guard<std::mutex> held(t.mu);
-  t.joined_rank = std::move(mine);
-  t.has_joined_rank = has_mine;
 }
 
 bool joined_state(Context& ctx, int which, std::vector<char>* out) {

@@ -4,15 +4,19 @@
 // state (loop position, LR scheduler: equal on every rank). Opaque bytes
 // here; the Python frontend writes JSON.
 //
-// The per-rank blob goes to the store as it is set, tagged with the step
-// the optimizer is about to take, before that step can commit: a rank lost
-// after its step committed has left the blob of that step. Two slots per
-// rank (the step's parity), since a loss before the commit leaves C one
-// step behind the last blob posted. The shared state stays in this
-// process: every survivor has it, and the lowest one posts it at the join.
+// The per-rank blob is kept here as it is set, tagged with the step the
+// optimizer is about to take, and rides in that step's peer copy to this
+// rank's holder (peer_copy.cpp), who keeps it beside the replica once the
+// step commits: a rank lost after its step committed has left the blob of
+// that step with its holder, and one lost before the commit the blob of
+// the step before (C is one behind). No store traffic a step, whatever the
+// blob's size (GRPO's buffered completions ride in it). The shared state
+// stays in this process: every survivor has it, and the lowest one posts it
+// at the join.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -32,20 +36,29 @@ class TrainerState : public Context::Attachment {
   // blob at C and the survivors' shared state, each when there was one.
   std::vector<char> joined_rank, joined_shared;
   bool has_joined_rank = false, has_joined_shared = false;
+  // This rank's blob as last set, for optimizer `pending_for`'s step
+  // `pending_step` (null: none set).
+  const Optimizer* pending_for = nullptr;
+  int64_t pending_step = 0;
+  std::shared_ptr<const std::vector<char>> pending;
 };
 
-// Posts this rank's blob for the step `opt` takes next. Not collective.
+// Keeps this rank's blob for the step `opt` takes next. Not collective.
 void set_rank_state(Context& ctx, Optimizer& opt, const void* data, size_t size);
 void set_shared_state(Context& ctx, const void* data, size_t size);
 
+// The blob set for `opt`'s step `step` (what its peer copy carries), or
+// null when the trainer set none for that step.
+std::shared_ptr<const std::vector<char>> rank_state_for(Context& ctx, const Optimizer& opt, int64_t step);
+// In a replacement, at zs_heal_join: its own blob at C, as its lost
+// predecessor's holder handed it over with the replica.
+void handed_rank_state(Context& ctx, std::vector<char> blob);
+
 // In zs_heal_join, once the verdict is posted: the lowest survivor posts
 // its shared state under `key` (before its verdict, so a replacement reads
-// it without waiting); a replacement of `rank` reads it, and its own blob
-// for step `committed` (none before the first committed step, or when the
-// trainer never set one).
+// it without waiting); a replacement reads it.
 void post_shared(Context& ctx, Store& store, const std::string& key);
 void receive_shared(Context& ctx, Store& store, const std::string& shared_key);
-void receive_rank(Context& ctx, Store& store, int rank, int64_t committed);
 
 // which 0: this rank's blob, 1: the shared state, as the last join handed
 // them over; false when it handed none.

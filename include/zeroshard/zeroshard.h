@@ -1056,8 +1056,9 @@ ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
  * (docs/healing.md, landing step 4), as opaque bytes (zeroshard.torch
  * writes JSON). zs_heal_set_rank_state: this rank's blob (its RNG states)
  * for the step opt takes next, set before that step (zeroshard.torch sets
- * it as its optimizer step begins, after the backward); it goes to the
- * job's store at once, so that it is there once the step commits. Not
+ * it as its optimizer step begins, after the backward); it rides in that
+ * step's peer copy to this rank's holder, which keeps it beside its replica
+ * once the step commits (peer-copy memory; nothing goes to the store). Not
  * collective; INVALID_STATE with healing off. zs_heal_set_shared_state:
  * the state every rank has alike (loop position, LR scheduler), set after
  * each committed step's bookkeeping; kept in this process, and the lowest
