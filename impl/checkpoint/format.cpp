@@ -316,4 +316,11 @@ std::string resolve_checkpoint_dir(const std::string& path, const std::string& t
   return join(path, newer);
 }
 
+std::vector<Span> spans_of(const std::vector<Chunk>& chunks) {
+  std::vector<Span> spans;
+  spans.reserve(chunks.size());
+  for (const Chunk& c : chunks) spans.push_back({c.offset, c.numel});
+  return spans;
+}
+
 }  // namespace zs::ckpt

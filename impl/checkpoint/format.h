@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "impl/checkpoint/reshard_plan.h"
 #include "impl/common/dtype.h"
 
 namespace zs::ckpt {
@@ -49,6 +50,9 @@ struct Chunk {
   std::vector<uint64_t> blocks;  // of each kBlockBytes piece from begin
   uint64_t bytes() const { return numel * dtype_size(dtype); }
 };
+
+// The elements each chunk of a state holds (reshard_plan.h's overlaps).
+std::vector<Span> spans_of(const std::vector<Chunk>& chunks);
 
 struct ParamEntry {
   std::string name;

@@ -9,6 +9,7 @@
 #include "impl/checkpoint/format.h"
 #include "impl/checkpoint/json_text.h"
 #include "impl/checkpoint/pending_save.h"
+#include "impl/checkpoint/reshard_plan.h"
 #include "impl/checkpoint/shard_io.h"
 #include "impl/checkpoint/state_names.h"
 #include "impl/device/ops.h"
@@ -36,9 +37,9 @@ void read_state(ChunkReader& reader, const ParamEntry& e, const std::string& sta
   const auto& chunks = e.states.at(state);
   const std::string what = "param '" + e.name + "', " + state;
   std::vector<char> tmp;
-  for (const auto& c : chunks) {
-    const uint64_t lo = std::max(first, c.offset), hi = std::min(first + n, c.offset + c.numel);
-    if (lo >= hi) continue;
+  for (const Piece& piece : overlaps(spans_of(chunks), first, n)) {
+    const Chunk& c = chunks[piece.source];
+    const uint64_t lo = piece.offset, hi = piece.offset + piece.numel;
     char* out = static_cast<char*>(dst) + (lo - first) * dtype_size(dst_dtype);
     if (c.dtype == dst_dtype) {
       reader.read(c, lo, hi - lo, out, what);

@@ -238,13 +238,10 @@ void reshard(const std::string& path, const std::string& tag, const std::string&
         for (const auto& [state, chunks] : p.states) {
           const DType dt = chunks.front().dtype;
           data.emplace_back(l.shard_valid * dtype_size(dt));
-          for (const auto& c : chunks) {
-            const uint64_t lo = std::max(l.shard_offset, c.offset);
-            const uint64_t hi = std::min(l.shard_offset + l.shard_valid, c.offset + c.numel);
-            if (lo < hi)
-              reader.read(c, lo, hi - lo, data.back().data() + (lo - l.shard_offset) * dtype_size(dt),
-                          "param '" + p.name + "', " + state);
-          }
+          for (const Piece& piece : overlaps(spans_of(chunks), l.shard_offset, l.shard_valid))
+            reader.read(chunks[piece.source], piece.offset, piece.numel,
+                        data.back().data() + (piece.offset - l.shard_offset) * dtype_size(dt),
+                        "param '" + p.name + "', " + state);
           auto& dst = out.params[i].states[state];
           dst.reserve(static_cast<size_t>(world));
           Chunk c;
