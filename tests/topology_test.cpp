@@ -37,7 +37,7 @@ std::pair<std::unique_ptr<Topology>, Made> cut(TopologyShape shape, int rank) {
 void expect_ids_agree(const TopologyShape& shape) {
   std::map<std::string, int> id_of;
   std::map<int, std::string> name_of;
-  for (int r = 0; r < shape.world_size; ++r) {
+  for (const int r : Topology::live_ranks(shape)) {
     const Made m = cut(shape, r).second;
     for (const auto& [name, id] : m.ids) {
       if (id_of.count(name)) {
@@ -173,6 +173,73 @@ TEST(Topology, BadShapesAndListsAreNamed) {
     }
   }
   EXPECT_EQ(t->create_group({2, 0})->name(), "group1[2,0]");
+}
+
+// After a shrink (docs/healing.md, section 4) ranks keep their ids: the
+// world and heal groups are cut over the live ones, on every live rank
+// with the same ids; a group naming a lost rank, a live list without this
+// rank or out of order, and the node-cut families over a partial world are
+// refused by name. A full live list cuts what no list does.
+TEST(Topology, ALiveListCutsTheWorldAndHealGroupsOverTheLiveIds) {
+  TopologyShape s;
+  s.world_size = 5;
+  s.live = {0, 1, 3, 4};
+  for (const int r : s.live) {
+    auto [t, m] = cut(s, r);
+    t->make_heal();
+    EXPECT_EQ(t->world()->world_ranks(), s.live) << "rank " << r;
+    EXPECT_EQ(t->heal()->world_ranks(), s.live) << "rank " << r;
+    EXPECT_EQ(t->partition(), t->world());
+    EXPECT_EQ(t->world()->size(), 4);
+    EXPECT_EQ(t->create_group({4, 0})->world_ranks(), (std::vector<int>{4, 0}));
+    try {
+      t->validate_group({0, 2});
+      ADD_FAILURE() << "a group with lost rank 2 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Code::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("rank 2 is not among the live ranks [0,1,3,4]"), std::string::npos)
+          << e.what();
+    }
+  }
+  expect_ids_agree(s);
+  TopologyShape full;
+  full.world_size = 3;
+  full.live = {0, 1, 2};
+  TopologyShape none;
+  none.world_size = 3;
+  EXPECT_EQ(cut(full, 1).second.ranks, cut(none, 1).second.ranks);
+
+  const auto refused = [](TopologyShape bad, Code code, const std::string& words) {
+    try {
+      Topology::check(bad);
+      ADD_FAILURE() << words;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  TopologyShape bad = s;
+  bad.rank = 2;
+  refused(bad, Code::InvalidArgument, "this rank, 2, is not among them");
+  bad = s;
+  bad.live = {0, 3, 1};
+  refused(bad, Code::InvalidArgument, "live ranks [0,3,1]: expected distinct ranks below the world size 5");
+  bad.live = {0, 5};
+  refused(bad, Code::InvalidArgument, "live ranks [0,5]");
+  bad = s;
+  bad.world_size = 6;
+  bad.live = {0, 1, 2, 4, 5};
+  bad.mics_shard_size = 3;
+  refused(bad, Code::InvalidConfig, "zero_optimization.mics_shard_size cuts the world into whole nodes");
+  bad.mics_shard_size = 0;
+  bad.hpz_partition_size = 2;
+  refused(bad, Code::InvalidConfig, "zero_optimization.zero_hpz_partition_size");
+  bad.hpz_partition_size = 0;
+  bad.quantized_gradients = true;
+  bad.local_world_size = 3;
+  refused(bad, Code::InvalidConfig, "zero_optimization.zero_quantized_gradients");
+  bad.local_world_size = 1;  // one rank a node: qgZ's single all-to-all works over any world
+  Topology::check(bad);
 }
 
 }  // namespace

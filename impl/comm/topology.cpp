@@ -17,7 +17,32 @@ std::string rank_list(const std::vector<int>& ranks) {
   return os.str();
 }
 
+std::vector<int> Topology::live_ranks(const TopologyShape& s) {
+  if (!s.live.empty()) return s.live;
+  std::vector<int> all(static_cast<size_t>(std::max(s.world_size, 0)));
+  for (int i = 0; i < s.world_size; ++i) all[static_cast<size_t>(i)] = i;
+  return all;
+}
+
 void Topology::check(const TopologyShape& s) {
+  if (!s.live.empty()) {
+    for (size_t i = 0; i < s.live.size(); ++i)
+      if (s.live[i] < 0 || s.live[i] >= s.world_size || (i > 0 && s.live[i] <= s.live[i - 1]))
+        fail(Code::InvalidArgument, "live ranks ", rank_list(s.live), ": expected distinct ranks below the world "
+             "size ", s.world_size, ", ascending");
+    if (!std::binary_search(s.live.begin(), s.live.end(), s.rank))
+      fail(Code::InvalidArgument, "live ranks ", rank_list(s.live), ": this rank, ", s.rank, ", is not among them");
+    if (static_cast<int>(s.live.size()) < s.world_size) {
+      const char* key = s.mics_shard_size > 0          ? "zero_optimization.mics_shard_size"
+                        : s.hpz_partition_size > 1     ? "zero_optimization.zero_hpz_partition_size"
+                        : s.quantized_gradients && s.local_world_size > 1 ? "zero_optimization.zero_quantized_gradients"
+                                                                           : nullptr;
+      if (key != nullptr)
+        fail(Code::InvalidConfig, key, " cuts the world into whole nodes of rank ids, which a world of the live ranks ",
+             rank_list(s.live), " (", s.live.size(), " of ", s.world_size, ") is not; it cannot shrink in memory "
+             "(resume from a checkpoint at the new world size instead)");
+    }
+  }
   if (!s.mics_hierarchical || s.mics_shard_size <= s.local_world_size) return;
   if (s.mics_shard_size % s.local_world_size != 0 || s.world_size % s.local_world_size != 0)
     fail(Code::InvalidConfig, "zero_optimization.mics_hierarchical_params_gather: mics_shard_size ",
@@ -36,16 +61,10 @@ std::shared_ptr<Group> Topology::make(const std::string& name, const std::vector
 
 void Topology::make_heal() {
   if (heal_) return;
-  std::vector<int> all(static_cast<size_t>(shape_.world_size));
-  for (int i = 0; i < shape_.world_size; ++i) all[static_cast<size_t>(i)] = i;
-  heal_ = make("heal", all);
+  heal_ = make("heal", live_ranks(shape_));
 }
 
-void Topology::make_world() {
-  std::vector<int> all(static_cast<size_t>(shape_.world_size));
-  for (int i = 0; i < shape_.world_size; ++i) all[static_cast<size_t>(i)] = i;
-  world_ = make("world", all);
-}
+void Topology::make_world() { world_ = make("world", live_ranks(shape_)); }
 
 void Topology::validate_group(const std::vector<int>& ranks) const {
   if (ranks.empty()) fail(Code::InvalidArgument, "a group needs at least one rank");
@@ -58,6 +77,9 @@ void Topology::validate_group(const std::vector<int>& ranks) const {
     if (i > 0 && sorted[i] == sorted[i - 1])
       fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
            " appears twice");
+    if (!shape_.live.empty() && !std::binary_search(shape_.live.begin(), shape_.live.end(), sorted[i]))
+      fail(Code::InvalidArgument, "group rank list ", rank_list(ranks), ": rank ", sorted[i],
+           " is not among the live ranks ", rank_list(shape_.live));
   }
 }
 
@@ -108,6 +130,7 @@ std::shared_ptr<Group> Topology::family(const std::string& kind,
 }
 
 void Topology::build() {
+  if (!shape_.live.empty()) check(shape_);  // no node-cut families over a partial world
   const int world = shape_.world_size;
   partition_ = world_;
   const int mics = shape_.mics_shard_size;

@@ -32,6 +32,11 @@ struct TopologyShape {
   bool mics_hierarchical = false;
   int hpz_partition_size = 0;  // <= 1: no hpZ
   bool quantized_gradients = false;
+  // The world ranks alive, ascending; empty: all of 0 .. world_size - 1.
+  // After a shrink (docs/healing.md, section 4) ranks keep their ids and
+  // the world and heal groups are cut over the live ones; MiCS, hpZ and
+  // qgZ's two hops are refused then (they cut whole nodes of ids).
+  std::vector<int> live;
 };
 
 class Topology {
@@ -42,15 +47,21 @@ class Topology {
 
   // Rules that need the local world size (whole nodes per hierarchical
   // shard group), checked before any socket opens: InvalidConfig.
+  // InvalidArgument naming the list unless `live` is empty or ascending,
+  // distinct ids below world_size holding `rank`; InvalidConfig naming the
+  // key when a live list that is not the whole world meets MiCS, hpZ or
+  // qgZ's hierarchy.
   static void check(const TopologyShape& shape);
+  // The live world ranks, ascending (shape.live, or 0 .. world_size - 1).
+  static std::vector<int> live_ranks(const TopologyShape& shape);
 
   Topology(TopologyShape shape, MakeGroup make);
   // The world group (id 0), first; then build() cuts the rest from it.
   void make_world();
   void build();
-  // InvalidArgument naming the list unless it is distinct world ranks.
+  // InvalidArgument naming the list unless it is distinct live world ranks.
   void validate_group(const std::vector<int>& ranks) const;
-  // A sub-group of world ranks (validated).
+  // A sub-group of live world ranks (validated).
   std::shared_ptr<Group> create_group(const std::vector<int>& ranks);
   // Shuts every group made here down (the context is going).
   void shutdown(const std::string& why);
