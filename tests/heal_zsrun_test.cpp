@@ -156,4 +156,50 @@ TEST(HealZsrun, ARankLostInItsFirstSeedRestartsTheJobByName) {
   EXPECT_EQ(last_run(run.losses), ref.losses) << run.out;
 }
 
+// A second loss while the survivors join the first one's replacement
+// (ZS_FAULT_POINT "join": a survivor's, before the hand-over). Rank 3,
+// which takes no part in handing rank 1's state over (rank 2 holds it),
+// dies there: the join ends without it, and the next step finds its loss
+// and heals it in turn. Two replacements, no job restart, the
+// uninterrupted run's losses.
+TEST(HealZsrun, ASecondLossInAJoinThatTakesNoPartInTheHandOverHealsInTurn) {
+  const auto ref = reference(4);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto run = zs::test::run_train_mlp(4, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8,join:3:1",
+                                           "--restarts 2");
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank 1"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank 3"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 1 replaced a lost rank and joined at step 8"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 3 replaced a lost rank and joined at step 8"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
+  EXPECT_EQ(run.losses, ref.losses) << run.out;
+}
+
+// The holder of the lost rank's copy dies in the join, before handing it
+// over: no copy of rank 1's state is left. The replacement, waiting for
+// it, names that (ZS_ERR_STATE_LOST, not one more lost rank) and exits
+// with status 75; zsrun says the heal is impossible and restarts the job,
+// which runs to the uninterrupted run's losses. Never a hang.
+TEST(HealZsrun, TheHolderLostInTheJoinBeforeTheHandOverRestartsTheJobByName) {
+  const auto ref = reference(3);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8,join:2:1",
+                                           "--restarts 3");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("rank 1's shard state is lost: rank 2, which held its copy, was lost while handing it over"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing impossible: rank 1 exited with status 75 (ZS_ERR_STATE_LOST)"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("starting the job again with 3 ranks"), std::string::npos) << run.out;
+  EXPECT_EQ(last_run(run.losses), ref.losses) << run.out;
+  EXPECT_LT(took, 30.0);
+}
+
 }  // namespace

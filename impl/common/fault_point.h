@@ -8,7 +8,9 @@
 // optimizer's update, before any shard changes), "replay" (a holder's
 // replay of its source's step on the replica, on the peer copy's worker
 // thread, once this rank's own step committed), "save" (a checkpoint
-// save's rank file written, before rank 0 hears of it). With ":fail" after the
+// save's rank file written, before rank 0 hears of it), "join" (a
+// survivor's zs_heal_join, regrouped, before the lost ranks' state is
+// handed over; a replacement's join passes none). With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real
 // loss produces only by chance). With ":stop", the process stops itself

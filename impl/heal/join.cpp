@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "impl/common/error.h"
+#include "impl/common/fault_point.h"
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
@@ -163,6 +164,7 @@ Joined join(Context& ctx, Optimizer& opt) {
     if (std::binary_search(lost.begin(), lost.end(), pc.holder())) pc.reseed();
     pc.agreed = PeerCopy::Agreed{};
   }
+  if (!out.replacement) fault_point("join");  // a survivor's, before the state moves
   const int64_t received = pc.hand_over(lost);
   if (out.replacement) {
     out.committed = received;  // and its blob at C came with the replica (hand_over)

@@ -485,11 +485,26 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
     }
   }
   const int to = sending ? source_ : me, from = receiving ? holder_ : me;
+  // A replacement whose holder is lost before its state has come: no copy
+  // of that state is left anywhere (its source was lost before), so the
+  // heal is impossible, and said so by name (ZS_EXIT_STATE_LOST: zsrun
+  // restarts the job from disk) rather than as one more lost rank.
+  const auto run = [&](const char* what, const std::function<void(Communicator&)>& fn) {
+    try {
+      group_->run(what, fn);
+    } catch (const Error& e) {
+      const std::vector<int> gone = ctx_.lost_ranks();
+      if (!receiving || e.code() != Code::RankLost || std::find(gone.begin(), gone.end(), holder_) == gone.end())
+        throw;
+      fail(Code::StateLost, "rank ", me, "'s shard state is lost: rank ", holder_, ", which held its copy, was lost "
+           "while handing it over to this replacement (", e.what(), "); resume from the last disk checkpoint");
+    }
+  };
   std::vector<ExchangeSend> head_sends;
   std::vector<ExchangeRecv> head_recvs;
   if (sending) head_sends = {{&out_h, sizeof out_h}, {out_meta.data(), out_meta.size() * sizeof(SlotMeta)}};
   if (receiving) head_recvs = {{&in_h, sizeof in_h}, {in_meta.data(), in_meta.size() * sizeof(SlotMeta)}};
-  group_->run("heal hand-over header", [&](Communicator& c) { c.exchange(to, head_sends, from, head_recvs); });
+  run("heal hand-over header", [&](Communicator& c) { c.exchange(to, head_sends, from, head_recvs); });
 
   // A replacement's buffers take its state straight from the wire; what
   // does not fit is received and dropped, then named.
@@ -532,7 +547,7 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
   }
   std::vector<char> blob(receiving && in_h.blob > 0 ? in_h.blob - 1 : 0);
   if (!blob.empty()) recvs.push_back({blob.data(), blob.size()});
-  group_->run("heal hand-over", [&](Communicator& c) { c.exchange(to, sends, from, recvs); });
+  run("heal hand-over", [&](Communicator& c) { c.exchange(to, sends, from, recvs); });
   shards.clear();
   if (!receiving) return -1;
   if (in_h.blob > 0) handed_rank_state(ctx_, std::move(blob));

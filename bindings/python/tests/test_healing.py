@@ -186,6 +186,21 @@ def test_a_rank_and_its_holder_lost_together_end_in_a_named_restart_of_the_job()
     check_ends(3, logs, reference(3, False), out)
 
 
+def test_a_replacement_whose_holder_is_lost_in_the_join_ends_in_a_named_restart_of_the_job():
+    # Rank 1 in step 3's update; rank 2, which holds its copy, dies in the
+    # survivors' join (the engine's "join" fault point) before handing it
+    # over. The replacement of rank 1 cannot get its state: its join fails
+    # with StateLostError, and join_as_replacement says so and exits with
+    # 75 as a survivor would; zsrun names it and restarts the job whole.
+    code, out, logs, left = launch(3, "1:3:update", restarts=3, env={"ZS_FAULT_POINT": "join:2:1"})
+    assert code == 0, out
+    assert "rank 1's shard state is lost: rank 2, which held its copy, was lost while handing it over" in out, out
+    assert "zeroshard.torch.healing_loop: rank 1: healing is impossible" in out, out
+    assert "zsrun: healing impossible: rank 1 exited with status 75 (ZS_ERR_STATE_LOST)" in out, out
+    assert "starting the job again with 3 ranks" in out, out
+    check_ends(3, logs, reference(3, False), out)
+
+
 def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_path):
     """The peer copies are made with the context: asking for them later is
     an error that says to call it first, never a loop that silently cannot

@@ -260,7 +260,7 @@ class Healing:
                   flush=True)
 
     def _join(self, trainer):
-        committed = heal.join_as_replacement()
+        committed = heal.join_as_replacement(WHO)
         ctx = zt.get_context()
         shared = heal.survivors_state(committed, WHO, "Lightning fit", lambda state: state.get("kind") == "lightning")
         behind = committed - shared["engine_steps"]

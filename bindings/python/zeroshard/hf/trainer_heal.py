@@ -463,7 +463,7 @@ class HealingTrainerMixin:
         it), and write the folder the Trainer resumes from."""
         if self.optimizer is None:
             self.create_optimizer()
-        committed = heal.join_as_replacement()
+        committed = heal.join_as_replacement("zeroshard.hf.Trainer")
         ctx = zt.get_context()
         shared = heal.survivors_state(committed, "zeroshard.hf.Trainer", "Trainer",
                                       lambda state: "trainer_state" in state)

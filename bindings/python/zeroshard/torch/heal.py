@@ -147,7 +147,8 @@ def recover(agreed=None, allowed=None, who="zeroshard.torch"):
 
 
 def state_lost_exit(who, error):
-    """A survivor's heal that cannot be (`error`, a StateLostError): says
+    """A heal that cannot be, a survivor's or a replacement's (`error`, a
+    StateLostError): says
     why, and returns the SystemExit with status 75 (ZS_EXIT_STATE_LOST) to
     raise, for zsrun --restarts to name it and restart every rank from the
     last checkpoint."""
@@ -157,14 +158,19 @@ def state_lost_exit(who, error):
     return SystemExit(EXIT_STATE_LOST)
 
 
-def join_as_replacement():
+def join_as_replacement(who="zeroshard.torch"):
     """In a replacement, once its model and optimizers exist: the join, then
-    the frontend starts clean. Returns C."""
+    the frontend starts clean. Returns C. When its state's only copy was
+    lost before it came (its holder lost in the join: StateLostError), it
+    exits with status 75 as a survivor does (state_lost_exit), naming it."""
     opts = optimizers()
     if not opts:
         raise RuntimeError("zeroshard.torch: a replacement (ZS_HEAL_REPLACEMENT) joins once its "
                            "ZeroShardOptimizer exists; none was made")
-    committed = [o._engine.heal_join() for o in opts]
+    try:
+        committed = [o._engine.heal_join() for o in opts]
+    except StateLostError as e:
+        raise state_lost_exit(who, e) from e
     _context.replacement_joined[0] = True
     forget_step_in_flight()
     return committed[0]
@@ -329,7 +335,7 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
               "(call zeroshard.torch.enable_healing() before the context is created)", file=sys.stderr)
     position, resume_after = 0, False
     if healing and is_replacement():
-        join_as_replacement()
+        join_as_replacement("zeroshard.torch.healing_loop")
         committed = engine.steps  # C: the loop's optimizer's, whichever was made first
         blob = joined_rank_state(ctx)
         if blob is not None:
