@@ -146,6 +146,7 @@ int64_t PeerCopy::settled_replica_step() {
 }
 
 void PeerCopy::detach() {
+  forget_rank_state(ctx_, opt_);
   if (auto* ordinals = ctx_.find_attachment<Ordinals>()) {
     auto& list = ordinals->optimizers;
     list.erase(std::remove(list.begin(), list.end(), &opt_), list.end());

@@ -29,6 +29,15 @@ std::shared_ptr<const std::vector<char>> rank_state_for(Context& ctx, const Opti
   return t->pending;
 }
 
+void forget_rank_state(Context& ctx, const Optimizer& opt) {
+  auto* t = ctx.find_attachment<TrainerState>();
+  if (t == nullptr) return;
+  const std::lock_guard<std::mutex> held(t->mu);
+  if (t->pending_for != &opt) return;
+  t->pending_for = nullptr;
+  t->pending.reset();
+}
+
 void handed_rank_state(Context& ctx, std::vector<char> blob) {
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::lock_guard<std::mutex> held(t.mu);

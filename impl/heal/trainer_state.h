@@ -50,6 +50,9 @@ void set_shared_state(Context& ctx, const void* data, size_t size);
 // The blob set for `opt`'s step `step` (what its peer copy carries), or
 // null when the trainer set none for that step.
 std::shared_ptr<const std::vector<char>> rank_state_for(Context& ctx, const Optimizer& opt, int64_t step);
+// `opt` is going: a blob set for it is dropped (no later optimizer made
+// at its address takes it for its own).
+void forget_rank_state(Context& ctx, const Optimizer& opt);
 // In a replacement, at zs_heal_join: its own blob at C, as its lost
 // predecessor's holder handed it over with the replica.
 void handed_rank_state(Context& ctx, std::vector<char> blob);
