@@ -8,7 +8,12 @@
 // own state (shards + moments, S) and gradient shards (G). Figures and
 // ratios, never pass/fail. The last line is one JSON object.
 //
-//   build/bin/bench_heal_copy [--ranks 3] [--melems 8] [--steps 8] [--runs 2]
+//   build/bin/bench_heal_copy [--ranks 3] [--melems 8] [--steps 8] [--runs 2] [--blob-kb 0]
+//
+// blob-kb: with the copies on, each step first sets a per-rank blob of that
+// many KiB (zs_heal_set_rank_state, as zeroshard.torch sets its RNG states
+// and TRL's GRPO its buffered completions), which rides in the step's copy
+// to the holder; the time of the set call alone is printed too.
 //
 // melems: the model's params, in millions of fp32 elements (in params of
 // about 1M, odd sizes). Each run is a fresh world (its first step, which
@@ -30,6 +35,7 @@ struct Args {
   int melems = 8;
   int steps = 8;
   int runs = 2;
+  int blob_kb = 0;
 };
 
 double now_s() {
@@ -40,6 +46,7 @@ struct Result {
   double step_s = 0;       // median push + step
   double opt_s = 0;        // median zs_optimizer_step alone
   double first_s = 0;      // the first step (seeds the holder when on)
+  double blob_s = 0;       // median zs_heal_set_rank_state alone (--blob-kb)
   double peer_bytes = 0;   // ZS_MEM_PEER_COPIES
   double state_bytes = 0;  // this rank's shards + optimizer state
   double grad_bytes = 0;   // its gradient shards
@@ -85,9 +92,15 @@ Result run(int rank, const Args& a, bool heal, int port) {
   CHECK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
   zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
   CHECK(zs_optimizer_add_group(opt, ps.data(), ps.size(), &hp, nullptr));
-  std::vector<double> steps, opts;
+  std::vector<double> steps, opts, blobs;
+  std::vector<char> blob(static_cast<size_t>(a.blob_kb) * 1024);
   for (int s = 0; s <= a.steps; ++s) {
     const double t0 = now_s();
+    if (heal && !blob.empty()) {
+      blob[static_cast<size_t>(s) % blob.size()] = static_cast<char>(s);  // a new blob each step
+      CHECK(zs_heal_set_rank_state(opt, blob.data(), blob.size()));
+      if (s > 0) blobs.push_back(now_s() - t0);
+    }
     for (size_t i = 0; i < ps.size(); ++i)
       CHECK(zs_grad_push(ps[i], grads[i].data(), ZS_FLOAT32, grads[i].size() * 4));
     const double t1 = now_s();
@@ -102,6 +115,7 @@ Result run(int rank, const Args& a, bool heal, int port) {
   }
   r.step_s = zs::bench::median(steps);
   r.opt_s = zs::bench::median(opts);
+  r.blob_s = blobs.empty() ? 0.0 : zs::bench::median(blobs);
   uint64_t kinds[ZS_MEM_KIND_COUNT] = {};
   CHECK(zs_memory_by_kind(ctx, ZS_PHASE_NOW, kinds, ZS_MEM_KIND_COUNT, nullptr, nullptr));
   r.peer_bytes = static_cast<double>(kinds[ZS_MEM_PEER_COPIES]);
@@ -129,17 +143,19 @@ int main(int argc, char** argv) {
     else if (k == "--melems") a.melems = v;
     else if (k == "--steps") a.steps = v;
     else if (k == "--runs") a.runs = v;
+    else if (k == "--blob-kb") a.blob_kb = v;
     else {
-      std::fprintf(stderr, "unknown option %s\nusage: bench_heal_copy [--ranks N] [--melems M] [--steps S] [--runs R]\n",
+      std::fprintf(stderr, "unknown option %s\nusage: bench_heal_copy [--ranks N] [--melems M] [--steps S] [--runs R] "
+                   "[--blob-kb K]\n",
                    k.c_str());
       return 2;
     }
   }
-  if (a.ranks < 2 || a.melems < 1 || a.steps < 1 || a.runs < 1) {
-    std::fprintf(stderr, "bench_heal_copy: --ranks must be >= 2, the other options >= 1\n");
+  if (a.ranks < 2 || a.melems < 1 || a.steps < 1 || a.runs < 1 || a.blob_kb < 0) {
+    std::fprintf(stderr, "bench_heal_copy: --ranks must be >= 2, --blob-kb >= 0, the other options >= 1\n");
     return 2;
   }
-  std::vector<double> off_step, on_step, off_opt, on_opt, off_first, on_first;
+  std::vector<double> off_step, on_step, off_opt, on_opt, off_first, on_first, on_blob;
   Result last_on;
   for (int run_i = 0; run_i < 2 * a.runs; ++run_i) {
     const bool heal = run_i % 2 == 1;
@@ -152,16 +168,21 @@ int main(int argc, char** argv) {
     (heal ? on_step : off_step).push_back(res.step_s);
     (heal ? on_opt : off_opt).push_back(res.opt_s);
     (heal ? on_first : off_first).push_back(res.first_s);
+    if (heal) on_blob.push_back(res.blob_s);
     if (heal) last_on = res;
   }
   const double off = zs::bench::median(off_step), on = zs::bench::median(on_step);
   const double off_o = zs::bench::median(off_opt), on_o = zs::bench::median(on_opt);
   const double off_f = zs::bench::median(off_first), on_f = zs::bench::median(on_first);
+  const double blob_set = zs::bench::median(on_blob);
   const double mib = 1 << 20;
   std::printf("AdamW on %d fp32 params of ~1M (%d M elements), %d loopback ranks, %d runs each way alternating, "
               "median of %d steps after the first (rank 0):\n",
               static_cast<int>((static_cast<uint64_t>(a.melems) * 1000000 + 1000002) / 1000003), a.melems, a.ranks,
               a.runs, a.steps);
+  if (a.blob_kb > 0)
+    std::printf("  on: each step sets a %d KiB per-rank blob first (zs_heal_set_rank_state: %.3f ms), in the step\n",
+                a.blob_kb, blob_set * 1e3);
   std::printf("  step (push + zs_optimizer_step)  off %8.2f ms  on %8.2f ms  (on/off %.3f, +%.1f%%)\n", off * 1e3,
               on * 1e3, on / off, (on / off - 1) * 100);
   std::printf("  zs_optimizer_step alone          off %8.2f ms  on %8.2f ms  (on/off %.3f)\n", off_o * 1e3,
@@ -171,11 +192,12 @@ int main(int argc, char** argv) {
   std::printf("  peer_copies %.1f MiB = %.3f x (own state S %.1f MiB + gradient shards G %.1f MiB)\n",
               last_on.peer_bytes / mib, last_on.peer_bytes / (last_on.state_bytes + last_on.grad_bytes),
               last_on.state_bytes / mib, last_on.grad_bytes / mib);
-  std::printf("{\"bench\":\"heal_copy\",\"ranks\":%d,\"melems\":%d,\"steps\":%d,\"runs\":%d,\"step_ms_off\":%.3f,"
+  std::printf("{\"bench\":\"heal_copy\",\"ranks\":%d,\"melems\":%d,\"steps\":%d,\"runs\":%d,\"blob_kb\":%d,"
+              "\"blob_set_ms\":%.4f,\"step_ms_off\":%.3f,"
               "\"step_ms_on\":%.3f,\"step_ratio\":%.4f,\"optimizer_ms_off\":%.3f,\"optimizer_ms_on\":%.3f,"
               "\"first_step_ms_off\":%.3f,\"first_step_ms_on\":%.3f,\"peer_copies_bytes\":%.0f,\"state_bytes\":%.0f,"
               "\"grad_bytes\":%.0f,\"peer_copies_over_s_plus_g\":%.4f}\n",
-              a.ranks, a.melems, a.steps, a.runs, off * 1e3, on * 1e3, on / off, off_o * 1e3, on_o * 1e3, off_f * 1e3,
+              a.ranks, a.melems, a.steps, a.runs, a.blob_kb, blob_set * 1e3, off * 1e3, on * 1e3, on / off, off_o * 1e3, on_o * 1e3, off_f * 1e3,
               on_f * 1e3, last_on.peer_bytes, last_on.state_bytes, last_on.grad_bytes,
               last_on.peer_bytes / (last_on.state_bytes + last_on.grad_bytes));
   return 0;

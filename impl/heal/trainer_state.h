@@ -40,7 +40,7 @@ class TrainerState : public Context::Attachment {
   // `pending_step` (null: none set).
   const Optimizer* pending_for = nullptr;
   int64_t pending_step = 0;
-  std::shared_ptr<const std::vector<char>> pending;
+  std::shared_ptr<std::vector<char>> pending;  // rewritten in place when no copy in flight holds it
 };
 
 // Keeps this rank's blob for the step `opt` takes next. Not collective.
