@@ -11,6 +11,9 @@ void set_rank_state(Context& ctx, Optimizer& opt, const void* data, size_t size)
     fail(Code::InvalidState, "zs_heal_set_rank_state needs zeroshard.healing.peer_copy on, with heartbeats");
   if (size > 0 && data == nullptr) fail(Code::InvalidArgument, "data is NULL with size ", size);
   const char* bytes = static_cast<const char*>(data);
+  // Read before t.mu: steps() takes the engine lock, under which the copy
+  // takes t.mu (rank_state_for).
+  const int64_t step = opt.steps() + 1;
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::lock_guard<std::mutex> held(t.mu);
   // The last step's buffer again, unless a copy still sends from it: a
@@ -19,7 +22,7 @@ void set_rank_state(Context& ctx, Optimizer& opt, const void* data, size_t size)
   if (!t.pending || t.pending.use_count() > 1) t.pending = std::make_shared<std::vector<char>>();
   t.pending->assign(bytes, bytes + size);
   t.pending_for = &opt;
-  t.pending_step = opt.steps() + 1;
+  t.pending_step = step;
 }
 
 std::shared_ptr<const std::vector<char>> rank_state_for(Context& ctx, const Optimizer& opt, int64_t step) {
