@@ -148,10 +148,9 @@ def recover(agreed=None, allowed=None, who="zeroshard.torch"):
 
 def state_lost_exit(who, error):
     """A heal that cannot be, a survivor's or a replacement's (`error`, a
-    StateLostError): says
-    why, and returns the SystemExit with status 75 (ZS_EXIT_STATE_LOST) to
-    raise, for zsrun --restarts to name it and restart every rank from the
-    last checkpoint."""
+    StateLostError): says why, and returns the SystemExit with status 75
+    (ZS_EXIT_STATE_LOST) to raise, for zsrun --restarts to name it and
+    restart every rank from the last checkpoint."""
     print(f"{who}: rank {get_context().rank}: healing is impossible: {error}; exiting with status "
           f"{EXIT_STATE_LOST} for the launcher to restart every rank from the last checkpoint", file=sys.stderr,
           flush=True)
