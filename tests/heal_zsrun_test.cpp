@@ -24,6 +24,16 @@ zs::test::ExampleRun reference(int ranks) {
   return zs::test::run_train_mlp(ranks, "--steps " + std::to_string(kSteps), kFastHeartbeat);
 }
 
+// train_mlp under `zsrun --restarts <restarts>` with `env` (the faults)
+// beside the fast heartbeat; *took, if given, the seconds it ran.
+zs::test::ExampleRun faulted(int ranks, const std::string& env, int restarts, double* took = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = zs::test::run_train_mlp(ranks, "--steps " + std::to_string(kSteps),
+                                     std::string(kFastHeartbeat) + " " + env, "--restarts " + std::to_string(restarts));
+  if (took) *took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return run;
+}
+
 // The fault's count is the victim's passes: its replacement, which starts
 // counting again, runs fewer steps after the join than that, so it is not
 // killed too.
@@ -31,10 +41,8 @@ void heals_under_zsrun(int ranks, const std::string& fault) {
   const auto ref = reference(ranks);
   ASSERT_EQ(ref.rc, 0) << ref.out;
   ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps)) << ref.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(ranks, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=" + fault, "--restarts 1");
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const auto run = faulted(ranks, "ZS_FAULT_POINT=" + fault, 1, &took);
   std::printf("[heal-zsrun] %s on %d ranks: %.2f s\n", fault.c_str(), ranks, took);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("killed by signal SIGKILL"), std::string::npos) << run.out;
@@ -62,11 +70,8 @@ TEST(HealZsrun, TrainMlpHealsRankZeroKilledInTheFetchOnThreeRanks) { heals_under
 TEST(HealZsrun, TrainMlpFencesAndReplacesARankStoppedInTheUpdateOnThreeRanks) {
   const auto ref = reference(3);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:2:8:stop",
-                                           "--restarts 1");
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const auto run = faulted(3, "ZS_FAULT_POINT=update:2:8:stop", 1, &took);
   std::printf("[heal-zsrun] rank 2 stopped in the update, fenced and replaced: %.2f s\n", took);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("rank 0: healing: rank 2 was taken for lost while its process lives: killed pid"),
@@ -93,11 +98,8 @@ std::vector<double> last_run(const std::vector<double>& losses) {
 TEST(HealZsrun, RankZeroLostWithoutZsstoreRestartsTheJob) {
   const auto ref = reference(3);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(
-      3, "--steps " + std::to_string(kSteps),
-      std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:0:8 ZSRUN_ZSSTORE=/nonexistent/zsstore", "--restarts 1");
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const auto run = faulted(3, "ZS_FAULT_POINT=update:0:8 ZSRUN_ZSSTORE=/nonexistent/zsstore", 1, &took);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("rank 0 killed by signal SIGKILL"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("healing: starting a replacement"), std::string::npos) << run.out;
@@ -115,11 +117,8 @@ TEST(HealZsrun, RankZeroLostWithoutZsstoreRestartsTheJob) {
 TEST(HealZsrun, ARankAndItsHolderLostTogetherRestartTheJobByName) {
   const auto ref = reference(3);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8,update:2:8",
-                                           "--restarts 3");
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const auto run = faulted(3, "ZS_FAULT_POINT=update:1:8,update:2:8", 3, &took);
   std::printf("[heal-zsrun] rank 1 and its holder lost, restarted whole: %.2f s\n", took);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("ZS_ERR_STATE_LOST"), std::string::npos) << run.out;
@@ -140,9 +139,7 @@ TEST(HealZsrun, ARankAndItsHolderLostTogetherRestartTheJobByName) {
 TEST(HealZsrun, ARankLostInItsFirstSeedRestartsTheJobByName) {
   const auto ref = reference(3);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=grad_copy:1:1",
-                                           "--restarts 2");
+  const auto run = faulted(3, "ZS_FAULT_POINT=grad_copy:1:1", 2);
   EXPECT_EQ(run.rc, 0) << run.out;
   const std::string named = "rank 1's shard state is lost: rank 2, which holds its copy, has none yet";
   size_t said = 0;
@@ -165,9 +162,7 @@ TEST(HealZsrun, ARankLostInItsFirstSeedRestartsTheJobByName) {
 TEST(HealZsrun, ASecondLossInAJoinThatTakesNoPartInTheHandOverHealsInTurn) {
   const auto ref = reference(4);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto run = zs::test::run_train_mlp(4, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8,join:3:1",
-                                           "--restarts 2");
+  const auto run = faulted(4, "ZS_FAULT_POINT=update:1:8,join:3:1", 2);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank 1"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("zsrun: healing: starting a replacement of rank 3"), std::string::npos) << run.out;
@@ -185,11 +180,8 @@ TEST(HealZsrun, ASecondLossInAJoinThatTakesNoPartInTheHandOverHealsInTurn) {
 TEST(HealZsrun, TheHolderLostInTheJoinBeforeTheHandOverRestartsTheJobByName) {
   const auto ref = reference(3);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
-                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8,join:2:1",
-                                           "--restarts 3");
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const auto run = faulted(3, "ZS_FAULT_POINT=update:1:8,join:2:1", 3, &took);
   EXPECT_EQ(run.rc, 0) << run.out;
   EXPECT_NE(run.out.find("rank 1's shard state is lost: rank 2, which held its copy, was lost while handing it over"),
             std::string::npos)
