@@ -60,6 +60,11 @@ ENGINES = ("zeroshard", "ddp", "deepspeed")
 # steady state; run only when named.
 HEALING = "zeroshard-healing"
 TRAINERS = ("grpo", "dpo")
+# The trainer methods timed a step (TRL's own: generation and scoring of
+# completions, the loss's forwards, the whole of a micro-batch's step with
+# its backward), as "phases".
+PHASES = {"grpo": ("_generate_single_turn", "_generate_and_score_completions", "compute_loss", "training_step"),
+          "dpo": ("compute_loss", "training_step")}
 VOCAB = 8192
 
 
@@ -148,6 +153,23 @@ def worker(args):
             generation.append((time.perf_counter() - t, sum(len(c) for c in out[0])))
             return out
         trainer._generate_single_turn = timed
+    # Seconds a step in each of the trainer's own methods (nested ones
+    # counted in their caller too): where one engine's step differs.
+    phases = {}
+
+    def clocked(name):
+        inner = getattr(trainer, name)
+
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                phases.setdefault(name, {}).setdefault(len(marks["begin"]), 0.0)
+                phases[name][len(marks["begin"])] += time.perf_counter() - t
+        setattr(trainer, name, run)
+    for name in PHASES[args.trainer]:
+        clocked(name)
     trainer.train()
     steps = [e - b for b, e in zip(marks["begin"], marks["end"])]
     cpu_steps = [e - b for b, e in zip(marks["cpu_begin"], marks["cpu_end"])]
@@ -162,6 +184,7 @@ def worker(args):
     result = {"engine": args.engine, "trainer": args.trainer, "rank": rank,
               "startup_s": marks["begin"][0] - T_START, "steps_s": steps, "cpu_steps_s": cpu_steps,
               "generation": generation,
+              "phases": {n: [v.get(i, 0.0) for i in range(1, len(steps) + 1)] for n, v in phases.items()},
               "peak_rss_bytes": peak_rss(), "ref_model_bytes": ref_bytes,
               "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
               "params": sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters())}
@@ -227,6 +250,10 @@ def summarise(ranks):
     if "engine_last_step" in ranks[0]:
         out["engine_last_step"] = ranks[0]["engine_last_step"]
         out["coordinator"] = ranks[0]["coordinator"]
+    # Each timed step's seconds in a trainer method, the slowest rank; the median.
+    out["phases"] = {name: statistics.median(max(r["phases"][name][i] for r in ranks)
+                                             for i in range(1, len(ranks[0]["phases"][name])))
+                     for name in ranks[0].get("phases", {}) if len(ranks[0]["phases"][name]) > 1}
     calls = [r["generation"][1:] for r in ranks]  # the first step's generation not timed
     if any(calls):
         seconds = [sum(t for t, _ in c) for c in calls]
@@ -292,6 +319,9 @@ def main():
                       + f" MiB | startup {s['startup_s']:.1f} s | losses "
                       + " ".join(f"{x:.5f}" for x in s["losses"]) + f" | {s['params'] / 1e6:.1f}M params",
                       flush=True)
+                if s["phases"]:
+                    print(f"{'':16s} a step's seconds in " + ", ".join(f"{n} {v:.3f}" for n, v in s["phases"].items()),
+                          flush=True)
                 if "engine_last_step" in s:
                     e, c = s["engine_last_step"], s["coordinator"]
                     print(f"{'':16s} engine's last step, rank 0: {e['gathers']} gathers {e['gather_seconds']:.3f} s, "
