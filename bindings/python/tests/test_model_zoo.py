@@ -27,7 +27,7 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 MODELS = ["gpt2", "gpt2_checkpointed", "llama", "bert", "t5", "mixtral", "vit", "transformer", "mha", "rnn",
           "frozen", "mixed", "gpt2_persistent", "frozen_persistent"]
-PATTERNS = ["deepcopy", "generate", "convert", "save_pretrained", "resize"]
+PATTERNS = ["deepcopy", "generate", "inference_gather", "convert", "save_pretrained", "resize"]
 WORLDS = [int(w) for w in os.environ.get("ZS_ZOO_WORLDS", "2 3").split()]
 _runs = {}
 
@@ -117,6 +117,19 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
     # one per token (before, the bytes grew with the longest rank's tokens).
     assert all(r["synced_equal"] for r in ranks), ranks
     assert all(r["synced_allreduce_bytes"] == r["agreement_allreduce_bytes"] > 0 for r in ranks), ranks
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_frozen_models_call_under_no_grad_gathers_it_whole_once(world):
+    for r in zoo(world)["inference_gather"]["ranks"]:
+        # whole under no_grad, then module by module: with gradients on,
+        # with the mode off, with a param trainable again; then a deep copy
+        # whole. The same logits each way.
+        assert r["equal"] == [True] * 5, r
+        whole, with_grad, off, trainable, copied = r["gathers"]
+        assert whole == copied == 1 and with_grad == off == trainable > 10, r
+        assert r["released"] and r["tokens_equal"] and r["same_name"] and r["isinstance"], r
+        assert "'always'" in r["refused"] and "expected 'auto', True or False" in r["refused"], r
 
 
 def test_resize_token_embeddings_through_zeroshard_torch_alone():

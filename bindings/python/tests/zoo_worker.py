@@ -619,6 +619,66 @@ def run_generate(rank):
     return {"ranks": every}
 
 
+def run_inference_gather(rank):
+    """A frozen model's calls under no_grad with set_inference_gather:
+    one gather a call (module by module before), its params released
+    after, logits equal to the unsharded model's; with gradients on, with
+    a param trainable again or with mode False, module by module as
+    before, the same logits; generate() on it the same tokens; a deep
+    copy gathering whole too; its class's name and isinstance unchanged; a
+    bad mode refused by name."""
+    reference = build(hf_llama)
+    with zt.Init(config=CONFIG):
+        model = build(hf_llama)
+    zt.partition_module(model)
+    model.requires_grad_(False)
+    model.eval()
+    reference.eval()
+    cls = type(model)
+    zt.set_inference_gather(model)
+    x = lm_batch(0, rank)
+    ctx = zt.get_context()
+
+    def gathers(call):  # (logits, gathers this rank issued during the call)
+        before = ctx.fetch_stats()["gathers"]
+        out = call().logits
+        return out, ctx.fetch_stats()["gathers"] - before
+
+    with torch.no_grad():
+        ref = reference(input_ids=x).logits
+        whole, whole_gathers = gathers(lambda: model(input_ids=x))
+        released = not any(p.zs.attached for p in model.parameters())
+        tokens = model.generate(x[:, :4], max_new_tokens=3 + rank, do_sample=False, use_cache=True, pad_token_id=0)
+        ref_tokens = reference.generate(x[:, :4], max_new_tokens=3 + rank, do_sample=False, use_cache=True,
+                                        pad_token_id=0)
+    with torch.enable_grad():
+        with_grad, with_grad_gathers = gathers(lambda: model(input_ids=x))
+    zt.set_inference_gather(model, False)
+    with torch.no_grad():
+        off, off_gathers = gathers(lambda: model(input_ids=x))
+    zt.set_inference_gather(model, True)
+    model.lm_head.weight.requires_grad_(True)
+    with torch.no_grad():
+        trainable, trainable_gathers = gathers(lambda: model(input_ids=x))
+    model.lm_head.weight.requires_grad_(False)
+    copied = copy.deepcopy(model)  # keeps the subclass and its mode (True)
+    with torch.no_grad():
+        copy_out, copy_gathers = gathers(lambda: copied(input_ids=x))
+    try:
+        zt.set_inference_gather(model, "always")
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    mine = {"equal": [bool(torch.equal(t, ref)) for t in (whole, with_grad, off, trainable, copy_out)],
+            "gathers": [whole_gathers, with_grad_gathers, off_gathers, trainable_gathers, copy_gathers],
+            "released": released, "tokens_equal": bool(torch.equal(tokens, ref_tokens)),
+            "same_name": type(model).__name__ == cls.__name__, "isinstance": isinstance(model, cls),
+            "refused": refused}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return {"ranks": every}
+
+
 def run_resize(rank):
     """resize_token_embeddings on a Hugging Face model partitioned through
     zeroshard.torch alone (zeroshard.hf never imported; issue 59): tied
@@ -652,6 +712,8 @@ def main():
             result[name] = run_deepcopy(rank)
         elif name == "generate":
             result[name] = run_generate(rank)
+        elif name == "inference_gather":
+            result[name] = run_inference_gather(rank)
         elif name == "resize":
             result[name] = run_resize(rank)
         elif name == "convert":

@@ -628,6 +628,9 @@ def frozen_model(module, config):
     # shard becomes the quantized codes, as that key asks.
     freeze_untrainable(list(module.parameters()), True)
     module.eval()
+    # Its scoring calls under no_grad gather it whole when it fits
+    # (inference_gather.py): one gather a call instead of one a module.
+    zt.set_inference_gather(module, "auto")
     return module
 
 

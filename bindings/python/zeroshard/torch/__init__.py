@@ -18,6 +18,7 @@ from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, 
 from .gathered import GatheredParameters
 from .heal import StepRecord, enable_healing, healing_loop
 from .generation import set_generation_gather
+from .inference_gather import set_inference_gather
 from .forward_scope import run_as_forward
 from .init import Init, partition_module
 from .leaf_modules import register_external_parameter, set_leaf_modules, unset_leaf_modules
@@ -35,7 +36,7 @@ __all__ = [
     "export_dcp", "export_deepspeed", "export_safetensors", "format_memory_report", "full_weights", "fully_shard", "wait_checkpoint", "get_context",
     "init_context", "is_partitioned", "load_checkpoint", "load_consolidated_state_dict", "load_pretrained",
     "memory_report", "muon_param_groups", "partition_module", "register_optimizer",
-    "save_checkpoint", "set_generation_gather",
+    "save_checkpoint", "set_generation_gather", "set_inference_gather",
     "register_external_parameter", "run_as_forward", "set_leaf_modules", "shutdown", "training_digest",
     "unset_leaf_modules",
 ]

@@ -63,22 +63,23 @@ def set_generation_gather(model, mode="auto"):
     """How `model.generate()` gathers: "auto" (whole when the params fit
     in half the available memory, agreed by all ranks), True (whole), False
     (module by module, per decode step)."""
-    _check(mode)
+    check_gather_mode(mode)
     target = _generating_model(model)
     (model if target is None else target).__dict__["_zs_generation_gather"] = mode
     return model
 
 
-def _check(mode):
+def check_gather_mode(mode):
     if not (mode is True or mode is False or mode == "auto"):
-        raise ValueError(f"zeroshard.torch: generation gather mode {mode!r}: expected 'auto', True or False")
+        raise ValueError(f"zeroshard.torch: gather mode {mode!r} (generation's or a frozen model's inference): "
+                         "expected 'auto', True or False")
 
 
 def _generate(model, *args, zs_gather=None, **kwargs):
     mode = model.__dict__.get("_zs_generation_gather", "auto") if zs_gather is None else zs_gather
-    _check(mode)
+    check_gather_mode(mode)
     ctx = get_context()
-    if _gather_whole(model, mode, ctx):
+    if gathers_whole(model, mode, ctx):
         params = [p for p in model.parameters() if is_partitioned(p)]
         with GatheredParameters(params), hooks_suspended(model):
             # Nothing in the call pairs across ranks now (no gather, no hook),
@@ -113,7 +114,10 @@ def available_bytes(device):
     return 0
 
 
-def _gather_whole(model, mode, ctx):
+def gathers_whole(model, mode, ctx):
+    """Whether `model` is gathered whole under `mode` (False, True or
+    "auto": when its bytes to gather fit, FIT_FRACTION), every rank
+    agreeing (collective unless mode is False)."""
     if mode is False:
         return False
     fits = mode is True or bytes_to_gather(model.parameters()) <= FIT_FRACTION * available_bytes(ctx.device)
