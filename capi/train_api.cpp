@@ -5,6 +5,7 @@
 #include "impl/heal/join.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/protocol.h"
+#include "impl/heal/shrink.h"
 #include "impl/heal/trainer_state.h"
 #include "impl/grad/grad_norm.h"
 #include "impl/grad/reducer.h"
@@ -267,6 +268,13 @@ ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer h) {
   return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
     checked_out(committed_step, "committed_step");
     *committed_step = heal::join(ctx, o).committed;
+  });
+}
+
+ZS_API zs_status zs_heal_shrink(int64_t* committed_step, zs_optimizer h) {
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    checked_out(committed_step, "committed_step");
+    *committed_step = heal::shrink(ctx, o).committed;
   });
 }
 

@@ -171,6 +171,18 @@ void Group::reconnect(std::unique_ptr<Communicator> comm) {
   }
 }
 
+void Group::reconnect(std::vector<int> world_ranks, int my_rank, std::unique_ptr<Communicator> comm) {
+  if (my_rank < 0 || my_rank >= static_cast<int>(world_ranks.size()) || !comm || comm->size() != static_cast<int>(world_ranks.size()))
+    fail(Code::Internal, "group '", name_, "': reconnect over ", world_ranks.size(), " members at ", my_rank);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_ && queue_.empty(); });
+    world_ranks_ = std::move(world_ranks);
+    rank_ = my_rank;
+  }
+  reconnect(std::move(comm));
+}
+
 void Group::abort(Code code, const std::string& why) {
   std::deque<Task> dropped;
   {

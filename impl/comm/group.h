@@ -68,6 +68,11 @@ class Group {
   // reducer's buckets, the peer copy) needs no rebinding. Nothing may be
   // queued or running (the abort emptied the queue).
   void reconnect(std::unique_ptr<Communicator> comm);
+  // A shrink (docs/healing.md, section 4): as reconnect, over fewer
+  // members (`world_ranks`, this rank at `my_rank` among them), `comm`
+  // connected to them. The same object, so its holders keep it; what they
+  // laid out by its size (params' shards) is theirs to lay out again.
+  void reconnect(std::vector<int> world_ranks, int my_rank, std::unique_ptr<Communicator> comm);
 
   // Numbers the params registered on the group 1, 2, ... Members register
   // the same params in the same order (zs_param_register), so the n-th is
@@ -87,8 +92,9 @@ class Group {
                                        const std::function<void(Communicator&)>& fn);
 
   const std::string name_;
-  const std::vector<int> world_ranks_;
-  const int rank_;
+  // Changed only by a shrink's reconnect, while nothing is queued or runs.
+  std::vector<int> world_ranks_;
+  int rank_;
   std::unique_ptr<Communicator> comm_;
   ErrorSink on_error_;
 

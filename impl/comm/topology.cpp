@@ -205,6 +205,31 @@ std::vector<std::pair<int, std::shared_ptr<Group>>> Topology::groups() const {
   return out;
 }
 
+std::vector<int> Topology::shrink(const std::vector<int>& live, const Rejoin& rejoin) {
+  const std::vector<int> before = live_ranks(shape_);
+  TopologyShape next = shape_;
+  next.live = live;
+  check(next);
+  if (live.size() >= before.size() ||
+      !std::includes(before.begin(), before.end(), live.begin(), live.end()))
+    fail(Code::InvalidArgument, "shrink to the live ranks ", rank_list(live), ": expected fewer of the ranks ",
+         rank_list(before), " live now");
+  std::vector<int> lost;
+  std::set_difference(before.begin(), before.end(), live.begin(), live.end(), std::back_inserter(lost));
+  shape_ = next;
+  for (const auto& [id, group] : groups()) {
+    if (group == world_ || group == heal_) {
+      rejoin(*group, id, live);
+      continue;
+    }
+    const auto& members = group->world_ranks();
+    const bool cut = std::any_of(members.begin(), members.end(),
+                                 [&](int r) { return std::binary_search(lost.begin(), lost.end(), r); });
+    if (!cut) rejoin(*group, id, members);
+  }
+  return lost;
+}
+
 void Topology::abort(Code code, const std::string& why) {
   for (auto& entry : all_)
     if (auto g = entry.second.lock()) g->abort(code, why);

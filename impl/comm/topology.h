@@ -72,6 +72,25 @@ class Topology {
   // its id, in the order made (ids ascending): what a new generation
   // reconnects (Group::reconnect), on every rank in the same order.
   std::vector<std::pair<int, std::shared_ptr<Group>>> groups() const;
+  // A shrink (docs/healing.md, section 4): the world ranks in `live`
+  // (ascending, this rank among them; fewer than before) go on. Checked
+  // first as check() does (MiCS, hpZ and qgZ's hierarchy refused by their
+  // keys, nothing changed). Then, in id order, on every rank alike: the
+  // world and heal groups are cut again over the live ranks and reconnected
+  // in place by `rejoin(group, id, members)` (their holders keep them);
+  // another group with a lost member stays as the loss left it (aborted:
+  // its collectives fail naming the loss), one without is reconnected with
+  // its members. Returns the lost members' world ranks.
+  using Rejoin = std::function<void(Group& group, int id, const std::vector<int>& members)>;
+  std::vector<int> shrink(const std::vector<int>& live, const Rejoin& rejoin);
+  // The live world ranks, ascending.
+  std::vector<int> live() const { return live_ranks(shape_); }
+  // check() of this topology's shape with `live` as its live list.
+  void check_live(const std::vector<int>& live) const {
+    TopologyShape s = shape_;
+    s.live = live;
+    check(s);
+  }
 
   // Every world rank's host (transport/host_id.h), learned once the world
   // is connected. InvalidArgument unless there is one per world rank.
@@ -108,7 +127,7 @@ class Topology {
   void build_mics_hierarchy();
   void build_qgz_hierarchy();
 
-  const TopologyShape shape_;
+  TopologyShape shape_;  // its live list changes at a shrink
   const MakeGroup make_;
   int next_id_ = 0;
   std::shared_ptr<Group> world_, partition_, mics_shard_, mics_replica_, hpz_;

@@ -909,6 +909,42 @@ void Context::regroup(const std::vector<int>& lost) {
            "(zsrun --restarts does)");
     }
   }
+  forget_losses();
+  generation_ = g;
+  for (const auto& [id, group] : topology_->groups())
+    group->reconnect(make_communicator(group->name(), id, group->world_ranks(), group->rank()));
+}
+
+void Context::shrink(const std::vector<int>& lost) {
+  if (!heartbeat_ || !store_ || !heals())
+    fail(Code::InvalidState, "a shrink needs healing on (zeroshard.healing.peer_copy) with heartbeats");
+  std::vector<int> live;
+  for (const int r : topology_->live())
+    if (!std::binary_search(lost.begin(), lost.end(), r)) live.push_back(r);
+  topology_->check_live(live);
+  const int64_t g = generation_ + 1;
+  const std::string prefix = key_prefix_of(g);
+  if (ranks_.rank == live.front()) {
+    std::string list;
+    for (const int r : lost) {
+      const int64_t losses = store_->add(losses_key(r), 1);
+      fence(r, losses - 1);  // the incarnation just lost
+      list += (list.empty() ? "" : " ") + std::to_string(r);
+    }
+    store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
+    store_->set(prefix + "heal/shrunk", std::vector<char>(list.begin(), list.end()));
+  }
+  for (const int r : lost) heartbeat_->drop(r);
+  heartbeat_->republish(*store_, prefix);
+  forget_losses();
+  generation_ = g;
+  topology_->shrink(live, [&](Group& group, int id, const std::vector<int>& members) {
+    const int my = static_cast<int>(std::find(members.begin(), members.end(), ranks_.rank) - members.begin());
+    group.reconnect(members, my, make_communicator(group.name(), id, members, my));
+  });
+}
+
+void Context::forget_losses() {
   {
     std::lock_guard<std::mutex> held(loss_mu_);
     lost_.clear();
@@ -916,16 +952,11 @@ void Context::regroup(const std::vector<int>& lost) {
     lost_acted_.clear();
     lost_why_.clear();
   }
-  {
-    std::lock_guard<std::mutex> held(error_mu_);
-    if (async_code_ == Code::RankLost) {
-      async_code_ = Code::Ok;
-      async_message_.clear();
-    }
+  std::lock_guard<std::mutex> held(error_mu_);
+  if (async_code_ == Code::RankLost) {
+    async_code_ = Code::Ok;
+    async_message_.clear();
   }
-  generation_ = g;
-  for (const auto& [id, group] : topology_->groups())
-    group->reconnect(make_communicator(group->name(), id, group->world_ranks(), group->rank()));
 }
 
 Context::Attachment* Context::find_locked(std::type_index type) {

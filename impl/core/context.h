@@ -225,6 +225,18 @@ class Context {
   // error, then reconnects every group in the new generation
   // (Group::reconnect), a rendezvous the replacements' create joins.
   void regroup(const std::vector<int>& lost);
+  // A survivor of a loss no replacement takes (docs/healing.md, section
+  // 4), after the agreement, under no hold: generation g + 1 over the live
+  // ranks less `lost` (world ranks). Checked first (MiCS, hpZ and qgZ's
+  // hierarchy refused by their keys, nothing changed). The lowest survivor
+  // counts each loss in the store (so a lost process that comes back
+  // fences itself) and names the lost there; the heartbeat drops them; the
+  // loss and its RankLost error are forgotten; then the world and heal
+  // groups reconnect in place over the live ranks (Topology::shrink), a
+  // rendezvous of the survivors. Ranks keep their ids. What was laid out
+  // by the old world's size (shards, optimizer state, peer copies) is the
+  // heal layer's to lay out again (impl/heal/shrink.cpp).
+  void shrink(const std::vector<int>& lost);
 
   // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
   // group's connect, the ready round, the heal agreement), so that a member
@@ -339,6 +351,8 @@ class Context {
                                                   int my);
   // A replacement's generation: waits for the key the survivors post.
   void find_generation();
+  // A heal's end (regroup, shrink): the loss and its RankLost error forgotten.
+  void forget_losses();
   void finalize_store();
   // Healing: this process's identity in the store, for fence(); and the
   // kill of lost rank r's process (that incarnation's) where it still runs

@@ -43,15 +43,13 @@ std::string first_difference(const std::string& theirs, const std::string& mine,
   }
 }
 
-// The step a loss cut short, dropped on a survivor: its gathers settle
-// and go, and its gradients (pushed, bucketed or reduced) are forgotten.
+}  // namespace
+
 void drop_step_in_flight(Context& ctx, Optimizer& opt) {
   ctx.expect_locked();
   for (const auto& s : opt.slot_states_locked()) release_when_done(ctx, *s.param);
   grads(ctx).reset_for_heal();
 }
-
-}  // namespace
 
 std::string describe_build(Context& ctx, Optimizer& opt) {
   ctx.expect_locked();

@@ -48,4 +48,9 @@ Joined join(Context& ctx, Optimizer& opt);
 // What a rank built, as join compares it (one token a line).
 std::string describe_build(Context& ctx, Optimizer& opt);
 
+// The step a loss cut short, dropped on a survivor (under the caller's
+// hold): its gathers settle and go, and its gradients (pushed, bucketed
+// or reduced) are forgotten.
+void drop_step_in_flight(Context& ctx, Optimizer& opt);
+
 }  // namespace zs::heal

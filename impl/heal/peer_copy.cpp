@@ -42,9 +42,6 @@ struct SlotMeta {
 };
 static_assert(sizeof(Header) == 32 && sizeof(SlotMeta) == 32, "wire layout");
 
-// The group of a frozen param in no optimizer (slots_locked).
-constexpr size_t kInNoOptimizer = 0xFFFFFFFFu;
-
 constexpr uint32_t kPushed = 1, kMaster = 2, kState1 = 4, kState2 = 8, kMasterStale = 16,
                    kMasterIsShard = 32, kMasterIsWorking = 64, kFrozen = 128;
 
@@ -88,10 +85,9 @@ struct Ordinals final : Context::Attachment {
 PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(ctx.heal_group()) {
   if (!group_) fail(Code::Internal, "peer copy without the heal group");
   const int world = ctx.ranks().world_size;
+  place_over(ctx.topology().live());
   const auto hold = holders(world, ctx.topology().host_of());
-  holder_ = hold[static_cast<size_t>(ctx.ranks().rank)];
-  source_ = sources(hold)[static_cast<size_t>(ctx.ranks().rank)];
-  if (ctx.ranks().rank == 0) {
+  if (ctx.ranks().rank == 0 && ctx.topology().live().size() == static_cast<size_t>(world)) {
     const std::string note = placement_note(hold, ctx.topology().host_of());
     if (!note.empty()) std::fprintf(stderr, "zeroshard: zeroshard.healing.peer_copy: %s\n", note.c_str());
   }
@@ -113,6 +109,42 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
 }
 
 PeerCopy::~PeerCopy() { detach(); }
+
+void PeerCopy::place_over(const std::vector<int>& members) {
+  holders_ = member_holders(members, ctx_.topology().host_of());
+  const int me = ctx_.ranks().rank;
+  holder_ = holder_of(me);
+  source_ = -1;
+  for (size_t r = 0; r < holders_.size(); ++r)
+    if (holders_[r] == me) source_ = static_cast<int>(r);
+  replica_.clear();
+  replica_seeded_ = false;
+  replica_step_ = 0;
+  received_ = received_state_ = writing_state_ = false;
+  blob_in_ = blob_ = Blob{};
+  seeded_ = false;
+  versions_sent_.clear();
+}
+
+int PeerCopy::at(int world_rank) const {
+  const auto& ranks = group_->world_ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), world_rank);
+  if (it == ranks.end())
+    fail(Code::Internal, "peer copy: rank ", world_rank, " is not in the heal group ", rank_list(ranks));
+  return static_cast<int>(it - ranks.begin());
+}
+
+std::vector<PeerCopy::Parts> PeerCopy::replica_at(int64_t step) {
+  ctx_.expect_locked();
+  wait_replay();
+  if (!replica_seeded_ || replica_step_ != step)
+    fail(Code::StateLost, "rank ", source_, "'s shard state is lost: rank ", ctx_.ranks().rank, ", which holds its "
+         "copy, has ", replica_seeded_ ? "it at step " + std::to_string(replica_step_) : std::string("none"),
+         ", not at the committed step ", step, "; resume from the last disk checkpoint");
+  std::vector<Parts> out;
+  for (const Slot& r : replica_) out.push_back({r.shard, r.master, r.state1, r.state2, r.master_stale});
+  return out;
+}
 
 std::vector<Optimizer::SlotState> PeerCopy::slots_locked() const {
   std::vector<Optimizer::SlotState> slots = opt_.slot_states_locked();
@@ -274,13 +306,13 @@ float PeerCopy::copy() {
   // ---- round 1, the headers; round 2, the slots' descriptions
   Header in_header;
   group_->run("peer copy header", [&](Communicator& c) {
-    c.exchange(holder_, {{&out_header, sizeof out_header}}, source_, {{&in_header, sizeof in_header}});
+    c.exchange(at(holder_), {{&out_header, sizeof out_header}}, at(source_), {{&in_header, sizeof in_header}});
   });
   if (in_header.magic != kMagic)
     fail(Code::Comm, "peer copy: rank ", source_, " sent a header that is not one (magic ", in_header.magic, ")");
   std::vector<SlotMeta> in_meta(in_header.slots);
   group_->run("peer copy slots", [&](Communicator& c) {
-    c.exchange(holder_, {{out_meta.data(), out_meta.size() * sizeof(SlotMeta)}}, source_,
+    c.exchange(at(holder_), {{out_meta.data(), out_meta.size() * sizeof(SlotMeta)}}, at(source_),
                {{in_meta.data(), in_meta.size() * sizeof(SlotMeta)}});
   });
 
@@ -353,7 +385,7 @@ float PeerCopy::copy() {
   }
 
   // ---- round 3, the state (a seed) and the gradients, one message per buffer
-  group_->run("peer copy", [&](Communicator& c) { c.exchange(holder_, sends, source_, recvs); });
+  group_->run("peer copy", [&](Communicator& c) { c.exchange(at(holder_), sends, at(source_), recvs); });
   shards.clear();
   note_holder_has(mine);
 
@@ -380,7 +412,7 @@ float PeerCopy::copy() {
 
 void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
   ctx_.expect_locked();
-  const int world = ctx_.ranks().world_size;
+  const int world = group_->size();
   if (commits != static_cast<float>(world)) {
     seeded_ = false;  // what the holder has is unknown: seed it again
     // A lost gradient copy leaves the replica as it was (the gradients have
@@ -485,7 +517,7 @@ int64_t PeerCopy::hand_over(const std::vector<int>& lost) {
       if (blob_.bytes > 0) sends.push_back({blob_.buf->data(), blob_.bytes});
     }
   }
-  const int to = sending ? source_ : me, from = receiving ? holder_ : me;
+  const int to = at(sending ? source_ : me), from = at(receiving ? holder_ : me);
   // A replacement whose holder is lost before its state has come: no copy
   // of that state is left anywhere (its source was lost before), so the
   // heal is impossible, and said so by name (ZS_EXIT_STATE_LOST: zsrun
@@ -640,6 +672,18 @@ PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt) {
          ctx.config().heal_peer_copy == 1 ? "on, but the optimizer was made before" : "off (set it true, "
          "or \"auto\" with ZS_HEAL=1)");
   return *pc;
+}
+
+std::vector<const Param*> copied_params(Context& ctx) {
+  ctx.expect_locked();
+  std::vector<const Param*> out;
+  if (auto* ordinals = ctx.find_attachment<Ordinals>())
+    for (const Optimizer* o : ordinals->optimizers)
+      if (auto* pc = dynamic_cast<const PeerCopy*>(o->listener()))
+        for (const auto& s : pc->slots_locked()) out.push_back(s.param.get());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 }  // namespace zs::heal

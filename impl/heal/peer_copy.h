@@ -48,6 +48,10 @@
 
 namespace zs::heal {
 
+// The optimizer group of a slot that is a frozen param in no optimizer
+// (PeerCopy::slots_locked).
+constexpr size_t kInNoOptimizer = 0xFFFFFFFFu;
+
 struct Digest {
   int source = -1;   // the rank whose state it is
   int64_t step = 0;  // optimizer steps the state has taken
@@ -99,6 +103,27 @@ class PeerCopy final : public StepListener {
   // does not fit this rank's optimizer is InvalidState naming the param.
   int64_t hand_over(const std::vector<int>& lost);
 
+  // What the copy carries: the optimizer's slots, then (for ordinal 1) the
+  // frozen params in no optimizer with a peer copy, in registration order,
+  // as slots of group kInNoOptimizer with no master or moments.
+  std::vector<Optimizer::SlotState> slots_locked() const;
+
+  // A shrink (docs/healing.md, section 4), under the caller's hold. Which
+  // rank holds world rank r's copy (-1: none, r not in the run).
+  int holder_of(int r) const {
+    return r >= 0 && static_cast<size_t>(r) < holders_.size() ? holders_[static_cast<size_t>(r)] : -1;
+  }
+  // The replica this rank holds, slot by slot, once its replay is done:
+  // StateLost naming the source unless it is at `step`.
+  struct Parts {
+    BufferPtr shard, master, state1, state2;
+    bool master_stale = false;
+  };
+  std::vector<Parts> replica_at(int64_t step);
+  // After the shrink: the copies placed anew over `members` (the live world
+  // ranks), the replica dropped, the next step seeding the new holder.
+  void place_over(const std::vector<int>& members);
+
  private:
   struct Slot {  // one param of the replica
     uint64_t n = 0;
@@ -118,15 +143,14 @@ class PeerCopy final : public StepListener {
   // The holder's replica equals this rank's state as it is now (a copy with
   // the state went out, or the state came from that replica).
   void note_holder_has(const std::vector<Optimizer::SlotState>& mine);
-  // What the copy carries: the optimizer's slots, then (for ordinal 1) the
-  // frozen params in no optimizer with a peer copy, in registration order,
-  // as slots of group kInNoOptimizer with no master or moments.
-  std::vector<Optimizer::SlotState> slots_locked() const;
 
   Context& ctx_;
   Optimizer& opt_;
   std::shared_ptr<Group> group_;
-  int holder_ = -1, source_ = -1;
+  int holder_ = -1, source_ = -1;  // world ranks
+  std::vector<int> holders_;        // by world rank: its holder (-1: none)
+  // A world rank's position in the heal group, where exchange() takes it.
+  int at(int world_rank) const;
   int ordinal_ = 0;
 
   // As a source: what the holder has.
@@ -172,5 +196,8 @@ class PeerCopy final : public StepListener {
 void attach(Context& ctx, Optimizer& opt);
 // opt's PeerCopy, or InvalidState naming the config key when it has none.
 PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt);
+// Under the caller's hold: the params some peer copy of the context
+// carries (its optimizers' slots, and the frozen params in none), sorted.
+std::vector<const Param*> copied_params(Context& ctx);
 
 }  // namespace zs::heal

@@ -33,6 +33,18 @@ std::vector<int> sources(const std::vector<int>& holders) {
   return out;
 }
 
+std::vector<int> member_holders(const std::vector<int>& members, const std::vector<int>& host_of) {
+  std::vector<int> host;
+  if (!host_of.empty())
+    for (const int r : members) host.push_back(host_of.at(static_cast<size_t>(r)));
+  const std::vector<int> at = holders(static_cast<int>(members.size()), host);
+  const int top = members.empty() ? 0 : *std::max_element(members.begin(), members.end());
+  std::vector<int> out(static_cast<size_t>(std::max(top + 1, static_cast<int>(host_of.size()))), -1);
+  for (size_t i = 0; i < members.size(); ++i)
+    out[static_cast<size_t>(members[i])] = members[static_cast<size_t>(at[i])];
+  return out;
+}
+
 std::string placement_note(const std::vector<int>& holders, const std::vector<int>& host) {
   if (host.empty()) return "";
   const bool several = std::any_of(host.begin(), host.end(), [&](int h) { return h != host[0]; });

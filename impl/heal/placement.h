@@ -21,6 +21,10 @@ namespace zs::heal {
 std::vector<int> holders(int world_size, const std::vector<int>& host);
 // The inverse: source[h] is the rank whose replica h holds.
 std::vector<int> sources(const std::vector<int>& holders);
+// holders() over the world ranks `members` (ascending: the live ones after
+// a shrink), host_of[r] world rank r's host (empty: one host). Returns, by
+// world rank, each member's holder (a world rank), -1 for a non-member.
+std::vector<int> member_holders(const std::vector<int>& members, const std::vector<int>& host_of);
 // "" when every holder is on another host than its source (or there is one
 // host); else a sentence naming the ranks whose copy shares their host.
 std::string placement_note(const std::vector<int>& holders, const std::vector<int>& host);

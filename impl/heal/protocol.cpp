@@ -61,12 +61,14 @@ std::vector<int> parse_list(const std::string& s) {
 
 // The plan, from every live rank's report: "state_lost\nlost <ranks>\n<message>", or
 // "ok C\nlost <ranks>\nroll <ranks>\nnorm <a report whose norm step is C>".
-std::string make_plan(int world, const std::vector<int>& host_of, const std::vector<int>& live,
+// `members`: the world ranks the loss found (all, or the live ones after a
+// shrink), each of which keeps a peer copy placed over them.
+std::string make_plan(const std::vector<int>& members, const std::vector<int>& host_of, const std::vector<int>& live,
                       const std::vector<Report>& reports) {
   std::vector<int> lost;
-  for (int r = 0; r < world; ++r)
+  for (const int r : members)
     if (!std::binary_search(live.begin(), live.end(), r)) lost.push_back(r);
-  const std::vector<int> holder = holders(world, host_of);
+  const std::vector<int> holder = member_holders(members, host_of);
   for (const int l : lost) {
     const int h = holder[static_cast<size_t>(l)];
     if (std::binary_search(lost.begin(), lost.end(), h))
@@ -110,7 +112,10 @@ std::string make_plan(int world, const std::vector<int>& host_of, const std::vec
 }  // namespace
 
 Outcome agree(Context& ctx, Optimizer& opt) {
-  const int me = ctx.ranks().rank, world = ctx.ranks().world_size;
+  const int me = ctx.ranks().rank;
+  // The ranks still in the run: all, or those a shrink went on with.
+  const std::vector<int> members = ctx.topology().live();
+  const int world = static_cast<int>(members.size());
   if (!ctx.heals())
     fail(Code::InvalidState, "the heal agreement needs zeroshard.healing.peer_copy on, with heartbeats");
   std::string why;
@@ -144,7 +149,7 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   std::string plan;
   for (int attempt = 0; plan.empty(); ++attempt) {
     std::vector<int> live;
-    for (int r = 0; r < world; ++r)
+    for (const int r : members)
       if (!std::binary_search(lost.begin(), lost.end(), r)) live.push_back(r);
     const int coordinator = live.front();
     // The plan's key names its coordinator: a process that others took for
@@ -162,7 +167,7 @@ Outcome agree(Context& ctx, Optimizer& opt) {
         for (size_t i = 0; i < live.size(); ++i) reports.push_back(decode(text(raw[i]), live[i]));
         std::string made;
         try {
-          made = make_plan(world, ctx.topology().host_of(), live, reports);
+          made = make_plan(members, ctx.topology().host_of(), live, reports);
         } catch (const Error& e) {
           // The others fail with it too, rather than wait for a plan.
           store.set(plan_key, bytes("error\n" + std::string(e.what())));
@@ -197,7 +202,7 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   store.add(prefix + "read", 1);
   if (me == 0 && ctx.store_served_by_rank0()) {
     std::vector<int> live;
-    for (int r = 0; r < world; ++r)
+    for (const int r : members)
       if (!std::binary_search(out.lost.begin(), out.lost.end(), r)) live.push_back(r);
     const auto deadline = std::chrono::steady_clock::now() + ctx.timeout();
     while (store.add(prefix + "read", 0) < static_cast<int64_t>(live.size()) &&

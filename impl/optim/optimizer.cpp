@@ -759,6 +759,31 @@ void Optimizer::restore_counts_locked(int64_t steps, const std::vector<int64_t>&
     }
 }
 
+void Optimizer::adopt_resharded_locked(const std::vector<SlotState>& states) {
+  ctx_.expect_locked();
+  expect_no_open_step("a shrink");
+  size_t i = 0;
+  for (auto& g : groups_)
+    for (auto& slot : g.slots) {
+      if (i >= states.size()) fail(Code::Internal, "shrink: ", states.size(), " slot states for more slots");
+      const SlotState& st = states[i++];
+      if (static_cast<bool>(st.master) != static_cast<bool>(slot.master) ||
+          static_cast<bool>(st.state1) != static_cast<bool>(slot.state1) ||
+          static_cast<bool>(st.state2) != static_cast<bool>(slot.state2) || st.param != slot.param)
+        fail(Code::Internal, "shrink: the resharded state of ", slot.param->describe(), " is not its slot's");
+      ctx_.ledger().sub(Held::Optimizer, state_bytes(slot));
+      slot.master = st.master;
+      slot.state1 = st.state1;
+      slot.state2 = st.state2;
+      slot.master_of_version = slot.param->shard_version;
+      ctx_.ledger().add(Held::Optimizer, state_bytes(slot));
+    }
+  if (i != states.size()) fail(Code::Internal, "shrink: ", states.size(), " slot states for ", i, " slots");
+  for (const auto& v : views_) ctx_.ledger().sub(Held::Optimizer, v.second.size() * sizeof(float));
+  views_.clear();
+  ++state_epoch_;
+}
+
 void Optimizer::set_steps_locked(int64_t s) {
   ctx_.expect_locked();
   expect_no_open_step("set_step");

@@ -208,6 +208,11 @@ class Optimizer {
   // the step count, each slot's update count (in slot_states_locked's
   // order), and the masters taken as read from the shards as they are now.
   void restore_counts_locked(int64_t steps, const std::vector<int64_t>& updates);
+  // A shrink laid every param out anew (impl/heal/shrink.cpp): slot i (in
+  // slot_states_locked's order) takes states[i]'s master, state1 and
+  // state2 (each null where the slot has none), sized to its param's new
+  // shard; its master is taken as read from the shard as it is now.
+  void adopt_resharded_locked(const std::vector<SlotState>& states);
   // Kind, groups and hyper-parameters as tokens (check_agreement's; a
   // replacement's are compared with the survivors' at zs_heal_join).
   std::vector<std::string> describe() const;

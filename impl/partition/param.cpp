@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "impl/common/error.h"
+
 namespace zs {
 
 const char* param_status_name(ParamStatus s) {
@@ -36,6 +38,18 @@ Param::Param(uint64_t ctx_id, std::string param_name, DType param_dtype,
       shape(std::move(param_shape)),
       group(std::move(param_group)),
       layout(ShardLayout::make(checked_numel(shape), group->size(), group->rank())) {}
+
+void Param::rebind(BufferPtr fresh, Ledger& ledger) {
+  const ShardLayout next = ShardLayout::make(layout.numel, group->size(), group->rank());
+  if (status_ != ParamStatus::NotAvailable || swapped || packet || grad || !fresh ||
+      fresh->bytes() < next.shard_numel * elem_bytes())
+    fail(Code::Internal, "rebind of ", describe(), ": ", param_status_name(status_), swapped ? ", swapped" : "",
+         packet ? ", packed" : "", grad ? ", with a gradient" : "", " (needs a gathered-nothing, in-memory shard)");
+  ledger.sub(Held::Shards, shard_bytes());
+  layout = next;
+  shard = std::move(fresh);
+  ledger.add(Held::Shards, shard_bytes());
+}
 
 void Param::start_gather(BufferPtr full, bool aliases_shard, std::shared_ptr<Work> work, Ledger& ledger) {
   if (!aliases_shard && full != full_) ledger.add(Held::Gathered, full->bytes());

@@ -46,7 +46,8 @@ class Param : public std::enable_shared_from_this<Param> {
   const DType dtype;
   const std::vector<int64_t> shape;
   const std::shared_ptr<Group> group;
-  const ShardLayout layout;
+  // Its layout over the group's members; laid out again only by rebind.
+  ShardLayout layout;
   // Its number among the params registered on its group (Group::
   // next_param_ordinal), set once registration succeeds; 0 before.
   uint64_t ordinal = 0;
@@ -87,6 +88,10 @@ class Param : public std::enable_shared_from_this<Param> {
   Settled settle(Ledger& ledger);
   // AVAILABLE -> NOT_AVAILABLE, the buffer dropped.
   void release(Ledger& ledger);
+  // A shrink reconnected its group over fewer members (heal/shrink.cpp):
+  // the layout over the group as it is now, `fresh` its shard in that
+  // layout. NOT_AVAILABLE, in memory (no swap file), no gradient shard.
+  void rebind(BufferPtr fresh, Ledger& ledger);
 
   GradShardPtr grad;  // fp32 gradient shard, from a push to the step's end (grad_shard.h)
   // Where its gradient shards live between writes: set by an optimizer

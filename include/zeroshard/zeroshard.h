@@ -1052,6 +1052,25 @@ ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs
  * within the timeout; INVALID_STATE on a survivor that has not agreed;
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store. */
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+/* The survivors go on without the lost ranks instead (docs/healing.md,
+ * section 4): no replacement joins. Every survivor calls it after
+ * zs_heal_agree, for each optimizer in the order made, as it would call
+ * zs_heal_join. Ranks keep their ids; the world and heal groups reconnect
+ * over the live ranks; every param's shard, fp32 master and moments are
+ * laid out anew over them in memory (a lost rank's from its holder's copy,
+ * bit for bit), the step the loss cut short dropped; gradients are
+ * averaged over the live ranks from the next step on, and the peer copies
+ * are placed anew (the next step seeds them). *committed_step receives C:
+ * every survivor takes step C + 1 next, the lost ranks' shares of the
+ * data left out. Shard pointers handed out before (zs_param_shard_data)
+ * point to the old layout: read them again. Collective over the
+ * survivors. NOT_SUPPORTED naming the key or param, nothing changed, with
+ * offloaded params or optimizer state, params kept as quantized codes,
+ * LoCo, MiCS, hpZ or qgZ across nodes, or a param no peer copy carries
+ * (in no optimizer, not frozen); STATE_LOST when a lost rank's holder has
+ * no copy at C; INVALID_STATE on a rank that has not agreed, or in a
+ * replacement. */
+ZS_API zs_status zs_heal_shrink(int64_t* committed_step, zs_optimizer opt);
 /* The trainer's own state a replacement needs beside the engine's
  * (docs/healing.md, landing step 4), as opaque bytes (zeroshard.torch
  * writes JSON). zs_heal_set_rank_state: this rank's blob (its RNG states)

@@ -220,6 +220,17 @@ void Heartbeat::readmit(int rank, Store& store) {
   p.reported_by = -1;
 }
 
+void Heartbeat::drop(int rank) {
+  if (rank < 0 || rank >= world_ || rank == rank_)
+    fail(Code::InvalidArgument, "heartbeat: drop of rank ", rank, " in a world of ", world_);
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[static_cast<size_t>(rank)];
+  p.departed = true;
+  p.was_silent = false;
+  p.confirmed = {};
+  p.reported_by = -1;
+}
+
 Heartbeat::~Heartbeat() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -102,6 +102,10 @@ class Heartbeat {
   // it there, takes its beats (a new epoch, which was dropped before), and
   // judges it afresh, as heard now. A report of its silence is forgotten.
   void readmit(int rank, Store& store);
+  // A shrink (docs/healing.md, section 4) went on without `rank`: it
+  // counts as departed from now on (its silence is no loss), until a
+  // readmit.
+  void drop(int rank);
 
   // This rank is going away: tells the peers (so its silence from now on
   // is no failure) and stops sending; it goes on listening until destroyed.

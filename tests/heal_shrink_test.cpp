@@ -1,0 +1,260 @@
+// Landing step 6 of docs/healing.md, the shrink: a rank SIGKILLed at a
+// phase of step 3 (ZS_FAULT_POINT) on 3 and 4 ranks is not replaced. The
+// survivors agree (zs_heal_agree), shrink (zs_heal_shrink) and run to the
+// end over the live ranks, each with its own rank id's gradients: their
+// processes are the ones started, nothing is read from disk. The
+// reference is the checkpoint route over the same data: the uninterrupted
+// run on all ranks saves at C; a run on world - 1 ranks loads that
+// checkpoint and trains steps C + 1 .. with the survivors' rank ids'
+// gradients. The full params after the last step, the frozen param in no
+// optimizer and the step count must agree within 1e-6 (relative). What a
+// shrink cannot lay out in memory is refused by name.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/support/ckpt_model.h"
+#include "tests/support/heal_model.h"
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using namespace zs::test::heal;
+
+namespace {
+
+constexpr int64_t kFrozen = 777;
+
+// Shared by the forked ranks (mapped before the forks).
+struct Shared {
+  std::atomic<int64_t> committed[kMaxWorld];  // each survivor's C from zs_heal_shrink (-1: none)
+  std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
+  std::atomic<int> finished[kMaxWorld];
+  std::atomic<int64_t> steps_at_end[kMaxWorld];
+  // The lowest survivor's full values after the last step, and the reference's.
+  float healed0[kNumel[0]], healed1[kNumel[1]], healed_frozen[kFrozen];
+  float ref0[kNumel[0]], ref1[kNumel[1]], ref_frozen[kFrozen];
+  char refused[kMaxWorld][512];
+};
+
+// heal_join_test's model: two trained params and a frozen one in no
+// optimizer (its shard rides in the peer copy), initial values from rank 0.
+zs_status build(const RankEnv& env, Model& m) {
+  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
+  zs_status s = zs_context_create(&m.ctx, &o);
+  const char* names[3] = {"w0", "w1", "reference.w"};
+  const int64_t numel[3] = {kNumel[0], kNumel[1], kFrozen};
+  zs_param* into[3] = {&m.params[0], &m.params[1], &m.frozen};
+  for (int i = 0; i < 3 && s == ZS_OK; ++i) {
+    const std::vector<float> init = initial_values(i, numel[i]);
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = names[i];
+    po.ndim = 1;
+    po.shape = &numel[i];
+    po.init = ZS_INIT_FROM_RANK;
+    po.src_rank = 0;
+    po.data = init.data();
+    po.data_bytes = init.size() * sizeof(float);
+    s = zs_param_register(into[i], m.ctx, &po);
+  }
+  if (s == ZS_OK) s = zs_param_freeze(m.frozen);
+  if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 0.01;
+  if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
+  return s;
+}
+
+// A param's full values (a gather: collective).
+std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
+  std::vector<float> full(static_cast<size_t>(numel));
+  zs_gather g = nullptr;
+  EXPECT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
+  zs_gather_destroy(g);
+  EXPECT_EQ(zs_param_copy_to(p, full.data(), full.size() * sizeof(float)), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_release(m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  return full;
+}
+
+// The lowest rank's full values into the shared block.
+void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
+  const auto a = full_values(m, m.params[0], kNumel[0]);
+  const auto b = full_values(m, m.params[1], kNumel[1]);
+  const auto c = full_values(m, m.frozen, kFrozen);
+  if (!keep) return;
+  std::copy(a.begin(), a.end(), w0);
+  std::copy(b.begin(), b.end(), w1);
+  std::copy(c.begin(), c.end(), frozen);
+}
+
+zs_status save_or_load(Model& m, const std::string& dir, bool save) {
+  zs_param all[3] = {m.params[0], m.params[1], m.frozen};
+  if (save) {
+    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+    o.tag = "c";
+    return zs_checkpoint_save(m.ctx, all, 3, m.opt, dir.c_str(), &o);
+  }
+  zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+  o.tag = "c";
+  return zs_checkpoint_load(m.ctx, all, 3, m.opt, dir.c_str(), &o, nullptr);
+}
+
+// One step with the gradients of world rank `id` (a survivor keeps its id
+// after the shrink; the reference's rank i plays the i-th survivor's).
+zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
+  RankEnv as = env;
+  as.rank = id;
+  return train_step(as, m, step);
+}
+
+// The checkpoint route: all ranks to step c and a save, then world - 1
+// ranks (rank i playing live[i]) load it and train to the end.
+void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& live) {
+  const std::string dir = zs::test::make_temp_dir("heal_shrink_ref");
+  zs::test::run_ranks(world, [&](const RankEnv& env) {
+    Model m;
+    ZS_ASSERT_OK(build(env, m));
+    for (int s = 1; s <= c; ++s) ZS_ASSERT_OK(train_step(env, m, s));
+    ZS_ASSERT_OK(save_or_load(m, dir, true));
+    destroy(m);
+  });
+  zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
+    Model m;
+    ZS_ASSERT_OK(build(env, m));
+    ZS_ASSERT_OK(save_or_load(m, dir, false));
+    const int id = live[static_cast<size_t>(env.rank)];
+    for (int s = static_cast<int>(c) + 1; s <= kSteps; ++s) ZS_ASSERT_OK(step_as(env, id, m, s));
+    keep_values(m, env.rank == 0, sh->ref0, sh->ref1, sh->ref_frozen);
+    destroy(m);
+  });
+}
+
+// The largest |a - b| / max(1, |b|) over n values; *bitwise: all equal bits.
+double worst(const float* a, const float* b, size_t n, bool* bitwise) {
+  double w = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i]))));
+    *bitwise = *bitwise && std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+  }
+  return w;
+}
+
+void shrunk_at(int world, int victim, const char* point, int count) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  std::vector<int> live;
+  for (int r = 0; r < world; ++r)
+    if (r != victim) live.push_back(r);
+  const int lowest = live.front();
+  zs::test::run_ranks(
+      world,
+      [&](const RankEnv& env) {
+        setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+        sh->pid_at_start[env.rank] = getpid();
+        Model m;
+        ZS_ASSERT_OK(build(env, m));
+        int step = 1;
+        bool shrunk = false;
+        while (step <= kSteps) {
+          const zs_status s = train_step(env, m, step);
+          if (s == ZS_OK) {
+            ++step;
+            continue;
+          }
+          ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+          ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+          ASSERT_FALSE(shrunk) << "a second loss";
+          int64_t agreed = -1, committed = -1;
+          ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+          ZS_ASSERT_OK(zs_heal_shrink(&committed, m.opt));
+          EXPECT_EQ(committed, agreed);
+          sh->committed[env.rank] = committed;
+          step = static_cast<int>(committed) + 1;
+          shrunk = true;
+        }
+        EXPECT_TRUE(shrunk) << "rank " << env.rank << " never saw the loss";
+        int64_t steps = -1;
+        ZS_ASSERT_OK(zs_optimizer_get_step(m.opt, &steps));
+        sh->steps_at_end[env.rank] = steps;
+        keep_values(m, env.rank == lowest, sh->healed0, sh->healed1, sh->healed_frozen);
+        EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+        sh->pid_at_end[env.rank] = getpid();
+        sh->finished[env.rank] += 1;
+        destroy(m);
+      },
+      90, {victim});
+  const int64_t c = sh->committed[lowest];
+  ASSERT_GE(c, 2);
+  ASSERT_LE(c, 3);
+  for (const int r : live) {
+    EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+    EXPECT_EQ(sh->committed[r].load(), c) << "rank " << r << " shrank at another C";
+    EXPECT_EQ(sh->steps_at_end[r].load(), kSteps) << "rank " << r;
+    EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
+  }
+  checkpoint_route(sh, world, c, live);
+  bool bitwise = true;
+  const double w = std::max({worst(sh->healed0, sh->ref0, kNumel[0], &bitwise),
+                             worst(sh->healed1, sh->ref1, kNumel[1], &bitwise),
+                             worst(sh->healed_frozen, sh->ref_frozen, kFrozen, &bitwise)});
+  std::printf("[heal-shrink] %s on %d ranks: C = %lld, against the checkpoint route: largest relative difference "
+              "%.3g%s\n", fault.c_str(), world, static_cast<long long>(c), w, bitwise ? " (bit for bit)" : "");
+  std::fflush(stdout);
+  EXPECT_LE(w, 1e-6);
+}
+
+}  // namespace
+
+TEST(HealShrink, ThreeRanksGoOnAsTwoAfterAKillInTheUpdate) { shrunk_at(3, 1, "update", 3); }
+TEST(HealShrink, FourRanksGoOnAsThreeAfterAKillInTheReduceScatter) { shrunk_at(4, 2, "reduce_scatter", 4); }
+TEST(HealShrink, ThreeRanksGoOnAsTwoAfterRankZerosNeighbourIsKilledBeforeTheNormAllReduce) {
+  shrunk_at(3, 2, "norm_allreduce", 3);
+}
+
+// A param no peer copy carries (in no optimizer, not frozen): no survivor
+// has the lost rank's shard of it, so the shrink is refused by name and
+// the survivors' state is left as it was.
+TEST(HealShrink, AParamNoCopyCarriesIsRefusedByName) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  zs::test::run_ranks(
+      3,
+      [&](const RankEnv& env) {
+        setenv("ZS_FAULT_POINT", "update:1:2", 1);
+        Model m;
+        ZS_ASSERT_OK(build(env, m));
+        zs_param loose = nullptr;
+        const int64_t n = 11;
+        zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+        po.name = "loose.bias";
+        po.ndim = 1;
+        po.shape = &n;
+        ZS_ASSERT_OK(zs_param_register(&loose, m.ctx, &po));
+        zs_status s = ZS_OK;
+        for (int step = 1; step <= kSteps && s == ZS_OK; ++step) s = train_step(env, m, step);
+        ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_last_error();
+        int64_t agreed = -1, committed = -1;
+        ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+        EXPECT_EQ(zs_heal_shrink(&committed, m.opt), ZS_ERR_NOT_SUPPORTED);
+        std::snprintf(sh->refused[env.rank], sizeof sh->refused[env.rank], "%s", zs_last_error());
+        EXPECT_EQ(committed, -1);
+        zs_param_destroy(loose);
+        destroy(m);
+      },
+      60, {1});
+  for (const int r : {0, 2}) {
+    const std::string why = sh->refused[r];
+    EXPECT_NE(why.find("loose.bias"), std::string::npos) << why;
+    EXPECT_NE(why.find("no peer holds the lost rank's shard"), std::string::npos) << why;
+    EXPECT_NE(why.find("resume from the last disk checkpoint"), std::string::npos) << why;
+  }
+}
