@@ -7,8 +7,10 @@
 // run on all ranks saves at C; a run on world - 1 ranks loads that
 // checkpoint and trains steps C + 1 .. with the survivors' rank ids'
 // gradients. The full params after the last step, the frozen param in no
-// optimizer and the step count must agree within 1e-6 (relative). What a
-// shrink cannot lay out in memory is refused by name.
+// optimizer and the step count must agree within 1e-6 (relative); a
+// checkpoint the survivors save after the shrink loads on world - 1 ranks
+// as the state they had. What a shrink cannot lay out in memory is
+// refused by name.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -41,6 +43,8 @@ struct Shared {
   // The lowest survivor's full values after the last step, and the reference's.
   float healed0[kNumel[0]], healed1[kNumel[1]], healed_frozen[kFrozen];
   float ref0[kNumel[0]], ref1[kNumel[1]], ref_frozen[kFrozen];
+  // What a checkpoint the survivors saved after the shrink loads as.
+  float saved0[kNumel[0]], saved1[kNumel[1]], saved_frozen[kFrozen];
   char refused[kMaxWorld][512];
 };
 
@@ -95,15 +99,15 @@ void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
   std::copy(c.begin(), c.end(), frozen);
 }
 
-zs_status save_or_load(Model& m, const std::string& dir, bool save) {
+zs_status save_or_load(Model& m, const std::string& dir, bool save, const char* tag = "c") {
   zs_param all[3] = {m.params[0], m.params[1], m.frozen};
   if (save) {
     zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
-    o.tag = "c";
+    o.tag = tag;
     return zs_checkpoint_save(m.ctx, all, 3, m.opt, dir.c_str(), &o);
   }
   zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
-  o.tag = "c";
+  o.tag = tag;
   return zs_checkpoint_load(m.ctx, all, 3, m.opt, dir.c_str(), &o, nullptr);
 }
 
@@ -155,6 +159,7 @@ void shrunk_at(int world, int victim, const char* point, int count) {
   for (int r = 0; r < world; ++r)
     if (r != victim) live.push_back(r);
   const int lowest = live.front();
+  const std::string after = zs::test::make_temp_dir("heal_shrink_after");
   zs::test::run_ranks(
       world,
       [&](const RankEnv& env) {
@@ -186,6 +191,8 @@ void shrunk_at(int world, int victim, const char* point, int count) {
         ZS_ASSERT_OK(zs_optimizer_get_step(m.opt, &steps));
         sh->steps_at_end[env.rank] = steps;
         keep_values(m, env.rank == lowest, sh->healed0, sh->healed1, sh->healed_frozen);
+        // A save after the shrink writes the live ranks' shards.
+        ZS_ASSERT_OK(save_or_load(m, after, true, "after"));
         EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
         sh->pid_at_end[env.rank] = getpid();
         sh->finished[env.rank] += 1;
@@ -201,6 +208,16 @@ void shrunk_at(int world, int victim, const char* point, int count) {
     EXPECT_EQ(sh->steps_at_end[r].load(), kSteps) << "rank " << r;
     EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
   }
+  zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
+    Model m;
+    ZS_ASSERT_OK(build(env, m));
+    ZS_ASSERT_OK(save_or_load(m, after, false, "after"));
+    keep_values(m, env.rank == 0, sh->saved0, sh->saved1, sh->saved_frozen);
+    destroy(m);
+  });
+  EXPECT_EQ(std::memcmp(sh->saved0, sh->healed0, sizeof sh->saved0), 0) << "the save after the shrink";
+  EXPECT_EQ(std::memcmp(sh->saved1, sh->healed1, sizeof sh->saved1), 0) << "the save after the shrink";
+  EXPECT_EQ(std::memcmp(sh->saved_frozen, sh->healed_frozen, sizeof sh->saved_frozen), 0);
   checkpoint_route(sh, world, c, live);
   bool bitwise = true;
   const double w = std::max({worst(sh->healed0, sh->ref0, kNumel[0], &bitwise),

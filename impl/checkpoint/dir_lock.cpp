@@ -168,7 +168,7 @@ void hold_checkpoint_dir(Context& ctx, const std::string& dir) {
   const std::string path = join(dir, kLockFile);
   HeldLocks& locks = ctx.attachment<HeldLocks>();
   if (locks.holds(path) && exists(path)) return;
-  const json me = my_identity(ctx.ranks().world_size);
+  const json me = my_identity(ctx.members().world_size);
   const std::string text = me.dump();  // one line
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::string tmp = write_temp(path, text + "\n");

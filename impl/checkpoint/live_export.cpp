@@ -38,7 +38,7 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
     total += p->full_bytes();
   }
   const std::string header = st_header(tensors, {{"format", "pt"}});  // file order
-  const bool writer = ctx.ranks().rank == 0;
+  const bool writer = ctx.members().rank == 0;
   const std::string tmp = out + ".tmp";
   std::string error;  // rank 0's; it goes on gathering so the others never wait in vain
   Code error_code = Code::Ok;
@@ -95,7 +95,7 @@ void export_live(Context& ctx, const std::vector<std::shared_ptr<Param>>& params
   if (writer && !error.empty()) {
     try { remove_tree(tmp); } catch (const Error&) {}
   }
-  if (ctx.ranks().world_size > 1) {
+  if (ctx.members().world_size > 1) {
     float failed = error.empty() ? 0.0f : 1.0f;
     ctx.world()->run("export outcome", [&](Communicator& c) {
       c.allreduce(&failed, &failed, 1, DType::F32, ReduceOp::Max);

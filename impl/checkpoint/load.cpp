@@ -239,9 +239,9 @@ LoadResult load(Context& ctx, const std::vector<std::shared_ptr<Param>>& params,
   }
 
   // Every rank read its part, or nobody changes anything.
-  const int world = ctx.ranks().world_size;
+  const int world = ctx.members().world_size;
   if (world > 1) {
-    float failed = error.empty() ? 0.0f : static_cast<float>(ctx.ranks().rank + 1);
+    float failed = error.empty() ? 0.0f : static_cast<float>(ctx.members().rank + 1);
     ctx.world()->run("checkpoint load agreement", [&](Communicator& c) {
       c.allreduce(&failed, &failed, 1, DType::F32, ReduceOp::Max);
     });

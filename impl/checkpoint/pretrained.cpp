@@ -80,7 +80,7 @@ size_t load_from_rank0(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     if (p->group->size() != ctx.world()->size())
       fail(Code::NotSupported, "load_pretrained from rank 0: ", p->describe(), " is partitioned over group '",
            p->group->name(), "', not the world");
-  const bool root = ctx.ranks().rank == 0;
+  const bool root = ctx.members().rank == 0;
   // Rank 0 checks every tensor before anything moves.
   std::map<std::string, File> files;
   std::map<std::string, StHeader> headers;
@@ -206,7 +206,7 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     });
     return 0;
   }
-  if (o.from_rank0 && ctx.ranks().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
+  if (o.from_rank0 && ctx.members().world_size > 1) return load_from_rank0(ctx, params, opt, path, o);
   std::vector<Staged> staged;
   std::vector<ShardAccess> writing;  // shards resident until the copies land
   size_t loaded = 0;
@@ -281,8 +281,8 @@ size_t load_pretrained(Context& ctx, const std::vector<std::shared_ptr<Param>>& 
     error = "load_pretrained: out of host memory";
     error_code = Code::OutOfMemory;
   }
-  if (ctx.ranks().world_size > 1) {
-    float failed = error.empty() ? 0.0f : static_cast<float>(ctx.ranks().rank + 1);
+  if (ctx.members().world_size > 1) {
+    float failed = error.empty() ? 0.0f : static_cast<float>(ctx.members().rank + 1);
     ctx.world()->run("load_pretrained agreement", [&](Communicator& c) {
       c.allreduce(&failed, &failed, 1, DType::F32, ReduceOp::Max);
     });

@@ -214,7 +214,7 @@ struct Snapshot {
 Snapshot snapshot(Context& ctx, const std::vector<std::shared_ptr<Param>>& params, const Optimizer* opt,
                   const NameOf& name_of) {
   Snapshot s;
-  s.world_size = ctx.ranks().world_size;
+  s.world_size = ctx.members().world_size;
   const auto& cfg = ctx.config();
   s.topology = {{"world_size", s.world_size},
                 {"mics_shard_size", cfg.mics_shard_size},
@@ -380,11 +380,11 @@ void stage(Context& ctx, Job& job) {
 // gathers the others' chunks and commits. Throws on any rank's failure.
 void run(Context& ctx, Job& job) {
   const SaveOptions& o = job.options;
-  const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
+  const int rank = ctx.members().rank, world = ctx.members().world_size;
   Store* store = job.store.get();
   if (!store) {  // a world of one: nothing to agree on
     try {
-      write_local(job.local, ctx.ranks(), *job.device, join(job.partial, job.file_name), o.progress);
+      write_local(job.local, ctx.members(), *job.device, join(job.partial, job.file_name), o.progress);
       Manifest m = build_manifest(job.snap, job.tag, job.user, {local_to_json(job.local, job.fp)});
       m.moves_latest = o.update_latest;
       commit(job.dir, job.tag, job.partial, m, o);
@@ -406,7 +406,7 @@ void run(Context& ctx, Job& job) {
   // every rank writes its file
   json mine;
   try {
-    write_local(job.local, ctx.ranks(), *job.device, join(partial, job.file_name), o.progress);
+    write_local(job.local, ctx.members(), *job.device, join(partial, job.file_name), o.progress);
     fault_point("save");  // its file written, before rank 0 hears of it
     mine = local_to_json(job.local, job.fp);
   } catch (const Error& e) {
@@ -539,7 +539,7 @@ std::string save_now(Context& ctx, const std::vector<std::shared_ptr<Param>>& pa
   ctx.check_async_error();
   ctx.device()->synchronize();
 
-  const int rank = ctx.ranks().rank, world = ctx.ranks().world_size;
+  const int rank = ctx.members().rank, world = ctx.members().world_size;
   job.options = o;
   job.timeout = o.timeout.count() > 0 ? o.timeout : ctx.timeout();
   job.fp = fingerprint(params, opt, name_of);

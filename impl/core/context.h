@@ -79,6 +79,17 @@ class Context {
 
   uint64_t id() const { return id_; }
   const RankInfo& ranks() const { return ranks_; }
+  // ranks() as the run is now: this rank's position among the world
+  // group's members and their count. ranks() until a shrink
+  // (docs/healing.md, section 4), after which ranks keep their ids but
+  // what is written per rank (checkpoint files, agreements) goes by
+  // position among the live ones.
+  RankInfo members() const {
+    RankInfo r = ranks_;
+    r.rank = world()->rank();
+    r.world_size = world()->size();
+    return r;
+  }
   const Config& config() const { return config_; }
   const std::string& config_json() const { return config_json_; }
   const std::string& unused_keys_json() const { return unused_keys_json_; }

@@ -410,6 +410,7 @@ zs_status zs_heal_state_digest(uint64_t* hash, int* source, int64_t* step, zs_op
 zs_status zs_heal_agree(int64_t* committed_step, int* rolled_forward, zs_optimizer opt);
 zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs_optimizer opt);
 zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
+zs_status zs_heal_shrink(int64_t* committed_step, zs_optimizer opt);
 zs_status zs_heal_set_rank_state(zs_optimizer opt, const void* data, size_t size);
 zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size_t size);
 typedef enum zs_heal_state_kind {

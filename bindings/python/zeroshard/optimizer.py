@@ -234,6 +234,15 @@ class Optimizer(_Owned):
         check(lib.zs_heal_join(committed, self._h))
         return int(committed[0])
 
+    def heal_shrink(self):
+        """Go on without the lost ranks (zs_heal_shrink): every survivor
+        after heal_agree, for each optimizer in the order made; the state is
+        laid out anew over the live ranks in memory. Returns C; every
+        survivor takes step C + 1 next."""
+        committed = ffi.new("int64_t*")
+        check(lib.zs_heal_shrink(committed, self._h))
+        return int(committed[0])
+
     def heal_set_rank_state(self, data):
         """This rank's blob (bytes) for the step this optimizer takes next,
         posted before that step can commit (zs_heal_set_rank_state); a

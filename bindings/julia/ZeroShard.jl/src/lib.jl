@@ -537,6 +537,8 @@ zs_heal_committed_result(result, found, opt) =
           result, found, opt)
 zs_heal_join(committed_step, opt) =
     ccall((:zs_heal_join, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
+zs_heal_shrink(committed_step, opt) =
+    ccall((:zs_heal_shrink, libzeroshard), zs_status, (Ref{Int64}, zs_optimizer), committed_step, opt)
 zs_heal_set_rank_state(opt, data, size) =
     ccall((:zs_heal_set_rank_state, libzeroshard), zs_status, (zs_optimizer, Ptr{Cvoid}, Csize_t), opt, data, size)
 zs_heal_set_shared_state(ctx, data, size) =

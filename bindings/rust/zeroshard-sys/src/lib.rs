@@ -699,6 +699,7 @@ extern "C" {
     pub fn zs_heal_agree(committed_step: *mut i64, rolled_forward: *mut c_int, opt: zs_optimizer) -> zs_status;
     pub fn zs_heal_committed_result(result: *mut zs_step_result, found: *mut c_int, opt: zs_optimizer) -> zs_status;
     pub fn zs_heal_join(committed_step: *mut i64, opt: zs_optimizer) -> zs_status;
+    pub fn zs_heal_shrink(committed_step: *mut i64, opt: zs_optimizer) -> zs_status;
     pub fn zs_heal_set_rank_state(opt: zs_optimizer, data: *const c_void, size: usize) -> zs_status;
     pub fn zs_heal_set_shared_state(ctx: zs_context, data: *const c_void, size: usize) -> zs_status;
     pub fn zs_heal_joined_state(
