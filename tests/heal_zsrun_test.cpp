@@ -54,6 +54,44 @@ void heals_under_zsrun(int ranks, const std::string& fault) {
 }
 
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheUpdateOnThreeRanks) { heals_under_zsrun(3, "update:1:8"); }
+
+// zsrun --min-nproc 2 --shrink: rank 1, killed in step 8's update on 3
+// ranks, is not started again; train_mlp's zs_heal_join shrinks the two
+// others over the live ranks (ZS_HEAL_MIN_RANKS, which zsrun exports) and
+// they train to the end on their own data shares, the job ending 0 with no
+// restart. The same steps' losses as the uninterrupted run's up to the
+// loss (the shrink itself is checked bit for bit in heal_shrink_test).
+// With one rank more than --min-nproc allows (--min-nproc 3), the lost rank
+// is replaced instead, as under plain --restarts.
+TEST(HealZsrun, UnderMinNprocShrinkTheSurvivorsGoOnWithoutTheLostRank) {
+  const auto ref = reference(3);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  double took = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                           std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8",
+                                           "--restarts 1 --min-nproc 2 --shrink");
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[heal-zsrun] update:1:8 on 3 ranks, shrunk to 2: %.2f s\n", took);
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: rank 1 is lost and not started again (--min-nproc 2 --shrink): the 2 "
+                         "others go on without it"),
+            std::string::npos)
+      << run.out;
+  EXPECT_EQ(run.out.find("starting a replacement"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
+  EXPECT_NE(run.out.find("train_mlp: healed; the run goes on after step"), std::string::npos) << run.out;
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps)) << run.out;
+  for (size_t s = 0; s < 7; ++s) EXPECT_EQ(run.losses[s], ref.losses[s]) << "step " << s << ": " << run.out;
+  EXPECT_NE(run.losses.back(), ref.losses.back()) << "two ranks' data, not three";
+
+  const auto replaced = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps),
+                                                std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8",
+                                                "--restarts 1 --min-nproc 3 --shrink");
+  EXPECT_EQ(replaced.rc, 0) << replaced.out;
+  EXPECT_NE(replaced.out.find("zsrun: healing: starting a replacement of rank 1"), std::string::npos) << replaced.out;
+  EXPECT_EQ(replaced.losses, ref.losses) << replaced.out;
+}
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsrun(4, "fetch:2:20"); }
 
 // Rank 0 killed: zsrun's zsstore serves the store, so rank 0 is replaced

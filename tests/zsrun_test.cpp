@@ -567,6 +567,8 @@ TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
       {{"-n", "2", "--restarts", "many", "--", "true"}, "'many'"},
       {{"-n", "2", "--restarts", "1", "--min-nproc", "3", "--", "true"}, "--min-nproc 3 is more than -n 2"},
       {{"-n", "2", "--min-nproc", "1", "--", "true"}, "needs --restarts"},
+      {{"-n", "2", "--restarts", "1", "--shrink", "--", "true"}, "--shrink heals by going on without a lost rank"},
+      {{"-n", "2", "--restarts", "1", "--min-nproc", "1", "--shrink", "--no-heal", "--", "true"}, "without --no-heal"},
       {{"-n", "2", "--spare", "--", "python3", "train.py"}, "--spare takes a lost rank's place"},
       {{"-n", "2", "--restarts", "1", "--no-heal", "--spare", "--", "python3", "train.py"}, "without --no-heal"},
       {{"-n", "2", "--restarts", "1", "--spare", "--", "true"}, "'true' is not a Python interpreter"},

@@ -35,7 +35,7 @@
 // Not restarted: a timeout, a signal to zsrun, an internal error.
 //
 // Healing (docs/healing.md, section 3): with --restarts R (R >= 1) and
-// without --min-nproc or --no-heal, zsrun exports ZS_HEAL=auto (unless the
+// without --min-nproc (unless --shrink) or --no-heal, zsrun exports ZS_HEAL=auto (unless the
 // environment sets ZS_HEAL), which turns the engine's peer copies on where
 // they can act (and off with a note where not), and a
 // rank other than 0 that dies by a signal is started again alone, with the
@@ -53,6 +53,13 @@
 // one more process, `python -m zeroshard.spare CMD-ARGS`, imports the
 // script's modules and waits on its stdin; a lost rank's variables written
 // there make it that rank's replacement, and another spare starts.
+//
+// Shrinking (docs/healing.md, section 4): with --restarts R --min-nproc M
+// --shrink the ranks heal as above, but a rank killed by a SIGKILL zsrun did
+// not send is not started again while at least M others run: they go on
+// without it (zsrun exports ZS_HEAL_MIN_RANKS=M, by which zs_heal_join
+// shrinks the engine over the live ranks), and its death is no failure of
+// the job. Fewer than M left: a replacement joins as above.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -207,6 +214,7 @@ struct Options {
   double timeout_s = 0;  // 0: none, else per attempt
   long restarts = 0;     // attempts after the first
   long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
+  bool shrink = false;   // --shrink: with --min-nproc, heal by going on without the lost rank
   bool no_heal = false;  // --no-heal
   bool spare = false;    // --spare
   bool prefix = true;
@@ -234,6 +242,12 @@ const char kUsage[] =
     "  --min-nproc M            with --restarts: a rank killed by a SIGKILL that\n"
     "                           zsrun did not send is lost, and the next attempt\n"
     "                           runs without it, with at least M ranks\n"
+    "  --shrink                 with --min-nproc M: heal in memory instead; a\n"
+    "                           rank killed by a SIGKILL zsrun did not send is\n"
+    "                           not started again while at least M others run,\n"
+    "                           and they go on without it (ZS_HEAL_MIN_RANKS=M:\n"
+    "                           zs_heal_join shrinks); below M a replacement\n"
+    "                           joins as under plain --restarts\n"
     "  --no-heal                with --restarts: no healing (ZS_HEAL is not\n"
     "                           exported; a failed rank restarts the whole job)\n"
     "  --spare                  healing a Python command: keep one process warm,\n"
@@ -245,7 +259,8 @@ const char kUsage[] =
     "With --restarts (and neither --min-nproc nor --no-heal) the ranks heal:\n"
     "ZS_HEAL=auto is exported, and a rank other than 0 killed by a signal is\n"
     "started again alone with its RANK and ZS_HEAL_REPLACEMENT=<n>, using one\n"
-    "of the restarts, while the others keep running.\n"
+    "of the restarts, while the others keep running. With --min-nproc M\n"
+    "--shrink they heal too, going on without a lost rank while M remain.\n"
     "\n"
     "Environment: ZSRUN_KILL_GRACE_S (default 5) is how long ranks get\n"
     "between SIGTERM and SIGKILL when the job is torn down. The ranks get\n"
@@ -341,6 +356,8 @@ Options parse_args(int argc, char** argv) {
       const char* v = value(arg, "--min-nproc");
       if (!parse_long(v, &opt.min_nproc) || opt.min_nproc < 1)
         usage_error("--min-nproc expects a positive integer, got '%s'", v);
+    } else if (arg == "--shrink") {
+      opt.shrink = true;
     } else if (arg == "--no-heal") {
       opt.no_heal = true;
     } else if (arg == "--spare") {
@@ -361,6 +378,9 @@ Options parse_args(int argc, char** argv) {
   if (opt.min_nproc > 0 && opt.restarts == 0)
     usage_error("--min-nproc %ld needs --restarts R: it says how small a restarted job may be",
                 opt.min_nproc);
+  if (opt.shrink && (opt.min_nproc == 0 || opt.no_heal))
+    usage_error("--shrink heals by going on without a lost rank, down to --min-nproc M ranks: it needs "
+                "--restarts R and --min-nproc M, without --no-heal");
   if (opt.master_port != 0 && opt.store_port == opt.master_port)
     usage_error("--store-port and --master-port are both %d: the engine's store and torch's "
                 "need a port each", opt.master_port);
@@ -508,6 +528,7 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::vector<std::string> base_env_;
   long respawned_ = 0;  // replacements started in this attempt
+  long dropped_ = 0;    // --shrink: ranks lost and not started again
   Rank spare_;          // --spare: pid -1 when there is none
   int spare_in_ = -1;   // write end of the spare's stdin, where its assignment goes
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
@@ -621,6 +642,9 @@ std::vector<std::string> Launcher::base_environment() {
   // Healing on with no config change (the config's "auto"); the user's
   // ZS_HEAL, 0 included, is kept.
   if (heals() && !have_heal) env.push_back("ZS_HEAL=auto");
+  // --shrink: the engine's survivors go on without a lost rank while at
+  // least M run, as zsrun starts no replacement then (on_exit).
+  if (heals() && opt_.shrink) env.push_back("ZS_HEAL_MIN_RANKS=" + std::to_string(opt_.min_nproc));
   if (external_store_) env.push_back("ZS_STORE_SERVER=external");
   return env;
 }
@@ -708,7 +732,7 @@ void Launcher::stop_store() {
 }
 
 bool Launcher::heals() const {
-  if (opt_.restarts < 1 || opt_.min_nproc > 0 || opt_.no_heal) return false;
+  if (opt_.restarts < 1 || (opt_.min_nproc > 0 && !opt_.shrink) || opt_.no_heal) return false;
   const char* h = getenv("ZS_HEAL");
   return h == nullptr || std::string(h) != "0";
 }
@@ -1012,6 +1036,18 @@ void Launcher::on_exit(Rank& r, int status) {
   if (code == 0 || terminating_) return;
   if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) ++lost_;
   errorf("rank %d %s", r.index, how.c_str());
+  // --shrink: a rank killed by a SIGKILL zsrun did not send leaves the
+  // job, which goes on while at least --min-nproc ranks run (the engine
+  // shrinks by the same count: ZS_HEAL_MIN_RANKS); the rank's exit is no
+  // failure. Rank 0 only where zsstore serves the store.
+  const long running = nranks_ - dropped_ - 1;
+  if (heals() && opt_.shrink && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
+      (r.index != 0 || external_store_) && running >= opt_.min_nproc) {
+    ++dropped_;
+    errorf("healing: rank %d is lost and not started again (--min-nproc %ld --shrink): the %ld other%s go on "
+           "without it", r.index, opt_.min_nproc, running, running == 1 ? "" : "s");
+    return;
+  }
   // Healing: a rank that died (a signal: it did not fail by itself) is
   // replaced alone while the others heal around it; rank 0 too where
   // zsstore serves the store (else the store died with it).

@@ -561,22 +561,21 @@ void read_device(Section& top, Config& c) {
   c.device = text;
 }
 
-// zeroshard's own section. healing.peer_copy acts (landing step 1 of
-// docs/healing.md); the keys of later steps (replacement_wait_s, min_ranks:
-// shrinking, step 6) are refused by name until they act, never taken and
-// ignored.
+// zeroshard's own section. healing.peer_copy and healing.min_ranks act
+// (landing steps 1 and 6 of docs/healing.md); replacement_wait_s (a
+// deadline for the replacement) is refused by name until it acts, never
+// taken and ignored.
 void parse_zeroshard(Section& zs, Config& c) {
   if (auto healing = zs.child({"healing"})) {
     if (auto e = healing->given({"peer_copy"})) {
       if (!e->value->is_boolean()) fail_value(*e, "true, false or \"auto\"");
       c.heal_peer_copy = e->value->get<bool>() ? 1 : 0;
     }
-    for (const char* later : {"replacement_wait_s", "min_ranks"}) {
-      if (auto e = healing->given({later}))
-        fail(Code::InvalidConfig, e->path, ": got ", show(*e->value),
-             ", but this key does not act yet: survivors do not shrink or wait for a replacement "
-             "(docs/healing.md, landing steps 3 and 6); remove it. healing.peer_copy is what acts today");
-    }
+    healing->read({"min_ranks"}, c.heal_min_ranks, 1, 1 << 20);
+    if (auto e = healing->given({"replacement_wait_s"}))
+      fail(Code::InvalidConfig, e->path, ": got ", show(*e->value),
+           ", but this key does not act yet: survivors wait for a replacement until the store's timeout, or shrink "
+           "at once under healing.min_ranks (docs/healing.md, section 4); remove it");
     healing->reject_unknown();
   }
   zs.reject_unknown();
@@ -946,8 +945,9 @@ std::string config_to_json(const Config& c) {
   j["prescale_gradients"] = c.prescale_gradients;
   if (!c.device.empty()) j["device"] = c.device;
   j["gradient_predivide_factor"] = c.gradient_predivide_factor;
-  j["zeroshard"] = Json{{"healing", Json{{"peer_copy", c.heal_peer_copy < 0 ? Json("auto")
-                                                                        : Json(c.heal_peer_copy == 1)}}}};
+  Json healing{{"peer_copy", c.heal_peer_copy < 0 ? Json("auto") : Json(c.heal_peer_copy == 1)}};
+  if (c.heal_min_ranks > 0) healing["min_ranks"] = c.heal_min_ranks;
+  j["zeroshard"] = Json{{"healing", healing}};
   return j.dump(2);
 }
 

@@ -154,6 +154,12 @@ struct Config {
   // when ZS_HEAL=1, which Context::create resolves it by, so the effective
   // config (and the ranks' agreement on it) carries 0 or 1; 0 false, 1 true.
   int heal_peer_copy = -1;
+  // healing.min_ranks: a loss that leaves at least this many ranks live
+  // shrinks in memory (zs_heal_join goes on without the lost ranks,
+  // impl/heal/shrink.h) instead of waiting for a replacement; 0 (the
+  // default): always a replacement. Unset, ZS_HEAL_MIN_RANKS sets it (zsrun
+  // --min-nproc M --shrink exports it).
+  int heal_min_ranks = 0;
   // Keys seen in the input that the engine does not act on (JSON paths, e.g.
   // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such
   // as "zero_optimization.load_from_fp32_weights"), in input order.

@@ -96,6 +96,12 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
       heal_off(e.what());
     }
   }
+  if (ctx->config_.heal_min_ranks == 0) {  // zsrun --min-nproc M --shrink
+    const int64_t m = env_int("ZS_HEAL_MIN_RANKS", 0);
+    if (m < 0 || m > (int64_t{1} << 20))
+      fail(Code::InvalidArgument, "ZS_HEAL_MIN_RANKS=", m, ": expected a number of ranks >= 1 (0 or unset: off)");
+    ctx->config_.heal_min_ranks = static_cast<int>(m);
+  }
   TopologyShape shape;
   shape.rank = ctx->ranks_.rank;
   shape.world_size = ctx->ranks_.world_size;
@@ -821,6 +827,10 @@ void Context::find_generation() {
          " losses of rank ", ranks_.rank, " agreed by the survivors (zs_heal_agree, then zs_heal_join)?");
   }
   const std::string text(raw.begin(), raw.end());
+  if (text == "shrunk")
+    fail(Code::Bootstrap, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT): the "
+         "survivors went on without rank ", ranks_.rank, " (they shrank in memory: zeroshard.healing.min_ranks, or "
+         "zsrun --min-nproc M --shrink), so no replacement is taken; a launcher that shrinks starts none");
   char* end = nullptr;
   const long long g = std::strtoll(text.c_str(), &end, 10);
   if (g < 1 || end == text.c_str() || *end != '\0')
@@ -928,6 +938,9 @@ void Context::shrink(const std::vector<int>& lost) {
     std::string list;
     for (const int r : lost) {
       const int64_t losses = store_->add(losses_key(r), 1);
+      // A replacement a launcher starts anyway learns at once that none is
+      // taken (find_generation).
+      store_->set(loss_key(r, losses), std::vector<char>{'s', 'h', 'r', 'u', 'n', 'k'});
       fence(r, losses - 1);  // the incarnation just lost
       list += (list.empty() ? "" : " ") + std::to_string(r);
     }

@@ -12,6 +12,7 @@
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/shrink.h"
 #include "impl/heal/trainer_state.h"
 
 namespace zs::heal {
@@ -95,6 +96,15 @@ Joined join(Context& ctx, Optimizer& opt) {
              "call failed with ZS_ERR_RANK_LOST; no agreement is pending here");
       lost = pc.agreed.lost;
     }
+  }
+  // healing.min_ranks: a loss that leaves that many ranks live shrinks
+  // instead (the same count on every survivor, and for every optimizer:
+  // the live ranks not lost, whether or not the first one's shrink has
+  // dropped them already).
+  if (!out.replacement && ctx.config().heal_min_ranks > 0) {
+    int left = 0;
+    for (const int r : ctx.topology().live()) left += std::binary_search(lost.begin(), lost.end(), r) ? 0 : 1;
+    if (left >= ctx.config().heal_min_ranks) return shrink(ctx, opt);
   }
   // Survivors regroup once per loss: at the first optimizer's join, while
   // the context's generation is the one the agreement ran in.

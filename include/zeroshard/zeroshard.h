@@ -1048,7 +1048,11 @@ ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs
  * dampening) are not compared: the trainer sets the survivors' before the
  * next step. *committed_step receives C on every
  * rank: each redoes step C + 1 with the same batch. Collective over the
- * new world. ZS_ERR_TIMEOUT naming the rank when no replacement came
+ * new world. With zeroshard.healing.min_ranks M (or ZS_HEAL_MIN_RANKS=M,
+ * which zsrun --min-nproc M --shrink exports), a loss that leaves at least
+ * M ranks live makes it zs_heal_shrink on the survivors: no replacement is
+ * awaited, and one started anyway fails at its create, saying so.
+ * ZS_ERR_TIMEOUT naming the rank when no replacement came
  * within the timeout; INVALID_STATE on a survivor that has not agreed;
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store. */
 ZS_API zs_status zs_heal_join(int64_t* committed_step, zs_optimizer opt);
