@@ -80,14 +80,19 @@ TEST(HealConfig, PeerCopyParsesAndRoundTrips) {
   EXPECT_TRUE(off.unused_keys.empty());
   EXPECT_EQ(zs::parse_config(zs::config_to_json(off), 4).heal_peer_copy, 0);
   EXPECT_EQ(zs::parse_config(zs::config_to_json(zs::Config{}), 4).heal_peer_copy, -1);
+  // min_ranks acts (a shrink when a loss leaves that many), round trips.
+  const zs::Config shrinks = zs::parse_config(R"({"zeroshard": {"healing": {"peer_copy": true, "min_ranks": 2}}})", 4);
+  EXPECT_EQ(shrinks.heal_min_ranks, 2);
+  EXPECT_EQ(zs::parse_config(zs::config_to_json(shrinks), 4).heal_min_ranks, 2);
+  EXPECT_EQ(zs::parse_config("{}", 4).heal_min_ranks, 0);
 }
 
 TEST(HealConfig, RefusesWhatDoesNotActYetByName) {
   std::string e = config_error(R"({"zeroshard": {"healing": {"peer_copy": true, "replacement_wait_s": 60}}})");
   EXPECT_NE(e.find("zeroshard.healing.replacement_wait_s: got 60"), std::string::npos) << e;
   EXPECT_NE(e.find("does not act yet"), std::string::npos) << e;
-  e = config_error(R"({"zeroshard": {"healing": {"min_ranks": 2}}})");
-  EXPECT_NE(e.find("zeroshard.healing.min_ranks: got 2"), std::string::npos) << e;
+  e = config_error(R"({"zeroshard": {"healing": {"min_ranks": 0}}})");
+  EXPECT_NE(e.find("zeroshard.healing.min_ranks"), std::string::npos) << e;
   e = config_error(R"({"zeroshard": {"healing": {"peer_copy": "yes"}}})");
   EXPECT_NE(e.find("zeroshard.healing.peer_copy: got \"yes\", expected true, false or \"auto\""), std::string::npos) << e;
   e = config_error(R"({"zeroshard": {"healing": {"peer_cpy": true}}})");
