@@ -46,46 +46,6 @@ struct Shared {
   std::atomic<int> stale_status;                     // what the stopped victim's agreement returned, had it returned
 };
 
-// The initial values come from rank 0 (a scatter), which a replacement
-// skips: its shard comes from the replica at the join. `numel1` lets a
-// replacement build another model.
-zs_status build(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
-  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
-  zs_status s = zs_context_create(&m.ctx, &o);
-  const int64_t numel[2] = {kNumel[0], numel1};
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    const std::vector<float> init = initial_values(i, numel[i]);
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = i == 0 ? "w0" : "w1";
-    po.ndim = 1;
-    po.shape = &numel[i];
-    po.init = ZS_INIT_FROM_RANK;
-    po.src_rank = 0;
-    po.data = init.data();
-    po.data_bytes = init.size() * sizeof(float);
-    s = zs_param_register(&m.params[i], m.ctx, &po);
-  }
-  // A frozen param in no optimizer, as a reference model's: its shard
-  // reaches a replacement with the optimizer's state (the digests cover it).
-  const int64_t numel_frozen = 777;
-  const std::vector<float> frozen = initial_values(2, numel_frozen);
-  zs_param_options fo = ZS_PARAM_OPTIONS_INIT;
-  fo.name = "reference.w";
-  fo.ndim = 1;
-  fo.shape = &numel_frozen;
-  fo.init = ZS_INIT_FROM_RANK;
-  fo.src_rank = 0;
-  fo.data = frozen.data();
-  fo.data_bytes = frozen.size() * sizeof(float);
-  if (s == ZS_OK) s = zs_param_register(&m.frozen, m.ctx, &fo);
-  if (s == ZS_OK) s = zs_param_freeze(m.frozen);
-  if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
-  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-  hp.lr = 0.01;
-  if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
-  return s;
-}
-
 // The frozen param's full values (a gather: collective) equal those it
 // was registered with; a replacement registers it without them (no
 // scatter), so they must have come with its join.
@@ -112,7 +72,7 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
                  bool stop = false) {
   ShortHeartbeat hb;
   Shared* sh = shared_block<Shared>();
-  reference_run(world, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
+  reference_run(world, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build_with_frozen(env, m)); });
   std::unique_ptr<zs::test::ExternalStore> store;
   if (external) store = std::make_unique<zs::test::ExternalStore>();
   const std::string fault =
@@ -144,7 +104,7 @@ void replaced_at(int world, int victim, const char* point, int count, bool exter
           unsetenv("ZS_FAULT_POINT");  // the replacement's own passes count from zero
         }
         Model m;
-        ZS_ASSERT_OK(build(env, m));
+        ZS_ASSERT_OK(build_with_frozen(env, m));
         int step = 1;
         if (env.replacement > 0) {
           // Nothing collective before the join (the survivors wait there):
@@ -272,7 +232,7 @@ TEST(HealJoin, AReplacementWithAnotherModelIsANamedError) {
         if (env.replacement == 0) setenv("ZS_FAULT_POINT", "update:1:2", 1);
         else unsetenv("ZS_FAULT_POINT");
         Model m;
-        ZS_ASSERT_OK(build(env, m, env.replacement > 0 ? 4000 : kNumel[1]));
+        ZS_ASSERT_OK(build_with_frozen(env, m, env.replacement > 0 ? 4000 : kNumel[1]));
         const auto t0 = std::chrono::steady_clock::now();
         zs_status s = ZS_OK;
         if (env.replacement == 0) {
@@ -335,14 +295,14 @@ std::string rank_blob(int rank, int step) {
 void trainers_state_reaches_the_replacement(const char* fault, int64_t expect_committed) {
   ShortHeartbeat hb;
   Shared* sh = shared_block<Shared>();
-  reference_run(3, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build(env, m)); });
+  reference_run(3, sh->ref, [](const RankEnv& env, Model& m) { ZS_ASSERT_OK(build_with_frozen(env, m)); });
   zs::test::run_ranks_replacing(
       3,
       [&](const RankEnv& env) {
         if (env.replacement == 0) setenv("ZS_FAULT_POINT", fault, 1);
         else unsetenv("ZS_FAULT_POINT");
         Model m;
-        ZS_ASSERT_OK(build(env, m));
+        ZS_ASSERT_OK(build_with_frozen(env, m));
         const auto get = [&](zs_heal_state_kind which, int* found) {
           size_t size = 7;
           EXPECT_EQ(zs_heal_joined_state(&size, found, m.ctx, which, nullptr, 0), ZS_OK) << zs_last_error();

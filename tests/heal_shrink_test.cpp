@@ -48,34 +48,6 @@ struct Shared {
   char refused[kMaxWorld][512];
 };
 
-// heal_join_test's model: two trained params and a frozen one in no
-// optimizer (its shard rides in the peer copy), initial values from rank 0.
-zs_status build(const RankEnv& env, Model& m) {
-  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
-  zs_status s = zs_context_create(&m.ctx, &o);
-  const char* names[3] = {"w0", "w1", "reference.w"};
-  const int64_t numel[3] = {kNumel[0], kNumel[1], kFrozen};
-  zs_param* into[3] = {&m.params[0], &m.params[1], &m.frozen};
-  for (int i = 0; i < 3 && s == ZS_OK; ++i) {
-    const std::vector<float> init = initial_values(i, numel[i]);
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = names[i];
-    po.ndim = 1;
-    po.shape = &numel[i];
-    po.init = ZS_INIT_FROM_RANK;
-    po.src_rank = 0;
-    po.data = init.data();
-    po.data_bytes = init.size() * sizeof(float);
-    s = zs_param_register(into[i], m.ctx, &po);
-  }
-  if (s == ZS_OK) s = zs_param_freeze(m.frozen);
-  if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
-  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-  hp.lr = 0.01;
-  if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
-  return s;
-}
-
 // A param's full values (a gather: collective).
 std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
   std::vector<float> full(static_cast<size_t>(numel));
@@ -125,14 +97,14 @@ void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& 
   const std::string dir = zs::test::make_temp_dir("heal_shrink_ref");
   zs::test::run_ranks(world, [&](const RankEnv& env) {
     Model m;
-    ZS_ASSERT_OK(build(env, m));
+    ZS_ASSERT_OK(build_with_frozen(env, m));
     for (int s = 1; s <= c; ++s) ZS_ASSERT_OK(train_step(env, m, s));
     ZS_ASSERT_OK(save_or_load(m, dir, true));
     destroy(m);
   });
   zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
     Model m;
-    ZS_ASSERT_OK(build(env, m));
+    ZS_ASSERT_OK(build_with_frozen(env, m));
     ZS_ASSERT_OK(save_or_load(m, dir, false));
     const int id = live[static_cast<size_t>(env.rank)];
     for (int s = static_cast<int>(c) + 1; s <= kSteps; ++s) ZS_ASSERT_OK(step_as(env, id, m, s));
@@ -166,7 +138,7 @@ void shrunk_at(int world, int victim, const char* point, int count) {
         setenv("ZS_FAULT_POINT", fault.c_str(), 1);
         sh->pid_at_start[env.rank] = getpid();
         Model m;
-        ZS_ASSERT_OK(build(env, m));
+        ZS_ASSERT_OK(build_with_frozen(env, m));
         int step = 1;
         bool shrunk = false;
         while (step <= kSteps) {
@@ -210,7 +182,7 @@ void shrunk_at(int world, int victim, const char* point, int count) {
   }
   zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
     Model m;
-    ZS_ASSERT_OK(build(env, m));
+    ZS_ASSERT_OK(build_with_frozen(env, m));
     ZS_ASSERT_OK(save_or_load(m, after, false, "after"));
     keep_values(m, env.rank == 0, sh->saved0, sh->saved1, sh->saved_frozen);
     destroy(m);
@@ -248,7 +220,7 @@ TEST(HealShrink, AParamNoCopyCarriesIsRefusedByName) {
       [&](const RankEnv& env) {
         setenv("ZS_FAULT_POINT", "update:1:2", 1);
         Model m;
-        ZS_ASSERT_OK(build(env, m));
+        ZS_ASSERT_OK(build_with_frozen(env, m));
         zs_param loose = nullptr;
         const int64_t n = 11;
         zs_param_options po = ZS_PARAM_OPTIONS_INIT;

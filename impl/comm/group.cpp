@@ -172,7 +172,8 @@ void Group::reconnect(std::unique_ptr<Communicator> comm) {
 }
 
 void Group::reconnect(std::vector<int> world_ranks, int my_rank, std::unique_ptr<Communicator> comm) {
-  if (my_rank < 0 || my_rank >= static_cast<int>(world_ranks.size()) || !comm || comm->size() != static_cast<int>(world_ranks.size()))
+  const int n = static_cast<int>(world_ranks.size());
+  if (my_rank < 0 || my_rank >= n || !comm || comm->size() != n)
     fail(Code::Internal, "group '", name_, "': reconnect over ", world_ranks.size(), " members at ", my_rank);
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -111,6 +111,12 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
 PeerCopy::~PeerCopy() { detach(); }
 
 void PeerCopy::place_over(const std::vector<int>& members) {
+  {
+    // A replay in flight finishes on the replica before it goes.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    replay_error_ = nullptr;
+  }
   holders_ = member_holders(members, ctx_.topology().host_of());
   const int me = ctx_.ranks().rank;
   holder_ = holder_of(me);

@@ -56,6 +56,48 @@ inline void destroy(Model& m) {
   zs_context_destroy(m.ctx);
 }
 
+// The model with a frozen param in no optimizer ("reference.w", 777
+// elements, as a reference model's: its shard rides in the peer copy).
+// The initial values come from rank 0 (a scatter), which a replacement
+// skips: its shard comes from the replica at the join. `numel1` lets a
+// replacement build another model.
+inline zs_status build_with_frozen(const RankEnv& env, Model& m, int64_t numel1 = kNumel[1]) {
+  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
+  zs_status s = zs_context_create(&m.ctx, &o);
+  const int64_t numel[2] = {kNumel[0], numel1};
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    const std::vector<float> init = initial_values(i, numel[i]);
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = i == 0 ? "w0" : "w1";
+    po.ndim = 1;
+    po.shape = &numel[i];
+    po.init = ZS_INIT_FROM_RANK;
+    po.src_rank = 0;
+    po.data = init.data();
+    po.data_bytes = init.size() * sizeof(float);
+    s = zs_param_register(&m.params[i], m.ctx, &po);
+  }
+  // A frozen param in no optimizer, as a reference model's: its shard
+  // reaches a replacement with the optimizer's state (the digests cover it).
+  const int64_t numel_frozen = 777;
+  const std::vector<float> frozen = initial_values(2, numel_frozen);
+  zs_param_options fo = ZS_PARAM_OPTIONS_INIT;
+  fo.name = "reference.w";
+  fo.ndim = 1;
+  fo.shape = &numel_frozen;
+  fo.init = ZS_INIT_FROM_RANK;
+  fo.src_rank = 0;
+  fo.data = frozen.data();
+  fo.data_bytes = frozen.size() * sizeof(float);
+  if (s == ZS_OK) s = zs_param_register(&m.frozen, m.ctx, &fo);
+  if (s == ZS_OK) s = zs_param_freeze(m.frozen);
+  if (s == ZS_OK) s = zs_optimizer_create(&m.opt, m.ctx, ZS_OPTIM_ADAMW);
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  hp.lr = 0.01;
+  if (s == ZS_OK) s = zs_optimizer_add_group(m.opt, m.params, 2, &hp, nullptr);
+  return s;
+}
+
 // This rank's gradients of step `step` pushed for both params; the first
 // failing push's status.
 inline zs_status push_grads(const RankEnv& env, Model& m, int step) {
