@@ -945,7 +945,6 @@ void Context::shrink(const std::vector<int>& lost) {
       list += (list.empty() ? "" : " ") + std::to_string(r);
     }
     store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
-    store_->set(prefix + "heal/shrunk", std::vector<char>(list.begin(), list.end()));
   }
   for (const int r : lost) heartbeat_->drop(r);
   heartbeat_->republish(*store_, prefix);

@@ -86,9 +86,8 @@ PeerCopy::PeerCopy(Context& ctx, Optimizer& opt) : ctx_(ctx), opt_(opt), group_(
   if (!group_) fail(Code::Internal, "peer copy without the heal group");
   const int world = ctx.ranks().world_size;
   place_over(ctx.topology().live());
-  const auto hold = holders(world, ctx.topology().host_of());
   if (ctx.ranks().rank == 0 && ctx.topology().live().size() == static_cast<size_t>(world)) {
-    const std::string note = placement_note(hold, ctx.topology().host_of());
+    const std::string note = placement_note(holders_, ctx.topology().host_of());
     if (!note.empty()) std::fprintf(stderr, "zeroshard: zeroshard.healing.peer_copy: %s\n", note.c_str());
   }
   if (const char* drop = std::getenv("ZS_HEAL_DROP_COPY"); drop != nullptr && *drop != '\0') {

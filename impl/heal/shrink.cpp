@@ -160,6 +160,7 @@ Joined shrink(Context& ctx, Optimizer& opt) {
   const int new_world = ctx.partition_group()->size();
   std::vector<Field> fields;
   std::vector<Optimizer::SlotState> next = slots;
+  std::vector<BufferPtr> shards(slots.size());  // each param's new shard
   for (size_t i = 0; i < slots.size(); ++i) {
     const Optimizer::SlotState& s = slots[i];
     Param& p = *s.param;
@@ -189,7 +190,7 @@ Joined shrink(Context& ctx, Optimizer& opt) {
       fields.push_back(f);
       return f.fresh;
     };
-    field(p.shard, &PeerCopy::Parts::shard, p.elem_bytes(), MemKind::Shards);
+    shards[i] = field(p.shard, &PeerCopy::Parts::shard, p.elem_bytes(), MemKind::Shards);
     const size_t esize = dtype_size(s.state_dtype);
     if (s.master) next[i].master = field(s.master, &PeerCopy::Parts::master, sizeof(float), MemKind::Masters);
     if (s.state1) next[i].state1 = field(s.state1, &PeerCopy::Parts::state1, esize, MemKind::OptimizerState);
@@ -198,13 +199,10 @@ Joined shrink(Context& ctx, Optimizer& opt) {
   move(ctx, *ctx.heal_group(), fields, old_world, provider);
   dev->synchronize();
 
-  // Every param takes its new shard (fields[k] of each slot is its shard,
-  // in the order made above), the optimizer its masters and moments.
-  size_t k = 0;
+  // Every param takes its new shard, the optimizer its masters and moments.
   std::vector<Optimizer::SlotState> optimized;
   for (size_t i = 0; i < slots.size(); ++i) {
-    slots[i].param->rebind(fields[k].fresh, ctx.ledger());
-    k += 1 + (slots[i].master ? 1 : 0) + (slots[i].state1 ? 1 : 0) + (slots[i].state2 ? 1 : 0);
+    slots[i].param->rebind(shards[i], ctx.ledger());
     if (slots[i].group != kInNoOptimizer) optimized.push_back(next[i]);
   }
   opt.adopt_resharded_locked(optimized);
