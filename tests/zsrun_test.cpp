@@ -508,6 +508,32 @@ TEST(Zsrun, HealingStartsAKilledRankAgainAloneWithItsRank) {
   EXPECT_NE(none.out.find("heal unset"), std::string::npos) << none.out;
 }
 
+// A survivor whose heal was impossible exits with ZS_EXIT_STATE_LOST (75):
+// the other survivors, which reach the same verdict, get a grace to say so
+// and exit by themselves (their message is not cut short by a SIGTERM);
+// the replacement still joining reaches none and is torn down; the job
+// restarts whole once, saying so once.
+TEST(Zsrun, SurvivorsThatFindTheStateLostAllNameItBeforeTheRestart) {
+  const std::string script =
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo \"rank $RANK restarted\"; exit 0; fi; "
+      "if [ -n \"$ZS_HEAL_REPLACEMENT\" ]; then sleep 30; exit 0; fi; "
+      "if [ \"$RANK\" = 1 ]; then sleep 0.1; kill -KILL $$; fi; "
+      "if [ \"$RANK\" = 0 ]; then sleep 0.4; echo \"rank 0 names the lost state\"; exit 75; fi; "
+      "sleep 0.8; echo \"rank 2 names the lost state\"; exit 75";
+  Result r = run({"-n", "3", "--restarts", "2", "--no-prefix", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_LT(r.seconds, 10.0) << "the joining replacement was not torn down";
+  for (const char* line : {"rank 0 names the lost state", "rank 2 names the lost state", "rank 0 restarted",
+                           "rank 1 restarted", "rank 2 restarted"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing: " << r.out;
+  EXPECT_NE(r.err.find("zsrun: rank 2 exited with status 75"), std::string::npos) << r.err;
+  const std::string verdict = "healing impossible: rank 0 exited with status 75 (ZS_ERR_STATE_LOST)";
+  const size_t at = r.err.find(verdict);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("healing impossible", at + 1), std::string::npos) << "said twice: " << r.err;
+  EXPECT_NE(r.err.find("restart 1 of 2: starting the job again with 3 ranks"), std::string::npos) << r.err;
+}
+
 // Healing serves the store from zsstore (beside zsrun): the ranks get
 // ZS_STORE_SERVER=external and the store's port, which zsstore holds, and
 // rank 0 killed is replaced like any rank. Without a zsstore

@@ -109,6 +109,10 @@ constexpr double kLeftoverDrainS = 1.0;
 // After SIGKILL, how long to wait for pipes to reach EOF before giving up on
 // them (a descendant that escaped into another session still holds them).
 constexpr double kAfterKillS = 1.0;
+// After a survivor exits with ZS_EXIT_STATE_LOST, how long the other
+// survivors get to reach the same verdict and name the lost state
+// themselves before the job is torn down for its restart.
+constexpr double kStateLostGraceS = 1.0;
 // A line longer than this is split so memory stays bounded; each piece is
 // still emitted as a complete, prefixed line.
 constexpr size_t kMaxLine = 1 << 20;
@@ -459,6 +463,7 @@ struct Stream {
 struct Rank {
   int index = 0;
   int replacements = 0;  // times started again alone (healing)
+  long replaces_loss = 0;  // healing: the loss (counted from 1) it was started again for
   pid_t pid = -1;
   bool reaped = false;
   bool group_gone = false;  // its process group has no members left
@@ -518,6 +523,7 @@ class Launcher {
   void signal_groups(int sig);
   void start_termination();
   bool all_reaped() const;
+  bool survivors_reaped() const;
   bool leftovers();
 
   const Options& opt_;
@@ -529,6 +535,7 @@ class Launcher {
   std::vector<std::string> base_env_;
   long respawned_ = 0;  // replacements started in this attempt
   long dropped_ = 0;    // --shrink: ranks lost and not started again
+  long healed_losses_ = 0;  // ranks started again alone (or the spare's), this attempt
   Rank spare_;          // --spare: pid -1 when there is none
   int spare_in_ = -1;   // write end of the spare's stdin, where its assignment goes
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
@@ -550,6 +557,8 @@ class Launcher {
   Clock::time_point killed_at_;
   bool all_reaped_seen_ = false;
   Clock::time_point all_reaped_at_;
+  bool state_lost_ = false;  // a survivor exited with ZS_EXIT_STATE_LOST
+  Clock::time_point state_lost_at_;
 };
 
 // n random bytes from the kernel, as hex.
@@ -1050,9 +1059,11 @@ void Launcher::on_exit(Rank& r, int status) {
   }
   // Healing: a rank that died (a signal: it did not fail by itself) is
   // replaced alone while the others heal around it; rank 0 too where
-  // zsstore serves the store (else the store died with it).
-  if (heals() && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
+  // zsstore serves the store (else the store died with it). Not once a
+  // survivor found the state lost: the job restarts whole.
+  if (heals() && !state_lost_ && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
       attempt_ + respawned_ < opt_.restarts) {
+    r.replaces_loss = ++healed_losses_;
     if (adopt_spare(r)) return;
     errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
            "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
@@ -1061,11 +1072,20 @@ void Launcher::on_exit(Rank& r, int status) {
   }
   // A survivor whose heal was impossible (its program exits with
   // ZS_EXIT_STATE_LOST): the job is restarted whole, if a restart is left.
-  if (heals() && WIFEXITED(status) && code == ZS_EXIT_STATE_LOST)
+  // The other survivors reach the same verdict in the same agreement: they
+  // get kStateLostGraceS to say so and exit before the teardown, so each
+  // names what was lost (a SIGTERM would cut their message short).
+  if (heals() && WIFEXITED(status) && code == ZS_EXIT_STATE_LOST) {
+    if (first_failure_code_ < 0) first_failure_code_ = code;
+    if (state_lost_) return;
     errorf("healing impossible: rank %d exited with status %d (ZS_ERR_STATE_LOST): a shard's state was lost "
            "with every copy of it, or before its first copy (its message above names the ranks); %s", r.index, code,
            attempt_ < opt_.restarts ? "restarting every rank from the last checkpoint"
                                      : "no restart is left (--restarts)");
+    state_lost_ = true;
+    state_lost_at_ = Clock::now();
+    return;
+  }
   if (first_failure_code_ < 0) first_failure_code_ = code;
   start_termination();
 }
@@ -1089,6 +1109,14 @@ void Launcher::start_termination() {
   terminating_ = true;
   term_started_ = Clock::now();
   signal_groups(SIGTERM);
+}
+
+// Whether every rank that outlived the latest loss has exited: its
+// replacement, still joining, reaches no verdict of its own.
+bool Launcher::survivors_reaped() const {
+  for (const Rank& r : ranks_)
+    if (!r.reaped && (healed_losses_ == 0 || r.replaces_loss < healed_losses_)) return false;
+  return true;
 }
 
 bool Launcher::all_reaped() const {
@@ -1189,6 +1217,9 @@ int Launcher::run() {
       timed_out_ = true;
       start_termination();
     }
+    if (state_lost_ && !terminating_ &&
+        (survivors_reaped() || seconds_since(state_lost_at_) >= kStateLostGraceS))
+      start_termination();
     if (terminating_ && !killed_ && seconds_since(term_started_) >= kill_grace_s_) {
       for (const Rank& r : ranks_)
         if (!r.reaped)
@@ -1228,6 +1259,7 @@ int Launcher::run() {
       if (wait_s < 0 || remaining < wait_s) wait_s = remaining;
     };
     if (opt_.timeout_s > 0 && !terminating_) consider(opt_.timeout_s - seconds_since(start_));
+    if (state_lost_ && !terminating_) consider(kStateLostGraceS - seconds_since(state_lost_at_));
     if (terminating_ && !killed_) consider(kill_grace_s_ - seconds_since(term_started_));
     if (killed_) consider(kAfterKillS - seconds_since(killed_at_));
     // Nothing announces that a process group became empty: poll for it.
