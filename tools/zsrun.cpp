@@ -91,6 +91,7 @@
 #include <utility>
 #include <vector>
 
+#include "free_port.h"
 #include "zeroshard/zeroshard.h"
 
 extern char** environ;
@@ -404,29 +405,11 @@ Options parse_args(int argc, char** argv) {
   return opt;
 }
 
-// Kernel-assigned free port: bind port 0, read it back, close. Another
-// process could grab it before rank 0 binds it; torchrun takes the same risk.
-int pick_free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
-// A free port other than `other` (the kernel may hand the same ephemeral
-// port out twice in a row); -1 when none is found.
+// A free port other than `other` (a second pick may land on the first);
+// -1 when none is found.
 int pick_free_port_other_than(int other) {
   for (int tries = 0; tries < 16; ++tries) {
-    const int port = pick_free_port();
+    const int port = zs::net::free_loopback_port();
     if (port < 0) return -1;
     if (port != other) return port;
   }
