@@ -202,6 +202,9 @@ void Heartbeat::readmit(int rank, Store& store) {
   }
   Peer fresh;
   parse_address(rank, store.get(where), fresh);
+  // No loss callback straddles the reset: one that read the rank silent
+  // before it lands before it, not after the caller forgot the loss.
+  std::lock_guard<std::mutex> delivering(watchers_mu_);
   // The beats read a peer's address under send_mu_ alone: both locks, so
   // neither the sender nor the receiver sees it half written.
   std::lock_guard<std::mutex> sending(send_mu_);
@@ -223,6 +226,7 @@ void Heartbeat::readmit(int rank, Store& store) {
 void Heartbeat::drop(int rank) {
   if (rank < 0 || rank >= world_ || rank == rank_)
     fail(Code::InvalidArgument, "heartbeat: drop of rank ", rank, " in a world of ", world_);
+  std::lock_guard<std::mutex> delivering(watchers_mu_);  // as in readmit
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[static_cast<size_t>(rank)];
   p.departed = true;
@@ -408,8 +412,16 @@ void Heartbeat::loop() {
     for (const Watcher& w : watchers_) {
       try {
         if (w.loss) {
-          const std::vector<int> gone = lost();
-          if (!gone.empty()) w.loss(gone, silence(gone));
+          // The ranks and the sentence from one look, so neither is judged
+          // after a readmit the other missed.
+          std::vector<int> gone;
+          std::string why;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            gone = lost_locked(Clock::now());
+            why = silence_locked(gone);
+          }
+          if (!gone.empty() && !why.empty()) w.loss(gone, why);
           continue;
         }
         const std::string why = silence(w.ranks);
@@ -423,6 +435,10 @@ void Heartbeat::loop() {
 
 std::string Heartbeat::silence(const std::vector<int>& ranks) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return silence_locked(ranks);
+}
+
+std::string Heartbeat::silence_locked(const std::vector<int>& ranks) const {
   const auto now = Clock::now();
   for (int r : ranks) {
     if (r == rank_ || r < 0 || r >= world_) continue;

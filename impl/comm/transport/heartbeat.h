@@ -157,6 +157,7 @@ class Heartbeat {
   std::vector<Report> reports_locked(std::chrono::steady_clock::time_point now) const;
   bool reported_locked(const Peer& p, std::chrono::steady_clock::time_point now) const;
   std::vector<int> lost_locked(std::chrono::steady_clock::time_point now) const;
+  std::string silence_locked(const std::vector<int>& ranks) const;
   std::string mac(const char* data, size_t bytes) const;
   std::string key(int rank) const;  // where rank's address is, in the current generation
   // A published "host port epoch" into p's host, address and epoch.
