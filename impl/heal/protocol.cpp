@@ -144,7 +144,19 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   Store& store = *ctx.store();
   const std::string prefix = "zs/heal/gen" + std::to_string(ctx.generation() + 1) + "/opt" + std::to_string(ordinal) + "/";
   const auto report_key = [&](int r) { return prefix + "report/" + std::to_string(r); };
-  store.set(report_key(me), bytes(encode(mine)));
+  // A loss found after settle_loss (a second rank that died a tick later,
+  // its holder say) interrupts the store call in flight: post again, the
+  // loss now known, as the plan's loop below does.
+  for (int attempt = 0;; ++attempt) {
+    try {
+      store.set(report_key(me), bytes(encode(mine)));
+      break;
+    } catch (const Error& e) {
+      const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
+      if (e.code() != Code::Comm || now == lost || attempt > world) throw;
+      lost = now;
+    }
+  }
 
   std::string plan;
   for (int attempt = 0; plan.empty(); ++attempt) {
