@@ -446,7 +446,7 @@ struct Stream {
 struct Rank {
   int index = 0;
   int replacements = 0;  // times started again alone (healing)
-  long replaces_loss = 0;  // healing: the loss (counted from 1) it was started again for
+  long replaces_loss = 0;  // healing: which replacement of this attempt (from 1) it is
   pid_t pid = -1;
   bool reaped = false;
   bool group_gone = false;  // its process group has no members left
@@ -518,7 +518,6 @@ class Launcher {
   std::vector<std::string> base_env_;
   long respawned_ = 0;  // replacements started in this attempt
   long dropped_ = 0;    // --shrink: ranks lost and not started again
-  long healed_losses_ = 0;  // ranks started again alone (or the spare's), this attempt
   Rank spare_;          // --spare: pid -1 when there is none
   int spare_in_ = -1;   // write end of the spare's stdin, where its assignment goes
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
@@ -1046,7 +1045,7 @@ void Launcher::on_exit(Rank& r, int status) {
   // survivor found the state lost: the job restarts whole.
   if (heals() && !state_lost_ && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
       attempt_ + respawned_ < opt_.restarts) {
-    r.replaces_loss = ++healed_losses_;
+    r.replaces_loss = respawned_ + 1;  // adopt_spare or respawn counts it
     if (adopt_spare(r)) return;
     errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
            "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
@@ -1098,7 +1097,7 @@ void Launcher::start_termination() {
 // replacement, still joining, reaches no verdict of its own.
 bool Launcher::survivors_reaped() const {
   for (const Rank& r : ranks_)
-    if (!r.reaped && (healed_losses_ == 0 || r.replaces_loss < healed_losses_)) return false;
+    if (!r.reaped && (respawned_ == 0 || r.replaces_loss < respawned_)) return false;
   return true;
 }
 

@@ -144,17 +144,22 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   Store& store = *ctx.store();
   const std::string prefix = "zs/heal/gen" + std::to_string(ctx.generation() + 1) + "/opt" + std::to_string(ordinal) + "/";
   const auto report_key = [&](int r) { return prefix + "report/" + std::to_string(r); };
-  // A loss found after settle_loss (a second rank that died a tick later,
-  // its holder say) interrupts the store call in flight: post again, the
-  // loss now known, as the plan's loop below does.
+  // After a store call failed: whether a loss found since settle_loss (a
+  // second rank that died a tick later, its holder say, whose loss
+  // interrupts the call in flight) explains it; `lost` then names it and
+  // the call is made again.
+  const auto lost_more = [&](const Error& e, int attempt) {
+    const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
+    if (e.code() != Code::Comm || now == lost || attempt > world) return false;
+    lost = now;
+    return true;
+  };
   for (int attempt = 0;; ++attempt) {
     try {
       store.set(report_key(me), bytes(encode(mine)));
       break;
     } catch (const Error& e) {
-      const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
-      if (e.code() != Code::Comm || now == lost || attempt > world) throw;
-      lost = now;
+      if (!lost_more(e, attempt)) throw;
     }
   }
 
@@ -194,10 +199,7 @@ Outcome agree(Context& ctx, Optimizer& opt) {
         plan = text(raw);
       }
     } catch (const Error& e) {
-      // A survivor lost meanwhile: again without it.
-      const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
-      if (e.code() != Code::Comm || now == lost || attempt > world) throw;
-      lost = now;
+      if (!lost_more(e, attempt)) throw;  // a survivor lost meanwhile: again without it
     }
   }
 
