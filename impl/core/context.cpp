@@ -889,6 +889,26 @@ void Context::end_if_fenced() {
   raise(SIGKILL);
 }
 
+void Context::post_losses(const std::vector<int>& lost, bool shrunk) {
+  const int64_t g = generation_ + 1;
+  const std::string mark = shrunk ? std::string("shrunk") : std::to_string(g);
+  const std::vector<char> value(mark.begin(), mark.end());
+  if (losses_posted_for_ == g) {  // counted already: only what a replacement reads changes
+    for (const int r : lost) store_->set(loss_key(r, store_->add(losses_key(r), 0)), value);
+    return;
+  }
+  std::string list;
+  std::vector<int64_t> losses;
+  for (const int r : lost) {
+    losses.push_back(store_->add(losses_key(r), 1));
+    store_->set(loss_key(r, losses.back()), value);
+    list += (list.empty() ? "" : " ") + std::to_string(r);
+  }
+  store_->set(key_prefix_of(g) + "heal/lost", std::vector<char>(list.begin(), list.end()));
+  for (size_t i = 0; i < lost.size(); ++i) fence(lost[i], losses[i] - 1);  // the incarnation just lost
+  losses_posted_for_ = g;
+}
+
 void Context::regroup(const std::vector<int>& lost) {
   if (!heartbeat_ || !store_ || !heals())
     fail(Code::InvalidState, "regroup needs healing on (zeroshard.healing.peer_copy) with heartbeats");
@@ -897,18 +917,7 @@ void Context::regroup(const std::vector<int>& lost) {
   int lowest_live = -1;
   for (int r = 0; r < ranks_.world_size && lowest_live < 0; ++r)
     if (!std::binary_search(lost.begin(), lost.end(), r)) lowest_live = r;
-  if (ranks_.rank == lowest_live) {
-    std::string list;
-    std::vector<int64_t> losses;
-    for (const int r : lost) {
-      losses.push_back(store_->add(losses_key(r), 1));
-      const std::string value = std::to_string(g);
-      store_->set(loss_key(r, losses.back()), std::vector<char>(value.begin(), value.end()));
-      list += (list.empty() ? "" : " ") + std::to_string(r);
-    }
-    store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
-    for (size_t i = 0; i < lost.size(); ++i) fence(lost[i], losses[i] - 1);  // the incarnation just lost
-  }
+  if (ranks_.rank == lowest_live) post_losses(lost, false);
   heartbeat_->republish(*store_, prefix);
   for (const int r : lost) {
     try {
@@ -934,18 +943,9 @@ void Context::shrink(const std::vector<int>& lost) {
   topology_->check_live(live);
   const int64_t g = generation_ + 1;
   const std::string prefix = key_prefix_of(g);
-  if (ranks_.rank == live.front()) {
-    std::string list;
-    for (const int r : lost) {
-      const int64_t losses = store_->add(losses_key(r), 1);
-      // A replacement a launcher starts anyway learns at once that none is
-      // taken (find_generation).
-      store_->set(loss_key(r, losses), std::vector<char>{'s', 'h', 'r', 'u', 'n', 'k'});
-      fence(r, losses - 1);  // the incarnation just lost
-      list += (list.empty() ? "" : " ") + std::to_string(r);
-    }
-    store_->set(prefix + "heal/lost", std::vector<char>(list.begin(), list.end()));
-  }
+  // A replacement a launcher starts anyway learns at once that none is
+  // taken (find_generation).
+  if (ranks_.rank == live.front()) post_losses(lost, true);
   for (const int r : lost) heartbeat_->drop(r);
   heartbeat_->republish(*store_, prefix);
   forget_losses();

@@ -248,6 +248,15 @@ class Context {
   // by the old world's size (shards, optimizer state, peer copies) is the
   // heal layer's to lay out again (impl/heal/shrink.cpp).
   void shrink(const std::vector<int>& lost);
+  // The lowest survivor's record of a loss in the store, once per
+  // generation (g + 1): counts each loss (a lost process that comes back
+  // fences itself by that count), posts where each lost rank's next
+  // replacement finds its generation (g + 1, or "shrunk" when none is
+  // taken), names the lost under the new generation's prefix, and fences
+  // each lost process on this host. Called again for the same generation,
+  // it only rewrites what the replacements read (a deadline passed:
+  // impl/heal/replacement_wait.cpp).
+  void post_losses(const std::vector<int>& lost, bool shrunk);
 
   // Runs fn, a rendezvous of `ranks` (world ranks) through the store (a
   // group's connect, the ready round, the heal agreement), so that a member
@@ -395,6 +404,7 @@ class Context {
   std::string store_address_;  // host:port of the TCP store, for messages
   bool store_joined_ = false;  // the store passed check_store_is_fresh
   int64_t generation_ = 0;
+  int64_t losses_posted_for_ = 0;  // post_losses: the generation whose losses are counted
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
   bool heal_soft_ = false;  // ZS_HEAL=auto
   bool external_store_ = false;  // ZS_STORE_SERVER=external
