@@ -20,7 +20,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/ckpt_model.h"
@@ -91,7 +94,7 @@ zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
   return train_step(as, m, step);
 }
 
-// The checkpoint route: all ranks to step c and a save, then world - 1
+// The checkpoint route: all ranks to step c and a save, then the live
 // ranks (rank i playing live[i]) load it and train to the end.
 void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& live) {
   const std::string dir = zs::test::make_temp_dir("heal_shrink_ref");
@@ -102,7 +105,7 @@ void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& 
     ZS_ASSERT_OK(save_or_load(m, dir, true));
     destroy(m);
   });
-  zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
+  zs::test::run_ranks(static_cast<int>(live.size()), [&](const RankEnv& env) {
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
     ZS_ASSERT_OK(save_or_load(m, dir, false));
@@ -123,23 +126,57 @@ double worst(const float* a, const float* b, size_t n, bool* bitwise) {
   return w;
 }
 
-void shrunk_at(int world, int victim, const char* point, int count) {
+// A replacement of the victim under a deadline (healing.replacement_wait_s):
+// started by the parent at once, it sleeps `late_ms` before its create.
+struct Deadline {
+  double wait_s = 0;  // 0: no replacement is started, the survivors call zs_heal_shrink
+  int late_ms = 0;
+  bool joins() const { return wait_s > 0 && late_ms < wait_s * 1000; }
+};
+
+void shrunk_at(int world, int victim, const char* point, int count, Deadline deadline = {}) {
   ShortHeartbeat hb;
   Shared* sh = shared_block<Shared>();
   const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  const bool replaced = deadline.wait_s > 0;
   std::vector<int> live;
   for (int r = 0; r < world; ++r)
-    if (r != victim) live.push_back(r);
+    if (r != victim || deadline.joins()) live.push_back(r);
   const int lowest = live.front();
   const std::string after = zs::test::make_temp_dir("heal_shrink_after");
-  zs::test::run_ranks(
-      world,
-      [&](const RankEnv& env) {
-        setenv("ZS_FAULT_POINT", fault.c_str(), 1);
-        sh->pid_at_start[env.rank] = getpid();
+  const std::string min_ranks = std::to_string(world - 1), wait = std::to_string(deadline.wait_s);
+  zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", replaced ? min_ranks.c_str() : nullptr);
+  zs::test::ScopedEnv wait_env("ZS_HEAL_REPLACEMENT_WAIT_S", replaced ? wait.c_str() : nullptr);
+  // A late replacement may come after the survivors' last step: a store of
+  // its own outlives them (as zsrun's zsstore does), so it reads the verdict.
+  std::unique_ptr<zs::test::ExternalStore> store;
+  if (replaced && !deadline.joins()) store = std::make_unique<zs::test::ExternalStore>();
+  const auto body = [&](const RankEnv& env) {
+        if (env.replacement == 0) {
+          setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+          sh->pid_at_start[env.rank] = getpid();
+        } else {
+          unsetenv("ZS_FAULT_POINT");
+          std::this_thread::sleep_for(std::chrono::milliseconds(deadline.late_ms));
+        }
         Model m;
-        ZS_ASSERT_OK(build_with_frozen(env, m));
+        const zs_status built = build_with_frozen(env, m);
+        if (env.replacement > 0 && !deadline.joins()) {
+          // Too late: the survivors went on without it, and it says so.
+          EXPECT_EQ(built, ZS_ERR_BOOTSTRAP) << zs_last_error();
+          std::snprintf(sh->refused[env.rank], sizeof sh->refused[env.rank], "%s", zs_last_error());
+          destroy(m);
+          return;
+        }
+        ZS_ASSERT_OK(built);
         int step = 1;
+        if (env.replacement > 0) {
+          int64_t committed = -1;
+          ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+          sh->committed[env.rank] = committed;
+          sh->pid_at_start[env.rank] = getpid();
+          step = static_cast<int>(committed) + 1;
+        }
         bool shrunk = false;
         while (step <= kSteps) {
           const zs_status s = train_step(env, m, step);
@@ -152,13 +189,14 @@ void shrunk_at(int world, int victim, const char* point, int count) {
           ASSERT_FALSE(shrunk) << "a second loss";
           int64_t agreed = -1, committed = -1;
           ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
-          ZS_ASSERT_OK(zs_heal_shrink(&committed, m.opt));
+          // Under a deadline the join decides: the replacement, or a shrink.
+          ZS_ASSERT_OK(replaced ? zs_heal_join(&committed, m.opt) : zs_heal_shrink(&committed, m.opt));
           EXPECT_EQ(committed, agreed);
           sh->committed[env.rank] = committed;
           step = static_cast<int>(committed) + 1;
           shrunk = true;
         }
-        EXPECT_TRUE(shrunk) << "rank " << env.rank << " never saw the loss";
+        EXPECT_TRUE(shrunk || env.replacement > 0) << "rank " << env.rank << " never saw the loss";
         int64_t steps = -1;
         ZS_ASSERT_OK(zs_optimizer_get_step(m.opt, &steps));
         sh->steps_at_end[env.rank] = steps;
@@ -169,8 +207,17 @@ void shrunk_at(int world, int victim, const char* point, int count) {
         sh->pid_at_end[env.rank] = getpid();
         sh->finished[env.rank] += 1;
         destroy(m);
-      },
-      90, {victim});
+      };
+  if (replaced)
+    zs::test::run_ranks_replacing(world, body, 90, {victim}, 1, store ? store->port() : 0);
+  else
+    zs::test::run_ranks(world, body, 90, {victim});
+  store.reset();
+  if (replaced && !deadline.joins()) {
+    const std::string why = sh->refused[victim];
+    EXPECT_NE(why.find("went on without rank " + std::to_string(victim)), std::string::npos) << why;
+    std::printf("[heal-shrink] the late replacement: %s\n", why.c_str());
+  }
   const int64_t c = sh->committed[lowest];
   ASSERT_GE(c, 2);
   ASSERT_LE(c, 3);
@@ -180,7 +227,7 @@ void shrunk_at(int world, int victim, const char* point, int count) {
     EXPECT_EQ(sh->steps_at_end[r].load(), kSteps) << "rank " << r;
     EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
   }
-  zs::test::run_ranks(world - 1, [&](const RankEnv& env) {
+  zs::test::run_ranks(static_cast<int>(live.size()), [&](const RankEnv& env) {
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
     ZS_ASSERT_OK(save_or_load(m, after, false, "after"));
@@ -207,6 +254,15 @@ TEST(HealShrink, ThreeRanksGoOnAsTwoAfterAKillInTheUpdate) { shrunk_at(3, 1, "up
 TEST(HealShrink, FourRanksGoOnAsThreeAfterAKillInTheReduceScatter) { shrunk_at(4, 2, "reduce_scatter", 4); }
 TEST(HealShrink, ThreeRanksGoOnAsTwoAfterRankZerosNeighbourIsKilledBeforeTheNormAllReduce) {
   shrunk_at(3, 2, "norm_allreduce", 3);
+}
+
+// healing.replacement_wait_s: the survivors wait that long for the
+// replacement before they shrink. One that comes in time joins (the run is
+// the uninterrupted one's); one that comes late finds the survivors gone on
+// without it and says so, and they train on as after a shrink.
+TEST(HealShrink, AReplacementWithinTheDeadlineJoins) { shrunk_at(3, 1, "update", 3, {10.0, 0}); }
+TEST(HealShrink, AReplacementPastTheDeadlineFindsTheSurvivorsShrunk) {
+  shrunk_at(4, 2, "reduce_scatter", 4, {0.4, 1500});
 }
 
 // A param no peer copy carries (in no optimizer, not frozen): no survivor

@@ -85,12 +85,18 @@ TEST(HealConfig, PeerCopyParsesAndRoundTrips) {
   EXPECT_EQ(shrinks.heal_min_ranks, 2);
   EXPECT_EQ(zs::parse_config(zs::config_to_json(shrinks), 4).heal_min_ranks, 2);
   EXPECT_EQ(zs::parse_config("{}", 4).heal_min_ranks, 0);
+  // replacement_wait_s acts (impl/heal/replacement_wait.h), round trips.
+  const zs::Config waits = zs::parse_config(
+      R"({"zeroshard": {"healing": {"peer_copy": true, "min_ranks": 2, "replacement_wait_s": 2.5}}})", 4);
+  EXPECT_EQ(waits.heal_replacement_wait_s, 2.5);
+  EXPECT_EQ(zs::parse_config(zs::config_to_json(waits), 4).heal_replacement_wait_s, 2.5);
+  EXPECT_EQ(zs::parse_config("{}", 4).heal_replacement_wait_s, 0);
 }
 
-TEST(HealConfig, RefusesWhatDoesNotActYetByName) {
-  std::string e = config_error(R"({"zeroshard": {"healing": {"peer_copy": true, "replacement_wait_s": 60}}})");
-  EXPECT_NE(e.find("zeroshard.healing.replacement_wait_s: got 60"), std::string::npos) << e;
-  EXPECT_NE(e.find("does not act yet"), std::string::npos) << e;
+TEST(HealConfig, RefusesBadValuesByName) {
+  std::string e = config_error(R"({"zeroshard": {"healing": {"replacement_wait_s": -1}}})");
+  EXPECT_NE(e.find("zeroshard.healing.replacement_wait_s: got -1, expected a number >= 0 and <= 86400"),
+            std::string::npos) << e;
   e = config_error(R"({"zeroshard": {"healing": {"min_ranks": 0}}})");
   EXPECT_NE(e.find("zeroshard.healing.min_ranks"), std::string::npos) << e;
   e = config_error(R"({"zeroshard": {"healing": {"peer_copy": "yes"}}})");
@@ -150,6 +156,21 @@ TEST(HealConfig, RefusesWhatTheCopyCannotFollowByName) {
     create_error(R"({"zeroshard": {"healing": {"peer_copy": false}}, "zero_optimization": {
         "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})", ZS_ERR_TIMEOUT);
   }
+}
+
+// A deadline for a replacement needs a shrink to fall back on, and must end
+// before the other survivors stop waiting for the verdict.
+TEST(HealConfig, AReplacementDeadlineWithoutMinRanksOrPastTheTimeoutIsRefusedAtCreate) {
+  std::string e = create_error(R"({"zeroshard": {"healing": {"peer_copy": true, "replacement_wait_s": 0.2}}})",
+                               ZS_ERR_INVALID_CONFIG);
+  EXPECT_NE(e.find("replacement_wait_s = 0.2 s is how long the survivors wait"), std::string::npos) << e;
+  EXPECT_NE(e.find("set zeroshard.healing.min_ranks"), std::string::npos) << e;
+  e = create_error(R"({"zeroshard": {"healing": {"peer_copy": true, "min_ranks": 1, "replacement_wait_s": 0.3}}})",
+                   ZS_ERR_INVALID_CONFIG);
+  EXPECT_NE(e.find("replacement_wait_s = 0.3 s is not below the store's timeout (300 ms"), std::string::npos) << e;
+  zs::test::ScopedEnv wait("ZS_HEAL_REPLACEMENT_WAIT_S", "soon");
+  e = create_error(R"({"zeroshard": {"healing": {"peer_copy": true, "min_ranks": 1}}})", ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(e.find("ZS_HEAL_REPLACEMENT_WAIT_S='soon': expected seconds"), std::string::npos) << e;
 }
 
 // Ranks that disagree on whether the copy is on (ZS_HEAL on one rank only)

@@ -561,10 +561,8 @@ void read_device(Section& top, Config& c) {
   c.device = text;
 }
 
-// zeroshard's own section. healing.peer_copy and healing.min_ranks act
-// (landing steps 1 and 6 of docs/healing.md); replacement_wait_s (a
-// deadline for the replacement) is refused by name until it acts, never
-// taken and ignored.
+// zeroshard's own section: healing.peer_copy, healing.min_ranks and
+// healing.replacement_wait_s (landing steps 1 and 6 of docs/healing.md).
 void parse_zeroshard(Section& zs, Config& c) {
   if (auto healing = zs.child({"healing"})) {
     if (auto e = healing->given({"peer_copy"})) {
@@ -572,10 +570,7 @@ void parse_zeroshard(Section& zs, Config& c) {
       c.heal_peer_copy = e->value->get<bool>() ? 1 : 0;
     }
     healing->read({"min_ranks"}, c.heal_min_ranks, 1, 1 << 20);
-    if (auto e = healing->given({"replacement_wait_s"}))
-      fail(Code::InvalidConfig, e->path, ": got ", show(*e->value),
-           ", but this key does not act yet: survivors wait for a replacement until the store's timeout, or shrink "
-           "at once under healing.min_ranks (docs/healing.md, section 4); remove it");
+    healing->read({"replacement_wait_s"}, c.heal_replacement_wait_s, 0, 86400);
     healing->reject_unknown();
   }
   zs.reject_unknown();
@@ -947,6 +942,7 @@ std::string config_to_json(const Config& c) {
   j["gradient_predivide_factor"] = c.gradient_predivide_factor;
   Json healing{{"peer_copy", c.heal_peer_copy < 0 ? Json("auto") : Json(c.heal_peer_copy == 1)}};
   if (c.heal_min_ranks > 0) healing["min_ranks"] = c.heal_min_ranks;
+  if (c.heal_replacement_wait_s > 0) healing["replacement_wait_s"] = c.heal_replacement_wait_s;
   j["zeroshard"] = Json{{"healing", healing}};
   return j.dump(2);
 }

@@ -160,6 +160,12 @@ struct Config {
   // default): always a replacement. Unset, ZS_HEAL_MIN_RANKS sets it (zsrun
   // --min-nproc M --shrink exports it).
   int heal_min_ranks = 0;
+  // healing.replacement_wait_s: with min_ranks, how long the survivors wait
+  // for a lost rank's replacement before they shrink instead (the lowest
+  // survivor decides, impl/heal/replacement_wait.h); 0 (the default): they
+  // shrink at once. Unset, ZS_HEAL_REPLACEMENT_WAIT_S sets it (zsrun
+  // --replacement-wait S exports it).
+  double heal_replacement_wait_s = 0;
   // Keys seen in the input that the engine does not act on (JSON paths, e.g.
   // "optimizer", "train_micro_batch_size_per_gpu", and DeepSpeed options such
   // as "zero_optimization.load_from_fp32_weights"), in input order.

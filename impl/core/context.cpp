@@ -1,6 +1,7 @@
 #include "impl/core/context.h"
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,34 @@ std::chrono::milliseconds resolve_timeout(int timeout_ms) {
   if (timeout_ms < 0) fail(Code::InvalidArgument, "timeout_ms ", timeout_ms, ": expected >= 0");
   if (timeout_ms > 0) return std::chrono::milliseconds(timeout_ms);
   return std::chrono::milliseconds(env_int("ZS_TIMEOUT_MS", 300000));
+}
+
+// ZS_HEAL_REPLACEMENT_WAIT_S: seconds, as the config key; unset or empty: 0.
+double replacement_wait_from_env() {
+  const char* v = std::getenv("ZS_HEAL_REPLACEMENT_WAIT_S");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const double w = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !std::isfinite(w) || w < 0 || w > 86400)
+    fail(Code::InvalidArgument, "ZS_HEAL_REPLACEMENT_WAIT_S='", v, "': expected seconds in [0, 86400] (0 or unset: "
+         "the survivors shrink at once under healing.min_ranks)");
+  return w;
+}
+
+// The deadline means something only where a loss may shrink, and the other
+// survivors wait for the lowest one's decision within the store's timeout.
+void check_replacement_wait(const Config& c, std::chrono::milliseconds timeout) {
+  const double w = c.heal_replacement_wait_s;
+  if (w <= 0) return;
+  if (c.heal_min_ranks == 0)
+    fail(Code::InvalidConfig, "zeroshard.healing.replacement_wait_s = ", w, " s is how long the survivors wait for a "
+         "replacement before they shrink, but nothing lets them shrink: set zeroshard.healing.min_ranks (or run "
+         "under zsrun --min-nproc M --shrink), or remove it (without min_ranks they wait for a replacement until the "
+         "store's timeout)");
+  if (w * 1000 >= static_cast<double>(timeout.count()))
+    fail(Code::InvalidConfig, "zeroshard.healing.replacement_wait_s = ", w, " s is not below the store's timeout (",
+         timeout.count(), " ms, ZS_TIMEOUT_MS), which bounds the other survivors' wait for the decision: lower it "
+         "or raise ZS_TIMEOUT_MS");
 }
 
 std::string inactive_json(const std::vector<InactiveKey>& keys) {
@@ -102,6 +131,8 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
       fail(Code::InvalidArgument, "ZS_HEAL_MIN_RANKS=", m, ": expected a number of ranks >= 1 (0 or unset: off)");
     ctx->config_.heal_min_ranks = static_cast<int>(m);
   }
+  if (ctx->config_.heal_replacement_wait_s == 0)  // zsrun --replacement-wait S
+    ctx->config_.heal_replacement_wait_s = replacement_wait_from_env();
   TopologyShape shape;
   shape.rank = ctx->ranks_.rank;
   shape.world_size = ctx->ranks_.world_size;
@@ -121,6 +152,7 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
   ctx->inactive_keys_ = zs::inactive_keys(ctx->config_);
   ctx->inactive_keys_json_ = inactive_json(ctx->inactive_keys_);
   ctx->timeout_ = resolve_timeout(options.timeout_ms);
+  check_replacement_wait(ctx->config_, ctx->timeout_);
   // Malformed values are refused before any socket opens.
   ctx->host_ = host_id();
   ctx->quantize_within_host_ = env_int("ZS_QUANTIZE_WITHIN_HOST", 0) != 0;
@@ -387,6 +419,7 @@ void Context::connect(const ContextOptions& options) {
         store->interrupt(why + ", and it serves the store");
       });
   }
+  if (replacing_ && heartbeat_) await_heal_decision();
   agree_on_backend();
   // A replacement beats from the start: the survivors readmitted it before
   // they reconnect, and judge it from then on.
@@ -836,6 +869,29 @@ void Context::find_generation() {
   if (g < 1 || end == text.c_str() || *end != '\0')
     fail(Code::Bootstrap, "the store's '", key, "' holds '", text, "', not a generation >= 1");
   generation_ = g;
+}
+
+std::string Context::heal_decision_key(int64_t generation) { return key_prefix_of(generation) + "heal/decision"; }
+
+void Context::await_heal_decision() {
+  const double wait_s = config_.heal_replacement_wait_s;
+  if (wait_s <= 0 || config_.heal_min_ranks == 0) return;
+  const std::string key = heal_decision_key(generation_);
+  std::vector<char> raw;
+  try {
+    raw = store_->get(key);
+  } catch (const Error& e) {
+    fail(e.code(), "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) waited for the "
+         "survivors' decision under '", key, "' (zeroshard.healing.replacement_wait_s = ", wait_s, " s): ", e.what());
+  }
+  const std::string decision(raw.begin(), raw.end());
+  if (decision == "join") return;
+  if (decision == "shrink")
+    fail(Code::Bootstrap, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) came too "
+         "late: the survivors waited zeroshard.healing.replacement_wait_s = ", wait_s, " s for it and went on "
+         "without rank ", ranks_.rank, " (they shrank in memory: healing.min_ranks ", config_.heal_min_ranks,
+         "); raise the deadline for a replacement that starts slower than that");
+  fail(Code::Bootstrap, "the store's '", key, "' holds '", decision, "', not join or shrink");
 }
 
 namespace {

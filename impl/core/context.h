@@ -222,6 +222,10 @@ class Context {
   int64_t generation() const { return generation_; }
   std::string key_prefix() const { return key_prefix_of(generation_); }
   static std::string key_prefix_of(int64_t generation);
+  // Where generation g's survivors say whether they wait for the
+  // replacements or shrink without them (healing.replacement_wait_s,
+  // impl/heal/replacement_wait.h): "join" or "shrink".
+  static std::string heal_decision_key(int64_t generation);
   bool replacing() const { return replacing_.load(); }
   // Healing on through ZS_HEAL=auto (zsrun --restarts): what it cannot
   // copy turns it off for that part with a note, instead of a refusal.
@@ -371,6 +375,10 @@ class Context {
                                                   int my);
   // A replacement's generation: waits for the key the survivors post.
   void find_generation();
+  // A replacement under healing.replacement_wait_s, its heartbeat address
+  // posted: waits for the survivors' verdict; fails by name (Bootstrap)
+  // when they went on without it.
+  void await_heal_decision();
   // A heal's end (regroup, shrink): the loss and its RankLost error forgotten.
   void forget_losses();
   void finalize_store();

@@ -12,6 +12,7 @@
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/replacement_wait.h"
 #include "impl/heal/shrink.h"
 #include "impl/heal/trainer_state.h"
 
@@ -98,14 +99,9 @@ Joined join(Context& ctx, Optimizer& opt) {
     }
   }
   // healing.min_ranks: a loss that leaves that many ranks live shrinks
-  // instead (the same count on every survivor, and for every optimizer:
-  // the live ranks not lost, whether or not the first one's shrink has
-  // dropped them already).
-  if (!out.replacement && ctx.config().heal_min_ranks > 0) {
-    int left = 0;
-    for (const int r : ctx.topology().live()) left += std::binary_search(lost.begin(), lost.end(), r) ? 0 : 1;
-    if (left >= ctx.config().heal_min_ranks) return shrink(ctx, opt);
-  }
+  // instead, at once or when no replacement came within
+  // healing.replacement_wait_s (one verdict per loss, for every optimizer).
+  if (!out.replacement && ctx.config().heal_min_ranks > 0 && shrinks_instead(ctx, lost)) return shrink(ctx, opt);
   // Survivors regroup once per loss: at the first optimizer's join, while
   // the context's generation is the one the agreement ran in.
   if (!out.replacement && !ctx.lost_ranks().empty()) ctx.regroup(lost);

@@ -39,7 +39,10 @@ ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
     had_ = true;
     old_ = v;
   }
-  setenv(name, value, 1);
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
 }
 
 ScopedEnv::~ScopedEnv() {

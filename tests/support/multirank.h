@@ -39,7 +39,7 @@ std::vector<std::vector<int>> run_ranks_replacing(int world, const std::function
                                                   int max_each = 1, int port = 0);
 
 // Sets an environment variable while it lives (the ranks run_ranks forks
-// inherit it), then puts back what was there.
+// inherit it; a null value unsets it), then puts back what was there.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value);
