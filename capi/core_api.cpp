@@ -33,6 +33,7 @@ ZS_API const char* zs_status_string(zs_status status) {
     case ZS_ERR_IO: return "ZS_ERR_IO";
     case ZS_ERR_RANK_LOST: return "ZS_ERR_RANK_LOST";
     case ZS_ERR_STATE_LOST: return "ZS_ERR_STATE_LOST";
+    case ZS_ERR_NOT_TAKEN: return "ZS_ERR_NOT_TAKEN";
     default: break;
   }
   return "ZS_UNKNOWN_STATUS";

@@ -11,6 +11,7 @@ static_assert(static_cast<int>(Code::Internal) == ZS_ERR_INTERNAL);
 static_assert(static_cast<int>(Code::Io) == ZS_ERR_IO);
 static_assert(static_cast<int>(Code::RankLost) == ZS_ERR_RANK_LOST);
 static_assert(static_cast<int>(Code::StateLost) == ZS_ERR_STATE_LOST);
+static_assert(static_cast<int>(Code::NotTaken) == ZS_ERR_NOT_TAKEN);
 static_assert(static_cast<int>(DType::U8) == ZS_UINT8);
 static_assert(static_cast<int>(ParamStatus::Available) == ZS_PARAM_AVAILABLE);
 

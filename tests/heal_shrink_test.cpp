@@ -163,7 +163,7 @@ void shrunk_at(int world, int victim, const char* point, int count, Deadline dea
         const zs_status built = build_with_frozen(env, m);
         if (env.replacement > 0 && !deadline.joins()) {
           // Too late: the survivors went on without it, and it says so.
-          EXPECT_EQ(built, ZS_ERR_BOOTSTRAP) << zs_last_error();
+          EXPECT_EQ(built, ZS_ERR_NOT_TAKEN) << zs_last_error();
           std::snprintf(sh->refused[env.rank], sizeof sh->refused[env.rank], "%s", zs_last_error());
           destroy(m);
           return;

@@ -92,6 +92,45 @@ TEST(HealZsrun, UnderMinNprocShrinkTheSurvivorsGoOnWithoutTheLostRank) {
   EXPECT_NE(replaced.out.find("zsrun: healing: starting a replacement of rank 1"), std::string::npos) << replaced.out;
   EXPECT_EQ(replaced.losses, ref.losses) << replaced.out;
 }
+
+// zsrun --min-nproc 2 --shrink --replacement-wait S: the lost rank is
+// started again first, and the survivors wait up to S for it. One that
+// comes in time joins (the uninterrupted run's losses); one that comes
+// later (it sleeps 3 s before train_mlp starts, as on a slow host) finds
+// the two others gone on without it, exits with ZS_EXIT_NOT_TAKEN, and the
+// job ends 0 with the shrunk run's losses, no restart.
+TEST(HealZsrun, UnderReplacementWaitAReplacementInTimeJoinsAndALateOneIsNotTaken) {
+  const auto ref = reference(3);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const std::string env = std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:8";
+  const auto in_time = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps), env,
+                                               "--restarts 1 --min-nproc 2 --shrink --replacement-wait 20");
+  EXPECT_EQ(in_time.rc, 0) << in_time.out;
+  EXPECT_NE(in_time.out.find("zsrun: healing: starting a replacement of rank 1 (ZS_HEAL_REPLACEMENT=1; restart 1 "
+                             "of 1); the other ranks keep running, and wait up to 20 s for it (--replacement-wait)"),
+            std::string::npos) << in_time.out;
+  EXPECT_EQ(in_time.out.find("went on without"), std::string::npos) << in_time.out;
+  EXPECT_EQ(in_time.losses, ref.losses) << in_time.out;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto late = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps), env,
+                                            "--restarts 1 --min-nproc 2 --shrink --replacement-wait 0.5", 3.0);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[heal-zsrun] update:1:8 on 3 ranks, the replacement 3 s late for a 0.5 s deadline: %.2f s\n", took);
+  EXPECT_EQ(late.rc, 0) << late.out;
+  EXPECT_NE(late.out.find("no replacement of rank 1 came within zeroshard.healing.replacement_wait_s = 0.5 s; "
+                          "the 2 live ranks go on without it"), std::string::npos) << late.out;
+  EXPECT_NE(late.out.find("ZS_ERR_NOT_TAKEN"), std::string::npos) << late.out;
+  EXPECT_NE(late.out.find("zsrun: healing: rank 1's replacement came after --replacement-wait 0.5 s: the 2 others "
+                          "went on without it"), std::string::npos) << late.out;
+  EXPECT_EQ(late.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << late.out;
+  // The shrunk run: the steps before the loss as the reference's, the
+  // last on two ranks' data (as UnderMinNprocShrink... above).
+  ASSERT_EQ(late.losses.size(), static_cast<size_t>(kSteps)) << late.out;
+  for (size_t s = 0; s < 7; ++s) EXPECT_EQ(late.losses[s], ref.losses[s]) << "step " << s << ": " << late.out;
+  EXPECT_NE(late.losses.back(), ref.losses.back()) << "two ranks' data, not three";
+}
+
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsrun(4, "fetch:2:20"); }
 
 // Rank 0 killed: zsrun's zsstore serves the store, so rank 0 is replaced

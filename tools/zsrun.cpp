@@ -59,7 +59,11 @@
 // not send is not started again while at least M others run: they go on
 // without it (zsrun exports ZS_HEAL_MIN_RANKS=M, by which zs_heal_join
 // shrinks the engine over the live ranks), and its death is no failure of
-// the job. Fewer than M left: a replacement joins as above.
+// the job. Fewer than M left: a replacement joins as above. With
+// --replacement-wait S a replacement is started first (while a restart is
+// left) and the others wait up to S seconds for it (zsrun exports
+// ZS_HEAL_REPLACEMENT_WAIT_S=S); if it came later they go on without it,
+// and it exits with ZS_EXIT_NOT_TAKEN (76), which is no failure either.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -220,6 +224,7 @@ struct Options {
   long restarts = 0;     // attempts after the first
   long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
   bool shrink = false;   // --shrink: with --min-nproc, heal by going on without the lost rank
+  double replacement_wait_s = 0;  // --replacement-wait: with --shrink, a replacement first, this long
   bool no_heal = false;  // --no-heal
   bool spare = false;    // --spare
   bool prefix = true;
@@ -253,6 +258,11 @@ const char kUsage[] =
     "                           and they go on without it (ZS_HEAL_MIN_RANKS=M:\n"
     "                           zs_heal_join shrinks); below M a replacement\n"
     "                           joins as under plain --restarts\n"
+    "  --replacement-wait S     with --shrink: start a replacement of the lost\n"
+    "                           rank first; the others wait up to S seconds for\n"
+    "                           it and go on without it only if it came later\n"
+    "                           (ZS_HEAL_REPLACEMENT_WAIT_S=S; the late one\n"
+    "                           exits with ZS_EXIT_NOT_TAKEN, no failure)\n"
     "  --no-heal                with --restarts: no healing (ZS_HEAL is not\n"
     "                           exported; a failed rank restarts the whole job)\n"
     "  --spare                  healing a Python command: keep one process warm,\n"
@@ -363,6 +373,10 @@ Options parse_args(int argc, char** argv) {
         usage_error("--min-nproc expects a positive integer, got '%s'", v);
     } else if (arg == "--shrink") {
       opt.shrink = true;
+    } else if (is(arg, "--replacement-wait")) {
+      const char* v = value(arg, "--replacement-wait");
+      if (!parse_seconds(v, &opt.replacement_wait_s) || opt.replacement_wait_s <= 0)
+        usage_error("--replacement-wait expects a positive number of seconds, got '%s'", v);
     } else if (arg == "--no-heal") {
       opt.no_heal = true;
     } else if (arg == "--spare") {
@@ -386,6 +400,9 @@ Options parse_args(int argc, char** argv) {
   if (opt.shrink && (opt.min_nproc == 0 || opt.no_heal))
     usage_error("--shrink heals by going on without a lost rank, down to --min-nproc M ranks: it needs "
                 "--restarts R and --min-nproc M, without --no-heal");
+  if (opt.replacement_wait_s > 0 && !opt.shrink)
+    usage_error("--replacement-wait %g is how long the others wait for a replacement before they shrink: it "
+                "needs --shrink (with --restarts R and --min-nproc M)", opt.replacement_wait_s);
   if (opt.master_port != 0 && opt.store_port == opt.master_port)
     usage_error("--store-port and --master-port are both %d: the engine's store and torch's "
                 "need a port each", opt.master_port);
@@ -636,6 +653,13 @@ std::vector<std::string> Launcher::base_environment() {
   // --shrink: the engine's survivors go on without a lost rank while at
   // least M run, as zsrun starts no replacement then (on_exit).
   if (heals() && opt_.shrink) env.push_back("ZS_HEAL_MIN_RANKS=" + std::to_string(opt_.min_nproc));
+  // --replacement-wait: the engine's survivors wait that long for the
+  // replacement zsrun starts, then shrink (docs/healing.md, section 4).
+  if (heals() && opt_.replacement_wait_s > 0) {
+    char wait[32];
+    std::snprintf(wait, sizeof wait, "%g", opt_.replacement_wait_s);
+    env.push_back(std::string("ZS_HEAL_REPLACEMENT_WAIT_S=") + wait);
+  }
   if (external_store_) env.push_back("ZS_STORE_SERVER=external");
   return env;
 }
@@ -1031,8 +1055,11 @@ void Launcher::on_exit(Rank& r, int status) {
   // job, which goes on while at least --min-nproc ranks run (the engine
   // shrinks by the same count: ZS_HEAL_MIN_RANKS); the rank's exit is no
   // failure. Rank 0 only where zsstore serves the store.
+  // With --replacement-wait a replacement is started first (below), if a
+  // restart is left; the engine's survivors shrink only if it comes late.
   const long running = nranks_ - dropped_ - 1;
-  if (heals() && opt_.shrink && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
+  const bool replaces_first = opt_.replacement_wait_s > 0 && attempt_ + respawned_ < opt_.restarts;
+  if (heals() && opt_.shrink && !replaces_first && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
       (r.index != 0 || external_store_) && running >= opt_.min_nproc) {
     ++dropped_;
     errorf("healing: rank %d is lost and not started again (--min-nproc %ld --shrink): the %ld other%s go on "
@@ -1047,10 +1074,21 @@ void Launcher::on_exit(Rank& r, int status) {
       attempt_ + respawned_ < opt_.restarts) {
     r.replaces_loss = respawned_ + 1;  // adopt_spare or respawn counts it
     if (adopt_spare(r)) return;
+    char waits[96] = "";
+    if (opt_.shrink && opt_.replacement_wait_s > 0)
+      std::snprintf(waits, sizeof waits, ", and wait up to %g s for it (--replacement-wait)", opt_.replacement_wait_s);
     errorf("healing: starting a replacement of rank %d (ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the other "
-           "ranks keep running", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts);
+           "ranks keep running%s", r.index, r.replacements + 1, attempt_ + respawned_ + 1, opt_.restarts, waits);
     if (respawn(r)) return;
     errorf("cannot start a replacement of rank %d: the job is torn down", r.index);
+  }
+  // A replacement that came after --replacement-wait: the survivors went on
+  // without its rank, and its program says so by its exit; no failure.
+  if (heals() && opt_.shrink && WIFEXITED(status) && code == ZS_EXIT_NOT_TAKEN && r.replacements > 0) {
+    ++dropped_;
+    errorf("healing: rank %d's replacement came after --replacement-wait %g s: the %ld other%s went on without it",
+           r.index, opt_.replacement_wait_s, running, running == 1 ? "" : "s");
+    return;
   }
   // A survivor whose heal was impossible (its program exits with
   // ZS_EXIT_STATE_LOST): the job is restarted whole, if a restart is left.

@@ -21,7 +21,9 @@
  * and the run goes on from the committed step; the replacement, started
  * with ZS_HEAL_REPLACEMENT set, joins before its first step. A heal that
  * cannot be (ZS_ERR_STATE_LOST: a rank and the holder of its copy lost
- * together) exits with ZS_EXIT_STATE_LOST, and zsrun restarts the job.
+ * together) exits with ZS_EXIT_STATE_LOST, and zsrun restarts the job; a
+ * replacement the survivors went on without (ZS_ERR_NOT_TAKEN) exits with
+ * ZS_EXIT_NOT_TAKEN.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,12 +34,21 @@
 
 #include "mlp_model.h"
 
+/* What a launcher that heals reads from the exit: restart the job from disk
+ * (a shard lost with its copy), or nothing to do (a replacement the
+ * survivors shrank without, under zsrun --shrink --replacement-wait). */
+static int exit_status(zs_status s) {
+  if (s == ZS_ERR_STATE_LOST) return ZS_EXIT_STATE_LOST;
+  if (s == ZS_ERR_NOT_TAKEN) return ZS_EXIT_NOT_TAKEN;
+  return 1;
+}
+
 #define CHECK(call)                                                                         \
   do {                                                                                      \
     zs_status s_ = (call);                                                                  \
     if (s_ != ZS_OK) {                                                                      \
       fprintf(stderr, "%s failed: %s: %s\n", #call, zs_status_string(s_), zs_last_error()); \
-      exit(s_ == ZS_ERR_STATE_LOST ? ZS_EXIT_STATE_LOST : 1);                               \
+      exit(exit_status(s_));                                                                \
     }                                                                                       \
   } while (0)
 

@@ -27,6 +27,7 @@ enum class Code : int {
   Io = 12,  // a file could not be read or written, or failed its checksum
   RankLost = 13,   // healing on: a rank fell silent (docs/healing.md, section 2)
   StateLost = 14,  // healing on: a shard and its copy were lost together
+  NotTaken = 15,   // healing: a replacement the survivors shrank without
 };
 
 class Error : public std::runtime_error {

@@ -861,9 +861,10 @@ void Context::find_generation() {
   }
   const std::string text(raw.begin(), raw.end());
   if (text == "shrunk")
-    fail(Code::Bootstrap, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT): the "
+    fail(Code::NotTaken, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT): the "
          "survivors went on without rank ", ranks_.rank, " (they shrank in memory: zeroshard.healing.min_ranks, or "
-         "zsrun --min-nproc M --shrink), so no replacement is taken; a launcher that shrinks starts none");
+         "zsrun --min-nproc M --shrink, at once or past healing.replacement_wait_s), so this replacement is not "
+         "taken and has nothing to do (exit with ZS_EXIT_NOT_TAKEN)");
   char* end = nullptr;
   const long long g = std::strtoll(text.c_str(), &end, 10);
   if (g < 1 || end == text.c_str() || *end != '\0')
@@ -887,10 +888,11 @@ void Context::await_heal_decision() {
   const std::string decision(raw.begin(), raw.end());
   if (decision == "join") return;
   if (decision == "shrink")
-    fail(Code::Bootstrap, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) came too "
+    fail(Code::NotTaken, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) came too "
          "late: the survivors waited zeroshard.healing.replacement_wait_s = ", wait_s, " s for it and went on "
          "without rank ", ranks_.rank, " (they shrank in memory: healing.min_ranks ", config_.heal_min_ranks,
-         "); raise the deadline for a replacement that starts slower than that");
+         "), so it has nothing to do (exit with ZS_EXIT_NOT_TAKEN); raise the deadline for replacements that start "
+         "slower than that");
   fail(Code::Bootstrap, "the store's '", key, "' holds '", decision, "', not join or shrink");
 }
 

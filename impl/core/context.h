@@ -376,7 +376,7 @@ class Context {
   // A replacement's generation: waits for the key the survivors post.
   void find_generation();
   // A replacement under healing.replacement_wait_s, its heartbeat address
-  // posted: waits for the survivors' verdict; fails by name (Bootstrap)
+  // posted: waits for the survivors' verdict; fails by name (NotTaken)
   // when they went on without it.
   void await_heal_decision();
   // A heal's end (regroup, shrink): the loss and its RankLost error forgotten.

@@ -128,6 +128,12 @@ typedef enum zs_status {
    * first copy landed (in the first step's seed); the message names both
    * ranks. Fall back to a disk checkpoint: exit with ZS_EXIT_STATE_LOST. */
   ZS_ERR_STATE_LOST = 14,
+  /* Healing, in a replacement (ZS_HEAL_REPLACEMENT) at zs_context_create:
+   * the survivors went on without its rank (they shrank in memory under
+   * zeroshard.healing.min_ranks, at once or past
+   * zeroshard.healing.replacement_wait_s), so this process has nothing to
+   * join. Not a failure of the job: exit with ZS_EXIT_NOT_TAKEN. */
+  ZS_ERR_NOT_TAKEN = 15,
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff
 } zs_status;
@@ -136,6 +142,10 @@ typedef enum zs_status {
  * (EX_TEMPFAIL): zsrun --restarts then says that healing was impossible and
  * why, and restarts every rank, which resume from their last checkpoint. */
 #define ZS_EXIT_STATE_LOST 75
+
+/* The exit status of a replacement that was not taken (ZS_ERR_NOT_TAKEN):
+ * zsrun --shrink then counts its rank as left, not as a failure. */
+#define ZS_EXIT_NOT_TAKEN 76
 
 /* Name of a status ("ZS_ERR_TIMEOUT"); "ZS_UNKNOWN_STATUS" otherwise.
  * Static storage; never fails. */

@@ -22,7 +22,7 @@ from .errors import (ZeroShardError, InvalidArgumentError, InvalidHandleError,
                      InvalidStateError, InvalidConfigError, ZsOutOfMemoryError, ZsTimeoutError,
                      CommError, BootstrapError, NotSupportedError, BufferSizeError,
                      InternalError, ZsIOError, RankLostError, StateLostError,
-                     ZeroShardConfigWarning, check)
+                     NotTakenError, ZeroShardConfigWarning, check)
 from .core import (FLOAT32, BFLOAT16, FLOAT16, UINT8, WAIT_FOREVER, DTYPE_NAMES, DEVICE_CPU,
                    DEVICE_CUDA, version, config_check, dtype_code, dtype_size, cuda_device_count,
                    device_string, parse_device, dlpack_from_pointer, Context, Group, Param,
@@ -36,7 +36,7 @@ __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
     "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
-    "RankLostError", "StateLostError", "ZeroShardConfigWarning",
+    "RankLostError", "StateLostError", "NotTakenError", "ZeroShardConfigWarning",
     "FLOAT32", "BFLOAT16", "FLOAT16", "UINT8", "WAIT_FOREVER", "DTYPE_NAMES",
     "DEVICE_CPU", "DEVICE_CUDA",
     "checkpoint_verify", "checkpoint_export", "checkpoint_reshard",

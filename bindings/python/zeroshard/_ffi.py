@@ -21,7 +21,7 @@ import cffi
 
 __all__ = ["ffi", "lib", "library_path", "CDEF", "ZS_VERSION_MAJOR", "ZS_VERSION_MINOR",
            "ZS_VERSION_PATCH", "ZS_VERSION", "ZS_MAX_DIMS", "ZS_WAIT_FOREVER",
-           "ZS_EXIT_STATE_LOST"]
+           "ZS_EXIT_STATE_LOST", "ZS_EXIT_NOT_TAKEN"]
 
 # Macros of the header (cffi's ABI mode cannot read their values from the
 # library; the *_INIT initialisers are the library's zs_xxx_init functions).
@@ -32,6 +32,7 @@ ZS_VERSION = ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 + ZS_VERSION_PATC
 ZS_MAX_DIMS = 8
 ZS_WAIT_FOREVER = -1
 ZS_EXIT_STATE_LOST = 75
+ZS_EXIT_NOT_TAKEN = 76
 
 CDEF = r"""
 /* Version */
@@ -54,6 +55,7 @@ typedef enum zs_status {
   ZS_ERR_IO = 12,
   ZS_ERR_RANK_LOST = 13,
   ZS_ERR_STATE_LOST = 14,
+  ZS_ERR_NOT_TAKEN = 15,
   ZS_STATUS_ENUM_MIN_ = -2147483648,
   ZS_STATUS_ENUM_MAX_ = 2147483647
 } zs_status;

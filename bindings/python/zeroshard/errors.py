@@ -10,7 +10,7 @@ __all__ = [
     "ZeroShardError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError",
     "InvalidConfigError", "ZsOutOfMemoryError", "ZsTimeoutError", "CommError",
     "BootstrapError", "NotSupportedError", "BufferSizeError", "InternalError", "ZsIOError",
-    "RankLostError", "StateLostError",
+    "RankLostError", "StateLostError", "NotTakenError",
     "check", "error_class", "status_name", "ZeroShardConfigWarning",
 ]
 
@@ -109,6 +109,13 @@ class StateLostError(ZeroShardError):
     status_code = 14
 
 
+class NotTakenError(ZeroShardError):
+    """Healing, in a replacement: the survivors went on without its rank
+    (they shrank in memory under zeroshard.healing.min_ranks), so there is
+    nothing to join. Not a failure of the job: exit with ZS_EXIT_NOT_TAKEN."""
+    status_code = 15
+
+
 class ZeroShardConfigWarning(UserWarning):
     """A config key the engine accepts but does not act on yet (offload,
     NVMe aio, ZeRO++ quantization, ...). ``keys`` holds the engine's list:
@@ -122,7 +129,8 @@ class ZeroShardConfigWarning(UserWarning):
 _CLASSES = {c.status_code: c for c in (
     InvalidArgumentError, InvalidHandleError, InvalidStateError, InvalidConfigError,
     ZsOutOfMemoryError, ZsTimeoutError, CommError, BootstrapError, NotSupportedError,
-    BufferSizeError, InternalError, ZsIOError, RankLostError, StateLostError)}
+    BufferSizeError, InternalError, ZsIOError, RankLostError, StateLostError,
+    NotTakenError)}
 
 
 def error_class(status):

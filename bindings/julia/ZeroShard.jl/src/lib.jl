@@ -16,6 +16,7 @@ const ZS_VERSION_PATCH = 0
 const ZS_MAX_DIMS = 8
 const ZS_WAIT_FOREVER = Cint(-1)
 const ZS_EXIT_STATE_LOST = Cint(75)
+const ZS_EXIT_NOT_TAKEN = Cint(76)
 
 # C enums are ints: one alias per enum type, one constant per value.
 const zs_status = Cint
@@ -34,6 +35,7 @@ const ZS_ERR_INTERNAL = Cint(11)
 const ZS_ERR_IO = Cint(12)
 const ZS_ERR_RANK_LOST = Cint(13)
 const ZS_ERR_STATE_LOST = Cint(14)
+const ZS_ERR_NOT_TAKEN = Cint(15)
 
 const zs_dtype = Cint
 const ZS_FLOAT32 = Cint(0)

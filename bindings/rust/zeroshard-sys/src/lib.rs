@@ -17,6 +17,7 @@ pub const ZS_VERSION: c_int = ZS_VERSION_MAJOR * 10000 + ZS_VERSION_MINOR * 100 
 pub const ZS_MAX_DIMS: usize = 8;
 pub const ZS_WAIT_FOREVER: c_int = -1;
 pub const ZS_EXIT_STATE_LOST: c_int = 75;
+pub const ZS_EXIT_NOT_TAKEN: c_int = 76;
 
 macro_rules! c_enum {
     ($ty:ident { $($name:ident = $value:expr,)* }) => {
@@ -41,6 +42,7 @@ c_enum!(zs_status {
     ZS_ERR_IO = 12,
     ZS_ERR_RANK_LOST = 13,
     ZS_ERR_STATE_LOST = 14,
+    ZS_ERR_NOT_TAKEN = 15,
     ZS_STATUS_ENUM_MIN_ = i32::MIN,
     ZS_STATUS_ENUM_MAX_ = i32::MAX,
 });

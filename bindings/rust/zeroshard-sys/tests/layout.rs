@@ -96,6 +96,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_ERR_IO,
         ZS_ERR_RANK_LOST,
         ZS_ERR_STATE_LOST,
+        ZS_ERR_NOT_TAKEN,
         ZS_STATUS_ENUM_MIN_,
         ZS_STATUS_ENUM_MAX_,
         ZS_FLOAT32,

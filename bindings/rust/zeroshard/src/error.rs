@@ -24,6 +24,8 @@ pub enum Status {
     RankLost,
     /// Healing on: a shard and the copy of it were lost together.
     StateLost,
+    /// Healing, in a replacement: the survivors went on without its rank.
+    NotTaken,
     /// A code this crate does not know (a newer library).
     Other(i32),
 }
@@ -45,6 +47,7 @@ impl Status {
             sys::ZS_ERR_IO => Status::Io,
             sys::ZS_ERR_RANK_LOST => Status::RankLost,
             sys::ZS_ERR_STATE_LOST => Status::StateLost,
+            sys::ZS_ERR_NOT_TAKEN => Status::NotTaken,
             other => Status::Other(other),
         }
     }
@@ -65,6 +68,7 @@ impl Status {
             Status::Io => sys::ZS_ERR_IO,
             Status::RankLost => sys::ZS_ERR_RANK_LOST,
             Status::StateLost => sys::ZS_ERR_STATE_LOST,
+            Status::NotTaken => sys::ZS_ERR_NOT_TAKEN,
             Status::Other(c) => c,
         }
     }
