@@ -1061,7 +1061,12 @@ ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs
  * new world. With zeroshard.healing.min_ranks M (or ZS_HEAL_MIN_RANKS=M,
  * which zsrun --min-nproc M --shrink exports), a loss that leaves at least
  * M ranks live makes it zs_heal_shrink on the survivors: no replacement is
- * awaited, and one started anyway fails at its create, saying so.
+ * awaited, and one started anyway fails at its create with
+ * ZS_ERR_NOT_TAKEN. With zeroshard.healing.replacement_wait_s W as well
+ * (or ZS_HEAL_REPLACEMENT_WAIT_S, which zsrun --replacement-wait exports),
+ * the survivors first wait up to W for the replacements and shrink only
+ * if one did not come: the lowest survivor decides, the others and the
+ * replacements read its verdict.
  * ZS_ERR_TIMEOUT naming the rank when no replacement came
  * within the timeout; INVALID_STATE on a survivor that has not agreed;
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store. */
