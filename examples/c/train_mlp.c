@@ -370,8 +370,11 @@ int main(int argc, char** argv) {
   CHECK(zs_context_memory(ctx, &m));
   zs_fetch_stats fs = ZS_FETCH_STATS_INIT;
   CHECK(zs_context_fetch_stats(ctx, &fs));
-  uint64_t mine[4] = {m.shard_bytes, m.grad_bytes, m.optimizer_bytes, m.unsharded_bytes};
-  uint64_t* all = malloc(sizeof mine * (size_t)world);
+  /* Over the live ranks: fewer than were started after a shrink. */
+  int live = 0;
+  CHECK(zs_group_size(wg, &live));
+  uint64_t mine[5] = {m.shard_bytes, m.grad_bytes, m.optimizer_bytes, m.unsharded_bytes, (uint64_t)rank};
+  uint64_t* all = malloc(sizeof mine * (size_t)live);
   zs_work w;
   CHECK(zs_allgather(&w, wg, mine, all, sizeof mine, ZS_UINT8));
   CHECK(zs_work_wait(w, ZS_WAIT_FOREVER));
@@ -391,9 +394,12 @@ int main(int argc, char** argv) {
            world, a.dtype, a.optimizer, a.steps, dev_name, backend,
            (unsigned long long)allocs_after_first, (unsigned long long)m.device_system_allocs, skipped, loss,
            (unsigned long long)fs.gathers, (unsigned long long)fs.hpz_gathers, (unsigned long long)all[3]);
-    for (int r = 0; r < world; ++r)
-      printf("%s{\"rank\":%d,\"param_bytes\":%llu,\"grad_bytes\":%llu,\"optimizer_bytes\":%llu}", r ? "," : "", r,
-             (unsigned long long)all[4 * r], (unsigned long long)all[4 * r + 1], (unsigned long long)all[4 * r + 2]);
+    for (int i = 0; i < live; ++i) {
+      const uint64_t* of = all + 5 * i;
+      printf("%s{\"rank\":%llu,\"param_bytes\":%llu,\"grad_bytes\":%llu,\"optimizer_bytes\":%llu}", i ? "," : "",
+             (unsigned long long)of[4], (unsigned long long)of[0], (unsigned long long)of[1],
+             (unsigned long long)of[2]);
+    }
     printf("]}\n");
   }
   for (int p = 0; p < MLP_NPARAMS; ++p) {
