@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <sstream>
@@ -625,4 +626,56 @@ TEST(HeartbeatScale, BeatsGrowAsNLogNAndADeadRankIsNamedByEveryRank) {
     std::vector<int> others(all.begin(), all.end() - 1);
     for (int r = 0; r < victim; ++r) EXPECT_EQ(hbs[r]->silence(others), "") << "rank " << r;
   }
+}
+
+// A shrink past the full mesh (12 ranks, each judged by the 4 ranks 1, 2,
+// 4 and 8 places before it): the survivors drop ranks 1, 5, 7 and 8, every
+// one of rank 9's monitors. Without laying the beats out again over the
+// live ranks nobody would judge rank 9 any more, and its death would go
+// unnoticed until a collective's timeout; after reform() each live rank is
+// judged by live ones, a later death is named by every survivor, and
+// nobody else is.
+TEST(HeartbeatScale, AfterAShrinkEveryLiveRankIsStillWatched) {
+  using namespace std::chrono_literals;
+  const auto period = 100ms, limit = 1000ms;
+  const int n = 12;
+  auto store = zs::make_memory_store(10s);
+  auto hbs = light_ranks(n, *store, period, limit);
+  const std::vector<int> dropped = {1, 5, 7, 8};
+  for (const int r : dropped) hbs[static_cast<size_t>(r)].reset();
+  std::vector<int> live;
+  for (int r = 0; r < n; ++r)
+    if (hbs[static_cast<size_t>(r)]) live.push_back(r);
+  for (const int r : live) {
+    for (const int d : dropped) hbs[static_cast<size_t>(r)]->drop(d);
+    hbs[static_cast<size_t>(r)]->reform(*store);
+  }
+  // Each live rank is some live rank's target: someone judges it.
+  for (const int r : live) {
+    int watchers = 0;
+    for (const int w : live)
+      for (const int t : hbs[static_cast<size_t>(w)]->targets()) watchers += t == r;
+    EXPECT_GE(watchers, 1) << "rank " << r << " is judged by nobody";
+    for (const int t : hbs[static_cast<size_t>(r)]->targets())
+      EXPECT_FALSE(std::find(dropped.begin(), dropped.end(), t) != dropped.end()) << r << " beats to dropped " << t;
+  }
+  std::this_thread::sleep_for(3 * period);
+  for (const int r : live) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(live), "") << "rank " << r;
+
+  const int victim = 9;
+  hbs[victim].reset();
+  const auto died = Clock::now();
+  int missing = static_cast<int>(live.size()) - 1;
+  std::vector<std::string> named(n);
+  while (missing > 0 && Clock::now() - died < 3 * limit + 2s) {
+    std::this_thread::sleep_for(20ms);
+    for (const int r : live)
+      if (r != victim && named[r].empty() && !(named[r] = hbs[static_cast<size_t>(r)]->silence({victim})).empty())
+        --missing;
+  }
+  EXPECT_EQ(missing, 0) << "survivors that never named rank " << victim;
+  std::vector<int> others;
+  for (const int r : live)
+    if (r != victim) others.push_back(r);
+  for (const int r : others) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(others), "") << "rank " << r;
 }

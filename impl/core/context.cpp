@@ -1005,6 +1005,7 @@ void Context::shrink(const std::vector<int>& lost) {
   // taken (find_generation).
   if (ranks_.rank == live.front()) post_losses(lost, true);
   for (const int r : lost) heartbeat_->drop(r);
+  heartbeat_->reform(*store_);  // past 8 peers: no live rank left with its monitors all dropped
   heartbeat_->republish(*store_, prefix);
   forget_losses();
   generation_ = g;

@@ -74,7 +74,7 @@ def test_error_classes():
              zs.InvalidConfigError: 4, zs.ZsOutOfMemoryError: 5, zs.ZsTimeoutError: 6,
              zs.CommError: 7, zs.BootstrapError: 8, zs.NotSupportedError: 9,
              zs.BufferSizeError: 10, zs.InternalError: 11, zs.ZsIOError: 12,
-             zs.RankLostError: 13, zs.StateLostError: 14}
+             zs.RankLostError: 13, zs.StateLostError: 14, zs.NotTakenError: 15}
     for cls, code in codes.items():
         assert issubclass(cls, zs.ZeroShardError)
         assert zs.errors.error_class(code) is cls

@@ -218,6 +218,7 @@ void Heartbeat::readmit(int rank, Store& store) {
   p.heard = Clock::now();
   p.silent = Clock::duration::zero();
   p.departed = false;
+  p.dropped = false;
   p.was_silent = false;
   p.confirmed = {};
   p.reported_by = -1;
@@ -230,9 +231,70 @@ void Heartbeat::drop(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   Peer& p = peers_[static_cast<size_t>(rank)];
   p.departed = true;
+  p.dropped = true;
   p.was_silent = false;
   p.confirmed = {};
   p.reported_by = -1;
+}
+
+void Heartbeat::reform(Store& store) {
+  if (full_mesh()) return;  // every rank beats to and judges every other already
+  std::vector<int> members;
+  std::vector<bool> known(static_cast<size_t>(world_));
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < world_; ++r) {
+      const Peer& p = peers_[static_cast<size_t>(r)];
+      if (r == rank_ || !p.dropped) members.push_back(r);
+      known[static_cast<size_t>(r)] = !p.addr.empty();
+    }
+    prefix = key_prefix_;
+  }
+  const int n = static_cast<int>(members.size());
+  const int me = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+  const auto among = [&](int step) {
+    std::vector<int> out;
+    for (const int at : power_of_two_peers(me, n, step)) out.push_back(members[static_cast<size_t>(at)]);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<int> targets = among(+1), monitors = among(-1);
+  std::vector<int> unknown;
+  for (const int r : targets) unknown.push_back(r);
+  for (const int r : monitors) unknown.push_back(r);
+  std::sort(unknown.begin(), unknown.end());
+  unknown.erase(std::unique(unknown.begin(), unknown.end()), unknown.end());
+  unknown.erase(std::remove_if(unknown.begin(), unknown.end(), [&](int r) { return known[static_cast<size_t>(r)]; }),
+                unknown.end());
+  std::vector<std::string> keys;
+  for (const int r : unknown) keys.push_back(prefix + "heartbeat/" + std::to_string(r));
+  const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
+  std::vector<Peer> fresh(unknown.size());
+  for (size_t i = 0; i < unknown.size(); ++i) parse_address(unknown[i], addresses[i], fresh[i]);
+  std::lock_guard<std::mutex> delivering(watchers_mu_);  // as in readmit
+  std::lock_guard<std::mutex> sending(send_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < unknown.size(); ++i) {
+    Peer& p = peers_[static_cast<size_t>(unknown[i])];
+    p.host = fresh[i].host;
+    p.epoch = fresh[i].epoch;
+    p.addr = fresh[i].addr;
+  }
+  const auto now = Clock::now();
+  for (int r = 0; r < world_; ++r) {
+    Peer& p = peers_[static_cast<size_t>(r)];
+    const bool judged = std::binary_search(monitors.begin(), monitors.end(), r);
+    if (judged && !p.monitored) {  // judged afresh, as heard now
+      p.heard = now;
+      p.silent = Clock::duration::zero();
+      p.was_silent = false;
+      p.confirmed = {};
+      p.reported_by = -1;
+    }
+    p.monitored = judged;
+  }
+  targets_ = targets;
 }
 
 Heartbeat::~Heartbeat() {

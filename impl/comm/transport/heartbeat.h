@@ -106,6 +106,13 @@ class Heartbeat {
   // counts as departed from now on (its silence is no loss), until a
   // readmit.
   void drop(int rank);
+  // After drops, past the full mesh: whom this rank beats to and judges is
+  // laid out again over the ranks not dropped (1, 2, 4, ... places after
+  // and before it among them), reading the addresses it did not know from
+  // the current generation's keys (store timeout), so that no live rank is
+  // left with every monitor dropped. Every live rank calls it at the same
+  // shrink; a rank newly judged here counts as heard now.
+  void reform(Store& store);
 
   // This rank is going away: tells the peers (so its silence from now on
   // is no failure) and stops sending; it goes on listening until destroyed.
@@ -129,6 +136,7 @@ class Heartbeat {
     std::chrono::steady_clock::time_point heard;  // last valid datagram (or start)
     std::chrono::steady_clock::duration silent{};  // this thread's running time since
     bool departed = false;
+    bool dropped = false;    // drop(): out of the run until a readmit
     bool monitored = false;  // beats to this rank: judged here directly
     bool was_silent = false;  // at the last check (the heartbeat thread's)
     // Another rank's report that this one is silent: when its monitor last
@@ -164,7 +172,7 @@ class Heartbeat {
   static void parse_address(int rank, const std::vector<char>& raw, Peer& p);
 
   const int rank_, world_;
-  std::vector<int> targets_;  // set in the constructor
+  std::vector<int> targets_;  // set in the constructor, and by reform under send_mu_
   std::atomic<uint64_t> sent_{0};
   const std::chrono::milliseconds period_, limit_;
   const std::string secret_;
