@@ -96,7 +96,8 @@ TEST(HealZsrun, UnderMinNprocShrinkTheSurvivorsGoOnWithoutTheLostRank) {
 // zsrun --min-nproc 2 --shrink --replacement-wait S: the lost rank is
 // started again first, and the survivors wait up to S for it. One that
 // comes in time joins (the uninterrupted run's losses); one that comes
-// later (it sleeps 3 s before train_mlp starts, as on a slow host) finds
+// later (it sleeps 5 s before train_mlp starts, as on a slow host: the
+// survivors find the loss within about 2 s of it, under load too) finds
 // the two others gone on without it, exits with ZS_EXIT_NOT_TAKEN, and the
 // job ends 0 with the shrunk run's losses, no restart.
 TEST(HealZsrun, UnderReplacementWaitAReplacementInTimeJoinsAndALateOneIsNotTaken) {
@@ -114,9 +115,9 @@ TEST(HealZsrun, UnderReplacementWaitAReplacementInTimeJoinsAndALateOneIsNotTaken
 
   const auto t0 = std::chrono::steady_clock::now();
   const auto late = zs::test::run_train_mlp(3, "--steps " + std::to_string(kSteps), env,
-                                            "--restarts 1 --min-nproc 2 --shrink --replacement-wait 0.5", 3.0);
+                                            "--restarts 1 --min-nproc 2 --shrink --replacement-wait 0.5", 5.0);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[heal-zsrun] update:1:8 on 3 ranks, the replacement 3 s late for a 0.5 s deadline: %.2f s\n", took);
+  std::printf("[heal-zsrun] update:1:8 on 3 ranks, the replacement 5 s late for a 0.5 s deadline: %.2f s\n", took);
   EXPECT_EQ(late.rc, 0) << late.out;
   EXPECT_NE(late.out.find("no replacement of rank 1 came within zeroshard.healing.replacement_wait_s = 0.5 s; "
                           "the 2 live ranks go on without it"), std::string::npos) << late.out;
