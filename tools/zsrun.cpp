@@ -1058,7 +1058,8 @@ void Launcher::on_exit(Rank& r, int status) {
   // With --replacement-wait a replacement is started first (below), if a
   // restart is left; the engine's survivors shrink only if it comes late.
   const long running = nranks_ - dropped_ - 1;
-  const bool replaces_first = opt_.replacement_wait_s > 0 && attempt_ + respawned_ < opt_.restarts;
+  const bool restart_left = attempt_ + respawned_ < opt_.restarts;
+  const bool replaces_first = opt_.replacement_wait_s > 0 && restart_left;
   if (heals() && opt_.shrink && !replaces_first && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL &&
       (r.index != 0 || external_store_) && running >= opt_.min_nproc) {
     ++dropped_;
@@ -1070,8 +1071,7 @@ void Launcher::on_exit(Rank& r, int status) {
   // replaced alone while the others heal around it; rank 0 too where
   // zsstore serves the store (else the store died with it). Not once a
   // survivor found the state lost: the job restarts whole.
-  if (heals() && !state_lost_ && WIFSIGNALED(status) && (r.index != 0 || external_store_) &&
-      attempt_ + respawned_ < opt_.restarts) {
+  if (heals() && !state_lost_ && WIFSIGNALED(status) && (r.index != 0 || external_store_) && restart_left) {
     r.replaces_loss = respawned_ + 1;  // adopt_spare or respawn counts it
     if (adopt_spare(r)) return;
     char waits[96] = "";

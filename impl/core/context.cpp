@@ -876,7 +876,7 @@ std::string Context::heal_decision_key(int64_t generation) { return key_prefix_o
 
 void Context::await_heal_decision() {
   const double wait_s = config_.heal_replacement_wait_s;
-  if (wait_s <= 0 || config_.heal_min_ranks == 0) return;
+  if (wait_s <= 0) return;  // with a deadline, min_ranks is set (check_replacement_wait)
   const std::string key = heal_decision_key(generation_);
   std::vector<char> raw;
   try {

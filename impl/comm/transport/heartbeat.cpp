@@ -55,6 +55,15 @@ std::vector<int> power_of_two_peers(int rank, int world, int step) {
   return out;
 }
 
+// a and b together, ascending, each rank once.
+std::vector<int> sorted_union(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 addrinfo* resolve(const std::string& host, const char* port, int flags) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -152,14 +161,9 @@ void Heartbeat::start(Store& store) {
   std::vector<Peer> peers(static_cast<size_t>(world_));
   const std::vector<int> monitors = full_mesh() ? targets_ : power_of_two_peers(rank_, world_, -1);
   for (int r : monitors) peers[static_cast<size_t>(r)].monitored = true;
-  std::vector<int> known = targets_;
-  known.insert(known.end(), monitors.begin(), monitors.end());
-  std::sort(known.begin(), known.end());
-  known.erase(std::unique(known.begin(), known.end()), known.end());
-  std::vector<std::string> keys;
-  for (int r : known) keys.push_back(key(r));
-  const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
-  for (size_t i = 0; i < known.size(); ++i) parse_address(known[i], addresses[i], peers[static_cast<size_t>(known[i])]);
+  const std::vector<int> known = sorted_union(targets_, monitors);
+  const std::vector<Peer> read = read_peers(store, key_prefix_, known);
+  for (size_t i = 0; i < known.size(); ++i) take_address(peers[static_cast<size_t>(known[i])], read[i]);
   const auto now = Clock::now();
   for (Peer& p : peers) p.heard = now;
   {
@@ -182,7 +186,25 @@ void Heartbeat::parse_address(int rank, const std::vector<char>& raw, Peer& p) {
   freeaddrinfo(pa);
 }
 
-std::string Heartbeat::key(int rank) const { return key_prefix_ + "heartbeat/" + std::to_string(rank); }
+std::string Heartbeat::key_at(const std::string& prefix, int rank) { return prefix + "heartbeat/" + std::to_string(rank); }
+
+std::string Heartbeat::key(int rank) const { return key_at(key_prefix_, rank); }
+
+std::vector<Heartbeat::Peer> Heartbeat::read_peers(Store& store, const std::string& prefix,
+                                                   const std::vector<int>& ranks) {
+  std::vector<std::string> keys;
+  for (const int r : ranks) keys.push_back(key_at(prefix, r));
+  const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
+  std::vector<Peer> out(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) parse_address(ranks[i], addresses[i], out[i]);
+  return out;
+}
+
+void Heartbeat::take_address(Peer& p, const Peer& read) {
+  p.host = read.host;
+  p.epoch = read.epoch;
+  p.addr = read.addr;
+}
 
 void Heartbeat::republish(Store& store, const std::string& key_prefix) {
   {
@@ -198,7 +220,7 @@ void Heartbeat::readmit(int rank, Store& store) {
   std::string where;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    where = key_prefix_ + "heartbeat/" + std::to_string(rank);
+    where = key(rank);
   }
   Peer fresh;
   parse_address(rank, store.get(where), fresh);
@@ -260,27 +282,14 @@ void Heartbeat::reform(Store& store) {
     return out;
   };
   const std::vector<int> targets = among(+1), monitors = among(-1);
-  std::vector<int> unknown;
-  for (const int r : targets) unknown.push_back(r);
-  for (const int r : monitors) unknown.push_back(r);
-  std::sort(unknown.begin(), unknown.end());
-  unknown.erase(std::unique(unknown.begin(), unknown.end()), unknown.end());
+  std::vector<int> unknown = sorted_union(targets, monitors);
   unknown.erase(std::remove_if(unknown.begin(), unknown.end(), [&](int r) { return known[static_cast<size_t>(r)]; }),
                 unknown.end());
-  std::vector<std::string> keys;
-  for (const int r : unknown) keys.push_back(prefix + "heartbeat/" + std::to_string(r));
-  const std::vector<std::vector<char>> addresses = store.get_many(keys);  // one request
-  std::vector<Peer> fresh(unknown.size());
-  for (size_t i = 0; i < unknown.size(); ++i) parse_address(unknown[i], addresses[i], fresh[i]);
+  const std::vector<Peer> read = read_peers(store, prefix, unknown);
   std::lock_guard<std::mutex> delivering(watchers_mu_);  // as in readmit
   std::lock_guard<std::mutex> sending(send_mu_);
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < unknown.size(); ++i) {
-    Peer& p = peers_[static_cast<size_t>(unknown[i])];
-    p.host = fresh[i].host;
-    p.epoch = fresh[i].epoch;
-    p.addr = fresh[i].addr;
-  }
+  for (size_t i = 0; i < unknown.size(); ++i) take_address(peers_[static_cast<size_t>(unknown[i])], read[i]);
   const auto now = Clock::now();
   for (int r = 0; r < world_; ++r) {
     Peer& p = peers_[static_cast<size_t>(r)];

@@ -168,6 +168,11 @@ class Heartbeat {
   std::string silence_locked(const std::vector<int>& ranks) const;
   std::string mac(const char* data, size_t bytes) const;
   std::string key(int rank) const;  // where rank's address is, in the current generation
+  static std::string key_at(const std::string& prefix, int rank);
+  // The addresses `ranks` published under `prefix`, in one store request
+  // (start, reform); take_address copies one into a peer.
+  static std::vector<Peer> read_peers(Store& store, const std::string& prefix, const std::vector<int>& ranks);
+  static void take_address(Peer& p, const Peer& read);
   // A published "host port epoch" into p's host, address and epoch.
   static void parse_address(int rank, const std::vector<char>& raw, Peer& p);
 
