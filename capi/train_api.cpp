@@ -5,6 +5,7 @@
 #include "impl/heal/join.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/protocol.h"
+#include "impl/heal/regrow.h"
 #include "impl/heal/shrink.h"
 #include "impl/heal/trainer_state.h"
 #include "impl/grad/grad_norm.h"
@@ -175,7 +176,10 @@ ZS_API zs_status zs_optimizer_set_lr(zs_optimizer h, int group, double lr) {
 }
 
 ZS_API zs_status zs_optimizer_step(zs_optimizer h, zs_step_result* result_out) {
-  return with_optimizer(h, [&](Context&, Optimizer& o) { fill_result(result_out, o.step()); });
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    fill_result(result_out, o.step());
+    heal::regrow_after_step(ctx, o);  // when the step's all-reduce voted for it
+  });
 }
 
 ZS_API zs_status zs_optimizer_step_begin(zs_optimizer h, zs_step_result* result) {
@@ -183,7 +187,10 @@ ZS_API zs_status zs_optimizer_step_begin(zs_optimizer h, zs_step_result* result)
 }
 
 ZS_API zs_status zs_optimizer_step_end(zs_optimizer h, zs_step_result* result) {
-  return with_optimizer(h, [&](Context&, Optimizer& o) { fill_result(result, o.step_end()); });
+  return with_optimizer(h, [&](Context& ctx, Optimizer& o) {
+    fill_result(result, o.step_end());
+    heal::regrow_after_step(ctx, o);
+  });
 }
 
 ZS_API zs_status zs_optimizer_named_state(zs_optimizer h, zs_param param, const char* name, int create,

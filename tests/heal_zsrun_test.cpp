@@ -132,6 +132,35 @@ TEST(HealZsrun, UnderReplacementWaitAReplacementInTimeJoinsAndALateOneIsNotTaken
   EXPECT_NE(late.losses.back(), ref.losses.back()) << "two ranks' data, not three";
 }
 
+// --regrow-after: the two others go on without rank 1 at once (--shrink);
+// zsrun starts it again right after (ZS_HEAL_JOIN=grow), and the others take
+// it back at a step: the job is whole again, ends 0 with no restart, and
+// every rank reports at the end. Steps pause 40 ms (--pause-ms) so that the
+// run outlasts the process's start under sanitizers too; the process that
+// comes back runs without the fault point (it would pass it too).
+TEST(HealZsrun, UnderRegrowAfterTheJobGrowsBackToEveryRank) {
+  const std::string env = std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:4";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto run = zs::test::run_train_mlp(3, "--steps 60 --pause-ms 40", env,
+                                           "--restarts 1 --min-nproc 2 --shrink --regrow-after 0", 0,
+                                           "unset ZS_FAULT_POINT;");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[heal-zsrun] update:1:4 on 3 ranks, shrunk to 2 and grown back to 3: %.2f s\n", took);
+  EXPECT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: rank 1 is lost and not started again (--min-nproc 2 --shrink)"),
+            std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("zsrun: healing: starting rank 1 again to grow the job back to 3 ranks (--regrow-after 0 s; "
+                         "ZS_HEAL_JOIN=grow ZS_HEAL_REPLACEMENT=1; restart 1 of 1)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank(s) 1 came back (ZS_HEAL_JOIN=grow): the world grows back to 3 ranks after optimizer "
+                         "step"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
+  EXPECT_EQ(run.losses.size(), 60u) << run.out;
+  // Every rank, rank 1 among them, in the end's memory all-gather.
+  EXPECT_NE(run.out.find("\"per_rank\":[{\"rank\":0,"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("},{\"rank\":1,"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("},{\"rank\":2,"), std::string::npos) << run.out;
+}
+
 TEST(HealZsrun, TrainMlpHealsARankKilledInTheFetchOnFourRanks) { heals_under_zsrun(4, "fetch:2:20"); }
 
 // Rank 0 killed: zsrun's zsstore serves the store, so rank 0 is replaced

@@ -64,6 +64,10 @@
 // left) and the others wait up to S seconds for it (zsrun exports
 // ZS_HEAL_REPLACEMENT_WAIT_S=S); if it came later they go on without it,
 // and it exits with ZS_EXIT_NOT_TAKEN (76), which is no failure either.
+// With --regrow-after S, S seconds after the others went on without a rank
+// it is started again with ZS_HEAL_JOIN=grow (using one of the restarts):
+// the others take it back at a step boundary and the job is whole again;
+// if they finished first it exits with ZS_EXIT_NOT_TAKEN, no failure.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
@@ -225,6 +229,7 @@ struct Options {
   long min_nproc = 0;    // 0: every attempt has nranks; else shrink to >= it
   bool shrink = false;   // --shrink: with --min-nproc, heal by going on without the lost rank
   double replacement_wait_s = 0;  // --replacement-wait: with --shrink, a replacement first, this long
+  double regrow_after_s = -1;     // --regrow-after: with --shrink, start a lost rank again this long after
   bool no_heal = false;  // --no-heal
   bool spare = false;    // --spare
   bool prefix = true;
@@ -263,6 +268,10 @@ const char kUsage[] =
     "                           it and go on without it only if it came later\n"
     "                           (ZS_HEAL_REPLACEMENT_WAIT_S=S; the late one\n"
     "                           exits with ZS_EXIT_NOT_TAKEN, no failure)\n"
+    "  --regrow-after S         with --shrink: S seconds after the others went on\n"
+    "                           without a rank, start it again to grow the job\n"
+    "                           back (ZS_HEAL_JOIN=grow; the others take it in\n"
+    "                           at a step), using one of the restarts\n"
     "  --no-heal                with --restarts: no healing (ZS_HEAL is not\n"
     "                           exported; a failed rank restarts the whole job)\n"
     "  --spare                  healing a Python command: keep one process warm,\n"
@@ -377,6 +386,10 @@ Options parse_args(int argc, char** argv) {
       const char* v = value(arg, "--replacement-wait");
       if (!parse_seconds(v, &opt.replacement_wait_s) || opt.replacement_wait_s <= 0)
         usage_error("--replacement-wait expects a positive number of seconds, got '%s'", v);
+    } else if (is(arg, "--regrow-after")) {
+      const char* v = value(arg, "--regrow-after");
+      if (!parse_seconds(v, &opt.regrow_after_s) || opt.regrow_after_s < 0)
+        usage_error("--regrow-after expects a number of seconds >= 0, got '%s'", v);
     } else if (arg == "--no-heal") {
       opt.no_heal = true;
     } else if (arg == "--spare") {
@@ -403,6 +416,9 @@ Options parse_args(int argc, char** argv) {
   if (opt.replacement_wait_s > 0 && !opt.shrink)
     usage_error("--replacement-wait %g is how long the others wait for a replacement before they shrink: it "
                 "needs --shrink (with --restarts R and --min-nproc M)", opt.replacement_wait_s);
+  if (opt.regrow_after_s >= 0 && !opt.shrink)
+    usage_error("--regrow-after %g starts a rank the others went on without again: it needs --shrink (with "
+                "--restarts R and --min-nproc M)", opt.regrow_after_s);
   if (opt.master_port != 0 && opt.store_port == opt.master_port)
     usage_error("--store-port and --master-port are both %d: the engine's store and torch's "
                 "need a port each", opt.master_port);
@@ -464,6 +480,11 @@ struct Rank {
   int index = 0;
   int replacements = 0;  // times started again alone (healing)
   long replaces_loss = 0;  // healing: which replacement of this attempt (from 1) it is
+  // --regrow-after: started again at regrow_at (when due) as the process
+  // for its incarnation-th loss; growing: the process running is that one.
+  bool regrow_due = false, growing = false;
+  Clock::time_point regrow_at;
+  int regrow_incarnation = 0;
   pid_t pid = -1;
   bool reaped = false;
   bool group_gone = false;  // its process group has no members left
@@ -492,6 +513,10 @@ class Launcher {
   bool spawn_all();
   // Healing: the rank alone, again, as its next replacement.
   bool respawn(Rank& r);
+  // --regrow-after: r, dropped by a shrink as the loss numbered
+  // `incarnation`, is started again once its time comes (a restart spent).
+  void schedule_regrow(Rank& r, int incarnation);
+  void start_due_regrows(double* wait_s);
   bool heals() const;
   // Healing: zsstore serving this attempt's store (ZS_STORE_SERVER=external).
   bool find_store();  // sets store_path_; false, saying so, when there is none
@@ -837,17 +862,57 @@ void Launcher::end_spare() {
     spare_.group_gone = true;
 }
 
+void Launcher::schedule_regrow(Rank& r, int incarnation) {
+  if (opt_.regrow_after_s < 0) return;
+  if (attempt_ + respawned_ >= opt_.restarts) {
+    errorf("healing: rank %d is not started again to grow the job back (--regrow-after): no restart is left "
+           "(--restarts %ld)", r.index, opt_.restarts);
+    return;
+  }
+  r.regrow_due = true;
+  r.regrow_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opt_.regrow_after_s));
+  r.regrow_incarnation = incarnation;
+}
+
+void Launcher::start_due_regrows(double* wait_s) {
+  for (Rank& r : ranks_) {
+    if (!r.regrow_due) continue;
+    if (terminating_ || state_lost_) {
+      r.regrow_due = false;
+      continue;
+    }
+    const double left = std::chrono::duration<double>(r.regrow_at - Clock::now()).count();
+    if (left > 0) {
+      if (*wait_s < 0 || left < *wait_s) *wait_s = left;
+      continue;
+    }
+    r.regrow_due = false;
+    r.growing = true;
+    --dropped_;
+    errorf("healing: starting rank %d again to grow the job back to %ld ranks (--regrow-after %g s; "
+           "ZS_HEAL_JOIN=grow ZS_HEAL_REPLACEMENT=%d; restart %ld of %ld); the others take it in at a step",
+           r.index, nranks_ - dropped_, opt_.regrow_after_s, r.regrow_incarnation, attempt_ + respawned_ + 1,
+           opt_.restarts);
+    if (!respawn(r)) {
+      ++dropped_;
+      errorf("cannot start rank %d again: the job is torn down", r.index);
+    }
+  }
+}
+
 bool Launcher::respawn(Rank& r) {
   // What the dead rank left in its process group (its children) goes first.
   if (!r.group_gone && kill(-r.pid, SIGKILL) < 0 && errno == ESRCH) r.group_gone = true;
   close_stream(r.out, r.prefix);
   close_stream(r.err, r.prefix);
-  ++r.replacements;
+  r.replacements = r.growing ? r.regrow_incarnation : r.replacements + 1;
   ++respawned_;
   std::vector<std::string> env = base_env_;
   for (const char* key : {"RANK", "LOCAL_RANK", "ROLE_RANK"})
     env.push_back(std::string(key) + "=" + std::to_string(r.index));
   env.push_back("ZS_HEAL_REPLACEMENT=" + std::to_string(r.replacements));
+  if (r.growing) env.push_back("ZS_HEAL_JOIN=grow");
   r.pid = -1;
   r.reaped = false;
   r.group_gone = false;
@@ -1034,6 +1099,8 @@ void Launcher::reap() {
 
 void Launcher::on_exit(Rank& r, int status) {
   r.reaped = true;
+  const bool was_growing = r.growing;  // the process was started by --regrow-after
+  r.growing = false;
   // Everything the rank wrote is in its pipes by now: relay it before our
   // verdict so a traceback precedes "rank K exited ...".
   pump(r.out, r.prefix, 64);
@@ -1065,6 +1132,7 @@ void Launcher::on_exit(Rank& r, int status) {
     ++dropped_;
     errorf("healing: rank %d is lost and not started again (--min-nproc %ld --shrink): the %ld other%s go on "
            "without it", r.index, opt_.min_nproc, running, running == 1 ? "" : "s");
+    schedule_regrow(r, r.replacements + 1);  // the process for this loss
     return;
   }
   // Healing: a rank that died (a signal: it did not fail by itself) is
@@ -1086,8 +1154,14 @@ void Launcher::on_exit(Rank& r, int status) {
   // without its rank, and its program says so by its exit; no failure.
   if (heals() && opt_.shrink && WIFEXITED(status) && code == ZS_EXIT_NOT_TAKEN && r.replacements > 0) {
     ++dropped_;
+    if (was_growing) {
+      errorf("healing: rank %d came back (--regrow-after) after the %ld other%s finished: nothing left for it",
+             r.index, running, running == 1 ? "" : "s");
+      return;
+    }
     errorf("healing: rank %d's replacement came after --replacement-wait %g s: the %ld other%s went on without it",
            r.index, opt_.replacement_wait_s, running, running == 1 ? "" : "s");
+    schedule_regrow(r, r.replacements);  // that replacement's loss is still the last one
     return;
   }
   // A survivor whose heal was impossible (its program exits with
@@ -1282,6 +1356,7 @@ int Launcher::run() {
     if (state_lost_ && !terminating_) consider(kStateLostGraceS - seconds_since(state_lost_at_));
     if (terminating_ && !killed_) consider(kill_grace_s_ - seconds_since(term_started_));
     if (killed_) consider(kAfterKillS - seconds_since(killed_at_));
+    if (!all_reaped_seen_) start_due_regrows(&wait_s);
     // Nothing announces that a process group became empty: poll for it.
     if (all_reaped_seen_) consider(0.05);
 

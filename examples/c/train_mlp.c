@@ -26,6 +26,7 @@
  * ZS_EXIT_NOT_TAKEN.
  */
 #include <math.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,7 @@ static int exit_status(zs_status s) {
 
 typedef struct {
   int steps, batch, mics, hpz, accum, qwz, qgz;
+  int pause_ms; /* after each step: a slower model, as healing's tests want */
   long bucket;
   double lr, clip, loco; /* loco < 0: off */
   const char* dtype;
@@ -73,12 +75,12 @@ static void usage(const char* why) {
   fprintf(stderr, "train_mlp: %s\nusage: train_mlp [--steps N] [--dtype fp32|bf16|fp16] "
                   "[--optimizer adamw|adam|sgd] [--lr LR] [--batch B] [--mics N] [--hpz N] "
                   "[--clip C] [--accum K] [--bucket ELEMS] [--device cpu|cuda|cuda:N] "
-                  "[--qwz 0|8|4] [--qgz 0|8|4] [--loco BETA]\n", why);
+                  "[--qwz 0|8|4] [--qgz 0|8|4] [--loco BETA] [--pause-ms MS]\n", why);
   exit(2);
 }
 
 static args_t parse_args(int argc, char** argv) {
-  args_t a = {50, 24, 0, 0, 1, 0, 0, 0, 0.01, 0.0, -1.0, "fp32", "adamw", NULL};
+  args_t a = {50, 24, 0, 0, 1, 0, 0, 0, 0, 0.01, 0.0, -1.0, "fp32", "adamw", NULL};
   for (int i = 1; i < argc; i += 2) {
     if (i + 1 >= argc) usage("an option lacks its value");
     const char* k = argv[i];
@@ -97,9 +99,11 @@ static args_t parse_args(int argc, char** argv) {
     else if (!strcmp(k, "--dtype")) a.dtype = v;
     else if (!strcmp(k, "--optimizer")) a.optimizer = v;
     else if (!strcmp(k, "--device")) a.device = v;
+    else if (!strcmp(k, "--pause-ms")) a.pause_ms = atoi(v);
     else usage(k);
   }
   if (a.steps < 1 || a.batch < 1 || a.accum < 1) usage("steps, batch and accum must be >= 1");
+  if (a.pause_ms < 0) usage("--pause-ms must be >= 0");
   if (strcmp(a.dtype, "fp32") && strcmp(a.dtype, "bf16") && strcmp(a.dtype, "fp16"))
     usage("--dtype must be fp32, bf16 or fp16");
   if (a.qwz != 0 && a.qwz != 8 && a.qwz != 4) usage("--qwz must be 0, 8 or 4");
@@ -363,6 +367,10 @@ int main(int argc, char** argv) {
              r.skipped ? " (skipped: overflow)" : "");
     fflush(stdout);
     ++step;
+    if (a.pause_ms > 0) {
+      const struct timespec pause = {a.pause_ms / 1000, (long)(a.pause_ms % 1000) * 1000000L};
+      nanosleep(&pause, NULL);
+    }
   }
 
   /* Every rank's memory, gathered on rank 0 for one JSON line. */

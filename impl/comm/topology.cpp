@@ -230,6 +230,24 @@ std::vector<int> Topology::shrink(const std::vector<int>& live, const Rejoin& re
   return lost;
 }
 
+void Topology::regrow(const Rejoin& rejoin) {
+  const std::vector<int> before = live_ranks(shape_);
+  if (static_cast<int>(before.size()) == shape_.world_size)
+    fail(Code::InvalidArgument, "regrow: every world rank (", shape_.world_size, ") is live already");
+  shape_.live.clear();
+  const std::vector<int> all = live_ranks(shape_);
+  for (const auto& [id, group] : groups()) {
+    if (group == world_ || group == heal_) {
+      rejoin(*group, id, all);
+      continue;
+    }
+    const auto& members = group->world_ranks();
+    const bool cut = std::any_of(members.begin(), members.end(),
+                                 [&](int r) { return !std::binary_search(before.begin(), before.end(), r); });
+    if (!cut) rejoin(*group, id, members);
+  }
+}
+
 void Topology::abort(Code code, const std::string& why) {
   for (auto& entry : all_)
     if (auto g = entry.second.lock()) g->abort(code, why);

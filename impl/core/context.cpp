@@ -168,6 +168,15 @@ std::shared_ptr<Context> Context::create(const ContextOptions& options) {
          "more than one rank; this one's peer_copy is ", ctx->config_.heal_peer_copy == 1 ? "on" : "off",
          " and its world size ", world);
   ctx->replacing_ = ctx->replacement_ > 0;
+  if (const char* join = std::getenv("ZS_HEAL_JOIN"); join != nullptr && *join != '\0') {
+    if (std::string(join) != "grow")
+      fail(Code::InvalidArgument, "ZS_HEAL_JOIN='", join, "': expected \"grow\" (this process comes back for a rank "
+           "the survivors shrank without: docs/healing.md, section 4) or unset");
+    if (!ctx->replacing_)
+      fail(Code::InvalidArgument, "ZS_HEAL_JOIN=grow for rank ", ctx->ranks_.rank, " needs ZS_HEAL_REPLACEMENT=<n> as "
+           "well (the n-th process started for that rank id; zsrun --regrow-after sets both)");
+    ctx->grow_wanted_ = true;
+  }
   configure_fault_points(ctx->ranks_.rank);
   ctx->choose_device(options);
   if (ctx->config_.heal_peer_copy == 1 && ctx->device_->is_cuda() && ctx->heal_soft_)
@@ -860,6 +869,7 @@ void Context::find_generation() {
          " losses of rank ", ranks_.rank, " agreed by the survivors (zs_heal_agree, then zs_heal_join)?");
   }
   const std::string text(raw.begin(), raw.end());
+  if (text == "shrunk" && grow_wanted_) return await_regrow();
   if (text == "shrunk")
     fail(Code::NotTaken, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT): the "
          "survivors went on without rank ", ranks_.rank, " (they shrank in memory: zeroshard.healing.min_ranks, or "
@@ -876,7 +886,7 @@ std::string Context::heal_decision_key(int64_t generation) { return key_prefix_o
 
 void Context::await_heal_decision() {
   const double wait_s = config_.heal_replacement_wait_s;
-  if (wait_s <= 0) return;  // with a deadline, min_ranks is set (check_replacement_wait)
+  if (wait_s <= 0 || growing_) return;  // a joiner admitted by find_generation  // with a deadline, min_ranks is set (check_replacement_wait)
   const std::string key = heal_decision_key(generation_);
   std::vector<char> raw;
   try {
@@ -887,6 +897,11 @@ void Context::await_heal_decision() {
   }
   const std::string decision(raw.begin(), raw.end());
   if (decision == "join") return;
+  if (decision == "shrink" && grow_wanted_) {
+    await_regrow();
+    heartbeat_->republish(*store_, key_prefix());
+    return;
+  }
   if (decision == "shrink")
     fail(Code::NotTaken, "replacement ", replacement_, " of rank ", ranks_.rank, " (ZS_HEAL_REPLACEMENT) came too "
          "late: the survivors waited zeroshard.healing.replacement_wait_s = ", wait_s, " s for it and went on "
@@ -894,6 +909,39 @@ void Context::await_heal_decision() {
          "), so it has nothing to do (exit with ZS_EXIT_NOT_TAKEN); raise the deadline for replacements that start "
          "slower than that");
   fail(Code::Bootstrap, "the store's '", key, "' holds '", decision, "', not join or shrink");
+}
+
+std::string Context::regrow_admission_key(int rank, int64_t incarnation) {
+  return "zs/heal/rank" + std::to_string(rank) + "/grow" + std::to_string(incarnation);
+}
+
+std::string Context::regrow_request_key(int64_t k) { return "zs/heal/grow/request" + std::to_string(k); }
+
+int64_t Context::losses_of(int rank) { return store_->add(losses_key(rank), 0); }
+
+void Context::await_regrow() {
+  const std::string mine = std::to_string(ranks_.rank) + " " + std::to_string(replacement_);
+  store_->set(regrow_request_key(store_->add(kRegrowRequests, 1)), std::vector<char>(mine.begin(), mine.end()));
+  const std::string key = regrow_admission_key(ranks_.rank, replacement_);
+  std::vector<char> raw;
+  try {
+    raw = store_->get(key);
+  } catch (const Error& e) {
+    fail(e.code(), "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow, ZS_HEAL_REPLACEMENT=", replacement_, ") asked the "
+         "survivors to grow back and waited for their answer under '", key, "': ", e.what(), "; they answer at "
+         "their next optimizer step");
+  }
+  const std::string text(raw.begin(), raw.end());
+  if (text == "ended")
+    fail(Code::NotTaken, "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow): the survivors finished their run before they "
+         "could take this process back, so it has nothing to do (exit with ZS_EXIT_NOT_TAKEN)");
+  if (text.rfind("refused: ", 0) == 0) fail(Code::NotSupported, text.substr(9));
+  char* end = nullptr;
+  const long long g = std::strtoll(text.c_str(), &end, 10);
+  if (g <= generation_ || end == text.c_str() || *end != '\0')
+    fail(Code::Bootstrap, "the store's '", key, "' holds '", text, "', not a generation after ", generation_);
+  generation_ = g;
+  growing_ = true;
 }
 
 namespace {
@@ -1009,10 +1057,30 @@ void Context::shrink(const std::vector<int>& lost) {
   heartbeat_->republish(*store_, prefix);
   forget_losses();
   generation_ = g;
-  topology_->shrink(live, [&](Group& group, int id, const std::vector<int>& members) {
-    const int my = static_cast<int>(std::find(members.begin(), members.end(), ranks_.rank) - members.begin());
-    group.reconnect(members, my, make_communicator(group.name(), id, members, my));
-  });
+  topology_->shrink(live, [&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
+}
+
+void Context::regrow(const std::vector<int>& joined) {
+  if (!heartbeat_ || !store_ || !heals())
+    fail(Code::InvalidState, "a regrow needs healing on (zeroshard.healing.peer_copy) with heartbeats");
+  const int64_t g = generation_ + 1;
+  heartbeat_->republish(*store_, key_prefix_of(g));
+  for (const int r : joined) {
+    try {
+      heartbeat_->readmit(r, *store_);
+    } catch (const Error& e) {
+      fail(e.code(), "healing: the process admitted back for rank ", r, " (ZS_HEAL_JOIN=grow) posted no heartbeat "
+           "address in generation ", g, " within the store's timeout (", timeout_.count(), " ms): ", e.what());
+    }
+  }
+  heartbeat_->reform(*store_);
+  generation_ = g;
+  topology_->regrow([&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
+}
+
+void Context::rejoin(Group& group, int id, const std::vector<int>& members) {
+  const int my = static_cast<int>(std::find(members.begin(), members.end(), ranks_.rank) - members.begin());
+  group.reconnect(members, my, make_communicator(group.name(), id, members, my));
 }
 
 void Context::forget_losses() {

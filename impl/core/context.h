@@ -252,6 +252,29 @@ class Context {
   // by the old world's size (shards, optimizer state, peer copies) is the
   // heal layer's to lay out again (impl/heal/shrink.cpp).
   void shrink(const std::vector<int>& lost);
+  // A regrow (docs/healing.md, section 4), on a survivor after the step
+  // whose all-reduce voted for it, under no hold: generation g + 1 over the
+  // whole world again, `joined` (world ranks a shrink left out, each with a
+  // process started with ZS_HEAL_JOIN=grow) back in. Republishes this
+  // rank's heartbeat address there, readmits each joiner once its address
+  // is posted (the store's timeout bounds the wait), lays the beats out
+  // again, then reconnects the world and heal groups over every rank
+  // (Topology::regrow), a rendezvous the joiners' create joins.
+  void regrow(const std::vector<int>& joined);
+  // A process started with ZS_HEAL_JOIN=grow and ZS_HEAL_REPLACEMENT=n for
+  // a rank the survivors shrank without, admitted into a regrow: it asks at
+  // create (zs/heal/grow/request<k>), waits for the survivors' answer
+  // under regrow_admission_key(rank, n) (the generation it joins, "ended"
+  // when they finished first, or "refused: <why>"), and its zs_heal_join
+  // receives its shard of the state laid out over the grown world
+  // (impl/heal/regrow.h).
+  bool growing() const { return growing_; }
+  static std::string regrow_admission_key(int rank, int64_t incarnation);
+  static constexpr const char* kRegrowRequests = "zs/heal/grow/requests";
+  static std::string regrow_request_key(int64_t k);
+  // How many times world rank r was lost so far (its next process's
+  // ZS_HEAL_REPLACEMENT number).
+  int64_t losses_of(int rank);
   // The lowest survivor's record of a loss in the store, once per
   // generation (g + 1): counts each loss (a lost process that comes back
   // fences itself by that count), posts where each lost rank's next
@@ -379,6 +402,12 @@ class Context {
   // posted: waits for the survivors' verdict; fails by name (NotTaken)
   // when they went on without it.
   void await_heal_decision();
+  // A joiner (ZS_HEAL_JOIN=grow) whose rank the survivors shrank without:
+  // asks to come back and waits for the generation it joins.
+  void await_regrow();
+  // A shrink's or regrow's reconnect of `group` (id `id`) in place over
+  // `members` (world ranks, this one among them).
+  void rejoin(Group& group, int id, const std::vector<int>& members);
   // A heal's end (regroup, shrink): the loss and its RankLost error forgotten.
   void forget_losses();
   void finalize_store();
@@ -414,6 +443,8 @@ class Context {
   int64_t generation_ = 0;
   int64_t losses_posted_for_ = 0;  // post_losses: the generation whose losses are counted
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
+  bool grow_wanted_ = false;  // ZS_HEAL_JOIN=grow
+  bool growing_ = false;      // admitted into a regrow (await_regrow)
   bool heal_soft_ = false;  // ZS_HEAL=auto
   bool external_store_ = false;  // ZS_STORE_SERVER=external
   std::atomic<bool> replacing_{false};

@@ -12,6 +12,7 @@
 #include "impl/fetch/gather.h"
 #include "impl/grad/reducer.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/regrow.h"
 #include "impl/heal/replacement_wait.h"
 #include "impl/heal/shrink.h"
 #include "impl/heal/trainer_state.h"
@@ -79,6 +80,49 @@ std::string describe_build(Context& ctx, Optimizer& opt) {
   return os.str();
 }
 
+void check_builds(Context& ctx, Optimizer& opt, const std::string& opt_prefix, int coordinator,
+                  const std::vector<int>& newcomers, const std::function<void()>& before_ok) {
+  Store& store = *ctx.store();
+  const int me = ctx.ranks().rank;
+  std::string mine;
+  {
+    const auto held = ctx.lock();
+    mine = describe_build(ctx, opt);
+  }
+  store.set(opt_prefix + "describe/" + std::to_string(me), bytes(mine));
+  if (me == coordinator) {
+    std::string verdict = "ok";
+    for (const int r : newcomers) {
+      std::string theirs;
+      ctx.rendezvous_with({r}, "zs_heal_join (rank " + std::to_string(r) + "'s replacement's description)",
+                          [&] { theirs = text(store.get(opt_prefix + "describe/" + std::to_string(r))); });
+      const std::string diff = first_difference(theirs, mine, me);
+      if (!diff.empty()) {
+        verdict = "the replacement of rank " + std::to_string(r) + " built another model, optimizer or config than "
+                  "the survivors: " + diff + " (a replacement must run the same program with the same config)";
+        break;
+      }
+    }
+    if (verdict == "ok") before_ok();  // read after the verdict
+    store.set(opt_prefix + "verdict", bytes(verdict));
+  }
+  std::string verdict;
+  ctx.rendezvous_with({coordinator}, "zs_heal_join (rank " + std::to_string(coordinator) + "'s verdict)",
+                      [&] { verdict = text(store.get(opt_prefix + "verdict")); });
+  if (verdict == "ok") return;
+  // Rank 0 serves the store: it stays until every rank has read the
+  // verdict, so that each fails with it rather than with the store gone.
+  store.add(opt_prefix + "verdict_read", 1);
+  if (me == 0 && ctx.store_served_by_rank0()) {
+    const auto deadline = std::chrono::steady_clock::now() + ctx.timeout();
+    while (store.add(opt_prefix + "verdict_read", 0) < ctx.ranks().world_size &&
+           std::chrono::steady_clock::now() < deadline && ctx.silence().empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ctx.record_async_error(Code::InvalidState, verdict);
+  fail(Code::InvalidState, verdict);
+}
+
 Joined join(Context& ctx, Optimizer& opt) {
   if (!ctx.heals())
     fail(Code::InvalidState, "zs_heal_join needs zeroshard.healing.peer_copy on, with heartbeats");
@@ -98,6 +142,7 @@ Joined join(Context& ctx, Optimizer& opt) {
       lost = pc.agreed.lost;
     }
   }
+  if (out.replacement && ctx.growing()) return regrow_join(ctx, opt);  // back after a shrink
   // healing.min_ranks: a loss that leaves that many ranks live shrinks
   // instead, at once or when no replacement came within
   // healing.replacement_wait_s (one verdict per loss, for every optimizer).
@@ -116,44 +161,7 @@ Joined join(Context& ctx, Optimizer& opt) {
 
   // The replacement must have built what the survivors have.
   const std::string opt_prefix = prefix + "opt" + std::to_string(ordinal) + "/";
-  std::string mine;
-  {
-    const auto held = ctx.lock();
-    mine = describe_build(ctx, opt);
-  }
-  store.set(opt_prefix + "describe/" + std::to_string(me), bytes(mine));
-  if (me == coordinator) {
-    std::string verdict = "ok";
-    for (const int r : lost) {
-      std::string theirs;
-      ctx.rendezvous_with({r}, "zs_heal_join (rank " + std::to_string(r) + "'s replacement's description)",
-                          [&] { theirs = text(store.get(opt_prefix + "describe/" + std::to_string(r))); });
-      const std::string diff = first_difference(theirs, mine, me);
-      if (!diff.empty()) {
-        verdict = "the replacement of rank " + std::to_string(r) + " built another model, optimizer or config than "
-                  "the survivors: " + diff + " (a replacement must run the same program with the same config)";
-        break;
-      }
-    }
-    if (verdict == "ok") post_shared(ctx, store, opt_prefix + "shared");  // read after the verdict
-    store.set(opt_prefix + "verdict", bytes(verdict));
-  }
-  std::string verdict;
-  ctx.rendezvous_with({coordinator}, "zs_heal_join (rank " + std::to_string(coordinator) + "'s verdict)",
-                      [&] { verdict = text(store.get(opt_prefix + "verdict")); });
-  if (verdict != "ok") {
-    // Rank 0 serves the store: it stays until every rank has read the
-    // verdict, so that each fails with it rather than with the store gone.
-    store.add(opt_prefix + "verdict_read", 1);
-    if (me == 0 && ctx.store_served_by_rank0()) {
-      const auto deadline = std::chrono::steady_clock::now() + ctx.timeout();
-      while (store.add(opt_prefix + "verdict_read", 0) < ctx.ranks().world_size &&
-             std::chrono::steady_clock::now() < deadline && ctx.silence().empty())
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    ctx.record_async_error(Code::InvalidState, verdict);
-    fail(Code::InvalidState, verdict);
-  }
+  check_builds(ctx, opt, opt_prefix, coordinator, lost, [&] { post_shared(ctx, store, opt_prefix + "shared"); });
 
   if (out.replacement) receive_shared(ctx, store, opt_prefix + "shared");
   const auto held = ctx.lock();

@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "impl/core/context.h"
@@ -44,6 +46,15 @@ struct Joined {
 // Timeout naming the rank when no replacement came within the store's
 // timeout.
 Joined join(Context& ctx, Optimizer& opt);
+
+// Step 2 above, for the ranks that come in (replacements, a regrow's
+// joiners): every rank posts what it built under opt_prefix; the
+// coordinator compares each newcomer's with its own and, when all agree,
+// runs before_ok (what the newcomers read after the verdict) and posts
+// "ok"; every rank reads the verdict. A difference fails every rank with
+// InvalidState naming it.
+void check_builds(Context& ctx, Optimizer& opt, const std::string& opt_prefix, int coordinator,
+                  const std::vector<int>& newcomers, const std::function<void()>& before_ok);
 
 // What a rank built, as join compares it (one token a line).
 std::string describe_build(Context& ctx, Optimizer& opt);

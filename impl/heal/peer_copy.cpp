@@ -12,6 +12,7 @@
 #include "impl/common/fault_point.h"
 #include "impl/device/ops.h"
 #include "impl/heal/placement.h"
+#include "impl/heal/regrow.h"
 #include "impl/heal/trainer_state.h"
 #include "impl/partition/register.h"
 #include "impl/partition/shard_residence.h"
@@ -690,5 +691,13 @@ std::vector<const Param*> copied_params(Context& ctx) {
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
+
+size_t peer_copies(Context& ctx) {
+  ctx.expect_locked();
+  auto* ordinals = ctx.find_attachment<Ordinals>();
+  return ordinals ? ordinals->optimizers.size() : 0;
+}
+
+float PeerCopy::grow_vote() { return ordinal_ == 1 ? regrow_vote(ctx_, opt_.steps_locked() + 1) : 0.0f; }
 
 }  // namespace zs::heal

@@ -67,6 +67,12 @@ class PeerCopy final : public StepListener {
   float before_norm() override;
   void after_norm(float commits, bool skipped, double grad_scale) override;
   void detach() override;
+  // A regrow (regrow.h): the first peer copy's lowest live rank votes, and
+  // every rank learns from the votes' sum whether the world grows back
+  // after this step (grow_due, acted on by regrow_after_step).
+  float grow_vote() override;
+  void grow_votes(float sum) override { grow_due = sum > 0.5f; }
+  bool grow_due = false;
 
   int holder() const { return holder_; }
   // This optimizer's place among the context's peer copies (1, 2, ... in
@@ -199,5 +205,7 @@ PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt);
 // Under the caller's hold: the params some peer copy of the context
 // carries (its optimizers' slots, and the frozen params in none), sorted.
 std::vector<const Param*> copied_params(Context& ctx);
+// Under the caller's hold: how many optimizers keep a peer copy now.
+size_t peer_copies(Context& ctx);
 
 }  // namespace zs::heal

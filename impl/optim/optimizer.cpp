@@ -928,10 +928,10 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   // all-reduces (MiCS shard groups), whose number it could change. Where the
   // step's gradients are one small bucket, the agreement rides on its
   // reduction instead, which also yields the norm (sync_fusing_locked).
-  // With a step listener (the peer copy), one float more: its commit flag,
-  // and no fused reduction: the copy needs the gradient shards final before
+  // With a step listener (the peer copy), two floats more: its commit flag
+  // and its vote to grow the world back (a regrow), and no fused reduction: the copy needs the gradient shards final before
   // the all-reduce that commits it.
-  std::vector<float> v(kAgreementFloats + (listener_ ? 3 : 2), 0.0f);
+  std::vector<float> v(kAgreementFloats + (listener_ ? 4 : 2), 0.0f);
   if (fused_agreement) agreement_floats(description, v.data());
   const std::vector<float> mine = v;
   std::vector<const Param*> stepped;
@@ -982,7 +982,10 @@ Optimizer::OpenStep Optimizer::begin_locked() {
   } else {
     std::fill(v.begin(), v.end(), 0.0f);
     if (fused_agreement && !fused.done) agreement_floats(description, v.data());
-    if (listener_) v[kAgreementFloats + 2] = listener_->before_norm();
+    if (listener_) {
+      v[kAgreementFloats + 2] = listener_->before_norm();
+      v[kAgreementFloats + 3] = listener_->grow_vote();
+    }
     for (const auto* key : order) {
       auto& [group, local] = sumsq.at(key);
       if (group->size() == world.size()) v[kAgreementFloats] += static_cast<float>(local);
@@ -1001,7 +1004,10 @@ Optimizer::OpenStep Optimizer::begin_locked() {
       fail_disagreement(world, description);
     total = v[kAgreementFloats];
     nonfinite = v[kAgreementFloats + 1];
-    if (listener_) commits = v[kAgreementFloats + 2];
+    if (listener_) {
+      commits = v[kAgreementFloats + 2];
+      listener_->grow_votes(v[kAgreementFloats + 3]);
+    }
   }
   for (const auto* key : order) {
     auto& [group, local] = sumsq.at(key);

@@ -18,6 +18,12 @@ class StepListener {
   // the gradients are multiplied by (unscale times clip). Throws to fail
   // the step before anything is updated.
   virtual void after_norm(float commits, bool skipped, double grad_scale) = 0;
+  // A second float in the same all-reduce (healing's regrow,
+  // impl/heal/regrow.h): this rank's vote that the world grows back after
+  // this step; after the all-reduce, grow_votes() gets the votes' sum, alike on
+  // every rank, so all grow at the same step or none does.
+  virtual float grow_vote() { return 0.0f; }
+  virtual void grow_votes(float sum) { (void)sum; }
   // Called first thing in ~Optimizer, before any state goes.
   virtual void detach() {}
 };

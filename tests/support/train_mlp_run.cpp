@@ -7,16 +7,19 @@
 namespace zs::test {
 
 ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env,
-                         const std::string& zsrun_flags, double replacement_sleep_s) {
+                         const std::string& zsrun_flags, double replacement_sleep_s,
+                         const std::string& replacement_shell) {
   ExampleRun r;
   // ZS_TEST_BIN_DIR: the build's bin/ when the build was moved (the GPU
   // machine runs a build made elsewhere).
   const char* moved = std::getenv("ZS_TEST_BIN_DIR");
   const std::string bin = moved && *moved ? moved : ZS_BIN_DIR;
-  const std::string late = replacement_sleep_s > 0
-                               ? "sh -c 'if [ -n \"$ZS_HEAL_REPLACEMENT\" ]; then sleep " +
-                                     std::to_string(replacement_sleep_s) + "; fi; exec \"$0\" \"$@\"' "
-                               : "";
+  std::string in_replacement = replacement_shell;
+  if (replacement_sleep_s > 0) in_replacement = "sleep " + std::to_string(replacement_sleep_s) + "; " + in_replacement;
+  const std::string late = in_replacement.empty()
+                               ? ""
+                               : "sh -c 'if [ -n \"$ZS_HEAL_REPLACEMENT\" ]; then " + in_replacement +
+                                     " fi; exec \"$0\" \"$@\"' ";
   const std::string cmd = (env.empty() ? "" : "env " + env + " ") + bin + "/zsrun -n " +
                           std::to_string(ranks) + " " + zsrun_flags + " --no-prefix -- " + late + bin + "/train_mlp " +
                           args + " 2>&1";

@@ -17,8 +17,10 @@ struct ExampleRun {
 // env: "NAME=value ..." put before the command (empty: none); zsrun_flags:
 // zsrun's own options ("--restarts 1"); replacement_sleep_s > 0: a rank
 // started as a replacement (ZS_HEAL_REPLACEMENT set) sleeps that long
-// before train_mlp starts, as a slow host would.
+// before train_mlp starts, as a slow host would; replacement_shell: shell
+// commands such a rank runs first ("unset ZS_FAULT_POINT;").
 ExampleRun run_train_mlp(int ranks, const std::string& args, const std::string& env = "",
-                         const std::string& zsrun_flags = "", double replacement_sleep_s = 0);
+                         const std::string& zsrun_flags = "", double replacement_sleep_s = 0,
+                         const std::string& replacement_shell = "");
 
 }  // namespace zs::test

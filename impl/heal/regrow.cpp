@@ -1,0 +1,194 @@
+#include "impl/heal/regrow.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "impl/common/error.h"
+#include "impl/fetch/coordinator.h"
+#include "impl/fetch/gather.h"
+#include "impl/heal/peer_copy.h"
+#include "impl/heal/relayout.h"
+#include "impl/heal/trainer_state.h"
+#include "impl/partition/register.h"
+
+namespace zs::heal {
+namespace {
+
+std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+std::vector<int64_t> parse_numbers(const std::string& s) {
+  std::vector<int64_t> out;
+  std::istringstream in(s);
+  for (int64_t v; in >> v;) out.push_back(v);
+  return out;
+}
+
+std::vector<int> left_out(Context& ctx) {
+  const std::vector<int> live = ctx.topology().live();
+  std::vector<int> out;
+  for (int r = 0, i = 0; r < ctx.ranks().world_size; ++r) {
+    if (static_cast<size_t>(i) < live.size() && live[static_cast<size_t>(i)] == r) ++i;
+    else out.push_back(r);
+  }
+  return out;
+}
+
+// The lowest live rank's view of the requests to come back.
+struct Requests final : Context::Attachment {
+  explicit Requests(Context& c) : ctx(c) {}
+  // Reads the requests posted since the last read: a valid one (a rank
+  // left out, asking as its next process) is pending; another is refused
+  // by name under its admission key.
+  void read(const std::vector<int>& out) {
+    Store& store = *ctx.store();
+    const int64_t n = store.add(Context::kRegrowRequests, 0);
+    for (; seen < n; ++seen) {
+      std::istringstream in(text(store.get(Context::regrow_request_key(seen + 1))));
+      int r = -1;
+      int64_t incarnation = -1;
+      if (!(in >> r >> incarnation)) continue;
+      std::string why;
+      const int64_t losses = std::binary_search(out.begin(), out.end(), r) ? ctx.losses_of(r) : -1;
+      if (losses < 0)
+        why = "rank " + std::to_string(r) + " is live, or not a rank of this world of " +
+              std::to_string(ctx.ranks().world_size) + ": only a rank a shrink left out comes back";
+      else if (incarnation != losses)
+        why = "ZS_HEAL_REPLACEMENT=" + std::to_string(incarnation) + " for rank " + std::to_string(r) + ", which was "
+              "lost " + std::to_string(losses) + " time(s): the process that comes back for it is number " +
+              std::to_string(losses);
+      if (why.empty()) pending[r] = incarnation;
+      else store.set(Context::regrow_admission_key(r, incarnation), bytes("refused: " + why));
+    }
+  }
+  // A joiner still waiting when this context ends learns it ("ended").
+  ~Requests() override {
+    try {
+      read(left_out(ctx));
+      for (const auto& [r, incarnation] : pending)
+        ctx.store()->set(Context::regrow_admission_key(r, incarnation), bytes("ended"));
+    } catch (const std::exception&) {
+      // No store to tell it: its wait ends at the store's timeout.
+    }
+  }
+  Context& ctx;
+  int64_t seen = 0;                 // requests read so far
+  std::map<int, int64_t> pending;  // rank left out -> the incarnation asking
+};
+
+std::string key_of(const std::string& prefix, int ordinal, const char* what) {
+  return prefix + "grow/opt" + std::to_string(ordinal) + "/" + what;
+}
+
+}  // namespace
+
+float regrow_vote(Context& ctx, int64_t step) {
+  const std::vector<int> out = left_out(ctx);
+  if (out.empty() || ctx.topology().live().front() != ctx.ranks().rank) return 0.0f;
+  try {
+    Store& store = *ctx.store();
+    Requests& req = ctx.attachment<Requests>();
+    req.read(out);
+    for (const int r : out)
+      if (req.pending.count(r) == 0) return 0.0f;
+    if (peer_copies(ctx) > 1) {
+      for (const auto& [r, incarnation] : req.pending)
+        store.set(Context::regrow_admission_key(r, incarnation),
+                  bytes("refused: the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with "
+                        "peer copies, and a regrow in memory takes one (the others' steps of the same iteration "
+                        "would run on the shrunk layout); resume from a disk checkpoint at the whole world"));
+      req.pending.clear();
+      return 0.0f;
+    }
+    const int64_t g = ctx.generation() + 1;
+    std::string list;
+    for (const int r : out) list += (list.empty() ? "" : " ") + std::to_string(r);
+    store.set(Context::key_prefix_of(g) + "heal/grown", bytes(list));
+    for (const auto& [r, incarnation] : req.pending)
+      store.set(Context::regrow_admission_key(r, incarnation), bytes(std::to_string(g)));
+    req.pending.clear();
+    std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s came back (ZS_HEAL_JOIN=grow): the world grows back "
+                 "to %d ranks after optimizer step %lld\n", ctx.ranks().rank, list.c_str(), ctx.ranks().world_size,
+                 static_cast<long long>(step));
+    return 1.0f;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zeroshard: rank %d: healing: the requests to grow back could not be read: %s\n",
+                 ctx.ranks().rank, e.what());
+    return 0.0f;
+  }
+}
+
+void regrow_after_step(Context& ctx, Optimizer& opt) {
+  int ordinal = 0;
+  {
+    const auto held = ctx.lock();
+    auto* pc = dynamic_cast<PeerCopy*>(opt.listener());
+    if (pc == nullptr || !pc->grow_due) return;
+    pc->grow_due = false;
+    ordinal = pc->ordinal();
+  }
+  Store& store = *ctx.store();
+  const std::string prefix = Context::key_prefix_of(ctx.generation() + 1) + "heal/";
+  std::vector<int> joined;
+  for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) joined.push_back(static_cast<int>(r));
+  const std::vector<int> before = ctx.topology().live();
+  ctx.regrow(joined);
+  check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
+    post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+    const auto held = ctx.lock();
+    std::string counts = std::to_string(opt.steps_locked());
+    for (const auto& s : opt.slot_states_locked()) counts += " " + std::to_string(s.updates);
+    store.set(key_of(prefix, ordinal, "counts"), bytes(counts));
+  });
+  const auto held = ctx.lock();
+  PeerCopy& pc = peer_copy_of(ctx, opt);
+  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+  drop_step_in_flight(ctx, opt);
+  drop_secondaries(ctx);
+  for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);  // gathered for the old world
+  OldLayout old;
+  old.members = before;
+  old.provider = before;
+  relayout(ctx, opt, pc, old);
+  pc.place_over(ctx.topology().live());
+}
+
+Joined regrow_join(Context& ctx, Optimizer& opt) {
+  int ordinal = 0;
+  {
+    const auto held = ctx.lock();
+    ordinal = peer_copy_of(ctx, opt).ordinal();
+  }
+  Store& store = *ctx.store();
+  const std::string prefix = ctx.key_prefix() + "heal/";
+  Joined out;
+  out.replacement = true;
+  for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) out.replaced.push_back(static_cast<int>(r));
+  std::vector<int> before;
+  for (int r = 0; r < ctx.ranks().world_size; ++r)
+    if (!std::binary_search(out.replaced.begin(), out.replaced.end(), r)) before.push_back(r);
+  check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), out.replaced, [] {});
+  receive_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+  const std::vector<int64_t> counts = parse_numbers(text(store.get(key_of(prefix, ordinal, "counts"))));
+  const auto held = ctx.lock();
+  PeerCopy& pc = peer_copy_of(ctx, opt);
+  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+  OldLayout old;
+  old.members = before;
+  old.provider = before;
+  relayout(ctx, opt, pc, old);
+  if (counts.empty()) fail(Code::Internal, "regrow: no step counts posted for the joiner");
+  opt.restore_counts_locked(counts.front(), std::vector<int64_t>(counts.begin() + 1, counts.end()));
+  pc.place_over(ctx.topology().live());
+  pc.awaiting_state = false;
+  ctx.end_replacing();
+  out.committed = counts.front();
+  out.generation = ctx.generation();
+  return out;
+}
+
+}  // namespace zs::heal

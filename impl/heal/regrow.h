@@ -1,0 +1,50 @@
+// Regrow (docs/healing.md, section 4): after a shrink, the world grows
+// back to every rank once a process has come for each rank left out, with
+// every rank's program unchanged:
+//
+// 1. The process for a rank left out is started with ZS_HEAL_JOIN=grow and
+//    ZS_HEAL_REPLACEMENT=n (zsrun --regrow-after does); at its create it
+//    asks to come back and waits for the survivors' answer
+//    (Context::await_regrow).
+// 2. The lowest live rank reads the requests at each step of the
+//    context's first peer copy while ranks are left out (one store call a
+//    step); once every rank left out has one, it posts the joiners, each
+//    joiner's admission (the next generation) and votes 1 in the step's
+//    norm all-reduce (PeerCopy::grow_vote), so every survivor learns it
+//    alike, at the same step.
+// 3. After that step (zs_optimizer_step, zs_optimizer_step_end) every
+//    survivor regrows (regrow_after_step): Context::regrow (heartbeats, the
+//    world and heal groups over every rank), the joiners' build compared
+//    with the survivors' (join.h's check_builds), the shared trainer state
+//    and the step counts posted for them, and the state laid out
+//    N - 1 -> N in memory (relayout.h), then the peer copies placed over
+//    every rank (seeded at the next step). The joiner's zs_heal_join
+//    (regrow_join) takes part in the same rendezvous and returns the steps
+//    taken, C: every rank takes step C + 1 next, gradients averaged over
+//    the whole world again.
+//
+// One optimizer with a peer copy only: with more, the others' steps of the
+// same iteration would run on the old layout, so a request is refused by
+// name (the joiner's create fails with ZS_ERR_NOT_SUPPORTED). A joiner
+// still waiting when the lowest live rank's context ends is told so
+// (ZS_ERR_NOT_TAKEN at its create). A second loss during a regrow is not
+// handled: the joiner fails at the store's timeout.
+#pragma once
+
+#include "impl/core/context.h"
+#include "impl/heal/join.h"
+#include "impl/optim/optimizer.h"
+
+namespace zs::heal {
+
+// Under the engine lock, inside optimizer step `step` (1-based): 1 on the
+// lowest live rank when the world grows back after it, else 0. Never throws (a store
+// failure is a vote of 0, named on stderr).
+float regrow_vote(Context& ctx, int64_t step);
+// After an optimizer step, under no hold: the survivors' regrow when the
+// step's votes said so, else nothing. Collective with the joiners' joins.
+void regrow_after_step(Context& ctx, Optimizer& opt);
+// A joiner's zs_heal_join (Context::growing()).
+Joined regrow_join(Context& ctx, Optimizer& opt);
+
+}  // namespace zs::heal
