@@ -227,6 +227,108 @@ void shrunk_then_regrown(int world, int victim, const char* point, int count) {
   EXPECT_LE(w, 1e-6);
 }
 
+// The answers a joiner gets instead of a place, neither after the store's
+// timeout: with two optimizers keeping peer copies the survivors refuse it
+// by name (the other optimizer's step of the same iteration would run on
+// the shrunk layout), as soon as it asks; with one, a joiner that asks once
+// they have finished (a store of its own outlives them, as zsrun's zsstore
+// does) learns that the run is over.
+void unanswered(bool two_optimizers) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", "2");
+  zs::test::ExternalStore store;
+  const auto body = [&](const RankEnv& env) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    if (env.replacement == 0) {
+      // Rank 1 in its first optimizer's second step.
+      setenv("ZS_FAULT_POINT", two_optimizers ? "update:1:3" : "update:1:2", 1);
+    } else {
+      unsetenv("ZS_FAULT_POINT");
+      setenv("ZS_HEAL_JOIN", "grow", 1);
+      while ((two_optimizers ? sh->committed[0].load() <= 0 : sh->finished[0].load() + sh->finished[2].load() < 2) &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    Model m;
+    const auto t0 = std::chrono::steady_clock::now();
+    const zs_status built = build_with_frozen(env, m);
+    // A second optimizer with a copy of its own, over a param of its own.
+    zs_param extra = nullptr;
+    zs_optimizer second = nullptr;
+    if (two_optimizers && built == ZS_OK) {
+      const int64_t n = 13;
+      const std::vector<float> init(13, 0.25f);
+      zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+      po.name = "head.bias";
+      po.ndim = 1;
+      po.shape = &n;
+      po.init = ZS_INIT_FROM_RANK;
+      po.src_rank = 0;
+      po.data = init.data();
+      po.data_bytes = init.size() * sizeof(float);
+      ZS_ASSERT_OK(zs_param_register(&extra, m.ctx, &po));
+      ZS_ASSERT_OK(zs_optimizer_create(&second, m.ctx, ZS_OPTIM_SGD));
+      zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+      hp.lr = 0.1;
+      ZS_ASSERT_OK(zs_optimizer_add_group(second, &extra, 1, &hp, nullptr));
+    }
+    if (env.replacement > 0) {
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string why = zs_last_error();
+      std::printf("[heal-regrow] %s (%.1f s)\n", why.c_str(), took);
+      std::fflush(stdout);
+      if (two_optimizers) {
+        EXPECT_EQ(built, ZS_ERR_NOT_TAKEN) << why;
+        EXPECT_NE(why.find("the survivors train 2 optimizers with peer copies, and a regrow in memory takes one"),
+                  std::string::npos) << why;
+      } else {
+        EXPECT_EQ(built, ZS_ERR_NOT_TAKEN) << why;
+        EXPECT_NE(why.find("the survivors finished their run before they could take this process back"),
+                  std::string::npos) << why;
+      }
+      EXPECT_LT(took, 20.0) << "waited for the store's timeout";
+      sh->asking = 1;  // answered
+      destroy(m);
+      return;
+    }
+    ZS_ASSERT_OK(built);
+    int step = 1;
+    // After the shrink the survivors train on until the joiner was answered.
+    while (step <= kSteps || (two_optimizers && !sh->asking.load() && std::chrono::steady_clock::now() < until)) {
+      zs_status s = train_step(env, m, step);
+      if (s == ZS_OK && second) {
+        const std::vector<float> g(13, 0.01f * static_cast<float>(env.rank + 1));
+        s = zs_grad_push(extra, g.data(), ZS_FLOAT32, g.size() * sizeof(float));
+        if (s == ZS_OK) s = zs_optimizer_step(second, nullptr);
+      }
+      if (s == ZS_OK) {
+        ++step;
+        if (two_optimizers && step > kSteps) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
+      ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_last_error();
+      int64_t agreed = -1, committed = -1;
+      // Every optimizer agreed first, then each shrinks (in the order made).
+      for (zs_optimizer o : {m.opt, second})
+        if (o != nullptr) ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, o));
+      for (zs_optimizer o : {m.opt, second})
+        if (o != nullptr) ZS_ASSERT_OK(zs_heal_join(&committed, o));  // a shrink
+      sh->committed[env.rank] = committed;
+      step = static_cast<int>(committed) + 1;
+    }
+    sh->finished[env.rank] += 1;
+    zs_optimizer_destroy(second);
+    zs_param_destroy(extra);
+    destroy(m);
+  };
+  zs::test::run_ranks_replacing(3, body, 90, {1}, 1, store.port());
+  EXPECT_EQ(sh->asking.load(), 1) << "the joiner was never answered";
+}
+
 }  // namespace
 
 TEST(HealRegrow, ThreeRanksShrinkToTwoAndGrowBackToThree) { shrunk_then_regrown(3, 1, "update", 3); }
+TEST(HealRegrow, FourRanksShrinkToThreeAndGrowBackToFour) { shrunk_then_regrown(4, 2, "reduce_scatter", 4); }
+TEST(HealRegrow, WithTwoOptimizersTheJoinerIsRefusedByName) { unanswered(true); }
+TEST(HealRegrow, AJoinerAfterTheRunEndedIsToldSo) { unanswered(false); }

@@ -173,6 +173,20 @@ TEST(HealConfig, AReplacementDeadlineWithoutMinRanksOrPastTheTimeoutIsRefusedAtC
   EXPECT_NE(e.find("ZS_HEAL_REPLACEMENT_WAIT_S='soon': expected seconds"), std::string::npos) << e;
 }
 
+// ZS_HEAL_JOIN: only "grow", and only for a process that comes back for a
+// rank (ZS_HEAL_REPLACEMENT), named before any socket opens.
+TEST(HealConfig, AJoinOtherThanGrowOrWithoutAReplacementNumberIsRefusedAtCreate) {
+  const char* on = R"({"zeroshard": {"healing": {"peer_copy": true}}})";
+  {
+    zs::test::ScopedEnv join("ZS_HEAL_JOIN", "later");
+    const std::string e = create_error(on, ZS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(e.find("ZS_HEAL_JOIN='later': expected \"grow\""), std::string::npos) << e;
+  }
+  zs::test::ScopedEnv join("ZS_HEAL_JOIN", "grow");
+  const std::string e = create_error(on, ZS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(e.find("ZS_HEAL_JOIN=grow for rank 0 needs ZS_HEAL_REPLACEMENT=<n> as well"), std::string::npos) << e;
+}
+
 // Ranks that disagree on whether the copy is on (ZS_HEAL on one rank only)
 // fail at create, naming the key on every rank, before any makes the heal
 // group.

@@ -1155,8 +1155,9 @@ void Launcher::on_exit(Rank& r, int status) {
   if (heals() && opt_.shrink && WIFEXITED(status) && code == ZS_EXIT_NOT_TAKEN && r.replacements > 0) {
     ++dropped_;
     if (was_growing) {
-      errorf("healing: rank %d came back (--regrow-after) after the %ld other%s finished: nothing left for it",
-             r.index, running, running == 1 ? "" : "s");
+      errorf("healing: rank %d, started again to grow the job back (--regrow-after), was not taken (its message "
+             "says why: the others finished first, or refused it): the %ld other%s go on without it", r.index, running,
+             running == 1 ? "" : "s");
       return;
     }
     errorf("healing: rank %d's replacement came after --replacement-wait %g s: the %ld other%s went on without it",

@@ -923,19 +923,36 @@ void Context::await_regrow() {
   const std::string mine = std::to_string(ranks_.rank) + " " + std::to_string(replacement_);
   store_->set(regrow_request_key(store_->add(kRegrowRequests, 1)), std::vector<char>(mine.begin(), mine.end()));
   const std::string key = regrow_admission_key(ranks_.rank, replacement_);
-  std::vector<char> raw;
+  // The answer, or the survivors' end (kRegrowEnded: they set it before
+  // they answer the requests left, so one of the two comes).
+  std::string text;
   try {
-    raw = store_->get(key);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      if (store_->check(key)) {
+        const std::vector<char> raw = store_->get(key);
+        text.assign(raw.begin(), raw.end());
+        break;
+      }
+      if (store_->check(kRegrowEnded)) {
+        text = "ended";
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        fail(Code::Timeout, "no answer within the store's timeout (", timeout_.count(), " ms)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   } catch (const Error& e) {
     fail(e.code(), "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow, ZS_HEAL_REPLACEMENT=", replacement_, ") asked the "
          "survivors to grow back and waited for their answer under '", key, "': ", e.what(), "; they answer at "
          "their next optimizer step");
   }
-  const std::string text(raw.begin(), raw.end());
   if (text == "ended")
     fail(Code::NotTaken, "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow): the survivors finished their run before they "
          "could take this process back, so it has nothing to do (exit with ZS_EXIT_NOT_TAKEN)");
-  if (text.rfind("refused: ", 0) == 0) fail(Code::NotSupported, text.substr(9));
+  if (text.rfind("refused: ", 0) == 0)
+    fail(Code::NotTaken, "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow): the survivors do not take this process back: ",
+         text.substr(9), "; the run goes on without it (exit with ZS_EXIT_NOT_TAKEN)");
   char* end = nullptr;
   const long long g = std::strtoll(text.c_str(), &end, 10);
   if (g <= generation_ || end == text.c_str() || *end != '\0')

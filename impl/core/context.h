@@ -271,6 +271,7 @@ class Context {
   bool growing() const { return growing_; }
   static std::string regrow_admission_key(int rank, int64_t incarnation);
   static constexpr const char* kRegrowRequests = "zs/heal/grow/requests";
+  static constexpr const char* kRegrowEnded = "zs/heal/grow/ended";  // the survivors' run is over
   static std::string regrow_request_key(int64_t k);
   // How many times world rank r was lost so far (its next process's
   // ZS_HEAL_REPLACEMENT number).

@@ -65,10 +65,14 @@ struct Requests final : Context::Attachment {
       else store.set(Context::regrow_admission_key(r, incarnation), bytes("refused: " + why));
     }
   }
-  // A joiner still waiting when this context ends learns it ("ended").
+  // A joiner still waiting when this context ends learns it: one that asks
+  // from now on by the mark, one that asked before by its answer.
   ~Requests() override {
     try {
-      read(left_out(ctx));
+      const std::vector<int> out = left_out(ctx);
+      if (out.empty() || ctx.topology().live().front() != ctx.ranks().rank) return;
+      ctx.store()->set(Context::kRegrowEnded, bytes("1"));
+      read(out);
       for (const auto& [r, incarnation] : pending)
         ctx.store()->set(Context::regrow_admission_key(r, incarnation), bytes("ended"));
     } catch (const std::exception&) {
@@ -86,6 +90,8 @@ std::string key_of(const std::string& prefix, int ordinal, const char* what) {
 
 }  // namespace
 
+void await_joiners(Context& ctx) { ctx.attachment<Requests>(); }
+
 float regrow_vote(Context& ctx, int64_t step) {
   const std::vector<int> out = left_out(ctx);
   if (out.empty() || ctx.topology().live().front() != ctx.ranks().rank) return 0.0f;
@@ -100,7 +106,7 @@ float regrow_vote(Context& ctx, int64_t step) {
         store.set(Context::regrow_admission_key(r, incarnation),
                   bytes("refused: the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with "
                         "peer copies, and a regrow in memory takes one (the others' steps of the same iteration "
-                        "would run on the shrunk layout); resume from a disk checkpoint at the whole world"));
+                        "would run on the shrunk layout); to train on every rank again, restart the job from a disk checkpoint"));
       req.pending.clear();
       return 0.0f;
     }

@@ -25,7 +25,7 @@
 //
 // One optimizer with a peer copy only: with more, the others' steps of the
 // same iteration would run on the old layout, so a request is refused by
-// name (the joiner's create fails with ZS_ERR_NOT_SUPPORTED). A joiner
+// name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying why). A joiner
 // still waiting when the lowest live rank's context ends is told so
 // (ZS_ERR_NOT_TAKEN at its create). A second loss during a regrow is not
 // handled: the joiner fails at the store's timeout.
@@ -44,6 +44,10 @@ float regrow_vote(Context& ctx, int64_t step);
 // After an optimizer step, under no hold: the survivors' regrow when the
 // step's votes said so, else nothing. Collective with the joiners' joins.
 void regrow_after_step(Context& ctx, Optimizer& opt);
+// On a survivor after a shrink: from here the lowest live rank answers the
+// requests to come back, and at its context's end tells a joiner still
+// waiting, or one that asks later, that the run is over.
+void await_joiners(Context& ctx);
 // A joiner's zs_heal_join (Context::growing()).
 Joined regrow_join(Context& ctx, Optimizer& opt);
 

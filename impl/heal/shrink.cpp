@@ -8,6 +8,7 @@
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
 #include "impl/heal/peer_copy.h"
+#include "impl/heal/regrow.h"
 #include "impl/heal/relayout.h"
 #include "impl/partition/register.h"
 #include "impl/partition/shard_residence.h"
@@ -70,6 +71,7 @@ Joined shrink(Context& ctx, Optimizer& opt) {
   if (!ctx.lost_ranks().empty()) {
     shrunk.before = ctx.partition_group()->world_ranks();
     ctx.shrink(lost);
+    await_joiners(ctx);
   }
   const auto held = ctx.lock();
   PeerCopy& pc = peer_copy_of(ctx, opt);

@@ -132,7 +132,10 @@ typedef enum zs_status {
    * the survivors went on without its rank (they shrank in memory under
    * zeroshard.healing.min_ranks, at once or past
    * zeroshard.healing.replacement_wait_s), so this process has nothing to
-   * join. Not a failure of the job: exit with ZS_EXIT_NOT_TAKEN. */
+   * join; or, started to grow the world back (ZS_HEAL_JOIN=grow), the
+   * survivors finished before they could take it in, or refused it (the
+   * message says why). Not a failure of the
+   * job: exit with ZS_EXIT_NOT_TAKEN. */
   ZS_ERR_NOT_TAKEN = 15,
   ZS_STATUS_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_STATUS_ENUM_MAX_ = 0x7fffffff
@@ -1066,7 +1069,14 @@ ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs
  * (or ZS_HEAL_REPLACEMENT_WAIT_S, which zsrun --replacement-wait exports),
  * the survivors first wait up to W for the replacements and shrink only
  * if one did not come: the lowest survivor decides, the others and the
- * replacements read its verdict.
+ * replacements read its verdict. After a shrink, a process started for a
+ * rank left out with ZS_HEAL_JOIN=grow as well (zsrun --regrow-after)
+ * waits at its create until the survivors take it back (after one of
+ * their zs_optimizer_step calls: the regrow runs inside it, the rank's
+ * program unchanged), then calls zs_heal_join as a replacement does and
+ * receives its shard of the state laid out over the whole world again
+ * (docs/healing.md, section 4); NOT_TAKEN at its create when the
+ * survivors refuse it or finished first (the message says which).
  * ZS_ERR_TIMEOUT naming the rank when no replacement came
  * within the timeout; INVALID_STATE on a survivor that has not agreed;
  * NOT_SUPPORTED for a replacement of rank 0 where rank 0 served the store. */
