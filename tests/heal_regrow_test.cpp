@@ -45,6 +45,7 @@ struct Shared {
   std::atomic<int> live_at_end[kMaxWorld];
   float healed0[kNumel[0]], healed1[kNumel[1]], healed_frozen[kFrozen];
   float ref0[kNumel[0]], ref1[kNumel[1]], ref_frozen[kFrozen];
+  char why[kMaxWorld][512];  // what a rank's failing call said
 };
 
 std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
@@ -326,9 +327,80 @@ void unanswered(bool two_optimizers) {
   EXPECT_EQ(sh->asking.load(), 1) << "the joiner was never answered";
 }
 
+// The joiner killed in its zs_heal_join, before it describes its build
+// ("regrow" fault point), while the survivors wait for it in the regrow:
+// the lowest survivor names the loss in its verdict, and every survivor
+// fails the step's call with ZS_ERR_STATE_LOST naming the regrow cut short
+// (the world and heal groups are the whole world's, the state the shrunk
+// one's), every later call too; nobody waits for the store's timeout.
+void joiner_lost_in_the_regrow() {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", "2");
+  const auto body = [&](const RankEnv& env) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    if (env.replacement == 0) {
+      setenv("ZS_FAULT_POINT", "update:1:2", 1);
+    } else {
+      setenv("ZS_FAULT_POINT", "regrow:1:1", 1);
+      setenv("ZS_HEAL_JOIN", "grow", 1);
+      while (sh->committed[0].load() <= 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      sh->asking = 1;
+    }
+    Model m;
+    ZS_ASSERT_OK(build_with_frozen(env, m));
+    if (env.replacement > 0) {
+      int64_t committed = -1;
+      zs_heal_join(&committed, m.opt);
+      ADD_FAILURE() << "the joiner outlived its fault point: " << zs_last_error();
+      return;
+    }
+    zs_status s = ZS_OK;
+    int step = 1;
+    while (std::chrono::steady_clock::now() < until) {
+      if (step > 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      s = train_step(env, m, step);
+      if (s == ZS_ERR_RANK_LOST && sh->committed[env.rank].load() < 0) {
+        int64_t agreed = -1, committed = -1;
+        ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+        ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));  // a shrink
+        sh->committed[env.rank] = committed;
+        step = static_cast<int>(committed) + 1;
+        continue;
+      }
+      if (s != ZS_OK) break;
+      ++step;
+    }
+    EXPECT_EQ(s, ZS_ERR_STATE_LOST) << zs_status_string(s) << ": " << zs_last_error();
+    std::snprintf(sh->why[env.rank], sizeof sh->why[env.rank], "%s", zs_last_error());
+    EXPECT_EQ(train_step(env, m, step), ZS_ERR_STATE_LOST) << "a later call: " << zs_last_error();
+    sh->finished[env.rank] += 1;
+    destroy(m);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  zs::test::run_ranks_replacing(3, body, 90, {1}, 1);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 20.0) << "a survivor waited for the store's timeout";
+  for (const int r : {0, 2}) {
+    EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+    const std::string w = sh->why[r];
+    EXPECT_NE(w.find("the regrow (rank(s) 1 coming back) was cut short"), std::string::npos) << w;
+    // The lowest survivor names the loss in its verdict; the other's wait
+    // for it is cut short by the same loss.
+    if (r == 0) {
+      EXPECT_NE(w.find("rank 1, coming in, was lost before it described what it built"), std::string::npos) << w;
+    }
+    EXPECT_NE(w.find(": rank 1"), std::string::npos) << w;  // what cut it short names the joiner
+    EXPECT_NE(w.find("resume from the last disk checkpoint"), std::string::npos) << w;
+  }
+  std::printf("[heal-regrow] the joiner lost in the regrow (%.1f s): %s\n", took, sh->why[0]);
+}
+
 }  // namespace
 
 TEST(HealRegrow, ThreeRanksShrinkToTwoAndGrowBackToThree) { shrunk_then_regrown(3, 1, "update", 3); }
 TEST(HealRegrow, FourRanksShrinkToThreeAndGrowBackToFour) { shrunk_then_regrown(4, 2, "reduce_scatter", 4); }
 TEST(HealRegrow, WithTwoOptimizersTheJoinerIsRefusedByName) { unanswered(true); }
 TEST(HealRegrow, AJoinerAfterTheRunEndedIsToldSo) { unanswered(false); }
+TEST(HealRegrow, AJoinerLostInTheRegrowIsStateLostByName) { joiner_lost_in_the_regrow(); }

@@ -10,7 +10,10 @@
 // thread, once this rank's own step committed), "save" (a checkpoint
 // save's rank file written, before rank 0 hears of it), "join" (a
 // survivor's zs_heal_join, regrouped, before the lost ranks' state is
-// handed over; a replacement's join passes none). With ":fail" after the
+// handed over; a replacement's join passes none), "regrow" (a regrow's
+// joiner, in zs_heal_join, before it describes its build, while the
+// survivors wait for it).
+// With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real
 // loss produces only by chance). With ":stop", the process stops itself

@@ -94,8 +94,16 @@ void check_builds(Context& ctx, Optimizer& opt, const std::string& opt_prefix, i
     std::string verdict = "ok";
     for (const int r : newcomers) {
       std::string theirs;
-      ctx.rendezvous_with({r}, "zs_heal_join (rank " + std::to_string(r) + "'s replacement's description)",
-                          [&] { theirs = text(store.get(opt_prefix + "describe/" + std::to_string(r))); });
+      try {
+        ctx.rendezvous_with({r}, "zs_heal_join (rank " + std::to_string(r) + "'s replacement's description)",
+                            [&] { theirs = text(store.get(opt_prefix + "describe/" + std::to_string(r))); });
+      } catch (const Error& e) {
+        // Lost (or never came): the others wait for this verdict, not for
+        // the store's timeout.
+        verdict = "rank " + std::to_string(r) + ", coming in, was lost before it described what it built: " +
+                  e.what();
+        break;
+      }
       const std::string diff = first_difference(theirs, mine, me);
       if (!diff.empty()) {
         verdict = "the replacement of rank " + std::to_string(r) + " built another model, optimizer or config than "

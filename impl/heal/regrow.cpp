@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "impl/common/error.h"
+#include "impl/common/fault_point.h"
 #include "impl/fetch/coordinator.h"
 #include "impl/fetch/gather.h"
 #include "impl/heal/peer_copy.h"
@@ -84,6 +85,25 @@ struct Requests final : Context::Attachment {
   std::map<int, int64_t> pending;  // rank left out -> the incarnation asking
 };
 
+// A regrow cut short (a rank lost in it: a survivor, or the joiner) leaves
+// the state laid out for neither world on some ranks: every rank that sees
+// it fails the context with StateLost by name, so the trainer falls back
+// to a disk checkpoint (exit ZS_EXIT_STATE_LOST) instead of healing from
+// copies that no longer fit.
+template <typename Fn>
+void cut_short_is_state_lost(Context& ctx, const std::vector<int>& joined, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    std::string list;
+    for (const int r : joined) list += (list.empty() ? "" : " ") + std::to_string(r);
+    const std::string msg = "the regrow (rank(s) " + list + " coming back) was cut short: " + e.what() +
+                            "; the state is laid out for neither world: resume from the last disk checkpoint";
+    ctx.record_async_error(Code::StateLost, msg);
+    fail(Code::StateLost, msg);
+  }
+}
+
 std::string key_of(const std::string& prefix, int ordinal, const char* what) {
   return prefix + "grow/opt" + std::to_string(ordinal) + "/" + what;
 }
@@ -142,25 +162,27 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   std::vector<int> joined;
   for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) joined.push_back(static_cast<int>(r));
   const std::vector<int> before = ctx.topology().live();
-  ctx.regrow(joined);
-  check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
-    post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+  cut_short_is_state_lost(ctx, joined, [&] {
+    ctx.regrow(joined);
+    check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
+      post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+      const auto held = ctx.lock();
+      std::string counts = std::to_string(opt.steps_locked());
+      for (const auto& s : opt.slot_states_locked()) counts += " " + std::to_string(s.updates);
+      store.set(key_of(prefix, ordinal, "counts"), bytes(counts));
+    });
     const auto held = ctx.lock();
-    std::string counts = std::to_string(opt.steps_locked());
-    for (const auto& s : opt.slot_states_locked()) counts += " " + std::to_string(s.updates);
-    store.set(key_of(prefix, ordinal, "counts"), bytes(counts));
+    PeerCopy& pc = peer_copy_of(ctx, opt);
+    if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+    drop_step_in_flight(ctx, opt);
+    drop_secondaries(ctx);
+    for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);  // gathered for the old world
+    OldLayout old;
+    old.members = before;
+    old.provider = before;
+    relayout(ctx, opt, pc, old);
+    pc.place_over(ctx.topology().live());
   });
-  const auto held = ctx.lock();
-  PeerCopy& pc = peer_copy_of(ctx, opt);
-  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
-  drop_step_in_flight(ctx, opt);
-  drop_secondaries(ctx);
-  for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);  // gathered for the old world
-  OldLayout old;
-  old.members = before;
-  old.provider = before;
-  relayout(ctx, opt, pc, old);
-  pc.place_over(ctx.topology().live());
 }
 
 Joined regrow_join(Context& ctx, Optimizer& opt) {
@@ -177,22 +199,25 @@ Joined regrow_join(Context& ctx, Optimizer& opt) {
   std::vector<int> before;
   for (int r = 0; r < ctx.ranks().world_size; ++r)
     if (!std::binary_search(out.replaced.begin(), out.replaced.end(), r)) before.push_back(r);
+  fault_point("regrow");  // a joiner's, before it describes its build
   check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), out.replaced, [] {});
-  receive_shared(ctx, store, key_of(prefix, ordinal, "shared"));
-  const std::vector<int64_t> counts = parse_numbers(text(store.get(key_of(prefix, ordinal, "counts"))));
-  const auto held = ctx.lock();
-  PeerCopy& pc = peer_copy_of(ctx, opt);
-  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
-  OldLayout old;
-  old.members = before;
-  old.provider = before;
-  relayout(ctx, opt, pc, old);
-  if (counts.empty()) fail(Code::Internal, "regrow: no step counts posted for the joiner");
-  opt.restore_counts_locked(counts.front(), std::vector<int64_t>(counts.begin() + 1, counts.end()));
-  pc.place_over(ctx.topology().live());
-  pc.awaiting_state = false;
-  ctx.end_replacing();
-  out.committed = counts.front();
+  cut_short_is_state_lost(ctx, out.replaced, [&] {
+    receive_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+    const std::vector<int64_t> counts = parse_numbers(text(store.get(key_of(prefix, ordinal, "counts"))));
+    if (counts.empty()) fail(Code::Internal, "regrow: no step counts posted for the joiner");
+    const auto held = ctx.lock();
+    PeerCopy& pc = peer_copy_of(ctx, opt);
+    if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+    OldLayout old;
+    old.members = before;
+    old.provider = before;
+    relayout(ctx, opt, pc, old);
+    opt.restore_counts_locked(counts.front(), std::vector<int64_t>(counts.begin() + 1, counts.end()));
+    pc.place_over(ctx.topology().live());
+    pc.awaiting_state = false;
+    ctx.end_replacing();
+    out.committed = counts.front();
+  });
   out.generation = ctx.generation();
   return out;
 }

@@ -27,8 +27,10 @@
 // same iteration would run on the old layout, so a request is refused by
 // name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying why). A joiner
 // still waiting when the lowest live rank's context ends is told so
-// (ZS_ERR_NOT_TAKEN at its create). A second loss during a regrow is not
-// handled: the joiner fails at the store's timeout.
+// (ZS_ERR_NOT_TAKEN at its create). A rank lost during the regrow (the
+// joiner, a survivor) leaves the state laid out for neither world: every
+// rank that sees it fails with StateLost by name (a disk checkpoint), and
+// none waits for the store's timeout.
 #pragma once
 
 #include "impl/core/context.h"
