@@ -151,7 +151,7 @@ TEST(HealZsrun, UnderRegrowAfterTheJobGrowsBackToEveryRank) {
             std::string::npos) << run.out;
   EXPECT_NE(run.out.find("zsrun: healing: starting rank 1 again to grow the job back to 3 ranks (--regrow-after 0 s; "
                          "ZS_HEAL_JOIN=grow ZS_HEAL_REPLACEMENT=1; restart 1 of 1)"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("rank(s) 1 came back (ZS_HEAL_JOIN=grow): the world grows back to 3 ranks after optimizer "
+  EXPECT_NE(run.out.find("rank(s) 1 came back (ZS_HEAL_JOIN=grow): the world grows back to 3 of 3 ranks after optimizer "
                          "step"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
   EXPECT_EQ(run.losses.size(), 60u) << run.out;

@@ -679,3 +679,60 @@ TEST(HeartbeatScale, AfterAShrinkEveryLiveRankIsStillWatched) {
     if (r != victim) others.push_back(r);
   for (const int r : others) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(others), "") << "rank " << r;
 }
+
+// A partial regrow past the full mesh: after a shrink left ranks 1, 5, 7
+// and 8 out, a process for rank 5 comes back (generation 1) while the
+// others stay out. It starts with them absent (their addresses, never
+// posted in that generation, are not read), the survivors readmit it and
+// lay their beats out again: every live rank is judged by someone, nobody
+// beats to a rank still out, and the joiner's later death is named by
+// every other live rank.
+TEST(HeartbeatScale, AJoinerAfterAShrinkIsWatchedAndWatchesWithRanksStillOut) {
+  using namespace std::chrono_literals;
+  const auto period = 100ms, limit = 1000ms;
+  const int n = 12;
+  auto store = zs::make_memory_store(10s);
+  auto hbs = light_ranks(n, *store, period, limit);
+  const std::vector<int> dropped = {1, 5, 7, 8};
+  for (const int r : dropped) hbs[static_cast<size_t>(r)].reset();
+  std::vector<int> survivors;
+  for (int r = 0; r < n; ++r)
+    if (hbs[static_cast<size_t>(r)]) survivors.push_back(r);
+  for (const int r : survivors) {
+    for (const int d : dropped) hbs[static_cast<size_t>(r)]->drop(d);
+    hbs[static_cast<size_t>(r)]->reform(*store);
+  }
+  const int joiner = 5;
+  const std::vector<int> out = {1, 7, 8};
+  for (const int r : survivors) hbs[static_cast<size_t>(r)]->republish(*store, "zs/gen1/");
+  hbs[joiner] = std::make_unique<zs::Heartbeat>(joiner, n, "127.0.0.1", *store, period, limit, "zs/gen1/");
+  hbs[joiner]->start(*store, out);
+  for (const int r : survivors) {
+    hbs[static_cast<size_t>(r)]->readmit(joiner, *store);
+    hbs[static_cast<size_t>(r)]->reform(*store);
+  }
+  std::vector<int> live = survivors;
+  live.push_back(joiner);
+  std::sort(live.begin(), live.end());
+  for (const int r : live) {
+    int watchers = 0;
+    for (const int w : live)
+      for (const int t : hbs[static_cast<size_t>(w)]->targets()) watchers += t == r;
+    EXPECT_GE(watchers, 1) << "rank " << r << " is judged by nobody";
+    for (const int t : hbs[static_cast<size_t>(r)]->targets())
+      EXPECT_FALSE(std::find(out.begin(), out.end(), t) != out.end()) << r << " beats to rank " << t << ", still out";
+  }
+  std::this_thread::sleep_for(3 * period);
+  for (const int r : live) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(live), "") << "rank " << r;
+
+  hbs[joiner].reset();
+  const auto died = Clock::now();
+  int missing = static_cast<int>(survivors.size());
+  std::vector<std::string> named(n);
+  while (missing > 0 && Clock::now() - died < 3 * limit + 2s) {
+    std::this_thread::sleep_for(20ms);
+    for (const int r : survivors)
+      if (named[r].empty() && !(named[r] = hbs[static_cast<size_t>(r)]->silence({joiner})).empty()) --missing;
+  }
+  EXPECT_EQ(missing, 0) << "survivors that never named the joiner's death";
+}

@@ -66,7 +66,7 @@
 // and it exits with ZS_EXIT_NOT_TAKEN (76), which is no failure either.
 // With --regrow-after S, S seconds after the others went on without a rank
 // it is started again with ZS_HEAL_JOIN=grow (using one of the restarts):
-// the others take it back at a step boundary and the job is whole again;
+// the others take it back at a step boundary and the job grows back by it;
 // if they finished first it exits with ZS_EXIT_NOT_TAKEN, no failure.
 //
 // Exit status: that of the first rank that failed (128+signal for a signal

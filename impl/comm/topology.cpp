@@ -230,15 +230,18 @@ std::vector<int> Topology::shrink(const std::vector<int>& live, const Rejoin& re
   return lost;
 }
 
-void Topology::regrow(const Rejoin& rejoin) {
+void Topology::regrow(const std::vector<int>& live, const Rejoin& rejoin) {
   const std::vector<int> before = live_ranks(shape_);
-  if (static_cast<int>(before.size()) == shape_.world_size)
-    fail(Code::InvalidArgument, "regrow: every world rank (", shape_.world_size, ") is live already");
-  shape_.live.clear();
-  const std::vector<int> all = live_ranks(shape_);
+  TopologyShape next = shape_;
+  next.live = static_cast<int>(live.size()) == shape_.world_size ? std::vector<int>() : live;
+  check(next);
+  if (live.size() <= before.size() || !std::includes(live.begin(), live.end(), before.begin(), before.end()))
+    fail(Code::InvalidArgument, "regrow to the live ranks ", rank_list(live), ": expected more than, and all of, the "
+         "ranks ", rank_list(before), " live now");
+  shape_ = next;
   for (const auto& [id, group] : groups()) {
     if (group == world_ || group == heal_) {
-      rejoin(*group, id, all);
+      rejoin(*group, id, live);
       continue;
     }
     const auto& members = group->world_ranks();
@@ -246,6 +249,14 @@ void Topology::regrow(const Rejoin& rejoin) {
                                  [&](int r) { return !std::binary_search(before.begin(), before.end(), r); });
     if (!cut) rejoin(*group, id, members);
   }
+}
+
+void Topology::start_live(const std::vector<int>& live) {
+  if (world_) fail(Code::Internal, "start_live after the world was made");
+  TopologyShape next = shape_;
+  next.live = static_cast<int>(live.size()) == shape_.world_size ? std::vector<int>() : live;
+  check(next);
+  shape_ = next;
 }
 
 void Topology::abort(Code code, const std::string& why) {

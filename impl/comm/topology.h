@@ -83,13 +83,16 @@ class Topology {
   // its members. Returns the lost members' world ranks.
   using Rejoin = std::function<void(Group& group, int id, const std::vector<int>& members)>;
   std::vector<int> shrink(const std::vector<int>& live, const Rejoin& rejoin);
-  // A regrow (docs/healing.md, section 4): every rank a shrink left out is
-  // back, and the world is whole again. In id order, on every rank alike:
-  // the world and heal groups are cut over all world ranks and reconnected
-  // by `rejoin`; another group reconnects with its members when none of
-  // them was left out (one the shrink cut stays as it was). InvalidArgument
-  // when no rank is left out.
-  void regrow(const Rejoin& rejoin);
+  // A regrow (docs/healing.md, section 4): ranks a shrink left out are back,
+  // `live` (ascending, more than live now, all of them among it). In id
+  // order, on every rank alike: the world and heal groups are cut over
+  // `live` and reconnected by `rejoin`; another group reconnects with its
+  // members when none of them was left out (one the shrink cut stays as it
+  // was).
+  void regrow(const std::vector<int>& live, const Rejoin& rejoin);
+  // A regrow's joiner, before make_world: the world ranks live in the
+  // generation it joins (checked as check() does).
+  void start_live(const std::vector<int>& live);
   // The live world ranks, ascending.
   std::vector<int> live() const { return live_ranks(shape_); }
   // check() of this topology's shape with `live` as its live list.

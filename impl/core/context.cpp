@@ -432,7 +432,7 @@ void Context::connect(const ContextOptions& options) {
   agree_on_backend();
   // A replacement beats from the start: the survivors readmitted it before
   // they reconnect, and judge it from then on.
-  if (heartbeat_ && replacing_) heartbeat_->start(*store_);
+  if (heartbeat_ && replacing_) heartbeat_->start(*store_, regrow_absent_);
   topology_->make_world();
   if (heartbeat_ && !replacing_) heartbeat_->start(*store_);
 }
@@ -957,6 +957,18 @@ void Context::await_regrow() {
   const long long g = std::strtoll(text.c_str(), &end, 10);
   if (g <= generation_ || end == text.c_str() || *end != '\0')
     fail(Code::Bootstrap, "the store's '", key, "' holds '", text, "', not a generation after ", generation_);
+  // The ranks live in the generation it joins (a shrink may have left
+  // others out that do not come back now): its world and heartbeat.
+  std::vector<int> live;
+  {
+    const std::vector<char> raw = store_->get(key_prefix_of(g) + "heal/live");
+    std::istringstream in(std::string(raw.begin(), raw.end()));
+    for (int r; in >> r;) live.push_back(r);
+  }
+  topology_->start_live(live);
+  regrow_absent_.clear();
+  for (int r = 0; r < ranks_.world_size; ++r)
+    if (!std::binary_search(live.begin(), live.end(), r)) regrow_absent_.push_back(r);
   generation_ = g;
   growing_ = true;
 }
@@ -1092,7 +1104,10 @@ void Context::regrow(const std::vector<int>& joined) {
   }
   heartbeat_->reform(*store_);
   generation_ = g;
-  topology_->regrow([&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
+  std::vector<int> live = topology_->live();
+  live.insert(live.end(), joined.begin(), joined.end());
+  std::sort(live.begin(), live.end());
+  topology_->regrow(live, [&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
 }
 
 void Context::rejoin(Group& group, int id, const std::vector<int>& members) {

@@ -254,12 +254,12 @@ class Context {
   void shrink(const std::vector<int>& lost);
   // A regrow (docs/healing.md, section 4), on a survivor after the step
   // whose all-reduce voted for it, under no hold: generation g + 1 over the
-  // whole world again, `joined` (world ranks a shrink left out, each with a
-  // process started with ZS_HEAL_JOIN=grow) back in. Republishes this
-  // rank's heartbeat address there, readmits each joiner once its address
-  // is posted (the store's timeout bounds the wait), lays the beats out
-  // again, then reconnects the world and heal groups over every rank
-  // (Topology::regrow), a rendezvous the joiners' create joins.
+  // live ranks and `joined` (world ranks a shrink left out, each with a
+  // process started with ZS_HEAL_JOIN=grow). Republishes this rank's
+  // heartbeat address there, readmits each joiner once its address is
+  // posted (the store's timeout bounds the wait), lays the beats out
+  // again, then reconnects the world and heal groups over the grown live
+  // list (Topology::regrow), a rendezvous the joiners' create joins.
   void regrow(const std::vector<int>& joined);
   // A process started with ZS_HEAL_JOIN=grow and ZS_HEAL_REPLACEMENT=n for
   // a rank the survivors shrank without, admitted into a regrow: it asks at
@@ -446,6 +446,7 @@ class Context {
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
   bool grow_wanted_ = false;  // ZS_HEAL_JOIN=grow
   bool growing_ = false;      // admitted into a regrow (await_regrow)
+  std::vector<int> regrow_absent_;  // its world ranks not live in the generation it joins
   bool heal_soft_ = false;  // ZS_HEAL=auto
   bool external_store_ = false;  // ZS_STORE_SERVER=external
   std::atomic<bool> replacing_{false};

@@ -119,8 +119,7 @@ float regrow_vote(Context& ctx, int64_t step) {
     Store& store = *ctx.store();
     Requests& req = ctx.attachment<Requests>();
     req.read(out);
-    for (const int r : out)
-      if (req.pending.count(r) == 0) return 0.0f;
+    if (req.pending.empty()) return 0.0f;
     if (peer_copies(ctx) > 1) {
       for (const auto& [r, incarnation] : req.pending)
         store.set(Context::regrow_admission_key(r, incarnation),
@@ -131,15 +130,23 @@ float regrow_vote(Context& ctx, int64_t step) {
       return 0.0f;
     }
     const int64_t g = ctx.generation() + 1;
+    std::vector<int> live = ctx.topology().live();
     std::string list;
-    for (const int r : out) list += (list.empty() ? "" : " ") + std::to_string(r);
+    for (const auto& [r, incarnation] : req.pending) {
+      list += (list.empty() ? "" : " ") + std::to_string(r);
+      live.push_back(r);
+    }
+    std::sort(live.begin(), live.end());
+    std::string live_list;
+    for (const int r : live) live_list += (live_list.empty() ? "" : " ") + std::to_string(r);
     store.set(Context::key_prefix_of(g) + "heal/grown", bytes(list));
+    store.set(Context::key_prefix_of(g) + "heal/live", bytes(live_list));
     for (const auto& [r, incarnation] : req.pending)
       store.set(Context::regrow_admission_key(r, incarnation), bytes(std::to_string(g)));
     req.pending.clear();
     std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s came back (ZS_HEAL_JOIN=grow): the world grows back "
-                 "to %d ranks after optimizer step %lld\n", ctx.ranks().rank, list.c_str(), ctx.ranks().world_size,
-                 static_cast<long long>(step));
+                 "to %zu of %d ranks after optimizer step %lld\n", ctx.ranks().rank, list.c_str(), live.size(),
+                 ctx.ranks().world_size, static_cast<long long>(step));
     return 1.0f;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zeroshard: rank %d: healing: the requests to grow back could not be read: %s\n",
@@ -196,8 +203,8 @@ Joined regrow_join(Context& ctx, Optimizer& opt) {
   Joined out;
   out.replacement = true;
   for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) out.replaced.push_back(static_cast<int>(r));
-  std::vector<int> before;
-  for (int r = 0; r < ctx.ranks().world_size; ++r)
+  std::vector<int> before;  // the live ranks before the regrow
+  for (const int r : ctx.topology().live())
     if (!std::binary_search(out.replaced.begin(), out.replaced.end(), r)) before.push_back(r);
   fault_point("regrow");  // a joiner's, before it describes its build
   check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), out.replaced, [] {});

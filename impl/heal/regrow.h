@@ -1,6 +1,6 @@
-// Regrow (docs/healing.md, section 4): after a shrink, the world grows
-// back to every rank once a process has come for each rank left out, with
-// every rank's program unchanged:
+// Regrow (docs/healing.md, section 4): after a shrink, the world grows back
+// by the ranks left out for which a process has come (all, or some: the
+// others stay out until theirs comes), every rank's program unchanged:
 //
 // 1. The process for a rank left out is started with ZS_HEAL_JOIN=grow and
 //    ZS_HEAL_REPLACEMENT=n (zsrun --regrow-after does); at its create it
@@ -8,20 +8,20 @@
 //    (Context::await_regrow).
 // 2. The lowest live rank reads the requests at each step of the
 //    context's first peer copy while ranks are left out (one store call a
-//    step); once every rank left out has one, it posts the joiners, each
-//    joiner's admission (the next generation) and votes 1 in the step's
-//    norm all-reduce (PeerCopy::grow_vote), so every survivor learns it
-//    alike, at the same step.
+//    step); once one has come, it posts the joiners, the live ranks after
+//    the regrow, each joiner's admission (the next generation) and votes 1
+//    in the step's norm all-reduce (PeerCopy::grow_vote), so every survivor
+//    learns it alike, at the same step.
 // 3. After that step (zs_optimizer_step, zs_optimizer_step_end) every
 //    survivor regrows (regrow_after_step): Context::regrow (heartbeats, the
-//    world and heal groups over every rank), the joiners' build compared
-//    with the survivors' (join.h's check_builds), the shared trainer state
-//    and the step counts posted for them, and the state laid out
-//    N - 1 -> N in memory (relayout.h), then the peer copies placed over
-//    every rank (seeded at the next step). The joiner's zs_heal_join
-//    (regrow_join) takes part in the same rendezvous and returns the steps
-//    taken, C: every rank takes step C + 1 next, gradients averaged over
-//    the whole world again.
+//    world and heal groups over the live ranks and the joiners), the
+//    joiners' builds compared with the survivors' (join.h's check_builds),
+//    the shared trainer state and the step counts posted for them, and the
+//    state laid out over the grown world in memory (relayout.h), then the
+//    peer copies placed over it (seeded at the next step). The joiner's
+//    zs_heal_join (regrow_join) takes part in the same rendezvous and
+//    exchange and returns the steps taken, C: every rank takes step C + 1
+//    next, gradients averaged over the grown world.
 //
 // One optimizer with a peer copy only: with more, the others' steps of the
 // same iteration would run on the old layout, so a request is refused by

@@ -1074,7 +1074,7 @@ ZS_API zs_status zs_heal_committed_result(zs_step_result* result, int* found, zs
  * waits at its create until the survivors take it back (after one of
  * their zs_optimizer_step calls: the regrow runs inside it, the rank's
  * program unchanged), then calls zs_heal_join as a replacement does and
- * receives its shard of the state laid out over the whole world again
+ * receives its shard of the state laid out over the grown world
  * (docs/healing.md, section 4); NOT_TAKEN at its create when the
  * survivors refuse it or finished first (the message says which).
  * ZS_ERR_TIMEOUT naming the rank when no replacement came

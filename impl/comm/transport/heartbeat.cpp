@@ -155,21 +155,30 @@ Heartbeat::Heartbeat(int rank, int world_size, const std::string& host, Store& s
   }
 }
 
-void Heartbeat::start(Store& store) {
+void Heartbeat::start(Store& store, const std::vector<int>& absent) {
   // Only the ranks this one beats to and those that beat to it (whose
   // targets include it): O(log N) addresses per rank.
   std::vector<Peer> peers(static_cast<size_t>(world_));
   const std::vector<int> monitors = full_mesh() ? targets_ : power_of_two_peers(rank_, world_, -1);
   for (int r : monitors) peers[static_cast<size_t>(r)].monitored = true;
-  const std::vector<int> known = sorted_union(targets_, monitors);
+  std::vector<int> known = sorted_union(targets_, monitors);
+  known.erase(std::remove_if(known.begin(), known.end(),
+                             [&](int r) { return std::find(absent.begin(), absent.end(), r) != absent.end(); }),
+              known.end());
   const std::vector<Peer> read = read_peers(store, key_prefix_, known);
   for (size_t i = 0; i < known.size(); ++i) take_address(peers[static_cast<size_t>(known[i])], read[i]);
   const auto now = Clock::now();
   for (Peer& p : peers) p.heard = now;
+  for (const int r : absent) {
+    Peer& p = peers[static_cast<size_t>(r)];
+    p.departed = p.dropped = true;
+    p.monitored = false;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     peers_ = std::move(peers);
   }
+  if (!absent.empty()) reform(store);  // past the full mesh: no live rank left unwatched
   thread_ = std::thread([this] { loop(); });
 }
 

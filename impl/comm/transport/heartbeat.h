@@ -62,7 +62,11 @@ class Heartbeat {
   // and starts beating. Until then no peer is silent. Called once the
   // world's transport is connected, so a rank that never came is named by
   // that connect, as without heartbeats.
-  void start(Store& store);
+  //
+  // `absent`: world ranks not in the run (a regrow's joiner, where a shrink
+  // left ranks out that did not come back): dropped from the start, their
+  // addresses not read, the beats laid out over the others (reform).
+  void start(Store& store, const std::vector<int>& absent = {});
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
