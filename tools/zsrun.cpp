@@ -888,6 +888,11 @@ void Launcher::start_due_regrows(double* wait_s) {
       continue;
     }
     r.regrow_due = false;
+    if (attempt_ + respawned_ >= opt_.restarts) {  // spent meanwhile, by another rank's replacement
+      errorf("healing: rank %d is not started again to grow the job back (--regrow-after): no restart is left "
+             "(--restarts %ld)", r.index, opt_.restarts);
+      continue;
+    }
     r.growing = true;
     --dropped_;
     errorf("healing: starting rank %d again to grow the job back to %ld ranks (--regrow-after %g s; "

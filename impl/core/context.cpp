@@ -886,7 +886,9 @@ std::string Context::heal_decision_key(int64_t generation) { return key_prefix_o
 
 void Context::await_heal_decision() {
   const double wait_s = config_.heal_replacement_wait_s;
-  if (wait_s <= 0 || growing_) return;  // a joiner admitted by find_generation  // with a deadline, min_ranks is set (check_replacement_wait)
+  // With a deadline, min_ranks is set (check_replacement_wait); a joiner
+  // find_generation admitted has its answer already.
+  if (wait_s <= 0 || growing_) return;
   const std::string key = heal_decision_key(generation_);
   std::vector<char> raw;
   try {

@@ -1,6 +1,7 @@
 #include "impl/heal/regrow.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -125,7 +126,8 @@ float regrow_vote(Context& ctx, int64_t step) {
         store.set(Context::regrow_admission_key(r, incarnation),
                   bytes("refused: the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with "
                         "peer copies, and a regrow in memory takes one (the others' steps of the same iteration "
-                        "would run on the shrunk layout); to train on every rank again, restart the job from a disk checkpoint"));
+                        "would run on the shrunk layout); to train on every rank again, restart the job from a "
+                        "disk checkpoint"));
       req.pending.clear();
       return 0.0f;
     }
@@ -169,6 +171,7 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   std::vector<int> joined;
   for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) joined.push_back(static_cast<int>(r));
   const std::vector<int> before = ctx.topology().live();
+  const auto begin = std::chrono::steady_clock::now();
   cut_short_is_state_lost(ctx, joined, [&] {
     ctx.regrow(joined);
     check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
@@ -190,6 +193,12 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
     relayout(ctx, opt, pc, old);
     pc.place_over(ctx.topology().live());
   });
+  if (ctx.ranks().rank == before.front())
+    std::fprintf(stderr, "zeroshard: rank %d: healing: the world grew back to %zu of %d ranks in %.3f s (generation "
+                 "%lld; the state laid out anew in memory)\n", ctx.ranks().rank, ctx.topology().live().size(),
+                 ctx.ranks().world_size,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(),
+                 static_cast<long long>(ctx.generation()));
 }
 
 Joined regrow_join(Context& ctx, Optimizer& opt) {
