@@ -33,7 +33,7 @@ using namespace zs::test::heal;
 namespace {
 
 constexpr int kRegrowSteps = 9;
-constexpr int64_t kFrozen = 777;
+constexpr int64_t kFrozen = kFrozenNumel;
 
 struct Shared {
   std::atomic<int64_t> committed[kMaxWorld];  // each survivor's C from its shrink (-1: none)
@@ -47,54 +47,6 @@ struct Shared {
   float ref0[kNumel[0]], ref1[kNumel[1]], ref_frozen[kFrozen];
   char why[kMaxWorld][512];  // what a rank's failing call said
 };
-
-std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
-  std::vector<float> full(static_cast<size_t>(numel));
-  zs_gather g = nullptr;
-  EXPECT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
-  EXPECT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
-  zs_gather_destroy(g);
-  EXPECT_EQ(zs_param_copy_to(p, full.data(), full.size() * sizeof(float)), ZS_OK) << zs_last_error();
-  EXPECT_EQ(zs_release(m.ctx, &p, 1), ZS_OK) << zs_last_error();
-  return full;
-}
-
-void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
-  const auto a = full_values(m, m.params[0], kNumel[0]);
-  const auto b = full_values(m, m.params[1], kNumel[1]);
-  const auto c = full_values(m, m.frozen, kFrozen);
-  if (!keep) return;
-  std::copy(a.begin(), a.end(), w0);
-  std::copy(b.begin(), b.end(), w1);
-  std::copy(c.begin(), c.end(), frozen);
-}
-
-zs_status save_or_load(Model& m, const std::string& dir, bool save, const char* tag) {
-  zs_param all[3] = {m.params[0], m.params[1], m.frozen};
-  if (save) {
-    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
-    o.tag = tag;
-    return zs_checkpoint_save(m.ctx, all, 3, m.opt, dir.c_str(), &o);
-  }
-  zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
-  o.tag = tag;
-  return zs_checkpoint_load(m.ctx, all, 3, m.opt, dir.c_str(), &o, nullptr);
-}
-
-zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
-  RankEnv as = env;
-  as.rank = id;
-  return train_step(as, m, step);
-}
-
-double worst(const float* a, const float* b, size_t n, bool* bitwise) {
-  double w = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i]))));
-    *bitwise = *bitwise && std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
-  }
-  return w;
-}
 
 // The checkpoint route: world ranks to c, save; the shrunk world's ids to
 // g, save; the grown world's ids to the end.
@@ -393,12 +345,11 @@ void joiner_lost_in_the_regrow() {
     EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
     const std::string w = sh->why[r];
     EXPECT_NE(w.find("the regrow (rank(s) 1 coming back) was cut short"), std::string::npos) << w;
-    // The lowest survivor names the loss in its verdict; the other's wait
-    // for it is cut short by the same loss.
-    if (r == 0) {
-      EXPECT_NE(w.find("rank 1, coming in, was lost before it described what it built"), std::string::npos) << w;
-    }
-    EXPECT_NE(w.find(": rank 1"), std::string::npos) << w;  // what cut it short names the joiner
+    // The lowest survivor names the loss in its verdict, or the loss cuts
+    // its store call short first; the other's wait for it is cut short by
+    // the same loss: either way the joiner is named.
+    EXPECT_TRUE(w.find("rank 1, coming in, was lost before it described what it built") != std::string::npos ||
+                w.find("rank 1 is lost") != std::string::npos) << w;
     EXPECT_NE(w.find("resume from the last disk checkpoint"), std::string::npos) << w;
   }
   std::printf("[heal-regrow] the joiner lost in the regrow (%.1f s): %s\n", took, sh->why[0]);

@@ -35,7 +35,7 @@ using namespace zs::test::heal;
 
 namespace {
 
-constexpr int64_t kFrozen = 777;
+constexpr int64_t kFrozen = kFrozenNumel;
 
 // Shared by the forked ranks (mapped before the forks).
 struct Shared {
@@ -51,49 +51,6 @@ struct Shared {
   char refused[kMaxWorld][512];
 };
 
-// A param's full values (a gather: collective).
-std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
-  std::vector<float> full(static_cast<size_t>(numel));
-  zs_gather g = nullptr;
-  EXPECT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
-  EXPECT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
-  zs_gather_destroy(g);
-  EXPECT_EQ(zs_param_copy_to(p, full.data(), full.size() * sizeof(float)), ZS_OK) << zs_last_error();
-  EXPECT_EQ(zs_release(m.ctx, &p, 1), ZS_OK) << zs_last_error();
-  return full;
-}
-
-// The lowest rank's full values into the shared block.
-void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
-  const auto a = full_values(m, m.params[0], kNumel[0]);
-  const auto b = full_values(m, m.params[1], kNumel[1]);
-  const auto c = full_values(m, m.frozen, kFrozen);
-  if (!keep) return;
-  std::copy(a.begin(), a.end(), w0);
-  std::copy(b.begin(), b.end(), w1);
-  std::copy(c.begin(), c.end(), frozen);
-}
-
-zs_status save_or_load(Model& m, const std::string& dir, bool save, const char* tag = "c") {
-  zs_param all[3] = {m.params[0], m.params[1], m.frozen};
-  if (save) {
-    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
-    o.tag = tag;
-    return zs_checkpoint_save(m.ctx, all, 3, m.opt, dir.c_str(), &o);
-  }
-  zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
-  o.tag = tag;
-  return zs_checkpoint_load(m.ctx, all, 3, m.opt, dir.c_str(), &o, nullptr);
-}
-
-// One step with the gradients of world rank `id` (a survivor keeps its id
-// after the shrink; the reference's rank i plays the i-th survivor's).
-zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
-  RankEnv as = env;
-  as.rank = id;
-  return train_step(as, m, step);
-}
-
 // The checkpoint route: all ranks to step c and a save, then the live
 // ranks (rank i playing live[i]) load it and train to the end.
 void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& live) {
@@ -102,28 +59,18 @@ void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& 
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
     for (int s = 1; s <= c; ++s) ZS_ASSERT_OK(train_step(env, m, s));
-    ZS_ASSERT_OK(save_or_load(m, dir, true));
+    ZS_ASSERT_OK(save_or_load(m, dir, true, "c"));
     destroy(m);
   });
   zs::test::run_ranks(static_cast<int>(live.size()), [&](const RankEnv& env) {
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
-    ZS_ASSERT_OK(save_or_load(m, dir, false));
+    ZS_ASSERT_OK(save_or_load(m, dir, false, "c"));
     const int id = live[static_cast<size_t>(env.rank)];
     for (int s = static_cast<int>(c) + 1; s <= kSteps; ++s) ZS_ASSERT_OK(step_as(env, id, m, s));
     keep_values(m, env.rank == 0, sh->ref0, sh->ref1, sh->ref_frozen);
     destroy(m);
   });
-}
-
-// The largest |a - b| / max(1, |b|) over n values; *bitwise: all equal bits.
-double worst(const float* a, const float* b, size_t n, bool* bitwise) {
-  double w = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i]))));
-    *bitwise = *bitwise && std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
-  }
-  return w;
 }
 
 // A replacement of the victim under a deadline (healing.replacement_wait_s),

@@ -568,6 +568,21 @@ std::vector<std::unique_ptr<zs::Heartbeat>> light_ranks(int n, zs::Store& store,
   return hbs;
 }
 
+// A shrink of the mesh without `dropped`: their heartbeats go, the others
+// drop them and lay their beats out again. Returns the ranks left.
+std::vector<int> shrink_mesh(std::vector<std::unique_ptr<zs::Heartbeat>>& hbs, zs::Store& store,
+                             const std::vector<int>& dropped) {
+  for (const int r : dropped) hbs[static_cast<size_t>(r)].reset();
+  std::vector<int> live;
+  for (int r = 0; r < static_cast<int>(hbs.size()); ++r)
+    if (hbs[static_cast<size_t>(r)]) live.push_back(r);
+  for (const int r : live) {
+    for (const int d : dropped) hbs[static_cast<size_t>(r)]->drop(d);
+    hbs[static_cast<size_t>(r)]->reform(store);
+  }
+  return live;
+}
+
 }  // namespace
 
 // Past kFullMeshPeers peers each rank beats to ceil(log2 N) others, so the
@@ -642,14 +657,7 @@ TEST(HeartbeatScale, AfterAShrinkEveryLiveRankIsStillWatched) {
   auto store = zs::make_memory_store(10s);
   auto hbs = light_ranks(n, *store, period, limit);
   const std::vector<int> dropped = {1, 5, 7, 8};
-  for (const int r : dropped) hbs[static_cast<size_t>(r)].reset();
-  std::vector<int> live;
-  for (int r = 0; r < n; ++r)
-    if (hbs[static_cast<size_t>(r)]) live.push_back(r);
-  for (const int r : live) {
-    for (const int d : dropped) hbs[static_cast<size_t>(r)]->drop(d);
-    hbs[static_cast<size_t>(r)]->reform(*store);
-  }
+  const std::vector<int> live = shrink_mesh(hbs, *store, dropped);
   // Each live rank is some live rank's target: someone judges it.
   for (const int r : live) {
     int watchers = 0;
@@ -693,15 +701,7 @@ TEST(HeartbeatScale, AJoinerAfterAShrinkIsWatchedAndWatchesWithRanksStillOut) {
   const int n = 12;
   auto store = zs::make_memory_store(10s);
   auto hbs = light_ranks(n, *store, period, limit);
-  const std::vector<int> dropped = {1, 5, 7, 8};
-  for (const int r : dropped) hbs[static_cast<size_t>(r)].reset();
-  std::vector<int> survivors;
-  for (int r = 0; r < n; ++r)
-    if (hbs[static_cast<size_t>(r)]) survivors.push_back(r);
-  for (const int r : survivors) {
-    for (const int d : dropped) hbs[static_cast<size_t>(r)]->drop(d);
-    hbs[static_cast<size_t>(r)]->reform(*store);
-  }
+  const std::vector<int> survivors = shrink_mesh(hbs, *store, {1, 5, 7, 8});
   const int joiner = 5;
   const std::vector<int> out = {1, 7, 8};
   for (const int r : survivors) hbs[static_cast<size_t>(r)]->republish(*store, "zs/gen1/");

@@ -217,16 +217,7 @@ std::vector<int> Topology::shrink(const std::vector<int>& live, const Rejoin& re
   std::vector<int> lost;
   std::set_difference(before.begin(), before.end(), live.begin(), live.end(), std::back_inserter(lost));
   shape_ = next;
-  for (const auto& [id, group] : groups()) {
-    if (group == world_ || group == heal_) {
-      rejoin(*group, id, live);
-      continue;
-    }
-    const auto& members = group->world_ranks();
-    const bool cut = std::any_of(members.begin(), members.end(),
-                                 [&](int r) { return std::binary_search(lost.begin(), lost.end(), r); });
-    if (!cut) rejoin(*group, id, members);
-  }
+  rejoin_all(before, live, rejoin);
   return lost;
 }
 
@@ -239,14 +230,18 @@ void Topology::regrow(const std::vector<int>& live, const Rejoin& rejoin) {
     fail(Code::InvalidArgument, "regrow to the live ranks ", rank_list(live), ": expected more than, and all of, the "
          "ranks ", rank_list(before), " live now");
   shape_ = next;
+  rejoin_all(before, live, rejoin);
+}
+
+void Topology::rejoin_all(const std::vector<int>& before, const std::vector<int>& after, const Rejoin& rejoin) {
+  const auto in = [](const std::vector<int>& list, int r) { return std::binary_search(list.begin(), list.end(), r); };
   for (const auto& [id, group] : groups()) {
     if (group == world_ || group == heal_) {
-      rejoin(*group, id, live);
+      rejoin(*group, id, after);
       continue;
     }
     const auto& members = group->world_ranks();
-    const bool cut = std::any_of(members.begin(), members.end(),
-                                 [&](int r) { return !std::binary_search(before.begin(), before.end(), r); });
+    const bool cut = std::any_of(members.begin(), members.end(), [&](int r) { return !in(before, r) || !in(after, r); });
     if (!cut) rejoin(*group, id, members);
   }
 }

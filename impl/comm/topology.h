@@ -135,6 +135,10 @@ class Topology {
   std::shared_ptr<Group> family(const std::string& kind, const std::vector<std::vector<int>>& lists);
   std::shared_ptr<Group> make(const std::string& name, const std::vector<int>& ranks);
   void build_mics_hierarchy();
+  // A shrink's or regrow's reconnects, in id order: the world and heal
+  // groups over `after`; another group with its members when every one is
+  // live both before and after (one cut by a loss stays as it was).
+  void rejoin_all(const std::vector<int>& before, const std::vector<int>& after, const Rejoin& rejoin);
   void build_qgz_hierarchy();
 
   TopologyShape shape_;  // its live list changes at a shrink

@@ -15,21 +15,11 @@
 #include "impl/heal/regrow.h"
 #include "impl/heal/replacement_wait.h"
 #include "impl/heal/shrink.h"
+#include "impl/heal/store_text.h"
 #include "impl/heal/trainer_state.h"
 
 namespace zs::heal {
 namespace {
-
-std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
-std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::istringstream in(s);
-  for (int r; in >> r;) out.push_back(r);
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // The first line where a replacement's description differs from the
 // survivor's, as "theirs where rank <me> has mine".

@@ -10,6 +10,7 @@
 #include "impl/common/error.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/placement.h"
+#include "impl/heal/store_text.h"
 
 namespace zs::heal {
 namespace {
@@ -21,9 +22,6 @@ struct Report {
   Optimizer::NormResult norm;
   int64_t replica_steps = -1;
 };
-
-std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
-std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
 std::string encode(const Report& r) {
   char buf[256];
@@ -44,19 +42,6 @@ Report decode(const std::string& s, int rank) {
   r.norm = {norm_step, sum, nonfinite, commits};
   r.replica_steps = replica;
   return r;
-}
-
-std::string list(const std::vector<int>& ranks) {
-  std::string s;
-  for (const int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
-  return s;
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::istringstream in(s);
-  for (int r; in >> r;) out.push_back(r);
-  return out;
 }
 
 // The plan, from every live rank's report: "state_lost\nlost <ranks>\n<message>", or

@@ -10,18 +10,13 @@
 
 #include "impl/common/error.h"
 #include "impl/common/fault_point.h"
-#include "impl/fetch/coordinator.h"
-#include "impl/fetch/gather.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/relayout.h"
+#include "impl/heal/store_text.h"
 #include "impl/heal/trainer_state.h"
-#include "impl/partition/register.h"
 
 namespace zs::heal {
 namespace {
-
-std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
-std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
 std::vector<int64_t> parse_numbers(const std::string& s) {
   std::vector<int64_t> out;
@@ -96,9 +91,7 @@ void cut_short_is_state_lost(Context& ctx, const std::vector<int>& joined, Fn&& 
   try {
     fn();
   } catch (const Error& e) {
-    std::string list;
-    for (const int r : joined) list += (list.empty() ? "" : " ") + std::to_string(r);
-    const std::string msg = "the regrow (rank(s) " + list + " coming back) was cut short: " + e.what() +
+    const std::string msg = "the regrow (rank(s) " + list(joined) + " coming back) was cut short: " + e.what() +
                             "; the state is laid out for neither world: resume from the last disk checkpoint";
     ctx.record_async_error(Code::StateLost, msg);
     fail(Code::StateLost, msg);
@@ -132,22 +125,17 @@ float regrow_vote(Context& ctx, int64_t step) {
       return 0.0f;
     }
     const int64_t g = ctx.generation() + 1;
-    std::vector<int> live = ctx.topology().live();
-    std::string list;
-    for (const auto& [r, incarnation] : req.pending) {
-      list += (list.empty() ? "" : " ") + std::to_string(r);
-      live.push_back(r);
-    }
+    std::vector<int> joined, live = ctx.topology().live();
+    for (const auto& [r, incarnation] : req.pending) joined.push_back(r);
+    live.insert(live.end(), joined.begin(), joined.end());
     std::sort(live.begin(), live.end());
-    std::string live_list;
-    for (const int r : live) live_list += (live_list.empty() ? "" : " ") + std::to_string(r);
-    store.set(Context::key_prefix_of(g) + "heal/grown", bytes(list));
-    store.set(Context::key_prefix_of(g) + "heal/live", bytes(live_list));
+    store.set(Context::key_prefix_of(g) + "heal/grown", bytes(list(joined)));
+    store.set(Context::key_prefix_of(g) + "heal/live", bytes(list(live)));
     for (const auto& [r, incarnation] : req.pending)
       store.set(Context::regrow_admission_key(r, incarnation), bytes(std::to_string(g)));
     req.pending.clear();
     std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s came back (ZS_HEAL_JOIN=grow): the world grows back "
-                 "to %zu of %d ranks after optimizer step %lld\n", ctx.ranks().rank, list.c_str(), live.size(),
+                 "to %zu of %d ranks after optimizer step %lld\n", ctx.ranks().rank, list(joined).c_str(), live.size(),
                  ctx.ranks().world_size, static_cast<long long>(step));
     return 1.0f;
   } catch (const std::exception& e) {
@@ -168,8 +156,7 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   }
   Store& store = *ctx.store();
   const std::string prefix = Context::key_prefix_of(ctx.generation() + 1) + "heal/";
-  std::vector<int> joined;
-  for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) joined.push_back(static_cast<int>(r));
+  const std::vector<int> joined = parse_list(text(store.get(prefix + "grown")));
   const std::vector<int> before = ctx.topology().live();
   const auto begin = std::chrono::steady_clock::now();
   cut_short_is_state_lost(ctx, joined, [&] {
@@ -183,10 +170,7 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
     });
     const auto held = ctx.lock();
     PeerCopy& pc = peer_copy_of(ctx, opt);
-    if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
-    drop_step_in_flight(ctx, opt);
-    drop_secondaries(ctx);
-    for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);  // gathered for the old world
+    drop_old_world_state(ctx, opt);
     OldLayout old;
     old.members = before;
     old.provider = before;
@@ -211,7 +195,7 @@ Joined regrow_join(Context& ctx, Optimizer& opt) {
   const std::string prefix = ctx.key_prefix() + "heal/";
   Joined out;
   out.replacement = true;
-  for (const int64_t r : parse_numbers(text(store.get(prefix + "grown")))) out.replaced.push_back(static_cast<int>(r));
+  out.replaced = parse_list(text(store.get(prefix + "grown")));
   std::vector<int> before;  // the live ranks before the regrow
   for (const int r : ctx.topology().live())
     if (!std::binary_search(out.replaced.begin(), out.replaced.end(), r)) before.push_back(r);
@@ -223,7 +207,7 @@ Joined regrow_join(Context& ctx, Optimizer& opt) {
     if (counts.empty()) fail(Code::Internal, "regrow: no step counts posted for the joiner");
     const auto held = ctx.lock();
     PeerCopy& pc = peer_copy_of(ctx, opt);
-    if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+    drop_old_world_state(ctx, opt);  // nothing yet, should its program have fetched before the join
     OldLayout old;
     old.members = before;
     old.provider = before;

@@ -7,6 +7,10 @@
 #include "impl/checkpoint/reshard_plan.h"
 #include "impl/common/error.h"
 #include "impl/device/ops.h"
+#include "impl/fetch/coordinator.h"
+#include "impl/fetch/gather.h"
+#include "impl/heal/join.h"
+#include "impl/partition/register.h"
 
 namespace zs::heal {
 namespace {
@@ -68,6 +72,14 @@ void move(Context& ctx, Group& heal, const std::vector<Field>& fields, int old_w
 }
 
 }  // namespace
+
+void drop_old_world_state(Context& ctx, Optimizer& opt) {
+  ctx.expect_locked();
+  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
+  drop_step_in_flight(ctx, opt);
+  drop_secondaries(ctx);
+  for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);
+}
 
 void relayout(Context& ctx, Optimizer& opt, PeerCopy& pc, const OldLayout& old) {
   ctx.expect_locked();

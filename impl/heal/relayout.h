@@ -34,4 +34,9 @@ struct OldLayout {
 // members). A rank not among old.members (a joiner) provides nothing.
 void relayout(Context& ctx, Optimizer& opt, PeerCopy& pc, const OldLayout& old);
 
+// Under the caller's hold, before a relayout: what was laid out for the old
+// world goes (the fetch coordinator's orders and gathered params, every
+// gathered param, the step in flight's gradients, hpZ secondaries).
+void drop_old_world_state(Context& ctx, Optimizer& opt);
+
 }  // namespace zs::heal

@@ -5,8 +5,6 @@
 #include <vector>
 
 #include "impl/common/error.h"
-#include "impl/fetch/coordinator.h"
-#include "impl/fetch/gather.h"
 #include "impl/heal/peer_copy.h"
 #include "impl/heal/regrow.h"
 #include "impl/heal/relayout.h"
@@ -75,10 +73,7 @@ Joined shrink(Context& ctx, Optimizer& opt) {
   }
   const auto held = ctx.lock();
   PeerCopy& pc = peer_copy_of(ctx, opt);
-  if (Coordinator* coord = coordinator_if_any(ctx)) coord->reset_for_heal();
-  drop_step_in_flight(ctx, opt);
-  drop_secondaries(ctx);
-  for (const auto& p : registered_params(ctx)) release_when_done(ctx, *p);  // gathered for the old world
+  drop_old_world_state(ctx, opt);
 
   Joined out;
   out.committed = pc.agreed.committed;

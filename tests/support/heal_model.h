@@ -9,9 +9,12 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "tests/support/multirank.h"
@@ -25,6 +28,7 @@ constexpr int kTimeoutMs = 30000;
 inline constexpr const char* kHealOn =
     R"({"zeroshard": {"healing": {"peer_copy": true}}, "gradient_clipping": 0.5})";
 inline constexpr int64_t kNumel[2] = {1003, 4097};
+constexpr int64_t kFrozenNumel = 777;  // build_with_frozen's "reference.w"
 
 struct ShortHeartbeat {
   ScopedEnv period{"ZS_HEARTBEAT_MS", "100"};
@@ -79,7 +83,7 @@ inline zs_status build_with_frozen(const RankEnv& env, Model& m, int64_t numel1 
   }
   // A frozen param in no optimizer, as a reference model's: its shard
   // reaches a replacement with the optimizer's state (the digests cover it).
-  const int64_t numel_frozen = 777;
+  const int64_t numel_frozen = kFrozenNumel;
   const std::vector<float> frozen = initial_values(2, numel_frozen);
   zs_param_options fo = ZS_PARAM_OPTIONS_INIT;
   fo.name = "reference.w";
@@ -128,6 +132,63 @@ inline uint64_t own_digest(Model& m, int64_t* step) {
   uint64_t hash = 0;
   EXPECT_EQ(zs_heal_state_digest(&hash, nullptr, step, m.opt, 0), ZS_OK) << zs_last_error();
   return hash;
+}
+
+// Checks of a run that changed its world in memory (heal_shrink_test,
+// heal_regrow_test) against the checkpoint route.
+
+// A param's full values (a gather: collective).
+inline std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
+  std::vector<float> full(static_cast<size_t>(numel));
+  zs_gather g = nullptr;
+  EXPECT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
+  zs_gather_destroy(g);
+  EXPECT_EQ(zs_param_copy_to(p, full.data(), full.size() * sizeof(float)), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_release(m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  return full;
+}
+
+// Every param's full values (collective), into w0, w1 and frozen where
+// `keep` (the lowest rank).
+inline void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
+  const auto a = full_values(m, m.params[0], kNumel[0]);
+  const auto b = full_values(m, m.params[1], kNumel[1]);
+  const auto c = full_values(m, m.frozen, kFrozenNumel);
+  if (!keep) return;
+  std::copy(a.begin(), a.end(), w0);
+  std::copy(b.begin(), b.end(), w1);
+  std::copy(c.begin(), c.end(), frozen);
+}
+
+inline zs_status save_or_load(Model& m, const std::string& dir, bool save, const char* tag) {
+  zs_param all[3] = {m.params[0], m.params[1], m.frozen};
+  if (save) {
+    zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+    o.tag = tag;
+    return zs_checkpoint_save(m.ctx, all, 3, m.opt, dir.c_str(), &o);
+  }
+  zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+  o.tag = tag;
+  return zs_checkpoint_load(m.ctx, all, 3, m.opt, dir.c_str(), &o, nullptr);
+}
+
+// One step with the gradients of world rank `id` (a survivor keeps its id
+// after a shrink; the checkpoint route's rank i plays the i-th live one's).
+inline zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
+  RankEnv as = env;
+  as.rank = id;
+  return train_step(as, m, step);
+}
+
+// The largest |a - b| / max(1, |b|) over n values; *bitwise: all equal bits.
+inline double worst(const float* a, const float* b, size_t n, bool* bitwise) {
+  double w = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i]))));
+    *bitwise = *bitwise && std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+  }
+  return w;
 }
 
 // A T the forked ranks share (mapped before the forks, never unmapped: a
