@@ -639,7 +639,8 @@ void Context::record_async_error(Code code, const std::string& message) {
   std::lock_guard<std::mutex> lock(error_mu_);
   const bool consequence = async_code_ == Code::Comm || async_code_ == Code::Timeout;
   const bool replaces = (code == Code::RankLost && consequence) ||
-                        (code == Code::StateLost && (consequence || async_code_ == Code::RankLost));
+                        (code == Code::StateLost && (consequence || async_code_ == Code::RankLost ||
+                                                     async_code_ == Code::InvalidState));
   if (async_code_ != Code::Ok && !replaces) return;
   async_code_ = code;
   async_message_ = message;

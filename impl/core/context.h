@@ -177,7 +177,9 @@ class Context {
 
   // Background failures: the first one is kept and refused from then on,
   // except that a lost rank (RankLost) replaces a Comm or Timeout error it
-  // caused, and a lost state (StateLost) any of those three.
+  // caused, and a lost state (StateLost) any of those three, or the
+  // InvalidState of a heal's verdict it ends (a regrow cut short by a loss:
+  // the state laid out for neither world is what the trainer acts on).
   void record_async_error(Code code, const std::string& message);
 
   // Healing on (zeroshard.healing.peer_copy) with heartbeats: the world
