@@ -135,13 +135,13 @@ TEST(HealZsrun, UnderReplacementWaitAReplacementInTimeJoinsAndALateOneIsNotTaken
 // --regrow-after: the two others go on without rank 1 at once (--shrink);
 // zsrun starts it again right after (ZS_HEAL_JOIN=grow), and the others take
 // it back at a step: the job is whole again, ends 0 with no restart, and
-// every rank reports at the end. Steps pause 40 ms (--pause-ms) so that the
+// every rank reports at the end. Steps pause 50 ms (--pause-ms) so that the
 // run outlasts the process's start under sanitizers too; the process that
 // comes back runs without the fault point (it would pass it too).
 TEST(HealZsrun, UnderRegrowAfterTheJobGrowsBackToEveryRank) {
   const std::string env = std::string(kFastHeartbeat) + " ZS_FAULT_POINT=update:1:4";
   const auto t0 = std::chrono::steady_clock::now();
-  const auto run = zs::test::run_train_mlp(3, "--steps 60 --pause-ms 40", env,
+  const auto run = zs::test::run_train_mlp(3, "--steps 100 --pause-ms 50", env,
                                            "--restarts 1 --min-nproc 2 --shrink --regrow-after 0", 0,
                                            "unset ZS_FAULT_POINT;");
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -154,7 +154,7 @@ TEST(HealZsrun, UnderRegrowAfterTheJobGrowsBackToEveryRank) {
   EXPECT_NE(run.out.find("rank(s) 1 came back (ZS_HEAL_JOIN=grow): the world grows back to 3 of 3 ranks after optimizer "
                          "step"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("starting the job again"), std::string::npos) << "the job was restarted: " << run.out;
-  EXPECT_EQ(run.losses.size(), 60u) << run.out;
+  EXPECT_EQ(run.losses.size(), 100u) << run.out;
   // Every rank, rank 1 among them, in the end's memory all-gather.
   EXPECT_NE(run.out.find("\"per_rank\":[{\"rank\":0,"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("},{\"rank\":1,"), std::string::npos) << run.out;
