@@ -54,13 +54,7 @@ struct Shared {
 void checkpoint_route(Shared* sh, int world, int64_t c, int64_t g, int64_t end, const std::vector<int>& shrunk,
                       const std::vector<int>& grown) {
   const std::string dir = zs::test::make_temp_dir("heal_regrow_ref");
-  zs::test::run_ranks(world, [&](const RankEnv& env) {
-    Model m;
-    ZS_ASSERT_OK(build_with_frozen(env, m));
-    for (int s = 1; s <= c; ++s) ZS_ASSERT_OK(train_step(env, m, s));
-    ZS_ASSERT_OK(save_or_load(m, dir, true, "c"));
-    destroy(m);
-  });
+  train_and_save(world, c, dir, "c");
   const auto then = [&](const std::vector<int>& ids, const char* load, int64_t from, int64_t to, const char* save) {
     zs::test::run_ranks(static_cast<int>(ids.size()), [&](const RankEnv& env) {
       Model m;

@@ -55,13 +55,7 @@ struct Shared {
 // ranks (rank i playing live[i]) load it and train to the end.
 void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& live) {
   const std::string dir = zs::test::make_temp_dir("heal_shrink_ref");
-  zs::test::run_ranks(world, [&](const RankEnv& env) {
-    Model m;
-    ZS_ASSERT_OK(build_with_frozen(env, m));
-    for (int s = 1; s <= c; ++s) ZS_ASSERT_OK(train_step(env, m, s));
-    ZS_ASSERT_OK(save_or_load(m, dir, true, "c"));
-    destroy(m);
-  });
+  train_and_save(world, c, dir, "c");
   zs::test::run_ranks(static_cast<int>(live.size()), [&](const RankEnv& env) {
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));

@@ -583,6 +583,23 @@ std::vector<int> shrink_mesh(std::vector<std::unique_ptr<zs::Heartbeat>>& hbs, z
   return live;
 }
 
+// Each of `live` is some live rank's target (someone judges it), none
+// beats to a rank of `out`, and after three periods none finds another
+// live one silent.
+void expect_watched(const std::vector<std::unique_ptr<zs::Heartbeat>>& hbs, const std::vector<int>& live,
+                    const std::vector<int>& out, std::chrono::milliseconds period) {
+  for (const int r : live) {
+    int watchers = 0;
+    for (const int w : live)
+      for (const int t : hbs[static_cast<size_t>(w)]->targets()) watchers += t == r;
+    EXPECT_GE(watchers, 1) << "rank " << r << " is judged by nobody";
+    for (const int t : hbs[static_cast<size_t>(r)]->targets())
+      EXPECT_FALSE(std::find(out.begin(), out.end(), t) != out.end()) << r << " beats to rank " << t << ", out";
+  }
+  std::this_thread::sleep_for(3 * period);
+  for (const int r : live) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(live), "") << "rank " << r;
+}
+
 }  // namespace
 
 // Past kFullMeshPeers peers each rank beats to ceil(log2 N) others, so the
@@ -659,16 +676,7 @@ TEST(HeartbeatScale, AfterAShrinkEveryLiveRankIsStillWatched) {
   const std::vector<int> dropped = {1, 5, 7, 8};
   const std::vector<int> live = shrink_mesh(hbs, *store, dropped);
   // Each live rank is some live rank's target: someone judges it.
-  for (const int r : live) {
-    int watchers = 0;
-    for (const int w : live)
-      for (const int t : hbs[static_cast<size_t>(w)]->targets()) watchers += t == r;
-    EXPECT_GE(watchers, 1) << "rank " << r << " is judged by nobody";
-    for (const int t : hbs[static_cast<size_t>(r)]->targets())
-      EXPECT_FALSE(std::find(dropped.begin(), dropped.end(), t) != dropped.end()) << r << " beats to dropped " << t;
-  }
-  std::this_thread::sleep_for(3 * period);
-  for (const int r : live) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(live), "") << "rank " << r;
+  expect_watched(hbs, live, dropped, period);
 
   const int victim = 9;
   hbs[victim].reset();
@@ -714,16 +722,7 @@ TEST(HeartbeatScale, AJoinerAfterAShrinkIsWatchedAndWatchesWithRanksStillOut) {
   std::vector<int> live = survivors;
   live.push_back(joiner);
   std::sort(live.begin(), live.end());
-  for (const int r : live) {
-    int watchers = 0;
-    for (const int w : live)
-      for (const int t : hbs[static_cast<size_t>(w)]->targets()) watchers += t == r;
-    EXPECT_GE(watchers, 1) << "rank " << r << " is judged by nobody";
-    for (const int t : hbs[static_cast<size_t>(r)]->targets())
-      EXPECT_FALSE(std::find(out.begin(), out.end(), t) != out.end()) << r << " beats to rank " << t << ", still out";
-  }
-  std::this_thread::sleep_for(3 * period);
-  for (const int r : live) EXPECT_EQ(hbs[static_cast<size_t>(r)]->silence(live), "") << "rank " << r;
+  expect_watched(hbs, live, out, period);
 
   hbs[joiner].reset();
   const auto died = Clock::now();

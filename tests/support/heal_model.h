@@ -181,6 +181,18 @@ inline zs_status step_as(const RankEnv& env, int id, Model& m, int step) {
   return train_step(as, m, step);
 }
 
+// The checkpoint route's first leg: `world` ranks train steps 1 .. steps
+// uninterrupted and save under `tag`.
+inline void train_and_save(int world, int64_t steps, const std::string& dir, const char* tag) {
+  run_ranks(world, [&](const RankEnv& env) {
+    Model m;
+    ZS_ASSERT_OK(build_with_frozen(env, m));
+    for (int s = 1; s <= steps; ++s) ZS_ASSERT_OK(train_step(env, m, s));
+    ZS_ASSERT_OK(save_or_load(m, dir, true, tag));
+    destroy(m);
+  });
+}
+
 // The largest |a - b| / max(1, |b|) over n values; *bitwise: all equal bits.
 inline double worst(const float* a, const float* b, size_t n, bool* bitwise) {
   double w = 0.0;
