@@ -217,22 +217,6 @@ def test_enable_healing_after_a_context_without_copies_is_refused_by_name(tmp_pa
         zt.shutdown()
 
 
-def test_a_shrink_in_memory_is_refused_by_zeroshard_torch_by_name():
-    """ZS_HEAL_MIN_RANKS (what zsrun --min-nproc M --shrink exports) makes
-    the engine shrink in memory after a loss, which zeroshard.torch's shard
-    tensors, torch.distributed and data shares do not follow yet: refused
-    when the context is made, on every rank, by name, rather than tensors
-    left over freed shards after a loss."""
-    code = "import zeroshard.torch as zt; zt.enable_healing(); zt.init_context()"
-    proc = subprocess.run([str(ZSRUN), "-n", "2", "--", sys.executable, "-c", code],
-                          env=ranks_env(ZS_HEAL="1", ZS_HEAL_MIN_RANKS="1"), capture_output=True, text=True,
-                          timeout=120)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
-    assert out.count("NotImplementedError: zeroshard.torch: zeroshard.healing.min_ranks 1") == 2, out
-    assert "heal with a replacement (zsrun --restarts R)" in out, out
-
-
 TRAINER_STEPS = 80
 
 

@@ -173,6 +173,16 @@ class Context:
         return self._int(lib.zs_context_world_size)
 
     @property
+    def live_ranks(self):
+        """The world ranks live now, ascending: every rank until a shrink in
+        memory (zeroshard.healing.min_ranks) leaves some out, and again
+        after the regrow takes them back. A rank keeps its id (`rank`,
+        `world_size` do not change); what is laid out per rank (shards,
+        checkpoint files) goes by position in this list."""
+        with self.group("world") as world:
+            return world.ranks()
+
+    @property
     def local_rank(self):
         return self._int(lib.zs_context_local_rank)
 

@@ -77,12 +77,23 @@ class Param(_Owned):
         self.dtype = int(info.dtype)
         self.shape = tuple(int(info.shape[i]) for i in range(info.ndim))
         self.numel = int(info.numel)
+        self._layout_from(info)
+        self.device_type = int(info.device_type)  # DEVICE_CPU or DEVICE_CUDA
+        self.device_id = int(info.device_id)
+
+    def _layout_from(self, info):
         self.shard_numel = int(info.shard_numel)
         self.padded_numel = int(info.padded_numel)
         self.shard_offset = int(info.shard_offset)
         self.shard_valid = int(info.shard_valid)
-        self.device_type = int(info.device_type)  # DEVICE_CPU or DEVICE_CUDA
-        self.device_id = int(info.device_id)
+
+    def refresh_layout(self):
+        """Read this rank's shard layout again: a shrink in memory or a
+        regrow (docs/healing.md, section 4) lays every shard out anew over
+        the live ranks."""
+        info = _new_struct("zs_param_info")
+        check(lib.zs_param_get_info(self._h, info))
+        self._layout_from(info)
 
     @property
     def device(self):

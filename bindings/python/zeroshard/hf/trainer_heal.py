@@ -59,7 +59,7 @@ import transformers
 
 from .. import torch as zt
 from ..errors import RankLostError, StateLostError
-from ..torch import _context, heal, heal_dist, heal_state
+from ..torch import _context, heal, heal_dist, heal_state, heal_world
 
 HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
@@ -137,6 +137,9 @@ def after_context(trainer, base, engine_optimizer):
     ctx = _context.current_context()
     if ctx is None or not heal.heals(ctx):
         return
+    heal_world.refuse(ctx, "zeroshard.hf's Trainer", "its data split (Accelerate's process_index and "
+                      "num_processes), the averages it logs and its torch.distributed group stay laid out for the "
+                      "old world")
     why = _why_not(trainer, base, engine_optimizer)
     if why is not None:
         if ctx.rank == 0:

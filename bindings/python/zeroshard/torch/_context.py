@@ -136,29 +136,10 @@ def init_context(config=None, timeout_ms=0, **kwargs):
             kwargs["store_port"] = port
     _heal_auto_only_where_wanted()
     _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
-    _refuse_shrinking(_context)
+    from . import heal_world
+    heal_world.note(_context)  # under min_ranks the frontend follows a shrink and a regrow
     fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)
     return _context
-
-
-def _refuse_shrinking(ctx):
-    """The engine's shrink in memory (zeroshard.healing.min_ranks, which
-    zsrun --min-nproc M --shrink sets) lays every shard out anew; this
-    frontend's tensors over the shards, torch.distributed and the data
-    shares would stay laid out for the old world. Refused by name (on every
-    rank alike) until they follow it."""
-    healing = ctx.config.get("zeroshard", {}).get("healing", {})
-    if healing.get("peer_copy") and healing.get("min_ranks"):
-        global _context
-        _context = None
-        ctx.close()
-        raise NotImplementedError(
-            f"zeroshard.torch: zeroshard.healing.min_ranks {healing['min_ranks']} (ZS_HEAL_MIN_RANKS, which zsrun "
-            "--min-nproc M --shrink exports) shrinks the engine in memory after a loss, which zeroshard.torch does "
-            "not follow yet (its shard tensors, torch.distributed and the data shares stay laid out for the old "
-            "world): heal with a replacement (zsrun --restarts R), or restart from the last checkpoint at fewer "
-            "ranks (zsrun --restarts R --min-nproc M, without --shrink); the C API heals by shrinking "
-            "(zs_heal_shrink)")
 
 
 def _heal_auto_only_where_wanted():

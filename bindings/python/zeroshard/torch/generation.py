@@ -123,18 +123,20 @@ def gathers_whole(model, mode, ctx):
     fits = mode is True or bytes_to_gather(model.parameters()) <= FIT_FRACTION * available_bytes(ctx.device)
     if ctx.world_size == 1:
         return fits
-    return _ranks_with(fits, ctx) == ctx.world_size
+    count, live = _ranks_with(fits, ctx)
+    return count == live
 
 
 def _unfinished_on_any_rank(model, this_peer_finished, synced_gpus, device=None):
     if not synced_gpus:
         return not this_peer_finished
-    return _ranks_with(not this_peer_finished, get_context()) > 0
+    return _ranks_with(not this_peer_finished, get_context())[0] > 0
 
 
 def _ranks_with(flag, ctx):
-    """How many ranks pass a true `flag` (one all-reduce; collective)."""
+    """(How many ranks pass a true `flag`, how many ranks there are: the
+    live ones, after a shrink). One all-reduce; collective."""
     count = torch.tensor([1.0 if flag else 0.0], dtype=torch.float32, device=ctx.device)
     with ctx.group("world") as world, world.allreduce(count, count, 1, "fp32", "sum") as work:
         work.wait()
-    return int(count.item())
+        return int(count.item()), world.size

@@ -32,7 +32,7 @@ import weakref
 
 from .._ffi import ZS_EXIT_STATE_LOST as EXIT_STATE_LOST  # zsrun: "restart from the checkpoint"
 from ..errors import RankLostError, StateLostError
-from . import _context, heal_state
+from . import _context, heal_state, heal_world
 from ._context import get_context
 from ._params import detach_views, registered_params
 from .hook_state import hook_state, step_done
@@ -138,8 +138,9 @@ def recover(agreed=None, allowed=None, who="zeroshard.torch"):
     if agreed is not None:
         agreed(committed[0])
     for o in opts:
-        o._engine.heal_join()
+        o._engine.heal_join()  # under min_ranks: the shrink in memory
     forget_step_in_flight()
+    heal_world.follow(get_context())
     if allowed is not None and committed[0] not in allowed:
         raise RuntimeError(f"{who}: healed at optimizer step {committed[0]}, but this rank's step in progress began "
                            f"at {min(allowed)}")
@@ -172,6 +173,7 @@ def join_as_replacement(who="zeroshard.torch"):
         raise state_lost_exit(who, e) from e
     _context.replacement_joined[0] = True
     forget_step_in_flight()
+    heal_world.follow(get_context(), joined=True)
     return committed[0]
 
 

@@ -239,6 +239,14 @@ def use_engine_process_group():
     return True
 
 
+def remake(rank, size):
+    """The default group again, over the engine's world as a shrink or a
+    regrow left it: `rank` this rank's position among the live ranks,
+    `size` their count (heal_world.follow)."""
+    dist.destroy_process_group()
+    _init(rank, size)
+
+
 _original_init = [None]
 
 

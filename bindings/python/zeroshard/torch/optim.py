@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from . import heal
+from . import heal, heal_world
 from .hook_state import hook_state, step_done, stepping_engines
 from ..errors import InvalidArgumentError, RankLostError
 from ._context import get_context, working_dtype
@@ -195,6 +195,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         step_done()
         del engines  # else they keep dropped models alive through the collector's run
         settle_dropped()
+        heal_world.follow(get_context())  # a regrow runs inside the engine's step (under min_ranks)
 
     def _note_skipped(self, attempted):
         self.skipped_steps += 1
@@ -258,16 +259,16 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
                     per[slot] = view.clone()
                 shards[index[id(p)]] = per
         return {"state": {}, "param_groups": groups,
-                "zeroshard": {"kind": self.kind, "rank": ctx.rank, "world_size": ctx.world_size,
+                "zeroshard": {"kind": self.kind, **_members(ctx),
                               "steps": self._engine.steps, "shards": shards}}
 
     def load_state_dict(self, state_dict):
         z = state_dict.get("zeroshard")
-        ctx = get_context()
-        if z is None or z["world_size"] != ctx.world_size or z["rank"] != ctx.rank:
+        here = _members(get_context())
+        if z is None or z["world_size"] != here["world_size"] or z["rank"] != here["rank"]:
             raise ValueError("ZeroShardOptimizer.load_state_dict: the state is sharded for rank "
                              f"{None if z is None else z['rank']} of {None if z is None else z['world_size']}, "
-                             f"this is rank {ctx.rank} of {ctx.world_size}")
+                             f"this is rank {here['rank']} of {here['world_size']}")
         if len(state_dict["param_groups"]) != len(self.param_groups):
             raise ValueError(f"ZeroShardOptimizer.load_state_dict: {len(state_dict['param_groups'])} param "
                              f"groups in the state, {len(self.param_groups)} here")
@@ -291,6 +292,13 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.sync_loss_scale()
         for e in _hook_engines():
             e.after_step()
+
+
+def _members(ctx):
+    """How this rank's shards are laid out: its position among the live
+    ranks and their count (its id and the world's size until a shrink)."""
+    rank, world = heal_world.position(ctx) if heal_world.may_change(ctx) else (ctx.rank, ctx.world_size)
+    return {"rank": rank, "world_size": world}
 
 
 def _hook_engines():

@@ -47,6 +47,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import zeroshard
+from . import heal_world
 from .hook_state import step_done, stepping_engines
 from ._context import get_context, working_dtype
 from .optim import ZeroShardOptimizer
@@ -114,6 +115,8 @@ class ShardStepper:
                 f"loss scaler, whose scale multiplies the loss in ZeroShardOptimizer.backward(loss); a torch "
                 f"optimizer's backward is torch's. Use bf16.enabled (fp32's range, no scaler), or "
                 f"zeroshard.torch.ZeroShardOptimizer (AdamW, Adam, SGD)")
+        heal_world.refuse(ctx, f"zeroshard.torch: {type(optimizer).__name__} stepped on shards",
+                          "its state is views of the engine's shards; use zeroshard.torch.ZeroShardOptimizer")
         self.engine = ctx.optimizer("external")
         self.params = []      # partitioned params joined, in order
         self._joined = set()  # their ids
