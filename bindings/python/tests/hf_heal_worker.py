@@ -33,7 +33,9 @@ $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
 (zeroshard.hf.trainer_class) on the same GPT-2 and tokens, as a dataset
 of input_ids with a word-level tokenizer: its metrics (entropy, token
 accuracy, token count) are gathered in every forward and logged.
-Only a rank's first process
+$ZS_TEST_LOGGING_STEPS: the Trainer's logging_steps (5). $ZS_TEST_SHRUNK_PAUSE_S:
+after each step taken on fewer ranks than were
+started (a shrink, under zsrun --shrink), sleep that long. Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
 writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
@@ -146,7 +148,8 @@ def main():
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
-        lr_scheduler_type="linear", warmup_steps=5, logging_steps=5, report_to=[], seed=0,
+        lr_scheduler_type="linear", warmup_steps=5,
+        logging_steps=int(os.environ.get("ZS_TEST_LOGGING_STEPS", "5")), report_to=[], seed=0,
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
@@ -197,7 +200,10 @@ def main():
             self.micro += 1
 
         def on_step_end(self, args, state, control, **kw):
-            note(event="step", step=state.global_step)
+            live = zt.get_context().live_ranks
+            note(event="step", step=state.global_step, live=live)
+            if len(live) < world:
+                time.sleep(shrunk_pause)  # time for a rank left out to come back
             self.evaluated = 0
             if (state.global_step, "after") in mine:
                 die(state.global_step, "after")
@@ -207,6 +213,7 @@ def main():
             if (state.global_step, "eval") in mine and self.evaluated == 2:
                 die(state.global_step, "eval")
 
+    shrunk_pause = float(os.environ.get("ZS_TEST_SHRUNK_PAUSE_S", "0"))
     scaffold = Scaffold()
     held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
     trainer = trainer_class(model=model, args=args, train_dataset=data, eval_dataset=held_out,

@@ -46,6 +46,13 @@ copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
 one built under zeroshard.torch.Init by the script itself needs
 zeroshard.torch.enable_healing() first.
+
+Under zeroshard.healing.min_ranks (zsrun --min-nproc M --shrink) the
+survivors go on without a lost rank in memory and take it back at a step
+(torch/heal_world.py): Accelerate's process index and count follow, a
+redone step counts its tokens again over the live ranks, and the rank
+that comes back takes the others' mean of the loss summed since the last
+log (_zs_even_out).
 """
 import copy
 import dataclasses
@@ -137,9 +144,6 @@ def after_context(trainer, base, engine_optimizer):
     ctx = _context.current_context()
     if ctx is None or not heal.heals(ctx):
         return
-    heal_world.refuse(ctx, "zeroshard.hf's Trainer", "its data split (Accelerate's process_index and "
-                      "num_processes), the averages it logs and its torch.distributed group stay laid out for the "
-                      "old world")
     why = _why_not(trainer, base, engine_optimizer)
     if why is not None:
         if ctx.rank == 0:
@@ -147,7 +151,28 @@ def after_context(trainer, base, engine_optimizer):
                   f"place ({why}): a loss restarts the job from its last checkpoint", file=sys.stderr, flush=True)
         return
     heal_dist.use_engine_process_group()
+    heal_world.on_change(_accelerate_follows)
     trainer._zs_heals = True
+
+
+# A regrow since the last _maybe_log_save_evaluate: on the ranks that went
+# on, and (came back) on a rank started to grow the world back, which
+# summed no loss over the steps the others took without it.
+_regrown = {"grew": False, "came_back": False}
+
+
+def _accelerate_follows(position, count, grew):
+    """After a shrink or a regrow: Accelerate's process index and count
+    (what its gathers size their output by, and what the Trainer scales a
+    loss averaged over every rank's tokens by) are this rank's position
+    among the live ranks and their count. The data loaders keep the split
+    they were made with: each rank its own share, as healing_loop."""
+    import accelerate.state
+    _regrown["grew"] = _regrown["grew"] or grew
+    for state in (accelerate.state.PartialState, accelerate.state.AcceleratorState):
+        shared = state._shared_state
+        if shared:
+            shared["process_index"], shared["num_processes"] = position, count
 
 
 def _engine():
@@ -221,7 +246,7 @@ def _buffered_across_steps(trainer):
 class _Window:
     """The optimizer step in progress: what a redo needs."""
 
-    __slots__ = ("before", "opening", "micro", "model", "metrics")
+    __slots__ = ("before", "opening", "micro", "model", "metrics", "count")
 
     def __init__(self, before, opening, metrics):
         self.before = before      # the engine's step count when it began (C if it does not commit)
@@ -232,6 +257,10 @@ class _Window:
         self.micro = []
         self.model = None
         self.metrics = metrics    # metrics_state() at its opening: a redo adds its forwards' metrics once
+        # The token count as a heal's redo counted it again: after a shrink
+        # it is the live ranks', which the Trainer's own (its loop's local,
+        # passed to every micro-batch of the step) is not.
+        self.count = None
 
 
 class HealingTrainerMixin:
@@ -277,6 +306,8 @@ class HealingTrainerMixin:
         if w is None:  # a step not opened by the Trainer's count (a caller of training_step itself)
             w = self._zs_window = _Window(_engine().steps, None, metrics_state(self))
         w.model = model
+        if w.count is not None:
+            num_items_in_batch = w.count
         record = heal.StepRecord(inputs)
         entry = [record, num_items_in_batch, 0]
         w.micro.append(entry)
@@ -290,6 +321,8 @@ class HealingTrainerMixin:
                 self.state.num_input_tokens_seen = seen
                 self._zs_recover({w.before})
                 self._zs_redo(w, upto=len(w.micro) - 1)
+                if w.count is not None:
+                    num_items_in_batch = entry[1] = w.count
                 seen = self.state.num_input_tokens_seen
                 record.restore()
 
@@ -301,8 +334,11 @@ class HealingTrainerMixin:
             try:
                 load_metrics_state(self, w.metrics)
                 if w.opening is not None:
-                    super()._get_num_items_in_batch(*w.opening)
-                for record, n, counted in w.micro[:upto]:
+                    w.count = super()._get_num_items_in_batch(*w.opening)
+                for entry in w.micro[:upto]:
+                    record, n, counted = entry
+                    if w.count is not None:
+                        n = entry[1] = w.count
                     record.restore()
                     self.state.num_input_tokens_seen -= counted
                     super().training_step(w.model, record.batch, n)
@@ -345,6 +381,8 @@ class HealingTrainerMixin:
     def _zs_after_step(self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time,
                        learning_rate=None):
         self._zs_window = None
+        if _regrown["grew"]:
+            self._zs_even_out(tr_loss)
         grad_norm = self._zs_grad_norm(grad_norm)
         c = self.control
         saved = None
@@ -367,6 +405,25 @@ class HealingTrainerMixin:
         finally:
             self._zs_after = False
         self._zs_register("next")
+
+    def _zs_even_out(self, tr_loss):
+        """The first bookkeeping after a regrow (every rank at this same
+        point: the ranks that went on after the step the regrow came in, a
+        rank that came back in its catch-up of that step): the loss summed
+        since the last log becomes, on a rank that came back, the mean of
+        the others' sums, so that the log's mean over the ranks (the
+        Trainer's) stays the mean over the ranks that trained each step.
+        One all-gather over torch.distributed (the engine's group)."""
+        import torch
+        import torch.distributed as dist
+        came_back = _regrown["came_back"]
+        _regrown["grew"] = _regrown["came_back"] = False
+        mine = torch.tensor([float(tr_loss.detach().sum()), 0.0 if came_back else 1.0], dtype=torch.float64)
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, mine)
+        if came_back:
+            sums, trained = torch.stack(parts).unbind(1)
+            tr_loss.fill_(float((sums * trained).sum() / trained.sum()))
 
     def _zs_logging_state(self, tr_loss, restore=None):
         """What the logging, evaluation and save change (the loss summed
@@ -484,6 +541,8 @@ class HealingTrainerMixin:
             json.dump(data, f, indent=2, sort_keys=True)  # as TrainerState.save_to_json writes it
         self._zs_heal_folder = folder
         self._zs_joined = (shared, heal.joined_rank_state(ctx), behind)
+        if os.environ.get("ZS_HEAL_JOIN") == "grow":
+            _regrown["grew"] = _regrown["came_back"] = True
         print(f"zeroshard.hf.Trainer: rank {ctx.rank} joined at step {committed}: training goes on at step "
               f"{committed + 1}", file=sys.stderr, flush=True)
         return folder

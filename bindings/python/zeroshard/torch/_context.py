@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 import zeroshard
 
+from .._ffi import ZS_EXIT_NOT_TAKEN as EXIT_NOT_TAKEN
 from ._malloc import fix_mmap_threshold
 
 _context = None
@@ -135,7 +136,13 @@ def init_context(config=None, timeout_ms=0, **kwargs):
         if port is not None:
             kwargs["store_port"] = port
     _heal_auto_only_where_wanted()
-    _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
+    try:
+        _context = zeroshard.Context(config=config, timeout_ms=timeout_ms, **kwargs)
+    except zeroshard.NotTakenError as e:
+        # A replacement or a rank started to grow back that the job went on
+        # without: not a failure (zsrun counts the rank as leaving).
+        print(f"zeroshard.torch: {e}; exiting with status {EXIT_NOT_TAKEN}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_NOT_TAKEN) from e
     from . import heal_world
     heal_world.note(_context)  # under min_ranks the frontend follows a shrink and a regrow
     fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)

@@ -99,8 +99,9 @@ class EngineProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"zeroshard: torch.distributed {what} in a replacement before it joined the "
                                "survivors (they wait in the heal and run no such collective): the program's "
                                "collectives before the model is built cannot be replayed")
-        if ctx.world_size != self.size():
-            raise RuntimeError(f"zeroshard: torch.distributed {what}: the engine's world has {ctx.world_size} "
+        live = len(ctx.live_ranks)  # after a shrink, fewer than ctx.world_size (heal_world)
+        if live != self.size():
+            raise RuntimeError(f"zeroshard: torch.distributed {what}: the engine's world has {live} live "
                                f"ranks, this group {self.size()}")
         return ctx
 

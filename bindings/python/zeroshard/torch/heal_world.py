@@ -13,20 +13,31 @@ keeps of them:
   a regrow comes inside a step, so the forward's holds are let go there);
 - torch.distributed's default group where it runs over the engine
   (heal_dist): made again with this rank's position among the live ranks
-  and their count, which is what torch.distributed and a trainer's data
-  split read.
+  and their count;
+- what a trainer registered with on_change (zeroshard.hf: Accelerate's
+  process index and count).
 
 Ranks keep their ids (Context.rank, world_size); the data of a rank left
 out is left out until it comes back (each survivor keeps its own share),
 as in the C API. A torch optimizer stepped on shards (shard_optim) holds
-its state as views of the engine's and is refused under min_ranks by
-name. The check is one group query a step, made only where the world can
-change (peer copies on and min_ranks set)."""
+its state as views of the engine's, and the Lightning strategy keeps its
+samplers and synced metrics: both refused under min_ranks by name. The
+check is one group query a step, made only where the world can change
+(peer copies on and min_ranks set)."""
 import sys
 
 from . import _context
 
 _seen = {}  # id(context) -> the live ranks it had when last looked at
+_followers = []  # what else follows (a trainer's state), called after the frontend
+
+
+def on_change(fn):
+    """Call fn(position, count, grew) whenever the frontend follows a new
+    world: this rank's position among the live ranks, their count, and
+    whether they are more than before (once per fn)."""
+    if fn not in _followers:
+        _followers.append(fn)
 
 
 def may_change(ctx):
@@ -77,6 +88,8 @@ def follow(ctx, joined=False):
         from .heal import forget_step_in_flight
         forget_step_in_flight()
     _remake_group(ctx, live)
+    for fn in _followers:
+        fn(live.index(ctx.rank), len(live), len(live) > len(before))
     if live != before:
         grew = len(live) > len(before)
         print(f"zeroshard.torch: rank {ctx.rank}: the world {'grew back' if grew else 'shrank'} to {len(live)} of "
