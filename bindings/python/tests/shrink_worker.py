@@ -8,7 +8,8 @@ or as one leg of the checkpoint route it is compared with.
 
 heal: KILL is RANK:STEP:backward (heal_worker.py). The survivors shrink
 in memory, pause 100 ms a step until the rank left out comes back, and run
-until three steps after it did (at least 6 steps in all). Each step's
+until three steps after it did (at least 6 steps in all); with
+$ZS_TEST_END_AT=N, they run steps 0..N-1 and no more, without a pause. Each step's
 JSON line has the live ranks after it.
 
 leg: a plain loop over steps FIRST..LAST, loading DIR/ckpt (with each rank's
@@ -110,15 +111,17 @@ def main():
                                                                   (not seen and replacement)):
             grown[0] = i + 1
         seen.append(live)
-        if heal and len(live) < WORLD:
+        if heal and len(live) < WORLD and not end_at:
             time.sleep(0.1)  # time for the rank left out to come back
 
     seen = []
+    end_at = int(os.environ.get("ZS_TEST_END_AT", "0"))
 
     class Steps:
         def __iter__(self):
             i = first
-            while i <= last and not (heal and i >= max(MIN_STEPS, (grown[0] or MAX_STEPS) + AFTER_REGROW)):
+            while i <= last and not (heal and i >= max(MIN_STEPS, (grown[0] or MAX_STEPS) + AFTER_REGROW)) and \
+                    not (end_at and i >= end_at):
                 current[0] = i
                 yield batch(i, data_rank)
                 i += 1

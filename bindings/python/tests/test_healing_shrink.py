@@ -102,6 +102,27 @@ def test_a_plain_loop_shrinks_in_memory_and_grows_back_as_the_checkpoint_route()
         assert [l["sha256"] for l in of(logs, "params")[0]] == [l["sha256"] for l in of(ref[2], "params")[0]], out
 
 
+def test_a_rank_that_comes_back_after_the_run_ended_exits_76_and_the_job_succeeds():
+    """The survivors end right after the shrink (ZS_TEST_END_AT), before
+    the process zsrun starts to grow the job back has built anything: its
+    context creation is told so (NotTakenError) and zeroshard.torch exits
+    with ZS_EXIT_NOT_TAKEN (76), which zsrun counts as the rank leaving,
+    not as a failure that restarts the job."""
+    with tempfile.TemporaryDirectory(prefix="zs_shrink_") as d:
+        env = dict(ENV, ZS_TEST_END_AT=str(KILLED_AT + 2))
+        if not ZSRUN.exists():
+            pytest.skip(f"{ZSRUN} is not built")
+        cmd = [str(ZSRUN), "-n", "3", "--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "0", "--",
+               sys.executable, str(HERE / "shrink_worker.py"), f"{d}/log", "heal", f"1:{KILLED_AT}:backward"]
+        proc = subprocess.run(cmd, env=ranks_env(**env), capture_output=True, text=True, timeout=240)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert "the survivors finished their run before they could take this process back" in out, out
+        assert "exiting with status 76" in out, out
+        assert "zsrun: healing: rank 1, started again to grow the job back (--regrow-after), was not taken" in out, out
+        assert "starting the job again" not in out, out
+
+
 REFUSE = """
 import torch, zeroshard.torch as zt
 zt.enable_healing()
