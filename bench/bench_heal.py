@@ -4,7 +4,7 @@ on 3 CPU ranks of the real `zsrun --restarts`, loopback.
 
     .venv/bin/python bench/bench_heal.py [--steps 46] [--kills 10] [--seq 64]
         [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10] [--spare]
-        [--skip steady kills checkpoint torchft]
+        [--regrow-after 5] [--skip steady kills shrink checkpoint torchft]
 
 Scenarios, each its own zsrun launch of 3 ranks (GPT-2 124M, n_positions
 256, built under zt.Init from torch.manual_seed(0): random weights, dropout
@@ -35,6 +35,16 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   trains the one after). Median and max over the kills (goal < 10 s).
   Correctness: each rank's optimizer state (masters and moments) and step
   count, and the consolidated params, bitwise against the reference.
+- **shrink**: `zsrun --restarts 1 --min-nproc 2 --shrink --regrow-after
+  S` (--regrow-after, 5): rank 1 SIGKILLed at a random point of a step
+  after 3 committed steps; ranks 0 and 2 shrink in memory and go on (each
+  its own share of the data: rank 1's is left out) until zsrun's new rank
+  1 is taken back at a step. Kill to the loss seen, to the shrink done, to
+  the next committed step; the step on 3 ranks, on 2, and after the
+  regrow; the step the regrow came in and the engine's regrow time; the
+  returning process's start to its model built, its join and its first
+  committed step. (Bit for bit against the checkpoint route:
+  `test_healing_shrink.py`, on a small model.)
 - **checkpoint**: today's route: `zsrun --restarts 1 --no-heal`, the loop
   saving a zeroshard checkpoint every --ckpt-every steps (zt.save_checkpoint,
   one tag overwritten) and resuming from it at start; rank 1 SIGKILLed
@@ -99,14 +109,14 @@ def worker(args):
     # loss surfaces, and returns once the replacement joined.
     recover, join = zheal.recover, zheal.join_as_replacement
 
-    def timed_recover():
+    def timed_recover(*a, **k):
         note("lost")
-        committed = recover()
+        committed = recover(*a, **k)
         note("recovered", committed=committed)
         return committed
 
-    def timed_join():
-        committed = join()
+    def timed_join(*a, **k):
+        committed = join(*a, **k)
         note("joined", committed=committed)
         return committed
 
@@ -371,6 +381,84 @@ def kills(args, d, reference):
     return result
 
 
+def shrink_and_regrow(args, d):
+    """zsrun --restarts 1 --min-nproc 2 --shrink --regrow-after S: rank 1
+    SIGKILLed at a random point of a step after 3 committed steps; the two
+    others shrink in memory and go on; S seconds later zsrun starts rank 1
+    again, which the others take back at a step."""
+    rng = random.Random(args.seed)
+    run = Run(args, d, "shrink", ["--restarts", "1", "--min-nproc", str(RANKS - 1), "--shrink", "--regrow-after",
+                                  str(args.regrow_after)], ["--heal"])
+    victim = 1
+    try:
+        if not run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= 2]):
+            raise RuntimeError(f"the shrink run never reached step 2:\n{run.output_tail()}")
+        ev = run.events()
+        last = max(e["step"] for e in ev if e["event"] == "step")
+        pid = [e for e in ev if e["event"] == "start" and e["rank"] == victim][-1]["pid"]
+        typical = statistics.median(step_times(ev, skip=1) or [2.0])
+        if not run.wait_for(lambda ev: [e for e in ev if e["event"] == "begin" and e["rank"] == victim
+                                        and e["step"] > last]):
+            raise RuntimeError(f"rank {victim} did not begin step {last + 1}:\n{run.output_tail()}")
+        time.sleep(rng.uniform(0, typical))
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        began = [e for e in run.events(victim) if e["event"] == "begin" and e["pid"] == pid and e["t"] < t_kill]
+        in_flight = began[-1]["step"]
+
+        def back(ev):  # the first step the rank that came back trained, committed on every rank
+            trained = [e["step"] for e in ev if e["rank"] == victim and e["event"] == "trained" and e["t"] > t_kill]
+            done = [e for e in ev if trained and e["event"] == "step" and e["step"] == trained[0]]
+            return done if len({e["rank"] for e in done}) == RANKS else None
+
+        done = run.wait_for(back)
+        if not done:
+            raise RuntimeError(f"rank {victim} did not come back:\n{run.output_tail()}")
+        code = run.finish()
+    finally:
+        run.kill()
+    ev = run.events()
+    after = [e for e in ev if e["t"] > t_kill]
+    recovered = [e for e in after if e["event"] == "recovered"]
+    shrunk_steps = [e for e in after if e["event"] == "step" and e["rank"] == 0 and e["step"] >= in_flight]
+    came = {e["event"]: e for e in after if e["rank"] == victim}
+    regrow_step = came["joined"]["committed"] - 1  # the survivors' step the regrow came in
+    t0 = [e for e in ev if e["event"] == "step" and e["rank"] == 0]
+    by_step = {e["step"]: e["t"] for e in t0}
+
+    def intervals(first, last):
+        return [by_step[i] - by_step[i - 1] for i in range(first, last + 1) if i in by_step and i - 1 in by_step]
+
+    log = open(run.out + ".zsrun").read()
+    grew = [float(x) for x in __import__("re").findall(r"the world grew back to \d+ of \d+ ranks in ([0-9.]+) s", log)]
+    r = {"step_killed": in_flight, "exit_status": code,
+         "job_restarted": "starting the job again" in log,
+         "to_loss_seen_s": round(min(e["t"] for e in after if e["event"] == "lost") - t_kill, 3),
+         "to_shrunk_s": round(max(e["t"] for e in recovered) - t_kill, 3) if recovered else None,
+         "to_next_committed_s": round(shrunk_steps[0]["t"] - t_kill, 3) if shrunk_steps else None,
+         "step_s_before": round(statistics.median(intervals(2, in_flight - 1) or [0]), 3),
+         "step_s_shrunk": round(statistics.median(intervals(in_flight + 2, regrow_step - 1) or [0]), 3),
+         "step_s_after": round(statistics.median(intervals(regrow_step + 2, max(by_step)) or [0]), 3),
+         "regrow_step": regrow_step,
+         "regrow_step_s": round(by_step[regrow_step] - by_step[regrow_step - 1], 3),
+         "regrow_in_engine_s": grew[0] if grew else None,
+         "comeback_start_to_built_s": round(came["built"]["t"] - came["start"]["t"], 3),
+         "comeback_start_to_joined_s": round(came["joined"]["t"] - came["start"]["t"], 3),
+         "comeback_start_to_first_committed_s": round(max(e["t"] for e in done) - came["start"]["t"], 3),
+         "survivor_pids_kept": all(len({e["pid"] for e in ev if e["rank"] == k}) == 1 for k in range(RANKS)
+                                   if k != victim)}
+    print(f"shrink: rank {victim} killed in step {in_flight}: loss seen {r['to_loss_seen_s']} s, shrunk in memory "
+          f"{r['to_shrunk_s']} s, next committed step (on {RANKS - 1} ranks) {r['to_next_committed_s']} s after the "
+          f"kill; step {r['step_s_before']} s on {RANKS} ranks, {r['step_s_shrunk']} s on {RANKS - 1}", flush=True)
+    print(f"regrow: rank {victim} started again {args.regrow_after} s after; built {r['comeback_start_to_built_s']} s, "
+          f"joined {r['comeback_start_to_joined_s']} s, first step committed "
+          f"{r['comeback_start_to_first_committed_s']} s after its start; the survivors' step {regrow_step} (the "
+          f"regrow inside it) {r['regrow_step_s']} s, the engine's regrow {r['regrow_in_engine_s']} s; step "
+          f"{r['step_s_after']} s after; exit status {code}, job restarted {r['job_restarted']}, survivors' pids kept "
+          f"{r['survivor_pids_kept']}", flush=True)
+    return r
+
+
 def checkpoint_route(args, d):
     free = shutil.disk_usage(d).free
     if free < 8 * 2**30:
@@ -456,7 +544,9 @@ def main():
     p.add_argument("--torchft-kills", type=int, default=3)
     p.add_argument("--spare", action="store_true",
                    help="the kill run under zsrun --spare: a warm process, its imports done, replaces the lost rank")
-    p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "checkpoint", "torchft"])
+    p.add_argument("--regrow-after", type=float, default=5.0,
+                   help="the shrink scenario: zsrun starts the lost rank again this long after the shrink")
+    p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "shrink", "checkpoint", "torchft"])
     p.add_argument("--launch-timeout", type=float, default=1200)
     p.add_argument("--keep", help="write the launches' logs into this folder (kept) instead of a temporary one")
     args = p.parse_args()
@@ -479,6 +569,8 @@ def main():
         if "kills" not in args.skip:
             reference = result["steady"]["on"][0] if "steady" in result else None
             result["heal"] = kills(args, d, reference)
+        if "shrink" not in args.skip:
+            result["shrink_and_regrow"] = shrink_and_regrow(args, d)
         if "checkpoint" not in args.skip:
             result["checkpoint_route"] = checkpoint_route(args, d)
     if "torchft" not in args.skip:
