@@ -1,6 +1,8 @@
 """One rank of the Lightning healing test: a plain Lightning fit with
 ZeroShardStrategy, launched by `zsrun --restarts R`, which a rank may leave
-by SIGKILL in the middle of a step.
+by SIGKILL in the middle of a step. $ZS_TEST_SHRUNK_PAUSE_S: after each
+batch taken on fewer ranks than were started (zsrun --shrink), sleep that
+long.
 
     python3 lightning_heal_worker.py OUT STEPS [KILL ...]
 
@@ -73,7 +75,9 @@ class Module(pl.LightningModule):
         if (self.global_step, "val") in self.kills and not self.trainer.sanity_checking:
             self.note(event="kill", step=self.global_step, t=time.time())
             os.kill(os.getpid(), signal.SIGKILL)
-        self.log("val", self.net(batch[0]).pow(2).mean(), sync_dist=True)
+        loss = self.net(batch[0]).pow(2).mean()
+        self.log("val", loss, sync_dist=True)
+        self.log("val_local", loss)  # this rank's own mean, for the test to redo the sync
 
     def on_fit_start(self):
         torch.manual_seed(100 + self.global_rank)  # dropout differs per rank, as in data parallelism
@@ -97,13 +101,18 @@ class Notes(pl.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, idx):
         loss = outputs.get("loss") if isinstance(outputs, dict) else None  # {} after a hollow step
+        live = zt.get_context().live_ranks
         self.note(event="step", step=trainer.global_step - 1, epoch=trainer.current_epoch, batch=idx,
                   loss=None if loss is None else loss.item(), lr=trainer.optimizers[0].param_groups[0]["lr"],
-                  t=time.time())
+                  live=live, t=time.time())
+        if len(live) < int(os.environ["WORLD_SIZE"]):
+            time.sleep(float(os.environ.get("ZS_TEST_SHRUNK_PAUSE_S", "0")))  # for a rank left out to come back
 
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking:
-            self.note(event="val", step=trainer.global_step, loss=trainer.callback_metrics["val"].item(), t=time.time())
+            self.note(event="val", step=trainer.global_step, loss=trainer.callback_metrics["val"].item(),
+                      local=trainer.callback_metrics["val_local"].item(), live=zt.get_context().live_ranks,
+                      t=time.time())
 
     def on_train_epoch_end(self, trainer, module):
         self.note(event="epoch", epoch=trainer.current_epoch, loss=trainer.callback_metrics["loss_epoch"].item(),

@@ -12,9 +12,9 @@ optimizer state and step count, its shards after every step as the
 program reads them (`param.ds_tensor`), and the consolidated params bit
 for bit,
 no checkpoint written by the healed run, the survivors' pids unchanged.
-The same kill in a plain Hugging Face Trainer script. Where the frontend
-refuses a shrink (Lightning, torch optimizers stepped on shards) it says
-so by name."""
+The same kill in a plain Hugging Face Trainer script and a Lightning fit.
+Where the frontend refuses a shrink (torch optimizers stepped on shards)
+it says so by name."""
 import json
 import os
 import subprocess
@@ -140,8 +140,7 @@ zt.shutdown()
 def test_what_does_not_follow_a_shrink_says_so_by_name():
     """A torch optimizer stepped on shards holds its state as views of the
     engine's: refused under min_ranks by name on every rank, before any
-    loss (the Lightning strategy refuses the same way where it sets
-    healing up: lightning_heal.after_context)."""
+    loss."""
     code = REFUSE.format(what="torch.optim.RMSprop(model.parameters(), lr=0.1).step()")
     proc = subprocess.run([str(ZSRUN), "-n", "2", "--", sys.executable, "-c", code],
                           env=ranks_env(ZS_HEAL="1", ZS_HEAL_MIN_RANKS="1"), capture_output=True, text=True,
@@ -210,3 +209,62 @@ def test_an_hf_trainer_script_shrinks_in_memory_and_grows_back():
         assert sorted(got) == list(range(1, HF_STEPS + 1)), got
         assert all(got[s] == want[s] for s in range(1, 4)), (got, want)  # before the loss: the same run
         assert all(abs(got[s] - want[s]) < 0.05 for s in got), [(s, got[s], want[s]) for s in got]
+
+
+LIGHTNING_STEPS = 40
+
+
+def lightning_launch(d, flags, *kills):
+    if not ZSRUN.exists():
+        pytest.skip(f"{ZSRUN} is not built")
+    os.makedirs(d)
+    cmd = [str(ZSRUN), "-n", "3", *flags, "--", sys.executable, str(HERE / "lightning_heal_worker.py"), f"{d}/log",
+           str(LIGHTNING_STEPS), *kills]
+    env = ranks_env(**ENV, ZS_TEST_SHRUNK_PAUSE_S="0.5", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=d)
+    return proc.returncode, proc.stdout + proc.stderr, read_logs(f"{d}/log")
+
+
+def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
+    """The plain Lightning script of the healing tests (2 epochs, a
+    validation synced over the ranks every 4 steps) under zsrun --shrink
+    --regrow-after: rank 1 killed in step 3's backward; ranks 0 and 2 redo
+    it and go on (each its own DistributedSampler share), then take rank 1
+    back at a step. Every batch to the end, the uninterrupted run's losses
+    up to the kill, and each validation's synced mean the mean of the live
+    ranks' own means (Lightning divides by torch.distributed's world size,
+    which follows: over 2 ranks while shrunk, 3 after)."""
+    with tempfile.TemporaryDirectory(prefix="zs_shrink_pl_") as d:
+        code, ref_out, ref = lightning_launch(f"{d}/ref", ["--restarts", "1"])
+        assert code == 0, ref_out
+        code, out, logs = lightning_launch(f"{d}/job", ["--restarts", "1", "--min-nproc", "2", "--shrink",
+                                                        "--regrow-after", "1"], "1:3:backward")
+        assert code == 0, out
+        assert "starting the job again" not in out, out
+        for r in (0, 2):
+            assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
+            assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
+            assert len({l["pid"] for l in logs[r]}) == 1, logs[r]
+        assert "zeroshard.lightning: rank 1 joined at step" in out, out
+        steps = [l for l in logs[0] if l["event"] == "step"]
+        assert [l["step"] for l in steps] == list(range(LIGHTNING_STEPS)), [l["step"] for l in steps]
+        lives = [len(l["live"]) for l in steps]
+        regrown = lives.index(3, 3)
+        assert lives == [3] * 3 + [2] * (regrown - 3) + [3] * (LIGHTNING_STEPS - regrown), lives
+        ref_loss = [l["loss"] for l in ref[0] if l["event"] == "step"]
+        assert [l["loss"] for l in steps[:3]] == ref_loss[:3]  # before the loss: the same run
+        for r in range(3):
+            end = [l for l in logs[r] if l["event"] == "end"]
+            assert len(end) == 1 and end[0]["steps"] == LIGHTNING_STEPS, (r, end)
+        vals = {}
+        for r, ls in logs.items():
+            for l in ls:
+                if l["event"] == "val":
+                    vals.setdefault(l["step"], {})[r] = l
+        assert sorted(vals) == list(range(4, LIGHTNING_STEPS + 1, 4)), sorted(vals)
+        for step, by_rank in vals.items():
+            live = by_rank[0]["live"]
+            assert sorted(by_rank) == live, (step, sorted(by_rank), live)  # every live rank validated
+            mean = sum(by_rank[r]["local"] for r in live) / len(live)
+            assert all(abs(by_rank[r]["loss"] - mean) < 1e-6 for r in live), (step, by_rank)
+        assert {len(v[0]["live"]) for v in vals.values()} == {2, 3}, vals  # validations in both worlds

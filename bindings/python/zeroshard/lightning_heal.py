@@ -48,7 +48,7 @@ import sys
 
 from . import torch as zt
 from .errors import RankLostError, StateLostError
-from .torch import _context, heal, heal_dist, heal_state, heal_world
+from .torch import _context, heal, heal_dist, heal_state
 
 # The ckpt_path a replacement's fit resumes from: the survivors' state.
 HEAL_CHECKPOINT = "zeroshard-heal://survivors"
@@ -98,9 +98,6 @@ def after_context(trainer, module):
     fit can heal (torch.distributed then runs over the engine's world group,
     on every rank at the same point), else None, having said why once."""
     ctx = _context.current_context()
-    if ctx is not None:
-        heal_world.refuse(ctx, "zeroshard's Lightning strategy", "its samplers, the metrics it syncs and its "
-                          "torch.distributed group stay laid out for the old world")
     why = why_not(trainer, module)
     if ctx is None or not heal.heals(ctx) or why is not None:
         heal_dist.answering_locally(False)

@@ -20,8 +20,7 @@ keeps of them:
 Ranks keep their ids (Context.rank, world_size); the data of a rank left
 out is left out until it comes back (each survivor keeps its own share),
 as in the C API. A torch optimizer stepped on shards (shard_optim) holds
-its state as views of the engine's, and the Lightning strategy keeps its
-samplers and synced metrics: both refused under min_ranks by name. The
+its state as views of the engine's: refused under min_ranks by name. The
 check is one group query a step, made only where the world can change
 (peer copies on and min_ranks set)."""
 import sys
