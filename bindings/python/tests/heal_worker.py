@@ -152,11 +152,17 @@ def main():
                 yield x
 
     ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
+    note_end(note, rank, opt, model, ran=ran)
+    zt.shutdown()
+
+
+def note_end(note, rank, opt, model, **kv):
+    """The end of a run: this rank's optimizer state hashed with its step
+    count and lr, and on rank 0 the consolidated params' hash (collective)."""
     digest, taken, params = zt.training_digest(opt, model)
     if rank == 0:
         note(event="params", sha256=params)
-    note(event="end", ran=ran, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
-    zt.shutdown()
+    note(event="end", digest=digest, steps=taken, lr=opt.param_groups[0]["lr"], **kv)
 
 
 if __name__ == "__main__":

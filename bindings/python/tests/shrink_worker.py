@@ -29,7 +29,7 @@ import time
 import torch
 
 import zeroshard.torch as zt
-from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes
+from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes, note_end
 
 WORLD = 3  # the healed run's world, whose shares of each global batch the ranks take
 MIN_STEPS, AFTER_REGROW, MAX_STEPS = 6, 3, 300
@@ -130,10 +130,7 @@ def main():
     if not heal:
         zt.save_checkpoint(ckpt, model, opt, client_state={"sched": sched.state_dict()}, tag="ckpt", overwrite=True)
         torch.save(torch.get_rng_state(), f"{ckpt}/rng.{data_rank}.pt")
-    digest, taken, params = zt.training_digest(opt, model)
-    if rank == 0:
-        note(event="params", sha256=params)
-    note(event="end", ran=ran, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
+    note_end(note, rank, opt, model, ran=ran)
     zt.shutdown()
 
 

@@ -29,12 +29,19 @@ ENV = dict(ZS_HEARTBEAT_MS="100", ZS_HEARTBEAT_TIMEOUT_MS="1500", ZS_TIMEOUT_MS=
 KILLED_AT = 2
 
 
-def run(n, args, flags=(), timeout=240):
+def launch(n, worker, args, flags=(), cwd=None, **env):
+    """(return code, output) of `worker` (a file beside this one) on n
+    ranks under zsrun `flags`, with the healing tests' heartbeat and `env`."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, str(HERE / "shrink_worker.py"), *map(str, args)]
-    proc = subprocess.run(cmd, env=ranks_env(**ENV), capture_output=True, text=True, timeout=timeout)
+    cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, str(HERE / worker), *map(str, args)]
+    proc = subprocess.run(cmd, env=ranks_env(**{**ENV, **env}), capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def run(n, args, flags=()):
+    return launch(n, "shrink_worker.py", args, flags)
 
 
 def read_logs(out):
@@ -109,14 +116,10 @@ def test_a_rank_that_comes_back_after_the_run_ended_exits_76_and_the_job_succeed
     with ZS_EXIT_NOT_TAKEN (76), which zsrun counts as the rank leaving,
     not as a failure that restarts the job."""
     with tempfile.TemporaryDirectory(prefix="zs_shrink_") as d:
-        env = dict(ENV, ZS_TEST_END_AT=str(KILLED_AT + 2))
-        if not ZSRUN.exists():
-            pytest.skip(f"{ZSRUN} is not built")
-        cmd = [str(ZSRUN), "-n", "3", "--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "0", "--",
-               sys.executable, str(HERE / "shrink_worker.py"), f"{d}/log", "heal", f"1:{KILLED_AT}:backward"]
-        proc = subprocess.run(cmd, env=ranks_env(**env), capture_output=True, text=True, timeout=240)
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out
+        code, out = launch(3, "shrink_worker.py", [f"{d}/log", "heal", f"1:{KILLED_AT}:backward"],
+                           ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "0"],
+                           ZS_TEST_END_AT=str(KILLED_AT + 2))
+        assert code == 0, out
         assert "the survivors finished their run before they could take this process back" in out, out
         assert "exiting with status 76" in out, out
         assert "zsrun: healing: rank 1, started again to grow the job back (--regrow-after), was not taken" in out, out
@@ -158,14 +161,10 @@ def hf_launch(d, flags, *kills):
     """(return code, output, {rank: [log lines]}) of hf_heal_worker.py (a
     plain Trainer script, GPT-2 with dropout, 2 micro-batches a step,
     logging every step) on 3 ranks."""
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
     os.makedirs(d)
-    cmd = [str(ZSRUN), "-n", "3", *flags, "--", sys.executable, str(HERE / "hf_heal_worker.py"), f"{d}/log",
-           str(HF_STEPS), *kills]
-    env = ranks_env(**ENV, ZS_TEST_LOGGING_STEPS="1", ZS_TEST_SHRUNK_PAUSE_S="0.5")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=d)
-    return proc.returncode, proc.stdout + proc.stderr, read_logs(f"{d}/log")
+    code, out = launch(3, "hf_heal_worker.py", [f"{d}/log", HF_STEPS, *kills], flags, cwd=d,
+                       ZS_TEST_LOGGING_STEPS="1", ZS_TEST_SHRUNK_PAUSE_S="0.5")
+    return code, out, read_logs(f"{d}/log")
 
 
 def test_an_hf_trainer_script_shrinks_in_memory_and_grows_back():
@@ -215,14 +214,10 @@ LIGHTNING_STEPS = 40
 
 
 def lightning_launch(d, flags, *kills):
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
     os.makedirs(d)
-    cmd = [str(ZSRUN), "-n", "3", *flags, "--", sys.executable, str(HERE / "lightning_heal_worker.py"), f"{d}/log",
-           str(LIGHTNING_STEPS), *kills]
-    env = ranks_env(**ENV, ZS_TEST_SHRUNK_PAUSE_S="0.5", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=d)
-    return proc.returncode, proc.stdout + proc.stderr, read_logs(f"{d}/log")
+    code, out = launch(3, "lightning_heal_worker.py", [f"{d}/log", LIGHTNING_STEPS, *kills], flags, cwd=d,
+                       ZS_TEST_SHRUNK_PAUSE_S="0.5", PYTHONWARNINGS="ignore")
+    return code, out, read_logs(f"{d}/log")
 
 
 def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
