@@ -143,8 +143,6 @@ def init_context(config=None, timeout_ms=0, **kwargs):
         # without: not a failure (zsrun counts the rank as leaving).
         print(f"zeroshard.torch: {e}; exiting with status {EXIT_NOT_TAKEN}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_NOT_TAKEN) from e
-    from . import heal_world
-    heal_world.note(_context)  # under min_ranks the frontend follows a shrink and a regrow
     fix_mmap_threshold()  # large freed tensors go back to the system (_malloc.py)
     return _context
 

@@ -63,9 +63,12 @@ def heals(ctx=None):
 
 
 def note_optimizer(opt):
-    """A ZeroShardOptimizer was made (the engine's order of optimizers)."""
+    """A ZeroShardOptimizer was made (the engine's order of optimizers);
+    the first also notes the live ranks, which a shrink and a regrow change
+    (heal_world)."""
     _optimizers[:] = [r for r in _optimizers if r() is not None]
     _optimizers.append(weakref.ref(opt))
+    heal_world.note(get_context())
 
 
 def optimizers():

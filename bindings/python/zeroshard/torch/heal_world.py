@@ -9,8 +9,9 @@ keeps of them:
 
 - each partitioned param's shard layout (size, offset, valid elements),
   which checkpoints and the optimizer's state_dict() read;
-- the gathered views and the hooks' holds and queues (forget_step_in_flight:
-  a regrow comes inside a step, so the forward's holds are let go there);
+- the gathered views and the hooks' holds and queues: the caller's
+  (heal.forget_step_in_flight, which recover and the join call anyway; a
+  ZeroShardOptimizer step calls it when follow() says the world moved);
 - torch.distributed's default group where it runs over the engine
   (heal_dist): made again with this rank's position among the live ranks
   and their count;
@@ -22,10 +23,13 @@ out is left out until it comes back (each survivor keeps its own share),
 as in the C API. A torch optimizer stepped on shards (shard_optim) holds
 its state as views of the engine's: refused under min_ranks by name. The
 check is one group query a step, made only where the world can change
-(peer copies on and min_ranks set)."""
+(peer copies on and min_ranks set). Below heal and the optimizers in
+the import graph: it imports neither."""
 import sys
 
-from . import _context
+from . import heal_dist
+from ._context import on_shutdown
+from ._params import registered_params
 
 _seen = {}  # id(context) -> the live ranks it had when last looked at
 _followers = []  # what else follows (a trainer's state), called after the frontend
@@ -43,7 +47,7 @@ def may_change(ctx):
     """Whether the engine may shrink or grow this context's world: healing
     with zeroshard.healing.min_ranks."""
     healing = ctx.config.get("zeroshard", {}).get("healing", {})
-    return bool(_context.heals(ctx) and healing.get("min_ranks"))
+    return bool(healing.get("peer_copy") and healing.get("min_ranks"))
 
 
 def refuse(ctx, who, instead):
@@ -59,9 +63,17 @@ def refuse(ctx, who, instead):
 
 
 def note(ctx):
-    """Remember the live ranks as they are now (the context was made, or a
-    replacement joined)."""
-    _seen[id(ctx)] = tuple(ctx.live_ranks) if may_change(ctx) else None
+    """Remember the live ranks as they are now, once per context: when its
+    first ZeroShardOptimizer is made (heal.note_optimizer), before any heal
+    can shrink it (a heal needs one)."""
+    if id(ctx) not in _seen:
+        _seen[id(ctx)] = tuple(ctx.live_ranks) if may_change(ctx) else None
+
+
+@on_shutdown
+def _forget():
+    """The context is gone (its id may be reused by the next)."""
+    _seen.clear()
 
 
 def follow(ctx, joined=False):
@@ -69,9 +81,9 @@ def follow(ctx, joined=False):
     last seen, bring the frontend over to the new layout (module
     docstring). `joined`: in a process that just joined, whose params were
     registered before the join laid their shards out over the world it
-    joined, whether or not the list it saw at its create changed (it did
-    the rest of the join's forgetting itself). Returns whether the
-    frontend moved."""
+    joined, whether or not the list it saw changed. Returns whether the
+    frontend moved: the caller then drops what pointed into the old layout
+    (heal.forget_step_in_flight)."""
     before = _seen.get(id(ctx))
     if before is None:
         return False
@@ -79,13 +91,9 @@ def follow(ctx, joined=False):
     if live == before and not joined:
         return False
     _seen[id(ctx)] = live
-    from ._params import registered_params
     for p in registered_params():
         if p.zs is not None:
             p.zs.zparam.refresh_layout()
-    if not joined:
-        from .heal import forget_step_in_flight
-        forget_step_in_flight()
     _remake_group(ctx, live)
     for fn in _followers:
         fn(live.index(ctx.rank), len(live), len(live) > len(before))
@@ -98,7 +106,6 @@ def follow(ctx, joined=False):
 
 
 def _remake_group(ctx, live):
-    from . import heal_dist
     if heal_dist.is_engine_group() and dist_shape() != (live.index(ctx.rank), len(live)):
         heal_dist.remake(live.index(ctx.rank), len(live))
 

@@ -195,7 +195,8 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         step_done()
         del engines  # else they keep dropped models alive through the collector's run
         settle_dropped()
-        heal_world.follow(get_context())  # a regrow runs inside the engine's step (under min_ranks)
+        if heal_world.follow(get_context()):  # a regrow ran inside the engine's step (under min_ranks)
+            heal.forget_step_in_flight()
 
     def _note_skipped(self, attempted):
         self.skipped_steps += 1
