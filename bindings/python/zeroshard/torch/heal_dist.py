@@ -99,7 +99,8 @@ class EngineProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"zeroshard: torch.distributed {what} in a replacement before it joined the "
                                "survivors (they wait in the heal and run no such collective): the program's "
                                "collectives before the model is built cannot be replayed")
-        live = len(ctx.live_ranks)  # after a shrink, fewer than ctx.world_size (heal_world)
+        with ctx.group("world") as world:
+            live = world.size  # after a shrink, fewer than ctx.world_size (heal_world)
         if live != self.size():
             raise RuntimeError(f"zeroshard: torch.distributed {what}: the engine's world has {live} live "
                                f"ranks, this group {self.size()}")
@@ -243,9 +244,10 @@ def use_engine_process_group():
 def remake(rank, size):
     """The default group again, over the engine's world as a shrink or a
     regrow left it: `rank` this rank's position among the live ranks,
-    `size` their count (heal_world.follow)."""
-    dist.destroy_process_group()
-    _init(rank, size)
+    `size` their count (heal_world.follow); kept when it is that already."""
+    if (dist.get_rank(), dist.get_world_size()) != (rank, size):
+        dist.destroy_process_group()
+        _init(rank, size)
 
 
 _original_init = [None]

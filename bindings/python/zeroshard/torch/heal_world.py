@@ -27,7 +27,7 @@ check is one group query a step, made only where the world can change
 the import graph: it imports neither."""
 import sys
 
-from . import heal_dist
+from . import _context, heal_dist
 from ._context import on_shutdown
 from ._params import registered_params
 
@@ -46,8 +46,7 @@ def on_change(fn):
 def may_change(ctx):
     """Whether the engine may shrink or grow this context's world: healing
     with zeroshard.healing.min_ranks."""
-    healing = ctx.config.get("zeroshard", {}).get("healing", {})
-    return bool(healing.get("peer_copy") and healing.get("min_ranks"))
+    return _context.heals(ctx) and bool(ctx.config["zeroshard"]["healing"].get("min_ranks"))
 
 
 def refuse(ctx, who, instead):
@@ -94,25 +93,16 @@ def follow(ctx, joined=False):
     for p in registered_params():
         if p.zs is not None:
             p.zs.zparam.refresh_layout()
-    _remake_group(ctx, live)
+    here, count, grew = live.index(ctx.rank), len(live), len(live) > len(before)
+    if heal_dist.is_engine_group():
+        heal_dist.remake(here, count)
     for fn in _followers:
-        fn(live.index(ctx.rank), len(live), len(live) > len(before))
+        fn(here, count, grew)
     if live != before:
-        grew = len(live) > len(before)
         print(f"zeroshard.torch: rank {ctx.rank}: the world {'grew back' if grew else 'shrank'} to {len(live)} of "
               f"{ctx.world_size} ranks {list(live)}; this rank's shards are laid out anew", file=sys.stderr,
               flush=True)
     return True
-
-
-def _remake_group(ctx, live):
-    if heal_dist.is_engine_group() and dist_shape() != (live.index(ctx.rank), len(live)):
-        heal_dist.remake(live.index(ctx.rank), len(live))
-
-
-def dist_shape():
-    import torch.distributed as dist
-    return dist.get_rank(), dist.get_world_size()
 
 
 def position(ctx):
