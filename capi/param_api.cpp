@@ -101,6 +101,7 @@ ZS_API zs_status zs_param_get_info(zs_param h, zs_param_info* info_out) {
     const DeviceRef where = ctx.device()->ref();
     info->device_type = where.is_cuda() ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU;
     info->device_id = where.ordinal;
+    info->shard_version = p.shard_version;
   });
 }
 

@@ -751,7 +751,16 @@ TEST(OptimizerExternal, Bf16MasterFollowsParamWrite) {
     std::vector<float> fresh(numel_of(2));
     for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
     const auto bytes = encode(fresh, ZS_BFLOAT16);
+    // The shard's version moves on with the write (a full copy kept from
+    // before is stale), not with the optimizer's step below.
+    const auto version = [&] {
+      zs_param_info info = ZS_PARAM_INFO_INIT;
+      EXPECT_EQ(zs_param_get_info(p, &info), ZS_OK) << zs_last_error();
+      return info.shard_version;
+    };
+    const uint64_t before = version();
     ZS_ASSERT_OK(zs_param_write(p, bytes.data(), bytes.size()));
+    EXPECT_EQ(version(), before + 1);
     const auto g = grad_on(env, 0, 2);
     ZS_ASSERT_OK(zs_grad_push(p, g.data(), ZS_FLOAT32, g.size() * 4));
     ZS_ASSERT_OK(zs_optimizer_step_begin(opt, nullptr));
@@ -765,6 +774,7 @@ TEST(OptimizerExternal, Bf16MasterFollowsParamWrite) {
     ZS_ASSERT_OK(zs_optimizer_state_data(opt, p, 0, &m, nullptr));
     for (uint64_t i = 0; i < n; ++i) m[i] = sgd(m[i], gd[i], 0.1f);
     ZS_ASSERT_OK(zs_optimizer_step_end(opt, nullptr));
+    EXPECT_EQ(version(), before + 1);
     auto want = rounded(fresh, ZS_BFLOAT16);
     for (size_t i = 0; i < want.size(); ++i) want[i] = sgd(want[i], gf[i], 0.1f);
     EXPECT_TRUE(bitwise_equal(full_param(ctx, p), rounded(want, ZS_BFLOAT16)));

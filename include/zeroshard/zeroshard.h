@@ -656,8 +656,15 @@ typedef struct zs_param_info {
   zs_param_status status;
   zs_device_type device_type; /* where shard and full data live */
   int device_id;
+  /* Moves on each time this rank's shard is rewritten other than by an
+   * optimizer's step: zs_param_update, zs_param_write, a checkpoint or
+   * safetensors load, quantizing a frozen param's shard. A full copy
+   * gathered at one version (a frozen model kept gathered between calls)
+   * is current while the version stays. Writes through zs_param_shard_data
+   * are the caller's own and do not move it. */
+  uint64_t shard_version;
 } zs_param_info;
-#define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE, ZS_DEVICE_CPU, 0 }
+#define ZS_PARAM_INFO_INIT { sizeof(zs_param_info), NULL, ZS_FLOAT32, 0, {0}, 0, 0, 0, 0, 0, ZS_PARAM_NOT_AVAILABLE, ZS_DEVICE_CPU, 0, 0 }
 
 /* ZS_PARAM_INFO_INIT for languages without C macros: its values into the
  * first `size` bytes of *info (pass sizeof *info). */

@@ -330,6 +330,7 @@ typedef struct zs_param_info {
   zs_param_status status;
   zs_device_type device_type;
   int device_id;
+  uint64_t shard_version;
 } zs_param_info;
 zs_status zs_param_info_init(zs_param_info* info, size_t size);
 

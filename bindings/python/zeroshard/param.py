@@ -96,6 +96,15 @@ class Param(_Owned):
         self._layout_from(info)
 
     @property
+    def shard_version(self):
+        """A count that moves on each time this rank's shard is rewritten
+        other than by an optimizer's step (an update, a write, a load): a
+        full copy gathered at one version is current while it stays."""
+        info = _new_struct("zs_param_info")
+        check(lib.zs_param_get_info(self._h, info))
+        return int(info.shard_version)
+
+    @property
     def device(self):
         """Where shard and full data live: "cpu" or "cuda:N"."""
         return device_string(self.device_type, self.device_id)

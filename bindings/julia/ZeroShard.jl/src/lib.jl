@@ -234,6 +234,7 @@ mutable struct zs_param_info
     status::zs_param_status
     device_type::zs_device_type
     device_id::Cint
+    shard_version::UInt64
     zs_param_info() = new()  # filled by zs_param_info_init
 end
 

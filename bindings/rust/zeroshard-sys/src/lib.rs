@@ -299,6 +299,7 @@ pub struct zs_param_info {
     pub status: zs_param_status,
     pub device_type: zs_device_type,
     pub device_id: c_int,
+    pub shard_version: u64,
 }
 
 #[repr(C)]

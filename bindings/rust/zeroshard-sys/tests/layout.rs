@@ -61,7 +61,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_param_options { size, name, dtype, ndim, shape, init, data, data_bytes, src_rank, seed,
             a, b, group }
         zs_param_info { size, name, dtype, ndim, shape, numel, shard_numel, padded_numel,
-            shard_offset, shard_valid, status, device_type, device_id }
+            shard_offset, shard_valid, status, device_type, device_id, shard_version }
         zs_optim_hparams { size, lr, beta1, beta2, eps, weight_decay, momentum, dampening,
             nesterov, bias_correction, use_muon, ns_method, ns_steps }
         zs_step_result { size, skipped, grad_norm, loss_scale, step }
