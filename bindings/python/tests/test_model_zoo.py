@@ -120,16 +120,30 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_a_frozen_models_call_under_no_grad_gathers_it_whole_once(world):
+def test_a_frozen_models_call_under_no_grad_gathers_it_whole_once_and_keeps_it(world):
     for r in zoo(world)["inference_gather"]["ranks"]:
-        # whole under no_grad, then module by module: with gradients on,
-        # with the mode off, with a param trainable again; then a deep copy
-        # whole. The same logits each way.
-        assert r["equal"] == [True] * 5, r
-        whole, with_grad, off, trainable, copied = r["gathers"]
-        assert whole == copied == 1 and with_grad == off == trainable > 10, r
-        assert r["released"] and r["tokens_equal"] and r["same_name"] and r["isinstance"], r
-        assert "'always'" in r["refused"] and "expected 'auto', True or False" in r["refused"], r
+        calls = r["calls"]
+        assert all(c["equal"] for c in calls.values()), r  # the unsharded model's logits every way
+        # whole once, kept: no gather for the next call, nor after another
+        # model's optimizer step
+        for name in ("first", "again", "after_policy_step"):
+            assert calls[name]["kept"], (name, r)
+        assert calls["first"]["gathers"] == 1 and calls["again"]["gathers"] == 0, r
+        assert calls["after_policy_step"]["gathers"] == 0, r
+        # a write through the engine moves the shard's version: gathered
+        # again, with the new values (equal above), and kept
+        for name in ("after_update", "after_data_assign"):
+            assert calls[name]["gathers"] == 1 and calls[name]["kept"], (name, r)
+        # let go, and module by module: with gradients on, mode off, a
+        # param trainable again
+        for name in ("with_grad", "off", "trainable"):
+            assert calls[name]["gathers"] > 10 and not calls[name]["kept"], (name, r)
+        assert calls["not_kept"]["gathers"] == 1 and not calls["not_kept"]["kept"], r
+        assert calls["copy"]["gathers"] == 1 and calls["copy"]["kept"], r
+        assert r["tokens_equal"] and r["same_name"] and r["isinstance"], r
+        mode, keep = r["refused"]
+        assert "'always'" in mode and "expected 'auto', True or False" in mode, r
+        assert "'forever'" in keep, r
 
 
 def test_resize_token_embeddings_through_zeroshard_torch_alone():

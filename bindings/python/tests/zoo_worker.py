@@ -621,16 +621,22 @@ def run_generate(rank):
 
 def run_inference_gather(rank):
     """A frozen model's calls under no_grad with set_inference_gather:
-    one gather a call (module by module before), its params released
-    after, logits equal to the unsharded model's; with gradients on, with
-    a param trainable again or with mode False, module by module as
-    before, the same logits; generate() on it the same tokens; a deep
-    copy gathering whole too; its class's name and isinstance unchanged; a
-    bad mode refused by name."""
+    one gather the first call (module by module before), kept for the
+    next calls (no gather), also across a policy's optimizer step, logits
+    equal to the unsharded model's; gathered again after an update under
+    GatheredParameters(modifier_rank=0) (TRL's sync_ref_model) and after a
+    `param.data = t`, with the new values; with gradients on, with a param
+    trainable again or with mode False, let go and module by module as
+    before, the same logits; keep=False released after each call;
+    generate() on it the same tokens; a deep copy gathering whole too, with
+    nothing kept from the original; its class's name and isinstance
+    unchanged; a bad mode refused by name."""
     reference = build(hf_llama)
     with zt.Init(config=CONFIG):
         model = build(hf_llama)
+        policy = build(hf_llama)
     zt.partition_module(model)
+    zt.partition_module(policy)
     model.requires_grad_(False)
     model.eval()
     reference.eval()
@@ -638,40 +644,56 @@ def run_inference_gather(rank):
     zt.set_inference_gather(model)
     x = lm_batch(0, rank)
     ctx = zt.get_context()
+    out = {}
 
-    def gathers(call):  # (logits, gathers this rank issued during the call)
+    def call(name, grad=False):  # logits equal to the reference's, gathers this rank issued, kept after
         before = ctx.fetch_stats()["gathers"]
-        out = call().logits
-        return out, ctx.fetch_stats()["gathers"] - before
+        with torch.set_grad_enabled(grad):
+            logits = model(input_ids=x).logits
+            ref = reference(input_ids=x).logits
+        out[name] = {"equal": bool(torch.equal(logits, ref)), "gathers": ctx.fetch_stats()["gathers"] - before,
+                     "kept": all(p.zs.attached for p in model.parameters())}
 
+    call("first")
+    call("again")
+    opt = zt.ZeroShardOptimizer(policy.parameters(), lr=1e-2)  # the policy trains between the scoring calls
+    policy(input_ids=x).logits.float().pow(2).mean().backward()
+    opt.step()
+    call("after_policy_step")
+    head = model.lm_head.weight
+    with zt.GatheredParameters([head], modifier_rank=0):  # as TRL's sync_ref_model mixes the policy in
+        if rank == 0:
+            head.mul_(0.5)
+    reference.lm_head.weight.data.mul_(0.5)
+    call("after_update")
+    new_norm = torch.randn_like(reference.model.norm.weight)
+    reference.model.norm.weight.data = new_norm.clone()
+    model.model.norm.weight.data = new_norm.clone()  # every rank alike (same seed)
+    call("after_data_assign")
     with torch.no_grad():
-        ref = reference(input_ids=x).logits
-        whole, whole_gathers = gathers(lambda: model(input_ids=x))
-        released = not any(p.zs.attached for p in model.parameters())
         tokens = model.generate(x[:, :4], max_new_tokens=3 + rank, do_sample=False, use_cache=True, pad_token_id=0)
         ref_tokens = reference.generate(x[:, :4], max_new_tokens=3 + rank, do_sample=False, use_cache=True,
                                         pad_token_id=0)
-    with torch.enable_grad():
-        with_grad, with_grad_gathers = gathers(lambda: model(input_ids=x))
+    call("with_grad", grad=True)
     zt.set_inference_gather(model, False)
-    with torch.no_grad():
-        off, off_gathers = gathers(lambda: model(input_ids=x))
+    call("off")
     zt.set_inference_gather(model, True)
     model.lm_head.weight.requires_grad_(True)
-    with torch.no_grad():
-        trainable, trainable_gathers = gathers(lambda: model(input_ids=x))
+    call("trainable")
     model.lm_head.weight.requires_grad_(False)
-    copied = copy.deepcopy(model)  # keeps the subclass and its mode (True)
-    with torch.no_grad():
-        copy_out, copy_gathers = gathers(lambda: copied(input_ids=x))
-    try:
-        zt.set_inference_gather(model, "always")
-        refused = ""
-    except ValueError as e:
-        refused = str(e)
-    mine = {"equal": [bool(torch.equal(t, ref)) for t in (whole, with_grad, off, trainable, copy_out)],
-            "gathers": [whole_gathers, with_grad_gathers, off_gathers, trainable_gathers, copy_gathers],
-            "released": released, "tokens_equal": bool(torch.equal(tokens, ref_tokens)),
+    zt.set_inference_gather(model, True, keep=False)
+    call("not_kept")
+    copied = copy.deepcopy(model)  # keeps the subclass and its modes (True, keep False)
+    zt.set_inference_gather(copied, True)  # keep "auto" for the copy
+    model = copied
+    call("copy")
+    refused = []
+    for bad in ({"mode": "always"}, {"keep": "forever"}):
+        try:
+            zt.set_inference_gather(model, **bad)
+        except ValueError as e:
+            refused.append(str(e))
+    mine = {"calls": out, "tokens_equal": bool(torch.equal(tokens, ref_tokens)),
             "same_name": type(model).__name__ == cls.__name__, "isinstance": isinstance(model, cls),
             "refused": refused}
     every = [None] * dist.get_world_size()

@@ -114,13 +114,13 @@ def available_bytes(device):
     return 0
 
 
-def gathers_whole(model, mode, ctx):
+def gathers_whole(model, mode, ctx, fraction=FIT_FRACTION):
     """Whether `model` is gathered whole under `mode` (False, True or
-    "auto": when its bytes to gather fit, FIT_FRACTION), every rank
-    agreeing (collective unless mode is False)."""
+    "auto": when its bytes to gather are at most `fraction` of the memory
+    available), every rank agreeing (collective unless mode is False)."""
     if mode is False:
         return False
-    fits = mode is True or bytes_to_gather(model.parameters()) <= FIT_FRACTION * available_bytes(ctx.device)
+    fits = mode is True or bytes_to_gather(model.parameters()) <= fraction * available_bytes(ctx.device)
     if ctx.world_size == 1:
         return fits
     count, live = _ranks_with(fits, ctx)
