@@ -32,7 +32,7 @@ shared machine wall time follows the others' load, CPU time much less), GRPO's g
 includes its gather of the params for generation) as tokens/s summed over
 ranks (tokens: completion tokens up to their end), peak RSS per rank
 (ru_maxrss), the reference model's bytes per rank between its forwards
-(a partitioned param's shard, a plain one whole), start-up (process start
+(a partitioned param's shard and any gathered copy kept, a plain one whole), start-up (process start
 to the first step), losses. Then the
 ratios zeroshard/DDP and zeroshard/DeepSpeed. The last line is one JSON
 object with everything. Nothing is asserted on time; an engine that cannot
@@ -176,11 +176,12 @@ def worker(args):
     ref = getattr(trainer, "ref_model", None)
     ref = getattr(ref, "module", ref)  # DeepSpeed's engine
     # The reference model's bytes this rank holds between its forwards: a
-    # partitioned param's shard (zeroshard's and DeepSpeed's ds_tensor), a
-    # plain one whole.
+    # partitioned param's shard (zeroshard's and DeepSpeed's ds_tensor) and
+    # its gathered copy if one is kept (zeroshard keeps a frozen model's
+    # while it fits), a plain one whole: what .data's storage holds.
     ref_bytes = None if ref is None else sum(
-        (p.ds_tensor.numel() * p.ds_tensor.element_size()) if hasattr(p, "ds_tensor")
-        else p.numel() * p.element_size() for p in ref.parameters())
+        (p.ds_tensor.numel() * p.ds_tensor.element_size() if hasattr(p, "ds_tensor") else 0)
+        + p.data.untyped_storage().nbytes() for p in ref.parameters())
     result = {"engine": args.engine, "trainer": args.trainer, "rank": rank,
               "startup_s": marks["begin"][0] - T_START, "steps_s": steps, "cpu_steps_s": cpu_steps,
               "generation": generation,

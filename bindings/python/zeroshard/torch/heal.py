@@ -32,7 +32,7 @@ import weakref
 
 from .._ffi import ZS_EXIT_STATE_LOST as EXIT_STATE_LOST  # zsrun: "restart from the checkpoint"
 from ..errors import RankLostError, StateLostError
-from . import _context, heal_state, heal_world
+from . import _context, heal_state, heal_world, inference_gather
 from ._context import get_context
 from ._params import detach_views, registered_params
 from .hook_state import hook_state, step_done
@@ -199,7 +199,7 @@ def forget_step_in_flight():
     """The engine dropped the step a loss cut short (its gathers, its
     gradients) and its coordinator's order: the frontend drops what pointed
     there too: gathered views, the hooks' holds and queues of the abandoned
-    forward and backward, gradients."""
+    forward and backward, gradients, frozen models' kept copies."""
     state = hook_state()
     engines = list(state.ran)
     params = registered_params()
@@ -218,6 +218,9 @@ def forget_step_in_flight():
         if p.zs is not None:
             p.grad = None
             p.zs.stash = None
+    # Frozen models' kept copies go on every rank: a replacement has none,
+    # and ranks must decide alike whether the next call gathers.
+    inference_gather.let_go_all()
     detach_views([p for p in params if p.zs is not None])
 
 
