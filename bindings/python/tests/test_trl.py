@@ -56,9 +56,10 @@ def test_dpo_from_a_path_trains_as_ddp_with_a_frozen_partitioned_reference():
     same(ddp["grad_norm"], ours["grad_norm"])
     ref = ours["ref"]
     # TRL built the reference model from the path: partitioned, frozen, no
-    # gradients, this rank's half of its bytes, none of it in the optimizer.
+    # gradients, this rank's half of its bytes in its shards, none of it in
+    # the optimizer; its whole gather kept between its scoring calls.
     assert ref["partitioned"] and ref["trainable"] == 0 and ref["grads"] == 0, ref
-    assert ref["shard_bytes"] * 2 == ref["full_bytes"], ref
+    assert ref["shard_bytes"] * 2 == ref["full_bytes"] and ref["kept"], ref
     assert ours["optimized"] == ours["policy_params"], ours
 
 
@@ -71,7 +72,7 @@ def test_grpo_with_a_reference_model_samples_and_trains_as_ddp():
     # Completions ended at different lengths (ranks' generate() calls end
     # apart) in some step, and nothing hung.
     assert any(lo < hi for lo, hi in zip(ours["completions/min_length"], ours["completions/max_length"])), ours
-    assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"], ours
+    assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"] and ours["ref"]["kept"], ours
 
 
 @pytest.mark.parametrize("name", ["kto", "reward", "rloo", "grpo_reward_model"])

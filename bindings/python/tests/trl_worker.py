@@ -105,7 +105,9 @@ def frozen_facts(model):
             "trainable": sum(p.requires_grad for p in params),
             "grads": sum(p.grad is not None for p in params),
             "shard_bytes": sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params),
-            "full_bytes": sum(p.numel() * p.element_size() for p in params)}
+            "full_bytes": sum(p.numel() * p.element_size() for p in params),
+            # its whole gather kept for the next scoring call (it fits)
+            "kept": all(p.zs is not None and p.zs.attached for p in params)}
 
 
 def run_dpo(path):
