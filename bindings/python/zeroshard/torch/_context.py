@@ -149,9 +149,10 @@ def init_context(config=None, timeout_ms=0, **kwargs):
 
 def _heal_auto_only_where_wanted():
     """zsrun --restarts exports ZS_HEAL=auto: peer copies on wherever they
-    can act. A Python loop heals through zeroshard.torch.healing_loop or
-    zeroshard.hf.Trainer (which calls enable_healing() itself; Lightning:
-    not yet, docs/healing.md); elsewhere the copies would cost every step
+    can act. A Python loop heals through zeroshard.torch.healing_loop,
+    zeroshard.hf.Trainer or the Lightning strategy under automatic
+    optimization (both call enable_healing() themselves; an Accelerate
+    script does not heal yet, docs/healing.md); elsewhere the copies would cost every step
     for a loss that restarts the job anyway: off here, said once, unless the
     program called enable_healing() first.
     ZS_HEAL=1 or a config that turns the copies on is the user's choice and
