@@ -43,7 +43,9 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   the next committed step; the step on 3 ranks, on 2, and after the
   regrow; the step the regrow came in and the engine's regrow time; the
   returning process's start to its model built, its join and its first
-  committed step. (Bit for bit against the checkpoint route:
+  committed step. The launch runs more than --steps steps where the run
+  would otherwise end before the returning rank is back (the steady
+  scenario's step time, about 30 s for the comeback). (Bit for bit against the checkpoint route:
   `test_healing_shrink.py`, on a small model.)
 - **checkpoint**: today's route: `zsrun --restarts 1 --no-heal`, the loop
   saving a zeroshard checkpoint every --ckpt-every steps (zt.save_checkpoint,
@@ -62,6 +64,7 @@ line is one JSON object with everything.
 """
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -381,14 +384,31 @@ def kills(args, d, reference):
     return result
 
 
-def shrink_and_regrow(args, d):
+# Seconds from zsrun's start of the returning rank to its first step, at
+# most, as the shrink scenario plans its length (GPT-2 124M: about 15 s).
+COMEBACK_S = 30
+
+
+def shrink_steps(args, typical):
+    """Steps the shrink launch runs: --steps, or more when the run would end
+    before the returning rank is taken back (3 steps before the kill, the
+    regrow's wait and the comeback at `typical` seconds a step, 5 after);
+    a returner that comes after the end is refused (exit 76) and the
+    scenario has nothing to measure."""
+    return max(args.steps, 3 + math.ceil((args.regrow_after + COMEBACK_S) / typical) + 5)
+
+
+def shrink_and_regrow(args, d, typical=None):
     """zsrun --restarts 1 --min-nproc 2 --shrink --regrow-after S: rank 1
     SIGKILLed at a random point of a step after 3 committed steps; the two
     others shrink in memory and go on; S seconds later zsrun starts rank 1
-    again, which the others take back at a step."""
+    again, which the others take back at a step. `typical`: a step's
+    seconds on 3 ranks (the steady scenario's), for the launch's length."""
     rng = random.Random(args.seed)
-    run = Run(args, d, "shrink", ["--restarts", "1", "--min-nproc", str(RANKS - 1), "--shrink", "--regrow-after",
-                                  str(args.regrow_after)], ["--heal"])
+    steps = shrink_steps(args, typical or 2.0)
+    run = Run(argparse.Namespace(**{**vars(args), "steps": steps}), d, "shrink",
+              ["--restarts", "1", "--min-nproc", str(RANKS - 1), "--shrink", "--regrow-after",
+               str(args.regrow_after)], ["--heal"])
     victim = 1
     try:
         if not run.wait_for(lambda ev: [e for e in ev if e["event"] == "step" and e["step"] >= 2]):
@@ -431,7 +451,7 @@ def shrink_and_regrow(args, d):
 
     log = open(run.out + ".zsrun").read()
     grew = [float(x) for x in __import__("re").findall(r"the world grew back to \d+ of \d+ ranks in ([0-9.]+) s", log)]
-    r = {"step_killed": in_flight, "exit_status": code,
+    r = {"steps": steps, "step_killed": in_flight, "exit_status": code,
          "job_restarted": "starting the job again" in log,
          "to_loss_seen_s": round(min(e["t"] for e in after if e["event"] == "lost") - t_kill, 3),
          "to_shrunk_s": round(max(e["t"] for e in recovered) - t_kill, 3) if recovered else None,
@@ -570,7 +590,8 @@ def main():
             reference = result["steady"]["on"][0] if "steady" in result else None
             result["heal"] = kills(args, d, reference)
         if "shrink" not in args.skip:
-            result["shrink_and_regrow"] = shrink_and_regrow(args, d)
+            typical = result["steady"]["on"][0]["median_step_s"] if "steady" in result else None
+            result["shrink_and_regrow"] = shrink_and_regrow(args, d, typical)
         if "checkpoint" not in args.skip:
             result["checkpoint_route"] = checkpoint_route(args, d)
     if "torchft" not in args.skip:
