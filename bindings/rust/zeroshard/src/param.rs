@@ -88,6 +88,10 @@ pub struct ParamInfo {
     pub shard_valid: u64,
     pub status: ParamStatus,
     pub device: Device,
+    /// Moves on each time this rank's shard is rewritten other than by an
+    /// optimizer step: a full copy gathered at one version is current while
+    /// it stays.
+    pub shard_version: u64,
 }
 
 pub struct Param<'c> {
@@ -212,6 +216,7 @@ impl<'c> Param<'c> {
             shard_valid: i.shard_valid,
             status: ParamStatus::from_code(i.status),
             device: Device::from_codes(i.device_type, i.device_id),
+            shard_version: i.shard_version,
         })
     }
 

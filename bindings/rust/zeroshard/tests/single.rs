@@ -96,6 +96,8 @@ fn gathered_data_reads_updates_and_releases() {
     );
     g.data_mut::<f32>(0).unwrap()[4] = 100.0;
     g.update(0).unwrap();
+    // The shard was rewritten: a copy kept from before is stale.
+    assert_eq!(w.info().unwrap().shard_version, info.shard_version + 1);
     drop(g); // releases
     assert_eq!(w.status().unwrap(), ParamStatus::NotAvailable);
 
