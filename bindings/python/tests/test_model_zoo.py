@@ -131,11 +131,13 @@ def test_a_frozen_models_call_under_no_grad_gathers_it_whole_once_and_keeps_it(w
         assert calls["first"]["gathers"] == 1 and calls["again"]["gathers"] == 0, r
         assert calls["after_policy_step"]["gathers"] == 0, r
         # a write through the engine moves the shard's version: gathered
-        # again, with the new values (equal above), and kept
-        for name in ("after_update", "after_data_assign"):
+        # again, with the new values (equal above), and kept; so after the
+        # mode went off and on again
+        for name in ("after_update", "after_data_assign", "kept_again"):
             assert calls[name]["gathers"] == 1 and calls[name]["kept"], (name, r)
         # let go, and module by module: with gradients on, mode off, a
-        # param trainable again
+        # param trainable again (while kept: an optimizer step would move
+        # no shard version)
         for name in ("with_grad", "off", "trainable"):
             assert calls[name]["gathers"] > 10 and not calls[name]["kept"], (name, r)
         assert calls["not_kept"]["gathers"] == 1 and not calls["not_kept"]["kept"], r

@@ -626,8 +626,8 @@ def run_inference_gather(rank):
     equal to the unsharded model's; gathered again after an update under
     GatheredParameters(modifier_rank=0) (TRL's sync_ref_model) and after a
     `param.data = t`, with the new values; with gradients on, with a param
-    trainable again or with mode False, let go and module by module as
-    before, the same logits; keep=False released after each call;
+    trainable again (also while kept) or with mode False, let go and
+    module by module as before, the same logits; keep=False released after each call;
     generate() on it the same tokens; a deep copy gathering whole too, with
     nothing kept from the original; its class's name and isinstance
     unchanged; a bad mode refused by name."""
@@ -678,7 +678,8 @@ def run_inference_gather(rank):
     zt.set_inference_gather(model, False)
     call("off")
     zt.set_inference_gather(model, True)
-    model.lm_head.weight.requires_grad_(True)
+    call("kept_again")
+    model.lm_head.weight.requires_grad_(True)  # it may train now: the kept copy goes
     call("trainable")
     model.lm_head.weight.requires_grad_(False)
     zt.set_inference_gather(model, True, keep=False)

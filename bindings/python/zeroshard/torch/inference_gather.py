@@ -159,6 +159,11 @@ def _call_of(base):
                 let_go(self)  # a call that may train: its hooks gather as usual
             return base_call(self, *args, **kwargs)
         params = [p for p in self.parameters() if is_partitioned(p)]
+        if any(p.requires_grad for p in params):
+            # It trains (an optimizer may step it, which moves no shard
+            # version): nothing kept, module by module.
+            let_go(self)
+            return base_call(self, *args, **kwargs)
         # A `param.data = t` since the last call becomes the param's value
         # (the hooks' root would take it; they are off for this call).
         adopt_assigned(params)
@@ -170,8 +175,7 @@ def _call_of(base):
         # Every rank decides alike: the same code runs under no_grad on the
         # same model, whose gathered state the ranks share (gathers pair).
         ctx = get_context()
-        if any(p.requires_grad for p in params) or bytes_to_gather(params) == 0 or \
-                not gathers_whole(self, mode, ctx):
+        if bytes_to_gather(params) == 0 or not gathers_whole(self, mode, ctx):
             return base_call(self, *args, **kwargs)
         keep = self.__dict__.get("_zs_inference_keep", False)
         if keep is not False and gathers_whole(self, keep, ctx, KEEP_FRACTION):
