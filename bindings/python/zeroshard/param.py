@@ -91,18 +91,25 @@ class Param(_Owned):
         """Read this rank's shard layout again: a shrink in memory or a
         regrow (docs/healing.md, section 4) lays every shard out anew over
         the live ranks."""
+        self._layout_from(self._info())
+
+    def _info(self):
         info = _new_struct("zs_param_info")
         check(lib.zs_param_get_info(self._h, info))
-        self._layout_from(info)
+        return info
 
     @property
     def shard_version(self):
         """A count that moves on each time this rank's shard is rewritten
         other than by an optimizer's step (an update, a write, a load): a
         full copy gathered at one version is current while it stays."""
-        info = _new_struct("zs_param_info")
-        check(lib.zs_param_get_info(self._h, info))
-        return int(info.shard_version)
+        return int(self._info().shard_version)
+
+    def status_and_version(self):
+        """(status, shard_version) from one engine call: whether a full copy
+        kept from an earlier gather is still held and still current."""
+        info = self._info()
+        return _PARAM_STATUS.get(int(info.status), str(int(info.status))), int(info.shard_version)
 
     @property
     def device(self):

@@ -92,8 +92,8 @@ class _Kept:
         params, each gathered, shown by the engine's view, at the version
         it was gathered at."""
         return (len(params) == len(self.params) and all(p is q for p, q in zip(params, self.params)) and
-                all(p.zs.attached and not assigned(p) and p.zs.zparam.status == "AVAILABLE" and
-                    p.zs.zparam.shard_version == v for p, v in zip(params, self.versions)))
+                all(p.zs.attached and not assigned(p) and p.zs.zparam.status_and_version() == ("AVAILABLE", v)
+                    for p, v in zip(params, self.versions)))
 
 
 def let_go(model):
