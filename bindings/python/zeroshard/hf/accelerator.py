@@ -5,12 +5,16 @@ against Accelerate, with DeepSpeedPlugin's knobs (or `accelerate launch
 import logging
 import math
 import os
+import sys
 
 import accelerate
+import accelerate.data_loader
+import accelerate.optimizer
 import torch
 
 from .. import torch as zt
-from ..torch import shard_optim
+from ..torch import heal, shard_optim
+from . import accelerate_heal
 from .config import _engine_config, warn_not_acted_on
 from .pretrained import HfZeroShardConfig
 
@@ -255,6 +259,26 @@ def _json_safe(value):
     return value
 
 
+class _EngineAcceleratedOptimizer(accelerate.optimizer.AcceleratedOptimizer):
+    """Accelerate's wrapper of the engine's optimizer: its step_was_skipped
+    is the engine's (Accelerate's reads a GradScaler's only, so its
+    scheduler stepped on a skipped fp16 step), and, while the script heals
+    in place, its step at a window's end heals a loss (accelerate_heal)."""
+
+    _zs_healing = None
+    zs_healed_skip = False  # the last step was skipped by a heal: its window runs again
+
+    def step(self, closure=None):
+        healing = self._zs_healing
+        if healing is None or not self.gradient_state.sync_gradients:
+            return super().step(closure)
+        healing.step(lambda: super(_EngineAcceleratedOptimizer, self).step(closure))
+
+    @property
+    def step_was_skipped(self):
+        return self.zs_healed_skip or self.optimizer.step_was_skipped
+
+
 class Accelerator(_accelerator_class(accelerate.Accelerator)):
     """Accelerate's Accelerator on the zeroshard engine, for scripts written
     against Accelerate:
@@ -313,6 +337,9 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         # Accelerate's autocast would run over them a second time.
         kwargs["mixed_precision"] = "no"
         os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        # Under zsrun --restarts: peer copies on, before any context exists.
+        accelerate_heal.before_context(self.zs_config, self._zs_fsdp)
+        self._zs_healing = None
         super().__init__(*args, **kwargs)
         warn_not_acted_on(self.zs_config, self.process_index)
         # DeepSpeed's zero3_init_flag: from_pretrained loads partitioned
@@ -343,7 +370,49 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
             inner = getattr(obj, "scheduler", obj)
             if id(getattr(inner, "optimizer", None)) in converted:
                 inner.optimizer = converted[id(inner.optimizer)]
-        return super().prepare(*out, device_placement=device_placement)
+        result = super().prepare(*out, device_placement=device_placement)
+        return self._heal_prepared(result)
+
+    def _heal_prepared(self, result):
+        """The prepared engine optimizer reports the engine's skipped steps
+        (fp16 overflow, a heal) to Accelerate's scheduler; and where the
+        context keeps peer copies, once an engine optimizer and a DataLoader
+        are prepared, a lost rank heals in place (accelerate_heal.py)."""
+        single = not isinstance(result, tuple)
+        items = [result] if single else list(result)
+        for o in items:
+            if type(o) is accelerate.optimizer.AcceleratedOptimizer and isinstance(o.optimizer, zt.ZeroShardOptimizer):
+                o.__class__ = _EngineAcceleratedOptimizer
+        healing = self._zs_healing
+        ctx = zt.current_context()
+        # Once both the optimizer and the training DataLoader are prepared.
+        if healing is None and ctx is not None and heal.heals(ctx) and self._optimizers and self._dataloaders:
+            opt = self._optimizers[0]
+            why = None
+            if not isinstance(opt, _EngineAcceleratedOptimizer):
+                why = "its optimizer is not the engine's AdamW, Adam or SGD"
+            elif len(self._optimizers) > 1:
+                why = "it prepared several optimizers"
+            elif type(self._dataloaders[0]) is not accelerate.data_loader.DataLoaderShard:
+                why = f"its first DataLoader is an Accelerate {type(self._dataloaders[0]).__name__}, not a " \
+                      "DataLoaderShard (dispatch_batches, an IterableDataset)"
+            if why is None:
+                healing = self._zs_healing = accelerate_heal.Healing(self, opt)
+                opt._zs_healing = healing
+            elif not getattr(self, "_zs_said_no_heal", False):
+                self._zs_said_no_heal = True
+                if ctx.rank == 0:
+                    print(f"zeroshard.hf.Accelerator: the context keeps peer copies, but this script does not heal "
+                          f"a lost rank in place ({why}): a loss restarts the job from its last save_state",
+                          file=sys.stderr, flush=True)
+        if healing is not None:
+            healing.load_schedulers(self._schedulers)
+            if healing.loader is None:
+                first = self._dataloaders[0]
+                healing.loader = accelerate_heal.healing_loader(first, healing)
+                self._dataloaders[0] = healing.loader
+                items = [healing.loader if o is first else o for o in items]
+        return items[0] if single else tuple(items)
 
     def save_state(self, output_dir=None, **kwargs):
         """Accelerate's state (schedulers, samplers, RNG, registered objects)

@@ -23,7 +23,7 @@ import torch
 
 import zeroshard
 
-from . import repeated_use, saved
+from . import hollow, repeated_use, saved
 from .compile import engine_call
 from ._context import get_context
 from ._params import attach_views, detach_views, zparams
@@ -138,10 +138,13 @@ def _acquire(params, handles=None):
     and hold them. `handles`: their prebuilt zeroshard.ParamArray."""
     if not params:
         return
-    get_context().coord_fetch(handles if handles is not None else zparams(params))
+    fetched = hollow.call(get_context().coord_fetch, handles if handles is not None else zparams(params))
     for p in params:
         p.zs.holds += 1
-    attach_views(params, available=True)
+    if fetched:
+        attach_views(params, available=True)
+    else:
+        hollow.show_zeros(params)
 
 
 def _acquire_unit(unit, when):
@@ -173,7 +176,7 @@ def _release(params, handles=None):
             done.append(p)
     if done:
         all_done = handles is not None and len(done) == len(params)
-        get_context().coord_release(handles if all_done else zparams(done))
+        hollow.call(get_context().coord_release, handles if all_done else zparams(done))
         detach_views([p for p in done if not p.zs.persistent])
 
 

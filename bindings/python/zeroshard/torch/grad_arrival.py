@@ -27,6 +27,7 @@ import torch
 
 import zeroshard
 
+from . import hollow
 from ._context import get_context
 from ._malloc import trim_as_engine_grows, trims_on
 from ._params import zparams
@@ -83,7 +84,7 @@ def _take_grad(p):
 def _lend(z, grad):
     """Lent, not copied: a large gradient is reduced straight from
     autograd's tensor, which the context holds until then."""
-    z.zparam.lend_grad(grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
+    hollow.call(z.zparam.lend_grad, grad.data_ptr(), grad.numel() * grad.element_size(), z.zparam.dtype, grad)
 
 
 class GradArrival:
@@ -153,7 +154,7 @@ class GradArrival:
                 arrived.append(p)
                 addresses[i] = grad.data_ptr()
             if taken:
-                batch.push()
+                hollow.call(batch.push)
                 if self.waiting:
                     for p in arrived:
                         self._grad_arrived(p)
@@ -224,5 +225,5 @@ class GradArrival:
                 continue
             g = p.zs.stash if p.zs.stash is not None else torch.zeros(p.zs.shape, dtype=p.zs.dtype,
                                                                       device=p.zs.device)
-            p.zs.zparam.push_grad((g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
+            hollow.call(p.zs.zparam.push_grad, (g.data_ptr(), g.numel() * g.element_size()), p.zs.zparam.dtype)
             p.zs.stash = None

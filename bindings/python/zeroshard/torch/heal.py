@@ -107,6 +107,13 @@ class running:
         _running[0], _rank_extras[0] = False, None
 
 
+def set_running(on):
+    """A loop that heals runs from now on (on; the RNG alone in the blob),
+    for loops that are the user's and have no `with` block around them
+    (zeroshard.hf.Accelerator's)."""
+    _running[0], _rank_extras[0] = bool(on), None
+
+
 is_replacement = _context.is_replacement
 
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from . import _context
+from . import _context, hollow
 
 BACKEND = "zeroshard"
 _registered = [False]
@@ -75,7 +75,20 @@ def answering_locally(on):
 
 
 def answers_locally():
-    return _local[0]
+    """Collectives answer locally: a replacement catching up, or a hollow
+    window (hollow.py: a loss cut the step short, it heals at its end)."""
+    return _local[0] or hollow.active()
+
+
+def _run(ctx, op, *args):
+    with ctx.group("world") as world, getattr(world, op)(*args) as work:
+        work.wait()
+
+
+def _in_step(ctx, op, *args):
+    """The world group's `op`(*args), waited for; False when a loss turned
+    the window hollow instead (the caller answers locally)."""
+    return hollow.call(_run, ctx, op, *args)
 
 
 def _bytes(t):
@@ -111,15 +124,13 @@ class EngineProcessGroup(dist.ProcessGroup):
         rank order: one engine all-gather of its bytes (answering locally:
         this rank's, `size` times)."""
         src = tensor.detach().to("cpu").contiguous()
-        if _local[0]:
-            return src.unsqueeze(0).expand((self.size(),) + tuple(src.shape)).clone()
-        ctx = self._world(what)
-        out = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
-        n = src.numel() * src.element_size()
-        if n:
-            with ctx.group("world") as world, world.allgather(_bytes(src), _bytes(out), n, "uint8") as work:
-                work.wait()
-        return out
+        if not answers_locally():
+            ctx = self._world(what)
+            out = torch.empty((self.size(),) + tuple(src.shape), dtype=src.dtype)
+            n = src.numel() * src.element_size()
+            if not n or _in_step(ctx, "allgather", _bytes(src), _bytes(out), n, "uint8"):
+                return out
+        return src.unsqueeze(0).expand((self.size(),) + tuple(src.shape)).clone()
 
     # -- torch.distributed's entry points -------------------------------------
     def allgather(self, output_lists, inputs, opts=None):
@@ -146,25 +157,22 @@ class EngineProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         if len(tensors) != 1:
             raise NotImplementedError("zeroshard: torch.distributed broadcast of several tensors")
-        if _local[0]:
+        if answers_locally():
             return _Done(tensors)
         root = getattr(opts, "rootRank", 0)
         ctx = self._world("broadcast")
         t = tensors[0]
         buf = t.detach().to("cpu").contiguous().clone()
         n = buf.numel() * buf.element_size()
-        if n:
-            with ctx.group("world") as world, world.broadcast(_bytes(buf), n, "uint8", int(root)) as work:
-                work.wait()
-        t.copy_(buf)
+        if n and _in_step(ctx, "broadcast", _bytes(buf), n, "uint8", int(root)):
+            t.copy_(buf)
         return _Done(tensors)
 
     def barrier(self, opts=None):
         ctx = _context.current_context()
-        if ctx is None or _context.awaiting_join(ctx) or _local[0]:
+        if ctx is None or _context.awaiting_join(ctx) or answers_locally():
             return _Done(None)  # a replacement's: the survivors passed it long ago
-        with ctx.group("world") as world, world.barrier() as work:
-            work.wait()
+        _in_step(ctx, "barrier")
         return _Done(None)
 
 

@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from . import _params
+from . import _params, hollow
 from .compile import compiled_block
 from ._context import get_context
 from ._params import (adopt_assigned, detach_views, fetch_on_access, freeze_untrainable, is_partitioned,
@@ -236,7 +236,8 @@ class HookEngine(GradArrival):
         if not state.step_open:
             state.running.clear()  # left by a forward that raised
             self.take_user_changes()
-            get_context().step_begin()  # creates the context whose state this is, if none exists yet
+            # get_context() creates the context whose state this is, if none exists yet
+            hollow.call(get_context().step_begin)
             state.step_open, state.scopes, state.inference = True, 0, True
         if torch.is_grad_enabled():
             state.inference = False  # a backward may follow: the optimizer step ends it
@@ -377,7 +378,7 @@ class HookEngine(GradArrival):
         for unit in self.units:
             held = unit.forget_step()
             if held:
-                ctx.coord_release(zparams(held))
+                hollow.call(ctx.coord_release, zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
 
     def forget_held(self):

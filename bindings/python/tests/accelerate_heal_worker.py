@@ -1,0 +1,119 @@
+"""One rank of the Accelerate healing test: a plain Accelerate script (its
+only change the import of zeroshard.hf's Accelerator), launched by `zsrun
+--restarts R`, which a rank may leave by SIGKILL in the middle of a step.
+
+    ACCUMULATION=A python3 accelerate_heal_worker.py OUT EPOCHS [KILL ...]
+
+KILL is RANK:STEP:WHERE: that rank SIGKILLs itself in optimizer step STEP
+(counted from 0 over the run), WHERE "forward" (in its last micro-batch's
+forward, from a forward pre-hook), "backward" (in its last micro-batch's
+backward, from a gradient hook) or "update" (in the engine's optimizer
+update: ZS_FAULT_POINT=update:RANK:STEP+1). Only a rank's first process
+kills itself.
+
+The loader shuffles (Accelerate synchronises its sampler's generator at
+each epoch's start), the model has dropout and the scheduler steps every
+step: a healed window must come back with the same batches, RNG and
+learning rate. Each process appends JSON lines to OUT.<rank>: per step taken
+(not skipped) its loss; at the end its optimizer state's hash with its step
+count and lr, rank 0 the consolidated params' hash.
+"""
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from accelerate.utils import set_seed
+from zeroshard.hf import Accelerator
+import zeroshard.torch as zt
+
+from heal_worker import kills_and_notes, note_end
+
+CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2000,
+                                "stage3_param_persistence_threshold": 0}}
+DIM, SAMPLES, BATCH = 16, 60, 4  # 60 samples over 3 ranks: 5 batches a rank an epoch
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(DIM, 48)
+        self.drop = nn.Dropout(0.25)
+        self.hidden = nn.Linear(48, 48)
+        self.out = nn.Linear(48, DIM)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.inp(x)))
+        h = torch.relu(self.hidden(h))
+        if self.training and self.on_hidden is not None:
+            h.register_hook(self.on_hidden)
+        return self.out(h)
+
+    on_hidden = None
+
+
+def main():
+    out, epochs = sys.argv[1], int(sys.argv[2])
+    accumulation = int(os.environ.get("ACCUMULATION", "1"))
+    rank = int(os.environ["RANK"])
+    mine, note = kills_and_notes(out, rank, sys.argv[3:])
+
+    accelerator = Accelerator(zeroshard_config=CONFIG, gradient_accumulation_steps=accumulation, cpu=True)
+    set_seed(0)
+    model = Net()
+    data = TensorDataset(torch.randn(SAMPLES, DIM, generator=torch.Generator().manual_seed(7)))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)
+    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
+
+    engine = opt.optimizer._engine
+    micro = [0]  # micro-batches since the last step taken or skipped
+
+    def at(where):
+        # The last micro-batch of the step a kill names (the one that syncs).
+        return (engine.steps, where) in mine and accelerator.sync_gradients
+
+    def on_hidden(grad):
+        if at("backward"):
+            note(event="kill", step=engine.steps, t=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return grad
+
+    def before_hidden(module, inputs):
+        if module.training and at("forward"):
+            note(event="kill", step=engine.steps, t=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    model.on_hidden = on_hidden
+    model.hidden.register_forward_pre_hook(before_hidden)
+
+    for epoch in range(epochs):
+        model.train()
+        for (x,) in loader:
+            with accelerator.accumulate(model):
+                step = engine.steps
+                if micro[0] == 0:
+                    note(event="begin", step=step, t=time.time())
+                loss = model(x).pow(2).mean()
+                accelerator.backward(loss)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            micro[0] += 1
+            if accelerator.sync_gradients:
+                micro[0] = 0
+                if not opt.step_was_skipped:
+                    note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
+                         t=time.time())
+    note_end(note, rank, opt.optimizer, model, ran=engine.steps)
+    zt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""zeroshard.hf.Accelerator heals a lost rank in place (docs/healing.md,
+"Accelerate scripts"): under `zsrun --restarts` a script written against
+Accelerate, unchanged but for its import, loses a rank and goes on with a
+replacement zsrun starts with the lost rank's id; the survivors keep their
+processes and nothing is read from disk.
+
+The loop is the user's, so a step cut short cannot be redone from here.
+Its window (the training DataLoader's batches since the last optimizer
+step, micro-batches of an `accumulate` included) is instead:
+- recorded: the prepared training DataLoader (the first one prepared)
+  keeps the window's batches (references) with the end-of-dataloader flag
+  each carried, and this rank's RNG states at its first batch;
+- hollow after a loss: the first RankLostError inside it turns the rest of
+  the window hollow (torch/hollow.py: zeros for gathered params, gradients
+  dropped, torch.distributed answering locally);
+- healed at its step: the prepared optimizer's `step()` runs the heal
+  (zeroshard.torch.heal.recover). Step C not committed: the step reports
+  itself skipped (Accelerate's scheduler then does not step) and the
+  DataLoader yields the window's batches again, from its RNG. Committed
+  (the loss came in the update): the step stands.
+
+The replacement runs the script from the top. In `prepare()`, once the
+engine's optimizer exists, it joins (its shards from their holder's copy),
+takes the survivors' state (param groups, the prepared schedulers, the
+units' learned fetches, the data position: epoch, batch and the sampler's
+generator), and its training DataLoader yields nothing for the epochs the
+survivors finished and starts the current one at their window, with the
+RNG its predecessor left at step C.
+
+A loss outside a window (an evaluation, a save, the logging between a
+step and the next batch) is not healed: RankLostError ends the script and
+`zsrun --restarts` restarts every rank from the last `save_state`, as
+before.
+"""
+import os
+import sys
+
+from .. import torch as zt
+from ..errors import RankLostError, StateLostError
+from ..torch import _context, heal, heal_dist, heal_state, hollow
+
+WHO = "zeroshard.hf.Accelerator"
+KIND = "accelerate"
+
+
+def before_context(config, fsdp):
+    """Accelerator.__init__: under zsrun --restarts (ZS_HEAL=auto) keep the
+    peer copies on (zeroshard.torch turns them off for a loop that cannot
+    heal), unless the engine's route cannot heal."""
+    zero = (config or {}).get("zero_optimization") or {}
+    if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None and fsdp is None \
+            and not zero.get("zero_quantized_nontrainable_weights"):
+        zt.enable_healing()
+
+
+class Healing:
+    """An Accelerator's healing: its training window and the replacement's
+    join. Made by prepare() once the engine's optimizer is prepared, on a
+    context that keeps peer copies."""
+
+    def __init__(self, accelerator, optimizer):
+        self.accelerator = accelerator
+        self.optimizer = optimizer  # the AcceleratedOptimizer over the engine's
+        self.loader = None          # the training DataLoader (the first prepared)
+        # The data position: epochs begun, batches of this one yielded.
+        self.epoch = -1
+        self.index = 0
+        self.generator = None  # the sampler's generator state at this epoch's start
+        # The window: its first batch's position, its batches, its RNG.
+        self.open = False
+        self.start = 0
+        self.batches = []
+        self.rng = None
+        self.replay = []
+        self.replaying = False  # the next window is a skipped step's again: its RNG back first
+        # A replacement: where the survivors are, until its loader gets there.
+        self.resume = None
+        self.joined_state = None
+        heal_dist.use_engine_process_group()
+        heal.set_running(True)
+        if heal.is_replacement():
+            self._join()
+
+    # -- the replacement ----------------------------------------------------
+    def _join(self):
+        try:
+            committed = heal.join_as_replacement(WHO)
+        except StateLostError as e:
+            raise heal.state_lost_exit(WHO, e) from e
+        ctx = _context.get_context()
+        blob = heal.joined_rank_state(ctx)
+        data = ctx.heal_joined_state("shared")
+        state = heal_state.loads(data) if data is not None else None
+        if state is None:
+            if committed != 0:
+                raise RuntimeError(f"{WHO}: joined at step {committed} but the survivors handed no state of an "
+                                   "Accelerate loop (do they run zeroshard.hf.Accelerator under the same "
+                                   "conditions?)")
+            print(f"{WHO}: rank {ctx.rank} joined before any step: it starts from the top", file=sys.stderr)
+            return
+        if state.get("kind") != KIND:
+            raise RuntimeError(f"{WHO}: the survivors' state is not an Accelerate loop's (another loop heals there)")
+        heal.load_param_groups(state["param_groups"], WHO)
+        heal.load_learned_fetches(state["learned_fetches"], WHO)
+        self.joined_state = state
+        self.load_schedulers(self.accelerator._schedulers)
+        self.resume = {"epoch": state["epoch"], "index": state["index"], "generator": state["generator"],
+                       "rng": blob["rng"] if blob is not None else None}
+        self.accelerator.step = state["accumulation_step"]
+        print(f"{WHO}: rank {ctx.rank} joined at step {committed}: it goes on at epoch {state['epoch']}, "
+              f"batch {state['index']}", file=sys.stderr, flush=True)
+
+    def load_schedulers(self, schedulers):
+        """The survivors' schedulers' state into this replacement's (those
+        prepared by now; prepare() hands later ones here too)."""
+        state = self.joined_state
+        if state is None:
+            return
+        saved = state["schedulers"]
+        if len(schedulers) > len(saved):
+            raise RuntimeError(f"{WHO}: this replacement prepared {len(schedulers)} schedulers, the survivors "
+                               f"{len(saved)}")
+        for i, s in enumerate(schedulers):
+            if i < state["schedulers_loaded"]:
+                continue
+            s.scheduler.load_state_dict(saved[i])
+            for _ in range(state["scheduler_steps_due"]):
+                s.step()  # the survivors' own sched.step() after the step that committed in the loss
+            state["schedulers_loaded"] = i + 1
+
+    # -- the survivors' shared state -------------------------------------------
+    def _register(self, index, steps_due):
+        """The state a replacement takes at the join: the data position of
+        the window it starts at, and what the survivors' loop has alike."""
+        state = {"kind": KIND, "epoch": self.epoch, "index": index, "generator": self.generator,
+                 "engine_steps": self.optimizer.optimizer._engine.steps,
+                 "accumulation_step": self.accelerator.step,
+                 "param_groups": heal.param_groups_state(), "learned_fetches": heal.learned_fetches(),
+                 "schedulers": [s.scheduler.state_dict() for s in self.accelerator._schedulers],
+                 "schedulers_loaded": 0, "scheduler_steps_due": steps_due}
+        _context.get_context().heal_set_shared_state(heal_state.dumps(state, "the Accelerate loop's state"))
+
+    # -- the training DataLoader --------------------------------------------
+    def iterate(self, loader, batches):
+        """The training DataLoader's __iter__ (`batches`: Accelerate's own,
+        a function returning its generator): records each window, yields a
+        skipped step's window again; in a replacement, goes to where the
+        survivors are first."""
+        resume = self.resume
+        if resume is not None and self.epoch + 1 < resume["epoch"]:
+            self.epoch += 1
+            loader.iteration = self.epoch + 1  # an epoch the survivors finished: nothing to yield
+            return
+        self.epoch += 1
+        self.index = 0
+        generator = loader.synchronized_generator
+        rng_types = loader.rng_types
+        if resume is not None:
+            # The survivors drew this epoch's order at its start: take it,
+            # without the collective that synchronised it.
+            if generator is not None and resume["generator"] is not None:
+                generator.set_state(resume["generator"])
+            if resume["index"] == 0 and resume["rng"] is not None:
+                heal_state.set_rng_state(resume["rng"])  # its predecessor's at step C, before this epoch's iter()
+        elif rng_types:
+            from accelerate.utils import synchronize_rng_states
+            synchronize_rng_states(rng_types, generator)
+        self.generator = generator.get_state() if generator is not None else None
+        loader.rng_types = None  # synchronised above (Accelerate's own __iter__ would again)
+        inner = batches()
+        try:
+            first = next(inner, _END)
+        finally:
+            loader.rng_types = rng_types
+        if resume is not None:
+            for _ in range(resume["index"]):  # the survivors trained on these
+                first = next(inner, _END)
+                self.index += 1
+            if resume["index"] and resume["rng"] is not None:
+                heal_state.set_rng_state(resume["rng"])
+            self.resume = None
+        pending = first
+        try:
+            while True:
+                while self.replay:
+                    batch, last = self.replay.pop(0)
+                    loader.end_of_dataloader = last
+                    yield self._yielding(batch, last)
+                if pending is None:
+                    pending = next(inner, _END)
+                if pending is _END:
+                    return
+                batch, pending = pending, None
+                yield self._yielding(batch, loader.end_of_dataloader)
+        finally:
+            hollow.arm(False)
+            self.open = False
+
+    def _yielding(self, batch, last):
+        if not self.open:
+            self.open = True
+            self.start, self.batches = self.index, []
+            if self.rng is not None and self.replaying:
+                heal_state.set_rng_state(self.rng)
+            self.replaying = False
+            self.rng = heal_state.rng_state()
+            self._register(self.index, 0)
+            hollow.arm(True)
+        self.batches.append((batch, last))
+        self.index += 1
+        return batch
+
+    # -- the optimizer's step -------------------------------------------------
+    def step(self, run):
+        """The prepared optimizer's step at a window's end (`run`: the step
+        itself). Heals a loss in the window or in the step."""
+        engine = self.optimizer.optimizer._engine
+        before = engine.steps
+        self.optimizer.zs_healed_skip = False
+        if not hollow.active():
+            try:
+                run()
+            except RankLostError:
+                pass
+            else:
+                self._close()
+                return
+        try:
+            committed = heal.recover(agreed=lambda c: self._agreed(c, before), allowed=(before, before + 1),
+                                     who=WHO)
+        except StateLostError as e:
+            raise heal.state_lost_exit(WHO, e) from e
+        finally:
+            hollow.leave()
+        if committed == before:
+            # Not committed: skipped, and its window again from its first batch.
+            self.optimizer.zs_healed_skip = True
+            self.replay = self.batches + self.replay
+            self.index = self.start
+            self.replaying = True
+        else:
+            # Committed in the loss: its result as this rank's step had it.
+            self.optimizer.optimizer.last_result = engine.heal_committed_result()
+        self._close()
+
+    def _agreed(self, committed, before):
+        if committed == before + 1:
+            # The step stands: a replacement starts at the next window, its
+            # schedulers stepped once (the survivors' sched.step() follows).
+            self._register(self.index, 1)
+
+    def _close(self):
+        self.open = False
+        hollow.arm(False)
+
+
+_END = object()
+
+
+def healing_loader(loader, healing):
+    """The prepared training DataLoader, as one whose iteration `healing`
+    records and replays (a copy of it: Accelerate's loaders answer
+    `__class__` with their base DataLoader's, so their class cannot be
+    swapped in place)."""
+    cls = _healing_class(type(loader))
+    twin = cls.__new__(cls)
+    twin.__dict__.update(loader.__dict__)
+    twin._zs_healing = healing
+    return twin
+
+
+def _healing_class(base):
+    class HealingDataLoader(base):
+        def __iter__(self):
+            return self._zs_healing.iterate(self, super().__iter__)
+
+        def __reduce__(self):
+            return base.__reduce__(self)
+
+    HealingDataLoader.__name__ = HealingDataLoader.__qualname__ = base.__name__
+    return HealingDataLoader
