@@ -5,6 +5,7 @@ on 3 CPU ranks of the real `zsrun --restarts`, loopback.
     .venv/bin/python bench/bench_heal.py [--steps 46] [--kills 10] [--seq 64]
         [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10] [--spare]
         [--regrow-after 5] [--skip steady kills shrink checkpoint torchft]
+        [--loop healing_loop|accelerate]
 
 Scenarios, each its own zsrun launch of 3 ranks (GPT-2 124M, n_positions
 256, built under zt.Init from torch.manual_seed(0): random weights, dropout
@@ -52,6 +53,11 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   one tag overwritten) and resuming from it at start; rank 1 SIGKILLed
   mid-step 5 steps after a save. Kill to the killed step committed again,
   steps lost, each save's time. Skipped, saying so, with < 8 GB free.
+- **--loop accelerate**: the steady and kills scenarios with the same
+  model, data and schedule trained by a plain Accelerate script on
+  `zeroshard.hf.Accelerator` (a prepared DataLoader, no wrapper): a loss
+  makes the survivors run the rest of the step hollow, heal at its
+  optimizer step and take its batch again.
 - **torchft**: torchft healing a DDP replica group (3 replica groups of one
   process) of the same model, through `heal_torchft.measure` beside this file,
   if torchft is installed in the venv (else the line says it is not, and how
@@ -90,7 +96,7 @@ CONFIG = {"zero_optimization": {"stage": 3}}
 
 def worker(args):
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     import zeroshard.torch as zt
     from zeroshard.torch import heal as zheal
@@ -124,10 +130,11 @@ def worker(args):
         return committed
 
     zheal.recover, zheal.join_as_replacement = timed_recover, timed_join
+    if args.loop == "accelerate":
+        return accelerate_worker(args, note, rank, world)
     if args.heal:
         zt.enable_healing()
-    config = GPT2Config(n_embd=128 if args.small else 768, n_layer=2 if args.small else 12,
-                                     n_head=4 if args.small else 12, vocab_size=50257, n_positions=256)
+    config = gpt2_config(args)
     with zt.Init(config=CONFIG):
         torch.manual_seed(0)
         model = GPT2LMHeadModel(config)
@@ -175,12 +182,73 @@ def worker(args):
             note("saved", step=i, seconds=time.time() - t0)
 
     zt.healing_loop(batches(), train_step, after_step, shared={"sched": sched})
+    note_end(note, opt, model)
+
+
+def note_end(note, opt, model):
+    import zeroshard.torch as zt
+    from rss import peak_rss
+
     report = zt.memory_report()
     peak = peak_rss()  # the training's: rank 0's consolidation below holds the whole model
     digest, steps, params = zt.training_digest(opt, model)
     note("end", digest=digest, steps=steps, params=params, peak_rss=peak,
          peer_copies=report["engine"].get("peer_copies", 0), engine_total=report["engine"]["total"])
     zt.shutdown()
+
+
+def gpt2_config(args):
+    from transformers import GPT2Config
+
+    return GPT2Config(n_embd=128 if args.small else 768, n_layer=2 if args.small else 12,
+                      n_head=4 if args.small else 12, vocab_size=50257, n_positions=256)
+
+
+def accelerate_worker(args, note, rank, world):
+    """--loop accelerate: the same model, data and schedule as a plain
+    Accelerate script (zeroshard.hf.Accelerator, a prepared DataLoader:
+    rank r's i-th batch is step i's rows r*batch:(r+1)*batch, as above),
+    which heals with no wrapper (docs/healing.md, "Accelerate scripts")."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from transformers import GPT2LMHeadModel
+
+    import zeroshard.torch as zt
+    from zeroshard.hf import Accelerator
+    from rss import peak_rss
+
+    # Before the context: under zsrun --restarts (ZS_HEAL=auto) it keeps the
+    # peer copies on; the "off" launches set ZS_HEAL=0.
+    accelerator = Accelerator(zeroshard_config=CONFIG, cpu=True)
+    config = gpt2_config(args)
+    with zt.Init(config=CONFIG):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config)
+    data = torch.cat([torch.randint(0, config.vocab_size, (world * args.batch, args.seq),
+                                    generator=torch.Generator().manual_seed(1000 + i)) for i in range(args.steps)])
+    loader = DataLoader(TensorDataset(data), batch_size=args.batch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    # Accelerate steps a prepared scheduler once per process a step.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / (world * (args.steps + 1))))
+    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    model.train()
+    torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
+    engine = opt.optimizer._engine
+    note("built", rss=peak_rss())
+    for (x,) in loader:
+        i = engine.steps
+        note("begin", step=i)
+        loss = model(input_ids=x, labels=x).loss
+        note("forward", step=i)
+        accelerator.backward(loss)
+        note("backward", step=i)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if not opt.step_was_skipped:  # a heal's skipped step comes again with the same batch
+            note("trained", step=i)
+            note("step", step=i, loss=loss.item(), lr=opt.param_groups[0]["lr"])
+    note_end(note, opt.optimizer, model)
 
 
 # -- driver --
@@ -207,8 +275,8 @@ class Run:
         self.out = os.path.join(d, name)
         cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(RANKS), *zsrun_flags, "--", sys.executable,
                str(Path(__file__).resolve()), "--worker", "--out", self.out, "--steps", str(args.steps),
-               "--seq", str(args.seq), "--batch", str(args.batch), *worker_flags] + (["--small"] if args.small
-                                                                                       else [])
+               "--seq", str(args.seq), "--batch", str(args.batch), "--loop", args.loop, *worker_flags] + \
+            (["--small"] if args.small else [])
         self.stderr = open(self.out + ".zsrun", "w")
         self.proc = subprocess.Popen(cmd, env=launch_env(env or {}), stdout=self.stderr, stderr=subprocess.STDOUT,
                                      cwd=d, start_new_session=True)
@@ -567,18 +635,25 @@ def main():
     p.add_argument("--regrow-after", type=float, default=5.0,
                    help="the shrink scenario: zsrun starts the lost rank again this long after the shrink")
     p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "shrink", "checkpoint", "torchft"])
+    p.add_argument("--loop", choices=["healing_loop", "accelerate"], default="healing_loop",
+                   help="the training loop: zeroshard.torch.healing_loop, or a plain Accelerate script on "
+                        "zeroshard.hf.Accelerator (its steady and kills scenarios)")
     p.add_argument("--launch-timeout", type=float, default=1200)
     p.add_argument("--keep", help="write the launches' logs into this folder (kept) instead of a temporary one")
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.loop == "accelerate":
+        args.skip = sorted(set(args.skip) | {"shrink", "checkpoint", "torchft"})
+        print("--loop accelerate: the steady and kills scenarios (a shrink is not built for Accelerate "
+              "scripts; the checkpoint route and torchft do not depend on the loop)", flush=True)
     if args.kills * 4 + 6 > args.steps:
         p.error(f"--steps {args.steps} is too few for --kills {args.kills} (a kill takes about 4 steps): "
                 f"give at least {args.kills * 4 + 6}")
     print(f"GPT-2 {'small check' if args.small else '124M'}, {RANKS} ranks, {args.steps} steps, batch "
           f"{args.batch} x {args.seq} a rank, load average {os.getloadavg()[0]:.1f}", flush=True)
     result = {"bench": "heal", "model": "gpt2-small-check" if args.small else "gpt2-124M", "ranks": RANKS,
-              "spare": args.spare,
+              "spare": args.spare, "loop": args.loop,
               "steps": args.steps, "seq": args.seq, "batch": args.batch, "seed": args.seed,
               "load_average_at_start": os.getloadavg()[0]}
     if args.keep:

@@ -579,6 +579,59 @@ def trainer_kill_to_commit(logs, victim, step, where):
                if l["event"] == "step" and l["step"] == committed) - killed
 
 
+ACCELERATE_EPOCHS = 2
+
+
+def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_update_with_and_without_accumulation():
+    """A plain Accelerate script (accelerate_heal_worker.py: a shuffled
+    DataLoader over 3 ranks, 5 batches a rank an epoch, dropout, a StepLR
+    stepped every step, 2 epochs), its Accelerator zeroshard.hf's, under
+    zsrun --restarts: the survivors run the rest of a step a loss cut short
+    hollow, heal at its optimizer step, skip it and take its window's
+    batches again; the replacement joins in prepare() and starts where
+    they are. One step a micro-batch: rank 1 lost in step 2's backward,
+    rank 2 in step 5's forward (the second epoch's first), rank 0 in step
+    7's update (committed: the survivors go on; its replacement starts at
+    the next window, its scheduler stepped once). Two micro-batches a step
+    (windows of 2, 2 and the epoch's last batch alone), from warm spares:
+    rank 1 in step 1's forward, rank 2 in the epoch's last window's
+    backward, rank 0 in step 4's update. Each world ends with every rank's
+    optimizer state, step count and lr, the consolidated params and every
+    step's loss bitwise the uninterrupted run's; survivors keep their
+    processes; no job restart; nothing written."""
+    cases = [("1", ["1:2:backward", "2:5:forward", "0:7:update"], False),
+             ("2", ["1:1:forward", "2:2:backward", "0:4:update"], True)]
+    for accumulation, kills, spare in cases:
+        env = {"ACCUMULATION": accumulation}
+        code, out, ref_logs, _ = launch(3, restarts=1, worker="accelerate_heal_worker.py", steps=ACCELERATE_EPOCHS,
+                                        env=env)
+        assert code == 0, out
+        code, out, logs, left = launch(3, *kills, restarts=3, spare=spare, worker="accelerate_heal_worker.py",
+                                       steps=ACCELERATE_EPOCHS, env=env)
+        assert code == 0, out
+        assert left == [f"log.{r}" for r in range(3)], left
+        assert "starting the job again" not in out, out
+        assert out.count("the rest of this step runs hollow") >= 2, out  # said once a survivor
+        for kill in kills:
+            victim, step, where = kill.split(":")
+            joined = int(step) + (1 if where == "update" else 0)
+            assert f"rank {victim} killed by signal SIGKILL" in out, out
+            assert f"zeroshard.hf.Accelerator: rank {victim} joined at step {joined}" in out, out
+        check_ends(3, logs, ref_logs, out)
+        ref_loss = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "step"}
+        for r, ls in logs.items():
+            steps = [l for l in ls if l["event"] == "step"]
+            assert all(l["loss"] == ref_loss[(r, l["step"])] for l in steps), (r, steps)
+            pids = list(dict.fromkeys(l["pid"] for l in ls))
+            assert len(pids) == 2, (r, pids)  # killed once, replaced once; alive through the other heals
+            # Every step taken once by the processes of a rank (none skipped
+            # for good, none twice), but the one its first process died in
+            # the update of (committed, logged by neither).
+            lost = {int(k.split(":")[1]) for k in kills if k.startswith(f"{r}:") and k.endswith(":update")}
+            assert sorted(l["step"] for l in steps) == sorted(set(l["step"] for l in steps)), (r, steps)
+            assert {l["step"] for l in steps} | lost == {l["step"] for l in ref_logs[r] if l["event"] == "step"}, r
+
+
 def test_torch_distributed_over_the_engine_carries_a_trainers_collectives_and_refuses_the_rest(tmp_path):
     """heal_dist's group in a world of one (its use on 3 ranks is the
     Trainer test's: every count and logged loss gathered through it): the

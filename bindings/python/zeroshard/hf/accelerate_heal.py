@@ -73,6 +73,7 @@ class Healing:
         self.rng = None
         self.replay = []
         self.replaying = False  # the next window is a skipped step's again: its RNG back first
+        self.off = False  # the steps do not train on the first DataLoader: nothing is healed
         # A replacement: where the survivors are, until its loader gets there.
         self.resume = None
         self.joined_state = None
@@ -197,6 +198,8 @@ class Healing:
             self.open = False
 
     def _yielding(self, batch, last):
+        if self.off:
+            return batch
         if not self.open:
             self.open = True
             self.start, self.batches = self.index, []
@@ -217,6 +220,18 @@ class Healing:
         engine = self.optimizer.optimizer._engine
         before = engine.steps
         self.optimizer.zs_healed_skip = False
+        if not self.open and not hollow.active() and not self.off:
+            # No batch of the first prepared DataLoader since the last step:
+            # the steps train on another, whose batches no window records.
+            self.off = True
+            if _context.get_context().rank == 0:
+                print(f"{WHO}: optimizer step {before} took no batch of the first DataLoader prepared, which the "
+                      "heal takes as the training one: a lost rank is not healed in place in this run (a loss "
+                      "restarts the job from its last save_state); prepare the training DataLoader first",
+                      file=sys.stderr, flush=True)
+        if self.off:
+            run()
+            return
         if not hollow.active():
             try:
                 run()

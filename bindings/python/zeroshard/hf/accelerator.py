@@ -13,7 +13,7 @@ import accelerate.optimizer
 import torch
 
 from .. import torch as zt
-from ..torch import heal, shard_optim
+from ..torch import heal, heal_world, shard_optim
 from . import accelerate_heal
 from .config import _engine_config, warn_not_acted_on
 from .pretrained import HfZeroShardConfig
@@ -393,6 +393,8 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
                 why = "its optimizer is not the engine's AdamW, Adam or SGD"
             elif len(self._optimizers) > 1:
                 why = "it prepared several optimizers"
+            elif heal_world.may_change(ctx):
+                why = "zeroshard.healing.min_ranks: a shrink, which Accelerate scripts do not follow yet"
             elif type(self._dataloaders[0]) is not accelerate.data_loader.DataLoaderShard:
                 why = f"its first DataLoader is an Accelerate {type(self._dataloaders[0]).__name__}, not a " \
                       "DataLoaderShard (dispatch_batches, an IterableDataset)"

@@ -33,7 +33,9 @@ a broadcast keeps its tensor, an all-gather repeats it, an all-reduce
 reduces `size` copies of it. Its trainer turns that off where the
 survivors are. (A broadcast of objects, which receives sizes into an empty
 tensor first, must be answered above torch.distributed: Lightning's
-strategy returns the object it was given.)
+strategy returns the object it was given.) A hollow window (hollow.py: a
+loss cut the step short, it heals at its optimizer step) answers so too,
+from the collective the loss is learned in.
 """
 import datetime
 import os

@@ -24,22 +24,27 @@ import torch
 
 from ..errors import RankLostError
 from . import param_type
-from ._context import context_state
+from ._context import context_state, drop_context_state, on_shutdown
 
 
 class HollowState:
-    __slots__ = ("armed", "on", "zeroed", "buffers", "said")
+    __slots__ = ("armed", "on", "zeroed", "buffers")
 
     def __init__(self):
         self.armed = False   # a loop that heals with a hollow window runs a step now
         self.on = False      # the window is hollow: nothing calls the engine until the heal
         self.zeroed = []     # params showing zeros now (their views go at the heal)
         self.buffers = {}    # (dtype, device) -> flat zeros, as large as the largest param shown
-        self.said = False
 
 
 def _state():
     return context_state(HollowState)
+
+
+@on_shutdown
+def _forget():
+    """The context is gone: so is its window."""
+    drop_context_state(HollowState)
 
 
 def arm(on):
@@ -66,10 +71,8 @@ def enter(error):
         return False
     if not state.on:
         state.on = True
-        if not state.said:
-            state.said = True
-            print(f"zeroshard.torch: {error}; the rest of this step runs hollow (zeros, no collective) and heals "
-                  "at its optimizer step", file=sys.stderr, flush=True)
+        print(f"zeroshard.torch: {error}; the rest of this step runs hollow (zeros, no collective) and heals "
+              "at its optimizer step", file=sys.stderr, flush=True)
     return True
 
 
