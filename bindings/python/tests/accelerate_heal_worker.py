@@ -14,8 +14,10 @@ kills itself.
 The loader shuffles (Accelerate synchronises its sampler's generator at
 each epoch's start), the model has dropout and the scheduler steps every
 step: a healed window must come back with the same batches, RNG and
-learning rate. Each process appends JSON lines to OUT.<rank>: per step taken
-(not skipped) its loss; at the end its optimizer state's hash with its step
+learning rate. After each epoch an evaluation gathers a held-out loss (a
+replacement runs those of the epochs it skips hollow). Each process
+appends JSON lines to OUT.<rank>: per step taken (not skipped) its loss,
+per epoch the evaluation's value; at the end its optimizer state's hash with its step
 count and lr, rank 0 the consolidated params' hash.
 """
 import os
@@ -67,9 +69,12 @@ def main():
     model = Net()
     data = TensorDataset(torch.randn(SAMPLES, DIM, generator=torch.Generator().manual_seed(7)))
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    held_out = DataLoader(TensorDataset(torch.randn(12, DIM, generator=torch.Generator().manual_seed(8))),
+                          batch_size=BATCH)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)
-    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    model, opt, loader, held_out, sched = accelerator.prepare(model, opt, loader, held_out, sched)
+    accelerator.wait_for_everyone()
     torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
 
     engine = opt.optimizer._engine
@@ -111,6 +116,12 @@ def main():
                 if not opt.step_was_skipped:
                     note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
                          t=time.time())
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for (x,) in held_out:
+                total += accelerator.gather(model(x).pow(2).mean().reshape(1)).sum().item()
+        note(event="eval", epoch=epoch, value=total)
     note_end(note, rank, opt.optimizer, model, ran=engine.steps)
     zt.shutdown()
 

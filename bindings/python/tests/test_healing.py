@@ -585,7 +585,8 @@ ACCELERATE_EPOCHS = 2
 def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_update_with_and_without_accumulation():
     """A plain Accelerate script (accelerate_heal_worker.py: a shuffled
     DataLoader over 3 ranks, 5 batches a rank an epoch, dropout, a StepLR
-    stepped every step, 2 epochs), its Accelerator zeroshard.hf's, under
+    stepped every step, 2 epochs, an evaluation after each gathering a
+    held-out loss), its Accelerator zeroshard.hf's, under
     zsrun --restarts: the survivors run the rest of a step a loss cut short
     hollow, heal at its optimizer step, skip it and take its window's
     batches again; the replacement joins in prepare() and starts where
@@ -596,9 +597,10 @@ def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_u
     (windows of 2, 2 and the epoch's last batch alone), from warm spares:
     rank 1 in step 1's forward, rank 2 in the epoch's last window's
     backward, rank 0 in step 4's update. Each world ends with every rank's
-    optimizer state, step count and lr, the consolidated params and every
-    step's loss bitwise the uninterrupted run's; survivors keep their
-    processes; no job restart; nothing written."""
+    optimizer state, step count and lr, the consolidated params, every
+    step's loss and every evaluation bitwise the uninterrupted run's (a
+    replacement's of the epochs it skipped aside: it runs them hollow);
+    survivors keep their processes; no job restart; nothing written."""
     cases = [("1", ["1:2:backward", "2:5:forward", "0:7:update"], False),
              ("2", ["1:1:forward", "2:2:backward", "0:4:update"], True)]
     for accumulation, kills, spare in cases:
@@ -630,6 +632,15 @@ def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_u
             lost = {int(k.split(":")[1]) for k in kills if k.startswith(f"{r}:") and k.endswith(":update")}
             assert sorted(l["step"] for l in steps) == sorted(set(l["step"] for l in steps)), (r, steps)
             assert {l["step"] for l in steps} | lost == {l["step"] for l in ref_logs[r] if l["event"] == "step"}, r
+            # Each epoch's evaluation, by every process that trained before it
+            # (a replacement's of the epochs it skipped ran hollow).
+            ref_eval = {l["epoch"]: l["value"] for l in ref_logs[r] if l["event"] == "eval"}
+            trained = set()
+            for l in ls:
+                if l["event"] == "step":
+                    trained.add(l["pid"])
+                elif l["event"] == "eval" and l["pid"] in trained:
+                    assert l["value"] == ref_eval[l["epoch"]], (r, l, ref_eval)
 
 
 def test_torch_distributed_over_the_engine_carries_a_trainers_collectives_and_refuses_the_rest(tmp_path):

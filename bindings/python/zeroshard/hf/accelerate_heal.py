@@ -9,7 +9,9 @@ Its window (the training DataLoader's batches since the last optimizer
 step, micro-batches of an `accumulate` included) is instead:
 - recorded: the prepared training DataLoader (the first one prepared)
   keeps the window's batches (references) with the end-of-dataloader flag
-  each carried, and this rank's RNG states at its first batch;
+  each carried, and this rank's RNG states at its first batch (the other
+  prepared DataLoaders make their iterators without drawing from the
+  global RNG, which a replacement could not follow);
 - hollow after a loss: the first RankLostError inside it turns the rest of
   the window hollow (torch/hollow.py: zeros for gathered params, gradients
   dropped, torch.distributed answering locally);
@@ -21,11 +23,14 @@ step, micro-batches of an `accumulate` included) is instead:
 
 The replacement runs the script from the top. In `prepare()`, once the
 engine's optimizer exists, it joins (its shards from their holder's copy),
-takes the survivors' state (param groups, the prepared schedulers, the
-units' learned fetches, the data position: epoch, batch and the sampler's
-generator), and its training DataLoader yields nothing for the epochs the
+takes the units' learned fetches and the data position (epoch, batch and
+the sampler's generator) from the survivors' state, and its training DataLoader yields nothing for the epochs the
 survivors finished and starts the current one at their window, with the
-RNG its predecessor left at step C.
+RNG its predecessor left at step C. Until that window's first batch it
+runs hollow (hollow.catch_up: no collective, zeros for params): the
+survivors ran the script's code before it long ago. There it takes the
+param groups, the prepared schedulers' state and Accelerate's
+accumulation counter, over whatever its own code did to them meanwhile.
 
 A loss outside a window (an evaluation, a save, the logging between a
 step and the next batch) is not healed: RankLostError ends the script and
@@ -34,6 +39,9 @@ before.
 """
 import os
 import sys
+
+import accelerate.data_loader
+import torch
 
 from .. import torch as zt
 from ..errors import RankLostError, StateLostError
@@ -89,6 +97,10 @@ class Healing:
         except StateLostError as e:
             raise heal.state_lost_exit(WHO, e) from e
         ctx = _context.get_context()
+        # Hollow until its first batch, where the survivors are: the
+        # script's code before it (a wait_for_everyone, an evaluation of an
+        # epoch it skips) ran on the survivors long ago.
+        hollow.catch_up()
         blob = heal.joined_rank_state(ctx)
         data = ctx.heal_joined_state("shared")
         state = heal_state.loads(data) if data is not None else None
@@ -101,33 +113,33 @@ class Healing:
             return
         if state.get("kind") != KIND:
             raise RuntimeError(f"{WHO}: the survivors' state is not an Accelerate loop's (another loop heals there)")
-        heal.load_param_groups(state["param_groups"], WHO)
-        heal.load_learned_fetches(state["learned_fetches"], WHO)
+        heal.load_learned_fetches(state["learned_fetches"], WHO)  # before any forward, a hollow one too
         self.joined_state = state
-        self.load_schedulers(self.accelerator._schedulers)
         self.resume = {"epoch": state["epoch"], "index": state["index"], "generator": state["generator"],
                        "rng": blob["rng"] if blob is not None else None}
-        self.accelerator.step = state["accumulation_step"]
         print(f"{WHO}: rank {ctx.rank} joined at step {committed}: it goes on at epoch {state['epoch']}, "
               f"batch {state['index']}", file=sys.stderr, flush=True)
 
-    def load_schedulers(self, schedulers):
-        """The survivors' schedulers' state into this replacement's (those
-        prepared by now; prepare() hands later ones here too)."""
-        state = self.joined_state
+    def _caught_up(self):
+        """A replacement at the survivors' window (its first batch): what
+        their loop has alike, taken now rather than at the join, over
+        whatever its own code did meanwhile (an epoch's scheduler step for
+        an epoch it skipped)."""
+        heal.forget_step_in_flight()  # what its hollow catching up left in the hooks
+        hollow.leave()
+        state, self.joined_state = self.joined_state, None
         if state is None:
             return
-        saved = state["schedulers"]
-        if len(schedulers) > len(saved):
+        heal.load_param_groups(state["param_groups"], WHO)
+        schedulers, saved = self.accelerator._schedulers, state["schedulers"]
+        if len(schedulers) != len(saved):
             raise RuntimeError(f"{WHO}: this replacement prepared {len(schedulers)} schedulers, the survivors "
                                f"{len(saved)}")
-        for i, s in enumerate(schedulers):
-            if i < state["schedulers_loaded"]:
-                continue
-            s.scheduler.load_state_dict(saved[i])
+        for s, kept in zip(schedulers, saved):
+            s.scheduler.load_state_dict(kept)
             for _ in range(state["scheduler_steps_due"]):
                 s.step()  # the survivors' own sched.step() after the step that committed in the loss
-            state["schedulers_loaded"] = i + 1
+        self.accelerator.step = state["accumulation_step"]
 
     # -- the survivors' shared state -------------------------------------------
     def _register(self, index, steps_due):
@@ -138,7 +150,7 @@ class Healing:
                  "accumulation_step": self.accelerator.step,
                  "param_groups": heal.param_groups_state(), "learned_fetches": heal.learned_fetches(),
                  "schedulers": [s.scheduler.state_dict() for s in self.accelerator._schedulers],
-                 "schedulers_loaded": 0, "scheduler_steps_due": steps_due}
+                 "scheduler_steps_due": steps_due}
         _context.get_context().heal_set_shared_state(heal_state.dumps(state, "the Accelerate loop's state"))
 
     # -- the training DataLoader --------------------------------------------
@@ -187,17 +199,19 @@ class Healing:
                     batch, last = self.replay.pop(0)
                     loader.end_of_dataloader = last
                     yield self._yielding(batch, last)
-                if pending is None:
+                if pending is _NEXT:
                     pending = next(inner, _END)
                 if pending is _END:
                     return
-                batch, pending = pending, None
+                batch, pending = pending, _NEXT
                 yield self._yielding(batch, loader.end_of_dataloader)
         finally:
             hollow.arm(False)
             self.open = False
 
     def _yielding(self, batch, last):
+        if hollow.active() and not self.open:
+            self._caught_up()  # a replacement, at the survivors' window
         if self.off:
             return batch
         if not self.open:
@@ -212,6 +226,38 @@ class Healing:
         self.batches.append((batch, last))
         self.index += 1
         return batch
+
+    def iterate_held_out(self, batches):
+        """Another prepared DataLoader's __iter__ (an evaluation's): its
+        iterator made without drawing from the global RNG (torch's DataLoader
+        draws its workers' base seed there), which a replacement's RNG, its
+        predecessor's at the last optimizer step, would otherwise miss when
+        the next window follows an evaluation (as Lightning's strategy makes
+        its loaders' iterators)."""
+        inner = batches()
+        with torch.random.fork_rng(devices=[]):
+            first = next(inner, _END)
+        if first is _END:
+            return
+        yield first
+        yield from inner
+
+    def wrap(self, loader, training):
+        """`loader` as a copy whose iteration this heal follows (Accelerate's
+        loaders answer `__class__` with their base DataLoader's, so their
+        class cannot be swapped in place): the training one's windows, the
+        others' iterators; itself when it is wrapped already or is not a
+        DataLoaderShard."""
+        if getattr(loader, "_zs_healing", None) is self or \
+                type(loader) is not accelerate.data_loader.DataLoaderShard:
+            return loader
+        cls = (_healing_class if training else _held_out_class)(type(loader))
+        twin = cls.__new__(cls)
+        twin.__dict__.update(loader.__dict__)
+        twin._zs_healing = self
+        if training:
+            self.loader = twin
+        return twin
 
     # -- the optimizer's step -------------------------------------------------
     def step(self, run):
@@ -269,19 +315,7 @@ class Healing:
         hollow.arm(False)
 
 
-_END = object()
-
-
-def healing_loader(loader, healing):
-    """The prepared training DataLoader, as one whose iteration `healing`
-    records and replays (a copy of it: Accelerate's loaders answer
-    `__class__` with their base DataLoader's, so their class cannot be
-    swapped in place)."""
-    cls = _healing_class(type(loader))
-    twin = cls.__new__(cls)
-    twin.__dict__.update(loader.__dict__)
-    twin._zs_healing = healing
-    return twin
+_END, _NEXT = object(), object()  # Accelerate's iterator ended; the next batch is yet to be drawn
 
 
 def _healing_class(base):
@@ -294,3 +328,15 @@ def _healing_class(base):
 
     HealingDataLoader.__name__ = HealingDataLoader.__qualname__ = base.__name__
     return HealingDataLoader
+
+
+def _held_out_class(base):
+    class HeldOutDataLoader(base):
+        def __iter__(self):
+            return self._zs_healing.iterate_held_out(super().__iter__)
+
+        def __reduce__(self):
+            return base.__reduce__(self)
+
+    HeldOutDataLoader.__name__ = HeldOutDataLoader.__qualname__ = base.__name__
+    return HeldOutDataLoader

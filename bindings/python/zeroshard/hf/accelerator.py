@@ -408,12 +408,13 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
                           f"a lost rank in place ({why}): a loss restarts the job from its last save_state",
                           file=sys.stderr, flush=True)
         if healing is not None:
-            healing.load_schedulers(self._schedulers)
-            if healing.loader is None:
-                first = self._dataloaders[0]
-                healing.loader = accelerate_heal.healing_loader(first, healing)
-                self._dataloaders[0] = healing.loader
-                items = [healing.loader if o is first else o for o in items]
+            # The first DataLoader records the windows; the others' iterators
+            # are made without drawing from the global RNG.
+            for i, loader in enumerate(self._dataloaders):
+                twin = healing.wrap(loader, training=i == 0)
+                if twin is not loader:
+                    self._dataloaders[i] = twin
+                    items = [twin if o is loader else o for o in items]
         return items[0] if single else tuple(items)
 
     def save_state(self, output_dir=None, **kwargs):

@@ -12,7 +12,8 @@ dropped, and torch.distributed answers locally (heal_dist). The forward and
 backward on zeros give finite values, thrown away: the optimizer's step at
 the window's end heals (heal.recover), says the step was skipped, and the
 DataLoader yields the window's batches again. Not armed, RankLostError
-reaches the caller as before.
+reaches the caller as before. A replacement runs hollow from its join to
+the survivors' step (catch_up).
 
 The state is the context's (hook_state's rule: the hooks' modules keep
 none of their own).
@@ -74,6 +75,14 @@ def enter(error):
         print(f"zeroshard.torch: {error}; the rest of this step runs hollow (zeros, no collective) and heals "
               "at its optimizer step", file=sys.stderr, flush=True)
     return True
+
+
+def catch_up():
+    """A replacement that joined but has not reached the survivors' step:
+    hollow until it does (its code before that step ran on the survivors
+    long ago: an evaluation of an epoch it skips would gather alone)."""
+    state = _state()
+    state.armed = state.on = True
 
 
 def call(fn, *args):
