@@ -87,3 +87,52 @@ def test_deepspeed_plugin_knobs_map_or_are_refused():
     assert config_from_plugin(DeepSpeedPlugin(zero_stage=2))["zero_optimization"]["stage"] == 2
     with pytest.raises(ValueError, match="set_leaf_modules"):
         config_from_plugin(DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="MixtralSparseMoeBlock"))
+
+
+_FP16_SKIP = r'''
+import json, sys
+import torch
+from torch import nn
+from zeroshard.hf import Accelerator
+import zeroshard.torch as zt
+
+acc = Accelerator(zeroshard_config={"zero_optimization": {"stage": 3},
+                                    "fp16": {"enabled": True, "initial_scale_power": 8}}, cpu=True)
+torch.manual_seed(0)
+model = nn.Linear(8, 4)
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+model, opt, sched = acc.prepare(model, opt, sched)
+out = []
+for overflow in (False, True, False):
+    x = torch.randn(2, 8).to(torch.float16)
+    loss = model(x).float().pow(2).mean() * (float("inf") if overflow else 1.0)
+    acc.backward(loss)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    out.append({"skipped": opt.step_was_skipped, "accelerator_skipped": acc.optimizer_step_was_skipped,
+                "lr": sched.get_last_lr()[0]})
+zt.shutdown()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_a_skipped_fp16_step_does_not_step_the_prepared_scheduler(tmp_path):
+    """An fp16 step the engine skips for overflow reads as skipped through
+    Accelerate's optimizer wrapper (whose own flag follows a GradScaler
+    only), so Accelerate's scheduler does not step on it, as under
+    DeepSpeed: one process, the scheduler halving the lr each step."""
+    import json
+    import subprocess
+
+    from launch_env import ranks_env
+    if not (REPO / "build" / "lib" / "libzeroshard.so").exists():
+        pytest.skip("libzeroshard is not built")
+    proc = subprocess.run([sys.executable, "-c", _FP16_SKIP], env=ranks_env(), capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert [s["skipped"] for s in steps] == [False, True, False], steps
+    assert [s["accelerator_skipped"] for s in steps] == [False, True, False], steps
+    assert [s["lr"] for s in steps] == [0.05, 0.05, 0.025], steps
