@@ -26,36 +26,17 @@ import sys
 import time
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelerate.utils import set_seed
 from zeroshard.hf import Accelerator
 import zeroshard.torch as zt
 
-from heal_worker import kills_and_notes, note_end
+from heal_worker import DIM, Net, kills_and_notes, note_end  # the healing_loop test's model
 
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2000,
                                 "stage3_param_persistence_threshold": 0}}
-DIM, SAMPLES, BATCH = 16, 60, 4  # 60 samples over 3 ranks: 5 batches a rank an epoch
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(DIM, 48)
-        self.drop = nn.Dropout(0.25)
-        self.hidden = nn.Linear(48, 48)
-        self.out = nn.Linear(48, DIM)
-
-    def forward(self, x):
-        h = self.drop(torch.relu(self.inp(x)))
-        h = torch.relu(self.hidden(h))
-        if self.training and self.on_hidden is not None:
-            h.register_hook(self.on_hidden)
-        return self.out(h)
-
-    on_hidden = None
+SAMPLES, BATCH = 60, 4  # 60 samples over 3 ranks: 5 batches a rank an epoch
 
 
 def main():
