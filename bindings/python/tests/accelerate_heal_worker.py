@@ -11,8 +11,10 @@ backward, from a gradient hook) or "update" (in the engine's optimizer
 update: ZS_FAULT_POINT=update:RANK:STEP+1). Only a rank's first process
 kills itself.
 
-The loader shuffles (Accelerate synchronises its sampler's generator at
-each epoch's start), the model has dropout and the scheduler steps every
+The loop counts its steps itself under `accelerator.sync_gradients`, and
+with one micro-batch a step runs without `accelerator.accumulate`. The
+loader shuffles (Accelerate synchronises its sampler's generator at each
+epoch's start), the model has dropout and the scheduler steps every
 step: a healed window must come back with the same batches, RNG and
 learning rate. After each epoch an evaluation gathers a held-out loss (a
 replacement runs those of the epochs it skips hollow). Each process
@@ -79,31 +81,40 @@ def main():
     model.on_hidden = on_hidden
     model.hidden.register_forward_pre_hook(before_hidden)
 
+    completed = 0  # the script's own count, as Accelerate's examples keep it
+
+    def train(x):
+        step = engine.steps
+        if micro[0] == 0:
+            note(event="begin", step=step, t=time.time())
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        return step, loss
+
     for epoch in range(epochs):
         model.train()
         for (x,) in loader:
-            with accelerator.accumulate(model):
-                step = engine.steps
-                if micro[0] == 0:
-                    note(event="begin", step=step, t=time.time())
-                loss = model(x).pow(2).mean()
-                accelerator.backward(loss)
-                opt.step()
-                sched.step()
-                opt.zero_grad()
+            if accumulation == 1:  # as scripts without accumulation write it
+                step, loss = train(x)
+            else:
+                with accelerator.accumulate(model):
+                    step, loss = train(x)
             micro[0] += 1
-            if accelerator.sync_gradients:
+            if accelerator.sync_gradients:  # a step taken (a heal's skipped one reads as none)
                 micro[0] = 0
-                if not opt.step_was_skipped:
-                    note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
-                         t=time.time())
+                completed += 1
+                note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
+                     completed=completed, t=time.time())
         model.eval()
         total = 0.0
         with torch.no_grad():
             for (x,) in held_out:
                 total += accelerator.gather(model(x).pow(2).mean().reshape(1)).sum().item()
         note(event="eval", epoch=epoch, value=total)
-    note_end(note, rank, opt.optimizer, model, ran=engine.steps)
+    note_end(note, rank, opt.optimizer, model, ran=engine.steps, completed=completed)
     zt.shutdown()
 
 

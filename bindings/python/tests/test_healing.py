@@ -586,20 +586,23 @@ def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_u
     """A plain Accelerate script (accelerate_heal_worker.py: a shuffled
     DataLoader over 3 ranks, 5 batches a rank an epoch, dropout, a StepLR
     stepped every step, 2 epochs, an evaluation after each gathering a
-    held-out loss), its Accelerator zeroshard.hf's, under
+    held-out loss, its own step count under `sync_gradients`), its
+    Accelerator zeroshard.hf's, under
     zsrun --restarts: the survivors run the rest of a step a loss cut short
     hollow, heal at its optimizer step, skip it and take its window's
     batches again; the replacement joins in prepare() and starts where
     they are. One step a micro-batch: rank 1 lost in step 2's backward,
     rank 2 in step 5's forward (the second epoch's first), rank 0 in step
     7's update (committed: the survivors go on; its replacement starts at
-    the next window, its scheduler stepped once). Two micro-batches a step
+    the next window, its scheduler stepped once), the loop without
+    `accelerate.accumulate`. Two micro-batches a step
     (windows of 2, 2 and the epoch's last batch alone), from warm spares:
     rank 1 in step 1's forward, rank 2 in the epoch's last window's
     backward, rank 0 in step 4's update. Each world ends with every rank's
     optimizer state, step count and lr, the consolidated params, every
     step's loss and every evaluation bitwise the uninterrupted run's (a
-    replacement's of the epochs it skipped aside: it runs them hollow);
+    replacement's of the epochs it skipped aside: it runs them hollow), a
+    survivor's own step count never counting a healed step twice;
     survivors keep their processes; no job restart; nothing written."""
     cases = [("1", ["1:2:backward", "2:5:forward", "0:7:update"], False),
              ("2", ["1:1:forward", "2:2:backward", "0:4:update"], True)]
@@ -632,6 +635,11 @@ def test_a_plain_accelerate_script_heals_losses_in_a_forward_a_backward_and_an_u
             lost = {int(k.split(":")[1]) for k in kills if k.startswith(f"{r}:") and k.endswith(":update")}
             assert sorted(l["step"] for l in steps) == sorted(set(l["step"] for l in steps)), (r, steps)
             assert {l["step"] for l in steps} | lost == {l["step"] for l in ref_logs[r] if l["event"] == "step"}, r
+            # The script's own step count, in a rank's first process (a
+            # survivor of the heals before its own loss): a healed step
+            # counted once.
+            first = [l for l in steps if l["pid"] == pids[0]]
+            assert [l["completed"] for l in first] == [l["step"] + 1 for l in first], (r, first)
             # Each epoch's evaluation, by every process that trained before it
             # (a replacement's of the epochs it skipped ran hollow).
             ref_eval = {l["epoch"]: l["value"] for l in ref_logs[r] if l["event"] == "eval"}

@@ -17,8 +17,10 @@ step, micro-batches of an `accumulate` included) is instead:
   dropped, torch.distributed answering locally);
 - healed at its step: the prepared optimizer's `step()` runs the heal
   (zeroshard.torch.heal.recover). Step C not committed: the step reports
-  itself skipped (Accelerate's scheduler then does not step) and the
-  DataLoader yields the window's batches again, from its RNG. Committed
+  itself skipped and the rest of the iteration reads as one that took no
+  step (`sync_gradients` false: the scheduler does not step, the script's
+  own step count passes it by), and the DataLoader yields the window's
+  batches again, from its RNG. Committed
   (the loss came in the update): the step stands.
 
 The replacement runs the script from the top. In `prepare()`, once the
@@ -82,6 +84,7 @@ class Healing:
         self.replay = []
         self.replaying = False  # the next window is a skipped step's again: its RNG back first
         self.off = False  # the steps do not train on the first DataLoader: nothing is healed
+        self.unsynced = False  # a heal's skipped step set sync_gradients off until the next window
         # A replacement: where the survivors are, until its loader gets there.
         self.resume = None
         self.joined_state = None
@@ -216,6 +219,10 @@ class Healing:
             return batch
         if not self.open:
             self.open = True
+            if self.unsynced:  # back as Accelerate keeps it outside `accumulate`
+                self.accelerator.gradient_state._set_sync_gradients(True)
+                self.unsynced = False
+            self.optimizer.zs_healed_skip = False
             self.start, self.batches = self.index, []
             if self.rng is not None and self.replaying:
                 heal_state.set_rng_state(self.rng)
@@ -265,7 +272,6 @@ class Healing:
         itself). Heals a loss in the window or in the step."""
         engine = self.optimizer.optimizer._engine
         before = engine.steps
-        self.optimizer.zs_healed_skip = False
         if not self.open and not hollow.active() and not self.off:
             # No batch of the first prepared DataLoader since the last step:
             # the steps train on another, whose batches no window records.
@@ -295,7 +301,12 @@ class Healing:
             hollow.leave()
         if committed == before:
             # Not committed: skipped, and its window again from its first batch.
+            # The rest of this iteration reads as one that took no step: the
+            # script's own step count (`if accelerator.sync_gradients:
+            # completed_steps += 1`) and the scheduler's step pass it by.
             self.optimizer.zs_healed_skip = True
+            self.accelerator.gradient_state._set_sync_gradients(False)
+            self.unsynced = True
             self.replay = self.batches + self.replay
             self.index = self.start
             self.replaying = True

@@ -381,7 +381,8 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         single = not isinstance(result, tuple)
         items = [result] if single else list(result)
         for o in items:
-            if type(o) is accelerate.optimizer.AcceleratedOptimizer and isinstance(o.optimizer, zt.ZeroShardOptimizer):
+            engine_inside = isinstance(getattr(o, "optimizer", None), zt.ZeroShardOptimizer)
+            if type(o) is accelerate.optimizer.AcceleratedOptimizer and engine_inside:
                 o.__class__ = _EngineAcceleratedOptimizer
         healing = self._zs_healing
         ctx = zt.current_context()

@@ -54,10 +54,6 @@ def arm(on):
     _state().armed = bool(on)
 
 
-def armed():
-    return _state().armed
-
-
 def active():
     """The window is hollow: call nothing of the engine."""
     return _state().on
