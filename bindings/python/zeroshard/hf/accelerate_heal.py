@@ -116,6 +116,9 @@ class Healing:
             return
         if state.get("kind") != KIND:
             raise RuntimeError(f"{WHO}: the survivors' state is not an Accelerate loop's (another loop heals there)")
+        if state["engine_steps"] != committed:
+            raise RuntimeError(f"{WHO}: joined at step {committed}, but the survivors' loop state is of step "
+                               f"{state['engine_steps']}")
         heal.load_learned_fetches(state["learned_fetches"], WHO)  # before any forward, a hollow one too
         self.joined_state = state
         self.resume = {"epoch": state["epoch"], "index": state["index"], "generator": state["generator"],
