@@ -122,7 +122,8 @@ def test_a_skipped_fp16_step_does_not_step_the_prepared_scheduler(tmp_path):
     """An fp16 step the engine skips for overflow reads as skipped through
     Accelerate's optimizer wrapper (whose own flag follows a GradScaler
     only), so Accelerate's scheduler does not step on it, as under
-    DeepSpeed: one process, the scheduler halving the lr each step."""
+    DeepSpeed: one process, the scheduler halving the lr each step; and
+    no warning that the optimizer's step was overridden."""
     import json
     import subprocess
 
@@ -136,3 +137,6 @@ def test_a_skipped_fp16_step_does_not_step_the_prepared_scheduler(tmp_path):
     assert [s["skipped"] for s in steps] == [False, True, False], steps
     assert [s["accelerator_skipped"] for s in steps] == [False, True, False], steps
     assert [s["lr"] for s in steps] == [0.05, 0.05, 0.025], steps
+    # The scheduler, made on the torch AdamW, follows the engine's twin
+    # without torch's "optimizer.step() has been overridden" at each step.
+    assert "has been overridden" not in proc.stderr, proc.stderr
