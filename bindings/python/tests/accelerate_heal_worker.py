@@ -61,7 +61,7 @@ def main():
     torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
 
     engine = opt.optimizer._engine
-    micro = [0]  # micro-batches since the last step taken or skipped
+    micro = [0]  # micro-batches since the last step taken (for the "begin" notes)
 
     def at(where):
         # The last micro-batch of the step a kill names (the one that syncs).
