@@ -84,7 +84,6 @@ class Healing:
         self.replay = []
         self.replaying = False  # the next window is a skipped step's again: its RNG back first
         self.off = False  # the steps do not train on the first DataLoader: nothing is healed
-        self.unsynced = False  # a heal's skipped step set sync_gradients off until the next window
         # A replacement: where the survivors are, until its loader gets there.
         self.resume = None
         self.joined_state = None
@@ -222,10 +221,11 @@ class Healing:
             return batch
         if not self.open:
             self.open = True
-            if self.unsynced:  # back as Accelerate keeps it outside `accumulate`
+            if self.optimizer.zs_healed_skip:
+                # A heal's skip set sync_gradients off until this window:
+                # back as Accelerate keeps it outside `accumulate`.
                 self.accelerator.gradient_state._set_sync_gradients(True)
-                self.unsynced = False
-            self.optimizer.zs_healed_skip = False
+                self.optimizer.zs_healed_skip = False
             self.start, self.batches = self.index, []
             if self.rng is not None and self.replaying:
                 heal_state.set_rng_state(self.rng)
@@ -261,7 +261,7 @@ class Healing:
         if getattr(loader, "_zs_healing", None) is self or \
                 type(loader) is not accelerate.data_loader.DataLoaderShard:
             return loader
-        cls = (_healing_class if training else _held_out_class)(type(loader))
+        cls = _healing_class(type(loader), training)
         twin = cls.__new__(cls)
         twin.__dict__.update(loader.__dict__)
         twin._zs_healing = self
@@ -309,7 +309,6 @@ class Healing:
             # completed_steps += 1`) and the scheduler's step pass it by.
             self.optimizer.zs_healed_skip = True
             self.accelerator.gradient_state._set_sync_gradients(False)
-            self.unsynced = True
             self.replay = self.batches + self.replay
             self.index = self.start
             self.replaying = True
@@ -332,25 +331,17 @@ class Healing:
 _END, _NEXT = object(), object()  # Accelerate's iterator ended; the next batch is yet to be drawn
 
 
-def _healing_class(base):
+def _healing_class(base, training):
+    """`base` (a DataLoaderShard) whose iterator the heal follows: the
+    training one's (Healing.iterate) or another's (iterate_held_out)."""
     class HealingDataLoader(base):
         def __iter__(self):
-            return self._zs_healing.iterate(self, super().__iter__)
+            if training:
+                return self._zs_healing.iterate(self, super().__iter__)
+            return self._zs_healing.iterate_held_out(super().__iter__)
 
         def __reduce__(self):
             return base.__reduce__(self)
 
     HealingDataLoader.__name__ = HealingDataLoader.__qualname__ = base.__name__
     return HealingDataLoader
-
-
-def _held_out_class(base):
-    class HeldOutDataLoader(base):
-        def __iter__(self):
-            return self._zs_healing.iterate_held_out(super().__iter__)
-
-        def __reduce__(self):
-            return base.__reduce__(self)
-
-    HeldOutDataLoader.__name__ = HeldOutDataLoader.__qualname__ = base.__name__
-    return HeldOutDataLoader
