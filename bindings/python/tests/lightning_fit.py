@@ -151,7 +151,11 @@ class Wide(pl.LightningModule):
             self.memory = {k: memory[k] for k in ("peak_gathered_bytes", "gathered_bytes", "unsharded_bytes")}
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+        # A scheduler made on the torch optimizer, which the strategy
+        # replaces with the engine's twin.
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+        return {"optimizer": opt,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 3, 0.5), "interval": "step"}}
 
 
 WIDTH, DEPTH = 256, 6
@@ -194,9 +198,13 @@ def fit(strategy, module=Regression, val=False, compiled=False, **trainer_kwargs
     graphs = counters["stats"]["unique_graphs"] - graphs
     config_warnings = [str(w.message) for w in caught
                        if issubclass(w.category, zeroshard.ZeroShardConfigWarning)]
+    # torch's scheduler checks, at its first step, that its optimizer's step
+    # ran first: what it says when the optimizer was swapped behind it.
+    scheduler_warnings = [str(w.message) for w in caught if "lr_scheduler" in str(w.message)]
     if module is Wide:
         extra = {"val_losses": model.val_losses, "memory": model.memory,
-                 "alive_after_forward": model.alive_after_forward}
+                 "alive_after_forward": model.alive_after_forward, "scheduler_warnings": scheduler_warnings,
+                 "lr": trainer.optimizers[0].param_groups[0]["lr"]}
     else:
         extra = {"grads_after_backward": model.grads_after_backward, "hooked": model.hooked,
                  "param_dtypes": model.param_dtypes, "loss_scale": model.loss_scale,

@@ -302,6 +302,17 @@ def test_steps_run_in_the_root_scope(fits):
     assert 0 < memory["peak_gathered_bytes"] <= 0.4 * memory["unsharded_bytes"], memory
 
 
+def test_a_scheduler_made_on_the_torch_optimizer_follows_the_engines_twin_quietly(fits):
+    """configure_optimizers returns AdamW and a StepLR made on it; the
+    strategy swaps the AdamW for the engine's twin. The scheduler steps the
+    twin's lr (the losses above are DDP's, and so is the lr at the end), and
+    torch's check that the optimizer stepped before the scheduler is
+    satisfied: before, it warned that optimizer.step() had been overridden."""
+    ddp, ours = fits["ddp_wide"], fits["zeroshard_wide"]
+    assert ours["lr"] == ddp["lr"] == pytest.approx(1e-3 * 0.5 ** (len(ours["losses"]) // 3))
+    assert ddp["scheduler_warnings"] == [] and ours["scheduler_warnings"] == []
+
+
 def test_steps_get_the_root_forwards_step_work(fits):
     # Every param of the Regression model is persistent: every unit is
     # kept, so from the first step on its module runs without the engine's

@@ -626,10 +626,11 @@ def _make_strategy_class():
             return zt.run_as_forward(self.lightning_module, super().predict_step, *args, **kwargs)
 
         def setup_optimizers(self, trainer):
+            from .torch.optim import scheduler_follows
             super().setup_optimizers(trainer)
             converted = {id(o): _convert_optimizer(o) for o in self.optimizers}
             for config in self.lr_scheduler_configs:
-                config.scheduler.optimizer = converted[id(config.scheduler.optimizer)]
+                scheduler_follows(config.scheduler, converted[id(config.scheduler.optimizer)])
             self.optimizers = [converted[id(o)] for o in self.optimizers]
 
         # Checkpoints: `filepath` names a directory (as in DeepSpeedStrategy)

@@ -2,12 +2,10 @@
 (_accelerator_class), and `zeroshard.hf.Accelerator` for scripts written
 against Accelerate, with DeepSpeedPlugin's knobs (or `accelerate launch
 --use_deepspeed ...`) mapped onto the engine's config."""
-import functools
 import logging
 import math
 import os
 import sys
-import weakref
 
 import accelerate
 import accelerate.data_loader
@@ -16,6 +14,7 @@ import torch
 
 from .. import torch as zt
 from ..torch import heal, heal_world, shard_optim
+from ..torch.optim import scheduler_follows
 from . import accelerate_heal
 from .config import _engine_config, warn_not_acted_on
 from .pretrained import HfZeroShardConfig
@@ -261,25 +260,6 @@ def _json_safe(value):
     return value
 
 
-def _track_step(opt):
-    """What torch's LR scheduler did to the optimizer it was made on (its
-    step notes the call, for the scheduler's check that the optimizer
-    stepped first), on the engine's twin it follows now: without it every
-    scheduler step warned that optimizer.step() had been overridden."""
-    if hasattr(opt.step, "_wrapped_by_lr_sched"):
-        return
-    step, owner = type(opt).step, weakref.ref(opt)
-
-    @functools.wraps(step)
-    def wrapper(*args, **kwargs):
-        o = owner()
-        o._opt_called = True
-        return step(o, *args, **kwargs)
-
-    wrapper._wrapped_by_lr_sched = True
-    opt.step = wrapper
-
-
 class _EngineAcceleratedOptimizer(accelerate.optimizer.AcceleratedOptimizer):
     """Accelerate's wrapper of the engine's optimizer: its step_was_skipped
     is the engine's (Accelerate's reads a GradScaler's only, so its
@@ -390,8 +370,7 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
         for obj in out:
             inner = getattr(obj, "scheduler", obj)
             if id(getattr(inner, "optimizer", None)) in converted:
-                inner.optimizer = converted[id(inner.optimizer)]
-                _track_step(inner.optimizer)
+                scheduler_follows(inner, converted[id(inner.optimizer)])
         result = super().prepare(*out, device_placement=device_placement)
         return self._heal_prepared(result)
 

@@ -1,6 +1,8 @@
 """A torch optimizer backed by the engine's sharded optimizer."""
 import contextlib
+import functools
 import logging
+import weakref
 
 import torch
 
@@ -293,6 +295,28 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         self.sync_loss_scale()
         for e in _hook_engines():
             e.after_step()
+
+
+def scheduler_follows(scheduler, twin):
+    """A torch LR scheduler made on the optimizer that `twin` (the engine's,
+    ZeroShardOptimizer.twin_of) replaced steps `twin`'s groups from now on,
+    and `twin.step` notes its calls as torch's scheduler wraps its
+    optimizer's (for its check that the optimizer stepped first): without
+    that the first scheduler step warned that optimizer.step() had been
+    overridden."""
+    scheduler.optimizer = twin
+    if hasattr(twin.step, "_wrapped_by_lr_sched"):
+        return
+    step, owner = type(twin).step, weakref.ref(twin)
+
+    @functools.wraps(step)
+    def wrapper(*args, **kwargs):
+        o = owner()
+        o._opt_called = True
+        return step(o, *args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True
+    twin.step = wrapper
 
 
 def _members(ctx):
