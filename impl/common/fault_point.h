@@ -12,7 +12,8 @@
 // survivor's zs_heal_join, regrouped, before the lost ranks' state is
 // handed over; a replacement's join passes none), "regrow" (a regrow's
 // joiner, in zs_heal_join, before it describes its build, while the
-// survivors wait for it).
+// survivors wait for it), "grow_wait" (a regrow's joiner at its create, at
+// each poll for the survivors' answer, its request posted).
 // With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real

@@ -932,6 +932,7 @@ void Context::await_regrow() {
   try {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
+      fault_point("grow_wait");
       if (store_->check(key)) {
         const std::vector<char> raw = store_->get(key);
         text.assign(raw.begin(), raw.end());
@@ -1111,6 +1112,23 @@ void Context::regrow(const std::vector<int>& joined) {
   live.insert(live.end(), joined.begin(), joined.end());
   std::sort(live.begin(), live.end());
   topology_->regrow(live, [&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
+}
+
+std::vector<int> Context::missing_joiners(const std::vector<int>& joined, std::chrono::milliseconds wait) {
+  const std::string prefix = key_prefix_of(generation_ + 1);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::vector<int> missing;
+  for (const int r : joined) {
+    const std::string key = Heartbeat::key_at(prefix, r);
+    while (!store_->check(key) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!store_->check(key)) missing.push_back(r);
+  }
+  // Nothing to fence: a joiner posts its process identity after its address.
+  const std::string mark = "shrunk";
+  for (const int r : missing)
+    store_->set(loss_key(r, store_->add(losses_key(r), 1)), std::vector<char>(mark.begin(), mark.end()));
+  return missing;
 }
 
 void Context::rejoin(Group& group, int id, const std::vector<int>& members) {

@@ -263,6 +263,13 @@ class Context {
   // again, then reconnects the world and heal groups over the grown live
   // list (Topology::regrow), a rendezvous the joiners' create joins.
   void regrow(const std::vector<int>& joined);
+  // On the lowest survivor, before regrow(): the joiners of `joined` whose
+  // heartbeat address is still not posted in generation g + 1 after
+  // `wait` (an admitted joiner posts it milliseconds after its answer; one
+  // that died while it waited never will). Each one missing is counted as
+  // a loss of its rank again, marked "shrunk" (the next process for it
+  // asks as that loss's), before this returns.
+  std::vector<int> missing_joiners(const std::vector<int>& joined, std::chrono::milliseconds wait);
   // A process started with ZS_HEAL_JOIN=grow and ZS_HEAL_REPLACEMENT=n for
   // a rank the survivors shrank without, admitted into a regrow: it asks at
   // create (zs/heal/grow/request<k>), waits for the survivors' answer

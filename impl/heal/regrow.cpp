@@ -102,6 +102,46 @@ std::string key_of(const std::string& prefix, int ordinal, const char* what) {
   return prefix + "grow/opt" + std::to_string(ordinal) + "/" + what;
 }
 
+// How long the lowest survivor waits for an admitted joiner's heartbeat
+// address: it is posted milliseconds after the answer, so this only bounds
+// the wait for one that died after it asked.
+std::chrono::milliseconds arrival_wait(Context& ctx) {
+  return std::max(std::chrono::milliseconds(10000), 4 * ctx.loss_grace());
+}
+
+std::string next_incarnations(Context& ctx, const std::vector<int>& ranks) {
+  std::string out;
+  for (const int r : ranks) out += (out.empty() ? "" : " ") + std::to_string(ctx.losses_of(r));
+  return out;
+}
+
+// Which admitted joiners never came (Context::missing_joiners), alike on
+// every survivor: the lowest waits and posts it under the vote's step, the
+// others read it. None missing: the regrow goes on; else the survivors go
+// on as they are, and none waited for the store's timeout.
+std::vector<int> missing_joiners(Context& ctx, Store& store, const std::string& prefix, int64_t step, int lowest,
+                                 const std::vector<int>& joined) {
+  const std::string key = prefix + "missing@" + std::to_string(step);
+  try {
+    if (ctx.ranks().rank == lowest) {
+      const std::vector<int> missing = ctx.missing_joiners(joined, arrival_wait(ctx));
+      store.set(key, bytes(list(missing)));
+      return missing;
+    }
+    std::vector<char> raw;
+    ctx.rendezvous_with({lowest}, "the regrow (which joiners came, rank " + std::to_string(lowest) + "'s word)",
+                        [&] { raw = store.get(key); });
+    return parse_list(text(raw));
+  } catch (const Error& e) {
+    // The joiners wait in the next generation, which a heal of this loss
+    // would make anew: the survivors cannot go on in memory.
+    const std::string msg = "the regrow (rank(s) " + list(joined) + " coming back) was cut short before it began: " +
+                            e.what() + "; resume from the last disk checkpoint";
+    ctx.record_async_error(Code::StateLost, msg);
+    fail(Code::StateLost, msg);
+  }
+}
+
 }  // namespace
 
 void await_joiners(Context& ctx) { ctx.attachment<Requests>(); }
@@ -147,18 +187,31 @@ float regrow_vote(Context& ctx, int64_t step) {
 
 void regrow_after_step(Context& ctx, Optimizer& opt) {
   int ordinal = 0;
+  int64_t step = 0;
   {
     const auto held = ctx.lock();
     auto* pc = dynamic_cast<PeerCopy*>(opt.listener());
     if (pc == nullptr || !pc->grow_due) return;
     pc->grow_due = false;
     ordinal = pc->ordinal();
+    step = opt.steps_locked();
   }
   Store& store = *ctx.store();
   const std::string prefix = Context::key_prefix_of(ctx.generation() + 1) + "heal/";
   const std::vector<int> joined = parse_list(text(store.get(prefix + "grown")));
   const std::vector<int> before = ctx.topology().live();
   const auto begin = std::chrono::steady_clock::now();
+  const std::vector<int> missing = missing_joiners(ctx, store, prefix, step, before.front(), joined);
+  if (!missing.empty()) {
+    if (ctx.ranks().rank == before.front())
+      std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s, admitted back after optimizer step %lld, posted "
+                   "no heartbeat within %.1f s (the process died after it asked, or never got past its create): "
+                   "the world stays at %zu of %d ranks, and a new process for the rank may ask again "
+                   "(ZS_HEAL_REPLACEMENT=%s)\n", ctx.ranks().rank, list(missing).c_str(), static_cast<long long>(step),
+                   std::chrono::duration<double>(arrival_wait(ctx)).count(), before.size(), ctx.ranks().world_size,
+                   next_incarnations(ctx, missing).c_str());
+    return;
+  }
   cut_short_is_state_lost(ctx, joined, [&] {
     ctx.regrow(joined);
     check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {

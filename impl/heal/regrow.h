@@ -13,7 +13,10 @@
 //    in the step's norm all-reduce (PeerCopy::grow_vote), so every survivor
 //    learns it alike, at the same step.
 // 3. After that step (zs_optimizer_step, zs_optimizer_step_end) every
-//    survivor regrows (regrow_after_step): Context::regrow (heartbeats, the
+//    survivor regrows (regrow_after_step): once the lowest has said that
+//    every joiner posted its heartbeat address (a joiner that died after
+//    it asked never does: past a deadline the survivors go on as they
+//    were, Context::missing_joiners), Context::regrow (heartbeats, the
 //    world and heal groups over the live ranks and the joiners), the
 //    joiners' builds compared with the survivors' (join.h's check_builds),
 //    the shared trainer state and the step counts posted for them, and the
