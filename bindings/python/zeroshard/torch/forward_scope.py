@@ -33,7 +33,6 @@ import sys
 
 import torch
 
-from ..errors import RankLostError
 from . import _params, hollow, saved
 from .compile import engine_call
 from ._context import get_context
@@ -104,13 +103,7 @@ def _end_inference_step(state):
     for engine in state.ran:
         engine.release_held(ctx)
     token, dropped = _params.dropped_token()
-    agreed = None
-    if not hollow.active():
-        try:
-            agreed = ctx.step_end(token)
-        except RankLostError as e:
-            if not hollow.enter(e):
-                raise
+    agreed = hollow.value(ctx.step_end, token)
     state.step_open = False
     if agreed is not None:
         # Not a quiet step: what it gathered may be kept now, so the next

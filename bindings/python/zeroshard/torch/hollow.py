@@ -81,18 +81,25 @@ def catch_up():
     state.armed = state.on = True
 
 
-def call(fn, *args):
-    """fn(*args), a call of the engine within a step, unless the window is
-    or turns hollow: whether the engine ran it."""
+_SKIPPED = object()
+
+
+def value(fn, *args, otherwise=None):
+    """fn(*args)'s value, a call of the engine within a step, unless the
+    window is or turns hollow: then `otherwise`."""
     if _state().on:
-        return False
+        return otherwise
     try:
-        fn(*args)
+        return fn(*args)
     except RankLostError as e:
         if not enter(e):
             raise
-        return False
-    return True
+        return otherwise
+
+
+def call(fn, *args):
+    """fn(*args) as value() calls it: whether the engine ran it."""
+    return value(fn, *args, otherwise=_SKIPPED) is not _SKIPPED
 
 
 def show_zeros(params):
