@@ -13,7 +13,9 @@ in its optimizer update), "val" (in the validation after STEP steps) or
 validation's end, with ZS_TEST_CHECKPOINTS=1).
 Only a rank's first process kills itself. ZS_TEST_ACCUMULATE=K: K
 micro-batches a step, "backward1" killing in the first one's backward
-(outside the optimizer step), "backward" in the last.
+(outside the optimizer step), "backward" in the last. ZS_TEST_MANUAL=1:
+manual optimization, the training_step stepping the optimizer and the
+scheduler itself (the same numbers as automatic optimization's).
 
 The fit runs 2 epochs of STEPS / 2 optimizer steps from a shuffled
 DataLoader (Lightning gives it a DistributedSampler), the model of
@@ -42,12 +44,14 @@ import zeroshard.torch as zt
 from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes
 
 ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
+MANUAL = os.environ.get("ZS_TEST_MANUAL") == "1"
 
 
 class Module(pl.LightningModule):
     def __init__(self, kills, note):
         super().__init__()
         self.net, self.kills, self.note = None, kills, note
+        self.automatic_optimization = not MANUAL
 
     def configure_model(self):
         if self.net is None:
@@ -67,8 +71,15 @@ class Module(pl.LightningModule):
             return grad
 
         self.net.on_hidden = on_hidden
+        if MANUAL:
+            opt = self.optimizers()
+            opt.zero_grad()
         loss = self.net(batch[0]).pow(2).mean()
         self.log("loss", loss, on_step=True, on_epoch=True)
+        if MANUAL:
+            self.manual_backward(loss)
+            opt.step()
+            self.lr_schedulers().step()
         return loss
 
     def validation_step(self, batch, idx):

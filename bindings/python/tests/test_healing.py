@@ -430,13 +430,22 @@ def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps()
     assert not trainer_heal._buffered_across_steps(SimpleNamespace(args=SimpleNamespace(gradient_accumulation_steps=1)))
 
 
-def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_with_and_without_accumulation():
+LIGHTNING_WORLDS = {
+    "checkpoints": (("1:1:save", "0:6:backward", "2:10:val"), {"ZS_TEST_CHECKPOINTS": "1"}, True),
+    "accumulate": (("1:4:backward1", "0:6:backward", "2:9:update"),
+                   {"ZS_TEST_ACCUMULATE": "2", "ZS_TEST_PERSISTENT": "1"}, False),
+    "manual": (("1:2:backward", "0:5:update", "2:10:val"), {"ZS_TEST_MANUAL": "1", "ZS_TEST_PERSISTENT": "1"}, False),
+}
+
+
+@pytest.mark.parametrize("world", list(LIGHTNING_WORLDS))
+def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update(world):
     """A plain Lightning script (lightning_heal_worker.py: ZeroShardStrategy,
     2 epochs of 6 optimizer steps from a shuffled DataLoader, dropout, a
     StepLR stepped every step, the loss logged per step and as the epoch's
     mean, a validation every 4 steps after a sanity check, its mean synced)
-    on 3 ranks under zsrun --restarts:
-    - with Lightning's default logger (CSV) and ModelCheckpoint (a save
+    on 3 ranks under zsrun --restarts, one world each (LIGHTNING_WORLDS):
+    - checkpoints: with Lightning's default logger (CSV) and ModelCheckpoint (a save
       after each validation, the last one kept), from warm spares (zsrun
       --spare), rank 1 killed in the first save (the engine's fault point,
       its shards written: mid-epoch, at the end of the validation after
@@ -453,14 +462,20 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_wi
       logger version of its own: rank 0's logs go on in version_1, as
       after Lightning's own resume), Lightning's batch progress at each
       step's start the uninterrupted run's;
-    - then, no checkpoint and no logger, 2 micro-batches a step
+    - accumulate: no checkpoint and no logger, 2 micro-batches a step
       (accumulate_grad_batches=2) and every
       param persistent (each step ends in their gather, where the survivors
       learn of a loss after the step committed): rank 1 killed in step 4's
       first micro-batch (outside the optimizer step: the survivors redo it,
       the replacement answers locally until the closure they redo), rank 0
       in step 6's second (inside it: they redo both), rank 2 in step 9's
-      update (its replacement runs that step's window hollow).
+      update (its replacement runs that step's window hollow);
+    - manual: manual optimization (the training_step steps the optimizer and
+      the scheduler itself), every param persistent: rank 1 killed in step
+      2's backward (the survivors run the training_step again), rank 0 in
+      step 5's update (its replacement runs that training_step hollow up to
+      its optimizer step and live after it: the scheduler's step), rank 2
+      in the validation after step 10.
     Each world ends with every rank's optimizer state, the consolidated
     params, every loss and lr its processes logged, every epoch's and
     validation's mean equal to the uninterrupted run's (with the same
@@ -470,71 +485,70 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update_wi
     pytest.importorskip("lightning")
     worker, steps = "lightning_heal_worker.py", 12
     times = []
-    for kills, env, spare in ((("1:1:save", "0:6:backward", "2:10:val"), {"ZS_TEST_CHECKPOINTS": "1"}, True),
-                              (("1:4:backward1", "0:6:backward", "2:9:update"),
-                               {"ZS_TEST_ACCUMULATE": "2", "ZS_TEST_PERSISTENT": "1"}, False)):
-        env = dict(env, ZS_HEARTBEAT_TIMEOUT_MS="3000")
-        # The reference: persistence changes no number, accumulation does.
-        ref_files, files = {}, {}
-        ref_code, ref_out, ref_logs, ref_left = launch(3, restarts=1, worker=worker, steps=steps, digests=ref_files,
-                                                       env={k: v for k, v in env.items() if k != "ZS_TEST_PERSISTENT"})
-        assert ref_code == 0, ref_out
-        batch = lambda l: (l["rank"], l["epoch"], l["batch"])  # noqa: E731
-        ref_loss = {batch(l): (l["loss"], l["lr"]) for ls in ref_logs.values() for l in ls if l["event"] == "step"}
-        ref_epoch = {(l["rank"], l["epoch"]): l["loss"] for ls in ref_logs.values() for l in ls
-                     if l["event"] == "epoch"}
-        ref_val = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "val"}
-        # Lightning's batch progress (training and validation, `total`) at
-        # each step's start: a replacement's too (the last process's).
-        progress = lambda logs: {(l["rank"], l["step"]): l["progress"] for ls in logs.values()  # noqa: E731
-                                 for l in ls if l["event"] == "begin"}
-        code, out, logs, left = launch(3, *kills, restarts=len(kills), spare=spare, worker=worker, steps=steps,
-                                       env=env, digests=files)
-        assert code == 0, out
-        if "ZS_TEST_CHECKPOINTS" in env:
-            logs_1 = ["lightning_logs/version_1/", "lightning_logs/version_1/metrics.csv"]  # rank 0's replacement's
-            assert left == sorted(ref_left + logs_1), left
-            assert len(files) == 4 and files == ref_files, (files, ref_files)  # 3 shards and the manifest
-        else:
-            assert left == [f"log.{r}" for r in range(3)], left  # no checkpoint, nothing else
-        assert "starting the job again" not in out and "does not heal" not in out, out
-        check_ends(3, logs, ref_logs, out)
-        assert progress(logs) == progress(ref_logs)
-        victims = {int(k.split(":")[0]): (int(k.split(":")[1]), k.split(":")[2]) for k in kills}
-        for r, (step, where) in victims.items():
-            if spare:  # the warm spare of the moment took its place: the script's imports done
-                assert re.search(rf"healing: the spare \(pid \d+\) takes rank {r}'s place", out), out
-            if where == "save":
-                assert step == 1
-                step = 4  # the first save: ModelCheckpoint's at the end of the validation after 4 steps
-            # C: the steps before the victim's; after a loss in its update, that step too.
-            joined = step + 1 if where == "update" else step
-            assert f"zeroshard.lightning: rank {r} joined at step {joined}" in out, out
-            times.append((r, where, trainer_kill_to_commit(logs, r, step, "update" if where == "update" else
-                                                           "backward")))
-        hollow = []
-        for r, ls in logs.items():
-            pids = list(dict.fromkeys(l["pid"] for l in ls))
-            assert len(pids) == (2 if r in victims else 1), (r, pids)  # a survivor kept its process
-            for l in ls:
-                if l["event"] == "step":
-                    if l["loss"] is None:
-                        hollow.append((r, l["step"]))
-                    assert (l["loss"], l["lr"]) in ((None, ref_loss[batch(l)][1]), ref_loss[batch(l)]), (r, l)
-                if l["event"] == "epoch":  # a replacement's with its predecessor's share of the epoch
-                    assert l["loss"] == ref_epoch[(r, l["epoch"])], (r, l)
-            # Each validation once per rank (the one a loss cut short by
-            # the replacement), its synced mean the reference's; twice where
-            # the loss came in the save after its end hook (the victim's
-            # first process and the survivors noted it, then ran it again).
-            vals = [(l["step"], l["loss"]) for l in ls if l["event"] == "val"]
-            again = [4] if "1:1:save" in kills else []
-            assert vals == sorted([(s, v) for (q, s), v in ref_val.items() if q == r]
-                                  + [(s, ref_val[(r, s)]) for s in again]), (r, vals)
-        # Only the replacement after a committed step ran it hollow: each
-        # batch of that step's window, the first logged before the step
-        # counts (Lightning's global_step - 1).
-        assert hollow == ([(2, 8), (2, 9)] if "2:9:update" in kills else []), hollow
+    kills, env, spare = LIGHTNING_WORLDS[world]
+    env = dict(env, ZS_HEARTBEAT_TIMEOUT_MS="3000")
+    # The reference: persistence changes no number, accumulation does.
+    ref_files, files = {}, {}
+    ref_code, ref_out, ref_logs, ref_left = launch(3, restarts=1, worker=worker, steps=steps, digests=ref_files,
+                                                   env={k: v for k, v in env.items() if k != "ZS_TEST_PERSISTENT"})
+    assert ref_code == 0, ref_out
+    batch = lambda l: (l["rank"], l["epoch"], l["batch"])  # noqa: E731
+    ref_loss = {batch(l): (l["loss"], l["lr"]) for ls in ref_logs.values() for l in ls if l["event"] == "step"}
+    ref_epoch = {(l["rank"], l["epoch"]): l["loss"] for ls in ref_logs.values() for l in ls
+                 if l["event"] == "epoch"}
+    ref_val = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "val"}
+    # Lightning's batch progress (training and validation, `total`) at
+    # each step's start: a replacement's too (the last process's).
+    progress = lambda logs: {(l["rank"], l["step"]): l["progress"] for ls in logs.values()  # noqa: E731
+                             for l in ls if l["event"] == "begin"}
+    code, out, logs, left = launch(3, *kills, restarts=len(kills), spare=spare, worker=worker, steps=steps,
+                                   env=env, digests=files)
+    assert code == 0, out
+    if "ZS_TEST_CHECKPOINTS" in env:
+        logs_1 = ["lightning_logs/version_1/", "lightning_logs/version_1/metrics.csv"]  # rank 0's replacement's
+        assert left == sorted(ref_left + logs_1), left
+        assert len(files) == 4 and files == ref_files, (files, ref_files)  # 3 shards and the manifest
+    else:
+        assert left == [f"log.{r}" for r in range(3)], left  # no checkpoint, nothing else
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    check_ends(3, logs, ref_logs, out)
+    assert progress(logs) == progress(ref_logs)
+    victims = {int(k.split(":")[0]): (int(k.split(":")[1]), k.split(":")[2]) for k in kills}
+    for r, (step, where) in victims.items():
+        if spare:  # the warm spare of the moment took its place: the script's imports done
+            assert re.search(rf"healing: the spare \(pid \d+\) takes rank {r}'s place", out), out
+        if where == "save":
+            assert step == 1
+            step = 4  # the first save: ModelCheckpoint's at the end of the validation after 4 steps
+        # C: the steps before the victim's; after a loss in its update, that step too.
+        joined = step + 1 if where == "update" else step
+        assert f"zeroshard.lightning: rank {r} joined at step {joined}" in out, out
+        times.append((r, where, trainer_kill_to_commit(logs, r, step, "update" if where == "update" else
+                                                       "backward")))
+    hollow = []
+    for r, ls in logs.items():
+        pids = list(dict.fromkeys(l["pid"] for l in ls))
+        assert len(pids) == (2 if r in victims else 1), (r, pids)  # a survivor kept its process
+        for l in ls:
+            if l["event"] == "step":
+                if l["loss"] is None:
+                    hollow.append((r, l["step"]))
+                assert (l["loss"], l["lr"]) in ((None, ref_loss[batch(l)][1]), ref_loss[batch(l)]), (r, l)
+            if l["event"] == "epoch":  # a replacement's with its predecessor's share of the epoch
+                assert l["loss"] == ref_epoch[(r, l["epoch"])], (r, l)
+        # Each validation once per rank (the one a loss cut short by
+        # the replacement), its synced mean the reference's; twice where
+        # the loss came in the save after its end hook (the victim's
+        # first process and the survivors noted it, then ran it again).
+        vals = [(l["step"], l["loss"]) for l in ls if l["event"] == "val"]
+        again = [4] if "1:1:save" in kills else []
+        assert vals == sorted([(s, v) for (q, s), v in ref_val.items() if q == r]
+                              + [(s, ref_val[(r, s)]) for s in again]), (r, vals)
+    # Only the replacement after a committed step ran it hollow: each
+    # batch of that step's window, the first logged before the step
+    # counts (Lightning's global_step - 1).
+    assert hollow == ([(2, 8), (2, 9)] if "2:9:update" in kills else
+                      [(0, 5)] if "0:5:update" in kills else []), hollow
     print("kill to next committed step: " + ", ".join(f"rank {r} ({where}) {t:.2f} s" for r, where, t in times))
 
 

@@ -614,7 +614,11 @@ def _make_strategy_class():
         # with the gradient sweep.
 
         def training_step(self, *args, **kwargs):
-            return zt.run_as_forward(self.lightning_module, super().training_step, *args, **kwargs)
+            inner = super().training_step
+            if self._zs_heal is not None and not self.lightning_module.automatic_optimization:
+                return self._zs_heal.manual_step(
+                    self._trainer(), lambda: zt.run_as_forward(self.lightning_module, inner, *args, **kwargs))
+            return zt.run_as_forward(self.lightning_module, inner, *args, **kwargs)
 
         def validation_step(self, *args, **kwargs):
             return zt.run_as_forward(self.lightning_module, super().validation_step, *args, **kwargs)

@@ -38,7 +38,8 @@ So that a replacement's RNG is its predecessor's where it resumes, nothing
 between two optimizer steps may draw from the global RNG: the loaders'
 iterators, each of which draws its workers' seed, are made under a fork of
 it (the same seed, the RNG left as it was), in the reference run as in a
-healed one. Heals: automatic optimization with one engine optimizer (AdamW,
+healed one. Manual optimization heals with its training_step as the
+window (Healing.manual_step). Heals: one engine optimizer (AdamW,
 Adam or SGD). A loss in a checkpoint save or a hook between steps and
 validations is not healed: it ends the fit with RankLostError, and zsrun
 restarts the job.
@@ -48,7 +49,7 @@ import sys
 
 from . import torch as zt
 from .errors import RankLostError, StateLostError
-from .torch import _context, heal, heal_dist, heal_state
+from .torch import _context, heal, heal_dist, heal_state, hollow
 
 # The ckpt_path a replacement's fit resumes from: the survivors' state.
 HEAL_CHECKPOINT = "zeroshard-heal://survivors"
@@ -62,8 +63,6 @@ def why_not(trainer, module):
         return "it has no Trainer or LightningModule"
     if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":
         return "only a fit heals"
-    if not module.automatic_optimization:
-        return "manual optimization runs the training_step where the strategy cannot redo it"
     return None
 
 
@@ -129,6 +128,28 @@ def _load_results_state(results, state):
     for k, fields in state.items():
         for f, v in fields.items():
             setattr(results[k], f, v)
+
+
+def _hollow_logs_go(results, logged, carried):
+    """What the hollow part of a replacement's manual training_step logged
+    goes: each value its predecessor logged this epoch is as the
+    predecessor's step left it (`carried`, _epoch_results), any other as
+    at the window's start (`logged`, _results_state); one first logged
+    there goes."""
+    metrics = (carried or {}).get("metrics") or {}
+    for k in list(results):
+        m, state = results[k], metrics.get(k)
+        if state is not None:
+            m.value = state["value"].to(m.value.device)
+            if state["cumulated_batch_size"] is not None:
+                m.cumulated_batch_size = state["cumulated_batch_size"].to(m.value.device)
+            m._update_count = state["update_count"]
+            m._computed = None
+        elif k in logged:
+            for f, v in logged[k].items():
+                setattr(m, f, v)
+        else:
+            del results[k]
 
 
 def _epoch_results(trainer):
@@ -199,6 +220,8 @@ class Healing:
         self.window_state = None  # the shared state registered at the window's start
         self.local_closures = 0  # a replacement: closures to enter before its collectives are the survivors'
         self.trainer = None  # the fit's (after_setup)
+        self.manual = None  # manual optimization: the training_step's _ManualWindow in progress
+        self.carried = None  # a replacement: its predecessor's epoch results (_epoch_results), once caught up
 
     # -- setup ----------------------------------------------------------------
     def after_setup(self, strategy, trainer):
@@ -375,9 +398,11 @@ class Healing:
         if shared["phase"] != phase:
             raise RuntimeError(f"{WHO}: this replacement reached a {phase} first, but the survivors are in a "
                                f"{shared['phase']}")
+        self.carried = None
         if blob is not None:
             heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
-            _carry_epoch_results(trainer, (blob.get("extra") or {})["results"])
+            self.carried = (blob.get("extra") or {})["results"]
+            _carry_epoch_results(trainer, self.carried)
         if phase == "val":
             heal_dist.answering_locally(False)
             # The shared state said its first batch started (Lightning's
@@ -485,9 +510,85 @@ class Healing:
         closures = [c for c, _ in self.window.closures]
         return closures.index(upto) + 1 if upto is not None else len(closures)
 
+    # -- manual optimization --------------------------------------------------
+    # The window is the training_step, which steps the optimizer itself
+    # (self.optimizers().step(), once). A loss before its step heals and
+    # runs it again from its start (the RNG, the logged values and
+    # Lightning's count of optimizer steps put back); a loss in the step
+    # heals there: committed, the training_step goes on after it, else it
+    # runs again. A replacement at a window whose step committed in the loss
+    # runs it hollow (zeros, no engine call, no collective) up to its step,
+    # which it skips, and live after it, as the survivors run that part; the
+    # values it logged before the step go, and its training_step returns
+    # None.
+    def manual_step(self, trainer, run):
+        """The strategy's training_step under manual optimization; run()
+        runs the user's."""
+        hollow_window = False
+        if self.joined is not None:  # its predecessor's RNG from here
+            hollow_window = bool(self._catch_up(trainer, "batch"))
+            self.local_closures = 0
+            if not hollow_window:  # the survivors run this training_step again from its start
+                heal_dist.answering_locally(False)
+        m = self.manual = _ManualWindow(trainer, heal.optimizers()[0]._engine.steps)
+        m.hollow = hollow_window
+        try:
+            while True:
+                if m.hollow:
+                    hollow.catch_up()
+                try:
+                    out = run()
+                    return None if m.ran_hollow else out
+                except _RunAgain:
+                    pass  # healed in its step, which did not commit
+                except RankLostError as e:
+                    if heal.optimizers()[0]._engine.steps != m.before:
+                        raise RankLostError(f"{WHO}: {e}; it came after the optimizer step of this manual "
+                                            "training_step, in code of its own that called the engine or "
+                                            "torch.distributed, which this strategy cannot run again: not healed, "
+                                            "the fit ends and zsrun --restarts starts the job again from its last "
+                                            "checkpoint") from e
+                    self._recover({m.before})
+                m.put_back()
+        finally:
+            self.manual = None
+
+    def _manual_optimizer_step(self, optimizer, closure, step):
+        m = self.manual
+        opt = _engine_optimizer(optimizer)
+        if m.hollow:
+            # The survivors' state is this step's result already: what the
+            # hollow part logged goes, and from here the training_step runs
+            # with them.
+            heal.forget_step_in_flight()
+            hollow.leave()
+            hollow.arm(False)
+            if m.results is not None:
+                _hollow_logs_go(m.results, m.logged, self.carried)
+            heal_state.set_rng_state(m.rng)  # as its predecessor's after the step: the hollow part drew none
+            heal_dist.answering_locally(False)
+            m.hollow, m.ran_hollow = False, True
+            return None
+        if opt._engine.steps != m.before:
+            raise RuntimeError(f"{WHO}: this manual training_step steps its optimizer a second time; one that heals "
+                               "steps it once (set zeroshard.healing.peer_copy false to run it without healing)")
+
+        def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
+            if self._recover({m.before, m.before + 1}) == m.before + 1:
+                return True
+            raise _RunAgain()
+
+        opt.on_rank_lost = cut_short
+        try:
+            return step(closure)
+        finally:
+            opt.on_rank_lost = None
+
     def optimizer_step(self, trainer, optimizer, closure, step):
         """The strategy's optimizer_step; step(closure) is Lightning's."""
         from lightning.pytorch.loops.optimization.automatic import ClosureResult
+        if self.manual is not None:
+            return self._manual_optimizer_step(optimizer, closure, step)
         try:
             if self._hollow_or_caught_up(trainer):
                 closure._result = ClosureResult(None)  # no forward (the survivors run none), no update
@@ -523,6 +624,33 @@ class Healing:
             return heal.recover(agreed, allowed, WHO)
         except StateLostError as e:
             raise heal.state_lost_exit(WHO, e) from e
+
+
+class _RunAgain(Exception):
+    """A manual training_step's optimizer step healed and did not commit:
+    the training_step runs again from its start (Healing.manual_step)."""
+
+
+class _ManualWindow:
+    """A manual training_step's start: the engine's step count, the RNG, the
+    logged values and Lightning's count of optimizer steps, put back when it
+    runs again."""
+
+    def __init__(self, trainer, before):
+        self.before = before
+        self.results = trainer._results
+        self.logged = _results_state(self.results) if self.results is not None else {}
+        self.rng = heal_state.rng_state()
+        self.progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        self.counted = self.progress.state_dict()
+        self.hollow = False  # a replacement's window whose step committed in the loss: hollow up to it
+        self.ran_hollow = False
+
+    def put_back(self):
+        if self.results is not None:
+            _load_results_state(self.results, self.logged)
+        heal_state.set_rng_state(self.rng)
+        self.progress.load_state_dict(self.counted)
 
 
 class _Window:
