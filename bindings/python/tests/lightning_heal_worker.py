@@ -15,7 +15,9 @@ Only a rank's first process kills itself. ZS_TEST_ACCUMULATE=K: K
 micro-batches a step, "backward1" killing in the first one's backward
 (outside the optimizer step), "backward" in the last. ZS_TEST_MANUAL=1:
 manual optimization, the training_step stepping the optimizer and the
-scheduler itself (the same numbers as automatic optimization's).
+scheduler itself (the same numbers as automatic optimization's); with
+ZS_TEST_ACCUMULATE=K as well, it steps them every K-th batch (gradients
+accumulated by hand: Lightning's own accumulation is 1).
 
 The fit runs 2 epochs of STEPS / 2 optimizer steps from a shuffled
 DataLoader (Lightning gives it a DistributedSampler), the model of
@@ -73,13 +75,15 @@ class Module(pl.LightningModule):
         self.net.on_hidden = on_hidden
         if MANUAL:
             opt = self.optimizers()
-            opt.zero_grad()
+            if idx % ACCUMULATE == 0:
+                opt.zero_grad()
         loss = self.net(batch[0]).pow(2).mean()
         self.log("loss", loss, on_step=True, on_epoch=True)
         if MANUAL:
             self.manual_backward(loss)
-            opt.step()
-            self.lr_schedulers().step()
+            if idx % ACCUMULATE == ACCUMULATE - 1:
+                opt.step()
+                self.lr_schedulers().step()
         return loss
 
     def validation_step(self, batch, idx):
@@ -152,7 +156,8 @@ def main():
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=2, logger=checkpoints,
                          enable_checkpointing=checkpoints, default_root_dir=os.path.dirname(out),
                          enable_progress_bar=False, enable_model_summary=False,
-                         val_check_interval=4 * ACCUMULATE, accumulate_grad_batches=ACCUMULATE, callbacks=[Notes(note)])
+                         val_check_interval=4 * ACCUMULATE, accumulate_grad_batches=1 if MANUAL else ACCUMULATE,
+                         callbacks=[Notes(note)])
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2 * BATCH, DIM, generator=g)),
                                       batch_size=BATCH // world)
     trainer.fit(module, loader, val)

@@ -552,6 +552,22 @@ def test_a_lightning_fit_heals_losses_in_backwards_a_validation_and_an_update(wo
     print("kill to next committed step: " + ", ".join(f"rank {r} ({where}) {t:.2f} s" for r, where, t in times))
 
 
+def test_a_lightning_manual_training_step_after_one_that_took_no_step_is_not_healed_but_named():
+    """Manual optimization stepping every second batch (gradients
+    accumulated by hand): a loss in the second batch's backward cannot be
+    healed by running that training_step again (the first batch's gradients
+    went with the step cut short). The survivors say so and end; zsrun
+    restarts the job, which runs to its end."""
+    pytest.importorskip("lightning")
+    code, out, logs, _ = launch(3, "1:0:backward", restarts=2, worker="lightning_heal_worker.py", steps=8,
+                                env={"ZS_TEST_MANUAL": "1", "ZS_TEST_ACCUMULATE": "2",
+                                     "ZS_HEARTBEAT_TIMEOUT_MS": "3000"})
+    assert code == 0, out
+    assert "it came in a manual training_step after one that took no optimizer step" in out, out
+    assert "starting the job again" in out, out
+    assert all(ends(logs)[r][-1]["ran"] == 8 for r in range(3)), out
+
+
 def k_where(kills, rank):
     return next(k.split(":")[2] for k in kills if int(k.split(":")[0]) == rank)
 

@@ -222,6 +222,7 @@ class Healing:
         self.trainer = None  # the fit's (after_setup)
         self.manual = None  # manual optimization: the training_step's _ManualWindow in progress
         self.carried = None  # a replacement: its predecessor's epoch results (_epoch_results), once caught up
+        self.stepless = False  # manual optimization: the last training_step took no optimizer step
 
     # -- setup ----------------------------------------------------------------
     def after_setup(self, strategy, trainer):
@@ -276,7 +277,7 @@ class Healing:
     def on_exception(self, exception):
         """The fit ends with `exception` (Lightning's on_exception): a loss
         outside a training step or a validation is not healed; say so."""
-        if isinstance(exception, RankLostError):
+        if isinstance(exception, RankLostError) and not isinstance(exception, _NotHealed):
             print(f"{WHO}: rank {zt.get_context().rank}: a rank was lost outside a training step and a validation "
                   "(in a checkpoint save or a hook between them), where this strategy does not heal it: the fit "
                   "ends, and zsrun --restarts starts the job again from its last checkpoint", file=sys.stderr,
@@ -543,15 +544,18 @@ class Healing:
                     pass  # healed in its step, which did not commit
                 except RankLostError as e:
                     if heal.optimizers()[0]._engine.steps != m.before:
-                        raise RankLostError(f"{WHO}: {e}; it came after the optimizer step of this manual "
-                                            "training_step, in code of its own that called the engine or "
-                                            "torch.distributed, which this strategy cannot run again: not healed, "
-                                            "the fit ends and zsrun --restarts starts the job again from its last "
-                                            "checkpoint") from e
+                        raise _not_healed(e, "after the optimizer step of this manual training_step, in code of "
+                                          "its own that called the engine or torch.distributed, which this "
+                                          "strategy cannot run again") from e
+                    if self.stepless:
+                        raise _not_healed(e, "in a manual training_step after one that took no optimizer step: the "
+                                          "gradients of the training_steps before it (accumulated by hand) are "
+                                          "gone with the step cut short, and only this one would run again") from e
                     self._recover({m.before})
                 m.put_back()
         finally:
             self.manual = None
+            self.stepless = heal.optimizers()[0]._engine.steps == m.before and not m.ran_hollow
 
     def _manual_optimizer_step(self, optimizer, closure, step):
         m = self.manual
@@ -624,6 +628,16 @@ class Healing:
             return heal.recover(agreed, allowed, WHO)
         except StateLostError as e:
             raise heal.state_lost_exit(WHO, e) from e
+
+
+class _NotHealed(RankLostError):
+    """A loss in a manual training_step where the strategy cannot heal it:
+    its message says where (Healing.on_exception adds nothing)."""
+
+
+def _not_healed(error, where):
+    return _NotHealed(f"{WHO}: {error}; it came {where}: not healed, the fit ends and zsrun --restarts starts the "
+                      "job again from its last checkpoint")
 
 
 class _RunAgain(Exception):
