@@ -4,9 +4,11 @@
 // AdamW (push every gradient, zs_optimizer_step), with
 // zeroshard.healing.peer_copy off and on in alternating runs (off, on,
 // off, on, ...), and print the median step time of each, their ratio, the
-// time of the step call alone, and ZS_MEM_PEER_COPIES against this rank's
-// own state (shards + moments, S) and gradient shards (G). Figures and
-// ratios, never pass/fail. The last line is one JSON object.
+// time of the step call alone, what zs_step_stats says the copy took on the
+// step's path and its replay on the copy's own thread (medians, on), and
+// ZS_MEM_PEER_COPIES against this rank's own state (shards + moments, S) and
+// gradient shards (G). Figures and ratios, never pass/fail. The last line is
+// one JSON object.
 //
 //   build/bin/bench_heal_copy [--ranks 3] [--melems 8] [--steps 8] [--runs 2] [--blob-kb 0]
 //
@@ -50,6 +52,9 @@ struct Result {
   double peer_bytes = 0;   // ZS_MEM_PEER_COPIES
   double state_bytes = 0;  // this rank's shards + optimizer state
   double grad_bytes = 0;   // its gradient shards
+  // zs_step_stats, on: the copy on the step's path, the bytes received into
+  // the replica, the replay on the copy's thread (medians after the first)
+  double copy_s = 0, copy_bytes = 0, replay_s = 0;
 };
 
 Result run(int rank, const Args& a, bool heal, int port) {
@@ -92,7 +97,7 @@ Result run(int rank, const Args& a, bool heal, int port) {
   CHECK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
   zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
   CHECK(zs_optimizer_add_group(opt, ps.data(), ps.size(), &hp, nullptr));
-  std::vector<double> steps, opts, blobs;
+  std::vector<double> steps, opts, blobs, copies, copy_bytes, replays;
   std::vector<char> blob(static_cast<size_t>(a.blob_kb) * 1024);
   for (int s = 0; s <= a.steps; ++s) {
     const double t0 = now_s();
@@ -111,8 +116,16 @@ Result run(int rank, const Args& a, bool heal, int port) {
     } else {
       steps.push_back(t2 - t0);
       opts.push_back(t2 - t1);
+      zs_step_stats st = ZS_STEP_STATS_INIT;
+      CHECK(zs_context_step_stats(ctx, &st));
+      copies.push_back(st.peer_copy_seconds);
+      copy_bytes.push_back(static_cast<double>(st.peer_copy_bytes));
+      if (s > 1) replays.push_back(st.replay_seconds);  // the first step's replay ends in the second's copy
     }
   }
+  r.copy_s = zs::bench::median(copies);
+  r.copy_bytes = zs::bench::median(copy_bytes);
+  r.replay_s = replays.empty() ? 0.0 : zs::bench::median(replays);
   r.step_s = zs::bench::median(steps);
   r.opt_s = zs::bench::median(opts);
   r.blob_s = blobs.empty() ? 0.0 : zs::bench::median(blobs);
@@ -155,7 +168,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_heal_copy: --ranks must be >= 2, --blob-kb >= 0, the other options >= 1\n");
     return 2;
   }
-  std::vector<double> off_step, on_step, off_opt, on_opt, off_first, on_first, on_blob;
+  std::vector<double> off_step, on_step, off_opt, on_opt, off_first, on_first, on_blob, on_copy, on_replay;
   Result last_on;
   for (int run_i = 0; run_i < 2 * a.runs; ++run_i) {
     const bool heal = run_i % 2 == 1;
@@ -169,12 +182,15 @@ int main(int argc, char** argv) {
     (heal ? on_opt : off_opt).push_back(res.opt_s);
     (heal ? on_first : off_first).push_back(res.first_s);
     if (heal) on_blob.push_back(res.blob_s);
+    if (heal) on_copy.push_back(res.copy_s);
+    if (heal) on_replay.push_back(res.replay_s);
     if (heal) last_on = res;
   }
   const double off = zs::bench::median(off_step), on = zs::bench::median(on_step);
   const double off_o = zs::bench::median(off_opt), on_o = zs::bench::median(on_opt);
   const double off_f = zs::bench::median(off_first), on_f = zs::bench::median(on_first);
   const double blob_set = zs::bench::median(on_blob);
+  const double copy = zs::bench::median(on_copy), replay = zs::bench::median(on_replay);
   const double mib = 1 << 20;
   std::printf("AdamW on %d fp32 params of ~1M (%d M elements), %d loopback ranks, %d runs each way alternating, "
               "median of %d steps after the first (rank 0):\n",
@@ -189,6 +205,8 @@ int main(int argc, char** argv) {
               on_o * 1e3, on_o / off_o);
   std::printf("  first step (on: seeds the holder) off %7.2f ms  on %8.2f ms  (on/off %.3f)\n", off_f * 1e3,
               on_f * 1e3, on_f / off_f);
+  std::printf("  on, from zs_step_stats: the copy on the step's path %.2f ms (%.1f MiB received), the replay on its "
+              "own thread %.2f ms\n", copy * 1e3, last_on.copy_bytes / mib, replay * 1e3);
   std::printf("  peer_copies %.1f MiB = %.3f x (own state S %.1f MiB + gradient shards G %.1f MiB)\n",
               last_on.peer_bytes / mib, last_on.peer_bytes / (last_on.state_bytes + last_on.grad_bytes),
               last_on.state_bytes / mib, last_on.grad_bytes / mib);
@@ -196,9 +214,11 @@ int main(int argc, char** argv) {
               "\"blob_set_ms\":%.4f,\"step_ms_off\":%.3f,"
               "\"step_ms_on\":%.3f,\"step_ratio\":%.4f,\"optimizer_ms_off\":%.3f,\"optimizer_ms_on\":%.3f,"
               "\"first_step_ms_off\":%.3f,\"first_step_ms_on\":%.3f,\"peer_copies_bytes\":%.0f,\"state_bytes\":%.0f,"
-              "\"grad_bytes\":%.0f,\"peer_copies_over_s_plus_g\":%.4f}\n",
+              "\"grad_bytes\":%.0f,\"peer_copies_over_s_plus_g\":%.4f,\"copy_ms\":%.3f,\"copy_bytes\":%.0f,"
+              "\"replay_ms\":%.3f}\n",
               a.ranks, a.melems, a.steps, a.runs, a.blob_kb, blob_set * 1e3, off * 1e3, on * 1e3, on / off, off_o * 1e3, on_o * 1e3, off_f * 1e3,
               on_f * 1e3, last_on.peer_bytes, last_on.state_bytes, last_on.grad_bytes,
-              last_on.peer_bytes / (last_on.state_bytes + last_on.grad_bytes));
+              last_on.peer_bytes / (last_on.state_bytes + last_on.grad_bytes), copy * 1e3, last_on.copy_bytes,
+              replay * 1e3);
   return 0;
 }

@@ -101,6 +101,9 @@ ZS_API zs_status zs_context_step_stats(zs_context h, zs_step_stats* out_stats) {
     out->other_comm_bytes = s.comm.received[k(CommKind::Other)];
     out->wait_seconds = s.comm.wait_seconds;
     out->optimizer_seconds = s.optimizer_seconds;
+    out->peer_copy_seconds = s.peer_copy_seconds;
+    out->peer_copy_bytes = s.peer_copy_bytes;
+    out->replay_seconds = s.replay_seconds;
   });
 }
 

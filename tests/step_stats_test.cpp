@@ -101,6 +101,10 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     EXPECT_GT(st.optimizer_seconds, 0.0);
     EXPECT_LT(st.optimizer_seconds, st.step_seconds);
     EXPECT_GE(st.wait_seconds, 0.0);
+    // No peer copy: healing is off.
+    EXPECT_EQ(st.peer_copy_seconds, 0.0);
+    EXPECT_EQ(st.peer_copy_bytes, 0u);
+    EXPECT_EQ(st.replay_seconds, 0.0);
     ZS_ASSERT_OK(zs_optimizer_destroy(opt));
     for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
     ZS_ASSERT_OK(zs_context_destroy(ctx));
@@ -128,6 +132,44 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     EXPECT_TRUE(lanes.count("world")) << path;
     EXPECT_TRUE(lanes.count("optimizer")) << path;
     std::remove(path.c_str());
+  });
+}
+
+// Healing's peer copy in the step's figures (2 ranks, each the other's
+// holder): the first step's copy seeds the replica (params' shards and the
+// AdamW state besides the gradients: more bytes), every later one brings
+// the source's gradient shards, exactly this rank's shard bytes (shards are
+// of one size on every rank); from the second step on, the replay of the
+// source's last step has run (on the copy's thread) and is timed.
+TEST(StepStats, ThePeerCopysTimeAndBytes) {
+  run_ranks(2, [&](const RankEnv& env) {
+    zs_context ctx = zs::test::make_context(
+        env, R"({"zero_optimization": {"stage3_param_persistence_threshold": 0},
+                 "zeroshard": {"healing": {"peer_copy": true}}})");
+    const int64_t sizes[3] = {20001, 64, 7};
+    zs_param p[3];
+    uint64_t shard_bytes = 0;
+    register_three(ctx, sizes, p, &shard_bytes);
+    zs_optimizer opt = nullptr;
+    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
+    zs_step_stats st = ZS_STEP_STATS_INIT;
+    one_step(ctx, opt, sizes, p);
+    ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
+    EXPECT_GT(st.peer_copy_bytes, 3 * shard_bytes) << "the seed: shards, moments and gradients";
+    EXPECT_GT(st.peer_copy_seconds, 0.0);
+    EXPECT_EQ(st.replay_seconds, 0.0) << "nothing replayed before the first step";
+    for (int step = 0; step < 2; ++step) one_step(ctx, opt, sizes, p);
+    ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
+    EXPECT_EQ(st.step, 3);
+    EXPECT_EQ(st.peer_copy_bytes, shard_bytes);
+    EXPECT_GT(st.peer_copy_seconds, 0.0);
+    EXPECT_LT(st.peer_copy_seconds, st.step_seconds);
+    EXPECT_GT(st.replay_seconds, 0.0);
+    ZS_ASSERT_OK(zs_optimizer_destroy(opt));
+    for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+    ZS_ASSERT_OK(zs_context_destroy(ctx));
   });
 }
 

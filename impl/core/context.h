@@ -67,6 +67,10 @@ struct StepStats {
   double step_seconds = 0.0;
   CommTotals comm;  // collectives and waits within the step
   double optimizer_seconds = 0.0;
+  // Healing's peer copy (StepListener::step_figures): zs_step_stats's.
+  double peer_copy_seconds = 0.0;
+  uint64_t peer_copy_bytes = 0;
+  double replay_seconds = 0.0;
 };
 
 class Context {

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -238,6 +239,12 @@ void PeerCopy::wait_replay() {
   }
 }
 
+void PeerCopy::step_figures(StepStats& st) {
+  st.peer_copy_seconds = copy_seconds_;
+  st.peer_copy_bytes = copy_bytes_;
+  st.replay_seconds = replayed_seconds_;
+}
+
 BufferPtr PeerCopy::alloc(uint64_t bytes) {
   if (bytes == 0) return nullptr;
   return std::make_shared<Buffer>(ctx_.device(), bytes, MemKind::PeerCopies);
@@ -263,7 +270,11 @@ float PeerCopy::before_norm() {
 float PeerCopy::copy() {
   ctx_.expect_locked();
   fault_point("grad_copy");
+  const auto began = std::chrono::steady_clock::now();
+  copy_seconds_ = 0.0;
+  copy_bytes_ = 0;
   wait_replay();  // the replica takes this step's copy only once the last one is replayed
+  replayed_seconds_ = replay_seconds_;
   const std::vector<Optimizer::SlotState> mine = slots_locked();
   const int64_t step = opt_.steps_locked();
 
@@ -393,6 +404,8 @@ float PeerCopy::copy() {
   // ---- round 3, the state (a seed) and the gradients, one message per buffer
   group_->run("peer copy", [&](Communicator& c) { c.exchange(at(holder_), sends, at(source_), recvs); });
   shards.clear();
+  for (const ExchangeRecv& r : recvs) copy_bytes_ += r.bytes;
+  copy_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   note_holder_has(mine);
 
   received_state_ = in_state;
@@ -449,6 +462,7 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = [this, scale, hps = std::move(hps), kind] {
       fault_point("replay");  // on this worker, as the next forward begins on the caller's thread
+      const auto began = std::chrono::steady_clock::now();
       Device& dev = *ctx_.device();
       for (Slot& r : replica_) {
         if (!r.pushed || r.n == 0) continue;
@@ -475,6 +489,7 @@ void PeerCopy::after_norm(float commits, bool skipped, double grad_scale) {
       }
       dev.synchronize();
       ++replica_step_;
+      replay_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     };
     busy_ = true;
   }

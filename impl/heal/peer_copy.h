@@ -67,6 +67,7 @@ class PeerCopy final : public StepListener {
   float before_norm() override;
   void after_norm(float commits, bool skipped, double grad_scale) override;
   void detach() override;
+  void step_figures(StepStats& st) override;
   // A regrow (regrow.h): the first peer copy's lowest live rank votes, and
   // every rank learns from the votes' sum whether the world grows back
   // after this step (grow_due, acted on by regrow_after_step).
@@ -195,6 +196,12 @@ class PeerCopy final : public StepListener {
   bool busy_ = false, stop_ = false;
   std::exception_ptr replay_error_;
   std::thread thread_;
+
+  // zs_step_stats's figures: this step's copy (time, bytes received), and
+  // the last replay's time (written by the worker, read after it is done).
+  double copy_seconds_ = 0.0;
+  uint64_t copy_bytes_ = 0;
+  double replay_seconds_ = 0.0, replayed_seconds_ = 0.0;
 };
 
 // Attaches a PeerCopy to opt when the context heals

@@ -854,6 +854,7 @@ void Optimizer::record_step_stats(Trace::Clock::time_point step_begin, double up
   }
   st.comm.wait_seconds = totals.wait_seconds - last_totals_.wait_seconds;
   st.optimizer_seconds = update_seconds;
+  if (listener_) listener_->step_figures(st);
   ctx_.record_step(st);
   ctx_.note_step_copies();
   last_totals_ = totals;

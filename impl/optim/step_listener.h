@@ -5,6 +5,8 @@
 
 namespace zs {
 
+struct StepStats;
+
 class StepListener {
  public:
   virtual ~StepListener() = default;
@@ -26,6 +28,9 @@ class StepListener {
   virtual void grow_votes(float sum) { (void)sum; }
   // Called first thing in ~Optimizer, before any state goes.
   virtual void detach() {}
+  // The step's figures of the listener's own (zs_step_stats), as the step
+  // ends.
+  virtual void step_figures(StepStats& st) { (void)st; }
 };
 
 }  // namespace zs

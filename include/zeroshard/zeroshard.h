@@ -1423,8 +1423,18 @@ typedef struct zs_step_stats {
   uint64_t other_comm_bytes;
   double wait_seconds;          /* the trainer blocked on collectives */
   double optimizer_seconds;     /* the update itself */
+  /* Healing's peer copy (zeroshard.healing.peer_copy; 0 without): this
+   * step's copy on the trainer's path (the gradient shards to this rank's
+   * holder, its source's into the replica this rank holds, and the wait
+   * for the replay before), the bytes received into that replica (its
+   * seed included, when one came), and the last replay this rank finished
+   * of its source's step on the replica (on a thread of its own, while the
+   * step's forward and backward ran). */
+  double peer_copy_seconds;
+  uint64_t peer_copy_bytes;
+  double replay_seconds;
 } zs_step_stats;
-#define ZS_STEP_STATS_INIT { sizeof(zs_step_stats), 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0.0, 0.0 }
+#define ZS_STEP_STATS_INIT { sizeof(zs_step_stats), 0, 0.0, 0.0, 0, 0, 0.0, 0, 0, 0.0, 0, 0.0, 0, 0.0, 0.0, 0.0, 0, 0.0 }
 
 /* ZS_STEP_STATS_INIT for languages without C macros: its values into the
  * first `size` bytes of *stats (pass sizeof *stats). */

@@ -564,6 +564,9 @@ typedef struct zs_step_stats {
   uint64_t other_comm_bytes;
   double wait_seconds;
   double optimizer_seconds;
+  double peer_copy_seconds;
+  uint64_t peer_copy_bytes;
+  double replay_seconds;
 } zs_step_stats;
 zs_status zs_step_stats_init(zs_step_stats* stats, size_t size);
 

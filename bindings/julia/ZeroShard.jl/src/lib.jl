@@ -357,6 +357,9 @@ mutable struct zs_step_stats
     other_comm_bytes::UInt64
     wait_seconds::Cdouble
     optimizer_seconds::Cdouble
+    peer_copy_seconds::Cdouble
+    peer_copy_bytes::UInt64
+    replay_seconds::Cdouble
     zs_step_stats() = new()  # filled by zs_step_stats_init
 end
 

@@ -437,6 +437,9 @@ pub struct zs_step_stats {
     pub other_comm_bytes: u64,
     pub wait_seconds: f64,
     pub optimizer_seconds: f64,
+    pub peer_copy_seconds: f64,
+    pub peer_copy_bytes: u64,
+    pub replay_seconds: f64,
 }
 
 /// Declares `new()` for each struct: the library's `zs_xxx_init`, i.e. the

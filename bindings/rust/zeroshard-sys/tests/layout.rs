@@ -78,7 +78,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         zs_step_stats { size, step, step_seconds, gather_seconds, gather_bytes, gathers,
             reduce_scatter_seconds, reduce_scatter_bytes, reduce_scatters, allreduce_seconds,
             allreduce_bytes, other_comm_seconds, other_comm_bytes, wait_seconds,
-            optimizer_seconds }
+            optimizer_seconds, peer_copy_seconds, peer_copy_bytes, replay_seconds }
     };
     let enums = rust_enums!(
         ZS_OK,
