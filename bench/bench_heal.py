@@ -17,8 +17,11 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
   and off (ZS_HEAL=0), alternating --pairs times: the median step (from one
   committed step to the next on rank 0, the first 3 left out), the copies'
   overhead as on/off - 1, `peer_copies` of the memory report and peak RSS per
-  rank. The first "on" run is also the reference of the kill run: the same
-  steps uninterrupted.
+  rank, and, with the copies on, each rank's median share of its step that
+  zs_step_stats gives the copy on the step's path and the replay on the
+  copy's own thread (read per step, not from the noisy on/off difference).
+  The first "on" run is also the reference of the kill run: the same steps
+  uninterrupted.
 - **kills**: one launch of --steps steps, `zsrun --restarts --kills+1`
   with zsstore serving the store (so rank 0 is replaced like any rank);
   with --spare, `zsrun --spare` too: a warm process replaces the lost rank
@@ -172,7 +175,9 @@ def worker(args):
 
     def after_step(i, loss):
         i += start
-        note("step", step=i, loss=loss, lr=opt.param_groups[0]["lr"])
+        st = opt.step_stats()  # the peer copy's share of the step (0 with the copies off)
+        note("step", step=i, loss=loss, lr=opt.param_groups[0]["lr"], step_s=st["step_seconds"],
+             copy_s=st["peer_copy_seconds"], replay_s=st["replay_seconds"])
         sched.step()
         if args.ckpt_dir and (i + 1) % args.ckpt_every == 0:
             t0 = time.time()
@@ -247,7 +252,9 @@ def accelerate_worker(args, note, rank, world):
         opt.zero_grad()
         if not opt.step_was_skipped:  # a heal's skipped step comes again with the same batch
             note("trained", step=i)
-            note("step", step=i, loss=loss.item(), lr=opt.param_groups[0]["lr"])
+            st = opt.optimizer.step_stats()
+            note("step", step=i, loss=loss.item(), lr=opt.param_groups[0]["lr"], step_s=st["step_seconds"],
+                 copy_s=st["peer_copy_seconds"], replay_s=st["replay_seconds"])
     note_end(note, opt.optimizer, model)
 
 
@@ -334,6 +341,19 @@ def step_times(events, skip=3):
     return [b - a for a, b in zip(t[skip:], t[skip + 1:])]
 
 
+def copy_shares(events, skip=3):
+    """Each rank's median of what zs_step_stats says the peer copy took on
+    the step's path and its replay on the copy's own thread, as fractions of
+    the engine's step time (the first `skip` steps left out)."""
+    out = {}
+    for k in sorted({e["rank"] for e in events}):
+        mine = [e for e in events if e["event"] == "step" and e["rank"] == k and "copy_s" in e][skip:]
+        if mine:
+            out[k] = (statistics.median(e["copy_s"] / e["step_s"] for e in mine),
+                      statistics.median(e["replay_s"] / e["step_s"] for e in mine))
+    return out
+
+
 def steady(args, d):
     results = {"on": [], "off": []}
     for pair in range(args.pairs):
@@ -353,9 +373,16 @@ def steady(args, d):
                  "engine_mib": [round(e[k]["engine_total"] / 2**20, 1) for k in range(RANKS)],
                  "digests": [e[k]["digest"] for k in range(RANKS)], "params": e[0]["params"],
                  "steps": [e[k]["steps"] for k in range(RANKS)]}
+            shares = copy_shares(ev)
+            r["copy_share"] = [round(shares[k][0], 4) for k in sorted(shares)]
+            r["replay_share"] = [round(shares[k][1], 4) for k in sorted(shares)]
             results[mode].append(r)
             print(f"steady {mode:3} (pair {pair}): median step {r['median_step_s']:.3f} s over {len(steps)}, "
                   f"peak RSS {r['peak_rss_mib']} MiB, peer copies {r['peer_copies_mib']} MiB", flush=True)
+            if mode == "on" and shares:
+                print("  zs_step_stats, each rank's median share of its step: the copy on the step's path "
+                      f"{', '.join(f'{x:.1%}' for x in r['copy_share'])}; the replay on the copy's thread "
+                      f"{', '.join(f'{x:.1%}' for x in r['replay_share'])}", flush=True)
     ratios = [on["median_step_s"] / off["median_step_s"] for on, off in zip(results["on"], results["off"])]
     results["overhead"] = [round(x - 1, 4) for x in ratios]
     results["overhead_median"] = round(statistics.median(ratios) - 1, 4)

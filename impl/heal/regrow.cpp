@@ -119,8 +119,8 @@ std::string next_incarnations(Context& ctx, const std::vector<int>& ranks) {
 // every survivor: the lowest waits and posts it under the vote's step, the
 // others read it. None missing: the regrow goes on; else the survivors go
 // on as they are, and none waited for the store's timeout.
-std::vector<int> missing_joiners(Context& ctx, Store& store, const std::string& prefix, int64_t step, int lowest,
-                                 const std::vector<int>& joined) {
+std::vector<int> agree_on_missing_joiners(Context& ctx, Store& store, const std::string& prefix, int64_t step,
+                                          int lowest, const std::vector<int>& joined) {
   const std::string key = prefix + "missing@" + std::to_string(step);
   try {
     if (ctx.ranks().rank == lowest) {
@@ -201,7 +201,7 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   const std::vector<int> joined = parse_list(text(store.get(prefix + "grown")));
   const std::vector<int> before = ctx.topology().live();
   const auto begin = std::chrono::steady_clock::now();
-  const std::vector<int> missing = missing_joiners(ctx, store, prefix, step, before.front(), joined);
+  const std::vector<int> missing = agree_on_missing_joiners(ctx, store, prefix, step, before.front(), joined);
   if (!missing.empty()) {
     if (ctx.ranks().rank == before.front())
       std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s, admitted back after optimizer step %lld, posted "

@@ -513,7 +513,8 @@ class Healing:
 
     # -- manual optimization --------------------------------------------------
     # The window is the training_step, which steps the optimizer itself
-    # (self.optimizers().step(), once). A loss before its step heals and
+    # (self.optimizers().step(); a second step in it is not healed). A loss
+    # before its step heals and
     # runs it again from its start (the RNG, the logged values and
     # Lightning's count of optimizer steps put back); a loss in the step
     # heals there: committed, the training_step goes on after it, else it
@@ -574,8 +575,9 @@ class Healing:
             m.hollow, m.ran_hollow = False, True
             return None
         if opt._engine.steps != m.before:
-            raise RuntimeError(f"{WHO}: this manual training_step steps its optimizer a second time; one that heals "
-                               "steps it once (set zeroshard.healing.peer_copy false to run it without healing)")
+            # A second step in one training_step: it runs as it would without
+            # healing, and a loss from here ends the fit (manual_step).
+            return step(closure)
 
         def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
             if self._recover({m.before, m.before + 1}) == m.before + 1:

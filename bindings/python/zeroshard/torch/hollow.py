@@ -13,7 +13,9 @@ backward on zeros give finite values, thrown away: the optimizer's step at
 the window's end heals (heal.recover), says the step was skipped, and the
 DataLoader yields the window's batches again. Not armed, RankLostError
 reaches the caller as before. A replacement runs hollow from its join to
-the survivors' step (catch_up).
+the survivors' step (catch_up); so does a Lightning replacement's manual
+training_step up to its optimizer step, when that step committed in the
+loss (lightning_heal.Healing.manual_step).
 
 The state is the context's (hook_state's rule: the hooks' modules keep
 none of their own).
