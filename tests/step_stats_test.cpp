@@ -46,6 +46,15 @@ void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint6
   }
 }
 
+// An AdamW over the three params, defaults.
+zs_optimizer adamw_over(zs_context ctx, zs_param p[3]) {
+  zs_optimizer opt = nullptr;
+  EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW), ZS_OK) << zs_last_error();
+  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+  EXPECT_EQ(zs_optimizer_add_group(opt, p, 3, &hp, nullptr), ZS_OK) << zs_last_error();
+  return opt;
+}
+
 // One training step of the three params: fetch and release them in one
 // coordinated step, push a gradient to each, step the optimizer.
 void one_step(zs_context ctx, zs_optimizer opt, const int64_t sizes[3], zs_param p[3]) {
@@ -75,10 +84,7 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     zs_param p[3];
     uint64_t shard_bytes = 0;
     register_three(ctx, sizes, p, &shard_bytes);
-    zs_optimizer opt = nullptr;
-    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
-    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-    ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
+    zs_optimizer opt = adamw_over(ctx, p);
     zs_step_stats st = ZS_STEP_STATS_INIT;
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 0) << "no step yet";
@@ -150,10 +156,7 @@ TEST(StepStats, ThePeerCopysTimeAndBytes) {
     zs_param p[3];
     uint64_t shard_bytes = 0;
     register_three(ctx, sizes, p, &shard_bytes);
-    zs_optimizer opt = nullptr;
-    ZS_ASSERT_OK(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW));
-    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-    ZS_ASSERT_OK(zs_optimizer_add_group(opt, p, 3, &hp, nullptr));
+    zs_optimizer opt = adamw_over(ctx, p);
     zs_step_stats st = ZS_STEP_STATS_INIT;
     one_step(ctx, opt, sizes, p);
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
