@@ -46,15 +46,6 @@ void register_three(zs_context ctx, const int64_t sizes[3], zs_param p[3], uint6
   }
 }
 
-// An AdamW over the three params, defaults.
-zs_optimizer adamw_over(zs_context ctx, zs_param p[3]) {
-  zs_optimizer opt = nullptr;
-  EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW), ZS_OK) << zs_last_error();
-  zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
-  EXPECT_EQ(zs_optimizer_add_group(opt, p, 3, &hp, nullptr), ZS_OK) << zs_last_error();
-  return opt;
-}
-
 // One training step of the three params: fetch and release them in one
 // coordinated step, push a gradient to each, step the optimizer.
 void one_step(zs_context ctx, zs_optimizer opt, const int64_t sizes[3], zs_param p[3]) {
@@ -70,6 +61,28 @@ void one_step(zs_context ctx, zs_optimizer opt, const int64_t sizes[3], zs_param
   ZS_ASSERT_OK(zs_optimizer_step(opt, &r));
 }
 
+// Three params of over 64 KiB of gradient in all (the step's reduce-scatter
+// and the norm's all-reduce: a smaller step reduces in one exchange,
+// GradFusionTiny) and an AdamW over them, defaults.
+struct ThreeUnderAdamW {
+  const int64_t sizes[3] = {20001, 64, 7};
+  zs_param p[3] = {};
+  uint64_t shard_bytes = 0;  // this rank's, of the three
+  zs_optimizer opt = nullptr;
+
+  explicit ThreeUnderAdamW(zs_context ctx) {
+    register_three(ctx, sizes, p, &shard_bytes);
+    EXPECT_EQ(zs_optimizer_create(&opt, ctx, ZS_OPTIM_ADAMW), ZS_OK) << zs_last_error();
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    EXPECT_EQ(zs_optimizer_add_group(opt, p, 3, &hp, nullptr), ZS_OK) << zs_last_error();
+  }
+  void step(zs_context ctx) { one_step(ctx, opt, sizes, p); }
+  void destroy() {
+    ZS_ASSERT_OK(zs_optimizer_destroy(opt));
+    for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+  }
+};
+
 }  // namespace
 
 TEST(StepStats, BytesOfTheStepAndTheTimeline) {
@@ -78,17 +91,12 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     setenv("ZS_TRACE", trace.c_str(), 1);
     zs_context ctx = zs::test::make_context(
         env, R"({"zero_optimization": {"stage3_param_persistence_threshold": 0}})");
-    // Over 64 KiB of gradient: the reduce-scatter and the norm's all-reduce
-    // (a smaller step reduces in one exchange: GradFusionTiny).
-    const int64_t sizes[3] = {20001, 64, 7};
-    zs_param p[3];
-    uint64_t shard_bytes = 0;
-    register_three(ctx, sizes, p, &shard_bytes);
-    zs_optimizer opt = adamw_over(ctx, p);
+    ThreeUnderAdamW m(ctx);
+    const uint64_t shard_bytes = m.shard_bytes;
     zs_step_stats st = ZS_STEP_STATS_INIT;
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 0) << "no step yet";
-    for (int step = 0; step < 3; ++step) one_step(ctx, opt, sizes, p);
+    for (int step = 0; step < 3; ++step) m.step(ctx);
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 3);
     // One coalesced gather of the three params, one bucket reduced: each
@@ -111,8 +119,7 @@ TEST(StepStats, BytesOfTheStepAndTheTimeline) {
     EXPECT_EQ(st.peer_copy_seconds, 0.0);
     EXPECT_EQ(st.peer_copy_bytes, 0u);
     EXPECT_EQ(st.replay_seconds, 0.0);
-    ZS_ASSERT_OK(zs_optimizer_destroy(opt));
-    for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+    m.destroy();
     ZS_ASSERT_OK(zs_context_destroy(ctx));
 
     // The timeline, closed by the context's end, is valid JSON.
@@ -152,26 +159,21 @@ TEST(StepStats, ThePeerCopysTimeAndBytes) {
     zs_context ctx = zs::test::make_context(
         env, R"({"zero_optimization": {"stage3_param_persistence_threshold": 0},
                  "zeroshard": {"healing": {"peer_copy": true}}})");
-    const int64_t sizes[3] = {20001, 64, 7};
-    zs_param p[3];
-    uint64_t shard_bytes = 0;
-    register_three(ctx, sizes, p, &shard_bytes);
-    zs_optimizer opt = adamw_over(ctx, p);
+    ThreeUnderAdamW m(ctx);
     zs_step_stats st = ZS_STEP_STATS_INIT;
-    one_step(ctx, opt, sizes, p);
+    m.step(ctx);
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
-    EXPECT_GT(st.peer_copy_bytes, 3 * shard_bytes) << "the seed: shards, moments and gradients";
+    EXPECT_GT(st.peer_copy_bytes, 3 * m.shard_bytes) << "the seed: shards, moments and gradients";
     EXPECT_GT(st.peer_copy_seconds, 0.0);
     EXPECT_EQ(st.replay_seconds, 0.0) << "nothing replayed before the first step";
-    for (int step = 0; step < 2; ++step) one_step(ctx, opt, sizes, p);
+    for (int step = 0; step < 2; ++step) m.step(ctx);
     ZS_ASSERT_OK(zs_context_step_stats(ctx, &st));
     EXPECT_EQ(st.step, 3);
-    EXPECT_EQ(st.peer_copy_bytes, shard_bytes);
+    EXPECT_EQ(st.peer_copy_bytes, m.shard_bytes);
     EXPECT_GT(st.peer_copy_seconds, 0.0);
     EXPECT_LT(st.peer_copy_seconds, st.step_seconds);
     EXPECT_GT(st.replay_seconds, 0.0);
-    ZS_ASSERT_OK(zs_optimizer_destroy(opt));
-    for (auto& q : p) ZS_ASSERT_OK(zs_param_destroy(q));
+    m.destroy();
     ZS_ASSERT_OK(zs_context_destroy(ctx));
   });
 }

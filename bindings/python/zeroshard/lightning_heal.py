@@ -579,16 +579,10 @@ class Healing:
             # healing, and a loss from here ends the fit (manual_step).
             return step(closure)
 
-        def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
-            if self._recover({m.before, m.before + 1}) == m.before + 1:
-                return True
+        def run_again():
             raise _RunAgain()
 
-        opt.on_rank_lost = cut_short
-        try:
-            return step(closure)
-        finally:
-            opt.on_rank_lost = None
+        return self._step_healing(opt, m.before, lambda: step(closure), run_again)
 
     def optimizer_step(self, trainer, optimizer, closure, step):
         """The strategy's optimizer_step; step(closure) is Lightning's."""
@@ -604,19 +598,31 @@ class Healing:
             opt = _engine_optimizer(optimizer)
             before = self.window.before if self.window is not None else opt._engine.steps
 
-            def cut_short():  # ZeroShardOptimizer.on_rank_lost: True when the step committed
-                if self._recover({before, before + 1}, redo=self._redone(None)) == before + 1:
-                    return True
+            def redo_window():  # every closure of the window again, then the step again
                 self._redo(upto=None)
                 return False
 
-            opt.on_rank_lost = cut_short
-            try:
-                return step(closure)
-            finally:
-                opt.on_rank_lost = None
+            return self._step_healing(opt, before, lambda: step(closure), redo_window,
+                                      redone=lambda: self._redone(None))
         finally:
             self.window = None
+
+    def _step_healing(self, opt, before, run, not_committed, redone=None):
+        """run(), Lightning's optimizer step, with a loss in the engine's
+        step healed there (ZeroShardOptimizer.on_rank_lost): committed, the
+        step stands; else not_committed() says what follows (False: the
+        engine steps again; or it raises). redone(): the closures the
+        survivors run again, for _recover."""
+        def cut_short():
+            if self._recover({before, before + 1}, redo=redone() if redone else None) == before + 1:
+                return True
+            return not_committed()
+
+        opt.on_rank_lost = cut_short
+        try:
+            return run()
+        finally:
+            opt.on_rank_lost = None
 
     def _recover(self, allowed, redo=None):
         """Heal (zeroshard.torch.heal.recover); returns C, one of `allowed`.
