@@ -43,6 +43,7 @@ struct Shared {
   std::atomic<double> shrunk_at, grown_time;  // steady clock seconds: a survivor's shrink, the joiner's join
   std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
   std::atomic<int> finished[kMaxWorld];
+  std::atomic<int> last_step;  // the survivors' last step once the joiner was answered (0: not yet)
   std::atomic<int64_t> steps_at_end[kMaxWorld];
   std::atomic<int> live_at_end[kMaxWorld];
   float healed0[kNumel[0]], healed1[kNumel[1]], healed_frozen[kFrozen];
@@ -273,8 +274,21 @@ void unanswered(bool two_optimizers) {
     }
     ZS_ASSERT_OK(built);
     int step = 1;
-    // After the shrink the survivors train on until the joiner was answered.
-    while (step <= kSteps || (two_optimizers && !sh->asking.load() && std::chrono::steady_clock::now() < until)) {
+    // After the shrink the survivors train on until the joiner was answered,
+    // and stop after one step that they all run: the first to see the answer
+    // after its step s names s + 1 (the others have at most begun s + 1, as
+    // its collectives wait for this one), so none leaves a step another runs.
+    const auto go_on = [&] {
+      if (step <= kSteps) return true;
+      if (!two_optimizers) return false;
+      if (sh->asking.load() || std::chrono::steady_clock::now() >= until) {
+        int none = 0;
+        sh->last_step.compare_exchange_strong(none, step);
+      }
+      const int last = sh->last_step.load();
+      return last == 0 || step <= last;
+    };
+    while (go_on()) {
       zs_status s = train_step(env, m, step);
       if (s == ZS_OK && second) {
         const std::vector<float> g(13, 0.01f * static_cast<float>(env.rank + 1));

@@ -833,9 +833,11 @@ std::vector<int> Context::await_loss(std::chrono::milliseconds within, std::stri
   return lost_;
 }
 
-std::vector<int> Context::settle_loss(std::chrono::milliseconds within, std::string* why) const {
+std::vector<int> Context::settle_loss(std::chrono::milliseconds within, std::string* why,
+                                      const std::vector<int>& known) const {
   std::unique_lock<std::mutex> lock(loss_mu_);
-  loss_cv_.wait_for(lock, within, [&] { return loss_stop_ || (!lost_.empty() && lost_acted_ == lost_); });
+  loss_cv_.wait_for(lock, within,
+                    [&] { return loss_stop_ || (!lost_.empty() && lost_ != known && lost_acted_ == lost_); });
   if (why) *why = lost_why_;
   return lost_;
 }

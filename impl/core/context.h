@@ -211,10 +211,12 @@ class Context {
   // Waits up to `within` for a loss; returns lost_ranks().
   std::vector<int> await_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
   std::chrono::milliseconds loss_grace() const;
-  // Waits up to `within` for a loss and for the heal thread to have acted
-  // on every loss known (so that its store interrupt is behind the
-  // caller's next store call); returns lost_ranks().
-  std::vector<int> settle_loss(std::chrono::milliseconds within, std::string* why = nullptr) const;
+  // Waits up to `within` for a loss beyond `known` (any, when empty) and
+  // for the heal thread to have acted on every loss known (so that its
+  // store interrupt is behind the caller's next store call); returns
+  // lost_ranks().
+  std::vector<int> settle_loss(std::chrono::milliseconds within, std::string* why = nullptr,
+                               const std::vector<int>& known = {}) const;
 
   // Healing generations (docs/healing.md, section 3). Every rendezvous key
   // of a generation lives under key_prefix(): "zs/" for the first (0),

@@ -132,10 +132,13 @@ Outcome agree(Context& ctx, Optimizer& opt) {
   // After a store call failed: whether a loss found since settle_loss (a
   // second rank that died a tick later, its holder say, whose loss
   // interrupts the call in flight) explains it; `lost` then names it and
-  // the call is made again.
+  // the call is made again, once the loss thread has acted on it (its
+  // interrupt of the store, landing on the call made again, would fail it;
+  // a watch of the call may cut it short before the loss is recorded).
   const auto lost_more = [&](const Error& e, int attempt) {
-    const std::vector<int> now = ctx.settle_loss(std::chrono::milliseconds(0), &why);
-    if (e.code() != Code::Comm || now == lost || attempt > world) return false;
+    if (e.code() != Code::Comm || attempt > world) return false;
+    const std::vector<int> now = ctx.settle_loss(ctx.loss_grace(), &why, lost);
+    if (now == lost) return false;
     lost = now;
     return true;
   };
