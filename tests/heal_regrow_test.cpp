@@ -11,6 +11,7 @@
 // agree within 1e-6 (relative); the survivors keep their processes.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,8 @@ struct Shared {
   std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
   std::atomic<int> finished[kMaxWorld];
   std::atomic<int> last_step;  // the survivors' last step once the joiner was answered (0: not yet)
+  std::atomic<int> joiner_pid;
+  std::atomic<double> continued_at;  // steady clock seconds: the stopped joiner sent SIGCONT
   std::atomic<int64_t> steps_at_end[kMaxWorld];
   std::atomic<int> live_at_end[kMaxWorld];
   float healed0[kNumel[0]], healed1[kNumel[1]], healed_frozen[kFrozen];
@@ -207,6 +210,19 @@ void shrunk_then_regrown(int world, const std::vector<int>& victims, const char*
   EXPECT_LE(w, 1e-6);
 }
 
+// Whether a survivor about to run `step` runs it, in a loop that ends once
+// `over` holds: the first survivor to see it after its step s names s + 1
+// the last step (the others have at most begun s + 1, as its collectives
+// wait for this one), so none leaves a step another runs.
+bool runs_step(Shared* sh, int step, bool over) {
+  if (over) {
+    int none = 0;
+    sh->last_step.compare_exchange_strong(none, step);
+  }
+  const int last = sh->last_step.load();
+  return last == 0 || step <= last;
+}
+
 // The answers a joiner gets instead of a place, neither after the store's
 // timeout: with two optimizers keeping peer copies the survivors refuse it
 // by name (the other optimizer's step of the same iteration would run on
@@ -274,21 +290,9 @@ void unanswered(bool two_optimizers) {
     }
     ZS_ASSERT_OK(built);
     int step = 1;
-    // After the shrink the survivors train on until the joiner was answered,
-    // and stop after one step that they all run: the first to see the answer
-    // after its step s names s + 1 (the others have at most begun s + 1, as
-    // its collectives wait for this one), so none leaves a step another runs.
-    const auto go_on = [&] {
-      if (step <= kSteps) return true;
-      if (!two_optimizers) return false;
-      if (sh->asking.load() || std::chrono::steady_clock::now() >= until) {
-        int none = 0;
-        sh->last_step.compare_exchange_strong(none, step);
-      }
-      const int last = sh->last_step.load();
-      return last == 0 || step <= last;
-    };
-    while (go_on()) {
+    // After the shrink the survivors train on until the joiner was answered.
+    while (step <= kSteps ||
+           (two_optimizers && runs_step(sh, step, sh->asking.load() || std::chrono::steady_clock::now() >= until))) {
       zs_status s = train_step(env, m, step);
       if (s == ZS_OK && second) {
         const std::vector<float> g(13, 0.01f * static_cast<float>(env.rank + 1));
@@ -317,6 +321,86 @@ void unanswered(bool two_optimizers) {
   };
   zs::test::run_ranks_replacing(3, body, 90, {1}, 1, store.port());
   EXPECT_EQ(sh->asking.load(), 1) << "the joiner was never answered";
+}
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A joiner admitted, then stopped ("grow_arrive:stop", as one starved past
+// the survivors' arrival deadline would be) before it claims its arrival:
+// the lowest survivor waits the deadline (10 s), claims it missing, and
+// the survivors go on shrunk. Sent SIGCONT then, the joiner's create ends
+// at once with ZS_ERR_NOT_TAKEN naming it, rather than wait in a
+// generation the survivors left until the store's timeout.
+void starved_joiner() {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", "2");
+  const auto body = [&](const RankEnv& env) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    if (env.replacement == 0) {
+      setenv("ZS_FAULT_POINT", "update:1:3", 1);
+    } else {
+      setenv("ZS_FAULT_POINT", "grow_arrive:1:1:stop", 1);
+      setenv("ZS_HEAL_JOIN", "grow", 1);
+      while (sh->committed[0].load() <= 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      sh->joiner_pid = getpid();
+      Model m;
+      const zs_status built = build_with_frozen(env, m);
+      const double after = seconds_now() - sh->continued_at.load();
+      const std::string why = zs_last_error();
+      std::printf("[heal-regrow] the starved joiner, %.2f s after SIGCONT: %s\n", after, why.c_str());
+      std::fflush(stdout);
+      EXPECT_EQ(built, ZS_ERR_NOT_TAKEN) << why;
+      EXPECT_NE(why.find("arrived after the survivors stopped waiting for it"), std::string::npos) << why;
+      EXPECT_GT(sh->continued_at.load(), 0.0) << "it went on before it was sent SIGCONT";
+      EXPECT_LT(after, 10.0) << "waited for the store's timeout";
+      sh->asking = 1;
+      destroy(m);
+      return;
+    }
+    Model m;
+    ZS_ASSERT_OK(build_with_frozen(env, m));
+    int step = 1;
+    bool shrunk = false;
+    while (step <= kRegrowSteps || runs_step(sh, step, sh->asking.load() || std::chrono::steady_clock::now() >= until)) {
+      if (shrunk) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const double t0 = seconds_now();
+      const zs_status s = train_step(env, m, step);
+      if (s == ZS_OK) {
+        // The lowest survivor's step that waited for the joiner's arrival.
+        if (env.rank == 0 && sh->joiner_pid.load() > 0 && seconds_now() - t0 > 5.0 && sh->continued_at.load() == 0) {
+          sh->continued_at = seconds_now();
+          kill(sh->joiner_pid.load(), SIGCONT);
+        }
+        ++step;
+        continue;
+      }
+      ASSERT_NE(env.rank, 1) << "rank 1 outlived its fault point";
+      ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+      ASSERT_FALSE(shrunk) << "a second loss: " << zs_last_error();
+      int64_t agreed = -1, committed = -1;
+      ZS_ASSERT_OK(zs_heal_agree(&agreed, nullptr, m.opt));
+      ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));  // a shrink
+      sh->committed[env.rank] = committed;
+      step = static_cast<int>(committed) + 1;
+      shrunk = true;
+    }
+    zs_group wg = nullptr;
+    ZS_ASSERT_OK(zs_context_group(&wg, m.ctx, ZS_GROUP_WORLD));
+    int size = 0;
+    ZS_ASSERT_OK(zs_group_size(wg, &size));
+    EXPECT_EQ(size, 2) << "rank " << env.rank << "'s world group at the end: the joiner was not taken";
+    zs_group_destroy(wg);
+    EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+    sh->finished[env.rank] += 1;
+    destroy(m);
+  };
+  zs::test::run_ranks_replacing(3, body, 90, {1}, 1);
+  EXPECT_EQ(sh->asking.load(), 1) << "the starved joiner's create never returned";
+  EXPECT_EQ(sh->finished[0].load() + sh->finished[2].load(), 2);
 }
 
 // The joiner killed in its zs_heal_join, before it describes its build
@@ -403,3 +487,4 @@ TEST(HealRegrow, AJoinerLostAsItWaitsIsNotWaitedForAndTheNextProcessGrowsTheWorl
 TEST(HealRegrow, WithTwoOptimizersTheJoinerIsRefusedByName) { unanswered(true); }
 TEST(HealRegrow, AJoinerAfterTheRunEndedIsToldSo) { unanswered(false); }
 TEST(HealRegrow, AJoinerLostInTheRegrowIsStateLostByName) { joiner_lost_in_the_regrow(); }
+TEST(HealRegrow, AJoinerStarvedPastItsArrivalIsToldSoAndTheSurvivorsGoOn) { starved_joiner(); }

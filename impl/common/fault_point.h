@@ -13,7 +13,9 @@
 // handed over; a replacement's join passes none), "regrow" (a regrow's
 // joiner, in zs_heal_join, before it describes its build, while the
 // survivors wait for it), "grow_wait" (a regrow's joiner at its create, at
-// each poll for the survivors' answer, its request posted).
+// each poll for the survivors' answer, its request posted), "grow_arrive"
+// (a regrow's joiner, its answer read, before it posts its heartbeat
+// address and claims its arrival).
 // With ":fail" after the
 // count, that pass throws Code::Comm instead (on "norm_allreduce_done": an
 // all-reduce that completed on the others but failed here, which a real

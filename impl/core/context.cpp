@@ -429,6 +429,7 @@ void Context::connect(const ContextOptions& options) {
       });
   }
   if (replacing_ && heartbeat_) await_heal_decision();
+  if (growing_) claim_arrival();  // its heartbeat address posted in the generation it joins
   agree_on_backend();
   // A replacement beats from the start: the survivors readmitted it before
   // they reconnect, and judge it from then on.
@@ -971,12 +972,25 @@ void Context::await_regrow() {
     std::istringstream in(std::string(raw.begin(), raw.end()));
     for (int r; in >> r;) live.push_back(r);
   }
+  fault_point("grow_arrive");
   topology_->start_live(live);
   regrow_absent_.clear();
   for (int r = 0; r < ranks_.world_size; ++r)
     if (!std::binary_search(live.begin(), live.end(), r)) regrow_absent_.push_back(r);
   generation_ = g;
   growing_ = true;
+}
+
+// A joiner stopped or starved past the survivors' arrival deadline (its
+// answer read, its claim not yet made) finds that they went on without it,
+// rather than wait for their addresses in a generation they left.
+void Context::claim_arrival() {
+  if (store_->add(arrival_key(generation_, ranks_.rank, replacement_), 1) == 1) return;
+  fail(Code::NotTaken, "rank ", ranks_.rank, " (ZS_HEAL_JOIN=grow, ZS_HEAL_REPLACEMENT=", replacement_, ") was "
+       "admitted into generation ", generation_, " but arrived after the survivors stopped waiting for it (it was "
+       "stopped or starved between their answer and its heartbeat); they went on without it and count it lost, so "
+       "it has nothing to do (exit with ZS_EXIT_NOT_TAKEN); the next process for rank ", ranks_.rank,
+       " may ask again");
 }
 
 namespace {
@@ -1116,15 +1130,20 @@ void Context::regrow(const std::vector<int>& joined) {
   topology_->regrow(live, [&](Group& group, int id, const std::vector<int>& members) { rejoin(group, id, members); });
 }
 
+std::string Context::arrival_key(int64_t generation, int rank, int64_t incarnation) {
+  return key_prefix_of(generation) + "heal/arrived/" + std::to_string(rank) + "/" + std::to_string(incarnation);
+}
+
 std::vector<int> Context::missing_joiners(const std::vector<int>& joined, std::chrono::milliseconds wait) {
-  const std::string prefix = key_prefix_of(generation_ + 1);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::vector<int> missing;
   for (const int r : joined) {
-    const std::string key = Heartbeat::key_at(prefix, r);
+    const std::string key = arrival_key(generation_ + 1, r, losses_of(r));  // as admitted (regrow.cpp)
     while (!store_->check(key) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!store_->check(key)) missing.push_back(r);
+    // First to claim: the joiner did not come in time (its own claim, if it
+    // ever makes one, finds this one).
+    if (store_->add(key, 1) == 1) missing.push_back(r);
   }
   // Nothing to fence: a joiner posts its process identity after its address.
   const std::string mark = "shrunk";

@@ -269,13 +269,19 @@ class Context {
   // again, then reconnects the world and heal groups over the grown live
   // list (Topology::regrow), a rendezvous the joiners' create joins.
   void regrow(const std::vector<int>& joined);
-  // On the lowest survivor, before regrow(): the joiners of `joined` whose
-  // heartbeat address is still not posted in generation g + 1 after
-  // `wait` (an admitted joiner posts it milliseconds after its answer; one
-  // that died while it waited never will). Each one missing is counted as
-  // a loss of its rank again, marked "shrunk" (the next process for it
-  // asks as that loss's), before this returns.
+  // On the lowest survivor, before regrow(): the joiners of `joined` that
+  // have not claimed their arrival in generation g + 1 (arrival_key) after
+  // `wait` (an admitted joiner claims it milliseconds after its answer,
+  // its heartbeat address posted; one that died while it waited never
+  // will, one stopped or starved meanwhile claims too late). Each arrival
+  // is claimed once, by the joiner or by this rank at the deadline, so
+  // both sides agree on it. Each one missing is counted as a loss of its
+  // rank again, marked "shrunk" (the next process for it asks as that
+  // loss's), before this returns.
   std::vector<int> missing_joiners(const std::vector<int>& joined, std::chrono::milliseconds wait);
+  // Where joiner `rank`, process number `incarnation` (its rank's losses
+  // when admitted), claims its arrival into generation `generation`.
+  static std::string arrival_key(int64_t generation, int rank, int64_t incarnation);
   // A process started with ZS_HEAL_JOIN=grow and ZS_HEAL_REPLACEMENT=n for
   // a rank the survivors shrank without, admitted into a regrow: it asks at
   // create (zs/heal/grow/request<k>), waits for the survivors' answer
@@ -461,6 +467,7 @@ class Context {
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
   bool grow_wanted_ = false;  // ZS_HEAL_JOIN=grow
   bool growing_ = false;      // admitted into a regrow (await_regrow)
+  void claim_arrival();      // a joiner, its heartbeat address posted (missing_joiners)
   std::vector<int> regrow_absent_;  // its world ranks not live in the generation it joins
   bool heal_soft_ = false;  // ZS_HEAL=auto
   bool external_store_ = false;  // ZS_STORE_SERVER=external

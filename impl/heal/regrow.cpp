@@ -102,9 +102,9 @@ std::string key_of(const std::string& prefix, int ordinal, const char* what) {
   return prefix + "grow/opt" + std::to_string(ordinal) + "/" + what;
 }
 
-// How long the lowest survivor waits for an admitted joiner's heartbeat
-// address: it is posted milliseconds after the answer, so this only bounds
-// the wait for one that died after it asked.
+// How long the lowest survivor waits for an admitted joiner's arrival: it
+// is claimed milliseconds after the answer, so this only bounds the wait
+// for one that died after it asked, or was stopped or starved.
 std::chrono::milliseconds arrival_wait(Context& ctx) {
   return std::max(std::chrono::milliseconds(10000), 4 * ctx.loss_grace());
 }
@@ -204,8 +204,9 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   const std::vector<int> missing = agree_on_missing_joiners(ctx, store, prefix, step, before.front(), joined);
   if (!missing.empty()) {
     if (ctx.ranks().rank == before.front())
-      std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s, admitted back after optimizer step %lld, posted "
-                   "no heartbeat within %.1f s (the process died after it asked, or never got past its create): "
+      std::fprintf(stderr, "zeroshard: rank %d: healing: rank(s) %s, admitted back after optimizer step %lld, did not "
+                   "arrive within %.1f s (the process died after it asked, or was stopped or starved: if it comes "
+                   "later it is told so and exits): "
                    "the world stays at %zu of %d ranks, and a new process for the rank may ask again "
                    "(ZS_HEAL_REPLACEMENT=%s)\n", ctx.ranks().rank, list(missing).c_str(), static_cast<long long>(step),
                    std::chrono::duration<double>(arrival_wait(ctx)).count(), before.size(), ctx.ranks().world_size,

@@ -106,8 +106,6 @@ class Heartbeat {
   // it there, takes its beats (a new epoch, which was dropped before), and
   // judges it afresh, as heard now. A report of its silence is forgotten.
   void readmit(int rank, Store& store);
-  // Where rank's address is published under a generation's key prefix.
-  static std::string key_at(const std::string& prefix, int rank);
   // A shrink (docs/healing.md, section 4) went on without `rank`: it
   // counts as departed from now on (its silence is no loss), until a
   // readmit.
@@ -174,6 +172,7 @@ class Heartbeat {
   std::string silence_locked(const std::vector<int>& ranks) const;
   std::string mac(const char* data, size_t bytes) const;
   std::string key(int rank) const;  // where rank's address is, in the current generation
+  static std::string key_at(const std::string& prefix, int rank);
   // The addresses `ranks` published under `prefix`, in one store request
   // (start, reform); take_address copies one into a peer.
   static std::vector<Peer> read_peers(Store& store, const std::string& prefix, const std::vector<int>& ranks);
