@@ -20,7 +20,14 @@ learning rate. After each epoch an evaluation gathers a held-out loss (a
 replacement runs those of the epochs it skips hollow). Each process
 appends JSON lines to OUT.<rank>: per step taken (not skipped) its loss,
 per epoch the evaluation's value; at the end its optimizer state's hash with its step
-count and lr, rank 0 the consolidated params' hash.
+count and lr, rank 0 the consolidated params' hash. Each step's note also
+holds its batch's sum, the live ranks and Accelerate's process index and
+count (which follow a shrink and a regrow). $ZS_TEST_GROW_MARK, a path:
+a process started to grow the world back (ZS_HEAL_JOIN=grow) creates it
+before its Accelerator; a survivor of a shrink, after the step before its
+epoch's last, waits for it and 3 s more (the joiner's request posted), so
+that the world grows back in the epoch's last step and the rank that
+comes back takes part in the evaluation after it.
 """
 import os
 import signal
@@ -46,6 +53,9 @@ def main():
     accumulation = int(os.environ.get("ACCUMULATION", "1"))
     rank = int(os.environ["RANK"])
     mine, note = kills_and_notes(out, rank, sys.argv[3:])
+    mark = os.environ.get("ZS_TEST_GROW_MARK")
+    if mark and os.environ.get("ZS_HEAL_JOIN") == "grow":
+        open(mark, "w").close()
 
     accelerator = Accelerator(zeroshard_config=CONFIG, gradient_accumulation_steps=accumulation, cpu=True)
     set_seed(0)
@@ -61,6 +71,7 @@ def main():
     torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
 
     engine = opt.optimizer._engine
+    ctx = zt.get_context()
     micro = [0]  # micro-batches since the last step taken (for the "begin" notes)
 
     def at(where):
@@ -106,8 +117,15 @@ def main():
             if accelerator.sync_gradients:  # a step taken (a heal's skipped one reads as none)
                 micro[0] = 0
                 completed += 1
+                live = list(ctx.live_ranks)
                 note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
-                     completed=completed, t=time.time())
+                     completed=completed, batch=x.sum().item(), live=live,
+                     processes=[accelerator.process_index, accelerator.num_processes], t=time.time())
+                if mark and len(live) < ctx.world_size and step % len(loader) == len(loader) - 2:
+                    until = time.time() + 60
+                    while not os.path.exists(mark) and time.time() < until:
+                        time.sleep(0.05)
+                    time.sleep(3)
         model.eval()
         total = 0.0
         with torch.no_grad():

@@ -263,3 +263,75 @@ def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
             mean = sum(by_rank[r]["local"] for r in live) / len(live)
             assert all(abs(by_rank[r]["loss"] - mean) < 1e-6 for r in live), (step, by_rank)
         assert {len(v[0]["live"]) for v in vals.values()} == {2, 3}, vals  # validations in both worlds
+
+
+
+ACCELERATE_EPOCHS = 2  # 5 steps an epoch
+
+
+def accelerate_launch(d, flags, *kills):
+    os.makedirs(d)
+    code, out = launch(3, "accelerate_heal_worker.py", [f"{d}/log", ACCELERATE_EPOCHS, *kills], flags, cwd=d,
+                       ZS_TEST_GROW_MARK=f"{d}/asking")
+    return code, out, read_logs(f"{d}/log")
+
+
+def test_an_accelerate_script_shrinks_in_memory_and_grows_back():
+    """The plain Accelerate script of the healing tests (a shuffled
+    DataLoader, dropout, a StepLR every step, an evaluation gathering a
+    held-out loss after each epoch) under zsrun --shrink --regrow-after:
+    rank 1 killed in step 2's backward; ranks 0 and 2 run the rest of the
+    step hollow, shrink at its optimizer step, redo it on their own (each
+    its own share of the data) and go on; rank 1 comes back in the first
+    epoch's last step (the survivors wait for it before) and joins at the
+    window after it: the epoch's end, so it takes part in the evaluation
+    there, live. Every step taken once on every rank, the script's own
+    count right; the steps before the loss and the redone one bitwise the
+    uninterrupted run's (its params at the commit are); the scheduler's lr
+    every step the uninterrupted run's (Accelerate steps it once a process:
+    at the count it was prepared with, as an epoch still takes as many
+    steps); Accelerate's process index and count the position among the
+    live ranks and their count; the rank that comes back trains on the
+    batches its id has in the uninterrupted run from there, and its
+    evaluation of that epoch is the survivors'. Nothing else is compared
+    bit for bit: the shrunk steps average two ranks' gradients."""
+    with tempfile.TemporaryDirectory(prefix="zs_shrink_acc_") as d:
+        code, ref_out, ref = accelerate_launch(f"{d}/ref", ["--restarts", "1"])
+        assert code == 0, ref_out
+        code, out, logs = accelerate_launch(f"{d}/job", ["--restarts", "1", "--min-nproc", "2", "--shrink",
+                                                         "--regrow-after", "1"], "1:2:backward")
+        assert code == 0, out
+        assert "starting the job again" not in out, out
+        assert "does not heal" not in out, out
+        total = 5 * ACCELERATE_EPOCHS
+        steps = {r: [l for l in ls if l["event"] == "step"] for r, ls in logs.items()}
+        ref_steps = {r: {l["step"]: l for l in ls if l["event"] == "step"} for r, ls in ref.items()}
+        for r in (0, 2):
+            assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
+            assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
+            assert len({l["pid"] for l in logs[r]}) == 1, logs[r]  # a survivor kept its process
+            assert [l["step"] for l in steps[r]] == list(range(total)), [l["step"] for l in steps[r]]
+            assert [l["completed"] for l in steps[r]] == list(range(1, total + 1)), steps[r]
+            for l in steps[r]:
+                want = ref_steps[r][l["step"]]
+                assert l["lr"] == want["lr"] and l["batch"] == want["batch"], (r, l, want)
+                here = l["live"].index(r)
+                assert l["processes"] == [here, len(l["live"])], (r, l)
+            # Before the loss and the redone step: the same params, batches and RNG.
+            assert [l["loss"] for l in steps[r][:3]] == [ref_steps[r][s]["loss"] for s in range(3)], r
+            assert [len(l["live"]) for l in steps[r]] == [3, 3, 2, 2] + [3] * (total - 4), steps[r]
+        # The regrow came in step 4, the first epoch's last: rank 1 joins at
+        # its end, before the evaluation.
+        assert "zeroshard.hf.Accelerator: rank 1 joined at step 5: it goes on at epoch 0, batch 5" in out, out
+        came_back = [l for l in logs[1] if l["pid"] != logs[1][0]["pid"]]
+        assert [l["step"] for l in came_back if l["event"] == "step"] == list(range(5, total)), came_back
+        for l in came_back:
+            if l["event"] == "step":  # its own share, from where the survivors were
+                want = ref_steps[1][l["step"]]
+                assert (l["batch"], l["lr"], l["processes"]) == (want["batch"], want["lr"], [1, 3]), (l, want)
+        evals = {r: {l["epoch"]: l["value"] for l in ls if l["event"] == "eval" and l["pid"] == ls[-1]["pid"]}
+                 for r, ls in logs.items()}
+        assert evals[0] == evals[1] == evals[2] and sorted(evals[0]) == list(range(ACCELERATE_EPOCHS)), evals
+        for r in range(3):
+            end = [l for l in logs[r] if l["event"] == "end"]
+            assert len(end) == 1 and end[0]["steps"] == total, (r, end)

@@ -38,16 +38,25 @@ A loss outside a window (an evaluation, a save, the logging between a
 step and the next batch) is not healed: RankLostError ends the script and
 `zsrun --restarts` restarts every rank from the last `save_state`, as
 before.
+
+Under zeroshard.healing.min_ranks (zsrun --min-nproc M --shrink) the
+survivors go on without a lost rank in memory (the heal is a shrink) and
+take it back at a step (torch/heal_world.py): Accelerate's process index
+and count follow, each rank keeps its share of the data, and the rank
+that comes back (ZS_HEAL_JOIN=grow) joins as a replacement does, at the
+window after the step it came back in.
 """
 import os
 import sys
 
 import accelerate.data_loader
+import accelerate.scheduler
+import accelerate.state
 import torch
 
 from .. import torch as zt
 from ..errors import RankLostError, StateLostError
-from ..torch import _context, heal, heal_dist, heal_state, hollow
+from ..torch import _context, heal, heal_dist, heal_state, heal_world, hollow
 
 WHO = "zeroshard.hf.Accelerator"
 KIND = "accelerate"
@@ -61,6 +70,40 @@ def before_context(config, fsdp):
     if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None and fsdp is None \
             and not zero.get("zero_quantized_nontrainable_weights"):
         zt.enable_healing()
+
+
+def process_follows(position, count, grew):
+    """After a shrink or a regrow (heal_world.on_change): Accelerate's
+    process index and count (what its gathers size their output by, what
+    a script scales by) are this rank's position among the live ranks and
+    their count. The data loaders keep the split they were made with: each
+    rank its own share, as healing_loop."""
+    for state in (accelerate.state.PartialState, accelerate.state.AcceleratorState):
+        shared = state._shared_state
+        if shared:
+            shared["process_index"], shared["num_processes"] = position, count
+
+
+class PlannedScheduler(accelerate.scheduler.AcceleratedScheduler):
+    """A prepared scheduler that steps as many times a step as there were
+    processes at the start. Accelerate steps it num_processes times an
+    optimizer step (each process took a batch); after a shrink each rank
+    still takes its own share's steps, an epoch as many as before, so the
+    schedule planned over the run's steps holds only when it goes on at
+    the count it was prepared with, not the live one (which Accelerate's
+    gathers need, process_follows)."""
+
+    def step(self, *args, **kwargs):
+        # Both states: AcceleratorState() copies PartialState's when made.
+        states = [s._shared_state for s in (accelerate.state.PartialState, accelerate.state.AcceleratorState)]
+        live = [s.get("num_processes") for s in states]
+        for s in states:
+            s["num_processes"] = _context.get_context().world_size
+        try:
+            super().step(*args, **kwargs)
+        finally:
+            for s, n in zip(states, live):
+                s["num_processes"] = n
 
 
 class Healing:
@@ -87,7 +130,9 @@ class Healing:
         # A replacement: where the survivors are, until its loader gets there.
         self.resume = None
         self.joined_state = None
+        self.window_state = None  # what the open window registered (a regrow's registration replaces it)
         heal_dist.use_engine_process_group()
+        heal_world.on_change(process_follows)
         heal.set_running(True)
         if heal.is_replacement():
             self._join()
@@ -147,16 +192,20 @@ class Healing:
         self.accelerator.step = state["accumulation_step"]
 
     # -- the survivors' shared state -------------------------------------------
-    def _register(self, index, steps_due):
+    def _register(self, index, steps_due, engine_steps=None):
         """The state a replacement takes at the join: the data position of
-        the window it starts at, and what the survivors' loop has alike."""
+        the window it starts at, and what the survivors' loop has alike
+        (`engine_steps`: the step count it is of, the engine's by default).
+        Returns it, encoded."""
         state = {"kind": KIND, "epoch": self.epoch, "index": index, "generator": self.generator,
-                 "engine_steps": self.optimizer.optimizer._engine.steps,
+                 "engine_steps": self.optimizer.optimizer._engine.steps if engine_steps is None else engine_steps,
                  "accumulation_step": self.accelerator.step,
                  "param_groups": heal.param_groups_state(), "learned_fetches": heal.learned_fetches(),
                  "schedulers": [s.scheduler.state_dict() for s in self.accelerator._schedulers],
                  "scheduler_steps_due": steps_due}
-        _context.get_context().heal_set_shared_state(heal_state.dumps(state, "the Accelerate loop's state"))
+        data = heal_state.dumps(state, "the Accelerate loop's state")
+        _context.get_context().heal_set_shared_state(data)
+        return data
 
     # -- the training DataLoader --------------------------------------------
     def iterate(self, loader, batches):
@@ -197,6 +246,11 @@ class Healing:
             if resume["index"] and resume["rng"] is not None:
                 heal_state.set_rng_state(resume["rng"])
             self.resume = None
+            if first is _END and hollow.active():
+                # The survivors' last step was the epoch's last: what the
+                # script runs after the epoch (an evaluation) they run now,
+                # with this rank, live.
+                self._caught_up()
         pending = first
         try:
             while True:
@@ -231,7 +285,7 @@ class Healing:
                 heal_state.set_rng_state(self.rng)
             self.replaying = False
             self.rng = heal_state.rng_state()
-            self._register(self.index, 0)
+            self.window_state = self._register(self.index, 0)
             hollow.arm(True)
         self.batches.append((batch, last))
         self.index += 1
@@ -269,6 +323,15 @@ class Healing:
             self.loader = twin
         return twin
 
+    def adopt_schedulers(self):
+        """Where the world may shrink, the prepared schedulers go on at the
+        count of processes they were prepared with (PlannedScheduler)."""
+        if not heal_world.may_change(_context.get_context()):
+            return
+        for s in self.accelerator._schedulers:
+            if type(s) is accelerate.scheduler.AcceleratedScheduler:
+                s.__class__ = PlannedScheduler
+
     # -- the optimizer's step -------------------------------------------------
     def step(self, run):
         """The prepared optimizer's step at a window's end (`run`: the step
@@ -288,6 +351,11 @@ class Healing:
             run()
             return
         if not hollow.active():
+            if heal_world.may_change(_context.get_context()):
+                # A regrow may come inside this step (a rank left out taken
+                # back): it starts at the next window, as after a step that
+                # committed in a loss. A loss in the step registers again.
+                self._register(self.index, 1, engine_steps=before + 1)
             try:
                 run()
             except RankLostError:
@@ -322,6 +390,10 @@ class Healing:
             # The step stands: a replacement starts at the next window, its
             # schedulers stepped once (the survivors' sched.step() follows).
             self._register(self.index, 1)
+        elif self.window_state is not None:
+            # Not committed: it starts at this window, as registered when
+            # it opened (a regrow's registration for the step replaced it).
+            _context.get_context().heal_set_shared_state(self.window_state)
 
     def _close(self):
         self.open = False

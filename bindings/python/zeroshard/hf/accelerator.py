@@ -13,7 +13,7 @@ import accelerate.optimizer
 import torch
 
 from .. import torch as zt
-from ..torch import heal, heal_world, shard_optim
+from ..torch import heal, shard_optim
 from ..torch.optim import scheduler_follows
 from . import accelerate_heal
 from .config import _engine_config, warn_not_acted_on
@@ -395,8 +395,6 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
                 why = "its optimizer is not the engine's AdamW, Adam or SGD"
             elif len(self._optimizers) > 1:
                 why = "it prepared several optimizers"
-            elif heal_world.may_change(ctx):
-                why = "zeroshard.healing.min_ranks: a shrink, which Accelerate scripts do not follow yet"
             elif type(self._dataloaders[0]) is not accelerate.data_loader.DataLoaderShard:
                 why = f"its first DataLoader is an Accelerate {type(self._dataloaders[0]).__name__}, not a " \
                       "DataLoaderShard (dispatch_batches, an IterableDataset)"
@@ -410,6 +408,7 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
                           f"a lost rank in place ({why}): a loss restarts the job from its last save_state",
                           file=sys.stderr, flush=True)
         if healing is not None:
+            healing.adopt_schedulers()
             # The first DataLoader records the windows; the others' iterators
             # are made without drawing from the global RNG.
             for i, loader in enumerate(self._dataloaders):

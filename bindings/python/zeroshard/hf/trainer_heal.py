@@ -67,6 +67,7 @@ import transformers
 from .. import torch as zt
 from ..errors import RankLostError, StateLostError
 from ..torch import _context, heal, heal_dist, heal_state, heal_world
+from . import accelerate_heal
 
 HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
@@ -163,16 +164,10 @@ _regrown = {"grew": False, "came_back": False}
 
 def _accelerate_follows(position, count, grew):
     """After a shrink or a regrow: Accelerate's process index and count
-    (what its gathers size their output by, and what the Trainer scales a
-    loss averaged over every rank's tokens by) are this rank's position
-    among the live ranks and their count. The data loaders keep the split
-    they were made with: each rank its own share, as healing_loop."""
-    import accelerate.state
+    follow (what the Trainer scales a loss averaged over every rank's
+    tokens by), and a regrow is noted for the next bookkeeping."""
     _regrown["grew"] = _regrown["grew"] or grew
-    for state in (accelerate.state.PartialState, accelerate.state.AcceleratorState):
-        shared = state._shared_state
-        if shared:
-            shared["process_index"], shared["num_processes"] = position, count
+    accelerate_heal.process_follows(position, count, grew)
 
 
 def _engine():
