@@ -323,6 +323,22 @@ void unanswered(bool two_optimizers) {
   EXPECT_EQ(sh->asking.load(), 1) << "the joiner was never answered";
 }
 
+// Rank 1's first process dies at `victim_fault`; its next comes back
+// (ZS_HEAL_JOIN=grow) with `joiner_fault` armed, once the lowest survivor
+// has shrunk, and this returns true there.
+bool victim_then_joiner(const RankEnv& env, Shared* sh, std::chrono::steady_clock::time_point until,
+                        const char* victim_fault, const char* joiner_fault) {
+  if (env.replacement == 0) {
+    setenv("ZS_FAULT_POINT", victim_fault, 1);
+    return false;
+  }
+  setenv("ZS_FAULT_POINT", joiner_fault, 1);
+  setenv("ZS_HEAL_JOIN", "grow", 1);
+  while (sh->committed[0].load() <= 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return true;
+}
+
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -339,13 +355,7 @@ void starved_joiner() {
   zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", "2");
   const auto body = [&](const RankEnv& env) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    if (env.replacement == 0) {
-      setenv("ZS_FAULT_POINT", "update:1:3", 1);
-    } else {
-      setenv("ZS_FAULT_POINT", "grow_arrive:1:1:stop", 1);
-      setenv("ZS_HEAL_JOIN", "grow", 1);
-      while (sh->committed[0].load() <= 0 && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (victim_then_joiner(env, sh, until, "update:1:3", "grow_arrive:1:1:stop")) {
       sh->joiner_pid = getpid();
       Model m;
       const zs_status built = build_with_frozen(env, m);
@@ -415,15 +425,7 @@ void joiner_lost_in_the_regrow() {
   zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", "2");
   const auto body = [&](const RankEnv& env) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    if (env.replacement == 0) {
-      setenv("ZS_FAULT_POINT", "update:1:2", 1);
-    } else {
-      setenv("ZS_FAULT_POINT", "regrow:1:1", 1);
-      setenv("ZS_HEAL_JOIN", "grow", 1);
-      while (sh->committed[0].load() <= 0 && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      sh->asking = 1;
-    }
+    if (victim_then_joiner(env, sh, until, "update:1:2", "regrow:1:1")) sh->asking = 1;
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
     if (env.replacement > 0) {

@@ -154,6 +154,28 @@ def test_what_does_not_follow_a_shrink_says_so_by_name():
     assert "use zeroshard.torch.ZeroShardOptimizer" in out, out
 
 
+SHRINK_AND_REGROW = ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "1"]
+
+
+def shrunk_and_regrown(launcher, d, ref_flags, kill):
+    """The uninterrupted run (zsrun `ref_flags`) and the run where `kill`
+    happens under zsrun --shrink --regrow-after, each by
+    launcher(folder, flags, *kills) -> (code, output, logs): both end 0,
+    the job is never restarted, and ranks 0 and 2 shrink to [0, 2], grow
+    back to [0, 1, 2] and keep their processes. Returns (the reference's
+    logs, the output, the logs)."""
+    code, ref_out, ref = launcher(f"{d}/ref", ref_flags)
+    assert code == 0, ref_out
+    code, out, logs = launcher(f"{d}/job", SHRINK_AND_REGROW, kill)
+    assert code == 0, out
+    assert "starting the job again" not in out, out
+    for r in (0, 2):
+        assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
+        assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
+        assert len({l["pid"] for l in logs[r]}) == 1, logs[r]  # a survivor kept its process
+    return ref, out, logs
+
+
 HF_STEPS = 30
 
 
@@ -182,16 +204,7 @@ def test_an_hf_trainer_script_shrinks_in_memory_and_grows_back():
     out while it is), so nothing is compared bit for bit here; the plain
     loop's test above is."""
     with tempfile.TemporaryDirectory(prefix="zs_shrink_hf_") as d:
-        code, ref_out, ref = hf_launch(f"{d}/ref", [])
-        assert code == 0, ref_out
-        code, out, logs = hf_launch(f"{d}/job", ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after",
-                                                 "1"], "1:4:backward")
-        assert code == 0, out
-        assert "starting the job again" not in out, out
-        for r in (0, 2):
-            assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
-            assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
-            assert len({l["pid"] for l in logs[r]}) == 1, logs[r]  # a survivor kept its process
+        ref, out, logs = shrunk_and_regrown(hf_launch, d, [], "1:4:backward")
         lives = [(l["step"], len(l["live"])) for l in logs[0] if l["event"] == "step"]
         regrown = next(s for s, n in lives if s > 4 and n == 3)  # the step the regrow came in
         assert lives == [(s, 3) for s in range(1, 4)] + [(s, 2) for s in range(4, regrown)] + \
@@ -230,16 +243,7 @@ def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
     ranks' own means (Lightning divides by torch.distributed's world size,
     which follows: over 2 ranks while shrunk, 3 after)."""
     with tempfile.TemporaryDirectory(prefix="zs_shrink_pl_") as d:
-        code, ref_out, ref = lightning_launch(f"{d}/ref", ["--restarts", "1"])
-        assert code == 0, ref_out
-        code, out, logs = lightning_launch(f"{d}/job", ["--restarts", "1", "--min-nproc", "2", "--shrink",
-                                                        "--regrow-after", "1"], "1:3:backward")
-        assert code == 0, out
-        assert "starting the job again" not in out, out
-        for r in (0, 2):
-            assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
-            assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
-            assert len({l["pid"] for l in logs[r]}) == 1, logs[r]
+        ref, out, logs = shrunk_and_regrown(lightning_launch, d, ["--restarts", "1"], "1:3:backward")
         assert "zeroshard.lightning: rank 1 joined at step" in out, out
         steps = [l for l in logs[0] if l["event"] == "step"]
         assert [l["step"] for l in steps] == list(range(LIGHTNING_STEPS)), [l["step"] for l in steps]
@@ -296,20 +300,12 @@ def test_an_accelerate_script_shrinks_in_memory_and_grows_back():
     evaluation of that epoch is the survivors'. Nothing else is compared
     bit for bit: the shrunk steps average two ranks' gradients."""
     with tempfile.TemporaryDirectory(prefix="zs_shrink_acc_") as d:
-        code, ref_out, ref = accelerate_launch(f"{d}/ref", ["--restarts", "1"])
-        assert code == 0, ref_out
-        code, out, logs = accelerate_launch(f"{d}/job", ["--restarts", "1", "--min-nproc", "2", "--shrink",
-                                                         "--regrow-after", "1"], "1:2:backward")
-        assert code == 0, out
-        assert "starting the job again" not in out, out
+        ref, out, logs = shrunk_and_regrown(accelerate_launch, d, ["--restarts", "1"], "1:2:backward")
         assert "does not heal" not in out, out
         total = 5 * ACCELERATE_EPOCHS
         steps = {r: [l for l in ls if l["event"] == "step"] for r, ls in logs.items()}
         ref_steps = {r: {l["step"]: l for l in ls if l["event"] == "step"} for r, ls in ref.items()}
         for r in (0, 2):
-            assert f"zeroshard.torch: rank {r}: the world shrank to 2 of 3 ranks [0, 2]" in out, out
-            assert f"zeroshard.torch: rank {r}: the world grew back to 3 of 3 ranks [0, 1, 2]" in out, out
-            assert len({l["pid"] for l in logs[r]}) == 1, logs[r]  # a survivor kept its process
             assert [l["step"] for l in steps[r]] == list(range(total)), [l["step"] for l in steps[r]]
             assert [l["completed"] for l in steps[r]] == list(range(1, total + 1)), steps[r]
             for l in steps[r]:
