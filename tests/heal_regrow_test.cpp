@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -339,6 +341,14 @@ bool victim_then_joiner(const RankEnv& env, Shared* sh, std::chrono::steady_cloc
   return true;
 }
 
+// Whether process `pid` is stopped (SIGSTOP): its state in /proc is 'T'.
+bool is_stopped(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');  // the command name may hold spaces
+  return name_end != std::string::npos && name_end + 2 < stat.size() && stat[name_end + 2] == 'T';
+}
+
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -380,8 +390,10 @@ void starved_joiner() {
       const double t0 = seconds_now();
       const zs_status s = train_step(env, m, step);
       if (s == ZS_OK) {
-        // The lowest survivor's step that waited for the joiner's arrival.
-        if (env.rank == 0 && sh->joiner_pid.load() > 0 && seconds_now() - t0 > 5.0 && sh->continued_at.load() == 0) {
+        // The lowest survivor's step that waited for the joiner's arrival
+        // (the joiner stopped in it, after its answer).
+        if (env.rank == 0 && sh->joiner_pid.load() > 0 && seconds_now() - t0 > 5.0 && sh->continued_at.load() == 0 &&
+            is_stopped(sh->joiner_pid.load())) {
           sh->continued_at = seconds_now();
           kill(sh->joiner_pid.load(), SIGCONT);
         }
