@@ -7,7 +7,7 @@ launch of --ranks ranks.
 
     .venv/bin/python bench/bench_trl.py [--ranks 2] [--steps 5] [--trainers grpo dpo]
         [--engines zeroshard ddp deepspeed zeroshard-healing] [--layers 8] [--hidden 512]
-        [--completion 64] [--zero-config JSON]
+        [--completion 64] [--zero-config JSON] [--rounds 1]
 
 zeroshard-healing (only when named): zeroshard under `zsrun --restarts 1`,
 where the trainer heals a lost rank in place (peer copies of every shard,
@@ -34,7 +34,10 @@ ranks (tokens: completion tokens up to their end), peak RSS per rank
 (ru_maxrss), the reference model's bytes per rank between its forwards
 (a partitioned param's shard and any gathered copy kept, a plain one whole), start-up (process start
 to the first step), losses. Then the
-ratios zeroshard/DDP and zeroshard/DeepSpeed. The last line is one JSON
+ratios zeroshard/DDP and zeroshard/DeepSpeed. With --rounds N every engine
+runs N times, alternating (zeroshard, DDP, ..., zeroshard, DDP, ...), the
+ratios taken within each round and summed up as their min, median and
+max: on a shared machine one launch's ratio moves by +-15%. The last line is one JSON
 object with everything. Nothing is asserted on time; an engine that cannot
 run is reported with its error and the others go on.
 """
@@ -281,11 +284,15 @@ def main():
                     help="JSON merged into the config's zero_optimization (zeroshard's and DeepSpeed's), e.g. "
                          "'{\"stage3_module_granularity_threshold\": 250000}'")
     ap.add_argument("--launch-timeout", type=float, default=3600)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="launch every engine this many times, alternating; ratios' min/median/max over the rounds")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     if args.steps < 2:
         ap.error("need --steps >= 2 (the first is not timed)")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: need at least 1")
     commit = git_commit()
     print(f"bench_trl: Llama hidden {args.hidden}, {args.layers} layers, vocab {VOCAB}, {args.ranks} ranks, fp32, "
           f"{args.steps} steps (1 warm-up), GRPO completions up to {args.completion} tokens; {os.cpu_count()} "
@@ -302,17 +309,20 @@ def main():
         config["zero_optimization"].update(json.loads(args.zero_config))
         with open(config_path, "w") as f:
             json.dump(config, f)
+        rounds = [{} for _ in range(args.rounds)]
         for trainer in args.trainers:
-            for engine in args.engines:
+            for n, engine in ((n, e) for n in range(args.rounds) for e in args.engines):
                 ranks, why = launch(args, engine, trainer, config_path, scratch)
                 key = f"{trainer}/{engine}"
+                shown = key if args.rounds == 1 else f"{key}#{n + 1}"
                 if ranks is None:
                     skipped[key] = why
-                    print(f"{key} could not run: {why}", flush=True)
+                    print(f"{shown} could not run: {why}", flush=True)
                     continue
-                results[key] = s = summarise(ranks)
+                rounds[n][key] = s = summarise(ranks)
+                results.setdefault(key, s)  # the first round's
                 gen = s.get("generation")
-                print(f"{key:16s} step {s['step_s']:.3f} s (CPU {s['cpu_step_s']:.2f} s/rank) | "
+                print(f"{shown:16s} step {s['step_s']:.3f} s (CPU {s['cpu_step_s']:.2f} s/rank) | "
                       + (f"generation {gen['tokens_per_s']:.1f} tokens/s ({gen['tokens']} tokens) | " if gen else "")
                       + "peak RSS/rank " + "/".join(f"{b / MIB:.0f}" for b in s["peak_rss_bytes_per_rank"])
                       + " MiB | reference model/rank " + "/".join(
@@ -333,26 +343,46 @@ def main():
     ratios = {}
     for trainer in args.trainers:
         for ours, other in (("zeroshard", "ddp"), ("zeroshard", "deepspeed"), (HEALING, "zeroshard")):
-            zs, o = results.get(f"{trainer}/{ours}"), results.get(f"{trainer}/{other}")
-            if zs is None or o is None:
+            per_round = [q for q in (ratio(r.get(f"{trainer}/{ours}"), r.get(f"{trainer}/{other}"))
+                                     for r in rounds) if q is not None]
+            if not per_round:
                 continue
-            q = {"step_s": zs["step_s"] / o["step_s"], "cpu_step_s": zs["cpu_step_s"] / o["cpu_step_s"],
-                 "peak_rss": zs["peak_rss_bytes"] / o["peak_rss_bytes"]}
-            if "generation" in zs and "generation" in o:
-                q["generation_tokens_per_s"] = zs["generation"]["tokens_per_s"] / o["generation"]["tokens_per_s"]
+            # The median of each figure over the rounds (the one round's with --rounds 1).
+            q = {k: statistics.median(p[k] for p in per_round) for k in per_round[0]}
+            if len(per_round) > 1:
+                q["rounds"] = per_round
+                for k in ("step_s", "cpu_step_s"):
+                    q[f"{k}_min"], q[f"{k}_max"] = min(p[k] for p in per_round), max(p[k] for p in per_round)
             ratios[f"{trainer}/{ours}_over_{other}"] = q
-            print(f"{trainer} {ours}/{other}: step time x{q['step_s']:.3f}, CPU a step x{q['cpu_step_s']:.3f}, "
+            over = "" if len(per_round) == 1 else f" (median of {len(per_round)} rounds)"
+            print(f"{trainer} {ours}/{other}{over}: step time x{q['step_s']:.3f}, CPU a step x{q['cpu_step_s']:.3f}, "
                   f"peak RSS x{q['peak_rss']:.3f}"
                   + (f", generation tokens/s x{q['generation_tokens_per_s']:.3f}" if "generation_tokens_per_s" in q
                      else ""), flush=True)
+            if len(per_round) > 1:
+                print(f"{'':16s} step time per round: " + ", ".join(f"x{p['step_s']:.3f}" for p in per_round)
+                      + f" (min x{q['step_s_min']:.3f}, max x{q['step_s_max']:.3f})", flush=True)
     for key, why in skipped.items():
         print(f"{key}: did not run: {why.splitlines()[0]}")
     print(json.dumps({"bench": "trl", "commit": commit,
                       "settings": {"ranks": args.ranks, "steps": args.steps, "layers": args.layers,
                                    "hidden": args.hidden, "vocab": VOCAB, "completion": args.completion,
                                    "dtype": "fp32"},
-                      "cores": os.cpu_count(), "ds_config": config, "results": results, "ratios": ratios, "skipped": skipped}))
+                      "cores": os.cpu_count(), "ds_config": config, "results": results, "ratios": ratios,
+                      "skipped": skipped, **({"rounds": rounds} if args.rounds > 1 else {})}))
     return 1 if any(k.endswith("/zeroshard") or k.endswith("/ddp") for k in skipped) else 0
+
+
+def ratio(zs, other):
+    """One round's ratios of `zs`'s figures to `other`'s (None when either
+    did not run)."""
+    if zs is None or other is None:
+        return None
+    q = {"step_s": zs["step_s"] / other["step_s"], "cpu_step_s": zs["cpu_step_s"] / other["cpu_step_s"],
+         "peak_rss": zs["peak_rss_bytes"] / other["peak_rss_bytes"]}
+    if "generation" in zs and "generation" in other:
+        q["generation_tokens_per_s"] = zs["generation"]["tokens_per_s"] / other["generation"]["tokens_per_s"]
+    return q
 
 
 if __name__ == "__main__":

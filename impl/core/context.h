@@ -427,6 +427,9 @@ class Context {
   // A joiner (ZS_HEAL_JOIN=grow) whose rank the survivors shrank without:
   // asks to come back and waits for the generation it joins.
   void await_regrow();
+  // That joiner, its heartbeat address posted: claims its arrival (see
+  // missing_joiners); fails by name (NotTaken) when it came too late.
+  void claim_arrival();
   // A shrink's or regrow's reconnect of `group` (id `id`) in place over
   // `members` (world ranks, this one among them).
   void rejoin(Group& group, int id, const std::vector<int>& members);
@@ -467,7 +470,6 @@ class Context {
   int replacement_ = 0;  // ZS_HEAL_REPLACEMENT
   bool grow_wanted_ = false;  // ZS_HEAL_JOIN=grow
   bool growing_ = false;      // admitted into a regrow (await_regrow)
-  void claim_arrival();      // a joiner, its heartbeat address posted (missing_joiners)
   std::vector<int> regrow_absent_;  // its world ranks not live in the generation it joins
   bool heal_soft_ = false;  // ZS_HEAL=auto
   bool external_store_ = false;  // ZS_STORE_SERVER=external
