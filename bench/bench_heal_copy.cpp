@@ -181,10 +181,12 @@ int main(int argc, char** argv) {
     (heal ? on_step : off_step).push_back(res.step_s);
     (heal ? on_opt : off_opt).push_back(res.opt_s);
     (heal ? on_first : off_first).push_back(res.first_s);
-    if (heal) on_blob.push_back(res.blob_s);
-    if (heal) on_copy.push_back(res.copy_s);
-    if (heal) on_replay.push_back(res.replay_s);
-    if (heal) last_on = res;
+    if (heal) {
+      on_blob.push_back(res.blob_s);
+      on_copy.push_back(res.copy_s);
+      on_replay.push_back(res.replay_s);
+      last_on = res;
+    }
   }
   const double off = zs::bench::median(off_step), on = zs::bench::median(on_step);
   const double off_o = zs::bench::median(off_opt), on_o = zs::bench::median(on_opt);

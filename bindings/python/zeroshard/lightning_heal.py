@@ -514,15 +514,13 @@ class Healing:
     # -- manual optimization --------------------------------------------------
     # The window is the training_step, which steps the optimizer itself
     # (self.optimizers().step(); a second step in it is not healed). A loss
-    # before its step heals and
-    # runs it again from its start (the RNG, the logged values and
-    # Lightning's count of optimizer steps put back); a loss in the step
-    # heals there: committed, the training_step goes on after it, else it
-    # runs again. A replacement at a window whose step committed in the loss
-    # runs it hollow (zeros, no engine call, no collective) up to its step,
+    # before its step heals and runs it again from its start (the RNG, the
+    # logged values and Lightning's count of optimizer steps put back); a loss
+    # in the step heals there: committed, the training_step goes on after it,
+    # else it runs again. A replacement at a window whose step committed in the
+    # loss runs it hollow (zeros, no engine call, no collective) up to its step,
     # which it skips, and live after it, as the survivors run that part; the
-    # values it logged before the step go, and its training_step returns
-    # None.
+    # values it logged before the step go, and its training_step returns None.
     def manual_step(self, trainer, run):
         """The strategy's training_step under manual optimization; run()
         runs the user's."""

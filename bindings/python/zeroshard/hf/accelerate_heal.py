@@ -72,16 +72,21 @@ def before_context(config, fsdp):
         zt.enable_healing()
 
 
+def _accelerate_states():
+    """Accelerate's two shared states that exist, each of which a process
+    count is read from (AcceleratorState() copies PartialState's when made)."""
+    return [s._shared_state for s in (accelerate.state.PartialState, accelerate.state.AcceleratorState)
+            if s._shared_state]
+
+
 def process_follows(position, count, grew):
     """After a shrink or a regrow (heal_world.on_change): Accelerate's
     process index and count (what its gathers size their output by, what
     a script scales by) are this rank's position among the live ranks and
     their count. The data loaders keep the split they were made with: each
     rank its own share, as healing_loop."""
-    for state in (accelerate.state.PartialState, accelerate.state.AcceleratorState):
-        shared = state._shared_state
-        if shared:
-            shared["process_index"], shared["num_processes"] = position, count
+    for shared in _accelerate_states():
+        shared["process_index"], shared["num_processes"] = position, count
 
 
 class PlannedScheduler(accelerate.scheduler.AcceleratedScheduler):
@@ -94,9 +99,8 @@ class PlannedScheduler(accelerate.scheduler.AcceleratedScheduler):
     gathers need, process_follows)."""
 
     def step(self, *args, **kwargs):
-        # Both states: AcceleratorState() copies PartialState's when made.
-        states = [s._shared_state for s in (accelerate.state.PartialState, accelerate.state.AcceleratorState)]
-        live = [s.get("num_processes") for s in states]
+        states = _accelerate_states()
+        live = [s["num_processes"] for s in states]
         for s in states:
             s["num_processes"] = _context.get_context().world_size
         try:
@@ -131,6 +135,9 @@ class Healing:
         self.resume = None
         self.joined_state = None
         self.window_state = None  # what the open window registered (a regrow's registration replaces it)
+        # The world may shrink and grow back (healing.min_ranks): fixed for
+        # the context, read once rather than from its config every step.
+        self.world_may_change = heal_world.may_change(_context.get_context())
         heal_dist.use_engine_process_group()
         heal_world.on_change(process_follows)
         heal.set_running(True)
@@ -326,7 +333,7 @@ class Healing:
     def adopt_schedulers(self):
         """Where the world may shrink, the prepared schedulers go on at the
         count of processes they were prepared with (PlannedScheduler)."""
-        if not heal_world.may_change(_context.get_context()):
+        if not self.world_may_change:
             return
         for s in self.accelerator._schedulers:
             if type(s) is accelerate.scheduler.AcceleratedScheduler:
@@ -351,7 +358,7 @@ class Healing:
             run()
             return
         if not hollow.active():
-            if heal_world.may_change(_context.get_context()):
+            if self.world_may_change:
                 # A regrow may come inside this step (a rank left out taken
                 # back): it starts at the next window, as after a step that
                 # committed in a loss. A loss in the step registers again.
