@@ -1,0 +1,228 @@
+// A replacement joins a world that trains two optimizers (docs/healing.md,
+// section 3: a GAN's shape, or a body and a head stepped apart): w0 under
+// AdamW, w1 under SGD with momentum, each iteration fetches both, pushes
+// both gradients and steps the first optimizer, then the second. A rank is
+// SIGKILLed in step 3 before either commits (the reduce-scatter), in the
+// first optimizer's update (it commits, the second has not begun), or
+// before the second's norm all-reduce (the first committed, the second
+// not): in the last two the optimizers heal at different steps. The survivors agree
+// and join for each optimizer in the order made, the replacement joins
+// each, and every rank redoes what its optimizers had not committed: both
+// optimizers' states after the last step equal the uninterrupted run's bit
+// for bit, the replacement's at the join too.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/support/heal_model.h"
+#include "tests/support/multirank.h"
+
+using zs::test::RankEnv;
+using namespace zs::test::heal;
+
+namespace {
+
+struct TwoOptimizers {
+  zs_context ctx = nullptr;
+  zs_param params[2] = {nullptr, nullptr};
+  zs_optimizer opts[2] = {nullptr, nullptr};  // w0's AdamW, w1's SGD, made in that order
+};
+
+void destroy(TwoOptimizers& m) {
+  for (zs_optimizer o : m.opts) zs_optimizer_destroy(o);
+  for (zs_param p : m.params) zs_param_destroy(p);
+  zs_context_destroy(m.ctx);
+}
+
+zs_status build(const RankEnv& env, TwoOptimizers& m) {
+  zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
+  zs_status s = zs_context_create(&m.ctx, &o);
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    const std::vector<float> init = initial_values(i, kNumel[i]);
+    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+    po.name = i == 0 ? "w0" : "w1";
+    po.ndim = 1;
+    po.shape = &kNumel[i];
+    po.init = ZS_INIT_FROM_RANK;
+    po.src_rank = 0;
+    po.data = init.data();
+    po.data_bytes = init.size() * sizeof(float);
+    s = zs_param_register(&m.params[i], m.ctx, &po);
+  }
+  const zs_optimizer_kind kinds[2] = {ZS_OPTIM_ADAMW, ZS_OPTIM_SGD};
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    s = zs_optimizer_create(&m.opts[i], m.ctx, kinds[i]);
+    zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
+    hp.lr = i == 0 ? 0.01 : 0.05;
+    hp.momentum = i == 0 ? 0.0 : 0.9;
+    if (s == ZS_OK) s = zs_optimizer_add_group(m.opts[i], &m.params[i], 1, &hp, nullptr);
+  }
+  return s;
+}
+
+// Both optimizers' own states, one digest; *steps[i]: optimizer i's count.
+uint64_t digest(TwoOptimizers& m, int64_t steps[2]) {
+  uint64_t all = 0;
+  for (int i = 0; i < 2; ++i) {
+    uint64_t h = 0;
+    EXPECT_EQ(zs_heal_state_digest(&h, nullptr, &steps[i], m.opts[i], 0), ZS_OK) << zs_last_error();
+    all = all * 1000003u ^ h;
+  }
+  return all;
+}
+
+// Optimizer i's part of step `step`: its param's gradient, its step.
+zs_status optimizer_part(const RankEnv& env, TwoOptimizers& m, int step, int i) {
+  std::vector<float> grad(static_cast<size_t>(kNumel[i]));
+  for (size_t k = 0; k < grad.size(); ++k) grad[k] = grad_value(env.rank, step, i, k);
+  zs_status s = zs_grad_push(m.params[i], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+  return s == ZS_OK ? zs_optimizer_step(m.opts[i], nullptr) : s;
+}
+
+// Step `step` from optimizer `from` on (0: the whole step, with its
+// forward's fetch; 1: the second optimizer's part only, the first having
+// committed it).
+zs_status iteration(const RankEnv& env, TwoOptimizers& m, int step, int from) {
+  zs_status s = ZS_OK;
+  if (from == 0) {
+    zs_gather g = nullptr;
+    s = zs_fetch(&g, m.ctx, m.params, 2);
+    if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
+    if (g) zs_gather_destroy(g);
+    if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
+  }
+  for (int i = from; i < 2 && s == ZS_OK; ++i) s = optimizer_part(env, m, step, i);
+  return s;
+}
+
+struct Shared {
+  std::atomic<uint64_t> ref[kMaxWorld][kSteps + 1];  // the uninterrupted run: rank r's digest after step s
+  std::atomic<int64_t> committed[kMaxWorld];         // each rank's C of the first optimizer from its join (-1: none)
+  std::atomic<int64_t> committed_second[kMaxWorld];  // and of the second
+  std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
+  std::atomic<int> finished[kMaxWorld];
+};
+
+// Where the optimizers' counts say the run stands: (step, first optimizer
+// to run) of the next work.
+std::pair<int, int> next_work(const int64_t c[2]) {
+  if (c[0] == c[1]) return {static_cast<int>(c[0]) + 1, 0};
+  EXPECT_EQ(c[0], c[1] + 1) << "the first optimizer is one step ahead of the second at most";
+  return {static_cast<int>(c[0]), 1};
+}
+
+// `first`, `second`: the values each optimizer's C may take.
+void replaced_at(int world, int victim, const char* point, int count, std::vector<int64_t> first,
+                 std::vector<int64_t> second) {
+  ShortHeartbeat hb;
+  Shared* sh = shared_block<Shared>();
+  for (auto& c : sh->committed_second) c = -1;
+  zs::test::run_ranks(world, [&](const RankEnv& env) {
+    TwoOptimizers m;
+    ZS_ASSERT_OK(build(env, m));
+    int64_t steps[2];
+    sh->ref[env.rank][0] = digest(m, steps);
+    for (int s = 1; s <= kSteps; ++s) {
+      ZS_ASSERT_OK(iteration(env, m, s, 0));
+      sh->ref[env.rank][s] = digest(m, steps);
+    }
+    destroy(m);
+  });
+  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  const auto pids = zs::test::run_ranks_replacing(
+      world,
+      [&](const RankEnv& env) {
+        if (env.replacement == 0) {
+          setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+          sh->pid_at_start[env.rank] = getpid();
+        } else {
+          unsetenv("ZS_FAULT_POINT");
+        }
+        TwoOptimizers m;
+        ZS_ASSERT_OK(build(env, m));
+        std::pair<int, int> next{1, 0};
+        const auto joined = [&](const int64_t c[2]) {
+          sh->committed[env.rank] = c[0];
+          sh->committed_second[env.rank] = c[1];
+          next = next_work(c);
+          int64_t at[2];
+          const uint64_t d = digest(m, at);
+          EXPECT_EQ(at[0], c[0]);
+          EXPECT_EQ(at[1], c[1]);
+          if (c[0] == c[1]) {
+            EXPECT_EQ(d, sh->ref[env.rank][c[0]].load()) << "rank " << env.rank << " at C";
+          }
+        };
+        if (env.replacement > 0) {
+          int64_t c[2] = {-1, -1};
+          for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_join(&c[i], m.opts[i]));
+          joined(c);
+        }
+        while (next.first <= kSteps) {
+          const zs_status s = iteration(env, m, next.first, next.second);
+          if (s == ZS_OK) {
+            next = {next.first + 1, 0};
+            continue;
+          }
+          ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+          ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+          ASSERT_EQ(sh->committed[env.rank].load(), -1) << "a second loss";
+          int64_t agreed[2] = {-1, -1}, c[2] = {-1, -1};
+          for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_agree(&agreed[i], nullptr, m.opts[i]));
+          for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_join(&c[i], m.opts[i]));
+          EXPECT_EQ(c[0], agreed[0]);
+          EXPECT_EQ(c[1], agreed[1]);
+          joined(c);
+        }
+        int64_t at[2];
+        EXPECT_EQ(digest(m, at), sh->ref[env.rank][kSteps].load())
+            << "rank " << env.rank << (env.replacement ? " (the replacement)" : "") << " after the last step";
+        EXPECT_EQ(at[0], kSteps);
+        EXPECT_EQ(at[1], kSteps);
+        EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+        sh->pid_at_end[env.rank] = getpid();
+        sh->finished[env.rank] += 1;
+        destroy(m);
+      },
+      60, {victim});
+  std::printf("[heal-two-optimizers] %s on %d ranks: C = %lld, %lld\n", fault.c_str(), world,
+              static_cast<long long>(sh->committed[victim].load()),
+              static_cast<long long>(sh->committed_second[victim].load()));
+  std::fflush(stdout);
+  ASSERT_EQ(pids[static_cast<size_t>(victim)].size(), 2u) << "the victim was replaced once";
+  const auto among = [](int64_t c, const std::vector<int64_t>& allowed) {
+    return std::find(allowed.begin(), allowed.end(), c) != allowed.end();
+  };
+  EXPECT_TRUE(among(sh->committed[victim].load(), first)) << "the first optimizer's C";
+  EXPECT_TRUE(among(sh->committed_second[victim].load(), second)) << "the second optimizer's C";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+    EXPECT_EQ(sh->committed[r].load(), sh->committed[victim].load()) << "rank " << r << ": the first's C";
+    EXPECT_EQ(sh->committed_second[r].load(), sh->committed_second[victim].load()) << "rank " << r << ": the second's C";
+    if (r == victim) continue;
+    EXPECT_EQ(pids[static_cast<size_t>(r)].size(), 1u) << "survivor " << r << " was started again";
+    EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
+  }
+}
+
+}  // namespace
+
+// Fault points count both optimizers' passes: step 3's updates are the 5th
+// (AdamW's) and 6th (SGD's), and so are its norm all-reduces. A kill in an
+// update comes after the step's commit point (its norm all-reduce done).
+TEST(HealTwoOptimizers, ReplacedAfterAKillInTheReduceScatterOnThreeRanks) {
+  replaced_at(3, 1, "reduce_scatter", 5, {2}, {2});
+}
+TEST(HealTwoOptimizers, ReplacedAfterAKillInTheFirstOptimizersUpdateOnThreeRanks) {
+  replaced_at(3, 2, "update", 5, {3}, {2});
+}
+TEST(HealTwoOptimizers, ReplacedAfterAKillBeforeTheSecondOptimizersNormAllReduceOnFourRanks) {
+  replaced_at(4, 1, "norm_allreduce", 6, {3}, {2});
+}
