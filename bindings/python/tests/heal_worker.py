@@ -88,6 +88,8 @@ def kills_and_notes(out, rank, kills):
     for s, where in mine:
         if where == "update":
             os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{s + 1}"
+        if where == "update_first_of_two":  # two optimizers a step: the first's update in step s
+            os.environ["ZS_FAULT_POINT"] = f"update:{rank}:{2 * s + 1}"
         if where == "save":  # STEP counts the process's checkpoint saves here
             os.environ["ZS_FAULT_POINT"] = f"save:{rank}:{s}"
     log = open(f"{out}.{rank}", "a")
@@ -111,7 +113,14 @@ def main():
         model = Net()
     zt.partition_module(model)
     torch.manual_seed(100 + rank)  # dropout differs per rank, as in data parallelism
-    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2, weight_decay=0.01)
+    # ZS_TEST_TWO_OPTIMIZERS: the output layer under an SGD of its own,
+    # stepped after the body's AdamW; "last" gives the loop that one,
+    # "first" the body's.
+    two = os.environ.get("ZS_TEST_TWO_OPTIMIZERS")
+    head = list(model.out.parameters()) if two else []
+    opt = zt.ZeroShardOptimizer([p for p in model.parameters() if all(p is not q for q in head)], lr=1e-2,
+                                weight_decay=0.01)
+    opt_head = zt.ZeroShardOptimizer(head, kind="sgd", lr=5e-2, momentum=0.9, weight_decay=0.0) if two else None
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     current = [None]
 
@@ -129,6 +138,9 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if opt_head is not None:
+            opt_head.step()
+            opt_head.zero_grad()
         return loss.item()
 
     def after_step(i, loss):
@@ -151,8 +163,10 @@ def main():
                 current[0] = i
                 yield x
 
-    ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched})
-    note_end(note, rank, opt, model, ran=ran)
+    ran = zt.healing_loop(Tracking(), train_step, after_step, shared={"sched": sched},
+                          optimizer=opt_head if two == "last" else None)
+    extra = {"head_digest": zt.training_digest(opt_head, model)[:2]} if two else {}
+    note_end(note, rank, opt, model, ran=ran, **extra)
     zt.shutdown()
 
 

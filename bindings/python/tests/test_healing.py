@@ -155,6 +155,35 @@ def test_four_ranks_heal_rank_0_lost_with_the_store_in_zsstore_and_a_rank_lost_i
           f"update {kill_to_commit(logs, 3, 6, 7):.2f} s")
 
 
+def test_a_loop_stepping_two_optimizers_heals_before_their_steps_and_restarts_by_name_between_them():
+    # The output layer under an SGD of its own, stepped after the body's
+    # AdamW, the loop counting the SGD's steps. Rank 1 in step 2's backward:
+    # neither committed, redone, healed in place. Rank 2 in step 5's first
+    # update: the AdamW committed, the SGD did not; a redo would step the
+    # AdamW twice, so every survivor names it and exits 75, and zsrun
+    # restarts the job (no checkpoint: from the start), which ends as the
+    # uninterrupted run, both optimizers' states bit for bit.
+    two = {"ZS_TEST_TWO_OPTIMIZERS": "last"}
+    code, out, ref_logs, _ = launch(3, restarts=0, env=two)
+    assert code == 0, out
+    code, out, logs, _ = launch(3, "1:2:backward", "2:5:update_first_of_two", env=two)
+    assert code == 0, out
+    assert "zeroshard.torch: rank 1 joined at step" in out, out
+    assert re.search(r"a rank was lost in batch 5 between two optimizer steps of its train_step: another "
+                     r"ZeroShardOptimizer committed its step 6 \(from 5\), the loop's did not \(at 5\)", out), out
+    assert "starting the job again" in out, out
+    ref_end, end = ends(ref_logs), ends(logs)
+    for r in range(3):
+        assert len(end[r]) == 1, (r, out)
+        got, want = end[r][0], ref_end[r][0]
+        assert [got[k] for k in ("digest", "steps", "ran", "head_digest")] == \
+            [want[k] for k in ("digest", "steps", "ran", "head_digest")], (r, got, want)
+    # The loop given the optimizer stepped first: refused at the first step.
+    code, out, _, _ = launch(2, restarts=1, env={"ZS_TEST_TWO_OPTIMIZERS": "first"})
+    assert code != 0
+    assert "train_step stepped another ZeroShardOptimizer after the loop's" in out, out
+
+
 def test_the_spare_reads_the_scripts_imports_and_its_assignment(tmp_path):
     import io
 

@@ -42,6 +42,7 @@ _running = [False]  # a healing loop runs: optimizer steps set the per-rank blob
 # What a trainer adds to the per-rank blob (a callable returning JSON-able
 # data: zeroshard.hf's Trainer, its loss and FLOPs since the last log), or None.
 _rank_extras = [None]
+_last_stepped = [None]  # the engine optimizer that stepped last (healing_loop's order check)
 
 
 def enable_healing():
@@ -79,6 +80,7 @@ def before_engine_step(engine):
     """ZeroShardOptimizer.step begins (its backward done): this rank's RNG
     states (and what its trainer adds) go to the engine as the blob of the
     step it takes now."""
+    _last_stepped[0] = engine
     if _running[0]:
         extras = _rank_extras[0]
         blob = {"rng": heal_state.rng_state(), "extra": extras() if extras is not None else None}
@@ -310,16 +312,23 @@ def healing_loop(loader, train_step, after_step=None, shared=None, optimizer=Non
     """Run train_step(batch) for each batch of `loader`, then after_step(i,
     result) once the step committed; heal a lost rank in place.
 
-    train_step: forward, backward and exactly one optimizer step (with any
-    number of micro-batches); redone with the same batch and RNG when a
-    loss cuts it short before its step commits. after_step: bookkeeping
+    train_step: forward, backward and exactly one step of the loop's
+    optimizer (with any number of micro-batches); redone with the same
+    batch and RNG when a loss cuts it short before its step commits. Other
+    ZeroShardOptimizers may step in it too, before the loop's (a GAN's
+    discriminator, then its generator as `optimizer`; refused by name when
+    one steps after it): a loss before the first of them commits heals as
+    above, one between their commits cannot (the committed step cannot be
+    undone, a redo would take it twice) and raises StateLostError, as
+    below. after_step: bookkeeping
     once per committed step (scheduler, logging); `result` is what
     train_step returned, or None where a loss cut train_step short after
     its step committed, and in a replacement for the step committed just
     before it joined. shared: name -> object with state_dict() /
     load_state_dict(), equal on every rank (an LR scheduler), handed to a
     replacement with the data position. optimizer: the ZeroShardOptimizer
-    whose steps count the loop's (default: the first made).
+    whose steps count the loop's (default: the first made), the one
+    train_step steps last.
 
     Batches must not be drawn from the global RNG (a replacement skips to
     its position without them), nor may after_step draw from it. Returns
@@ -381,9 +390,11 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
         for batch in batches:
             record = StepRecord(batch)
             before = engine.steps
+            others = [(o, o._engine.steps) for o in optimizers() if o._engine is not engine]
             result = None
             while True:
                 try:
+                    _last_stepped[0] = None
                     result = train_step(batch)
                     break
                 except RankLostError:
@@ -392,6 +403,7 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
                     recover()
                     committed = engine.steps  # C, for the loop's optimizer
                     if committed == before:
+                        _no_step_taken_in(others, position, before)
                         record.restore()  # not committed: the same batch again
                         continue
                     if committed != before + 1:
@@ -401,11 +413,31 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
             if engine.steps not in (before, before + 1):
                 raise RuntimeError(f"zeroshard.torch healing_loop: train_step took {engine.steps - before} "
                                    "optimizer steps; it must take one")
+            if healing and others and engine.steps == before + 1 and _last_stepped[0] not in (None, engine):
+                raise RuntimeError("zeroshard.torch healing_loop: train_step stepped another ZeroShardOptimizer "
+                                   "after the loop's: a loss between the two steps would leave the other's step "
+                                   "untaken while the loop counts the batch as done; pass the one train_step "
+                                   "steps last as healing_loop(optimizer=...)")
             _after(ctx, after_step, position, result, healing, engine, shared)
             position += 1
     finally:
         _running[0] = False
     return position
+
+
+def _no_step_taken_in(others, position, before):
+    """After a heal in which the loop's optimizer did not commit its step
+    (at `before`): StateLostError when another optimizer committed one in
+    this train_step, which a redo would take twice and which cannot be
+    undone (its step changed its params, and the survivors keep no state
+    from before it): the job must restart from its last checkpoint."""
+    ahead = [i for i, (o, steps) in enumerate(others) if o._engine.steps != steps]
+    if ahead:
+        o, steps = others[ahead[0]]
+        raise StateLostError(f"a rank was lost in batch {position} between two optimizer steps of its train_step: "
+                             f"another ZeroShardOptimizer committed its step {o._engine.steps} (from {steps}), the "
+                             f"loop's did not (at {before}); redoing the batch would step the first twice and its "
+                             "step cannot be undone")
 
 
 def _after(ctx, after_step, position, result, healing, engine, shared):
