@@ -44,18 +44,7 @@ void destroy(TwoOptimizers& m) {
 zs_status build(const RankEnv& env, TwoOptimizers& m) {
   zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
   zs_status s = zs_context_create(&m.ctx, &o);
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    const std::vector<float> init = initial_values(i, kNumel[i]);
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = i == 0 ? "w0" : "w1";
-    po.ndim = 1;
-    po.shape = &kNumel[i];
-    po.init = ZS_INIT_FROM_RANK;
-    po.src_rank = 0;
-    po.data = init.data();
-    po.data_bytes = init.size() * sizeof(float);
-    s = zs_param_register(&m.params[i], m.ctx, &po);
-  }
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) s = register_from_rank0(m.ctx, i, &kNumel[i], &m.params[i]);
   const zs_optimizer_kind kinds[2] = {ZS_OPTIM_ADAMW, ZS_OPTIM_SGD};
   for (int i = 0; i < 2 && s == ZS_OK; ++i) {
     s = zs_optimizer_create(&m.opts[i], m.ctx, kinds[i]);

@@ -46,6 +46,22 @@ inline std::vector<float> initial_values(int i, int64_t numel) {
   return init;
 }
 
+// Param i ("w0", "w1") of `*numel` elements with initial_values(i, ...),
+// from rank 0 (a scatter, which a replacement skips: its shard comes from
+// the replica at the join). `numel` must outlive the call.
+inline zs_status register_from_rank0(zs_context ctx, int i, const int64_t* numel, zs_param* out) {
+  const std::vector<float> init = initial_values(i, *numel);
+  zs_param_options po = ZS_PARAM_OPTIONS_INIT;
+  po.name = i == 0 ? "w0" : "w1";
+  po.ndim = 1;
+  po.shape = numel;
+  po.init = ZS_INIT_FROM_RANK;
+  po.src_rank = 0;
+  po.data = init.data();
+  po.data_bytes = init.size() * sizeof(float);
+  return zs_param_register(out, ctx, &po);
+}
+
 struct Model {
   zs_context ctx = nullptr;
   zs_param params[2] = {nullptr, nullptr};
@@ -69,18 +85,7 @@ inline zs_status build_with_frozen(const RankEnv& env, Model& m, int64_t numel1 
   zs_context_options o = zs::test::rank_options(env, kHealOn, kTimeoutMs);
   zs_status s = zs_context_create(&m.ctx, &o);
   const int64_t numel[2] = {kNumel[0], numel1};
-  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
-    const std::vector<float> init = initial_values(i, numel[i]);
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = i == 0 ? "w0" : "w1";
-    po.ndim = 1;
-    po.shape = &numel[i];
-    po.init = ZS_INIT_FROM_RANK;
-    po.src_rank = 0;
-    po.data = init.data();
-    po.data_bytes = init.size() * sizeof(float);
-    s = zs_param_register(&m.params[i], m.ctx, &po);
-  }
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) s = register_from_rank0(m.ctx, i, &numel[i], &m.params[i]);
   // A frozen param in no optimizer, as a reference model's: its shard
   // reaches a replacement with the optimizer's state (the digests cover it).
   const int64_t numel_frozen = kFrozenNumel;
