@@ -115,7 +115,8 @@ tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartb
 # tsan_build checks against the filter on the full suite.
 tsan_files=(bootstrap_test.cpp checkpoint_direct_io_test.cpp checkpoint_test.cpp collective_identity_test.cpp
             collectives_test.cpp config_agreement_test.cpp coordinator_test.cpp cross_memory_test.cpp
-            engine_lock_test.cpp failure_test.cpp gather_test.cpp heal_commit_test.cpp heal_join_test.cpp heal_loss_test.cpp heal_regrow_test.cpp heal_shrink_test.cpp heal_test.cpp heal_zsrun_test.cpp
+            engine_lock_test.cpp failure_test.cpp gather_test.cpp heal_commit_test.cpp heal_join_test.cpp heal_loss_test.cpp heal_regrow_test.cpp heal_shrink_test.cpp heal_test.cpp heal_two_optimizers_test.cpp
+            heal_zsrun_test.cpp
             heartbeat_test.cpp
             job_secret_test.cpp kernels_optim_test.cpp loco_test.cpp loss_scaler_test.cpp optimizer_agreement_test.cpp
             optimizer_bf16_states_test.cpp optimizer_external_test.cpp optimizer_muon_test.cpp optimizer_offload_grads_test.cpp
