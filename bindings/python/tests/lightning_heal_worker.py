@@ -15,7 +15,10 @@ Only a rank's first process kills itself. ZS_TEST_ACCUMULATE=K: K
 micro-batches a step, "backward1" killing in the first one's backward
 (outside the optimizer step), "backward" in the last. ZS_TEST_MANUAL=1:
 manual optimization, the training_step stepping the optimizer and the
-scheduler itself (the same numbers as automatic optimization's); with
+scheduler itself (the same numbers as automatic optimization's;
+ZS_TEST_MANUAL=2: the output layer under an SGD of its own, stepped
+after the body's AdamW in the same training_step, "update_first_of_two"
+killing in the AdamW's update); with
 ZS_TEST_ACCUMULATE=K as well, it steps them every K-th batch (gradients
 accumulated by hand: Lightning's own accumulation is 1).
 
@@ -46,7 +49,8 @@ import zeroshard.torch as zt
 from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes
 
 ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
-MANUAL = os.environ.get("ZS_TEST_MANUAL") == "1"
+MANUAL = os.environ.get("ZS_TEST_MANUAL") in ("1", "2")
+TWO = os.environ.get("ZS_TEST_MANUAL") == "2"  # the output layer under an SGD of its own, stepped second
 
 
 class Module(pl.LightningModule):
@@ -74,15 +78,17 @@ class Module(pl.LightningModule):
 
         self.net.on_hidden = on_hidden
         if MANUAL:
-            opt = self.optimizers()
+            opts = self.optimizers() if TWO else [self.optimizers()]
             if idx % ACCUMULATE == 0:
-                opt.zero_grad()
+                for opt in opts:
+                    opt.zero_grad()
         loss = self.net(batch[0]).pow(2).mean()
         self.log("loss", loss, on_step=True, on_epoch=True)
         if MANUAL:
             self.manual_backward(loss)
             if idx % ACCUMULATE == ACCUMULATE - 1:
-                opt.step()
+                for opt in opts:
+                    opt.step()
                 self.lr_schedulers().step()
         return loss
 
@@ -98,8 +104,12 @@ class Module(pl.LightningModule):
         torch.manual_seed(100 + self.global_rank)  # dropout differs per rank, as in data parallelism
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01)
+        head = list(self.net.out.parameters()) if TWO else []
+        opt = torch.optim.AdamW([p for p in self.parameters() if all(p is not q for q in head)], lr=1e-2,
+                                weight_decay=0.01)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        if TWO:
+            return [opt, torch.optim.SGD(head, lr=5e-2, momentum=0.9)], [{"scheduler": sched, "interval": "step"}]
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
@@ -165,7 +175,8 @@ def main():
     digest, taken, params = zt.training_digest(opt, module)
     if rank == 0:
         note(event="params", sha256=params)
-    note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"])
+    extra = {"head_digest": zt.training_digest(trainer.optimizers[1], module)[:2]} if TWO else {}
+    note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"], **extra)
     sys.stdout.flush()
     os._exit(0)  # past torch.distributed's teardown, as the other Lightning workers leave
 

@@ -597,6 +597,37 @@ def test_a_lightning_manual_training_step_after_one_that_took_no_step_is_not_hea
     assert all(ends(logs)[r][-1]["ran"] == 8 for r in range(3)), out
 
 
+def test_a_lightning_manual_training_step_of_two_optimizers_heals_before_their_steps_and_is_named_after():
+    """Manual optimization stepping two optimizers in each training_step
+    (the output layer's SGD after the body's AdamW, as a GAN steps its
+    discriminator and generator): rank 1 lost in the second batch's
+    backward, before either steps, heals in place (the survivors run the training_step
+    again, the replacement joins both optimizers); rank 2 lost in the sixth
+    batch's AdamW update, which commits: the rest of that training_step cannot be
+    run again nor by a replacement, so the survivors say so and end, and
+    zsrun restarts the job, which ends as the uninterrupted run (both
+    optimizers' states bit for bit)."""
+    pytest.importorskip("lightning")
+    worker, env = "lightning_heal_worker.py", {"ZS_TEST_MANUAL": "2", "ZS_HEARTBEAT_TIMEOUT_MS": "3000"}
+    code, out, ref_logs, _ = launch(3, restarts=1, worker=worker, steps=8, env=env)
+    assert code == 0, out
+    code, out, logs, _ = launch(3, "1:2:backward", "2:5:update_first_of_two", restarts=3, worker=worker, steps=8,
+                                env=env)
+    assert code == 0, out
+    # Lightning counts every optimizer's step (global_step 2 is the second
+    # batch's start), the engine's count is the first optimizer's.
+    assert "zeroshard.lightning: rank 1 joined at step 1" in out, out
+    assert re.search(r"it came in or after the first optimizer step of this manual training_step, which steps 2 "
+                     r"optimizers: .*: not healed", out), out
+    assert "starting the job again" in out, out
+    ref_end, end = ends(ref_logs), ends(logs)
+    for r in range(3):
+        assert len(end[r]) == 1, (r, out)
+        got, want = end[r][0], ref_end[r][0]
+        assert [got[k] for k in ("digest", "steps", "ran", "lr", "head_digest")] == \
+            [want[k] for k in ("digest", "steps", "ran", "lr", "head_digest")], (r, got, want)
+
+
 def k_where(kills, rank):
     return next(k.split(":")[2] for k in kills if int(k.split(":")[0]) == rank)
 

@@ -39,8 +39,12 @@ between two optimizer steps may draw from the global RNG: the loaders'
 iterators, each of which draws its workers' seed, are made under a fork of
 it (the same seed, the RNG left as it was), in the reference run as in a
 healed one. Manual optimization heals with its training_step as the
-window (Healing.manual_step). Heals: one engine optimizer (AdamW,
-Adam or SGD). A loss in a checkpoint save or a hook between steps and
+window (Healing.manual_step). Heals: engine optimizers (AdamW, Adam
+or SGD), one under automatic optimization; under manual optimization
+several, stepped in one training_step (a GAN's), heal a loss before the
+first of them commits and end the fit by name after (the rest of the
+training_step runs from values computed before that step, which neither
+a redo nor a replacement has). A loss in a checkpoint save or a hook between steps and
 validations is not healed: it ends the fit with RankLostError, and zsrun
 restarts the job.
 """
@@ -212,6 +216,7 @@ class Healing:
         # (the survivors' state, its predecessor's blob, whether that batch's
         # step committed).
         self.joined = None
+        self.several = False  # the fit steps several engine optimizers (manual optimization)
         self.skip = 0  # in a replacement: batches of the epoch its train loader skips
         self.val_loop = None  # the fit's validation loop, whose run heals (after_setup)
         self.window = None  # the optimizer step's _Window in progress
@@ -229,14 +234,19 @@ class Healing:
         """The strategy's setup made the optimizers: self when they heal
         (a replacement joins here), None when they do not."""
         opts = list(strategy.optimizers or [])
-        if len(opts) != 1 or not isinstance(_engine_optimizer(opts[0]), zt.ZeroShardOptimizer):
-            why = (f"{len(opts)} optimizers" if len(opts) != 1 else
-                   f"its optimizer {type(_engine_optimizer(opts[0])).__name__} is not the engine's AdamW, Adam or "
-                   "SGD")
+        stock = [type(o).__name__ for o in map(_engine_optimizer, opts) if not isinstance(o, zt.ZeroShardOptimizer)]
+        why = ("no optimizer" if not opts else
+               f"its optimizer {stock[0]} is not the engine's AdamW, Adam or SGD" if stock else
+               f"{len(opts)} optimizers under automatic optimization"
+               if len(opts) > 1 and trainer.lightning_module.automatic_optimization else None)
+        if why is not None:
             if _context.awaiting_join(zt.get_context()):
                 raise RuntimeError(f"{WHO}: this replacement cannot join the survivors: {why}")
             _say(zt.get_context(), why)
             return None
+        # Manual optimization may step several optimizers in a training_step
+        # (a GAN's): a loss before the first commits heals, one after does not.
+        self.several = len(opts) > 1
         self.running = heal.running(lambda: {"results": _epoch_results(trainer)})
         self.running.__enter__()
         val_loop = trainer.fit_loop.epoch_loop.val_loop
@@ -288,9 +298,12 @@ class Healing:
         ctx = zt.get_context()
         shared = heal.survivors_state(committed, WHO, "Lightning fit", lambda state: state.get("kind") == "lightning")
         behind = committed - shared["engine_steps"]
-        if behind not in (0, 1) or (behind and shared["phase"] != "batch"):
-            raise RuntimeError(f"{WHO}: joined at optimizer step {committed}; the survivors' state is of step "
-                               f"{shared['engine_steps']}")
+        if behind not in (0, 1) or (behind and shared["phase"] != "batch") or \
+                (self.several and list(_steps()) != shared["steps"]):
+            # Several optimizers heal only where none had stepped in the
+            # window (the survivors end the fit otherwise).
+            raise RuntimeError(f"{WHO}: joined at optimizer step(s) {list(_steps())}; the survivors' state is of "
+                               f"step(s) {shared['steps']}")
         heal.load_learned_fetches(shared["learned_fetches"], WHO)
         heal.load_param_groups(shared["param_groups"], WHO)
         _adopt_checkpoint_dirs(trainer, shared["checkpoint"]["callbacks"])
@@ -363,6 +376,7 @@ class Healing:
         if precision:
             checkpoint[type(trainer.precision_plugin).__qualname__] = precision
         state = {"kind": "lightning", "phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
+                 "steps": list(_steps()),
                  "skip": epoch_loop.batch_progress.current.completed, "param_groups": heal.param_groups_state(),
                  "learned_fetches": heal.learned_fetches(), "checkpoint": checkpoint}
         if phase == "batch":
@@ -530,7 +544,7 @@ class Healing:
             self.local_closures = 0
             if not hollow_window:  # the survivors run this training_step again from its start
                 heal_dist.answering_locally(False)
-        m = self.manual = _ManualWindow(trainer, heal.optimizers()[0]._engine.steps)
+        m = self.manual = _ManualWindow(trainer, _steps())
         m.hollow = hollow_window
         try:
             while True:
@@ -541,20 +555,30 @@ class Healing:
                     return None if m.ran_hollow else out
                 except _RunAgain:
                     pass  # healed in its step, which did not commit
+                except _NotHealed:
+                    raise
                 except RankLostError as e:
-                    if heal.optimizers()[0]._engine.steps != m.before:
-                        raise _not_healed(e, "after the optimizer step of this manual training_step, in code of "
-                                          "its own that called the engine or torch.distributed, which this "
-                                          "strategy cannot run again") from e
+                    if _steps() != m.before:
+                        raise _not_healed(e, self._after_a_step()) from e
                     if self.stepless:
                         raise _not_healed(e, "in a manual training_step after one that took no optimizer step: the "
                                           "gradients of the training_steps before it (accumulated by hand) are "
                                           "gone with the step cut short, and only this one would run again") from e
-                    self._recover({m.before})
+                    self._recover({m.before[0]})  # the first optimizer's C: every one at its m.before
                 m.put_back()
         finally:
             self.manual = None
-            self.stepless = heal.optimizers()[0]._engine.steps == m.before and not m.ran_hollow
+            self.stepless = _steps() == m.before and not m.ran_hollow
+
+    def _after_a_step(self):
+        """Where a loss after an optimizer step of a manual training_step
+        came, for _not_healed."""
+        if self.several:
+            return (f"in or after the first optimizer step of this manual training_step, which steps "
+                    f"{len(heal.optimizers())} optimizers: the rest of it runs from values computed before that "
+                    "step, which neither a redo nor a replacement has")
+        return ("after the optimizer step of this manual training_step, in code of its own that called the engine or "
+                "torch.distributed, which this strategy cannot run again")
 
     def _manual_optimizer_step(self, optimizer, closure, step):
         m = self.manual
@@ -572,7 +596,7 @@ class Healing:
             heal_dist.answering_locally(False)
             m.hollow, m.ran_hollow = False, True
             return None
-        if opt._engine.steps != m.before:
+        if _steps() != m.before:
             # A second step in one training_step: it runs as it would without
             # healing, and a loss from here ends the fit (manual_step).
             return step(closure)
@@ -580,7 +604,7 @@ class Healing:
         def run_again():
             raise _RunAgain()
 
-        return self._step_healing(opt, m.before, lambda: step(closure), run_again)
+        return self._step_healing(opt, opt._engine.steps, lambda: step(closure), run_again)
 
     def optimizer_step(self, trainer, optimizer, closure, step):
         """The strategy's optimizer_step; step(closure) is Lightning's."""
@@ -612,7 +636,12 @@ class Healing:
         engine steps again; or it raises). redone(): the closures the
         survivors run again, for _recover."""
         def cut_short():
-            if self._recover({before, before + 1}, redo=redone() if redone else None) == before + 1:
+            if self._recover({before, before + 1}, redo=redone() if redone else None, opt=opt) == before + 1:
+                if self.several and self.manual is not None:
+                    # The rest of the training_step steps other optimizers from
+                    # values computed before this step, which a replacement
+                    # (hollow up to here) would not have.
+                    raise _not_healed("a rank was lost in an optimizer step, which committed", self._after_a_step())
                 return True
             return not_committed()
 
@@ -622,18 +651,24 @@ class Healing:
         finally:
             opt.on_rank_lost = None
 
-    def _recover(self, allowed, redo=None):
-        """Heal (zeroshard.torch.heal.recover); returns C, one of `allowed`.
-        `redo`: how many closures of the step's window the survivors run
-        again, which the replacement learns with the window's state."""
+    def _recover(self, allowed, redo=None, opt=None):
+        """Heal (zeroshard.torch.heal.recover); returns C of `opt` (default:
+        the first optimizer), one of `allowed`. `redo`: how many closures
+        of the step's window the survivors run again, which the replacement
+        learns with the window's state."""
         def agreed(committed):
             if redo is not None and self.window_state is not None:
                 self._post(dict(self.window_state, redo=redo))
 
         try:
-            return heal.recover(agreed, allowed, WHO)
+            return heal.recover(agreed, allowed, WHO, optimizer=opt)
         except StateLostError as e:
             raise heal.state_lost_exit(WHO, e) from e
+
+
+def _steps():
+    """Every engine optimizer's step count, in the order made."""
+    return tuple(o._engine.steps for o in heal.optimizers())
 
 
 class _NotHealed(RankLostError):
@@ -652,7 +687,7 @@ class _RunAgain(Exception):
 
 
 class _ManualWindow:
-    """A manual training_step's start: the engine's step count, the RNG, the
+    """A manual training_step's start: every engine optimizer's step count, the RNG, the
     logged values and Lightning's count of optimizer steps, put back when it
     runs again."""
 

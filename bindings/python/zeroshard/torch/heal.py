@@ -133,30 +133,31 @@ class StepRecord:
         heal_state.set_rng_state(self.rng)
 
 
-def recover(agreed=None, allowed=None, who="zeroshard.torch"):
+def recover(agreed=None, allowed=None, who="zeroshard.torch", optimizer=None):
     """After RankLostError on a survivor: the agreement on the committed
     step and the replacement's join, for every ZeroShardOptimizer in the
     order made; then the frontend forgets the step cut short. Returns C of
-    the first (each optimizer's own is its `steps` now). agreed(C), if
-    given, runs between the two: what it registers as the shared state
-    reaches the replacement. `allowed`, if given: the values of C the
-    caller's step in progress can heal at (RuntimeError naming `who`
-    otherwise). StateLostError when a rank and the holder of its copy were
-    lost together."""
+    `optimizer` (default: the first made; each optimizer's own is its
+    `steps` now). agreed(C), if given, runs between the two: what it
+    registers as the shared state reaches the replacement. `allowed`, if
+    given: the values of C the caller's step in progress can heal at
+    (RuntimeError naming `who` otherwise). StateLostError when a rank and
+    the holder of its copy were lost together."""
     opts = optimizers()
     if not opts:
         raise RuntimeError("zeroshard.torch.heal.recover(): no ZeroShardOptimizer to heal")
+    which = next((i for i, o in enumerate(opts) if o is optimizer), 0)
     committed = [o._engine.heal_agree()[0] for o in opts]
     if agreed is not None:
-        agreed(committed[0])
+        agreed(committed[which])
     for o in opts:
         o._engine.heal_join()  # under min_ranks: the shrink in memory
     forget_step_in_flight()
     heal_world.follow(get_context())
-    if allowed is not None and committed[0] not in allowed:
-        raise RuntimeError(f"{who}: healed at optimizer step {committed[0]}, but this rank's step in progress began "
-                           f"at {min(allowed)}")
-    return committed[0]
+    if allowed is not None and committed[which] not in allowed:
+        raise RuntimeError(f"{who}: healed at optimizer step {committed[which]}, but this rank's step in progress "
+                           f"began at {min(allowed)}")
+    return committed[which]
 
 
 def state_lost_exit(who, error):
