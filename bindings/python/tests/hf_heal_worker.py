@@ -136,9 +136,13 @@ def main():
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
     dpo = os.environ.get("ZS_TEST_TRL_DPO") == "1"
     grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1"
-    if sft or dpo or grpo:
+    reward = os.environ.get("ZS_TEST_TRL_REWARD") == "1"
+    kto = os.environ.get("ZS_TEST_TRL_KTO") == "1"
+    if sft or dpo or grpo or reward or kto:
         import trl
         arguments, trainer_class = (trl.DPOConfig, zeroshard.hf.trainer_class(trl.DPOTrainer)) if dpo else \
+            (trl.RewardConfig, zeroshard.hf.trainer_class(trl.RewardTrainer)) if reward else \
+            (trl.KTOConfig, zeroshard.hf.trainer_class(trl.KTOTrainer)) if kto else \
             (trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer))
         generation = {"max_length": SEQ, "bf16": False}  # TRL's configs default to bf16 where torch has it
         if grpo:
@@ -155,8 +159,12 @@ def main():
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
         **generation)
     pretrained = os.environ.get("ZS_TEST_PRETRAINED")
-    if dpo or grpo:
+    if dpo or grpo or kto:
         model = pretrained  # TRL loads the policy and its reference from the folder
+    elif reward:  # a scalar head on a small GPT-2 (dropout 0.1 everywhere)
+        torch.manual_seed(0)
+        model = transformers.GPT2ForSequenceClassification(transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2, num_labels=1, pad_token_id=0))
     elif pretrained:  # partitioned as it loads (the arguments' deepspeed= registers the config)
         model = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
     elif seq2seq:
@@ -181,6 +189,14 @@ def main():
         data = datasets.Dataset.from_dict({"prompt": [words(r[:6]) for r in data.ids],
                                            "chosen": [words(r[6:11]) for r in data.ids],
                                            "rejected": [words(r[11:]) for r in data.ids]})
+        extra["processing_class"] = word_tokenizer()
+    if reward or kto:  # preference pairs (reward), or completions marked desirable or not (KTO), in words
+        import datasets
+        words = lambda row: " ".join(f"t{int(i)}" for i in row)  # noqa: E731
+        data = datasets.Dataset.from_dict(
+            {"chosen": [words(r[:7]) for r in data.ids], "rejected": [words(r[7:]) for r in data.ids]} if reward
+            else {"prompt": [words(r[:6]) for r in data.ids], "completion": [words(r[6:11]) for r in data.ids],
+                  "label": [bool(i % 2) for i in range(len(data.ids))]})
         extra["processing_class"] = word_tokenizer()
     if grpo:  # prompts in words, completions scored by how many words t5.. (sampled: the RNG matters)
         import datasets
@@ -228,8 +244,9 @@ def main():
             generating[0] += 1
             if generating[0] == 3:
                 die(step, "generate")
-        if model.training and (step, "backward") in mine and scaffold.micro == 1:
-            hidden = output[0] if isinstance(output, tuple) else output
+        hidden = output[0] if isinstance(output, tuple) else output
+        # (KTO runs a forward without gradients for its KL term too.)
+        if model.training and (step, "backward") in mine and scaffold.micro == 1 and hidden.requires_grad:
             hidden.register_hook(lambda grad: die(step, "backward"))
 
     (model.encoder.block[0] if seq2seq else model.transformer.h[0]).register_forward_hook(on_block)

@@ -416,6 +416,23 @@ def test_trls_dpo_trainer_heals_a_loss_in_a_backward_and_one_in_an_update():
     assert len(logged) == steps // 5, history
 
 
+@pytest.mark.parametrize("trainer", ["reward", "kto"])
+def test_trls_reward_and_kto_trainers_heal_a_loss_in_a_backward_and_one_in_an_update(trainer):
+    """TRL's RewardTrainer (a scalar head on a small GPT-2, preference
+    pairs) and KTOTrainer (the policy and its frozen reference loaded from
+    one folder, completions marked desirable or not) on 3 ranks, their
+    forwards gathering metrics (accuracy and margins; KL, rewards and
+    log-probabilities) logged every 5 steps: rank 1 killed in step 6's
+    second backward, rank 2 in step 9's update. Bitwise as the Trainer's,
+    the logged metrics included."""
+    pytest.importorskip("trl")
+    steps = 15
+    heals = trainer_heals if trainer == "reward" else pretrained_trainer_heals
+    history = heals({f"ZS_TEST_TRL_{trainer.upper()}": "1"}, steps, {"1:6:backward": 5, "2:9:update": 9})
+    logged = [e for e in history if ("accuracy" if trainer == "reward" else "kl") in e]
+    assert len(logged) == steps // 5, history
+
+
 def test_trls_grpo_trainer_heals_losses_in_its_generation_a_backward_and_an_update_with_buffered_completions():
     """TRL's GRPOTrainer on 4 ranks, its completions sampled (the RNG
     matters) and scored, a reference model from the same folder, one

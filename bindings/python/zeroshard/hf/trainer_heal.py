@@ -31,7 +31,8 @@ that its collectives line up with the survivors'.
 
 Heals: transformers.Trainer itself, its Seq2SeqTrainer (whose training
 is the Trainer's; its evaluation, generate() included, is run again as any
-evaluation cut short) and TRL's SFTTrainer, DPOTrainer and GRPOTrainer
+evaluation cut short) and TRL's SFTTrainer, DPOTrainer, GRPOTrainer,
+RewardTrainer and KTOTrainer
 (whose forwards add gathered metrics and a token count: taken at a step's
 opening and put back before a redo, kept across a logging run again,
 handed to a replacement; DPO's and GRPO's reference model, frozen in no
@@ -73,11 +74,12 @@ HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 
 
 # TRL's trainers whose steps are the Trainer's plus gathered metrics
-# (metrics_state): SFT's, DPO's (whose reference model, frozen in no
-# optimizer, rides in the first optimizer's peer copy) and GRPO's (whose
-# first micro-batch of a generation generates, scores and buffers
-# completions: redone with the step, its counters put back first).
-_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer")
+# (metrics_state): SFT's, the reward model's, DPO's and KTO's (whose
+# reference model, frozen in no optimizer, rides in the first optimizer's
+# peer copy) and GRPO's (whose first micro-batch of a generation
+# generates, scores and buffers completions: redone with the step, its
+# counters put back first).
+_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RewardTrainer", "KTOTrainer")
 
 
 def _is_trl_healing(base):
@@ -101,8 +103,8 @@ def _grpo_why_not(arguments):
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
-        return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's SFTTrainer, DPOTrainer or "
-                "GRPOTrainer")
+        return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's "
+                f"{', '.join(_TRL_HEALING[:-1])} or {_TRL_HEALING[-1]}")
     if base.__name__ == "GRPOTrainer":
         why = _grpo_why_not(getattr(trainer, "_zs_init_arguments", None) or {})
         if why is not None:
