@@ -135,7 +135,8 @@ def main():
         else (transformers.TrainingArguments, zeroshard.hf.Trainer)
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
     dpo = os.environ.get("ZS_TEST_TRL_DPO") == "1"
-    grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1"
+    rloo = os.environ.get("ZS_TEST_TRL_RLOO") == "1"  # GRPO's setting, TRL's RLOOTrainer
+    grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1" or rloo
     reward = os.environ.get("ZS_TEST_TRL_REWARD") == "1"
     kto = os.environ.get("ZS_TEST_TRL_KTO") == "1"
     if sft or dpo or grpo or reward or kto:
@@ -146,7 +147,8 @@ def main():
             (trl.SFTConfig, zeroshard.hf.trainer_class(trl.SFTTrainer))
         generation = {"max_length": SEQ, "bf16": False}  # TRL's configs default to bf16 where torch has it
         if grpo:
-            arguments, trainer_class = trl.GRPOConfig, zeroshard.hf.trainer_class(trl.GRPOTrainer)
+            arguments, trainer_class = (trl.RLOOConfig, zeroshard.hf.trainer_class(trl.RLOOTrainer)) if rloo else \
+                (trl.GRPOConfig, zeroshard.hf.trainer_class(trl.GRPOTrainer))
             generation = {"bf16": False, "num_generations": 2, "max_completion_length": 8, "beta": 0.1,
                           "steps_per_generation": 4}
     args = arguments(

@@ -456,6 +456,20 @@ def test_trls_grpo_trainer_heals_losses_in_its_generation_a_backward_and_an_upda
     assert len(logged) == steps // 5 and all(e["num_tokens"] > 0 for e in logged), history
 
 
+def test_trls_rloo_trainer_heals_losses_in_its_generation_and_an_update_with_buffered_completions():
+    """TRL's RLOOTrainer (GRPO's generation and buffering, its own
+    advantages) in GRPO's setting on 3 ranks: rank 1 killed in step 5's
+    generation (the survivors generate again, the replacement its own),
+    rank 2 in step 7's update (step 8 trains on the completions step 7
+    generated, which the replacement has from its predecessor's blob).
+    Bitwise as the Trainer's, the logged rewards and KL included."""
+    pytest.importorskip("trl")
+    steps = 10
+    history = pretrained_trainer_heals({"ZS_TEST_TRL_RLOO": "1"}, steps, {"1:5:generate": 4, "2:7:update": 7})
+    logged = [e for e in history if "reward" in e and "kl" in e]
+    assert len(logged) == steps // 5 and all(e["num_tokens"] > 0 for e in logged), history
+
+
 def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps():
     """What GRPO keeps outside the step it redoes is named, and only that;
     completions buffered across optimizer steps are what rides in the

@@ -32,16 +32,16 @@ that its collectives line up with the survivors'.
 Heals: transformers.Trainer itself, its Seq2SeqTrainer (whose training
 is the Trainer's; its evaluation, generate() included, is run again as any
 evaluation cut short) and TRL's SFTTrainer, DPOTrainer, GRPOTrainer,
-RewardTrainer and KTOTrainer
+RLOOTrainer, RewardTrainer and KTOTrainer
 (whose forwards add gathered metrics and a token count: taken at a step's
 opening and put back before a redo, kept across a logging run again,
-handed to a replacement; DPO's and GRPO's reference model, frozen in no
-optimizer, rides in the peer copy; GRPO's generation, scoring and
-buffering is part of its step's first micro-batch and is redone with it,
-its micro-batch count and token count put back first,
-and completions buffered for later steps ride in the rank's blob), not
-other subclasses, nor GRPO with vLLM, adaptive entropy, environments or
-a rollout function (state outside the step), with
+handed to a replacement; DPO's, KTO's, GRPO's and RLOO's reference
+model, frozen in no optimizer, rides in the peer copy; GRPO's and RLOO's
+generation, scoring and buffering is part of its step's first
+micro-batch and is redone with it, its micro-batch count and token count
+put back first, and completions buffered for later steps ride in the
+rank's blob), not other subclasses, nor GRPO or RLOO with vLLM, adaptive
+entropy, environments or a rollout function (state outside the step), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -76,10 +76,10 @@ HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 # TRL's trainers whose steps are the Trainer's plus gathered metrics
 # (metrics_state): SFT's, the reward model's, DPO's and KTO's (whose
 # reference model, frozen in no optimizer, rides in the first optimizer's
-# peer copy) and GRPO's (whose first micro-batch of a generation
-# generates, scores and buffers completions: redone with the step, its
-# counters put back first).
-_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RewardTrainer", "KTOTrainer")
+# peer copy) and GRPO's and RLOO's (whose first micro-batch of a
+# generation generates, scores and buffers completions: redone with the
+# step, its counters put back first).
+_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RLOOTrainer", "RewardTrainer", "KTOTrainer")
 
 
 def _is_trl_healing(base):
@@ -87,16 +87,16 @@ def _is_trl_healing(base):
 
 
 def _grpo_why_not(arguments):
-    """Why a GRPOTrainer made with these __init__ arguments cannot heal, or
+    """Why a GRPOTrainer or RLOOTrainer made with these __init__ arguments cannot heal, or
     None: what its generation keeps outside the step this module redoes."""
     args = arguments.get("args")
     if getattr(args, "use_vllm", False):
-        return "GRPO's use_vllm generates in a vLLM engine, which nothing here heals"
+        return "use_vllm generates in a vLLM engine, which nothing here heals"
     if getattr(args, "use_adaptive_entropy", False):
-        return "GRPO's use_adaptive_entropy steers a coefficient from every step's entropies, which no heal hands over"
+        return "use_adaptive_entropy steers a coefficient from every step's entropies, which no heal hands over"
     for name in ("environment_factory", "rollout_func"):
         if arguments.get(name) is not None:
-            return f"GRPO's {name} keeps state of its own, which a redone step would advance twice"
+            return f"{name} keeps state of its own, which a redone step would advance twice"
     return None
 
 
@@ -105,7 +105,7 @@ def _why_not(trainer, base, engine_optimizer):
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
         return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's "
                 f"{', '.join(_TRL_HEALING[:-1])} or {_TRL_HEALING[-1]}")
-    if base.__name__ == "GRPOTrainer":
+    if base.__name__ in ("GRPOTrainer", "RLOOTrainer"):  # RLOO's generation is GRPO's
         why = _grpo_why_not(getattr(trainer, "_zs_init_arguments", None) or {})
         if why is not None:
             return why
