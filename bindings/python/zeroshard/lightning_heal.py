@@ -44,9 +44,9 @@ or SGD), one under automatic optimization; under manual optimization
 several, stepped in one training_step (a GAN's), heal a loss before the
 first of them commits and end the fit by name after (the rest of the
 training_step runs from values computed before that step, which neither
-a redo nor a replacement has). A loss in a checkpoint save or a hook between steps and
-validations is not healed: it ends the fit with RankLostError, and zsrun
-restarts the job.
+a redo nor a replacement has). A loss in a checkpoint save or a hook
+between steps and validations is not healed: it ends the fit with
+RankLostError, and zsrun restarts the job.
 """
 import os
 import sys
@@ -687,9 +687,9 @@ class _RunAgain(Exception):
 
 
 class _ManualWindow:
-    """A manual training_step's start: every engine optimizer's step count, the RNG, the
-    logged values and Lightning's count of optimizer steps, put back when it
-    runs again."""
+    """A manual training_step's start: every engine optimizer's step count,
+    the RNG, the logged values and Lightning's count of optimizer steps,
+    put back when it runs again."""
 
     def __init__(self, trainer, before):
         self.before = before
