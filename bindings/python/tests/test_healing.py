@@ -155,6 +155,27 @@ def test_four_ranks_heal_rank_0_lost_with_the_store_in_zsstore_and_a_rank_lost_i
           f"update {kill_to_commit(logs, 3, 6, 7):.2f} s")
 
 
+def healed_then_restarted_by_name(code, out, joined, named):
+    """A launch whose first loss healed (`joined` said) and whose second
+    was named (`named`, a regular expression) and restarted the job, which
+    ended well."""
+    assert code == 0, out
+    assert joined in out, out
+    assert re.search(named, out), out
+    assert "starting the job again" in out, out
+
+
+def check_two_optimizers_ends(n, logs, ref_logs, out):
+    """One end per rank (a job restarted whole ended once), both optimizers'
+    states, the step counts, the steps run and the lr the reference's."""
+    keys = ("digest", "steps", "ran", "lr", "head_digest")
+    ref_end, end = ends(ref_logs), ends(logs)
+    for r in range(n):
+        assert len(end[r]) == 1, (r, out)
+        got, want = end[r][0], ref_end[r][0]
+        assert [got[k] for k in keys] == [want[k] for k in keys], (r, got, want)
+
+
 def test_a_loop_stepping_two_optimizers_heals_before_their_steps_and_restarts_by_name_between_them():
     # The output layer under an SGD of its own, stepped after the body's
     # AdamW, the loop counting the SGD's steps. Rank 1 in step 2's backward:
@@ -167,17 +188,11 @@ def test_a_loop_stepping_two_optimizers_heals_before_their_steps_and_restarts_by
     code, out, ref_logs, _ = launch(3, restarts=0, env=two)
     assert code == 0, out
     code, out, logs, _ = launch(3, "1:2:backward", "2:5:update_first_of_two", env=two)
-    assert code == 0, out
-    assert "zeroshard.torch: rank 1 joined at step" in out, out
-    assert re.search(r"a rank was lost in batch 5 between two optimizer steps of its train_step: another "
-                     r"ZeroShardOptimizer committed its step 6 \(from 5\), the loop's did not \(at 5\)", out), out
-    assert "starting the job again" in out, out
-    ref_end, end = ends(ref_logs), ends(logs)
-    for r in range(3):
-        assert len(end[r]) == 1, (r, out)
-        got, want = end[r][0], ref_end[r][0]
-        assert [got[k] for k in ("digest", "steps", "ran", "head_digest")] == \
-            [want[k] for k in ("digest", "steps", "ran", "head_digest")], (r, got, want)
+    healed_then_restarted_by_name(
+        code, out, "zeroshard.torch: rank 1 joined at step",
+        r"a rank was lost in batch 5 between two optimizer steps of its train_step: another ZeroShardOptimizer "
+        r"committed its step 6 \(from 5\), the loop's did not \(at 5\)")
+    check_two_optimizers_ends(3, logs, ref_logs, out)
     # The loop given the optimizer stepped first: refused at the first step.
     code, out, _, _ = launch(2, restarts=1, env={"ZS_TEST_TWO_OPTIMIZERS": "first"})
     assert code != 0
@@ -644,19 +659,13 @@ def test_a_lightning_manual_training_step_of_two_optimizers_heals_before_their_s
     assert code == 0, out
     code, out, logs, _ = launch(3, "1:2:backward", "2:5:update_first_of_two", restarts=3, worker=worker, steps=8,
                                 env=env)
-    assert code == 0, out
     # Lightning counts every optimizer's step (global_step 2 is the second
     # batch's start), the engine's count is the first optimizer's.
-    assert "zeroshard.lightning: rank 1 joined at step 1" in out, out
-    assert re.search(r"it came in or after the first optimizer step of this manual training_step, which steps 2 "
-                     r"optimizers: .*: not healed", out), out
-    assert "starting the job again" in out, out
-    ref_end, end = ends(ref_logs), ends(logs)
-    for r in range(3):
-        assert len(end[r]) == 1, (r, out)
-        got, want = end[r][0], ref_end[r][0]
-        assert [got[k] for k in ("digest", "steps", "ran", "lr", "head_digest")] == \
-            [want[k] for k in ("digest", "steps", "ran", "lr", "head_digest")], (r, got, want)
+    healed_then_restarted_by_name(
+        code, out, "zeroshard.lightning: rank 1 joined at step 1",
+        r"it came in or after the first optimizer step of this manual training_step, which steps 2 optimizers: "
+        r".*: not healed")
+    check_two_optimizers_ends(3, logs, ref_logs, out)
 
 
 def k_where(kills, rank):
