@@ -488,7 +488,7 @@ def test_trls_rloo_trainer_heals_losses_in_its_generation_and_an_update_with_buf
 def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps():
     """What GRPO keeps outside the step it redoes is named, and only that;
     completions buffered across optimizer steps are what rides in the
-    blob."""
+    blob. DPO and KTO with precomputed reference log-probs are named too."""
     from types import SimpleNamespace
     from zeroshard.hf import trainer_heal
     plain = SimpleNamespace(use_vllm=False, use_adaptive_entropy=False)
@@ -503,6 +503,11 @@ def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps()
     assert not trainer_heal._buffered_across_steps(grpo(2, 1, 2))
     assert trainer_heal._buffered_across_steps(grpo(4, 1, 2)) and trainer_heal._buffered_across_steps(grpo(2, 2, 2))
     assert not trainer_heal._buffered_across_steps(SimpleNamespace(args=SimpleNamespace(gradient_accumulation_steps=1)))
+    # DPO's and KTO's reference log-probs scored in their construction: a
+    # replacement would gather before its join.
+    assert trainer_heal._precompute_why_not({"args": SimpleNamespace(precompute_ref_log_probs=False)}) is None
+    assert "precompute_ref_log_probs" in trainer_heal._precompute_why_not(
+        {"args": SimpleNamespace(precompute_ref_log_probs=True)})
 
 
 LIGHTNING_WORLDS = {

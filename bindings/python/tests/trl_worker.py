@@ -26,7 +26,7 @@ import time
 
 import torch
 import transformers
-from datasets import Dataset
+from datasets import Dataset, load_from_disk
 
 ENGINE = sys.argv[1]
 if ENGINE == "zeroshard":
@@ -110,13 +110,25 @@ def frozen_facts(model):
             "kept": all(p.zs is not None and p.zs.attached for p in params)}
 
 
-def run_dpo(path):
+def run_dpo(path, precompute=False):
     g = torch.Generator().manual_seed(0)
     data = Dataset.from_list([{"prompt": sentence(g, 4), "chosen": sentence(g, 3), "rejected": sentence(g, 5)}
                               for _ in range(16)])
-    trainer = trainer_class(trl.DPOTrainer)(model=path, args=arguments(trl.DPOConfig, "dpo", max_length=32),
-                                            train_dataset=data)
+    if precompute:  # TRL caches the scores beside the dataset's files, where every rank reads them: one folder
+        folder = os.path.join(OUT, f"dpo_data-{ENGINE}")
+        if RANK == 0:
+            data.save_to_disk(folder)
+            open(folder + ".done", "w").close()
+        while not os.path.exists(folder + ".done"):
+            time.sleep(0.05)
+        data = load_from_disk(folder)
+    # precompute_ref_log_probs: TRL scores the dataset with the reference in its __init__ and keeps none after.
+    args = arguments(trl.DPOConfig, "dpo_precompute" if precompute else "dpo", max_length=32,
+                     precompute_ref_log_probs=precompute)
+    trainer = trainer_class(trl.DPOTrainer)(model=path, args=args, train_dataset=data)
     trainer.train()
+    if precompute:
+        return logged(trainer, "loss", "grad_norm", "rewards/margins")
     out = logged(trainer, "loss", "grad_norm", "rewards/margins")
     if ENGINE == "zeroshard":
         out["ref"] = frozen_facts(trainer.ref_model)
@@ -127,6 +139,10 @@ def run_dpo(path):
 
 def count_w1(completions, **_):
     return [float(c.count("w1") + c.count("w2")) for c in completions]
+
+
+def run_dpo_precompute(path):
+    return run_dpo(path, precompute=True)
 
 
 def run_grpo(path):

@@ -147,6 +147,17 @@ class ZeroShardTrainerMixin:
         else:
             zt.partition_module(model, config=engine_config)
 
+    def _precompute_ref_logps(self, *args, **kwargs):
+        """TRL's DPO and KTO with precompute_ref_log_probs: their __init__
+        scores the dataset with the model it keeps for it (the reference,
+        or the policy when it keeps none) before this mixin hooks the
+        models TRL loaded from a path; hooked here first (partition_module
+        hooks a module once)."""
+        model = getattr(self, "ref_model", None) or self.model
+        if self._zs_fsdp is None and model is not None:
+            zt.partition_module(model, config=_engine_config(self.zs_config))
+        return super()._precompute_ref_logps(*args, **kwargs)
+
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
         self.accelerator.__class__ = _accelerator_class(type(self.accelerator))

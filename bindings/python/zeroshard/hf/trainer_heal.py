@@ -41,7 +41,8 @@ generation, scoring and buffering is part of its step's first
 micro-batch and is redone with it, its micro-batch count and token count
 put back first, and completions buffered for later steps ride in the
 rank's blob), not other subclasses, nor GRPO or RLOO with vLLM, adaptive
-entropy, environments or a rollout function (state outside the step), with
+entropy, environments or a rollout function (state outside the step), nor
+DPO or KTO with precompute_ref_log_probs (scored in the construction), with
 the engine's optimizer (AdamW, Adam or SGD), when the context keeps peer
 copies: under zsrun --restarts (ZS_HEAL=auto) for a model this Trainer
 partitions or from_pretrained loads partitioned (both keep the copies on);
@@ -100,13 +101,29 @@ def _grpo_why_not(arguments):
     return None
 
 
+def _precompute_why_not(arguments):
+    """Why a DPOTrainer or KTOTrainer made with these __init__ arguments
+    cannot heal, or None: precompute_ref_log_probs scores the dataset in
+    the trainer's construction, which a replacement would run on its own
+    before it joins (refused there by name, a job restart after all)."""
+    if getattr(arguments.get("args"), "precompute_ref_log_probs", False):
+        return ("precompute_ref_log_probs scores the dataset in the trainer's construction, with gathers a "
+                "replacement would run before it joins")
+    return None
+
+
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
         return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's "
                 f"{', '.join(_TRL_HEALING[:-1])} or {_TRL_HEALING[-1]}")
+    arguments = getattr(trainer, "_zs_init_arguments", None) or {}
     if base.__name__ in ("GRPOTrainer", "RLOOTrainer"):  # RLOO's generation is GRPO's
-        why = _grpo_why_not(getattr(trainer, "_zs_init_arguments", None) or {})
+        why = _grpo_why_not(arguments)
+        if why is not None:
+            return why
+    if base.__name__ in ("DPOTrainer", "KTOTrainer"):
+        why = _precompute_why_not(arguments)
         if why is not None:
             return why
     if trainer._zs_fsdp is not None:
