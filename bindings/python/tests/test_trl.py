@@ -1,7 +1,8 @@
 """TRL's trainers through zeroshard.hf.trainer_class on real ranks
 (trl_worker.py): DPO equal to DDP per logged step (fp32), GRPO's rewards
 and losses equal to DDP's with completions ending at different lengths on
-different ranks, KTO / Reward / RLOO trained, reference models partitioned
+different ranks, KTO / Reward / RLOO trained, DPO and KTO with reference
+log-probs precomputed from a path, reference models partitioned
 frozen, and the full-weight stream reassembling the model within its bound."""
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 _runs = {}
-TRAINERS = {"zeroshard": ["dpo", "dpo_precompute", "grpo", "grpo_reward_model", "kto", "reward", "rloo", "weights"],
+TRAINERS = {"zeroshard": ["dpo", "dpo_precompute", "grpo", "grpo_reward_model", "kto", "kto_precompute", "reward",
+                          "rloo", "weights"],
             "ddp": ["dpo", "dpo_precompute", "grpo"]}
 
 
@@ -86,7 +88,7 @@ def test_grpo_with_a_reference_model_samples_and_trains_as_ddp():
     assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"] and ours["ref"]["kept"], ours
 
 
-@pytest.mark.parametrize("name", ["kto", "reward", "rloo", "grpo_reward_model"])
+@pytest.mark.parametrize("name", ["kto", "kto_precompute", "reward", "rloo", "grpo_reward_model"])
 def test_other_trl_trainers_train(name):
     out = results("zeroshard")[name]
     assert out["finite"] and len(out["loss"]) == 3, out

@@ -110,18 +110,26 @@ def frozen_facts(model):
             "kept": all(p.zs is not None and p.zs.attached for p in params)}
 
 
+def shared_dataset(data, name):
+    """`data` saved by rank 0 and loaded from that folder on every rank:
+    precompute_ref_log_probs caches its scores beside the dataset's files,
+    which every rank must read (a dataset in memory keeps a cache per
+    process)."""
+    folder = os.path.join(OUT, f"{name}_data-{ENGINE}")
+    if RANK == 0:
+        data.save_to_disk(folder)
+        open(folder + ".done", "w").close()
+    while not os.path.exists(folder + ".done"):
+        time.sleep(0.05)
+    return load_from_disk(folder)
+
+
 def run_dpo(path, precompute=False):
     g = torch.Generator().manual_seed(0)
     data = Dataset.from_list([{"prompt": sentence(g, 4), "chosen": sentence(g, 3), "rejected": sentence(g, 5)}
                               for _ in range(16)])
-    if precompute:  # TRL caches the scores beside the dataset's files, where every rank reads them: one folder
-        folder = os.path.join(OUT, f"dpo_data-{ENGINE}")
-        if RANK == 0:
-            data.save_to_disk(folder)
-            open(folder + ".done", "w").close()
-        while not os.path.exists(folder + ".done"):
-            time.sleep(0.05)
-        data = load_from_disk(folder)
+    if precompute:
+        data = shared_dataset(data, "dpo")
     # precompute_ref_log_probs: TRL scores the dataset with the reference in its __init__ and keeps none after.
     args = arguments(trl.DPOConfig, "dpo_precompute" if precompute else "dpo", max_length=32,
                      precompute_ref_log_probs=precompute)
@@ -185,6 +193,18 @@ def run_kto(path):
     if ENGINE == "zeroshard":
         out["ref"] = frozen_facts(trainer.ref_model)
     return out
+
+
+def run_kto_precompute(path):
+    # From the path (the policy, and no reference: TRL scores with the
+    # policy in its construction), reference log-probs precomputed.
+    g = torch.Generator().manual_seed(2)
+    data = shared_dataset(Dataset.from_list([{"prompt": sentence(g, 4), "completion": sentence(g, 3),
+                                              "label": bool(i % 2)} for i in range(16)]), "kto")
+    args = arguments(trl.KTOConfig, "kto_precompute", max_length=32, precompute_ref_log_probs=True)
+    trainer = trainer_class(trl.KTOTrainer)(model=path, args=args, train_dataset=data)
+    trainer.train()
+    return logged(trainer, "loss")
 
 
 def run_reward(path):
