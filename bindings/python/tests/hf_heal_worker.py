@@ -185,16 +185,15 @@ def main():
         import datasets
         data = datasets.Dataset.from_dict({"input_ids": data.ids.tolist()})
         extra["processing_class"] = word_tokenizer()
+    words = lambda row: " ".join(f"t{int(i)}" for i in row)  # noqa: E731  (tokens as word_tokenizer's words)
     if dpo:  # preference pairs in words; the policy and its reference loaded from $ZS_TEST_PRETRAINED
         import datasets
-        words = lambda row: " ".join(f"t{int(i)}" for i in row)  # noqa: E731
         data = datasets.Dataset.from_dict({"prompt": [words(r[:6]) for r in data.ids],
                                            "chosen": [words(r[6:11]) for r in data.ids],
                                            "rejected": [words(r[11:]) for r in data.ids]})
         extra["processing_class"] = word_tokenizer()
     if reward or kto:  # preference pairs (reward), or completions marked desirable or not (KTO), in words
         import datasets
-        words = lambda row: " ".join(f"t{int(i)}" for i in row)  # noqa: E731
         data = datasets.Dataset.from_dict(
             {"chosen": [words(r[:7]) for r in data.ids], "rejected": [words(r[7:]) for r in data.ids]} if reward
             else {"prompt": [words(r[:6]) for r in data.ids], "completion": [words(r[6:11]) for r in data.ids],
@@ -202,7 +201,7 @@ def main():
         extra["processing_class"] = word_tokenizer()
     if grpo:  # prompts in words, completions scored by how many words t5.. (sampled: the RNG matters)
         import datasets
-        data = datasets.Dataset.from_dict({"prompt": [" ".join(f"t{int(i)}" for i in r[:6]) for r in data.ids]})
+        data = datasets.Dataset.from_dict({"prompt": [words(r[:6]) for r in data.ids]})
         extra = {"processing_class": word_tokenizer(),
                  "reward_funcs": lambda completions, **_: [float(c.count("t5")) for c in completions]}
 

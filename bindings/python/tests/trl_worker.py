@@ -135,10 +135,8 @@ def run_dpo(path, precompute=False):
                      precompute_ref_log_probs=precompute)
     trainer = trainer_class(trl.DPOTrainer)(model=path, args=args, train_dataset=data)
     trainer.train()
-    if precompute:
-        return logged(trainer, "loss", "grad_norm", "rewards/margins")
     out = logged(trainer, "loss", "grad_norm", "rewards/margins")
-    if ENGINE == "zeroshard":
+    if ENGINE == "zeroshard" and not precompute:  # with precomputed log-probs TRL keeps no reference
         out["ref"] = frozen_facts(trainer.ref_model)
         out["optimized"] = sum(len(gr["params"]) for gr in trainer.optimizer.param_groups)
         out["policy_params"] = len(list(trainer.model.parameters()))

@@ -297,7 +297,7 @@ class Healing:
         committed = heal.join_as_replacement(WHO)
         ctx = zt.get_context()
         shared = heal.survivors_state(committed, WHO, "Lightning fit", lambda state: state.get("kind") == "lightning")
-        behind = committed - shared["engine_steps"]
+        behind = committed - shared["steps"][0]
         if behind not in (0, 1) or (behind and shared["phase"] != "batch") or \
                 (self.several and list(_steps()) != shared["steps"]):
             # Several optimizers heal only where none had stepped in the
@@ -375,8 +375,7 @@ class Healing:
         precision = trainer.precision_plugin.state_dict()
         if precision:
             checkpoint[type(trainer.precision_plugin).__qualname__] = precision
-        state = {"kind": "lightning", "phase": phase, "engine_steps": heal.optimizers()[0]._engine.steps,
-                 "steps": list(_steps()),
+        state = {"kind": "lightning", "phase": phase, "steps": list(_steps()),
                  "skip": epoch_loop.batch_progress.current.completed, "param_groups": heal.param_groups_state(),
                  "learned_fetches": heal.learned_fetches(), "checkpoint": checkpoint}
         if phase == "batch":

@@ -88,8 +88,9 @@ def _is_trl_healing(base):
 
 
 def _grpo_why_not(arguments):
-    """Why a GRPOTrainer or RLOOTrainer made with these __init__ arguments cannot heal, or
-    None: what its generation keeps outside the step this module redoes."""
+    """Why a GRPOTrainer or RLOOTrainer made with these __init__ arguments
+    cannot heal, or None: what its generation keeps outside the step this
+    module redoes."""
     args = arguments.get("args")
     if getattr(args, "use_vllm", False):
         return "use_vllm generates in a vLLM engine, which nothing here heals"
@@ -112,20 +113,21 @@ def _precompute_why_not(arguments):
     return None
 
 
+# What a TRL trainer's own arguments can keep from healing (RLOO's
+# generation is GRPO's).
+_TRL_WHY_NOT = {"GRPOTrainer": _grpo_why_not, "RLOOTrainer": _grpo_why_not, "DPOTrainer": _precompute_why_not,
+                "KTOTrainer": _precompute_why_not}
+
+
 def _why_not(trainer, base, engine_optimizer):
     """Why `trainer` (of Trainer class `base`) cannot heal, or None."""
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
         return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's "
                 f"{', '.join(_TRL_HEALING[:-1])} or {_TRL_HEALING[-1]}")
-    arguments = getattr(trainer, "_zs_init_arguments", None) or {}
-    if base.__name__ in ("GRPOTrainer", "RLOOTrainer"):  # RLOO's generation is GRPO's
-        why = _grpo_why_not(arguments)
-        if why is not None:
-            return why
-    if base.__name__ in ("DPOTrainer", "KTOTrainer"):
-        why = _precompute_why_not(arguments)
-        if why is not None:
-            return why
+    check = _TRL_WHY_NOT.get(base.__name__)
+    why = check(getattr(trainer, "_zs_init_arguments", None) or {}) if check is not None else None
+    if why is not None:
+        return why
     if trainer._zs_fsdp is not None:
         return "the FSDP2 route (fsdp=...) steps a torch optimizer"
     zero = (getattr(trainer, "zs_config", None) or {}).get("zero_optimization") or {}

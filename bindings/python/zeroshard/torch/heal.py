@@ -432,9 +432,9 @@ def _no_step_taken_in(others, position, before):
     this train_step, which a redo would take twice and which cannot be
     undone (its step changed its params, and the survivors keep no state
     from before it): the job must restart from its last checkpoint."""
-    ahead = [i for i, (o, steps) in enumerate(others) if o._engine.steps != steps]
-    if ahead:
-        o, steps = others[ahead[0]]
+    ahead = next(((o, steps) for o, steps in others if o._engine.steps != steps), None)
+    if ahead is not None:
+        o, steps = ahead
         raise StateLostError(f"a rank was lost in batch {position} between two optimizer steps of its train_step: "
                              f"another ZeroShardOptimizer committed its step {o._engine.steps} (from {steps}), the "
                              f"loop's did not (at {before}); redoing the batch would step the first twice and its "
