@@ -15,12 +15,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "tests/support/ckpt_model.h"
 #include "tests/support/heal_model.h"
 #include "tests/support/multirank.h"
 
@@ -33,6 +37,7 @@ struct TwoOptimizers {
   zs_context ctx = nullptr;
   zs_param params[2] = {nullptr, nullptr};
   zs_optimizer opts[2] = {nullptr, nullptr};  // w0's AdamW, w1's SGD, made in that order
+  bool second_first = false;  // an iteration steps the SGD one first (made second, stepped first)
 };
 
 void destroy(TwoOptimizers& m) {
@@ -75,9 +80,9 @@ zs_status optimizer_part(const RankEnv& env, TwoOptimizers& m, int step, int i) 
   return s == ZS_OK ? zs_optimizer_step(m.opts[i], nullptr) : s;
 }
 
-// Step `step` from optimizer `from` on (0: the whole step, with its
-// forward's fetch; 1: the second optimizer's part only, the first having
-// committed it).
+// Step `step` from the `from`-th optimizer it steps on (0: the whole step,
+// with its forward's fetch; 1: the other optimizer's part only, the one
+// stepped first having committed it).
 zs_status iteration(const RankEnv& env, TwoOptimizers& m, int step, int from) {
   zs_status s = ZS_OK;
   if (from == 0) {
@@ -87,7 +92,7 @@ zs_status iteration(const RankEnv& env, TwoOptimizers& m, int step, int from) {
     if (g) zs_gather_destroy(g);
     if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
   }
-  for (int i = from; i < 2 && s == ZS_OK; ++i) s = optimizer_part(env, m, step, i);
+  for (int k = from; k < 2 && s == ZS_OK; ++k) s = optimizer_part(env, m, step, m.second_first ? 1 - k : k);
   return s;
 }
 
@@ -197,6 +202,171 @@ void replaced_at(int world, int victim, const char* point, int count, int64_t fi
   }
 }
 
+// Shrink and regrow (docs/healing.md, section 4) -----------------------
+
+constexpr int kRegrowSteps = 9;  // at least; and 3 iterations after the regrow
+
+struct Regrown {
+  std::atomic<int64_t> committed[kMaxWorld];  // each survivor's C from its shrink (-1: none), both optimizers'
+  std::atomic<int64_t> grown_at;              // the joiner's C from its joins
+  std::atomic<int64_t> steps_at_end[kMaxWorld][2];
+  std::atomic<int> pid_at_start[kMaxWorld], pid_at_end[kMaxWorld];
+  std::atomic<int> finished[kMaxWorld];
+  float healed0[kNumel[0]], healed1[kNumel[1]], ref0[kNumel[0]], ref1[kNumel[1]];
+};
+
+// Both optimizers saved (or loaded) under `tag`.0 and `tag`.1, each with its param.
+zs_status save_or_load(TwoOptimizers& m, const std::string& dir, bool save, const std::string& tag) {
+  zs_status s = ZS_OK;
+  for (int i = 0; i < 2 && s == ZS_OK; ++i) {
+    const std::string t = tag + "." + std::to_string(i);
+    if (save) {
+      zs_checkpoint_save_options o = ZS_CHECKPOINT_SAVE_OPTIONS_INIT;
+      o.tag = t.c_str();
+      s = zs_checkpoint_save(m.ctx, &m.params[i], 1, m.opts[i], dir.c_str(), &o);
+    } else {
+      zs_checkpoint_load_options o = ZS_CHECKPOINT_LOAD_OPTIONS_INIT;
+      o.tag = t.c_str();
+      s = zs_checkpoint_load(m.ctx, &m.params[i], 1, m.opts[i], dir.c_str(), &o, nullptr);
+    }
+  }
+  return s;
+}
+
+void keep_values(TwoOptimizers& m, bool keep, float* w0, float* w1) {
+  const auto a = full_values(m.ctx, m.params[0], kNumel[0]);
+  const auto b = full_values(m.ctx, m.params[1], kNumel[1]);
+  if (!keep) return;
+  std::copy(a.begin(), a.end(), w0);
+  std::copy(b.begin(), b.end(), w1);
+}
+
+// The checkpoint route over the same data: `world` ranks to c, save; the
+// survivors' ids to g, save; every rank to the end.
+void checkpoint_route(Regrown* sh, int world, bool second_first, int64_t c, int64_t g, int64_t end,
+                      const std::vector<int>& shrunk) {
+  const std::string dir = zs::test::make_temp_dir("heal_two_optimizers_regrow");
+  std::vector<int> all(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
+  const auto leg = [&](const std::vector<int>& ids, const char* load, int64_t from, int64_t to, const char* save) {
+    zs::test::run_ranks(static_cast<int>(ids.size()), [&](const RankEnv& env) {
+      TwoOptimizers m;
+      m.second_first = second_first;
+      ZS_ASSERT_OK(build(env, m));
+      if (load != nullptr) ZS_ASSERT_OK(save_or_load(m, dir, false, load));
+      RankEnv as = env;
+      as.rank = ids[static_cast<size_t>(env.rank)];
+      for (int s = static_cast<int>(from) + 1; s <= to; ++s) ZS_ASSERT_OK(iteration(as, m, s, 0));
+      if (save != nullptr) ZS_ASSERT_OK(save_or_load(m, dir, true, save));
+      else keep_values(m, env.rank == 0, sh->ref0, sh->ref1);
+      destroy(m);
+    });
+  };
+  leg(all, nullptr, 0, c, "c");
+  leg(shrunk, "c", c, g, "g");
+  leg(all, "g", g, end, nullptr);
+}
+
+// Rank `victim` killed at `point`; the survivors shrink both optimizers at
+// once (healing.min_ranks), and its next process (ZS_HEAL_JOIN=grow),
+// started once they have, joins both and is taken back where an iteration
+// ends: after the step of the optimizer stepped last, the other at the
+// same count with no gradient pending (after the first's step it is one
+// behind, and the world must not grow there).
+void shrunk_then_regrown(int world, int victim, const char* point, int count, bool second_first) {
+  ShortHeartbeat hb;
+  Regrown* sh = shared_block<Regrown>();
+  sh->grown_at = -1;
+  const std::string fault = std::string(point) + ":" + std::to_string(victim) + ":" + std::to_string(count);
+  std::vector<int> shrunk;
+  for (int r = 0; r < world; ++r)
+    if (r != victim) shrunk.push_back(r);
+  const int lowest = shrunk.front();
+  const std::string min_ranks = std::to_string(shrunk.size());
+  zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", min_ranks.c_str());
+  const auto body = [&](const RankEnv& env) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    if (env.replacement == 0) {
+      setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+      sh->pid_at_start[env.rank] = getpid();
+    } else {
+      unsetenv("ZS_FAULT_POINT");
+      setenv("ZS_HEAL_JOIN", "grow", 1);
+      while (sh->committed[lowest].load() < 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    TwoOptimizers m;
+    m.second_first = second_first;
+    ZS_ASSERT_OK(build(env, m));
+    int step = 1;
+    if (env.replacement > 0) {
+      int64_t c[2] = {-1, -1};
+      for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_join(&c[i], m.opts[i]));
+      EXPECT_EQ(c[0], c[1]) << "the joiner came back mid-iteration";
+      sh->grown_at = c[0];
+      step = static_cast<int>(c[0]) + 1;
+    }
+    bool shrunk_here = false;
+    const auto last_step = [&] {
+      const int64_t g = sh->grown_at.load();
+      return g < 0 ? INT32_MAX : static_cast<int>(std::max<int64_t>(kRegrowSteps, g + 3));
+    };
+    while (step <= last_step() && std::chrono::steady_clock::now() < until) {
+      if (shrunk_here && sh->grown_at.load() < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const zs_status s = iteration(env, m, step, 0);
+      if (s == ZS_OK) {
+        ++step;
+        continue;
+      }
+      ASSERT_NE(env.rank, victim) << "the victim outlived its fault point " << fault;
+      ASSERT_EQ(s, ZS_ERR_RANK_LOST) << zs_status_string(s) << ": " << zs_last_error();
+      ASSERT_FALSE(shrunk_here) << "a second loss";
+      int64_t agreed[2] = {-1, -1}, c[2] = {-1, -1};
+      for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_agree(&agreed[i], nullptr, m.opts[i]));
+      for (int i = 0; i < 2; ++i) ZS_ASSERT_OK(zs_heal_join(&c[i], m.opts[i]));  // a shrink: healing.min_ranks
+      ASSERT_EQ(c[0], c[1]) << "the kill must leave both optimizers at one step";
+      sh->committed[env.rank] = c[0];
+      step = static_cast<int>(c[0]) + 1;
+      shrunk_here = true;
+    }
+    for (int i = 0; i < 2; ++i) {
+      int64_t steps = -1;
+      ZS_ASSERT_OK(zs_optimizer_get_step(m.opts[i], &steps));
+      sh->steps_at_end[env.rank][i] = steps;
+    }
+    keep_values(m, env.rank == lowest, sh->healed0, sh->healed1);
+    EXPECT_EQ(zs_context_async_error(m.ctx), ZS_OK) << zs_last_error();
+    sh->pid_at_end[env.rank] = getpid();
+    sh->finished[env.rank] += 1;
+    destroy(m);
+  };
+  const auto pids = zs::test::run_ranks_replacing(world, body, 90, {victim});
+  const int64_t c = sh->committed[lowest];
+  const int64_t g = sh->grown_at;
+  const int64_t end = std::max<int64_t>(kRegrowSteps, g + 3);
+  ASSERT_GE(c, 0);
+  ASSERT_GT(g, c) << "the joiner came back at step " << g << ", the survivors shrank at " << c;
+  ASSERT_EQ(pids[static_cast<size_t>(victim)].size(), 2u) << "the victim came back once";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(sh->finished[r].load(), 1) << "rank " << r;
+    EXPECT_EQ(sh->steps_at_end[r][0].load(), end) << "rank " << r << "'s first optimizer";
+    EXPECT_EQ(sh->steps_at_end[r][1].load(), end) << "rank " << r << "'s second optimizer";
+    if (r == victim) continue;
+    EXPECT_EQ(sh->committed[r].load(), c) << "rank " << r << " shrank at another C";
+    EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
+  }
+  checkpoint_route(sh, world, second_first, c, g, end, shrunk);
+  bool bitwise = true;
+  const double w = std::max(worst(sh->healed0, sh->ref0, kNumel[0], &bitwise),
+                            worst(sh->healed1, sh->ref1, kNumel[1], &bitwise));
+  std::printf("[heal-two-optimizers] %s on %d ranks, %s stepped first: shrunk at C = %lld, grown back at G = %lld, "
+              "against the checkpoint route: largest relative difference %.3g%s\n", fault.c_str(), world,
+              second_first ? "SGD" : "AdamW", static_cast<long long>(c), static_cast<long long>(g), w,
+              bitwise ? " (bit for bit)" : "");
+  std::fflush(stdout);
+  EXPECT_LE(w, 1e-6);
+}
+
 }  // namespace
 
 // Fault points count both optimizers' passes: step 3's updates are the 5th
@@ -210,4 +380,12 @@ TEST(HealTwoOptimizers, ReplacedAfterAKillInTheFirstOptimizersUpdateOnThreeRanks
 }
 TEST(HealTwoOptimizers, ReplacedAfterAKillBeforeTheSecondOptimizersNormAllReduceOnFourRanks) {
   replaced_at(4, 1, "norm_allreduce", 6, 3, 2);
+}
+
+// Step 3's first reduce-scatter: both optimizers at C = 2 after the shrink.
+TEST(HealTwoOptimizers, ShrunkAndGrownBackWhereAnIterationEndsOnThreeRanks) {
+  shrunk_then_regrown(3, 1, "reduce_scatter", 5, false);
+}
+TEST(HealTwoOptimizers, ShrunkAndGrownBackWhereAnIterationEndsWithTheSecondSteppedFirst) {
+  shrunk_then_regrown(3, 2, "reduce_scatter", 5, true);
 }

@@ -79,7 +79,7 @@ Digest digest_of(int source, int64_t step, const std::vector<DigestSlot>& slots)
 struct Ordinals final : Context::Attachment {
   explicit Ordinals(Context&) {}
   int made = 0;  // under the engine lock
-  std::vector<const Optimizer*> optimizers;
+  std::vector<Optimizer*> optimizers;  // in the order made
 };
 
 }  // namespace
@@ -707,12 +707,14 @@ std::vector<const Param*> copied_params(Context& ctx) {
   return out;
 }
 
-size_t peer_copies(Context& ctx) {
+size_t peer_copies(Context& ctx) { return peer_copy_optimizers(ctx).size(); }
+
+std::vector<Optimizer*> peer_copy_optimizers(Context& ctx) {
   ctx.expect_locked();
   auto* ordinals = ctx.find_attachment<Ordinals>();
-  return ordinals ? ordinals->optimizers.size() : 0;
+  return ordinals ? ordinals->optimizers : std::vector<Optimizer*>{};
 }
 
-float PeerCopy::grow_vote() { return ordinal_ == 1 ? regrow_vote(ctx_, opt_.steps_locked() + 1) : 0.0f; }
+float PeerCopy::grow_vote() { return regrow_vote(ctx_, opt_, ordinal_); }
 
 }  // namespace zs::heal

@@ -68,9 +68,9 @@ class PeerCopy final : public StepListener {
   void after_norm(float commits, bool skipped, double grad_scale) override;
   void detach() override;
   void step_figures(StepStats& st) override;
-  // A regrow (regrow.h): the first peer copy's lowest live rank votes, and
-  // every rank learns from the votes' sum whether the world grows back
-  // after this step (grow_due, acted on by regrow_after_step).
+  // A regrow (regrow.h): the lowest live rank votes at a step that ends an
+  // iteration, and every rank learns from the votes' sum whether the world
+  // grows back after this step (grow_due, acted on by regrow_after_step).
   float grow_vote() override;
   void grow_votes(float sum) override { grow_due = sum > 0.5f; }
   bool grow_due = false;
@@ -212,7 +212,9 @@ PeerCopy& peer_copy_of(Context& ctx, Optimizer& opt);
 // Under the caller's hold: the params some peer copy of the context
 // carries (its optimizers' slots, and the frozen params in none), sorted.
 std::vector<const Param*> copied_params(Context& ctx);
-// Under the caller's hold: how many optimizers keep a peer copy now.
+// Under the caller's hold: how many optimizers keep a peer copy now, and
+// which, in the order made (their ordinals').
 size_t peer_copies(Context& ctx);
+std::vector<Optimizer*> peer_copy_optimizers(Context& ctx);
 
 }  // namespace zs::heal

@@ -76,10 +76,48 @@ struct Requests final : Context::Attachment {
       // No store to tell it: its wait ends at the store's timeout.
     }
   }
+  // Refuses every pending request by name (under its admission key).
+  void refuse(const std::string& why) {
+    for (const auto& [r, incarnation] : pending)
+      ctx.store()->set(Context::regrow_admission_key(r, incarnation), bytes("refused: " + why));
+    pending.clear();
+  }
   Context& ctx;
   int64_t seen = 0;                 // requests read so far
   std::map<int, int64_t> pending;  // rank left out -> the incarnation asking
+  int waited = 0;  // the first optimizer's steps since a request came, none ending an iteration
 };
+
+// How many of the first optimizer's steps a request waits for one that
+// ends an iteration: every loop that steps each optimizer once an
+// iteration has one within one iteration; past that, one never comes.
+constexpr int kStepsToWait = 3;
+
+// Empty when the world may grow back after opt's step `step` (about to
+// commit), else why not. A joiner's program begins an iteration after its
+// joins, so the survivors must stand at one too: every optimizer keeping
+// a peer copy at the same step count, none holding a gradient pushed for
+// a step not taken. In a loop that steps each optimizer once an iteration
+// that is the last optimizer's step, whatever the order (a GAN's
+// discriminator first or second); with one optimizer, every step.
+std::string not_an_iteration_end(Context& ctx, const Optimizer& opt, int64_t step) {
+  const std::vector<Optimizer*> all = peer_copy_optimizers(ctx);
+  const auto name = [&](const Optimizer* o) {
+    const size_t i = static_cast<size_t>(std::find(all.begin(), all.end(), o) - all.begin());
+    return "optimizer " + std::to_string(i + 1) + " of " + std::to_string(all.size());
+  };
+  for (const Optimizer* o : all) {
+    if (o == &opt) continue;
+    if (o->steps_locked() != step)
+      return name(&opt) + " took step " + std::to_string(step) + " while " + name(o) + " stood at step " +
+             std::to_string(o->steps_locked());
+    for (size_t g = 0; g < o->num_groups(); ++g)
+      for (const auto& p : o->group_params(g))
+        if (p->grad_pushed)
+          return name(o) + " held a gradient for a step it had not taken (" + p->describe() + ")";
+  }
+  return {};
+}
 
 // A regrow cut short (a rank lost in it: a survivor, or the joiner) leaves
 // the state laid out for neither world on some ranks: every rank that sees
@@ -146,24 +184,30 @@ std::vector<int> agree_on_missing_joiners(Context& ctx, Store& store, const std:
 
 void await_joiners(Context& ctx) { ctx.attachment<Requests>(); }
 
-float regrow_vote(Context& ctx, int64_t step) {
+float regrow_vote(Context& ctx, Optimizer& opt, int ordinal) {
   const std::vector<int> out = left_out(ctx);
   if (out.empty() || ctx.topology().live().front() != ctx.ranks().rank) return 0.0f;
   try {
     Store& store = *ctx.store();
     Requests& req = ctx.attachment<Requests>();
     req.read(out);
-    if (req.pending.empty()) return 0.0f;
-    if (peer_copies(ctx) > 1) {
-      for (const auto& [r, incarnation] : req.pending)
-        store.set(Context::regrow_admission_key(r, incarnation),
-                  bytes("refused: the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with "
-                        "peer copies, and a regrow in memory takes one (the others' steps of the same iteration "
-                        "would run on the shrunk layout); to train on every rank again, restart the job from a "
-                        "disk checkpoint"));
-      req.pending.clear();
+    if (req.pending.empty()) {
+      req.waited = 0;
       return 0.0f;
     }
+    const int64_t step = opt.steps_locked() + 1;
+    if (const std::string why = not_an_iteration_end(ctx, opt, step); !why.empty()) {
+      if (ordinal == 1 && ++req.waited >= kStepsToWait) {
+        req.refuse("the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with peer copies, and "
+                   "a regrow in memory takes them all at the end of an iteration: after a step at which each has "
+                   "taken as many steps as the others and none holds a gradient for a step not taken; in " +
+                   std::to_string(kStepsToWait) + " of the first optimizer's steps none came (after the last, " +
+                   why + "); to train on every rank again, restart the job from a disk checkpoint");
+        req.waited = 0;
+      }
+      return 0.0f;
+    }
+    req.waited = 0;
     const int64_t g = ctx.generation() + 1;
     std::vector<int> joined, live = ctx.topology().live();
     for (const auto& [r, incarnation] : req.pending) joined.push_back(r);
@@ -186,15 +230,15 @@ float regrow_vote(Context& ctx, int64_t step) {
 }
 
 void regrow_after_step(Context& ctx, Optimizer& opt) {
-  int ordinal = 0;
   int64_t step = 0;
+  std::vector<Optimizer*> all;  // every optimizer with a peer copy, in the order made
   {
     const auto held = ctx.lock();
     auto* pc = dynamic_cast<PeerCopy*>(opt.listener());
     if (pc == nullptr || !pc->grow_due) return;
     pc->grow_due = false;
-    ordinal = pc->ordinal();
     step = opt.steps_locked();
+    all = peer_copy_optimizers(ctx);
   }
   Store& store = *ctx.store();
   const std::string prefix = Context::key_prefix_of(ctx.generation() + 1) + "heal/";
@@ -215,28 +259,37 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
   }
   cut_short_is_state_lost(ctx, joined, [&] {
     ctx.regrow(joined);
-    check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
-      post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+    // Each optimizer as the joiners' zs_heal_join calls meet it, in the
+    // order made: their builds compared, then its state laid out anew.
+    for (Optimizer* o : all) {
+      int ordinal = 0;
+      {
+        const auto held = ctx.lock();
+        ordinal = peer_copy_of(ctx, *o).ordinal();
+      }
+      check_builds(ctx, *o, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
+        post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+        const auto held = ctx.lock();
+        std::string counts = std::to_string(o->steps_locked());
+        for (const auto& s : o->slot_states_locked()) counts += " " + std::to_string(s.updates);
+        store.set(key_of(prefix, ordinal, "counts"), bytes(counts));
+      });
       const auto held = ctx.lock();
-      std::string counts = std::to_string(opt.steps_locked());
-      for (const auto& s : opt.slot_states_locked()) counts += " " + std::to_string(s.updates);
-      store.set(key_of(prefix, ordinal, "counts"), bytes(counts));
-    });
-    const auto held = ctx.lock();
-    PeerCopy& pc = peer_copy_of(ctx, opt);
-    drop_old_world_state(ctx, opt);
-    OldLayout old;
-    old.members = before;
-    old.provider = before;
-    relayout(ctx, opt, pc, old);
-    pc.place_over(ctx.topology().live());
+      PeerCopy& pc = peer_copy_of(ctx, *o);
+      drop_old_world_state(ctx, *o);
+      OldLayout old;
+      old.members = before;
+      old.provider = before;
+      relayout(ctx, *o, pc, old);
+      pc.place_over(ctx.topology().live());
+    }
   });
   if (ctx.ranks().rank == before.front())
     std::fprintf(stderr, "zeroshard: rank %d: healing: the world grew back to %zu of %d ranks in %.3f s (generation "
-                 "%lld; the state laid out anew in memory)\n", ctx.ranks().rank, ctx.topology().live().size(),
-                 ctx.ranks().world_size,
+                 "%lld; the state of %zu optimizer(s) laid out anew in memory)\n", ctx.ranks().rank,
+                 ctx.topology().live().size(), ctx.ranks().world_size,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(),
-                 static_cast<long long>(ctx.generation()));
+                 static_cast<long long>(ctx.generation()), all.size());
 }
 
 Joined regrow_join(Context& ctx, Optimizer& opt) {

@@ -6,12 +6,14 @@
 //    ZS_HEAL_REPLACEMENT=n (zsrun --regrow-after does); at its create it
 //    asks to come back and waits for the survivors' answer
 //    (Context::await_regrow).
-// 2. The lowest live rank reads the requests at each step of the
-//    context's first peer copy while ranks are left out (one store call a
-//    step); once one has come, it posts the joiners, the live ranks after
-//    the regrow, each joiner's admission (the next generation) and votes 1
-//    in the step's norm all-reduce (PeerCopy::grow_vote), so every survivor
-//    learns it alike, at the same step.
+// 2. The lowest live rank reads the requests at each optimizer step while
+//    ranks are left out (one store call a step); once one has come, at the
+//    first step that ends an iteration (every optimizer with a peer copy
+//    at the same step count, none holding a gradient pending), it posts
+//    the joiners, the live ranks after the regrow, each joiner's admission
+//    (the next generation) and votes 1 in the step's norm all-reduce
+//    (PeerCopy::grow_vote), so every survivor learns it alike, at the same
+//    step.
 // 3. After that step (zs_optimizer_step, zs_optimizer_step_end) every
 //    survivor regrows (regrow_after_step): once the lowest has said that
 //    every joiner posted its heartbeat address (a joiner that died after
@@ -21,14 +23,17 @@
 //    joiners' builds compared with the survivors' (join.h's check_builds),
 //    the shared trainer state and the step counts posted for them, and the
 //    state laid out over the grown world in memory (relayout.h), then the
-//    peer copies placed over it (seeded at the next step). The joiner's
-//    zs_heal_join (regrow_join) takes part in the same rendezvous and
-//    exchange and returns the steps taken, C: every rank takes step C + 1
-//    next, gradients averaged over the grown world.
+//    peer copies placed over it (seeded at the next step): each optimizer
+//    in the order made. The joiner's zs_heal_join for each (regrow_join)
+//    takes part in the same rendezvous and exchange and returns the steps
+//    taken, C: every rank begins the next iteration, step C + 1 of every
+//    optimizer, gradients averaged over the grown world.
 //
-// One optimizer with a peer copy only: with more, the others' steps of the
-// same iteration would run on the old layout, so a request is refused by
-// name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying why). A joiner
+// Several optimizers whose steps never end an iteration so (one stepping
+// every other iteration, or keeping a gradient across another's step):
+// after three of the first optimizer's steps with none, a request is
+// refused by name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying
+// why), and the job trains on shrunk. A joiner
 // still waiting when the lowest live rank's context ends is told so
 // (ZS_ERR_NOT_TAKEN at its create). A rank lost during the regrow (the
 // joiner, a survivor) leaves the state laid out for neither world: every
@@ -42,12 +47,14 @@
 
 namespace zs::heal {
 
-// Under the engine lock, inside optimizer step `step` (1-based): 1 on the
-// lowest live rank when the world grows back after it, else 0. Never throws (a store
-// failure is a vote of 0, named on stderr).
-float regrow_vote(Context& ctx, int64_t step);
-// After an optimizer step, under no hold: the survivors' regrow when the
-// step's votes said so, else nothing. Collective with the joiners' joins.
+// Under the engine lock, inside opt's step (opt the `ordinal`-th optimizer
+// with a peer copy): 1 on the lowest live rank when the world grows back
+// after it, else 0. Never throws (a store failure is a vote of 0, named on
+// stderr).
+float regrow_vote(Context& ctx, Optimizer& opt, int ordinal);
+// After an optimizer step, under no hold: the survivors' regrow of every
+// optimizer with a peer copy when the step's votes said so, else nothing.
+// Collective with the joiners' joins.
 void regrow_after_step(Context& ctx, Optimizer& opt);
 // On a survivor after a shrink: from here the lowest live rank answers the
 // requests to come back, and at its context's end tells a joiner still

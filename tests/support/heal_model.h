@@ -143,23 +143,23 @@ inline uint64_t own_digest(Model& m, int64_t* step) {
 // heal_regrow_test) against the checkpoint route.
 
 // A param's full values (a gather: collective).
-inline std::vector<float> full_values(Model& m, zs_param p, int64_t numel) {
+inline std::vector<float> full_values(zs_context ctx, zs_param p, int64_t numel) {
   std::vector<float> full(static_cast<size_t>(numel));
   zs_gather g = nullptr;
-  EXPECT_EQ(zs_fetch(&g, m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_fetch(&g, ctx, &p, 1), ZS_OK) << zs_last_error();
   EXPECT_EQ(zs_gather_wait(g, 30000), ZS_OK) << zs_last_error();
   zs_gather_destroy(g);
   EXPECT_EQ(zs_param_copy_to(p, full.data(), full.size() * sizeof(float)), ZS_OK) << zs_last_error();
-  EXPECT_EQ(zs_release(m.ctx, &p, 1), ZS_OK) << zs_last_error();
+  EXPECT_EQ(zs_release(ctx, &p, 1), ZS_OK) << zs_last_error();
   return full;
 }
 
 // Every param's full values (collective), into w0, w1 and frozen where
 // `keep` (the lowest rank).
 inline void keep_values(Model& m, bool keep, float* w0, float* w1, float* frozen) {
-  const auto a = full_values(m, m.params[0], kNumel[0]);
-  const auto b = full_values(m, m.params[1], kNumel[1]);
-  const auto c = full_values(m, m.frozen, kFrozenNumel);
+  const auto a = full_values(m.ctx, m.params[0], kNumel[0]);
+  const auto b = full_values(m.ctx, m.params[1], kNumel[1]);
+  const auto c = full_values(m.ctx, m.frozen, kFrozenNumel);
   if (!keep) return;
   std::copy(a.begin(), a.end(), w0);
   std::copy(b.begin(), b.end(), w1);
