@@ -19,7 +19,9 @@ DATA_IDS (comma-separated) is the world rank of the healed run whose data
 each rank takes, as the survivors kept theirs (RANK's own, empty).
 
 Both end with heal_worker.py's digests: this rank's optimizer state, its
-step count, and on rank 0 the consolidated params.
+step count, and on rank 0 the consolidated params. With
+$ZS_TEST_TWO_OPTIMIZERS set, the output layer steps under an SGD of its
+own after the body's AdamW (the loop's optimizer; its digest too).
 """
 import hashlib
 import os
@@ -73,10 +75,17 @@ def main():
         model = Net()
     zt.partition_module(model)
     torch.manual_seed(100 + data_rank)  # dropout differs per rank
-    opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2, weight_decay=0.01)
+    # $ZS_TEST_TWO_OPTIMIZERS: the output layer under an SGD of its own,
+    # stepped after the body's AdamW (a GAN's shape): the loop's optimizer.
+    head = list(model.out.parameters()) if os.environ.get("ZS_TEST_TWO_OPTIMIZERS") else []
+    opt = zt.ZeroShardOptimizer([p for p in model.parameters() if all(p is not q for q in head)], lr=1e-2,
+                                weight_decay=0.01)
+    opt_head = zt.ZeroShardOptimizer(head, kind="sgd", lr=5e-2, momentum=0.9, weight_decay=0.0) if head else None
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     ctx = zt.get_context()
     if first > 0:
+        if opt_head is not None:
+            zt.load_checkpoint(f"{ckpt}/head", model.out, opt_head)
         client = zt.load_checkpoint(f"{ckpt}/ckpt", model, opt)
         sched.load_state_dict(client["sched"])
         if os.path.exists(f"{ckpt}/rng.{data_rank}.pt"):  # else as it starts (a rank that came back)
@@ -97,6 +106,9 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if opt_head is not None:
+            opt_head.step()
+            opt_head.zero_grad()
         return loss.item()
 
     def after_step(i, loss):
@@ -126,11 +138,14 @@ def main():
                 yield batch(i, data_rank)
                 i += 1
 
-    ran = zt.healing_loop(Steps(), train_step, after_step, shared={"sched": sched})
+    ran = zt.healing_loop(Steps(), train_step, after_step, shared={"sched": sched}, optimizer=opt_head or opt)
     if not heal:
         zt.save_checkpoint(ckpt, model, opt, client_state={"sched": sched.state_dict()}, tag="ckpt", overwrite=True)
+        if opt_head is not None:
+            zt.save_checkpoint(ckpt, model.out, opt_head, tag="head", overwrite=True)
         torch.save(torch.get_rng_state(), f"{ckpt}/rng.{data_rank}.pt")
-    note_end(note, rank, opt, model, ran=ran)
+    kv = {"head": zt.training_digest(opt_head, model)[:2]} if opt_head is not None else {}
+    note_end(note, rank, opt, model, ran=ran, **kv)
     zt.shutdown()
 
 

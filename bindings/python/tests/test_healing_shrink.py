@@ -2,19 +2,22 @@
 shrink in memory and its regrow (docs/healing.md, section 4): real
 processes under the real `zsrun --restarts 1 --min-nproc 2 --shrink
 --regrow-after 1`, loopback, shrink_worker.py's model with dropout and a
-scheduler. Rank 1 SIGKILLs itself in step 2's backward; ranks 0 and 2 go on
+scheduler, its body under AdamW and its output layer under an SGD of its
+own stepped after it (a GAN's shape: the regrow takes both where an
+iteration ends). Rank 1 SIGKILLs itself in step 2's backward; ranks 0 and 2 go on
 without it in their own processes (step 2 again, each keeping its own share
 of the data) until zsrun's new rank 1 comes back at a step, then all three
 run three more steps. Against the checkpoint route on the same batches
 (3 ranks to step 1 and a save, 2 ranks with ranks 0 and 2's data to the
 step before the regrow and a save, 3 ranks on): every loss, every rank's
-optimizer state and step count, its shards after every step as the
+optimizers' states and step counts, its shards after every step as the
 program reads them (`param.ds_tensor`), and the consolidated params bit
 for bit,
 no checkpoint written by the healed run, the survivors' pids unchanged.
 The same kill in a plain Hugging Face Trainer script and a Lightning fit.
 Where the frontend refuses a shrink (torch optimizers stepped on shards)
 it says so by name."""
+import functools
 import json
 import os
 import subprocess
@@ -41,7 +44,7 @@ def launch(n, worker, args, flags=(), cwd=None, **env):
 
 
 def run(n, args, flags=()):
-    return launch(n, "shrink_worker.py", args, flags)
+    return launch(n, "shrink_worker.py", args, flags, ZS_TEST_TWO_OPTIMIZERS="1")
 
 
 def read_logs(out):
@@ -104,8 +107,8 @@ def test_a_plain_loop_shrinks_in_memory_and_grows_back_as_the_checkpoint_route()
         got, want = of(logs, "end"), of(ref[2], "end")
         for r in range(3):
             assert len(got[r]) == 1, (r, out)
-            assert (got[r][0]["digest"], got[r][0]["steps"], got[r][0]["lr"]) == \
-                (want[r][0]["digest"], want[r][0]["steps"], want[r][0]["lr"]), r
+            assert (got[r][0]["digest"], got[r][0]["steps"], got[r][0]["lr"], got[r][0]["head"]) == \
+                (want[r][0]["digest"], want[r][0]["steps"], want[r][0]["lr"], want[r][0]["head"]), r
         assert [l["sha256"] for l in of(logs, "params")[0]] == [l["sha256"] for l in of(ref[2], "params")[0]], out
 
 
@@ -226,27 +229,37 @@ def test_an_hf_trainer_script_shrinks_in_memory_and_grows_back():
 LIGHTNING_STEPS = 40
 
 
-def lightning_launch(d, flags, *kills):
+def lightning_launch(d, flags, *kills, manual=""):
     os.makedirs(d)
     code, out = launch(3, "lightning_heal_worker.py", [f"{d}/log", LIGHTNING_STEPS, *kills], flags, cwd=d,
-                       ZS_TEST_SHRUNK_PAUSE_S="0.5", PYTHONWARNINGS="ignore")
+                       ZS_TEST_SHRUNK_PAUSE_S="0.5", PYTHONWARNINGS="ignore", ZS_TEST_MANUAL=manual)
     return code, out, read_logs(f"{d}/log")
 
 
-def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
+@pytest.mark.parametrize("optimizers", [1, 2])
+def test_a_lightning_fit_shrinks_in_memory_and_grows_back(optimizers):
     """The plain Lightning script of the healing tests (2 epochs, a
     validation synced over the ranks every 4 steps) under zsrun --shrink
-    --regrow-after: rank 1 killed in step 3's backward; ranks 0 and 2 redo
+    --regrow-after: rank 1 killed in batch 3's backward; ranks 0 and 2 redo
     it and go on (each its own DistributedSampler share), then take rank 1
     back at a step. Every batch to the end, the uninterrupted run's losses
     up to the kill, and each validation's synced mean the mean of the live
     ranks' own means (Lightning divides by torch.distributed's world size,
-    which follows: over 2 ranks while shrunk, 3 after)."""
+    which follows: over 2 ranks while shrunk, 3 after). With 2 optimizers:
+    manual optimization stepping the body's AdamW, then the output layer's
+    SGD, in each training_step (a GAN's shape: Lightning counts both in
+    global_step); the world grows back after the second's step, and the
+    joiner runs that training_step hollow through both."""
+    k = optimizers  # optimizer steps a batch, as global_step counts them
     with tempfile.TemporaryDirectory(prefix="zs_shrink_pl_") as d:
-        ref, out, logs = shrunk_and_regrown(lightning_launch, d, ["--restarts", "1"], "1:3:backward")
+        launcher = functools.partial(lightning_launch, manual="2" if k == 2 else "")
+        ref, out, logs = shrunk_and_regrown(launcher, d, ["--restarts", "1"], f"1:{3 * k}:backward")
         assert "zeroshard.lightning: rank 1 joined at step" in out, out
+        if k == 2:
+            assert "the state of 2 optimizer(s) laid out anew in memory" in out, out
         steps = [l for l in logs[0] if l["event"] == "step"]
-        assert [l["step"] for l in steps] == list(range(LIGHTNING_STEPS)), [l["step"] for l in steps]
+        assert [l["step"] for l in steps] == [k * i + k - 1 for i in range(LIGHTNING_STEPS)], \
+            [l["step"] for l in steps]
         lives = [len(l["live"]) for l in steps]
         regrown = lives.index(3, 3)
         assert lives == [3] * 3 + [2] * (regrown - 3) + [3] * (LIGHTNING_STEPS - regrown), lives
@@ -255,12 +268,14 @@ def test_a_lightning_fit_shrinks_in_memory_and_grows_back():
         for r in range(3):
             end = [l for l in logs[r] if l["event"] == "end"]
             assert len(end) == 1 and end[0]["steps"] == LIGHTNING_STEPS, (r, end)
+            if k == 2:
+                assert end[0]["head_digest"][1] == LIGHTNING_STEPS, (r, end)
         vals = {}
         for r, ls in logs.items():
             for l in ls:
                 if l["event"] == "val":
                     vals.setdefault(l["step"], {})[r] = l
-        assert sorted(vals) == list(range(4, LIGHTNING_STEPS + 1, 4)), sorted(vals)
+        assert sorted(vals) == list(range(4 * k, k * LIGHTNING_STEPS + 1, 4 * k)), sorted(vals)
         for step, by_rank in vals.items():
             live = by_rank[0]["live"]
             assert sorted(by_rank) == live, (step, sorted(by_rank), live)  # every live rank validated

@@ -299,9 +299,11 @@ class Healing:
         shared = heal.survivors_state(committed, WHO, "Lightning fit", lambda state: state.get("kind") == "lightning")
         behind = committed - shared["steps"][0]
         if behind not in (0, 1) or (behind and shared["phase"] != "batch") or \
-                (self.several and list(_steps()) != shared["steps"]):
+                (self.several and list(_steps()) != [s + behind for s in shared["steps"]]):
             # Several optimizers heal only where none had stepped in the
-            # window (the survivors end the fit otherwise).
+            # window (the survivors end the fit otherwise), or where every
+            # one had: a regrow comes after the last's step (at an iteration's
+            # end, with every optimizer at one count), before the batch's end.
             raise RuntimeError(f"{WHO}: joined at optimizer step(s) {list(_steps())}; the survivors' state is of "
                                f"step(s) {shared['steps']}")
         heal.load_learned_fetches(shared["learned_fetches"], WHO)
@@ -583,6 +585,12 @@ class Healing:
         m = self.manual
         opt = _engine_optimizer(optimizer)
         if m.hollow:
+            m.hollow_steps += 1
+            if m.hollow_steps < len(heal.optimizers()):
+                # Several optimizers: the window committed every one's step
+                # (a regrow comes after the last of them), so the training_step
+                # runs hollow through them all.
+                return None
             # The survivors' state is this step's result already: what the
             # hollow part logged goes, and from here the training_step runs
             # with them.
@@ -699,6 +707,7 @@ class _ManualWindow:
         self.counted = self.progress.state_dict()
         self.hollow = False  # a replacement's window whose step committed in the loss: hollow up to it
         self.ran_hollow = False
+        self.hollow_steps = 0  # the optimizer steps the hollow part skipped
 
     def put_back(self):
         if self.results is not None:
