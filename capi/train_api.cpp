@@ -101,6 +101,15 @@ ZS_API zs_status zs_grad_sync(zs_context h) {
   });
 }
 
+ZS_API zs_status zs_grad_discard(zs_context h, const zs_param* params, size_t n) {
+  return guarded([&] {
+    auto ctx = context_of(h, "ctx");
+    auto list = params_of(ctx, params, n, "params");
+    const auto held = ctx->lock();
+    grads(*ctx).discard_locked(list);
+  });
+}
+
 ZS_API zs_status zs_grad_set_accumulation_steps(zs_context h, int steps) {
   return guarded([&] {
     auto ctx = context_of(h, "ctx");

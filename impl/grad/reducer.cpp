@@ -693,8 +693,22 @@ void GradReducer::reset_for_heal() {
 void GradReducer::end_step(const std::set<const Param*>& stepped) {
   ctx_.expect_locked();
   reductions_ = 0;
+  release(stepped);
+}
+
+void GradReducer::discard_locked(const std::vector<std::shared_ptr<Param>>& params) {
+  ctx_.expect_locked();
+  std::set<const Param*> pushed;
+  for (const auto& p : params)
+    if (p->grad_pushed) pushed.insert(p.get());
+  if (pushed.empty()) return;
+  sync_locked();  // a bucket in flight may hold them: reduced, then dropped
+  release(pushed);
+}
+
+void GradReducer::release(const std::set<const Param*>& params) {
   for (const auto& p : touched_) {
-    if (!stepped.count(p.get())) continue;
+    if (!params.count(p.get())) continue;
     // A stepped gradient is dead until the next backward writes it, as
     // torch's zero_grad(set_to_none=True) drops .grad: its memory goes back
     // instead of sitting out the forward (785 MiB a rank at 406M on 2

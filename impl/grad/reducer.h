@@ -107,6 +107,15 @@ class GradReducer : public ParamKeeper {
   // steps them next). Under the caller's hold of the engine lock, as are
   // the next two.
   void end_step(const std::set<const Param*>& stepped);
+  // torch's optimizer.zero_grad() between a backward and the step (a GAN's
+  // generator loss reaching the discriminator's params): the gradients
+  // pushed for `params` since their last step are dropped, as end_step
+  // drops a stepped one, so their next step sees only what is pushed after
+  // (none: it leaves them alone, as torch skips a param whose .grad is
+  // None). Nothing pushed for any of them: returns at once, no collective;
+  // else the reductions in flight are settled first (sync_locked), which
+  // every rank reaches alike, as it pushed alike. Under the caller's hold.
+  void discard_locked(const std::vector<std::shared_ptr<Param>>& params);
   // A param being unregistered (unregister_param calls this): the reducer
   // forgets it, and its gradient shard is freed and uncounted. A bucket
   // still in flight holds the shard itself.
@@ -142,6 +151,8 @@ class GradReducer : public ParamKeeper {
                          size_t bytes, bool borrowed);
   Bucket& open_bucket(const std::shared_ptr<Group>& group, uint64_t shard_numel);
   uint64_t bucket_elements() const;
+  // end_step's and discard_locked's: the gradients of `params` dead.
+  void release(const std::set<const Param*>& params);
   // A fresh fp32 gradient shard for p, counted in the ledger.
   void make_grad_shard(Param& p);
   void flush(Bucket& bucket);

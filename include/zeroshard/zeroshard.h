@@ -823,6 +823,18 @@ ZS_API zs_status zs_grad_sync(zs_context ctx);
  * by it, so the step sees their mean. */
 ZS_API zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
 
+/* torch's optimizer.zero_grad() between a backward and the step that uses
+ * its gradients (a GAN's generator loss reaching the discriminator's
+ * params, which the discriminator's next step must not see): the
+ * gradients pushed for params since the last optimizer step that stepped
+ * them are dropped, so their next step sees only gradients pushed after
+ * this call (with none it leaves them alone, as torch skips a param whose
+ * .grad is None). Returns at once when none of them has a gradient pushed
+ * (a zero_grad right after the step, or before the backward): no
+ * collective. Otherwise it settles the reductions in flight first, a
+ * collective point every rank reaches alike as it pushed alike. */
+ZS_API zs_status zs_grad_discard(zs_context ctx, const zs_param* params, size_t num_params);
+
 /* This rank's fp32 gradient shard of a param (shard_numel elements, in the
  * context's device memory; NULL before its first push), readable and
  * writable. Call it after zs_grad_sync each time the shard is to be read

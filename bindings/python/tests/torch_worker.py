@@ -118,6 +118,57 @@ def mode_ddp_vs_zeroshard(rank, world):
             "coord": zt.get_context().coord_stats()}
 
 
+def mode_gan_zero_grad(rank, world):
+    """A DCGAN's loop against DDP: the discriminator zeroed by its module's
+    zero_grad (as the DCGAN example does), the generator by its optimizer's,
+    each between a backward that reached its params and its own step (the
+    generator's loss reaches the discriminator, the discriminator's fake
+    pass the generator's forward only): neither step may see them."""
+    steps = 6
+    bce = nn.BCEWithLogitsLoss()
+
+    def nets():
+        torch.manual_seed(0)
+        return (nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1)),
+                nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8)))
+
+    def run(D, G, optD, optG):
+        losses = []
+        for s in range(steps):
+            g = torch.Generator().manual_seed(100 * s + rank)
+            real, z = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+            D.zero_grad()
+            bce(D(real), torch.ones(4, 1)).backward()
+            fake = G(z)
+            errD = bce(D(fake.detach()), torch.zeros(4, 1))
+            errD.backward()
+            optD.step()
+            optG.zero_grad()
+            errG = bce(D(fake), torch.ones(4, 1))
+            errG.backward()  # into the discriminator's params too
+            optG.step()
+            losses.append([mean_over_ranks(errD.item()), mean_over_ranks(errG.item())])
+        return losses
+
+    D, G = nets()
+    D, G = nn.parallel.DistributedDataParallel(D), nn.parallel.DistributedDataParallel(G)
+    ddp = run(D, G, torch.optim.Adam(D.parameters(), lr=2e-3, betas=(0.5, 0.999)),
+              torch.optim.SGD(G.parameters(), lr=1e-2, momentum=0.9))
+    ddp_params = {f"{n}.{k}": v.detach().clone() for n, m in (("D", D.module), ("G", G.module))
+                  for k, v in m.state_dict().items()}
+    with zt.Init(config={"zero_optimization": {"stage": 3}}):
+        D, G = nets()
+    zt.partition_module(D)
+    zt.partition_module(G)
+    zs = run(D, G, zt.ZeroShardOptimizer(D.parameters(), kind="adam", lr=2e-3, betas=(0.5, 0.999), weight_decay=0.0),
+             zt.ZeroShardOptimizer(G.parameters(), kind="sgd", lr=1e-2, momentum=0.9, weight_decay=0.0))
+    worst = 0.0
+    for n, m in (("D", D), ("G", G)):
+        for k, v in zt.consolidated_state_dict(m).items():
+            worst = max(worst, (v - ddp_params[f"{n}.{k}"]).abs().max().item())
+    return {"ddp": ddp, "zeroshard": zs, "worst_param_difference": worst}
+
+
 def mode_lent_grads(rank, world):
     """Large gradients lent to the engine (reduced straight from autograd's
     tensors): no param persists, small buckets, so most weights take the
@@ -1224,7 +1275,7 @@ def run_mode(modes):
 
 
 def main():
-    run_mode({"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "moe": mode_moe,
+    run_mode({"ddp_vs_zeroshard": mode_ddp_vs_zeroshard, "gan_zero_grad": mode_gan_zero_grad, "moe": mode_moe,
               "moe_without_leaf": mode_moe_without_leaf,
               "gathered": mode_gathered_and_state, "user_changes": mode_user_changes,
               "offload": mode_offload, "checkpoint_holds": mode_checkpoint_holds,

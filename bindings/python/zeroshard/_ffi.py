@@ -359,6 +359,7 @@ zs_status zs_grad_push_borrowed(uint64_t* ticket, zs_param param, const void* gr
 zs_status zs_grad_released(zs_context ctx, uint64_t* ticket);
 zs_status zs_grad_sync(zs_context ctx);
 zs_status zs_grad_set_accumulation_steps(zs_context ctx, int steps);
+zs_status zs_grad_discard(zs_context ctx, const zs_param* params, size_t num_params);
 zs_status zs_grad_shard_data(zs_param param, float** data, uint64_t* shard_numel);
 
 /* Training: sharded optimizer */

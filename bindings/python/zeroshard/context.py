@@ -456,6 +456,15 @@ class Context:
         check(lib.zs_grad_sync(self._h))
         self.release_lent()
 
+    def grad_discard(self, params):
+        """torch's zero_grad between a backward and the step
+        (zs_grad_discard): the gradients pushed for params since their last
+        step are dropped, so the step sees only what is pushed after. No
+        collective when none of them has one pushed; else a collective
+        point, reached alike on every rank."""
+        arr, n, _ = _param_array(params)
+        check(lib.zs_grad_discard(self._h, arr, n))
+
     def clip_grad_norm(self, params, max_norm):
         """Sync the gradients, return the L2 norm of params' averaged
         gradients and scale their shards by max_norm / (norm + 1e-6) when it

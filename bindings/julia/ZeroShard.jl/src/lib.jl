@@ -504,6 +504,8 @@ zs_grad_sync(ctx) =
     ccall((:zs_grad_sync, libzeroshard), zs_status, (zs_context,), ctx)
 zs_grad_set_accumulation_steps(ctx, steps) =
     ccall((:zs_grad_set_accumulation_steps, libzeroshard), zs_status, (zs_context, Cint), ctx, steps)
+zs_grad_discard(ctx, params, num_params) =
+    ccall((:zs_grad_discard, libzeroshard), zs_status, (zs_context, Ptr{zs_param}, Csize_t), ctx, params, num_params)
 zs_grad_shard_data(param, data, shard_numel) =
     ccall((:zs_grad_shard_data, libzeroshard), zs_status, (zs_param, Ptr{Ptr{Cfloat}}, Ptr{UInt64}), param, data, shard_numel)
 zs_optim_hparams_init(hparams, size) =

@@ -152,6 +152,13 @@ function release(ctx::Context, params::AbstractVector{Param})
     check(zs_release(live(ctx), hs, Csize_t(length(hs))))
 end
 
+"""torch's zero_grad between a backward and the step: drop the gradients pushed
+for `params` since their last step (no collective when none has one)."""
+function grad_discard(ctx::Context, params::AbstractVector{Param})
+    hs = handles(params)
+    check(zs_grad_discard(live(ctx), hs, Csize_t(length(hs))))
+end
+
 """GatheredParameters: broadcast `modifier_rank`'s full data and re-shard it."""
 function update!(ctx::Context, params::AbstractVector{Param}, modifier_rank::Integer)
     hs = handles(params)

@@ -9,6 +9,7 @@ import torch
 from . import heal, heal_world
 from .hook_state import hook_state, step_done, stepping_engines
 from ..errors import InvalidArgumentError, RankLostError
+from ..param import ParamArray
 from ._context import get_context, working_dtype
 
 _log = logging.getLogger("zeroshard")
@@ -60,6 +61,7 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             self._engine.add_group([p.zs.zparam for p in group["params"]], **self._hparams(group))
         self.last_result = None
         self.skipped_steps = 0
+        self._discard = None  # zero_grad's params, as a prebuilt array
         self._fp16 = working_dtype() is torch.float16
         self.sync_loss_scale()
         heal.note_optimizer(self)
@@ -215,10 +217,17 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             self._engine.set_hparams(i, **hp)
 
     def zero_grad(self, set_to_none=True):
-        # Gradients live in the engine's shards, zeroed by every step.
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        # Gradients live in the engine's shards, zeroed by every step; what a
+        # backward pushed since (a GAN's generator loss through these params)
+        # is dropped, as torch's zero_grad drops .grad: the next step sees
+        # only what is pushed after (zs_grad_discard; no collective when
+        # nothing was pushed, as right after a step or before a backward).
+        params = [p for group in self.param_groups for p in group["params"]]
+        for p in params:
+            p.grad = None
+        if self._discard is None or self._discard.n != len(params):
+            self._discard = ParamArray([p.zs.zparam for p in params])
+        get_context().grad_discard(self._discard)
 
     def step_stats(self):
         """The last step's summary from the engine (zs_context_step_stats):

@@ -657,6 +657,7 @@ extern "C" {
     pub fn zs_grad_released(ctx: zs_context, ticket: *mut u64) -> zs_status;
     pub fn zs_grad_sync(ctx: zs_context) -> zs_status;
     pub fn zs_grad_set_accumulation_steps(ctx: zs_context, steps: c_int) -> zs_status;
+    pub fn zs_grad_discard(ctx: zs_context, params: *const zs_param, num_params: usize) -> zs_status;
     pub fn zs_grad_shard_data(
         param: zs_param,
         data: *mut *mut f32,

@@ -181,6 +181,14 @@ impl Context {
         // SAFETY: as above.
         check(unsafe { sys::zs_coord_release(self.h, handles.as_ptr(), handles.len()) })
     }
+    /// torch's zero_grad between a backward and the step: the gradients
+    /// pushed for params since their last step are dropped, so the step sees
+    /// only what is pushed after. No collective when none has one pushed.
+    pub fn grad_discard(&self, params: &[&Param<'_>]) -> Result<()> {
+        let handles = handles(params);
+        // SAFETY: `handles.len()` handles.
+        check(unsafe { sys::zs_grad_discard(self.h, handles.as_ptr(), handles.len()) })
+    }
     /// Make params one unit for the coordinator (e.g. an MoE layer's experts).
     pub fn leaf_group(&self, params: &[&Param<'_>]) -> Result<()> {
         let handles = handles(params);
