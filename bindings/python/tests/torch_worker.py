@@ -132,12 +132,12 @@ def mode_gan_zero_grad(rank, world):
         return (nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1)),
                 nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8)))
 
-    def run(D, G, optD, optG):
+    def run(D, G, optD, optG, module_form=True):
         losses = []
         for s in range(steps):
             g = torch.Generator().manual_seed(100 * s + rank)
             real, z = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
-            D.zero_grad()
+            (D if module_form else optD).zero_grad()  # drops the generator's loss's gradients
             bce(D(real), torch.ones(4, 1)).backward()
             fake = G(z)
             errD = bce(D(fake.detach()), torch.zeros(4, 1))
@@ -156,17 +156,31 @@ def mode_gan_zero_grad(rank, world):
               torch.optim.SGD(G.parameters(), lr=1e-2, momentum=0.9))
     ddp_params = {f"{n}.{k}": v.detach().clone() for n, m in (("D", D.module), ("G", G.module))
                   for k, v in m.state_dict().items()}
-    with zt.Init(config={"zero_optimization": {"stage": 3}}):
-        D, G = nets()
-    zt.partition_module(D)
-    zt.partition_module(G)
-    zs = run(D, G, zt.ZeroShardOptimizer(D.parameters(), kind="adam", lr=2e-3, betas=(0.5, 0.999), weight_decay=0.0),
-             zt.ZeroShardOptimizer(G.parameters(), kind="sgd", lr=1e-2, momentum=0.9, weight_decay=0.0))
-    worst = 0.0
-    for n, m in (("D", D), ("G", G)):
-        for k, v in zt.consolidated_state_dict(m).items():
-            worst = max(worst, (v - ddp_params[f"{n}.{k}"]).abs().max().item())
-    return {"ddp": ddp, "zeroshard": zs, "worst_param_difference": worst}
+    out = {"ddp": ddp}
+
+    def engine(D, G):
+        return (zt.ZeroShardOptimizer(D.parameters(), kind="adam", lr=2e-3, betas=(0.5, 0.999), weight_decay=0.0),
+                zt.ZeroShardOptimizer(G.parameters(), kind="sgd", lr=1e-2, momentum=0.9, weight_decay=0.0))
+
+    def stock(D, G):  # torch's own, stepped on the shards: torch.optim.Optimizer's zero_grad
+        return (torch.optim.Adam(D.parameters(), lr=2e-3, betas=(0.5, 0.999)),
+                torch.optim.SGD(G.parameters(), lr=1e-2, momentum=0.9))
+
+    # The discriminator zeroed by its module's zero_grad, or its optimizer's.
+    for name, make, module_form in (("zeroshard", engine, True), ("zeroshard_optimizer_form", engine, False),
+                                    ("torch_optimizers", stock, False)):
+        with zt.Init(config={"zero_optimization": {"stage": 3}}):
+            D, G = nets()
+        zt.partition_module(D)
+        zt.partition_module(G)
+        out[name] = run(D, G, *make(D, G), module_form=module_form)
+        worst = 0.0
+        for n, m in (("D", D), ("G", G)):
+            for k, v in zt.consolidated_state_dict(m).items():
+                worst = max(worst, (v - ddp_params[f"{n}.{k}"]).abs().max().item())
+        out[f"{name}_worst_param_difference"] = worst
+        zt.shutdown()
+    return out
 
 
 def mode_lent_grads(rank, world):

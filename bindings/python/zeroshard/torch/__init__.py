@@ -28,6 +28,7 @@ from .muon import Muon, muon_param_groups
 from .shard_optim import clip_grad_norm_, register_optimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict, training_digest
 from .weight_stream import full_weights
+from . import zero_grad as _zero_grad  # noqa: F401  (zero_grad drops pushed gradients)
 
 __all__ = [
     "CPUOffloadPolicy", "GatheredParameters", "Init", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",

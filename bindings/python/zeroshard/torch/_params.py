@@ -503,22 +503,6 @@ def _module_apply(module, fn, *args, **kwargs):
 
 
 torch.nn.Module._apply = _module_apply
-_torch_module_zero_grad = torch.nn.Module.zero_grad
-
-
-def _module_zero_grad(module, set_to_none=True):
-    """nn.Module.zero_grad also drops what a backward pushed to the engine
-    for the module's partitioned params since their last step, as torch's
-    drops .grad (a DCGAN's netD.zero_grad() after the generator's loss
-    reached the discriminator): zs_grad_discard, no collective when nothing
-    was pushed."""
-    _torch_module_zero_grad(module, set_to_none)
-    zparams = [p.zs.zparam for p in module.parameters() if getattr(p, "zs", None) is not None]
-    if zparams and not zparams[0].context._closed:
-        zparams[0].context.grad_discard(zparams)
-
-
-torch.nn.Module.zero_grad = _module_zero_grad
 
 
 class GatheredParameters:

@@ -1,0 +1,36 @@
+"""zero_grad drops what a backward pushed to the engine, as torch's drops
+.grad: a gradient of a partitioned param lives in the engine's shards from
+its backward on, so torch's zero_grad (None into .grad) alone would leave
+it there for the next step. Between a backward and the step that is a
+DCGAN's loop: the generator's loss reaches the discriminator's params, and
+`netD.zero_grad()` (or its optimizer's) must keep that from the
+discriminator's next step. nn.Module.zero_grad and torch.optim.Optimizer's
+(a stock optimizer stepped on shards) call zs_grad_discard for their
+partitioned params after torch's own; ZeroShardOptimizer.zero_grad does the
+same. It returns at once, with no collective, when none of them has a
+gradient pushed (zero_grad right after the step, or before the backward)."""
+import torch
+
+_torch_module_zero_grad = torch.nn.Module.zero_grad
+_torch_optimizer_zero_grad = torch.optim.Optimizer.zero_grad
+
+
+def discard(params):
+    """zs_grad_discard for the partitioned ones among torch params."""
+    zparams = [p.zs.zparam for p in params if getattr(p, "zs", None) is not None]
+    if zparams and not zparams[0].context._closed:
+        zparams[0].context.grad_discard(zparams)
+
+
+def _module_zero_grad(module, set_to_none=True):
+    _torch_module_zero_grad(module, set_to_none)
+    discard(module.parameters())
+
+
+def _optimizer_zero_grad(optimizer, set_to_none=True):
+    _torch_optimizer_zero_grad(optimizer, set_to_none)
+    discard(p for group in optimizer.param_groups for p in group["params"])
+
+
+torch.nn.Module.zero_grad = _module_zero_grad
+torch.optim.Optimizer.zero_grad = _optimizer_zero_grad
