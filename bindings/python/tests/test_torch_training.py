@@ -79,6 +79,8 @@ def test_a_gans_zero_grad_between_a_backward_and_the_step_drops_those_gradients_
             for x, y in zip(a, b):
                 assert abs(x - y) <= 1e-5 * max(1.0, abs(x)), (name, step, a, b)
         assert r[f"{name}_worst_param_difference"] <= 1e-5, (name, r)
+        said = r[f"{name}_said"]
+        assert len(said) == 2 and all("zero_grad(set_to_none=False) acts as set_to_none=True" in w for w in said), said
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -179,6 +179,13 @@ def mode_gan_zero_grad(rank, world):
             for k, v in zt.consolidated_state_dict(m).items():
                 worst = max(worst, (v - ddp_params[f"{n}.{k}"]).abs().max().item())
         out[f"{name}_worst_param_difference"] = worst
+        optD, _ = make(D, G)
+        with warnings.catch_warnings(record=True) as said:  # set_to_none=False is said to act as True
+            warnings.simplefilter("always")
+            D.zero_grad(set_to_none=False)
+            optD.zero_grad(set_to_none=False)
+            D.zero_grad()
+        out[f"{name}_said"] = [str(w.message) for w in said]
         zt.shutdown()
     return out
 

@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from . import heal, heal_world
+from . import heal, heal_world, zero_grad
 from .hook_state import hook_state, step_done, stepping_engines
 from ..errors import InvalidArgumentError, RankLostError
 from ..param import ParamArray
@@ -225,6 +225,8 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         for p in params:
             p.grad = None
+        if not set_to_none:
+            zero_grad.say_set_to_none(stacklevel=3)
         if self._discard is None or self._discard.n != len(params):
             self._discard = ParamArray([p.zs.zparam for p in params])
         get_context().grad_discard(self._discard)

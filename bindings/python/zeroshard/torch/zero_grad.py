@@ -9,27 +9,37 @@ discriminator's next step. nn.Module.zero_grad and torch.optim.Optimizer's
 partitioned params after torch's own; ZeroShardOptimizer.zero_grad does the
 same. It returns at once, with no collective, when none of them has a
 gradient pushed (zero_grad right after the step, or before the backward)."""
+import warnings
+
 import torch
 
 _torch_module_zero_grad = torch.nn.Module.zero_grad
 _torch_optimizer_zero_grad = torch.optim.Optimizer.zero_grad
 
 
-def discard(params):
+def discard(params, set_to_none=True):
     """zs_grad_discard for the partitioned ones among torch params."""
     zparams = [p.zs.zparam for p in params if getattr(p, "zs", None) is not None]
     if zparams and not zparams[0].context._closed:
+        if not set_to_none:
+            say_set_to_none()
         zparams[0].context.grad_discard(zparams)
+
+
+def say_set_to_none(stacklevel=4):
+    warnings.warn("zeroshard.torch: zero_grad(set_to_none=False) acts as set_to_none=True on partitioned params: "
+                  "one that gets no gradient before the next step is left alone by it, where torch would step it "
+                  "with a zero gradient (its momentum and weight decay)", stacklevel=stacklevel)
 
 
 def _module_zero_grad(module, set_to_none=True):
     _torch_module_zero_grad(module, set_to_none)
-    discard(module.parameters())
+    discard(module.parameters(), set_to_none)
 
 
 def _optimizer_zero_grad(optimizer, set_to_none=True):
     _torch_optimizer_zero_grad(optimizer, set_to_none)
-    discard(p for group in optimizer.param_groups for p in group["params"])
+    discard((p for group in optimizer.param_groups for p in group["params"]), set_to_none)
 
 
 torch.nn.Module.zero_grad = _module_zero_grad
