@@ -121,6 +121,7 @@ tsan_files=(bootstrap_test.cpp checkpoint_direct_io_test.cpp checkpoint_test.cpp
             job_secret_test.cpp kernels_optim_test.cpp loco_test.cpp loss_scaler_test.cpp optimizer_agreement_test.cpp
             optimizer_bf16_states_test.cpp optimizer_external_test.cpp optimizer_muon_test.cpp optimizer_offload_grads_test.cpp
             optimizer_many_test.cpp optimizer_offload_test.cpp optimizer_test.cpp param_offload_test.cpp sanitizer_canary_test.cpp
+            grad_discard_test.cpp
             shared_memory_rings_test.cpp store_test.cpp swapper_test.cpp topology_gather_test.cpp topology_test.cpp train_test.cpp
             unregister_test.cpp)
 

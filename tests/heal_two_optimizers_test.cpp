@@ -38,6 +38,10 @@ struct TwoOptimizers {
   zs_param params[2] = {nullptr, nullptr};
   zs_optimizer opts[2] = {nullptr, nullptr};  // w0's AdamW, w1's SGD, made in that order
   bool second_first = false;  // an iteration steps the SGD one first (made second, stepped first)
+  // A GAN's shape: the second-stepped optimizer's loss reaches the
+  // first-stepped one's param too (a gradient pending after its step), which
+  // the next iteration drops first (netD.zero_grad(): zs_grad_discard).
+  bool reaches_first = false;
 };
 
 void destroy(TwoOptimizers& m) {
@@ -85,14 +89,23 @@ zs_status optimizer_part(const RankEnv& env, TwoOptimizers& m, int step, int i) 
 // stepped first having committed it).
 zs_status iteration(const RankEnv& env, TwoOptimizers& m, int step, int from) {
   zs_status s = ZS_OK;
+  const int first = m.second_first ? 1 : 0;  // the optimizer stepped first
   if (from == 0) {
+    if (m.reaches_first) s = zs_grad_discard(m.ctx, &m.params[first], 1);
     zs_gather g = nullptr;
     s = zs_fetch(&g, m.ctx, m.params, 2);
     if (s == ZS_OK) s = zs_gather_wait(g, ZS_WAIT_FOREVER);
     if (g) zs_gather_destroy(g);
     if (s == ZS_OK) s = zs_release(m.ctx, m.params, 2);
   }
-  for (int k = from; k < 2 && s == ZS_OK; ++k) s = optimizer_part(env, m, step, m.second_first ? 1 - k : k);
+  for (int k = from; k < 2 && s == ZS_OK; ++k) {
+    if (k == 1 && m.reaches_first) {
+      std::vector<float> grad(static_cast<size_t>(kNumel[first]));
+      for (size_t e = 0; e < grad.size(); ++e) grad[e] = grad_value(env.rank, step, 7, e);
+      s = zs_grad_push(m.params[first], grad.data(), ZS_FLOAT32, grad.size() * sizeof(float));
+    }
+    if (s == ZS_OK) s = optimizer_part(env, m, step, m.second_first ? 1 - k : k);
+  }
   return s;
 }
 
@@ -243,8 +256,8 @@ void keep_values(TwoOptimizers& m, bool keep, float* w0, float* w1) {
 
 // The checkpoint route over the same data: `world` ranks to c, save; the
 // survivors' ids to g, save; every rank to the end.
-void checkpoint_route(Regrown* sh, int world, bool second_first, int64_t c, int64_t g, int64_t end,
-                      const std::vector<int>& shrunk) {
+void checkpoint_route(Regrown* sh, int world, bool second_first, bool reaches_first, int64_t c, int64_t g,
+                      int64_t end, const std::vector<int>& shrunk) {
   const std::string dir = zs::test::make_temp_dir("heal_two_optimizers_regrow");
   std::vector<int> all(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
@@ -252,6 +265,7 @@ void checkpoint_route(Regrown* sh, int world, bool second_first, int64_t c, int6
     zs::test::run_ranks(static_cast<int>(ids.size()), [&](const RankEnv& env) {
       TwoOptimizers m;
       m.second_first = second_first;
+      m.reaches_first = reaches_first;
       ZS_ASSERT_OK(build(env, m));
       if (load != nullptr) ZS_ASSERT_OK(save_or_load(m, dir, false, load));
       RankEnv as = env;
@@ -271,9 +285,12 @@ void checkpoint_route(Regrown* sh, int world, bool second_first, int64_t c, int6
 // once (healing.min_ranks), and its next process (ZS_HEAL_JOIN=grow),
 // started once they have, joins both and is taken back where an iteration
 // ends: after the step of the optimizer stepped last, the other at the
-// same count with no gradient pending (after the first's step it is one
-// behind, and the world must not grow there).
-void shrunk_then_regrown(int world, int victim, const char* point, int count, bool second_first) {
+// same count (after the first's step it is one behind, and the world must
+// not grow there). reaches_first: a GAN's shape (TwoOptimizers), the
+// gradient pending at the regrow dropped by it as by the next iteration's
+// zs_grad_discard on the checkpoint route.
+void shrunk_then_regrown(int world, int victim, const char* point, int count, bool second_first,
+                         bool reaches_first = false) {
   ShortHeartbeat hb;
   Regrown* sh = shared_block<Regrown>();
   sh->grown_at = -1;
@@ -297,6 +314,7 @@ void shrunk_then_regrown(int world, int victim, const char* point, int count, bo
     }
     TwoOptimizers m;
     m.second_first = second_first;
+    m.reaches_first = reaches_first;
     ZS_ASSERT_OK(build(env, m));
     int step = 1;
     if (env.replacement > 0) {
@@ -355,13 +373,14 @@ void shrunk_then_regrown(int world, int victim, const char* point, int count, bo
     EXPECT_EQ(sh->committed[r].load(), c) << "rank " << r << " shrank at another C";
     EXPECT_EQ(sh->pid_at_start[r].load(), sh->pid_at_end[r].load()) << "survivor " << r << "'s process changed";
   }
-  checkpoint_route(sh, world, second_first, c, g, end, shrunk);
+  checkpoint_route(sh, world, second_first, reaches_first, c, g, end, shrunk);
   bool bitwise = true;
   const double w = std::max(worst(sh->healed0, sh->ref0, kNumel[0], &bitwise),
                             worst(sh->healed1, sh->ref1, kNumel[1], &bitwise));
-  std::printf("[heal-two-optimizers] %s on %d ranks, %s stepped first: shrunk at C = %lld, grown back at G = %lld, "
+  std::printf("[heal-two-optimizers] %s on %d ranks, %s stepped first%s: shrunk at C = %lld, grown back at G = %lld, "
               "against the checkpoint route: largest relative difference %.3g%s\n", fault.c_str(), world,
-              second_first ? "SGD" : "AdamW", static_cast<long long>(c), static_cast<long long>(g), w,
+              second_first ? "SGD" : "AdamW", reaches_first ? ", its param's gradient pending at the regrow" : "",
+              static_cast<long long>(c), static_cast<long long>(g), w,
               bitwise ? " (bit for bit)" : "");
   std::fflush(stdout);
   EXPECT_LE(w, 1e-6);
@@ -388,4 +407,7 @@ TEST(HealTwoOptimizers, ShrunkAndGrownBackWhereAnIterationEndsOnThreeRanks) {
 }
 TEST(HealTwoOptimizers, ShrunkAndGrownBackWhereAnIterationEndsWithTheSecondSteppedFirst) {
   shrunk_then_regrown(3, 2, "reduce_scatter", 5, true);
+}
+TEST(HealTwoOptimizers, ShrunkAndGrownBackWithAGradientPendingForTheFirstAsAGansLoopLeavesIt) {
+  shrunk_then_regrown(3, 1, "reduce_scatter", 5, false, true);
 }

@@ -95,28 +95,40 @@ constexpr int kStepsToWait = 3;
 
 // Empty when the world may grow back after opt's step `step` (about to
 // commit), else why not. A joiner's program begins an iteration after its
-// joins, so the survivors must stand at one too: every optimizer keeping
-// a peer copy at the same step count, none holding a gradient pushed for
-// a step not taken. In a loop that steps each optimizer once an iteration
-// that is the last optimizer's step, whatever the order (a GAN's
-// discriminator first or second); with one optimizer, every step.
+// joins, so the survivors must stand at one too: every optimizer keeping a
+// peer copy at the same step count. In a loop that steps each optimizer
+// once an iteration that is the last optimizer's step, whatever the order
+// (a GAN's discriminator first or second); with one optimizer, every step.
+// A gradient pushed since an optimizer's step (a GAN's generator loss
+// reaching the discriminator, which its zero_grad drops next) is dropped
+// by the regrow, as a checkpoint saved there would not carry it
+// (pending_note).
 std::string not_an_iteration_end(Context& ctx, const Optimizer& opt, int64_t step) {
   const std::vector<Optimizer*> all = peer_copy_optimizers(ctx);
   const auto name = [&](const Optimizer* o) {
     const size_t i = static_cast<size_t>(std::find(all.begin(), all.end(), o) - all.begin());
     return "optimizer " + std::to_string(i + 1) + " of " + std::to_string(all.size());
   };
-  for (const Optimizer* o : all) {
-    if (o == &opt) continue;
-    if (o->steps_locked() != step)
+  for (const Optimizer* o : all)
+    if (o != &opt && o->steps_locked() != step)
       return name(&opt) + " took step " + std::to_string(step) + " while " + name(o) + " stood at step " +
              std::to_string(o->steps_locked());
+  return {};
+}
+
+// Under the hold, after the vote's step: the params of `all` with a
+// gradient pushed since their step, which the regrow drops; empty if none.
+std::string pending_note(const std::vector<Optimizer*>& all) {
+  std::string names;
+  size_t n = 0;
+  for (const Optimizer* o : all)
     for (size_t g = 0; g < o->num_groups(); ++g)
       for (const auto& p : o->group_params(g))
-        if (p->grad_pushed)
-          return name(o) + " held a gradient for a step it had not taken (" + p->describe() + ")";
-  }
-  return {};
+        if (p->grad_pushed && n++ < 3) names += (names.empty() ? "" : ", ") + p->describe();
+  if (n == 0) return {};
+  return std::to_string(n) + " param(s) (" + names + (n > 3 ? ", ..." : "") + ") had a gradient pushed since "
+         "their optimizer's step; the regrow drops it, as a checkpoint saved there would not carry it (a GAN's "
+         "zero_grad drops it next anyway)";
 }
 
 // A regrow cut short (a rank lost in it: a survivor, or the joiner) leaves
@@ -200,7 +212,7 @@ float regrow_vote(Context& ctx, Optimizer& opt, int ordinal) {
       if (ordinal == 1 && ++req.waited >= kStepsToWait) {
         req.refuse("the survivors train " + std::to_string(peer_copies(ctx)) + " optimizers with peer copies, and "
                    "a regrow in memory takes them all at the end of an iteration: after a step at which each has "
-                   "taken as many steps as the others and none holds a gradient for a step not taken; in " +
+                   "taken as many steps as the others; in " +
                    std::to_string(kStepsToWait) + " of the first optimizer's steps none came (after the last, " +
                    why + "); to train on every rank again, restart the job from a disk checkpoint");
         req.waited = 0;
@@ -239,6 +251,8 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
     pc->grow_due = false;
     step = opt.steps_locked();
     all = peer_copy_optimizers(ctx);
+    if (const std::string note = pending_note(all); !note.empty() && ctx.topology().live().front() == ctx.ranks().rank)
+      std::fprintf(stderr, "zeroshard: rank %d: healing: %s\n", ctx.ranks().rank, note.c_str());
   }
   Store& store = *ctx.store();
   const std::string prefix = Context::key_prefix_of(ctx.generation() + 1) + "heal/";

@@ -9,7 +9,7 @@
 // 2. The lowest live rank reads the requests at each optimizer step while
 //    ranks are left out (one store call a step); once one has come, at the
 //    first step that ends an iteration (every optimizer with a peer copy
-//    at the same step count, none holding a gradient pending), it posts
+//    at the same step count), it posts
 //    the joiners, the live ranks after the regrow, each joiner's admission
 //    (the next generation) and votes 1 in the step's norm all-reduce
 //    (PeerCopy::grow_vote), so every survivor learns it alike, at the same
@@ -30,7 +30,7 @@
 //    optimizer, gradients averaged over the grown world.
 //
 // Several optimizers whose steps never end an iteration so (one stepping
-// every other iteration, or keeping a gradient across another's step):
+// every other iteration):
 // after three of the first optimizer's steps with none, a request is
 // refused by name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying
 // why), and the job trains on shrunk. A joiner
