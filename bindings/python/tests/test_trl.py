@@ -1,7 +1,8 @@
 """TRL's trainers through zeroshard.hf.trainer_class on real ranks
 (trl_worker.py): DPO equal to DDP per logged step (fp32), GRPO's rewards
 and losses equal to DDP's with completions ending at different lengths on
-different ranks, KTO / Reward / RLOO trained, DPO and KTO with reference
+different ranks, DistillationTrainer's losses equal to DDP's, KTO / Reward /
+RLOO trained, DPO and KTO with reference
 log-probs precomputed from a path, reference models partitioned
 frozen, and the full-weight stream reassembling the model within its bound."""
 import sys
@@ -19,8 +20,8 @@ REPO = HERE.parents[2]
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 _runs = {}
 TRAINERS = {"zeroshard": ["dpo", "dpo_precompute", "grpo", "grpo_reward_model", "kto", "kto_precompute", "reward",
-                          "rloo", "weights"],
-            "ddp": ["dpo", "dpo_precompute", "grpo"]}
+                          "rloo", "distillation", "weights"],
+            "ddp": ["dpo", "dpo_precompute", "grpo", "distillation"]}
 
 
 def results(engine):
@@ -86,6 +87,18 @@ def test_grpo_with_a_reference_model_samples_and_trains_as_ddp():
     # apart) in some step, and nothing hung.
     assert any(lo < hi for lo, hi in zip(ours["completions/min_length"], ours["completions/max_length"])), ours
     assert ours["ref"]["trainable"] == 0 and ours["ref"]["partitioned"] and ours["ref"]["kept"], ours
+
+
+def test_distillation_samples_and_trains_as_ddp_with_a_frozen_partitioned_teacher():
+    """TRL's DistillationTrainer (on-policy: the student samples, a teacher
+    scores, a JSD loss that reads both models' lm_head.weight directly,
+    declared external params of each so none is fetched on access): the
+    losses bit for bit DDP's, the teacher partitioned, frozen and kept
+    whole between its scoring calls."""
+    ours, ref = results("zeroshard")["distillation"], results("ddp")["distillation"]
+    assert ours["loss"] == ref["loss"] and all(x > 0 for x in ours["loss"]), (ours, ref)
+    teacher = ours["teacher"]
+    assert teacher["partitioned"] and teacher["trainable"] == 0 and teacher["grads"] == 0 and teacher["kept"], ours
 
 
 @pytest.mark.parametrize("name", ["kto", "kto_precompute", "reward", "rloo", "grpo_reward_model"])

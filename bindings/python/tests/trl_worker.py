@@ -223,6 +223,25 @@ def run_rloo(path):
     return logged(trainer, "loss", "reward")
 
 
+def run_distillation(path):
+    # On-policy distillation: the student (from the path) samples, a teacher
+    # (the same model, a module) scores; the teacher is inference-only.
+    g = torch.Generator().manual_seed(5)
+    data = Dataset.from_list([{"prompt": sentence(g, 4)} for _ in range(16)])
+    teacher = transformers.AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():  # another model than the student: a loss above 0
+        for p in teacher.parameters():
+            p.mul_(1.5)
+    args = arguments(trl.DistillationConfig, "distillation", max_completion_length=8)
+    trainer = trainer_class(trl.DistillationTrainer)(model=path, teacher_model=teacher, args=args,
+                                                     train_dataset=data)
+    trainer.train()
+    out = logged(trainer, "loss")
+    if ENGINE == "zeroshard":
+        out["teacher"] = frozen_facts(trainer.teacher_model)
+    return out
+
+
 def run_weights(path):
     """A partitioned policy (from the path, trained one step by hand so its
     weights differ from the file's) streamed into a plain model with a

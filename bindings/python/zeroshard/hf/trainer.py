@@ -128,11 +128,14 @@ class ZeroShardTrainerMixin:
             super().__init__(*call.args, **call.kwargs)
         if by_path:  # loaded partitioned by the base class: the engine's hooks now
             self._partition(self.model, engine_config)
+        # TRL's DistillationTrainer's JSD loss reads both models' lm_head.weight
+        # directly, as TRL's fused head does inside the model's forward.
+        reads_head = base.__name__ == "DistillationTrainer" and base.__module__.split(".")[0] == "trl"
         for frozen in _frozen_models(vars(self)):
             if all(frozen is not m for m in given):  # built by the base class from a path
                 frozen_model(frozen, engine_config)
-            _declare_fused_head(frozen)
-        _declare_fused_head(self.model)
+            _declare_fused_head(frozen, reads_head)
+        _declare_fused_head(self.model, reads_head)
         trainer_heal.after_context(self, base, on_engine)
         # TRL's ds3_gather_for_generation (True by default): generate() in
         # the loop gathers the policy whole when it fits; False: per forward.
@@ -610,12 +613,14 @@ def _frozen_models(named):
                 yield m
 
 
-def _declare_fused_head(model):
+def _declare_fused_head(model, reads_head=False):
     """TRL's fused LM head (add_fused_lm_head, an instance `forward`) reads
     the output embedding's weight inside the model's own forward without
-    calling its module: declared an external param of the model, it is
-    fetched with the model's forward (as TRL gathers it under DeepSpeed)."""
-    if "forward" not in vars(model) or not callable(getattr(model, "get_output_embeddings", None)):
+    calling its module, as a loss that reads it (`reads_head`) does inside
+    the model's forward redirected: declared an external param of the
+    model, it is fetched with the model's forward (as TRL gathers it under
+    DeepSpeed)."""
+    if not (reads_head or "forward" in vars(model)) or not callable(getattr(model, "get_output_embeddings", None)):
         return
     head = model.get_output_embeddings()
     if head is not None and head is not model:
