@@ -136,7 +136,9 @@ def main():
     generation = {"predict_with_generate": True, "generation_max_length": 6} if seq2seq else {}
     dpo = os.environ.get("ZS_TEST_TRL_DPO") == "1"
     rloo = os.environ.get("ZS_TEST_TRL_RLOO") == "1"  # GRPO's setting, TRL's RLOOTrainer
-    grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1" or rloo
+    # GRPO's setting, TRL's DistillationTrainer (its teacher from $ZS_TEST_TEACHER)
+    distill = os.environ.get("ZS_TEST_TRL_DISTILLATION") == "1"
+    grpo = os.environ.get("ZS_TEST_TRL_GRPO") == "1" or rloo or distill
     reward = os.environ.get("ZS_TEST_TRL_REWARD") == "1"
     kto = os.environ.get("ZS_TEST_TRL_KTO") == "1"
     if sft or dpo or grpo or reward or kto:
@@ -151,6 +153,9 @@ def main():
                 (trl.GRPOConfig, zeroshard.hf.trainer_class(trl.GRPOTrainer))
             generation = {"bf16": False, "num_generations": 2, "max_completion_length": 8, "beta": 0.1,
                           "steps_per_generation": 4}
+            if distill:
+                arguments, trainer_class = trl.DistillationConfig, zeroshard.hf.trainer_class(trl.DistillationTrainer)
+                generation = {"bf16": False, "max_completion_length": 8}
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
@@ -204,6 +209,8 @@ def main():
         data = datasets.Dataset.from_dict({"prompt": [words(r[:6]) for r in data.ids]})
         extra = {"processing_class": word_tokenizer(),
                  "reward_funcs": lambda completions, **_: [float(c.count("t5")) for c in completions]}
+        if distill:  # another model than the student ($ZS_TEST_TEACHER): a loss above 0
+            extra = {"processing_class": word_tokenizer(), "teacher_model": os.environ["ZS_TEST_TEACHER"]}
 
     class Scaffold(transformers.TrainerCallback):
         """The kills, and the steps' times for the test."""

@@ -364,12 +364,12 @@ def trainer_heals(env, steps, joined_at, ranks=3):
     return [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
 
 
-def saved_small_gpt2():
-    """A folder holding a small GPT-2 (random weights, seed 0), for
+def saved_small_gpt2(seed=0):
+    """A folder holding a small GPT-2 (random weights from `seed`), for
     $ZS_TEST_PRETRAINED; the caller removes it."""
     import torch
     import transformers
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32,
                                                                  n_layer=2, n_head=2))
     folder = tempfile.mkdtemp(prefix="zs_heal_pretrained_")
@@ -483,6 +483,25 @@ def test_trls_rloo_trainer_heals_losses_in_its_generation_and_an_update_with_buf
     history = pretrained_trainer_heals({"ZS_TEST_TRL_RLOO": "1"}, steps, {"1:5:generate": 4, "2:7:update": 7})
     logged = [e for e in history if "reward" in e and "kl" in e]
     assert len(logged) == steps // 5 and all(e["num_tokens"] > 0 for e in logged), history
+
+
+def test_trls_distillation_trainer_heals_losses_in_its_generation_and_an_update():
+    """TRL's DistillationTrainer (on-policy: the student samples, a teacher
+    other than it scores, a JSD loss; GRPO's generation and buffering) on 3
+    ranks, the teacher (another model, from a folder of its own: TRL loads
+    it partitioned frozen, its shards riding in the peer copy): rank 1 killed in step 5's generation (the survivors generate
+    again, the replacement its own), rank 2 in step 7's update (committed).
+    Bitwise as the Trainer's, the logged losses and token counts included."""
+    pytest.importorskip("trl")
+    steps = 10
+    teacher = saved_small_gpt2(seed=1)
+    try:
+        history = pretrained_trainer_heals({"ZS_TEST_TRL_DISTILLATION": "1", "ZS_TEST_TEACHER": teacher}, steps,
+                                           {"1:5:generate": 4, "2:7:update": 7})
+    finally:
+        shutil.rmtree(teacher)
+    logged = [e for e in history if "loss" in e and "num_tokens" in e]
+    assert len(logged) == steps // 5 and all(e["loss"] > 0 and e["num_tokens"] > 0 for e in logged), history
 
 
 def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps():

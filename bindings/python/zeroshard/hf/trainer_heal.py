@@ -80,7 +80,8 @@ HEAL_FOLDER_PREFIX = "zeroshard-heal-"
 # peer copy) and GRPO's and RLOO's (whose first micro-batch of a
 # generation generates, scores and buffers completions: redone with the
 # step, its counters put back first).
-_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RLOOTrainer", "RewardTrainer", "KTOTrainer")
+_TRL_HEALING = ("SFTTrainer", "DPOTrainer", "GRPOTrainer", "RLOOTrainer", "RewardTrainer", "KTOTrainer",
+                "DistillationTrainer")
 
 
 def _is_trl_healing(base):
@@ -113,9 +114,10 @@ def _precompute_why_not(arguments):
     return None
 
 
-# What a TRL trainer's own arguments can keep from healing (RLOO's
-# generation is GRPO's).
-_TRL_WHY_NOT = {"GRPOTrainer": _grpo_why_not, "RLOOTrainer": _grpo_why_not, "DPOTrainer": _precompute_why_not,
+# What a TRL trainer's own arguments can keep from healing (RLOO's and
+# DistillationTrainer's generation is GRPO's).
+_TRL_WHY_NOT = {"GRPOTrainer": _grpo_why_not, "RLOOTrainer": _grpo_why_not, "DistillationTrainer": _grpo_why_not,
+                "DPOTrainer": _precompute_why_not,
                 "KTOTrainer": _precompute_why_not}
 
 
