@@ -9,11 +9,10 @@
 // 2. The lowest live rank reads the requests at each optimizer step while
 //    ranks are left out (one store call a step); once one has come, at the
 //    first step that ends an iteration (every optimizer with a peer copy
-//    at the same step count), it posts
-//    the joiners, the live ranks after the regrow, each joiner's admission
-//    (the next generation) and votes 1 in the step's norm all-reduce
-//    (PeerCopy::grow_vote), so every survivor learns it alike, at the same
-//    step.
+//    at the same step count), it posts the joiners, the live ranks after
+//    the regrow, each joiner's admission (the next generation) and votes 1
+//    in the step's norm all-reduce (PeerCopy::grow_vote), so every survivor
+//    learns it alike, at the same step.
 // 3. After that step (zs_optimizer_step, zs_optimizer_step_end) every
 //    survivor regrows (regrow_after_step): once the lowest has said that
 //    every joiner posted its heartbeat address (a joiner that died after
@@ -30,10 +29,9 @@
 //    optimizer, gradients averaged over the grown world.
 //
 // Several optimizers whose steps never end an iteration so (one stepping
-// every other iteration):
-// after three of the first optimizer's steps with none, a request is
-// refused by name (the joiner's create fails with ZS_ERR_NOT_TAKEN saying
-// why), and the job trains on shrunk. A joiner
+// every other iteration): after three of the first optimizer's steps with
+// none, a request is refused by name (the joiner's create fails with
+// ZS_ERR_NOT_TAKEN saying why), and the job trains on shrunk. A joiner
 // still waiting when the lowest live rank's context ends is told so
 // (ZS_ERR_NOT_TAKEN at its create). A rank lost during the regrow (the
 // joiner, a survivor) leaves the state laid out for neither world: every

@@ -229,7 +229,9 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
             zero_grad.say_set_to_none(stacklevel=3)
         if self._discard is None or self._discard.n != len(params):
             self._discard = ParamArray([p.zs.zparam for p in params])
-        get_context().grad_discard(self._discard)
+        ctx = self._discard.params[0].context if self._discard.n else None
+        if ctx is not None and not ctx.closed:
+            ctx.grad_discard(self._discard)
 
     def step_stats(self):
         """The last step's summary from the engine (zs_context_step_stats):

@@ -20,7 +20,7 @@ _torch_optimizer_zero_grad = torch.optim.Optimizer.zero_grad
 def discard(params, set_to_none=True):
     """zs_grad_discard for the partitioned ones among torch params."""
     zparams = [p.zs.zparam for p in params if getattr(p, "zs", None) is not None]
-    if zparams and not zparams[0].context._closed:
+    if zparams and not zparams[0].context.closed:
         if not set_to_none:
             say_set_to_none()
         zparams[0].context.grad_discard(zparams)
