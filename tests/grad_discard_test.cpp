@@ -34,17 +34,8 @@ struct Pair {  // w0 and w1 under an optimizer each
 Pair build(zs_context ctx, const char* prefix) {
   Pair m;
   for (int i = 0; i < 2; ++i) {
-    const std::vector<float> init = zs::test::heal::initial_values(i, kNumel[i]);
     const std::string name = std::string(prefix) + ".w" + std::to_string(i);
-    zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-    po.name = name.c_str();
-    po.ndim = 1;
-    po.shape = &kNumel[i];
-    po.init = ZS_INIT_FROM_RANK;
-    po.src_rank = 0;
-    po.data = init.data();
-    po.data_bytes = init.size() * sizeof(float);
-    EXPECT_EQ(zs_param_register(&m.w[i], ctx, &po), ZS_OK) << zs_last_error();
+    EXPECT_EQ(zs::test::heal::register_from_rank0(ctx, i, &kNumel[i], &m.w[i], name.c_str()), ZS_OK) << zs_last_error();
     EXPECT_EQ(zs_optimizer_create(&m.opt[i], ctx, i == 0 ? ZS_OPTIM_SGD : ZS_OPTIM_ADAMW), ZS_OK) << zs_last_error();
     zs_optim_hparams hp = ZS_OPTIM_HPARAMS_INIT;
     hp.lr = i == 0 ? 0.05 : 0.01;

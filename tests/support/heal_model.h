@@ -46,13 +46,15 @@ inline std::vector<float> initial_values(int i, int64_t numel) {
   return init;
 }
 
-// Param i ("w0", "w1") of `*numel` elements with initial_values(i, ...),
-// from rank 0 (a scatter, which a replacement skips: its shard comes from
-// the replica at the join). `numel` must outlive the call.
-inline zs_status register_from_rank0(zs_context ctx, int i, const int64_t* numel, zs_param* out) {
+// Param i ("w0", "w1", or `name`) of `*numel` elements with
+// initial_values(i, ...), from rank 0 (a scatter, which a replacement
+// skips: its shard comes from the replica at the join). `numel` must
+// outlive the call.
+inline zs_status register_from_rank0(zs_context ctx, int i, const int64_t* numel, zs_param* out,
+                                     const char* name = nullptr) {
   const std::vector<float> init = initial_values(i, *numel);
   zs_param_options po = ZS_PARAM_OPTIONS_INIT;
-  po.name = i == 0 ? "w0" : "w1";
+  po.name = name != nullptr ? name : i == 0 ? "w0" : "w1";
   po.ndim = 1;
   po.shape = numel;
   po.init = ZS_INIT_FROM_RANK;
