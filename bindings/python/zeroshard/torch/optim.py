@@ -225,13 +225,9 @@ class ZeroShardOptimizer(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         for p in params:
             p.grad = None
-        if not set_to_none:
-            zero_grad.say_set_to_none(stacklevel=3)
         if self._discard is None or self._discard.n != len(params):
             self._discard = ParamArray([p.zs.zparam for p in params])
-        ctx = self._discard.params[0].context if self._discard.n else None
-        if ctx is not None and not ctx.closed:
-            ctx.grad_discard(self._discard)
+        zero_grad.discard_engine(self._discard, set_to_none, stacklevel=4)
 
     def step_stats(self):
         """The last step's summary from the engine (zs_context_step_stats):

@@ -13,20 +13,25 @@ import warnings
 
 import torch
 
+from ..param import ParamArray
+
 _torch_module_zero_grad = torch.nn.Module.zero_grad
 _torch_optimizer_zero_grad = torch.optim.Optimizer.zero_grad
 
 
 def discard(params, set_to_none=True):
     """zs_grad_discard for the partitioned ones among torch params."""
-    _discard_engine([p.zs.zparam for p in params if getattr(p, "zs", None) is not None], set_to_none)
+    discard_engine([p.zs.zparam for p in params if getattr(p, "zs", None) is not None], set_to_none)
 
 
-def _discard_engine(zparams, set_to_none):
-    if zparams and not zparams[0].context.closed:
+def discard_engine(zparams, set_to_none, stacklevel=5):
+    """zs_grad_discard for engine Params, a list or a prebuilt ParamArray,
+    unless the engine is closed; set_to_none=False warns at stacklevel."""
+    params = zparams.params if isinstance(zparams, ParamArray) else zparams
+    if params and not params[0].context.closed:
         if not set_to_none:
-            say_set_to_none(stacklevel=5)
-        zparams[0].context.grad_discard(zparams)
+            say_set_to_none(stacklevel=stacklevel)
+        params[0].context.grad_discard(zparams)
 
 
 def say_set_to_none(stacklevel=4):
@@ -50,7 +55,7 @@ def _module_zero_grad(module, set_to_none=True):
         z = getattr(p, "zs", None)
         if z is not None:
             zparams.append(z.zparam)
-    _discard_engine(zparams, set_to_none)
+    discard_engine(zparams, set_to_none)
 
 
 def _optimizer_zero_grad(optimizer, set_to_none=True):
