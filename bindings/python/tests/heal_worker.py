@@ -14,12 +14,16 @@ kills itself: its replacement (ZS_HEAL_REPLACEMENT set) runs on, and so does
 a job zsrun restarted whole.
 
 Each step draws its batch from a generator seeded with the step, and the
-model has dropout, so a redone step must restore the RNG to match. No
+model has dropout, so a redone step must restore the RNG to match; and a
+BatchNorm, whose running statistics each rank keeps (unsharded, its own
+batches'), so a redone step must start from them as they were and a
+replacement must take its predecessor's. No
 checkpoint directory. Each process appends JSON lines to OUT.<rank>: per
 committed step its loss, pid and times; at the end a hash of its
 optimizer state (masters and moments of its shards) with its step count,
-and rank 0 the hash of the consolidated params.
+a hash of its module buffers, and rank 0 the hash of the consolidated params.
 """
+import hashlib
 import json
 import os
 import signal
@@ -42,6 +46,7 @@ class Net(nn.Module):
         self.inp = nn.Linear(DIM, 48)
         self.drop = nn.Dropout(0.25)
         self.hidden = nn.Linear(48, 48)
+        self.norm = nn.BatchNorm1d(48)
         self.out = nn.Linear(48, DIM)
         # The parent initialises its children's params, as Hugging Face's
         # post_init does: under Init these reads gather, except in a
@@ -54,7 +59,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         h = self.drop(torch.relu(self.inp(x)))
-        h = torch.relu(self.hidden(h))
+        h = torch.relu(self.norm(self.hidden(h)))
         if self.training and self.on_hidden is not None:
             h.register_hook(self.on_hidden)
         return self.out(h)
@@ -172,11 +177,22 @@ def main():
 
 def note_end(note, rank, opt, model, **kv):
     """The end of a run: this rank's optimizer state hashed with its step
-    count and lr, and on rank 0 the consolidated params' hash (collective)."""
+    count and lr, its buffers' hash, and on rank 0 the consolidated params'
+    hash (collective)."""
     digest, taken, params = zt.training_digest(opt, model)
     if rank == 0:
         note(event="params", sha256=params)
-    note(event="end", digest=digest, steps=taken, lr=opt.param_groups[0]["lr"], **kv)
+    note(event="end", digest=digest, steps=taken, lr=opt.param_groups[0]["lr"], buffers=buffers_digest(model), **kv)
+
+
+def buffers_digest(model):
+    """sha256 of this rank's module buffers (BatchNorm's statistics: each
+    rank's own, which no consolidation shows)."""
+    h = hashlib.sha256()
+    for name, b in model.named_buffers():
+        h.update(name.encode())
+        h.update(b.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import lightning.pytorch as pl
 
 import zeroshard.lightning
 import zeroshard.torch as zt
-from heal_worker import BATCH, CONFIG, DIM, Net, kills_and_notes
+from heal_worker import BATCH, CONFIG, DIM, Net, buffers_digest, kills_and_notes
 
 ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
 MANUAL = os.environ.get("ZS_TEST_MANUAL") in ("1", "2")
@@ -176,7 +176,8 @@ def main():
     if rank == 0:
         note(event="params", sha256=params)
     extra = {"head_digest": zt.training_digest(trainer.optimizers[1], module)[:2]} if TWO else {}
-    note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"], **extra)
+    note(event="end", ran=trainer.global_step, digest=digest, steps=taken, lr=opt.param_groups[0]["lr"],
+         buffers=buffers_digest(module), **extra)
     sys.stdout.flush()
     os._exit(0)  # past torch.distributed's teardown, as the other Lightning workers leave
 

@@ -89,6 +89,7 @@ def check_ends(n, logs, ref_logs, out):
         got, want = end[r][0], ref_end[r][0]
         assert (got["digest"], got["steps"], got["ran"]) == (want["digest"], want["steps"], want["ran"]), (r, got,
                                                                                                            want)
+        assert got["buffers"] == want["buffers"], (r, "BatchNorm's statistics")  # each rank's own
         assert got["lr"] == want["lr"]  # the scheduler's state went to the replacement
     sha = [l["sha256"] for l in logs[0] if l["event"] == "params"]
     ref_sha = [l["sha256"] for l in ref_logs[0] if l["event"] == "params"]
@@ -168,7 +169,7 @@ def healed_then_restarted_by_name(code, out, joined, named):
 def check_two_optimizers_ends(n, logs, ref_logs, out):
     """One end per rank (a job restarted whole ended once), both optimizers'
     states, the step counts, the steps run and the lr the reference's."""
-    keys = ("digest", "steps", "ran", "lr", "head_digest")
+    keys = ("digest", "steps", "ran", "lr", "head_digest", "buffers")
     ref_end, end = ends(ref_logs), ends(logs)
     for r in range(n):
         assert len(end[r]) == 1, (r, out)

@@ -416,7 +416,7 @@ class Healing:
                                f"{shared['phase']}")
         self.carried = None
         if blob is not None:
-            heal_state.set_rng_state(blob["rng"])  # as its predecessor's where it left
+            heal_state.set_local_state(blob["local"])  # as its predecessor's where it left
             self.carried = (blob.get("extra") or {})["results"]
             _carry_epoch_results(trainer, self.carried)
         if phase == "val":
@@ -444,7 +444,7 @@ class Healing:
         self.register(trainer, "val")
         progress = val_loop.batch_progress.state_dict()
         callbacks = call._call_callbacks_state_dict(trainer)
-        rng = heal_state.rng_state()
+        local = heal_state.local_state()
         while True:
             try:
                 return run()
@@ -454,7 +454,7 @@ class Healing:
                 val_loop.batch_progress.load_state_dict(progress)
                 call._call_callbacks_load_state_dict(trainer, {"callbacks": callbacks})
                 trainer._logger_connector.reset_results()
-                heal_state.set_rng_state(rng)
+                heal_state.set_local_state(local)
 
     # -- the step -----------------------------------------------------------------
     # An optimizer step's window: its micro-batches' closures (Lightning
@@ -468,7 +468,7 @@ class Healing:
             results = self.trainer._results
             self.window = _Window(heal.optimizers()[0]._engine.steps, results,
                                   _results_state(results) if results is not None else None)
-        self.window.closures.append((closure, heal_state.rng_state()))
+        self.window.closures.append((closure, heal_state.local_state()))
         closure.__class__ = _healing_closure_class(type(closure))
         closure._zs_healing = self
 
@@ -479,7 +479,7 @@ class Healing:
         if self.joined is not None:
             self.hollow = bool(self._catch_up(trainer, "batch"))
             if self.window is not None:  # its first micro-batch starts from the predecessor's RNG
-                self.window.closures = [(c, heal_state.rng_state()) for c, _ in self.window.closures]
+                self.window.closures = [(c, heal_state.local_state()) for c, _ in self.window.closures]
         return self.hollow
 
     def _call_closure(self, closure, call):
@@ -510,8 +510,8 @@ class Healing:
             try:
                 if w.logged is not None:
                     _load_results_state(w.results, w.logged)
-                for closure, rng in w.closures:
-                    heal_state.set_rng_state(rng)
+                for closure, local in w.closures:
+                    heal_state.set_local_state(local)
                     if closure is upto:
                         return
                     type(closure).__bases__[0].__call__(closure)
@@ -599,7 +599,7 @@ class Healing:
             hollow.arm(False)
             if m.results is not None:
                 _hollow_logs_go(m.results, m.logged, self.carried)
-            heal_state.set_rng_state(m.rng)  # as its predecessor's after the step: the hollow part drew none
+            heal_state.set_local_state(m.local)  # as its predecessor's after the step: the hollow part drew none
             heal_dist.answering_locally(False)
             m.hollow, m.ran_hollow = False, True
             return None
@@ -702,7 +702,7 @@ class _ManualWindow:
         self.before = before
         self.results = trainer._results
         self.logged = _results_state(self.results) if self.results is not None else {}
-        self.rng = heal_state.rng_state()
+        self.local = heal_state.local_state()
         self.progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         self.counted = self.progress.state_dict()
         self.hollow = False  # a replacement's window whose step committed in the loss: hollow up to it
@@ -712,7 +712,7 @@ class _ManualWindow:
     def put_back(self):
         if self.results is not None:
             _load_results_state(self.results, self.logged)
-        heal_state.set_rng_state(self.rng)
+        heal_state.set_local_state(self.local)
         self.progress.load_state_dict(self.counted)
 
 

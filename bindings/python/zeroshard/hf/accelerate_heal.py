@@ -127,7 +127,7 @@ class Healing:
         self.open = False
         self.start = 0
         self.batches = []
-        self.rng = None
+        self.local = None
         self.replay = []
         self.replaying = False  # the next window is a skipped step's again: its RNG back first
         self.off = False  # the steps do not train on the first DataLoader: nothing is healed
@@ -173,7 +173,7 @@ class Healing:
         heal.load_learned_fetches(state["learned_fetches"], WHO)  # before any forward, a hollow one too
         self.joined_state = state
         self.resume = {"epoch": state["epoch"], "index": state["index"], "generator": state["generator"],
-                       "rng": blob["rng"] if blob is not None else None}
+                       "local": blob["local"] if blob is not None else None}
         print(f"{WHO}: rank {ctx.rank} joined at step {committed}: it goes on at epoch {state['epoch']}, "
               f"batch {state['index']}", file=sys.stderr, flush=True)
 
@@ -234,8 +234,8 @@ class Healing:
             # without the collective that synchronised it.
             if generator is not None and resume["generator"] is not None:
                 generator.set_state(resume["generator"])
-            if resume["index"] == 0 and resume["rng"] is not None:
-                heal_state.set_rng_state(resume["rng"])  # its predecessor's at step C, before this epoch's iter()
+            if resume["index"] == 0 and resume["local"] is not None:
+                heal_state.set_local_state(resume["local"])  # its predecessor's at step C, before this epoch's iter()
         elif rng_types:
             from accelerate.utils import synchronize_rng_states
             synchronize_rng_states(rng_types, generator)
@@ -250,8 +250,8 @@ class Healing:
             for _ in range(resume["index"]):  # the survivors trained on these
                 first = next(inner, _END)
                 self.index += 1
-            if resume["index"] and resume["rng"] is not None:
-                heal_state.set_rng_state(resume["rng"])
+            if resume["index"] and resume["local"] is not None:
+                heal_state.set_local_state(resume["local"])
             self.resume = None
             if first is _END and hollow.active():
                 # The survivors' last step was the epoch's last: what the
@@ -288,10 +288,10 @@ class Healing:
                 self.accelerator.gradient_state._set_sync_gradients(True)
                 self.optimizer.zs_healed_skip = False
             self.start, self.batches = self.index, []
-            if self.rng is not None and self.replaying:
-                heal_state.set_rng_state(self.rng)
+            if self.local is not None and self.replaying:
+                heal_state.set_local_state(self.local)
             self.replaying = False
-            self.rng = heal_state.rng_state()
+            self.local = heal_state.local_state()
             self.window_state = self._register(self.index, 0)
             hollow.arm(True)
         self.batches.append((batch, last))

@@ -290,7 +290,7 @@ class HealingTrainerMixin:
     _zs_after = False  # in _maybe_log_save_evaluate (logging, evaluation, save): no step's window
     _zs_joined = None  # in a replacement, until its first epoch: (shared state, blob, steps behind) of its join
     _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
-    _zs_rng = None  # in a replacement: the RNG state once it caught up with the survivors
+    _zs_local = None  # in a replacement: the RNG state once it caught up with the survivors
     _zs_history = None  # _HistoryJSON of the log history registered so far
     _zs_registered = False  # this train() registered its state before its first step
 
@@ -450,13 +450,13 @@ class HealingTrainerMixin:
         if restore is None:
             return (tr_loss.detach().clone(), copy.deepcopy(self.state), copy.deepcopy(self.control),
                     self._globalstep_last_logged, self._total_loss_scalar, self.current_flos,
-                    heal_state.rng_state(),  # an evaluation's DataLoader draws its seed from it
+                    heal_state.local_state(),  # an evaluation's DataLoader draws its seed from it
                     metrics_state(self))  # a TRL trainer's log() empties them
-        loss, state, control, last_logged, total, flos, rng, metrics = restore
+        loss, state, control, last_logged, total, flos, local, metrics = restore
         load_metrics_state(self, metrics)
         if self._zs_history is not None:
             self._zs_history.forget()
-        heal_state.set_rng_state(rng)
+        heal_state.set_local_state(local)
         tr_loss.copy_(loss)
         self.state, self.control = copy.deepcopy(state), copy.deepcopy(control)
         self._globalstep_last_logged, self._total_loss_scalar, self.current_flos = last_logged, total, flos
@@ -584,8 +584,8 @@ class HealingTrainerMixin:
     def _load_rng_state(self, checkpoint):
         if not self._zs_healing_folder(checkpoint):
             return super()._load_rng_state(checkpoint)
-        if self._zs_rng is not None:  # the survivors' RNG as of now (_zs_catch_up)
-            heal_state.set_rng_state(self._zs_rng)
+        if self._zs_local is not None:  # the survivors' RNG as of now (_zs_catch_up)
+            heal_state.set_local_state(self._zs_local)
 
     def _zs_catch_up(self, model, trial, epoch, ignore_keys_for_eval, start_time, steps_in_epoch,
                      steps_trained_in_current_epoch, **_):
@@ -598,7 +598,7 @@ class HealingTrainerMixin:
         # step, before what it replays draws from it (an evaluation's
         # DataLoader); HF's _load_rng_state then sets what it left.
         if blob is not None:
-            heal_state.set_rng_state(blob["rng"])
+            heal_state.set_local_state(blob["local"])
         extra = (blob or {}).get("extra") or {}
         # The blob is of step C's optimizer step; its logging (which empties
         # the summed loss) and its store_flos (a logging's or a save's, which
@@ -635,5 +635,5 @@ class HealingTrainerMixin:
             a = shared["log_args"]
             self._maybe_log_save_evaluate(self._tr_loss, a["grad_norm"], model, trial, a["epoch"],
                                           ignore_keys_for_eval, start_time, learning_rate=a["learning_rate"])
-        self._zs_rng = heal_state.rng_state()
+        self._zs_local = heal_state.local_state()
 

@@ -32,7 +32,7 @@ import weakref
 
 from .._ffi import ZS_EXIT_STATE_LOST as EXIT_STATE_LOST  # zsrun: "restart from the checkpoint"
 from ..errors import RankLostError, StateLostError
-from . import _context, heal_state, heal_world, inference_gather
+from . import _context, heal_buffers, heal_state, heal_world, inference_gather
 from ._context import get_context
 from ._params import detach_views, registered_params
 from .hook_state import hook_state, step_done
@@ -83,13 +83,13 @@ def before_engine_step(engine):
     _last_stepped[0] = engine
     if _running[0]:
         extras = _rank_extras[0]
-        blob = {"rng": heal_state.rng_state(), "extra": extras() if extras is not None else None}
+        blob = {"local": heal_state.local_state(), "extra": extras() if extras is not None else None}
         engine.heal_set_rank_state(heal_state.dumps(blob, "this rank's state"))
 
 
 def joined_rank_state(ctx):
     """In a replacement that joined: the blob its lost predecessor left at
-    the committed step, {"rng": ..., "extra": ...}, or None."""
+    the committed step, {"local": ..., "extra": ...}, or None."""
     blob = ctx.heal_joined_state("rank")
     return heal_state.loads(blob) if blob is not None else None
 
@@ -121,16 +121,16 @@ is_replacement = _context.is_replacement
 
 class StepRecord:
     """What a redo needs of a step: its batch (a reference) and this rank's
-    RNG states at its entry."""
+    own state at its entry (RNG, changing module buffers)."""
 
-    __slots__ = ("batch", "rng")
+    __slots__ = ("batch", "local")
 
     def __init__(self, batch):
         self.batch = batch
-        self.rng = heal_state.rng_state()
+        self.local = heal_state.local_state()
 
     def restore(self):
-        heal_state.set_rng_state(self.rng)
+        heal_state.set_local_state(self.local)
 
 
 def recover(agreed=None, allowed=None, who="zeroshard.torch", optimizer=None):
@@ -363,7 +363,7 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
         committed = engine.steps  # C: the loop's optimizer's, whichever was made first
         blob = joined_rank_state(ctx)
         if blob is not None:
-            heal_state.set_rng_state(blob["rng"])
+            heal_state.set_local_state(blob["local"])
         data = ctx.heal_joined_state("shared")
         if data is not None:
             state = heal_state.loads(data)

@@ -1,6 +1,7 @@
 """What a replacement needs of a trainer beside the engine's state, as JSON
-bytes (docs/healing.md, section 1's table): this rank's RNG states, and the
-state every rank shares (loop position, the `shared` objects' state_dict()).
+bytes (docs/healing.md, section 1's table): this rank's own state (its RNG
+states and the module buffers training changes), and the state every rank
+shares (loop position, the `shared` objects' state_dict()).
 
 JSON, never pickle: the bytes go through the job's store, which any rank of
 the job can write. Tensors travel as base64 of their bytes with dtype and
@@ -15,6 +16,8 @@ import random
 import sys
 
 import torch
+
+from . import heal_buffers
 
 
 def encode(value, where="state"):
@@ -78,6 +81,18 @@ def dumps(value, where="state"):
 
 def loads(data):
     return decode(json.loads(data.decode("utf-8")))
+
+
+def local_state():
+    """This rank's own state, which a redone step starts from again and a
+    replacement takes from its predecessor: its RNG states and the module
+    buffers training changes (heal_buffers: BatchNorm's statistics)."""
+    return {"rng": rng_state(), "buffers": heal_buffers.snapshot()}
+
+
+def set_local_state(state):
+    set_rng_state(state["rng"])
+    heal_buffers.restore(state["buffers"])
 
 
 def rng_state():

@@ -8,7 +8,7 @@ from ._context import default_device, get_context, working_dtype
 from ._malloc import trim
 from . import _params
 from ._params import fetch_on_access, is_partitioned, partition_param, write_back
-from . import generation, hf_resize
+from . import generation, heal_buffers, hf_resize
 from .hooks import HookEngine
 from .input_cast import cast_inputs_to
 from .state import arm_state_dict
@@ -218,6 +218,8 @@ def partition_module(module, dtype=None, config=None, device=None, cast_forward_
         engine = HookEngine(module)
         engine.install()
         module._zs_hooks = engine
+        if _context.heals(ctx):
+            heal_buffers.note_root(module)  # the buffers a heal carries
     hide_partitioned_from_ddp(module)
     generation.install(module)
     return module
