@@ -185,6 +185,14 @@ def main():
             vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
     world = int(os.environ["WORLD_SIZE"])
     data = Tokens(steps * 2 * 2 * world)
+    if os.environ.get("ZS_TEST_ITERABLE") == "1":  # a streamed dataset: Accelerate dispatches its batches
+        rows = data
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                return (rows[i] for i in range(len(rows)))
+
+        data = Stream()
     extra = {}
     if sft:
         import datasets

@@ -530,6 +530,30 @@ def test_a_grpo_trainer_says_why_it_does_not_heal_with_state_outside_its_steps()
         {"args": SimpleNamespace(precompute_ref_log_probs=True)})
 
 
+def test_a_trainer_on_a_streamed_dataset_says_it_does_not_heal_and_a_loss_restarts_the_job():
+    """Accelerate dispatches an IterableDataset's batches from rank 0 (a
+    collective a batch), which a replacement cannot skip alone: the
+    Trainer says so at the start, and a loss restarts the job (no
+    checkpoint: from the start) rather than failing in a collective
+    mismatch, as it did before it was named. Map-style data and an
+    explicit dispatch_batches=False heal."""
+    from types import SimpleNamespace
+    import torch
+    from zeroshard.hf import trainer_heal
+    stream = type("Stream", (torch.utils.data.IterableDataset,), {"__iter__": lambda self: iter(())})()
+    config = lambda dispatch: SimpleNamespace(accelerator_config=SimpleNamespace(dispatch_batches=dispatch))  # noqa
+    assert "dispatch_batches" in trainer_heal._dispatch_why_not({"args": config(None), "train_dataset": stream})
+    assert trainer_heal._dispatch_why_not({"args": config(False), "train_dataset": stream}) is None
+    assert trainer_heal._dispatch_why_not({"args": config(None), "train_dataset": [1, 2]}) is None
+    assert "dispatch_batches" in trainer_heal._dispatch_why_not({"args": config(True), "train_dataset": [1, 2]})
+    code, out, logs, _ = launch(3, "1:3:backward", restarts=1, worker="hf_heal_worker.py", steps=6,
+                                env={"ZS_TEST_ITERABLE": "1"})
+    assert code == 0, out
+    assert "this Trainer does not heal a lost rank in place (its training batches are dispatched from rank 0" in out, out
+    assert "starting the job again" in out and "ranks disagree" not in out, out
+    assert all(ends(logs)[r][-1]["global_step"] == 6 for r in range(3)), out
+
+
 LIGHTNING_WORLDS = {
     "checkpoints": (("1:1:save", "0:6:backward", "2:10:val"), {"ZS_TEST_CHECKPOINTS": "1"}, True),
     "accumulate": (("1:4:backward1", "0:6:backward", "2:9:update"),

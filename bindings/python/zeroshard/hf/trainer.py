@@ -114,7 +114,8 @@ class ZeroShardTrainerMixin:
         # What says whether a TRL trainer can heal, before the base class
         # has stored any of it.
         self._zs_init_arguments = {"args": targs, **{k: call.arguments.get(k) for k in ("environment_factory",
-                                                                                         "rollout_func")}}
+                                                                                         "rollout_func",
+                                                                                         "train_dataset")}}
         trainer_heal.before_context(self, base, on_engine)
         if model is not None and not by_path:
             self._partition(model, engine_config)

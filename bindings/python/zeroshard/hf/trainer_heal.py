@@ -64,6 +64,7 @@ import shutil
 import sys
 import tempfile
 
+import torch
 import transformers
 
 from .. import torch as zt
@@ -114,6 +115,23 @@ def _precompute_why_not(arguments):
     return None
 
 
+def _dispatch_why_not(arguments):
+    """Why a Trainer with these __init__ arguments cannot heal, or None:
+    Accelerate's DataLoaderDispatcher (dispatch_batches; Accelerate's
+    default for an IterableDataset) has rank 0 read every batch and send
+    each rank its slice, a collective a batch, which a replacement skipping
+    to the survivors' batch would run alone (seen: a collective mismatch,
+    then a job restart with no word of why)."""
+    args, dataset = arguments.get("args"), arguments.get("train_dataset")
+    dispatch = getattr(getattr(args, "accelerator_config", None), "dispatch_batches", None)
+    if dispatch is None:
+        dispatch = isinstance(dataset, torch.utils.data.IterableDataset)
+    if dispatch:
+        return ("its training batches are dispatched from rank 0 (Accelerate's dispatch_batches, the default for an "
+                "IterableDataset), which a replacement cannot skip to the survivors' batch alone")
+    return None
+
+
 # What a TRL trainer's own arguments can keep from healing (RLOO's and
 # DistillationTrainer's generation is GRPO's).
 _TRL_WHY_NOT = {"GRPOTrainer": _grpo_why_not, "RLOOTrainer": _grpo_why_not, "DistillationTrainer": _grpo_why_not,
@@ -126,8 +144,9 @@ def _why_not(trainer, base, engine_optimizer):
     if base not in (transformers.Trainer, transformers.Seq2SeqTrainer) and not _is_trl_healing(base):
         return (f"{base.__name__} is not transformers.Trainer, Seq2SeqTrainer or TRL's "
                 f"{', '.join(_TRL_HEALING[:-1])} or {_TRL_HEALING[-1]}")
+    arguments = getattr(trainer, "_zs_init_arguments", None) or {}
     check = _TRL_WHY_NOT.get(base.__name__)
-    why = check(getattr(trainer, "_zs_init_arguments", None) or {}) if check is not None else None
+    why = (check(arguments) if check is not None else None) or _dispatch_why_not(arguments)
     if why is not None:
         return why
     if trainer._zs_fsdp is not None:
@@ -146,10 +165,14 @@ def _why_not(trainer, base, engine_optimizer):
 def before_context(trainer, base, engine_optimizer):
     """ZeroShardTrainerMixin.__init__, before the model is partitioned:
     under zsrun --restarts (ZS_HEAL=auto) the peer copies are kept on when
-    this Trainer can heal (zeroshard.torch turns them off otherwise)."""
-    if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None and \
-            _why_not(trainer, base, engine_optimizer) is None:
-        zt.enable_healing()
+    this Trainer can heal (zeroshard.torch turns them off otherwise, and
+    says why: this Trainer's reason)."""
+    if os.environ.get("ZS_HEAL") == "auto" and _context.current_context() is None:
+        why = _why_not(trainer, base, engine_optimizer)
+        if why is None:
+            zt.enable_healing()
+        else:
+            _context.heal_declined[0] = f"zeroshard.hf: this Trainer does not heal a lost rank in place ({why})"
 
 
 def before_loading():

@@ -41,6 +41,9 @@ _context = None
 # zeroshard.torch.enable_healing() was called: ZS_HEAL=auto keeps the peer
 # copies on (heal.py), for a program that trains with healing_loop.
 heal_wanted = [False]
+# Why the frontend in use cannot heal (a frontend's sentence), said in
+# place of the general line when ZS_HEAL=auto turns the copies off.
+heal_declined = [None]
 replacement_joined = [False]  # this process replaced a lost rank and joined (heal.join_as_replacement)
 _pending = []  # (config, device) of the Init blocks entered before the context exists
 # Called in order, with no argument, once shutdown() closed the context: the
@@ -152,7 +155,7 @@ def _heal_auto_only_where_wanted():
     can act. A Python loop heals through zeroshard.torch.healing_loop,
     zeroshard.hf.Trainer or the Lightning strategy under automatic
     optimization (both call enable_healing() themselves; an Accelerate
-    script does not heal yet, docs/healing.md); elsewhere the copies would cost every step
+    script through zeroshard.hf.Accelerator); elsewhere the copies would cost every step
     for a loss that restarts the job anyway: off here, said once, unless the
     program called enable_healing() first.
     ZS_HEAL=1 or a config that turns the copies on is the user's choice and
@@ -160,9 +163,13 @@ def _heal_auto_only_where_wanted():
     if os.environ.get("ZS_HEAL") != "auto" or heal_wanted[0]:
         return
     os.environ["ZS_HEAL"] = "0"
-    if os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0" and heal_declined[0] is not None:
+        print(f"{heal_declined[0]}: no peer copies under ZS_HEAL=auto; a lost rank restarts the job from its last "
+              "checkpoint", file=sys.stderr)
+    elif os.environ.get("RANK", "0") == "0":
         print("zeroshard.torch: no peer copies under ZS_HEAL=auto: a lost rank restarts the job from its "
-              "last checkpoint, as before (what heals in place: zeroshard.hf.Trainer, and a loop that trains "
+              "last checkpoint, as before (what heals in place: zeroshard.hf.Trainer and Accelerator, the "
+              "Lightning strategy, and a loop that trains "
               "with zeroshard.torch.healing_loop and calls zeroshard.torch.enable_healing() before the "
               "context is created)", file=sys.stderr)
 
