@@ -107,20 +107,11 @@ void shrunk_then_regrown(int world, const std::vector<int>& victims, const char*
   zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", min_ranks.c_str());
   const auto body = [&](const RankEnv& env) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    if (env.replacement == 0) {
-      setenv("ZS_FAULT_POINT", fault.c_str(), 1);
-      sh->pid_at_start[env.rank] = getpid();
-    } else {
-      if (!is_in(back, env.rank)) return;  // this one does not come back
-      if (lost_joiner && env.replacement == 1)
-        setenv("ZS_FAULT_POINT", ("grow_wait:" + std::to_string(env.rank) + ":1").c_str(), 1);
-      else
-        unsetenv("ZS_FAULT_POINT");
-      setenv("ZS_HEAL_JOIN", "grow", 1);
-      while (sh->committed[lowest].load() <= 0 && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      sh->asking += 1;
-    }
+    if (env.replacement > 0 && !is_in(back, env.rank)) return;  // this one does not come back
+    const bool first_joiner_dies = lost_joiner && env.replacement == 1;
+    start_shrink_or_regrow(env, sh, fault, first_joiner_dies ? "grow_wait:" + std::to_string(env.rank) + ":1" : "",
+                           lowest, 0, until);
+    if (env.replacement > 0) sh->asking += 1;
     Model m;
     ZS_ASSERT_OK(build_with_frozen(env, m));
     ASSERT_FALSE(lost_joiner && env.replacement == 1) << "the first joiner outlived its fault point";

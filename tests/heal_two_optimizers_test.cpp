@@ -303,15 +303,7 @@ void shrunk_then_regrown(int world, int victim, const char* point, int count, bo
   zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", min_ranks.c_str());
   const auto body = [&](const RankEnv& env) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    if (env.replacement == 0) {
-      setenv("ZS_FAULT_POINT", fault.c_str(), 1);
-      sh->pid_at_start[env.rank] = getpid();
-    } else {
-      unsetenv("ZS_FAULT_POINT");
-      setenv("ZS_HEAL_JOIN", "grow", 1);
-      while (sh->committed[lowest].load() < 0 && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    start_shrink_or_regrow(env, sh, fault, "", lowest, -1, until);
     TwoOptimizers m;
     m.second_first = second_first;
     m.reaches_first = reaches_first;

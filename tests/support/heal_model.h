@@ -8,13 +8,16 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/multirank.h"
@@ -219,6 +222,29 @@ T* shared_block() {
   auto* t = new (p) T{};
   for (auto& c : t->committed) c = -1;
   return t;
+}
+
+// A shrink-and-regrow test's rank as it starts (`sh` a shared_block with
+// `committed` and `pid_at_start`): the first process of each rank arms
+// `fault` and notes its pid; a later one, the rank coming back, arms
+// `joiner_fault` (none when empty) and asks to grow (ZS_HEAL_JOIN=grow)
+// once the lowest survivor's committed step is above `shrunk_after` (the
+// survivors have shrunk), or at `until`.
+template <class Shared>
+void start_shrink_or_regrow(const RankEnv& env, Shared* sh, const std::string& fault, const std::string& joiner_fault,
+                            int lowest, int64_t shrunk_after, std::chrono::steady_clock::time_point until) {
+  if (env.replacement == 0) {
+    setenv("ZS_FAULT_POINT", fault.c_str(), 1);
+    sh->pid_at_start[env.rank] = getpid();
+    return;
+  }
+  if (joiner_fault.empty())
+    unsetenv("ZS_FAULT_POINT");
+  else
+    setenv("ZS_FAULT_POINT", joiner_fault.c_str(), 1);
+  setenv("ZS_HEAL_JOIN", "grow", 1);
+  while (sh->committed[lowest].load() <= shrunk_after && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 // The uninterrupted run on `world` ranks: ref[r][s] is rank r's digest
