@@ -20,6 +20,7 @@ import torch
 
 _roots = []  # [(weakref to a partitioned root, [(key, weakref to the owner module, buffer name)])], as partitioned
 _baseline = {}  # key -> (id, version) of a non-persistent buffer as its root was partitioned
+_PROCESS = os.urandom(8).hex()  # which process took a snapshot (a pid may recur on another host)
 
 
 def note_root(module):
@@ -62,7 +63,7 @@ def snapshot():
             values[key] = t.detach().clone()
         else:
             versions[key] = [id(t), t._version]
-    return {"values": values, "versions": versions, "pid": os.getpid()}
+    return {"values": values, "versions": versions, "process": _PROCESS}
 
 
 def restore(snap):
@@ -85,7 +86,7 @@ def restore(snap):
     with torch.no_grad():
         for key, value in snap["values"].items():
             current[key].copy_(value)
-    if snap["pid"] == os.getpid():
+    if snap["process"] == _PROCESS:
         written = sorted(k for k, (i, v) in snap["versions"].items()
                          if k in current and [id(current[k]), current[k]._version] != [i, v])
         if written:
