@@ -93,10 +93,15 @@ def test_distillation_samples_and_trains_as_ddp_with_a_frozen_partitioned_teache
     """TRL's DistillationTrainer (on-policy: the student samples, a teacher
     scores, a JSD loss that reads both models' lm_head.weight directly,
     declared external params of each so none is fetched on access): the
-    losses bit for bit DDP's, the teacher partitioned, frozen and kept
-    whole between its scoring calls."""
+    losses DDP's within 1e-5, the teacher partitioned, frozen and kept
+    whole between its scoring calls. Bit for bit in every local run, but
+    one CI run gave step 2's loss 5e-6 apart (0.011163175 against
+    0.011163116) with steps 1 and 3 bit for bit: a rounding in that step's
+    loss, not in the params (step 3 would show it), as DPO's and GRPO's
+    tolerances above allow."""
     ours, ref = results("zeroshard")["distillation"], results("ddp")["distillation"]
-    assert ours["loss"] == ref["loss"] and all(x > 0 for x in ours["loss"]), (ours, ref)
+    same(ref["loss"], ours["loss"])
+    assert all(x > 0 for x in ours["loss"]), ours
     teacher = ours["teacher"]
     assert teacher["partitioned"] and teacher["trainable"] == 0 and teacher["grads"] == 0 and teacher["kept"], ours
 
