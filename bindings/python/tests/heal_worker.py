@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import zeroshard.torch as zt
+from zeroshard.torch.state import _raw_bytes
 
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 2000,
                                 "stage3_param_persistence_threshold": 0}}
@@ -191,7 +192,7 @@ def buffers_digest(model):
     h = hashlib.sha256()
     for name, b in model.named_buffers():
         h.update(name.encode())
-        h.update(b.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(_raw_bytes(b))
     return h.hexdigest()
 
 

@@ -33,6 +33,8 @@ $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
 (zeroshard.hf.trainer_class) on the same GPT-2 and tokens, as a dataset
 of input_ids with a word-level tokenizer: its metrics (entropy, token
 accuracy, token count) are gathered in every forward and logged.
+$ZS_TEST_ITERABLE=1: the tokens as an IterableDataset, whose batches
+Accelerate dispatches from rank 0 (a Trainer that does not heal).
 $ZS_TEST_LOGGING_STEPS: the Trainer's logging_steps (5). $ZS_TEST_SHRUNK_PAUSE_S:
 after each step taken on fewer ranks than were
 started (a shrink, under zsrun --shrink), sleep that long. Only a rank's first process

@@ -536,7 +536,7 @@ def test_a_trainer_on_a_streamed_dataset_says_it_does_not_heal_and_a_loss_restar
     Trainer says so at the start, and a loss restarts the job (no
     checkpoint: from the start) rather than failing in a collective
     mismatch, as it did before it was named. Map-style data and an
-    explicit dispatch_batches=False heal."""
+    explicit dispatch_batches=False are not refused."""
     from types import SimpleNamespace
     import torch
     from zeroshard.hf import trainer_heal

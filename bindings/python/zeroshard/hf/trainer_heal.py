@@ -313,7 +313,7 @@ class HealingTrainerMixin:
     _zs_after = False  # in _maybe_log_save_evaluate (logging, evaluation, save): no step's window
     _zs_joined = None  # in a replacement, until its first epoch: (shared state, blob, steps behind) of its join
     _zs_heal_folder = None  # in a replacement: the folder its train() resumes from
-    _zs_local = None  # in a replacement: the RNG state once it caught up with the survivors
+    _zs_local = None  # in a replacement: its RNG and buffers once it caught up with the survivors
     _zs_history = None  # _HistoryJSON of the log history registered so far
     _zs_registered = False  # this train() registered its state before its first step
 
@@ -607,7 +607,7 @@ class HealingTrainerMixin:
     def _load_rng_state(self, checkpoint):
         if not self._zs_healing_folder(checkpoint):
             return super()._load_rng_state(checkpoint)
-        if self._zs_local is not None:  # the survivors' RNG as of now (_zs_catch_up)
+        if self._zs_local is not None:  # its RNG and buffers as of _zs_catch_up
             heal_state.set_local_state(self._zs_local)
 
     def _zs_catch_up(self, model, trial, epoch, ignore_keys_for_eval, start_time, steps_in_epoch,

@@ -163,10 +163,12 @@ def _heal_auto_only_where_wanted():
     if os.environ.get("ZS_HEAL") != "auto" or heal_wanted[0]:
         return
     os.environ["ZS_HEAL"] = "0"
-    if os.environ.get("RANK", "0") == "0" and heal_declined[0] is not None:
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if heal_declined[0] is not None:
         print(f"{heal_declined[0]}: no peer copies under ZS_HEAL=auto; a lost rank restarts the job from its last "
               "checkpoint", file=sys.stderr)
-    elif os.environ.get("RANK", "0") == "0":
+    else:
         print("zeroshard.torch: no peer copies under ZS_HEAL=auto: a lost rank restarts the job from its "
               "last checkpoint, as before (what heals in place: zeroshard.hf.Trainer and Accelerator, the "
               "Lightning strategy, and a loop that trains "
