@@ -88,6 +88,10 @@ void checkpoint_route(Shared* sh, int world, int64_t c, int64_t g, int64_t end, 
 // admits it, waits for its heartbeat in vain, and the survivors go on
 // shrunk (no loss of theirs, no state lost); the second process for the
 // id, numbered as that loss's, comes back instead.
+// What each rank sets as its blob before its step `step` (the one it
+// takes: step 1 is the first).
+std::string blob_of(int rank, int64_t step) { return "rank " + std::to_string(rank) + " step " + std::to_string(step); }
+
 void shrunk_then_regrown(int world, const std::vector<int>& victims, const char* point, int count,
                          const std::vector<int>& back, bool lost_joiner = false) {
   ShortHeartbeat hb;
@@ -119,6 +123,16 @@ void shrunk_then_regrown(int world, const std::vector<int>& victims, const char*
     if (env.replacement > 0) {
       int64_t committed = -1;
       ZS_ASSERT_OK(zs_heal_join(&committed, m.opt));
+      // No predecessor's blob; the lowest survivor's of the step the regrow
+      // came in, as the donor's.
+      char blob[64] = {0};
+      size_t size = 0;
+      int found = -1;
+      ZS_ASSERT_OK(zs_heal_joined_state(&size, &found, m.ctx, ZS_HEAL_RANK_STATE, blob, sizeof blob));
+      EXPECT_EQ(found, 0);
+      ZS_ASSERT_OK(zs_heal_joined_state(&size, &found, m.ctx, ZS_HEAL_DONOR_STATE, blob, sizeof blob));
+      EXPECT_EQ(found, 1);
+      EXPECT_EQ(std::string(blob, size), blob_of(lowest, committed)) << "the donor's blob";
       sh->grown_at = committed;
       sh->grown_time = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
       step = static_cast<int>(committed) + 1;
@@ -134,6 +148,8 @@ void shrunk_then_regrown(int world, const std::vector<int>& victims, const char*
     while (step <= last_step() && std::chrono::steady_clock::now() < until) {
       // While shrunk, steps pause: the joiners take a while to come.
       if (shrunk_here && sh->grown_at.load() < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const std::string mine = blob_of(env.rank, step);
+      ZS_ASSERT_OK(zs_heal_set_rank_state(m.opt, mine.data(), mine.size()));
       const zs_status s = train_step(env, m, step);
       if (s == ZS_OK) {
         ++step;

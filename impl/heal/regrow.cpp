@@ -283,6 +283,7 @@ void regrow_after_step(Context& ctx, Optimizer& opt) {
       }
       check_builds(ctx, *o, key_of(prefix, ordinal, ""), before.front(), joined, [&] {
         post_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+        post_donor(ctx, store, key_of(prefix, ordinal, "donor"), *o, step);
         const auto held = ctx.lock();
         std::string counts = std::to_string(o->steps_locked());
         for (const auto& s : o->slot_states_locked()) counts += " " + std::to_string(s.updates);
@@ -324,6 +325,7 @@ Joined regrow_join(Context& ctx, Optimizer& opt) {
   check_builds(ctx, opt, key_of(prefix, ordinal, ""), before.front(), out.replaced, [] {});
   cut_short_is_state_lost(ctx, out.replaced, [&] {
     receive_shared(ctx, store, key_of(prefix, ordinal, "shared"));
+    receive_donor(ctx, store, key_of(prefix, ordinal, "donor"));
     const std::vector<int64_t> counts = parse_numbers(text(store.get(key_of(prefix, ordinal, "counts"))));
     if (counts.empty()) fail(Code::Internal, "regrow: no step counts posted for the joiner");
     const auto held = ctx.lock();

@@ -78,14 +78,36 @@ void receive_shared(Context& ctx, Store& store, const std::string& shared_key) {
   t.joined_shared.assign(shared.begin() + (shared.empty() ? 0 : 1), shared.end());
 }
 
+void post_donor(Context& ctx, Store& store, const std::string& key, const Optimizer& opt, int64_t step) {
+  const auto blob = rank_state_for(ctx, opt, step);
+  std::vector<char> value(1 + (blob ? blob->size() : 0));
+  value[0] = blob ? '1' : '0';
+  if (blob && !blob->empty()) std::memcpy(value.data() + 1, blob->data(), blob->size());
+  store.set(key, value);
+}
+
+void receive_donor(Context& ctx, Store& store, const std::string& key) {
+  const std::vector<char> donor = store.get(key);
+  if (donor.empty() || donor[0] != '1') return;
+  TrainerState& t = ctx.attachment<TrainerState>();
+  const std::lock_guard<std::mutex> held(t.mu);
+  t.joined_donor.assign(donor.begin() + 1, donor.end());
+  t.has_joined_donor = true;
+}
+
 bool joined_state(Context& ctx, int which, std::vector<char>* out) {
-  if (which != 0 && which != 1)
-    fail(Code::InvalidArgument, "which ", which, ": expected 0 (this rank's blob) or 1 (the shared state)");
+  if (which < 0 || which > 2)
+    fail(Code::InvalidArgument, "which ", which,
+         ": expected 0 (this rank's blob), 1 (the shared state) or 2 (the donor's blob)");
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::lock_guard<std::mutex> held(t.mu);
   if (which == 0) {
     *out = t.joined_rank;
     return t.has_joined_rank;
+  }
+  if (which == 2) {
+    *out = t.joined_donor;
+    return t.has_joined_donor;
   }
   *out = t.joined_shared;
   return t.has_joined_shared;

@@ -33,9 +33,10 @@ class TrainerState : public Context::Attachment {
   std::vector<char> shared;  // as last set here
   bool has_shared = false;
   // What the last join handed to this rank (a replacement): its own
-  // blob at C and the survivors' shared state, each when there was one.
-  std::vector<char> joined_rank, joined_shared;
-  bool has_joined_rank = false, has_joined_shared = false;
+  // blob at C and the survivors' shared state, each when there was one;
+  // in a regrow's joiner, the lowest survivor's own blob (the donor's).
+  std::vector<char> joined_rank, joined_shared, joined_donor;
+  bool has_joined_rank = false, has_joined_shared = false, has_joined_donor = false;
   // This rank's blob as last set, for optimizer `pending_for`'s step
   // `pending_step` (null: none set).
   const Optimizer* pending_for = nullptr;
@@ -63,8 +64,17 @@ void handed_rank_state(Context& ctx, std::vector<char> blob);
 void post_shared(Context& ctx, Store& store, const std::string& key);
 void receive_shared(Context& ctx, Store& store, const std::string& shared_key);
 
-// which 0: this rank's blob, 1: the shared state, as the last join handed
-// them over; false when it handed none.
+// In a regrow, for each optimizer: the lowest survivor posts its own blob
+// of `opt`'s step `step` (the one the regrow came in) when the trainer set
+// one, else a marker of none; a joiner keeps the one posted. A joiner has
+// no predecessor whose blob it could take: a trainer takes from it what a
+// rank takes from rank 0 at a checkpoint load (module buffers), never its
+// RNG. Both copy.
+void post_donor(Context& ctx, Store& store, const std::string& key, const Optimizer& opt, int64_t step);
+void receive_donor(Context& ctx, Store& store, const std::string& key);
+
+// which 0: this rank's blob, 1: the shared state, 2: the donor's blob, as
+// the last join handed them over; false when it handed none.
 bool joined_state(Context& ctx, int which, std::vector<char>* out);
 
 }  // namespace zs::heal

@@ -1133,8 +1133,13 @@ ZS_API zs_status zs_heal_shrink(int64_t* committed_step, zs_optimizer opt);
 ZS_API zs_status zs_heal_set_rank_state(zs_optimizer opt, const void* data, size_t size);
 ZS_API zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size_t size);
 /* What the last zs_heal_join handed this rank, a replacement: which
- * ZS_HEAL_RANK_STATE (its own blob as set before step C) or
- * ZS_HEAL_SHARED_STATE (the survivors' shared state). *size receives its
+ * ZS_HEAL_RANK_STATE (its own blob as set before step C),
+ * ZS_HEAL_SHARED_STATE (the survivors' shared state) or, in a rank that
+ * came back at a regrow (ZS_HEAL_JOIN=grow: no predecessor's blob),
+ * ZS_HEAL_DONOR_STATE (the lowest survivor's own blob of the step the
+ * regrow came in: what a checkpoint load would give every rank from rank
+ * 0, such as module buffers; not its RNG, which would repeat rank 0's
+ * draws). *size receives its
  * bytes and *found 1, or 0 and 0 when there was none (no committed step, a
  * trainer that set none, a survivor's context); up to capacity bytes are
  * copied to buffer (NULL with capacity 0 to ask the size). BUFFER_SIZE
@@ -1142,6 +1147,7 @@ ZS_API zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size
 typedef enum zs_heal_state_kind {
   ZS_HEAL_RANK_STATE = 0,
   ZS_HEAL_SHARED_STATE = 1,
+  ZS_HEAL_DONOR_STATE = 2,
   ZS_HEAL_STATE_KIND_ENUM_MIN_ = -0x7fffffff - 1, /* keep every int a valid value */
   ZS_HEAL_STATE_KIND_ENUM_MAX_ = 0x7fffffff
 } zs_heal_state_kind;

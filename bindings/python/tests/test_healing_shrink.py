@@ -109,6 +109,11 @@ def test_a_plain_loop_shrinks_in_memory_and_grows_back_as_the_checkpoint_route()
             assert len(got[r]) == 1, (r, out)
             assert (got[r][0]["digest"], got[r][0]["steps"], got[r][0]["lr"], got[r][0]["head"]) == \
                 (want[r][0]["digest"], want[r][0]["steps"], want[r][0]["lr"], want[r][0]["head"]), r
+        # BatchNorm's statistics: rank 1 came back with rank 0's of the regrow's
+        # step, as the route's checkpoint load gives it (rank 2, a survivor,
+        # kept its own, where the route's loads gave it rank 0's).
+        for r in (0, 1):
+            assert got[r][0]["buffers"] == want[r][0]["buffers"], (r, "BatchNorm's statistics")
         assert [l["sha256"] for l in of(logs, "params")[0]] == [l["sha256"] for l in of(ref[2], "params")[0]], out
 
 

@@ -420,6 +420,7 @@ zs_status zs_heal_set_shared_state(zs_context ctx, const void* data, size_t size
 typedef enum zs_heal_state_kind {
   ZS_HEAL_RANK_STATE = 0,
   ZS_HEAL_SHARED_STATE = 1,
+  ZS_HEAL_DONOR_STATE = 2,
   ZS_HEAL_STATE_KIND_ENUM_MIN_ = -2147483648,
   ZS_HEAL_STATE_KIND_ENUM_MAX_ = 2147483647
 } zs_heal_state_kind;

@@ -337,11 +337,14 @@ class Context:
 
     def heal_joined_state(self, which):
         """What the last join handed this rank, a replacement: which "rank"
-        (its own blob, as set before step C) or "shared" (the survivors'
-        shared state); bytes, or None when there was none."""
-        kinds = {"rank": lib.ZS_HEAL_RANK_STATE, "shared": lib.ZS_HEAL_SHARED_STATE}
+        (its own blob, as set before step C), "shared" (the survivors'
+        shared state) or "donor" (in a rank that came back at a regrow:
+        the lowest survivor's own blob); bytes, or None when there was
+        none."""
+        kinds = {"rank": lib.ZS_HEAL_RANK_STATE, "shared": lib.ZS_HEAL_SHARED_STATE,
+                 "donor": lib.ZS_HEAL_DONOR_STATE}
         if which not in kinds:
-            raise ValueError(f"heal_joined_state: which {which!r}: expected 'rank' or 'shared'")
+            raise ValueError(f"heal_joined_state: which {which!r}: expected 'rank', 'shared' or 'donor'")
         size = ffi.new("size_t*")
         found = ffi.new("int*")
         check(lib.zs_heal_joined_state(size, found, self._h, kinds[which], ffi.NULL, 0))

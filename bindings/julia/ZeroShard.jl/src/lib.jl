@@ -554,6 +554,7 @@ zs_heal_set_shared_state(ctx, data, size) =
 const zs_heal_state_kind = Cint
 const ZS_HEAL_RANK_STATE = Cint(0)
 const ZS_HEAL_SHARED_STATE = Cint(1)
+const ZS_HEAL_DONOR_STATE = Cint(2)
 zs_heal_joined_state(size, found, ctx, which, buffer, capacity) =
     ccall((:zs_heal_joined_state, libzeroshard), zs_status,
           (Ref{Csize_t}, Ref{Cint}, zs_context, zs_heal_state_kind, Ptr{Cvoid}, Csize_t), size, found, ctx, which,

@@ -94,6 +94,20 @@ def joined_rank_state(ctx):
     return heal_state.loads(blob) if blob is not None else None
 
 
+def take_donors_buffers(ctx):
+    """In a rank that came back at a regrow (ZS_HEAL_JOIN=grow), which has
+    no predecessor's blob: the module buffers (BatchNorm's statistics) of
+    the lowest survivor as the step the regrow came in left them, as a
+    checkpoint load gives every rank rank 0's; before, it went on with the
+    values it was built with. Its RNG stays its own (the donor's would
+    repeat the donor's draws). Returns whether there were any."""
+    blob = ctx.heal_joined_state("donor")
+    if blob is None:
+        return False
+    heal_buffers.restore(heal_state.loads(blob)["local"]["buffers"])
+    return True
+
+
 class running:
     """While a trainer that heals runs (a `with` block): each optimizer step
     sets this rank's blob, with `extras()` in it (None: the RNG alone)."""
@@ -364,6 +378,8 @@ def _healing_loop(loader, train_step, after_step, shared, optimizer):
         blob = joined_rank_state(ctx)
         if blob is not None:
             heal_state.set_local_state(blob["local"])
+        else:
+            take_donors_buffers(ctx)  # a rank that came back: nothing runs before its next batch
         data = ctx.heal_joined_state("shared")
         if data is not None:
             state = heal_state.loads(data)

@@ -136,6 +136,7 @@ c_enum!(zs_memory_phase {
 c_enum!(zs_heal_state_kind {
     ZS_HEAL_RANK_STATE = 0,
     ZS_HEAL_SHARED_STATE = 1,
+    ZS_HEAL_DONOR_STATE = 2,
     ZS_HEAL_STATE_KIND_ENUM_MIN_ = i32::MIN,
     ZS_HEAL_STATE_KIND_ENUM_MAX_ = i32::MAX,
 });

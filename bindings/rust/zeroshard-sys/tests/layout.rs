@@ -163,6 +163,7 @@ fn rust_view() -> (Vec<StructLayout>, BTreeMap<String, (i64, usize)>) {
         ZS_PHASE_ENUM_MAX_,
         ZS_HEAL_RANK_STATE,
         ZS_HEAL_SHARED_STATE,
+        ZS_HEAL_DONOR_STATE,
         ZS_HEAL_STATE_KIND_ENUM_MIN_,
         ZS_HEAL_STATE_KIND_ENUM_MAX_,
         ZS_COPY_GRAD_INTO_BUCKET,
