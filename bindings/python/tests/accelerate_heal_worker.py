@@ -120,7 +120,8 @@ def main():
                 live = list(ctx.live_ranks)
                 note(event="step", step=step, loss=loss.item(), lr=sched.get_last_lr()[0], epoch=epoch,
                      completed=completed, batch=x.sum().item(), live=live,
-                     processes=[accelerator.process_index, accelerator.num_processes], t=time.time())
+                     processes=[accelerator.process_index, accelerator.num_processes],
+                     norm_batches=int(accelerator.unwrap_model(model).norm.num_batches_tracked), t=time.time())
                 if mark and len(live) < ctx.world_size and step % len(loader) == len(loader) - 2:
                     until = time.time() + 60
                     while not os.path.exists(mark) and time.time() < until:

@@ -341,6 +341,12 @@ def test_an_accelerate_script_shrinks_in_memory_and_grows_back():
         assert "zeroshard.hf.Accelerator: rank 1 joined at step 5: it goes on at epoch 0, batch 5" in out, out
         came_back = [l for l in logs[1] if l["pid"] != logs[1][0]["pid"]]
         assert [l["step"] for l in came_back if l["event"] == "step"] == list(range(5, total)), came_back
+        # BatchNorm's batch count: one forward a step on every rank, the
+        # redone step's once; the rank that came back took the lowest
+        # survivor's statistics, its count with them, over what its hollow
+        # catching up wrote (its own count would be 1 at step 5).
+        for r, ls in steps.items():
+            assert all(l["norm_batches"] == l["step"] + 1 for l in ls), (r, [(l["step"], l["norm_batches"]) for l in ls])
         for l in came_back:
             if l["event"] == "step":  # its own share, from where the survivors were
                 want = ref_steps[1][l["step"]]

@@ -134,6 +134,7 @@ class Healing:
         # A replacement: where the survivors are, until its loader gets there.
         self.resume = None
         self.joined_state = None
+        self.from_donor = False  # a rank that came back at a regrow takes the lowest survivor's buffers
         self.window_state = None  # what the open window registered (a regrow's registration replaces it)
         # The world may shrink and grow back (healing.min_ranks): fixed for
         # the context, read once rather than from its config every step.
@@ -174,6 +175,7 @@ class Healing:
         self.joined_state = state
         self.resume = {"epoch": state["epoch"], "index": state["index"], "generator": state["generator"],
                        "local": blob["local"] if blob is not None else None}
+        self.from_donor = blob is None  # a rank that came back at a regrow: no predecessor's blob
         print(f"{WHO}: rank {ctx.rank} joined at step {committed}: it goes on at epoch {state['epoch']}, "
               f"batch {state['index']}", file=sys.stderr, flush=True)
 
@@ -187,6 +189,9 @@ class Healing:
         state, self.joined_state = self.joined_state, None
         if state is None:
             return
+        if self.from_donor:  # over what its hollow forwards wrote in them
+            self.from_donor = False
+            heal.take_donors_buffers(_context.get_context())
         heal.load_param_groups(state["param_groups"], WHO)
         schedulers, saved = self.accelerator._schedulers, state["schedulers"]
         if len(schedulers) != len(saved):
