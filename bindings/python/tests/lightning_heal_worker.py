@@ -129,7 +129,7 @@ class Notes(pl.Callback):
         live = zt.get_context().live_ranks
         self.note(event="step", step=trainer.global_step - 1, epoch=trainer.current_epoch, batch=idx,
                   loss=None if loss is None else loss.item(), lr=trainer.optimizers[0].param_groups[0]["lr"],
-                  live=live, t=time.time())
+                  live=live, norm_batches=int(module.net.norm.num_batches_tracked), t=time.time())
         if len(live) < int(os.environ["WORLD_SIZE"]):
             time.sleep(float(os.environ.get("ZS_TEST_SHRUNK_PAUSE_S", "0")))  # for a rank left out to come back
 

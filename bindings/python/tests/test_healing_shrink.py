@@ -275,6 +275,11 @@ def test_a_lightning_fit_shrinks_in_memory_and_grows_back(optimizers):
             assert len(end) == 1 and end[0]["steps"] == LIGHTNING_STEPS, (r, end)
             if k == 2:
                 assert end[0]["head_digest"][1] == LIGHTNING_STEPS, (r, end)
+            # BatchNorm's batch count: one forward a batch, the redone one's
+            # once; the rank that came back took the lowest survivor's
+            # statistics with their count (its own would start at 0).
+            counts = [(l["step"], l["norm_batches"]) for l in logs[r] if l["event"] == "step"]
+            assert all(n * k == s + 1 for s, n in counts), (r, counts)
         vals = {}
         for r, ls in logs.items():
             for l in ls:

@@ -419,6 +419,8 @@ class Healing:
             heal_state.set_local_state(blob["local"])  # as its predecessor's where it left
             self.carried = (blob.get("extra") or {})["results"]
             _carry_epoch_results(trainer, self.carried)
+        else:  # a rank that came back at a regrow; a manual window's hollow part puts them back after it
+            heal.take_donors_buffers(zt.get_context())
         if phase == "val":
             heal_dist.answering_locally(False)
             # The shared state said its first batch started (Lightning's
