@@ -37,7 +37,9 @@ $ZS_TEST_ITERABLE=1: the tokens as an IterableDataset, whose batches
 Accelerate dispatches from rank 0 (a Trainer that does not heal).
 $ZS_TEST_LOGGING_STEPS: the Trainer's logging_steps (5). $ZS_TEST_SHRUNK_PAUSE_S:
 after each step taken on fewer ranks than were
-started (a shrink, under zsrun --shrink), sleep that long. Only a rank's first process
+started (a shrink, under zsrun --shrink), sleep that long. $ZS_TEST_COUNT_FORWARDS=1:
+the model has a persistent buffer counting its training forwards (as
+BatchNorm's batch count), logged at each step. Only a rank's first process
 kills itself. What differs from a user's script is only that, and what it
 writes for the test: each process appends JSON lines to OUT.<rank> (its
 steps with times; at the end its optimizer state's hash and step count,
@@ -235,7 +237,8 @@ def main():
 
         def on_step_end(self, args, state, control, **kw):
             live = zt.get_context().live_ranks
-            note(event="step", step=state.global_step, live=live)
+            note(event="step", step=state.global_step, live=live,
+                 **({"forwards": int(trainer.model.forwards)} if counting else {}))
             if len(live) < world:
                 time.sleep(shrunk_pause)  # time for a rank left out to come back
             self.evaluated = 0
@@ -248,6 +251,14 @@ def main():
                 die(state.global_step, "eval")
 
     shrunk_pause = float(os.environ.get("ZS_TEST_SHRUNK_PAUSE_S", "0"))
+    counting = os.environ.get("ZS_TEST_COUNT_FORWARDS") == "1"
+    if counting:  # a buffer training writes, as BatchNorm's batch count: one a training forward
+        model.register_buffer("forwards", torch.zeros((), dtype=torch.long))
+
+        def count_forward(module, _):
+            if module.training:
+                module.forwards.add_(1)
+        model.register_forward_pre_hook(count_forward)
     scaffold = Scaffold()
     held_out = Tokens(4 * 2 * world, seed=1) if eval_steps else None  # 4 batches a rank
     trainer = trainer_class(model=model, args=args, train_dataset=data, eval_dataset=held_out,

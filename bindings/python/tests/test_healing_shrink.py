@@ -193,7 +193,7 @@ def hf_launch(d, flags, *kills):
     logging every step) on 3 ranks."""
     os.makedirs(d)
     code, out = launch(3, "hf_heal_worker.py", [f"{d}/log", HF_STEPS, *kills], flags, cwd=d,
-                       ZS_TEST_LOGGING_STEPS="1", ZS_TEST_SHRUNK_PAUSE_S="0.5")
+                       ZS_TEST_LOGGING_STEPS="1", ZS_TEST_SHRUNK_PAUSE_S="0.5", ZS_TEST_COUNT_FORWARDS="1")
     return code, out, read_logs(f"{d}/log")
 
 
@@ -222,6 +222,11 @@ def test_an_hf_trainer_script_shrinks_in_memory_and_grows_back():
         for r in range(3):
             end = [l for l in logs[r] if l["event"] == "end"]
             assert len(end) == 1 and end[0]["global_step"] == HF_STEPS and end[0]["steps"] == HF_STEPS, (r, end)
+            # A buffer counting the model's training forwards (as BatchNorm's
+            # batch count): two a step, the redone step's once; the rank that
+            # came back took the lowest survivor's (its own would start at 0).
+            counts = [(l["step"], l["forwards"]) for l in logs[r] if l["event"] == "step"]
+            assert all(n == 2 * s for s, n in counts), (r, counts)
         history = [l for l in logs[0] if l["event"] == "params"][0]["log_history"]
         want = {h["step"]: h["loss"] for l in ref[0] if l["event"] == "params" for h in l["log_history"]
                 if "loss" in h}

@@ -622,6 +622,8 @@ class HealingTrainerMixin:
         # DataLoader); HF's _load_rng_state then sets what it left.
         if blob is not None:
             heal_state.set_local_state(blob["local"])
+        else:  # a rank that came back at a regrow
+            heal.take_donors_buffers(zt.get_context())
         extra = (blob or {}).get("extra") or {}
         # The blob is of step C's optimizer step; its logging (which empties
         # the summed loss) and its store_flos (a logging's or a save's, which
