@@ -7,9 +7,12 @@ recompilation after the first step (compile_worker.py); fullgraph blocks on
 2 ranks; a block compiled before partitioning is one gather unit.
 torch.compile spends tens of seconds per graph on 2 cores: the models are
 tiny, each launch compiles each once, and the 2-rank modes share a launch."""
+import json
+import subprocess
+
 import pytest
 
-from launch_env import once, worker_result
+from launch_env import once, ranks_env, worker_result, zsrun
 
 torch = pytest.importorskip("torch")
 
@@ -59,3 +62,21 @@ def test_fullgraph_block_forward_trains_as_eager():
     r = run(2, "param_type,fullgraph")["fullgraph"]
     close(r["eager"], r["fullgraph"])
     assert r["recompiles"] == [0] * 5, r
+
+
+def test_a_compile_that_loads_dynamo_after_zeroshard_traces_as_one_that_loaded_it_before():
+    """zeroshard.torch does not import torch._dynamo (a second of every
+    rank's start, a replacement's too): its hooks' compile-off wrappers
+    bind when torch.compile loads it. A partitioned model compiled so
+    (compile_import_worker.py) gives the same losses and the same counts of
+    frames, graphs and graph breaks as with dynamo loaded first, where the
+    hooks are torch.compiler.disable'd at once. (With the wrappers' frames
+    not skipped: 16 frames and 13 breaks, not 7 and 5.)"""
+    runs = {}
+    for when in ("first", "later"):
+        out = subprocess.run(zsrun(1, "compile_import_worker.py", when), env=ranks_env(), capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[when] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["first"] == runs["later"], runs
+    assert runs["later"]["graphs"] > 0 and runs["later"]["frames"]["total"] > 0, runs
