@@ -1,7 +1,7 @@
 """A partitioned model compiled with torch._dynamo imported before
 zeroshard.torch (argv[1] "first", as compile_worker.py does) or only when
-torch.compile loads it ("later": zeroshard.torch itself does not, a second
-of every rank's start): each step's loss and dynamo's counts of frames,
+torch.compile loads it ("later": zeroshard.torch itself does not, 0.6-0.7 s
+of CPU at every rank's start): each step's loss and dynamo's counts of frames,
 graphs and graph breaks as one JSON line, which test_torch_compile.py
 compares between the two."""
 import json
