@@ -6,6 +6,26 @@
 
 namespace zs::heal {
 
+namespace {
+
+// A state as the store carries it: a marker byte first ('1': there is
+// one, '0': none), since an empty state is a state.
+std::vector<char> marked(bool there, const std::vector<char>* bytes) {
+  std::vector<char> value(1 + (there ? bytes->size() : 0));
+  value[0] = there ? '1' : '0';
+  if (there && !bytes->empty()) std::memcpy(value.data() + 1, bytes->data(), bytes->size());
+  return value;
+}
+
+// marked()'s bytes into *out (emptied when there are none); whether there
+// were.
+bool unmarked(const std::vector<char>& value, std::vector<char>* out) {
+  out->assign(value.begin() + (value.empty() ? 0 : 1), value.end());
+  return !value.empty() && value[0] == '1';
+}
+
+}  // namespace
+
 void set_rank_state(Context& ctx, Optimizer& opt, const void* data, size_t size) {
   if (!ctx.heals())
     fail(Code::InvalidState, "zs_heal_set_rank_state needs zeroshard.healing.peer_copy on, with heartbeats");
@@ -63,35 +83,27 @@ void set_shared_state(Context& ctx, const void* data, size_t size) {
 void post_shared(Context& ctx, Store& store, const std::string& key) {
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::lock_guard<std::mutex> held(t.mu);
-  // A marker byte first: an empty state is a state.
-  std::vector<char> value(1 + t.shared.size());
-  value[0] = t.has_shared ? '1' : '0';
-  if (!t.shared.empty()) std::memcpy(value.data() + 1, t.shared.data(), t.shared.size());
-  store.set(key, value);
+  store.set(key, marked(t.has_shared, &t.shared));
 }
 
 void receive_shared(Context& ctx, Store& store, const std::string& shared_key) {
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::vector<char> shared = store.get(shared_key);
   const std::lock_guard<std::mutex> held(t.mu);
-  t.has_joined_shared = !shared.empty() && shared[0] == '1';
-  t.joined_shared.assign(shared.begin() + (shared.empty() ? 0 : 1), shared.end());
+  t.has_joined_shared = unmarked(shared, &t.joined_shared);
 }
 
 void post_donor(Context& ctx, Store& store, const std::string& key, const Optimizer& opt, int64_t step) {
   const auto blob = rank_state_for(ctx, opt, step);
-  std::vector<char> value(1 + (blob ? blob->size() : 0));
-  value[0] = blob ? '1' : '0';
-  if (blob && !blob->empty()) std::memcpy(value.data() + 1, blob->data(), blob->size());
-  store.set(key, value);
+  store.set(key, marked(blob != nullptr, blob.get()));
 }
 
 void receive_donor(Context& ctx, Store& store, const std::string& key) {
-  const std::vector<char> donor = store.get(key);
-  if (donor.empty() || donor[0] != '1') return;
+  std::vector<char> donor;
+  if (!unmarked(store.get(key), &donor)) return;  // another optimizer's key carries it
   TrainerState& t = ctx.attachment<TrainerState>();
   const std::lock_guard<std::mutex> held(t.mu);
-  t.joined_donor.assign(donor.begin() + 1, donor.end());
+  t.joined_donor = std::move(donor);
   t.has_joined_donor = true;
 }
 
