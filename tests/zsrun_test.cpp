@@ -606,6 +606,8 @@ TEST(Zsrun, BadUsageExitsTwoNamingTheValue) {
       {{"-n", "2", "--spare", "--", "python3", "train.py"}, "--spare takes a lost rank's place"},
       {{"-n", "2", "--restarts", "1", "--no-heal", "--spare", "--", "python3", "train.py"}, "without --no-heal"},
       {{"-n", "2", "--restarts", "1", "--spare", "--", "true"}, "'true' is not a Python interpreter"},
+      {{"-n", "2", "--warm-start", "--", "true", "x.py"}, "it needs the command `python SCRIPT [ARGS...]`"},
+      {{"-n", "2", "--warm-start", "--", "python3", "-u", "x.py"}, "(no interpreter options), got 'python3 -u'"},
   };
   for (const Case& c : cases) {
     std::string joined;

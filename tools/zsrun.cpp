@@ -69,6 +69,15 @@
 // the others take it back at a step boundary and the job grows back by it;
 // if they finished first it exits with ZS_EXIT_NOT_TAKEN, no failure.
 //
+// Warm start (--warm-start, a command `python SCRIPT ARGS`): each attempt
+// starts one `python -m zeroshard.warm_start SCRIPT ARGS`, which imports the
+// script's modules once, and every rank and replacement of the attempt is
+// forked from it instead of executed (tools/warm_start.h): seconds of
+// imports per process (torch, transformers) paid once. The fork is handed
+// to zsrun (a child subreaper), which reaps it, signals its group and
+// relays its output as a rank it executed. Should the interpreter refuse
+// or die, zsrun says so once and executes the ranks from then on.
+//
 // Exit status: that of the first rank that failed (128+signal for a signal
 // death), 124 on --timeout-s, 128+signal when zsrun itself was signalled and
 // every rank still exited 0, 2 on bad usage, 1 on an internal error.
@@ -100,6 +109,7 @@
 #include <vector>
 
 #include "free_port.h"
+#include "warm_start.h"
 #include "zeroshard/zeroshard.h"
 
 extern char** environ;
@@ -232,6 +242,7 @@ struct Options {
   double regrow_after_s = -1;     // --regrow-after: with --shrink, start a lost rank again this long after
   bool no_heal = false;  // --no-heal
   bool spare = false;    // --spare
+  bool warm_start = false;  // --warm-start
   bool prefix = true;
   std::vector<char*> command;  // argv of the ranks, null-terminated
 };
@@ -277,6 +288,10 @@ const char kUsage[] =
     "  --spare                  healing a Python command: keep one process warm,\n"
     "                           its modules imported (python -m zeroshard.spare),\n"
     "                           to take a lost rank's place\n"
+    "  --warm-start             a command `python SCRIPT ARGS`: import SCRIPT's\n"
+    "                           modules once (python -m zeroshard.warm_start)\n"
+    "                           and fork every rank and replacement from that\n"
+    "                           process instead of starting each afresh\n"
     "  --no-prefix              pass output through without '[rank K] '\n"
     "  -h, --help               show this help\n"
     "\n"
@@ -394,6 +409,8 @@ Options parse_args(int argc, char** argv) {
       opt.no_heal = true;
     } else if (arg == "--spare") {
       opt.spare = true;
+    } else if (arg == "--warm-start") {
+      opt.warm_start = true;
     } else if (arg == "--no-prefix") {
       opt.prefix = false;
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -434,6 +451,17 @@ Options parse_args(int argc, char** argv) {
     if (base.rfind("python", 0) != 0)
       usage_error("--spare warms a Python command (python -m zeroshard.spare SCRIPT ...): '%s' is not a "
                   "Python interpreter", exe.c_str());
+  }
+  if (opt.warm_start) {
+#ifndef PR_SET_CHILD_SUBREAPER
+    usage_error("--warm-start needs Linux (a child subreaper adopts the forked ranks)");
+#endif
+    const std::string exe = opt.command[0];
+    const std::string base = exe.substr(exe.find_last_of('/') + 1);
+    if (base.rfind("python", 0) != 0 || opt.command.size() < 3 || opt.command[1][0] == '-')
+      usage_error("--warm-start forks the ranks from one Python that imported SCRIPT's modules: it needs the "
+                  "command `python SCRIPT [ARGS...]` (no interpreter options), got '%s%s%s'", exe.c_str(),
+                  opt.command.size() > 2 ? " " : "", opt.command.size() > 2 ? opt.command[1] : "");
   }
   return opt;
 }
@@ -523,20 +551,30 @@ class Launcher {
   void start_store(const std::vector<std::string>& env);
   void reset_child(pid_t launcher) const;
   void stop_store();
-  // argv: the command's own unless given; stdin_write: a pipe for the
-  // child's stdin, whose write end is left there.
+  // argv: the command's own unless given (then forked from the warm
+  // start's interpreter while there is one); stdin_write: a pipe for the
+  // child's stdin, whose write end is left there; pass_fd: a descriptor the
+  // child keeps across exec.
   bool spawn(Rank& r, const std::vector<std::string>& env, const std::vector<char*>* argv = nullptr,
-             int* stdin_write = nullptr);
+             int* stdin_write = nullptr, int pass_fd = -1);
+  // --warm-start: the interpreter the ranks fork from (tools/warm_start.h).
+  void start_warm();
+  // The rank r forked with env and these descriptors: its pid, or -1 after
+  // warm_off (the caller executes it instead).
+  pid_t fork_warm(Rank& r, const std::vector<std::string>& env, const int fds[3]);
+  void warm_off(const std::string& why);  // says why, once; ranks are executed from then on
+  void end_warm();
   // --spare: a process of the command, its modules imported, blocked until
   // it is told which lost rank it replaces (docs/healing.md, step 7).
   void start_spare();
   bool adopt_spare(Rank& r);  // false when there is no live spare to take r's place
   void end_spare();
-  // The ranks and the spare: whose output is relayed.
+  // The ranks, the spare and the warm start's interpreter: whose output is relayed.
   std::vector<Rank*> all_processes() {
     std::vector<Rank*> all;
     for (Rank& r : ranks_) all.push_back(&r);
     all.push_back(&spare_);
+    all.push_back(&warm_);
     return all;
   }
   std::vector<std::string> base_environment();
@@ -562,6 +600,8 @@ class Launcher {
   long dropped_ = 0;    // --shrink: ranks lost and not started again
   Rank spare_;          // --spare: pid -1 when there is none
   int spare_in_ = -1;   // write end of the spare's stdin, where its assignment goes
+  Rank warm_;           // --warm-start: its interpreter, pid -1 when there is none
+  int warm_sock_ = -1;  // zsrun's end of the socket to it; -1 once ranks are executed
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
   std::string store_path_;
   bool external_store_ = false;
@@ -781,6 +821,7 @@ bool Launcher::spawn_all() {
   external_store_ = heals() && nranks_ > 1 && find_store();
   base_env_ = base_environment();
   if (external_store_) start_store(base_env_);
+  if (opt_.warm_start) start_warm();
   const std::vector<std::string>& base = base_env_;
   ranks_.resize(static_cast<size_t>(nranks_));
   for (size_t k = 0; k < ranks_.size(); ++k) {
@@ -796,6 +837,89 @@ bool Launcher::spawn_all() {
   }
   if (opt_.spare && heals()) start_spare();
   return true;
+}
+
+void Launcher::start_warm() {
+  warm_ = Rank{};
+  warm_.index = -2;
+  warm_.prefix = "[warm start] ";
+  warm_.out.dest = STDOUT_FILENO;
+  warm_.err.dest = STDERR_FILENO;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+    warm_.pid = -1;
+    warm_.reaped = warm_.group_gone = true;
+    warm_off(std::string("cannot create its socket: ") + strerror(errno));
+    return;
+  }
+  std::vector<std::string> env = base_env_;  // no RANK: each fork gets its own environment
+  env.push_back("ZS_WARM_START_FD=" + std::to_string(sv[1]));
+  std::vector<char*> argv = {opt_.command[0], const_cast<char*>("-m"), const_cast<char*>("zeroshard.warm_start")};
+  argv.insert(argv.end(), opt_.command.begin() + 1, opt_.command.end());  // the null included
+  const bool ok = spawn(warm_, env, &argv, nullptr, sv[1]);
+  close(sv[1]);
+  warm_sock_ = sv[0];
+  if (!ok) {
+    warm_.pid = -1;
+    warm_.reaped = warm_.group_gone = true;
+    warm_off("its interpreter did not start");
+  }
+}
+
+pid_t Launcher::fork_warm(Rank& r, const std::vector<std::string>& env, const int fds[3]) {
+  std::string why;
+  if (!zs::warm::send_request(warm_sock_, env, fds, &why)) {
+    warm_off(why);
+    return -1;
+  }
+  // The first answer waits for the imports: relay the interpreter's output
+  // meanwhile, or a full pipe would stall it.
+  for (;;) {
+    pollfd fds_[3] = {{warm_sock_, POLLIN, 0}, {warm_.out.fd, POLLIN, 0}, {warm_.err.fd, POLLIN, 0}};
+    if (poll(fds_, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      warm_off(std::string("poll: ") + strerror(errno));
+      return -1;
+    }
+    if (fds_[1].revents) pump(warm_.out, warm_.prefix, 1);
+    if (fds_[2].revents) pump(warm_.err, warm_.prefix, 1);
+    if (fds_[0].revents == 0) continue;
+    char answer[512];
+    ssize_t n;
+    do {
+      n = recv(warm_sock_, answer, sizeof answer - 1, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      warm_off(n == 0 || errno == ECONNRESET ? "its interpreter exited before it forked rank " + std::to_string(r.index) +
+                            " (its output above says why)"
+                      : std::string("cannot read its answer: ") + strerror(errno));
+      return -1;
+    }
+    answer[n] = '\0';
+    const pid_t pid = zs::warm::parse_answer(answer, &why);
+    if (pid < 0) warm_off("it could not fork rank " + std::to_string(r.index) + ": " + why);
+    return pid;
+  }
+}
+
+void Launcher::warm_off(const std::string& why) {
+  if (warm_sock_ >= 0) {
+    close(warm_sock_);
+    warm_sock_ = -1;
+  }
+  errorf("--warm-start is off for this attempt (%s): the ranks are started afresh", why.c_str());
+  end_warm();
+}
+
+// Its socket closed, the interpreter reads EOF and exits; its group is
+// signalled too, in case it is still importing.
+void Launcher::end_warm() {
+  if (warm_sock_ >= 0) {
+    close(warm_sock_);
+    warm_sock_ = -1;
+  }
+  if (warm_.pid > 0 && !warm_.group_gone && kill(-warm_.pid, SIGKILL) < 0 && errno == ESRCH)
+    warm_.group_gone = true;
 }
 
 void Launcher::start_spare() {
@@ -933,7 +1057,7 @@ bool Launcher::respawn(Rank& r) {
 }
 
 bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::vector<char*>* argv,
-                     int* stdin_write) {
+                     int* stdin_write, int pass_fd) {
   char* const* args = argv ? argv->data() : opt_.command.data();
   int in[2] = {-1, -1};
   if (stdin_write && (pipe(in) < 0 || !set_flags(in[0], true, false) || !set_flags(in[1], true, false))) {
@@ -965,6 +1089,25 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::ve
   // (a file, a pipe) is passed through.
   bool null_stdin = isatty(STDIN_FILENO);
 
+  if (!argv && warm_sock_ >= 0) {
+    const int devnull = null_stdin ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
+    const int fds[3] = {devnull >= 0 ? devnull : STDIN_FILENO, opt_.prefix ? out[1] : STDOUT_FILENO,
+                        opt_.prefix ? err[1] : STDERR_FILENO};
+    const pid_t pid = fork_warm(r, env, fds);
+    if (devnull >= 0) close(devnull);
+    if (pid > 0) {
+      r.pid = pid;  // zsrun's child now, in a process group of its own
+      if (opt_.prefix) {
+        close(out[1]);
+        close(err[1]);
+        r.out.fd = out[0];
+        r.err.fd = err[0];
+      }
+      return true;
+    }
+    // warm_off said why: executed below.
+  }
+
   // Signals stay blocked across fork so the child cannot run our handler
   // (which writes into zsrun's self-pipe) before it resets the dispositions.
   const pid_t launcher = getpid();
@@ -978,6 +1121,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::ve
   }
   if (pid == 0) {
     reset_child(launcher);
+    if (pass_fd >= 0) fcntl(pass_fd, F_SETFD, 0);  // its close-on-exec cleared in the child only
     if (opt_.prefix) {
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
@@ -1081,6 +1225,15 @@ void Launcher::reap() {
         if (first_failure_code_ < 0) first_failure_code_ = kExitInternal;
         start_termination();
       }
+      continue;
+    }
+    if (pid == warm_.pid && !warm_.reaped) {
+      warm_.reaped = true;
+      pump(warm_.out, warm_.prefix, 64);
+      pump(warm_.err, warm_.prefix, 64);
+      if (warm_sock_ >= 0 && !terminating_)
+        warm_off(std::string("its interpreter exited (") + (WIFSIGNALED(status) ? "signal " : "status ") +
+                 std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)) + ")");
       continue;
     }
     if (pid == spare_.pid && !spare_.reaped) {
@@ -1193,8 +1346,9 @@ void Launcher::on_exit(Rank& r, int status) {
 // Signals the process group of every rank whose group may still have
 // members; skipping empty groups avoids hitting a recycled process id.
 void Launcher::signal_groups(int sig) {
-  if (spare_.pid > 0 && !spare_.group_gone && kill(-spare_.pid, sig) < 0 && errno == ESRCH && spare_.reaped)
-    spare_.group_gone = true;
+  for (Rank* helper : {&spare_, &warm_})
+    if (helper->pid > 0 && !helper->group_gone && kill(-helper->pid, sig) < 0 && errno == ESRCH && helper->reaped)
+      helper->group_gone = true;
   for (Rank& r : ranks_) {
     if (r.pid <= 0 || r.group_gone) continue;
     if (kill(-r.pid, sig) < 0 && errno == ESRCH) {
@@ -1229,10 +1383,11 @@ bool Launcher::all_reaped() const {
 // ranks' groups or hold their pipes open.
 bool Launcher::leftovers() {
   bool any = false;
-  if (spare_.pid > 0) {
-    if (spare_.out.fd >= 0 || spare_.err.fd >= 0 || !spare_.reaped) any = true;
-    if (!spare_.group_gone) {
-      if (kill(-spare_.pid, 0) < 0 && errno == ESRCH) spare_.group_gone = true;
+  for (Rank* helper : {&spare_, &warm_}) {
+    if (helper->pid <= 0) continue;
+    if (helper->out.fd >= 0 || helper->err.fd >= 0 || !helper->reaped) any = true;
+    if (!helper->group_gone) {
+      if (kill(-helper->pid, 0) < 0 && errno == ESRCH) helper->group_gone = true;
       else any = true;
     }
   }
@@ -1334,6 +1489,7 @@ int Launcher::run() {
         all_reaped_seen_ = true;
         all_reaped_at_ = now;
         end_spare();  // nothing left for it to replace
+        end_warm();   // nor to fork
       }
       if (!leftovers()) break;
       // Background processes of finished ranks: let them flush, then end them.
@@ -1346,8 +1502,10 @@ int Launcher::run() {
           close_stream(r.out, r.prefix);
           close_stream(r.err, r.prefix);
         }
-        close_stream(spare_.out, spare_.prefix);
-        close_stream(spare_.err, spare_.prefix);
+        for (Rank* helper : {&spare_, &warm_}) {
+          close_stream(helper->out, helper->prefix);
+          close_stream(helper->err, helper->prefix);
+        }
         break;
       }
     }

@@ -71,13 +71,20 @@ def main(argv):
         return  # the job ended before a rank was lost
     os.environ.update(env)
     os.environ.pop("ZS_HEAL_SPARE", None)
+    run_as_rank(argv)
+
+
+def run_as_rank(argv):
+    """Runs SCRIPT (argv[0]) as `python SCRIPT ARGS` would, in a process
+    that imported its modules before it had a rank's environment: what
+    those imports would have done with one is done now."""
     if "zeroshard.hf" in sys.modules:
         # Its import routed nothing (no rank then): a replacement's
         # torch.distributed init goes over the engine (torch/heal_dist.py).
         from zeroshard.torch import heal_dist
         heal_dist.route_replacement_init()
     sys.argv = [argv[0]] + argv[1:]
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
 
 
 if __name__ == "__main__":
