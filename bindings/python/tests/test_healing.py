@@ -42,7 +42,10 @@ def launch(n, *kills, restarts=2, spare=False, worker="heal_worker.py", steps=ST
     with tempfile.TemporaryDirectory(prefix="zs_heal_") as d:
         out = os.path.join(d, "log")
         flags = ["--restarts", str(restarts)] if restarts else []  # none: no ZS_HEAL, no peer copies
-        flags += ["--spare"] if spare else []
+        # Forked from one interpreter that imported the worker's modules
+        # (docs/launching.md), its replacements too, unless a spare takes
+        # their place: those worlds start each rank afresh, as without it.
+        flags += ["--spare"] if spare else ["--warm-start"]
         cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable,
                str(HERE / worker), out, str(steps), *kills]
         proc = subprocess.run(cmd, env=ranks_env(**{**ENV, **(env or {})}), capture_output=True, text=True, timeout=240,
