@@ -822,6 +822,9 @@ bool Launcher::spawn_all() {
   base_env_ = base_environment();
   if (external_store_) start_store(base_env_);
   if (opt_.warm_start) start_warm();
+  // The spare first: its imports overlap the warm start's, which the first
+  // rank's fork waits for.
+  if (opt_.spare && heals()) start_spare();
   const std::vector<std::string>& base = base_env_;
   ranks_.resize(static_cast<size_t>(nranks_));
   for (size_t k = 0; k < ranks_.size(); ++k) {
@@ -835,7 +838,6 @@ bool Launcher::spawn_all() {
       env.push_back(std::string(key) + "=" + std::to_string(k));
     if (!spawn(r, env)) return false;
   }
-  if (opt_.spare && heals()) start_spare();
   return true;
 }
 
@@ -873,14 +875,29 @@ pid_t Launcher::fork_warm(Rank& r, const std::vector<std::string>& env, const in
     return -1;
   }
   // The first answer waits for the imports: relay the interpreter's output
-  // meanwhile, or a full pipe would stall it.
+  // meanwhile, or a full pipe would stall it. Signals are blocked while
+  // spawning: one that is pending, or --timeout-s passing, ends the wait
+  // (the ranks are executed, and the loop then acts on it).
   for (;;) {
     pollfd fds_[3] = {{warm_sock_, POLLIN, 0}, {warm_.out.fd, POLLIN, 0}, {warm_.err.fd, POLLIN, 0}};
-    if (poll(fds_, 3, -1) < 0) {
-      if (errno == EINTR) continue;
+    const int ready = poll(fds_, 3, 200);
+    if (ready < 0 && errno != EINTR) {
       warm_off(std::string("poll: ") + strerror(errno));
       return -1;
     }
+    sigset_t pending;
+    sigpending(&pending);
+    for (int sig : kForwardedSignals) {
+      if (sigismember(&pending, sig)) {
+        warm_off("zsrun got " + describe_signal(sig) + " while it imported");
+        return -1;
+      }
+    }
+    if (opt_.timeout_s > 0 && seconds_since(start_) >= opt_.timeout_s) {
+      warm_off("--timeout-s passed while it imported");
+      return -1;
+    }
+    if (ready <= 0) continue;
     if (fds_[1].revents) pump(warm_.out, warm_.prefix, 1);
     if (fds_[2].revents) pump(warm_.err, warm_.prefix, 1);
     if (fds_[0].revents == 0) continue;

@@ -17,6 +17,9 @@ from launch_env import ZSRUN, ranks_env
 MODULE = """import os, threading
 with open(os.environ["IMPORT_LOG"], "a") as f:
     f.write(f"{os.getpid()}\\n")
+if os.environ.get("SLOW_IMPORT") and "RANK" not in os.environ:  # the interpreter's import only
+    import time
+    time.sleep(float(os.environ["SLOW_IMPORT"]))
 if os.environ.get("START_THREAD"):
     threading.Thread(target=threading.Event().wait, name="poller", daemon=True).start()
 """
@@ -143,6 +146,17 @@ def test_ranks_forked_warm_die_with_a_killed_zsrun(job):
     assert not alive, alive
     proc.stdout.close()
     proc.stderr.close()
+
+
+def test_a_signal_to_zsrun_while_the_interpreter_imports_is_acted_on_at_once(job):
+    proc, log = job.start(2, "--warm-start", SLOW_IMPORT="60")
+    time.sleep(1.5)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 20, err  # not the import's 60 s
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "--warm-start is off for this attempt (zsrun got SIGTERM while it imported)" in err, err
 
 
 def test_warm_start_refuses_a_command_it_cannot_fork_by_name(job):
