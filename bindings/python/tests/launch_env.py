@@ -31,13 +31,22 @@ def ranks_env(**extra):
     return env
 
 
+def warm(n):
+    """zsrun's flag for a world of n ranks: from 3 ranks on 2 cores, forking
+    them from one interpreter that imported the worker's modules
+    (docs/launching.md) saves more than a core's share of imports; 2 ranks
+    import side by side in about the time one takes, and start afresh."""
+    return ["--warm-start"] if n >= 3 else []
+
+
 def zsrun(n, worker, *args):
     """The command that runs the test worker `worker` (a file beside this
     one) on n ranks under zsrun; skips the test where zsrun is not built."""
     if not ZSRUN.exists():
         import pytest
         pytest.skip(f"{ZSRUN} is not built")
-    return [str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable, str(HERE / worker), *map(str, args)]
+    return [str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable, str(HERE / worker),
+            *map(str, args)]
 
 
 def torchrun(n, worker, *args):

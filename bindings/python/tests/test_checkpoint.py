@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import warm
+
 import zeroshard as zs
 
 torch = pytest.importorskip("torch")
@@ -81,7 +83,7 @@ def run(n, *args, timeout=240):
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     env["ZS_TIMEOUT_MS"] = "60000"
     env.setdefault("ZS_DEVICE", "cpu")
-    proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable,
+    proc = subprocess.run([str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable,
                            str(HERE / "ckpt_worker.py"), *args],
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr

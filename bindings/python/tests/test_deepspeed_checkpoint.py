@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import warm
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("safetensors")
@@ -37,7 +39,7 @@ def launch(n, *args, timeout=300, made=()):
         pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", ZS_TIMEOUT_MS="60000")
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([str(ZSRUN), "-n", str(n), "--no-prefix", "--", sys.executable, str(WORKER), *args],
+    proc = subprocess.run([str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable, str(WORKER), *args],
                           env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     whole = made and all((p / "continuation.json").is_file() and (p / "fp32.safetensors").is_file() for p in made)

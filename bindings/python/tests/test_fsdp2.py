@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch_env import HERE, REPO, rank0_result  # noqa: E402
+from launch_env import HERE, REPO, rank0_result, warm  # noqa: E402
 
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 
@@ -17,7 +17,7 @@ ZSRUN = REPO / "build" / "bin" / "zsrun"
 def launch(ranks, *variants):
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    result, _ = rank0_result([str(ZSRUN), "-n", str(ranks), "--no-prefix", "--", sys.executable,
+    result, _ = rank0_result([str(ZSRUN), "-n", str(ranks), *warm(ranks), "--no-prefix", "--", sys.executable,
                               str(HERE / "fsdp2_worker.py"), *variants], "zs_fsdp2_", timeout=420)
     return result
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from launch_env import warm
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -43,7 +45,7 @@ def zoo(world, names=(*MODELS, *PATTERNS)):
         env["ZS_TIMEOUT_MS"] = "120000"
         env["PYTHONWARNINGS"] = "ignore::FutureWarning"
         env["ZS_ZOO_DIR"] = tempfile.mkdtemp(prefix="zs_zoo_")
-        proc = subprocess.run([str(ZSRUN), "-n", str(world), "--no-prefix", "--", sys.executable,
+        proc = subprocess.run([str(ZSRUN), "-n", str(world), *warm(world), "--no-prefix", "--", sys.executable,
                                str(HERE / "zoo_worker.py"), *names],
                               env=env, capture_output=True, text=True, timeout=1200)
         shutil.rmtree(env["ZS_ZOO_DIR"], ignore_errors=True)

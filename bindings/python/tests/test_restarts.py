@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from launch_env import HERE, REPO, ranks_env
+from launch_env import HERE, REPO, ranks_env, warm
 
 ZSRUN = REPO / "build" / "bin" / "zsrun"
 STEPS, KILL_AT = 8, 4
@@ -29,7 +29,7 @@ def run(launcher, n, kill_at, *flags, timeout=300, extra_env=None):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
                    *flags, *worker]
         else:
-            cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, *worker]
+            cmd = [str(ZSRUN), "-n", str(n), *warm(n), *flags, "--", sys.executable, *worker]
         proc = subprocess.run(cmd, env=ranks_env(ZS_HEARTBEAT_MS="200", **(extra_env or {})),
                               capture_output=True, text=True, timeout=timeout)
         return proc.returncode, mean_over_ranks(log), proc.stdout + proc.stderr
