@@ -3,7 +3,7 @@ trained by a plain zeroshard.torch loop under `zeroshard.torch.healing_loop`
 on 3 CPU ranks of the real `zsrun --restarts`, loopback.
 
     .venv/bin/python bench/bench_heal.py [--steps 46] [--kills 10] [--seq 64]
-        [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10] [--spare]
+        [--batch 1] [--seed 0] [--small] [--pairs 1] [--ckpt-every 10] [--spare] [--warm-start]
         [--regrow-after 5] [--skip steady kills shrink checkpoint torchft]
         [--loop healing_loop|accelerate]
 
@@ -25,7 +25,10 @@ seeded with 1000 + i, rank r its rows r*batch:(r+1)*batch, labels = inputs):
 - **kills**: one launch of --steps steps, `zsrun --restarts --kills+1`
   with zsstore serving the store (so rank 0 is replaced like any rank);
   with --spare, `zsrun --spare` too: a warm process replaces the lost rank
-  (its "replacement started" is then before the kill: negative).
+  (its "replacement started" is then before the kill: negative); with
+  --warm-start, every launch under `zsrun --warm-start`: each rank and
+  replacement is forked from one interpreter that imported the worker's
+  modules (docs/launching.md), so a replacement starts with its imports done.
   After 3 committed steps the driver SIGKILLs a random rank (rank 0
   included) at a random time within a step (`random.Random(--seed)`), waits
   until the run is whole again, lets it commit two more steps, and kills
@@ -280,7 +283,8 @@ class Run:
 
     def __init__(self, args, d, name, zsrun_flags, worker_flags=(), env=None):
         self.out = os.path.join(d, name)
-        cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(RANKS), *zsrun_flags, "--", sys.executable,
+        warm = ["--warm-start"] if args.warm_start else []
+        cmd = [str(REPO / "build" / "bin" / "zsrun"), "-n", str(RANKS), *warm, *zsrun_flags, "--", sys.executable,
                str(Path(__file__).resolve()), "--worker", "--out", self.out, "--steps", str(args.steps),
                "--seq", str(args.seq), "--batch", str(args.batch), "--loop", args.loop, *worker_flags] + \
             (["--small"] if args.small else [])
@@ -659,6 +663,8 @@ def main():
     p.add_argument("--torchft-kills", type=int, default=3)
     p.add_argument("--spare", action="store_true",
                    help="the kill run under zsrun --spare: a warm process, its imports done, replaces the lost rank")
+    p.add_argument("--warm-start", action="store_true",
+                   help="every launch under zsrun --warm-start: ranks and replacements forked with imports done")
     p.add_argument("--regrow-after", type=float, default=5.0,
                    help="the shrink scenario: zsrun starts the lost rank again this long after the shrink")
     p.add_argument("--skip", nargs="*", default=[], choices=["steady", "kills", "shrink", "checkpoint", "torchft"])
@@ -680,7 +686,7 @@ def main():
     print(f"GPT-2 {'small check' if args.small else '124M'}, {RANKS} ranks, {args.steps} steps, batch "
           f"{args.batch} x {args.seq} a rank, load average {os.getloadavg()[0]:.1f}", flush=True)
     result = {"bench": "heal", "model": "gpt2-small-check" if args.small else "gpt2-124M", "ranks": RANKS,
-              "spare": args.spare, "loop": args.loop,
+              "spare": args.spare, "warm_start": args.warm_start, "loop": args.loop,
               "steps": args.steps, "seq": args.seq, "batch": args.batch, "seed": args.seed,
               "load_average_at_start": os.getloadavg()[0]}
     if args.keep:
