@@ -907,9 +907,10 @@ pid_t Launcher::fork_warm(Rank& r, const std::vector<std::string>& env, const in
       n = recv(warm_sock_, answer, sizeof answer - 1, 0);
     } while (n < 0 && errno == EINTR);
     if (n <= 0) {
-      warm_off(n == 0 || errno == ECONNRESET ? "its interpreter exited before it forked rank " + std::to_string(r.index) +
-                            " (its output above says why)"
-                      : std::string("cannot read its answer: ") + strerror(errno));
+      const bool gone = n == 0 || errno == ECONNRESET;
+      warm_off(gone ? "its interpreter exited before it forked rank " + std::to_string(r.index) +
+                          " (its output above says why)"
+                    : std::string("cannot read its answer: ") + strerror(errno));
       return -1;
     }
     answer[n] = '\0';

@@ -21,6 +21,7 @@ process) is paid once for all the ranks, their replacements included.
 """
 import ctypes
 import os
+import signal
 import socket
 import sys
 import threading
@@ -104,8 +105,12 @@ def serve(sock, launcher):
                 os.close(w)
                 sock.close()
                 return env, fds
-            os.setpgid(rank, rank)  # before zsrun can signal it: its group exists
-            os.write(w, str(rank).encode())
+            try:
+                os.setpgid(rank, rank)  # before zsrun can signal it: its group exists
+                os.write(w, str(rank).encode())
+            except BaseException:  # noqa: BLE001 (unreported, it must not run: zsrun executes the rank instead)
+                os.kill(rank, signal.SIGKILL)
+                os._exit(1)
             os._exit(0)
         os.close(w)
         for fd in fds:
