@@ -37,10 +37,10 @@ def launch(n, worker, args, flags=(), cwd=None, **env):
     ranks under zsrun `flags`, with the healing tests' heartbeat and `env`."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    # Forked from one interpreter that imported the worker's modules
-    # (docs/launching.md): the ranks and the regrown rank skip seconds of imports each.
-    cmd = [str(ZSRUN), "-n", str(n), "--warm-start", *flags, "--", sys.executable, str(HERE / worker),
-           *map(str, args)]
+    # Each process started afresh, not forked from a warm start: its
+    # regrow, 1 s after the loss, would come within the heartbeat limit
+    # (docs/healing.md, section 7, "A warm start").
+    cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, str(HERE / worker), *map(str, args)]
     proc = subprocess.run(cmd, env=ranks_env(**{**ENV, **env}), capture_output=True, text=True, timeout=300,
                           cwd=cwd)
     return proc.returncode, proc.stdout + proc.stderr
