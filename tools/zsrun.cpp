@@ -564,6 +564,10 @@ class Launcher {
   pid_t fork_warm(Rank& r, const std::vector<std::string>& env, const int fds[3]);
   void warm_off(const std::string& why);  // says why, once; ranks are executed from then on
   void end_warm();
+  // The spare and the warm start's interpreter: processes beside the ranks,
+  // their output relayed under `prefix`.
+  static Rank helper_process(int index, const char* prefix);
+  void end_helper(Rank& helper, int* fd);
   // --spare: a process of the command, its modules imported, blocked until
   // it is told which lost rank it replaces (docs/healing.md, step 7).
   void start_spare();
@@ -842,11 +846,7 @@ bool Launcher::spawn_all() {
 }
 
 void Launcher::start_warm() {
-  warm_ = Rank{};
-  warm_.index = -2;
-  warm_.prefix = "[warm start] ";
-  warm_.out.dest = STDOUT_FILENO;
-  warm_.err.dest = STDERR_FILENO;
+  warm_ = helper_process(-2, "[warm start] ");
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
     warm_.pid = -1;
@@ -921,31 +921,34 @@ pid_t Launcher::fork_warm(Rank& r, const std::vector<std::string>& env, const in
 }
 
 void Launcher::warm_off(const std::string& why) {
-  if (warm_sock_ >= 0) {
-    close(warm_sock_);
-    warm_sock_ = -1;
-  }
   errorf("--warm-start is off for this attempt (%s): the ranks are started afresh", why.c_str());
   end_warm();
 }
 
-// Its socket closed, the interpreter reads EOF and exits; its group is
-// signalled too, in case it is still importing.
-void Launcher::end_warm() {
-  if (warm_sock_ >= 0) {
-    close(warm_sock_);
-    warm_sock_ = -1;
+void Launcher::end_warm() { end_helper(warm_, &warm_sock_); }
+
+Rank Launcher::helper_process(int index, const char* prefix) {
+  Rank helper;
+  helper.index = index;
+  helper.prefix = prefix;
+  helper.out.dest = STDOUT_FILENO;
+  helper.err.dest = STDERR_FILENO;
+  return helper;
+}
+
+// Its end of zsrun's pipe or socket closed, the helper reads EOF and exits;
+// its group is signalled too, in case it is still importing.
+void Launcher::end_helper(Rank& helper, int* fd) {
+  if (*fd >= 0) {
+    close(*fd);
+    *fd = -1;
   }
-  if (warm_.pid > 0 && !warm_.group_gone && kill(-warm_.pid, SIGKILL) < 0 && errno == ESRCH)
-    warm_.group_gone = true;
+  if (helper.pid > 0 && !helper.group_gone && kill(-helper.pid, SIGKILL) < 0 && errno == ESRCH)
+    helper.group_gone = true;
 }
 
 void Launcher::start_spare() {
-  spare_ = Rank{};
-  spare_.index = -1;
-  spare_.prefix = "[spare] ";
-  spare_.out.dest = STDOUT_FILENO;
-  spare_.err.dest = STDERR_FILENO;
+  spare_ = helper_process(-1, "[spare] ");
   std::vector<std::string> env = base_env_;  // no RANK: it learns it when adopted
   env.push_back("ZS_HEAL_SPARE=1");
   std::vector<char*> argv = {opt_.command[0], const_cast<char*>("-m"), const_cast<char*>("zeroshard.spare")};
@@ -993,16 +996,8 @@ bool Launcher::adopt_spare(Rank& r) {
   return true;
 }
 
-// The job is over (or torn down): the spare reads EOF and exits; its group
-// is signalled too, in case it is still importing.
-void Launcher::end_spare() {
-  if (spare_in_ >= 0) {
-    close(spare_in_);
-    spare_in_ = -1;
-  }
-  if (spare_.pid > 0 && !spare_.group_gone && kill(-spare_.pid, SIGKILL) < 0 && errno == ESRCH)
-    spare_.group_gone = true;
-}
+// The job is over (or torn down): nothing left for the spare to replace.
+void Launcher::end_spare() { end_helper(spare_, &spare_in_); }
 
 void Launcher::schedule_regrow(Rank& r, int incarnation) {
   if (opt_.regrow_after_s < 0) return;
