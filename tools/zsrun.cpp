@@ -1101,6 +1101,14 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::ve
   // be stopped by SIGTTIN forever; give it /dev/null instead. Non-tty stdin
   // (a file, a pipe) is passed through.
   bool null_stdin = isatty(STDIN_FILENO);
+  // The child started: zsrun keeps the read ends of its pipes.
+  const auto keep_read_ends = [&] {
+    if (!opt_.prefix) return;
+    close(out[1]);
+    close(err[1]);
+    r.out.fd = out[0];
+    r.err.fd = err[0];
+  };
 
   if (!argv && warm_sock_ >= 0) {
     const int devnull = null_stdin ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
@@ -1110,12 +1118,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::ve
     if (devnull >= 0) close(devnull);
     if (pid > 0) {
       r.pid = pid;  // zsrun's child now, in a process group of its own
-      if (opt_.prefix) {
-        close(out[1]);
-        close(err[1]);
-        r.out.fd = out[0];
-        r.err.fd = err[0];
-      }
+      keep_read_ends();
       return true;
     }
     // warm_off said why: executed below.
@@ -1170,12 +1173,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env, const std::ve
     close(in[0]);
     *stdin_write = in[1];
   }
-  if (opt_.prefix) {
-    close(out[1]);
-    close(err[1]);
-    r.out.fd = out[0];
-    r.err.fd = err[0];
-  }
+  keep_read_ends();
   return true;
 }
 
