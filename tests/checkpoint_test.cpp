@@ -206,7 +206,8 @@ TEST(Checkpoint, Bf16ToFp32AndBackAcrossWorldSizes) {
 }
 
 TEST(Checkpoint, MistakesAreNamedAndChangeNothing) {
-  const std::string dir = zs::test::make_temp_dir("ckpt_bad");
+  const zs::test::TempDir temp("ckpt_bad");
+  const std::string& dir = temp.path();
   run_ranks(2, [&](const RankEnv& env) {
     CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
     ASSERT_NE(m.ctx, nullptr);
@@ -275,7 +276,8 @@ TEST(Checkpoint, MistakesAreNamedAndChangeNothing) {
 // and a missing field a json exception escaping after the hyper-parameters
 // had changed. Both are now Code::Io before anything changes.
 TEST(Checkpoint, AHostileOptimizerSectionChangesNothing) {
-  const std::string dir = zs::test::make_temp_dir("ckpt_bad_opt");
+  const zs::test::TempDir temp("ckpt_bad_opt");
+  const std::string& dir = temp.path();
   run_ranks(1, [&](const RankEnv& env) {
     CkptModel m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
     ASSERT_NE(m.ctx, nullptr);
@@ -303,7 +305,6 @@ TEST(Checkpoint, AHostileOptimizerSectionChangesNothing) {
     EXPECT_EQ(zs::test::full_values(m), values);
     zs::test::destroy_ckpt_model(m);
   });
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Checkpoint, MicsAndHpzLayoutsToAndFromPlain) {

@@ -177,7 +177,8 @@ void probe_from_progress(void* user, const char*, uint64_t, uint64_t) {
 }  // namespace
 
 TEST(EngineLock, AProgressCallbackThatCallsBackIntoTheEngineIsRefusedAndTheSaveGoesOn) {
-  const std::string dir = zs::test::make_temp_dir("engine_lock_callback");
+  const zs::test::TempDir temp("engine_lock_callback");
+  const std::string& dir = temp.path();
   run_ranks(2, [&](const RankEnv& env) {
     auto m = zs::test::make_ckpt_model(env, ZS_FLOAT32, ZS_OPTIM_ADAMW);
     zs::test::train_ckpt_model(m, 2);

@@ -60,7 +60,8 @@ struct Shared {
 // g, save; the grown world's ids to the end.
 void checkpoint_route(Shared* sh, int world, int64_t c, int64_t g, int64_t end, const std::vector<int>& shrunk,
                       const std::vector<int>& grown) {
-  const std::string dir = zs::test::make_temp_dir("heal_regrow_ref");
+  const zs::test::TempDir temp("heal_regrow_ref");
+  const std::string& dir = temp.path();
   train_and_save(world, c, dir, "c");
   const auto then = [&](const std::vector<int>& ids, const char* load, int64_t from, int64_t to, const char* save) {
     zs::test::run_ranks(static_cast<int>(ids.size()), [&](const RankEnv& env) {

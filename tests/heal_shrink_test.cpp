@@ -54,7 +54,8 @@ struct Shared {
 // The checkpoint route: all ranks to step c and a save, then the live
 // ranks (rank i playing live[i]) load it and train to the end.
 void checkpoint_route(Shared* sh, int world, int64_t c, const std::vector<int>& live) {
-  const std::string dir = zs::test::make_temp_dir("heal_shrink_ref");
+  const zs::test::TempDir temp("heal_shrink_ref");
+  const std::string& dir = temp.path();
   train_and_save(world, c, dir, "c");
   zs::test::run_ranks(static_cast<int>(live.size()), [&](const RankEnv& env) {
     Model m;
@@ -86,7 +87,8 @@ void shrunk_at(int world, int victim, const char* point, int count, Deadline dea
   for (int r = 0; r < world; ++r)
     if (r != victim || deadline.joins()) live.push_back(r);
   const int lowest = live.front();
-  const std::string after = zs::test::make_temp_dir("heal_shrink_after");
+  const zs::test::TempDir after_dir("heal_shrink_after");
+  const std::string& after = after_dir.path();
   const std::string min_ranks = std::to_string(world - 1), wait = std::to_string(deadline.wait_s);
   zs::test::ScopedEnv shrink_env("ZS_HEAL_MIN_RANKS", replaced ? min_ranks.c_str() : nullptr);
   zs::test::ScopedEnv wait_env("ZS_HEAL_REPLACEMENT_WAIT_S", replaced ? wait.c_str() : nullptr);

@@ -258,7 +258,8 @@ void keep_values(TwoOptimizers& m, bool keep, float* w0, float* w1) {
 // survivors' ids to g, save; every rank to the end.
 void checkpoint_route(Regrown* sh, int world, bool second_first, bool reaches_first, int64_t c, int64_t g,
                       int64_t end, const std::vector<int>& shrunk) {
-  const std::string dir = zs::test::make_temp_dir("heal_two_optimizers_regrow");
+  const zs::test::TempDir temp("heal_two_optimizers_regrow");
+  const std::string& dir = temp.path();
   std::vector<int> all(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) all[static_cast<size_t>(r)] = r;
   const auto leg = [&](const std::vector<int>& ids, const char* load, int64_t from, int64_t to, const char* save) {

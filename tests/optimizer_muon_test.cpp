@@ -374,7 +374,8 @@ INSTANTIATE_TEST_SUITE_P(Worlds, OptimizerMuon,
 // two more; the masters those of four steps on full arrays.
 
 TEST(OptimizerMuonCheckpoint, SavedAtTwoRanksContinuesAtThree) {
-  const std::string dir = zs::test::make_temp_dir("muon_ckpt");
+  const zs::test::TempDir temp("muon_ckpt");
+  const std::string& dir = temp.path();
   run_ranks(2, [&](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env);
     ASSERT_NE(ctx, nullptr);

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "tests/support/multirank.h"
@@ -46,5 +48,23 @@ std::vector<std::vector<float>> read_per_rank(const std::string& prefix, int wor
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
 // A fresh directory under $TMPDIR (or /tmp).
 std::string make_temp_dir(const char* what);
+
+// make_temp_dir's directory, removed with what it holds when the scope that
+// made it ends (a failed assertion's included). Rank processes leave through
+// _exit (run_ranks) and never remove it.
+class TempDir {
+ public:
+  explicit TempDir(const char* what) : path_(make_temp_dir(what)) {}
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace zs::test
