@@ -77,7 +77,8 @@ class MemoryReport : public ::testing::TestWithParam<int> {};
 
 TEST_P(MemoryReport, EveryByteInAKindAndEachPhaseItsPeak) {
   const int world = GetParam();
-  const std::string dir = zs::test::make_temp_dir("memory_report");
+  const zs::test::TempDir temp("memory_report");
+  const std::string& dir = temp.path();
   run_ranks(world, [&](const RankEnv& env) {
     zs_context ctx = zs::test::make_context(env, R"({"bf16": {"enabled": true}})");
     ASSERT_NE(ctx, nullptr);
