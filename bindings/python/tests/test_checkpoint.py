@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_env import warm
+from launch_env import zsrun
 
 import zeroshard as zs
 
@@ -21,7 +21,6 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 
 def test_core_save_load_verify_export(tmp_path):
@@ -75,17 +74,14 @@ def test_core_save_load_verify_export(tmp_path):
 
 
 def run(n, *args, timeout=240):
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
     pytest.importorskip("transformers")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("ZEROSHARD_LIBRARY", str(REPO / "build" / "lib" / "libzeroshard.so"))
     env["ZS_TIMEOUT_MS"] = "60000"
     env.setdefault("ZS_DEVICE", "cpu")
-    proc = subprocess.run([str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable,
-                           str(HERE / "ckpt_worker.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(zsrun(n, "ckpt_worker.py", *args), env=env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     assert lines, proc.stdout + proc.stderr

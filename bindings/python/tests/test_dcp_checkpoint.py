@@ -12,23 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from launch_env import warm
+from launch_env import zsrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 
 def launch(n, mode, path, timeout=240):
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ, OMP_NUM_THREADS="1", ZS_TIMEOUT_MS="60000")
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable, str(HERE / "dcp_worker.py"),
-                           mode, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(zsrun(n, "dcp_worker.py", mode, path), env=env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 

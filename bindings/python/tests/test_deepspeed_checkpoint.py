@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_env import warm
+from launch_env import zsrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
@@ -25,7 +25,6 @@ pytest.importorskip("safetensors")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
 WORKER = HERE / "ds_ckpt_worker.py"
 
 
@@ -35,12 +34,9 @@ def launch(n, *args, timeout=300, made=()):
     then lost a rank to DeepSpeed's own teardown abort ("terminate called
     without an active exception", seen once in CI in DeepSpeed's CPU
     process, no zeroshard code loaded) is said and taken as made."""
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", ZS_TIMEOUT_MS="60000")
     env["PYTHONPATH"] = str(REPO / "bindings" / "python") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([str(ZSRUN), "-n", str(n), *warm(n), "--no-prefix", "--", sys.executable, str(WORKER), *args],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(zsrun(n, WORKER.name, *args), env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
     whole = made and all((p / "continuation.json").is_file() and (p / "fp32.safetensors").is_file() for p in made)
     if proc.returncode != 0 and whole and "terminate called without an active exception" in proc.stderr:

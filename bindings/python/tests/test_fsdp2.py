@@ -3,22 +3,15 @@ fully_shard, on real ranks (zsrun + torch.distributed gloo): one FSDP2
 script, torchtitan's shape, run with each, equal within 1e-5 in fp32 over
 5 steps on 2, 3 and 4 ranks; DeepSpeed's ZeRO stages 1 and 2 against DDP;
 bf16 inputs cast at the forward (Whisper); the refusals."""
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch_env import HERE, REPO, rank0_result, warm  # noqa: E402
-
-ZSRUN = REPO / "build" / "bin" / "zsrun"
+from launch_env import rank0_result, zsrun  # noqa: E402
 
 
 def launch(ranks, *variants):
-    if not ZSRUN.exists():
-        pytest.skip(f"{ZSRUN} is not built")
-    result, _ = rank0_result([str(ZSRUN), "-n", str(ranks), *warm(ranks), "--no-prefix", "--", sys.executable,
-                              str(HERE / "fsdp2_worker.py"), *variants], "zs_fsdp2_", timeout=420)
+    result, _ = rank0_result(zsrun(ranks, "fsdp2_worker.py", *variants), "zs_fsdp2_", timeout=420)
     return result
 
 

@@ -12,20 +12,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from launch_env import warm
+from launch_env import zsrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-ZSRUN = REPO / "build" / "bin" / "zsrun"
 
 MODELS = ["gpt2", "gpt2_checkpointed", "llama", "bert", "t5", "mixtral", "vit", "transformer", "mha", "rnn",
           "frozen", "mixed", "gpt2_persistent", "frozen_persistent"]
@@ -38,16 +35,13 @@ def zoo(world, names=(*MODELS, *PATTERNS)):
     """Rank 0's JSON for `names` (the whole zoo) on `world` ranks (run once)."""
     key = (world, tuple(names))
     if key not in _runs:
-        if not ZSRUN.exists():
-            pytest.skip(f"{ZSRUN} is not built")
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
         env["ZS_TIMEOUT_MS"] = "120000"
         env["PYTHONWARNINGS"] = "ignore::FutureWarning"
         env["ZS_ZOO_DIR"] = tempfile.mkdtemp(prefix="zs_zoo_")
-        proc = subprocess.run([str(ZSRUN), "-n", str(world), *warm(world), "--no-prefix", "--", sys.executable,
-                               str(HERE / "zoo_worker.py"), *names],
-                              env=env, capture_output=True, text=True, timeout=1200)
+        proc = subprocess.run(zsrun(world, "zoo_worker.py", *names), env=env, capture_output=True, text=True,
+                              timeout=1200)
         shutil.rmtree(env["ZS_ZOO_DIR"], ignore_errors=True)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
         _runs[key] = (proc, json.loads(lines[-1]) if proc.returncode == 0 and lines else None)
