@@ -97,6 +97,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -573,12 +574,13 @@ class Launcher {
   void start_spare();
   bool adopt_spare(Rank& r);  // false when there is no live spare to take r's place
   void end_spare();
-  // The ranks, the spare and the warm start's interpreter: whose output is relayed.
+  // The spare and the warm start's interpreter (pid -1 when not started).
+  std::array<Rank*, 2> helpers() { return {&spare_, &warm_}; }
+  // The ranks and the helpers: whose output is relayed.
   std::vector<Rank*> all_processes() {
     std::vector<Rank*> all;
     for (Rank& r : ranks_) all.push_back(&r);
-    all.push_back(&spare_);
-    all.push_back(&warm_);
+    for (Rank* helper : helpers()) all.push_back(helper);
     return all;
   }
   std::vector<std::string> base_environment();
@@ -849,8 +851,6 @@ void Launcher::start_warm() {
   warm_ = helper_process(-2, "[warm start] ");
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-    warm_.pid = -1;
-    warm_.reaped = warm_.group_gone = true;
     warm_off(std::string("cannot create its socket: ") + strerror(errno));
     return;
   }
@@ -861,11 +861,7 @@ void Launcher::start_warm() {
   const bool ok = spawn(warm_, env, &argv, nullptr, sv[1]);
   close(sv[1]);
   warm_sock_ = sv[0];
-  if (!ok) {
-    warm_.pid = -1;
-    warm_.reaped = warm_.group_gone = true;
-    warm_off("its interpreter did not start");
-  }
+  if (!ok) warm_off("its interpreter did not start");  // its pid stays -1: nothing to reap or signal
 }
 
 pid_t Launcher::fork_warm(Rank& r, const std::vector<std::string>& env, const int fds[3]) {
@@ -1357,7 +1353,7 @@ void Launcher::on_exit(Rank& r, int status) {
 // Signals the process group of every rank whose group may still have
 // members; skipping empty groups avoids hitting a recycled process id.
 void Launcher::signal_groups(int sig) {
-  for (Rank* helper : {&spare_, &warm_})
+  for (Rank* helper : helpers())
     if (helper->pid > 0 && !helper->group_gone && kill(-helper->pid, sig) < 0 && errno == ESRCH && helper->reaped)
       helper->group_gone = true;
   for (Rank& r : ranks_) {
@@ -1394,7 +1390,7 @@ bool Launcher::all_reaped() const {
 // ranks' groups or hold their pipes open.
 bool Launcher::leftovers() {
   bool any = false;
-  for (Rank* helper : {&spare_, &warm_}) {
+  for (Rank* helper : helpers()) {
     if (helper->pid <= 0) continue;
     if (helper->out.fd >= 0 || helper->err.fd >= 0 || !helper->reaped) any = true;
     if (!helper->group_gone) {
@@ -1513,7 +1509,7 @@ int Launcher::run() {
           close_stream(r.out, r.prefix);
           close_stream(r.err, r.prefix);
         }
-        for (Rank* helper : {&spare_, &warm_}) {
+        for (Rank* helper : helpers()) {
           close_stream(helper->out, helper->prefix);
           close_stream(helper->err, helper->prefix);
         }

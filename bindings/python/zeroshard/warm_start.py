@@ -30,7 +30,6 @@ import time
 from zeroshard.spare import imported_modules, preload, run_as_rank
 
 _PR_SET_PDEATHSIG = 1
-_SIGKILL = 9
 _MAX_REQUEST = 1 << 20  # bytes of environment; zsrun's socket buffer bounds it well below
 _REPARENT_WAIT_S = 10.0
 
@@ -65,7 +64,7 @@ def become_rank(launcher, env, fds):
             os.write(fds[2], b"zeroshard.warm_start: the rank was not handed to zsrun (not a child subreaper?)\n")
             os._exit(1)
         time.sleep(0.0005)
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != launcher:  # zsrun died before the line above
         os._exit(1)
     for target, fd in enumerate(fds):
