@@ -1,4 +1,4 @@
-"""FSDP2's API from zeroshard.torch (fully_shard.py) against torch's own
+"""FSDP2's API from zeroshard.torch (fsdp2.py) against torch's own
 fully_shard, on real ranks (zsrun + torch.distributed gloo): one FSDP2
 script, torchtitan's shape, run with each, equal within 1e-5 in fp32 over
 5 steps on 2, 3 and 4 ranks; DeepSpeed's ZeRO stages 1 and 2 against DDP;

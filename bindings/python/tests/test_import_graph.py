@@ -9,6 +9,8 @@ code names is.
 """
 import ast
 import os
+import subprocess
+import sys
 
 _PKG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zeroshard")
 _PKG = "zeroshard"
@@ -121,3 +123,34 @@ def test_no_import_cycle():
     if cycle:
         print("import cycle: " + " -> ".join(cycle))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_fsdp2s_api_loads_on_first_use():
+    """`import zeroshard.torch` does not import torch.distributed.fsdp
+    (torch.distributed.tensor and sympy under it: a third of a second of
+    every rank's start); the first use of `fully_shard` or a policy does,
+    and the names are torch's own classes and zeroshard's function, as when
+    they were imported eagerly."""
+    code = """
+import sys
+import zeroshard.torch as zt
+assert "torch.distributed.fsdp" not in sys.modules, sorted(m for m in sys.modules if "fsdp" in m)
+assert {"fully_shard", "MixedPrecisionPolicy"} <= set(dir(zt))
+from zeroshard.torch import MixedPrecisionPolicy
+import torch.distributed.fsdp as fsdp
+assert MixedPrecisionPolicy is fsdp.MixedPrecisionPolicy
+assert zt.OffloadPolicy is fsdp.OffloadPolicy and zt.CPUOffloadPolicy is fsdp.CPUOffloadPolicy
+import zeroshard.torch.fsdp2
+assert callable(zt.fully_shard) and zt.fully_shard is zeroshard.torch.fsdp2.fully_shard
+assert issubclass(zt.ZeroShardFSDPModule, object)
+try:
+    zt.no_such_name
+except AttributeError as e:
+    assert "no_such_name" in str(e), e
+else:
+    raise AssertionError("zt.no_such_name did not raise")
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(_PKG_DIR))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -14,7 +14,6 @@ from ._context import current_context, get_context, init_context, shutdown
 from .checkpoint import (export_dcp, export_deepspeed, export_safetensors, load_checkpoint, load_pretrained,
                          save_checkpoint, wait_checkpoint)
 from ._params import is_partitioned
-from .fully_shard import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, ZeroShardFSDPModule, fully_shard
 from .gathered import GatheredParameters
 from .heal import StepRecord, enable_healing, healing_loop
 from .generation import set_generation_gather
@@ -29,6 +28,26 @@ from .shard_optim import clip_grad_norm_, register_optimizer
 from .state import consolidated_state_dict, load_consolidated_state_dict, training_digest
 from .weight_stream import full_weights
 from . import zero_grad as _zero_grad  # noqa: F401  (zero_grad drops pushed gradients)
+
+# FSDP2's API loads on first use: its policies are torch.distributed.fsdp's
+# own classes, whose import (torch.distributed.tensor, sympy) is about a
+# third of a second of every rank's start that a script not calling
+# fully_shard (a replacement's included) need not pay.
+_FULLY_SHARD_NAMES = ("CPUOffloadPolicy", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule",
+                      "fully_shard")
+
+
+def __getattr__(name):
+    if name in _FULLY_SHARD_NAMES:
+        from . import fsdp2
+        globals().update({n: getattr(fsdp2, n) for n in _FULLY_SHARD_NAMES})
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_FULLY_SHARD_NAMES))
+
 
 __all__ = [
     "CPUOffloadPolicy", "GatheredParameters", "Init", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule", "Muon", "ZeroShardOptimizer", "clip_grad_norm_", "consolidated_state_dict",

@@ -47,7 +47,7 @@ class _Unit:
         self.persistent = False  # every param persistent (set with the handles)
         self.armed = False       # its module carries the forward hooks
         self.inner_leaf = ()     # a compiled block's params in leaf modules inside it
-        # fully_shard (fully_shard.py): kept gathered from the forward to the
+        # fully_shard (fsdp2.py): kept gathered from the forward to the
         # backward (reshard_after_forward=False), from the backward to the
         # step's end (set_reshard_after_backward(False)); held by unshard().
         self.keep_for_backward = False

@@ -136,7 +136,7 @@ class HookEngine(GradArrival):
             self._walk(child, names, inside_leaf=whole)
 
     def _walk_sharded(self, module, names):
-        """fully_shard's units (fully_shard.py): a fully_shard'd module
+        """fully_shard's units (fsdp2.py): a fully_shard'd module
         fetches the params of its subtree but those of the fully_shard'd
         modules inside it, whose units are their own; the modules between
         carry no hooks, as in a compiled block."""
