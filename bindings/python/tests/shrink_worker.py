@@ -12,6 +12,9 @@ until three steps after it did (at least 6 steps in all); with
 $ZS_TEST_END_AT=N, they run steps 0..N-1 and no more, without a pause. Each step's
 JSON line has the live ranks after it.
 
+With $ZS_TEST_JOIN_DELAY_S, a process started to grow the job back
+(ZS_HEAL_JOIN=grow) waits that long before it makes its context.
+
 leg: a plain loop over steps FIRST..LAST, loading DIR/ckpt (with each rank's
 RNG and the scheduler) when FIRST > 0 and saving it after LAST: the
 checkpoint route, each leg on as many ranks as the healed run had live.
@@ -70,6 +73,8 @@ def main():
         ids = [int(i) for i in sys.argv[6].split(",")] if sys.argv[6] else list(range(WORLD))
         data_rank = ids[rank]
         mine, note = kills_and_notes(out, data_rank, [])
+    if heal and os.environ.get("ZS_HEAL_JOIN") == "grow":
+        time.sleep(float(os.environ.get("ZS_TEST_JOIN_DELAY_S", "0")))
     with zt.Init(config=CONFIG):
         torch.manual_seed(0)
         model = Net()

@@ -1,7 +1,7 @@
 """A plain zeroshard.torch loop under healing_loop follows the engine's
 shrink in memory and its regrow (docs/healing.md, section 4): real
 processes under the real `zsrun --restarts 1 --min-nproc 2 --shrink
---regrow-after 1`, loopback, shrink_worker.py's model with dropout and a
+--regrow-after 3`, loopback, shrink_worker.py's model with dropout and a
 scheduler, its body under AdamW and its output layer under an SGD of its
 own stepped after it (a GAN's shape: the regrow takes both where an
 iteration ends). Rank 1 SIGKILLs itself in step 2's backward; ranks 0 and 2 go on
@@ -26,10 +26,15 @@ import tempfile
 
 import pytest
 
-from launch_env import HERE, ZSRUN, ranks_env
+from launch_env import HERE, ZSRUN, ranks_env, warm
 
 ENV = dict(ZS_HEARTBEAT_MS="100", ZS_HEARTBEAT_TIMEOUT_MS="1500", ZS_TIMEOUT_MS="30000")
 KILLED_AT = 2
+# The rank left out is started again 3 s after its loss, twice the
+# heartbeat limit above: forked from the warm start it asks to join at
+# once, and the survivors must have noticed the loss and shrunk by then
+# (before, they would take it in as a replacement: no shrink at all).
+SHRINK_AND_REGROW = ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "3"]
 
 
 def launch(n, worker, args, flags=(), cwd=None, **env):
@@ -37,10 +42,8 @@ def launch(n, worker, args, flags=(), cwd=None, **env):
     ranks under zsrun `flags`, with the healing tests' heartbeat and `env`."""
     if not ZSRUN.exists():
         pytest.skip(f"{ZSRUN} is not built")
-    # Each process started afresh, not forked from a warm start: its
-    # regrow, 1 s after the loss, would come within the heartbeat limit
-    # (docs/healing.md, section 7, "A warm start").
-    cmd = [str(ZSRUN), "-n", str(n), *flags, "--", sys.executable, str(HERE / worker), *map(str, args)]
+    cmd = [str(ZSRUN), "-n", str(n), *warm(n), *flags, "--", sys.executable, str(HERE / worker),
+           *map(str, args)]
     proc = subprocess.run(cmd, env=ranks_env(**{**ENV, **env}), capture_output=True, text=True, timeout=300,
                           cwd=cwd)
     return proc.returncode, proc.stdout + proc.stderr
@@ -62,8 +65,7 @@ def test_a_plain_loop_shrinks_in_memory_and_grows_back_as_the_checkpoint_route()
     with tempfile.TemporaryDirectory(prefix="zs_shrink_") as d:
         job = os.path.join(d, "job")
         os.mkdir(job)
-        code, out = run(3, [f"{job}/log", "heal", f"1:{KILLED_AT}:backward"],
-                        ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "1"])
+        code, out = run(3, [f"{job}/log", "heal", f"1:{KILLED_AT}:backward"], SHRINK_AND_REGROW)
         assert code == 0, out
         assert sorted(os.listdir(job)) == ["log.0", "log.1", "log.2"], out  # no checkpoint anywhere
         logs = read_logs(f"{job}/log")
@@ -122,14 +124,16 @@ def test_a_plain_loop_shrinks_in_memory_and_grows_back_as_the_checkpoint_route()
 
 def test_a_rank_that_comes_back_after_the_run_ended_exits_76_and_the_job_succeeds():
     """The survivors end right after the shrink (ZS_TEST_END_AT), before
-    the process zsrun starts to grow the job back has built anything: its
-    context creation is told so (NotTakenError) and zeroshard.torch exits
-    with ZS_EXIT_NOT_TAKEN (76), which zsrun counts as the rank leaving,
-    not as a failure that restarts the job."""
+    the process zsrun starts to grow the job back has built anything (it
+    waits 4 s before its context: the survivors learn of the loss within
+    the 1.5 s heartbeat limit and end two steps later): its context
+    creation is told so (NotTakenError) and zeroshard.torch exits with
+    ZS_EXIT_NOT_TAKEN (76), which zsrun counts as the rank leaving, not as
+    a failure that restarts the job."""
     with tempfile.TemporaryDirectory(prefix="zs_shrink_") as d:
         code, out = launch(3, "shrink_worker.py", [f"{d}/log", "heal", f"1:{KILLED_AT}:backward"],
                            ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "0"],
-                           ZS_TEST_END_AT=str(KILLED_AT + 2))
+                           ZS_TEST_END_AT=str(KILLED_AT + 2), ZS_TEST_JOIN_DELAY_S="4")
         assert code == 0, out
         assert "the survivors finished their run before they could take this process back" in out, out
         assert "exiting with status 76" in out, out
@@ -164,8 +168,6 @@ def test_what_does_not_follow_a_shrink_says_so_by_name():
     assert out.count("refused: zeroshard.torch: RMSprop stepped on shards: zeroshard.healing.min_ranks 1") == 2, out
     assert "use zeroshard.torch.ZeroShardOptimizer" in out, out
 
-
-SHRINK_AND_REGROW = ["--restarts", "1", "--min-nproc", "2", "--shrink", "--regrow-after", "1"]
 
 
 def shrunk_and_regrown(launcher, d, ref_flags, kill):
