@@ -34,7 +34,9 @@ $ZS_TEST_TRL_SFT=1: TRL's SFTTrainer
 of input_ids with a word-level tokenizer: its metrics (entropy, token
 accuracy, token count) are gathered in every forward and logged.
 $ZS_TEST_ITERABLE=1: the tokens as an IterableDataset, whose batches
-Accelerate dispatches from rank 0 (a Trainer that does not heal).
+Accelerate dispatches from rank 0 (a Trainer that does not heal);
+$ZS_TEST_ITERABLE=own: the same stream with accelerator_config's
+dispatch_batches=False (each rank reads it and keeps its own slice).
 $ZS_TEST_LOGGING_STEPS: the Trainer's logging_steps (5). $ZS_TEST_SHRUNK_PAUSE_S:
 after each step taken on fewer ranks than were
 started (a shrink, under zsrun --shrink), sleep that long. $ZS_TEST_COUNT_FORWARDS=1:
@@ -160,6 +162,7 @@ def main():
             if distill:
                 arguments, trainer_class = trl.DistillationConfig, zeroshard.hf.trainer_class(trl.DistillationTrainer)
                 generation = {"bf16": False, "max_completion_length": 8}
+    iterable = os.environ.get("ZS_TEST_ITERABLE", "")
     args = arguments(
         output_dir=os.path.join(os.path.dirname(out), "out"), per_device_train_batch_size=2,
         gradient_accumulation_steps=2, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0, max_steps=steps,
@@ -168,7 +171,7 @@ def main():
         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         data_seed=0, use_cpu=True, dataloader_drop_last=True, disable_tqdm=True, deepspeed=CONFIG,
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps or None, per_device_eval_batch_size=2,
-        **generation)
+        **({"accelerator_config": {"dispatch_batches": False}} if iterable == "own" else {}), **generation)
     pretrained = os.environ.get("ZS_TEST_PRETRAINED")
     if dpo or grpo or kto:
         model = pretrained  # TRL loads the policy and its reference from the folder
@@ -189,7 +192,7 @@ def main():
             vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2))  # dropout 0.1 everywhere
     world = int(os.environ["WORLD_SIZE"])
     data = Tokens(steps * 2 * 2 * world)
-    if os.environ.get("ZS_TEST_ITERABLE") == "1":  # a streamed dataset: Accelerate dispatches its batches
+    if iterable:  # a streamed dataset: Accelerate dispatches its batches, or (own) each rank reads it
         rows = data
 
         class Stream(torch.utils.data.IterableDataset):

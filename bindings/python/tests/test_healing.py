@@ -563,6 +563,16 @@ def test_a_trainer_on_a_streamed_dataset_says_it_does_not_heal_and_a_loss_restar
     assert all(ends(logs)[r][-1]["global_step"] == 6 for r in range(3)), out
 
 
+def test_a_trainer_on_a_streamed_dataset_that_each_rank_reads_heals_in_place():
+    """The same stream with dispatch_batches=False (accelerator_config):
+    each rank reads it and keeps its own slice (Accelerate's
+    IterableDatasetShard), so a replacement reaches the survivors' batch
+    by reading the stream up to it, as a resume does. Rank 1 killed in
+    step 5's second backward (the survivors redo the step), rank 2 in
+    step 9's update (committed): bitwise as the uninterrupted run."""
+    trainer_heals({"ZS_TEST_ITERABLE": "own"}, 12, {"1:5:backward": 4, "2:9:update": 9})
+
+
 LIGHTNING_WORLDS = {
     "checkpoints": (("1:1:save", "0:6:backward", "2:10:val"), {"ZS_TEST_CHECKPOINTS": "1"}, True),
     "accumulate": (("1:4:backward1", "0:6:backward", "2:9:update"),

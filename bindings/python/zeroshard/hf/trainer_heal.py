@@ -128,7 +128,9 @@ def _dispatch_why_not(arguments):
         dispatch = isinstance(dataset, torch.utils.data.IterableDataset)
     if dispatch:
         return ("its training batches are dispatched from rank 0 (Accelerate's dispatch_batches, the default for an "
-                "IterableDataset), which a replacement cannot skip to the survivors' batch alone")
+                "IterableDataset), which a replacement cannot skip to the survivors' batch alone; with "
+                "accelerator_config={'dispatch_batches': False} each rank reads the stream for its own slice, and "
+                "the Trainer heals")
     return None
 
 
