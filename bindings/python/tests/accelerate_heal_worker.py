@@ -27,7 +27,10 @@ a process started to grow the world back (ZS_HEAL_JOIN=grow) creates it
 before its Accelerator; a survivor of a shrink, after the step before its
 epoch's last, waits for it and 3 s more (the joiner's request posted), so
 that the world grows back in the epoch's last step and the rank that
-comes back takes part in the evaluation after it.
+comes back takes part in the evaluation after it. $ZS_TEST_STREAM=1: the
+same samples in order as an IterableDataset (no shuffle) under
+DataLoaderConfiguration(dispatch_batches=False), each rank reading the
+stream for its own slice.
 """
 import os
 import signal
@@ -37,6 +40,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from accelerate import DataLoaderConfiguration
 from accelerate.utils import set_seed
 from zeroshard.hf import Accelerator
 import zeroshard.torch as zt
@@ -57,11 +61,23 @@ def main():
     if mark and os.environ.get("ZS_HEAL_JOIN") == "grow":
         open(mark, "w").close()
 
-    accelerator = Accelerator(zeroshard_config=CONFIG, gradient_accumulation_steps=accumulation, cpu=True)
+    stream = os.environ.get("ZS_TEST_STREAM") == "1"
+    # Accelerate would dispatch a stream's batches from rank 0 (no heal).
+    extra = {"dataloader_config": DataLoaderConfiguration(dispatch_batches=False)} if stream else {}
+    accelerator = Accelerator(zeroshard_config=CONFIG, gradient_accumulation_steps=accumulation, cpu=True, **extra)
     set_seed(0)
     model = Net()
     data = TensorDataset(torch.randn(SAMPLES, DIM, generator=torch.Generator().manual_seed(7)))
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    if stream:
+        rows = data
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                return (rows[i] for i in range(len(rows)))
+
+        loader = DataLoader(Stream(), batch_size=BATCH)
+    else:
+        loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     held_out = DataLoader(TensorDataset(torch.randn(12, DIM, generator=torch.Generator().manual_seed(8))),
                           batch_size=BATCH)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)

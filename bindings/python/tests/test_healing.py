@@ -573,6 +573,32 @@ def test_a_trainer_on_a_streamed_dataset_that_each_rank_reads_heals_in_place():
     trainer_heals({"ZS_TEST_ITERABLE": "own"}, 12, {"1:5:backward": 4, "2:9:update": 9})
 
 
+def test_a_plain_accelerate_script_on_a_stream_that_each_rank_reads_heals_in_place():
+    """accelerate_heal_worker.py's samples as an IterableDataset, each rank
+    reading the stream for its own slice (dispatch_batches=False: no
+    sampler, no generator to hand over): rank 1 lost in step 2's backward,
+    rank 2 in step 5's forward (the second epoch's first), rank 0 in step
+    7's update. Every rank's state, every step's loss and the consolidated
+    params bitwise the uninterrupted run's; no job restart."""
+    env = {"ZS_TEST_STREAM": "1"}
+    kills = ["1:2:backward", "2:5:forward", "0:7:update"]
+    code, out, ref_logs, _ = launch(3, restarts=1, worker="accelerate_heal_worker.py", steps=ACCELERATE_EPOCHS,
+                                    env=env)
+    assert code == 0, out
+    code, out, logs, _ = launch(3, *kills, restarts=3, worker="accelerate_heal_worker.py", steps=ACCELERATE_EPOCHS,
+                                env=env)
+    assert code == 0, out
+    assert "starting the job again" not in out and "does not heal" not in out, out
+    for kill in kills:
+        victim, step, where = kill.split(":")
+        assert f"zeroshard.hf.Accelerator: rank {victim} joined at step {int(step) + (where == 'update')}" in out, out
+    check_ends(3, logs, ref_logs, out)
+    ref_loss = {(l["rank"], l["step"]): l["loss"] for ls in ref_logs.values() for l in ls if l["event"] == "step"}
+    for r, ls in logs.items():
+        steps = [l for l in ls if l["event"] == "step"]
+        assert steps and all(l["loss"] == ref_loss[(r, l["step"])] for l in steps), (r, steps)
+
+
 LIGHTNING_WORLDS = {
     "checkpoints": (("1:1:save", "0:6:backward", "2:10:val"), {"ZS_TEST_CHECKPOINTS": "1"}, True),
     "accumulate": (("1:4:backward1", "0:6:backward", "2:9:update"),

@@ -397,7 +397,9 @@ class Accelerator(_accelerator_class(accelerate.Accelerator)):
                 why = "it prepared several optimizers"
             elif type(self._dataloaders[0]) is not accelerate.data_loader.DataLoaderShard:
                 why = f"its first DataLoader is an Accelerate {type(self._dataloaders[0]).__name__}, not a " \
-                      "DataLoaderShard (dispatch_batches, an IterableDataset)"
+                      "DataLoaderShard (dispatch_batches, an IterableDataset's default: with " \
+                      "dataloader_config=DataLoaderConfiguration(dispatch_batches=False) each rank reads the " \
+                      "stream for its own slice, and the script heals)"
             if why is None:
                 healing = self._zs_healing = accelerate_heal.Healing(self, opt)
                 opt._zs_healing = healing
