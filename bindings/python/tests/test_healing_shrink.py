@@ -169,7 +169,6 @@ def test_what_does_not_follow_a_shrink_says_so_by_name():
     assert "use zeroshard.torch.ZeroShardOptimizer" in out, out
 
 
-
 def shrunk_and_regrown(launcher, d, ref_flags, kill):
     """The uninterrupted run (zsrun `ref_flags`) and the run where `kill`
     happens under zsrun --shrink --regrow-after, each by
