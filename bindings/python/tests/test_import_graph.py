@@ -127,8 +127,8 @@ def test_no_import_cycle():
 
 def test_fsdp2s_api_loads_on_first_use():
     """`import zeroshard.torch` does not import torch.distributed.fsdp
-    (torch.distributed.tensor and sympy under it: a third of a second of
-    every rank's start); the first use of `fully_shard` or a policy does,
+    (torch.distributed.tensor and sympy under it: half a second of every
+    rank's start); the first use of `fully_shard` or a policy does,
     and the names are torch's own classes and zeroshard's function, as when
     they were imported eagerly."""
     code = """

@@ -30,8 +30,8 @@ from .weight_stream import full_weights
 from . import zero_grad as _zero_grad  # noqa: F401  (zero_grad drops pushed gradients)
 
 # FSDP2's API loads on first use: its policies are torch.distributed.fsdp's
-# own classes, whose import (torch.distributed.tensor, sympy) is about a
-# third of a second of every rank's start that a script not calling
+# own classes, whose import (torch.distributed.tensor, sympy) is half a
+# second of CPU and 40 MiB of every rank's start that a script not calling
 # fully_shard (a replacement's included) need not pay.
 _FULLY_SHARD_NAMES = ("CPUOffloadPolicy", "MixedPrecisionPolicy", "OffloadPolicy", "ZeroShardFSDPModule",
                       "fully_shard")
