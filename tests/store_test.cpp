@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -763,6 +764,109 @@ TEST(PrefixStore, RejectsNullBaseAndEmptyPrefix) {
   error_of(Code::InvalidArgument, [] { make_prefix_store(nullptr, "g"); });
   std::shared_ptr<Store> base = make_tcp_store("127.0.0.1", 0, true, 500ms);
   error_of(Code::InvalidArgument, [&] { make_prefix_store(base, ""); });
+}
+
+// ------------------------------------------ a server started again on its journal --
+
+// What zsrun does when its zsstore dies: another server on the same port and
+// journal (ZS_STORE_JOURNAL) takes over. Store A, a real process, is killed
+// (ZS_FAULT_STORE) at an ADD it applied and journaled but did not answer,
+// while another client's GET is parked on it; store B waits for the port
+// and starts from the journal. The clients (server_restarts) resend: the ADD
+// is not applied twice, the GET is answered by B, every key A took is there.
+// Forks first, with no thread in this process.
+TEST(StoreJournal, AServerKilledAndStartedAgainOnItsJournalLosesNoKeyAndAppliesNoAddTwice) {
+  unsetenv("ZS_JOB_SECRET");  // no AUTH round trips: the requests below are counted
+  TempDir dir;
+  const std::string journal = dir.path + "/store.journal";
+  const int port = unused_port();
+  IntPipe a_up, b_up, b_end;
+  // A's requests: two HELLOs, SET, SETS, the parked GET, then the ADD (6th).
+  const auto a = fork_children(1, [&](int) {
+    setenv("ZS_STORE_JOURNAL", journal.c_str(), 1);
+    setenv("ZS_FAULT_STORE", "6", 1);
+    zs_store_server server = nullptr;
+    if (zs_store_serve(&server, "127.0.0.1", port, nullptr) != ZS_OK) return 3;
+    a_up.send(1);
+    for (;;) pause();  // until the fault (or fork_children's alarm)
+  });
+  ASSERT_EQ(a_up.receive(), 1);
+  const auto b = fork_children(1, [&](int) {
+    setenv("ZS_STORE_JOURNAL", journal.c_str(), 1);
+    zs_store_server server = nullptr;
+    const auto deadline = Clock::now() + 15s;
+    while (zs_store_serve(&server, "127.0.0.1", port, nullptr) != ZS_OK) {  // A holds the port
+      if (Clock::now() > deadline) return 3;
+      std::this_thread::sleep_for(10ms);
+    }
+    b_up.send(1);
+    b_end.receive();
+    return zs_store_server_destroy(server) == ZS_OK ? 0 : 4;
+  });
+  auto one = make_tcp_store("127.0.0.1", port, false, 10000ms, nullptr, "rank 0", true);
+  auto two = make_tcp_store("127.0.0.1", port, false, 10000ms, nullptr, "rank 1", true);
+  one->set("a", bytes("1"));
+  one->set_many({"b", "c"}, {bytes("2"), bytes("3")});
+  std::string late;
+  std::thread parked([&] { late = text(two->get("late")); });
+  std::this_thread::sleep_for(300ms);  // the GET parked on A before the ADD kills it
+  EXPECT_EQ(one->add("n", 5), 5);      // answered by B, from A's journal: not 10
+  ASSERT_EQ(b_up.receive(), 1);
+  EXPECT_EQ(text(one->get("a")), "1");
+  EXPECT_EQ(text(one->get("c")), "3");  // (two is held by its parked GET)
+  EXPECT_EQ(one->add("n", 1), 6);
+  one->set("late", bytes("from B"));
+  parked.join();
+  EXPECT_EQ(late, "from B");
+  one.reset();
+  two.reset();
+  b_end.send(1);
+  int status = 0;
+  ASSERT_EQ(waitpid(a[0], &status, 0), a[0]);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "store A was not killed by its fault: " << status;
+  expect_children_succeed(b);
+}
+
+// A record cut short (a kill in its write) is dropped and the rest kept; a
+// file that is not a journal is refused by name, not read as one. A client
+// without server_restarts is told the server is gone, as before.
+TEST(StoreJournal, ARecordCutShortIsDroppedAndAFileThatIsNotAJournalIsNamed) {
+  TempDir dir;
+  const std::string journal = dir.path + "/store.journal";
+  setenv("ZS_STORE_JOURNAL", journal.c_str(), 1);
+  zs_store_server server = nullptr;
+  int port = 0;
+  ASSERT_EQ(zs_store_serve(&server, "127.0.0.1", 0, &port), ZS_OK) << zs_last_error();
+  {
+    auto client = make_tcp_store("127.0.0.1", port, false, 2000ms, nullptr, "rank 0");
+    client->set("k", bytes("v"));
+    client->set("k", bytes("v2"));
+    EXPECT_EQ(client->add("c", 2), 2);
+    ASSERT_EQ(zs_store_server_destroy(server), ZS_OK);
+    client->set_timeout(200ms);
+    const std::string msg = error_of(Code::Bootstrap, [&] { client->get("k"); });
+    EXPECT_NE(msg.find("may have exited"), std::string::npos) << msg;
+  }
+  {
+    std::ofstream torn(journal, std::ios::binary | std::ios::app);
+    torn.write("\x01\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00kv", 14);  // a 5-byte value cut after 1
+  }
+  ASSERT_EQ(zs_store_serve(&server, "127.0.0.1", 0, &port), ZS_OK) << zs_last_error();
+  {
+    auto client = make_tcp_store("127.0.0.1", port, false, 2000ms, nullptr, "rank 0");
+    EXPECT_EQ(text(client->get("k")), "v2");
+    EXPECT_EQ(client->add("c", 0), 2);
+    EXPECT_FALSE(client->check("kv"));
+  }
+  ASSERT_EQ(zs_store_server_destroy(server), ZS_OK);
+  // Compacted at the open: one record per key (k, c, and the departures).
+  EXPECT_LT(std::filesystem::file_size(journal), 120u);
+  { std::ofstream(journal) << "not a journal\n"; }
+  EXPECT_EQ(zs_store_serve(&server, "127.0.0.1", 0, &port), ZS_ERR_BOOTSTRAP);
+  const std::string msg = zs_last_error();
+  EXPECT_NE(msg.find(journal), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is not a store journal"), std::string::npos) << msg;
+  unsetenv("ZS_STORE_JOURNAL");
 }
 
 }  // namespace

@@ -610,6 +610,13 @@ class Launcher {
   int warm_sock_ = -1;  // zsrun's end of the socket to it; -1 once ranks are executed
   pid_t store_pid_ = -1;  // zsstore, when this attempt runs one
   std::string store_path_;
+  // The file where zsstore keeps its keys (ZS_STORE_JOURNAL), so that a
+  // zsstore started again after it died serves the same keys on the same
+  // port; the ranks resend the calls it cut short. At most kStoreRestarts
+  // restarts an attempt.
+  std::string store_journal_;
+  long store_restarts_ = 0;
+  static constexpr long kStoreRestarts = 3;
   bool external_store_ = false;
   int master_port_ = 0;
   int store_port_ = 0;
@@ -779,12 +786,29 @@ void Launcher::reset_child(pid_t launcher) const {
   sigprocmask(SIG_SETMASK, &orig_mask_, nullptr);
 }
 
-// With the ranks' environment (their job secret).
+// With the ranks' environment (their job secret) and its journal; a test's
+// store fault (ZS_FAULT_STORE) is one failure: a restarted store runs clean.
 void Launcher::start_store(const std::vector<std::string>& env) {
   const std::string& path = store_path_;
   const std::string port = std::to_string(store_port_);
+  if (store_journal_.empty()) {
+    const char* dir = getenv("TMPDIR");
+    std::string name = std::string(dir && *dir ? dir : "/tmp") + "/zsrun-store-XXXXXX";
+    const int fd = mkstemp(name.data());
+    if (fd < 0) {
+      errorf("healing: cannot create the store's journal '%s': %s; a zsstore that dies is not started again",
+             name.c_str(), strerror(errno));
+    } else {
+      close(fd);
+      store_journal_ = name;
+    }
+  }
+  std::vector<std::string> store_env;
+  for (const std::string& kv : env)
+    if (store_restarts_ == 0 || kv.compare(0, 15, "ZS_FAULT_STORE=") != 0) store_env.push_back(kv);
+  if (!store_journal_.empty()) store_env.push_back("ZS_STORE_JOURNAL=" + store_journal_);
   std::vector<char*> envp;
-  for (const std::string& kv : env) envp.push_back(const_cast<char*>(kv.c_str()));
+  for (const std::string& kv : store_env) envp.push_back(const_cast<char*>(kv.c_str()));
   envp.push_back(nullptr);
   const char* argv[] = {path.c_str(), "--host", opt_.master_addr.c_str(), "--port", port.c_str(), nullptr};
   const pid_t launcher = getpid();
@@ -815,6 +839,11 @@ void Launcher::stop_store() {
   int st = 0;
   waitpid(store_pid_, &st, 0);
   store_pid_ = -1;
+  if (!store_journal_.empty()) {
+    unlink(store_journal_.c_str());
+    unlink((store_journal_ + ".tmp").c_str());
+    store_journal_.clear();
+  }
 }
 
 bool Launcher::heals() const {
@@ -1227,8 +1256,21 @@ void Launcher::reap() {
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     if (pid == store_pid_) {
       store_pid_ = -1;
+      const std::string how = WIFSIGNALED(status) ? "was killed by signal " + describe_signal(WTERMSIG(status))
+                                                  : "exited with status " + std::to_string(WEXITSTATUS(status));
+      if (!terminating_ && !store_journal_.empty() && store_restarts_ < kStoreRestarts) {
+        // The ranks train on (collectives need no store) and resend what
+        // it cut short to the next one, which starts from the journal.
+        ++store_restarts_;
+        errorf("healing: the store (zsstore) %s; starting it again on port %d from its journal (restart %ld of %ld)",
+               how.c_str(), store_port_, store_restarts_, kStoreRestarts);
+        start_store(base_env_);
+        continue;
+      }
       if (!terminating_) {
-        errorf("the store (zsstore) exited (status %d); the job is torn down", status);
+        errorf("the store (zsstore) %s%s; the job is torn down", how.c_str(),
+               store_restarts_ >= kStoreRestarts ? (" after " + std::to_string(kStoreRestarts) + " restarts").c_str()
+                                                 : "");
         if (first_failure_code_ < 0) first_failure_code_ = kExitInternal;
         start_termination();
       }

@@ -3,8 +3,12 @@
 // ranks run with ZS_STORE_SERVER=external and connect to it as clients
 // (docs/healing.md, section 3). zsrun --restarts starts one per attempt.
 //
-//   zsstore [--host H] [--port P]
+//   zsstore [--host H] [--port P] [--journal FILE]
 //
+// With --journal (or ZS_STORE_JOURNAL) it keeps its keys in FILE too, and a
+// zsstore started again on the same FILE and port serves them again: zsrun
+// restarts a zsstore that died so, and the ranks resend the calls it cut
+// short (impl/comm/store/store_journal.h).
 // Serves on H (default 127.0.0.1) and port P (default 0: a free one), says
 // "zsstore: serving on H:P" on stdout once it listens, and runs until
 // SIGTERM, SIGINT or SIGHUP (exit 0). Clients must prove ZS_JOB_SECRET when
@@ -24,7 +28,7 @@
 namespace {
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "zsstore: %s\nusage: zsstore [--host H] [--port P]\n", why.c_str());
+  std::fprintf(stderr, "zsstore: %s\nusage: zsstore [--host H] [--port P] [--journal FILE]\n", why.c_str());
   std::exit(2);
 }
 
@@ -36,7 +40,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
-      std::printf("usage: zsstore [--host H] [--port P]\n");
+      std::printf("usage: zsstore [--host H] [--port P] [--journal FILE]\n");
       return 0;
     }
     if (i + 1 >= argc) usage("option '" + arg + "' needs a value");
@@ -49,6 +53,9 @@ int main(int argc, char** argv) {
       port = std::strtol(v, &end, 10);
       if (errno != 0 || *v == '\0' || *end != '\0' || port < 0 || port > 65535)
         usage(std::string("--port expects a port in 0..65535, got '") + v + "'");
+    } else if (arg == "--journal") {
+      if (*v == '\0') usage("--journal expects a file name");
+      setenv("ZS_STORE_JOURNAL", v, 1);  // what zs_store_serve reads
     } else {
       usage("unknown option '" + arg + "'");
     }

@@ -405,8 +405,10 @@ void Context::connect(const ContextOptions& options) {
       fail(Code::NotSupported, "ZS_HEAL_REPLACEMENT=", replacement_, " for rank 0: rank 0 served the job's store (",
            store_address_, "), which was lost with it; a replacement of rank 0 needs an external store "
            "(ZS_STORE_SERVER=external with tools/zsstore, as zsrun --restarts runs it)");
+    // An external store (zsstore) is started again by zsrun if it dies:
+    // calls it cut short resend to the next one.
     store_ = make_tcp_store(addr.host, addr.port, ranks_.rank == 0 && !external_store_, timeout_, nullptr,
-                            "rank " + std::to_string(ranks_.rank));
+                            "rank " + std::to_string(ranks_.rank), external_store_);
     tcp_store_ = true;
   }
   if (replacing_) find_generation();

@@ -1160,8 +1160,11 @@ ZS_API zs_status zs_heal_joined_state(size_t* size, int* found, zs_context ctx, 
  * (NULL or "": every interface) and port (0: a free one, given in
  * *bound_port, which may be NULL) on a thread of its own until
  * zs_store_server_destroy; clients must prove ZS_JOB_SECRET when it is set
- * in this process. BOOTSTRAP naming the address when it cannot be bound;
- * INVALID_ARGUMENT for a port outside 0..65535. */
+ * in this process. With ZS_STORE_JOURNAL naming a file in this process, the
+ * keys are kept there too and a server started on the same file begins with
+ * those the last one held (zsrun restarts a dead zsstore so). BOOTSTRAP
+ * naming the address when it cannot be bound, or the journal when it cannot
+ * be read or written; INVALID_ARGUMENT for a port outside 0..65535. */
 ZS_API zs_status zs_store_serve(zs_store_server* server, const char* host, int port, int* bound_port);
 ZS_API zs_status zs_store_server_destroy(zs_store_server server);
 

@@ -39,7 +39,8 @@ void apply_request(const sp::Request& r, std::unordered_map<std::string, std::st
     case sp::Cmd::SetMany:
       for (size_t i = 0; i < r.keys.size(); ++i) data.insert_or_assign(r.keys[i], r.values[i]);
       break;
-    case sp::Cmd::Add: {
+    case sp::Cmd::Add:
+    case sp::Cmd::AddOnce: {  // (the server's once-record aside)
       int64_t value = 0;
       const auto it = data.find(r.keys[0]);
       if (it != data.end() && !zs::store_detail::parse_int64(it->second, &value)) break;

@@ -81,9 +81,15 @@ class Store {
 // `who` names this client to the server ("rank 2", at most 64 bytes): when
 // its connection closes, the server appends who and a newline to the key
 // kGoneKey, which is how a peer tells which ranks died (in one request).
+//
+// server_restarts: the server may exit and be started again on the same
+// port from its journal (tools/zsstore under zsrun, store_journal.h): a call
+// whose connection it closed connects again and resends within its
+// deadline (ADD as ADD1, applied once), instead of failing at once.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       std::chrono::milliseconds timeout,
-                                      int* bound_port = nullptr, const std::string& who = "");
+                                      int* bound_port = nullptr, const std::string& who = "",
+                                      bool server_restarts = false);
 inline constexpr char kGoneKey[] = "zs/gone";
 
 // File store: one file per key in dir (created if missing), written

@@ -69,6 +69,7 @@ bool decode_request(const char* body, size_t n, Request* out) {
   out->value.clear();
   out->who.clear();
   out->delta = 0;
+  out->client = out->seq = 0;
   switch (static_cast<Cmd>(cmd)) {
     case Cmd::Hello: {
       out->cmd = Cmd::Hello;
@@ -126,6 +127,15 @@ bool decode_request(const char* body, size_t n, Request* out) {
       out->keys.emplace_back();
       uint64_t raw = 0;
       if (!r.key(&out->keys[0]) || !r.u64(&raw) || !r.done()) return false;
+      out->delta = static_cast<int64_t>(raw);
+      return true;
+    }
+    case Cmd::AddOnce: {
+      out->cmd = Cmd::AddOnce;
+      out->keys.emplace_back();
+      uint64_t raw = 0;
+      if (!r.key(&out->keys[0]) || !r.u64(&raw) || !r.u64(&out->client) || !r.u64(&out->seq) || !r.done())
+        return false;
       out->delta = static_cast<int64_t>(raw);
       return true;
     }
@@ -197,6 +207,21 @@ std::string encode_add(const std::string& key, int64_t delta) {
   return body;
 }
 
+std::string encode_add_once(const std::string& key, int64_t delta, uint64_t client, uint64_t seq) {
+  std::string body = encode_add(key, delta);
+  body[0] = static_cast<char>(Cmd::AddOnce);
+  put_u64(body, client);
+  put_u64(body, seq);
+  return body;
+}
+
+std::string add_once_key(uint64_t client) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string key = "zs/add-once/";
+  for (int shift = 60; shift >= 0; shift -= 4) key += kHex[(client >> shift) & 15];
+  return key;
+}
+
 std::string encode_check(const std::string& key) {
   std::string body(1, static_cast<char>(Cmd::Check));
   put_key(body, key);
@@ -217,6 +242,7 @@ std::string encode_request(const Request& r) {
       return encode_set_many(r.keys.data(), values.data(), r.keys.size());
     }
     case Cmd::Add: return encode_add(r.keys.at(0), r.delta);
+    case Cmd::AddOnce: return encode_add_once(r.keys.at(0), r.delta, r.client, r.seq);
     case Cmd::Check: return encode_check(r.keys.at(0));
   }
   return {};

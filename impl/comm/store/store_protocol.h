@@ -17,6 +17,9 @@
 //     GETS  u32 count, count x (u32 key_length, key)   (answered once all
 //           exist: count x (u64 value_length, value), in the order asked)
 //     ADD   u32 key_length, key, i64 delta           (reply: i64 new value)
+//     ADD1  u32 key_length, key, i64 delta, u64 client, u64 seq   (ADD that a
+//           client may resend after the server restarted: a seq the server
+//           already applied for that client answers the value it gave then)
 //     CHECK u32 key_length, key                      (reply: u8 0 or 1)
 //   reply: u8 status (0 ok, 1 error), u64 payload_length, payload
 //
@@ -33,7 +36,8 @@
 namespace zs::store_protocol {
 
 enum class Cmd : uint8_t {
-  Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6, Auth = 7, SetMany = 8, GetMany = 9
+  Set = 1, Get = 2, Wait = 3, Add = 4, Check = 5, Hello = 6, Auth = 7, SetMany = 8, GetMany = 9,
+  AddOnce = 10
 };
 
 constexpr size_t kAuthProofBytes = 32;  // HMAC-SHA-256 (job_secret.h)
@@ -70,7 +74,8 @@ struct Request {
   std::string who;    // HELLO: the client's name (may be empty)
   std::string value;  // SET; AUTH: the proof
   std::vector<std::string> values;  // SETS, one per key
-  int64_t delta = 0;  // ADD
+  int64_t delta = 0;  // ADD, ADD1
+  uint64_t client = 0, seq = 0;  // ADD1
 };
 
 // Decodes one request body (the bytes after the u32 length). False when it
@@ -90,6 +95,9 @@ std::string encode_set_many(const std::string* keys, const std::vector<char>* va
 // Bytes one key and value add to a SETS body.
 size_t set_many_entry_bytes(const std::string& key, size_t value_bytes);
 std::string encode_add(const std::string& key, int64_t delta);
+std::string encode_add_once(const std::string& key, int64_t delta, uint64_t client, uint64_t seq);
+// Where the server keeps a client's last ADD1 ("seq value", decimal).
+std::string add_once_key(uint64_t client);
 std::string encode_check(const std::string& key);
 std::string encode_request(const Request& r);
 

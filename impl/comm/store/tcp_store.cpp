@@ -28,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -50,7 +51,7 @@ using namespace tcp_wire;  // this file and the server speak it
 class TcpStore final : public Store {
  public:
   TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
-           std::string who);
+           std::string who, bool server_restarts);
   ~TcpStore() override;
   int port() const { return port_; }
 
@@ -71,11 +72,14 @@ class TcpStore final : public Store {
 
   void connect_locked(Clock::time_point deadline);
   // The Hello round trip on a fresh connection; Bootstrap naming the port
-  // when what answers is not a zeroshard store.
-  void greet_locked(Clock::time_point deadline, Clock::time_point start);
+  // when what answers is not a zeroshard store. False (disconnected) when
+  // the connection closed before any answer and the server restarts: a dead
+  // server's listening socket can take a connection as it closes.
+  bool greet_locked(Clock::time_point deadline, Clock::time_point start);
   // Answers the store's job-secret challenge ("" when it sent none);
   // Bootstrap when this rank and the store disagree on having a secret.
-  void prove_locked(const std::string& challenge, Clock::time_point deadline);
+  // False (disconnected) as greet_locked's.
+  bool prove_locked(const std::string& challenge, Clock::time_point deadline);
   void disconnect_locked();
   Io send_all(const std::string& data, Clock::time_point deadline);
   Io recv_exact(char* out, size_t n, Clock::time_point deadline);
@@ -108,17 +112,29 @@ class TcpStore final : public Store {
   uint64_t call_interrupts_ = 0;
   uint64_t requests_ = 0;  // round trips made (under mu_), for ZS_STORE_STATS
   std::atomic<bool> server_lost_{false};
+  // The server may be started again on its journal (zsstore under zsrun):
+  // a call whose connection it closed connects again and resends, its ADDs
+  // as ADD1 under this client's id, so that no resend adds twice.
+  const bool server_restarts_;
+  uint64_t client_id_ = 0;
+  uint64_t add_seq_ = 0;   // under mu_
+  uint64_t resends_ = 0;   // under mu_, for ZS_STORE_STATS
   std::mutex why_mu_;
   std::string why_;
 };
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, milliseconds timeout,
-                   std::string who)
+                   std::string who, bool server_restarts)
     : host_(host.empty() ? "localhost" : host),
       port_(port),
       who_(std::move(who)),
-      secret_(job_secret()) {
+      secret_(job_secret()),
+      server_restarts_(server_restarts) {
   timeout_ = timeout;
+  if (server_restarts_) {
+    std::random_device rd;
+    client_id_ = (uint64_t{rd()} << 32) ^ rd();
+  }
   if (is_server) {
     server_ = std::make_unique<Server>(host, port_, secret_);  // "" binds every interface
     port_ = server_->port();
@@ -130,8 +146,8 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, millisecon
 
 TcpStore::~TcpStore() {
   if (store_stats_wanted())
-    std::fprintf(stderr, "zeroshard: store stats: client '%s' made %llu requests\n", who_.c_str(),
-                 static_cast<unsigned long long>(requests_));
+    std::fprintf(stderr, "zeroshard: store stats: client '%s' made %llu requests (%llu resent to a restarted server)\n",
+                 who_.c_str(), static_cast<unsigned long long>(requests_), static_cast<unsigned long long>(resends_));
   disconnect_locked();
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -203,15 +219,20 @@ void TcpStore::connect_locked(Clock::time_point deadline) {
       if (err == 0) {
         set_nodelay(fd);
         fd_ = fd;
-        greet_locked(deadline, start);
-        server_lost_ = false;
-        return;
+        if (greet_locked(deadline, start)) {
+          server_lost_ = false;
+          return;
+        }
+        last_error = "the connection closed before the store answered";
+        continue;
       }
       last_error = std::strerror(err);
       close(fd);
     }
     const auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) break;
+    // A call waiting for a restarted server is abandoned as any other.
+    if (interrupts_.load() != call_interrupts_) fail_interrupted("connecting");
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, left));
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
@@ -275,7 +296,7 @@ TcpStore::Io TcpStore::recv_exact(char* out, size_t n, Clock::time_point deadlin
   return Io::Ok;
 }
 
-void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start) {
+bool TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start) {
   constexpr size_t n = kStoreMagicBytes;
   const std::string body = store_protocol::encode_hello(who_);
   std::string frame;
@@ -290,11 +311,11 @@ void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start)
     std::string answer(static_cast<size_t>(len), '\0');
     io = recv_exact(answer.data(), answer.size(), deadline);
     if (io == Io::Ok && answer.compare(0, n, kStoreMagic) == 0) {
-      prove_locked(answer.substr(n), deadline);
-      return;
+      return prove_locked(answer.substr(n), deadline);
     }
   }
   disconnect_locked();
+  if (io == Io::Closed && server_restarts_) return false;
   if (io == Io::Interrupted) fail_interrupted("greeting");
   fail(Code::Bootstrap, "store at ", where_, " accepted the connection but ",
        io == Io::Timeout ? "did not answer" : "did not answer as a zeroshard store", " within ",
@@ -303,9 +324,9 @@ void TcpStore::greet_locked(Clock::time_point deadline, Clock::time_point start)
        "(ZS_STORE_PORT, MASTER_PORT)");
 }
 
-void TcpStore::prove_locked(const std::string& challenge, Clock::time_point deadline) {
+bool TcpStore::prove_locked(const std::string& challenge, Clock::time_point deadline) {
   const char* same = ": start every rank with the same ZS_JOB_SECRET (zsrun makes one)";
-  if (challenge.empty() && secret_.empty()) return;
+  if (challenge.empty() && secret_.empty()) return true;
   if (challenge.empty()) {
     disconnect_locked();
     fail(Code::Bootstrap, "this rank has a job secret (ZS_JOB_SECRET) but the store at ", where_,
@@ -325,8 +346,9 @@ void TcpStore::prove_locked(const std::string& challenge, Clock::time_point dead
   Io io = send_all(frame, deadline);
   if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
   if (io == Io::Ok && static_cast<Status>(header[0]) == Status::Ok && load_le(header + 1, 8) == 0)
-    return;
+    return true;
   disconnect_locked();
+  if (io == Io::Closed && server_restarts_) return false;  // the server died under the proof
   if (io == Io::Interrupted) fail_interrupted("the job-secret proof");
   if (io == Io::Timeout)
     fail(Code::Timeout, "the store at ", where_, " did not answer this rank's job-secret proof");
@@ -338,39 +360,57 @@ bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
                         const std::string& what, std::string* payload) {
   call_interrupts_ = interrupts_.load();
   ++requests_;
-  if (fd_ < 0) connect_locked(deadline);
   std::string frame;
   frame.reserve(4 + body.size());
   put_u32(frame, static_cast<uint32_t>(body.size()));
   frame += body;
-  char header[kReplyHeaderBytes];
-  Io io = send_all(frame, deadline);
-  if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
-  uint64_t len = 0;
-  if (io == Io::Ok) {
-    len = load_le(header + 1, 8);
-    if (len > kMaxReplyPayload) {
-      disconnect_locked();
-      fail(Code::Bootstrap, what, ": store at ", where_, " sent a reply of ", len,
-           " bytes, more than the limit of ", kMaxReplyPayload);
+  for (bool resent = false;; resent = true) {
+    if (fd_ < 0) {
+      try {
+        connect_locked(deadline);
+      } catch (const Error& e) {
+        if (!resent) throw;
+        server_lost_ = true;
+        fail(Code::Bootstrap, what, ": the store at ", where_, " closed this rank's connection (its server exited) "
+             "and no server answered there again within the timeout (", timeout_.count(), " ms): ", e.what());
+      }
     }
-    payload->resize(static_cast<size_t>(len));
-    io = recv_exact(payload->data(), payload->size(), deadline);
+    char header[kReplyHeaderBytes];
+    Io io = send_all(frame, deadline);
+    if (io == Io::Ok) io = recv_exact(header, sizeof header, deadline);
+    uint64_t len = 0;
+    if (io == Io::Ok) {
+      len = load_le(header + 1, 8);
+      if (len > kMaxReplyPayload) {
+        disconnect_locked();
+        fail(Code::Bootstrap, what, ": store at ", where_, " sent a reply of ", len,
+             " bytes, more than the limit of ", kMaxReplyPayload);
+      }
+      payload->resize(static_cast<size_t>(len));
+      io = recv_exact(payload->data(), payload->size(), deadline);
+    }
+    if (io == Io::Closed && server_restarts_ && Clock::now() < deadline) {
+      // Its server exited under this call: the launcher starts another on
+      // the same port and journal, and every request is safe to resend.
+      disconnect_locked();
+      ++resends_;
+      continue;
+    }
+    if (io != Io::Ok) {
+      // A late reply must never be read as the answer to the next request.
+      disconnect_locked();
+      if (io == Io::Timeout) return false;
+      if (io == Io::Interrupted) fail_interrupted(what);
+      server_lost_ = true;
+      fail(Code::Bootstrap, what, ": connection to store at ", where_, " lost (",
+           io_errno_ != 0 ? std::strerror(io_errno_) : "closed by the server",
+           "); the store server (rank 0) may have exited");
+    }
+    if (static_cast<Status>(header[0]) != Status::Ok) {
+      fail(Code::InvalidArgument, what, ": store at ", where_, " refused: ", *payload);
+    }
+    return true;
   }
-  if (io != Io::Ok) {
-    // A late reply must never be read as the answer to the next request.
-    disconnect_locked();
-    if (io == Io::Timeout) return false;
-    if (io == Io::Interrupted) fail_interrupted(what);
-    server_lost_ = true;
-    fail(Code::Bootstrap, what, ": connection to store at ", where_, " lost (",
-         io_errno_ != 0 ? std::strerror(io_errno_) : "closed by the server",
-         "); the store server (rank 0) may have exited");
-  }
-  if (static_cast<Status>(header[0]) != Status::Ok) {
-    fail(Code::InvalidArgument, what, ": store at ", where_, " refused: ", *payload);
-  }
-  return true;
 }
 
 void TcpStore::fail_timeout_missing(const std::string& what, Clock::time_point start,
@@ -515,9 +555,10 @@ std::vector<std::vector<char>> TcpStore::get_many(const std::vector<std::string>
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   store_detail::check_key("add", key);
-  const std::string body = store_protocol::encode_add(key, delta);
   const std::string what = "add to key " + quote_key(key);
   std::lock_guard<std::mutex> lock(mu_);
+  const std::string body = server_restarts_ ? store_protocol::encode_add_once(key, delta, client_id_, ++add_seq_)
+                                            : store_protocol::encode_add(key, delta);
   const auto start = Clock::now();
   std::string reply;
   if (!exchange(body, start + timeout_, what, &reply)) fail_timeout(what, start);
@@ -547,7 +588,7 @@ bool TcpStore::check(const std::string& key) {
 
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       std::chrono::milliseconds timeout, int* bound_port,
-                                      const std::string& who) {
+                                      const std::string& who, bool server_restarts) {
   if (who.size() > kMaxClientName)
     fail(Code::InvalidArgument, "tcp store client name '", who, "' is ", who.size(),
          " bytes, more than ", kMaxClientName);
@@ -561,7 +602,7 @@ std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
   if (timeout.count() <= 0) {
     fail(Code::InvalidArgument, "tcp store timeout = ", timeout.count(), " ms: expected > 0");
   }
-  auto store = std::make_unique<TcpStore>(host, port, is_server, timeout, who);
+  auto store = std::make_unique<TcpStore>(host, port, is_server, timeout, who, server_restarts);
   if (bound_port != nullptr) *bound_port = store->port();
   return store;
 }

@@ -2,6 +2,7 @@
 #include "impl/comm/store/tcp_store_server.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -15,6 +16,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cerrno>
+#include <cinttypes>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -30,7 +32,8 @@
 
 namespace zs::tcp_wire {
 
-Server::Server(const std::string& host, int port, std::string secret) : secret_(std::move(secret)) {
+Server::Server(const std::string& host, int port, std::string secret, ServerOptions options)
+    : secret_(std::move(secret)), die_at_request_(options.die_at_request) {
   const std::string where = endpoint(host.empty() ? "*" : host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -71,6 +74,16 @@ Server::Server(const std::string& host, int port, std::string secret) : secret_(
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                                      : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  // Read once the port is this server's: never beside a live one's writes.
+  if (!options.journal.empty()) {
+    try {
+      journal_ = std::make_unique<StoreJournal>(options.journal, &data_);
+    } catch (...) {
+      close(listen_fd_);
+      throw;
+    }
+    for (const auto& [key, value] : data_) stored_bytes_ += key.size() + value.size();
+  }
   if (pipe2(stop_pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {
     const int e = errno;
     close(listen_fd_);
@@ -236,6 +249,10 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
         reply(c, Status::Error, msg.data(), msg.size());
         return true;
       }
+      if (const std::string why = journal({{&key, &req.value}}); !why.empty()) {
+        reply(c, Status::Error, why.data(), why.size());
+        return true;
+      }
       stored_bytes_ += key.size() + req.value.size() - replaced;
       data_.insert_or_assign(key, std::move(req.value));
       reply(c, Status::Ok, nullptr, 0);
@@ -304,29 +321,12 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
     case Cmd::SetMany:
       set_many(c, req.keys, req.values);
       return true;
-    case Cmd::Add: {
-      const std::string& key = req.keys[0];
-      const int64_t delta = req.delta;
-      int64_t value = 0;
-      const auto it = data_.find(key);
-      if (it != data_.end() && !store_detail::parse_int64(it->second, &value)) {
-        const std::string msg = "it holds " + std::to_string(it->second.size()) +
-                                " bytes that are not a decimal integer";
-        reply(c, Status::Error, msg.data(), msg.size());
-        return true;
-      }
-      if (__builtin_add_overflow(value, delta, &value)) {
-        const std::string msg = it->second + " plus " + std::to_string(delta) + " overflows int64";
-        reply(c, Status::Error, msg.data(), msg.size());
-        return true;
-      }
-      std::string text = std::to_string(value);
-      stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
-      data_.insert_or_assign(key, std::move(text));
-      std::string out;
-      put_u64(out, static_cast<uint64_t>(value));
-      reply(c, Status::Ok, out.data(), out.size());
-      wake(key);
+    case Cmd::Add:
+      add(c, req.keys[0], req.delta, nullptr, 0);
+      return true;
+    case Cmd::AddOnce: {
+      const std::string once_key = store_protocol::add_once_key(req.client);
+      add(c, req.keys[0], req.delta, &once_key, req.seq);
       return true;
     }
     case Cmd::Check: {
@@ -376,6 +376,12 @@ void Server::set_many(Conn& c, const std::vector<std::string>& keys, std::vector
     reply(c, Status::Error, msg.data(), msg.size());
     return;
   }
+  std::vector<std::pair<const std::string*, const std::string*>> changes;
+  for (size_t i = 0; i < keys.size(); ++i) changes.emplace_back(&keys[i], &values[i]);
+  if (const std::string why = journal(changes); !why.empty()) {
+    reply(c, Status::Error, why.data(), why.size());
+    return;
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto old = data_.find(keys[i]);
     stored_bytes_ += keys[i].size() + values[i].size() -
@@ -386,7 +392,70 @@ void Server::set_many(Conn& c, const std::vector<std::string>& keys, std::vector
   for (const std::string& key : keys) wake(key);
 }
 
+void Server::add(Conn& c, const std::string& key, int64_t delta, const std::string* once_key, uint64_t seq) {
+  if (once_key) {
+    // A resend of the client's last ADD1, applied before a restart cut its
+    // answer short: the same answer, not a second addition.
+    const auto last = data_.find(*once_key);
+    uint64_t last_seq = 0;
+    int64_t last_value = 0;
+    if (last != data_.end() &&
+        std::sscanf(last->second.c_str(), "%" SCNu64 " %" SCNd64, &last_seq, &last_value) == 2 &&
+        last_seq == seq) {
+      std::string out;
+      put_u64(out, static_cast<uint64_t>(last_value));
+      reply(c, Status::Ok, out.data(), out.size());
+      return;
+    }
+  }
+  int64_t value = 0;
+  const auto it = data_.find(key);
+  if (it != data_.end() && !store_detail::parse_int64(it->second, &value)) {
+    const std::string msg =
+        "it holds " + std::to_string(it->second.size()) + " bytes that are not a decimal integer";
+    reply(c, Status::Error, msg.data(), msg.size());
+    return;
+  }
+  if (__builtin_add_overflow(value, delta, &value)) {
+    const std::string msg = it->second + " plus " + std::to_string(delta) + " overflows int64";
+    reply(c, Status::Error, msg.data(), msg.size());
+    return;
+  }
+  std::string text = std::to_string(value);
+  std::string once_text = once_key ? std::to_string(seq) + " " + text : std::string();
+  // The sum and the client's record of it in one write: a restart keeps
+  // both or neither.
+  std::vector<std::pair<const std::string*, const std::string*>> changes{{&key, &text}};
+  if (once_key) changes.emplace_back(once_key, &once_text);
+  if (const std::string why = journal(changes); !why.empty()) {
+    reply(c, Status::Error, why.data(), why.size());
+    return;
+  }
+  stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
+  data_.insert_or_assign(key, std::move(text));
+  if (once_key) {
+    const auto old = data_.find(*once_key);
+    stored_bytes_ += once_key->size() + once_text.size() -
+                     (old == data_.end() ? 0 : once_key->size() + old->second.size());
+    data_.insert_or_assign(*once_key, std::move(once_text));
+  }
+  std::string out;
+  put_u64(out, static_cast<uint64_t>(value));
+  reply(c, Status::Ok, out.data(), out.size());
+  wake(key);
+}
+
+std::string Server::journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes) {
+  return journal_ ? journal_->record(changes) : std::string();
+}
+
 void Server::reply(Conn& c, Status status, const char* data, size_t n) {
+  if (die_at_request_ != 0 && requests_ >= die_at_request_) {
+    std::fprintf(stderr, "zeroshard store on port %d: ZS_FAULT_STORE=%llu: killed at its request %llu, applied and "
+                 "not answered\n", port_, static_cast<unsigned long long>(die_at_request_),
+                 static_cast<unsigned long long>(requests_));
+    kill(getpid(), SIGKILL);
+  }
   replied_bytes_ += 1 + 8 + n;
   c.out.push_back(static_cast<char>(status));
   put_u64(c.out, n);
@@ -465,6 +534,11 @@ void Server::drop(int fd) {
   if (added) stored_bytes_ += std::strlen(kGoneKey);
   list->second.append(who).push_back('\n');
   stored_bytes_ += who.size() + 1;
+  // Best effort: the list only names departed ranks in messages.
+  if (const std::string why = journal({{&list->first, &list->second}}); !why.empty() && !journal_failed_) {
+    journal_failed_ = true;
+    std::fprintf(stderr, "zeroshard store on port %d: %s\n", port_, why.c_str());
+  }
   wake(kGoneKey);
 }
 

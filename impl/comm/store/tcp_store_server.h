@@ -6,20 +6,31 @@
 
 #include <atomic>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "impl/comm/store/store_journal.h"
 #include "impl/comm/store/tcp_wire.h"
 
 namespace zs::tcp_wire {
 
+struct ServerOptions {
+  // Keeps the keys in this file (store_journal.h) and starts with those a
+  // server on the same file held; "": in memory only.
+  std::string journal;
+  // A test's kill point (ZS_FAULT_STORE=N for tools/zsstore): the process
+  // SIGKILLs itself at its N-th request, applied but not answered. 0: none.
+  uint64_t die_at_request = 0;
+};
+
 class Server {
  public:
   // secret: the job secret every connection must prove it knows, or "".
-  Server(const std::string& host, int port, std::string secret);
+  Server(const std::string& host, int port, std::string secret, ServerOptions options = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -58,6 +69,11 @@ class Server {
   void reply_values(Conn& c, const std::vector<std::string>& keys);
   // SETS: every pair, or none when they would pass kMaxStoredBytes.
   void set_many(Conn& c, const std::vector<std::string>& keys, std::vector<std::string>& values);
+  // ADD, and ADD1 when once_key is set: the client's last (seq, value) is
+  // kept there, and a seq already applied answers its value again.
+  void add(Conn& c, const std::string& key, int64_t delta, const std::string* once_key, uint64_t seq);
+  // Writes the changes to the journal, if any: "" or why not.
+  std::string journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes);
   void flush(Conn& c);
   void wake(const std::string& key);
   void drop(int fd);
@@ -74,6 +90,9 @@ class Server {
   uint64_t replied_bytes_ = 0;  // what the replies carried, framing included (ZS_STORE_STATS)
   int peak_clients_ = 0;
   const std::string secret_;
+  std::unique_ptr<StoreJournal> journal_;
+  const uint64_t die_at_request_;
+  bool journal_failed_ = false;  // said once
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
   std::unordered_map<int, Conn> conns_;
