@@ -108,7 +108,7 @@ asan_tests() {
 # server thread, a group's collective thread, Gloo's pairs, the kernels'
 # pool). Left out: the parser, kernel arithmetic, CUDA/NCCL (skipped without
 # a GPU) and zsrun (a launcher without threads of its own).
-tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*:Heal*:SharedMemoryRings.*:Ranks/RingsWorld.*'
+tsan_filter='CollectiveIdentity.*:CrossMemory.*:Ranks/ReduceScatterRing.*:Heartbeat.*:JobSecret.*:Swapper.*:Settings/SwapperAio.*:TcpStore.*:StoreJournal.*:StoreSemantics*:FileStore.*:PrefixStore.*:Bootstrap.*:Collectives*:Gather*:Coordinator.*:Train*:Optimizer*:Unregister.*:Failure.*:EngineLock.*:Topology.*:MicsHierarchical.*:Hpz.*:LocoTopology.*:ConfigAgreement.*:KernelsParallel.*:KernelsOptimThreads.*:LossScaler.*:CheckpointDirectIo*:Checkpoint.SameWorldSizeResumesBitwise:ParamOffload*:Cases/ParamOffload.*:Cases/OptimizerOffload.*:Heal*:SharedMemoryRings.*:Ranks/RingsWorld.*'
 
 # The files that hold the suites above (and the canary): the TSan build
 # compiles only these (tests/CMakeLists.txt, ZS_TEST_FILES), which
