@@ -869,6 +869,40 @@ TEST(StoreJournal, ARecordCutShortIsDroppedAndAFileThatIsNotAJournalIsNamed) {
   unsetenv("ZS_STORE_JOURNAL");
 }
 
+// A journal that cannot be written (here the file-size limit; a full disk
+// alike) is said and removed, and the store goes on in memory: the job
+// loses its store's restart, not its store. zsrun then restarts no store
+// (there is no journal to start from). Forks first, with no thread here.
+TEST(StoreJournal, AJournalThatCannotBeWrittenIsRemovedAndTheStoreGoesOnInMemory) {
+  TempDir dir;
+  const std::string journal = dir.path + "/store.journal";
+  IntPipe port_pipe, done;
+  const auto server = fork_children(1, [&](int) {
+    signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    const rlimit limit{256, 256};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
+    setenv("ZS_STORE_JOURNAL", journal.c_str(), 1);
+    zs_store_server s = nullptr;
+    int port = 0;
+    if (zs_store_serve(&s, "127.0.0.1", 0, &port) != ZS_OK) return 4;
+    port_pipe.send(port);
+    done.receive();
+    return zs_store_server_destroy(s) == ZS_OK ? 0 : 5;
+  });
+  const int port = port_pipe.receive();
+  auto client = make_tcp_store("127.0.0.1", port, false, 5000ms, nullptr, "rank 0", true);
+  client->set("small", bytes("fits"));
+  EXPECT_TRUE(std::filesystem::exists(journal));
+  client->set("large", bytes(std::string(1024, 'x')));  // past the file's limit
+  EXPECT_FALSE(std::filesystem::exists(journal)) << "the journal that missed a change is still there";
+  EXPECT_EQ(text(client->get("large")), std::string(1024, 'x'));
+  EXPECT_EQ(text(client->get("small")), "fits");
+  EXPECT_EQ(client->add("n", 3), 3);
+  client.reset();
+  done.send(1);
+  expect_children_succeed(server);
+}
+
 }  // namespace
 }  // namespace zs
 

@@ -1258,7 +1258,10 @@ void Launcher::reap() {
       store_pid_ = -1;
       const std::string how = WIFSIGNALED(status) ? "was killed by signal " + describe_signal(WTERMSIG(status))
                                                   : "exited with status " + std::to_string(WEXITSTATUS(status));
-      if (!terminating_ && !store_journal_.empty() && store_restarts_ < kStoreRestarts) {
+      // No journal (it could not be written: the store said so) or too
+      // many restarts: the job is torn down, as without a journal.
+      const bool journal_kept = !store_journal_.empty() && access(store_journal_.c_str(), F_OK) == 0;
+      if (!terminating_ && journal_kept && store_restarts_ < kStoreRestarts) {
         // The ranks train on (collectives need no store) and resend what
         // it cut short to the next one, which starts from the journal.
         ++store_restarts_;
@@ -1269,8 +1272,9 @@ void Launcher::reap() {
       }
       if (!terminating_) {
         errorf("the store (zsstore) %s%s; the job is torn down", how.c_str(),
-               store_restarts_ >= kStoreRestarts ? (" after " + std::to_string(kStoreRestarts) + " restarts").c_str()
-                                                 : "");
+               store_restarts_ >= kStoreRestarts
+                   ? (" after " + std::to_string(kStoreRestarts) + " restarts").c_str()
+                   : (store_journal_.empty() || journal_kept ? "" : " and its journal was not kept (see its message)"));
         if (first_failure_code_ < 0) first_failure_code_ = kExitInternal;
         start_termination();
       }

@@ -33,7 +33,8 @@ class StoreJournal {
 
   // Appends the changes (key, its whole value now) in one write: all of
   // them reach the file or, cut short by a kill, none is read back. "" when
-  // written, else why not (the caller refuses the change).
+  // written, else why not (the server then removes the file and goes on in
+  // memory: a restart from it would serve other keys than these).
   std::string record(const std::vector<std::pair<const std::string*, const std::string*>>& changes);
 
   const std::string& path() const { return path_; }

@@ -249,10 +249,7 @@ bool Server::handle(Conn& c, const char* body, size_t n) {
         reply(c, Status::Error, msg.data(), msg.size());
         return true;
       }
-      if (const std::string why = journal({{&key, &req.value}}); !why.empty()) {
-        reply(c, Status::Error, why.data(), why.size());
-        return true;
-      }
+      journal({{&key, &req.value}});
       stored_bytes_ += key.size() + req.value.size() - replaced;
       data_.insert_or_assign(key, std::move(req.value));
       reply(c, Status::Ok, nullptr, 0);
@@ -378,10 +375,7 @@ void Server::set_many(Conn& c, const std::vector<std::string>& keys, std::vector
   }
   std::vector<std::pair<const std::string*, const std::string*>> changes;
   for (size_t i = 0; i < keys.size(); ++i) changes.emplace_back(&keys[i], &values[i]);
-  if (const std::string why = journal(changes); !why.empty()) {
-    reply(c, Status::Error, why.data(), why.size());
-    return;
-  }
+  journal(changes);
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto old = data_.find(keys[i]);
     stored_bytes_ += keys[i].size() + values[i].size() -
@@ -427,10 +421,7 @@ void Server::add(Conn& c, const std::string& key, int64_t delta, const std::stri
   // both or neither.
   std::vector<std::pair<const std::string*, const std::string*>> changes{{&key, &text}};
   if (once_key) changes.emplace_back(once_key, &once_text);
-  if (const std::string why = journal(changes); !why.empty()) {
-    reply(c, Status::Error, why.data(), why.size());
-    return;
-  }
+  journal(changes);
   stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
   data_.insert_or_assign(key, std::move(text));
   if (once_key) {
@@ -445,8 +436,20 @@ void Server::add(Conn& c, const std::string& key, int64_t delta, const std::stri
   wake(key);
 }
 
-std::string Server::journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes) {
-  return journal_ ? journal_->record(changes) : std::string();
+void Server::journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes) {
+  if (!journal_) return;
+  const std::string why = journal_->record(changes);
+  if (why.empty()) return;
+  // The store goes on in memory. A server started on what the file holds
+  // would serve keys that are not these, so the file goes: the launcher
+  // then restarts no store, and names why.
+  const std::string path = journal_->path();
+  journal_.reset();
+  unlink(path.c_str());
+  std::fprintf(stderr,
+               "zeroshard store on port %d: %s; it goes on in memory and '%s' is removed, so a store that dies "
+               "now is not started again\n",
+               port_, why.c_str(), path.c_str());
 }
 
 void Server::reply(Conn& c, Status status, const char* data, size_t n) {
@@ -535,10 +538,7 @@ void Server::drop(int fd) {
   list->second.append(who).push_back('\n');
   stored_bytes_ += who.size() + 1;
   // Best effort: the list only names departed ranks in messages.
-  if (const std::string why = journal({{&list->first, &list->second}}); !why.empty() && !journal_failed_) {
-    journal_failed_ = true;
-    std::fprintf(stderr, "zeroshard store on port %d: %s\n", port_, why.c_str());
-  }
+  journal({{&list->first, &list->second}});
   wake(kGoneKey);
 }
 

@@ -72,8 +72,9 @@ class Server {
   // ADD, and ADD1 when once_key is set: the client's last (seq, value) is
   // kept there, and a seq already applied answers its value again.
   void add(Conn& c, const std::string& key, int64_t delta, const std::string* once_key, uint64_t seq);
-  // Writes the changes to the journal, if any: "" or why not.
-  std::string journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes);
+  // Writes the changes to the journal, if any; one that cannot be written
+  // is said once and removed, and the store goes on in memory.
+  void journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes);
   void flush(Conn& c);
   void wake(const std::string& key);
   void drop(int fd);
@@ -92,7 +93,6 @@ class Server {
   const std::string secret_;
   std::unique_ptr<StoreJournal> journal_;
   const uint64_t die_at_request_;
-  bool journal_failed_ = false;  // said once
   int stop_pipe_[2] = {-1, -1};
   int port_ = 0;
   std::unordered_map<int, Conn> conns_;
