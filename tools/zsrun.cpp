@@ -834,12 +834,13 @@ void Launcher::start_store(const std::vector<std::string>& env) {
 }
 
 void Launcher::stop_store() {
-  if (store_pid_ <= 0) return;
-  kill(store_pid_, SIGTERM);
-  int st = 0;
-  waitpid(store_pid_, &st, 0);
-  store_pid_ = -1;
-  if (!store_journal_.empty()) {
+  if (store_pid_ > 0) {
+    kill(store_pid_, SIGTERM);
+    int st = 0;
+    waitpid(store_pid_, &st, 0);
+    store_pid_ = -1;
+  }
+  if (!store_journal_.empty()) {  // also when the store died first
     unlink(store_journal_.c_str());
     unlink((store_journal_ + ".tmp").c_str());
     store_journal_.clear();

@@ -369,7 +369,7 @@ bool TcpStore::exchange(const std::string& body, Clock::time_point deadline,
       try {
         connect_locked(deadline);
       } catch (const Error& e) {
-        if (!resent) throw;
+        if (!resent || e.code() != Code::Bootstrap) throw;  // an interrupt says its own why
         server_lost_ = true;
         fail(Code::Bootstrap, what, ": the store at ", where_, " closed this rank's connection (its server exited) "
              "and no server answered there again within the timeout (", timeout_.count(), " ms): ", e.what());
