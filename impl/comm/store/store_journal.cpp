@@ -75,9 +75,8 @@ StoreJournal::StoreJournal(const std::string& path, std::unordered_map<std::stri
     while (file.size() - at >= kRecordHeader) {
       const uint64_t key_bytes = store_protocol::load_le(file.data() + at, 4);
       const uint64_t value_bytes = store_protocol::load_le(file.data() + at + 4, 8);
-      if (key_bytes > Store::kMaxKeyBytes || value_bytes > file.size() - at - kRecordHeader - key_bytes ||
-          key_bytes > file.size() - at - kRecordHeader)
-        break;
+      const size_t left = file.size() - at - kRecordHeader;
+      if (key_bytes > Store::kMaxKeyBytes || key_bytes > left || value_bytes > left - key_bytes) break;
       const char* p = file.data() + at + kRecordHeader;
       (*keys)[std::string(p, key_bytes)] = std::string(p + key_bytes, value_bytes);
       at += kRecordHeader + key_bytes + value_bytes;
