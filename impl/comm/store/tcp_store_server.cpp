@@ -376,12 +376,7 @@ void Server::set_many(Conn& c, const std::vector<std::string>& keys, std::vector
   std::vector<std::pair<const std::string*, const std::string*>> changes;
   for (size_t i = 0; i < keys.size(); ++i) changes.emplace_back(&keys[i], &values[i]);
   journal(changes);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const auto old = data_.find(keys[i]);
-    stored_bytes_ += keys[i].size() + values[i].size() -
-                     (old == data_.end() ? 0 : keys[i].size() + old->second.size());
-    data_.insert_or_assign(keys[i], std::move(values[i]));
-  }
+  for (size_t i = 0; i < keys.size(); ++i) assign(keys[i], std::move(values[i]));
   reply(c, Status::Ok, nullptr, 0);
   for (const std::string& key : keys) wake(key);
 }
@@ -422,18 +417,18 @@ void Server::add(Conn& c, const std::string& key, int64_t delta, const std::stri
   std::vector<std::pair<const std::string*, const std::string*>> changes{{&key, &text}};
   if (once_key) changes.emplace_back(once_key, &once_text);
   journal(changes);
-  stored_bytes_ += key.size() + text.size() - (it == data_.end() ? 0 : key.size() + it->second.size());
-  data_.insert_or_assign(key, std::move(text));
-  if (once_key) {
-    const auto old = data_.find(*once_key);
-    stored_bytes_ += once_key->size() + once_text.size() -
-                     (old == data_.end() ? 0 : once_key->size() + old->second.size());
-    data_.insert_or_assign(*once_key, std::move(once_text));
-  }
+  assign(key, std::move(text));
+  if (once_key) assign(*once_key, std::move(once_text));
   std::string out;
   put_u64(out, static_cast<uint64_t>(value));
   reply(c, Status::Ok, out.data(), out.size());
   wake(key);
+}
+
+void Server::assign(const std::string& key, std::string value) {
+  const auto old = data_.find(key);
+  stored_bytes_ += key.size() + value.size() - (old == data_.end() ? 0 : key.size() + old->second.size());
+  data_.insert_or_assign(key, std::move(value));
 }
 
 void Server::journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes) {

@@ -72,6 +72,8 @@ class Server {
   // ADD, and ADD1 when once_key is set: the client's last (seq, value) is
   // kept there, and a seq already applied answers its value again.
   void add(Conn& c, const std::string& key, int64_t delta, const std::string* once_key, uint64_t seq);
+  // Stores key = value, keeping stored_bytes_ (no limit checked here).
+  void assign(const std::string& key, std::string value);
   // Writes the changes to the journal, if any; one that cannot be written
   // is said once and removed, and the store goes on in memory.
   void journal(const std::vector<std::pair<const std::string*, const std::string*>>& changes);
