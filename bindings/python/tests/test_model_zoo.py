@@ -116,6 +116,28 @@ def test_generate_with_ranks_stopping_at_different_lengths(world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_a_generate_whole_gather_is_kept_for_the_training_step_that_follows(world):
+    """GRPO's shape: generate(), then train on the same weights. Kept (the
+    default), the step's forward gathers nothing (the released twin's
+    forward gathers the whole model again), with the same tokens, losses
+    and weights bit for bit; nothing stays gathered past an optimizer
+    step; a second generate() back to back gathers nothing; keep=False
+    lets go of what a call kept."""
+    for r in zoo(world)["generate"]["ranks"]:
+        rl = r["rl"]
+        kept, released = rl["kept"], rl["released"]
+        assert kept["tokens"] == released["tokens"] and kept["losses"] == released["losses"], rl
+        assert rl["same_weights"], rl
+        assert all(kept["kept_after_generate"]) and not any(released["kept_after_generate"]), rl
+        assert all(kept["none_after_step"]) and all(released["none_after_step"]), rl
+        whole = released["generate_bytes"][0]
+        assert whole > 0 and kept["generate_bytes"] == released["generate_bytes"] == [whole] * 3, rl
+        for mine, theirs in zip(kept["step_bytes"], released["step_bytes"]):
+            assert mine <= theirs - whole, rl  # at least the forward's whole gather saved
+        assert kept["again_bytes"] == 0 and kept["let_go"], rl
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_a_frozen_models_call_under_no_grad_gathers_it_whole_once_and_keeps_it(world):
     for r in zoo(world)["inference_gather"]["ranks"]:
         calls = r["calls"]

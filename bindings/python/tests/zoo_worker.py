@@ -613,10 +613,72 @@ def run_generate(rank):
     mine = {"equal": bool(torch.equal(ours, ref)), "length": int(ours.shape[1]),
             "per_forward_equal": bool(torch.equal(per_forward, ref)), "released_after": released_after,
             "peft_equal": peft_equal, "synced_equal": bool(torch.equal(synced, ref)),
-            "synced_allreduce_bytes": synced_bytes, "agreement_allreduce_bytes": agreement_bytes}
+            "synced_allreduce_bytes": synced_bytes, "agreement_allreduce_bytes": agreement_bytes,
+            "rl": run_generate_then_train(rank)}
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return {"ranks": every}
+
+
+def run_generate_then_train(rank):
+    """An online RL loop's shape (GRPO's): generate(), then a training step
+    on the same weights, three times, ranks decoding to different lengths;
+    once with the whole gather kept after each generate() (the default) and
+    once released at its end (keep=False), on twin models. Returns per
+    mode: the tokens, losses and final weights (equal across modes), the
+    bytes each training step gathered and one generate()'s whole gather,
+    whether each generate() left every param gathered without a view and
+    each optimizer step left none gathered; for the kept model also a
+    second generate() back to back (gathers nothing) and
+    set_generation_gather(keep=False) afterwards (lets go)."""
+    ctx = zt.get_context()
+    received = lambda: ctx.fetch_stats()["gather_bytes_received"]
+
+    def gathered(model):
+        return [p.zs.zparam.status == "AVAILABLE" for p in model.parameters()]
+
+    def loop(keep):
+        with zt.Init(config=CONFIG):
+            model = build(hf_llama)
+        zt.partition_module(model)
+        zt.set_generation_gather(model, keep=keep)
+        opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-2)
+        r = {"tokens": [], "losses": [], "step_bytes": [], "generate_bytes": [], "kept_after_generate": [],
+             "none_after_step": []}
+        for it in range(3):
+            model.eval()
+            before = received()
+            with torch.no_grad():
+                tokens = model.generate(lm_batch(it, rank)[:, :4], max_new_tokens=2 + 2 * rank, do_sample=False,
+                                        use_cache=True, pad_token_id=0)
+            r["generate_bytes"].append(received() - before)
+            r["kept_after_generate"].append(all(gathered(model)) and not any(p.zs.attached for p in model.parameters()))
+            r["tokens"].append(tokens.tolist())
+            model.train()
+            before = received()
+            loss = causal_lm_loss(model, lm_batch(10 + it, rank))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            r["step_bytes"].append(received() - before)
+            r["none_after_step"].append(not any(gathered(model)))
+            r["losses"].append(loss.item())
+        if keep == "auto":
+            with torch.no_grad():
+                prompt = lm_batch(0, rank)[:, :4]
+                model.generate(prompt, max_new_tokens=2, do_sample=False, use_cache=True, pad_token_id=0)
+                before = received()
+                model.generate(prompt, max_new_tokens=2, do_sample=False, use_cache=True, pad_token_id=0)
+                r["again_bytes"] = received() - before
+            zt.set_generation_gather(model, keep=False)
+            r["let_go"] = not any(gathered(model))
+        with zt.GatheredParameters(list(model.parameters())):
+            r["weights"] = [p.detach().clone() for p in model.parameters()]
+        return r
+
+    kept, released = loop("auto"), loop(False)
+    same_weights = all(torch.equal(a, b) for a, b in zip(kept.pop("weights"), released.pop("weights")))
+    return {"kept": kept, "released": released, "same_weights": same_weights}
 
 
 def run_inference_gather(rank):

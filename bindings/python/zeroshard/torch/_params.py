@@ -267,12 +267,14 @@ def attach_views(params, available=False):
             _attach(p)
 
 
-def detach_views(params):
-    """Drop views of params the engine no longer holds gathered. A param
+def detach_views(params, held=False):
+    """Drop views of params the engine no longer holds gathered (with
+    `held`: also of those it holds, whose buffer it now owns alone and
+    may release without telling, as the fetch coordinator does). A param
     whose .data user code replaced meanwhile keeps it, for adopt_assigned."""
     for p in params:
         z = p.zs
-        if z.attached and z.zparam.status != "AVAILABLE":
+        if z.attached and (held or z.zparam.status != "AVAILABLE"):
             if p.data_ptr() == z.view_ptr:
                 param_type.mark_released(p)
             z.attached = False

@@ -23,16 +23,37 @@ the activations); the ranks agree on it (one all-reduce), as a rank
 gathering whole beside one gathering per forward would never pair.
 set_generation_gather(model, mode) or generate(..., zs_gather=mode)
 chooses: "auto" (the default), True (whole), False (per forward).
+
+Kept after the call. Nothing changes the params between a generate() and
+what usually follows it: the training forward of an online RL step
+(GRPO, RLOO, online DPO: generate, score, then train on the same
+weights), or the next generate() of an evaluation loop. When the params
+also fit in a quarter of the available memory (KEEP_FRACTION, agreed by
+every rank), the whole gather is handed to the engine's fetch
+coordinator instead of being released: the next generate() gathers
+nothing, and the next step's forward finds each unit gathered and
+releases it after its use by the coordinator's usual rules (the backward
+gathers again as it would), so the forward's gathers are saved at no new
+peak (the call itself held the whole model). What no step uses goes at
+the next step's end, and everything at the next optimizer step (which
+rewrites the shards) or when set_generation_gather(model, keep=False)
+lets it go. Only between steps: a generate() inside an open step (between
+a training forward and its optimizer step) releases at its end as
+before. set_generation_gather(model, mode, keep) chooses: keep "auto"
+(the default), True (whenever gathered whole), False (released at the
+call's end).
 """
 import types
 
 import torch
 
 from ._context import get_context
-from ._params import GatheredParameters, is_partitioned
+from ._params import GatheredParameters, attach_views, detach_views, is_partitioned, zparams
+from .hook_state import hook_state
 from .hooks import hooks_suspended
 
 FIT_FRACTION = 0.5  # of the device's available memory the gathered params may take
+KEEP_FRACTION = 0.25  # of it, for a whole gather kept after the call for what follows
 
 
 def install(model):
@@ -59,13 +80,22 @@ def _generates(model):
     return callable(getattr(type(model), "_has_unfinished_sequences", None))
 
 
-def set_generation_gather(model, mode="auto"):
+def set_generation_gather(model, mode="auto", keep="auto"):
     """How `model.generate()` gathers: "auto" (whole when the params fit
     in half the available memory, agreed by all ranks), True (whole), False
-    (module by module, per decode step)."""
+    (module by module, per decode step); and whether a whole gather stays
+    for what follows (the next step's forward, the next generate()): "auto"
+    (when the params fit in KEEP_FRACTION of it), True, False (released at
+    the call's end; what an earlier call kept is let go now, on every rank:
+    collective)."""
     check_gather_mode(mode)
+    check_gather_mode(keep)
     target = _generating_model(model)
-    (model if target is None else target).__dict__["_zs_generation_gather"] = mode
+    target = model if target is None else target
+    target.__dict__["_zs_generation_gather"] = mode
+    target.__dict__["_zs_generation_keep"] = keep
+    if mode is False or keep is False:
+        _let_go(target)
     return model
 
 
@@ -81,7 +111,11 @@ def _generate(model, *args, zs_gather=None, **kwargs):
     ctx = get_context()
     if gathers_whole(model, mode, ctx):
         params = [p for p in model.parameters() if is_partitioned(p)]
-        with GatheredParameters(params), hooks_suspended(model):
+        keep = model.__dict__.get("_zs_generation_keep", "auto")
+        # Every rank's step is open or not alike (the same program), so the
+        # ranks agree on it as on the fit.
+        kept = not hook_state().step_open and gathers_whole(model, keep, ctx, KEEP_FRACTION)
+        with (_KeptGather(params) if kept else GatheredParameters(params)), hooks_suspended(model):
             # Nothing in the call pairs across ranks now (no gather, no hook),
             # so synced_gpus=True, as ZeRO-3 users and TRL pass it, would only
             # add an all-reduce per token ("is any rank still decoding"),
@@ -92,6 +126,51 @@ def _generate(model, *args, zs_gather=None, **kwargs):
     if kwargs.get("synced_gpus") is None:
         kwargs["synced_gpus"] = ctx.world_size > 1
     return type(model).generate(model, *args, **kwargs)
+
+
+class _KeptGather:
+    """A whole gather through the fetch coordinator, outside any step: the
+    gathered params become its live ones, released by its rules after the
+    block (see the module docstring), not at its end. The block's views
+    are dropped at its end as a release would: the next forward's hooks
+    attach them again from the coordinator, and a param it releases
+    leaves no view behind. If the block raises, the params go at once."""
+
+    def __init__(self, params):
+        self.params = params
+        self.fetched = []
+        self.viewed = []
+
+    def __enter__(self):
+        self.viewed = [p for p in self.params if not p.zs.attached]
+        self.fetched = [p for p in self.viewed if p.zs.zparam.status != "AVAILABLE"]
+        if self.fetched:
+            get_context().coord_fetch(zparams(self.fetched))  # collective: every rank's list is alike
+        attach_views(self.params)
+        return self
+
+    def __exit__(self, *exc):
+        # Raised: released at once; those a heal meanwhile dropped (no
+        # longer gathered) are not the coordinator's to release.
+        held = [p for p in self.fetched if p.zs.zparam.status == "AVAILABLE"] if exc[0] is not None else []
+        if held:
+            get_context().coord_release(zparams(held))
+        # Persistent params keep theirs, as after a unit's release.
+        detach_views([p for p in self.viewed if not p.zs.persistent], held=True)
+        return False
+
+
+def _let_go(model):
+    """Release what the coordinator holds of `model`'s params between
+    steps (what a kept generate() left). Local, but every rank's program
+    calls it alike, so the coordinators' live params stay equal. Inside
+    an open step they are the step's: left to it."""
+    if hook_state().step_open:
+        return
+    held = [p for p in model.parameters() if is_partitioned(p) and p.zs.zparam.status == "AVAILABLE"]
+    if held:
+        get_context().coord_release(zparams(held))
+        detach_views(held)
 
 
 def bytes_to_gather(params):
