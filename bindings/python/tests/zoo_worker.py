@@ -681,6 +681,40 @@ def run_generate_then_train(rank):
     return {"kept": kept, "released": released, "same_weights": same_weights}
 
 
+def run_checkpointed(rank):
+    """A Llama of 2 layers x 512 (big enough that a layer's units do not
+    all fit the coordinator's windows) with and without activation
+    checkpointing (non-reentrant, as TRL and the HF Trainer enable it, and
+    reentrant), three steps each: the losses, and the bytes each step's
+    backward gathered (the last step's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    ctx = zt.get_context()
+    out = {}
+    for name, kwargs in (("plain", None), ("checkpointed", {"use_reentrant": False}),
+                         ("reentrant", {"use_reentrant": True})):
+        with zt.Init(config=CONFIG):
+            model = build(lambda: LlamaForCausalLM(LlamaConfig(
+                vocab_size=VOCAB, hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64)))
+        if kwargs is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        zt.partition_module(model)
+        model.train()
+        opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-3)
+        losses = []
+        for step in range(3):
+            loss = causal_lm_loss(model, lm_batch(step, rank))
+            before = ctx.fetch_stats()["gather_bytes_received"]
+            loss.backward()
+            backward_bytes = ctx.fetch_stats()["gather_bytes_received"] - before
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        left = sum(1 for p in model.parameters() if p.zs.zparam.status == "AVAILABLE" and not p.zs.persistent)
+        out[name] = {"losses": losses, "backward_bytes": backward_bytes, "left_gathered": left}
+    return out
+
+
 def run_inference_gather(rank):
     """A frozen model's calls under no_grad with set_inference_gather:
     one gather the first call (module by module before), kept for the
@@ -797,6 +831,8 @@ def main():
             result[name] = run_deepcopy(rank)
         elif name == "generate":
             result[name] = run_generate(rank)
+        elif name == "checkpointed":
+            result[name] = run_checkpointed(rank)
         elif name == "inference_gather":
             result[name] = run_inference_gather(rank)
         elif name == "resize":

@@ -268,10 +268,18 @@ def _kept_for_backward(unit, output):
     """A unit fully_shard'd with reshard_after_forward=False (the root by
     default) keeps its forward's hold for its backward, which then gathers
     nothing: the hold goes once its params' gradients have come
-    (_grad_arrived). Only a unit with params that take a gradient and an
-    output that needs one; a second forward before that backward
-    (activation checkpointing's) gives its own hold back as usual."""
-    if not (unit.keep_for_backward and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
+    (_grad_arrived). So does every unit's forward re-run inside the
+    backward (activation checkpointing's recompute), as FSDP2 leaves a
+    block gathered from its recompute to its backward: released after the
+    recompute, its params were gathered again moments later for the
+    backward of the same layer (a third of a step's gathers under
+    TRL's default gradient checkpointing); held, the backward holds one
+    checkpointed layer's params at a time. Only a unit with params that
+    take a gradient and an output that needs one; a second forward before
+    that backward (activation checkpointing's) gives its own hold back as
+    usual."""
+    recompute = torch._C._current_graph_task_id() != -1
+    if not ((unit.keep_for_backward or recompute) and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
         return False
     pending = {p for p in unit.params if p.requires_grad}
     if not pending or not _output_tensors(output, []):
