@@ -74,10 +74,26 @@ def test_a_checkpointed_backward_gathers_about_what_one_without_checkpointing_do
     checkpoint kinds, with the same losses bit for bit."""
     r = zoo(world)["checkpointed"]
     plain = r["plain"]
+    assert plain["recomputed"] == 0, r
+    for kind in ("checkpointed", "reentrant", "whole"):
+        assert r[kind]["losses"] == plain["losses"] and r[kind]["left_gathered"] == 0, r
+        assert r[kind]["recomputed"] == 3, r  # once a step
     for kind in ("checkpointed", "reentrant"):
-        assert r[kind]["losses"] == plain["losses"], r
         assert 0 < r[kind]["backward_bytes"] <= 1.3 * plain["backward_bytes"], r
-        assert r[kind]["left_gathered"] == 0, r
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_one_checkpoint_around_the_whole_model_recomputes_and_holds_at_most_a_quarter_of_it(world):
+    """torch's non-reentrant checkpoint around the whole partitioned model:
+    its forward keeps no activation and the backward runs the model again
+    (before, the root's saved-tensor hooks took what the checkpoint drops:
+    every activation kept, nothing recomputed). That recompute runs every
+    layer before any of their backwards, so the units it holds for their
+    backward stay within a quarter of the model: the most gathered at once
+    stays under half of it (without the bound, all of it)."""
+    whole = zoo(world)["checkpointed"]["whole"]
+    assert whole["recomputed"] == 3, whole
+    assert whole["peak_live_elements"] <= 0.5 * whole["elements"], whole
 
 
 # Under bf16.enabled: every model of the zoo but "mixed" (whose dtypes are

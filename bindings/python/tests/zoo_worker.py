@@ -682,28 +682,38 @@ def run_generate_then_train(rank):
 
 
 def run_checkpointed(rank):
-    """A Llama of 2 layers x 512 (big enough that a layer's units do not
+    """A Llama of 4 layers x 512 (big enough that a layer's units do not
     all fit the coordinator's windows) with and without activation
-    checkpointing (non-reentrant, as TRL and the HF Trainer enable it, and
-    reentrant), three steps each: the losses, and the bytes each step's
-    backward gathered (the last step's)."""
+    checkpointing (non-reentrant, as TRL and the HF Trainer enable it,
+    reentrant, and one checkpoint around the whole model), three steps
+    each: the losses, the bytes the last step's backward gathered, and
+    (the whole-model kind) the most elements gathered at once."""
     from transformers import LlamaConfig, LlamaForCausalLM
     ctx = zt.get_context()
     out = {}
-    for name, kwargs in (("plain", None), ("checkpointed", {"use_reentrant": False}),
+    # "whole" first: the coordinator's peak of gathered elements is the
+    # context's, and it is read after that kind alone.
+    for name, kwargs in (("whole", None), ("plain", None), ("checkpointed", {"use_reentrant": False}),
                          ("reentrant", {"use_reentrant": True})):
         with zt.Init(config=CONFIG):
             model = build(lambda: LlamaForCausalLM(LlamaConfig(
-                vocab_size=VOCAB, hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
+                vocab_size=VOCAB, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                 num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64)))
         if kwargs is not None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         zt.partition_module(model)
         model.train()
         opt = zt.ZeroShardOptimizer(model.parameters(), lr=1e-3)
+        recomputed = []  # a layer's forwards run inside a backward
+        model.model.layers[0].mlp.register_forward_pre_hook(
+            lambda m, a: recomputed.append(1) if torch._C._current_graph_task_id() != -1 else None)
         losses = []
         for step in range(3):
-            loss = causal_lm_loss(model, lm_batch(step, rank))
+            x = lm_batch(step, rank)
+            if name == "whole":  # one checkpoint around the whole model: its recompute runs every layer
+                loss = torch.utils.checkpoint.checkpoint(causal_lm_loss, model, x, use_reentrant=False)
+            else:
+                loss = causal_lm_loss(model, x)
             before = ctx.fetch_stats()["gather_bytes_received"]
             loss.backward()
             backward_bytes = ctx.fetch_stats()["gather_bytes_received"] - before
@@ -711,7 +721,9 @@ def run_checkpointed(rank):
             opt.zero_grad()
             losses.append(loss.item())
         left = sum(1 for p in model.parameters() if p.zs.zparam.status == "AVAILABLE" and not p.zs.persistent)
-        out[name] = {"losses": losses, "backward_bytes": backward_bytes, "left_gathered": left}
+        out[name] = {"losses": losses, "backward_bytes": backward_bytes, "left_gathered": left,
+                     "peak_live_elements": ctx.coord_stats()["peak_live_elements"], "recomputed": len(recomputed),
+                     "elements": sum(p.numel() for p in model.parameters())}
     return out
 
 

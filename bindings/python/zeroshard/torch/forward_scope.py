@@ -67,7 +67,11 @@ def _root_pre_forward(module, inputs):
         hook_state().scopes += 1
         if engine.units_to_check:
             engine.hook_kept_units_only_when_needed()
-    saved.push(by_reference=engine is None or engine.saves_by_reference)
+    # Not over another saved-tensor hook: under torch's non-reentrant
+    # checkpoint around the whole model, ours would take what the
+    # checkpoint drops, and the model would keep every activation and
+    # never recompute (as a scope a unit opens, _open_scope).
+    saved.push(by_reference=(engine is None or engine.saves_by_reference) and not _other_saved_hooks())
 
 
 def _root_post_forward(module, inputs, output):

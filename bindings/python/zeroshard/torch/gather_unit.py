@@ -51,6 +51,7 @@ class _Unit:
         # backward (reshard_after_forward=False), from the backward to the
         # step's end (set_reshard_after_backward(False)); held by unshard().
         self.keep_for_backward = False
+        self.recompute_held = False  # its hold from a recompute is kept for its backward (_kept_for_backward)
         self.keep_after_backward = False
         self.kept_after_backward = False
         self.user_hold = False
@@ -78,7 +79,7 @@ class _Unit:
         self.bwd_held = self.bwd_needs = False
         self.released_early.clear()
         self.open_calls = 0
-        self.kept_after_backward = self.user_hold = False
+        self.kept_after_backward = self.user_hold = self.recompute_held = False
         held = []
         for p in self.params:
             z = p.zs
@@ -277,12 +278,18 @@ def _kept_for_backward(unit, output):
     checkpointed layer's params at a time. Only a unit with params that
     take a gradient and an output that needs one; a second forward before
     that backward (activation checkpointing's) gives its own hold back as
-    usual."""
+    usual. The recompute's holds stay within a budget (HookEngine.
+    recompute_budget: the largest unit, or a quarter of the model), so a
+    checkpoint around many layers, or the whole model, whose recompute runs
+    them all before any of their backwards, holds no more than that; the
+    units past it release as before."""
     recompute = torch._C._current_graph_task_id() != -1
     if not ((unit.keep_for_backward or recompute) and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
         return False
     pending = {p for p in unit.params if p.requires_grad}
     if not pending or not _output_tensors(output, []):
+        return False
+    if not unit.keep_for_backward and not unit.engine.hold_recompute(unit):
         return False
     unit.pending = pending
     unit.engine._hook_grads(pending)

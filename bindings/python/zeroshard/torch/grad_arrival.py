@@ -100,6 +100,35 @@ class GradArrival:
         self._batches = None   # self.swept by dtype, with their zeroshard.GradBatch
         self._sweepable = set()  # ids of the params that may be swept
         self._sweep_queued = False
+        self.recompute_elements = 0  # of units held from a recompute for their backward
+        self._recompute_budget = None
+
+    @property
+    def recompute_budget(self):
+        """Elements the units a recompute holds for their backward may
+        total: the largest unit's, or a quarter of the model's if more
+        (a checkpointed layer of a model of per-module units, down to a
+        model of 4 layers; a checkpoint around more layers or the whole
+        model holds no more than that)."""
+        if self._recompute_budget is None:
+            sizes = [sum(p.numel() for p in unit.params) for unit in self.units]
+            self._recompute_budget = max(max(sizes, default=0), sum(sizes) // 4)
+        return self._recompute_budget
+
+    def hold_recompute(self, unit):
+        """Whether `unit`, run again in a backward, keeps its hold for its
+        own backward (within recompute_budget); counted if so."""
+        size = sum(p.numel() for p in unit.params)
+        if self.recompute_elements + size > self.recompute_budget:
+            return False
+        self.recompute_elements += size
+        unit.recompute_held = True
+        return True
+
+    def _end_recompute_hold(self, unit):
+        if unit.recompute_held:
+            unit.recompute_held = False
+            self.recompute_elements -= sum(p.numel() for p in unit.params)
 
     def _choose_swept(self, params):
         """Which of `params` (every unit's) are swept: the persistent ones
@@ -201,6 +230,7 @@ class GradArrival:
             unit.pending.discard(p)
             if unit.bwd_held and not unit.pending:
                 unit.bwd_held = False
+                self._end_recompute_hold(unit)
                 if unit.keep_after_backward and not unit.kept_after_backward:
                     unit.kept_after_backward = True  # until the step's end (release_held)
                     continue

@@ -219,6 +219,7 @@ class HookEngine(GradArrival):
             unit._handles = None
         self._params = None
         self._batches = None
+        self._recompute_budget = None
 
     def remove(self):
         for m in self.model.modules():
@@ -301,6 +302,7 @@ class HookEngine(GradArrival):
         units had learned so)."""
         unit.params.append(p)
         self._params = None
+        self._recompute_budget = None
         ext = unit.module.__dict__.setdefault("_zs_external", [])
         if all(p is not q for q in ext):
             ext.append(p)
@@ -380,6 +382,7 @@ class HookEngine(GradArrival):
             if held:
                 hollow.call(ctx.coord_release, zparams(held))
                 detach_views([p for p in held if not p.zs.persistent])
+        self.recompute_elements = 0
 
     def forget_held(self):
         """A heal dropped the step a loss cut short: the engine released
@@ -388,6 +391,7 @@ class HookEngine(GradArrival):
         without a call to the engine (heal.py)."""
         for unit in self.units:
             unit.forget_step()
+        self.recompute_elements = 0
         self.waiting.clear()
         self.unpacked.clear()
         self.frozen_calls.clear()
