@@ -51,7 +51,7 @@ class _Unit:
         # backward (reshard_after_forward=False), from the backward to the
         # step's end (set_reshard_after_backward(False)); held by unshard().
         self.keep_for_backward = False
-        self.recompute_held = False  # its hold from a recompute is kept for its backward (_kept_for_backward)
+        self.recompute_held = 0  # elements of its hold from a recompute, kept for its backward (_kept_for_backward)
         self.keep_after_backward = False
         self.kept_after_backward = False
         self.user_hold = False
@@ -79,7 +79,8 @@ class _Unit:
         self.bwd_held = self.bwd_needs = False
         self.released_early.clear()
         self.open_calls = 0
-        self.kept_after_backward = self.user_hold = self.recompute_held = False
+        self.kept_after_backward = self.user_hold = False
+        self.recompute_held = 0
         held = []
         for p in self.params:
             z = p.zs

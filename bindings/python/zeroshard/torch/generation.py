@@ -86,8 +86,8 @@ def set_generation_gather(model, mode="auto", keep="auto"):
     (module by module, per decode step); and whether a whole gather stays
     for what follows (the next step's forward, the next generate()): "auto"
     (when the params fit in KEEP_FRACTION of it), True, False (released at
-    the call's end; what an earlier call kept is let go now, on every rank:
-    collective)."""
+    the call's end; what an earlier call kept is let go now: every rank
+    calls this alike, as it calls generate())."""
     check_gather_mode(mode)
     check_gather_mode(keep)
     target = _generating_model(model)

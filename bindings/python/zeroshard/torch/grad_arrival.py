@@ -122,13 +122,12 @@ class GradArrival:
         if self.recompute_elements + size > self.recompute_budget:
             return False
         self.recompute_elements += size
-        unit.recompute_held = True
+        unit.recompute_held = size
         return True
 
     def _end_recompute_hold(self, unit):
-        if unit.recompute_held:
-            unit.recompute_held = False
-            self.recompute_elements -= sum(p.numel() for p in unit.params)
+        self.recompute_elements -= unit.recompute_held
+        unit.recompute_held = 0
 
     def _choose_swept(self, params):
         """Which of `params` (every unit's) are swept: the persistent ones
