@@ -227,6 +227,21 @@ TEST_F(SafetensorsParse, AGoodFileParsesAndReadsItsElements) {
   }
 }
 
+// An empty tensor lies where the next one starts. Ordered by start alone,
+// the tie kept the header's key order, and an empty tensor whose key came
+// after the one filling that start was refused as a gap (a fuzz finding).
+TEST_F(SafetensorsParse, AnEmptyTensorAtAnotherTensorsStartParsesWhateverItsKey) {
+  for (const char* empty : {"0", "z"}) {
+    const std::string header = std::string(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},")") + empty +
+                               R"(":{"dtype":"F16","shape":[0,3],"data_offsets":[0,0]}})";
+    const StHeader h = read_st_header(File::open_read(write(header, 8)));
+    ASSERT_EQ(h.tensors.size(), 2u) << empty;
+    EXPECT_EQ(h.tensors[0].key, empty);  // the empty one first at their common start
+    EXPECT_EQ(h.tensors[0].bytes, 0u);
+    EXPECT_EQ(h.tensors[1].key, "a");
+  }
+}
+
 // [-1, -1] wrapped to 1 element and [2^62, 4] to 0: both "matched" their
 // bytes.
 TEST_F(SafetensorsParse, ShapesThatWrap) {

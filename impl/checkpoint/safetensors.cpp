@@ -1,6 +1,7 @@
 #include "impl/checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -93,8 +94,13 @@ StHeader read_st_header(const File& f) {
   } catch (const json::exception& e) {
     fail(Code::Io, in, ": safetensors header: ", e.what());
   }
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const StTensor& a, const StTensor& b) { return a.begin < b.begin; });
+  // By start, and at one start an empty tensor before the one that fills
+  // it (both lie there in a file without gaps; ordered by start alone the
+  // order of a tie followed the header's keys, and a valid file whose empty
+  // tensor came second was refused), then by key so the order is the file's.
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const StTensor& a, const StTensor& b) {
+    return std::tie(a.begin, a.bytes, a.key) < std::tie(b.begin, b.bytes, b.key);
+  });
   uint64_t at = h.data_begin;
   for (const auto& t : h.tensors) {
     if (t.begin != at)
