@@ -53,7 +53,9 @@ from .hook_state import hook_state
 from .hooks import hooks_suspended
 
 FIT_FRACTION = 0.5  # of the device's available memory the gathered params may take
-KEEP_FRACTION = 0.25  # of it, for a whole gather kept after the call for what follows
+# Of the device's available memory, for a whole gather kept after a call for
+# what follows (generate()'s, and a frozen model's calls: inference_gather.py).
+KEEP_FRACTION = 0.25
 
 
 def install(model):

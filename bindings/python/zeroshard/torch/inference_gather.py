@@ -44,11 +44,10 @@ import weakref
 import torch
 
 from ._params import GatheredParameters, adopt_assigned, assigned, detach_views, is_partitioned, zparams
-from .generation import bytes_to_gather, check_gather_mode, gathers_whole
+from .generation import KEEP_FRACTION, bytes_to_gather, check_gather_mode, gathers_whole
 from .hooks import hooks_suspended
 from ._context import get_context
 
-KEEP_FRACTION = 0.25  # of the available memory a frozen model kept gathered between calls may take
 
 # A subclass of each model class whose __call__ decides per call; a
 # model's class is swapped for it (as torch's fully_shard swaps a module's
