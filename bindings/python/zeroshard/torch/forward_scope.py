@@ -34,6 +34,7 @@ import sys
 import torch
 
 from . import _params, hollow, saved
+from ._autograd import in_backward
 from .compile import engine_call
 from ._context import get_context
 from .hook_state import _forget_ran, hook_state
@@ -156,7 +157,7 @@ def _other_saved_hooks():
 def _open_scope(unit):
     """`unit` runs outside any root forward: open a scope for its forward
     (see the module docstring). Not for a forward re-run in backward."""
-    if torch._C._current_graph_task_id() != -1:
+    if in_backward():
         return
     engine = unit.engine
     engine.begin_step()

@@ -24,6 +24,7 @@ import torch
 import zeroshard
 
 from . import hollow, repeated_use, saved
+from ._autograd import in_backward
 from .compile import engine_call
 from ._context import get_context
 from ._params import attach_views, detach_views, zparams
@@ -284,7 +285,7 @@ def _kept_for_backward(unit, output):
     checkpoint around many layers, or the whole model, whose recompute runs
     them all before any of their backwards, holds no more than that; the
     units past it release as before."""
-    recompute = torch._C._current_graph_task_id() != -1
+    recompute = in_backward()
     if not ((unit.keep_for_backward or recompute) and torch.is_grad_enabled()) or unit.persistent or unit.bwd_held:
         return False
     pending = {p for p in unit.params if p.requires_grad}

@@ -28,6 +28,7 @@ import torch
 import zeroshard
 
 from . import hollow
+from ._autograd import in_backward
 from ._context import get_context
 from ._malloc import trim_as_engine_grows, trims_on
 from ._params import zparams
@@ -57,7 +58,7 @@ def _check_scaled_backward():
     state = hook_state()
     scale = state.loss_scale
     if (scale != 1.0 and state.scaled_backwards == 0
-            and torch._C._current_graph_task_id() != -1):
+            and in_backward()):
         raise RuntimeError(
             f"zeroshard.torch: fp16.enabled scales the loss (loss scale now {scale:g}), so the backward must "
             "be optimizer.backward(loss) (ZeroShardOptimizer.backward, as DeepSpeed's engine.backward), not "

@@ -26,6 +26,8 @@ unit, which keep theirs until the backward's end or the step).
 """
 import torch
 
+from ._autograd import in_backward
+
 _enabled = True  # tests compare against the unaliased path
 
 
@@ -54,7 +56,7 @@ def alias_repeated_uses(unit):
     """Before `unit`'s forward: its params this forward already used get
     the alias in their module slots. Returns the slots changed, for
     restore()."""
-    if not _enabled or not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+    if not _enabled or not torch.is_grad_enabled() or in_backward():
         return None
     if torch.compiler.is_compiling():
         return None
