@@ -19,8 +19,10 @@
 #       store server, a checkpoint's manifest.json, a safetensors file) runs
 #       $ZS_FUZZ_RUNS (default 20000) inputs from its corpus in
 #       tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
-#       kept corpus is not touched). Long runs: see README, "Sanitizers and
-#       fuzzers".
+#       kept corpus is not touched), mutated from the fixed seed
+#       $ZS_FUZZ_SEED (default 1; 0: a fresh random seed), so a landing's gate
+#       is not turned red by a finding its change did not touch: exploring is
+#       the long runs' job (docs/sanitizers.md).
 #
 # Builds use $ZS_JOBS parallel jobs (default: nproc), ctest $CTEST_JOBS
 # (default 2), and ccache when installed (scripts/ccache.sh). Each build and
@@ -192,7 +194,8 @@ fuzz_runs() {
     # A real manifest of a few params with optimizer states is 4-7 KiB.
     [ "$target" = ckpt_manifest ] && max_len=8192
     mkdir -p "$scratch/$target"
-    if ! "build-fuzz/bin/fuzz_$target" -runs="${ZS_FUZZ_RUNS:-20000}" -max_len="$max_len" "${dict[@]}" \
+    if ! "build-fuzz/bin/fuzz_$target" -runs="${ZS_FUZZ_RUNS:-20000}" -seed="${ZS_FUZZ_SEED:-1}" \
+      -max_len="$max_len" "${dict[@]}" \
       -artifact_prefix="build-fuzz/crash-$target-" -print_final_stats=1 \
       "$scratch/$target" "tests/fuzz/corpus/$target" >"build-fuzz/fuzz_$target.log" 2>&1; then
       tail -60 "build-fuzz/fuzz_$target.log"
