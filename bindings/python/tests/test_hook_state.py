@@ -60,7 +60,7 @@ def test_the_check_finds_module_level_state(tmp_path):
 
 # The modules the hooks are made of (hooks.py and the concepts split out of it).
 _HOOK_MODULES = ["hooks", "hook_state", "gather_unit", "forward_scope", "frozen_call", "grad_arrival",
-                 "leaf_modules", "hollow"]
+                 "leaf_modules", "hollow", "_autograd"]
 
 
 @pytest.mark.parametrize("name", [m + ".py" for m in _HOOK_MODULES] + ["optim.py"])
