@@ -20,9 +20,10 @@
 #       $ZS_FUZZ_RUNS (default 20000) inputs from its corpus in
 #       tests/fuzz/corpus/<target>/ (new inputs go to a scratch folder, the
 #       kept corpus is not touched), mutated from the fixed seed
-#       $ZS_FUZZ_SEED (default 1; 0: a fresh random seed), so a landing's gate
-#       is not turned red by a finding its change did not touch: exploring is
-#       the long runs' job (docs/sanitizers.md).
+#       $ZS_FUZZ_SEED (default 1; 0: a fresh random seed): the same tree runs
+#       the same inputs, so the gate's verdict moves only with a change to
+#       what the targets build, not with the draw; exploring is the long
+#       runs' job (docs/sanitizers.md).
 #
 # Builds use $ZS_JOBS parallel jobs (default: nproc), ctest $CTEST_JOBS
 # (default 2), and ccache when installed (scripts/ccache.sh). Each build and
