@@ -38,7 +38,7 @@ import transformers
 
 import zeroshard.hf
 from hf_trainer_worker import Tokens, build
-from launch_env import write_rank0_result
+from launch_env import exit_without_teardown, write_rank0_result
 
 GLOBAL_BATCH, SAVE_AT, STEPS = 12, 3, 6
 
@@ -176,3 +176,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

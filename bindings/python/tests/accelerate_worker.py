@@ -21,6 +21,7 @@ import transformers
 
 import zeroshard.hf
 from hf_trainer_worker import Tokens, build
+from launch_env import exit_without_teardown
 
 STEPS = 6  # optimizer steps; 2 micro-batches each
 SAVE_AT = 3
@@ -88,3 +89,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import zeroshard.torch as zt
+from launch_env import exit_without_teardown
 
 VOCAB, SEQ, ROWS = 64, 12, 6
 CONFIG = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
@@ -108,3 +109,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 import zeroshard.torch as zt
 
 import torch_worker as tw
+from launch_env import exit_without_teardown
 
 STEPS = 5
 
@@ -192,3 +193,4 @@ def mode_param_type(rank, world):
 
 if __name__ == "__main__":
     tw.run_mode({"compile": mode_compile, "fullgraph": mode_fullgraph, "param_type": mode_param_type})
+    exit_without_teardown()

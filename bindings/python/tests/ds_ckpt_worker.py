@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples" / "python"))
 import train_gpt  # noqa: E402
+from launch_env import exit_without_teardown
 
 VOCAB, DIM, HEADS, LAYERS, CTX, ROWS = 65, 32, 4, 2, 16, 6
 SCHED = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}
@@ -146,3 +147,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

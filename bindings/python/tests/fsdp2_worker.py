@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 
 import zeroshard.torch as zt
-from launch_env import write_rank0_result
+from launch_env import exit_without_teardown, write_rank0_result
 
 # Big enough that the fc/out/qkv weights (> 1e5 elements) are gathered and
 # released per unit, not kept whole as the engine keeps small params.
@@ -235,3 +235,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -59,6 +59,7 @@ import transformers
 
 import zeroshard.hf
 import zeroshard.torch as zt
+from launch_env import exit_without_teardown
 
 VOCAB, SEQ = 96, 16
 CONFIG = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
@@ -296,3 +297,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

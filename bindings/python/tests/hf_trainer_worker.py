@@ -27,6 +27,7 @@ import torch.distributed as dist
 import transformers
 
 import zeroshard.hf
+from launch_env import exit_without_teardown
 
 VOCAB, SEQ, N = 96, 16, 48
 
@@ -500,3 +501,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

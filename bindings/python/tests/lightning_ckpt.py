@@ -15,6 +15,7 @@ import torch.nn as nn
 import lightning.pytorch as pl
 
 import zeroshard.lightning  # noqa: F401  registers strategy="zeroshard"
+from launch_env import exit_without_teardown
 
 SAMPLES, BATCH, RANKS = 192, 16, 2  # 6 steps per rank and epoch
 
@@ -80,3 +81,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

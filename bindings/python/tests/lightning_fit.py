@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import zeroshard
 import zeroshard.lightning  # registers strategy="zeroshard"
 import zeroshard.torch as zt
+from launch_env import exit_without_teardown
 
 SAMPLES, BATCH, RANKS = 384, 16, 2  # 12 steps per rank
 
@@ -282,3 +283,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -47,6 +47,7 @@ import lightning.pytorch as pl
 import zeroshard.lightning
 import zeroshard.torch as zt
 from heal_worker import BATCH, CONFIG, DIM, Net, buffers_digest, kills_and_notes
+from launch_env import exit_without_teardown
 
 ACCUMULATE = int(os.environ.get("ZS_TEST_ACCUMULATE", "1"))  # Trainer(accumulate_grad_batches)
 MANUAL = os.environ.get("ZS_TEST_MANUAL") in ("1", "2")
@@ -184,3 +185,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

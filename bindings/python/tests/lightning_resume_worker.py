@@ -42,7 +42,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 import zeroshard.lightning  # noqa: F401  registers strategy="zeroshard"
-from launch_env import write_rank0_result
+from launch_env import exit_without_teardown, write_rank0_result
 
 SAMPLES, GLOBAL_BATCH = 96, 12  # 8 steps an epoch
 SOURCES = ("deepspeed", "fsdp_full", "fsdp_sharded")
@@ -205,3 +205,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

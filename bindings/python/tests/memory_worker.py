@@ -21,6 +21,7 @@ import torch
 import zeroshard.torch as zt
 from optim_worker import CONFIG, OddGPT
 from torch_worker import batch, run_mode
+from launch_env import exit_without_teardown
 
 
 def mode_report(rank, world):
@@ -134,3 +135,4 @@ def mode_copies(rank, world):
 
 if __name__ == "__main__":
     run_mode({"report": mode_report, "construction": mode_construction, "copies": mode_copies})
+    exit_without_teardown()

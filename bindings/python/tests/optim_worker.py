@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import zeroshard.torch as zt
 from torch_worker import DIM, LAYERS, SEQ, VOCAB, Block, batch, mean_over_ranks, run_mode
+from launch_env import exit_without_teardown
 
 STEPS = 5
 # No param persists (each is released between uses) and small buckets.
@@ -447,3 +448,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

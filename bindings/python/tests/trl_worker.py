@@ -33,6 +33,7 @@ if ENGINE == "zeroshard":
     import zeroshard.hf
     import zeroshard.torch as zt
 import trl  # noqa: E402 (after zeroshard.hf, as a user's script may have it)
+from launch_env import exit_without_teardown
 
 WORDS = [f"w{i}" for i in range(60)]
 RANK = int(os.environ.get("RANK", "0"))
@@ -284,3 +285,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()
